@@ -1,0 +1,138 @@
+#include "common/presets.h"
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/str_join.h"
+
+namespace memplan {
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+ModelSpec Model(std::string name, std::string family, int64_t hidden, int64_t layers, int64_t heads,
+                int64_t kv_heads, int64_t intermediate, int64_t vocab, bool tie, int64_t head_dim,
+                double rope_theta) {
+  ModelSpec m;
+  m.name = std::move(name);
+  m.family = std::move(family);
+  m.hidden_size = hidden;
+  m.num_layers = layers;
+  m.num_heads = heads;
+  m.num_kv_heads = kv_heads;
+  m.intermediate_size = intermediate;
+  m.vocab_size = vocab;
+  m.tie_word_embeddings = tie;
+  m.head_dim = head_dim;
+  m.rope_theta = rope_theta;
+  m.qkv_bias = m.family == "qwen2";
+  m.qk_norm = m.family == "qwen3";
+  m.rms_norm_eps = m.family == "llama" ? 1e-5 : 1e-6;
+  return m;
+}
+
+std::vector<ModelSpec> BuildModelPresets() {
+  return {
+      // A tiny config for demos and CPU tests.
+      Model("llama-tiny", "llama", 256, 4, 8, 4, 688, 2048, false, 0, 500000),
+      Model("llama-3.2-1b", "llama", 2048, 16, 32, 8, 8192, 128256, true, 64, 500000),
+      Model("llama-3.2-3b", "llama", 3072, 28, 24, 8, 8192, 128256, true, 128, 500000),
+      Model("llama-3.1-8b", "llama", 4096, 32, 32, 8, 14336, 128256, false, 128, 500000),
+      Model("llama-3.1-70b", "llama", 8192, 80, 64, 8, 28672, 128256, false, 128, 500000),
+      Model("llama-3.1-405b", "llama", 16384, 126, 128, 8, 53248, 128256, false, 128, 500000),
+      Model("qwen2.5-0.5b", "qwen2", 896, 24, 14, 2, 4864, 151936, true, 64, 1000000),
+      Model("qwen2.5-1.5b", "qwen2", 1536, 28, 12, 2, 8960, 151936, true, 128, 1000000),
+      Model("qwen2.5-3b", "qwen2", 2048, 36, 16, 2, 11008, 151936, true, 128, 1000000),
+      Model("qwen2.5-7b", "qwen2", 3584, 28, 28, 4, 18944, 152064, false, 128, 1000000),
+      Model("qwen2.5-14b", "qwen2", 5120, 48, 40, 8, 13824, 152064, false, 128, 1000000),
+      Model("qwen2.5-32b", "qwen2", 5120, 64, 40, 8, 27648, 152064, false, 128, 1000000),
+      Model("qwen2.5-72b", "qwen2", 8192, 80, 64, 8, 29568, 152064, false, 128, 1000000),
+      Model("qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 3072, 151936, true, 128, 1000000),
+      Model("qwen3-1.7b", "qwen3", 2048, 28, 16, 8, 6144, 151936, true, 128, 1000000),
+      Model("qwen3-4b", "qwen3", 2560, 36, 32, 8, 9728, 151936, true, 128, 1000000),
+      Model("qwen3-8b", "qwen3", 4096, 36, 32, 8, 12288, 151936, false, 128, 1000000),
+      Model("qwen3-14b", "qwen3", 5120, 40, 40, 8, 17408, 151936, false, 128, 1000000),
+      Model("qwen3-32b", "qwen3", 5120, 64, 64, 8, 25600, 151936, false, 128, 1000000),
+      Model("mistral-7b", "mistral", 4096, 32, 32, 8, 14336, 32768, false, 128, 1000000),
+  };
+}
+
+// Published figures: memory as the driver reports it, peak dense matmul (no sparsity),
+// link rates as commonly measured with pinned memory. H200 link rates are the ones measured
+// on our GPU host (docs/benchmarks.md); other cards scale by their PCIe generation.
+HardwareSpec Card(std::string name, int64_t memory_mib, double hbm_tbps, double bf16_tflops,
+                  double fp32_tflops, int pcie_gen, double nccl_gbps, int64_t host_gib,
+                  double cpu_adam_gparams) {
+  HardwareSpec h;
+  h.name = std::move(name);
+  h.gpu_memory_bytes = memory_mib * kMiB;
+  h.cuda_context_bytes = 512 * kMiB;
+  const double pinned = pcie_gen >= 5 ? 55.0e9 : (pcie_gen == 4 ? 25.0e9 : 12.0e9);
+  h.h2d_pinned_bytes_per_second = pinned;
+  h.d2h_pinned_bytes_per_second = pinned;
+  h.h2d_pageable_bytes_per_second = pinned * (7.5 / 55.4);
+  h.d2h_pageable_bytes_per_second = pinned * (15.3 / 55.2);
+  h.bidirectional_pinned_bytes_per_second = pinned * 1.6;
+  h.hbm_bytes_per_second = hbm_tbps * 1e12;
+  h.matmul_bf16_flops = bf16_tflops * 1e12;
+  h.matmul_fp16_flops = bf16_tflops * 1e12;
+  h.matmul_fp32_flops = fp32_tflops * 1e12;
+  h.nccl_allgather_bytes_per_second = nccl_gbps * 1e9;
+  h.nccl_reduce_scatter_bytes_per_second = nccl_gbps * 1e9;
+  h.cpu_adam_params_per_second = cpu_adam_gparams * 1e9;
+  h.host_memory_bytes = host_gib * kGiB;
+  h.pinned_limit_bytes = 0;
+  h.measured = false;
+  return h;
+}
+
+std::vector<HardwareSpec> BuildHardwarePresets() {
+  return {
+      Card("a100-40gb", 40960, 1.555, 312, 19.5, 4, 230, 128, 1.0),
+      Card("a100-80gb", 81920, 2.039, 312, 19.5, 4, 230, 256, 1.0),
+      Card("h100-80gb", 81559, 3.35, 989, 67, 5, 370, 256, 1.5),
+      Card("h200", 143771, 4.8, 989, 67, 5, 370, 256, 1.5),
+      Card("l40s", 46068, 0.864, 362, 91.6, 4, 20, 128, 1.0),
+      Card("rtx-3090", 24576, 0.936, 71, 35.6, 4, 20, 64, 0.5),
+      Card("rtx-4090", 24564, 1.008, 165, 82.6, 4, 20, 64, 0.5),
+  };
+}
+
+}  // namespace
+
+const std::vector<ModelSpec>& ModelPresets() {
+  static const auto* presets = new std::vector<ModelSpec>(BuildModelPresets());
+  return *presets;
+}
+
+const std::vector<HardwareSpec>& HardwarePresets() {
+  static const auto* presets = new std::vector<HardwareSpec>(BuildHardwarePresets());
+  return *presets;
+}
+
+std::optional<ModelSpec> FindModelPreset(std::string_view name) {
+  for (const auto& m : ModelPresets()) {
+    if (m.name == name) return m;
+  }
+  return std::nullopt;
+}
+
+std::optional<HardwareSpec> FindHardwarePreset(std::string_view name) {
+  for (const auto& h : HardwarePresets()) {
+    if (h.name == name) return h;
+  }
+  return std::nullopt;
+}
+
+std::string ModelPresetNames() {
+  return absl::StrJoin(ModelPresets(), ", ",
+                       [](std::string* out, const ModelSpec& m) { out->append(m.name); });
+}
+
+std::string HardwarePresetNames() {
+  return absl::StrJoin(HardwarePresets(), ", ",
+                       [](std::string* out, const HardwareSpec& h) { out->append(h.name); });
+}
+
+}  // namespace memplan

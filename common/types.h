@@ -1,0 +1,197 @@
+// Domain types shared by the planner and the agent: plain structs, no protobuf, no Torch.
+// They mirror proto/memplan/v1/planner.proto; common/proto_convert.h converts between them.
+// Units are in the field names. Thread-compatible value types.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace memplan {
+
+enum class DType { kFloat32, kBFloat16, kFloat16 };
+enum class BlockMode { kNone, kCkpt, kSwap, kHsOffload };
+enum class HostMemoryKind { kPinned, kPageable };
+enum class OptimizerKind { kAdamW, kAdamWBf16States, kSgd };
+enum class TrainingKind { kFull, kLora };
+
+int64_t DTypeBytes(DType dtype);
+std::string_view DTypeName(DType dtype);           // "fp32", "bf16", "fp16"
+std::optional<DType> ParseDType(std::string_view name);
+std::string_view BlockModeName(BlockMode mode);    // "none", "ckpt", "swap", "hs_offload"
+std::string_view HostMemoryKindName(HostMemoryKind kind);  // "pinned", "pageable"
+std::string_view OptimizerName(OptimizerKind kind);        // "adamw", "adamw_bf16", "sgd"
+std::optional<OptimizerKind> ParseOptimizer(std::string_view name);
+// "adamw, adamw_bf16, sgd": the allow-list, for error messages.
+std::string_view OptimizerAllowList();
+
+struct ModelSpec {
+  std::string name;
+  std::string family = "llama";  // llama, qwen2, qwen3, mistral
+  int64_t hidden_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;  // 0: hidden_size / num_heads
+  int64_t intermediate_size = 0;
+  int64_t vocab_size = 0;
+  bool tie_word_embeddings = false;
+  bool qkv_bias = false;
+  bool qk_norm = false;
+  double rope_theta = 500000.0;
+  double rms_norm_eps = 1e-5;
+  int64_t max_position_embeddings = 131072;
+
+  int64_t HeadDim() const { return head_dim > 0 ? head_dim : hidden_size / num_heads; }
+};
+
+struct HardwareSpec {
+  std::string name;
+  int64_t gpu_memory_bytes = 0;
+  int64_t cuda_context_bytes = 0;
+  double h2d_pinned_bytes_per_second = 0;
+  double d2h_pinned_bytes_per_second = 0;
+  double h2d_pageable_bytes_per_second = 0;
+  double d2h_pageable_bytes_per_second = 0;
+  double bidirectional_pinned_bytes_per_second = 0;
+  double hbm_bytes_per_second = 0;
+  double matmul_bf16_flops = 0;
+  double matmul_fp16_flops = 0;
+  double matmul_fp32_flops = 0;
+  double nccl_allgather_bytes_per_second = 0;
+  double nccl_reduce_scatter_bytes_per_second = 0;
+  double cpu_adam_params_per_second = 0;
+  int64_t host_memory_bytes = 0;
+  int64_t pinned_limit_bytes = 0;  // 0 = unlimited
+  bool measured = false;
+};
+
+struct Workload {
+  int64_t micro_batch = 1;
+  int64_t seq_len = 1;
+  int32_t world_size = 1;
+  int32_t grad_accum = 1;
+};
+
+struct TrainingMethod {
+  TrainingKind kind = TrainingKind::kFull;
+  int64_t lora_rank = 0;
+  std::vector<std::string> lora_target_modules;
+};
+
+// Per transformer block, measured by the profiler or synthesised analytically.
+struct BlockTrace {
+  int64_t param_bytes = 0;
+  int64_t input_bytes = 0;
+  int64_t saved_bytes = 0;
+  int64_t forward_transient_bytes = 0;
+  int64_t backward_transient_bytes = 0;
+  double forward_seconds = 0;
+  double backward_seconds = 0;
+  double recompute_seconds = 0;
+};
+
+// Embedding (before the blocks) or final norm + LM head + loss (after them).
+struct EdgeTrace {
+  int64_t param_bytes = 0;
+  int64_t saved_bytes = 0;
+  int64_t forward_transient_bytes = 0;
+  int64_t backward_transient_bytes = 0;
+  double forward_seconds = 0;
+  double backward_seconds = 0;
+};
+
+struct Trace {
+  std::string trace_id;
+  ModelSpec arch;
+  Workload workload;
+  DType param_dtype = DType::kBFloat16;
+  TrainingMethod training;
+  std::string hardware_name;
+  bool analytic = true;
+  EdgeTrace embedding;
+  std::vector<BlockTrace> blocks;
+  EdgeTrace head;
+  int64_t trainable_param_count = 0;
+  int64_t total_param_count = 0;
+  int64_t forward_end_bytes = 0;
+  int64_t chunk_bytes = 0;
+  std::vector<int64_t> chunk_param_bytes;
+};
+
+// Caller-fixed knobs: a set field is a constraint on the search.
+struct FixedKnobs {
+  std::optional<int64_t> chunk_bytes;
+  std::optional<int32_t> n_persist;
+  std::optional<int32_t> n_buffer;
+  std::optional<int32_t> n_swap;
+  std::optional<int32_t> n_checkpoint;
+  std::optional<int32_t> n_hs_offload;
+  std::optional<HostMemoryKind> host_memory;
+};
+
+struct ResidencyPlan {
+  int64_t chunk_bytes = 0;
+  int32_t n_chunks = 0;
+  int32_t n_persist = 0;
+  int32_t n_buffer = 0;
+  int32_t n_swap = 0;
+  int32_t n_checkpoint = 0;
+  int32_t n_hs_offload = 0;
+  HostMemoryKind host_memory = HostMemoryKind::kPinned;
+  std::vector<BlockMode> block_modes;
+  int32_t world_size = 1;
+};
+
+struct MemoryBreakdown {
+  int64_t persistent_chunks_bytes = 0;
+  int64_t buffers_bytes = 0;
+  int64_t grads_bytes = 0;
+  int64_t optimizer_state_bytes = 0;
+  int64_t activations_bytes = 0;
+  int64_t checkpoint_chain_bytes = 0;
+  int64_t transient_bytes = 0;
+  int64_t cuda_context_bytes = 0;
+  double fragmentation_factor = 1.0;
+  int64_t calibration_residual_bytes = 0;
+};
+
+struct Prediction {
+  int64_t peak_bytes = 0;
+  MemoryBreakdown breakdown;
+  int64_t load_peak_bytes = 0;
+  int64_t host_pinned_bytes = 0;
+  int64_t host_pageable_bytes = 0;
+  double iteration_seconds = 0;
+  double forward_seconds = 0;
+  double backward_seconds = 0;
+  double optimizer_seconds = 0;
+  double tokens_per_second = 0;
+};
+
+struct Measurement {
+  std::string plan_id;
+  int64_t peak_allocated_bytes = 0;
+  int64_t peak_reserved_bytes = 0;
+  int64_t peak_device_bytes = 0;
+  int64_t load_peak_bytes = 0;
+  double step_seconds = 0;
+  bool oom = false;
+  std::string note;
+  int64_t measured_at_unix_ms = 0;
+};
+
+struct Calibration {
+  std::string hardware_name;
+  DType param_dtype = DType::kBFloat16;
+  std::string model_family;
+  double fragmentation_factor = 1.0;
+  int64_t residual_bytes = 0;
+  int32_t samples = 0;
+  double mean_abs_relative_error = 0;
+  int64_t updated_at_unix_ms = 0;
+};
+
+}  // namespace memplan

@@ -1,0 +1,159 @@
+#include "common/validate.h"
+
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace memplan {
+namespace {
+
+absl::Status OutOfRange(absl::string_view prefix, absl::string_view field, double value, double lo,
+                        double hi) {
+  return absl::InvalidArgumentError(absl::StrCat(prefix, field, " = ", value,
+                                                 " is out of range; allowed [", lo, ", ", hi,
+                                                 "]"));
+}
+
+absl::Status CheckInt(absl::string_view prefix, absl::string_view field, int64_t value, int64_t lo,
+                      int64_t hi) {
+  if (value < lo || value > hi) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, field, " = ", value,
+                                                   " is out of range; allowed [", lo, ", ", hi,
+                                                   "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRate(absl::string_view prefix, absl::string_view field, double value,
+                       bool required) {
+  if (!std::isfinite(value) || value < 0 || value > kMaxRate || (required && value == 0)) {
+    return OutOfRange(prefix, field, value, required ? 1 : 0, kMaxRate);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateModelSpec(const ModelSpec& m, absl::string_view prefix) {
+  if (auto s = CheckInt(prefix, "hidden_size", m.hidden_size, 1, kMaxHiddenSize); !s.ok()) return s;
+  if (auto s = CheckInt(prefix, "num_layers", m.num_layers, 1, kMaxLayers); !s.ok()) return s;
+  if (auto s = CheckInt(prefix, "num_heads", m.num_heads, 1, kMaxHeads); !s.ok()) return s;
+  if (auto s = CheckInt(prefix, "num_kv_heads", m.num_kv_heads, 1, m.num_heads); !s.ok()) return s;
+  if (m.num_heads % m.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "num_kv_heads = ", m.num_kv_heads, " must divide ", prefix,
+        "num_heads = ", m.num_heads));
+  }
+  if (m.head_dim == 0 && m.hidden_size % m.num_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "num_heads = ", m.num_heads, " must divide ", prefix,
+        "hidden_size = ", m.hidden_size, " (or set head_dim)"));
+  }
+  if (auto s = CheckInt(prefix, "head_dim", m.head_dim, 0, 4096); !s.ok()) return s;
+  if (m.HeadDim() % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "head_dim = ", m.HeadDim(), " must be even (rotary embeddings)"));
+  }
+  if (auto s = CheckInt(prefix, "intermediate_size", m.intermediate_size, 1, kMaxIntermediateSize);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckInt(prefix, "vocab_size", m.vocab_size, 1, kMaxVocabSize); !s.ok()) return s;
+  if (!(m.family == "llama" || m.family == "qwen2" || m.family == "qwen3" ||
+        m.family == "mistral")) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, "family = \"", m.family,
+                                                   "\" is not supported; allowed: llama, qwen2, "
+                                                   "qwen3, mistral"));
+  }
+  if (!std::isfinite(m.rms_norm_eps) || m.rms_norm_eps <= 0 || m.rms_norm_eps > 1) {
+    return OutOfRange(prefix, "rms_norm_eps", m.rms_norm_eps, 1e-12, 1);
+  }
+  if (!std::isfinite(m.rope_theta) || m.rope_theta <= 0 || m.rope_theta > 1e12) {
+    return OutOfRange(prefix, "rope_theta", m.rope_theta, 1, 1e12);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateWorkload(const Workload& w, absl::string_view prefix) {
+  if (auto s = CheckInt(prefix, "micro_batch", w.micro_batch, 1, kMaxMicroBatch); !s.ok()) return s;
+  if (auto s = CheckInt(prefix, "seq_len", w.seq_len, 1, kMaxSeqLen); !s.ok()) return s;
+  if (auto s = CheckInt(prefix, "world_size", w.world_size, 1, kMaxWorldSize); !s.ok()) return s;
+  if (auto s = CheckInt(prefix, "grad_accum", w.grad_accum, 1, kMaxGradAccum); !s.ok()) return s;
+  if (w.micro_batch * w.seq_len > (int64_t{1} << 28)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "micro_batch * ", prefix, "seq_len = ", w.micro_batch * w.seq_len,
+        " tokens is out of range; allowed [1, ", int64_t{1} << 28, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateHardwareSpec(const HardwareSpec& h, absl::string_view prefix) {
+  if (auto s = CheckInt(prefix, "gpu_memory_bytes", h.gpu_memory_bytes, int64_t{1} << 20,
+                        kMaxGpuMemoryBytes);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckInt(prefix, "cuda_context_bytes", h.cuda_context_bytes, 0,
+                        h.gpu_memory_bytes - 1);
+      !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "gpu_memory_bytes = ", h.gpu_memory_bytes, " is below the CUDA context (",
+        prefix, "cuda_context_bytes = ", h.cuda_context_bytes,
+        "); the usable capacity must be positive"));
+  }
+  struct Rate {
+    const char* field;
+    double value;
+    bool required;
+  };
+  const Rate rates[] = {
+      {"h2d_pinned_bytes_per_second", h.h2d_pinned_bytes_per_second, true},
+      {"d2h_pinned_bytes_per_second", h.d2h_pinned_bytes_per_second, true},
+      {"h2d_pageable_bytes_per_second", h.h2d_pageable_bytes_per_second, true},
+      {"d2h_pageable_bytes_per_second", h.d2h_pageable_bytes_per_second, true},
+      {"bidirectional_pinned_bytes_per_second", h.bidirectional_pinned_bytes_per_second, false},
+      {"hbm_bytes_per_second", h.hbm_bytes_per_second, true},
+      {"matmul_bf16_flops", h.matmul_bf16_flops, true},
+      {"matmul_fp16_flops", h.matmul_fp16_flops, false},
+      {"matmul_fp32_flops", h.matmul_fp32_flops, true},
+      {"nccl_allgather_bytes_per_second", h.nccl_allgather_bytes_per_second, false},
+      {"nccl_reduce_scatter_bytes_per_second", h.nccl_reduce_scatter_bytes_per_second, false},
+      {"cpu_adam_params_per_second", h.cpu_adam_params_per_second, true},
+  };
+  for (const Rate& r : rates) {
+    if (auto s = CheckRate(prefix, r.field, r.value, r.required); !s.ok()) return s;
+  }
+  if (auto s = CheckInt(prefix, "host_memory_bytes", h.host_memory_bytes, int64_t{1} << 20,
+                        kMaxHostMemoryBytes);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckInt(prefix, "pinned_limit_bytes", h.pinned_limit_bytes, 0, kMaxHostMemoryBytes);
+      !s.ok()) {
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTrainingMethod(const TrainingMethod& t, const ModelSpec& m,
+                                    absl::string_view prefix) {
+  if (t.kind == TrainingKind::kFull) return absl::OkStatus();
+  if (auto s = CheckInt(prefix, "lora_rank", t.lora_rank, 1, m.hidden_size); !s.ok()) return s;
+  if (t.lora_target_modules.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "lora_target_modules is empty; allowed: q_proj, k_proj, v_proj, o_proj, "
+                "gate_proj, up_proj, down_proj"));
+  }
+  for (const std::string& name : t.lora_target_modules) {
+    if (name != "q_proj" && name != "k_proj" && name != "v_proj" && name != "o_proj" &&
+        name != "gate_proj" && name != "up_proj" && name != "down_proj") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, "lora_target_modules has \"", name,
+          "\"; allowed: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace memplan
