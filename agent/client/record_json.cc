@@ -1,0 +1,607 @@
+#include "agent/client/record_json.h"
+
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace memplan {
+namespace {
+
+using Json = nlohmann::json;
+
+// ---------------------------------------------------------------- enum names
+
+// Enum spellings accepted on input: the short names ("bf16", "hs_offload", "pinned", "lora")
+// and the proto names ("DTYPE_BF16", "BLOCK_MODE_HS_OFFLOAD", "HOST_MEMORY_PINNED", "LORA").
+std::string NormaliseEnumName(absl::string_view name) {
+  std::string lower = absl::AsciiStrToLower(name);
+  for (absl::string_view prefix : {"dtype_", "block_mode_", "host_memory_", "kind_"}) {
+    if (absl::StartsWith(lower, prefix)) return lower.substr(prefix.size());
+  }
+  return lower;
+}
+
+// Proto JSON (what `memplan trace submit` reads) names enums by their proto names.
+std::string ProtoDTypeName(DType dtype) {
+  return absl::StrCat("DTYPE_", absl::AsciiStrToUpper(std::string(DTypeName(dtype))));
+}
+
+std::string_view TrainingKindName(TrainingKind kind) {
+  return kind == TrainingKind::kLora ? "lora" : "full";
+}
+std::string_view ProtoTrainingKindName(TrainingKind kind) {
+  return kind == TrainingKind::kLora ? "LORA" : "FULL";
+}
+
+template <typename E, size_t N>
+std::optional<E> ParseByName(std::string_view name, const E (&values)[N],
+                             std::string_view (*name_of)(E)) {
+  for (E v : values) {
+    if (name_of(v) == name) return v;
+  }
+  return std::nullopt;
+}
+
+constexpr BlockMode kBlockModes[] = {BlockMode::kNone, BlockMode::kCkpt, BlockMode::kSwap,
+                                     BlockMode::kHsOffload};
+constexpr HostMemoryKind kHostKinds[] = {HostMemoryKind::kPinned, HostMemoryKind::kPageable};
+constexpr TrainingKind kTrainingKinds[] = {TrainingKind::kFull, TrainingKind::kLora};
+
+// ---------------------------------------------------------------- writing
+
+Json ToJson(const ModelSpec& m) {
+  return Json{{"name", m.name},
+              {"family", m.family},
+              {"hidden_size", m.hidden_size},
+              {"num_layers", m.num_layers},
+              {"num_heads", m.num_heads},
+              {"num_kv_heads", m.num_kv_heads},
+              {"head_dim", m.head_dim},
+              {"intermediate_size", m.intermediate_size},
+              {"vocab_size", m.vocab_size},
+              {"tie_word_embeddings", m.tie_word_embeddings},
+              {"qkv_bias", m.qkv_bias},
+              {"qk_norm", m.qk_norm},
+              {"rope_theta", m.rope_theta},
+              {"rms_norm_eps", m.rms_norm_eps},
+              {"max_position_embeddings", m.max_position_embeddings}};
+}
+
+Json ToJson(const HardwareSpec& h) {
+  return Json{{"name", h.name},
+              {"gpu_memory_bytes", h.gpu_memory_bytes},
+              {"cuda_context_bytes", h.cuda_context_bytes},
+              {"h2d_pinned_bytes_per_second", h.h2d_pinned_bytes_per_second},
+              {"d2h_pinned_bytes_per_second", h.d2h_pinned_bytes_per_second},
+              {"h2d_pageable_bytes_per_second", h.h2d_pageable_bytes_per_second},
+              {"d2h_pageable_bytes_per_second", h.d2h_pageable_bytes_per_second},
+              {"bidirectional_pinned_bytes_per_second", h.bidirectional_pinned_bytes_per_second},
+              {"hbm_bytes_per_second", h.hbm_bytes_per_second},
+              {"matmul_bf16_flops", h.matmul_bf16_flops},
+              {"matmul_fp16_flops", h.matmul_fp16_flops},
+              {"matmul_fp32_flops", h.matmul_fp32_flops},
+              {"nccl_allgather_bytes_per_second", h.nccl_allgather_bytes_per_second},
+              {"nccl_reduce_scatter_bytes_per_second", h.nccl_reduce_scatter_bytes_per_second},
+              {"cpu_adam_params_per_second", h.cpu_adam_params_per_second},
+              {"host_memory_bytes", h.host_memory_bytes},
+              {"pinned_limit_bytes", h.pinned_limit_bytes},
+              {"measured", h.measured}};
+}
+
+Json ToJson(const Workload& w) {
+  return Json{{"micro_batch", w.micro_batch},
+              {"seq_len", w.seq_len},
+              {"world_size", w.world_size},
+              {"grad_accum", w.grad_accum}};
+}
+
+Json ToJson(const TrainingMethod& t) {
+  return Json{{"kind", ProtoTrainingKindName(t.kind)},
+              {"lora_rank", t.lora_rank},
+              {"lora_target_modules", t.lora_target_modules}};
+}
+
+Json ToJson(const BlockTrace& b) {
+  return Json{{"param_bytes", b.param_bytes},
+              {"input_bytes", b.input_bytes},
+              {"saved_bytes", b.saved_bytes},
+              {"forward_transient_bytes", b.forward_transient_bytes},
+              {"backward_transient_bytes", b.backward_transient_bytes},
+              {"forward_seconds", b.forward_seconds},
+              {"backward_seconds", b.backward_seconds},
+              {"recompute_seconds", b.recompute_seconds}};
+}
+
+Json ToJson(const EdgeTrace& e) {
+  return Json{{"param_bytes", e.param_bytes},
+              {"saved_bytes", e.saved_bytes},
+              {"forward_transient_bytes", e.forward_transient_bytes},
+              {"backward_transient_bytes", e.backward_transient_bytes},
+              {"forward_seconds", e.forward_seconds},
+              {"backward_seconds", e.backward_seconds}};
+}
+
+Json ToJson(const ResidencyPlan& p) {
+  Json modes = Json::array();
+  for (BlockMode m : p.block_modes) modes.push_back(BlockModeName(m));
+  return Json{{"chunk_bytes", p.chunk_bytes},
+              {"n_chunks", p.n_chunks},
+              {"n_persist", p.n_persist},
+              {"n_buffer", p.n_buffer},
+              {"n_swap", p.n_swap},
+              {"n_checkpoint", p.n_checkpoint},
+              {"n_hs_offload", p.n_hs_offload},
+              {"host_memory", HostMemoryKindName(p.host_memory)},
+              {"block_modes", std::move(modes)},
+              {"world_size", p.world_size}};
+}
+
+Json ToJson(const MemoryBreakdown& b) {
+  return Json{{"persistent_chunks_bytes", b.persistent_chunks_bytes},
+              {"buffers_bytes", b.buffers_bytes},
+              {"grads_bytes", b.grads_bytes},
+              {"optimizer_state_bytes", b.optimizer_state_bytes},
+              {"activations_bytes", b.activations_bytes},
+              {"checkpoint_chain_bytes", b.checkpoint_chain_bytes},
+              {"transient_bytes", b.transient_bytes},
+              {"cuda_context_bytes", b.cuda_context_bytes},
+              {"fragmentation_factor", b.fragmentation_factor},
+              {"calibration_residual_bytes", b.calibration_residual_bytes}};
+}
+
+Json ToJson(const Prediction& p) {
+  return Json{{"peak_bytes", p.peak_bytes},
+              {"breakdown", ToJson(p.breakdown)},
+              {"load_peak_bytes", p.load_peak_bytes},
+              {"host_pinned_bytes", p.host_pinned_bytes},
+              {"host_pageable_bytes", p.host_pageable_bytes},
+              {"iteration_seconds", p.iteration_seconds},
+              {"forward_seconds", p.forward_seconds},
+              {"backward_seconds", p.backward_seconds},
+              {"optimizer_seconds", p.optimizer_seconds},
+              {"tokens_per_second", p.tokens_per_second}};
+}
+
+// ---------------------------------------------------------------- reading
+
+// Reads fields of one JSON object; the first problem is kept and names the field by its path.
+// Absent keys keep the struct's default.
+std::string CamelCase(absl::string_view snake) {
+  std::string out;
+  bool upper = false;
+  for (char c : snake) {
+    if (c == '_') {
+      upper = true;
+      continue;
+    }
+    out.push_back(upper ? absl::ascii_toupper(static_cast<unsigned char>(c)) : c);
+    upper = false;
+  }
+  return out;
+}
+
+class Reader {
+ public:
+  Reader(const Json& object, std::string path, absl::Status* status)
+      : object_(object), path_(std::move(path)), status_(status) {
+    if (status_->ok() && !object_.is_object()) {
+      *status_ = absl::InvalidArgumentError(absl::StrCat(Where(), " must be a JSON object"));
+    }
+  }
+
+  std::string Field(absl::string_view key) const { return absl::StrCat(path_, key); }
+
+  // The snake_case key, else its lowerCamelCase spelling (proto JSON printers use that).
+  const Json* Find(absl::string_view key) const {
+    if (!status_->ok() || !object_.is_object()) return nullptr;
+    auto it = object_.find(std::string(key));
+    if (it == object_.end()) it = object_.find(CamelCase(key));
+    return it == object_.end() || it->is_null() ? nullptr : &*it;
+  }
+
+  template <typename T>
+  void Get(absl::string_view key, T* out) const {
+    const Json* v = Find(key);
+    if (v == nullptr) return;
+    bool ok = false;
+    if constexpr (std::is_same_v<T, bool>) {
+      ok = v->is_boolean();
+    } else if constexpr (std::is_integral_v<T>) {
+      // Proto JSON writes 64-bit integers as strings.
+      if (v->is_string()) {
+        T parsed{};
+        if (!absl::SimpleAtoi(v->get<std::string>(), &parsed)) {
+          Fail(key, "is not an integer");
+          return;
+        }
+        *out = parsed;
+        return;
+      }
+      ok = v->is_number_integer();
+    } else if constexpr (std::is_floating_point_v<T>) {
+      ok = v->is_number();
+    } else {
+      ok = v->is_string();
+    }
+    if (!ok) {
+      Fail(key, "has the wrong type");
+      return;
+    }
+    *out = v->get<T>();
+  }
+
+  template <typename E, size_t N>
+  void GetEnum(absl::string_view key, const E (&values)[N], std::string_view (*name_of)(E),
+               E* out) const {
+    std::string name;
+    if (Find(key) == nullptr) return;
+    Get(key, &name);
+    if (!status_->ok()) return;
+    std::optional<E> parsed = ParseByName(NormaliseEnumName(name), values, name_of);
+    if (!parsed.has_value()) {
+      Fail(key, absl::StrCat("= \"", name, "\" is not a known value"));
+      return;
+    }
+    *out = *parsed;
+  }
+
+  void Fail(absl::string_view key, absl::string_view what) const {
+    if (status_->ok()) {
+      *status_ = absl::InvalidArgumentError(absl::StrCat(Field(key), " ", what));
+    }
+  }
+
+ private:
+  std::string Where() const {
+    return path_.empty() ? std::string("the document") : path_.substr(0, path_.size() - 1);
+  }
+
+  const Json& object_;
+  std::string path_;
+  absl::Status* status_;
+};
+
+const Json& EmptyObject() {
+  static const Json* empty = new Json(Json::object());
+  return *empty;
+}
+
+const Json& Child(const Reader& r, absl::string_view key) {
+  const Json* v = r.Find(key);
+  return v == nullptr ? EmptyObject() : *v;
+}
+
+void Read(const Json& j, const std::string& path, absl::Status* s, ModelSpec* m) {
+  Reader r(j, path, s);
+  r.Get("name", &m->name);
+  r.Get("family", &m->family);
+  r.Get("hidden_size", &m->hidden_size);
+  r.Get("num_layers", &m->num_layers);
+  r.Get("num_heads", &m->num_heads);
+  r.Get("num_kv_heads", &m->num_kv_heads);
+  r.Get("head_dim", &m->head_dim);
+  r.Get("intermediate_size", &m->intermediate_size);
+  r.Get("vocab_size", &m->vocab_size);
+  r.Get("tie_word_embeddings", &m->tie_word_embeddings);
+  r.Get("qkv_bias", &m->qkv_bias);
+  r.Get("qk_norm", &m->qk_norm);
+  r.Get("rope_theta", &m->rope_theta);
+  r.Get("rms_norm_eps", &m->rms_norm_eps);
+  r.Get("max_position_embeddings", &m->max_position_embeddings);
+}
+
+void Read(const Json& j, const std::string& path, absl::Status* s, HardwareSpec* h) {
+  Reader r(j, path, s);
+  r.Get("name", &h->name);
+  r.Get("gpu_memory_bytes", &h->gpu_memory_bytes);
+  r.Get("cuda_context_bytes", &h->cuda_context_bytes);
+  r.Get("h2d_pinned_bytes_per_second", &h->h2d_pinned_bytes_per_second);
+  r.Get("d2h_pinned_bytes_per_second", &h->d2h_pinned_bytes_per_second);
+  r.Get("h2d_pageable_bytes_per_second", &h->h2d_pageable_bytes_per_second);
+  r.Get("d2h_pageable_bytes_per_second", &h->d2h_pageable_bytes_per_second);
+  r.Get("bidirectional_pinned_bytes_per_second", &h->bidirectional_pinned_bytes_per_second);
+  r.Get("hbm_bytes_per_second", &h->hbm_bytes_per_second);
+  r.Get("matmul_bf16_flops", &h->matmul_bf16_flops);
+  r.Get("matmul_fp16_flops", &h->matmul_fp16_flops);
+  r.Get("matmul_fp32_flops", &h->matmul_fp32_flops);
+  r.Get("nccl_allgather_bytes_per_second", &h->nccl_allgather_bytes_per_second);
+  r.Get("nccl_reduce_scatter_bytes_per_second", &h->nccl_reduce_scatter_bytes_per_second);
+  r.Get("cpu_adam_params_per_second", &h->cpu_adam_params_per_second);
+  r.Get("host_memory_bytes", &h->host_memory_bytes);
+  r.Get("pinned_limit_bytes", &h->pinned_limit_bytes);
+  r.Get("measured", &h->measured);
+}
+
+void Read(const Json& j, const std::string& path, absl::Status* s, Workload* w) {
+  Reader r(j, path, s);
+  r.Get("micro_batch", &w->micro_batch);
+  r.Get("seq_len", &w->seq_len);
+  r.Get("world_size", &w->world_size);
+  r.Get("grad_accum", &w->grad_accum);
+}
+
+void Read(const Json& j, const std::string& path, absl::Status* s, TrainingMethod* t) {
+  Reader r(j, path, s);
+  r.GetEnum("kind", kTrainingKinds, &TrainingKindName, &t->kind);
+  r.Get("lora_rank", &t->lora_rank);
+  if (const Json* modules = r.Find("lora_target_modules"); modules != nullptr) {
+    if (!modules->is_array()) return r.Fail("lora_target_modules", "must be a list");
+    for (const Json& m : *modules) {
+      if (!m.is_string()) return r.Fail("lora_target_modules", "must hold strings");
+      t->lora_target_modules.push_back(m.get<std::string>());
+    }
+  }
+}
+
+void Read(const Json& j, const std::string& path, absl::Status* s, BlockTrace* b) {
+  Reader r(j, path, s);
+  r.Get("param_bytes", &b->param_bytes);
+  r.Get("input_bytes", &b->input_bytes);
+  r.Get("saved_bytes", &b->saved_bytes);
+  r.Get("forward_transient_bytes", &b->forward_transient_bytes);
+  r.Get("backward_transient_bytes", &b->backward_transient_bytes);
+  r.Get("forward_seconds", &b->forward_seconds);
+  r.Get("backward_seconds", &b->backward_seconds);
+  r.Get("recompute_seconds", &b->recompute_seconds);
+}
+
+void Read(const Json& j, const std::string& path, absl::Status* s, EdgeTrace* e) {
+  Reader r(j, path, s);
+  r.Get("param_bytes", &e->param_bytes);
+  r.Get("saved_bytes", &e->saved_bytes);
+  r.Get("forward_transient_bytes", &e->forward_transient_bytes);
+  r.Get("backward_transient_bytes", &e->backward_transient_bytes);
+  r.Get("forward_seconds", &e->forward_seconds);
+  r.Get("backward_seconds", &e->backward_seconds);
+}
+
+void Read(const Json& j, const std::string& path, absl::Status* s, ResidencyPlan* p) {
+  Reader r(j, path, s);
+  r.Get("chunk_bytes", &p->chunk_bytes);
+  r.Get("n_chunks", &p->n_chunks);
+  r.Get("n_persist", &p->n_persist);
+  r.Get("n_buffer", &p->n_buffer);
+  r.Get("n_swap", &p->n_swap);
+  r.Get("n_checkpoint", &p->n_checkpoint);
+  r.Get("n_hs_offload", &p->n_hs_offload);
+  r.GetEnum("host_memory", kHostKinds, &HostMemoryKindName, &p->host_memory);
+  r.Get("world_size", &p->world_size);
+  if (const Json* modes = r.Find("block_modes"); modes != nullptr) {
+    if (!modes->is_array()) return r.Fail("block_modes", "must be a list");
+    for (size_t i = 0; i < modes->size(); ++i) {
+      const Json& m = (*modes)[i];
+      std::optional<BlockMode> mode;
+      if (m.is_string()) {
+        mode = ParseByName(NormaliseEnumName(m.get<std::string>()), kBlockModes, &BlockModeName);
+      }
+      if (!mode.has_value()) {
+        return r.Fail(absl::StrCat("block_modes[", i, "]"),
+                      "is not one of none, ckpt, swap, hs_offload");
+      }
+      p->block_modes.push_back(*mode);
+    }
+  }
+}
+
+void Read(const Json& j, const std::string& path, absl::Status* s, MemoryBreakdown* b) {
+  Reader r(j, path, s);
+  r.Get("persistent_chunks_bytes", &b->persistent_chunks_bytes);
+  r.Get("buffers_bytes", &b->buffers_bytes);
+  r.Get("grads_bytes", &b->grads_bytes);
+  r.Get("optimizer_state_bytes", &b->optimizer_state_bytes);
+  r.Get("activations_bytes", &b->activations_bytes);
+  r.Get("checkpoint_chain_bytes", &b->checkpoint_chain_bytes);
+  r.Get("transient_bytes", &b->transient_bytes);
+  r.Get("cuda_context_bytes", &b->cuda_context_bytes);
+  r.Get("fragmentation_factor", &b->fragmentation_factor);
+  r.Get("calibration_residual_bytes", &b->calibration_residual_bytes);
+}
+
+void Read(const Json& j, const std::string& path, absl::Status* s, Prediction* p) {
+  Reader r(j, path, s);
+  r.Get("peak_bytes", &p->peak_bytes);
+  Read(Child(r, "breakdown"), r.Field("breakdown."), s, &p->breakdown);
+  r.Get("load_peak_bytes", &p->load_peak_bytes);
+  r.Get("host_pinned_bytes", &p->host_pinned_bytes);
+  r.Get("host_pageable_bytes", &p->host_pageable_bytes);
+  r.Get("iteration_seconds", &p->iteration_seconds);
+  r.Get("forward_seconds", &p->forward_seconds);
+  r.Get("backward_seconds", &p->backward_seconds);
+  r.Get("optimizer_seconds", &p->optimizer_seconds);
+  r.Get("tokens_per_second", &p->tokens_per_second);
+}
+
+absl::StatusOr<Json> Parse(absl::string_view text, absl::string_view what) {
+  Json doc = Json::parse(text.begin(), text.end(), /*cb=*/nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is not valid JSON"));
+  }
+  return doc;
+}
+
+}  // namespace
+
+std::string PlanAnswerToJson(const PlanAnswer& a) {
+  Json alternatives = Json::array();
+  for (const PlanAlternative& alt : a.alternatives) {
+    alternatives.push_back(Json{{"plan", ToJson(alt.plan)},
+                                {"prediction", ToJson(alt.prediction)},
+                                {"note", alt.note}});
+  }
+  const Json j{{"fits", a.fits},
+               {"reason", a.reason},
+               {"plan", ToJson(a.plan)},
+               {"prediction", ToJson(a.prediction)},
+               {"max_micro_batch", a.max_micro_batch},
+               {"max_seq_len", a.max_seq_len},
+               {"min_gpu_memory_bytes", a.min_gpu_memory_bytes},
+               {"alternatives", std::move(alternatives)},
+               {"plan_id", a.plan_id},
+               {"trace_id", a.trace_id},
+               {"analytic_trace", a.analytic_trace},
+               {"capacity_bytes", a.capacity_bytes},
+               {"search_seconds", a.search_seconds},
+               {"plans_evaluated", a.plans_evaluated}};
+  return j.dump(2) + "\n";
+}
+
+absl::StatusOr<PlanAnswer> PlanAnswerFromJson(absl::string_view json) {
+  ASSIGN_OR_RETURN(const Json doc, Parse(json, "plan file"));
+  absl::Status s;
+  PlanAnswer a;
+  Reader r(doc, "", &s);
+  r.Get("fits", &a.fits);
+  r.Get("reason", &a.reason);
+  if (r.Find("plan") == nullptr && s.ok()) r.Fail("plan", "is missing");
+  Read(Child(r, "plan"), "plan.", &s, &a.plan);
+  Read(Child(r, "prediction"), "prediction.", &s, &a.prediction);
+  r.Get("max_micro_batch", &a.max_micro_batch);
+  r.Get("max_seq_len", &a.max_seq_len);
+  r.Get("min_gpu_memory_bytes", &a.min_gpu_memory_bytes);
+  if (const Json* alts = r.Find("alternatives"); alts != nullptr) {
+    if (!alts->is_array()) {
+      r.Fail("alternatives", "must be a list");
+    } else {
+      for (size_t i = 0; i < alts->size() && s.ok(); ++i) {
+        const std::string p = absl::StrCat("alternatives[", i, "].");
+        PlanAlternative alt;
+        Reader ar((*alts)[i], p, &s);
+        Read(Child(ar, "plan"), p + "plan.", &s, &alt.plan);
+        Read(Child(ar, "prediction"), p + "prediction.", &s, &alt.prediction);
+        ar.Get("note", &alt.note);
+        a.alternatives.push_back(std::move(alt));
+      }
+    }
+  }
+  r.Get("plan_id", &a.plan_id);
+  r.Get("trace_id", &a.trace_id);
+  r.Get("analytic_trace", &a.analytic_trace);
+  r.Get("capacity_bytes", &a.capacity_bytes);
+  r.Get("search_seconds", &a.search_seconds);
+  r.Get("plans_evaluated", &a.plans_evaluated);
+  RETURN_IF_ERROR(s);
+  return a;
+}
+
+std::string TraceToJson(const Trace& t) {
+  Json blocks = Json::array();
+  for (const BlockTrace& b : t.blocks) blocks.push_back(ToJson(b));
+  const Json j{{"trace_id", t.trace_id},
+               {"arch", ToJson(t.arch)},
+               {"workload", ToJson(t.workload)},
+               {"param_dtype", ProtoDTypeName(t.param_dtype)},
+               {"training", ToJson(t.training)},
+               {"hardware_name", t.hardware_name},
+               {"analytic", t.analytic},
+               {"embedding", ToJson(t.embedding)},
+               {"blocks", std::move(blocks)},
+               {"head", ToJson(t.head)},
+               {"trainable_param_count", t.trainable_param_count},
+               {"total_param_count", t.total_param_count},
+               {"forward_end_bytes", t.forward_end_bytes},
+               {"chunk_bytes", t.chunk_bytes},
+               {"chunk_param_bytes", t.chunk_param_bytes}};
+  return j.dump(2) + "\n";
+}
+
+absl::StatusOr<Trace> TraceFromJson(absl::string_view json) {
+  ASSIGN_OR_RETURN(const Json doc, Parse(json, "trace file"));
+  absl::Status s;
+  Trace t;
+  Reader r(doc, "", &s);
+  r.Get("trace_id", &t.trace_id);
+  Read(Child(r, "arch"), "arch.", &s, &t.arch);
+  Read(Child(r, "workload"), "workload.", &s, &t.workload);
+  if (r.Find("param_dtype") == nullptr && s.ok()) r.Fail("param_dtype", "is missing");
+  std::string dtype;
+  r.Get("param_dtype", &dtype);
+  if (s.ok()) {
+    std::optional<DType> parsed = ParseDType(NormaliseEnumName(dtype));
+    if (!parsed.has_value()) r.Fail("param_dtype", absl::StrCat("= \"", dtype, "\" is unknown"));
+    if (parsed.has_value()) t.param_dtype = *parsed;
+  }
+  Read(Child(r, "training"), "training.", &s, &t.training);
+  r.Get("hardware_name", &t.hardware_name);
+  r.Get("analytic", &t.analytic);
+  Read(Child(r, "embedding"), "embedding.", &s, &t.embedding);
+  if (const Json* blocks = r.Find("blocks"); blocks != nullptr) {
+    if (!blocks->is_array()) {
+      r.Fail("blocks", "must be a list");
+    } else {
+      t.blocks.resize(blocks->size());
+      for (size_t i = 0; i < blocks->size(); ++i) {
+        Read((*blocks)[i], absl::StrCat("blocks[", i, "]."), &s, &t.blocks[i]);
+      }
+    }
+  }
+  Read(Child(r, "head"), "head.", &s, &t.head);
+  r.Get("trainable_param_count", &t.trainable_param_count);
+  r.Get("total_param_count", &t.total_param_count);
+  r.Get("forward_end_bytes", &t.forward_end_bytes);
+  r.Get("chunk_bytes", &t.chunk_bytes);
+  if (const Json* chunks = r.Find("chunk_param_bytes"); chunks != nullptr) {
+    if (!chunks->is_array()) {
+      r.Fail("chunk_param_bytes", "must be a list");
+    } else {
+      for (const Json& c : *chunks) {
+        if (!c.is_number_integer()) {
+          r.Fail("chunk_param_bytes", "must hold integers");
+          break;
+        }
+        t.chunk_param_bytes.push_back(c.get<int64_t>());
+      }
+    }
+  }
+  RETURN_IF_ERROR(s);
+  return t;
+}
+
+std::string HardwareSpecToJson(const HardwareSpec& hardware) {
+  return ToJson(hardware).dump(2) + "\n";
+}
+
+absl::StatusOr<HardwareSpec> HardwareSpecFromJson(absl::string_view json) {
+  ASSIGN_OR_RETURN(const Json doc, Parse(json, "hardware file"));
+  absl::Status s;
+  HardwareSpec h;
+  Read(doc, "", &s, &h);
+  RETURN_IF_ERROR(s);
+  return h;
+}
+
+absl::Status WriteTextFile(const std::string& path, absl::string_view contents) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write ", tmp));
+    out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
+    out.flush();
+    if (!out) return absl::DataLossError(absl::StrCat("writing ", tmp, " failed"));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return absl::PermissionDeniedError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  if (in.bad()) return absl::DataLossError(absl::StrCat("reading ", path, " failed"));
+  return contents.str();
+}
+
+}  // namespace memplan

@@ -1,0 +1,315 @@
+#include "common/hf_config.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "common/validate.h"
+#include "nlohmann/json.hpp"
+
+namespace memplan {
+namespace {
+
+using Json = nlohmann::json;
+
+// config.json files are a few KiB; anything far larger is not a model config.
+constexpr int64_t kMaxConfigFileBytes = int64_t{16} << 20;
+constexpr int64_t kMaxPositionEmbeddings = int64_t{1} << 31;
+
+// Per-family values Hugging Face's config classes use when a key is absent or null.
+struct FamilyDefaults {
+  const char* model_type;
+  const char* architecture;
+  double rope_theta;
+  double rms_norm_eps;
+  int64_t max_position_embeddings;
+  int64_t head_dim;  // 0: hidden_size / num_attention_heads
+  bool qkv_bias;     // fixed by the architecture (Qwen2 always has q/k/v biases)
+  bool qk_norm;      // fixed by the architecture (Qwen3 normalises q and k per head)
+};
+
+constexpr FamilyDefaults kFamilies[] = {
+    {"llama", "LlamaForCausalLM", 10000.0, 1e-6, 2048, 0, false, false},
+    {"qwen2", "Qwen2ForCausalLM", 10000.0, 1e-6, 32768, 0, true, false},
+    {"qwen3", "Qwen3ForCausalLM", 10000.0, 1e-6, 32768, 128, false, true},
+    {"mistral", "MistralForCausalLM", 10000.0, 1e-6, 4096 * 32, 0, false, false},
+};
+
+absl::Status KeyError(absl::string_view key, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("config.json: \"", key, "\" ", what));
+}
+
+// Null and absent are the same to Hugging Face ("head_dim": null means "derive it").
+const Json* Find(const Json& obj, const char* key) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+absl::StatusOr<std::optional<int64_t>> OptionalInt(const Json& obj, const char* key, int64_t lo,
+                                                   int64_t hi) {
+  const Json* v = Find(obj, key);
+  if (v == nullptr) return std::optional<int64_t>();
+  int64_t value = 0;
+  if (v->is_number_unsigned()) {
+    uint64_t u = v->get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return KeyError(key, absl::StrCat("= ", u, " is out of range; allowed [", lo, ", ", hi, "]"));
+    }
+    value = static_cast<int64_t>(u);
+  } else if (v->is_number_integer()) {
+    value = v->get<int64_t>();
+  } else {
+    return KeyError(key, absl::StrCat("must be an integer, got ", v->dump()));
+  }
+  if (value < lo || value > hi) {
+    return KeyError(key,
+                    absl::StrCat("= ", value, " is out of range; allowed [", lo, ", ", hi, "]"));
+  }
+  return std::optional<int64_t>(value);
+}
+
+absl::StatusOr<int64_t> RequiredInt(const Json& obj, const char* key, int64_t lo, int64_t hi) {
+  ASSIGN_OR_RETURN(std::optional<int64_t> v, OptionalInt(obj, key, lo, hi));
+  if (!v.has_value()) return KeyError(key, "is required");
+  return *v;
+}
+
+absl::StatusOr<std::optional<double>> OptionalPositiveDouble(const Json& obj, const char* key,
+                                                             double hi) {
+  const Json* v = Find(obj, key);
+  if (v == nullptr) return std::optional<double>();
+  if (!v->is_number()) return KeyError(key, absl::StrCat("must be a number, got ", v->dump()));
+  double value = v->get<double>();
+  if (!std::isfinite(value) || value <= 0 || value > hi) {
+    return KeyError(key, absl::StrCat("= ", value, " is out of range; allowed (0, ", hi, "]"));
+  }
+  return std::optional<double>(value);
+}
+
+absl::StatusOr<std::optional<bool>> OptionalBool(const Json& obj, const char* key) {
+  const Json* v = Find(obj, key);
+  if (v == nullptr) return std::optional<bool>();
+  if (!v->is_boolean())
+    return KeyError(key, absl::StrCat("must be true or false, got ", v->dump()));
+  return std::optional<bool>(v->get<bool>());
+}
+
+absl::StatusOr<std::optional<std::string>> OptionalString(const Json& obj, const char* key) {
+  const Json* v = Find(obj, key);
+  if (v == nullptr) return std::optional<std::string>();
+  if (!v->is_string()) return KeyError(key, absl::StrCat("must be a string, got ", v->dump()));
+  return std::optional<std::string>(v->get<std::string>());
+}
+
+std::string AllowedModelTypes() {
+  std::string out;
+  for (const FamilyDefaults& f : kFamilies)
+    absl::StrAppend(&out, out.empty() ? "" : ", ", f.model_type);
+  return out;
+}
+
+// model_type decides the family; "architectures", when present, must agree with it, since a
+// *ForSequenceClassification checkpoint has a different head than the one we train.
+absl::StatusOr<const FamilyDefaults*> ResolveFamily(const Json& root) {
+  ASSIGN_OR_RETURN(std::optional<std::string> model_type, OptionalString(root, "model_type"));
+  std::vector<std::string> architectures;
+  if (const Json* a = Find(root, "architectures"); a != nullptr) {
+    if (!a->is_array()) return KeyError("architectures", "must be an array of strings");
+    for (const Json& e : *a) {
+      if (!e.is_string()) return KeyError("architectures", "must be an array of strings");
+      architectures.push_back(e.get<std::string>());
+    }
+  }
+  const FamilyDefaults* family = nullptr;
+  if (model_type.has_value()) {
+    for (const FamilyDefaults& f : kFamilies) {
+      if (*model_type == f.model_type) family = &f;
+    }
+    if (family == nullptr) {
+      return KeyError(
+          "model_type",
+          absl::StrCat("= \"", *model_type, "\" is not supported; allowed: ", AllowedModelTypes()));
+    }
+  } else {
+    for (const FamilyDefaults& f : kFamilies) {
+      for (const std::string& a : architectures) {
+        if (a == f.architecture) family = &f;
+      }
+    }
+    if (family == nullptr) {
+      return KeyError("model_type", absl::StrCat("is required (or an \"architectures\" entry "
+                                                 "naming a supported *ForCausalLM); allowed: ",
+                                                 AllowedModelTypes()));
+    }
+  }
+  if (!architectures.empty()) {
+    bool found = false;
+    for (const std::string& a : architectures) found = found || a == family->architecture;
+    if (!found) {
+      return KeyError("architectures",
+                      absl::StrCat("must contain \"", family->architecture, "\" for model_type \"",
+                                   family->model_type, "\""));
+    }
+  }
+  return family;
+}
+
+// Rejects features the ModelSpec (and the agent's model) cannot represent, so a checkpoint
+// never silently loads into the wrong architecture.
+absl::Status CheckUnsupportedFeatures(const Json& root, const FamilyDefaults& family) {
+  ASSIGN_OR_RETURN(std::optional<std::string> act, OptionalString(root, "hidden_act"));
+  if (act.has_value() && *act != "silu") {
+    return KeyError("hidden_act", absl::StrCat("= \"", *act, "\" is not supported; allowed: silu"));
+  }
+  ASSIGN_OR_RETURN(std::optional<bool> mlp_bias, OptionalBool(root, "mlp_bias"));
+  if (mlp_bias.value_or(false)) return KeyError("mlp_bias", "= true is not supported");
+  ASSIGN_OR_RETURN(std::optional<bool> attention_bias, OptionalBool(root, "attention_bias"));
+  // Llama/Qwen3/Mistral's attention_bias adds an o_proj bias as well; Qwen2 ignores the key.
+  if (attention_bias.value_or(false) && std::string(family.model_type) != "qwen2") {
+    return KeyError("attention_bias", absl::StrCat("= true (q/k/v/o biases) is not supported for ",
+                                                   family.model_type));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelSpec> ParseConfig(absl::string_view json, bool* has_name) {
+  Json root;
+  try {
+    root = Json::parse(json.begin(), json.end());
+  } catch (const Json::parse_error& e) {
+    // nlohmann's message carries the byte position of the error.
+    return absl::InvalidArgumentError(absl::StrCat("config.json: malformed JSON: ", e.what()));
+  }
+  if (!root.is_object()) {
+    return absl::InvalidArgumentError("config.json: top level must be a JSON object");
+  }
+  ASSIGN_OR_RETURN(const FamilyDefaults* family, ResolveFamily(root));
+  RETURN_IF_ERROR(CheckUnsupportedFeatures(root, *family));
+
+  ModelSpec spec;
+  spec.family = family->model_type;
+  ASSIGN_OR_RETURN(std::optional<std::string> name, OptionalString(root, "_name_or_path"));
+  *has_name = name.has_value() && !name->empty();
+  spec.name = *has_name ? *name : family->model_type;
+
+  ASSIGN_OR_RETURN(spec.hidden_size, RequiredInt(root, "hidden_size", 1, kMaxHiddenSize));
+  ASSIGN_OR_RETURN(spec.num_layers, RequiredInt(root, "num_hidden_layers", 1, kMaxLayers));
+  ASSIGN_OR_RETURN(spec.num_heads, RequiredInt(root, "num_attention_heads", 1, kMaxHeads));
+  ASSIGN_OR_RETURN(std::optional<int64_t> kv_heads,
+                   OptionalInt(root, "num_key_value_heads", 1, spec.num_heads));
+  spec.num_kv_heads = kv_heads.value_or(spec.num_heads);
+  if (spec.num_heads % spec.num_kv_heads != 0) {
+    return KeyError("num_key_value_heads",
+                    absl::StrCat("= ", spec.num_kv_heads,
+                                 " must divide \"num_attention_heads\" = ", spec.num_heads));
+  }
+  ASSIGN_OR_RETURN(std::optional<int64_t> head_dim, OptionalInt(root, "head_dim", 2, 4096));
+  spec.head_dim = head_dim.value_or(family->head_dim);
+  if (spec.head_dim == 0 && spec.hidden_size % spec.num_heads != 0) {
+    return KeyError("num_attention_heads",
+                    absl::StrCat("= ", spec.num_heads, " must divide \"hidden_size\" = ",
+                                 spec.hidden_size, " when \"head_dim\" is absent"));
+  }
+  if (spec.HeadDim() % 2 != 0) {
+    return KeyError(head_dim.has_value() ? "head_dim" : "hidden_size",
+                    absl::StrCat("gives head dimension ", spec.HeadDim(),
+                                 ", which must be even (rotary embeddings)"));
+  }
+  ASSIGN_OR_RETURN(spec.intermediate_size,
+                   RequiredInt(root, "intermediate_size", 1, kMaxIntermediateSize));
+  ASSIGN_OR_RETURN(spec.vocab_size, RequiredInt(root, "vocab_size", 1, kMaxVocabSize));
+  ASSIGN_OR_RETURN(std::optional<bool> tie, OptionalBool(root, "tie_word_embeddings"));
+  spec.tie_word_embeddings = tie.value_or(false);
+
+  ASSIGN_OR_RETURN(std::optional<double> rope_theta,
+                   OptionalPositiveDouble(root, "rope_theta", 1e12));
+  if (!rope_theta.has_value()) {
+    // Newer transformers releases move rope_theta into "rope_parameters".
+    if (const Json* rp = Find(root, "rope_parameters"); rp != nullptr && rp->is_object()) {
+      ASSIGN_OR_RETURN(rope_theta, OptionalPositiveDouble(*rp, "rope_theta", 1e12));
+    }
+  }
+  spec.rope_theta = rope_theta.value_or(family->rope_theta);
+  ASSIGN_OR_RETURN(std::optional<double> eps, OptionalPositiveDouble(root, "rms_norm_eps", 1.0));
+  spec.rms_norm_eps = eps.value_or(family->rms_norm_eps);
+  ASSIGN_OR_RETURN(std::optional<int64_t> max_pos,
+                   OptionalInt(root, "max_position_embeddings", 1, kMaxPositionEmbeddings));
+  spec.max_position_embeddings = max_pos.value_or(family->max_position_embeddings);
+  spec.qkv_bias = family->qkv_bias;
+  spec.qk_norm = family->qk_norm;
+
+  if (Find(root, "rope_scaling") != nullptr) {
+    // Shapes and memory do not depend on it; the agent's rotary embedding does not apply it.
+    MEMPLAN_LOG(kWarning, "config.json rope_scaling is not modelled; using plain RoPE")
+        .Field("model", spec.name);
+  }
+
+  // Backstop: the checks above name JSON keys; this one guards the ModelSpec invariants.
+  if (absl::Status s = ValidateModelSpec(spec, "config.json -> arch."); !s.ok()) return s;
+  return spec;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelSpec> ParseHfConfigJson(absl::string_view json) {
+  bool has_name = false;
+  return ParseConfig(json, &has_name);
+}
+
+absl::StatusOr<ModelSpec> LoadHfConfigFile(const std::string& path) {
+  // POSIX calls rather than std::filesystem: this also runs in Torch-linked binaries, where
+  // libtorch.so's exported std::filesystem symbols interpose on ours and are not ABI-safe.
+  std::string file = path;
+  struct stat st;
+  if (::stat(file.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    file = absl::StrCat(path, path.empty() || path.back() == '/' ? "" : "/", "config.json");
+  }
+  if (::stat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::NotFoundError(absl::StrCat("config file not found: ", file));
+  }
+  if (st.st_size > kMaxConfigFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": size ", st.st_size,
+                                                   " is not a plausible config.json (limit ",
+                                                   kMaxConfigFileBytes, " bytes)"));
+  }
+  std::ifstream in(file, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (!in.good() && !in.eof()) {
+    return absl::InternalError(absl::StrCat("failed to read ", file));
+  }
+  const std::string contents = text.str();
+  bool has_name = false;
+  absl::StatusOr<ModelSpec> spec = ParseConfig(contents, &has_name);
+  if (!spec.ok()) {
+    return absl::Status(spec.status().code(), absl::StrCat(file, ": ", spec.status().message()));
+  }
+  // Name the model after its directory when config.json does not say.
+  if (!has_name) {
+    char resolved[PATH_MAX];
+    if (::realpath(file.c_str(), resolved) != nullptr) {
+      std::string dir(resolved);
+      dir = dir.substr(0, dir.rfind('/'));
+      const std::string base = dir.substr(dir.rfind('/') + 1);
+      if (!base.empty()) spec->name = base;
+    }
+  }
+  return spec;
+}
+
+}  // namespace memplan

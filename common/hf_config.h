@@ -1,0 +1,27 @@
+// Hugging Face config.json -> ModelSpec for LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+// and MistralForCausalLM. The result passes ValidateModelSpec; every error is INVALID_ARGUMENT
+// (NOT_FOUND for a missing file) and names the offending JSON key. Torch-free, protobuf-free.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/types.h"
+
+namespace memplan {
+
+// Parses the text of a config.json. ModelSpec::name is taken from "_name_or_path" when present,
+// else from model_type. Absent or null optional keys take the family's Hugging Face defaults:
+// num_key_value_heads = num_attention_heads, head_dim = hidden_size / num_attention_heads (128
+// for qwen3), rope_theta 10000, rms_norm_eps 1e-6, tie_word_embeddings false. qkv_bias is set for
+// qwen2, qk_norm for qwen3. Features the ModelSpec cannot express (hidden_act other than silu,
+// mlp_bias, attention_bias on llama/qwen3/mistral) are rejected; rope_scaling is accepted and
+// ignored with a warning.
+absl::StatusOr<ModelSpec> ParseHfConfigJson(absl::string_view json);
+
+// Reads `path` (a config.json file, or a directory containing one) and parses it. ModelSpec::name
+// is the directory name when the JSON carries no "_name_or_path".
+absl::StatusOr<ModelSpec> LoadHfConfigFile(const std::string& path);
+
+}  // namespace memplan

@@ -1,0 +1,136 @@
+#include "planner/calibration/calibrator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace memplan {
+namespace {
+
+double Median(std::vector<double> values) {
+  const size_t mid = values.size() / 2;
+  std::nth_element(values.begin(), values.begin() + mid, values.end());
+  const double upper = values[mid];
+  if (values.size() % 2 == 1) return upper;
+  const double lower = *std::max_element(values.begin(), values.begin() + mid);
+  return 0.5 * (lower + upper);
+}
+
+double MeanAbsRelativeError(const std::vector<CalibrationSample>& samples, double factor,
+                            int64_t residual_bytes) {
+  double sum = 0;
+  int count = 0;
+  for (const CalibrationSample& s : samples) {
+    if (s.oom) continue;  // an OOM peak is a lower bound, not a value to compare against
+    const int64_t predicted =
+        CalibratedPeakBytes(factor, residual_bytes, s.raw_model_bytes, s.fixed_bytes);
+    sum += std::abs(static_cast<double>(predicted - s.measured_bytes)) /
+           static_cast<double>(s.measured_bytes);
+    ++count;
+  }
+  return count == 0 ? 0.0 : sum / count;
+}
+
+// Smallest residual (>= 0) for which no sample, OOM ones included, is above its prediction.
+// Floored at 0 so a factor clamped from below never pulls predictions down further.
+int64_t MinimalResidual(const std::vector<CalibrationSample>& samples, double factor) {
+  int64_t residual = 0;
+  for (const CalibrationSample& s : samples) {
+    residual =
+        std::max(residual, s.measured_bytes -
+                               CalibratedPeakBytes(factor, 0, s.raw_model_bytes, s.fixed_bytes));
+  }
+  return residual;
+}
+
+double MeanRelativeOverPrediction(const std::vector<CalibrationSample>& samples, double factor,
+                                  int64_t residual_bytes) {
+  double sum = 0;
+  int count = 0;
+  for (const CalibrationSample& s : samples) {
+    if (s.oom) continue;
+    sum += static_cast<double>(
+               CalibratedPeakBytes(factor, residual_bytes, s.raw_model_bytes, s.fixed_bytes) -
+               s.measured_bytes) /
+           static_cast<double>(s.measured_bytes);
+    ++count;
+  }
+  return count == 0 ? 0.0 : sum / count;
+}
+
+}  // namespace
+
+int64_t CalibratedPeakBytes(double fragmentation_factor, int64_t residual_bytes,
+                            int64_t raw_model_bytes, int64_t fixed_bytes) {
+  const double scaled = std::ceil(fragmentation_factor * static_cast<double>(raw_model_bytes));
+  return static_cast<int64_t>(scaled) + residual_bytes + fixed_bytes;
+}
+
+CalibrationResult FitCalibration(const std::vector<CalibrationSample>& recent,
+                                 const CalibratorOptions& options) {
+  std::vector<CalibrationSample> window;
+  window.reserve(recent.size());
+  for (const CalibrationSample& s : recent) {
+    // A sample without a model part or a measurement says nothing about the factor.
+    if (s.raw_model_bytes > 0 && s.measured_bytes > 0 && s.fixed_bytes >= 0) window.push_back(s);
+  }
+  // Callers usually pass newest first already; sorting makes the window independent of that.
+  std::stable_sort(window.begin(), window.end(),
+                   [](const CalibrationSample& a, const CalibrationSample& b) {
+                     return a.measured_at_unix_ms > b.measured_at_unix_ms;
+                   });
+  if (options.window_samples > 0 && window.size() > static_cast<size_t>(options.window_samples)) {
+    window.resize(options.window_samples);
+  }
+
+  CalibrationResult result;
+  result.samples = static_cast<int32_t>(window.size());
+  if (window.empty()) return result;
+
+  // The median ratio ignores up to half the window being outliers; OOM samples only bound the
+  // peak from below, so they do not vote (they are honoured by the no-under-estimate step).
+  std::vector<double> ratios;
+  for (const CalibrationSample& s : window) {
+    if (s.oom) continue;
+    ratios.push_back(static_cast<double>(s.measured_bytes - s.fixed_bytes) /
+                     static_cast<double>(s.raw_model_bytes));
+  }
+  double factor = ratios.empty() ? 1.0 : Median(std::move(ratios));
+  factor = std::clamp(factor, options.min_fragmentation_factor, options.max_fragmentation_factor);
+
+  // The guarantee (no sample in the window above its prediction) is met by raising the factor
+  // a bounded amount above the robust estimate and covering the rest with the residual. The raise
+  // is chosen to minimise the mean relative over-prediction: a purely additive residual would
+  // carry the largest run's noise, in bytes, onto the smallest runs.
+  const double low = factor;
+  const double high = std::min(options.max_fragmentation_factor,
+                               low * (1.0 + std::max(0.0, options.max_factor_raise)));
+  auto over_prediction = [&window](double f) {
+    return MeanRelativeOverPrediction(window, f, MinimalResidual(window, f));
+  };
+  // The objective is convex in the factor (a sum of linear terms plus a positive multiple of
+  // the convex residual), so a golden-section search finds its minimum on [low, high].
+  constexpr double kInvPhi = 0.6180339887498949;
+  double a = low, b = high;
+  for (int i = 0; i < 64 && b - a > 1e-9; ++i) {
+    const double c = b - kInvPhi * (b - a);
+    const double d = a + kInvPhi * (b - a);
+    if (over_prediction(c) <= over_prediction(d)) {
+      b = d;
+    } else {
+      a = c;
+    }
+  }
+  // Ties (including "no non-OOM samples") keep the unraised factor.
+  if (over_prediction(a) < over_prediction(low)) factor = a;
+  const int64_t residual = MinimalResidual(window, factor);
+
+  result.fragmentation_factor = factor;
+  result.estimated_fragmentation_factor = low;
+  result.residual_bytes = residual;
+  result.mean_abs_relative_error = MeanAbsRelativeError(window, 1.0, 0);
+  result.calibrated_mean_abs_relative_error = MeanAbsRelativeError(window, factor, residual);
+  return result;
+}
+
+}  // namespace memplan

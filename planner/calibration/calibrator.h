@@ -1,0 +1,70 @@
+// Fits the per-(hardware, dtype, model family) fragmentation factor and residual from measured
+// peaks. Pure: no I/O, no clock. Contract with the cost model (see README.md):
+//   predicted_peak_bytes = ceil(fragmentation_factor * raw_model_bytes) + residual_bytes +
+//   fixed_bytes
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/types.h"
+
+namespace memplan {
+
+// What a calibration is learned for. Value type, thread-compatible.
+struct CalibrationKey {
+  std::string hardware_name;
+  DType param_dtype = DType::kBFloat16;
+  std::string model_family;
+
+  friend bool operator==(const CalibrationKey&, const CalibrationKey&) = default;
+};
+
+// One measured run, reduced to what the fit needs. raw_model_bytes is the cost model's peak
+// before calibration and without the fixed part; fixed_bytes is the CUDA context.
+struct CalibrationSample {
+  int64_t raw_model_bytes = 0;
+  int64_t fixed_bytes = 0;
+  int64_t measured_bytes = 0;  // measured steady peak (reserved)
+  int64_t measured_at_unix_ms = 0;
+  // The run ran out of memory: measured_bytes is only a lower bound on the true peak. Such a
+  // sample is kept out of the central estimate but still must not be under-predicted.
+  bool oom = false;
+};
+
+struct CalibratorOptions {
+  double min_fragmentation_factor = 0.5;
+  double max_fragmentation_factor = 2.0;
+  // How far above the robust estimate (relative) the factor may be raised to keep the window
+  // from being under-predicted; whatever is left goes into the residual.
+  double max_factor_raise = 0.10;
+  // Only the newest window_samples samples (by measured_at_unix_ms) are used; <= 0: all.
+  int window_samples = 20;
+};
+
+struct CalibrationResult {
+  double fragmentation_factor = 1.0;  // to apply: the estimate, possibly raised
+  // The robust estimate alone (clamped median ratio): what converges to the true factor.
+  double estimated_fragmentation_factor = 1.0;
+  int64_t residual_bytes = 0;
+  int32_t samples = 0;  // samples used (valid ones inside the window)
+  // Mean |predicted - measured| / measured of the uncalibrated model (factor 1, residual 0)
+  // over the non-OOM samples used.
+  double mean_abs_relative_error = 0;
+  // The same error after calibration (what the fit achieved on its own window).
+  double calibrated_mean_abs_relative_error = 0;
+};
+
+// Robust, bounded fit (README.md): the factor starts at the median of (measured - fixed) / raw
+// over non-OOM samples, clamped to the bounds; it is then raised by at most max_factor_raise and
+// the residual (>= 0) set so that no sample in the window is under-predicted, choosing the split
+// with the least mean over-prediction. With no usable sample: factor 1, residual 0.
+CalibrationResult FitCalibration(const std::vector<CalibrationSample>& recent,
+                                 const CalibratorOptions& options);
+
+// The calibrated prediction of the contract above.
+int64_t CalibratedPeakBytes(double fragmentation_factor, int64_t residual_bytes,
+                            int64_t raw_model_bytes, int64_t fixed_bytes);
+
+}  // namespace memplan

@@ -1,0 +1,169 @@
+// Usage texts of the `memplan` CLI (declared in cli_args.h next to the parser they describe).
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "planner/cli/cli_args.h"
+
+namespace memplan::cli {
+namespace {
+
+constexpr char kGlobalHelp[] = R"(Global flags (anywhere on the line):
+  --planner HOST:PORT   planner daemon address (default 127.0.0.1:50051)
+  --json                print the reply as proto JSON instead of a table
+  --timeout SECONDS     deadline of each RPC (default 30)
+  -h, --help            this help
+)";
+
+constexpr char kOverview[] =
+    R"(memplan - ask the memplan planner which GPU memory residency plan fits a training job.
+
+Usage: memplan [global flags] COMMAND [flags] [args]
+
+Commands:
+  plan                 plan a model on a GPU: verdict, knobs, memory breakdown, speed, limits
+  trace submit FILE    store a profiled trace (proto JSON, '-' = stdin); prints its id
+  trace get ID         show a stored trace
+  hardware submit FILE store a measured hardware profile (proto JSON, '-' = stdin)
+  hardware list        list the hardware presets known to the planner
+  hardware get ID      show a stored hardware profile
+  measure              report what a training run measured for a plan (feeds calibration)
+  calibration          show the learned calibration per (hardware, dtype, model family)
+  plans list           list stored plans, newest first
+  plans get ID         show a stored plan with its measurements
+  presets              list model and hardware presets
+
+Run 'memplan COMMAND --help' for the flags of a command.
+Exit status: 0 ok, 1 the planner answered with an error or could not be reached, 2 bad usage.
+)";
+
+constexpr char kPlan[] = R"(Usage: memplan plan MODEL HARDWARE [workload] [knobs]
+
+Asks the planner for the fastest residency plan that fits, with the reasons.
+
+Model (exactly one):
+  --arch PRESET          a model preset (see 'memplan presets --models'), e.g. llama-3.1-8b
+  --arch-file PATH       a Hugging Face config.json, or a directory holding one
+  --trace-id ID          a trace stored with 'memplan trace submit'; its workload, dtype and
+                         training method apply unless given (then give both --batch and --seq)
+Hardware (exactly one):
+  --gpu PRESET           a hardware preset, e.g. h100-80gb, rtx-4090 (a measured profile of the
+                         same name, submitted by an agent, takes precedence)
+  --hardware-id ID       a stored hardware profile
+Workload:
+  --batch N              micro-batch size per GPU (default 1)
+  --seq N                sequence length in tokens (default 4096)
+  --world-size N         data-parallel ranks sharding the model (default 1)
+  --grad-accum N         gradient accumulation steps (default 1)
+  --dtype fp32|bf16|fp16 parameter dtype (default bf16)
+  --optimizer NAME       adamw (fp32 states, default), adamw_bf16, sgd
+  --lora-rank N          train LoRA adapters of this rank instead of a full fine-tune
+  --lora-targets LIST    comma-separated modules: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,
+                         down_proj, or 'all' (required with --lora-rank)
+  --margin F             fraction of GPU memory held back, 0.001 to 0.5 (planner default 0.05)
+Fixed knobs (each one is a constraint; the rest is searched):
+  --chunk-mib N          chunk size in MiB
+  --n-persist N          chunks kept resident on the GPU
+  --n-buffer N           GPU buffers for non-persistent chunks
+  --n-swap N             blocks whose activations are swapped to the host
+  --n-ckpt N             blocks that recompute activations in backward
+  --n-hs-offload N       blocks that checkpoint and offload their input to the host
+  --host-memory pinned|pageable
+Output:
+  --max-alternatives N   alternatives on the memory/speed frontier, 1 to 32 (planner default 5)
+  --skip-limits          skip max batch / max sequence / min GPU memory (faster)
+
+Example:
+  memplan plan --arch llama-3.1-8b --gpu h100-80gb --batch 1 --seq 4096
+)";
+
+constexpr char kTrace[] = R"(Usage: memplan trace submit FILE
+       memplan trace get TRACE_ID
+
+submit: stores a trace written by the agent's profiler (memplan.v1.Trace as proto JSON; '-'
+        reads stdin) and prints its id; 'memplan plan --trace-id ID' then uses it.
+get:    shows a stored trace (per-block bytes and times).
+)";
+
+constexpr char kHardware[] = R"(Usage: memplan hardware submit FILE
+       memplan hardware list
+       memplan hardware get PROFILE_ID
+
+submit: stores a hardware profile (memplan.v1.HardwareProfile as proto JSON; '-' reads stdin)
+        and prints its id. A profile marked measured supersedes the preset of the same name.
+list:   the hardware presets the planner serves (memory, bandwidths, FLOP/s).
+get:    shows a stored hardware profile.
+)";
+
+constexpr char kMeasure[] = R"(Usage: memplan measure --plan-id ID --peak-reserved SIZE [more]
+
+Reports what a training run measured while running a plan. The planner stores it durably,
+refits the calibration of that (hardware, dtype, model family) and prints the prediction error.
+
+  --plan-id ID           the plan that ran (required)
+  --peak-reserved SIZE   steady-state peak reserved by the caching allocator (required unless --oom)
+  --peak-allocated SIZE  steady-state peak allocated
+  --peak-device SIZE     device-level peak used (NVML / cudaMemGetInfo)
+  --load-peak SIZE       transient peak while loading the weights
+  --step-seconds F       measured optimizer step time
+  --oom                  the run ran out of memory
+  --note TEXT            free text stored with the measurement
+SIZE: bytes, or with a unit: 512MiB, 71.5GiB, 80GB.
+)";
+
+constexpr char kCalibration[] =
+    R"(Usage: memplan calibration [--hardware NAME] [--dtype D] [--family F]
+
+Shows the calibration learned from measurements: fragmentation factor, residual bytes, sample
+count and the raw model's mean absolute error. Flags filter; without them all are listed.
+)";
+
+constexpr char kPlans[] = R"(Usage: memplan plans list [--page-size N] [--page-token T] [--all]
+       memplan plans get PLAN_ID
+
+list: stored plans, newest first (--page-size 1..1000, --all follows every page).
+get:  one stored plan: request, answer, and the measurements reported for it.
+)";
+
+constexpr char kPresets[] = R"(Usage: memplan presets [--models | --hardware]
+
+Lists the model architectures and hardware the planner knows by name.
+)";
+
+}  // namespace
+
+std::string HelpText(Command command) {
+  const char* body = kOverview;
+  switch (command) {
+    case Command::kNone:
+      body = kOverview;
+      break;
+    case Command::kPlan:
+      body = kPlan;
+      break;
+    case Command::kTraceSubmit:
+    case Command::kTraceGet:
+      body = kTrace;
+      break;
+    case Command::kHardwareSubmit:
+    case Command::kHardwareList:
+    case Command::kHardwareGet:
+      body = kHardware;
+      break;
+    case Command::kMeasure:
+      body = kMeasure;
+      break;
+    case Command::kCalibration:
+      body = kCalibration;
+      break;
+    case Command::kPlansList:
+    case Command::kPlansGet:
+      body = kPlans;
+      break;
+    case Command::kPresets:
+      body = kPresets;
+      break;
+  }
+  return absl::StrCat(body, "\n", kGlobalHelp);
+}
+
+}  // namespace memplan::cli

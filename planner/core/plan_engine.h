@@ -1,0 +1,68 @@
+// Planner entry point: validates a planning request, builds the trace (analytic or profiled),
+// searches residency plans, and computes the workload limits. Pure computation: no I/O, no clock.
+// Thread-safe: free functions over value inputs.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/types.h"
+
+namespace memplan {
+
+struct PlanInputs {
+  ModelSpec arch;                       // validated by the engine
+  std::optional<Trace> profiled_trace;  // when set, used instead of the analytic trace
+  HardwareSpec hardware;
+  Workload workload;
+  TrainingMethod training;
+  DType param_dtype = DType::kBFloat16;
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
+  FixedKnobs fixed;
+  double safety_margin = 0.05;  // [0, 0.5]
+  int max_alternatives = 5;
+  bool skip_limits = false;           // skip max batch / max seq / min memory
+  double fragmentation_factor = 1.0;  // from calibration (alpha)
+  int64_t residual_bytes = 0;         // from calibration
+};
+
+struct PlanOutcome {
+  bool fits = false;
+  std::string reason;  // why it fits / why not (human readable, specific)
+  ResidencyPlan plan;  // best plan (or the least-bad one when !fits)
+  Prediction prediction;
+  std::vector<std::pair<ResidencyPlan, Prediction>> alternatives;  // memory/speed frontier
+  std::vector<std::string> alternative_notes;
+  int64_t max_micro_batch = 0;       // at this seq_len, 0 = not even 1
+  int64_t max_seq_len = 0;           // at this micro_batch
+  int64_t min_gpu_memory_bytes = 0;  // smallest card (same other figures) that fits
+  int64_t capacity_bytes = 0;        // usable bytes after margin
+  int64_t plans_evaluated = 0;
+  Trace trace_used;  // analytic or profiled
+};
+
+// Validates every input (INVALID_ARGUMENT naming the field, e.g. "fixed.n_persist = 99 is out of
+// range; allowed [0, 40]", "safety_margin", "workload.seq_len"), builds the trace, searches the
+// plan space and (unless skip_limits) computes max micro-batch, max seq_len and min GPU memory.
+//
+// Calibration contract: every Prediction satisfies
+//   peak_bytes = ceil(alpha * raw_bytes) + residual_bytes + cuda_context_bytes
+// where alpha = fragmentation_factor (recorded in breakdown.fragmentation_factor), residual =
+// residual_bytes (breakdown.calibration_residual_bytes), and raw_bytes is the sum of every other
+// breakdown component (persistent chunks, buffers, grads, optimizer state, activations, checkpoint
+// chain, transients). RawModelBytes() recovers raw_bytes from a Prediction.
+absl::StatusOr<PlanOutcome> MakePlan(const PlanInputs& inputs);
+
+// Prediction for one given plan (used to re-predict a stored plan, e.g. for calibration). The plan
+// is validated against the trace (chunk count, n_persist range, block_modes length...).
+absl::StatusOr<Prediction> PredictPlan(const PlanInputs& inputs, const ResidencyPlan& plan);
+
+// raw_bytes of the calibration contract: the sum of persistent_chunks, buffers, grads,
+// optimizer_state, activations, checkpoint_chain and transient bytes of prediction.breakdown.
+int64_t RawModelBytes(const Prediction& prediction);
+
+}  // namespace memplan

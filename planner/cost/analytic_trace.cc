@@ -1,0 +1,236 @@
+#include "planner/cost/analytic_trace.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "common/validate.h"
+
+namespace memplan {
+namespace {
+
+struct LoraTargets {
+  bool q = false, k = false, v = false, o = false, gate = false, up = false, down = false;
+};
+
+LoraTargets TargetsOf(const TrainingMethod& training) {
+  LoraTargets t;
+  for (const std::string& name : training.lora_target_modules) {
+    if (name == "q_proj") t.q = true;
+    if (name == "k_proj") t.k = true;
+    if (name == "v_proj") t.v = true;
+    if (name == "o_proj") t.o = true;
+    if (name == "gate_proj") t.gate = true;
+    if (name == "up_proj") t.up = true;
+    if (name == "down_proj") t.down = true;
+  }
+  return t;
+}
+
+double MatmulRate(const HardwareSpec& hw, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return hw.matmul_fp32_flops;
+    case DType::kFloat16:
+      return hw.matmul_fp16_flops > 0 ? hw.matmul_fp16_flops : hw.matmul_bf16_flops;
+    case DType::kBFloat16:
+      return hw.matmul_bf16_flops;
+  }
+  return hw.matmul_bf16_flops;
+}
+
+// Scaled byte figure, saturated at 2^60 so that absurd scale factors cannot overflow.
+int64_t Scale(int64_t bytes, double factor) {
+  const double v = std::ceil(static_cast<double>(bytes) * factor);
+  constexpr double kCap = 1152921504606846976.0;  // 2^60
+  return v >= kCap ? static_cast<int64_t>(kCap) : static_cast<int64_t>(v);
+}
+
+}  // namespace
+
+absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& workload,
+                                      DType param_dtype, const TrainingMethod& training,
+                                      const HardwareSpec& hardware,
+                                      const AnalyticTraceOptions& options) {
+  RETURN_IF_ERROR(ValidateModelSpec(arch, "arch."));
+  RETURN_IF_ERROR(ValidateWorkload(workload, "workload."));
+  RETURN_IF_ERROR(ValidateTrainingMethod(training, arch, "training."));
+  if (!(options.matmul_efficiency > 0 && options.matmul_efficiency <= 1) ||
+      !(options.hbm_efficiency > 0 && options.hbm_efficiency <= 1)) {
+    return absl::InvalidArgumentError("analytic efficiencies must be in (0, 1]");
+  }
+  const double matmul_rate = MatmulRate(hardware, param_dtype) * options.matmul_efficiency;
+  const double hbm_rate = hardware.hbm_bytes_per_second * options.hbm_efficiency;
+  if (!(matmul_rate > 0) || !(hbm_rate > 0)) {
+    return absl::InvalidArgumentError(
+        "hardware matmul and hbm rates must be positive to synthesise a trace");
+  }
+
+  // All sizes in elements or bytes per token unless stated; T = tokens per micro-batch.
+  const int64_t d = DTypeBytes(param_dtype);
+  const bool narrow = d < 4;  // bf16/fp16: RMSNorm upcasts to an fp32 copy
+  const int64_t h = arch.hidden_size;
+  const int64_t hd = arch.HeadDim();
+  const int64_t hq = arch.num_heads * hd;
+  const int64_t hkv = arch.num_kv_heads * hd;
+  const int64_t inter = arch.intermediate_size;
+  const int64_t vocab = arch.vocab_size;
+  const int64_t seq = workload.seq_len;
+  const int64_t tokens = workload.micro_batch * workload.seq_len;
+  const bool full = training.kind == TrainingKind::kFull;
+  const LoraTargets lora = full ? LoraTargets{} : TargetsOf(training);
+  const int64_t rank = full ? 0 : training.lora_rank;
+
+  // A linear keeps its input for backward only when its weight (or an adapter on it) trains.
+  const bool q_in = full || lora.q, k_in = full || lora.k, v_in = full || lora.v;
+  const bool gate_in = full || lora.gate, up_in = full || lora.up, down_in = full || lora.down;
+
+  // RMSNorm in eager PyTorch: x.float() (kept by pow/mul when x is bf16/fp16), rsqrt(var) [T,1],
+  // weight * normed.to(dtype) keeps the cast tensor when the weight trains, and the output is
+  // kept by the following linears when they need their input.
+  auto norm_saved = [&](int64_t width, bool out_needed) -> int64_t {
+    return (narrow ? 4 * width : 0) + (full ? d * width : 0) + (out_needed ? d * width : 0) + 4;
+  };
+
+  // ---- per-token saved bytes of one block (derivation in docs/cost-model.md) ----
+  int64_t saved_tok = d * h;                         // block input (residual stream)
+  saved_tok += norm_saved(h, q_in || k_in || v_in);  // input_layernorm
+  if (arch.qk_norm) {
+    // Per-head RMSNorm on q and k: the fp32 view of q/k (the projection output itself for fp32)
+    // and, when the norm weight trains, the cast normalised tensor.
+    saved_tok += 4 * (hq + hkv) + (full ? d * (hq + hkv) : 0) + 8;
+  }
+  saved_tok += d * (hq + 2 * hkv);               // q, k after RoPE, v (SDPA inputs)
+  saved_tok += d * hq + 4 * arch.num_heads;      // attention output + logsumexp
+  saved_tok += norm_saved(h, gate_in || up_in);  // post_attention_layernorm
+  saved_tok += 3 * d * inter;                    // gate out (silu), silu out, up out
+  saved_tok += down_in ? d * inter : 0;          // silu*up product (down_proj input)
+  const int lora_modules = lora.q + lora.k + lora.v + lora.o + lora.gate + lora.up + lora.down;
+  saved_tok += lora_modules * d * rank;  // adapter B inputs (A x)
+
+  // Forward transient: fp32 pow output and fp32 normalised tensor inside a norm, plus the
+  // block output being written next to the residual.
+  const int64_t norm_tmp = std::max(8 * h, arch.qk_norm ? 8 * (hq + hkv) : int64_t{0});
+  const int64_t fwd_tr_tok = norm_tmp + 2 * d * h;
+  // Backward transient: incoming gradient + residual gradient accumulator, plus the widest of
+  // the MLP (grad of product, silu out and up out alive together), attention (dq, dk, dv and
+  // flash's fp32 dq accumulator) and norm (fp32 temporaries) backward.
+  const int64_t mlp_bwd = 3 * d * inter + 2 * d * h;
+  const int64_t attn_bwd = 2 * d * (hq + 2 * hkv) + 4 * hq + 4 * arch.num_heads;
+  const int64_t bwd_tr_tok = 2 * d * h + std::max({mlp_bwd, attn_bwd, int64_t{12} * h});
+
+  // ---- parameters ----
+  const int64_t block_weights = h * hq + 2 * h * hkv + hq * h + 3 * h * inter;
+  int64_t block_params = block_weights + 2 * h;  // two RMSNorm weights
+  if (arch.qkv_bias) block_params += hq + 2 * hkv;
+  if (arch.qk_norm) block_params += 2 * hd;
+  const int64_t adapter_params =
+      rank * ((lora.q ? h + hq : 0) + (lora.k ? h + hkv : 0) + (lora.v ? h + hkv : 0) +
+              (lora.o ? hq + h : 0) + (lora.gate ? h + inter : 0) + (lora.up ? h + inter : 0) +
+              (lora.down ? inter + h : 0));
+  block_params += adapter_params;
+  const int64_t embed_params = vocab * h;
+  const int64_t head_params = h + (arch.tie_word_embeddings ? 0 : vocab * h);
+
+  // ---- compute ----
+  const double t = static_cast<double>(tokens);
+  const double lin_flops = 2.0 * static_cast<double>(block_weights) * t;
+  const double attn_flops = 2.0 * static_cast<double>(hq) * static_cast<double>(seq) * t;
+  const double lora_flops = 2.0 * static_cast<double>(adapter_params) * t;
+  const double fwd_flops = lin_flops + attn_flops + lora_flops;
+  // Backward: grad-input and grad-weight GEMMs for trained weights (2x forward), grad-input
+  // only for frozen ones (1x); flash attention backward re-computes scores (2.5x forward).
+  const double bwd_flops = (full ? 2.0 : 1.0) * lin_flops + 2.5 * attn_flops + 2.0 * lora_flops;
+  const double fwd_mem = 2.0 * static_cast<double>(saved_tok) * t;  // write + read once
+  const double bwd_mem = 2.0 * fwd_mem;
+
+  Trace trace;
+  trace.arch = arch;
+  trace.workload = workload;
+  trace.param_dtype = param_dtype;
+  trace.training = training;
+  trace.hardware_name = hardware.name;
+  trace.analytic = true;
+  trace.trace_id = absl::StrCat("analytic:", arch.name, ":", workload.micro_batch, "x",
+                                workload.seq_len, ":", std::string(DTypeName(param_dtype)));
+
+  BlockTrace block;
+  block.param_bytes = block_params * d;
+  block.input_bytes = tokens * h * d;
+  block.saved_bytes = tokens * saved_tok;
+  block.forward_transient_bytes = tokens * fwd_tr_tok;
+  block.backward_transient_bytes = tokens * bwd_tr_tok;
+  block.forward_seconds = fwd_flops / matmul_rate + fwd_mem / hbm_rate;
+  block.backward_seconds = bwd_flops / matmul_rate + bwd_mem / hbm_rate;
+  block.recompute_seconds = block.forward_seconds;
+  trace.blocks.assign(static_cast<size_t>(arch.num_layers), block);
+
+  // Embedding: the lookup keeps only the int64 ids; its output is the first block's input.
+  trace.embedding.param_bytes = embed_params * d;
+  trace.embedding.saved_bytes = full ? tokens * 8 : 0;
+  trace.embedding.forward_transient_bytes = tokens * h * d;
+  trace.embedding.backward_transient_bytes = full ? tokens * h * (d + 4) : 0;
+  trace.embedding.forward_seconds = 2.0 * t * static_cast<double>(h * d) / hbm_rate;
+  trace.embedding.backward_seconds =
+      full ? (2.0 * t * static_cast<double>(h * (d + 4)) + static_cast<double>(embed_params * d)) /
+                 hbm_rate
+           : 0.0;
+
+  // Head: final norm, LM head, cross-entropy. Logits [T, V] in dtype (kept by the model output),
+  // an fp32 upcast for the loss (transient) and log_softmax's fp32 output (kept for backward).
+  // Backward holds fp32 grad of log_softmax output and of its input together.
+  const int64_t tv = tokens * vocab;
+  const bool head_trains = full;  // LM head weight (or tied embedding) trains
+  trace.head.param_bytes = head_params * d;
+  trace.head.saved_bytes = tokens * norm_saved(h, head_trains) + tv * d + tv * 4 + tokens * 8;
+  trace.head.forward_transient_bytes = (narrow ? tv * 4 : 0) + tokens * 8;
+  // ...plus the LM head's weight gradient [V, H], materialised before it reaches its chunk.
+  trace.head.backward_transient_bytes =
+      8 * tv + 2 * tokens * h * d + tokens * 12 * h + (head_trains ? vocab * h * d : 0);
+  const double head_flops = 2.0 * t * static_cast<double>(h) * static_cast<double>(vocab);
+  const double head_fwd_mem = static_cast<double>(tv) * static_cast<double>(d + 12);
+  const double head_bwd_mem = static_cast<double>(tv) * static_cast<double>(d + 16);
+  trace.head.forward_seconds = head_flops / matmul_rate + head_fwd_mem / hbm_rate;
+  trace.head.backward_seconds =
+      (head_trains ? 2.0 : 1.0) * head_flops / matmul_rate + head_bwd_mem / hbm_rate;
+
+  trace.total_param_count = embed_params + head_params + arch.num_layers * block_params;
+  trace.trainable_param_count = full ? trace.total_param_count : arch.num_layers * adapter_params;
+  // Saturating: absurd (but valid) sizes are rejected by the planner, not overflowed here.
+  const double forward_end =
+      static_cast<double>(trace.embedding.saved_bytes) +
+      static_cast<double>(arch.num_layers) * static_cast<double>(block.saved_bytes) +
+      static_cast<double>(trace.head.saved_bytes);
+  trace.forward_end_bytes = static_cast<int64_t>(std::min(forward_end, 1152921504606846976.0));
+  return trace;
+}
+
+Trace ScaleTraceToWorkload(const Trace& trace, const Workload& workload) {
+  const double from = static_cast<double>(trace.workload.micro_batch * trace.workload.seq_len);
+  const double to = static_cast<double>(workload.micro_batch * workload.seq_len);
+  const double f = from > 0 ? to / from : 1.0;
+  Trace out = trace;
+  out.workload = workload;
+  for (BlockTrace& b : out.blocks) {
+    b.input_bytes = Scale(b.input_bytes, f);
+    b.saved_bytes = Scale(b.saved_bytes, f);
+    b.forward_transient_bytes = Scale(b.forward_transient_bytes, f);
+    b.backward_transient_bytes = Scale(b.backward_transient_bytes, f);
+    b.forward_seconds *= f;
+    b.backward_seconds *= f;
+    b.recompute_seconds *= f;
+  }
+  for (EdgeTrace* e : {&out.embedding, &out.head}) {
+    e->saved_bytes = Scale(e->saved_bytes, f);
+    e->forward_transient_bytes = Scale(e->forward_transient_bytes, f);
+    e->backward_transient_bytes = Scale(e->backward_transient_bytes, f);
+    e->forward_seconds *= f;
+    e->backward_seconds *= f;
+  }
+  out.forward_end_bytes = Scale(out.forward_end_bytes, f);
+  return out;
+}
+
+}  // namespace memplan

@@ -1,0 +1,31 @@
+// Analytic trace: per-block memory and time figures for a Llama-family decoder (GQA, SwiGLU,
+// RMSNorm, RoPE, flash/SDPA attention), derived op by op from eager PyTorch autograd behaviour
+// (docs/cost-model.md, "Analytic trace"). Pure computation. Thread-safe (free functions).
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "common/types.h"
+
+namespace memplan {
+
+struct AnalyticTraceOptions {
+  // Fraction of the card's dense matmul peak reached by the model's GEMMs.
+  double matmul_efficiency = 0.55;
+  // Fraction of HBM bandwidth reached by memory-bound (elementwise, norm, loss) kernels.
+  double hbm_efficiency = 0.7;
+};
+
+// Builds the trace for (arch, workload, dtype, training) on `hardware` (rates only). The chunk
+// layout fields (chunk_bytes, chunk_param_bytes) are left empty: planner/cost/chunk_layout.h
+// fills them for a chosen chunk size. INVALID_ARGUMENT names the offending field.
+absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& workload,
+                                      DType param_dtype, const TrainingMethod& training,
+                                      const HardwareSpec& hardware,
+                                      const AnalyticTraceOptions& options = {});
+
+// Rescales a (profiled) trace to another micro-batch / sequence length: every activation byte
+// figure and every time scales linearly in tokens (micro_batch * seq_len); parameter bytes stay.
+// Used for limit probes when no architecture-driven re-synthesis is possible.
+Trace ScaleTraceToWorkload(const Trace& trace, const Workload& workload);
+
+}  // namespace memplan

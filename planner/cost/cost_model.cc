@@ -1,0 +1,1050 @@
+#include "planner/cost/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace memplan {
+namespace {
+
+constexpr int kNoneMode = static_cast<int>(BlockMode::kNone);
+constexpr int kCkptMode = static_cast<int>(BlockMode::kCkpt);
+constexpr int kSwapMode = static_cast<int>(BlockMode::kSwap);
+constexpr int kHsMode = static_cast<int>(BlockMode::kHsOffload);
+
+// Forward window keys: owned chunks persistent / offloaded x activation traffic none/swap/hs.
+constexpr int kFwdKeys = 6;
+// Backward window keys: mode(4) x prev-stage chunk state (persistent, evicted, resident) x
+// next-stage grad state (persistent, persistent without all-reduce, offloaded).
+constexpr int kBwdKeys = 36;
+
+int FloorLog2(int32_t x) { return 31 - __builtin_clz(static_cast<unsigned>(x)); }
+
+// Optimizer state bytes kept per trainable parameter on the GPU (persistent chunks).
+// AdamW: fp32 exp_avg + exp_avg_sq, plus an fp32 master copy when params are bf16/fp16.
+int64_t GpuOptimizerBytesPerParam(OptimizerKind kind, int64_t dtype_bytes) {
+  switch (kind) {
+    case OptimizerKind::kAdamW:
+      return 8 + (dtype_bytes < 4 ? 4 : 0);
+    case OptimizerKind::kAdamWBf16States:
+      return 4;
+    case OptimizerKind::kSgd:
+      return 0;
+  }
+  return 0;
+}
+
+// HBM bytes one optimizer update touches per parameter (param r/w, grad read, states r/w).
+int64_t OptimizerTouchBytesPerParam(OptimizerKind kind, int64_t dtype_bytes) {
+  const int64_t base = 3 * dtype_bytes;
+  switch (kind) {
+    case OptimizerKind::kAdamW:
+      return base + 16 + (dtype_bytes < 4 ? 8 : 0);
+    case OptimizerKind::kAdamWBf16States:
+      return base + 8;
+    case OptimizerKind::kSgd:
+      return base;
+  }
+  return base;
+}
+
+// Host bytes per trainable parameter of an offloaded chunk beyond its upload copy: fp32 master
+// (when params are narrower), fp32 grads for CPU Adam, optimizer states.
+int64_t HostStateBytesPerParam(OptimizerKind kind, int64_t dtype_bytes) {
+  const int64_t master = dtype_bytes < 4 ? 4 : 0;
+  const int64_t states = kind == OptimizerKind::kAdamW             ? 8
+                         : kind == OptimizerKind::kAdamWBf16States ? 4
+                                                                   : 0;
+  return master + 4 + states;
+}
+
+}  // namespace
+
+double StepTime::IterationSeconds(int32_t grad_accum) const {
+  const double ga = std::max(1, grad_accum);
+  return ga * forward_seconds + (ga - 1) * backward_seconds +
+         std::max(backward_seconds + gpu_optimizer_seconds, cpu_optimizer_seconds) + fixed_seconds;
+}
+
+std::vector<BlockMode> ArrangeBlockModes(int32_t num_blocks, const ModeCounts& counts) {
+  std::vector<BlockMode> modes(static_cast<size_t>(std::max(num_blocks, 0)), BlockMode::kNone);
+  int32_t j = 0;
+  for (int32_t i = 0; i < counts.n_swap && j < num_blocks; ++i) modes[j++] = BlockMode::kSwap;
+  for (int32_t i = 0; i < counts.n_hs_offload && j < num_blocks; ++i) {
+    modes[j++] = BlockMode::kHsOffload;
+  }
+  for (int32_t i = 0; i < counts.n_checkpoint && j < num_blocks; ++i) {
+    modes[j++] = BlockMode::kCkpt;
+  }
+  return modes;
+}
+
+ModeCounts CountModes(const std::vector<BlockMode>& modes) {
+  ModeCounts c;
+  for (BlockMode m : modes) {
+    if (m == BlockMode::kSwap) ++c.n_swap;
+    if (m == BlockMode::kHsOffload) ++c.n_hs_offload;
+    if (m == BlockMode::kCkpt) ++c.n_checkpoint;
+  }
+  return c;
+}
+
+std::optional<ModeCounts> CountsIfArranged(const std::vector<BlockMode>& modes) {
+  const ModeCounts c = CountModes(modes);
+  if (ArrangeBlockModes(static_cast<int32_t>(modes.size()), c) != modes) return std::nullopt;
+  return c;
+}
+
+BlockMode CostModel::Modes::Block(int32_t j) const {
+  if (explicit_modes != nullptr) return (*explicit_modes)[static_cast<size_t>(j)];
+  if (j < counts.n_swap) return BlockMode::kSwap;
+  if (j < counts.n_swap + counts.n_hs_offload) return BlockMode::kHsOffload;
+  if (j < counts.total()) return BlockMode::kCkpt;
+  return BlockMode::kNone;
+}
+
+BlockMode CostModel::Modes::Stage(int32_t s, int32_t num_blocks) const {
+  return s >= 1 && s <= num_blocks ? Block(s - 1) : BlockMode::kNone;
+}
+
+absl::StatusOr<CostModel> CostModel::Create(const Trace& trace, int64_t chunk_bytes,
+                                            const HardwareSpec& hardware,
+                                            const CostOptions& options) {
+  if (trace.blocks.empty()) return absl::InvalidArgumentError("trace.blocks is empty");
+  if (chunk_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_bytes = ", chunk_bytes, " must be positive"));
+  }
+  if (options.world_size < 1 || options.grad_accum < 1) {
+    return absl::InvalidArgumentError("world_size and grad_accum must be >= 1");
+  }
+  if (options.world_size > 1 && (hardware.nccl_allgather_bytes_per_second <= 0 ||
+                                 hardware.nccl_reduce_scatter_bytes_per_second <= 0)) {
+    return absl::InvalidArgumentError(
+        "hardware.nccl_allgather_bytes_per_second and "
+        "hardware.nccl_reduce_scatter_bytes_per_second must be > 0 when workload.world_size > "
+        "1");
+  }
+  if (!(options.fragmentation_factor > 0) || !std::isfinite(options.fragmentation_factor)) {
+    return absl::InvalidArgumentError("fragmentation_factor must be positive");
+  }
+  if (hardware.h2d_pinned_bytes_per_second <= 0 || hardware.d2h_pinned_bytes_per_second <= 0 ||
+      hardware.h2d_pageable_bytes_per_second <= 0 || hardware.d2h_pageable_bytes_per_second <= 0 ||
+      hardware.hbm_bytes_per_second <= 0 || hardware.cpu_adam_params_per_second <= 0) {
+    return absl::InvalidArgumentError("hardware transfer, HBM and CPU Adam rates must be > 0");
+  }
+  CostModel model;
+  model.trace_ = trace;
+  model.hardware_ = hardware;
+  model.options_ = options;
+  model.num_blocks_ = static_cast<int32_t>(trace.blocks.size());
+  model.dtype_bytes_ = DTypeBytes(trace.param_dtype);
+  model.tied_ = trace.arch.tie_word_embeddings;
+  model.PrecomputeChunks(LayoutChunks(trace, chunk_bytes));
+  model.Precompute();
+  return model;
+}
+
+absl::StatusOr<CostModel> CostModel::ForTrace(const Trace& trace, bool build_time_tables) const {
+  if (StageParamBytes(trace) != StageParamBytes(trace_) ||
+      trace.param_dtype != trace_.param_dtype ||
+      trace.trainable_param_count != trace_.trainable_param_count) {
+    return absl::InvalidArgumentError("ForTrace needs a trace with the same parameters");
+  }
+  // A fresh model sharing the chunk tables: nothing O(chunks) is copied.
+  CostModel model;
+  model.trace_ = trace;
+  model.hardware_ = hardware_;
+  model.options_ = options_;
+  model.options_.build_time_tables = build_time_tables;
+  model.num_blocks_ = static_cast<int32_t>(trace.blocks.size());
+  model.num_chunks_ = num_chunks_;
+  model.dtype_bytes_ = dtype_bytes_;
+  model.tied_ = tied_;
+  model.chunks_ = chunks_;
+  for (int k = 0; k < 2; ++k) {
+    model.h2d_[k] = h2d_[k];
+    model.d2h_[k] = d2h_[k];
+  }
+  model.bidir_ = bidir_;
+  model.Precompute();
+  return model;
+}
+
+void CostModel::Precompute() {
+  PrecomputeBlocks();
+  PrecomputeWindows();
+}
+
+void CostModel::PrecomputeBlocks() {
+  const int32_t n = num_blocks_;
+
+  // ---- blocks ----
+  saved_.resize(n);
+  input_.resize(n);
+  block_extra_.resize(n);
+  saved_prefix_.assign(n + 1, 0);
+  input_prefix_.assign(n + 1, 0);
+  for (int32_t j = 0; j < n; ++j) {
+    const BlockTrace& b = trace_.blocks[j];
+    input_[j] = b.input_bytes;
+    // A checkpointed block keeps its input; treat the input as part of the saved set so that
+    // checkpointing never retains more than keeping everything.
+    saved_[j] = std::max(b.saved_bytes, b.input_bytes);
+    block_extra_[j] = std::max(b.forward_transient_bytes, b.backward_transient_bytes);
+    saved_prefix_[j + 1] = saved_prefix_[j] + saved_[j];
+    input_prefix_[j + 1] = input_prefix_[j] + input_[j];
+  }
+  emb_retained_ = trace_.embedding.saved_bytes;
+  emb_extra_ =
+      std::max(trace_.embedding.forward_transient_bytes, trace_.embedding.backward_transient_bytes);
+  head_saved_ = trace_.head.saved_bytes;
+  head_extra_ = std::max(trace_.head.forward_transient_bytes, trace_.head.backward_transient_bytes);
+
+  // Range-max tables over V_mode(j) (see ModeValue).
+  const int levels = FloorLog2(std::max(n, 1)) + 1;
+  for (int mode = 0; mode < 4; ++mode) {
+    auto& table = sparse_[mode];
+    table.assign(levels, std::vector<int32_t>(n));
+    for (int32_t j = 0; j < n; ++j) table[0][j] = j;
+    for (int l = 1; l < levels; ++l) {
+      const int32_t half = 1 << (l - 1);
+      for (int32_t j = 0; j + (1 << l) <= n; ++j) {
+        const int32_t a = table[l - 1][j], b = table[l - 1][j + half];
+        table[l][j] = ModeValue(mode, b) > ModeValue(mode, a) ? b : a;
+      }
+    }
+  }
+
+  // ---- stages ----
+  fwd_s_.assign(n + 2, 0);
+  bwd_s_.assign(n + 2, 0);
+  rec_s_.assign(n + 2, 0);
+  fwd_s_[0] = trace_.embedding.forward_seconds;
+  bwd_s_[0] = trace_.embedding.backward_seconds;
+  for (int32_t j = 0; j < n; ++j) {
+    fwd_s_[j + 1] = trace_.blocks[j].forward_seconds;
+    bwd_s_[j + 1] = trace_.blocks[j].backward_seconds;
+    rec_s_[j + 1] = trace_.blocks[j].recompute_seconds;
+  }
+  fwd_s_[n + 1] = trace_.head.forward_seconds;
+  bwd_s_[n + 1] = trace_.head.backward_seconds;
+}
+
+void CostModel::PrecomputeChunks(ChunkLayout layout) {
+  auto tables = std::make_shared<ChunkTables>();
+  ChunkTables& t = *tables;
+  t.layout = std::move(layout);
+  num_chunks_ = t.layout.num_chunks();
+  const int32_t n = num_blocks_;
+  const int32_t c_count = num_chunks_;
+  const double w = options_.world_size;
+
+  const auto& first = t.layout.stage_first_chunk;
+  const auto& last = t.layout.stage_last_chunk;
+  t.fwd_owned_begin.assign(n + 3, 0);
+  t.bwd_owned_begin.assign(n + 3, 0);
+  for (int32_t s = 0; s <= n + 1; ++s) {
+    t.fwd_owned_begin[s] = s == 0 ? 0 : last[s - 1] + 1;
+    t.bwd_owned_begin[s] = first[s];
+  }
+  t.fwd_owned_begin[n + 2] = c_count;
+  t.bwd_owned_begin[n + 2] = c_count;
+  // Fwd-owned begins can exceed the stage's own last chunk + 1 only for empty ranges; keep the
+  // sequence non-decreasing.
+  for (int32_t s = 1; s <= n + 2; ++s) {
+    t.fwd_owned_begin[s] = std::max(t.fwd_owned_begin[s], t.fwd_owned_begin[s - 1]);
+  }
+
+  // Windows: window k runs stage k-1 and prefetches stage k; both stages' chunks are resident.
+  t.window_span.assign(2 * (n + 3), 0);
+  for (int32_t k = 1; k <= n + 2; ++k) {
+    const int32_t lo = first[k - 1];
+    const int32_t hi = k <= n + 1 ? last[k] : last[k - 1];
+    t.window_span[2 * k] = lo;
+    t.window_span[2 * k + 1] = hi;
+  }
+  t.window_span_suffix_max.assign(n + 4, 0);
+  for (int32_t k = n + 2; k >= 1; --k) {
+    t.window_span_suffix_max[k] = std::max(t.window_span_suffix_max[k + 1],
+                                           t.window_span[2 * k + 1] - t.window_span[2 * k] + 1);
+  }
+
+  // ---- chunks ----
+  const OptimizerKind opt = options_.optimizer;
+  const int64_t gpu_opt_bpp = GpuOptimizerBytesPerParam(opt, dtype_bytes_);
+  const int64_t touch_bpp = OptimizerTouchBytesPerParam(opt, dtype_bytes_);
+  const int64_t host_bpp = HostStateBytesPerParam(opt, dtype_bytes_);
+  const double hbm = hardware_.hbm_bytes_per_second * options_.hbm_efficiency;
+  t.fill_prefix.assign(c_count + 1, 0);
+  t.train_prefix.assign(c_count + 1, 0);
+  t.alloc_prefix.assign(c_count + 1, 0);
+  t.opt_prefix.assign(c_count + 1, 0);
+  t.host_prefix.assign(c_count + 1, 0);
+  t.gpu_opt_prefix.assign(c_count + 1, 0);
+  t.cpu_opt_prefix.assign(c_count + 1, 0);
+  int64_t max_train = 0;
+  t.persistent_prefix.assign(c_count + 1, 0);
+  t.grad_phase_prefix.assign(c_count + 1, 0);
+  for (int32_t c = 0; c < c_count; ++c) {
+    const int64_t fill = t.layout.chunk_param_bytes[c];
+    const int64_t train = t.layout.chunk_trainable_bytes[c];
+    const int64_t train_params = train / dtype_bytes_;
+    // Chunks are allocated at full size; only the last one is trimmed to its content.
+    const int64_t alloc = c + 1 == c_count ? fill : t.layout.chunk_bytes;
+    const int64_t host =
+        static_cast<int64_t>(std::ceil(static_cast<double>(fill + train_params * host_bpp) / w));
+    t.fill_prefix[c + 1] = t.fill_prefix[c] + fill;
+    t.train_prefix[c + 1] = t.train_prefix[c] + train;
+    t.alloc_prefix[c + 1] = t.alloc_prefix[c] + alloc;
+    t.opt_prefix[c + 1] = t.opt_prefix[c] + train_params * gpu_opt_bpp;
+    t.host_prefix[c + 1] = t.host_prefix[c] + host;
+    t.gpu_opt_prefix[c + 1] =
+        t.gpu_opt_prefix[c] + static_cast<double>(train_params * touch_bpp) / hbm;
+    t.cpu_opt_prefix[c + 1] = t.cpu_opt_prefix[c] + static_cast<double>(train_params) / w /
+                                                        hardware_.cpu_adam_params_per_second;
+    max_train = std::max(max_train, train);
+    t.persistent_prefix[c + 1] = t.alloc_prefix[c + 1] + t.opt_prefix[c + 1];
+    t.grad_phase_prefix[c + 1] = t.persistent_prefix[c + 1] + t.train_prefix[c + 1];
+  }
+  // Offloaded chunks' grads are produced in a chunk-sized staging buffer and copied out while
+  // the next one fills: two of them.
+  t.grad_staging_bytes = 2 * max_train;
+  t.max_stage_param_bytes = 0;
+  for (int64_t p : StageParamBytes(trace_))
+    t.max_stage_param_bytes = std::max(t.max_stage_param_bytes, p);
+
+  h2d_[0] = hardware_.h2d_pinned_bytes_per_second;
+  d2h_[0] = hardware_.d2h_pinned_bytes_per_second;
+  h2d_[1] = hardware_.h2d_pageable_bytes_per_second;
+  d2h_[1] = hardware_.d2h_pageable_bytes_per_second;
+  bidir_ = hardware_.bidirectional_pinned_bytes_per_second;
+  chunks_ = std::move(tables);
+}
+
+void CostModel::PrecomputeWindows() {
+  const int32_t n = num_blocks_;
+  for (int kind = 0; kind < 2; ++kind) {
+    fwd_prefix_[kind].clear();
+    bwd_prefix_[kind].clear();
+  }
+  for (int kind = 0; kind < 2 && options_.build_time_tables; ++kind) {
+    fwd_prefix_[kind].assign(kFwdKeys, std::vector<double>(n + 4, 0));
+    for (int key = 0; key < kFwdKeys; ++key) {
+      auto& pre = fwd_prefix_[kind][key];
+      for (int32_t k = 0; k <= n + 2; ++k) {
+        pre[k + 1] = pre[k] + (k >= 1 && k <= n ? ForwardWindowPure(k, key, kind) : 0.0);
+      }
+    }
+    bwd_prefix_[kind].assign(kBwdKeys, std::vector<double>(n + 3, 0));
+    for (int key = 0; key < kBwdKeys; ++key) {
+      auto& pre = bwd_prefix_[kind][key];
+      for (int32_t s = 0; s <= n + 1; ++s) {
+        pre[s + 1] = pre[s] + (s >= 1 && s <= n ? BackwardWindowPure(s, key, kind) : 0.0);
+      }
+    }
+  }
+}
+
+int64_t CostModel::ModeValue(int mode, int32_t j) const {
+  // V_mode(j) = retained bytes of blocks [0, j) all in `mode` + block j's own saved set and
+  // transient peak + what its predecessor (same mode) has in flight.
+  int64_t retained = 0;
+  if (mode == kNoneMode) retained = saved_prefix_[j];
+  if (mode == kCkptMode) retained = input_prefix_[j];
+  int64_t act = 0;
+  if (j > 0 && mode == kSwapMode) act = saved_[j - 1];
+  if (j > 0 && mode == kHsMode) act = input_[j - 1];
+  return retained + saved_[j] + block_extra_[j] + act;
+}
+
+int32_t CostModel::RangeMaxIndex(int mode, int32_t lo, int32_t hi) const {
+  const int l = FloorLog2(hi - lo);
+  const int32_t a = sparse_[mode][l][lo];
+  const int32_t b = sparse_[mode][l][hi - (1 << l)];
+  const int64_t va = ModeValue(mode, a), vb = ModeValue(mode, b);
+  if (vb > va || (vb == va && b < a)) return b;
+  return a;
+}
+
+int64_t CostModel::ActBytes(int32_t block, BlockMode mode) const {
+  if (mode == BlockMode::kSwap) return saved_[block];
+  if (mode == BlockMode::kHsOffload) return input_[block];
+  return 0;
+}
+
+int64_t CostModel::RetainedBytes(int32_t block, BlockMode mode) const {
+  if (mode == BlockMode::kNone) return saved_[block];
+  if (mode == BlockMode::kCkpt) return input_[block];
+  return 0;
+}
+
+int64_t CostModel::ChunkSum(const std::vector<int64_t>& prefix, int64_t lo, int64_t hi) const {
+  lo = std::clamp<int64_t>(lo, 0, num_chunks_);
+  hi = std::clamp<int64_t>(hi, 0, num_chunks_);
+  return hi > lo ? prefix[hi] - prefix[lo] : 0;
+}
+
+double CostModel::ChunkSumD(const std::vector<double>& prefix, int64_t lo, int64_t hi) const {
+  lo = std::clamp<int64_t>(lo, 0, num_chunks_);
+  hi = std::clamp<int64_t>(hi, 0, num_chunks_);
+  return hi > lo ? prefix[hi] - prefix[lo] : 0.0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory
+
+int32_t CostModel::MinBuffers(int32_t n_persist) const {
+  if (n_persist >= num_chunks_) return 0;
+  const int32_t n = num_blocks_;
+  auto count = [&](int32_t lo, int32_t hi) {
+    return std::max(0, hi - std::max(lo, n_persist) + 1);
+  };
+  // Windows with lo >= n_persist count their whole span (suffix max); the others count
+  // [n_persist, hi], largest for the last of them since hi is non-decreasing.
+  int32_t lo_k = 1, hi_k = n + 3;  // first window k in [1, n+2] with span lo >= n_persist
+  while (lo_k < hi_k) {
+    const int32_t mid = (lo_k + hi_k) / 2;
+    if (chunks_->window_span[2 * mid] >= n_persist) {
+      hi_k = mid;
+    } else {
+      lo_k = mid + 1;
+    }
+  }
+  int32_t need = chunks_->window_span_suffix_max[std::min(lo_k, n + 3)];
+  if (lo_k > 1)
+    need = std::max(need, count(chunks_->window_span[2 * (lo_k - 1)],
+                                chunks_->window_span[2 * (lo_k - 1) + 1]));
+  if (tied_) {
+    // The LM head reads the tied embedding weight: windows N+1 and N+2 also hold its chunks.
+    const int32_t f0 = chunks_->layout.stage_first_chunk[0],
+                  l0 = chunks_->layout.stage_last_chunk[0];
+    for (int32_t k = n + 1; k <= n + 2; ++k) {
+      const int32_t lo = chunks_->window_span[2 * k], hi = chunks_->window_span[2 * k + 1];
+      const int32_t overlap = count(std::max(lo, f0), std::min(hi, l0));
+      need = std::max(need, count(lo, hi) + count(f0, l0) -
+                                (std::max(lo, f0) <= std::min(hi, l0) ? overlap : 0));
+    }
+  }
+  return need;
+}
+
+int64_t CostModel::PersistentRawBytes(int32_t n_persist) const {
+  return chunks_->persistent_prefix[n_persist];
+}
+
+int32_t CostModel::MaxPersistWithin(int64_t budget_bytes, int32_t max_persist) const {
+  max_persist = std::clamp(max_persist, 0, num_chunks_);
+  const auto end = chunks_->persistent_prefix.begin() + max_persist + 1;
+  return static_cast<int32_t>(
+             std::upper_bound(chunks_->persistent_prefix.begin(), end, budget_bytes) -
+             chunks_->persistent_prefix.begin()) -
+         1;
+}
+
+int64_t CostModel::GradPhaseRawBytes(int32_t n_persist) const {
+  // Persistent grads are produced during backward (nothing holds them before the first block's
+  // backward); they are all alive when the embedding's backward ends, next to its transient.
+  return chunks_->train_prefix[n_persist] + emb_retained_ + emb_extra_;
+}
+
+int32_t CostModel::MaxPersistForGradPhase(int64_t budget_bytes, int32_t max_persist) const {
+  // grad_phase_prefix[np] + emb terms <= budget, the prefix being non-decreasing.
+  max_persist = std::clamp(max_persist, 0, num_chunks_);
+  const int64_t room = budget_bytes - emb_retained_ - emb_extra_;
+  const auto end = chunks_->grad_phase_prefix.begin() + max_persist + 1;
+  return static_cast<int32_t>(std::upper_bound(chunks_->grad_phase_prefix.begin(), end, room) -
+                              chunks_->grad_phase_prefix.begin()) -
+         1;
+}
+
+int32_t CostModel::MinPersistForHost(int64_t host_limit_bytes, const ModeCounts& counts) const {
+  // HostBytes(np) = host_prefix[C] - host_prefix[np] + acts <= limit
+  //   <=> host_prefix[np] >= host_prefix[C] + acts - limit (host_prefix is non-decreasing).
+  const int64_t acts = HostBytes(num_chunks_, counts);
+  const int64_t need = chunks_->host_prefix[num_chunks_] + acts - host_limit_bytes;
+  if (acts > host_limit_bytes) return num_chunks_ + 1;
+  return static_cast<int32_t>(
+      std::lower_bound(chunks_->host_prefix.begin(), chunks_->host_prefix.end(), need) -
+      chunks_->host_prefix.begin());
+}
+
+int64_t CostModel::StaticRawBytes(int32_t n_persist, int32_t n_buffer) const {
+  return chunks_->persistent_prefix[n_persist] + int64_t{n_buffer} * chunks_->layout.chunk_bytes +
+         (n_persist < num_chunks_ ? chunks_->grad_staging_bytes : 0);
+}
+
+int64_t CostModel::LoadRawBytes(int32_t n_persist) const {
+  // Persistent chunks (with optimizer state allocated up front) plus one stage's weights
+  // materialised in full and the chunk being packed from them.
+  return PersistentRawBytes(n_persist) + chunks_->max_stage_param_bytes +
+         chunks_->layout.chunk_bytes;
+}
+
+int64_t CostModel::PeakFromRaw(int64_t raw_bytes) const {
+  const double scaled = std::ceil(options_.fragmentation_factor * static_cast<double>(raw_bytes));
+  return static_cast<int64_t>(scaled) + options_.residual_bytes + hardware_.cuda_context_bytes;
+}
+
+int64_t CostModel::RawBudget(int64_t capacity_bytes) const {
+  const int64_t room = capacity_bytes - options_.residual_bytes - hardware_.cuda_context_bytes;
+  int64_t raw =
+      static_cast<int64_t>(std::floor(static_cast<double>(room) / options_.fragmentation_factor));
+  while (PeakFromRaw(raw) > capacity_bytes) --raw;
+  while (PeakFromRaw(raw + 1) <= capacity_bytes) ++raw;
+  return raw;
+}
+
+int64_t CostModel::HostBytes(int32_t n_persist, const ModeCounts& counts) const {
+  // Counts beyond the block count are clamped (callers may probe invalid corners).
+  const int32_t s = std::clamp(counts.n_swap, 0, num_blocks_);
+  const int32_t e = std::clamp(s + counts.n_hs_offload, s, num_blocks_);
+  const int64_t acts = saved_prefix_[s] + (input_prefix_[e] - input_prefix_[s]);
+  return chunks_->host_prefix[num_chunks_] - chunks_->host_prefix[n_persist] + acts;
+}
+
+int64_t CostModel::PhaseTotal(int phase, const Modes& m) const {
+  return PhaseParts(phase, m).total;
+}
+
+CostModel::DynamicParts CostModel::PhaseParts(int phase, const Modes& m) const {
+  // phase -1: embedding forward/backward; 0..N-1: block forward+backward; N: head.
+  DynamicParts parts;
+  if (phase < 0) {
+    parts.activations = emb_retained_;
+    parts.transient = emb_extra_;
+  } else {
+    const int32_t j = phase;
+    int64_t none_saved = 0, ckpt_inputs = 0;
+    if (m.explicit_modes == nullptr) {
+      const int32_t c_begin = m.counts.n_swap + m.counts.n_hs_offload;
+      const int32_t c_end = m.counts.total();
+      ckpt_inputs = input_prefix_[std::min(j, c_end)] - input_prefix_[std::min(j, c_begin)];
+      none_saved = j > c_end ? saved_prefix_[j] - saved_prefix_[c_end] : 0;
+    } else {
+      for (int32_t i = 0; i < j; ++i) {
+        const BlockMode mode = m.Block(i);
+        if (mode == BlockMode::kNone) none_saved += saved_[i];
+        if (mode == BlockMode::kCkpt) ckpt_inputs += input_[i];
+      }
+    }
+    const bool has_prev = j > 0;
+    const BlockMode prev = has_prev ? m.Block(j - 1) : BlockMode::kNone;
+    const int64_t swapped_in = prev == BlockMode::kSwap ? saved_[j - 1] : 0;
+    const int64_t hs_in = prev == BlockMode::kHsOffload ? input_[j - 1] : 0;
+    parts.checkpoint_chain = ckpt_inputs;
+    if (j < num_blocks_) {
+      parts.activations = emb_retained_ + none_saved + saved_[j] + swapped_in;
+      parts.transient = block_extra_[j] + hs_in;
+    } else {
+      parts.activations = emb_retained_ + none_saved + head_saved_ + swapped_in;
+      parts.transient = head_extra_ + hs_in;
+    }
+  }
+  parts.total = parts.activations + parts.checkpoint_chain + parts.transient;
+  return parts;
+}
+
+CostModel::DynamicParts CostModel::DynamicImpl(const Modes& m, bool fast) const {
+  const int32_t n = num_blocks_;
+  // Phases in order: embedding, blocks 0..N-1, head; the first strict maximum wins.
+  int best_phase = -1;
+  int64_t best = PhaseTotal(-1, m);
+  auto consider = [&](int phase, int64_t value) {
+    if (value > best) {
+      best = value;
+      best_phase = phase;
+    }
+  };
+  if (!fast || m.explicit_modes != nullptr) {
+    int64_t retained = emb_retained_;
+    for (int32_t j = 0; j < n; ++j) {
+      const int64_t act = j > 0 ? ActBytes(j - 1, m.Block(j - 1)) : 0;
+      consider(j, retained + saved_[j] + block_extra_[j] + act);
+      retained += RetainedBytes(j, m.Block(j));
+    }
+    consider(n, retained + head_saved_ + head_extra_ + ActBytes(n - 1, m.Block(n - 1)));
+    return PhaseParts(best_phase, m);
+  }
+  const ModeCounts& c = m.counts;
+  const int32_t bounds[5] = {0, c.n_swap, c.n_swap + c.n_hs_offload, c.total(), n};
+  const int seg_mode[4] = {kSwapMode, kHsMode, kCkptMode, kNoneMode};
+  int64_t base = emb_retained_;
+  for (int seg = 0; seg < 4; ++seg) {
+    const int32_t a = bounds[seg], b = bounds[seg + 1];
+    if (a >= b) continue;
+    const int mode = seg_mode[seg];
+    const int64_t act = a > 0 ? ActBytes(a - 1, m.Block(a - 1)) : 0;
+    consider(a, base + saved_[a] + block_extra_[a] + act);
+    auto prefix = [&](int32_t j) -> int64_t {
+      if (mode == kNoneMode) return saved_prefix_[j];
+      if (mode == kCkptMode) return input_prefix_[j];
+      return 0;
+    };
+    if (b > a + 1) {
+      const int32_t idx = RangeMaxIndex(mode, a + 1, b);
+      consider(idx, base - prefix(a) + ModeValue(mode, idx));
+    }
+    base += prefix(b) - prefix(a);
+  }
+  consider(n, base + head_saved_ + head_extra_ + ActBytes(n - 1, m.Block(n - 1)));
+  return PhaseParts(best_phase, m);
+}
+
+int64_t CostModel::DynamicRawBytes(const ModeCounts& counts) const {
+  Modes m;
+  m.counts = counts;
+  return DynamicImpl(m, /*fast=*/true).total;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Time (ProTrain eqs. 2-7)
+
+double CostModel::Link(double up_bytes, double down_bytes, int kind) const {
+  if (kind == 1) {
+    // Pageable copies are staged by the driver through a pinned bounce buffer on the CPU and
+    // do not overlap each other.
+    return up_bytes / h2d_[1] + down_bytes / d2h_[1];
+  }
+  double t = std::max(up_bytes / h2d_[0], down_bytes / d2h_[0]);
+  if (bidir_ > 0) t = std::max(t, (up_bytes + down_bytes) / bidir_);
+  return t;
+}
+
+double CostModel::ForwardWindow(int32_t k, const PlanPoint& p, const Modes& m) const {
+  // Window k: compute of stage k-1, overlapped with the prefetch of stage k's offloaded chunks
+  // (H2D + all-gather) and the offload of stage k-2's activations (SWAP / HS_OFFLOAD).
+  const int32_t n = num_blocks_;
+  const double w = options_.world_size;
+  const double comp = k >= 1 ? fwd_s_[k - 1] : 0.0;
+  double load = 0;
+  if (k <= n + 1) {
+    load = static_cast<double>(ChunkSum(chunks_->fill_prefix,
+                                        std::max(chunks_->fwd_owned_begin[k], p.n_persist),
+                                        chunks_->fwd_owned_begin[k + 1]));
+    if (k == n + 1 && tied_) {
+      load += static_cast<double>(ChunkSum(
+          chunks_->fill_prefix, std::max(chunks_->layout.stage_first_chunk[0], p.n_persist),
+          chunks_->layout.stage_last_chunk[0] + 1));
+    }
+  }
+  const int32_t blk = k - 3;
+  const double down = blk >= 0 && blk < n ? static_cast<double>(ActBytes(blk, m.Block(blk))) : 0.0;
+  const double nccl = w > 1 ? load * (w - 1) / w / hardware_.nccl_allgather_bytes_per_second : 0.0;
+  return std::max({comp, Link(load / w, down, p.kind), nccl});
+}
+
+int CostModel::ForwardKey(int32_t k, const PlanPoint& p, const Modes& m) const {
+  const int32_t n = num_blocks_;
+  if (k < 1 || k > n) return -1;
+  const int32_t lo = chunks_->fwd_owned_begin[k], hi = chunks_->fwd_owned_begin[k + 1];
+  int state;
+  if (hi <= p.n_persist) {
+    state = 0;
+  } else if (lo >= p.n_persist) {
+    state = 1;
+  } else {
+    return -1;
+  }
+  const int32_t blk = k - 3;
+  int act = 0;
+  if (blk >= 0 && blk < n) {
+    const BlockMode mode = m.Block(blk);
+    act = mode == BlockMode::kSwap ? 1 : mode == BlockMode::kHsOffload ? 2 : 0;
+  }
+  return state * 3 + act;
+}
+
+double CostModel::ForwardWindowPure(int32_t k, int key, int kind) const {
+  const int32_t n = num_blocks_;
+  const double w = options_.world_size;
+  const int state = key / 3, act = key % 3;
+  const double comp = fwd_s_[k - 1];
+  const double load =
+      state == 1 ? static_cast<double>(ChunkSum(chunks_->fill_prefix, chunks_->fwd_owned_begin[k],
+                                                chunks_->fwd_owned_begin[k + 1]))
+                 : 0.0;
+  const int32_t blk = k - 3;
+  double down = 0;
+  if (blk >= 0 && blk < n) {
+    if (act == 1) down = static_cast<double>(saved_[blk]);
+    if (act == 2) down = static_cast<double>(input_[blk]);
+  }
+  const double nccl = w > 1 ? load * (w - 1) / w / hardware_.nccl_allgather_bytes_per_second : 0.0;
+  return std::max({comp, Link(load / w, down, kind), nccl});
+}
+
+double CostModel::BackwardWindow(int32_t s, const PlanPoint& p, const Modes& m) const {
+  // Backward of stage s (with recompute for CKPT / HS_OFFLOAD), overlapped with the re-fetch of
+  // stage s-1's evicted chunks and its swapped activations / offloaded input, and with the
+  // reduce + offload of the grads of chunks that stage s+1 finished.
+  const int32_t n = num_blocks_;
+  const double w = options_.world_size;
+  const BlockMode mode = m.Stage(s, n);
+  double comp = bwd_s_[s];
+  if (mode == BlockMode::kCkpt || mode == BlockMode::kHsOffload) comp += rec_s_[s];
+  const int32_t evict_end = num_chunks_ - p.n_buffer;
+  double refetch = 0, act_in = 0, gradoff = 0, ptrain = 0;
+  if (s >= 1) {
+    refetch = static_cast<double>(ChunkSum(chunks_->fill_prefix,
+                                           std::max(chunks_->bwd_owned_begin[s - 1], p.n_persist),
+                                           std::min(chunks_->bwd_owned_begin[s], evict_end)));
+    if (s - 1 >= 1 && s - 1 <= n) act_in = static_cast<double>(ActBytes(s - 2, m.Block(s - 2)));
+  }
+  if (s + 1 <= n + 1) {
+    const int32_t lo = chunks_->fwd_owned_begin[s + 1], hi = chunks_->fwd_owned_begin[s + 2];
+    gradoff = static_cast<double>(ChunkSum(chunks_->train_prefix, std::max(lo, p.n_persist), hi));
+    ptrain = static_cast<double>(ChunkSum(chunks_->train_prefix, lo, std::min(hi, p.n_persist)));
+  }
+  double nccl = 0;
+  if (w > 1) {
+    const double frac = (w - 1) / w;
+    nccl = refetch * frac / hardware_.nccl_allgather_bytes_per_second +
+           gradoff * frac / hardware_.nccl_reduce_scatter_bytes_per_second +
+           (p.lower_bound ? 1.0 : 2.0) * ptrain * frac /
+               hardware_.nccl_reduce_scatter_bytes_per_second;
+  }
+  return std::max({comp, Link(refetch / w + act_in, gradoff / w, p.kind), nccl});
+}
+
+double CostModel::BackwardEdges(const PlanPoint& p) const {
+  const int32_t n = num_blocks_;
+  const double w = options_.world_size;
+  const double frac = (w - 1) / w;
+  const int32_t evict_end = num_chunks_ - p.n_buffer;
+  // Before the head's backward: its chunks, if they were evicted (never with enough buffers).
+  const double refetch = static_cast<double>(
+      ChunkSum(chunks_->fill_prefix, std::max(chunks_->bwd_owned_begin[n + 1], p.n_persist),
+               std::min(num_chunks_, evict_end)));
+  double pre = Link(refetch / w, 0, p.kind);
+  if (w > 1) pre = std::max(pre, refetch * frac / hardware_.nccl_allgather_bytes_per_second);
+  // After the embedding's backward: the grads of the embedding's chunks.
+  const int32_t lo = chunks_->fwd_owned_begin[0], hi = chunks_->fwd_owned_begin[1];
+  const double gradoff =
+      static_cast<double>(ChunkSum(chunks_->train_prefix, std::max(lo, p.n_persist), hi));
+  const double ptrain =
+      static_cast<double>(ChunkSum(chunks_->train_prefix, lo, std::min(hi, p.n_persist)));
+  double post = Link(0, gradoff / w, p.kind);
+  if (w > 1) {
+    post = std::max(post, gradoff * frac / hardware_.nccl_reduce_scatter_bytes_per_second +
+                              (p.lower_bound ? 1.0 : 2.0) * ptrain * frac /
+                                  hardware_.nccl_reduce_scatter_bytes_per_second);
+  }
+  return pre + post;
+}
+
+int CostModel::BackwardKey(int32_t s, const PlanPoint& p, const Modes& m) const {
+  const int32_t n = num_blocks_;
+  if (s < 1 || s > n) return -1;
+  const BlockMode mode = m.Stage(s, n);
+  if (m.Stage(s - 1, n) != mode) return -1;
+  const int32_t evict_end = num_chunks_ - p.n_buffer;
+  const int32_t plo = chunks_->bwd_owned_begin[s - 1], phi = chunks_->bwd_owned_begin[s];
+  int bst;
+  if (phi <= p.n_persist) {
+    bst = 0;
+  } else if (plo >= p.n_persist && phi <= evict_end) {
+    bst = 1;
+  } else if (plo >= std::max(p.n_persist, evict_end)) {
+    bst = 2;
+  } else {
+    return -1;
+  }
+  const int32_t nlo = chunks_->fwd_owned_begin[s + 1], nhi = chunks_->fwd_owned_begin[s + 2];
+  int fst;
+  if (nhi <= p.n_persist) {
+    fst = p.lower_bound ? 1 : 0;
+  } else if (nlo >= p.n_persist) {
+    fst = 2;
+  } else {
+    return -1;
+  }
+  return static_cast<int>(mode) * 9 + bst * 3 + fst;
+}
+
+double CostModel::BackwardWindowPure(int32_t s, int key, int kind) const {
+  const int32_t n = num_blocks_;
+  const double w = options_.world_size;
+  const int mode = key / 9, bst = (key / 3) % 3, fst = key % 3;
+  double comp = bwd_s_[s];
+  if (mode == kCkptMode || mode == kHsMode) comp += rec_s_[s];
+  const double refetch =
+      bst == 1 ? static_cast<double>(ChunkSum(chunks_->fill_prefix, chunks_->bwd_owned_begin[s - 1],
+                                              chunks_->bwd_owned_begin[s]))
+               : 0.0;
+  double act_in = 0;
+  if (s - 1 >= 1 && s - 1 <= n) {
+    if (mode == kSwapMode) act_in = static_cast<double>(saved_[s - 2]);
+    if (mode == kHsMode) act_in = static_cast<double>(input_[s - 2]);
+  }
+  const double owned_train = static_cast<double>(ChunkSum(
+      chunks_->train_prefix, chunks_->fwd_owned_begin[s + 1], chunks_->fwd_owned_begin[s + 2]));
+  const double gradoff = fst == 2 ? owned_train : 0.0;
+  // Persistent grads are all-reduced (twice the reduce-scatter traffic); the lower-bound
+  // variant charges them a reduce-scatter only, which keeps it monotone in n_persist.
+  const double ptrain = fst == 0 ? 2 * owned_train : fst == 1 ? owned_train : 0.0;
+  double nccl = 0;
+  if (w > 1) {
+    const double frac = (w - 1) / w;
+    nccl = refetch * frac / hardware_.nccl_allgather_bytes_per_second +
+           gradoff * frac / hardware_.nccl_reduce_scatter_bytes_per_second +
+           ptrain * frac / hardware_.nccl_reduce_scatter_bytes_per_second;
+  }
+  return std::max({comp, Link(refetch / w + act_in, gradoff / w, kind), nccl});
+}
+
+namespace {
+
+// Sums window(k) for k in [lo, hi). `cuts` holds every index where a window's key may change;
+// between two cuts the key is constant, so a pure run is one prefix-sum difference.
+struct Cuts {
+  int32_t v[48];
+  int size = 0;
+  void Add(int32_t x) {
+    if (size < 48) v[size++] = x;
+  }
+};
+
+template <typename KeyFn, typename WindowFn>
+double SumWindows(int32_t lo, int32_t hi, Cuts& cuts, KeyFn key, WindowFn window,
+                  const std::vector<std::vector<double>>& prefix) {
+  cuts.Add(lo);
+  cuts.Add(hi);
+  for (int i = 0; i < cuts.size; ++i) cuts.v[i] = std::clamp(cuts.v[i], lo, hi);
+  std::sort(cuts.v, cuts.v + cuts.size);
+  const int count = static_cast<int>(std::unique(cuts.v, cuts.v + cuts.size) - cuts.v);
+  double total = 0;
+  for (int i = 0; i + 1 < count; ++i) {
+    const int32_t a = cuts.v[i], b = cuts.v[i + 1];
+    if (b - a > 2) {
+      const int ka = key(a);
+      if (ka >= 0 && ka == key(b - 1)) {
+        total += prefix[ka][b] - prefix[ka][a];
+        continue;
+      }
+    }
+    for (int32_t k = a; k < b; ++k) total += window(k);
+  }
+  return total;
+}
+
+}  // namespace
+
+StepTime CostModel::TimeImpl(const PlanPoint& p, const Modes& m, bool fast) const {
+  const int32_t n = num_blocks_;
+  StepTime t;
+  if (!fast || m.explicit_modes != nullptr || !options_.build_time_tables) {
+    for (int32_t k = 0; k <= n + 2; ++k) t.forward_seconds += ForwardWindow(k, p, m);
+    for (int32_t s = 0; s <= n + 1; ++s) t.backward_seconds += BackwardWindow(s, p, m);
+  } else {
+    const ModeCounts& c = m.counts;
+    const int32_t seg[3] = {c.n_swap, c.n_swap + c.n_hs_offload, c.total()};
+    // Forward: keys change at the edges, where the activation traffic (block k-3) changes mode,
+    // and around the stage whose owned chunks straddle n_persist.
+    const int32_t f =
+        static_cast<int32_t>(std::upper_bound(chunks_->fwd_owned_begin.begin(),
+                                              chunks_->fwd_owned_begin.end(), p.n_persist) -
+                             chunks_->fwd_owned_begin.begin()) -
+        1;
+    // Only stage f can straddle n_persist (stages before it are persistent, after it not).
+    Cuts cuts;
+    for (int32_t x : {0, 1, 3, n + 1}) cuts.Add(x);
+    for (int32_t b : seg) cuts.Add(b + 3);
+    cuts.Add(f);
+    cuts.Add(f + 1);
+    t.forward_seconds = SumWindows(
+        0, n + 3, cuts, [&](int32_t k) { return ForwardKey(k, p, m); },
+        [&](int32_t k) { return ForwardWindow(k, p, m); }, fwd_prefix_[p.kind]);
+    // Backward: keys change at the edges, at mode boundaries (stage b+1 is the first of a
+    // segment), and around the stages whose chunks straddle n_persist or the eviction bound.
+    Cuts bcuts;
+    for (int32_t x : {0, 1, 2, n + 1}) bcuts.Add(x);
+    for (int32_t b : seg) {
+      bcuts.Add(b + 1);
+      bcuts.Add(b + 2);
+    }
+    const int32_t evict_end = num_chunks_ - p.n_buffer;
+    for (int32_t x : {p.n_persist, evict_end}) {
+      // Window s reads stage s-1's backward-owned chunks; stage st is the only one that can
+      // straddle x.
+      const auto it =
+          std::upper_bound(chunks_->bwd_owned_begin.begin(), chunks_->bwd_owned_begin.end(), x);
+      const int32_t st = static_cast<int32_t>(it - chunks_->bwd_owned_begin.begin()) - 1;
+      bcuts.Add(st + 1);
+      bcuts.Add(st + 2);
+    }
+    // Window s offloads the grads of stage s+1's forward-owned chunks.
+    bcuts.Add(f - 1);
+    bcuts.Add(f);
+    t.backward_seconds = SumWindows(
+        0, n + 2, bcuts, [&](int32_t s) { return BackwardKey(s, p, m); },
+        [&](int32_t s) { return BackwardWindow(s, p, m); }, bwd_prefix_[p.kind]);
+  }
+  t.backward_seconds += BackwardEdges(p);
+  t.gpu_optimizer_seconds = chunks_->gpu_opt_prefix[p.n_persist];
+  t.cpu_optimizer_seconds =
+      chunks_->cpu_opt_prefix[num_chunks_] - chunks_->cpu_opt_prefix[p.n_persist];
+  t.fixed_seconds = p.n_persist < num_chunks_ ? options_.offload_step_overhead_seconds : 0.0;
+  return t;
+}
+
+StepTime CostModel::Time(int32_t n_persist, int32_t n_buffer, const ModeCounts& counts,
+                         HostMemoryKind host_memory, bool lower_bound) const {
+  PlanPoint p;
+  p.n_persist = n_persist;
+  p.n_buffer = n_buffer;
+  p.kind = host_memory == HostMemoryKind::kPinned ? 0 : 1;
+  p.lower_bound = lower_bound && options_.world_size > 1;
+  Modes m;
+  m.counts = counts;
+  return TimeImpl(p, m, /*fast=*/true);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plans
+
+absl::Status CostModel::ValidatePlan(const ResidencyPlan& plan) const {
+  auto bad = [](const std::string& msg) { return absl::InvalidArgumentError(msg); };
+  if (plan.chunk_bytes != chunks_->layout.chunk_bytes) {
+    return bad(absl::StrCat("plan.chunk_bytes = ", plan.chunk_bytes, " does not match the layout (",
+                            chunks_->layout.chunk_bytes, ")"));
+  }
+  if (plan.n_chunks != 0 && plan.n_chunks != num_chunks_) {
+    return bad(absl::StrCat("plan.n_chunks = ", plan.n_chunks, " does not match the layout (",
+                            num_chunks_, " chunks of ", chunks_->layout.chunk_bytes, " bytes)"));
+  }
+  if (plan.n_persist < 0 || plan.n_persist > num_chunks_) {
+    return bad(absl::StrCat("plan.n_persist = ", plan.n_persist, " is out of range; allowed [0, ",
+                            num_chunks_, "]"));
+  }
+  const int32_t max_buffer = num_chunks_ - plan.n_persist;
+  const int32_t min_buffer = MinBuffers(plan.n_persist);
+  if (plan.n_buffer < min_buffer || plan.n_buffer > max_buffer) {
+    return bad(absl::StrCat("plan.n_buffer = ", plan.n_buffer, " is out of range; allowed [",
+                            min_buffer, ", ", max_buffer, "] with n_persist = ", plan.n_persist));
+  }
+  const int32_t n = num_blocks_;
+  for (auto [name, v] : {std::pair<const char*, int32_t>{"n_swap", plan.n_swap},
+                         {"n_checkpoint", plan.n_checkpoint},
+                         {"n_hs_offload", plan.n_hs_offload}}) {
+    if (v < 0 || v > n) {
+      return bad(absl::StrCat("plan.", name, " = ", v, " is out of range; allowed [0, ", n, "]"));
+    }
+  }
+  if (plan.n_swap + plan.n_checkpoint + plan.n_hs_offload > n) {
+    return bad(absl::StrCat("plan.n_swap + plan.n_checkpoint + plan.n_hs_offload = ",
+                            plan.n_swap + plan.n_checkpoint + plan.n_hs_offload,
+                            " exceeds the number of blocks (", n, ")"));
+  }
+  if (!plan.block_modes.empty()) {
+    if (static_cast<int32_t>(plan.block_modes.size()) != n) {
+      return bad(absl::StrCat("plan.block_modes has ", plan.block_modes.size(),
+                              " entries; the model has ", n, " blocks"));
+    }
+    const ModeCounts c = CountModes(plan.block_modes);
+    if (c.n_swap != plan.n_swap || c.n_checkpoint != plan.n_checkpoint ||
+        c.n_hs_offload != plan.n_hs_offload) {
+      return bad("plan.block_modes do not match n_swap / n_checkpoint / n_hs_offload");
+    }
+  }
+  return absl::OkStatus();
+}
+
+ResidencyPlan CostModel::MakeResidencyPlan(int32_t n_persist, int32_t n_buffer,
+                                           const ModeCounts& counts,
+                                           HostMemoryKind host_memory) const {
+  ResidencyPlan plan;
+  plan.chunk_bytes = chunks_->layout.chunk_bytes;
+  plan.n_chunks = num_chunks_;
+  plan.n_persist = n_persist;
+  plan.n_buffer = n_buffer;
+  plan.n_swap = counts.n_swap;
+  plan.n_checkpoint = counts.n_checkpoint;
+  plan.n_hs_offload = counts.n_hs_offload;
+  plan.host_memory = host_memory;
+  plan.block_modes = ArrangeBlockModes(num_blocks_, counts);
+  plan.world_size = options_.world_size;
+  return plan;
+}
+
+Prediction CostModel::Assemble(const ResidencyPlan& plan, const Modes& m, bool fast) const {
+  PlanPoint p;
+  p.n_persist = plan.n_persist;
+  p.n_buffer = plan.n_buffer;
+  p.kind = plan.host_memory == HostMemoryKind::kPinned ? 0 : 1;
+  const DynamicParts dyn = DynamicImpl(m, fast);
+  const StepTime time = TimeImpl(p, m, fast);
+
+  Prediction pred;
+  MemoryBreakdown& b = pred.breakdown;
+  // The breakdown describes the moment of the peak: the activation walk's worst phase, or the
+  // end of backward when the persistent grads outweigh it.
+  const int64_t grad_phase = GradPhaseRawBytes(plan.n_persist);
+  const bool grads_peak = grad_phase > dyn.total;
+  const int64_t staging = plan.n_persist < num_chunks_ ? chunks_->grad_staging_bytes : 0;
+  b.persistent_chunks_bytes = chunks_->alloc_prefix[plan.n_persist];
+  b.buffers_bytes = int64_t{plan.n_buffer} * chunks_->layout.chunk_bytes;
+  b.grads_bytes = staging + (grads_peak ? chunks_->train_prefix[plan.n_persist] : 0);
+  b.optimizer_state_bytes = chunks_->opt_prefix[plan.n_persist];
+  b.activations_bytes = grads_peak ? emb_retained_ : dyn.activations;
+  b.checkpoint_chain_bytes = grads_peak ? 0 : dyn.checkpoint_chain;
+  b.transient_bytes = grads_peak ? emb_extra_ : dyn.transient;
+  b.cuda_context_bytes = hardware_.cuda_context_bytes;
+  b.fragmentation_factor = options_.fragmentation_factor;
+  b.calibration_residual_bytes = options_.residual_bytes;
+  const int64_t raw =
+      StaticRawBytes(plan.n_persist, plan.n_buffer) + std::max(dyn.total, grad_phase);
+  pred.peak_bytes = PeakFromRaw(raw);
+  pred.load_peak_bytes = PeakFromRaw(LoadRawBytes(plan.n_persist));
+
+  int64_t host = 0;
+  if (fast && m.explicit_modes == nullptr) {
+    host = HostBytes(plan.n_persist, m.counts);
+  } else {
+    host = chunks_->host_prefix[num_chunks_] - chunks_->host_prefix[plan.n_persist];
+    for (int32_t j = 0; j < num_blocks_; ++j) host += ActBytes(j, m.Block(j));
+  }
+  if (plan.host_memory == HostMemoryKind::kPinned) {
+    pred.host_pinned_bytes = host;
+  } else {
+    pred.host_pageable_bytes = host;
+  }
+
+  const double ga = options_.grad_accum;
+  pred.forward_seconds = ga * time.forward_seconds;
+  pred.backward_seconds = ga * time.backward_seconds;
+  pred.iteration_seconds = time.IterationSeconds(options_.grad_accum);
+  pred.optimizer_seconds = pred.iteration_seconds - pred.forward_seconds - pred.backward_seconds;
+  const double tokens = static_cast<double>(trace_.workload.micro_batch) *
+                        static_cast<double>(trace_.workload.seq_len) * ga;
+  pred.tokens_per_second = pred.iteration_seconds > 0 ? tokens / pred.iteration_seconds : 0;
+  return pred;
+}
+
+Prediction CostModel::Predict(const ResidencyPlan& plan) const {
+  Modes m;
+  std::optional<ModeCounts> arranged;
+  if (plan.block_modes.empty()) {
+    m.counts = ModeCounts{plan.n_swap, plan.n_hs_offload, plan.n_checkpoint};
+  } else if ((arranged = CountsIfArranged(plan.block_modes))) {
+    m.counts = *arranged;
+  } else {
+    m.explicit_modes = &plan.block_modes;
+  }
+  return Assemble(plan, m, /*fast=*/true);
+}
+
+Prediction CostModel::PredictReference(const ResidencyPlan& plan) const {
+  std::vector<BlockMode> modes =
+      plan.block_modes.empty()
+          ? ArrangeBlockModes(num_blocks_,
+                              ModeCounts{plan.n_swap, plan.n_hs_offload, plan.n_checkpoint})
+          : plan.block_modes;
+  Modes m;
+  m.explicit_modes = &modes;
+  return Assemble(plan, m, /*fast=*/false);
+}
+
+}  // namespace memplan

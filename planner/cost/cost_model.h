@@ -1,0 +1,221 @@
+// Cost model: predicted peak GPU memory (ProTrain eqs. 8-11), load-time peak, host memory and
+// iteration time (eqs. 2-7) of a residency plan, for one trace and one chunk size.
+// Construction precomputes prefix sums and range-max tables in O(N log N + chunks); afterwards a
+// plan whose block modes follow ArrangeBlockModes() is evaluated in O(log N).
+// Thread-safe after construction (all methods are const and touch no shared mutable state).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/types.h"
+#include "planner/cost/chunk_layout.h"
+
+namespace memplan {
+
+struct CostOptions {
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
+  int32_t world_size = 1;
+  int32_t grad_accum = 1;
+  double fragmentation_factor = 1.0;  // alpha of the calibration contract
+  int64_t residual_bytes = 0;         // calibration residual
+  // Fraction of HBM bandwidth the GPU optimizer kernels reach.
+  double hbm_efficiency = 0.7;
+  // Per step, when any chunk is offloaded: handing grads to the CPU optimizer and waiting for
+  // its last updates before the next step (thread hand-off, stream synchronisation). Overlap
+  // cannot hide it; it makes offloading a nearly free chunk not worth it.
+  double offload_step_overhead_seconds = 1e-3;
+  // Build the O(N) overlap-window tables that make Time() O(log N). Memory-only users (limit
+  // probes) skip them; Time() then walks every window.
+  bool build_time_tables = true;
+};
+
+// How many blocks use each non-default mode. Blocks are arranged (block 0 first) as
+// [SWAP x n_swap][HS_OFFLOAD x n_hs_offload][CKPT x n_checkpoint][NONE ...].
+struct ModeCounts {
+  int32_t n_swap = 0;
+  int32_t n_hs_offload = 0;
+  int32_t n_checkpoint = 0;
+  int32_t total() const { return n_swap + n_hs_offload + n_checkpoint; }
+};
+
+std::vector<BlockMode> ArrangeBlockModes(int32_t num_blocks, const ModeCounts& counts);
+// The counts of `modes` when they follow the arrangement above, else nullopt.
+std::optional<ModeCounts> CountsIfArranged(const std::vector<BlockMode>& modes);
+ModeCounts CountModes(const std::vector<BlockMode>& modes);
+
+// Per micro-batch forward/backward times and per-step optimizer times.
+struct StepTime {
+  double forward_seconds = 0;        // T_fwd (eq. 3)
+  double backward_seconds = 0;       // T_bwd (eq. 4)
+  double gpu_optimizer_seconds = 0;  // persistent chunks, at HBM rate
+  double cpu_optimizer_seconds = 0;  // non-persistent chunks, at the CPU Adam rate
+  double fixed_seconds = 0;          // per-step overhead of offloading (not overlapped)
+  // One optimizer step over grad_accum micro-batches (eq. 2): the CPU optimizer overlaps the
+  // last micro-batch's backward.
+  double IterationSeconds(int32_t grad_accum) const;
+};
+
+class CostModel {
+ public:
+  // `trace` must have at least one block; `chunk_bytes` > 0. Fails with INVALID_ARGUMENT on
+  // inconsistent inputs (e.g. world_size > 1 without NCCL bandwidths).
+  static absl::StatusOr<CostModel> Create(const Trace& trace, int64_t chunk_bytes,
+                                          const HardwareSpec& hardware, const CostOptions& options);
+
+  // The same model for another workload of the same architecture: `trace` must have the same
+  // per-stage parameter bytes (only activations and times differ), so the chunk tables are
+  // reused and only the O(N log N) block tables are rebuilt. Options may differ only in
+  // build_time_tables.
+  absl::StatusOr<CostModel> ForTrace(const Trace& trace, bool build_time_tables) const;
+
+  // Structural validity of `plan` for this model (chunk size and count, knob ranges, buffers
+  // needed by the layout, block_modes length). Names the field in the error.
+  absl::Status ValidatePlan(const ResidencyPlan& plan) const;
+  // Every Prediction field. Arranged block modes: O(log N); any other order: O(N) walk.
+  // Precondition: ValidatePlan(plan).ok().
+  Prediction Predict(const ResidencyPlan& plan) const;
+  // The same figures computed by plain loops over every phase and overlap window (tests).
+  Prediction PredictReference(const ResidencyPlan& plan) const;
+  // A plan with these knobs and arranged modes (fills chunk fields, world size, block_modes).
+  ResidencyPlan MakeResidencyPlan(int32_t n_persist, int32_t n_buffer, const ModeCounts& counts,
+                                  HostMemoryKind host_memory) const;
+
+  // ---- building blocks for the search; all O(1) or O(log N) ----
+  int32_t num_blocks() const { return num_blocks_; }
+  int32_t num_chunks() const { return num_chunks_; }
+  int64_t chunk_bytes() const { return chunks_->layout.chunk_bytes; }
+  const ChunkLayout& layout() const { return chunks_->layout; }
+  const CostOptions& options() const { return options_; }
+  // Fewest chunk buffers that let every stage run with its successor's chunks prefetched.
+  int32_t MinBuffers(int32_t n_persist) const;
+  // Raw (pre-calibration) bytes held for the whole step: persistent chunks with their optimizer
+  // state, chunk buffers, grad staging for offloaded chunks. The steady peak is
+  //   StaticRawBytes + max(DynamicRawBytes(modes), GradPhaseRawBytes(n_persist)).
+  int64_t StaticRawBytes(int32_t n_persist, int32_t n_buffer) const;
+  // Persistent chunks + their optimizer state only (a lower bound of StaticRawBytes).
+  int64_t PersistentRawBytes(int32_t n_persist) const;
+  // End of backward / optimizer step: every persistent chunk's grads exist, activations are gone.
+  int64_t GradPhaseRawBytes(int32_t n_persist) const;
+  // Largest n_persist in [0, max_persist] whose persistent bytes plus grad phase fit `budget`.
+  int32_t MaxPersistForGradPhase(int64_t budget_bytes, int32_t max_persist) const;
+  // Largest n_persist in [0, max_persist] with PersistentRawBytes <= budget, or -1.
+  int32_t MaxPersistWithin(int64_t budget_bytes, int32_t max_persist) const;
+  // Smallest n_persist with HostBytes <= host_limit, or num_chunks() + 1 when none.
+  int32_t MinPersistForHost(int64_t host_limit_bytes, const ModeCounts& counts) const;
+  // Raw bytes of the activation walk (max over forward, head and backward phases).
+  int64_t DynamicRawBytes(const ModeCounts& counts) const;
+  // Raw bytes while weights are loaded and offloaded.
+  int64_t LoadRawBytes(int32_t n_persist) const;
+  // Calibration contract: ceil(alpha * raw) + residual + cuda_context.
+  int64_t PeakFromRaw(int64_t raw_bytes) const;
+  // Largest raw byte count whose PeakFromRaw fits in `capacity_bytes` (may be negative).
+  int64_t RawBudget(int64_t capacity_bytes) const;
+  // Host bytes (pinned or pageable, per GPU) for offloaded chunk state and activations.
+  int64_t HostBytes(int32_t n_persist, const ModeCounts& counts) const;
+  // Times for arranged modes. lower_bound charges persistent grads a reduce-scatter instead of
+  // an all-reduce (W > 1), which makes forward + backward time monotone non-increasing in
+  // n_persist and never above the real time (search bounds).
+  StepTime Time(int32_t n_persist, int32_t n_buffer, const ModeCounts& counts,
+                HostMemoryKind host_memory, bool lower_bound = false) const;
+  double GpuOptimizerSeconds(int32_t n_persist) const { return chunks_->gpu_opt_prefix[n_persist]; }
+  double IterationSeconds(const StepTime& time) const {
+    return time.IterationSeconds(options_.grad_accum);
+  }
+
+ private:
+  CostModel() = default;
+
+  // Block modes either from arranged counts or from an explicit vector.
+  struct Modes {
+    const std::vector<BlockMode>* explicit_modes = nullptr;
+    ModeCounts counts;
+    BlockMode Block(int32_t j) const;
+    BlockMode Stage(int32_t s, int32_t num_blocks) const;  // edges are kNone
+  };
+  struct PlanPoint {
+    int32_t n_persist = 0;
+    int32_t n_buffer = 0;
+    int kind = 0;  // 0 pinned, 1 pageable
+    bool lower_bound = false;
+  };
+  struct DynamicParts {
+    int64_t total = 0;
+    int64_t activations = 0;
+    int64_t checkpoint_chain = 0;
+    int64_t transient = 0;
+  };
+
+  void Precompute();
+  void PrecomputeBlocks();
+  void PrecomputeChunks(ChunkLayout layout);
+  void PrecomputeWindows();
+  int64_t ActBytes(int32_t block, BlockMode mode) const;  // bytes a mode moves to/from host
+  int64_t RetainedBytes(int32_t block, BlockMode mode) const;
+  double Link(double up_bytes, double down_bytes, int kind) const;
+  double ForwardWindow(int32_t k, const PlanPoint& p, const Modes& m) const;
+  double BackwardWindow(int32_t s, const PlanPoint& p, const Modes& m) const;
+  double BackwardEdges(const PlanPoint& p) const;                        // pre- and post-windows
+  int ForwardKey(int32_t k, const PlanPoint& p, const Modes& m) const;   // -1 = not pure
+  int BackwardKey(int32_t s, const PlanPoint& p, const Modes& m) const;  // -1 = not pure
+  double ForwardWindowPure(int32_t k, int key, int kind) const;
+  double BackwardWindowPure(int32_t s, int key, int kind) const;
+  StepTime TimeImpl(const PlanPoint& p, const Modes& m, bool fast) const;
+  DynamicParts DynamicImpl(const Modes& m, bool fast) const;
+  DynamicParts PhaseParts(int phase, const Modes& m) const;  // -1 emb, 0..N-1 block, N head
+  int64_t PhaseTotal(int phase, const Modes& m) const;
+  Prediction Assemble(const ResidencyPlan& plan, const Modes& m, bool fast) const;
+  int32_t RangeMaxIndex(int mode, int32_t lo, int32_t hi) const;  // argmax V_mode on [lo, hi)
+  int64_t ModeValue(int mode, int32_t j) const;
+  int64_t ChunkSum(const std::vector<int64_t>& prefix, int64_t lo, int64_t hi) const;
+  double ChunkSumD(const std::vector<double>& prefix, int64_t lo, int64_t hi) const;
+
+  Trace trace_;
+  HardwareSpec hardware_;
+  CostOptions options_;
+  int32_t num_blocks_ = 0;
+  int32_t num_chunks_ = 0;
+  int64_t dtype_bytes_ = 2;
+  bool tied_ = false;
+
+  // Blocks (index j): retained/saved figures and the transient peak of each block.
+  std::vector<int64_t> saved_, input_, block_extra_;
+  std::vector<int64_t> saved_prefix_, input_prefix_;  // size N + 1
+  // Range-max tables over V_mode(j) for modes none/ckpt/swap/hs (argmax indices per level).
+  std::array<std::vector<std::vector<int32_t>>, 4> sparse_;
+  int64_t emb_retained_ = 0, emb_extra_ = 0, head_saved_ = 0, head_extra_ = 0;
+
+  // Stages (0 = embedding, 1..N blocks, N+1 head).
+  std::vector<double> fwd_s_, bwd_s_, rec_s_;
+
+  // Everything derived from the chunk layout alone; shared (immutable) between the models that
+  // ForTrace() derives for other workloads.
+  struct ChunkTables {
+    ChunkLayout layout;
+    std::vector<int32_t> fwd_owned_begin;  // size N + 3; fwd owner = first stage using a chunk
+    std::vector<int32_t> bwd_owned_begin;  // size N + 3; bwd owner = last stage using a chunk
+    std::vector<int32_t> window_span;      // chunks used by window k: [first_{k-1}, last_k]
+    std::vector<int32_t> window_span_suffix_max;
+    // Chunk prefix sums (size C + 1).
+    std::vector<int64_t> fill_prefix, train_prefix, alloc_prefix, opt_prefix, host_prefix;
+    std::vector<int64_t> persistent_prefix;  // alloc + opt
+    std::vector<int64_t> grad_phase_prefix;  // alloc + opt + grads
+    std::vector<double> gpu_opt_prefix, cpu_opt_prefix;
+    int64_t grad_staging_bytes = 0;
+    int64_t max_stage_param_bytes = 0;
+  };
+  std::shared_ptr<const ChunkTables> chunks_;
+
+  // Prefix sums of pure overlap windows, per host kind.
+  // Forward: key = fwd_state(2) * 3 + act(3). Backward: key = mode(4) * 9 + bst(3) * 3 + fst(3).
+  std::array<std::vector<std::vector<double>>, 2> fwd_prefix_, bwd_prefix_;
+  double h2d_[2] = {0, 0}, d2h_[2] = {0, 0};
+  double bidir_ = 0;
+};
+
+}  // namespace memplan

@@ -1,0 +1,136 @@
+#include "planner/daemon/planner_daemon.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <utility>
+
+#include "absl/memory/memory.h"
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
+#include "planner/metrics/metrics_server.h"
+#include "planner/metrics/planner_metrics.h"
+#include "planner/service/planner_core.h"
+#include "planner/service/planner_service.h"
+#include "planner/service/search_executor.h"
+#include "planner/store/store.h"
+#include "prometheus/registry.h"
+
+namespace memplan {
+namespace {
+
+constexpr char kPlannerServiceName[] = "memplan.v1.Planner";
+
+// "host:port" -> "host:<port>"; the host part is kept as the operator wrote it.
+std::string WithPort(const std::string& address, int port) {
+  const size_t colon = address.rfind(':');
+  const std::string host = colon == std::string::npos ? address : address.substr(0, colon);
+  return absl::StrCat(host, ":", port);
+}
+
+int DefaultSearchThreads() {
+  const unsigned cpus = std::thread::hardware_concurrency();
+  return static_cast<int>(std::clamp(cpus == 0 ? 1u : cpus, 1u, 16u));
+}
+
+}  // namespace
+
+PlannerDaemon::PlannerDaemon() = default;
+
+PlannerDaemon::~PlannerDaemon() { Shutdown(0); }
+
+absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const DaemonOptions& options) {
+  auto daemon = absl::WrapUnique(new PlannerDaemon());
+
+  SqliteStoreOptions store_options;
+  store_options.path = options.db_path;
+  auto store = OpenSqliteStore(store_options);
+  if (!store.ok()) {
+    return absl::Status(
+        store.status().code(),
+        absl::StrCat("opening the database \"", options.db_path, "\": ", store.status().message()));
+  }
+  daemon->store_ = *std::move(store);
+
+  daemon->registry_ = std::make_shared<prometheus::Registry>();
+  daemon->metrics_ = std::make_unique<PlannerMetrics>(daemon->registry_);
+  if (!options.metrics_address.empty()) {
+    auto server = MetricsServer::Start(options.metrics_address, daemon->registry_);
+    if (!server.ok()) {
+      return absl::Status(server.status().code(),
+                          absl::StrCat("starting the metrics endpoint on ", options.metrics_address,
+                                       ": ", server.status().message()));
+    }
+    daemon->metrics_server_ = *std::move(server);
+    daemon->metrics_address_ = WithPort(options.metrics_address, daemon->metrics_server_->port());
+  }
+
+  SearchExecutor::Options executor_options;
+  executor_options.threads =
+      options.search_threads > 0 ? options.search_threads : DefaultSearchThreads();
+  executor_options.max_queued = options.max_queued_searches;
+  daemon->executor_ = std::make_unique<SearchExecutor>(executor_options);
+
+  ASSIGN_OR_RETURN(daemon->core_, PlannerCore::Create(*daemon->store_, *daemon->executor_,
+                                                      daemon->metrics_.get()));
+  daemon->service_ = std::make_unique<PlannerServiceImpl>(*daemon->core_, daemon->metrics_.get());
+
+  // Both are process-wide switches that the builder reads; they must precede BuildAndStart.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(daemon->service_.get());
+  grpc::ResourceQuota quota("memplan-planner");
+  quota.SetMaxThreads(options.max_rpc_threads);
+  builder.SetResourceQuota(quota);
+  daemon->server_ = builder.BuildAndStart();
+  if (daemon->server_ == nullptr || port == 0) {
+    daemon->server_.reset();
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen_address,
+                     " (address in use, malformed, or not a local interface)"));
+  }
+  daemon->server_->GetHealthCheckService()->SetServingStatus(kPlannerServiceName, true);
+  daemon->listen_address_ = WithPort(options.listen_address, port);
+  MEMPLAN_LOG(kInfo, "planner started")
+      .Field("listen", daemon->listen_address_)
+      .Field("metrics",
+             daemon->metrics_address_.empty() ? std::string("disabled") : daemon->metrics_address_)
+      .Field("db", options.db_path)
+      .Field("search_threads", daemon->executor_->threads());
+  return daemon;
+}
+
+void PlannerDaemon::Shutdown(double grace_seconds) {
+  if (server_ != nullptr) {
+    // Load balancers and probes see NOT_SERVING while the in-flight calls finish.
+    server_->GetHealthCheckService()->SetServingStatus(false);
+    const auto deadline = std::chrono::system_clock::now() +
+                          std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                              std::chrono::duration<double>(grace_seconds));
+    server_->Shutdown(deadline);
+    server_->Wait();
+    server_.reset();
+    MEMPLAN_LOG(kDebug, "grpc server stopped; in-flight RPCs finished or cancelled");
+  }
+  // Handlers have returned, so nothing waits on the executor any more; its destructor joins.
+  service_.reset();
+  core_.reset();
+  executor_.reset();
+  metrics_server_.reset();
+  metrics_.reset();
+  registry_.reset();
+  if (store_ != nullptr) {
+    store_.reset();  // closes the database (checkpoints the WAL)
+    MEMPLAN_LOG(kInfo, "planner stopped");
+  }
+}
+
+}  // namespace memplan

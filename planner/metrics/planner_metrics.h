@@ -1,0 +1,57 @@
+// Prometheus metrics of the planner daemon (names, units and label bounds:
+// planner/metrics/README.md). Every method is cheap and may be called from any thread; plan_id
+// label series are bounded to the newest Options::max_plan_series plans, older series are removed
+// from the registry. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "planner/metrics/metrics_server.h"  // MetricsServer, published with PlannerMetrics
+
+namespace prometheus {
+class Registry;
+}  // namespace prometheus
+
+namespace memplan {
+
+class PlannerMetrics {
+ public:
+  struct Options {
+    // How many plans keep their memplan_plan_*_peak_bytes{plan_id} series (newest first).
+    int max_plan_series = 256;
+  };
+
+  explicit PlannerMetrics(std::shared_ptr<prometheus::Registry> registry);
+  PlannerMetrics(std::shared_ptr<prometheus::Registry> registry, const Options& options);
+  ~PlannerMetrics();
+  PlannerMetrics(const PlannerMetrics&) = delete;
+  PlannerMetrics& operator=(const PlannerMetrics&) = delete;
+
+  // One finished RPC: method e.g. "Plan", code e.g. "OK" / "INVALID_ARGUMENT".
+  void ObserveRpc(absl::string_view method, absl::string_view code, double seconds);
+  // Wall time of one plan search.
+  void ObserveSearch(double seconds);
+  // One plan answered to a client; `fits` is the verdict.
+  void PlanServed(bool fits);
+  // The predicted steady peak of a plan the planner handed out.
+  void ObservePlanPrediction(absl::string_view plan_id, int64_t predicted_peak_bytes);
+  // A measurement reported for a plan: sets both gauges and records the signed relative error
+  // (measured - predicted) / predicted. A non-positive prediction records no error.
+  void ObserveMeasurement(absl::string_view plan_id, int64_t predicted_bytes,
+                          int64_t measured_bytes);
+  // Number of measurements currently stored.
+  void SetStoredMeasurements(int64_t n);
+
+  // Number of plan_id values that currently have series (for tests and introspection).
+  int TrackedPlanCount() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace memplan

@@ -1,0 +1,489 @@
+#include "planner/search/plan_search.h"
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+
+#include "common/status.h"
+
+namespace memplan {
+namespace {
+
+struct Incumbent {
+  bool found = false;
+  double seconds = std::numeric_limits<double>::infinity();
+  int model_index = -1;
+  int32_t n_persist = 0;
+  int32_t n_buffer = 0;
+  ModeCounts counts;
+  HostMemoryKind host_memory = HostMemoryKind::kPinned;
+};
+
+// Branch-and-bound over one (cost model, host memory kind). The bounds rest on properties the
+// cost model guarantees (docs/cost-model.md, "Search"):
+//  - with n_swap fixed, time is non-decreasing and activation memory non-increasing in
+//    n_checkpoint and in n_hs_offload (arranged modes), host memory non-decreasing in
+//    n_hs_offload;
+//  - forward/backward time (lower-bound variant) is non-increasing in n_persist and n_buffer,
+//    GPU optimizer time non-decreasing and CPU optimizer time non-increasing in n_persist;
+//  - persistent, grad-phase and load bytes are non-decreasing and host bytes non-increasing in
+//    n_persist.
+// Not thread-safe: one Runner per search call, writing into the caller's incumbent.
+class Runner {
+ public:
+  Runner(const CostModel& model, int model_index, HostMemoryKind kind,
+         const SearchConstraints& constraints, bool any_fit, Incumbent* best, int64_t* evaluated)
+      : model_(model),
+        model_index_(model_index),
+        kind_(kind),
+        any_fit_(any_fit),
+        best_(best),
+        evaluated_(evaluated) {
+    n_ = model.num_blocks();
+    c_ = model.num_chunks();
+    raw_cap_ = model.RawBudget(constraints.capacity_bytes);
+    host_limit_ = constraints.host_memory_bytes;
+    if (kind == HostMemoryKind::kPinned && constraints.pinned_limit_bytes > 0) {
+      host_limit_ = std::min(host_limit_, constraints.pinned_limit_bytes);
+    }
+    const FixedKnobs& f = constraints.fixed;
+    np_lo_ = f.n_persist ? *f.n_persist : 0;
+    np_hi_ = f.n_persist ? std::min(*f.n_persist, c_) : c_;
+    // The load-time peak grows with n_persist: keep the largest n_persist whose load fits.
+    if (np_hi_ >= np_lo_ && model.LoadRawBytes(np_hi_) > raw_cap_) {
+      int32_t lo = np_lo_ - 1, hi = np_hi_;  // Load(lo) fits (or lo is below range), Load(hi) not
+      while (hi - lo > 1) {
+        const int32_t mid = lo + (hi - lo) / 2;
+        if (model.LoadRawBytes(mid) <= raw_cap_) {
+          lo = mid;
+        } else {
+          hi = mid;
+        }
+      }
+      np_hi_ = lo;
+    }
+    // The grad phase (all persistent grads alive) also grows with n_persist.
+    np_hi_ = std::min(np_hi_, model.MaxPersistForGradPhase(raw_cap_, np_hi_));
+    fixed_nb_ = f.n_buffer;
+    s_lo_ = f.n_swap ? *f.n_swap : 0;
+    s_hi_ = f.n_swap ? *f.n_swap : n_;
+    h_lo_ = f.n_hs_offload ? *f.n_hs_offload : 0;
+    h_hi_ = f.n_hs_offload ? *f.n_hs_offload : n_;
+    k_lo_ = f.n_checkpoint ? *f.n_checkpoint : 0;
+    k_hi_ = f.n_checkpoint ? *f.n_checkpoint : n_;
+  }
+
+  void Run() {
+    if (np_hi_ < np_lo_ || np_lo_ > c_) return;
+    // Roots (one per n_swap), most promising first so that a good incumbent prunes the rest.
+    std::vector<Bound> roots;
+    for (int32_t s = s_lo_; s <= std::min(s_hi_, n_); ++s) {
+      const Bound root = BoxBound(s, h_lo_, h_hi_, k_lo_, k_hi_);
+      if (root.viable) roots.push_back(root);
+    }
+    if (!any_fit_) {
+      std::stable_sort(roots.begin(), roots.end(), [](const Bound& a, const Bound& b) {
+        return a.lower_bound < b.lower_bound;
+      });
+    }
+    for (const Bound& root : roots) {
+      Box(root);
+      if (Done()) return;
+    }
+  }
+
+ private:
+  // A box of mode counts: n_swap = s, n_hs_offload in [h0, h1], n_checkpoint in [k0, k1].
+  struct Bound {
+    bool viable = false;
+    int32_t s = 0, h0 = 0, h1 = 0, k0 = 0, k1 = 0;
+    double lower_bound = 0;
+  };
+
+  bool Done() const { return any_fit_ && best_->found; }
+
+  // Fewest static bytes of any plan with n_persist >= np_lo: Static(np, fewest buffers) never
+  // decreases with np except at np = C (buffers and grad staging vanish).
+  int64_t StaticMin(int32_t np_lo) const {
+    int64_t best = StaticAt(np_lo);
+    if (np_hi_ == c_ && np_lo < c_) best = std::min(best, StaticAt(c_));
+    return best;
+  }
+
+  // Largest n_persist <= np_hi_ whose static bytes at the fewest buffers fit `budget`, or -1.
+  // Static(np, fewest buffers) is non-decreasing for np < C (a persistent chunk costs at least
+  // the one buffer it may save); np = C drops buffers and grad staging, so it is tried apart.
+  int32_t MaxPersistWithBuffers(int64_t budget) const {
+    if (np_hi_ == c_ && StaticAt(c_) <= budget) return c_;
+    int32_t hi = std::min(np_hi_, c_ - 1);
+    int32_t top = model_.MaxPersistWithin(budget, hi);  // necessary condition, cheap
+    if (top < 0 || StaticAt(0) > budget) return -1;
+    int32_t lo = 0;
+    while (lo < top) {
+      const int32_t mid = lo + (top - lo + 1) / 2;
+      if (StaticAt(mid) <= budget) {
+        lo = mid;
+      } else {
+        top = mid - 1;
+      }
+    }
+    return lo;
+  }
+
+  int64_t StaticAt(int32_t np) const {
+    if (np >= c_) return model_.StaticRawBytes(c_, 0);
+    return model_.StaticRawBytes(np, fixed_nb_ ? *fixed_nb_ : model_.MinBuffers(np));
+  }
+
+  // Viability and a time lower bound for every plan in the box. Properties used: activation
+  // bytes are non-increasing along n_checkpoint and along n_hs_offload (and along the diagonal
+  // CKPT -> HS_OFFLOAD), time is non-decreasing along the same moves and along CKPT -> NONE
+  // reversed, host bytes are non-decreasing in n_hs_offload.
+  Bound BoxBound(int32_t s, int32_t h0, int32_t h1, int32_t k0, int32_t k1) const {
+    Bound b;
+    const int32_t rest = n_ - s;
+    h1 = std::min(h1, rest);
+    k1 = std::min(k1, rest);
+    if (h0 > h1 || k0 > k1 || h0 + k0 > rest) return b;
+    b.s = s;
+    b.h0 = h0;
+    b.h1 = h1;
+    b.k0 = k0;
+    b.k1 = k1;
+    const int32_t np_lo =
+        std::max(np_lo_, model_.MinPersistForHost(host_limit_, ModeCounts{s, h0, k0}));
+    if (np_lo > np_hi_) return b;
+    const int64_t activation_room = raw_cap_ - StaticMin(np_lo);
+    // For r recomputed blocks the most memory-saving point of the box puts as many of them in
+    // HS_OFFLOAD as allowed; its activation bytes are non-increasing in r.
+    auto point = [&](int32_t r) {
+      const int32_t h = std::min(h1, r - k0);
+      return ModeCounts{s, h, r - h};
+    };
+    const int32_t r_lo = h0 + k0, r_hi = std::min(h1 + k1, rest);
+    const int64_t dyn_min = model_.DynamicRawBytes(point(r_hi));
+    if (dyn_min > activation_room) return b;
+    const int32_t np_hi = MaxPersistWithBuffers(raw_cap_ - dyn_min);
+    if (np_hi < np_lo) return b;
+    b.viable = true;
+    if (any_fit_) return b;
+    // Fewest recomputed blocks any fitting point of the box can have.
+    int32_t lo = r_lo, hi = r_hi;
+    while (lo < hi) {
+      const int32_t mid = lo + (hi - lo) / 2;
+      if (model_.DynamicRawBytes(point(mid)) <= activation_room) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
+    // Every fitting point (h, k) has h >= h0 and h + k >= lo; moving its HS_OFFLOAD blocks
+    // beyond h0 to CKPT and dropping checkpoints never slows it, so it is no faster than
+    // (h0, max(k0, lo - h0)).
+    const ModeCounts fastest{s, h0, std::max(k0, lo - h0)};
+    b.lower_bound = LowerBound(np_lo, np_hi, fastest);
+    return b;
+  }
+
+  // A lower bound of the iteration time of every plan with these (or more) mode counts and
+  // n_persist in [np_a, np_b].
+  double LowerBound(int32_t np_a, int32_t np_b, const ModeCounts& m) const {
+    const int32_t nb = fixed_nb_ ? *fixed_nb_ : c_ - np_b;
+    StepTime t = model_.Time(np_b, nb, m, kind_, /*lower_bound=*/true);
+    t.gpu_optimizer_seconds = model_.GpuOptimizerSeconds(np_a);
+    return model_.IterationSeconds(t);
+  }
+
+  void Box(const Bound& b) {
+    if (Done() || !b.viable) return;
+    if (!any_fit_ && b.lower_bound >= best_->seconds) return;
+    if (b.h0 == b.h1 && b.k0 == b.k1) {
+      Leaf(ModeCounts{b.s, b.h0, b.k0});
+      return;
+    }
+    Bound lo, hi;
+    if (b.h1 - b.h0 >= b.k1 - b.k0) {
+      const int32_t mid = b.h0 + (b.h1 - b.h0) / 2;
+      lo = BoxBound(b.s, b.h0, mid, b.k0, b.k1);
+      hi = BoxBound(b.s, mid + 1, b.h1, b.k0, b.k1);
+    } else {
+      const int32_t mid = b.k0 + (b.k1 - b.k0) / 2;
+      lo = BoxBound(b.s, b.h0, b.h1, b.k0, mid);
+      hi = BoxBound(b.s, b.h0, b.h1, mid + 1, b.k1);
+    }
+    // Optimising: the child with the smaller bound first. Feasibility: the memory-saving one.
+    if (any_fit_ || hi.lower_bound < lo.lower_bound) std::swap(lo, hi);
+    Box(lo);
+    Box(hi);
+  }
+
+  void Leaf(const ModeCounts& m) {
+    const int64_t dyn = model_.DynamicRawBytes(m);
+    const int32_t np_lo = std::max(np_lo_, model_.MinPersistForHost(host_limit_, m));
+    const int32_t np_hi = MaxPersistWithBuffers(raw_cap_ - dyn);
+    if (np_hi < np_lo) return;
+    if (any_fit_) {
+      // Static bytes at the fewest buffers never decrease with n_persist except at the very
+      // last chunk (the grad staging and buffers disappear): try both ends.
+      // With a fixed buffer count, start where that many buffers are enough (MinBuffers is
+      // non-increasing in n_persist).
+      int32_t start = np_lo;
+      if (fixed_nb_ && start < c_ && model_.MinBuffers(start) > *fixed_nb_) {
+        int32_t lo = start, hi = c_;  // MinBuffers(c_) == 0
+        while (lo < hi) {
+          const int32_t mid = lo + (hi - lo) / 2;
+          if (model_.MinBuffers(mid) <= *fixed_nb_) {
+            hi = mid;
+          } else {
+            lo = mid + 1;
+          }
+        }
+        start = lo;
+      }
+      if (start <= np_hi && EvalPersist(m, dyn, start)) return;
+      if (np_hi == c_ && start < c_) EvalPersist(m, dyn, c_);
+      return;
+    }
+    PersistRange(m, dyn, np_lo, np_hi);
+  }
+
+  void PersistRange(const ModeCounts& m, int64_t dyn, int32_t a, int32_t b) {
+    if (a > b) return;
+    if (LowerBound(a, b, m) >= best_->seconds) return;
+    if (b - a < 3) {
+      for (int32_t np = b; np >= a; --np) EvalPersist(m, dyn, np);
+      return;
+    }
+    // More persistent chunks are usually faster: explore the upper half first.
+    const int32_t mid = a + (b - a) / 2;
+    PersistRange(m, dyn, mid + 1, b);
+    PersistRange(m, dyn, a, mid);
+  }
+
+  // Evaluates the plan with `np` persistent chunks and the most buffers that fit (time never
+  // grows with buffers). Returns whether it is feasible.
+  bool EvalPersist(const ModeCounts& m, int64_t dyn, int32_t np) {
+    ++*evaluated_;
+    const int64_t budget = raw_cap_ - std::max(dyn, model_.GradPhaseRawBytes(np));
+    int32_t nb = 0;
+    if (np < c_) {
+      const int64_t room = budget - model_.StaticRawBytes(np, 0);
+      if (room < 0) return false;
+      const int64_t fit = room / model_.chunk_bytes();
+      nb = fixed_nb_ ? *fixed_nb_ : static_cast<int32_t>(std::min<int64_t>(c_ - np, fit));
+      if (nb > fit || nb > c_ - np || nb < model_.MinBuffers(np)) return false;
+    } else {
+      if (fixed_nb_ && *fixed_nb_ != 0) return false;
+      if (model_.StaticRawBytes(np, 0) > budget) return false;
+    }
+    if (model_.HostBytes(np, m) > host_limit_) return false;
+    if (model_.LoadRawBytes(np) > raw_cap_) return false;
+    double seconds = 0;
+    if (!any_fit_) {
+      seconds = model_.IterationSeconds(model_.Time(np, nb, m, kind_));
+      if (!(seconds < best_->seconds)) return true;
+    }
+    best_->found = true;
+    best_->seconds = seconds;
+    best_->model_index = model_index_;
+    best_->n_persist = np;
+    best_->n_buffer = nb;
+    best_->counts = m;
+    best_->host_memory = kind_;
+    return true;
+  }
+
+  const CostModel& model_;
+  const int model_index_;
+  const HostMemoryKind kind_;
+  const bool any_fit_;
+  Incumbent* best_;
+  int64_t* evaluated_;
+  int32_t n_ = 0, c_ = 0;
+  int64_t raw_cap_ = 0, host_limit_ = 0;
+  int32_t np_lo_ = 0, np_hi_ = 0;
+  std::optional<int32_t> fixed_nb_;
+  int32_t s_lo_ = 0, s_hi_ = 0, h_lo_ = 0, h_hi_ = 0, k_lo_ = 0, k_hi_ = 0;
+};
+
+}  // namespace
+
+namespace {
+
+// Host-memory kinds worth trying: pinned transfers are never slower and need the same bytes, so
+// pageable only pays when the pinned limit binds (or the caller fixed it).
+std::vector<HostMemoryKind> KindsToTry(const SearchConstraints& c) {
+  std::vector<HostMemoryKind> kinds;
+  const FixedKnobs& f = c.fixed;
+  if (!f.host_memory || *f.host_memory == HostMemoryKind::kPinned) {
+    kinds.push_back(HostMemoryKind::kPinned);
+  }
+  if ((f.host_memory && *f.host_memory == HostMemoryKind::kPageable) ||
+      (!f.host_memory && c.pinned_limit_bytes > 0)) {
+    kinds.push_back(HostMemoryKind::kPageable);
+  }
+  return kinds;
+}
+
+}  // namespace
+
+absl::StatusOr<PlanSearch> PlanSearch::Create(const Trace& trace, const HardwareSpec& hardware,
+                                              const CostOptions& options,
+                                              const std::vector<int64_t>& chunk_candidates_bytes) {
+  std::vector<int64_t> sizes = chunk_candidates_bytes;
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  if (sizes.empty()) return absl::InvalidArgumentError("no chunk size candidates");
+  std::vector<CostModel> models;
+  models.reserve(sizes.size());
+  for (int64_t size : sizes) {
+    ASSIGN_OR_RETURN(CostModel model, CostModel::Create(trace, size, hardware, options));
+    models.push_back(std::move(model));
+  }
+  return PlanSearch(std::move(models));
+}
+
+SearchResult PlanSearch::Run(const SearchConstraints& constraints, bool any_fit) const {
+  Incumbent best;
+  SearchResult result;
+  const FixedKnobs& f = constraints.fixed;
+  for (int i = 0; i < num_models(); ++i) {
+    const CostModel& model = models_[static_cast<size_t>(i)];
+    if (f.chunk_bytes && *f.chunk_bytes != model.chunk_bytes()) continue;
+    const std::vector<HostMemoryKind> kinds = KindsToTry(constraints);
+    for (HostMemoryKind kind : kinds) {
+      Runner runner(model, i, kind, constraints, any_fit, &best, &result.plans_evaluated);
+      runner.Run();
+      if (any_fit && best.found) break;
+    }
+    if (any_fit && best.found) break;
+  }
+  if (!best.found) return result;
+  const CostModel& model = models_[static_cast<size_t>(best.model_index)];
+  result.found = true;
+  result.model_index = best.model_index;
+  result.plan =
+      model.MakeResidencyPlan(best.n_persist, best.n_buffer, best.counts, best.host_memory);
+  result.prediction = model.Predict(result.plan);
+  return result;
+}
+
+SearchResult PlanSearch::FindLeanest(const SearchConstraints& constraints) const {
+  SearchResult result;
+  const FixedKnobs& f = constraints.fixed;
+  int64_t best_required = std::numeric_limits<int64_t>::max();
+  Incumbent best;
+  for (int i = 0; i < num_models(); ++i) {
+    const CostModel& model = models_[static_cast<size_t>(i)];
+    if (f.chunk_bytes && *f.chunk_bytes != model.chunk_bytes()) continue;
+    const int32_t n = model.num_blocks(), c = model.num_chunks();
+    const int32_t np_min = f.n_persist ? *f.n_persist : 0;
+    const int32_t np_max = f.n_persist ? std::min(*f.n_persist, c) : c;
+    if (np_min > np_max) continue;
+    auto static_at = [&](int32_t np) -> int64_t {
+      if (np >= c) return model.StaticRawBytes(c, 0);
+      return model.StaticRawBytes(np, f.n_buffer ? *f.n_buffer : model.MinBuffers(np));
+    };
+    // Required bytes with np persistent chunks and the fewest buffers; -1 when not allowed.
+    auto required = [&](int32_t np, int64_t dyn) -> int64_t {
+      if (np < np_min || np > np_max) return -1;
+      const int32_t nb = np >= c ? 0 : (f.n_buffer ? *f.n_buffer : model.MinBuffers(np));
+      if (np < c && (nb < model.MinBuffers(np) || nb > c - np)) return -1;
+      if (np >= c && f.n_buffer && *f.n_buffer != 0) return -1;
+      const int64_t raw = static_at(np) + std::max(dyn, model.GradPhaseRawBytes(np));
+      return std::max(model.PeakFromRaw(raw), model.PeakFromRaw(model.LoadRawBytes(np)));
+    };
+    // With a fixed buffer count, the first n_persist at which that many buffers suffice.
+    auto first_allowed = [&](int32_t np) {
+      if (!f.n_buffer || np >= c || model.MinBuffers(np) <= *f.n_buffer) return np;
+      int32_t lo = np, hi = c;
+      while (lo < hi) {
+        const int32_t mid = lo + (hi - lo) / 2;
+        if (model.MinBuffers(mid) <= *f.n_buffer) {
+          hi = mid;
+        } else {
+          lo = mid + 1;
+        }
+      }
+      return lo;
+    };
+    for (HostMemoryKind kind : KindsToTry(constraints)) {
+      int64_t host_limit = constraints.host_memory_bytes;
+      if (kind == HostMemoryKind::kPinned && constraints.pinned_limit_bytes > 0) {
+        host_limit = std::min(host_limit, constraints.pinned_limit_bytes);
+      }
+      const int32_t s_lo = f.n_swap ? *f.n_swap : 0, s_hi = f.n_swap ? *f.n_swap : n;
+      const int32_t h_lo = f.n_hs_offload ? *f.n_hs_offload : 0;
+      const int32_t h_hi = f.n_hs_offload ? *f.n_hs_offload : n;
+      const int32_t k_lo = f.n_checkpoint ? *f.n_checkpoint : 0;
+      const int32_t k_hi = f.n_checkpoint ? *f.n_checkpoint : n;
+      for (int32_t s = s_lo; s <= std::min(s_hi, n); ++s) {
+        const int32_t rest = n - s;
+        if (h_lo + k_lo > rest) continue;
+        // Host bytes grow with n_hs_offload, so the smallest allowed n_persist over this s is
+        // the one at the fewest HS_OFFLOAD blocks.
+        const int32_t np_floor = std::max(
+            np_min, first_allowed(std::max(
+                        np_min, model.MinPersistForHost(host_limit, ModeCounts{s, h_lo, k_lo}))));
+        if (np_floor > np_max) continue;
+        const int64_t static_floor =
+            std::min(static_at(np_floor), np_max == c ? static_at(c) : static_at(np_floor));
+        // Activation bytes fall as n_hs_offload rises along n_hs_offload + n_checkpoint = max,
+        // while host bytes (and so the smallest n_persist) rise: walk down from the most
+        // offloaded point and stop once no smaller n_hs_offload can beat the best.
+        for (int32_t h = std::min(h_hi, rest); h >= h_lo; --h) {
+          const int32_t k = std::min(k_hi, rest - h);
+          if (k < k_lo) continue;
+          const ModeCounts m{s, h, k};
+          const int64_t dyn = model.DynamicRawBytes(m);
+          const int64_t bound = std::max(
+              model.PeakFromRaw(static_floor + std::max(dyn, model.GradPhaseRawBytes(np_floor))),
+              model.PeakFromRaw(model.LoadRawBytes(np_floor)));
+          if (bound >= best_required) break;
+          result.plans_evaluated += 2;
+          const int32_t np_lo =
+              first_allowed(std::max(np_min, model.MinPersistForHost(host_limit, m)));
+          for (int32_t np : {np_lo, c}) {
+            const int64_t r = required(np, dyn);
+            if (r < 0 || r >= best_required) continue;
+            best_required = r;
+            best.found = true;
+            best.model_index = i;
+            best.n_persist = np;
+            best.n_buffer = np >= c ? 0 : (f.n_buffer ? *f.n_buffer : model.MinBuffers(np));
+            best.counts = m;
+            best.host_memory = kind;
+          }
+        }
+      }
+    }
+  }
+  if (!best.found) return result;
+  const CostModel& model = models_[static_cast<size_t>(best.model_index)];
+  result.found = true;
+  result.model_index = best.model_index;
+  result.plan =
+      model.MakeResidencyPlan(best.n_persist, best.n_buffer, best.counts, best.host_memory);
+  result.prediction = model.Predict(result.plan);
+  return result;
+}
+
+absl::StatusOr<PlanSearch> PlanSearch::ForTrace(const Trace& trace, bool build_time_tables) const {
+  std::vector<CostModel> models;
+  models.reserve(models_.size());
+  for (const CostModel& m : models_) {
+    ASSIGN_OR_RETURN(CostModel model, m.ForTrace(trace, build_time_tables));
+    models.push_back(std::move(model));
+  }
+  return PlanSearch(std::move(models));
+}
+
+SearchResult PlanSearch::FindFastest(const SearchConstraints& constraints) const {
+  return Run(constraints, /*any_fit=*/false);
+}
+
+SearchResult PlanSearch::FindAnyFit(const SearchConstraints& constraints) const {
+  return Run(constraints, /*any_fit=*/true);
+}
+
+}  // namespace memplan

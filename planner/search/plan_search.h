@@ -1,0 +1,64 @@
+// Plan search: the fastest residency plan (min predicted iteration time) whose predicted steady
+// and load-time peaks fit the GPU capacity and whose host memory fits host RAM and the pinned
+// limit. Exhaustive over (chunk size, host memory kind, n_swap, n_hs_offload, n_checkpoint,
+// n_persist, n_buffer) with exact branch-and-bound pruning (docs/cost-model.md, "Search").
+// Thread-safe after construction (const methods only).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/types.h"
+#include "planner/cost/cost_model.h"
+
+namespace memplan {
+
+inline constexpr int64_t kDefaultChunkCandidatesBytes[] = {int64_t{32} << 20, int64_t{64} << 20,
+                                                           int64_t{128} << 20, int64_t{256} << 20};
+
+struct SearchConstraints {
+  FixedKnobs fixed;                // every set knob is a hard constraint
+  int64_t capacity_bytes = 0;      // usable GPU bytes (after the safety margin)
+  int64_t host_memory_bytes = 0;   // host RAM available to this GPU's process
+  int64_t pinned_limit_bytes = 0;  // 0 = unlimited
+};
+
+struct SearchResult {
+  bool found = false;
+  int model_index = -1;  // which chunk-size candidate
+  ResidencyPlan plan;
+  Prediction prediction;
+  int64_t plans_evaluated = 0;  // full (n_persist, n_buffer, modes) evaluations
+};
+
+class PlanSearch {
+ public:
+  // One cost model per chunk-size candidate (deduplicated, each > 0).
+  static absl::StatusOr<PlanSearch> Create(const Trace& trace, const HardwareSpec& hardware,
+                                           const CostOptions& options,
+                                           const std::vector<int64_t>& chunk_candidates_bytes);
+
+  // Fastest feasible plan; ties keep the first found (smaller chunk, pinned, fewer swaps...).
+  SearchResult FindFastest(const SearchConstraints& constraints) const;
+  // Some feasible plan, found without optimising time (used by limit probes).
+  SearchResult FindAnyFit(const SearchConstraints& constraints) const;
+  // The plan needing the least GPU memory (max of steady and load-time peak) that honours the
+  // fixed knobs and the host limits; capacity_bytes is ignored. Any capacity at or above its
+  // requirement admits a plan, any capacity below admits none.
+  SearchResult FindLeanest(const SearchConstraints& constraints) const;
+  // The same search for another workload of the same architecture (see CostModel::ForTrace);
+  // memory-only models when `build_time_tables` is false (FindAnyFit / FindLeanest only).
+  absl::StatusOr<PlanSearch> ForTrace(const Trace& trace, bool build_time_tables) const;
+
+  int num_models() const { return static_cast<int>(models_.size()); }
+  const CostModel& model(int i) const { return models_[static_cast<size_t>(i)]; }
+
+ private:
+  explicit PlanSearch(std::vector<CostModel> models) : models_(std::move(models)) {}
+  SearchResult Run(const SearchConstraints& constraints, bool any_fit) const;
+
+  std::vector<CostModel> models_;
+};
+
+}  // namespace memplan

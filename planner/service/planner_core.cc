@@ -1,0 +1,562 @@
+#include "planner/service/planner_core.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <exception>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/memory/memory.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/presets.h"
+#include "common/proto_convert.h"
+#include "common/status.h"
+#include "common/validate.h"
+#include "planner/core/plan_engine.h"
+#include "planner/metrics/planner_metrics.h"
+#include "planner/service/search_executor.h"
+#include "planner/store/store.h"
+
+namespace memplan {
+namespace {
+
+constexpr double kDefaultSafetyMargin = 0.05;
+constexpr double kMaxSafetyMargin = 0.5;
+constexpr int kDefaultMaxAlternatives = 5;
+constexpr int kMaxAlternatives = 32;
+// Largest number a Measurement may carry in a byte field: 16 TiB (common/validate.h's bound on
+// GPU memory) would do for device peaks, but host-side figures can be larger.
+constexpr int64_t kMaxMeasuredBytes = kMaxHostMemoryBytes;
+constexpr double kMaxStepSeconds = 1e7;
+
+int64_t SystemNowUnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+double SteadyNowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+absl::Status Invalid(absl::string_view message) { return absl::InvalidArgumentError(message); }
+
+// Store errors carry the store's wording; NOT_FOUND is re-worded to name the request field so a
+// caller sees which of its ids was wrong.
+absl::Status NameMissingId(const absl::Status& status, absl::string_view field,
+                           absl::string_view id) {
+  if (status.code() != absl::StatusCode::kNotFound) return status;
+  return absl::NotFoundError(absl::StrCat(field, " \"", id, "\" was not found"));
+}
+
+absl::Status CheckBytes(absl::string_view field, int64_t value) {
+  if (value < 0 || value > kMaxMeasuredBytes) {
+    return Invalid(absl::StrCat(field, " = ", value, " is out of range; allowed [0, ",
+                                kMaxMeasuredBytes, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSeconds(absl::string_view field, double value) {
+  if (!std::isfinite(value) || value < 0 || value > kMaxStepSeconds) {
+    return Invalid(
+        absl::StrCat(field, " = ", value, " is out of range; allowed [0, ", kMaxStepSeconds, "]"));
+  }
+  return absl::OkStatus();
+}
+
+// A profiled trace describes one workload; planning another one from it would be wrong without
+// saying so, so a request that names a trace must agree with it (or leave the field unset).
+absl::Status CheckMatchesTrace(absl::string_view field, int64_t requested, int64_t traced) {
+  if (requested == traced) return absl::OkStatus();
+  return Invalid(absl::StrCat(field, " = ", requested, " differs from the trace's ", traced,
+                              "; a profiled trace only predicts the workload it measured (leave ",
+                              field, " unset to use the trace's)"));
+}
+
+absl::Status ValidateEdge(const EdgeTrace& e, absl::string_view prefix) {
+  RETURN_IF_ERROR(CheckBytes(absl::StrCat(prefix, "param_bytes"), e.param_bytes));
+  RETURN_IF_ERROR(CheckBytes(absl::StrCat(prefix, "saved_bytes"), e.saved_bytes));
+  RETURN_IF_ERROR(
+      CheckBytes(absl::StrCat(prefix, "forward_transient_bytes"), e.forward_transient_bytes));
+  RETURN_IF_ERROR(
+      CheckBytes(absl::StrCat(prefix, "backward_transient_bytes"), e.backward_transient_bytes));
+  RETURN_IF_ERROR(CheckSeconds(absl::StrCat(prefix, "forward_seconds"), e.forward_seconds));
+  RETURN_IF_ERROR(CheckSeconds(absl::StrCat(prefix, "backward_seconds"), e.backward_seconds));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTrace(const Trace& t) {
+  RETURN_IF_ERROR(ValidateModelSpec(t.arch, "trace.arch."));
+  RETURN_IF_ERROR(ValidateWorkload(t.workload, "trace.workload."));
+  RETURN_IF_ERROR(ValidateTrainingMethod(t.training, t.arch, "trace.training."));
+  if (!t.analytic && t.hardware_name.empty()) {
+    return Invalid(
+        "trace.hardware_name is empty; a profiled trace must name the hardware it ran on");
+  }
+  if (static_cast<int64_t>(t.blocks.size()) != t.arch.num_layers) {
+    return Invalid(absl::StrCat(
+        "trace.blocks has ", t.blocks.size(),
+        " entries; it must have one per layer (trace.arch.num_layers = ", t.arch.num_layers, ")"));
+  }
+  RETURN_IF_ERROR(ValidateEdge(t.embedding, "trace.embedding."));
+  RETURN_IF_ERROR(ValidateEdge(t.head, "trace.head."));
+  for (size_t i = 0; i < t.blocks.size(); ++i) {
+    const BlockTrace& b = t.blocks[i];
+    const std::string p = absl::StrCat("trace.blocks[", i, "].");
+    RETURN_IF_ERROR(CheckBytes(absl::StrCat(p, "param_bytes"), b.param_bytes));
+    RETURN_IF_ERROR(CheckBytes(absl::StrCat(p, "input_bytes"), b.input_bytes));
+    RETURN_IF_ERROR(CheckBytes(absl::StrCat(p, "saved_bytes"), b.saved_bytes));
+    RETURN_IF_ERROR(
+        CheckBytes(absl::StrCat(p, "forward_transient_bytes"), b.forward_transient_bytes));
+    RETURN_IF_ERROR(
+        CheckBytes(absl::StrCat(p, "backward_transient_bytes"), b.backward_transient_bytes));
+    RETURN_IF_ERROR(CheckSeconds(absl::StrCat(p, "forward_seconds"), b.forward_seconds));
+    RETURN_IF_ERROR(CheckSeconds(absl::StrCat(p, "backward_seconds"), b.backward_seconds));
+    RETURN_IF_ERROR(CheckSeconds(absl::StrCat(p, "recompute_seconds"), b.recompute_seconds));
+  }
+  if (t.trainable_param_count < 0 || t.total_param_count < 0 ||
+      t.trainable_param_count > t.total_param_count) {
+    return Invalid(absl::StrCat(
+        "trace.trainable_param_count = ", t.trainable_param_count,
+        " is out of range; allowed [0, trace.total_param_count = ", t.total_param_count, "]"));
+  }
+  RETURN_IF_ERROR(CheckBytes("trace.forward_end_bytes", t.forward_end_bytes));
+  RETURN_IF_ERROR(CheckBytes("trace.chunk_bytes", t.chunk_bytes));
+  for (size_t i = 0; i < t.chunk_param_bytes.size(); ++i) {
+    RETURN_IF_ERROR(
+        CheckBytes(absl::StrCat("trace.chunk_param_bytes[", i, "]"), t.chunk_param_bytes[i]));
+  }
+  return absl::OkStatus();
+}
+
+// Everything Plan resolved from the request: the engine inputs, the trace id the model came
+// from, and the request as stored (ids and presets replaced by what they named).
+struct Resolved {
+  PlanInputs inputs;
+  std::string trace_id;
+  v1::PlanRequest stored_request;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PlannerCore>> PlannerCore::Create(Store& store,
+                                                                 SearchExecutor& executor,
+                                                                 PlannerMetrics* metrics,
+                                                                 PlannerCoreOptions options) {
+  if (!options.now_unix_ms) options.now_unix_ms = SystemNowUnixMs;
+  if (!options.now_seconds) options.now_seconds = SteadyNowSeconds;
+  ASSIGN_OR_RETURN(const int64_t stored, store.CountMeasurements());
+  if (metrics != nullptr) metrics->SetStoredMeasurements(stored);
+  return absl::WrapUnique(new PlannerCore(store, executor, metrics, std::move(options), stored));
+}
+
+PlannerCore::PlannerCore(Store& store, SearchExecutor& executor, PlannerMetrics* metrics,
+                         PlannerCoreOptions options, int64_t stored_measurements)
+    : store_(store),
+      executor_(executor),
+      metrics_(metrics),
+      options_(std::move(options)),
+      stored_measurements_(stored_measurements) {}
+
+absl::StatusOr<v1::PlanResponse> PlannerCore::Plan(const v1::PlanRequest& request) {
+  Resolved r;
+  PlanInputs& in = r.inputs;
+  r.stored_request = request;
+
+  // ---- model
+  std::optional<v1::Trace> named_trace;
+  switch (request.model_case()) {
+    case v1::PlanRequest::kArch:
+      in.arch = ModelSpecFromProto(request.arch());
+      RETURN_IF_ERROR(ValidateModelSpec(in.arch, "arch."));
+      break;
+    case v1::PlanRequest::kTraceId: {
+      if (request.trace_id().empty()) return Invalid("trace_id is empty");
+      auto trace = store_.GetTrace(request.trace_id());
+      if (!trace.ok()) return NameMissingId(trace.status(), "trace_id", request.trace_id());
+      named_trace = *std::move(trace);
+      in.arch = ModelSpecFromProto(named_trace->arch());
+      break;
+    }
+    case v1::PlanRequest::kArchPreset: {
+      std::optional<ModelSpec> preset = FindModelPreset(request.arch_preset());
+      if (!preset.has_value()) {
+        return absl::NotFoundError(
+            absl::StrCat("arch_preset \"", request.arch_preset(),
+                         "\" is not a known model preset; known: ", ModelPresetNames()));
+      }
+      in.arch = *std::move(preset);
+      break;
+    }
+    case v1::PlanRequest::MODEL_NOT_SET:
+      return Invalid("model is required: set one of arch, trace_id, arch_preset");
+  }
+
+  // ---- hardware
+  switch (request.hardware_case()) {
+    case v1::PlanRequest::kHardwareSpec:
+      in.hardware = HardwareSpecFromProto(request.hardware_spec());
+      RETURN_IF_ERROR(ValidateHardwareSpec(in.hardware, "hardware_spec."));
+      break;
+    case v1::PlanRequest::kHardwareProfileId: {
+      auto profile = store_.GetHardwareProfile(request.hardware_profile_id());
+      if (!profile.ok()) {
+        return NameMissingId(profile.status(), "hardware_profile_id",
+                             request.hardware_profile_id());
+      }
+      in.hardware = HardwareSpecFromProto(*profile);
+      break;
+    }
+    case v1::PlanRequest::kHardwarePreset: {
+      // An agent's measured profile of the same name is better evidence than the datasheet.
+      ASSIGN_OR_RETURN(std::optional<v1::HardwareProfile> measured,
+                       store_.FindHardwareProfileByName(request.hardware_preset()));
+      if (measured.has_value()) {
+        in.hardware = HardwareSpecFromProto(*measured);
+        break;
+      }
+      std::optional<HardwareSpec> preset = FindHardwarePreset(request.hardware_preset());
+      if (!preset.has_value()) {
+        return absl::NotFoundError(
+            absl::StrCat("hardware_preset \"", request.hardware_preset(),
+                         "\" is neither a hardware preset nor a measured profile name; presets: ",
+                         HardwarePresetNames()));
+      }
+      in.hardware = *std::move(preset);
+      break;
+    }
+    case v1::PlanRequest::HARDWARE_NOT_SET:
+      return Invalid(
+          "hardware is required: set one of hardware_spec, hardware_profile_id, hardware_preset");
+  }
+
+  // ---- workload, training, dtype (a named trace supplies the ones left unset)
+  in.workload = WorkloadFromProto(request.workload());
+  ASSIGN_OR_RETURN(in.training, TrainingMethodFromProto(request.training(), "training."));
+  ASSIGN_OR_RETURN(in.param_dtype,
+                   DTypeFromProto(request.param_dtype(), "param_dtype", DType::kBFloat16));
+  if (named_trace.has_value()) {
+    ASSIGN_OR_RETURN(Trace trace, TraceFromProto(*named_trace, "trace."));
+    if (request.has_workload()) {
+      RETURN_IF_ERROR(CheckMatchesTrace("workload.micro_batch", in.workload.micro_batch,
+                                        trace.workload.micro_batch));
+      RETURN_IF_ERROR(
+          CheckMatchesTrace("workload.seq_len", in.workload.seq_len, trace.workload.seq_len));
+      RETURN_IF_ERROR(CheckMatchesTrace("workload.world_size", in.workload.world_size,
+                                        trace.workload.world_size));
+    } else {
+      in.workload = trace.workload;
+    }
+    if (request.has_training()) {
+      if (in.training.kind != trace.training.kind ||
+          in.training.lora_rank != trace.training.lora_rank) {
+        return Invalid(
+            "training differs from the trace's training method; leave training unset to use "
+            "the trace's");
+      }
+    } else {
+      in.training = trace.training;
+    }
+    if (request.param_dtype() == v1::DTYPE_UNSPECIFIED) {
+      in.param_dtype = trace.param_dtype;
+    } else if (in.param_dtype != trace.param_dtype) {
+      return Invalid(absl::StrCat("param_dtype = ", std::string(DTypeName(in.param_dtype)),
+                                  " differs from the trace's ",
+                                  std::string(DTypeName(trace.param_dtype)),
+                                  "; leave param_dtype unset to use the trace's"));
+    }
+    r.trace_id = trace.trace_id;
+    in.profiled_trace = std::move(trace);
+  }
+  RETURN_IF_ERROR(ValidateWorkload(in.workload, "workload."));
+  RETURN_IF_ERROR(ValidateTrainingMethod(in.training, in.arch, "training."));
+
+  // ---- optimizer, margin, alternatives, knobs
+  const std::string optimizer = request.optimizer().empty() ? "adamw" : request.optimizer();
+  std::optional<OptimizerKind> kind = ParseOptimizer(optimizer);
+  if (!kind.has_value()) {
+    return Invalid(absl::StrCat("optimizer = \"", optimizer, "\" is not supported; allowed: ",
+                                std::string(OptimizerAllowList())));
+  }
+  in.optimizer = *kind;
+  // proto3 cannot tell an unset double from 0: 0 takes the documented default.
+  in.safety_margin = request.safety_margin() == 0 ? kDefaultSafetyMargin : request.safety_margin();
+  if (!std::isfinite(in.safety_margin) || in.safety_margin < 0 ||
+      in.safety_margin > kMaxSafetyMargin) {
+    return Invalid(absl::StrCat("safety_margin = ", request.safety_margin(),
+                                " is out of range; allowed [0, ", kMaxSafetyMargin, "]"));
+  }
+  if (request.max_alternatives() < 0 || request.max_alternatives() > kMaxAlternatives) {
+    return Invalid(absl::StrCat("max_alternatives = ", request.max_alternatives(),
+                                " is out of range; allowed [0, ", kMaxAlternatives, "]"));
+  }
+  in.max_alternatives =
+      request.max_alternatives() == 0 ? kDefaultMaxAlternatives : request.max_alternatives();
+  in.skip_limits = request.skip_limits();
+  ASSIGN_OR_RETURN(in.fixed, FixedKnobsFromProto(request.fixed(), "fixed."));
+
+  // ---- a stored profiled trace for exactly this request beats the analytic one
+  if (!in.profiled_trace.has_value()) {
+    Trace key;
+    key.arch = in.arch;
+    key.workload = in.workload;
+    key.param_dtype = in.param_dtype;
+    key.training = in.training;
+    key.hardware_name = in.hardware.name;
+    key.analytic = false;
+    ASSIGN_OR_RETURN(std::optional<v1::Trace> found, store_.FindTrace(ToProto(key)));
+    if (found.has_value()) {
+      ASSIGN_OR_RETURN(Trace trace, TraceFromProto(*found, "stored trace."));
+      r.trace_id = trace.trace_id;
+      in.profiled_trace = std::move(trace);
+    }
+  }
+
+  // ---- calibration learned for (hardware, dtype, family)
+  const CalibrationKey cal_key{in.hardware.name, in.param_dtype, in.arch.family};
+  ASSIGN_OR_RETURN(std::optional<v1::Calibration> calibration, store_.GetCalibration(cal_key));
+  if (calibration.has_value() && calibration->samples() > 0) {
+    in.fragmentation_factor = calibration->fragmentation_factor();
+    in.residual_bytes = calibration->residual_bytes();
+  }
+
+  // ---- search, on the executor rather than the caller's (gRPC) thread
+  absl::StatusOr<PlanOutcome> outcome = absl::InternalError("search did not run");
+  double search_seconds = 0;
+  absl::Notification done;
+  RETURN_IF_ERROR(executor_.Submit([&] {
+    const double start = options_.now_seconds();
+    try {
+      outcome = MakePlan(in);
+    } catch (const std::exception& e) {
+      outcome = absl::InternalError(absl::StrCat("plan search failed: ", e.what()));
+    } catch (...) {
+      outcome = absl::InternalError("plan search failed with an unknown exception");
+    }
+    search_seconds = options_.now_seconds() - start;
+    done.Notify();
+  }));
+  done.WaitForNotification();
+  if (!outcome.ok()) return outcome.status();
+  if (metrics_ != nullptr) metrics_->ObserveSearch(search_seconds);
+
+  // ---- answer, stored before it is returned so that its id is valid
+  v1::PlanResponse response;
+  response.set_fits(outcome->fits);
+  response.set_reason(outcome->reason);
+  *response.mutable_plan() = ToProto(outcome->plan);
+  *response.mutable_prediction() = ToProto(outcome->prediction);
+  response.set_max_micro_batch(outcome->max_micro_batch);
+  response.set_max_seq_len(outcome->max_seq_len);
+  response.set_min_gpu_memory_bytes(outcome->min_gpu_memory_bytes);
+  for (size_t i = 0; i < outcome->alternatives.size(); ++i) {
+    v1::Alternative* alt = response.add_alternatives();
+    *alt->mutable_plan() = ToProto(outcome->alternatives[i].first);
+    *alt->mutable_prediction() = ToProto(outcome->alternatives[i].second);
+    if (i < outcome->alternative_notes.size()) alt->set_note(outcome->alternative_notes[i]);
+  }
+  response.set_trace_id(r.trace_id);
+  response.set_analytic_trace(!in.profiled_trace.has_value() || in.profiled_trace->analytic);
+  response.set_capacity_bytes(outcome->capacity_bytes);
+  response.set_search_seconds(search_seconds);
+  response.set_plans_evaluated(outcome->plans_evaluated);
+
+  // The stored request is self-contained: later changes to presets or profiles do not change
+  // what a stored plan was made for, and calibration can key on it directly.
+  v1::PlanRequest& stored = r.stored_request;
+  *stored.mutable_arch() = ToProto(in.arch);
+  *stored.mutable_hardware_spec() = ToProto(in.hardware);
+  *stored.mutable_workload() = ToProto(in.workload);
+  *stored.mutable_training() = ToProto(in.training);
+  stored.set_param_dtype(ToProto(in.param_dtype));
+  stored.set_optimizer(std::string(OptimizerName(in.optimizer)));
+  stored.set_safety_margin(in.safety_margin);
+  stored.set_max_alternatives(in.max_alternatives);
+  v1::StoredPlan plan;
+  *plan.mutable_request() = std::move(stored);
+  *plan.mutable_response() = response;
+  ASSIGN_OR_RETURN(std::string plan_id, store_.PutPlan(plan));
+  response.set_plan_id(plan_id);
+
+  if (metrics_ != nullptr) {
+    metrics_->PlanServed(response.fits());
+    metrics_->ObservePlanPrediction(plan_id, response.prediction().peak_bytes());
+  }
+  return response;
+}
+
+absl::StatusOr<v1::SubmitTraceResponse> PlannerCore::SubmitTrace(
+    const v1::SubmitTraceRequest& request) {
+  if (!request.has_trace()) return Invalid("trace is required");
+  ASSIGN_OR_RETURN(Trace trace, TraceFromProto(request.trace(), "trace."));
+  RETURN_IF_ERROR(ValidateTrace(trace));
+  // Store the normalised form (defaults explicit) so lookups by content match it.
+  ASSIGN_OR_RETURN(std::string id, store_.PutTrace(ToProto(trace)));
+  v1::SubmitTraceResponse response;
+  response.set_trace_id(id);
+  return response;
+}
+
+absl::StatusOr<v1::SubmitHardwareProfileResponse> PlannerCore::SubmitHardwareProfile(
+    const v1::SubmitHardwareProfileRequest& request) {
+  if (!request.has_profile()) return Invalid("profile is required");
+  const HardwareSpec spec = HardwareSpecFromProto(request.profile());
+  if (spec.name.empty()) {
+    return Invalid("profile.name is empty; it is how plans and calibration refer to the card");
+  }
+  RETURN_IF_ERROR(ValidateHardwareSpec(spec, "profile."));
+  ASSIGN_OR_RETURN(std::string id, store_.PutHardwareProfile(ToProto(spec)));
+  v1::SubmitHardwareProfileResponse response;
+  response.set_profile_id(id);
+  return response;
+}
+
+absl::StatusOr<v1::ReportMeasurementResponse> PlannerCore::ReportMeasurement(
+    const v1::ReportMeasurementRequest& request) {
+  if (!request.has_measurement()) return Invalid("measurement is required");
+  v1::Measurement m = request.measurement();
+  if (m.plan_id().empty()) return Invalid("measurement.plan_id is empty");
+  RETURN_IF_ERROR(CheckBytes("measurement.peak_allocated_bytes", m.peak_allocated_bytes()));
+  RETURN_IF_ERROR(CheckBytes("measurement.peak_reserved_bytes", m.peak_reserved_bytes()));
+  RETURN_IF_ERROR(CheckBytes("measurement.peak_device_bytes", m.peak_device_bytes()));
+  RETURN_IF_ERROR(CheckBytes("measurement.load_peak_bytes", m.load_peak_bytes()));
+  RETURN_IF_ERROR(CheckSeconds("measurement.step_seconds", m.step_seconds()));
+  if (m.peak_reserved_bytes() == 0 && !m.oom()) {
+    return Invalid(absl::StrCat("measurement.peak_reserved_bytes = 0 is out of range; allowed [1, ",
+                                kMaxMeasuredBytes, "] (0 only with oom = true)"));
+  }
+  if (m.measured_at_unix_ms() < 0) {
+    return Invalid(absl::StrCat("measurement.measured_at_unix_ms = ", m.measured_at_unix_ms(),
+                                " is out of range; allowed >= 0 (0 = now)"));
+  }
+  if (m.measured_at_unix_ms() == 0) m.set_measured_at_unix_ms(options_.now_unix_ms());
+
+  auto plan = store_.GetPlan(m.plan_id());
+  if (!plan.ok()) return NameMissingId(plan.status(), "measurement.plan_id", m.plan_id());
+  const v1::PlanRequest& req = plan->request();
+  const Prediction predicted = PredictionFromProto(plan->response().prediction());
+  ASSIGN_OR_RETURN(const DType dtype,
+                   DTypeFromProto(req.param_dtype(), "stored plan param_dtype", DType::kBFloat16));
+  const CalibrationKey key{req.hardware_spec().name(), dtype,
+                           req.arch().family().empty() ? "llama" : req.arch().family()};
+
+  v1::ReportMeasurementResponse response;
+  absl::MutexLock lock(&calibration_mu_);
+  // Durable first: once the client has an id, the measurement survives a crash (the store
+  // commits and syncs before returning). Calibration is derived data and can be refitted.
+  ASSIGN_OR_RETURN(std::string measurement_id, store_.PutMeasurement(m));
+  response.set_measurement_id(measurement_id);
+  ++stored_measurements_;
+
+  if (m.peak_reserved_bytes() > 0) {
+    response.set_relative_error(
+        static_cast<double>(predicted.peak_bytes - m.peak_reserved_bytes()) /
+        static_cast<double>(m.peak_reserved_bytes()));
+    CalibrationSample sample;
+    sample.raw_model_bytes = RawModelBytes(predicted);
+    sample.fixed_bytes = predicted.breakdown.cuda_context_bytes;
+    sample.measured_bytes = m.peak_reserved_bytes();
+    sample.measured_at_unix_ms = m.measured_at_unix_ms();
+    sample.oom = m.oom();
+    RETURN_IF_ERROR(store_.PutCalibrationSample(key, sample));
+  }
+  const int window = std::max(1, options_.calibrator.window_samples);
+  ASSIGN_OR_RETURN(std::vector<CalibrationSample> recent,
+                   store_.RecentCalibrationSamples(key, window));
+  const CalibrationResult fit = FitCalibration(recent, options_.calibrator);
+  Calibration calibration;
+  calibration.hardware_name = key.hardware_name;
+  calibration.param_dtype = key.param_dtype;
+  calibration.model_family = key.model_family;
+  calibration.fragmentation_factor = fit.fragmentation_factor;
+  calibration.residual_bytes = fit.residual_bytes;
+  calibration.samples = fit.samples;
+  calibration.mean_abs_relative_error = fit.mean_abs_relative_error;
+  calibration.updated_at_unix_ms = options_.now_unix_ms();
+  *response.mutable_calibration() = ToProto(calibration);
+  RETURN_IF_ERROR(store_.PutCalibration(response.calibration()));
+
+  if (metrics_ != nullptr) {
+    metrics_->ObserveMeasurement(m.plan_id(), predicted.peak_bytes, m.peak_reserved_bytes());
+    metrics_->SetStoredMeasurements(stored_measurements_);
+  }
+  return response;
+}
+
+absl::StatusOr<v1::GetPlanResponse> PlannerCore::GetPlan(const v1::GetPlanRequest& request) {
+  if (request.plan_id().empty()) return Invalid("plan_id is empty");
+  auto plan = store_.GetPlan(request.plan_id());
+  if (!plan.ok()) return NameMissingId(plan.status(), "plan_id", request.plan_id());
+  v1::GetPlanResponse response;
+  *response.mutable_plan() = *std::move(plan);
+  // The response was stored before the store assigned the id.
+  response.mutable_plan()->mutable_response()->set_plan_id(response.plan().plan_id());
+  return response;
+}
+
+absl::StatusOr<v1::ListPlansResponse> PlannerCore::ListPlans(const v1::ListPlansRequest& request) {
+  if (request.page_size() < 0 || request.page_size() > kMaxListPlansPageSize) {
+    return Invalid(absl::StrCat("page_size = ", request.page_size(),
+                                " is out of range; allowed [0, ", kMaxListPlansPageSize,
+                                "] (0 = ", kDefaultListPlansPageSize, ")"));
+  }
+  ASSIGN_OR_RETURN(ListPlansPage page, store_.ListPlans(request.page_size(), request.page_token()));
+  v1::ListPlansResponse response;
+  for (v1::StoredPlan& plan : page.plans) {
+    plan.mutable_response()->set_plan_id(plan.plan_id());
+    *response.add_plans() = std::move(plan);
+  }
+  response.set_next_page_token(page.next_page_token);
+  return response;
+}
+
+absl::StatusOr<v1::GetCalibrationResponse> PlannerCore::GetCalibration(
+    const v1::GetCalibrationRequest& request) {
+  CalibrationFilter filter;
+  filter.hardware_name = request.hardware_name();
+  filter.model_family = request.model_family();
+  if (request.param_dtype() != v1::DTYPE_UNSPECIFIED) {
+    ASSIGN_OR_RETURN(filter.param_dtype, DTypeFromProto(request.param_dtype(), "param_dtype"));
+  }
+  ASSIGN_OR_RETURN(std::vector<v1::Calibration> calibrations, store_.ListCalibrations(filter));
+  v1::GetCalibrationResponse response;
+  for (v1::Calibration& c : calibrations) *response.add_calibrations() = std::move(c);
+  return response;
+}
+
+absl::StatusOr<v1::GetTraceResponse> PlannerCore::GetTrace(const v1::GetTraceRequest& request) {
+  if (request.trace_id().empty()) return Invalid("trace_id is empty");
+  auto trace = store_.GetTrace(request.trace_id());
+  if (!trace.ok()) return NameMissingId(trace.status(), "trace_id", request.trace_id());
+  v1::GetTraceResponse response;
+  *response.mutable_trace() = *std::move(trace);
+  return response;
+}
+
+absl::StatusOr<v1::GetHardwareProfileResponse> PlannerCore::GetHardwareProfile(
+    const v1::GetHardwareProfileRequest& request) {
+  if (request.profile_id().empty()) return Invalid("profile_id is empty");
+  auto profile = store_.GetHardwareProfile(request.profile_id());
+  if (!profile.ok()) return NameMissingId(profile.status(), "profile_id", request.profile_id());
+  v1::GetHardwareProfileResponse response;
+  *response.mutable_profile() = *std::move(profile);
+  return response;
+}
+
+absl::StatusOr<v1::ListPresetsResponse> PlannerCore::ListPresets(
+    const v1::ListPresetsRequest& request) {
+  v1::ListPresetsResponse response;
+  for (const ModelSpec& m : ModelPresets()) *response.add_models() = ToProto(m);
+  for (const HardwareSpec& h : HardwarePresets()) {
+    ASSIGN_OR_RETURN(std::optional<v1::HardwareProfile> measured,
+                     store_.FindHardwareProfileByName(h.name));
+    *response.add_hardware() = measured.has_value() ? *std::move(measured) : ToProto(h);
+  }
+  return response;
+}
+
+}  // namespace memplan

@@ -1,0 +1,76 @@
+// The planner service's logic, one method per RPC, over protos and absl::Status only (no gRPC
+// types): resolves ids and presets, validates, applies calibration, runs the search on the
+// SearchExecutor and persists through the Store. planner/service/README.md has the rules.
+// Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "memplan/v1/planner.pb.h"
+#include "planner/calibration/calibrator.h"
+
+namespace memplan {
+
+class PlannerMetrics;
+class SearchExecutor;
+class Store;
+
+struct PlannerCoreOptions {
+  CalibratorOptions calibrator;
+  // Wall clock, for measurement and calibration timestamps. Default: the system clock.
+  std::function<int64_t()> now_unix_ms;
+  // Monotonic seconds, for search_seconds. Default: std::chrono::steady_clock.
+  std::function<double()> now_seconds;
+};
+
+class PlannerCore {
+ public:
+  // `store` and `executor` must outlive the core; `metrics` may be null. Reads the stored
+  // measurement count once to seed the metrics gauge.
+  static absl::StatusOr<std::unique_ptr<PlannerCore>> Create(Store& store, SearchExecutor& executor,
+                                                             PlannerMetrics* metrics,
+                                                             PlannerCoreOptions options = {});
+  PlannerCore(const PlannerCore&) = delete;
+  PlannerCore& operator=(const PlannerCore&) = delete;
+
+  // Makes, stores and returns a plan (with its plan_id). INVALID_ARGUMENT names the field and
+  // its allowed range; NOT_FOUND for unknown ids and presets; RESOURCE_EXHAUSTED when the
+  // search queue is full.
+  absl::StatusOr<v1::PlanResponse> Plan(const v1::PlanRequest& request);
+  absl::StatusOr<v1::SubmitTraceResponse> SubmitTrace(const v1::SubmitTraceRequest& request);
+  absl::StatusOr<v1::SubmitHardwareProfileResponse> SubmitHardwareProfile(
+      const v1::SubmitHardwareProfileRequest& request);
+  // The measurement is durable before this returns OK; then the calibration of the plan's
+  // (hardware, dtype, model family) is refitted and stored.
+  absl::StatusOr<v1::ReportMeasurementResponse> ReportMeasurement(
+      const v1::ReportMeasurementRequest& request);
+  absl::StatusOr<v1::GetPlanResponse> GetPlan(const v1::GetPlanRequest& request);
+  absl::StatusOr<v1::ListPlansResponse> ListPlans(const v1::ListPlansRequest& request);
+  absl::StatusOr<v1::GetCalibrationResponse> GetCalibration(
+      const v1::GetCalibrationRequest& request);
+  absl::StatusOr<v1::GetTraceResponse> GetTrace(const v1::GetTraceRequest& request);
+  absl::StatusOr<v1::GetHardwareProfileResponse> GetHardwareProfile(
+      const v1::GetHardwareProfileRequest& request);
+  // Hardware presets are replaced by a stored measured profile of the same name.
+  absl::StatusOr<v1::ListPresetsResponse> ListPresets(const v1::ListPresetsRequest& request);
+
+ private:
+  PlannerCore(Store& store, SearchExecutor& executor, PlannerMetrics* metrics,
+              PlannerCoreOptions options, int64_t stored_measurements);
+
+  Store& store_;
+  SearchExecutor& executor_;
+  PlannerMetrics* const metrics_;
+  const PlannerCoreOptions options_;
+  // Serialises add-sample / refit / store-calibration so that concurrent reports for one key
+  // cannot store a fit computed from an older sample set over a newer one.
+  absl::Mutex calibration_mu_;
+  int64_t stored_measurements_ ABSL_GUARDED_BY(calibration_mu_);
+};
+
+}  // namespace memplan

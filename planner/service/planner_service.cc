@@ -1,0 +1,180 @@
+#include "planner/service/planner_service.h"
+
+#include <chrono>
+#include <exception>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "planner/metrics/planner_metrics.h"
+#include "planner/service/planner_core.h"
+
+namespace memplan {
+namespace {
+
+// absl::StatusCode and grpc::StatusCode share their numbering (both follow google.rpc.Code), but
+// spelling the mapping out keeps a future divergence from passing silently.
+grpc::StatusCode ToGrpcCode(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk:
+      return grpc::StatusCode::OK;
+    case absl::StatusCode::kCancelled:
+      return grpc::StatusCode::CANCELLED;
+    case absl::StatusCode::kUnknown:
+      return grpc::StatusCode::UNKNOWN;
+    case absl::StatusCode::kInvalidArgument:
+      return grpc::StatusCode::INVALID_ARGUMENT;
+    case absl::StatusCode::kDeadlineExceeded:
+      return grpc::StatusCode::DEADLINE_EXCEEDED;
+    case absl::StatusCode::kNotFound:
+      return grpc::StatusCode::NOT_FOUND;
+    case absl::StatusCode::kAlreadyExists:
+      return grpc::StatusCode::ALREADY_EXISTS;
+    case absl::StatusCode::kPermissionDenied:
+      return grpc::StatusCode::PERMISSION_DENIED;
+    case absl::StatusCode::kResourceExhausted:
+      return grpc::StatusCode::RESOURCE_EXHAUSTED;
+    case absl::StatusCode::kFailedPrecondition:
+      return grpc::StatusCode::FAILED_PRECONDITION;
+    case absl::StatusCode::kAborted:
+      return grpc::StatusCode::ABORTED;
+    case absl::StatusCode::kOutOfRange:
+      return grpc::StatusCode::OUT_OF_RANGE;
+    case absl::StatusCode::kUnimplemented:
+      return grpc::StatusCode::UNIMPLEMENTED;
+    case absl::StatusCode::kInternal:
+      return grpc::StatusCode::INTERNAL;
+    case absl::StatusCode::kUnavailable:
+      return grpc::StatusCode::UNAVAILABLE;
+    case absl::StatusCode::kDataLoss:
+      return grpc::StatusCode::DATA_LOSS;
+    case absl::StatusCode::kUnauthenticated:
+      return grpc::StatusCode::UNAUTHENTICATED;
+    default:
+      return grpc::StatusCode::UNKNOWN;
+  }
+}
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(ToGrpcCode(status.code()), std::string(status.message()));
+}
+
+PlannerServiceImpl::PlannerServiceImpl(PlannerCore& core, PlannerMetrics* metrics)
+    : core_(core), metrics_(metrics) {}
+
+template <typename Call, typename Response>
+grpc::Status PlannerServiceImpl::Handle(absl::string_view method, grpc::ServerContext* context,
+                                        Call call, Response* response) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status status;
+  // An exception escaping a sync handler would take the call (or the process) down with an
+  // unhelpful code; the core is not expected to throw, but allocation failure and third-party
+  // code can.
+  try {
+    auto result = call();
+    if (result.ok()) {
+      *response = *std::move(result);
+    } else {
+      status = result.status();
+    }
+  } catch (const std::exception& e) {
+    status = absl::InternalError(absl::StrCat(method, " failed: ", e.what()));
+  } catch (...) {
+    status = absl::InternalError(absl::StrCat(method, " failed with an unknown exception"));
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::string code = absl::StatusCodeToString(status.code());
+  if (metrics_ != nullptr) metrics_->ObserveRpc(method, code, seconds);
+  if (status.ok()) {
+    MEMPLAN_LOG(kDebug, "rpc")
+        .Field("method", std::string(method))
+        .Field("code", code)
+        .Field("ms", seconds * 1e3)
+        .Field("peer", context->peer());
+  } else {
+    MEMPLAN_LOG(kWarning, "rpc failed")
+        .Field("method", std::string(method))
+        .Field("code", code)
+        .Field("ms", seconds * 1e3)
+        .Field("peer", context->peer())
+        .Field("error", std::string(status.message()));
+  }
+  return ToGrpcStatus(status);
+}
+
+grpc::Status PlannerServiceImpl::Plan(grpc::ServerContext* context, const v1::PlanRequest* request,
+                                      v1::PlanResponse* response) {
+  return Handle(
+      "Plan", context, [&] { return core_.Plan(*request); }, response);
+}
+
+grpc::Status PlannerServiceImpl::SubmitTrace(grpc::ServerContext* context,
+                                             const v1::SubmitTraceRequest* request,
+                                             v1::SubmitTraceResponse* response) {
+  return Handle(
+      "SubmitTrace", context, [&] { return core_.SubmitTrace(*request); }, response);
+}
+
+grpc::Status PlannerServiceImpl::SubmitHardwareProfile(
+    grpc::ServerContext* context, const v1::SubmitHardwareProfileRequest* request,
+    v1::SubmitHardwareProfileResponse* response) {
+  return Handle(
+      "SubmitHardwareProfile", context, [&] { return core_.SubmitHardwareProfile(*request); },
+      response);
+}
+
+grpc::Status PlannerServiceImpl::ReportMeasurement(grpc::ServerContext* context,
+                                                   const v1::ReportMeasurementRequest* request,
+                                                   v1::ReportMeasurementResponse* response) {
+  return Handle(
+      "ReportMeasurement", context, [&] { return core_.ReportMeasurement(*request); }, response);
+}
+
+grpc::Status PlannerServiceImpl::GetPlan(grpc::ServerContext* context,
+                                         const v1::GetPlanRequest* request,
+                                         v1::GetPlanResponse* response) {
+  return Handle(
+      "GetPlan", context, [&] { return core_.GetPlan(*request); }, response);
+}
+
+grpc::Status PlannerServiceImpl::ListPlans(grpc::ServerContext* context,
+                                           const v1::ListPlansRequest* request,
+                                           v1::ListPlansResponse* response) {
+  return Handle(
+      "ListPlans", context, [&] { return core_.ListPlans(*request); }, response);
+}
+
+grpc::Status PlannerServiceImpl::GetCalibration(grpc::ServerContext* context,
+                                                const v1::GetCalibrationRequest* request,
+                                                v1::GetCalibrationResponse* response) {
+  return Handle(
+      "GetCalibration", context, [&] { return core_.GetCalibration(*request); }, response);
+}
+
+grpc::Status PlannerServiceImpl::ListPresets(grpc::ServerContext* context,
+                                             const v1::ListPresetsRequest* request,
+                                             v1::ListPresetsResponse* response) {
+  return Handle(
+      "ListPresets", context, [&] { return core_.ListPresets(*request); }, response);
+}
+
+grpc::Status PlannerServiceImpl::GetTrace(grpc::ServerContext* context,
+                                          const v1::GetTraceRequest* request,
+                                          v1::GetTraceResponse* response) {
+  return Handle(
+      "GetTrace", context, [&] { return core_.GetTrace(*request); }, response);
+}
+
+grpc::Status PlannerServiceImpl::GetHardwareProfile(grpc::ServerContext* context,
+                                                    const v1::GetHardwareProfileRequest* request,
+                                                    v1::GetHardwareProfileResponse* response) {
+  return Handle(
+      "GetHardwareProfile", context, [&] { return core_.GetHardwareProfile(*request); }, response);
+}
+
+}  // namespace memplan

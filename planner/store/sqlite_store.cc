@@ -1,0 +1,481 @@
+// SqliteStore: the Store on one SQLite connection in WAL mode.
+//
+// [Durability] Every write is one IMMEDIATE transaction; with journal_mode=WAL and
+// synchronous=FULL, COMMIT returns only after the WAL is fsynced, so a write acknowledged to the
+// caller survives kill -9 and power loss. Reads never hold a transaction open between calls
+// (StatementLease resets statements), so WAL checkpoints are never starved.
+
+#include <algorithm>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/status.h"
+#include "planner/store/sqlite_handle.h"
+#include "planner/store/store.h"
+#include "planner/store/store_keys.h"
+
+namespace memplan {
+namespace {
+
+using sqlite::Database;
+using sqlite::StatementLease;
+using sqlite::Transaction;
+namespace v1 = memplan::v1;
+
+struct Migration {
+  int version;
+  const char* sql;
+};
+
+// Ordered; each runs once in its own transaction and bumps PRAGMA user_version to `version`.
+// Never edit a released entry: append a new one.
+constexpr Migration kMigrations[] = {
+    {1, R"sql(
+CREATE TABLE traces (
+  seq INTEGER PRIMARY KEY,
+  trace_id TEXT NOT NULL UNIQUE,
+  match_key BLOB NOT NULL,
+  analytic INTEGER NOT NULL,
+  created_at_unix_ms INTEGER NOT NULL,
+  body BLOB NOT NULL);
+CREATE INDEX traces_by_match ON traces (match_key, analytic, seq);
+CREATE TABLE hardware_profiles (
+  seq INTEGER PRIMARY KEY,
+  profile_id TEXT NOT NULL UNIQUE,
+  name TEXT NOT NULL,
+  measured INTEGER NOT NULL,
+  created_at_unix_ms INTEGER NOT NULL,
+  body BLOB NOT NULL);
+CREATE INDEX hardware_profiles_by_name ON hardware_profiles (name, measured, seq);
+CREATE TABLE plans (
+  seq INTEGER PRIMARY KEY,
+  plan_id TEXT NOT NULL UNIQUE,
+  created_at_unix_ms INTEGER NOT NULL,
+  body BLOB NOT NULL);
+CREATE TABLE measurements (
+  seq INTEGER PRIMARY KEY,
+  measurement_id TEXT NOT NULL UNIQUE,
+  plan_id TEXT NOT NULL REFERENCES plans (plan_id),
+  measured_at_unix_ms INTEGER NOT NULL,
+  body BLOB NOT NULL);
+CREATE INDEX measurements_by_plan ON measurements (plan_id, seq);
+CREATE TABLE calibration (
+  hardware_name TEXT NOT NULL,
+  param_dtype INTEGER NOT NULL,
+  model_family TEXT NOT NULL,
+  updated_at_unix_ms INTEGER NOT NULL,
+  body BLOB NOT NULL,
+  PRIMARY KEY (hardware_name, param_dtype, model_family)) WITHOUT ROWID;
+)sql"},
+    {2, R"sql(
+CREATE TABLE calibration_samples (
+  seq INTEGER PRIMARY KEY,
+  hardware_name TEXT NOT NULL,
+  param_dtype INTEGER NOT NULL,
+  model_family TEXT NOT NULL,
+  raw_model_bytes INTEGER NOT NULL,
+  fixed_bytes INTEGER NOT NULL,
+  measured_bytes INTEGER NOT NULL,
+  measured_at_unix_ms INTEGER NOT NULL,
+  oom INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX calibration_samples_by_key
+  ON calibration_samples (hardware_name, param_dtype, model_family, measured_at_unix_ms, seq);
+)sql"},
+};
+
+constexpr int kLatestVersion = kMigrations[std::size(kMigrations) - 1].version;
+
+template <typename Message>
+absl::StatusOr<Message> Parse(const std::string& bytes, absl::string_view what) {
+  Message message;
+  if (!message.ParseFromString(bytes)) {
+    return absl::DataLossError(absl::StrCat("stored ", std::string(what), " does not parse"));
+  }
+  return message;
+}
+
+class SqliteStore final : public Store {  // thread-safe: one connection behind mu_
+ public:
+  SqliteStore(std::unique_ptr<Database> db, const SqliteStoreOptions& options)
+      : options_(options), env_(store_internal::WithDefaults(options.env)), db_(std::move(db)) {}
+
+  absl::StatusOr<std::string> PutTrace(const v1::Trace& trace) override {
+    v1::Trace stored = trace;
+    stored.set_trace_id(store_internal::NewId("trace", env_));
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(StatementLease stmt,
+                     db_->Prepare("INSERT INTO traces (trace_id, match_key, analytic, "
+                                  "created_at_unix_ms, body) VALUES (?, ?, ?, ?, ?)"));
+    RETURN_IF_ERROR(stmt->BindText(0, stored.trace_id()));
+    RETURN_IF_ERROR(stmt->BindBlob(1, store_internal::TraceMatchKey(stored)));
+    RETURN_IF_ERROR(stmt->BindInt64(2, stored.analytic() ? 1 : 0));
+    RETURN_IF_ERROR(stmt->BindInt64(3, env_.now_unix_ms()));
+    RETURN_IF_ERROR(stmt->BindBlob(4, stored.SerializeAsString()));
+    RETURN_IF_ERROR(stmt->Run());
+    return stored.trace_id();
+  }
+
+  absl::StatusOr<v1::Trace> GetTrace(absl::string_view trace_id) override {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(StatementLease stmt,
+                     db_->Prepare("SELECT body FROM traces WHERE trace_id = ?"));
+    RETURN_IF_ERROR(stmt->BindText(0, trace_id));
+    ASSIGN_OR_RETURN(bool row, stmt->Step());
+    if (!row) return absl::NotFoundError(absl::StrCat("trace_id '", trace_id, "' not found"));
+    return Parse<v1::Trace>(stmt->ColumnBlob(0), "trace");
+  }
+
+  absl::StatusOr<std::optional<v1::Trace>> FindTrace(const v1::Trace& key) override {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(StatementLease stmt,
+                     db_->Prepare("SELECT body FROM traces WHERE match_key = ? AND analytic = 0 "
+                                  "ORDER BY seq DESC LIMIT 1"));
+    RETURN_IF_ERROR(stmt->BindBlob(0, store_internal::TraceMatchKey(key)));
+    ASSIGN_OR_RETURN(bool row, stmt->Step());
+    if (!row) return std::optional<v1::Trace>();
+    ASSIGN_OR_RETURN(v1::Trace trace, Parse<v1::Trace>(stmt->ColumnBlob(0), "trace"));
+    return std::optional<v1::Trace>(std::move(trace));
+  }
+
+  absl::StatusOr<std::string> PutHardwareProfile(const v1::HardwareProfile& profile) override {
+    const std::string id = store_internal::NewId("hw", env_);
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(StatementLease stmt,
+                     db_->Prepare("INSERT INTO hardware_profiles (profile_id, name, measured, "
+                                  "created_at_unix_ms, body) VALUES (?, ?, ?, ?, ?)"));
+    RETURN_IF_ERROR(stmt->BindText(0, id));
+    RETURN_IF_ERROR(stmt->BindText(1, profile.name()));
+    RETURN_IF_ERROR(stmt->BindInt64(2, profile.measured() ? 1 : 0));
+    RETURN_IF_ERROR(stmt->BindInt64(3, env_.now_unix_ms()));
+    RETURN_IF_ERROR(stmt->BindBlob(4, profile.SerializeAsString()));
+    RETURN_IF_ERROR(stmt->Run());
+    return id;
+  }
+
+  absl::StatusOr<v1::HardwareProfile> GetHardwareProfile(absl::string_view profile_id) override {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(StatementLease stmt,
+                     db_->Prepare("SELECT body FROM hardware_profiles WHERE profile_id = ?"));
+    RETURN_IF_ERROR(stmt->BindText(0, profile_id));
+    ASSIGN_OR_RETURN(bool row, stmt->Step());
+    if (!row) {
+      return absl::NotFoundError(absl::StrCat("hardware_profile_id '", profile_id, "' not found"));
+    }
+    return Parse<v1::HardwareProfile>(stmt->ColumnBlob(0), "hardware profile");
+  }
+
+  absl::StatusOr<std::optional<v1::HardwareProfile>> FindHardwareProfileByName(
+      absl::string_view name) override {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(StatementLease stmt,
+                     db_->Prepare("SELECT body FROM hardware_profiles WHERE name = ? AND "
+                                  "measured = 1 ORDER BY seq DESC LIMIT 1"));
+    RETURN_IF_ERROR(stmt->BindText(0, name));
+    ASSIGN_OR_RETURN(bool row, stmt->Step());
+    if (!row) return std::optional<v1::HardwareProfile>();
+    ASSIGN_OR_RETURN(v1::HardwareProfile profile,
+                     Parse<v1::HardwareProfile>(stmt->ColumnBlob(0), "hardware profile"));
+    return std::optional<v1::HardwareProfile>(std::move(profile));
+  }
+
+  absl::StatusOr<std::string> PutPlan(const v1::StoredPlan& plan) override {
+    v1::StoredPlan stored = plan;
+    stored.clear_measurements();
+    if (stored.plan_id().empty()) stored.set_plan_id(store_internal::NewId("plan", env_));
+    if (stored.created_at_unix_ms() == 0) stored.set_created_at_unix_ms(env_.now_unix_ms());
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(StatementLease stmt,
+                     db_->Prepare("INSERT INTO plans (plan_id, created_at_unix_ms, body) "
+                                  "VALUES (?, ?, ?)"));
+    RETURN_IF_ERROR(stmt->BindText(0, stored.plan_id()));
+    RETURN_IF_ERROR(stmt->BindInt64(1, stored.created_at_unix_ms()));
+    RETURN_IF_ERROR(stmt->BindBlob(2, stored.SerializeAsString()));
+    absl::Status status = stmt->Run();
+    if (absl::IsAlreadyExists(status)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("plan_id '", stored.plan_id(), "' already exists"));
+    }
+    RETURN_IF_ERROR(status);
+    return stored.plan_id();
+  }
+
+  absl::StatusOr<v1::StoredPlan> GetPlan(absl::string_view plan_id) override {
+    absl::MutexLock lock(&mu_);
+    v1::StoredPlan plan;
+    {
+      ASSIGN_OR_RETURN(StatementLease stmt,
+                       db_->Prepare("SELECT body FROM plans WHERE plan_id = ?"));
+      RETURN_IF_ERROR(stmt->BindText(0, plan_id));
+      ASSIGN_OR_RETURN(bool row, stmt->Step());
+      if (!row) return absl::NotFoundError(absl::StrCat("plan_id '", plan_id, "' not found"));
+      ASSIGN_OR_RETURN(plan, Parse<v1::StoredPlan>(stmt->ColumnBlob(0), "plan"));
+    }
+    ASSIGN_OR_RETURN(StatementLease stmt,
+                     db_->Prepare("SELECT body FROM measurements WHERE plan_id = ? "
+                                  "ORDER BY seq DESC LIMIT ?"));
+    RETURN_IF_ERROR(stmt->BindText(0, plan_id));
+    RETURN_IF_ERROR(stmt->BindInt64(1, options_.max_measurements_per_plan));
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, stmt->Step());
+      if (!row) break;
+      ASSIGN_OR_RETURN(*plan.add_measurements(),
+                       Parse<v1::Measurement>(stmt->ColumnBlob(0), "measurement"));
+    }
+    return plan;
+  }
+
+  absl::StatusOr<ListPlansPage> ListPlans(int page_size, absl::string_view page_token) override {
+    ASSIGN_OR_RETURN(const int limit, store_internal::CheckPageSize(page_size));
+    int64_t before_seq = INT64_MAX;
+    if (!page_token.empty()) {
+      ASSIGN_OR_RETURN(before_seq, store_internal::DecodePlanPageToken(page_token));
+    }
+    absl::MutexLock lock(&mu_);
+    // One row more than asked tells whether another page exists without a COUNT.
+    ASSIGN_OR_RETURN(StatementLease stmt, db_->Prepare("SELECT seq, body FROM plans WHERE seq < ? "
+                                                       "ORDER BY seq DESC LIMIT ?"));
+    RETURN_IF_ERROR(stmt->BindInt64(0, before_seq));
+    RETURN_IF_ERROR(stmt->BindInt64(1, limit + 1));
+    ListPlansPage page;
+    int64_t last_seq = 0;
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, stmt->Step());
+      if (!row) break;
+      if (static_cast<int>(page.plans.size()) == limit) {
+        page.next_page_token = store_internal::EncodePlanPageToken(last_seq);
+        break;
+      }
+      last_seq = stmt->ColumnInt64(0);
+      ASSIGN_OR_RETURN(v1::StoredPlan plan, Parse<v1::StoredPlan>(stmt->ColumnBlob(1), "plan"));
+      page.plans.push_back(std::move(plan));
+    }
+    return page;
+  }
+
+  absl::StatusOr<std::string> PutMeasurement(const v1::Measurement& m) override {
+    ASSIGN_OR_RETURN(std::vector<std::string> ids, PutMeasurements({m}));
+    return std::move(ids.front());
+  }
+
+  absl::StatusOr<std::vector<std::string>> PutMeasurements(
+      absl::Span<const v1::Measurement> measurements) override {
+    for (const v1::Measurement& m : measurements)
+      RETURN_IF_ERROR(store_internal::CheckMeasurement(m));
+    const int64_t now_ms = env_.now_unix_ms();
+    std::vector<std::string> ids;
+    ids.reserve(measurements.size());
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(*db_));
+    for (const v1::Measurement& m : measurements) {
+      {
+        // Checked here rather than through the foreign key so the error names the plan.
+        ASSIGN_OR_RETURN(StatementLease exists,
+                         db_->Prepare("SELECT 1 FROM plans WHERE plan_id = ?"));
+        RETURN_IF_ERROR(exists->BindText(0, m.plan_id()));
+        ASSIGN_OR_RETURN(bool row, exists->Step());
+        if (!row) {
+          return absl::NotFoundError(
+              absl::StrCat("measurement.plan_id '", m.plan_id(), "' is not a stored plan"));
+        }
+      }
+      v1::Measurement stored = m;
+      if (stored.measured_at_unix_ms() == 0) stored.set_measured_at_unix_ms(now_ms);
+      ids.push_back(store_internal::NewId("meas", env_));
+      ASSIGN_OR_RETURN(StatementLease insert,
+                       db_->Prepare("INSERT INTO measurements (measurement_id, plan_id, "
+                                    "measured_at_unix_ms, body) VALUES (?, ?, ?, ?)"));
+      RETURN_IF_ERROR(insert->BindText(0, ids.back()));
+      RETURN_IF_ERROR(insert->BindText(1, stored.plan_id()));
+      RETURN_IF_ERROR(insert->BindInt64(2, stored.measured_at_unix_ms()));
+      RETURN_IF_ERROR(insert->BindBlob(3, stored.SerializeAsString()));
+      RETURN_IF_ERROR(insert->Run());
+    }
+    RETURN_IF_ERROR(txn.Commit());  // see [Durability]
+    return ids;
+  }
+
+  absl::StatusOr<int64_t> CountMeasurements() override {
+    absl::MutexLock lock(&mu_);
+    return db_->QueryInt64("SELECT COUNT(*) FROM measurements");
+  }
+
+  absl::StatusOr<std::vector<CalibrationSample>> RecentCalibrationSamples(const CalibrationKey& key,
+                                                                          int limit) override {
+    RETURN_IF_ERROR(store_internal::CheckSampleLimit(limit));
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(
+        StatementLease stmt,
+        db_->Prepare("SELECT raw_model_bytes, fixed_bytes, measured_bytes, measured_at_unix_ms, "
+                     "oom FROM calibration_samples WHERE hardware_name = ? AND param_dtype = ? "
+                     "AND model_family = ? ORDER BY measured_at_unix_ms DESC, seq DESC LIMIT ?"));
+    RETURN_IF_ERROR(stmt->BindText(0, key.hardware_name));
+    RETURN_IF_ERROR(stmt->BindInt64(1, store_internal::ToProtoDType(key.param_dtype)));
+    RETURN_IF_ERROR(stmt->BindText(2, key.model_family));
+    RETURN_IF_ERROR(stmt->BindInt64(3, limit));
+    std::vector<CalibrationSample> samples;
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, stmt->Step());
+      if (!row) break;
+      CalibrationSample s;
+      s.raw_model_bytes = stmt->ColumnInt64(0);
+      s.fixed_bytes = stmt->ColumnInt64(1);
+      s.measured_bytes = stmt->ColumnInt64(2);
+      s.measured_at_unix_ms = stmt->ColumnInt64(3);
+      s.oom = stmt->ColumnInt64(4) != 0;
+      samples.push_back(s);
+    }
+    return samples;
+  }
+
+  absl::Status PutCalibrationSample(const CalibrationKey& key,
+                                    const CalibrationSample& sample) override {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(
+        StatementLease stmt,
+        db_->Prepare("INSERT INTO calibration_samples (hardware_name, param_dtype, model_family, "
+                     "raw_model_bytes, fixed_bytes, measured_bytes, measured_at_unix_ms, oom) "
+                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"));
+    RETURN_IF_ERROR(stmt->BindText(0, key.hardware_name));
+    RETURN_IF_ERROR(stmt->BindInt64(1, store_internal::ToProtoDType(key.param_dtype)));
+    RETURN_IF_ERROR(stmt->BindText(2, key.model_family));
+    RETURN_IF_ERROR(stmt->BindInt64(3, sample.raw_model_bytes));
+    RETURN_IF_ERROR(stmt->BindInt64(4, sample.fixed_bytes));
+    RETURN_IF_ERROR(stmt->BindInt64(5, sample.measured_bytes));
+    RETURN_IF_ERROR(stmt->BindInt64(
+        6, sample.measured_at_unix_ms != 0 ? sample.measured_at_unix_ms : env_.now_unix_ms()));
+    RETURN_IF_ERROR(stmt->BindInt64(7, sample.oom ? 1 : 0));
+    return stmt->Run();
+  }
+
+  absl::Status PutCalibration(const v1::Calibration& c) override {
+    RETURN_IF_ERROR(store_internal::CheckCalibration(c));
+    v1::Calibration stored = c;
+    if (stored.updated_at_unix_ms() == 0) stored.set_updated_at_unix_ms(env_.now_unix_ms());
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(StatementLease stmt,
+                     db_->Prepare("INSERT OR REPLACE INTO calibration (hardware_name, "
+                                  "param_dtype, model_family, updated_at_unix_ms, body) "
+                                  "VALUES (?, ?, ?, ?, ?)"));
+    RETURN_IF_ERROR(stmt->BindText(0, stored.hardware_name()));
+    RETURN_IF_ERROR(stmt->BindInt64(1, stored.param_dtype()));
+    RETURN_IF_ERROR(stmt->BindText(2, stored.model_family()));
+    RETURN_IF_ERROR(stmt->BindInt64(3, stored.updated_at_unix_ms()));
+    RETURN_IF_ERROR(stmt->BindBlob(4, stored.SerializeAsString()));
+    return stmt->Run();
+  }
+
+  absl::StatusOr<std::optional<v1::Calibration>> GetCalibration(
+      const CalibrationKey& key) override {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(StatementLease stmt,
+                     db_->Prepare("SELECT body FROM calibration WHERE hardware_name = ? AND "
+                                  "param_dtype = ? AND model_family = ?"));
+    RETURN_IF_ERROR(stmt->BindText(0, key.hardware_name));
+    RETURN_IF_ERROR(stmt->BindInt64(1, store_internal::ToProtoDType(key.param_dtype)));
+    RETURN_IF_ERROR(stmt->BindText(2, key.model_family));
+    ASSIGN_OR_RETURN(bool row, stmt->Step());
+    if (!row) return std::optional<v1::Calibration>();
+    ASSIGN_OR_RETURN(v1::Calibration c, Parse<v1::Calibration>(stmt->ColumnBlob(0), "calibration"));
+    return std::optional<v1::Calibration>(std::move(c));
+  }
+
+  absl::StatusOr<std::vector<v1::Calibration>> ListCalibrations(
+      const CalibrationFilter& filter) override {
+    absl::MutexLock lock(&mu_);
+    // "? = ''" / "? = 0" make an unset field match every row with one cached statement.
+    ASSIGN_OR_RETURN(
+        StatementLease stmt,
+        db_->Prepare("SELECT body FROM calibration WHERE (?1 = '' OR hardware_name = ?1) AND "
+                     "(?2 = 0 OR param_dtype = ?2) AND (?3 = '' OR model_family = ?3) "
+                     "ORDER BY hardware_name, param_dtype, model_family"));
+    RETURN_IF_ERROR(stmt->BindText(0, filter.hardware_name));
+    RETURN_IF_ERROR(stmt->BindInt64(
+        1, filter.param_dtype.has_value() ? store_internal::ToProtoDType(*filter.param_dtype) : 0));
+    RETURN_IF_ERROR(stmt->BindText(2, filter.model_family));
+    std::vector<v1::Calibration> out;
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, stmt->Step());
+      if (!row) break;
+      ASSIGN_OR_RETURN(v1::Calibration c,
+                       Parse<v1::Calibration>(stmt->ColumnBlob(0), "calibration"));
+      out.push_back(std::move(c));
+    }
+    return out;
+  }
+
+ private:
+  const SqliteStoreOptions options_;
+  const StoreEnv env_;
+  absl::Mutex mu_;
+  std::unique_ptr<Database> db_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::Status Configure(Database& db, const SqliteStoreOptions& options) {
+  // busy_timeout first: switching to WAL can itself wait on another process's lock.
+  RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA busy_timeout=", options.busy_timeout_ms)));
+  ASSIGN_OR_RETURN(const std::string mode, db.QueryText("PRAGMA journal_mode=WAL"));
+  if (mode != "wal") {
+    return absl::FailedPreconditionError(
+        absl::StrCat("sqlite: ", options.path, " cannot use WAL (journal_mode=", mode, ")"));
+  }
+  // Negative cache_size is in KiB; it bounds the page cache whatever the table sizes.
+  const int64_t cache_kib = std::max<int64_t>(options.cache_size_bytes / 1024, 64);
+  RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON; ",
+                                       "PRAGMA cache_size=-", cache_kib, ";")));
+  ASSIGN_OR_RETURN(const int64_t fk, db.QueryInt64("PRAGMA foreign_keys"));
+  if (fk != 1) return absl::InternalError("sqlite: foreign keys could not be enabled");
+  ASSIGN_OR_RETURN(const int64_t sync, db.QueryInt64("PRAGMA synchronous"));
+  if (sync != 2) return absl::InternalError("sqlite: synchronous=FULL could not be set");
+  return absl::OkStatus();
+}
+
+absl::Status Migrate(Database& db, const SqliteStoreOptions& options) {
+  const int target = options.migrate_to_version == 0 ? kLatestVersion : options.migrate_to_version;
+  if (target < 0 || target > kLatestVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("migrate_to_version must be in [0, ", kLatestVersion, "], got ", target));
+  }
+  ASSIGN_OR_RETURN(const int64_t current, db.QueryInt64("PRAGMA user_version"));
+  if (current > kLatestVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("database ", options.path, " has schema version ", current,
+                     ", newer than the latest this memplan-planner knows (", kLatestVersion,
+                     "); run a newer memplan-planner or restore a matching backup"));
+  }
+  for (const Migration& migration : kMigrations) {
+    if (migration.version > target) break;
+    ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db));
+    // Re-read inside the write lock: another process may have migrated since the check above.
+    ASSIGN_OR_RETURN(const int64_t version, db.QueryInt64("PRAGMA user_version"));
+    if (version >= migration.version) continue;
+    RETURN_IF_ERROR(db.Exec(migration.sql));
+    RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA user_version=", migration.version)));
+    RETURN_IF_ERROR(txn.Commit());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int SqliteStoreSchemaVersion() { return kLatestVersion; }
+
+absl::StatusOr<std::unique_ptr<Store>> OpenSqliteStore(const SqliteStoreOptions& options) {
+  if (options.path.empty()) return absl::InvalidArgumentError("database path is required");
+  if (options.max_measurements_per_plan <= 0) {
+    return absl::InvalidArgumentError("max_measurements_per_plan must be > 0");
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Database> db, Database::Open(options.path));
+  // busy_timeout must be set before anything that could contend with another process.
+  RETURN_IF_ERROR(Configure(*db, options));
+  RETURN_IF_ERROR(Migrate(*db, options));
+  return std::unique_ptr<Store>(new SqliteStore(std::move(db), options));
+}
+
+}  // namespace memplan

@@ -1,0 +1,121 @@
+// The planner's persistent state behind a narrow interface: traces, hardware profiles, plans,
+// measurements and calibration. SqliteStore (OpenSqliteStore) is the real one; MemoryStore
+// (NewMemoryStore) is a fake with the same semantics for tests. All implementations are
+// thread-safe. See planner/store/README.md for the schema and durability guarantees.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "common/types.h"
+#include "memplan/v1/planner.pb.h"
+#include "planner/calibration/calibrator.h"
+
+namespace memplan {
+
+struct ListPlansPage {
+  std::vector<memplan::v1::StoredPlan> plans;  // newest first, measurements omitted
+  std::string next_page_token;                 // empty on the last page
+};
+
+// Empty / unset fields match everything.
+struct CalibrationFilter {
+  std::string hardware_name;
+  std::optional<DType> param_dtype;
+  std::string model_family;
+};
+
+inline constexpr int kDefaultListPlansPageSize = 50;
+inline constexpr int kMaxListPlansPageSize = 1000;
+
+class Store {  // implementations are thread-safe
+ public:
+  virtual ~Store() = default;
+
+  // Stores a copy of the trace under a new id ("trace-" + 16 hex), returned. trace_id is ignored.
+  virtual absl::StatusOr<std::string> PutTrace(const memplan::v1::Trace& trace) = 0;
+  virtual absl::StatusOr<memplan::v1::Trace> GetTrace(absl::string_view trace_id) = 0;  // NOT_FOUND
+  // Newest stored *profiled* (analytic == false) trace for the same model arch + workload +
+  // dtype + training + hardware name as `key` (defaults normalised: head_dim 0, world_size 0,
+  // grad_accum 0, training kind unspecified, LoRA module order). nullopt when none.
+  virtual absl::StatusOr<std::optional<memplan::v1::Trace>> FindTrace(
+      const memplan::v1::Trace& key) = 0;
+
+  // New id "hw-" + 16 hex.
+  virtual absl::StatusOr<std::string> PutHardwareProfile(const memplan::v1::HardwareProfile& p) = 0;
+  virtual absl::StatusOr<memplan::v1::HardwareProfile> GetHardwareProfile(
+      absl::string_view profile_id) = 0;  // NOT_FOUND
+  // Newest profile with that name and measured == true; nullopt when none.
+  virtual absl::StatusOr<std::optional<memplan::v1::HardwareProfile>> FindHardwareProfileByName(
+      absl::string_view name) = 0;
+
+  // Assigns plan_id ("plan-" + 16 hex) when empty and created_at_unix_ms (now) when 0; the
+  // plan's measurements field is ignored (use PutMeasurement). ALREADY_EXISTS for a known id.
+  virtual absl::StatusOr<std::string> PutPlan(const memplan::v1::StoredPlan& plan) = 0;
+  // The plan with its newest measurements (at most max_measurements_per_plan, newest first).
+  virtual absl::StatusOr<memplan::v1::StoredPlan> GetPlan(absl::string_view plan_id) = 0;
+  // Newest first (by insertion). page_size 0 = 50; outside [0, 1000] or a malformed
+  // page_token -> INVALID_ARGUMENT naming the field. The token is opaque (keyset pagination).
+  virtual absl::StatusOr<ListPlansPage> ListPlans(int page_size, absl::string_view page_token) = 0;
+
+  // Durable (committed, fsynced) before it returns; returns the new id "meas-" + 16 hex.
+  // NOT_FOUND for an unknown plan_id. measured_at_unix_ms (now) is set when 0.
+  virtual absl::StatusOr<std::string> PutMeasurement(const memplan::v1::Measurement& m) = 0;
+  // Same as PutMeasurement for many, all-or-nothing in one transaction (bulk import, tests).
+  virtual absl::StatusOr<std::vector<std::string>> PutMeasurements(
+      absl::Span<const memplan::v1::Measurement> measurements) = 0;
+  virtual absl::StatusOr<int64_t> CountMeasurements() = 0;
+
+  // Newest first (measured_at_unix_ms, then insertion), at most `limit` (> 0).
+  virtual absl::StatusOr<std::vector<CalibrationSample>> RecentCalibrationSamples(
+      const CalibrationKey& key, int limit) = 0;
+  virtual absl::Status PutCalibrationSample(const CalibrationKey& key,
+                                            const CalibrationSample& sample) = 0;
+  // Inserts or replaces the calibration of (hardware_name, param_dtype, model_family).
+  virtual absl::Status PutCalibration(const memplan::v1::Calibration& c) = 0;
+  virtual absl::StatusOr<std::optional<memplan::v1::Calibration>> GetCalibration(
+      const CalibrationKey& key) = 0;
+  // Ordered by hardware_name, param_dtype, model_family.
+  virtual absl::StatusOr<std::vector<memplan::v1::Calibration>> ListCalibrations(
+      const CalibrationFilter& filter) = 0;
+};
+
+// Clock and id source shared by both implementations; defaults: system clock, random device.
+struct StoreEnv {
+  std::function<int64_t()> now_unix_ms;
+  std::function<uint64_t()> random_uint64;
+};
+
+struct SqliteStoreOptions {
+  std::string path;  // database file; created when missing (parent folder must exist)
+  int busy_timeout_ms = 5000;
+  int64_t cache_size_bytes = 8 << 20;    // page cache per connection (SQLite's cache_size)
+  int max_measurements_per_plan = 1000;  // GetPlan returns at most this many
+  // Migrate up to this schema version only (0 = latest). For tests of old files.
+  int migrate_to_version = 0;
+  StoreEnv env;
+};
+
+struct MemoryStoreOptions {
+  int max_measurements_per_plan = 1000;
+  StoreEnv env;
+};
+
+// Opens (creating and migrating) the database. FAILED_PRECONDITION when the file's schema is
+// newer than this binary knows; INTERNAL/UNAVAILABLE for SQLite errors.
+absl::StatusOr<std::unique_ptr<Store>> OpenSqliteStore(const SqliteStoreOptions& options);
+// The latest schema version this binary writes (PRAGMA user_version).
+int SqliteStoreSchemaVersion();
+
+std::unique_ptr<Store> NewMemoryStore();
+std::unique_ptr<Store> NewMemoryStore(const MemoryStoreOptions& options);
+
+}  // namespace memplan

@@ -1,0 +1,39 @@
+// Private to planner/store: the rules both Store implementations share — id format, the trace
+// matching key, the ListPlans page token, dtype mapping and input checks — so the fake and the
+// real store cannot drift apart. Functions are pure except NewId (it calls the env's source).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/types.h"
+#include "memplan/v1/planner.pb.h"
+#include "planner/store/store.h"
+
+namespace memplan::store_internal {
+
+// Fills unset clock / random source with the system clock and a seeded generator.
+StoreEnv WithDefaults(StoreEnv env);
+
+// prefix + "-" + 16 lower-case hex digits, e.g. "plan-0f3a...".
+std::string NewId(absl::string_view prefix, const StoreEnv& env);
+
+// Deterministic bytes identifying what a profiled trace is reusable for (see Store::FindTrace).
+std::string TraceMatchKey(const memplan::v1::Trace& trace);
+
+// Opaque keyset cursor over plan insertion order.
+std::string EncodePlanPageToken(int64_t last_seq);
+absl::StatusOr<int64_t> DecodePlanPageToken(absl::string_view token);  // INVALID_ARGUMENT
+// page_size 0 -> default; outside [0, kMaxListPlansPageSize] -> INVALID_ARGUMENT.
+absl::StatusOr<int> CheckPageSize(int page_size);
+
+memplan::v1::DType ToProtoDType(DType dtype);
+
+absl::Status CheckMeasurement(const memplan::v1::Measurement& m);
+absl::Status CheckCalibration(const memplan::v1::Calibration& c);
+absl::Status CheckSampleLimit(int limit);
+
+}  // namespace memplan::store_internal

@@ -1,0 +1,332 @@
+#include "planner/cli/cli_args.h"
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace memplan::cli {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+absl::StatusOr<CliInvocation> Parse(std::vector<std::string> args) {
+  return ParseCommandLine(args);
+}
+
+// The error message of a command line that must fail with INVALID_ARGUMENT.
+std::string ErrorOf(std::vector<std::string> args) {
+  auto inv = Parse(std::move(args));
+  if (inv.ok()) return "<parsed>";
+  EXPECT_EQ(inv.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(inv.status().message());
+}
+
+TEST(CliArgsTest, PlanWithEveryFlag) {
+  auto inv = Parse({"plan",
+                    "--arch",
+                    "llama-3.1-8b",
+                    "--gpu=h100-80gb",
+                    "--batch",
+                    "2",
+                    "--seq",
+                    "8192",
+                    "--world-size",
+                    "4",
+                    "--grad-accum",
+                    "8",
+                    "--dtype",
+                    "fp16",
+                    "--optimizer",
+                    "adamw_bf16",
+                    "--lora-rank",
+                    "16",
+                    "--lora-targets",
+                    "q_proj,v_proj",
+                    "--margin",
+                    "0.1",
+                    "--chunk-mib",
+                    "64",
+                    "--n-persist",
+                    "3",
+                    "--n-buffer",
+                    "2",
+                    "--n-swap",
+                    "0",
+                    "--n-ckpt",
+                    "12",
+                    "--n-hs-offload",
+                    "4",
+                    "--host-memory",
+                    "pageable",
+                    "--max-alternatives",
+                    "3",
+                    "--skip-limits"});
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  EXPECT_EQ(inv->command, Command::kPlan);
+  const PlanOptions& p = inv->plan;
+  EXPECT_EQ(p.arch_preset, "llama-3.1-8b");
+  EXPECT_EQ(p.gpu_preset, "h100-80gb");
+  EXPECT_EQ(p.micro_batch, 2);
+  EXPECT_EQ(p.seq_len, 8192);
+  EXPECT_EQ(p.world_size, 4);
+  EXPECT_EQ(p.grad_accum, 8);
+  EXPECT_EQ(p.param_dtype, DType::kFloat16);
+  EXPECT_EQ(p.optimizer, "adamw_bf16");
+  EXPECT_EQ(p.training.kind, TrainingKind::kLora);
+  EXPECT_EQ(p.training.lora_rank, 16);
+  EXPECT_THAT(p.training.lora_target_modules, ElementsAre("q_proj", "v_proj"));
+  EXPECT_EQ(p.safety_margin, 0.1);
+  EXPECT_EQ(p.fixed.chunk_bytes, int64_t{64} << 20);
+  EXPECT_EQ(p.fixed.n_persist, 3);
+  EXPECT_EQ(p.fixed.n_buffer, 2);
+  EXPECT_EQ(p.fixed.n_swap, 0);  // an explicit 0 is a constraint, not "unset"
+  EXPECT_EQ(p.fixed.n_checkpoint, 12);
+  EXPECT_EQ(p.fixed.n_hs_offload, 4);
+  EXPECT_EQ(p.fixed.host_memory, HostMemoryKind::kPageable);
+  EXPECT_EQ(p.max_alternatives, 3);
+  EXPECT_TRUE(p.skip_limits);
+}
+
+TEST(CliArgsTest, PlanDefaultsLeaveKnobsFreeAndGlobalsDefault) {
+  auto inv = Parse({"plan", "--arch", "mistral-7b", "--gpu", "rtx-4090"});
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  const PlanOptions& p = inv->plan;
+  EXPECT_FALSE(HasWorkloadFlags(p));
+  const Workload w = PlanWorkload(p);
+  EXPECT_EQ(w.micro_batch, 1);
+  EXPECT_EQ(w.seq_len, 4096);
+  EXPECT_EQ(w.world_size, 1);
+  EXPECT_EQ(w.grad_accum, 1);
+  EXPECT_FALSE(p.param_dtype.has_value());
+  EXPECT_EQ(p.optimizer, "adamw");
+  EXPECT_EQ(p.training.kind, TrainingKind::kFull);
+  EXPECT_FALSE(p.safety_margin.has_value());
+  EXPECT_FALSE(p.fixed.chunk_bytes || p.fixed.n_persist || p.fixed.n_buffer || p.fixed.n_swap ||
+               p.fixed.n_checkpoint || p.fixed.n_hs_offload || p.fixed.host_memory);
+  EXPECT_EQ(inv->global.planner_address, "127.0.0.1:50051");
+  EXPECT_FALSE(inv->global.json);
+}
+
+TEST(CliArgsTest, GlobalFlagsGoAnywhere) {
+  auto before = Parse({"--planner", "10.0.0.5:7000", "--json", "plan", "--arch-file",
+                       "/models/x/config.json", "--hardware-id", "hw-1"});
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_EQ(before->global.planner_address, "10.0.0.5:7000");
+  EXPECT_TRUE(before->global.json);
+  EXPECT_EQ(before->plan.arch_file, "/models/x/config.json");
+  EXPECT_EQ(before->plan.hardware_id, "hw-1");
+
+  auto after = Parse({"plans", "get", "plan-0a1b", "--planner=h:1", "--timeout", "2.5"});
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->command, Command::kPlansGet);
+  EXPECT_EQ(after->id, "plan-0a1b");
+  EXPECT_EQ(after->global.planner_address, "h:1");
+  EXPECT_EQ(after->global.timeout_seconds, 2.5);
+}
+
+TEST(CliArgsTest, EverySubcommandParses) {
+  struct Case {
+    std::vector<std::string> args;
+    Command command;
+  };
+  const std::vector<Case> cases = {
+      {{"trace", "submit", "trace.json"}, Command::kTraceSubmit},
+      {{"trace", "get", "trace-1"}, Command::kTraceGet},
+      {{"hardware", "submit", "-"}, Command::kHardwareSubmit},
+      {{"hardware", "list"}, Command::kHardwareList},
+      {{"hardware", "get", "hw-1"}, Command::kHardwareGet},
+      {{"measure", "--plan-id", "p", "--peak-reserved", "70GiB"}, Command::kMeasure},
+      {{"calibration"}, Command::kCalibration},
+      {{"plans", "list"}, Command::kPlansList},
+      {{"plans", "get", "p"}, Command::kPlansGet},
+      {{"presets"}, Command::kPresets},
+  };
+  for (const Case& c : cases) {
+    auto inv = Parse(c.args);
+    ASSERT_TRUE(inv.ok()) << c.args[0] << ": " << inv.status();
+    EXPECT_EQ(inv->command, c.command) << c.args[0];
+    EXPECT_FALSE(inv->help_text.has_value());
+  }
+  EXPECT_EQ(Parse({"trace", "submit", "-"})->file_path, "-");
+  EXPECT_EQ(Parse({"hardware", "get", "hw-9"})->id, "hw-9");
+}
+
+TEST(CliArgsTest, MeasureParsesSizesAndSwitches) {
+  auto inv = Parse({"measure", "--plan-id", "plan-1", "--peak-reserved", "71.5GiB",
+                    "--peak-allocated", "68000000000", "--peak-device", "73GB", "--load-peak",
+                    "512MiB", "--step-seconds", "1.25", "--note", "run 3"});
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  const Measurement& m = inv->measure.measurement;
+  EXPECT_EQ(m.plan_id, "plan-1");
+  EXPECT_EQ(m.peak_reserved_bytes, static_cast<int64_t>(71.5 * (int64_t{1} << 30)));
+  EXPECT_EQ(m.peak_allocated_bytes, 68'000'000'000);
+  EXPECT_EQ(m.peak_device_bytes, 73'000'000'000);
+  EXPECT_EQ(m.load_peak_bytes, int64_t{512} << 20);
+  EXPECT_EQ(m.step_seconds, 1.25);
+  EXPECT_FALSE(m.oom);
+  EXPECT_EQ(m.note, "run 3");
+
+  auto oom = Parse({"measure", "--plan-id", "plan-1", "--oom"});
+  ASSERT_TRUE(oom.ok()) << oom.status();
+  EXPECT_TRUE(oom->measure.measurement.oom);
+}
+
+TEST(CliArgsTest, CalibrationPlansAndPresetsFilters) {
+  auto cal =
+      Parse({"calibration", "--hardware", "h100-80gb", "--dtype", "BF16", "--family", "qwen3"});
+  ASSERT_TRUE(cal.ok()) << cal.status();
+  EXPECT_EQ(cal->calibration.hardware_name, "h100-80gb");
+  EXPECT_EQ(cal->calibration.param_dtype, DType::kBFloat16);
+  EXPECT_EQ(cal->calibration.model_family, "qwen3");
+
+  auto list = Parse({"plans", "list", "--page-size", "20", "--page-token", "abc", "--all"});
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(list->plans_list.page_size, 20);
+  EXPECT_EQ(list->plans_list.page_token, "abc");
+  EXPECT_TRUE(list->plans_list.all_pages);
+
+  EXPECT_EQ(Parse({"presets"})->presets, PresetsFilter::kAll);
+  EXPECT_EQ(Parse({"presets", "--models"})->presets, PresetsFilter::kModels);
+  EXPECT_EQ(Parse({"presets", "--hardware"})->presets, PresetsFilter::kHardware);
+}
+
+TEST(CliArgsTest, LoraTargetsAllExpands) {
+  auto inv =
+      Parse({"plan", "--arch", "a", "--gpu", "g", "--lora-rank", "8", "--lora-targets", "all"});
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  EXPECT_EQ(inv->plan.training.lora_target_modules.size(), 7u);
+}
+
+TEST(CliArgsTest, HelpOnEveryCommand) {
+  const std::vector<std::vector<std::string>> lines = {
+      {"--help"},
+      {"-h"},
+      {"plan", "--help"},
+      {"plan", "--arch", "x", "-h"},
+      {"trace", "--help"},
+      {"trace", "get", "--help"},
+      {"hardware", "-h"},
+      {"measure", "--help"},
+      {"calibration", "-h"},
+      {"plans", "--help"},
+      {"plans", "list", "-h"},
+      {"presets", "--help"},
+      // --help wins over flags that would otherwise be errors.
+      {"plan", "--batch", "zero", "--help"},
+  };
+  for (const auto& line : lines) {
+    auto inv = Parse(line);
+    ASSERT_TRUE(inv.ok()) << line[0] << ": " << inv.status();
+    ASSERT_TRUE(inv->help_text.has_value()) << line[0];
+    EXPECT_THAT(*inv->help_text, HasSubstr("Usage:"));
+    EXPECT_THAT(*inv->help_text, HasSubstr("--planner"));
+  }
+  EXPECT_THAT(*Parse({"plan", "--help"})->help_text, HasSubstr("--n-hs-offload"));
+  EXPECT_THAT(*Parse({"measure", "--help"})->help_text, HasSubstr("--peak-reserved"));
+  EXPECT_THAT(*Parse({"trace", "--help"})->help_text, HasSubstr("trace submit FILE"));
+  EXPECT_THAT(*Parse({"--help"})->help_text, HasSubstr("plans list"));
+}
+
+TEST(CliArgsTest, HelpTextCoversEveryPlanFlag) {
+  const std::string help = HelpText(Command::kPlan);
+  for (const char* flag : {"--arch",         "--arch-file",
+                           "--trace-id",     "--gpu",
+                           "--hardware-id",  "--batch",
+                           "--seq",          "--world-size",
+                           "--grad-accum",   "--dtype",
+                           "--optimizer",    "--lora-rank",
+                           "--lora-targets", "--margin",
+                           "--chunk-mib",    "--n-persist",
+                           "--n-buffer",     "--n-swap",
+                           "--n-ckpt",       "--n-hs-offload",
+                           "--host-memory",  "--max-alternatives",
+                           "--skip-limits"}) {
+    EXPECT_THAT(help, HasSubstr(flag));
+  }
+}
+
+TEST(CliArgsTest, BadValuesNameTheFlag) {
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--batch", "zero"}),
+              HasSubstr("--batch: expected an integer in [1, 65536], got 'zero'"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--batch", "0"}), HasSubstr("--batch"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--seq", "-5"}), HasSubstr("--seq"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--dtype", "int8"}),
+              HasSubstr("--dtype: unknown dtype 'int8'; allowed: fp32, bf16, fp16"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--optimizer", "lion"}),
+              HasSubstr("--optimizer: unknown optimizer 'lion'; allowed: adamw"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--margin", "0.9"}),
+              HasSubstr("--margin: expected a number in [0.001, 0.5]"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--host-memory", "numa"}),
+              HasSubstr("--host-memory: expected pinned or pageable"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--lora-rank", "8", "--lora-targets",
+                       "q_proj,mlp"}),
+              HasSubstr("--lora-targets: unknown module 'mlp'"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--n-persist", "1.5"}),
+              HasSubstr("--n-persist"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--skip-limits=yes"}),
+              HasSubstr("--skip-limits: takes no value"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu"}), HasSubstr("--gpu: missing value"));
+  EXPECT_THAT(ErrorOf({"measure", "--plan-id", "p", "--peak-reserved", "lots"}),
+              HasSubstr("--peak-reserved: expected a size"));
+  EXPECT_THAT(ErrorOf({"plans", "list", "--page-size", "5000"}), HasSubstr("--page-size"));
+  EXPECT_THAT(ErrorOf({"--timeout", "0", "presets"}), HasSubstr("--timeout"));
+}
+
+TEST(CliArgsTest, UnknownFlagsAndCommandsAreNamed) {
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--bacth", "2"}),
+              HasSubstr("plan: unknown flag '--bacth'"));
+  EXPECT_THAT(ErrorOf({"presets", "--arch", "a"}), HasSubstr("presets: unknown flag '--arch'"));
+  EXPECT_THAT(ErrorOf({"frobnicate"}), HasSubstr("unknown command 'frobnicate'"));
+  EXPECT_THAT(ErrorOf({"trace"}), HasSubstr("trace: expected a subcommand: submit, get"));
+  EXPECT_THAT(ErrorOf({"plans", "delete", "x"}), HasSubstr("plans: unknown subcommand 'delete'"));
+  EXPECT_THAT(ErrorOf({"--arch", "a", "plan"}), HasSubstr("unknown flag '--arch'"));
+  EXPECT_THAT(ErrorOf({}), HasSubstr("no command given"));
+}
+
+TEST(CliArgsTest, CrossFlagRules) {
+  EXPECT_THAT(ErrorOf({"plan", "--gpu", "g"}), HasSubstr("the model is missing"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--arch-file", "f", "--gpu", "g"}),
+              HasSubstr("mutually exclusive"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a"}), HasSubstr("the hardware is missing"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--hardware-id", "h"}),
+              HasSubstr("--gpu and --hardware-id are mutually exclusive"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--lora-targets", "all"}),
+              HasSubstr("--lora-targets: needs --lora-rank"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--lora-rank", "8"}),
+              HasSubstr("--lora-rank: needs --lora-targets"));
+  EXPECT_THAT(ErrorOf({"measure", "--peak-reserved", "1GiB"}), HasSubstr("--plan-id is required"));
+  // A trace fixes its workload: none or both of --batch/--seq.
+  EXPECT_TRUE(Parse({"plan", "--trace-id", "t", "--gpu", "g"}).ok());
+  EXPECT_TRUE(
+      Parse({"plan", "--trace-id", "t", "--gpu", "g", "--batch", "2", "--seq", "512"}).ok());
+  EXPECT_THAT(ErrorOf({"plan", "--trace-id", "t", "--gpu", "g", "--batch", "2"}),
+              HasSubstr("--seq: required with --trace-id"));
+  EXPECT_THAT(ErrorOf({"plan", "--trace-id", "t", "--gpu", "g", "--world-size", "2"}),
+              HasSubstr("--batch: required with --trace-id"));
+  EXPECT_THAT(ErrorOf({"measure", "--plan-id", "p"}), HasSubstr("--peak-reserved is required"));
+  EXPECT_THAT(ErrorOf({"trace", "get"}), HasSubstr("trace get: missing TRACE_ID"));
+  EXPECT_THAT(ErrorOf({"plans", "get", "a", "b"}), HasSubstr("unexpected argument 'b'"));
+  EXPECT_THAT(ErrorOf({"presets", "extra"}), HasSubstr("presets: unexpected argument 'extra'"));
+}
+
+TEST(ParseByteSizeTest, UnitsAndErrors) {
+  EXPECT_EQ(*ParseByteSize("4096"), 4096);
+  EXPECT_EQ(*ParseByteSize("1KiB"), 1024);
+  EXPECT_EQ(*ParseByteSize("512MiB"), int64_t{512} << 20);
+  EXPECT_EQ(*ParseByteSize("80GiB"), int64_t{80} << 30);
+  EXPECT_EQ(*ParseByteSize("80gib"), int64_t{80} << 30);
+  EXPECT_EQ(*ParseByteSize("80G"), int64_t{80} << 30);
+  EXPECT_EQ(*ParseByteSize("80GB"), 80'000'000'000);
+  EXPECT_EQ(*ParseByteSize("1.5TB"), 1'500'000'000'000);
+  EXPECT_EQ(*ParseByteSize("0.5 KiB"), 512);
+  EXPECT_EQ(*ParseByteSize("2TiB"), int64_t{2} << 40);
+  for (const char* bad : {"", "GiB", "-1GiB", "1.2.3", "12 parsecs", "1e9", "99999999999TiB"}) {
+    EXPECT_FALSE(ParseByteSize(bad).ok()) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace memplan::cli

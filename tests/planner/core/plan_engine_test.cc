@@ -1,0 +1,297 @@
+#include "planner/core/plan_engine.h"
+
+#include <cmath>
+
+#include "common/presets.h"
+#include "gtest/gtest.h"
+
+namespace memplan {
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+PlanInputs Inputs(const std::string& model, const std::string& card, int64_t batch, int64_t seq,
+                  int32_t world = 1) {
+  PlanInputs in;
+  in.arch = *FindModelPreset(model);
+  in.hardware = *FindHardwarePreset(card);
+  in.workload.micro_batch = batch;
+  in.workload.seq_len = seq;
+  in.workload.world_size = world;
+  return in;
+}
+
+std::string ErrorOf(const PlanInputs& in) {
+  auto out = MakePlan(in);
+  EXPECT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(out.status().message());
+}
+
+bool Fits(PlanInputs in) {
+  in.skip_limits = true;
+  in.max_alternatives = 0;
+  auto out = MakePlan(in);
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out->fits;
+}
+
+int64_t Required(const Prediction& p) { return std::max(p.peak_bytes, p.load_peak_bytes); }
+
+TEST(PlanEngineTest, InvalidInputsNameTheField) {
+  PlanInputs in = Inputs("llama-3.2-1b", "h100-80gb", 1, 2048);
+  in.safety_margin = 0.7;
+  EXPECT_NE(ErrorOf(in).find("safety_margin"), std::string::npos);
+  in = Inputs("llama-3.2-1b", "h100-80gb", 1, 0);
+  EXPECT_NE(ErrorOf(in).find("workload.seq_len"), std::string::npos);
+  in = Inputs("llama-3.2-1b", "h100-80gb", 1, 2048);
+  in.fixed.n_persist = 100000;
+  const std::string msg = ErrorOf(in);
+  EXPECT_NE(msg.find("fixed.n_persist = 100000 is out of range; allowed [0, "), std::string::npos)
+      << msg;
+  in = Inputs("llama-3.2-1b", "h100-80gb", 1, 2048);
+  in.fixed.n_checkpoint = 17;
+  EXPECT_NE(ErrorOf(in).find("fixed.n_checkpoint = 17 is out of range; allowed [0, 16]"),
+            std::string::npos);
+  in = Inputs("llama-3.2-1b", "h100-80gb", 1, 2048);
+  in.fixed.n_checkpoint = 10;
+  in.fixed.n_swap = 10;
+  EXPECT_NE(ErrorOf(in).find("fixed.n_swap + fixed.n_checkpoint + fixed.n_hs_offload"),
+            std::string::npos);
+  in = Inputs("llama-3.2-1b", "h100-80gb", 1, 2048);
+  in.fixed.chunk_bytes = 1000;
+  EXPECT_NE(ErrorOf(in).find("fixed.chunk_bytes"), std::string::npos);
+  in = Inputs("llama-3.2-1b", "h100-80gb", 1, 2048);
+  in.arch.num_kv_heads = 3;
+  EXPECT_NE(ErrorOf(in).find("arch.num_kv_heads"), std::string::npos);
+  in = Inputs("llama-3.2-1b", "h100-80gb", 1, 2048);
+  in.hardware.gpu_memory_bytes = in.hardware.cuda_context_bytes;
+  EXPECT_NE(ErrorOf(in).find("hardware."), std::string::npos);
+  in = Inputs("llama-3.2-1b", "h100-80gb", 1, 2048, 4);
+  in.hardware.nccl_allgather_bytes_per_second = 0;
+  EXPECT_NE(ErrorOf(in).find("hardware.nccl_allgather_bytes_per_second"), std::string::npos);
+  in = Inputs("llama-3.2-1b", "h100-80gb", 1, 2048);
+  in.fragmentation_factor = 0;
+  EXPECT_NE(ErrorOf(in).find("fragmentation_factor"), std::string::npos);
+  in = Inputs("llama-3.2-1b", "h100-80gb", 1, 2048);
+  in.profiled_trace = Trace{};
+  EXPECT_NE(ErrorOf(in).find("profiled_trace.blocks"), std::string::npos);
+}
+
+TEST(PlanEngineTest, SmallModelFitsWithoutOffload) {
+  PlanInputs in = Inputs("llama-3.2-1b", "h100-80gb", 1, 2048);
+  auto out = MakePlan(in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(out->fits);
+  EXPECT_EQ(out->plan.n_persist, out->plan.n_chunks);
+  EXPECT_EQ(out->plan.n_checkpoint + out->plan.n_swap + out->plan.n_hs_offload, 0);
+  EXPECT_LE(Required(out->prediction), out->capacity_bytes);
+  EXPECT_EQ(
+      out->capacity_bytes,
+      static_cast<int64_t>(std::floor(static_cast<double>(in.hardware.gpu_memory_bytes) * 0.95)));
+  EXPECT_NE(out->reason.find("fits"), std::string::npos);
+  EXPECT_GT(out->prediction.tokens_per_second, 0);
+  EXPECT_EQ(out->trace_used.chunk_bytes, out->plan.chunk_bytes);
+  EXPECT_EQ(static_cast<int32_t>(out->trace_used.chunk_param_bytes.size()), out->plan.n_chunks);
+  EXPECT_GT(out->plans_evaluated, 0);
+}
+
+TEST(PlanEngineTest, BigModelOffloadsAndExplains) {
+  PlanInputs in = Inputs("llama-3.1-70b", "h100-80gb", 1, 4096, 8);
+  auto out = MakePlan(in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_TRUE(out->fits) << out->reason;
+  EXPECT_LT(out->plan.n_persist, out->plan.n_chunks);
+  EXPECT_GT(out->prediction.host_pinned_bytes, 0);
+  EXPECT_LE(out->prediction.host_pinned_bytes, in.hardware.host_memory_bytes);
+  // Alternatives lie on the frontier: each needs less memory and is no faster than the best.
+  ASSERT_FALSE(out->alternatives.empty());
+  EXPECT_EQ(out->alternatives.size(), out->alternative_notes.size());
+  int64_t previous = Required(out->prediction);
+  for (const auto& [plan, pred] : out->alternatives) {
+    EXPECT_LT(Required(pred), previous);
+    EXPECT_GE(pred.iteration_seconds, out->prediction.iteration_seconds * (1 - 1e-12));
+    previous = Required(pred);
+  }
+}
+
+TEST(PlanEngineTest, TooSmallCardDoesNotFitAndNamesTheSmallestThatDoes) {
+  PlanInputs in = Inputs("llama-3.1-8b", "rtx-4090", 8, 8192);
+  in.hardware.host_memory_bytes = 4096 * kGiB;
+  auto out = MakePlan(in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_FALSE(out->fits);
+  EXPECT_NE(out->reason.find("does not fit"), std::string::npos) << out->reason;
+  ASSERT_GT(out->min_gpu_memory_bytes, in.hardware.gpu_memory_bytes);
+  EXPECT_EQ(out->max_micro_batch * 8192 <= 8 * 8192, true);
+  // The least-bad plan fits the smallest card that fits.
+  EXPECT_LE(Required(out->prediction),
+            static_cast<int64_t>(static_cast<double>(out->min_gpu_memory_bytes) * 0.95));
+}
+
+TEST(PlanEngineTest, HostMemoryCanBeTheBlocker) {
+  PlanInputs in = Inputs("llama-3.1-70b", "h100-80gb", 1, 4096, 1);
+  in.hardware.host_memory_bytes = 64 * kGiB;
+  auto out = MakePlan(in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_FALSE(out->fits);
+  EXPECT_NE(out->reason.find("host memory"), std::string::npos) << out->reason;
+}
+
+TEST(PlanEngineTest, LimitsAreTight) {
+  PlanInputs in = Inputs("llama-3.1-8b", "a100-80gb", 1, 4096);
+  auto out = MakePlan(in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_TRUE(out->fits) << out->reason;
+  // Largest micro-batch and sequence length: they fit, one more does not.
+  ASSERT_GE(out->max_micro_batch, 1);
+  PlanInputs probe = in;
+  probe.workload.micro_batch = out->max_micro_batch;
+  EXPECT_TRUE(Fits(probe));
+  probe.workload.micro_batch = out->max_micro_batch + 1;
+  EXPECT_FALSE(Fits(probe));
+  probe = in;
+  probe.workload.seq_len = out->max_seq_len;
+  EXPECT_TRUE(Fits(probe));
+  probe.workload.seq_len = out->max_seq_len + 1;
+  EXPECT_FALSE(Fits(probe));
+  // Smallest card: it fits, 1 MiB less does not.
+  probe = in;
+  probe.hardware.gpu_memory_bytes = out->min_gpu_memory_bytes;
+  EXPECT_TRUE(Fits(probe));
+  probe.hardware.gpu_memory_bytes = out->min_gpu_memory_bytes - kMiB;
+  EXPECT_FALSE(Fits(probe));
+}
+
+TEST(PlanEngineTest, FixedKnobsAreConstraints) {
+  PlanInputs in = Inputs("llama-3.1-8b", "h100-80gb", 1, 4096);
+  in.skip_limits = true;
+  in.fixed.n_checkpoint = 32;
+  in.fixed.chunk_bytes = 64 * kMiB;
+  in.fixed.host_memory = HostMemoryKind::kPageable;
+  auto out = MakePlan(in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_TRUE(out->fits) << out->reason;
+  EXPECT_EQ(out->plan.n_checkpoint, 32);
+  EXPECT_EQ(out->plan.chunk_bytes, 64 * kMiB);
+  EXPECT_EQ(out->plan.host_memory, HostMemoryKind::kPageable);
+  // An infeasible fixed knob is a "does not fit" naming it, never silently dropped.
+  in = Inputs("llama-3.1-8b", "h100-80gb", 1, 4096);
+  in.skip_limits = true;
+  in.fixed.chunk_bytes = 64 * kMiB;
+  in.fixed.n_persist = 0;
+  in.fixed.n_buffer = 1;
+  out = MakePlan(in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_FALSE(out->fits);
+  EXPECT_NE(out->reason.find("fixed.n_buffer = 1"), std::string::npos) << out->reason;
+  in = Inputs("llama-3.1-8b", "h100-80gb", 1, 4096);
+  in.skip_limits = true;
+  in.fixed.n_persist = 400;  // too many persistent chunks (of 512 at 32 MiB) for 80 GB
+  in.fixed.chunk_bytes = 32 * kMiB;
+  out = MakePlan(in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_FALSE(out->fits);
+  EXPECT_NE(out->reason.find("fixed.n_persist = 400"), std::string::npos) << out->reason;
+}
+
+TEST(PlanEngineTest, PredictPlanRepredictsAndHonoursTheCalibrationContract) {
+  PlanInputs in = Inputs("llama-3.1-8b", "h100-80gb", 1, 4096);
+  in.skip_limits = true;
+  in.fragmentation_factor = 1.07;
+  in.residual_bytes = 300 * kMiB;
+  auto out = MakePlan(in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  auto again = PredictPlan(in, out->plan);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->peak_bytes, out->prediction.peak_bytes);
+  EXPECT_DOUBLE_EQ(again->iteration_seconds, out->prediction.iteration_seconds);
+  const MemoryBreakdown& b = again->breakdown;
+  EXPECT_EQ(again->peak_bytes,
+            static_cast<int64_t>(std::ceil(1.07 * static_cast<double>(RawModelBytes(*again)))) +
+                300 * kMiB + in.hardware.cuda_context_bytes);
+  EXPECT_DOUBLE_EQ(b.fragmentation_factor, 1.07);
+  EXPECT_EQ(b.calibration_residual_bytes, 300 * kMiB);
+  // A larger alpha never predicts less.
+  PlanInputs more = in;
+  more.fragmentation_factor = 1.2;
+  auto bigger = PredictPlan(more, out->plan);
+  ASSERT_TRUE(bigger.ok());
+  EXPECT_GT(bigger->peak_bytes, again->peak_bytes);
+  // A malformed plan is INVALID_ARGUMENT naming the field.
+  ResidencyPlan bad = out->plan;
+  bad.n_persist = -1;
+  auto err = PredictPlan(in, bad);
+  ASSERT_FALSE(err.ok());
+  EXPECT_NE(err.status().message().find("plan.n_persist"), std::string::npos);
+}
+
+TEST(PlanEngineTest, ProfiledTraceIsUsedAndScaled) {
+  PlanInputs in = Inputs("llama-3.2-1b", "h100-80gb", 2, 2048);
+  in.skip_limits = true;
+  auto analytic = MakePlan(in);
+  ASSERT_TRUE(analytic.ok());
+  Trace profiled = analytic->trace_used;
+  profiled.analytic = false;
+  for (BlockTrace& b : profiled.blocks) b.saved_bytes *= 2;  // the profiler saw more
+  in.profiled_trace = profiled;
+  auto with_profile = MakePlan(in);
+  ASSERT_TRUE(with_profile.ok()) << with_profile.status();
+  EXPECT_FALSE(with_profile->trace_used.analytic);
+  EXPECT_GT(with_profile->prediction.peak_bytes, analytic->prediction.peak_bytes);
+  // A different workload scales the profiled trace linearly in tokens.
+  in.workload.micro_batch = 4;
+  auto scaled = MakePlan(in);
+  ASSERT_TRUE(scaled.ok());
+  EXPECT_EQ(scaled->trace_used.blocks[0].saved_bytes, 2 * profiled.blocks[0].saved_bytes);
+}
+
+TEST(PlanEngineTest, LoraNeedsFarLessMemory) {
+  PlanInputs full = Inputs("llama-3.1-8b", "rtx-4090", 1, 2048);
+  full.skip_limits = true;
+  PlanInputs lora = full;
+  lora.training.kind = TrainingKind::kLora;
+  lora.training.lora_rank = 16;
+  lora.training.lora_target_modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  auto f = MakePlan(full);
+  auto l = MakePlan(lora);
+  ASSERT_TRUE(f.ok() && l.ok());
+  EXPECT_LT(l->prediction.host_pinned_bytes + l->prediction.breakdown.optimizer_state_bytes,
+            f->prediction.host_pinned_bytes + f->prediction.breakdown.optimizer_state_bytes);
+  EXPECT_TRUE(l->fits) << l->reason;
+}
+
+TEST(PlanEngineTest, ExtremeButValidInputsAreHandled) {
+  // The largest model and workload validation admits: rejected as too large, never a crash.
+  PlanInputs in = Inputs("llama-3.1-8b", "h100-80gb", 1, 4096);
+  in.arch.hidden_size = 131072;
+  in.arch.num_heads = 1024;
+  in.arch.num_kv_heads = 1024;
+  in.arch.head_dim = 0;
+  in.arch.num_layers = 4096;
+  in.arch.intermediate_size = 1 << 20;
+  in.arch.vocab_size = 1 << 24;
+  in.workload.micro_batch = 1 << 12;
+  in.workload.seq_len = 1 << 16;
+  auto out = MakePlan(in);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  // A tiny profiled trace with huge per-token figures: limit probes scale it up to the token
+  // bound; the ones too large to model count as "does not fit".
+  PlanInputs small = Inputs("llama-tiny", "h100-80gb", 1, 1);
+  small.skip_limits = true;
+  auto base = MakePlan(small);
+  ASSERT_TRUE(base.ok()) << base.status();
+  Trace t = base->trace_used;
+  for (BlockTrace& b : t.blocks) b.saved_bytes = int64_t{1} << 30;
+  small.profiled_trace = t;
+  small.skip_limits = false;
+  auto probed = MakePlan(small);
+  ASSERT_TRUE(probed.ok()) << probed.status();
+  EXPECT_GE(probed->max_seq_len, 1);
+  EXPECT_LT(probed->max_seq_len, 1000);
+}
+
+}  // namespace
+}  // namespace memplan

@@ -1,0 +1,130 @@
+#include "planner/cost/analytic_trace.h"
+
+#include <cmath>
+
+#include "common/presets.h"
+#include "gtest/gtest.h"
+#include "planner/cost/cost_model.h"
+
+namespace memplan {
+namespace {
+
+constexpr double kGiBd = 1024.0 * 1024.0 * 1024.0;
+
+Trace Synth(const std::string& model, int64_t batch, int64_t seq, DType dtype = DType::kBFloat16,
+            TrainingMethod training = {}) {
+  Workload w;
+  w.micro_batch = batch;
+  w.seq_len = seq;
+  auto t =
+      SynthesizeTrace(*FindModelPreset(model), w, dtype, training, *FindHardwarePreset("h200"));
+  EXPECT_TRUE(t.ok()) << t.status();
+  return *std::move(t);
+}
+
+// Parameter counts of the published checkpoints.
+TEST(AnalyticTraceTest, ParameterCountsMatchPublishedModels) {
+  EXPECT_EQ(Synth("llama-3.2-1b", 1, 128).total_param_count, 1235814400);
+  EXPECT_EQ(Synth("llama-3.1-8b", 1, 128).total_param_count, 8030261248);
+  EXPECT_EQ(Synth("llama-3.1-70b", 1, 128).total_param_count, 70553706496);
+  EXPECT_EQ(Synth("qwen2.5-0.5b", 1, 128).total_param_count, 494032768);  // qkv bias, tied
+  EXPECT_EQ(Synth("qwen3-8b", 1, 128).total_param_count, 8190735360);     // qk norm
+}
+
+TEST(AnalyticTraceTest, LoraTrainsOnlyAdapters) {
+  TrainingMethod lora;
+  lora.kind = TrainingKind::kLora;
+  lora.lora_rank = 16;
+  lora.lora_target_modules = {"q_proj", "v_proj"};
+  const Trace t = Synth("llama-3.1-8b", 1, 2048, DType::kBFloat16, lora);
+  EXPECT_EQ(t.trainable_param_count, 6815744);  // what PEFT reports for this configuration
+  const Trace full = Synth("llama-3.1-8b", 1, 2048);
+  // Frozen linears keep no inputs and frozen norms no normalised copies.
+  EXPECT_LT(t.blocks[0].saved_bytes, full.blocks[0].saved_bytes);
+  EXPECT_LT(t.blocks[0].backward_seconds, full.blocks[0].backward_seconds);
+  EXPECT_GT(t.blocks[0].param_bytes, full.blocks[0].param_bytes);  // adapters add weights
+}
+
+TEST(AnalyticTraceTest, ActivationsScaleWithTokensAndDtype) {
+  const Trace a = Synth("llama-3.2-1b", 1, 2048);
+  const Trace b = Synth("llama-3.2-1b", 2, 2048);
+  EXPECT_EQ(b.blocks[0].saved_bytes, 2 * a.blocks[0].saved_bytes);
+  EXPECT_EQ(b.blocks[0].input_bytes, 2 * a.blocks[0].input_bytes);
+  EXPECT_EQ(b.head.saved_bytes, 2 * a.head.saved_bytes);
+  EXPECT_EQ(a.blocks[0].input_bytes, 2048 * 2048 * 2);
+  const Trace f = Synth("llama-3.2-1b", 1, 2048, DType::kFloat32);
+  EXPECT_GT(f.blocks[0].saved_bytes, a.blocks[0].saved_bytes);
+  EXPECT_EQ(f.blocks[0].param_bytes, 2 * a.blocks[0].param_bytes);
+  // Attention FLOPs grow with the square of the sequence: per-token time rises with seq.
+  const Trace longer = Synth("llama-3.2-1b", 1, 8192);
+  EXPECT_GT(longer.blocks[0].forward_seconds, 4 * a.blocks[0].forward_seconds);
+  EXPECT_EQ(longer.blocks[0].saved_bytes, 4 * a.blocks[0].saved_bytes);  // no S x S scores
+}
+
+TEST(AnalyticTraceTest, LogitsDominateTheHeadAtLargeVocab) {
+  const Trace t = Synth("llama-3.2-1b", 4, 2048);
+  const int64_t tv = int64_t{4} * 2048 * 128256;
+  // bf16 logits + fp32 log_softmax output kept; fp32 grads of both in backward.
+  EXPECT_GE(t.head.saved_bytes, 6 * tv);
+  EXPECT_LT(t.head.saved_bytes, 7 * tv);
+  EXPECT_GE(t.head.backward_transient_bytes, 8 * tv);
+  EXPECT_EQ(t.head.param_bytes, 2048 * 2);  // tied: the LM head is the embedding
+  EXPECT_EQ(t.embedding.param_bytes, int64_t{128256} * 2048 * 2);
+}
+
+TEST(AnalyticTraceTest, RejectsInvalidInputsNamingTheField) {
+  ModelSpec m = *FindModelPreset("llama-3.2-1b");
+  m.num_kv_heads = 5;
+  Workload w;
+  auto t = SynthesizeTrace(m, w, DType::kBFloat16, {}, *FindHardwarePreset("h200"));
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("arch.num_kv_heads"), std::string::npos);
+  w.seq_len = 0;
+  t = SynthesizeTrace(*FindModelPreset("llama-3.2-1b"), w, DType::kBFloat16, {},
+                      *FindHardwarePreset("h200"));
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("workload.seq_len"), std::string::npos);
+}
+
+TEST(AnalyticTraceTest, ScalingAProfiledTraceIsLinearInTokens) {
+  const Trace a = Synth("llama-3.2-1b", 1, 1024);
+  Workload w = a.workload;
+  w.micro_batch = 3;
+  const Trace s = ScaleTraceToWorkload(a, w);
+  EXPECT_EQ(s.workload.micro_batch, 3);
+  EXPECT_EQ(s.blocks[0].saved_bytes, 3 * a.blocks[0].saved_bytes);
+  EXPECT_DOUBLE_EQ(s.blocks[0].forward_seconds, 3 * a.blocks[0].forward_seconds);
+  EXPECT_EQ(s.blocks[0].param_bytes, a.blocks[0].param_bytes);
+}
+
+// Peer baseline (anchors.md): eager PyTorch, bf16 params, AdamW with bf16 states, everything on
+// the GPU. Peak allocated memory, no CUDA context. The analytic model should land within 15%.
+double PeerPeakGiB(const std::string& model, int64_t batch, int64_t seq, bool ckpt) {
+  const Trace t = Synth(model, batch, seq);
+  HardwareSpec hw = *FindHardwarePreset("h200");
+  hw.cuda_context_bytes = 0;
+  CostOptions o;
+  o.optimizer = OptimizerKind::kAdamWBf16States;
+  auto cm = CostModel::Create(t, int64_t{256} << 20, hw, o);
+  EXPECT_TRUE(cm.ok());
+  const int32_t n = cm->num_blocks();
+  const ResidencyPlan plan = cm->MakeResidencyPlan(
+      cm->num_chunks(), 0, ModeCounts{0, 0, ckpt ? n : 0}, HostMemoryKind::kPinned);
+  return static_cast<double>(cm->Predict(plan).peak_bytes) / kGiBd;
+}
+
+TEST(AnalyticTraceTest, PeakMatchesPeerAnchorsWithin15Percent) {
+  const double one_b = PeerPeakGiB("llama-3.2-1b", 4, 2048, false);
+  const double one_b_ckpt = PeerPeakGiB("llama-3.2-1b", 4, 2048, true);
+  const double eight_b = PeerPeakGiB("llama-3.1-8b", 1, 4096, false);
+  EXPECT_NEAR(one_b, 33.6, 0.15 * 33.6);
+  EXPECT_NEAR(one_b_ckpt, 20.8, 0.15 * 20.8);
+  EXPECT_NEAR(eight_b, 75.5, 0.15 * 75.5);
+  std::printf(
+      "anchors (GiB): 1B 4x2048 %.1f (peer 33.6), ckpt %.1f (20.8), 8B 1x4096 %.1f "
+      "(75.5)\n",
+      one_b, one_b_ckpt, eight_b);
+}
+
+}  // namespace
+}  // namespace memplan

@@ -1,0 +1,254 @@
+#include "planner/cost/cost_model.h"
+
+#include <cmath>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "planner/core/plan_engine.h"
+#include "tests/planner/cost/random_trace.h"
+
+namespace memplan {
+namespace {
+
+using testing::kGiB;
+using testing::kMiB;
+using testing::RandomHardware;
+using testing::RandomTrace;
+
+CostModel MustCreate(const Trace& trace, int64_t chunk, const HardwareSpec& hw,
+                     const CostOptions& options) {
+  auto model = CostModel::Create(trace, chunk, hw, options);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return *std::move(model);
+}
+
+void ExpectNear(double a, double b, const char* what) {
+  EXPECT_NEAR(a, b, 1e-9 * std::max(1.0, std::fabs(b))) << what;
+}
+
+void ExpectSamePrediction(const Prediction& a, const Prediction& b) {
+  EXPECT_EQ(a.peak_bytes, b.peak_bytes);
+  EXPECT_EQ(a.load_peak_bytes, b.load_peak_bytes);
+  EXPECT_EQ(a.host_pinned_bytes, b.host_pinned_bytes);
+  EXPECT_EQ(a.host_pageable_bytes, b.host_pageable_bytes);
+  EXPECT_EQ(a.breakdown.activations_bytes, b.breakdown.activations_bytes);
+  EXPECT_EQ(a.breakdown.checkpoint_chain_bytes, b.breakdown.checkpoint_chain_bytes);
+  EXPECT_EQ(a.breakdown.transient_bytes, b.breakdown.transient_bytes);
+  EXPECT_EQ(a.breakdown.grads_bytes, b.breakdown.grads_bytes);
+  ExpectNear(a.forward_seconds, b.forward_seconds, "forward");
+  ExpectNear(a.backward_seconds, b.backward_seconds, "backward");
+  ExpectNear(a.iteration_seconds, b.iteration_seconds, "iteration");
+  ExpectNear(a.tokens_per_second, b.tokens_per_second, "tokens/s");
+}
+
+struct RandomCase {
+  Trace trace;
+  HardwareSpec hardware;
+  CostOptions options;
+  int64_t chunk_bytes = 0;
+};
+
+RandomCase MakeCase(std::mt19937_64& rng) {
+  auto uni = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  RandomCase c;
+  c.trace = RandomTrace(rng, static_cast<int32_t>(uni(1, 40)));
+  c.hardware = RandomHardware(rng);
+  c.options.world_size = uni(0, 2) == 0 ? static_cast<int32_t>(uni(2, 8)) : 1;
+  c.options.grad_accum = static_cast<int32_t>(uni(1, 3));
+  c.options.optimizer = static_cast<OptimizerKind>(uni(0, 2));
+  c.options.fragmentation_factor = 0.8 + 0.05 * static_cast<double>(uni(0, 8));
+  c.options.residual_bytes = uni(-64, 64) * kMiB;
+  c.chunk_bytes = uni(8, 96) * kMiB;
+  return c;
+}
+
+// The O(log N) evaluation must agree with plain loops over every phase and window.
+TEST(CostModelTest, FastPredictionMatchesReferenceWalk) {
+  std::mt19937_64 rng(7);
+  for (int iter = 0; iter < 300; ++iter) {
+    const RandomCase c = MakeCase(rng);
+    const CostModel model = MustCreate(c.trace, c.chunk_bytes, c.hardware, c.options);
+    const int32_t n = model.num_blocks(), chunks = model.num_chunks();
+    for (int p = 0; p < 20; ++p) {
+      auto uni = [&](int64_t lo, int64_t hi) {
+        return static_cast<int32_t>(std::uniform_int_distribution<int64_t>(lo, hi)(rng));
+      };
+      ModeCounts m;
+      m.n_swap = uni(0, n);
+      m.n_hs_offload = uni(0, n - m.n_swap);
+      m.n_checkpoint = uni(0, n - m.n_swap - m.n_hs_offload);
+      const int32_t np = uni(0, chunks);
+      const int32_t nb = uni(model.MinBuffers(np), chunks - np);
+      const HostMemoryKind kind = uni(0, 1) ? HostMemoryKind::kPinned : HostMemoryKind::kPageable;
+      const ResidencyPlan plan = model.MakeResidencyPlan(np, nb, m, kind);
+      ASSERT_TRUE(model.ValidatePlan(plan).ok());
+      SCOPED_TRACE(::testing::Message() << "iter " << iter << " n=" << n << " chunks=" << chunks
+                                        << " np=" << np << " nb=" << nb << " s=" << m.n_swap
+                                        << " h=" << m.n_hs_offload << " c=" << m.n_checkpoint);
+      ExpectSamePrediction(model.Predict(plan), model.PredictReference(plan));
+    }
+  }
+}
+
+TEST(CostModelTest, CalibrationContractHolds) {
+  std::mt19937_64 rng(11);
+  for (int iter = 0; iter < 50; ++iter) {
+    const RandomCase c = MakeCase(rng);
+    const CostModel model = MustCreate(c.trace, c.chunk_bytes, c.hardware, c.options);
+    const ResidencyPlan plan =
+        model.MakeResidencyPlan(0, model.MinBuffers(0), ModeCounts{}, HostMemoryKind::kPinned);
+    const Prediction p = model.Predict(plan);
+    const int64_t raw = RawModelBytes(p);
+    EXPECT_EQ(p.peak_bytes, static_cast<int64_t>(std::ceil(c.options.fragmentation_factor *
+                                                           static_cast<double>(raw))) +
+                                c.options.residual_bytes + c.hardware.cuda_context_bytes);
+    EXPECT_EQ(p.breakdown.fragmentation_factor, c.options.fragmentation_factor);
+    EXPECT_EQ(p.breakdown.calibration_residual_bytes, c.options.residual_bytes);
+    EXPECT_EQ(p.breakdown.cuda_context_bytes, c.hardware.cuda_context_bytes);
+    // RawBudget is the largest raw size that still fits.
+    const int64_t budget = model.RawBudget(p.peak_bytes);
+    EXPECT_GE(budget, raw);
+    EXPECT_LE(model.PeakFromRaw(budget), p.peak_bytes);
+    EXPECT_GT(model.PeakFromRaw(budget + 1), p.peak_bytes);
+  }
+}
+
+// The search's pruning rests on these monotonicity properties of the model.
+TEST(CostModelTest, MonotonicityPropertiesUsedBySearch) {
+  std::mt19937_64 rng(13);
+  for (int iter = 0; iter < 120; ++iter) {
+    const RandomCase c = MakeCase(rng);
+    const CostModel model = MustCreate(c.trace, c.chunk_bytes, c.hardware, c.options);
+    const int32_t n = model.num_blocks(), chunks = model.num_chunks();
+    auto uni = [&](int64_t lo, int64_t hi) {
+      return static_cast<int32_t>(std::uniform_int_distribution<int64_t>(lo, hi)(rng));
+    };
+    const HostMemoryKind kind = uni(0, 1) ? HostMemoryKind::kPinned : HostMemoryKind::kPageable;
+    ModeCounts m{uni(0, n), 0, 0};
+    m.n_hs_offload = uni(0, n - m.n_swap);
+    m.n_checkpoint = uni(0, n - m.total());
+    const int32_t np = uni(0, chunks);
+    const int32_t nb = chunks - np;
+    auto secs = [&](const ModeCounts& mc, int32_t p, int32_t b, bool lb) {
+      return model.IterationSeconds(model.Time(p, b, mc, kind, lb));
+    };
+    const double t = secs(m, np, nb, false);
+    const int64_t d = model.DynamicRawBytes(m);
+    if (m.total() < n) {
+      ModeCounts more_ckpt = m;
+      ++more_ckpt.n_checkpoint;
+      EXPECT_GE(secs(more_ckpt, np, nb, false), t - 1e-12);
+      EXPECT_LE(model.DynamicRawBytes(more_ckpt), d);
+      ModeCounts more_hs = m;
+      ++more_hs.n_hs_offload;
+      EXPECT_GE(secs(more_hs, np, nb, false), t - 1e-12);
+      EXPECT_LE(model.DynamicRawBytes(more_hs), d);
+      EXPECT_GE(model.HostBytes(np, more_hs), model.HostBytes(np, m));
+    }
+    if (m.n_checkpoint > 0) {
+      ModeCounts diagonal = m;
+      --diagonal.n_checkpoint;
+      ++diagonal.n_hs_offload;
+      EXPECT_GE(secs(diagonal, np, nb, false), t - 1e-12);
+      EXPECT_LE(model.DynamicRawBytes(diagonal), d);
+    }
+    if (np < chunks) {
+      // Lower-bound time is non-increasing in n_persist (with no eviction either way) and in
+      // n_buffer; persistent bytes grow, host bytes shrink.
+      const StepTime a = model.Time(np, chunks - np, m, kind, true);
+      const StepTime b = model.Time(np + 1, chunks - np - 1, m, kind, true);
+      EXPECT_LE(b.forward_seconds, a.forward_seconds + 1e-12);
+      EXPECT_LE(b.backward_seconds, a.backward_seconds + 1e-12);
+      EXPECT_LE(b.cpu_optimizer_seconds, a.cpu_optimizer_seconds + 1e-12);
+      EXPECT_GE(b.gpu_optimizer_seconds, a.gpu_optimizer_seconds - 1e-12);
+      EXPECT_GE(model.PersistentRawBytes(np + 1), model.PersistentRawBytes(np));
+      EXPECT_LE(model.HostBytes(np + 1, m), model.HostBytes(np, m));
+      EXPECT_GE(model.LoadRawBytes(np + 1), model.LoadRawBytes(np));
+      const int32_t need = model.MinBuffers(np);
+      if (need < chunks - np) {
+        EXPECT_LE(secs(m, np, need + 1, false), secs(m, np, need, false) + 1e-12);
+      }
+      EXPECT_LE(model.MinBuffers(np + 1), need);
+      EXPECT_GE(model.MinBuffers(np + 1), need - 1);
+    }
+    // The lower-bound variant never exceeds the real time.
+    EXPECT_LE(secs(m, np, nb, true), t + 1e-12);
+  }
+}
+
+TEST(CostModelTest, ArbitraryBlockOrderUsesTheWalk) {
+  std::mt19937_64 rng(17);
+  const Trace trace = RandomTrace(rng, 8);
+  const HardwareSpec hw = RandomHardware(rng);
+  const CostModel model = MustCreate(trace, 64 * kMiB, hw, CostOptions{});
+  ResidencyPlan plan =
+      model.MakeResidencyPlan(0, model.MinBuffers(0), ModeCounts{1, 1, 2}, HostMemoryKind::kPinned);
+  std::reverse(plan.block_modes.begin(), plan.block_modes.end());  // NONE first: not arranged
+  ASSERT_TRUE(model.ValidatePlan(plan).ok());
+  ExpectSamePrediction(model.Predict(plan), model.PredictReference(plan));
+}
+
+TEST(CostModelTest, CheckpointChainAndOffloadTradeoffs) {
+  std::mt19937_64 rng(19);
+  Trace trace = RandomTrace(rng, 12);
+  trace.training.kind = TrainingKind::kFull;
+  trace.trainable_param_count = trace.total_param_count;
+  const HardwareSpec hw = RandomHardware(rng);
+  const CostModel model = MustCreate(trace, 64 * kMiB, hw, CostOptions{});
+  const int32_t n = model.num_blocks(), chunks = model.num_chunks();
+  const ResidencyPlan keep =
+      model.MakeResidencyPlan(chunks, 0, ModeCounts{}, HostMemoryKind::kPinned);
+  const ResidencyPlan ckpt =
+      model.MakeResidencyPlan(chunks, 0, ModeCounts{0, 0, n}, HostMemoryKind::kPinned);
+  const ResidencyPlan hs =
+      model.MakeResidencyPlan(chunks, 0, ModeCounts{0, n, 0}, HostMemoryKind::kPinned);
+  const Prediction pk = model.Predict(keep), pc = model.Predict(ckpt), ph = model.Predict(hs);
+  EXPECT_EQ(pk.breakdown.checkpoint_chain_bytes, 0);
+  EXPECT_GT(pc.breakdown.checkpoint_chain_bytes, 0);  // inputs of checkpointed blocks stay
+  EXPECT_EQ(ph.breakdown.checkpoint_chain_bytes, 0);  // hidden states live on the host
+  EXPECT_LT(pc.peak_bytes, pk.peak_bytes);
+  EXPECT_LE(ph.peak_bytes, pc.peak_bytes);
+  EXPECT_GT(pc.iteration_seconds, pk.iteration_seconds);  // recompute costs time
+  EXPECT_GT(ph.host_pinned_bytes, pc.host_pinned_bytes);
+
+  // Offloading chunks moves state to the host and costs time; pageable is slower than pinned.
+  const int32_t nb = model.MinBuffers(0);
+  const Prediction off =
+      model.Predict(model.MakeResidencyPlan(0, nb, ModeCounts{}, HostMemoryKind::kPinned));
+  const Prediction page =
+      model.Predict(model.MakeResidencyPlan(0, nb, ModeCounts{}, HostMemoryKind::kPageable));
+  EXPECT_LT(off.peak_bytes, pk.peak_bytes);
+  EXPECT_GT(off.host_pinned_bytes, 0);
+  EXPECT_EQ(page.host_pinned_bytes, 0);
+  EXPECT_EQ(page.host_pageable_bytes, off.host_pinned_bytes);
+  EXPECT_GE(off.iteration_seconds, pk.iteration_seconds);
+  EXPECT_GT(page.iteration_seconds, off.iteration_seconds);
+  EXPECT_EQ(pk.host_pinned_bytes, 0);
+}
+
+TEST(CostModelTest, ValidatePlanNamesTheField) {
+  std::mt19937_64 rng(23);
+  const CostModel model =
+      MustCreate(RandomTrace(rng, 4), 64 * kMiB, RandomHardware(rng), CostOptions{});
+  ResidencyPlan plan =
+      model.MakeResidencyPlan(0, model.MinBuffers(0), ModeCounts{}, HostMemoryKind::kPinned);
+  plan.n_persist = model.num_chunks() + 1;
+  EXPECT_NE(model.ValidatePlan(plan).message().find("plan.n_persist"), std::string::npos);
+  plan = model.MakeResidencyPlan(0, model.MinBuffers(0), ModeCounts{}, HostMemoryKind::kPinned);
+  plan.n_buffer = 0;
+  EXPECT_NE(model.ValidatePlan(plan).message().find("plan.n_buffer"), std::string::npos);
+  plan = model.MakeResidencyPlan(0, model.MinBuffers(0), ModeCounts{}, HostMemoryKind::kPinned);
+  plan.n_checkpoint = 3;
+  plan.n_swap = 3;
+  EXPECT_FALSE(model.ValidatePlan(plan).ok());
+  HardwareSpec hw = RandomHardware(rng);
+  hw.nccl_allgather_bytes_per_second = 0;
+  CostOptions multi;
+  multi.world_size = 4;
+  EXPECT_FALSE(CostModel::Create(RandomTrace(rng, 4), 64 * kMiB, hw, multi).ok());
+}
+
+}  // namespace
+}  // namespace memplan

@@ -1,0 +1,199 @@
+#include "planner/search/plan_search.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "tests/planner/cost/random_trace.h"
+
+namespace memplan {
+namespace {
+
+using testing::kGiB;
+using testing::kMiB;
+
+struct Oracle {
+  bool found = false;
+  double seconds = std::numeric_limits<double>::infinity();
+  int64_t feasible_plans = 0;
+  // Ignoring capacity: the least GPU memory any plan honouring host limits and knobs needs.
+  bool any_host_feasible = false;
+  int64_t leanest_required = std::numeric_limits<int64_t>::max();
+};
+
+bool Feasible(const Prediction& p, const SearchConstraints& c, HostMemoryKind kind) {
+  if (std::max(p.peak_bytes, p.load_peak_bytes) > c.capacity_bytes) return false;
+  if (p.host_pinned_bytes + p.host_pageable_bytes > c.host_memory_bytes) return false;
+  if (kind == HostMemoryKind::kPinned && c.pinned_limit_bytes > 0 &&
+      p.host_pinned_bytes > c.pinned_limit_bytes) {
+    return false;
+  }
+  return true;
+}
+
+// Every configuration, evaluated with CostModel::Predict: the ground truth for the search.
+Oracle BruteForce(const PlanSearch& search, const SearchConstraints& c) {
+  Oracle o;
+  const FixedKnobs& f = c.fixed;
+  for (int i = 0; i < search.num_models(); ++i) {
+    const CostModel& model = search.model(i);
+    if (f.chunk_bytes && *f.chunk_bytes != model.chunk_bytes()) continue;
+    const int32_t n = model.num_blocks(), chunks = model.num_chunks();
+    for (HostMemoryKind kind : {HostMemoryKind::kPinned, HostMemoryKind::kPageable}) {
+      if (f.host_memory && *f.host_memory != kind) continue;
+      for (int32_t np = 0; np <= chunks; ++np) {
+        if (f.n_persist && *f.n_persist != np) continue;
+        for (int32_t nb = 0; nb <= chunks - np; ++nb) {
+          if (f.n_buffer && *f.n_buffer != nb) continue;
+          for (int32_t s = 0; s <= n; ++s) {
+            if (f.n_swap && *f.n_swap != s) continue;
+            for (int32_t h = 0; s + h <= n; ++h) {
+              if (f.n_hs_offload && *f.n_hs_offload != h) continue;
+              for (int32_t k = 0; s + h + k <= n; ++k) {
+                if (f.n_checkpoint && *f.n_checkpoint != k) continue;
+                const ResidencyPlan plan =
+                    model.MakeResidencyPlan(np, nb, ModeCounts{s, h, k}, kind);
+                if (!model.ValidatePlan(plan).ok()) continue;
+                const Prediction p = model.Predict(plan);
+                SearchConstraints unbounded = c;
+                unbounded.capacity_bytes = std::numeric_limits<int64_t>::max();
+                if (Feasible(p, unbounded, kind)) {
+                  o.any_host_feasible = true;
+                  o.leanest_required =
+                      std::min(o.leanest_required, std::max(p.peak_bytes, p.load_peak_bytes));
+                }
+                if (!Feasible(p, c, kind)) continue;
+                ++o.feasible_plans;
+                o.found = true;
+                o.seconds = std::min(o.seconds, p.iteration_seconds);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return o;
+}
+
+TEST(PlanSearchTest, MatchesBruteForceOnSmallModels) {
+  std::mt19937_64 rng(::testing::GTEST_FLAG(random_seed) ? ::testing::GTEST_FLAG(random_seed)
+                                                         : 2024);
+  auto uni = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  int feasible_cases = 0, infeasible_cases = 0, fixed_cases = 0;
+  for (int iter = 0; iter < 400; ++iter) {
+    const Trace trace = testing::RandomTrace(rng, static_cast<int32_t>(uni(1, 6)));
+    HardwareSpec hw = testing::RandomHardware(rng);
+    CostOptions options;
+    options.world_size = uni(0, 3) == 0 ? static_cast<int32_t>(uni(2, 4)) : 1;
+    options.grad_accum = static_cast<int32_t>(uni(1, 2));
+    options.optimizer = static_cast<OptimizerKind>(uni(0, 2));
+    options.fragmentation_factor = 0.9 + 0.05 * static_cast<double>(uni(0, 4));
+    const std::vector<int64_t> chunks = {uni(40, 80) * kMiB, uni(81, 200) * kMiB};
+    auto search = PlanSearch::Create(trace, hw, options, chunks);
+    ASSERT_TRUE(search.ok()) << search.status();
+
+    // Capacities between the leanest and the fattest plan make the constraint bite.
+    SearchConstraints c;
+    c.capacity_bytes = uni(1, 12) * kGiB / 2;
+    c.host_memory_bytes = uni(0, 3) == 0 ? uni(1, 8) * kGiB / 2 : 64 * kGiB;
+    c.pinned_limit_bytes = uni(0, 3) == 0 ? uni(1, 6) * kGiB / 4 : 0;
+    if (uni(0, 2) == 0) {
+      ++fixed_cases;
+      const CostModel& m0 = search->model(0);
+      if (uni(0, 3) == 0) c.fixed.chunk_bytes = chunks[static_cast<size_t>(uni(0, 1))];
+      if (uni(0, 3) == 0) c.fixed.n_persist = static_cast<int32_t>(uni(0, m0.num_chunks()));
+      if (uni(0, 3) == 0) c.fixed.n_buffer = static_cast<int32_t>(uni(0, 3));
+      if (uni(0, 3) == 0) c.fixed.n_swap = static_cast<int32_t>(uni(0, 1));
+      if (uni(0, 3) == 0) c.fixed.n_checkpoint = static_cast<int32_t>(uni(0, 2));
+      if (uni(0, 3) == 0) c.fixed.n_hs_offload = static_cast<int32_t>(uni(0, 1));
+      if (uni(0, 3) == 0) {
+        c.fixed.host_memory = uni(0, 1) ? HostMemoryKind::kPinned : HostMemoryKind::kPageable;
+      }
+    }
+    const Oracle oracle = BruteForce(*search, c);
+    const SearchResult fast = search->FindFastest(c);
+    const SearchResult any = search->FindAnyFit(c);
+    const SearchResult lean = search->FindLeanest(c);
+    ASSERT_EQ(lean.found, oracle.any_host_feasible);
+    if (lean.found) {
+      EXPECT_EQ(std::max(lean.prediction.peak_bytes, lean.prediction.load_peak_bytes),
+                oracle.leanest_required);
+      SearchConstraints unbounded = c;
+      unbounded.capacity_bytes = std::numeric_limits<int64_t>::max();
+      EXPECT_TRUE(Feasible(lean.prediction, unbounded, lean.plan.host_memory));
+    }
+    SCOPED_TRACE(::testing::Message() << "iter " << iter << " blocks " << trace.blocks.size()
+                                      << " capacity " << c.capacity_bytes);
+    ASSERT_EQ(fast.found, oracle.found);
+    ASSERT_EQ(any.found, oracle.found);
+    if (!oracle.found) {
+      ++infeasible_cases;
+      continue;
+    }
+    ++feasible_cases;
+    EXPECT_NEAR(fast.prediction.iteration_seconds, oracle.seconds, 1e-9 * oracle.seconds);
+    // The returned plans honour every constraint and their own prediction.
+    for (const SearchResult* r : {&fast, &any}) {
+      const CostModel& model = search->model(r->model_index);
+      ASSERT_TRUE(model.ValidatePlan(r->plan).ok());
+      EXPECT_TRUE(Feasible(model.Predict(r->plan), c, r->plan.host_memory));
+      const FixedKnobs& f = c.fixed;
+      if (f.n_persist) {
+        EXPECT_EQ(r->plan.n_persist, *f.n_persist);
+      }
+      if (f.n_buffer) {
+        EXPECT_EQ(r->plan.n_buffer, *f.n_buffer);
+      }
+      if (f.n_swap) {
+        EXPECT_EQ(r->plan.n_swap, *f.n_swap);
+      }
+      if (f.n_checkpoint) {
+        EXPECT_EQ(r->plan.n_checkpoint, *f.n_checkpoint);
+      }
+      if (f.n_hs_offload) {
+        EXPECT_EQ(r->plan.n_hs_offload, *f.n_hs_offload);
+      }
+      if (f.chunk_bytes) {
+        EXPECT_EQ(r->plan.chunk_bytes, *f.chunk_bytes);
+      }
+      if (f.host_memory) {
+        EXPECT_EQ(r->plan.host_memory, *f.host_memory);
+      }
+    }
+    EXPECT_LE(fast.plans_evaluated, oracle.feasible_plans + 1000);
+  }
+  // The random cases cover both verdicts and the fixed-knob paths.
+  EXPECT_GT(feasible_cases, 40);
+  EXPECT_GT(infeasible_cases, 10);
+  EXPECT_GT(fixed_cases, 40);
+}
+
+TEST(PlanSearchTest, PrefersNoOffloadWhenEverythingFits) {
+  std::mt19937_64 rng(1);
+  const Trace trace = testing::RandomTrace(rng, 4);
+  const HardwareSpec hw = testing::RandomHardware(rng);
+  auto search = PlanSearch::Create(trace, hw, CostOptions{}, {64 * kMiB});
+  ASSERT_TRUE(search.ok());
+  SearchConstraints c;
+  c.capacity_bytes = 1000 * kGiB;
+  c.host_memory_bytes = 64 * kGiB;
+  const SearchResult r = search->FindFastest(c);
+  ASSERT_TRUE(r.found);
+  EXPECT_EQ(r.plan.n_persist, r.plan.n_chunks);
+  EXPECT_EQ(r.plan.n_checkpoint + r.plan.n_swap + r.plan.n_hs_offload, 0);
+  EXPECT_EQ(r.prediction.host_pinned_bytes, 0);
+}
+
+TEST(PlanSearchTest, RejectsBadChunkCandidates) {
+  std::mt19937_64 rng(1);
+  const Trace trace = testing::RandomTrace(rng, 2);
+  EXPECT_FALSE(PlanSearch::Create(trace, testing::RandomHardware(rng), CostOptions{}, {}).ok());
+  EXPECT_FALSE(PlanSearch::Create(trace, testing::RandomHardware(rng), CostOptions{}, {0}).ok());
+}
+
+}  // namespace
+}  // namespace memplan

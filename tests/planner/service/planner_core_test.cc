@@ -1,0 +1,620 @@
+#include "planner/service/planner_core.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/notification.h"
+#include "common/presets.h"
+#include "common/proto_convert.h"
+#include "planner/core/plan_engine.h"
+#include "planner/metrics/planner_metrics.h"
+#include "planner/service/search_executor.h"
+#include "planner/store/store.h"
+#include "prometheus/registry.h"
+
+namespace memplan {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+class PlannerCoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store_ = NewMemoryStore();
+    registry_ = std::make_shared<prometheus::Registry>();
+    metrics_ = std::make_unique<PlannerMetrics>(registry_);
+    executor_ = std::make_unique<SearchExecutor>(SearchExecutor::Options{.threads = 1});
+    PlannerCoreOptions options;
+    options.now_unix_ms = [this] { return ++clock_ms_; };
+    auto core = PlannerCore::Create(*store_, *executor_, metrics_.get(), options);
+    ASSERT_TRUE(core.ok()) << core.status();
+    core_ = *std::move(core);
+  }
+
+  // A small model on a big card: always fits, searches fast.
+  static v1::PlanRequest TinyRequest() {
+    v1::PlanRequest r;
+    r.set_arch_preset("llama-tiny");
+    r.set_hardware_preset("rtx-3090");
+    r.mutable_workload()->set_micro_batch(2);
+    r.mutable_workload()->set_seq_len(512);
+    r.set_param_dtype(v1::DTYPE_BF16);
+    r.set_optimizer("adamw");
+    r.set_skip_limits(true);
+    return r;
+  }
+
+  static v1::PlanRequest InlineRequest() {
+    v1::PlanRequest r = TinyRequest();
+    *r.mutable_arch() = ToProto(*FindModelPreset("llama-tiny"));
+    *r.mutable_hardware_spec() = ToProto(*FindHardwarePreset("rtx-3090"));
+    return r;
+  }
+
+  // A profiled trace for llama-tiny at micro_batch 2, seq_len 512 in bf16.
+  static v1::Trace TinyTrace(const std::string& hardware_name) {
+    const ModelSpec m = *FindModelPreset("llama-tiny");
+    Trace t;
+    t.arch = m;
+    t.workload = {2, 512, 1, 1};
+    t.param_dtype = DType::kBFloat16;
+    t.hardware_name = hardware_name;
+    t.analytic = false;
+    const int64_t hidden_bytes = 2 * 512 * m.hidden_size * 2;
+    const int64_t block_params = 4 * m.hidden_size * m.hidden_size +
+                                 3 * m.hidden_size * m.intermediate_size + 2 * m.hidden_size;
+    for (int i = 0; i < m.num_layers; ++i) {
+      BlockTrace b;
+      b.param_bytes = block_params * 2;
+      b.input_bytes = hidden_bytes;
+      b.saved_bytes = 20 * hidden_bytes;
+      b.forward_transient_bytes = 4 * hidden_bytes;
+      b.backward_transient_bytes = 6 * hidden_bytes;
+      b.forward_seconds = 1e-4;
+      b.backward_seconds = 2e-4;
+      b.recompute_seconds = 1e-4;
+      t.blocks.push_back(b);
+    }
+    t.embedding = {m.vocab_size * m.hidden_size * 2, hidden_bytes, 0, 0, 1e-5, 1e-5};
+    t.head = {m.vocab_size * m.hidden_size * 2,
+              2 * 512 * m.vocab_size * 4,
+              2 * 512 * m.vocab_size * 4,
+              2 * 512 * m.vocab_size * 4,
+              1e-4,
+              2e-4};
+    t.total_param_count = m.num_layers * block_params + 2 * m.vocab_size * m.hidden_size;
+    t.trainable_param_count = t.total_param_count;
+    return ToProto(t);
+  }
+
+  absl::StatusOr<v1::PlanResponse> Plan(const v1::PlanRequest& r) { return core_->Plan(r); }
+
+  int64_t clock_ms_ = 1'700'000'000'000;
+  std::unique_ptr<Store> store_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<PlannerMetrics> metrics_;
+  std::unique_ptr<SearchExecutor> executor_;
+  std::unique_ptr<PlannerCore> core_;
+};
+
+void ExpectInvalid(const absl::StatusOr<v1::PlanResponse>& result, const std::string& field,
+                   const std::string& detail) {
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << result.status();
+  EXPECT_THAT(result.status().message(), AllOf(HasSubstr(field), HasSubstr(detail)));
+}
+
+// ---------------------------------------------------------------- plans
+
+TEST_F(PlannerCoreTest, PlansFromPresetsAndStoresTheResolvedRequest) {
+  auto response = Plan(TinyRequest());
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_TRUE(response->fits()) << response->reason();
+  EXPECT_THAT(response->plan_id(), StartsWith("plan-"));
+  EXPECT_TRUE(response->analytic_trace());
+  EXPECT_GT(response->prediction().peak_bytes(), 0);
+  EXPECT_LE(response->prediction().peak_bytes(), response->capacity_bytes());
+  EXPECT_EQ(response->plan().block_modes_size(), 4);
+  EXPECT_GT(response->plans_evaluated(), 0);
+  EXPECT_GE(response->search_seconds(), 0);
+  EXPECT_EQ(metrics_->TrackedPlanCount(), 1);
+
+  v1::GetPlanRequest get;
+  get.set_plan_id(response->plan_id());
+  auto stored = core_->GetPlan(get);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->plan().plan_id(), response->plan_id());
+  EXPECT_EQ(stored->plan().response().plan_id(), response->plan_id());
+  EXPECT_EQ(stored->plan().response().prediction().peak_bytes(),
+            response->prediction().peak_bytes());
+  // Presets were resolved into the stored request, with defaults explicit.
+  const v1::PlanRequest& req = stored->plan().request();
+  EXPECT_EQ(req.arch().name(), "llama-tiny");
+  EXPECT_EQ(req.arch().num_layers(), 4);
+  EXPECT_EQ(req.hardware_spec().name(), "rtx-3090");
+  EXPECT_EQ(req.safety_margin(), 0.05);
+  EXPECT_EQ(req.workload().world_size(), 1);
+}
+
+TEST_F(PlannerCoreTest, InlineArchAndSpecGiveTheSameAnswerAsPresets) {
+  auto by_preset = Plan(TinyRequest());
+  auto inline_spec = Plan(InlineRequest());
+  ASSERT_TRUE(by_preset.ok() && inline_spec.ok());
+  EXPECT_EQ(by_preset->prediction().peak_bytes(), inline_spec->prediction().peak_bytes());
+  EXPECT_NE(by_preset->plan_id(), inline_spec->plan_id());
+}
+
+TEST_F(PlannerCoreTest, DefaultsApplyWhenOptionalFieldsAreUnset) {
+  v1::PlanRequest r = TinyRequest();
+  r.clear_param_dtype();
+  r.clear_optimizer();
+  r.mutable_workload()->clear_world_size();
+  auto response = Plan(r);
+  ASSERT_TRUE(response.ok()) << response.status();
+  v1::GetPlanRequest get;
+  get.set_plan_id(response->plan_id());
+  auto stored = core_->GetPlan(get);
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(stored->plan().request().param_dtype(), v1::DTYPE_BF16);
+  EXPECT_EQ(stored->plan().request().optimizer(), "adamw");
+}
+
+// ---------------------------------------------------------------- bad input
+
+TEST_F(PlannerCoreTest, ZeroLayersNamesFieldAndRange) {
+  v1::PlanRequest r = InlineRequest();
+  r.mutable_arch()->set_num_layers(0);
+  ExpectInvalid(Plan(r), "arch.num_layers = 0", "[1, 4096]");
+}
+
+TEST_F(PlannerCoreTest, HeadsMustDivideHidden) {
+  v1::PlanRequest r = InlineRequest();
+  r.mutable_arch()->set_num_heads(6);
+  r.mutable_arch()->set_num_kv_heads(3);
+  ExpectInvalid(Plan(r), "arch.num_heads = 6", "must divide arch.hidden_size = 256");
+}
+
+TEST_F(PlannerCoreTest, KvHeadsMustDivideHeads) {
+  v1::PlanRequest r = InlineRequest();
+  r.mutable_arch()->set_num_kv_heads(3);
+  ExpectInvalid(Plan(r), "arch.num_kv_heads = 3", "must divide arch.num_heads = 8");
+}
+
+TEST_F(PlannerCoreTest, NegativeAndAbsurdSizesNameFieldAndRange) {
+  v1::PlanRequest r = TinyRequest();
+  r.mutable_workload()->set_micro_batch(-1);
+  ExpectInvalid(Plan(r), "workload.micro_batch = -1", "[1, 65536]");
+
+  r = TinyRequest();
+  r.mutable_workload()->set_seq_len(0);
+  ExpectInvalid(Plan(r), "workload.seq_len = 0", "[1, 16777216]");
+
+  r = InlineRequest();
+  r.mutable_arch()->set_hidden_size(int64_t{1} << 40);
+  ExpectInvalid(Plan(r), "arch.hidden_size = 1099511627776", "[1, 131072]");
+
+  r = InlineRequest();
+  r.mutable_arch()->set_vocab_size(-5);
+  ExpectInvalid(Plan(r), "arch.vocab_size = -5", "[1, 16777216]");
+
+  r = InlineRequest();
+  r.mutable_hardware_spec()->set_gpu_memory_bytes(int64_t{1} << 60);
+  ExpectInvalid(Plan(r), "hardware_spec.gpu_memory_bytes", "out of range");
+
+  r = InlineRequest();
+  r.mutable_hardware_spec()->set_h2d_pinned_bytes_per_second(-1);
+  ExpectInvalid(Plan(r), "hardware_spec.h2d_pinned_bytes_per_second = -1", "out of range");
+
+  r = TinyRequest();
+  r.mutable_workload()->set_world_size(-2);
+  ExpectInvalid(Plan(r), "workload.world_size = -2", "[1, 65536]");
+}
+
+TEST_F(PlannerCoreTest, CapacityBelowCudaContextIsRejected) {
+  v1::PlanRequest r = InlineRequest();
+  r.mutable_hardware_spec()->set_gpu_memory_bytes(256 << 20);
+  r.mutable_hardware_spec()->set_cuda_context_bytes(512 << 20);
+  ExpectInvalid(Plan(r), "hardware_spec.gpu_memory_bytes = 268435456", "below the CUDA context");
+}
+
+TEST_F(PlannerCoreTest, UnknownOptimizerListsTheAllowList) {
+  v1::PlanRequest r = TinyRequest();
+  r.set_optimizer("adafactor");
+  ExpectInvalid(Plan(r), "optimizer = \"adafactor\"", "allowed: adamw, adamw_bf16, sgd");
+}
+
+TEST_F(PlannerCoreTest, SafetyMarginAndAlternativesAreRangeChecked) {
+  v1::PlanRequest r = TinyRequest();
+  r.set_safety_margin(0.7);
+  ExpectInvalid(Plan(r), "safety_margin = 0.7", "[0, 0.5]");
+  r.set_safety_margin(-0.1);
+  ExpectInvalid(Plan(r), "safety_margin = -0.1", "[0, 0.5]");
+  r.set_safety_margin(std::numeric_limits<double>::quiet_NaN());
+  ExpectInvalid(Plan(r), "safety_margin = nan", "[0, 0.5]");
+  r = TinyRequest();
+  r.set_max_alternatives(-1);
+  ExpectInvalid(Plan(r), "max_alternatives = -1", "[0, 32]");
+}
+
+TEST_F(PlannerCoreTest, UnknownEnumValuesAreRejected) {
+  v1::PlanRequest r = TinyRequest();
+  r.set_param_dtype(static_cast<v1::DType>(17));
+  ExpectInvalid(Plan(r), "param_dtype = 17", "DTYPE_BF16");
+  r = TinyRequest();
+  r.mutable_fixed()->set_host_memory(static_cast<v1::HostMemoryKind>(9));
+  ExpectInvalid(Plan(r), "fixed.host_memory = 9", "HOST_MEMORY_PINNED");
+}
+
+TEST_F(PlannerCoreTest, FixedKnobOutOfRangeNamesTheKnob) {
+  v1::PlanRequest r = TinyRequest();
+  r.mutable_fixed()->set_n_checkpoint(99);
+  ExpectInvalid(Plan(r), "fixed.n_checkpoint", "out of range");
+}
+
+TEST_F(PlannerCoreTest, MissingModelOrHardwareIsInvalid) {
+  v1::PlanRequest r = TinyRequest();
+  r.clear_model();
+  ExpectInvalid(Plan(r), "model is required", "arch, trace_id, arch_preset");
+  r = TinyRequest();
+  r.clear_hardware();
+  ExpectInvalid(Plan(r), "hardware is required",
+                "hardware_spec, hardware_profile_id, hardware_preset");
+}
+
+TEST_F(PlannerCoreTest, UnknownIdsAndPresetsAreNotFound) {
+  v1::PlanRequest r = TinyRequest();
+  r.set_arch_preset("gpt-7");
+  auto result = Plan(r);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(result.status().message(), AllOf(HasSubstr("arch_preset \"gpt-7\""),
+                                               HasSubstr("llama-3.1-8b"), HasSubstr("qwen3-8b")));
+
+  r = TinyRequest();
+  r.set_hardware_preset("tpu-v9");
+  result = Plan(r);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(result.status().message(),
+              AllOf(HasSubstr("hardware_preset \"tpu-v9\""), HasSubstr("h100-80gb")));
+
+  r = TinyRequest();
+  r.set_trace_id("trace-0000000000000000");
+  result = Plan(r);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(result.status().message(), HasSubstr("trace_id \"trace-0000000000000000\""));
+
+  r = TinyRequest();
+  r.set_hardware_profile_id("hw-nope");
+  result = Plan(r);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(result.status().message(), HasSubstr("hardware_profile_id \"hw-nope\""));
+
+  v1::GetPlanRequest get;
+  get.set_plan_id("plan-missing");
+  EXPECT_EQ(core_->GetPlan(get).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(core_->GetPlan(get).status().message(), HasSubstr("plan_id \"plan-missing\""));
+}
+
+TEST_F(PlannerCoreTest, FullSearchQueueIsResourceExhausted) {
+  // A core over a one-thread executor with no queue, whose thread we keep busy.
+  SearchExecutor busy({.threads = 1, .max_queued = 0});
+  auto core = PlannerCore::Create(*store_, busy, nullptr);
+  ASSERT_TRUE(core.ok());
+  absl::Notification release;
+  ASSERT_TRUE(busy.Submit([&] { release.WaitForNotification(); }).ok());
+  auto result = (*core)->Plan(TinyRequest());
+  release.Notify();
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted) << result.status();
+}
+
+// ---------------------------------------------------------------- measurements and calibration
+
+TEST_F(PlannerCoreTest, MeasurementIsStoredAndRecalibratesLaterPredictions) {
+  auto first = Plan(TinyRequest());
+  ASSERT_TRUE(first.ok()) << first.status();
+  const int64_t predicted = first->prediction().peak_bytes();
+  EXPECT_EQ(first->prediction().breakdown().fragmentation_factor(), 1.0);
+
+  // The run used 30% more than predicted.
+  const int64_t measured = predicted + predicted * 3 / 10;
+  v1::ReportMeasurementRequest report;
+  report.mutable_measurement()->set_plan_id(first->plan_id());
+  report.mutable_measurement()->set_peak_reserved_bytes(measured);
+  report.mutable_measurement()->set_peak_allocated_bytes(measured - 1000);
+  report.mutable_measurement()->set_step_seconds(0.25);
+  auto reported = core_->ReportMeasurement(report);
+  ASSERT_TRUE(reported.ok()) << reported.status();
+  EXPECT_THAT(reported->measurement_id(), StartsWith("meas-"));
+  EXPECT_NEAR(reported->relative_error(),
+              static_cast<double>(predicted - measured) / static_cast<double>(measured), 1e-12);
+  EXPECT_EQ(reported->calibration().hardware_name(), "rtx-3090");
+  EXPECT_EQ(reported->calibration().model_family(), "llama");
+  EXPECT_EQ(reported->calibration().param_dtype(), v1::DTYPE_BF16);
+  EXPECT_EQ(reported->calibration().samples(), 1);
+  EXPECT_GT(reported->calibration().updated_at_unix_ms(), 0);
+
+  // Stored with the plan.
+  v1::GetPlanRequest get;
+  get.set_plan_id(first->plan_id());
+  auto stored = core_->GetPlan(get);
+  ASSERT_TRUE(stored.ok());
+  ASSERT_EQ(stored->plan().measurements_size(), 1);
+  EXPECT_EQ(stored->plan().measurements(0).peak_reserved_bytes(), measured);
+  EXPECT_GT(stored->plan().measurements(0).measured_at_unix_ms(), 0);
+
+  // And visible through GetCalibration (filtered and unfiltered).
+  v1::GetCalibrationRequest cal;
+  cal.set_hardware_name("rtx-3090");
+  auto calibrations = core_->GetCalibration(cal);
+  ASSERT_TRUE(calibrations.ok());
+  ASSERT_EQ(calibrations->calibrations_size(), 1);
+  cal.set_hardware_name("h200");
+  EXPECT_EQ(core_->GetCalibration(cal)->calibrations_size(), 0);
+
+  // The same plan again: pin every knob so only the calibration can change the peak.
+  v1::PlanRequest again = TinyRequest();
+  v1::FixedKnobs* fixed = again.mutable_fixed();
+  fixed->set_chunk_bytes(first->plan().chunk_bytes());
+  fixed->set_n_persist(first->plan().n_persist());
+  fixed->set_n_buffer(first->plan().n_buffer());
+  fixed->set_n_swap(first->plan().n_swap());
+  fixed->set_n_checkpoint(first->plan().n_checkpoint());
+  fixed->set_n_hs_offload(first->plan().n_hs_offload());
+  fixed->set_host_memory(first->plan().host_memory());
+  auto second = Plan(again);
+  ASSERT_TRUE(second.ok()) << second.status();
+  const v1::MemoryBreakdown& b = second->prediction().breakdown();
+  EXPECT_EQ(b.fragmentation_factor(), reported->calibration().fragmentation_factor());
+  EXPECT_EQ(b.calibration_residual_bytes(), reported->calibration().residual_bytes());
+  EXPECT_GT(second->prediction().peak_bytes(), predicted);
+  // The calibrator never lets a correction under-predict what was measured.
+  EXPECT_GE(second->prediction().peak_bytes(), measured);
+  // The raw model is unchanged: calibration acts only through alpha and the residual.
+  EXPECT_EQ(RawModelBytes(PredictionFromProto(second->prediction())),
+            RawModelBytes(PredictionFromProto(first->prediction())));
+}
+
+TEST_F(PlannerCoreTest, CalibrationIsKeyedByHardwareDtypeAndFamily) {
+  auto first = Plan(TinyRequest());
+  ASSERT_TRUE(first.ok());
+  v1::ReportMeasurementRequest report;
+  report.mutable_measurement()->set_plan_id(first->plan_id());
+  report.mutable_measurement()->set_peak_reserved_bytes(first->prediction().peak_bytes() * 2);
+  ASSERT_TRUE(core_->ReportMeasurement(report).ok());
+  // Another card: no calibration applies.
+  v1::PlanRequest other = TinyRequest();
+  other.set_hardware_preset("rtx-4090");
+  auto response = Plan(other);
+  ASSERT_TRUE(response.ok());
+  EXPECT_EQ(response->prediction().breakdown().fragmentation_factor(), 1.0);
+  EXPECT_EQ(response->prediction().breakdown().calibration_residual_bytes(), 0);
+}
+
+TEST_F(PlannerCoreTest, BadMeasurementsAreRejected) {
+  auto plan = Plan(TinyRequest());
+  ASSERT_TRUE(plan.ok());
+  v1::ReportMeasurementRequest report;
+  EXPECT_EQ(core_->ReportMeasurement(report).status().code(), absl::StatusCode::kInvalidArgument);
+
+  report.mutable_measurement()->set_plan_id("plan-unknown");
+  report.mutable_measurement()->set_peak_reserved_bytes(1 << 30);
+  auto result = core_->ReportMeasurement(report);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(result.status().message(), HasSubstr("measurement.plan_id \"plan-unknown\""));
+
+  report.mutable_measurement()->set_plan_id(plan->plan_id());
+  report.mutable_measurement()->set_peak_reserved_bytes(-5);
+  result = core_->ReportMeasurement(report);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(result.status().message(),
+              AllOf(HasSubstr("measurement.peak_reserved_bytes = -5"), HasSubstr("[0, ")));
+
+  report.mutable_measurement()->set_peak_reserved_bytes(1 << 30);
+  report.mutable_measurement()->set_load_peak_bytes(-1);
+  EXPECT_THAT(core_->ReportMeasurement(report).status().message(),
+              HasSubstr("measurement.load_peak_bytes = -1"));
+
+  report.mutable_measurement()->set_load_peak_bytes(0);
+  report.mutable_measurement()->set_step_seconds(std::nan(""));
+  EXPECT_THAT(core_->ReportMeasurement(report).status().message(),
+              HasSubstr("measurement.step_seconds = nan"));
+
+  // Nothing was stored by the rejected reports.
+  v1::GetPlanRequest get;
+  get.set_plan_id(plan->plan_id());
+  EXPECT_EQ(core_->GetPlan(get)->plan().measurements_size(), 0);
+}
+
+// ---------------------------------------------------------------- hardware profiles
+
+TEST_F(PlannerCoreTest, MeasuredProfileSupersedesThePresetOfTheSameName) {
+  auto datasheet = Plan(TinyRequest());
+  ASSERT_TRUE(datasheet.ok());
+
+  HardwareSpec measured = *FindHardwarePreset("rtx-3090");
+  measured.gpu_memory_bytes = 12 * kGiB;  // e.g. a card shared with another process
+  measured.h2d_pinned_bytes_per_second = 6e9;
+  // Submitted but not measured: must not supersede anything.
+  HardwareSpec unmeasured = measured;
+  unmeasured.gpu_memory_bytes = 2 * kGiB;
+  unmeasured.measured = false;
+  v1::SubmitHardwareProfileRequest submit;
+  *submit.mutable_profile() = ToProto(unmeasured);
+  ASSERT_TRUE(core_->SubmitHardwareProfile(submit).ok());
+  auto still_datasheet = Plan(TinyRequest());
+  ASSERT_TRUE(still_datasheet.ok());
+  EXPECT_EQ(still_datasheet->capacity_bytes(), datasheet->capacity_bytes());
+
+  measured.measured = true;
+  *submit.mutable_profile() = ToProto(measured);
+  auto id = core_->SubmitHardwareProfile(submit);
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_THAT(id->profile_id(), StartsWith("hw-"));
+
+  auto superseded = Plan(TinyRequest());
+  ASSERT_TRUE(superseded.ok());
+  EXPECT_LT(superseded->capacity_bytes(), datasheet->capacity_bytes());
+  v1::GetPlanRequest get;
+  get.set_plan_id(superseded->plan_id());
+  auto stored = core_->GetPlan(get);
+  ASSERT_TRUE(stored.ok());
+  EXPECT_TRUE(stored->plan().request().hardware_spec().measured());
+  EXPECT_EQ(stored->plan().request().hardware_spec().gpu_memory_bytes(), 12 * kGiB);
+
+  // ListPresets serves the measured one under the preset's name; other presets are unchanged.
+  auto presets = core_->ListPresets({});
+  ASSERT_TRUE(presets.ok());
+  bool saw = false;
+  for (const v1::HardwareProfile& h : presets->hardware()) {
+    if (h.name() == "rtx-3090") {
+      saw = true;
+      EXPECT_TRUE(h.measured());
+      EXPECT_EQ(h.gpu_memory_bytes(), 12 * kGiB);
+    } else {
+      EXPECT_FALSE(h.measured()) << h.name();
+    }
+  }
+  EXPECT_TRUE(saw);
+  EXPECT_EQ(presets->models_size(), static_cast<int>(ModelPresets().size()));
+
+  // And by id.
+  v1::PlanRequest by_id = TinyRequest();
+  by_id.set_hardware_profile_id(id->profile_id());
+  auto by_id_response = Plan(by_id);
+  ASSERT_TRUE(by_id_response.ok());
+  EXPECT_EQ(by_id_response->capacity_bytes(), superseded->capacity_bytes());
+}
+
+TEST_F(PlannerCoreTest, HardwareProfileIsValidated) {
+  HardwareSpec h = *FindHardwarePreset("h100-80gb");
+  h.cuda_context_bytes = h.gpu_memory_bytes;
+  v1::SubmitHardwareProfileRequest submit;
+  *submit.mutable_profile() = ToProto(h);
+  auto result = core_->SubmitHardwareProfile(submit);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(result.status().message(), HasSubstr("profile.gpu_memory_bytes"));
+
+  h = *FindHardwarePreset("h100-80gb");
+  h.name.clear();
+  *submit.mutable_profile() = ToProto(h);
+  EXPECT_THAT(core_->SubmitHardwareProfile(submit).status().message(),
+              HasSubstr("profile.name is empty"));
+  EXPECT_EQ(core_->SubmitHardwareProfile({}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ---------------------------------------------------------------- traces
+
+TEST_F(PlannerCoreTest, SubmittedTraceIsValidated) {
+  v1::SubmitTraceRequest submit;
+  *submit.mutable_trace() = TinyTrace("rtx-3090");
+  submit.mutable_trace()->mutable_blocks()->RemoveLast();
+  auto result = core_->SubmitTrace(submit);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(result.status().message(), AllOf(HasSubstr("trace.blocks has 3 entries"),
+                                               HasSubstr("trace.arch.num_layers = 4")));
+
+  *submit.mutable_trace() = TinyTrace("rtx-3090");
+  submit.mutable_trace()->mutable_blocks(2)->set_saved_bytes(-7);
+  EXPECT_THAT(core_->SubmitTrace(submit).status().message(),
+              HasSubstr("trace.blocks[2].saved_bytes = -7"));
+
+  *submit.mutable_trace() = TinyTrace("rtx-3090");
+  submit.mutable_trace()->clear_param_dtype();
+  EXPECT_THAT(core_->SubmitTrace(submit).status().message(),
+              HasSubstr("trace.param_dtype is unspecified"));
+
+  *submit.mutable_trace() = TinyTrace("");
+  EXPECT_THAT(core_->SubmitTrace(submit).status().message(),
+              HasSubstr("trace.hardware_name is empty"));
+
+  *submit.mutable_trace() = TinyTrace("rtx-3090");
+  submit.mutable_trace()->mutable_arch()->set_num_kv_heads(5);
+  EXPECT_THAT(core_->SubmitTrace(submit).status().message(), HasSubstr("trace.arch.num_kv_heads"));
+}
+
+TEST_F(PlannerCoreTest, ProfiledTraceIsUsedByIdAndByMatchingRequest) {
+  v1::SubmitTraceRequest submit;
+  *submit.mutable_trace() = TinyTrace("rtx-3090");
+  auto id = core_->SubmitTrace(submit);
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_THAT(id->trace_id(), StartsWith("trace-"));
+
+  v1::GetTraceRequest get;
+  get.set_trace_id(id->trace_id());
+  auto stored = core_->GetTrace(get);
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(stored->trace().blocks_size(), 4);
+
+  // By id: workload, dtype and training come from the trace.
+  v1::PlanRequest by_id;
+  by_id.set_trace_id(id->trace_id());
+  by_id.set_hardware_preset("rtx-3090");
+  by_id.set_skip_limits(true);
+  auto response = Plan(by_id);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->trace_id(), id->trace_id());
+  EXPECT_FALSE(response->analytic_trace());
+
+  // By content: the same model, workload, dtype and hardware find the stored trace.
+  auto matching = Plan(TinyRequest());
+  ASSERT_TRUE(matching.ok()) << matching.status();
+  EXPECT_EQ(matching->trace_id(), id->trace_id());
+  EXPECT_FALSE(matching->analytic_trace());
+
+  // Another sequence length does not.
+  v1::PlanRequest other = TinyRequest();
+  other.mutable_workload()->set_seq_len(1024);
+  auto analytic = Plan(other);
+  ASSERT_TRUE(analytic.ok());
+  EXPECT_TRUE(analytic->analytic_trace());
+  EXPECT_EQ(analytic->trace_id(), "");
+
+  // A request that names the trace but asks for another workload is refused, not ignored.
+  by_id.mutable_workload()->set_micro_batch(2);
+  by_id.mutable_workload()->set_seq_len(2048);
+  ExpectInvalid(Plan(by_id), "workload.seq_len = 2048", "differs from the trace's 512");
+}
+
+// ---------------------------------------------------------------- listing
+
+TEST_F(PlannerCoreTest, ListPlansPagesNewestFirst) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) {
+    v1::PlanRequest r = TinyRequest();
+    r.mutable_workload()->set_micro_batch(i + 1);
+    auto response = Plan(r);
+    ASSERT_TRUE(response.ok());
+    ids.push_back(response->plan_id());
+  }
+  v1::ListPlansRequest list;
+  list.set_page_size(2);
+  std::vector<std::string> seen;
+  for (int page = 0; page < 10; ++page) {
+    auto response = core_->ListPlans(list);
+    ASSERT_TRUE(response.ok()) << response.status();
+    EXPECT_LE(response->plans_size(), 2);
+    for (const v1::StoredPlan& p : response->plans()) {
+      seen.push_back(p.plan_id());
+      EXPECT_EQ(p.response().plan_id(), p.plan_id());
+    }
+    if (response->next_page_token().empty()) break;
+    list.set_page_token(response->next_page_token());
+  }
+  ASSERT_EQ(seen.size(), ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(seen[i], ids[ids.size() - 1 - i]);
+
+  list.set_page_size(-1);
+  EXPECT_THAT(core_->ListPlans(list).status().message(),
+              AllOf(HasSubstr("page_size = -1"), HasSubstr("[0, 1000]")));
+}
+
+}  // namespace
+}  // namespace memplan
