@@ -49,6 +49,10 @@ else
   if [[ ! -e .venv ]]; then ln -s "$venv" .venv; fi
 fi
 
+# ccache: paths relative to the checkout and no working-directory hashing, so every clone on this
+# machine (CI clones a fresh one each run) shares one compiler cache.
+export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
+
 if [[ ! -f $build/CMakeCache.txt ]]; then
   say "configuring $build"
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$agent_flag" >/dev/null

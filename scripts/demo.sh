@@ -112,12 +112,31 @@ show memplan plans list --page-size 5
 show memplan plans get "$plan_id"
 
 # ---------------------------------------------------------------- training hook (issue 4)
-# DEMO HOOK: training with the agent. A later issue runs memplan-agent here: profile the model,
-# submit the trace, fetch the plan above, apply it, train a few steps and report the real
-# measurement in place of the simulated one. Keep this function's name; it receives the plan id.
+# Training with the agent, when it is built (MEMPLAN_BUILD_AGENT): memplan-agent asks the planner
+# for a plan of its own, applies it, trains a few steps and reports the measurement (on a CPU-only
+# host there is no device peak, so it prints predicted vs measured and says why it does not
+# report). Without the agent the demo goes on. Receives the simulated run's plan id (unused).
 demo_training_hook() {
-  local plan=$1
-  : "no agent training in this demo yet (plan $plan)"
+  local agent_bin=$build/agent/cli/memplan-agent
+  if [[ ! -x $agent_bin ]]; then
+    printf '\n(no %s: the agent is not built, so no real training run here;\n' "$agent_bin"
+    printf ' build with -DMEMPLAN_BUILD_AGENT=ON to see plan -> train -> report.)\n'
+    return 0
+  fi
+  local device=cpu
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then device=cuda; fi
+  say_step "A real training run: memplan-agent asks the planner for a plan, applies it, trains 3 steps on $device and reports."
+  local args=(train --planner "$address" --arch llama-tiny --synthetic-data --steps 3
+    --batch 1 --seq 128 --device "$device")
+  printf '%s$ memplan-agent %s%s\n' "$dim" "${args[*]}" "$reset"
+  local status=0
+  "$agent_bin" "${args[@]}" 2>"$state/agent.err" || status=$?
+  if [[ $status -ne 0 ]]; then
+    printf 'memplan-agent exited with status %d; its log:\n' "$status"
+    tail -n 20 "$state/agent.err"
+  else
+    printf '%s(structured step log in %s)%s\n' "$dim" "$state/agent.err" "$reset"
+  fi
 }
 demo_training_hook "$plan_id"
 

@@ -26,8 +26,8 @@ struct PlanQuery {
   DType param_dtype = DType::kBFloat16;
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   FixedKnobs fixed;
-  double safety_margin = 0;  // 0: the planner's default (0.05)
-  bool skip_limits = false;  // skip max batch / max seq / min memory
+  double safety_margin = 0;      // 0: the planner's default (0.05)
+  bool skip_limits = false;      // skip max batch / max seq / min memory
   int32_t max_alternatives = 0;  // 0: the planner's default
 };
 

@@ -29,14 +29,13 @@ absl::Status InvalidQuery(const std::string& what) {
 
 absl::StatusOr<v1::PlanRequest> ToRequest(const PlanQuery& q) {
   v1::PlanRequest request;
-  const int models = (q.arch.has_value() ? 1 : 0) + (q.trace_id.empty() ? 0 : 1) +
-                     (q.arch_preset.empty() ? 0 : 1);
+  const int models =
+      (q.arch.has_value() ? 1 : 0) + (q.trace_id.empty() ? 0 : 1) + (q.arch_preset.empty() ? 0 : 1);
   if (models != 1) {
-    return InvalidQuery(absl::StrCat("set exactly one of arch, trace_id, arch_preset (got ",
-                                     models, ")"));
+    return InvalidQuery(
+        absl::StrCat("set exactly one of arch, trace_id, arch_preset (got ", models, ")"));
   }
-  const int hardware = (q.hardware.has_value() ? 1 : 0) +
-                       (q.hardware_profile_id.empty() ? 0 : 1) +
+  const int hardware = (q.hardware.has_value() ? 1 : 0) + (q.hardware_profile_id.empty() ? 0 : 1) +
                        (q.hardware_preset.empty() ? 0 : 1);
   if (hardware != 1) {
     return InvalidQuery(absl::StrCat(
@@ -69,8 +68,8 @@ absl::StatusOr<PlanAnswer> FromResponse(const v1::PlanResponse& r) {
   if (plan.ok()) {
     a.plan = *std::move(plan);
   } else if (a.fits) {
-    return absl::InternalError(
-        absl::StrCat("the planner answered a plan the agent cannot read: ", plan.status().message()));
+    return absl::InternalError(absl::StrCat("the planner answered a plan the agent cannot read: ",
+                                            plan.status().message()));
   }
   a.prediction = PredictionFromProto(r.prediction());
   a.max_micro_batch = r.max_micro_batch();
@@ -141,10 +140,11 @@ class PlannerClient::Impl {
     }
     const absl::StatusCode code = static_cast<absl::StatusCode>(last.error_code());
     return absl::Status(
-        code, absl::StrCat("planner at ", address_, " did not answer ", method, " after ",
-                           attempts, " attempt(s) (", options_.retries, " retries with backoff up to ",
-                           options_.max_backoff_seconds, " s): ", last.error_message(),
-                           "; is memplan-planner running there? (or run offline with --plan-file)"));
+        code,
+        absl::StrCat("planner at ", address_, " did not answer ", method, " after ", attempts,
+                     " attempt(s) (", options_.retries, " retries with backoff up to ",
+                     options_.max_backoff_seconds, " s): ", last.error_message(),
+                     "; is memplan-planner running there? (or run offline with --plan-file)"));
   }
 
  private:
@@ -186,14 +186,13 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(
   auto positive = [](double v) { return std::isfinite(v) && v > 0; };
   if (!positive(options.initial_backoff_seconds) || !positive(options.max_backoff_seconds) ||
       options.max_backoff_seconds < options.initial_backoff_seconds) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "backoff: need 0 < initial_backoff_seconds (", options.initial_backoff_seconds,
-        ") <= max_backoff_seconds (", options.max_backoff_seconds, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("backoff: need 0 < initial_backoff_seconds (", options.initial_backoff_seconds,
+                     ") <= max_backoff_seconds (", options.max_backoff_seconds, ")"));
   }
   if (!positive(options.call_deadline_seconds)) {
-    return absl::InvalidArgumentError(absl::StrCat("call_deadline_seconds = ",
-                                                   options.call_deadline_seconds,
-                                                   " must be positive"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "call_deadline_seconds = ", options.call_deadline_seconds, " must be positive"));
   }
   return std::unique_ptr<PlannerClient>(
       new PlannerClient(std::make_unique<Impl>(address, options)));

@@ -16,7 +16,7 @@
 namespace memplan {
 
 struct PlannerClientOptions {
-  int retries = 4;                       // attempts after the first one
+  int retries = 4;                        // attempts after the first one
   double initial_backoff_seconds = 0.25;  // wait before the first retry
   double max_backoff_seconds = 4.0;       // the wait doubles up to this
   double call_deadline_seconds = 30.0;    // per attempt

@@ -2,11 +2,10 @@
 
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <utility>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -434,9 +433,8 @@ absl::StatusOr<Json> Parse(absl::string_view text, absl::string_view what) {
 std::string PlanAnswerToJson(const PlanAnswer& a) {
   Json alternatives = Json::array();
   for (const PlanAlternative& alt : a.alternatives) {
-    alternatives.push_back(Json{{"plan", ToJson(alt.plan)},
-                                {"prediction", ToJson(alt.prediction)},
-                                {"note", alt.note}});
+    alternatives.push_back(Json{
+        {"plan", ToJson(alt.plan)}, {"prediction", ToJson(alt.prediction)}, {"note", alt.note}});
   }
   const Json j{{"fits", a.fits},
                {"reason", a.reason},

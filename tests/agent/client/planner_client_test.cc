@@ -165,9 +165,9 @@ TEST(PlannerClientTest, DeadlineIsRetriedOnlyForCallsSafeToRepeat) {
 class PlannerClientE2eTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string base = absl::StrCat(::testing::TempDir(), "/planner_client_test_", getpid(),
-                                          "_", ::testing::UnitTest::GetInstance()->random_seed(),
-                                          "_", counter_++);
+    const std::string base =
+        absl::StrCat(::testing::TempDir(), "/planner_client_test_", getpid(), "_",
+                     ::testing::UnitTest::GetInstance()->random_seed(), "_", counter_++);
     db_path_ = base + ".db";
     log_path_ = base + ".log";
   }

@@ -176,7 +176,8 @@ Trace SampleTrace() {
   t.analytic = false;
   t.embedding = EdgeTrace{100, 200, 300, 400, 0.5, 0.25};
   for (int i = 0; i < 3; ++i) {
-    t.blocks.push_back(BlockTrace{1000 + i, 2000, 3000, 4000, 5000, 0.001 * (i + 1), 0.002, 0.0011});
+    t.blocks.push_back(
+        BlockTrace{1000 + i, 2000, 3000, 4000, 5000, 0.001 * (i + 1), 0.002, 0.0011});
   }
   t.head = EdgeTrace{7, 8, 9, 10, 0.75, 1.5};
   t.trainable_param_count = 123;
@@ -280,8 +281,8 @@ TEST(RecordJsonTest, HardwareRoundTripsEveryField) {
 }
 
 TEST(RecordJsonTest, FilesRoundTripAndMissingFilesAreNotFound) {
-  const std::string path = ::testing::TempDir() + "/record_json_test_" +
-                           std::to_string(::getpid()) + ".json";
+  const std::string path =
+      ::testing::TempDir() + "/record_json_test_" + std::to_string(::getpid()) + ".json";
   const std::string text = PlanAnswerToJson(SampleAnswer());
   ASSERT_TRUE(WriteTextFile(path, text).ok());
   absl::StatusOr<std::string> back = ReadTextFile(path);

@@ -1,0 +1,395 @@
+#include "agent/bench/hardware_bench.h"
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <dlfcn.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "agent/chunks/cpu_adamw.h"
+#include "agent/chunks/thread_pool.h"
+#include "agent/chunks/torch_sqrt.h"
+#include "agent/core/torch_pch.h"
+#include "common/log.h"
+#include "common/validate.h"
+
+#if __has_include(<cuda_runtime_api.h>)
+#include <cuda_runtime_api.h>
+#define MEMPLAN_BENCH_CUDA 1
+#endif
+
+namespace memplan {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+class Recorder {
+ public:
+  explicit Recorder(const HardwareBenchOptions& options, HardwareBenchResult* result)
+      : options_(options), result_(result) {}
+
+  void Add(std::string name, double value, std::string unit, std::string note = "") {
+    const std::string line = absl::StrFormat("bench %-28s %12.3f %-9s %s", name, value, unit, note);
+    if (options_.progress) {
+      options_.progress(line);
+    } else {
+      MEMPLAN_LOG(kInfo, "bench").Field("figure", name).Field("value", value).Field("unit", unit);
+    }
+    result_->figures.push_back(
+        BenchFigure{std::move(name), value, std::move(unit), std::move(note)});
+  }
+
+ private:
+  const HardwareBenchOptions& options_;
+  HardwareBenchResult* result_;
+};
+
+// ---------------------------------------------------------------- host figures
+
+int64_t HostMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page_size > 0 ? static_cast<int64_t>(pages) * page_size : 0;
+}
+
+// RLIMIT_MEMLOCK soft limit; 0 = unlimited.
+int64_t MemlockLimitBytes() {
+  struct rlimit limit;
+  if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 0;
+  return static_cast<int64_t>(limit.rlim_cur);
+}
+
+// The ChunkManager's CPU update: AdamW over fixed-size ranges on a thread pool, with torch's
+// sqrt kernel (the bit-exact configuration it runs in training).
+double CpuAdamParamsPerSecond(const HardwareBenchOptions& options, int threads) {
+  const int64_t n = options.adam_params;
+  std::vector<float> param(n, 0.5f), grad(n, 0.01f), exp_avg(n, 0.0f), exp_avg_sq(n, 0.0f);
+  constexpr int64_t kRange = int64_t{1} << 18;
+  ThreadPool pool(threads);
+  double best = 1e30;
+  // One extra pass first: page faults on the fresh arrays are not the optimizer's cost.
+  for (int rep = 0; rep <= options.adam_repetitions; ++rep) {
+    const AdamWStepScalars s = MakeAdamWStepScalars(AdamWOptions{}, rep + 1);
+    TaskTracker tracker;
+    const auto start = Clock::now();
+    for (int64_t begin = 0; begin < n; begin += kRange) {
+      const int64_t len = std::min(kRange, n - begin);
+      tracker.Add();
+      pool.Schedule([&, begin, len] {
+        AdamWUpdate(s, 1.0f, len, param.data() + begin, grad.data() + begin, exp_avg.data() + begin,
+                    exp_avg_sq.data() + begin, &TorchSqrt);
+        tracker.Done();
+      });
+    }
+    tracker.Wait();
+    if (rep > 0) best = std::min(best, SecondsSince(start));
+  }
+  return static_cast<double>(n) / best;
+}
+
+// ---------------------------------------------------------------- GPU figures
+
+#ifdef MEMPLAN_BENCH_CUDA
+// Device-level used bytes through NVML, loaded at run time (no link dependency); nullopt when
+// NVML is missing. Identifies the device by PCI bus id, which CUDA and NVML agree on.
+class Nvml {
+ public:
+  Nvml() {
+    lib_ = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib_ == nullptr) return;
+    init_ = reinterpret_cast<int (*)()>(dlsym(lib_, "nvmlInit_v2"));
+    by_bus_ = reinterpret_cast<int (*)(const char*, void**)>(
+        dlsym(lib_, "nvmlDeviceGetHandleByPciBusId_v2"));
+    memory_ = reinterpret_cast<int (*)(void*, Memory*)>(dlsym(lib_, "nvmlDeviceGetMemoryInfo"));
+    shutdown_ = reinterpret_cast<int (*)()>(dlsym(lib_, "nvmlShutdown"));
+    ok_ = init_ != nullptr && by_bus_ != nullptr && memory_ != nullptr && init_() == 0;
+  }
+  ~Nvml() {
+    if (ok_ && shutdown_ != nullptr) shutdown_();
+    if (lib_ != nullptr) dlclose(lib_);
+  }
+  Nvml(const Nvml&) = delete;
+  Nvml& operator=(const Nvml&) = delete;
+
+  std::optional<int64_t> UsedBytes(int cuda_device) {
+    if (!ok_) return std::nullopt;
+    char bus_id[64] = {0};
+    if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), cuda_device) != cudaSuccess) {
+      cudaGetLastError();
+      return std::nullopt;
+    }
+    void* device = nullptr;
+    Memory memory{};
+    if (by_bus_(bus_id, &device) != 0 || memory_(device, &memory) != 0) return std::nullopt;
+    return static_cast<int64_t>(memory.used);
+  }
+
+ private:
+  struct Memory {
+    unsigned long long total, free, used;
+  };
+  void* lib_ = nullptr;
+  int (*init_)() = nullptr;
+  int (*by_bus_)(const char*, void**) = nullptr;
+  int (*memory_)(void*, Memory*) = nullptr;
+  int (*shutdown_)() = nullptr;
+  bool ok_ = false;
+};
+
+// Whether the device's primary context exists already (driver API, loaded at run time); false
+// when that cannot be told.
+bool PrimaryContextActive(int cuda_device) {
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) return false;
+  auto get_device = reinterpret_cast<int (*)(int*, int)>(dlsym(lib, "cuDeviceGet"));
+  auto get_state =
+      reinterpret_cast<int (*)(int, unsigned int*, int*)>(dlsym(lib, "cuDevicePrimaryCtxGetState"));
+  bool active = false;
+  int device = 0;
+  unsigned int flags = 0;
+  int state = 0;
+  if (get_device != nullptr && get_state != nullptr && get_device(&device, cuda_device) == 0 &&
+      get_state(device, &flags, &state) == 0) {
+    active = state != 0;
+  }
+  dlclose(lib);
+  return active;
+}
+#endif
+
+// Best bandwidth of `reps` timed runs of `copy` (after one untimed run), bytes per second.
+template <typename Copy>
+double BestRate(int reps, int64_t bytes, Copy copy) {
+  copy();
+  torch::cuda::synchronize();
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    const auto start = Clock::now();
+    copy();
+    torch::cuda::synchronize();
+    best = std::min(best, SecondsSince(start));
+  }
+  return static_cast<double>(bytes) / best;
+}
+
+absl::Status MeasureGpu(const HardwareBenchOptions& options, Recorder& rec, HardwareSpec& spec) {
+#ifndef MEMPLAN_BENCH_CUDA
+  return absl::FailedPreconditionError("this build has no CUDA runtime; GPU figures not measured");
+#else
+  if (!torch::cuda::is_available()) {
+    return absl::FailedPreconditionError(
+        "no CUDA device is available; only the host figures (CPU AdamW, RAM, memlock) were "
+        "measured");
+  }
+  const int dev = options.device_index;
+  if (dev < 0 || dev >= static_cast<int>(torch::cuda::device_count())) {
+    return absl::InvalidArgumentError(absl::StrCat("device_index = ", dev, " is out of range; ",
+                                                   torch::cuda::device_count(), " CUDA devices"));
+  }
+  // [Context overhead] Device-level used memory before this process has a context, and after
+  // the benchmark (context + cuBLAS handles + lazily loaded kernels), minus what the caching
+  // allocator holds: the bytes a training process has that no tensor accounts for.
+  Nvml nvml;
+  // A context made earlier in this process (by Torch, or an earlier benchmark) is already in
+  // the "before" reading; then only the upper bound below is available.
+  const bool context_existed = PrimaryContextActive(dev);
+  const std::optional<int64_t> used_before = context_existed ? std::nullopt : nvml.UsedBytes(dev);
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError("cudaGetDeviceProperties failed");
+  }
+  if (spec.name.empty()) spec.name = prop.name;
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(dev));
+  cudaFree(nullptr);  // creates the primary context
+  size_t free_bytes = 0, total_bytes = 0;
+  cudaMemGetInfo(&free_bytes, &total_bytes);
+  spec.gpu_memory_bytes = static_cast<int64_t>(total_bytes);
+  rec.Add("gpu_memory", static_cast<double>(total_bytes) / kGiB, "GiB", prop.name);
+
+  try {
+    const torch::Device device(torch::kCUDA, static_cast<c10::DeviceIndex>(dev));
+    const auto u8 = torch::TensorOptions().dtype(torch::kUInt8);
+    const int64_t n = options.transfer_bytes;
+    const int reps = options.transfer_repetitions;
+    torch::Tensor pinned_a = torch::empty({n}, u8.pinned_memory(true));
+    torch::Tensor pinned_b = torch::empty({n}, u8.pinned_memory(true));
+    torch::Tensor pageable = torch::empty({n}, u8);
+    pinned_a.fill_(1);
+    pinned_b.fill_(2);
+    pageable.fill_(3);
+    torch::Tensor dev_a = torch::empty({n}, u8.device(device));
+    torch::Tensor dev_b = torch::empty({n}, u8.device(device));
+
+    spec.h2d_pinned_bytes_per_second =
+        BestRate(reps, n, [&] { dev_a.copy_(pinned_a, /*non_blocking=*/true); });
+    rec.Add("h2d_pinned", spec.h2d_pinned_bytes_per_second / 1e9, "GB/s",
+            absl::StrCat(n >> 20, " MiB copies"));
+    spec.d2h_pinned_bytes_per_second =
+        BestRate(reps, n, [&] { pinned_a.copy_(dev_a, /*non_blocking=*/true); });
+    rec.Add("d2h_pinned", spec.d2h_pinned_bytes_per_second / 1e9, "GB/s");
+    spec.h2d_pageable_bytes_per_second = BestRate(reps, n, [&] { dev_a.copy_(pageable); });
+    rec.Add("h2d_pageable", spec.h2d_pageable_bytes_per_second / 1e9, "GB/s");
+    spec.d2h_pageable_bytes_per_second = BestRate(reps, n, [&] { pageable.copy_(dev_a); });
+    rec.Add("d2h_pageable", spec.d2h_pageable_bytes_per_second / 1e9, "GB/s");
+
+    // Both directions at once on two streams: the sum of the two rates.
+    c10::cuda::CUDAStream up = c10::cuda::getStreamFromPool(false, device.index());
+    c10::cuda::CUDAStream down = c10::cuda::getStreamFromPool(false, device.index());
+    spec.bidirectional_pinned_bytes_per_second = BestRate(reps, 2 * n, [&] {
+      {
+        c10::cuda::CUDAStreamGuard g(up);
+        dev_a.copy_(pinned_a, true);
+      }
+      {
+        c10::cuda::CUDAStreamGuard g(down);
+        pinned_b.copy_(dev_b, true);
+      }
+    });
+    rec.Add("bidirectional_pinned", spec.bidirectional_pinned_bytes_per_second / 1e9, "GB/s",
+            "sum of both directions");
+    pinned_a.reset();
+    pinned_b.reset();
+    pageable.reset();
+    dev_a.reset();
+    dev_b.reset();
+
+    // HBM: a device-to-device copy reads and writes every byte once.
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    const int64_t hbm_bytes = std::max<int64_t>(
+        int64_t{1} << 20,
+        std::min<int64_t>(options.hbm_copy_bytes, static_cast<int64_t>(free_bytes) / 4));
+    {
+      torch::Tensor src = torch::empty({hbm_bytes}, u8.device(device)).fill_(1);
+      torch::Tensor dst = torch::empty({hbm_bytes}, u8.device(device));
+      spec.hbm_bytes_per_second = BestRate(reps, 2 * hbm_bytes, [&] { dst.copy_(src, true); });
+    }
+    rec.Add("hbm_copy", spec.hbm_bytes_per_second / 1e9, "GB/s",
+            absl::StrCat("read+write of ", hbm_bytes >> 20, " MiB"));
+
+    // Dense matmul, n shrunk until three n x n fp32 matrices take at most a quarter of free memory.
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    int64_t mm = options.matmul_size;
+    while (mm > 256 && 3 * mm * mm * 4 > static_cast<int64_t>(free_bytes) / 4) mm /= 2;
+    const double flops =
+        2.0 * static_cast<double>(mm) * static_cast<double>(mm) * static_cast<double>(mm);
+    struct MatmulCase {
+      torch::ScalarType type;
+      const char* name;
+      double* out;
+    };
+    const MatmulCase cases[] = {{torch::kBFloat16, "matmul_bf16", &spec.matmul_bf16_flops},
+                                {torch::kFloat16, "matmul_fp16", &spec.matmul_fp16_flops},
+                                {torch::kFloat32, "matmul_fp32", &spec.matmul_fp32_flops}};
+    for (const MatmulCase& c : cases) {
+      const auto opts = torch::TensorOptions().dtype(c.type).device(device);
+      torch::Tensor a = torch::randn({mm, mm}, opts);
+      torch::Tensor b = torch::randn({mm, mm}, opts);
+      torch::Tensor out = torch::empty({mm, mm}, opts);
+      // BestRate's "bytes" is the work: FLOPs per product, times the repetitions per timed run.
+      const int inner = std::max(1, options.matmul_repetitions);
+      *c.out = BestRate(3, static_cast<int64_t>(flops) * inner, [&] {
+        for (int i = 0; i < inner; ++i) at::mm_out(out, a, b);
+      });
+      rec.Add(c.name, *c.out / 1e12, "TFLOP/s", absl::StrCat(mm, "^3"));
+    }
+    c10::cuda::CUDACachingAllocator::emptyCache();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("GPU benchmark failed: ", e.what_without_backtrace()));
+  }
+
+  torch::cuda::synchronize();
+  const auto stats =
+      c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(dev));
+  const int64_t reserved =
+      stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
+  const std::optional<int64_t> used_after = nvml.UsedBytes(dev);
+  if (used_before.has_value() && used_after.has_value()) {
+    spec.cuda_context_bytes = std::max<int64_t>(0, *used_after - *used_before - reserved);
+    rec.Add("cuda_context", static_cast<double>(spec.cuda_context_bytes) / kGiB, "GiB",
+            "NVML used after - before - allocator reserved");
+  } else {
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    spec.cuda_context_bytes =
+        std::max<int64_t>(0, static_cast<int64_t>(total_bytes - free_bytes) - reserved);
+    rec.Add("cuda_context", static_cast<double>(spec.cuda_context_bytes) / kGiB, "GiB",
+            context_existed ? "context existed before: device used - reserved (upper bound)"
+                            : "no NVML: device used - reserved (upper bound)");
+  }
+  return absl::OkStatus();
+#endif
+}
+
+}  // namespace
+
+HardwareBenchResult MeasureHardware(const HardwareBenchOptions& options) {
+  HardwareBenchResult result;
+  Recorder rec(options, &result);
+  const auto start = Clock::now();
+  HardwareSpec& spec = result.spec;
+  spec.name = options.name;
+
+  spec.host_memory_bytes = HostMemoryBytes();
+  rec.Add("host_memory", static_cast<double>(spec.host_memory_bytes) / kGiB, "GiB");
+  spec.pinned_limit_bytes = MemlockLimitBytes();
+  rec.Add("memlock_limit", static_cast<double>(spec.pinned_limit_bytes) / kGiB, "GiB",
+          spec.pinned_limit_bytes == 0 ? "unlimited" : "RLIMIT_MEMLOCK soft limit");
+
+  const int threads = options.adam_threads > 0
+                          ? options.adam_threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (options.adam_params > 0 && options.adam_repetitions > 0) {
+    spec.cpu_adam_params_per_second = CpuAdamParamsPerSecond(options, threads);
+    rec.Add("cpu_adamw", spec.cpu_adam_params_per_second / 1e6, "Mparams/s",
+            absl::StrCat(threads, " threads, fp32, ", options.adam_params >> 20, "M params"));
+  }
+
+  result.gpu_status = MeasureGpu(options, rec, spec);
+  if (spec.name.empty()) spec.name = "cpu";
+  // NCCL all-gather / reduce-scatter bandwidth (world size > 1) is not measured yet: the fields
+  // stay 0, which the planner reads as "not measured".
+  spec.measured = result.gpu_status.ok();
+  result.seconds = SecondsSince(start);
+  return result;
+}
+
+absl::StatusOr<HardwareSpec> RunHardwareBench(const HardwareBenchOptions& options) {
+  HardwareBenchResult result = MeasureHardware(options);
+  if (!result.gpu_status.ok()) return result.gpu_status;
+  if (absl::Status s = ValidateHardwareSpec(result.spec, "bench."); !s.ok()) {
+    return absl::InternalError(
+        absl::StrCat("the benchmark produced an invalid profile: ", s.message()));
+  }
+  return result.spec;
+}
+
+std::string FormatBenchTable(const HardwareBenchResult& result) {
+  std::string out = absl::StrFormat("%-24s %14s  %-10s %s\n", "figure", "value", "unit", "note");
+  for (const BenchFigure& f : result.figures) {
+    absl::StrAppend(&out,
+                    absl::StrFormat("%-24s %14.3f  %-10s %s\n", f.name, f.value, f.unit, f.note));
+  }
+  absl::StrAppend(&out,
+                  absl::StrFormat("profile \"%s\": %s in %.1f s\n", result.spec.name,
+                                  result.gpu_status.ok() ? std::string("complete")
+                                                         : std::string(result.gpu_status.message()),
+                                  result.seconds));
+  return out;
+}
+
+}  // namespace memplan

@@ -1,0 +1,399 @@
+#include "agent/blocks/activation_offloader.h"
+
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/saved_variable_hooks.h>
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "common/log.h"
+
+namespace memplan {
+namespace {
+
+// One tensor moved to the host: its host copy and, once prefetched, its device copy. On CUDA the
+// events order the copies: d2h_done (offload stream) before the upload, h2d_done (prefetch
+// stream) before the first use on the consuming stream.
+struct OffloadedTensor {
+  torch::Tensor kept;  // pass-through (parameters): never copied
+  torch::Tensor host;
+  torch::Tensor device;
+  std::optional<at::cuda::CUDAEvent> d2h_done;
+  std::optional<at::cuda::CUDAEvent> h2d_done;
+  std::optional<c10::cuda::CUDAStream> device_stream;  // whose pool `device` came from
+  std::atomic<int64_t>* host_bytes_counter = nullptr;
+
+  ~OffloadedTensor() {
+    if (host_bytes_counter != nullptr && host.defined()) {
+      host_bytes_counter->fetch_sub(static_cast<int64_t>(host.nbytes()));
+    }
+  }
+};
+
+struct GroupRecord {
+  std::vector<std::shared_ptr<OffloadedTensor>> saved;  // SWAP
+  std::shared_ptr<OffloadedTensor> input;               // HS_OFFLOAD
+  bool prefetched = false;
+};
+
+}  // namespace
+
+class ActivationOffloader::Impl {
+ public:
+  explicit Impl(const ActivationOffloadOptions& options) : options_(options) {
+    cuda_ = options.device.is_cuda();
+    pinned_ = cuda_ && options.host_memory == HostMemoryKind::kPinned;
+    if (options.host_memory == HostMemoryKind::kPinned && !cuda_) {
+      MEMPLAN_LOG(kInfo, "activation offload uses pageable host memory")
+          .Field("reason", "pinned memory needs a CUDA device")
+          .Field("device", options.device.str());
+    }
+    if (cuda_) {
+      // Tensors report an indexed device; compare against the same form.
+      if (!options_.device.has_index()) {
+        options_.device = torch::Device(torch::kCUDA, c10::cuda::current_device());
+      }
+      c10::cuda::CUDAGuard guard(options_.device);
+      offload_stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/false);
+      prefetch_stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/false);
+    }
+  }
+
+  // Copies `t` to host memory (asynchronously on CUDA).
+  std::shared_ptr<OffloadedTensor> Offload(const torch::Tensor& t) {
+    auto entry = std::make_shared<OffloadedTensor>();
+    entry->host = EmptyHostLike(t);
+    if (cuda_) {
+      c10::cuda::CUDAGuard guard(options_.device);
+      auto compute = c10::cuda::getCurrentCUDAStream();
+      at::cuda::CUDAEvent produced;
+      produced.record(compute);
+      produced.block(*offload_stream_);
+      {
+        c10::cuda::CUDAStreamGuard on_offload(*offload_stream_);
+        entry->host.copy_(t, /*non_blocking=*/true);
+      }
+      // The source may be freed as soon as the caller drops it; the allocator must not hand its
+      // memory to the compute stream until the copy has read it.
+      t.record_stream(*offload_stream_);
+      entry->d2h_done.emplace();
+      entry->d2h_done->record(*offload_stream_);
+    } else {
+      entry->host.copy_(t);
+    }
+    const auto bytes = static_cast<int64_t>(entry->host.nbytes());
+    entry->host_bytes_counter = &host_bytes_;
+    offloaded_bytes_.fetch_add(bytes);
+    const int64_t now = host_bytes_.fetch_add(bytes) + bytes;
+    int64_t peak = host_bytes_peak_.load();
+    while (now > peak && !host_bytes_peak_.compare_exchange_weak(peak, now)) {
+    }
+    return entry;
+  }
+
+  // Starts the host→device copy of `entry` (no-op if started or if it is a pass-through).
+  void Upload(OffloadedTensor& entry) {
+    if (entry.kept.defined() || entry.device.defined() || !entry.host.defined()) return;
+    if (cuda_) {
+      c10::cuda::CUDAGuard guard(options_.device);
+      // [Upload memory] The destination comes from the compute stream's pool, so the caching
+      // allocator can reuse it for activations afterwards (a side-stream pool would only grow
+      // the reserved memory). The block may still be read by compute work already queued, so
+      // the copy waits for the compute stream to reach this point, and record_stream keeps the
+      // block from being reused until the copy is done.
+      auto compute = c10::cuda::getCurrentCUDAStream();
+      entry.device = EmptyDeviceLike(entry.host);
+      entry.device_stream = compute;
+      at::cuda::CUDAEvent allocated;
+      allocated.record(compute);
+      allocated.block(*prefetch_stream_);
+      if (entry.d2h_done.has_value()) entry.d2h_done->block(*prefetch_stream_);
+      {
+        c10::cuda::CUDAStreamGuard on_prefetch(*prefetch_stream_);
+        entry.device.copy_(entry.host, /*non_blocking=*/true);
+      }
+      entry.device.record_stream(*prefetch_stream_);
+      entry.h2d_done.emplace();
+      entry.h2d_done->record(*prefetch_stream_);
+    } else {
+      entry.device = EmptyDeviceLike(entry.host);
+      entry.device.copy_(entry.host);
+    }
+  }
+
+  // The device tensor of `entry`, ready for use on the current stream. The entry keeps its host
+  // copy (a second unpack uploads again) but lets go of the device copy.
+  torch::Tensor Use(OffloadedTensor& entry) {
+    if (entry.kept.defined()) return entry.kept;
+    if (!entry.device.defined()) {
+      synchronous_fetches_.fetch_add(1);
+      Upload(entry);
+    }
+    torch::Tensor device = std::move(entry.device);
+    entry.device = torch::Tensor();
+    if (cuda_) {
+      c10::cuda::CUDAGuard guard(options_.device);
+      auto current = c10::cuda::getCurrentCUDAStream();
+      if (entry.h2d_done.has_value()) entry.h2d_done->block(current);
+      entry.h2d_done.reset();
+      // Normally allocated from this stream's pool (see [Upload memory]); if another stream
+      // consumes it, freeing must also wait for that stream.
+      if (entry.device_stream.has_value() && *entry.device_stream != current) {
+        device.record_stream(current);
+      }
+    }
+    return device;
+  }
+
+  std::shared_ptr<OffloadedTensor> Pack(int group, const torch::Tensor& t,
+                                        const c10::TensorImpl* block_input) {
+    const bool parameter =
+        t.is_leaf() && t.requires_grad() && t.unsafeGetTensorImpl() != block_input;
+    const bool foreign_device = t.device() != options_.device;
+    std::shared_ptr<OffloadedTensor> entry;
+    if (parameter || foreign_device) {
+      entry = std::make_shared<OffloadedTensor>();
+      entry->kept = t;
+      passthrough_.fetch_add(1);
+    } else {
+      entry = Offload(t);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    records_[group].saved.push_back(entry);
+    return entry;
+  }
+
+  void OffloadInput(int group, const torch::Tensor& input) {
+    auto entry = Offload(input);
+    std::lock_guard<std::mutex> lock(mu_);
+    records_[group].input = std::move(entry);
+  }
+
+  void EndForwardGroup(int group) {
+    if (!cuda_) return;
+    c10::cuda::CUDAGuard guard(options_.device);
+    at::cuda::CUDAEvent done;
+    done.record(*offload_stream_);
+    in_flight_.emplace_back(std::move(done));
+    while (!in_flight_.empty() && in_flight_.front().query()) in_flight_.pop_front();
+    while (static_cast<int>(in_flight_.size()) > std::max(1, options_.max_in_flight_groups)) {
+      in_flight_waits_.fetch_add(1);
+      in_flight_.front().synchronize();
+      in_flight_.pop_front();
+    }
+  }
+
+  void Prefetch(int group) {
+    std::vector<std::shared_ptr<OffloadedTensor>> entries;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = records_.find(group);
+      if (it == records_.end() || it->second.prefetched) return;
+      it->second.prefetched = true;
+      entries = it->second.saved;
+      if (it->second.input) entries.push_back(it->second.input);
+    }
+    for (auto& entry : entries) Upload(*entry);
+  }
+
+  torch::Tensor TakeInput(int group) {
+    std::shared_ptr<OffloadedTensor> entry;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = records_.find(group);
+      TORCH_CHECK(it != records_.end() && it->second.input,
+                  "ActivationOffloader: no offloaded input for group ", group);
+      entry = std::move(it->second.input);
+      it->second.input.reset();
+    }
+    return Use(*entry);
+  }
+
+  void Clear(int group) {
+    std::lock_guard<std::mutex> lock(mu_);
+    records_.erase(group);
+  }
+
+  void ClearAll() {
+    std::lock_guard<std::mutex> lock(mu_);
+    records_.clear();
+    if (cuda_) {
+      for (auto& event : in_flight_) event.synchronize();
+    }
+    in_flight_.clear();
+  }
+
+  ActivationOffloadStats Stats() const {
+    ActivationOffloadStats stats;
+    stats.offloaded_bytes = offloaded_bytes_.load();
+    stats.host_bytes = host_bytes_.load();
+    stats.host_bytes_peak = host_bytes_peak_.load();
+    stats.passthrough_tensors = passthrough_.load();
+    stats.synchronous_fetches = synchronous_fetches_.load();
+    stats.in_flight_waits = in_flight_waits_.load();
+    stats.pinned = pinned_;
+    return stats;
+  }
+
+  const ActivationOffloadOptions& options() const { return options_; }
+
+ private:
+  torch::Tensor EmptyHostLike(const torch::Tensor& t) {
+    auto opts = t.options().device(torch::kCPU);
+    if (pinned_) {
+      try {
+        return EmptyLayoutLike(t, opts.pinned_memory(true));
+      } catch (const c10::Error& e) {
+        // Pinning can fail (memlock limit); copies still work from pageable memory, slower.
+        pinned_ = false;
+        MEMPLAN_LOG(kWarning, "activation offload falls back to pageable host memory")
+            .Field("reason", std::string(e.what_without_backtrace()));
+      }
+    }
+    return EmptyLayoutLike(t, opts);
+  }
+
+  torch::Tensor EmptyDeviceLike(const torch::Tensor& host) {
+    return EmptyLayoutLike(host, host.options().device(options_.device).pinned_memory(false));
+  }
+
+  // Same sizes and, when the tensor is dense, the same strides: backward kernels then see the
+  // layout they saw in forward (and, e.g., pick the same GEMM transposition).
+  static torch::Tensor EmptyLayoutLike(const torch::Tensor& t, const torch::TensorOptions& opts) {
+    if (t.is_non_overlapping_and_dense()) return at::empty_strided(t.sizes(), t.strides(), opts);
+    return at::empty(t.sizes(), opts);
+  }
+
+  ActivationOffloadOptions options_;
+  bool cuda_ = false;
+  bool pinned_ = false;
+  std::optional<c10::cuda::CUDAStream> offload_stream_;
+  std::optional<c10::cuda::CUDAStream> prefetch_stream_;
+  std::mutex mu_;
+  std::map<int, GroupRecord> records_;
+  std::deque<at::cuda::CUDAEvent> in_flight_;
+  std::atomic<int64_t> offloaded_bytes_{0};
+  std::atomic<int64_t> host_bytes_{0};
+  std::atomic<int64_t> host_bytes_peak_{0};
+  std::atomic<int64_t> passthrough_{0};
+  std::atomic<int64_t> synchronous_fetches_{0};
+  std::atomic<int64_t> in_flight_waits_{0};
+};
+
+namespace {
+
+// [Saved-tensor hooks] LibTorch has no C++ API for default saved-tensor hooks; SavedVariable asks
+// the default autograd Engine for them (Engine::get_default_saved_variable_hooks, virtual). We
+// install an Engine subclass that hands out swap hooks while a SwapScope is active on the
+// calling thread and otherwise behaves exactly like the base engine.
+struct SwapTarget {
+  ActivationOffloader::Impl* impl = nullptr;
+  int group = 0;
+  const c10::TensorImpl* block_input = nullptr;
+  SwapTarget* previous = nullptr;
+};
+thread_local SwapTarget* tls_swap_target = nullptr;
+
+class SwapHooks : public torch::autograd::SavedVariableHooks {
+ public:
+  SwapHooks(ActivationOffloader::Impl* impl, int group, const c10::TensorImpl* block_input)
+      : impl_(impl), group_(group), block_input_(block_input) {}
+  void call_pack_hook(const at::Tensor& tensor) override {
+    entry_ = impl_->Pack(group_, tensor, block_input_);
+  }
+  at::Tensor call_unpack_hook() override { return impl_->Use(*entry_); }
+
+ private:
+  ActivationOffloader::Impl* impl_;
+  int group_;
+  const c10::TensorImpl* block_input_;
+  std::shared_ptr<OffloadedTensor> entry_;
+};
+
+class SavedTensorHookEngine : public torch::autograd::Engine {
+ public:
+  // Engine starts its device threads (and its reentrant thread pool) behind one process-wide
+  // once-flag. If the base engine already consumed it (a backward ran before us), this engine
+  // would have none and fail on the first CUDA backward: start our own in that case.
+  SavedTensorHookEngine() {
+    initialize_device_threads_pool();
+    if (!thread_pool_shared_) start_device_threads();
+  }
+
+  std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks() override {
+    SwapTarget* target = tls_swap_target;
+    if (target == nullptr) return nullptr;
+    return std::make_unique<SwapHooks>(target->impl, target->group, target->block_input);
+  }
+};
+
+torch::autograd::Engine& HookEngine() {
+  // Never destroyed: autograd worker threads may outlive static destruction.
+  static auto* engine = new SavedTensorHookEngine();
+  return *engine;
+}
+
+void InstallHookEngine() {
+  static std::once_flag once;
+  std::call_once(once, [] { torch::autograd::set_default_engine_stub(&HookEngine); });
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ActivationOffloader>> ActivationOffloader::Create(
+    const ActivationOffloadOptions& options) {
+  if (options.max_in_flight_groups < 1) {
+    return absl::InvalidArgumentError("max_in_flight_groups must be >= 1");
+  }
+  if (options.device.is_cuda() && !torch::cuda::is_available()) {
+    return absl::FailedPreconditionError(
+        "activation offload: CUDA device requested but CUDA is "
+        "not available");
+  }
+  InstallHookEngine();
+  try {
+    return std::unique_ptr<ActivationOffloader>(
+        new ActivationOffloader(std::make_unique<Impl>(options)));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(std::string("activation offload: ") + e.what_without_backtrace());
+  }
+}
+
+ActivationOffloader::ActivationOffloader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ActivationOffloader::~ActivationOffloader() = default;
+
+ActivationOffloader::SwapScope::~SwapScope() {
+  SwapTarget* target = tls_swap_target;
+  tls_swap_target = static_cast<SwapTarget*>(previous_);
+  delete target;
+}
+
+std::unique_ptr<ActivationOffloader::SwapScope> ActivationOffloader::BeginSwap(
+    int group, const torch::Tensor& block_input) {
+  InstallHookEngine();
+  auto* target =
+      new SwapTarget{impl_.get(), group, block_input.unsafeGetTensorImpl(), tls_swap_target};
+  tls_swap_target = target;
+  return std::unique_ptr<SwapScope>(new SwapScope(target->previous));
+}
+
+void ActivationOffloader::OffloadInput(int group, const torch::Tensor& input) {
+  impl_->OffloadInput(group, input);
+}
+void ActivationOffloader::EndForwardGroup(int group) { impl_->EndForwardGroup(group); }
+void ActivationOffloader::Prefetch(int group) { impl_->Prefetch(group); }
+torch::Tensor ActivationOffloader::TakeInput(int group) { return impl_->TakeInput(group); }
+void ActivationOffloader::Clear(int group) { impl_->Clear(group); }
+void ActivationOffloader::ClearAll() { impl_->ClearAll(); }
+ActivationOffloadStats ActivationOffloader::Stats() const { return impl_->Stats(); }
+const ActivationOffloadOptions& ActivationOffloader::options() const { return impl_->options(); }
+
+}  // namespace memplan

@@ -1,0 +1,202 @@
+#include "agent/blocks/group_runner.h"
+
+#include <mutex>
+#include <utility>
+
+namespace memplan {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// RNG state of the CPU generator and, for CUDA groups, of that device's generator.
+struct RngState {
+  torch::Tensor cpu;
+  torch::Tensor cuda;
+  torch::Device device = torch::kCPU;
+};
+
+RngState CaptureRng(torch::Device device) {
+  RngState state;
+  state.device = device;
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    state.cpu = gen.get_state();
+  }
+  if (device.is_cuda()) {
+    auto gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    state.cuda = gen.get_state();
+  }
+  return state;
+}
+
+void RestoreRng(const RngState& state) {
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state.cpu);
+  }
+  if (state.cuda.defined()) {
+    auto gen = at::globalContext().defaultGenerator(state.device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state.cuda);
+  }
+}
+
+// Recomputation must draw the same random numbers as the forward did, without disturbing the
+// generators for whatever runs after it: swap the forward's state in, and the current one back.
+class RngFork {
+ public:
+  explicit RngFork(const RngState& forward_state) : outside_(CaptureRng(forward_state.device)) {
+    RestoreRng(forward_state);
+  }
+  ~RngFork() { RestoreRng(outside_); }
+  RngFork(const RngFork&) = delete;
+  RngFork& operator=(const RngFork&) = delete;
+
+ private:
+  RngState outside_;
+};
+
+// Everything one group call keeps between its forward and its backward. Held by the autograd
+// context (as a capsule), so it dies with the outer graph.
+struct GroupCall : torch::CustomClassHolder {
+  GroupSpec spec;
+  GroupRunnerOptions options;
+  bool input_requires_grad = false;
+  torch::Tensor inner_input;   // NONE/SWAP: the leaf the inner graph starts from
+  torch::Tensor inner_output;  // NONE/SWAP: the output carrying the inner graph
+  torch::Tensor saved_input;   // CKPT: the block input, kept on the device
+  RngState rng;                // CKPT/HS_OFFLOAD
+};
+
+// A leaf that starts the inner graph at `input`: same storage, no history.
+torch::Tensor InnerLeaf(const torch::Tensor& input, bool requires_grad) {
+  torch::Tensor leaf = input.detach();
+  if (requires_grad) leaf.requires_grad_(true);
+  return leaf;
+}
+
+class GroupFunction : public torch::autograd::Function<GroupFunction> {
+ public:
+  // `anchor` is a grad-requiring placeholder that makes autograd record this node even when
+  // `input` (token ids) needs no gradient.
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input,
+                               const torch::Tensor& anchor, c10::intrusive_ptr<GroupCall> call) {
+    const GroupSpec& spec = call->spec;
+    ParamResidency* residency = call->options.residency;
+    ActivationOffloader* offloader = call->options.offloader;
+    const int g = spec.group;
+    call->input_requires_grad = input.requires_grad();
+
+    if (residency != nullptr) residency->PreForward(g);
+    torch::Tensor output;
+    switch (spec.mode) {
+      case BlockMode::kNone:
+      case BlockMode::kSwap: {
+        torch::AutoGradMode grad_on(true);
+        call->inner_input = InnerLeaf(input, call->input_requires_grad);
+        std::unique_ptr<ActivationOffloader::SwapScope> scope;
+        if (spec.mode == BlockMode::kSwap) scope = offloader->BeginSwap(g, call->inner_input);
+        call->inner_output = spec.body(call->inner_input);
+        // The detached output shares storage with inner_output; the outer node stands in for
+        // the inner graph from here on.
+        output = call->inner_output.detach();
+        break;
+      }
+      case BlockMode::kCkpt:
+      case BlockMode::kHsOffload: {
+        call->rng = CaptureRng(input.device());
+        torch::NoGradGuard no_grad;
+        output = spec.body(input.detach());
+        if (spec.mode == BlockMode::kCkpt) {
+          call->saved_input = input.detach();
+        } else {
+          offloader->OffloadInput(g, input);
+        }
+        break;
+      }
+    }
+    if (residency != nullptr) residency->PostForward(g);
+    if (offloader != nullptr &&
+        (spec.mode == BlockMode::kSwap || spec.mode == BlockMode::kHsOffload)) {
+      offloader->EndForwardGroup(g);
+    }
+    ctx->saved_data["call"] = c10::IValue::make_capsule(std::move(call));
+    return output;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    auto call = c10::static_intrusive_pointer_cast<GroupCall>(ctx->saved_data["call"].toCapsule());
+    ctx->saved_data.erase("call");
+    const GroupSpec& spec = call->spec;
+    ParamResidency* residency = call->options.residency;
+    ActivationOffloader* offloader = call->options.offloader;
+    const int g = spec.group;
+
+    if (residency != nullptr) residency->PreBackward(g);
+    if (offloader != nullptr) {
+      // This group's data first (normally already started one group earlier), then the next
+      // group backward will need, so that its copy overlaps this group's compute.
+      offloader->Prefetch(g);
+      offloader->Prefetch(g - 1);
+    }
+    if (spec.before_backward) spec.before_backward();
+
+    torch::Tensor leaf;
+    torch::Tensor output;
+    switch (spec.mode) {
+      case BlockMode::kNone:
+      case BlockMode::kSwap:
+        leaf = std::move(call->inner_input);
+        output = std::move(call->inner_output);
+        break;
+      case BlockMode::kCkpt:
+      case BlockMode::kHsOffload: {
+        torch::Tensor input =
+            spec.mode == BlockMode::kCkpt ? std::move(call->saved_input) : offloader->TakeInput(g);
+        leaf = InnerLeaf(input, call->input_requires_grad);
+        input.reset();
+        RngFork fork(call->rng);
+        torch::AutoGradMode grad_on(true);
+        output = spec.body(leaf);
+        break;
+      }
+    }
+    if (output.requires_grad() && grad_outputs[0].defined()) {
+      torch::autograd::backward({output}, {grad_outputs[0]});
+    }
+    output.reset();
+    torch::Tensor input_grad;
+    if (call->input_requires_grad) input_grad = leaf.grad();
+    leaf.reset();
+
+    if (spec.after_backward) spec.after_backward();
+    if (residency != nullptr) residency->PostBackward(g);
+    if (offloader != nullptr) offloader->Clear(g);
+    return {input_grad, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor RunGroup(const GroupSpec& spec, const torch::Tensor& input,
+                       const GroupRunnerOptions& options) {
+  TORCH_CHECK(spec.body, "RunGroup: group ", spec.group, " has no body");
+  TORCH_CHECK(options.offloader != nullptr ||
+                  (spec.mode != BlockMode::kSwap && spec.mode != BlockMode::kHsOffload),
+              "RunGroup: group ", spec.group, " uses mode ", std::string(BlockModeName(spec.mode)),
+              " but no ActivationOffloader was given");
+  auto call = c10::make_intrusive<GroupCall>();
+  call->spec = spec;
+  call->options = options;
+  // Autograd's custom Functions need every tensor argument defined; the anchor only requires
+  // grad when the input does not.
+  torch::Tensor anchor = torch::empty(
+      {0}, torch::TensorOptions().device(input.device()).requires_grad(!input.requires_grad()));
+  return GroupFunction::apply(input, anchor, std::move(call));
+}
+
+}  // namespace memplan

@@ -1,0 +1,166 @@
+#include "agent/chunks/chunk_layout.h"
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace memplan {
+namespace {
+
+int64_t AlignUp(int64_t value, int64_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+// Builds chunks incrementally; `open` is the chunk parameters are currently added to.
+class Packer {
+ public:
+  Packer(const ChunkLayoutOptions& options, std::vector<ChunkInfo>* chunks,
+         std::vector<ParamSlot>* slots)
+      : options_(options), chunks_(chunks), slots_(slots) {}
+
+  // End offset of the chunk after appending params [begin, end) at `start`.
+  int64_t EndAfter(const std::vector<LayoutParam>& params, int begin, int end,
+                   int64_t start) const {
+    int64_t cursor = start;
+    for (int i = begin; i < end; ++i) {
+      cursor = AlignUp(cursor, options_.alignment_bytes) + Bytes(params[i]);
+    }
+    return cursor;
+  }
+
+  void PackGroup(const std::vector<LayoutParam>& params, int begin, int end) {
+    const int64_t used = open_ ? chunks_->back().size_bytes : 0;
+    if (open_ && EndAfter(params, begin, end, used) <= options_.chunk_bytes) {
+      for (int i = begin; i < end; ++i) Place(params, i);
+      return;
+    }
+    if (EndAfter(params, begin, end, 0) <= options_.chunk_bytes) {
+      // Keeping a block whole in one chunk is worth the unused tail of the previous chunk:
+      // its parameters then move in one transfer.
+      Close();
+      for (int i = begin; i < end; ++i) Place(params, i);
+      return;
+    }
+    for (int i = begin; i < end; ++i) {
+      if (Bytes(params[i]) > options_.chunk_bytes) {
+        Close();
+        Place(params, i);
+        chunks_->back().oversized = true;
+        Close();
+        continue;
+      }
+      if (open_ && EndAfter(params, i, i + 1, chunks_->back().size_bytes) > options_.chunk_bytes) {
+        Close();
+      }
+      Place(params, i);
+    }
+  }
+
+ private:
+  static int64_t Bytes(const LayoutParam& p) { return p.numel * p.dtype_bytes; }
+
+  void Close() { open_ = false; }
+
+  void Place(const std::vector<LayoutParam>& params, int i) {
+    if (!open_) {
+      chunks_->push_back(ChunkInfo{});
+      chunks_->back().first_group = params[i].group;
+      open_ = true;
+    }
+    ChunkInfo& chunk = chunks_->back();
+    const int64_t offset = AlignUp(chunk.size_bytes, options_.alignment_bytes);
+    ParamSlot& slot = (*slots_)[i];
+    slot.chunk = static_cast<int>(chunks_->size()) - 1;
+    slot.offset_bytes = offset;
+    slot.size_bytes = Bytes(params[i]);
+    slot.group = params[i].group;
+    chunk.size_bytes = offset + slot.size_bytes;
+    chunk.last_group = params[i].group;
+    chunk.params.push_back(i);
+  }
+
+  const ChunkLayoutOptions& options_;
+  std::vector<ChunkInfo>* chunks_;
+  std::vector<ParamSlot>* slots_;
+  bool open_ = false;
+};
+
+}  // namespace
+
+absl::StatusOr<ChunkLayout> ChunkLayout::Build(const std::vector<LayoutParam>& params,
+                                               const ChunkLayoutOptions& options) {
+  if (options.chunk_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_bytes: must be positive, got ", options.chunk_bytes));
+  }
+  if (options.alignment_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("alignment_bytes: must be positive, got ", options.alignment_bytes));
+  }
+  std::set<std::string> names;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const LayoutParam& p = params[i];
+    if (p.numel < 0 || p.dtype_bytes <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("params[", i, "] (", p.name, "): numel must be >= 0 and dtype_bytes > 0"));
+    }
+    if (i > 0 && p.group < params[i - 1].group) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("params[", i, "] (", p.name, "): group ", p.group, " follows group ",
+                       params[i - 1].group, "; parameters must be in execution order"));
+    }
+    if (!names.insert(p.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "params[", i, "]: name ", p.name, " appears twice; pass each tensor once (first use)"));
+    }
+  }
+
+  ChunkLayout layout;
+  layout.options_ = options;
+  layout.slots_.resize(params.size());
+  Packer packer(options, &layout.chunks_, &layout.slots_);
+  const int n = static_cast<int>(params.size());
+  for (int begin = 0; begin < n;) {
+    int end = begin;
+    while (end < n && params[end].group == params[begin].group) ++end;
+    packer.PackGroup(params, begin, end);
+    begin = end;
+  }
+  return layout;
+}
+
+int64_t ChunkLayout::TotalBytes() const { return RangeBytes(0, num_chunks()); }
+
+int64_t ChunkLayout::RangeBytes(int first, int last) const {
+  int64_t total = 0;
+  for (int c = std::max(first, 0); c < std::min(last, num_chunks()); ++c) {
+    total += chunks_[c].size_bytes;
+  }
+  return total;
+}
+
+int64_t ChunkLayout::MaxChunkBytesFrom(int first) const {
+  int64_t largest = 0;
+  for (int c = std::max(first, 0); c < num_chunks(); ++c) {
+    largest = std::max(largest, chunks_[c].size_bytes);
+  }
+  return largest;
+}
+
+std::vector<int> ChunkLayout::ChunksOfGroup(int group) const {
+  std::vector<int> result;
+  for (int c = 0; c < num_chunks(); ++c) {
+    for (int i : chunks_[c].params) {
+      if (slots_[i].group == group) {
+        result.push_back(c);
+        break;
+      }
+    }
+  }
+  return result;
+}
+
+}  // namespace memplan

@@ -1,0 +1,84 @@
+// ChunkLayout: packs parameters into fixed-size chunks in execution order (torch-free).
+// The planner's cost model must use the same rule to predict chunk sizes and counts:
+//
+//  [Chunk packing rule]
+//  * Input: each distinct parameter tensor once, at its first use, in execution order
+//    (group 0 = embedding, 1..N = blocks, N+1 = final norm + LM head). A tied LM head weight
+//    is the embedding's tensor, so it is packed once, in the embedding's chunk.
+//  * A parameter occupies numel * dtype_bytes bytes starting at an offset rounded up to
+//    alignment_bytes inside its chunk; a chunk's size is the end of its last parameter (no tail
+//    padding), so host memory for a chunk is exactly that size.
+//  * Groups are never split when they fit in an empty chunk: if the whole group (with alignment)
+//    does not fit in the space left in the current chunk, the current chunk is closed and the
+//    group starts a new one.
+//  * A group larger than chunk_bytes is packed parameter by parameter, continuing the current
+//    chunk and opening a new chunk whenever the next parameter does not fit.
+//  * A parameter larger than chunk_bytes gets an oversized chunk of its own (size = its bytes);
+//    the chunk before it is closed and the next parameter starts a new chunk.
+// Thread-compatible value type.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace memplan {
+
+struct LayoutParam {
+  std::string name;
+  int64_t numel = 0;
+  int64_t dtype_bytes = 0;
+  int group = 0;  // non-decreasing along the input
+};
+
+struct ChunkLayoutOptions {
+  int64_t chunk_bytes = int64_t{64} << 20;
+  int64_t alignment_bytes = 256;
+};
+
+// Where one parameter lives.
+struct ParamSlot {
+  int chunk = 0;
+  int64_t offset_bytes = 0;  // from the start of the chunk, a multiple of alignment_bytes
+  int64_t size_bytes = 0;    // numel * dtype_bytes
+  int group = 0;
+};
+
+struct ChunkInfo {
+  int64_t size_bytes = 0;  // end of the last parameter: the exact bytes the chunk needs
+  bool oversized = false;  // holds a single parameter larger than chunk_bytes
+  int first_group = 0;
+  int last_group = 0;
+  std::vector<int> params;  // indices into the input, in packing order
+};
+
+class ChunkLayout {
+ public:
+  // INVALID_ARGUMENT for a non-positive chunk size or alignment, negative sizes, decreasing
+  // groups, or a repeated name.
+  static absl::StatusOr<ChunkLayout> Build(const std::vector<LayoutParam>& params,
+                                           const ChunkLayoutOptions& options);
+
+  const std::vector<ChunkInfo>& chunks() const { return chunks_; }
+  const std::vector<ParamSlot>& slots() const { return slots_; }  // indexed like the input
+  const ChunkLayoutOptions& options() const { return options_; }
+  int num_chunks() const { return static_cast<int>(chunks_.size()); }
+
+  // Sum of all chunk sizes.
+  int64_t TotalBytes() const;
+  // Sum of the sizes of chunks [first, last).
+  int64_t RangeBytes(int first, int last) const;
+  // Largest chunk size among chunks [first, num_chunks()); 0 when the range is empty.
+  int64_t MaxChunkBytesFrom(int first) const;
+  // Chunks holding parameters of `group` (first use only), ascending.
+  std::vector<int> ChunksOfGroup(int group) const;
+
+ private:
+  ChunkLayoutOptions options_;
+  std::vector<ChunkInfo> chunks_;
+  std::vector<ParamSlot> slots_;
+};
+
+}  // namespace memplan

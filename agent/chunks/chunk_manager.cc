@@ -1,0 +1,1097 @@
+#include "agent/chunks/chunk_manager.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "agent/chunks/chunk_layout.h"
+#include "agent/chunks/cpu_adamw.h"
+#include "agent/chunks/host_buffer.h"
+#include "agent/chunks/thread_pool.h"
+#include "agent/chunks/torch_sqrt.h"
+#include "common/log.h"
+#include "common/status.h"
+
+#if __has_include(<c10/cuda/CUDAStream.h>)
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#define MEMPLAN_CHUNKS_CUDA 1
+#endif
+
+// [Fixed buffer slots]
+// Autograd keeps, for the backward of a block that is neither checkpointed nor swapped, the
+// tensors its forward saved — including views of the weights (matmul saves w.t()). Those views
+// point into the device buffer that held the chunk during forward. So every non-persistent chunk
+// has a home buffer and is always uploaded into it at the same offsets: when backward brings the
+// chunk back, the saved views see the right values again. Homes are assigned round-robin (so the
+// next chunk can be prefetched while the current one computes), skipping buffers taken by chunks
+// that some group needs at the same time (a tied LM head needs the embedding's chunk).
+
+namespace memplan {
+namespace {
+
+// Elements per CPU optimizer task: big enough to amortise scheduling, small enough that the
+// pool balances a few large tensors across all threads.
+constexpr int64_t kTaskElems = int64_t{1} << 18;
+
+#ifdef MEMPLAN_CHUNKS_CUDA
+using Event = at::cuda::CUDAEvent;
+#else
+struct Event {
+  void synchronize() const {}
+};
+#endif
+using EventPtr = std::shared_ptr<Event>;
+
+struct Param {
+  std::string name;
+  torch::Tensor tensor;  // the model's parameter; identity is what ties aliases together
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  int chunk = 0;
+  int64_t offset_elems = 0;  // into the chunk's arrays (offset_bytes / model element size)
+  int first_group = 0;       // backward touches it last here: its grad is final after this group
+  int64_t step = 0;          // AdamW step count (torch keeps one per parameter)
+  bool grad_in_step = false;
+  bool grad_this_micro = false;
+  torch::Tensor grad_norm;  // L2 norm of the final grad, computed where the grad lives
+  // Persistent chunks: optimizer state on the device.
+  torch::Tensor master;  // fp32 copy when the model dtype is not fp32
+  torch::Tensor exp_avg;
+  torch::Tensor exp_avg_sq;
+  torch::Tensor fused_step;  // the step counter at::_fused_adamw_ keeps on the device
+};
+
+struct Chunk {
+  bool persistent = false;
+  int64_t size_bytes = 0;
+  int64_t span_elems = 0;
+  std::vector<int> params;
+  int completion_group = 0;  // smallest first_group of its params
+  torch::Tensor device;      // persistent: the flat parameter storage
+  // Non-persistent: host arrays laid out like the chunk (element offsets of the layout).
+  HostBuffer param_host;  // model dtype; upload source (and the master for fp32 models)
+  HostBuffer grad_stage;  // model dtype; where grads land from the device
+  HostBuffer master;      // fp32, non-fp32 models only
+  HostBuffer grad_accum;  // fp32 sum over micro-batches, unless grad_stage can be summed in place
+  HostBuffer exp_avg;
+  HostBuffer exp_avg_sq;
+  int home = -1;              // device buffer slot, see [Fixed buffer slots]
+  bool materialized = false;  // parameters currently view the home buffer
+  int micro_batches = 0;      // micro-batches whose grads arrived in this step
+  bool update_started = false;
+  EventPtr grads_copied;  // the device-to-host copy of this micro-batch's grads
+  EventPtr uploaded;      // the last upload from param_host
+  std::unique_ptr<TaskTracker> tasks = std::make_unique<TaskTracker>();
+};
+
+struct DeviceBuffer {
+  torch::Tensor storage;  // flat, model dtype, sized for the largest non-persistent chunk
+  int chunk = -1;         // chunk whose current values it holds
+  EventPtr ready;         // upload into it finished
+};
+
+// One piece of CPU optimizer work on a contiguous element range of one parameter.
+struct RangeWork {
+  int64_t begin = 0;  // element offset into the chunk's arrays
+  int64_t len = 0;
+  bool accumulate = false;
+  bool first = false;  // first micro-batch with a grad: copy instead of add
+  bool update = false;
+  AdamWStepScalars scalars;
+};
+
+absl::Status TorchError(const c10::Error& e, absl::string_view what) {
+  return absl::InternalError(absl::StrCat(std::string(what), ": ", e.what_without_backtrace()));
+}
+
+}  // namespace
+
+class ChunkManager::Impl {
+ public:
+  Impl(const ChunkManagerOptions& options, ChunkLayout layout)
+      : options_(options), layout_(std::move(layout)), pool_(std::max(0, options.cpu_threads)) {}
+
+  ~Impl() {
+    for (Chunk& chunk : chunks_) chunk.tasks->Wait();
+  }
+
+  absl::Status Init(const ParamGroups& groups, std::vector<Param> params,
+                    std::vector<std::vector<int>> group_params);
+
+  void Acquire(int group, bool forward);
+  void PostBackward(int group);
+  absl::Status Step(double max_grad_norm);
+  void ZeroGrad();
+  std::vector<NamedParam> ParamOrder() const;
+  std::vector<NamedParam> Params();
+  std::vector<NamedParam> Grads();
+  std::vector<NamedParam> OptimizerState();
+  absl::Status LoadParamsAndState(const std::vector<NamedParam>& values,
+                                  const std::vector<NamedParam>& state);
+  ChunkMemoryStats MemoryStats() const { return stats_; }
+  ChunkUploadStats UploadStats();
+  void ResetUploadStats();
+  int MinBuffers() const { return min_buffers_; }
+  double LastGradNorm() const { return last_grad_norm_; }
+
+ private:
+  bool cuda() const { return options_.device.is_cuda(); }
+  bool mixed() const { return dtype_ != torch::kFloat32; }
+  torch::TensorOptions DeviceOptions() const {
+    return torch::TensorOptions().dtype(dtype_).device(options_.device);
+  }
+  torch::Tensor HostView(void* data, int64_t offset_elems, const std::vector<int64_t>& shape,
+                         int64_t numel, torch::ScalarType dtype) const {
+    char* base = static_cast<char*>(data) + offset_elems * torch::elementSize(dtype);
+    return torch::from_blob(base, {numel}, torch::TensorOptions().dtype(dtype)).view(shape);
+  }
+  float* HostMaster(Chunk& chunk) const {
+    return mixed() ? chunk.master.as<float>() : chunk.param_host.as<float>();
+  }
+  float* HostGrad(Chunk& chunk) const {
+    return chunk.grad_accum.data() != nullptr ? chunk.grad_accum.as<float>()
+                                              : chunk.grad_stage.as<float>();
+  }
+
+  absl::StatusOr<HostBuffer> AllocateTransfer(int64_t bytes);
+  absl::Status AssignHomes();
+  void Upload(int c);
+  void Materialize(int c);
+  void Dematerialize(int c);
+  void StageGrad(Param& param, Chunk& chunk);
+  void ScheduleChunkWork(int c, bool accumulate, bool update, float grad_scale);
+  void WaitAll();
+  void InvalidateBuffers();
+  void ResetStep();
+  EventPtr RecordOnCompute();
+  void WaitOnCompute(const EventPtr& event);
+
+  ChunkManagerOptions options_;
+  ChunkLayout layout_;
+  torch::ScalarType dtype_ = torch::kFloat32;
+  std::vector<Param> params_;                     // canonical order
+  std::vector<std::vector<int>> group_params_;    // per group, indices into params_
+  std::vector<std::vector<int>> group_chunks_;    // per group, non-persistent chunks it needs
+  std::vector<std::vector<int>> group_stage_;     // per group, params whose grad is offloaded there
+  std::unordered_map<std::string, int> by_name_;  // every name, aliases included
+  std::vector<Chunk> chunks_;
+  std::vector<DeviceBuffer> buffers_;
+  int n_persist_ = 0;
+  int min_buffers_ = 0;
+  torch::Tensor placeholder_;  // 0-dim, expanded to each released parameter's shape
+  ThreadPool pool_;
+  ChunkMemoryStats stats_;
+  double last_grad_norm_ = 0;
+  bool overrun_ = false;  // grads arrived for a chunk whose update already started
+  // Upload accounting: finished durations are folded into upload_stats_; pairs of timing events
+  // (start, end) whose copies may still run wait in timed_uploads_.
+  ChunkUploadStats upload_stats_;
+  std::vector<std::pair<EventPtr, EventPtr>> timed_uploads_;
+  void FoldTimedUploads(bool wait);
+#ifdef MEMPLAN_CHUNKS_CUDA
+  std::optional<c10::cuda::CUDAStream> upload_stream_;
+  std::optional<c10::cuda::CUDAStream> offload_stream_;
+#endif
+};
+
+absl::StatusOr<HostBuffer> ChunkManager::Impl::AllocateTransfer(int64_t bytes) {
+  if (options_.host_memory == HostMemoryKind::kPageable || stats_.pinned_fallback) {
+    return HostBuffer::AllocatePageable(bytes);
+  }
+  absl::StatusOr<HostBuffer> pinned = HostBuffer::AllocatePinned(bytes);
+  if (pinned.ok()) return pinned;
+  if (!options_.pageable_fallback) {
+    return absl::Status(pinned.status().code(),
+                        absl::StrCat("host_memory=pinned: ", pinned.status().message(),
+                                     " (set pageable_fallback to use pageable memory)"));
+  }
+  stats_.pinned_fallback = true;
+  stats_.pinned_fallback_reason = std::string(pinned.status().message());
+  MEMPLAN_LOG(kWarning, "pinned host memory unavailable; using pageable memory for chunks")
+      .Field("reason", stats_.pinned_fallback_reason)
+      .Field("bytes", bytes);
+  return HostBuffer::AllocatePageable(bytes);
+}
+
+absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Param> params,
+                                      std::vector<std::vector<int>> group_params) {
+  params_ = std::move(params);
+  group_params_ = std::move(group_params);
+  dtype_ = params_.empty() ? torch::kFloat32 : params_[0].tensor.scalar_type();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (const NamedParam& named : groups[g]) {
+      for (int i : group_params_[g]) {
+        if (params_[i].tensor.unsafeGetTensorImpl() == named.param.unsafeGetTensorImpl()) {
+          by_name_.emplace(named.name, i);
+        }
+      }
+    }
+  }
+  n_persist_ = std::clamp(options_.n_persist, 0, layout_.num_chunks());
+  const int64_t elem_bytes = torch::elementSize(dtype_);
+
+#ifdef MEMPLAN_CHUNKS_CUDA
+  if (cuda()) {
+    upload_stream_ =
+        c10::cuda::getStreamFromPool(/*isHighPriority=*/false, options_.device.index());
+    offload_stream_ = c10::cuda::getStreamFromPool(false, options_.device.index());
+  }
+#endif
+
+  // Chunks and their storage. Values are copied before any parameter is swapped out.
+  chunks_.resize(layout_.num_chunks());
+  for (int c = 0; c < layout_.num_chunks(); ++c) {
+    Chunk& chunk = chunks_[c];
+    const ChunkInfo& info = layout_.chunks()[c];
+    chunk.persistent = c < n_persist_;
+    chunk.size_bytes = info.size_bytes;
+    chunk.span_elems = info.size_bytes / elem_bytes;
+    chunk.completion_group = std::numeric_limits<int>::max();
+    stats_.chunk_bytes.push_back(info.size_bytes);
+  }
+  for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
+    Chunk& chunk = chunks_[params_[i].chunk];
+    chunk.params.push_back(i);
+    chunk.completion_group = std::min(chunk.completion_group, params_[i].first_group);
+  }
+
+  placeholder_ = torch::zeros({}, DeviceOptions());
+  try {
+    torch::NoGradGuard no_grad;
+    for (int c = 0; c < layout_.num_chunks(); ++c) {
+      Chunk& chunk = chunks_[c];
+      if (chunk.persistent) {
+        chunk.device = torch::zeros({chunk.span_elems}, DeviceOptions());
+        for (int i : chunk.params) {
+          Param& p = params_[i];
+          torch::Tensor view = chunk.device.narrow(0, p.offset_elems, p.numel).view(p.shape);
+          view.copy_(p.tensor.detach());
+          p.tensor.set_data(view);
+          const auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(options_.device);
+          if (mixed()) p.master = view.to(torch::kFloat32);
+          p.exp_avg = torch::zeros(p.shape, fp32);
+          p.exp_avg_sq = torch::zeros(p.shape, fp32);
+          if (cuda()) p.fused_step = torch::zeros({}, fp32);
+        }
+        stats_.persistent_device_bytes += chunk.span_elems * elem_bytes;
+        stats_.persistent_state_device_bytes += chunk.span_elems * 4 * (mixed() ? 3 : 2);
+        continue;
+      }
+      ASSIGN_OR_RETURN(chunk.param_host, AllocateTransfer(chunk.size_bytes));
+      ASSIGN_OR_RETURN(chunk.grad_stage, AllocateTransfer(chunk.size_bytes));
+      const int64_t fp32_bytes = chunk.span_elems * 4;
+      if (mixed()) chunk.master = HostBuffer::AllocatePageable(fp32_bytes);
+      if (mixed() || options_.grad_accum > 1) {
+        chunk.grad_accum = HostBuffer::AllocatePageable(fp32_bytes);
+      }
+      chunk.exp_avg = HostBuffer::AllocatePageable(fp32_bytes);
+      chunk.exp_avg_sq = HostBuffer::AllocatePageable(fp32_bytes);
+      for (const HostBuffer* b : {&chunk.param_host, &chunk.grad_stage}) {
+        (b->pinned() ? stats_.host_pinned_bytes : stats_.host_pageable_bytes) += b->size_bytes();
+      }
+      for (const HostBuffer* b :
+           {&chunk.master, &chunk.grad_accum, &chunk.exp_avg, &chunk.exp_avg_sq}) {
+        stats_.host_pageable_bytes += b->size_bytes();
+      }
+      for (int i : chunk.params) {
+        Param& p = params_[i];
+        torch::Tensor value = p.tensor.detach().to(torch::kCPU);
+        HostView(chunk.param_host.data(), p.offset_elems, p.shape, p.numel, dtype_).copy_(value);
+        if (mixed()) {
+          HostView(chunk.master.data(), p.offset_elems, p.shape, p.numel, torch::kFloat32)
+              .copy_(value);
+        }
+        p.tensor.set_data(placeholder_.expand(p.shape));
+      }
+    }
+  } catch (const c10::Error& e) {
+    return TorchError(e, "copying parameters into chunks");
+  }
+
+  // Which non-persistent chunks each group needs resident, and whose grads become final where.
+  group_chunks_.assign(group_params_.size(), {});
+  // A parameter used by several groups (a tied LM head) gets one autograd accumulation per
+  // group. With one micro-batch the device sums them in autograd's order and the grad moves once,
+  // after its last group; with several, the host must add the contributions in that same order
+  // ((h1 + e1) + h2) + e2, so the grad moves after every group that uses it.
+  group_stage_.assign(group_params_.size(), {});
+  for (size_t g = 0; g < group_params_.size(); ++g) {
+    std::set<int> needed;
+    for (int i : group_params_[g]) {
+      if (!chunks_[params_[i].chunk].persistent) needed.insert(params_[i].chunk);
+      if (options_.grad_accum > 1 || params_[i].first_group == static_cast<int>(g)) {
+        group_stage_[g].push_back(i);
+      }
+    }
+    group_chunks_[g].assign(needed.begin(), needed.end());
+    min_buffers_ = std::max(min_buffers_, static_cast<int>(needed.size()));
+  }
+  RETURN_IF_ERROR(AssignHomes());
+
+  stats_.n_chunks = layout_.num_chunks();
+  stats_.n_persist = n_persist_;
+  stats_.n_buffer = static_cast<int>(buffers_.size());
+  stats_.layout_bytes = layout_.TotalBytes();
+  const int64_t buffer_elems = layout_.MaxChunkBytesFrom(n_persist_) / elem_bytes;
+  stats_.buffer_device_bytes = static_cast<int64_t>(buffers_.size()) * buffer_elems * elem_bytes;
+  try {
+    for (DeviceBuffer& buffer : buffers_) {
+      buffer.storage = torch::zeros({buffer_elems}, DeviceOptions());
+    }
+  } catch (const c10::Error& e) {
+    return TorchError(e, "allocating device chunk buffers");
+  }
+  MEMPLAN_LOG(kInfo, "chunk manager ready")
+      .Field("chunks", stats_.n_chunks)
+      .Field("n_persist", n_persist_)
+      .Field("n_buffer", stats_.n_buffer)
+      .Field("layout_bytes", stats_.layout_bytes)
+      .Field("host_pinned_bytes", stats_.host_pinned_bytes)
+      .Field("host_pageable_bytes", stats_.host_pageable_bytes);
+  return absl::OkStatus();
+}
+
+absl::Status ChunkManager::Impl::AssignHomes() {
+  const int non_persistent = layout_.num_chunks() - n_persist_;
+  if (non_persistent == 0) return absl::OkStatus();
+  int n_buffer = std::max(options_.n_buffer, min_buffers_);
+  // Chunks that must be resident together may not share a home.
+  std::vector<std::set<int>> conflicts(layout_.num_chunks());
+  for (const std::vector<int>& needed : group_chunks_) {
+    for (int a : needed) {
+      for (int b : needed) {
+        if (a != b) conflicts[a].insert(b);
+      }
+    }
+  }
+  // Round-robin with skips; a greedy colouring can need more slots than the largest group, so
+  // grow until it succeeds (bounded by the chunk count).
+  while (true) {
+    bool ok = true;
+    int next = 0;
+    for (int c = n_persist_; c < layout_.num_chunks() && ok; ++c) {
+      int home = -1;
+      for (int k = 0; k < n_buffer; ++k) {
+        const int candidate = (next + k) % n_buffer;
+        bool clash = false;
+        for (int other : conflicts[c]) {
+          if (other < c && chunks_[other].home == candidate) clash = true;
+        }
+        if (!clash) {
+          home = candidate;
+          break;
+        }
+      }
+      if (home < 0) ok = false;
+      chunks_[c].home = home;
+      next = (home + 1) % n_buffer;
+    }
+    if (ok) break;
+    ++n_buffer;
+  }
+  if (n_buffer > options_.n_buffer) {
+    MEMPLAN_LOG(kWarning, "n_buffer raised: some group needs more chunks resident at once")
+        .Field("requested", options_.n_buffer)
+        .Field("allocated", n_buffer)
+        .Field("min_buffers", min_buffers_);
+  }
+  if (n_buffer > options_.n_buffer) min_buffers_ = std::max(min_buffers_, n_buffer);
+  buffers_.resize(n_buffer);
+  return absl::OkStatus();
+}
+
+EventPtr ChunkManager::Impl::RecordOnCompute() {
+#ifdef MEMPLAN_CHUNKS_CUDA
+  if (!cuda()) return nullptr;
+  auto event = std::make_shared<Event>();
+  event->record(c10::cuda::getCurrentCUDAStream(options_.device.index()));
+  return event;
+#else
+  return nullptr;
+#endif
+}
+
+void ChunkManager::Impl::WaitOnCompute(const EventPtr& event) {
+#ifdef MEMPLAN_CHUNKS_CUDA
+  if (event) event->block(c10::cuda::getCurrentCUDAStream(options_.device.index()));
+#endif
+}
+
+void ChunkManager::Impl::Upload(int c) {
+  Chunk& chunk = chunks_[c];
+  DeviceBuffer& buffer = buffers_[chunk.home];
+  if (buffer.chunk == c) return;
+  if (buffer.chunk >= 0) Dematerialize(buffer.chunk);
+  buffer.chunk = c;
+  chunk.tasks->Wait();  // a CPU update still writing param_host would be uploaded half-done
+  torch::Tensor src = torch::from_blob(chunk.param_host.data(), {chunk.span_elems},
+                                       torch::TensorOptions().dtype(dtype_));
+  torch::Tensor dst = buffer.storage.narrow(0, 0, chunk.span_elems);
+#ifdef MEMPLAN_CHUNKS_CUDA
+  if (cuda()) {
+    // The buffer's previous chunk may still be read by kernels queued on the compute stream.
+    RecordOnCompute()->block(*upload_stream_);
+    c10::cuda::CUDAStreamGuard guard(*upload_stream_);
+    // Timing events (the default CUDAEvent disables timing): the start is recorded after the wait
+    // above, so the measured span is the copy itself.
+    auto start = std::make_shared<Event>(cudaEventDefault);
+    start->record(*upload_stream_);
+    dst.copy_(src, /*non_blocking=*/true);
+    auto ready = std::make_shared<Event>(cudaEventDefault);
+    ready->record(*upload_stream_);
+    buffer.ready = ready;
+    chunk.uploaded = ready;
+    ++upload_stats_.uploads;
+    upload_stats_.bytes += chunk.span_elems * static_cast<int64_t>(torch::elementSize(dtype_));
+    timed_uploads_.emplace_back(std::move(start), std::move(ready));
+    if (timed_uploads_.size() >= 64) FoldTimedUploads(/*wait=*/false);
+    return;
+  }
+#endif
+  dst.copy_(src);
+  buffer.ready = nullptr;
+  ++upload_stats_.uploads;
+  upload_stats_.bytes += chunk.span_elems * static_cast<int64_t>(torch::elementSize(dtype_));
+}
+
+void ChunkManager::Impl::FoldTimedUploads(bool wait) {
+#ifdef MEMPLAN_CHUNKS_CUDA
+  // Uploads finish in stream order, so the finished ones form a prefix.
+  size_t done = 0;
+  for (; done < timed_uploads_.size(); ++done) {
+    auto& [start, end] = timed_uploads_[done];
+    if (wait) {
+      end->synchronize();
+    } else if (!end->query()) {
+      break;
+    }
+    upload_stats_.seconds += static_cast<double>(start->elapsed_time(*end)) / 1000.0;
+  }
+  timed_uploads_.erase(timed_uploads_.begin(), timed_uploads_.begin() + done);
+#else
+  (void)wait;
+#endif
+}
+
+ChunkUploadStats ChunkManager::Impl::UploadStats() {
+  FoldTimedUploads(/*wait=*/true);
+  return upload_stats_;
+}
+
+void ChunkManager::Impl::ResetUploadStats() {
+  FoldTimedUploads(/*wait=*/true);
+  upload_stats_ = ChunkUploadStats();
+}
+
+void ChunkManager::Impl::Materialize(int c) {
+  Chunk& chunk = chunks_[c];
+  DeviceBuffer& buffer = buffers_[chunk.home];
+  WaitOnCompute(buffer.ready);
+  if (chunk.materialized) return;
+  for (int i : chunk.params) {
+    Param& p = params_[i];
+    p.tensor.set_data(buffer.storage.narrow(0, p.offset_elems, p.numel).view(p.shape));
+  }
+  chunk.materialized = true;
+}
+
+void ChunkManager::Impl::Dematerialize(int c) {
+  Chunk& chunk = chunks_[c];
+  if (!chunk.materialized) return;
+  for (int i : chunk.params) {
+    Param& p = params_[i];
+    p.tensor.set_data(placeholder_.expand(p.shape));
+  }
+  chunk.materialized = false;
+}
+
+void ChunkManager::Impl::Acquire(int group, bool forward) {
+  if (group < 0 || group >= static_cast<int>(group_chunks_.size())) {
+    MEMPLAN_LOG(kError, "chunk manager hook for an unknown group").Field("group", group);
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  const std::vector<int>& needed = group_chunks_[group];
+  for (int c : needed) Upload(c);
+  for (int c : needed) Materialize(c);
+  // Prefetch the next group in this direction on the upload stream, without evicting anything
+  // this group is about to use.
+  const int next = forward ? group + 1 : group - 1;
+  if (next < 0 || next >= static_cast<int>(group_chunks_.size())) return;
+  for (int c : group_chunks_[next]) {
+    const int holder = buffers_[chunks_[c].home].chunk;
+    if (holder == c) continue;
+    if (holder >= 0 && std::find(needed.begin(), needed.end(), holder) != needed.end()) continue;
+    Upload(c);
+  }
+}
+
+void ChunkManager::Impl::StageGrad(Param& p, Chunk& chunk) {
+  torch::Tensor grad = p.tensor.grad();
+  if (!grad.defined()) return;
+  p.grad_this_micro = true;
+  // With one micro-batch the device grad is the final one: its norm is exactly what
+  // clip_grad_norm_ computes, and on a GPU it costs no host work.
+  if (options_.grad_accum == 1) p.grad_norm = grad.norm(2.0);
+  torch::Tensor dst = HostView(chunk.grad_stage.data(), p.offset_elems, p.shape, p.numel, dtype_);
+#ifdef MEMPLAN_CHUNKS_CUDA
+  if (cuda()) {
+    RecordOnCompute()->block(*offload_stream_);
+    {
+      c10::cuda::CUDAStreamGuard guard(*offload_stream_);
+      dst.copy_(grad, /*non_blocking=*/true);
+    }
+    // The grad is freed below while the copy may still run on the offload stream.
+    c10::cuda::CUDACachingAllocator::recordStream(grad.storage().data_ptr(), *offload_stream_);
+    p.tensor.mutable_grad().reset();
+    return;
+  }
+#endif
+  dst.copy_(grad);
+  p.tensor.mutable_grad().reset();
+}
+
+void ChunkManager::Impl::PostBackward(int group) {
+  if (group < 0 || group >= static_cast<int>(group_stage_.size())) {
+    MEMPLAN_LOG(kError, "chunk manager hook for an unknown group").Field("group", group);
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  std::set<int> touched;
+  for (int i : group_stage_[group]) {
+    Param& p = params_[i];
+    Chunk& chunk = chunks_[p.chunk];
+    if (chunk.persistent) continue;  // autograd keeps accumulating these on the device
+    // The staging area is reused: the accumulation of what it held before must be done.
+    if (touched.insert(p.chunk).second) chunk.tasks->Wait();
+    StageGrad(p, chunk);
+  }
+  for (int c : touched) {
+    Chunk& chunk = chunks_[c];
+#ifdef MEMPLAN_CHUNKS_CUDA
+    if (cuda()) {
+      chunk.grads_copied = std::make_shared<Event>();
+      chunk.grads_copied->record(*offload_stream_);
+    }
+#endif
+    if (chunk.update_started) {
+      overrun_ = true;
+      continue;
+    }
+    const bool complete = chunk.completion_group == group;
+    if (complete) ++chunk.micro_batches;
+    // Without clipping the update needs nothing but this chunk's final grads, so it overlaps the
+    // rest of backward. With clipping it must wait for the global norm (end of backward, in
+    // Step()): the CPU then only accumulates now.
+    const bool update_now =
+        complete && chunk.micro_batches >= options_.grad_accum && options_.max_grad_norm == 0;
+    ScheduleChunkWork(c, /*accumulate=*/true, update_now, 1.0f);
+  }
+}
+
+void ChunkManager::Impl::ScheduleChunkWork(int c, bool accumulate, bool update, float grad_scale) {
+  Chunk& chunk = chunks_[c];
+  std::vector<RangeWork> work;
+  for (int i : chunk.params) {
+    Param& p = params_[i];
+    RangeWork base;
+    if (accumulate) {
+      base.accumulate = p.grad_this_micro && chunk.grad_accum.data() != nullptr;
+      base.first = !p.grad_in_step;
+      p.grad_in_step = p.grad_in_step || p.grad_this_micro;
+      p.grad_this_micro = false;
+    }
+    // torch::optim::AdamW skips parameters without a grad: no decay, no step count.
+    base.update = update && p.grad_in_step;
+    if (base.update) base.scalars = MakeAdamWStepScalars(options_.adamw, ++p.step);
+    if (!base.accumulate && !base.update) continue;
+    for (int64_t off = 0; off < p.numel; off += kTaskElems) {
+      RangeWork w = base;
+      w.begin = p.offset_elems + off;
+      w.len = std::min(kTaskElems, p.numel - off);
+      work.push_back(w);
+    }
+  }
+  if (update) chunk.update_started = true;
+  if (work.empty()) return;
+
+  const EventPtr copied = chunk.grads_copied;
+  const EventPtr uploaded = chunk.uploaded;
+  const bool bf16 = mixed();
+  char* stage = static_cast<char*>(chunk.grad_stage.data());
+  float* grad32 = HostGrad(chunk);
+  float* master = HostMaster(chunk);
+  float* exp_avg = chunk.exp_avg.as<float>();
+  float* exp_avg_sq = chunk.exp_avg_sq.as<float>();
+  uint16_t* param16 = chunk.param_host.as<uint16_t>();
+  TaskTracker* tracker = chunk.tasks.get();
+  tracker->Add(static_cast<int>(work.size()));
+  for (const RangeWork& w : work) {
+    pool_.Schedule([=] {
+      if (copied) copied->synchronize();
+      if (w.accumulate) {
+        if (bf16) {
+          AccumulateGradBf16(w.first, w.len, reinterpret_cast<const uint16_t*>(stage) + w.begin,
+                             grad32 + w.begin);
+        } else {
+          AccumulateGrad(w.first, w.len, reinterpret_cast<const float*>(stage) + w.begin,
+                         grad32 + w.begin);
+        }
+      }
+      if (w.update) {
+        if (uploaded) uploaded->synchronize();  // param_host may still be the upload source
+        AdamWUpdate(w.scalars, grad_scale, w.len, master + w.begin, grad32 + w.begin,
+                    exp_avg + w.begin, exp_avg_sq + w.begin, &TorchSqrt);
+        if (bf16) RoundToBf16(w.len, master + w.begin, param16 + w.begin);
+      }
+      tracker->Done();
+    });
+  }
+}
+
+void ChunkManager::Impl::WaitAll() {
+#ifdef MEMPLAN_CHUNKS_CUDA
+  if (cuda()) {
+    upload_stream_->synchronize();
+    offload_stream_->synchronize();
+  }
+#endif
+  for (Chunk& chunk : chunks_) chunk.tasks->Wait();
+}
+
+void ChunkManager::Impl::InvalidateBuffers() {
+  for (DeviceBuffer& buffer : buffers_) {
+    if (buffer.chunk >= 0) Dematerialize(buffer.chunk);
+    buffer.chunk = -1;
+    buffer.ready = nullptr;
+  }
+}
+
+void ChunkManager::Impl::ResetStep() {
+  for (Param& p : params_) {
+    if (p.tensor.grad().defined()) p.tensor.mutable_grad().reset();
+    p.grad_in_step = false;
+    p.grad_this_micro = false;
+    p.grad_norm = torch::Tensor();
+  }
+  for (Chunk& chunk : chunks_) {
+    chunk.micro_batches = 0;
+    chunk.update_started = false;
+    chunk.grads_copied = nullptr;
+  }
+  overrun_ = false;
+}
+
+absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
+  torch::NoGradGuard no_grad;
+  WaitAll();
+  bool started = false;
+  for (const Chunk& chunk : chunks_) started = started || chunk.update_started;
+  if (overrun_) {
+    InvalidateBuffers();
+    ResetStep();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "gradients arrived for a chunk after its update started: more micro-batches than "
+        "grad_accum (",
+        options_.grad_accum, ") before Step(); the step's gradients were dropped"));
+  }
+  if (max_grad_norm > 0 && started) {
+    InvalidateBuffers();
+    ResetStep();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Step(max_grad_norm=", max_grad_norm,
+        ") cannot clip: options.max_grad_norm=0 let CPU updates start during backward"));
+  }
+  try {
+    // clip_grad_norm_: per-parameter norms in ParamOrder(), stacked, normed again.
+    // With several micro-batches the offloaded grads' norms need a pass over host memory; skip
+    // it when nothing is clipped (LastGradNorm() is then NaN).
+    const bool want_norm = max_grad_norm > 0 || options_.grad_accum == 1;
+    std::vector<torch::Tensor> norms;
+    if (want_norm) {
+      for (Param& p : params_) {
+        Chunk& chunk = chunks_[p.chunk];
+        if (chunk.persistent) {
+          if (p.tensor.grad().defined()) norms.push_back(p.tensor.grad().norm(2.0).to(torch::kCPU));
+          continue;
+        }
+        if (!p.grad_in_step) continue;
+        if (!p.grad_norm.defined()) {
+          p.grad_norm = HostView(HostGrad(chunk), p.offset_elems, p.shape, p.numel, torch::kFloat32)
+                            .norm(2.0);
+        }
+        norms.push_back(p.grad_norm.to(torch::kCPU));
+      }
+    }
+    float grad_scale = 1.0f;
+    torch::Tensor clip_coef;
+    last_grad_norm_ = want_norm ? 0 : std::numeric_limits<double>::quiet_NaN();
+    if (!norms.empty()) {
+      torch::Tensor total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2.0);
+      last_grad_norm_ = total.item<double>();
+      if (max_grad_norm > 0) {
+        clip_coef = torch::clamp(max_grad_norm / (total + 1e-6), std::nullopt, 1.0);
+        grad_scale = clip_coef.item<float>();
+      }
+    }
+
+    // Persistent chunks: on the device.
+    std::vector<torch::Tensor> targets, grads, exp_avgs, exp_avg_sqs, steps;
+    std::vector<Param*> updated;
+    for (Param& p : params_) {
+      if (!chunks_[p.chunk].persistent || !p.tensor.grad().defined()) continue;
+      torch::Tensor grad = p.tensor.grad();
+      ++p.step;
+      torch::Tensor target = mixed() ? p.master : p.tensor.detach();
+      if (cuda()) {
+        if (clip_coef.defined()) grad.mul_(clip_coef.to(grad.device()));
+        targets.push_back(target);
+        grads.push_back(mixed() ? grad.to(torch::kFloat32) : grad);
+        exp_avgs.push_back(p.exp_avg);
+        exp_avg_sqs.push_back(p.exp_avg_sq);
+        p.fused_step.fill_(static_cast<double>(p.step));  // the fused kernel reads, not bumps
+        steps.push_back(p.fused_step);
+      } else {
+        // The CPU kernel multiplies by the clip coefficient itself (same fp32 product as
+        // grad.mul_(coef)) and reproduces torch's AdamW rounding exactly.
+        torch::Tensor g = grad.to(torch::kFloat32).contiguous();
+        AdamWUpdate(MakeAdamWStepScalars(options_.adamw, p.step), grad_scale, p.numel,
+                    target.data_ptr<float>(), g.data_ptr<float>(), p.exp_avg.data_ptr<float>(),
+                    p.exp_avg_sq.data_ptr<float>(), &TorchSqrt);
+      }
+      updated.push_back(&p);
+    }
+    if (!targets.empty()) {
+      const AdamWOptions& o = options_.adamw;
+      at::_fused_adamw_(targets, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, o.lr,
+                        o.beta1, o.beta2, o.weight_decay, o.eps, /*amsgrad=*/false,
+                        /*maximize=*/false);
+    }
+    if (mixed()) {
+      for (Param* p : updated) p->tensor.detach().copy_(p->master);
+    }
+
+    // Offloaded chunks not updated during backward: on the CPU pool, all chunks at once.
+    for (int c = n_persist_; c < static_cast<int>(chunks_.size()); ++c) {
+      if (!chunks_[c].update_started) {
+        ScheduleChunkWork(c, /*accumulate=*/false, /*update=*/true, grad_scale);
+      }
+    }
+    WaitAll();
+  } catch (const c10::Error& e) {
+    InvalidateBuffers();
+    ResetStep();
+    return TorchError(e, "optimizer step");
+  }
+  // Device copies of offloaded chunks are stale now; the next forward uploads fresh values.
+  InvalidateBuffers();
+  ResetStep();
+  return absl::OkStatus();
+}
+
+void ChunkManager::Impl::ZeroGrad() {
+  WaitAll();
+  bool started = false;
+  for (const Chunk& chunk : chunks_) started = started || chunk.update_started;
+  if (started) InvalidateBuffers();
+  ResetStep();
+}
+
+std::vector<NamedParam> ChunkManager::Impl::ParamOrder() const {
+  std::vector<NamedParam> order;
+  order.reserve(params_.size());
+  for (const Param& p : params_) order.push_back({p.name, p.tensor});
+  return order;
+}
+
+std::vector<NamedParam> ChunkManager::Impl::Params() {
+  WaitAll();
+  std::vector<NamedParam> out;
+  for (Param& p : params_) {
+    Chunk& chunk = chunks_[p.chunk];
+    torch::Tensor value =
+        chunk.persistent
+            ? p.tensor.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true)
+            : HostView(chunk.param_host.data(), p.offset_elems, p.shape, p.numel, dtype_).clone();
+    out.push_back({p.name, value});
+  }
+  return out;
+}
+
+std::vector<NamedParam> ChunkManager::Impl::Grads() {
+  WaitAll();
+  std::vector<NamedParam> out;
+  for (Param& p : params_) {
+    Chunk& chunk = chunks_[p.chunk];
+    if (chunk.persistent) {
+      if (p.tensor.grad().defined()) {
+        out.push_back({p.name, p.tensor.grad().to(torch::kCPU, false, /*copy=*/true)});
+      }
+    } else if (p.grad_in_step) {
+      out.push_back(
+          {p.name,
+           HostView(HostGrad(chunk), p.offset_elems, p.shape, p.numel, torch::kFloat32).clone()});
+    }
+  }
+  return out;
+}
+
+std::vector<NamedParam> ChunkManager::Impl::OptimizerState() {
+  WaitAll();
+  std::vector<NamedParam> out;
+  int64_t step = 0;
+  for (Param& p : params_) {
+    Chunk& chunk = chunks_[p.chunk];
+    if (p.step == 0) continue;  // like torch's AdamW: no state before the first update
+    step = std::max(step, p.step);
+    auto host = [&](const HostBuffer& buffer) {
+      return HostView(buffer.data(), p.offset_elems, p.shape, p.numel, torch::kFloat32).clone();
+    };
+    auto device = [](const torch::Tensor& t) { return t.to(torch::kCPU, false, /*copy=*/true); };
+    out.push_back(
+        {p.name + ".exp_avg", chunk.persistent ? device(p.exp_avg) : host(chunk.exp_avg)});
+    out.push_back(
+        {p.name + ".exp_avg_sq", chunk.persistent ? device(p.exp_avg_sq) : host(chunk.exp_avg_sq)});
+    if (mixed()) {
+      out.push_back({p.name + ".master", chunk.persistent ? device(p.master) : host(chunk.master)});
+    }
+  }
+  if (!out.empty()) out.push_back({"step", torch::tensor(step, torch::kInt64)});
+  return out;
+}
+
+absl::Status ChunkManager::Impl::LoadParamsAndState(const std::vector<NamedParam>& values,
+                                                    const std::vector<NamedParam>& state) {
+  torch::NoGradGuard no_grad;
+  WaitAll();
+  std::vector<bool> seen(params_.size(), false);
+  try {
+    for (const NamedParam& v : values) {
+      auto it = by_name_.find(v.name);
+      if (it == by_name_.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("params: unknown parameter ", v.name));
+      }
+      Param& p = params_[it->second];
+      if (!v.param.defined() || v.param.sizes().vec() != p.shape) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("params: ", v.name, " has the wrong shape for this model"));
+      }
+      seen[it->second] = true;
+      torch::Tensor value = v.param.detach().to(torch::kCPU);
+      Chunk& chunk = chunks_[p.chunk];
+      if (chunk.persistent) {
+        p.tensor.detach().copy_(value);
+        if (mixed()) p.master.copy_(value);
+      } else {
+        HostView(chunk.param_host.data(), p.offset_elems, p.shape, p.numel, dtype_).copy_(value);
+        if (mixed()) {
+          HostView(chunk.master.data(), p.offset_elems, p.shape, p.numel, torch::kFloat32)
+              .copy_(value);
+        }
+      }
+    }
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!seen[i]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("params: missing parameter ", params_[i].name));
+      }
+    }
+    if (!state.empty()) {
+      std::map<std::string, torch::Tensor> by_key;
+      for (const NamedParam& s : state) by_key[s.name] = s.param;
+      auto find = [&](const std::string& key, const Param& p,
+                      bool required) -> absl::StatusOr<torch::Tensor> {
+        auto it = by_key.find(key);
+        if (it == by_key.end()) {
+          if (!required) return torch::Tensor();
+          return absl::InvalidArgumentError(absl::StrCat("state: missing ", key));
+        }
+        if (it->second.sizes().vec() != p.shape) {
+          return absl::InvalidArgumentError(absl::StrCat("state: ", key, " has the wrong shape"));
+        }
+        return it->second.detach().to(torch::kCPU, torch::kFloat32);
+      };
+      auto step_it = by_key.find("step");
+      if (step_it == by_key.end() || step_it->second.numel() != 1) {
+        return absl::InvalidArgumentError("state: missing scalar \"step\"");
+      }
+      const int64_t step = step_it->second.item<int64_t>();
+      for (Param& p : params_) {
+        Chunk& chunk = chunks_[p.chunk];
+        // A parameter without moments has not been updated yet: fresh state, step 0.
+        const bool fresh =
+            by_key.count(p.name + ".exp_avg") == 0 && by_key.count(p.name + ".exp_avg_sq") == 0;
+        ASSIGN_OR_RETURN(torch::Tensor m, find(p.name + ".exp_avg", p, !fresh));
+        ASSIGN_OR_RETURN(torch::Tensor v, find(p.name + ".exp_avg_sq", p, !fresh));
+        ASSIGN_OR_RETURN(torch::Tensor master, find(p.name + ".master", p, false));
+        if (fresh) {
+          m = torch::zeros(p.shape);
+          v = torch::zeros(p.shape);
+        }
+        if (chunk.persistent) {
+          p.exp_avg.copy_(m);
+          p.exp_avg_sq.copy_(v);
+          if (master.defined() && mixed()) p.master.copy_(master);
+        } else {
+          HostView(chunk.exp_avg.data(), p.offset_elems, p.shape, p.numel, torch::kFloat32)
+              .copy_(m);
+          HostView(chunk.exp_avg_sq.data(), p.offset_elems, p.shape, p.numel, torch::kFloat32)
+              .copy_(v);
+          if (master.defined() && mixed()) {
+            HostView(chunk.master.data(), p.offset_elems, p.shape, p.numel, torch::kFloat32)
+                .copy_(master);
+          }
+        }
+        p.step = fresh ? 0 : step;
+        if (p.fused_step.defined()) p.fused_step.fill_(static_cast<double>(p.step));
+      }
+    }
+  } catch (const c10::Error& e) {
+    return TorchError(e, "loading parameters");
+  }
+  InvalidateBuffers();
+  return absl::OkStatus();
+}
+
+// ChunkManager: validation and the thin forwarding layer.
+
+ChunkManager::ChunkManager(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ChunkManager::~ChunkManager() = default;
+
+absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
+    const ParamGroups& groups, const ChunkManagerOptions& options) {
+  if (options.chunk_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_bytes: must be positive, got ", options.chunk_bytes));
+  }
+  if (options.n_persist < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("n_persist: must be >= 0, got ", options.n_persist));
+  }
+  if (options.n_buffer < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("n_buffer: must be >= 1, got ", options.n_buffer));
+  }
+  if (options.grad_accum < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("grad_accum: must be >= 1, got ", options.grad_accum));
+  }
+  if (options.cpu_threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cpu_threads: must be >= 0, got ", options.cpu_threads));
+  }
+  if (options.optimizer != OptimizerKind::kAdamW) {
+    return absl::UnimplementedError(
+        absl::StrCat("optimizer: the chunk manager implements adamw only, got ",
+                     std::string(OptimizerName(options.optimizer))));
+  }
+  const AdamWOptions& a = options.adamw;
+  if (!(a.lr >= 0) || !(a.beta1 >= 0 && a.beta1 < 1) || !(a.beta2 >= 0 && a.beta2 < 1) ||
+      !(a.eps >= 0) || !(a.weight_decay >= 0)) {
+    return absl::InvalidArgumentError(
+        "adamw: need lr >= 0, 0 <= beta1, beta2 < 1, eps >= 0, weight_decay >= 0");
+  }
+  if (options.device.is_cuda() && !torch::cuda::is_available()) {
+    return absl::FailedPreconditionError("device: CUDA requested but torch sees no CUDA device");
+  }
+  if (!options.device.is_cuda() && !options.device.is_cpu()) {
+    return absl::InvalidArgumentError("device: only cpu and cuda are supported");
+  }
+
+  // Unique tensors in order of first use; aliases (a tied LM head) map to the first entry.
+  std::vector<Param> params;
+  std::vector<std::vector<int>> group_params(groups.size());
+  std::unordered_map<const void*, int> index;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (const NamedParam& named : groups[g]) {
+      if (!named.param.defined()) {
+        return absl::InvalidArgumentError(absl::StrCat("groups: ", named.name, " is undefined"));
+      }
+      const void* key = named.param.unsafeGetTensorImpl();
+      auto [it, inserted] = index.emplace(key, static_cast<int>(params.size()));
+      if (inserted) {
+        const torch::ScalarType dtype = named.param.scalar_type();
+        if (dtype != torch::kFloat32 && dtype != torch::kBFloat16) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("groups: ", named.name, " is ", std::string(c10::toString(dtype)),
+                           "; the chunk manager supports float32 and bfloat16 parameters"));
+        }
+        if (!params.empty() && dtype != params[0].tensor.scalar_type()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("groups: ", named.name, " has a different dtype from ", params[0].name));
+        }
+        Param p;
+        p.name = named.name;
+        p.tensor = named.param;
+        p.shape = named.param.sizes().vec();
+        p.numel = named.param.numel();
+        p.first_group = static_cast<int>(g);
+        params.push_back(std::move(p));
+      }
+      std::vector<int>& members = group_params[g];
+      if (std::find(members.begin(), members.end(), it->second) == members.end()) {
+        members.push_back(it->second);
+      }
+    }
+  }
+  const int64_t elem_bytes =
+      params.empty() ? 4 : static_cast<int64_t>(torch::elementSize(params[0].tensor.scalar_type()));
+  if (options.alignment_bytes <= 0 || options.alignment_bytes % elem_bytes != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("alignment_bytes: must be a positive multiple of the element size (",
+                     elem_bytes, "), got ", options.alignment_bytes));
+  }
+  std::vector<LayoutParam> layout_params;
+  layout_params.reserve(params.size());
+  for (const Param& p : params) {
+    layout_params.push_back({p.name, p.numel, elem_bytes, p.first_group});
+  }
+  ASSIGN_OR_RETURN(
+      ChunkLayout layout,
+      ChunkLayout::Build(layout_params, {options.chunk_bytes, options.alignment_bytes}));
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i].chunk = layout.slots()[i].chunk;
+    params[i].offset_elems = layout.slots()[i].offset_bytes / elem_bytes;
+  }
+  auto impl = std::make_unique<Impl>(options, std::move(layout));
+  RETURN_IF_ERROR(impl->Init(groups, std::move(params), std::move(group_params)));
+  return std::unique_ptr<ChunkManager>(new ChunkManager(std::move(impl)));
+}
+
+void ChunkManager::PreForward(int group) { impl_->Acquire(group, /*forward=*/true); }
+// Nothing is released eagerly: a chunk stays in its buffer until another chunk needs that buffer,
+// so the chunks used last in forward are reused by the first groups of backward.
+void ChunkManager::PostForward(int group) {}
+void ChunkManager::PreBackward(int group) { impl_->Acquire(group, /*forward=*/false); }
+void ChunkManager::PostBackward(int group) { impl_->PostBackward(group); }
+absl::Status ChunkManager::Step(double max_grad_norm) { return impl_->Step(max_grad_norm); }
+void ChunkManager::ZeroGrad() { impl_->ZeroGrad(); }
+double ChunkManager::LastGradNorm() const { return impl_->LastGradNorm(); }
+std::vector<NamedParam> ChunkManager::ParamOrder() const { return impl_->ParamOrder(); }
+std::vector<NamedParam> ChunkManager::Params() { return impl_->Params(); }
+std::vector<NamedParam> ChunkManager::Grads() { return impl_->Grads(); }
+std::vector<NamedParam> ChunkManager::OptimizerState() { return impl_->OptimizerState(); }
+absl::Status ChunkManager::LoadParamsAndState(const std::vector<NamedParam>& params,
+                                              const std::vector<NamedParam>& state) {
+  return impl_->LoadParamsAndState(params, state);
+}
+ChunkMemoryStats ChunkManager::MemoryStats() const { return impl_->MemoryStats(); }
+ChunkUploadStats ChunkManager::UploadStats() { return impl_->UploadStats(); }
+void ChunkManager::ResetUploadStats() { impl_->ResetUploadStats(); }
+int ChunkManager::MinBuffers() const { return impl_->MinBuffers(); }
+
+}  // namespace memplan

@@ -1,0 +1,144 @@
+// ChunkManager: packs a model's parameters into fixed-size chunks (agent/chunks/chunk_layout.h),
+// keeps the first n_persist chunks on the device and the rest in host memory, streams
+// non-persistent chunks through n_buffer device buffers around each group's forward/backward, and
+// runs the AdamW step (GPU for persistent chunks, multi-threaded CPU for the others).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "agent/chunks/cpu_adamw.h"
+#include "agent/core/torch_pch.h"
+#include "agent/model/param_residency.h"
+#include "common/types.h"
+
+namespace memplan {
+
+struct ChunkManagerOptions {
+  int64_t chunk_bytes = int64_t{64} << 20;
+  int64_t alignment_bytes = 256;  // every parameter starts at a multiple of this inside its chunk
+  int n_persist = 0;              // the first n_persist chunks stay on the device
+  int n_buffer = 2;               // device buffers for non-persistent chunks (raised to the minimum
+                                  // a group needs, with a warning, see MinBuffers())
+  HostMemoryKind host_memory = HostMemoryKind::kPinned;
+  bool pageable_fallback = true;  // pinning failed (no CUDA, memlock): use pageable, else error
+  torch::Device device = torch::kCPU;
+  OptimizerKind optimizer = OptimizerKind::kAdamW;  // only kAdamW is implemented
+  AdamWOptions adamw;
+  int cpu_threads = 4;  // CPU AdamW worker threads
+  int grad_accum = 1;   // micro-batches per Step(): the CPU update of a chunk starts once
+                        // the last micro-batch's grads of that chunk have arrived
+  // The max_grad_norm the trainer passes to Step(). 0 (no clipping) lets the CPU update of each
+  // offloaded chunk start during backward; > 0 needs the global norm, so updates wait for Step();
+  // < 0 = unknown: behave as > 0. Step() with a different value is honoured, except that
+  // clipping cannot be applied after updates started (Step() then fails).
+  double max_grad_norm = -1;
+};
+
+// What the manager holds, for reports and the planner's measurements. Exact sizes (no rounding).
+// Host bytes per offloaded chunk of S bytes in a model dtype of E bytes (S/E elements):
+//   pinned (or pageable when host_memory = pageable): 2 S  (parameters + grad staging)
+//   pageable: 4 (S/E) x k, k = 2 (exp_avg, exp_avg_sq) + 1 fp32 master if E != 4
+//             + 1 fp32 grad sum if E != 4 or grad_accum > 1.
+struct ChunkMemoryStats {
+  std::vector<int64_t> chunk_bytes;  // per chunk, exact (agent/chunks/chunk_layout.h)
+  int n_chunks = 0;
+  int n_persist = 0;
+  int n_buffer = 0;                           // buffers actually allocated (>= options.n_buffer)
+  int64_t layout_bytes = 0;                   // sum of all chunk sizes in the model dtype
+  int64_t persistent_device_bytes = 0;        // persistent chunks (params only, model dtype)
+  int64_t persistent_state_device_bytes = 0;  // their fp32 exp_avg + exp_avg_sq (+ fp32 master
+                                              // for non-fp32 models); grads come on top
+  int64_t buffer_device_bytes = 0;            // n_buffer x largest non-persistent chunk
+  int64_t host_pinned_bytes = 0;    // transfer buffers (params + grad staging) when pinned
+  int64_t host_pageable_bytes = 0;  // everything else on the host (fp32 master/grad/state)
+  bool pinned_fallback = false;     // pinned was requested but pageable is used
+  std::string pinned_fallback_reason;
+};
+
+// Host-to-device chunk uploads (parameters into device buffers), for bandwidth reports.
+struct ChunkUploadStats {
+  int64_t uploads = 0;
+  int64_t bytes = 0;
+  // Sum of the uploads' durations from CUDA events around each copy on the upload stream (after
+  // any wait for the compute stream); 0 on CPU.
+  double seconds = 0;
+};
+
+// Implements ParamResidency for the model and the optimizer step for the trainer.
+// Not thread-safe: calls must not overlap (the hooks may come from autograd's device thread,
+// the rest from the training thread); it runs its own CPU optimizer workers.
+//
+// Residency: persistent chunks live in one flat device tensor each, parameters being views into
+// it. An offloaded chunk is uploaded into its home buffer (always the same one, see [Fixed buffer
+// slots] in chunk_manager.cc) by Pre{Forward,Backward} of a group that uses it, which also
+// prefetches the next group's chunks (previous group's in backward) on a side stream. Nothing is
+// released in PostForward: a chunk stays resident until another chunk needs its buffer, so the
+// chunks used last in forward serve the first groups of backward without a reload. Released
+// parameters keep their shape and dtype (a 0-dim expanded placeholder).
+// Gradients: persistent ones accumulate on the device as usual. Offloaded ones are copied to
+// host after their last group's backward (device-to-host on a side stream), summed over
+// micro-batches in fp32 by the CPU workers, and the chunk's CPU AdamW runs as soon as its grads
+// are final when max_grad_norm is 0; with clipping it runs in Step(), after the global norm.
+class ChunkManager : public ParamResidency {
+ public:
+  // Copies the current values of every parameter into the chunks; afterwards parameters of
+  // non-persistent chunks are shape-preserving placeholders until their group's PreForward.
+  // Parameters are identified by tensor identity (a tied weight listed twice is packed once).
+  static absl::StatusOr<std::unique_ptr<ChunkManager>> Create(const ParamGroups& groups,
+                                                              const ChunkManagerOptions& options);
+  ~ChunkManager() override;
+
+  void PreForward(int group) override;
+  void PostForward(int group) override;
+  void PreBackward(int group) override;
+  void PostBackward(int group) override;
+
+  // Clips gradients by global L2 norm (max_grad_norm = 0: off; same formula and order as
+  // torch::nn::utils::clip_grad_norm_ over the parameters in ParamOrder()), then applies AdamW to
+  // every parameter and waits for all updates. Ends the step: the next PostBackward starts a new
+  // accumulation.
+  absl::Status Step(double max_grad_norm);
+  // Drops accumulated gradients (device .grad and host accumulators) without updating.
+  void ZeroGrad();
+
+  // Global grad norm computed by the last Step() (before clipping); NaN when it was not computed
+  // (no clipping and grad_accum > 1, where it would cost a pass over the host gradients).
+  double LastGradNorm() const;
+
+  // Unique parameters in canonical order (first appearance in the groups); the order the
+  // reference path must pass to clip_grad_norm_ and AdamW for bit-identical results.
+  std::vector<NamedParam> ParamOrder() const;
+  // Full parameter values in the model dtype, as CPU tensors, in ParamOrder().
+  std::vector<NamedParam> Params();
+  // Accumulated gradients of the current step as CPU tensors (fp32 for offloaded chunks).
+  std::vector<NamedParam> Grads();
+  // "<name>.exp_avg", "<name>.exp_avg_sq" (fp32), "<name>.master" (fp32, mixed precision only)
+  // and "step" (int64 scalar), as CPU tensors; parameters never updated are left out (like
+  // torch's AdamW, which has no state for them), and an empty vector before the first step.
+  std::vector<NamedParam> OptimizerState();
+  // Restores values (by name, tied aliases accepted; every parameter required) and optionally the
+  // optimizer state in the OptimizerState() format (empty = keep the current state; a parameter
+  // without moments starts fresh).
+  absl::Status LoadParamsAndState(const std::vector<NamedParam>& params,
+                                  const std::vector<NamedParam>& state);
+
+  ChunkMemoryStats MemoryStats() const;
+  // Uploads since creation or the last ResetUploadStats(); waits for the uploads still in flight.
+  ChunkUploadStats UploadStats();
+  void ResetUploadStats();
+  // Buffers needed so that every group's non-persistent chunks fit on the device at once.
+  int MinBuffers() const;
+
+  class Impl;
+
+ private:
+  explicit ChunkManager(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace memplan

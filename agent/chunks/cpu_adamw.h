@@ -1,0 +1,55 @@
+// CPU AdamW kernels on fp32 arrays, bit-identical to torch::optim::AdamW on CPU (torch 2.11,
+// AVX2/AVX-512 kernels) for fp32 tensors, plus gradient accumulation and bf16 rounding helpers.
+// Torch-free; pure functions, thread-safe on disjoint ranges.
+#pragma once
+
+#include <cstdint>
+
+namespace memplan {
+
+// Hyper-parameters of torch::optim::AdamW (decoupled weight decay, no amsgrad).
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+};
+
+// The per-step constants, rounded to fp32 the way torch's CPU kernels round Scalar arguments.
+struct AdamWStepScalars {
+  float weight_decay_factor = 1.0f;  // 1 - lr * weight_decay (1 when weight_decay == 0)
+  float beta1 = 0;
+  float one_minus_beta1 = 0;
+  float beta2 = 0;
+  float one_minus_beta2 = 0;
+  float bias_correction2_sqrt = 1.0f;
+  float eps = 0;
+  float neg_step_size = 0;  // -lr / (1 - beta1^step)
+};
+
+// `step` is the 1-based step count after this update (torch increments before computing).
+AdamWStepScalars MakeAdamWStepScalars(const AdamWOptions& options, int64_t step);
+
+// out[i] = sqrt(in[i]) for n <= kSqrtBlockElems elements. torch's CPU sqrt for fp32 (MKL VML on
+// x86 builds) is not correctly rounded, so bit-exactness needs torch's own kernel: the Torch side
+// passes one (agent/chunks/torch_sqrt.h); nullptr = std::sqrt (correctly rounded).
+using VectorSqrtFn = void (*)(const float* in, float* out, int64_t n);
+// Matches torch's grain size for its VML unary kernels: a block never goes multi-threaded.
+inline constexpr int64_t kSqrtBlockElems = 2048;
+
+// One AdamW update of n elements in place. The gradient is first multiplied by grad_scale
+// (the clip coefficient; 1.0f is exact, so clipping off costs nothing in accuracy).
+void AdamWUpdate(const AdamWStepScalars& s, float grad_scale, int64_t n, float* param,
+                 const float* grad, float* exp_avg, float* exp_avg_sq,
+                 VectorSqrtFn sqrt_fn = nullptr);
+
+// accum[i] = first ? in[i] : accum[i] + in[i]  (autograd's accumulation order).
+void AccumulateGrad(bool first, int64_t n, const float* in, float* accum);
+// Same for a bf16 input (raw bits), widened exactly to fp32.
+void AccumulateGradBf16(bool first, int64_t n, const uint16_t* in, float* accum);
+
+// fp32 -> bf16 bits, round to nearest even (NaN stays NaN), like c10::BFloat16.
+void RoundToBf16(int64_t n, const float* in, uint16_t* out);
+
+}  // namespace memplan

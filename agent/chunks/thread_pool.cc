@@ -1,0 +1,65 @@
+#include "agent/chunks/thread_pool.h"
+
+#include <utility>
+
+namespace memplan {
+
+ThreadPool::ThreadPool(int num_threads) {
+  for (int i = 0; i < num_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  for (std::thread& worker : workers_) worker.join();
+}
+
+void ThreadPool::Schedule(std::function<void()> task) {
+  if (workers_.empty()) {
+    task();
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(task));
+}
+
+void ThreadPool::WorkerLoop() {
+  while (true) {
+    std::function<void()> task;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;  // stopping and drained
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task();
+  }
+}
+
+void TaskTracker::Add(int n) {
+  absl::MutexLock lock(&mu_);
+  pending_ += n;
+}
+
+void TaskTracker::Done() {
+  absl::MutexLock lock(&mu_);
+  --pending_;
+}
+
+void TaskTracker::Wait() {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ == 0; };
+  mu_.Await(absl::Condition(&idle));
+}
+
+bool TaskTracker::Idle() {
+  absl::MutexLock lock(&mu_);
+  return pending_ == 0;
+}
+
+}  // namespace memplan

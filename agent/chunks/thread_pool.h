@@ -1,0 +1,50 @@
+// ThreadPool: fixed worker threads running queued closures (the CPU optimizer's executor), and
+// TaskTracker: counts outstanding tasks so a caller can wait for a batch. Torch-free.
+// Both are thread-safe.
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
+namespace memplan {
+
+class ThreadPool {
+ public:
+  // num_threads <= 0 runs every task inline in Schedule().
+  explicit ThreadPool(int num_threads);
+  // Runs the tasks still queued, then joins the workers.
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  void Schedule(std::function<void()> task);
+  int num_threads() const { return static_cast<int>(workers_.size()); }
+
+ private:
+  void WorkerLoop();
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> workers_;
+};
+
+// Add() before scheduling, Done() at the end of each task, Wait() for all of them.
+class TaskTracker {
+ public:
+  void Add(int n = 1);
+  void Done();
+  void Wait();
+  bool Idle();
+
+ private:
+  absl::Mutex mu_;
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace memplan

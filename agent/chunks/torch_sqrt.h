@@ -1,0 +1,17 @@
+// TorchSqrt: the VectorSqrtFn (agent/chunks/cpu_adamw.h) that runs torch's own CPU sqrt kernel on
+// raw fp32 arrays, so the CPU AdamW rounds exactly like torch::optim::AdamW. Thread-safe.
+#pragma once
+
+#include <cstdint>
+
+namespace memplan {
+
+// out[i] = torch::sqrt(in[i]). Calls the MKL routine torch's kernel uses when libtorch exports
+// it, else TorchSqrtViaDispatcher.
+void TorchSqrt(const float* in, float* out, int64_t n);
+// Through at::sqrt_out; n <= kSqrtBlockElems keeps torch on the calling thread.
+void TorchSqrtViaDispatcher(const float* in, float* out, int64_t n);
+// Whether TorchSqrt found MKL's vmsSqrt.
+bool TorchSqrtUsesMkl();
+
+}  // namespace memplan

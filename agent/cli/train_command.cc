@@ -1,0 +1,535 @@
+#include "agent/cli/train_command.h"
+
+#include <c10/cuda/CUDACachingAllocator.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "agent/client/planner_client.h"
+#include "agent/io/checkpoint.h"
+#include "agent/io/hf_checkpoint.h"
+#include "agent/io/random_access_file.h"
+#include "agent/io/synthetic_tokens.h"
+#include "agent/io/token_batcher.h"
+#include "agent/io/token_file.h"
+#include "agent/profiler/model_profiler.h"
+#include "agent/train/trainer.h"
+#include "common/hf_config.h"
+#include "common/log.h"
+#include "common/presets.h"
+#include "common/status.h"
+
+namespace memplan {
+namespace {
+
+// The synthetic stream is built in memory; beyond this many tokens the batcher wraps around.
+constexpr int64_t kMaxSyntheticTokens = int64_t{1} << 24;
+
+absl::StatusOr<torch::Device> ResolveDevice(const std::string& name) {
+  if (name == "auto") return torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
+  try {
+    torch::Device device(name);
+    if (device.is_cuda() && !torch::cuda::is_available()) {
+      return absl::FailedPreconditionError("--device " + name + ": CUDA is not available");
+    }
+    return device;
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError("--device " + name + ": " + e.what_without_backtrace());
+  }
+}
+
+std::string ModesString(const std::vector<BlockMode>& modes) {
+  std::vector<std::string> names;
+  for (BlockMode m : modes) names.emplace_back(BlockModeName(m));
+  return absl::StrJoin(names, ",");
+}
+
+absl::StatusOr<std::shared_ptr<const io::TokenFile>> OpenData(const TrainConfig& c,
+                                                              const ModelSpec& spec) {
+  io::TokenFileOptions options;
+  options.raw_token_bytes = c.raw_token_bytes;
+  options.vocab_size = spec.vocab_size;
+  if (!c.data_file.empty()) {
+    ASSIGN_OR_RETURN(std::unique_ptr<io::TokenFile> file,
+                     io::TokenFile::Open(c.data_file, options));
+    return std::shared_ptr<const io::TokenFile>(std::move(file));
+  }
+  io::SyntheticTokenOptions synthetic;
+  const int64_t wanted = c.steps * c.grad_accum * c.batch * c.seq + c.seq + 1;
+  synthetic.num_tokens = std::clamp<int64_t>(wanted, c.seq + 1, kMaxSyntheticTokens);
+  synthetic.vocab_size = spec.vocab_size;
+  synthetic.seed = c.seed;
+  synthetic.noise = c.synthetic_noise;
+  ASSIGN_OR_RETURN(std::vector<uint32_t> tokens, io::MakeSyntheticTokens(synthetic));
+  ASSIGN_OR_RETURN(std::string bytes, io::EncodeTokenFile(tokens, 4, spec.vocab_size));
+  options.raw_token_bytes = 0;
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<io::TokenFile> file,
+      io::TokenFile::Open(io::NewMemoryFile(std::move(bytes), "<synthetic>"), options));
+  return std::shared_ptr<const io::TokenFile>(std::move(file));
+}
+
+absl::StatusOr<MicroBatch> NextBatch(const io::TokenBatcher& batcher, int64_t position) {
+  ASSIGN_OR_RETURN(io::TokenBatch batch, batcher.Batch(position));
+  MicroBatch out;
+  const std::vector<int64_t> sizes = {batch.batch_size, batch.seq_len};
+  out.input_ids = torch::from_blob(batch.input_ids.data(), sizes, torch::kLong).clone();
+  out.labels = torch::from_blob(batch.labels.data(), sizes, torch::kLong).clone();
+  return out;
+}
+
+constexpr char kDefaultHardwarePreset[] = "h100-80gb";
+
+bool IsOutOfMemory(const absl::Status& status) {
+  // The trainer turns every c10::Error (OutOfMemoryError included) into a status; the CUDA
+  // caching allocator's message is the reliable marker.
+  return absl::StrContains(status.message(), "out of memory");
+}
+
+// Peaks of the CUDA caching allocator since the last reset (0 on CPU). After an OOM the trainer's
+// step stats are lost, so the allocator is asked directly.
+void DevicePeaks(const torch::Device& device, int64_t* allocated, int64_t* reserved) {
+  *allocated = 0;
+  *reserved = 0;
+  if (!device.is_cuda() || !torch::cuda::is_available()) return;
+  const auto stats =
+      c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
+  const auto kAggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  *allocated = stats.allocated_bytes[kAggregate].peak;
+  *reserved = stats.reserved_bytes[kAggregate].peak;
+}
+
+double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+std::string PlanLine(const ResidencyPlan& p) {
+  std::vector<std::string> modes;
+  for (BlockMode m : p.block_modes) modes.emplace_back(BlockModeName(m));
+  return absl::StrFormat(
+      "chunk_bytes=%d n_chunks=%d n_persist=%d n_buffer=%d n_swap=%d n_ckpt=%d n_hs_offload=%d "
+      "host_memory=%s block_modes=%s",
+      p.chunk_bytes, p.n_chunks, p.n_persist, p.n_buffer, p.n_swap, p.n_checkpoint, p.n_hs_offload,
+      std::string(HostMemoryKindName(p.host_memory)), absl::StrJoin(modes, ","));
+}
+
+// Profiles a throw-away copy of the model (all parameters on the device, every block NONE and
+// then CKPT) at the run's workload and stores the trace in the planner; returns its id.
+absl::StatusOr<std::string> ProfileAndSubmit(PlannerClient& client, const TrainConfig& c,
+                                             const LlamaModelOptions& model_options,
+                                             const std::string& hardware_name) {
+  LlamaModelOptions options = model_options;
+  options.param_device.reset();
+  ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LlamaModel::Create(options));
+  ProfilerOptions profiler;
+  profiler.workload.micro_batch = c.batch;
+  profiler.workload.seq_len = c.seq;
+  profiler.workload.grad_accum = c.grad_accum;
+  profiler.hardware_name = hardware_name;
+  profiler.seed = c.seed;
+  ASSIGN_OR_RETURN(ProfileResult result, ProfileModel(*model, profiler));
+  std::printf(
+      "profiled: step %.3f s (ckpt %.3f s), step peak %.2f MiB, params %.2f MiB, "
+      "memory from %s\n",
+      result.step_seconds, result.ckpt_step_seconds, MiB(result.step_peak_bytes),
+      MiB(result.param_bytes), result.memory_source.c_str());
+  ASSIGN_OR_RETURN(std::string trace_id, client.SubmitTrace(result.trace));
+  std::printf("trace_id %s\n", trace_id.c_str());
+  return trace_id;
+}
+
+absl::StatusOr<PlanAnswer> AskPlanner(PlannerClient& client, const TrainConfig& c,
+                                      const PlannerLoopOptions& loop, const ModelSpec& spec,
+                                      DType dtype, const LlamaModelOptions& model_options) {
+  PlanQuery query;
+  const std::string hardware_name =
+      loop.hardware_profile_id.empty() ? loop.hardware_preset : loop.hardware_profile_id;
+  if (loop.hardware_profile_id.empty()) {
+    query.hardware_preset = loop.hardware_preset;
+  } else {
+    query.hardware_profile_id = loop.hardware_profile_id;
+  }
+  if (loop.profile) {
+    ASSIGN_OR_RETURN(query.trace_id, ProfileAndSubmit(client, c, model_options, hardware_name));
+  } else if (!c.arch.empty()) {
+    query.arch_preset = c.arch;
+  } else {
+    query.arch = spec;
+  }
+  query.workload.micro_batch = c.batch;
+  query.workload.seq_len = c.seq;
+  query.workload.grad_accum = c.grad_accum;
+  query.workload.world_size = 1;
+  query.param_dtype = dtype;
+  query.optimizer = OptimizerKind::kAdamW;
+  query.safety_margin = loop.safety_margin;
+  ASSIGN_OR_RETURN(PlanAnswer answer, client.Plan(query));
+  std::printf("plan_id %s\n", answer.plan_id.c_str());
+  std::printf(
+      "planner %s: fits=%s trace=%s analytic_trace=%s capacity %.2f MiB "
+      "(%lld plans in %.3f s)\n",
+      client.address().c_str(), answer.fits ? "true" : "false",
+      answer.trace_id.empty() ? "(analytic)" : answer.trace_id.c_str(),
+      answer.analytic_trace ? "true" : "false", MiB(answer.capacity_bytes),
+      static_cast<long long>(answer.plans_evaluated), answer.search_seconds);
+  if (!answer.fits) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the planner found no plan that fits: ", answer.reason));
+  }
+  std::printf("plan: %s\n", PlanLine(answer.plan).c_str());
+  std::printf("predicted: peak %.2f MiB, iteration %.4f s, %.0f tokens/s\n",
+              MiB(answer.prediction.peak_bytes), answer.prediction.iteration_seconds,
+              answer.prediction.tokens_per_second);
+  return answer;
+}
+
+// Prints predicted vs measured and reports the measurement unless it has no device peak (CPU):
+// the planner refuses peak_reserved_bytes < 1, and a zero would poison its calibration.
+absl::Status ReportToPlanner(PlannerClient& client, const PlanAnswer& answer, Measurement m) {
+  m.measured_at_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              std::chrono::system_clock::now().time_since_epoch())
+                              .count();
+  std::printf("measured: peak allocated %.2f MiB, peak reserved %.2f MiB, step %.4f s%s\n",
+              MiB(m.peak_allocated_bytes), MiB(m.peak_reserved_bytes), m.step_seconds,
+              m.oom ? ", OOM" : "");
+  const double predicted_seconds = answer.prediction.iteration_seconds;
+  std::printf("predicted vs measured: peak %.2f / %.2f MiB, step %.4f / %.4f s\n",
+              MiB(answer.prediction.peak_bytes), MiB(m.peak_reserved_bytes), predicted_seconds,
+              m.step_seconds);
+  if (m.peak_reserved_bytes < 1) {
+    if (!m.note.empty()) m.note += "; ";
+    m.note += "cpu: no device peak";
+    std::printf("report skipped: %s (the planner requires peak_reserved_bytes >= 1)\n",
+                m.note.c_str());
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(MeasurementReceipt receipt, client.ReportMeasurement(m));
+  std::printf(
+      "reported: measurement_id %s, relative error %+.2f%%, calibration samples %d "
+      "(fragmentation %.3f, residual %.2f MiB)\n",
+      receipt.measurement_id.c_str(), receipt.relative_error * 100.0, receipt.calibration.samples,
+      receipt.calibration.fragmentation_factor, MiB(receipt.calibration.residual_bytes));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<PlannerLoopOptions> TakePlannerFlags(std::vector<std::string>* args) {
+  PlannerLoopOptions loop;
+  std::vector<std::string> rest;
+  bool hardware_given = false;
+  for (size_t i = 0; i < args->size(); ++i) {
+    const std::string& arg = (*args)[i];
+    std::string name = arg;
+    std::optional<std::string> value;
+    if (size_t eq = name.find('='); absl::StartsWith(name, "--") && eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    }
+    if (name == "--profile") {
+      if (value.has_value()) return absl::InvalidArgumentError("--profile takes no value");
+      loop.profile = true;
+      continue;
+    }
+    if (name != "--planner" && name != "--hardware" && name != "--hardware-profile-id" &&
+        name != "--planner-retries" && name != "--safety-margin") {
+      rest.push_back(arg);
+      continue;
+    }
+    if (!value.has_value()) {
+      if (i + 1 >= args->size()) return absl::InvalidArgumentError(name + " needs a value");
+      value = (*args)[++i];
+    }
+    if (name == "--planner") {
+      loop.address = *value;
+    } else if (name == "--hardware") {
+      loop.hardware_preset = *value;
+      hardware_given = true;
+    } else if (name == "--hardware-profile-id") {
+      loop.hardware_profile_id = *value;
+      hardware_given = true;
+    } else if (name == "--planner-retries") {
+      if (!absl::SimpleAtoi(*value, &loop.retries) || loop.retries < 0 || loop.retries > 100) {
+        return absl::InvalidArgumentError("--planner-retries must be an integer in [0, 100]");
+      }
+    } else {
+      if (!absl::SimpleAtod(*value, &loop.safety_margin) || !(loop.safety_margin >= 0) ||
+          loop.safety_margin >= 1) {
+        return absl::InvalidArgumentError("--safety-margin must be a number in [0, 1)");
+      }
+    }
+  }
+  if (loop.address.empty() && (hardware_given || loop.profile)) {
+    return absl::InvalidArgumentError(
+        "--hardware, --hardware-profile-id and --profile need --planner ADDR");
+  }
+  if (!loop.hardware_preset.empty() && !loop.hardware_profile_id.empty()) {
+    return absl::InvalidArgumentError("give at most one of --hardware or --hardware-profile-id");
+  }
+  if (!loop.address.empty() && loop.hardware_profile_id.empty() && loop.hardware_preset.empty()) {
+    loop.hardware_preset = kDefaultHardwarePreset;
+  }
+  *args = std::move(rest);
+  return loop;
+}
+
+std::string PlannerFlagsUsage() {
+  return absl::StrCat(R"(
+planner flags (closing the loop):
+  --planner ADDR              ask the planner at ADDR for the plan, apply it, train, and report
+                              the steady-state measurement (plan knobs and --plan-file refused)
+  --hardware PRESET           the card to plan for (default )",
+                      kDefaultHardwarePreset, R"()
+  --hardware-profile-id ID    a profile stored by `memplan-agent bench --planner ADDR`
+  --profile                   profile the model at this workload first and plan from that trace
+  --planner-retries N         retries on UNAVAILABLE with backoff (default 4)
+  --safety-margin F           fraction of the card kept free (default: the planner's)
+)");
+}
+
+absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
+  ASSIGN_OR_RETURN(const torch::Device device, ResolveDevice(c.device));
+  const DType dtype = c.dtype.value_or(device.is_cuda() ? DType::kBFloat16 : DType::kFloat32);
+
+  // Model spec.
+  ModelSpec spec;
+  if (!c.arch.empty()) {
+    std::optional<ModelSpec> preset = FindModelPreset(c.arch);
+    if (!preset.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--arch ", c.arch, " is not a preset; known: ", ModelPresetNames()));
+    }
+    spec = *preset;
+  } else {
+    ASSIGN_OR_RETURN(spec, LoadHfConfigFile(c.model_dir + "/config.json"));
+  }
+
+  // Plan: from the planner (--planner), or from the plan file and flags.
+  LlamaModelOptions model_options;
+  model_options.spec = spec;
+  model_options.dtype = dtype;
+  model_options.device = device;
+  model_options.seed = c.seed;
+  std::optional<ResidencyPlan> file_plan;
+  std::unique_ptr<PlannerClient> client;
+  PlanAnswer answer;
+  if (!loop.address.empty()) {
+    if (!c.plan_file.empty() || c.chunk_bytes || c.n_persist || c.n_buffer || c.block_modes ||
+        c.n_ckpt || c.n_swap || c.n_hs_offload || c.host_memory || c.plain) {
+      return absl::InvalidArgumentError(
+          "--planner decides the plan: drop --plan-file, --plain and the plan knob flags");
+    }
+    PlannerClientOptions client_options;
+    client_options.retries = loop.retries;
+    ASSIGN_OR_RETURN(client, PlannerClient::Create(loop.address, client_options));
+    ASSIGN_OR_RETURN(answer, AskPlanner(*client, c, loop, spec, dtype, model_options));
+    file_plan = answer.plan;
+    if (device.is_cpu()) {
+      // The planner plans for a GPU; on the CPU the figures are only comparable in shape.
+      std::printf("note: cpu run: the prediction is for %s, not this CPU%s\n",
+                  loop.hardware_profile_id.empty()
+                      ? loop.hardware_preset.c_str()
+                      : ("profile " + loop.hardware_profile_id).c_str(),
+                  file_plan->host_memory == HostMemoryKind::kPinned
+                      ? "; pinned host memory is unavailable, chunks stay pageable"
+                      : "");
+    }
+  } else if (!c.plan_file.empty()) {
+    std::FILE* f = std::fopen(c.plan_file.c_str(), "rb");
+    if (f == nullptr) return absl::NotFoundError("--plan-file " + c.plan_file + ": cannot open");
+    std::string text;
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) text.append(buf, n);
+    std::fclose(f);
+    auto parsed = ParsePlanJson(text);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError("--plan-file " + c.plan_file + ": " +
+                                        std::string(parsed.status().message()));
+    }
+    file_plan = *std::move(parsed);
+  }
+  ASSIGN_OR_RETURN(const RunPlan plan,
+                   ResolveRunPlan(c, static_cast<int>(spec.num_layers), file_plan));
+
+  // Model: a managed run creates parameters on the CPU and lets the ChunkManager place them.
+  if (plan.managed) model_options.param_device = torch::Device(torch::kCPU);
+  ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LlamaModel::Create(model_options));
+  if (!c.model_dir.empty()) {
+    ASSIGN_OR_RETURN(
+        io::HfLoadReport report,
+        io::LoadHfCheckpoint(c.model_dir, io::FlattenParamGroups(model->ParamGroups())));
+    MEMPLAN_LOG(kInfo, "loaded checkpoint")
+        .Field("dir", c.model_dir)
+        .Field("tensors", report.tensors_loaded)
+        .Field("bytes", report.bytes_read);
+  }
+
+  // Trainer.
+  TrainerOptions options;
+  options.grad_accum = c.grad_accum;
+  options.max_grad_norm = c.clip;
+  options.adamw.lr = c.lr;
+  options.adamw.weight_decay = c.weight_decay;
+  options.block_modes = plan.block_modes;
+  options.managed = plan.managed;
+  options.plain_reference = c.plain;
+  options.chunks.chunk_bytes = plan.chunk_bytes;
+  options.chunks.n_persist = plan.n_persist;
+  options.chunks.n_buffer = plan.n_buffer;
+  options.chunks.host_memory = plan.host_memory;
+  options.chunks.cpu_threads = c.cpu_threads;
+  options.offload.host_memory = plan.host_memory;
+  options.offload.max_in_flight_groups = c.offload_in_flight;
+  ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(model.get(), options));
+  {
+    auto record = MEMPLAN_LOG(kInfo, "plan applied");
+    record.Field("model", spec.name)
+        .Field("dtype", std::string(DTypeName(dtype)))
+        .Field("device", device.str())
+        .Field("managed", plan.managed)
+        .Field("block_modes", ModesString(plan.block_modes));
+    if (ChunkManager* chunks = trainer->chunk_manager()) {
+      const ChunkMemoryStats s = chunks->MemoryStats();
+      record.Field("chunk_bytes", plan.chunk_bytes)
+          .Field("n_chunks", s.n_chunks)
+          .Field("n_persist", s.n_persist)
+          .Field("n_buffer", s.n_buffer)
+          .Field("persistent_device_bytes", s.persistent_device_bytes)
+          .Field("buffer_device_bytes", s.buffer_device_bytes)
+          .Field("host_pinned_bytes", s.host_pinned_bytes)
+          .Field("host_pageable_bytes", s.host_pageable_bytes);
+      if (s.pinned_fallback) record.Field("pinned_fallback", s.pinned_fallback_reason);
+    }
+  }
+
+  // Data and resume.
+  ASSIGN_OR_RETURN(std::shared_ptr<const io::TokenFile> tokens, OpenData(c, spec));
+  io::TokenBatcherOptions batcher_options;
+  batcher_options.seed = c.seed;
+  batcher_options.batch_size = c.batch;
+  batcher_options.seq_len = c.seq;
+  ASSIGN_OR_RETURN(std::unique_ptr<io::TokenBatcher> batcher,
+                   io::TokenBatcher::Create(tokens, batcher_options));
+  int64_t data_position = 0;
+  if (!c.resume_dir.empty()) {
+    ASSIGN_OR_RETURN(io::Checkpoint checkpoint, io::LoadCheckpoint(c.resume_dir));
+    RETURN_IF_ERROR(trainer->RestoreCheckpoint(checkpoint));
+    data_position = checkpoint.trainer.data_position;
+    MEMPLAN_LOG(kInfo, "resumed")
+        .Field("dir", c.resume_dir)
+        .Field("step", trainer->step())
+        .Field("data_position", data_position);
+  }
+  auto save = [&]() -> absl::Status {
+    io::TrainerState state;
+    state.data_position = data_position;
+    state.data_seed = c.seed;
+    state.rng_seed = c.seed;
+    state.workload.micro_batch = c.batch;
+    state.workload.seq_len = c.seq;
+    state.workload.grad_accum = c.grad_accum;
+    RETURN_IF_ERROR(trainer->SaveCheckpoint(c.save_dir, state));
+    MEMPLAN_LOG(kInfo, "saved").Field("dir", c.save_dir).Field("step", trainer->step());
+    return absl::OkStatus();
+  };
+
+  // Train: --steps is the total number of optimizer steps, a resumed run continues up to it.
+  double tokens_per_second_sum = 0;
+  int64_t timed_steps = 0;
+  int64_t peak_allocated = 0, peak_reserved = 0;
+  // Steady state: every step after the warm-up one (what the planner predicts).
+  int64_t steady_allocated = 0, steady_reserved = 0;
+  double seconds_sum = 0;
+  while (trainer->step() < c.steps) {
+    std::vector<MicroBatch> micro_batches;
+    for (int i = 0; i < c.grad_accum; ++i) {
+      ASSIGN_OR_RETURN(MicroBatch batch, NextBatch(*batcher, data_position++));
+      micro_batches.push_back(std::move(batch));
+    }
+    absl::StatusOr<StepStats> step;
+    try {
+      step = trainer->Step(micro_batches);
+    } catch (const c10::OutOfMemoryError& e) {  // the trainer converts, but be sure
+      step = absl::ResourceExhaustedError(e.what_without_backtrace());
+    }
+    if (!step.ok() && IsOutOfMemory(step.status())) {
+      Measurement m;
+      m.plan_id = answer.plan_id;
+      m.oom = true;
+      DevicePeaks(device, &m.peak_allocated_bytes, &m.peak_reserved_bytes);
+      m.peak_allocated_bytes = std::max(m.peak_allocated_bytes, peak_allocated);
+      m.peak_reserved_bytes = std::max(m.peak_reserved_bytes, peak_reserved);
+      m.note = absl::StrCat("out of memory in step ", trainer->step() + 1);
+      MEMPLAN_LOG(kError, "out of memory")
+          .Field("step", trainer->step() + 1)
+          .Field("peak_reserved_bytes", m.peak_reserved_bytes);
+      if (client != nullptr) {
+        const absl::Status reported = ReportToPlanner(*client, answer, m);
+        if (!reported.ok()) std::printf("report failed: %s\n", reported.ToString().c_str());
+      }
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "out of memory in step ", trainer->step() + 1,
+          " (oom=true); the plan does not fit this device: ", step.status().message()));
+    }
+    if (!step.ok()) return step.status();
+    const StepStats& stats = *step;
+    peak_allocated = std::max(peak_allocated, stats.peak_allocated_bytes);
+    peak_reserved = std::max(peak_reserved, stats.peak_reserved_bytes);
+    if (stats.step > 1 || c.steps == 1) {  // the first step warms up allocators and kernels
+      tokens_per_second_sum += stats.tokens_per_second;
+      seconds_sum += stats.seconds;
+      steady_allocated = std::max(steady_allocated, stats.peak_allocated_bytes);
+      steady_reserved = std::max(steady_reserved, stats.peak_reserved_bytes);
+      ++timed_steps;
+    }
+    if (stats.step % c.log_every == 0 || stats.step == c.steps) {
+      MEMPLAN_LOG(kInfo, "step")
+          .Field("step", stats.step)
+          .Field("loss", stats.loss)
+          .Field("grad_norm", stats.grad_norm)
+          .Field("seconds", stats.seconds)
+          .Field("tokens_per_second", stats.tokens_per_second)
+          .Field("peak_allocated_bytes", stats.peak_allocated_bytes)
+          .Field("peak_reserved_bytes", stats.peak_reserved_bytes);
+    }
+    if (!c.save_dir.empty() && c.save_every > 0 && stats.step % c.save_every == 0) {
+      RETURN_IF_ERROR(save());
+    }
+  }
+  if (!c.save_dir.empty() && (c.save_every == 0 || trainer->step() % c.save_every != 0)) {
+    RETURN_IF_ERROR(save());
+  }
+  auto summary = MEMPLAN_LOG(kInfo, "done");
+  summary.Field("steps", trainer->step())
+      .Field("mean_tokens_per_second",
+             timed_steps > 0 ? tokens_per_second_sum / static_cast<double>(timed_steps) : 0.0)
+      .Field("peak_allocated_bytes", peak_allocated)
+      .Field("peak_reserved_bytes", peak_reserved);
+  if (ActivationOffloader* offloader = trainer->offloader()) {
+    const ActivationOffloadStats s = offloader->Stats();
+    summary.Field("activation_offloaded_bytes", s.offloaded_bytes)
+        .Field("activation_host_peak_bytes", s.host_bytes_peak)
+        .Field("activation_synchronous_fetches", s.synchronous_fetches);
+  }
+  std::printf("trained %lld steps\n", static_cast<long long>(trainer->step()));
+  if (client != nullptr && timed_steps > 0) {
+    Measurement m;
+    m.plan_id = answer.plan_id;
+    m.peak_allocated_bytes = steady_allocated;
+    m.peak_reserved_bytes = steady_reserved;
+    m.step_seconds = seconds_sum / static_cast<double>(timed_steps);
+    if (c.steps == 1) m.note = "single step: no warm-up excluded";
+    RETURN_IF_ERROR(ReportToPlanner(*client, answer, m));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace memplan

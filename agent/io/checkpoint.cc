@@ -1,0 +1,404 @@
+#include "agent/io/checkpoint.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+#include <unordered_map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "agent/io/file_system.h"
+#include "agent/io/hf_param_shapes.h"
+#include "agent/io/safetensors_torch.h"
+#include "agent/io/writable_file.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "common/validate.h"
+
+namespace memplan::io {
+namespace {
+
+constexpr int64_t kMaxTrainerFileBytes = int64_t{16} << 20;
+constexpr const char* kStateSuffixes[] = {"exp_avg", "exp_avg_sq", "master"};
+
+torch::ScalarType TorchDTypeOfParam(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return torch::kFloat;
+    case DType::kBFloat16:
+      return torch::kBFloat16;
+    case DType::kFloat16:
+      return torch::kHalf;
+  }
+  return torch::kFloat;
+}
+
+std::string ShapeString(c10::IntArrayRef shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// Unique tensors, first name kept (a tied LM head is saved once, as the embedding).
+std::vector<NamedParam> Dedup(const std::vector<NamedParam>& params) {
+  std::vector<NamedParam> out;
+  std::set<const void*> seen;
+  for (const NamedParam& p : params) {
+    if (p.param.defined() && !seen.insert(p.param.unsafeGetTensorImpl()).second) continue;
+    out.push_back(p);
+  }
+  return out;
+}
+
+// The exact parameter set the model spec implies, in its canonical order.
+absl::StatusOr<std::vector<NamedParam>> CheckParamsAgainstModel(
+    const TrainerState& trainer, const std::vector<NamedParam>& params) {
+  std::map<std::string, const NamedParam*> by_name;
+  for (const NamedParam& p : params) {
+    if (!p.param.defined()) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter \"", p.name, "\" is undefined"));
+    }
+    if (!by_name.emplace(p.name, &p).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter name \"", p.name, "\" is used by two different tensors"));
+    }
+  }
+  const torch::ScalarType dtype = TorchDTypeOfParam(trainer.param_dtype);
+  std::vector<std::string> problems;
+  std::vector<NamedParam> ordered;
+  for (const ParamShape& expected : HfParamShapes(trainer.model)) {
+    auto it = by_name.find(expected.name);
+    if (it == by_name.end()) {
+      problems.push_back(absl::StrCat("missing \"", expected.name, "\""));
+      continue;
+    }
+    const torch::Tensor& t = it->second->param;
+    if (t.sizes().vec() != expected.shape) {
+      problems.push_back(absl::StrCat("\"", expected.name, "\" has shape ", ShapeString(t.sizes()),
+                                      ", the model needs ", ShapeString(expected.shape)));
+    } else if (t.scalar_type() != dtype) {
+      problems.push_back(absl::StrCat(
+          "\"", expected.name, "\" has dtype ", std::string(c10::toString(t.scalar_type())),
+          ", param_dtype is ", std::string(DTypeName(trainer.param_dtype))));
+    }
+    ordered.push_back(*it->second);
+    by_name.erase(it);
+  }
+  for (const auto& [name, p] : by_name)
+    problems.push_back(absl::StrCat("unexpected \"", name, "\""));
+  if (!problems.empty()) {
+    const size_t shown = std::min<size_t>(problems.size(), 12);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameters do not match model \"", trainer.model.name, "\" (", problems.size(),
+        " problem(s)): ", absl::StrJoin(problems.begin(), problems.begin() + shown, "; "),
+        problems.size() > shown ? "; ..." : ""));
+  }
+  return ordered;
+}
+
+// Unique sibling name for the temporary directory.
+std::string TempSibling(const std::string& dir, absl::string_view tag) {
+  static std::atomic<uint64_t> counter{0};
+  return JoinPath(Dirname(dir), absl::StrCat(".", Basename(dir), ".", tag, "-", ::getpid(), "-",
+                                             counter.fetch_add(1)));
+}
+
+absl::Status Errno(absl::string_view what, const std::string& path) {
+  return absl::InternalError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
+}
+
+// Moves `staged` to `dir`. An existing checkpoint is swapped out atomically (RENAME_EXCHANGE) and
+// then deleted; where the kernel or file system lacks the exchange, it is first renamed aside,
+// which leaves a short window in which `dir` is absent but both complete copies exist.
+absl::Status Publish(const std::string& staged, const std::string& dir) {
+  if (!PathExists(dir)) {
+    if (::rename(staged.c_str(), dir.c_str()) != 0) return Errno("rename to", dir);
+    return absl::OkStatus();
+  }
+  if (::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
+    return RemoveAll(staged);  // now holds the previous checkpoint
+  }
+  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) {
+    return Errno("rename (exchange) to", dir);
+  }
+  const std::string aside = TempSibling(dir, "old");
+  if (::rename(dir.c_str(), aside.c_str()) != 0) return Errno("rename aside", dir);
+  if (::rename(staged.c_str(), dir.c_str()) != 0) {
+    const absl::Status failed = Errno("rename to", dir);
+    ::rename(aside.c_str(), dir.c_str());
+    return failed;
+  }
+  return RemoveAll(aside);
+}
+
+absl::Status WriteStaged(const std::string& staged, const TrainerState& trainer,
+                         const std::vector<NamedParam>& params,
+                         const std::vector<NamedParam>& optimizer_state) {
+  const std::string params_path = JoinPath(staged, kCheckpointParamsFile);
+  const std::string optimizer_path = JoinPath(staged, kCheckpointOptimizerFile);
+  const SafetensorsMetadata metadata = {{"format", kCheckpointFormat},
+                                        {"step", absl::StrCat(trainer.step)}};
+  RETURN_IF_ERROR(SaveSafetensorsFile(params_path, params, metadata));
+  RETURN_IF_ERROR(SaveSafetensorsFile(optimizer_path, optimizer_state, metadata));
+  CheckpointManifest manifest;
+  manifest.trainer = trainer;
+  for (const std::string& path : {params_path, optimizer_path}) {
+    ASSIGN_OR_RETURN(manifest.file_size_bytes[Basename(path)], FileSizeBytes(path));
+  }
+  RETURN_IF_ERROR(WriteFileDurably(JoinPath(staged, kCheckpointTrainerFile),
+                                   EncodeCheckpointManifest(manifest)));
+  return SyncDirectory(staged);
+}
+
+}  // namespace
+
+absl::Status ValidateOptimizerState(const std::vector<NamedParam>& params,
+                                    const std::vector<NamedParam>& optimizer_state) {
+  std::map<std::string, const torch::Tensor*> param_by_name;
+  for (const NamedParam& p : params) param_by_name.emplace(p.name, &p.param);
+  std::set<std::string> seen;
+  std::map<std::string, int> moments;  // param -> count of exp_avg / exp_avg_sq entries
+  bool has_step = false;
+  for (const NamedParam& s : optimizer_state) {
+    if (!s.param.defined()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer state \"", s.name, "\" is undefined"));
+    }
+    if (!seen.insert(s.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("duplicate optimizer state \"", s.name, "\""));
+    }
+    if (s.name == "step") {
+      if (s.param.numel() != 1 || c10::isFloatingType(s.param.scalar_type()) ||
+          s.param.scalar_type() == torch::kBool) {
+        return absl::InvalidArgumentError("optimizer state \"step\" must be an integer scalar");
+      }
+      has_step = true;
+      continue;
+    }
+    const size_t dot = s.name.rfind('.');
+    const std::string param = dot == std::string::npos ? "" : s.name.substr(0, dot);
+    const std::string suffix = dot == std::string::npos ? s.name : s.name.substr(dot + 1);
+    bool known_suffix = false;
+    for (const char* k : kStateSuffixes) known_suffix = known_suffix || suffix == k;
+    auto it = param_by_name.find(param);
+    if (!known_suffix || it == param_by_name.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer state \"", s.name,
+          "\" is not \"step\" or \"<param>.{exp_avg,exp_avg_sq,master}\" of a known parameter"));
+    }
+    if (s.param.sizes() != it->second->sizes() || !c10::isFloatingType(s.param.scalar_type())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer state \"", s.name, "\" is ", std::string(c10::toString(s.param.scalar_type())),
+          " ", ShapeString(s.param.sizes()), "; parameter \"", param, "\" is ",
+          ShapeString(it->second->sizes()), " (floating state required)"));
+    }
+    if (suffix != "master") ++moments[param];
+  }
+  for (const auto& [param, count] : moments) {
+    if (count != 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer state of \"", param, "\" has only one of exp_avg / exp_avg_sq"));
+    }
+  }
+  if (!optimizer_state.empty() && !has_step) {
+    return absl::InvalidArgumentError("optimizer state lacks \"step\"");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SaveCheckpoint(const std::string& dir, const TrainerState& trainer,
+                            const std::vector<NamedParam>& params,
+                            const std::vector<NamedParam>& optimizer_state) {
+  RETURN_IF_ERROR(ValidateModelSpec(trainer.model, "trainer.model."));
+  ASSIGN_OR_RETURN(std::vector<NamedParam> ordered,
+                   CheckParamsAgainstModel(trainer, Dedup(params)));
+  RETURN_IF_ERROR(ValidateOptimizerState(ordered, optimizer_state));
+
+  if (dir.empty()) return absl::InvalidArgumentError("empty checkpoint path");
+  const std::string target = AbsolutePath(dir);
+  if (PathExists(target)) {
+    absl::StatusOr<std::vector<std::string>> entries = ListDirectory(target);
+    if (!IsDirectory(target) || !entries.ok() ||
+        (!entries->empty() && !PathExists(JoinPath(target, kCheckpointTrainerFile)))) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          target, " exists and is not a checkpoint directory; refusing to replace it"));
+    }
+  }
+  RETURN_IF_ERROR(CreateDirectories(Dirname(target)));
+  const std::string staged = TempSibling(target, "tmp");
+  if (::mkdir(staged.c_str(), 0755) != 0) return Errno("mkdir", staged);
+  absl::Status status = WriteStaged(staged, trainer, ordered, optimizer_state);
+  if (status.ok()) status = Publish(staged, target);
+  if (status.ok()) status = SyncDirectory(Dirname(target));
+  if (!status.ok()) {
+    RemoveAll(staged).IgnoreError();  // best effort: the error to report is `status`
+    return status;
+  }
+  MEMPLAN_LOG(kInfo, "checkpoint saved")
+      .Field("dir", target)
+      .Field("step", trainer.step)
+      .Field("params", ordered.size())
+      .Field("optimizer_tensors", optimizer_state.size());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir) {
+  const std::string trainer_path = JoinPath(dir, kCheckpointTrainerFile);
+  ASSIGN_OR_RETURN(std::string text, ReadSmallFile(trainer_path, kMaxTrainerFileBytes));
+  absl::StatusOr<CheckpointManifest> manifest = DecodeCheckpointManifest(text);
+  if (!manifest.ok()) {
+    return absl::Status(manifest.status().code(),
+                        absl::StrCat(dir, ": ", manifest.status().message()));
+  }
+  for (const char* required : {kCheckpointParamsFile, kCheckpointOptimizerFile}) {
+    if (manifest->file_size_bytes.count(required) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(trainer_path, ": \"files\" does not list ", required));
+    }
+  }
+  for (const auto& [name, size] : manifest->file_size_bytes) {
+    const std::string path = JoinPath(dir, name);
+    absl::StatusOr<int64_t> actual = FileSizeBytes(path);
+    if (!actual.ok()) return absl::DataLossError(std::string(actual.status().message()));
+    if (*actual != size) {
+      return absl::DataLossError(
+          absl::StrCat(path, " has ", *actual, " bytes; trainer.json records ", size));
+    }
+  }
+
+  Checkpoint ckpt;
+  ckpt.trainer = manifest->trainer;
+  ASSIGN_OR_RETURN(std::vector<NamedParam> params,
+                   ReadSafetensorsFile(JoinPath(dir, kCheckpointParamsFile)));
+  absl::StatusOr<std::vector<NamedParam>> ordered = CheckParamsAgainstModel(ckpt.trainer, params);
+  if (!ordered.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir, "/", kCheckpointParamsFile, ": ", ordered.status().message()));
+  }
+  ckpt.params = *std::move(ordered);
+  ASSIGN_OR_RETURN(ckpt.optimizer_state,
+                   ReadSafetensorsFile(JoinPath(dir, kCheckpointOptimizerFile)));
+  if (absl::Status s = ValidateOptimizerState(ckpt.params, ckpt.optimizer_state); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir, "/", kCheckpointOptimizerFile, ": ", s.message()));
+  }
+  return ckpt;
+}
+
+absl::Status CopyParamsByName(const std::vector<NamedParam>& source,
+                              const std::vector<NamedParam>& targets) {
+  std::map<std::string, const torch::Tensor*> by_name;
+  for (const NamedParam& s : source) {
+    if (!by_name.emplace(s.name, &s.param).second) {
+      return absl::InvalidArgumentError(absl::StrCat("source lists \"", s.name, "\" twice"));
+    }
+  }
+  // Resolve every target first so that a mismatch leaves all targets untouched.
+  std::vector<std::pair<torch::Tensor, const torch::Tensor*>> copies;
+  std::set<std::string> used;
+  std::unordered_map<const void*, size_t> resolved;  // target identity -> index in copies
+  std::map<const void*, std::vector<std::string>> unresolved;
+  for (const NamedParam& t : targets) {
+    const void* id = t.param.unsafeGetTensorImpl();
+    auto s = by_name.find(t.name);
+    if (s == by_name.end()) {
+      if (resolved.count(id) == 0) unresolved[id].push_back(t.name);
+      continue;
+    }
+    if (s->second->sizes() != t.param.sizes()) {
+      return absl::InvalidArgumentError(absl::StrCat("\"", t.name, "\": source ",
+                                                     ShapeString(s->second->sizes()), " vs target ",
+                                                     ShapeString(t.param.sizes())));
+    }
+    used.insert(t.name);
+    unresolved.erase(id);
+    if (resolved.emplace(id, copies.size()).second) copies.emplace_back(t.param, s->second);
+  }
+  if (!unresolved.empty()) {
+    std::vector<std::string> names;
+    for (const auto& [id, n] : unresolved) names.push_back(n.front());
+    return absl::InvalidArgumentError(
+        absl::StrCat("no source value for: ", absl::StrJoin(names, ", ")));
+  }
+  std::vector<std::string> unused;
+  for (const auto& [name, tensor] : by_name) {
+    if (used.count(name) == 0) unused.push_back(name);
+  }
+  if (!unused.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("source entries matching no target: ", absl::StrJoin(unused, ", ")));
+  }
+  try {
+    torch::NoGradGuard no_grad;
+    for (auto& [target, value] : copies) target.copy_(*value);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("copying parameters: ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<NamedParam>> ExportAdamWState(torch::optim::AdamW& optimizer,
+                                                         const std::vector<NamedParam>& params) {
+  std::vector<NamedParam> out;
+  std::optional<int64_t> step;
+  auto& state = optimizer.state();
+  for (const NamedParam& p : Dedup(params)) {
+    auto it = state.find(p.param.unsafeGetTensorImpl());
+    if (it == state.end()) continue;
+    const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+    if (step.has_value() && *step != s.step()) {
+      return absl::InternalError(absl::StrCat("AdamW step differs between parameters (", *step,
+                                              " vs ", s.step(), " for \"", p.name, "\")"));
+    }
+    step = s.step();
+    out.push_back({p.name + ".exp_avg", s.exp_avg().detach().to(torch::kCPU).clone()});
+    out.push_back({p.name + ".exp_avg_sq", s.exp_avg_sq().detach().to(torch::kCPU).clone()});
+  }
+  if (step.has_value()) out.push_back({"step", torch::tensor(*step, torch::kLong)});
+  return out;
+}
+
+absl::Status ImportAdamWState(const std::vector<NamedParam>& optimizer_state,
+                              const std::vector<NamedParam>& params,
+                              torch::optim::AdamW& optimizer) {
+  const std::vector<NamedParam> unique = Dedup(params);
+  RETURN_IF_ERROR(ValidateOptimizerState(unique, optimizer_state));
+  std::map<std::string, const torch::Tensor*> by_name;
+  for (const NamedParam& s : optimizer_state) by_name.emplace(s.name, &s.param);
+  if (by_name.count("step") == 0) return absl::OkStatus();  // fresh state
+  const int64_t step = by_name.at("step")->item<int64_t>();
+
+  std::set<const void*> in_optimizer;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const torch::Tensor& p : group.params()) in_optimizer.insert(p.unsafeGetTensorImpl());
+  }
+  auto& state = optimizer.state();
+  try {
+    for (const NamedParam& p : unique) {
+      auto m = by_name.find(p.name + ".exp_avg");
+      if (m == by_name.end()) continue;
+      if (in_optimizer.count(p.param.unsafeGetTensorImpl()) == 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter \"", p.name, "\" is not in the optimizer's param groups"));
+      }
+      auto s = std::make_unique<torch::optim::AdamWParamState>();
+      s->step(step);
+      // Same dtype and device as the parameter, as AdamW's own lazily created state.
+      s->exp_avg(m->second->to(p.param.options()).clone());
+      s->exp_avg_sq(by_name.at(p.name + ".exp_avg_sq")->to(p.param.options()).clone());
+      state[p.param.unsafeGetTensorImpl()] = std::move(s);
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("importing AdamW state: ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace memplan::io

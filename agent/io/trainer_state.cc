@@ -1,0 +1,238 @@
+#include "agent/io/trainer_state.h"
+
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "common/validate.h"
+#include "nlohmann/json.hpp"
+
+namespace memplan::io {
+namespace {
+
+using Json = nlohmann::json;
+using OrderedJson = nlohmann::ordered_json;
+
+absl::Status KeyError(absl::string_view key, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("trainer.json: \"", key, "\" ", what));
+}
+
+// Typed accessors; `path` is the dotted key used in error messages.
+absl::StatusOr<const Json*> Member(const Json& obj, const char* key, const std::string& path) {
+  auto it = obj.find(key);
+  if (it == obj.end()) return KeyError(path, "is required");
+  return &*it;
+}
+
+absl::StatusOr<int64_t> GetInt(const Json& obj, const char* key, const std::string& path,
+                               int64_t lo, int64_t hi) {
+  ASSIGN_OR_RETURN(const Json* v, Member(obj, key, path));
+  if (!v->is_number_integer()) return KeyError(path, "must be an integer");
+  if (v->is_number_unsigned() &&
+      v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return KeyError(path, "is out of range");
+  }
+  const int64_t x = v->get<int64_t>();
+  if (x < lo || x > hi) {
+    return KeyError(path, absl::StrCat("= ", x, " is out of range; allowed [", lo, ", ", hi, "]"));
+  }
+  return x;
+}
+
+absl::StatusOr<uint64_t> GetUint(const Json& obj, const char* key, const std::string& path) {
+  ASSIGN_OR_RETURN(const Json* v, Member(obj, key, path));
+  if (!v->is_number_unsigned() && !(v->is_number_integer() && v->get<int64_t>() >= 0)) {
+    return KeyError(path, "must be a non-negative integer");
+  }
+  return v->get<uint64_t>();
+}
+
+absl::StatusOr<double> GetDouble(const Json& obj, const char* key, const std::string& path,
+                                 double lo, double hi) {
+  ASSIGN_OR_RETURN(const Json* v, Member(obj, key, path));
+  if (!v->is_number()) return KeyError(path, "must be a number");
+  const double x = v->get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi) {
+    return KeyError(path, absl::StrCat("= ", x, " is out of range; allowed [", lo, ", ", hi, "]"));
+  }
+  return x;
+}
+
+absl::StatusOr<std::string> GetString(const Json& obj, const char* key, const std::string& path) {
+  ASSIGN_OR_RETURN(const Json* v, Member(obj, key, path));
+  if (!v->is_string()) return KeyError(path, "must be a string");
+  return v->get<std::string>();
+}
+
+absl::StatusOr<bool> GetBool(const Json& obj, const char* key, const std::string& path) {
+  ASSIGN_OR_RETURN(const Json* v, Member(obj, key, path));
+  if (!v->is_boolean()) return KeyError(path, "must be true or false");
+  return v->get<bool>();
+}
+
+absl::StatusOr<const Json*> GetObject(const Json& obj, const char* key, const std::string& path) {
+  ASSIGN_OR_RETURN(const Json* v, Member(obj, key, path));
+  if (!v->is_object()) return KeyError(path, "must be an object");
+  return v;
+}
+
+OrderedJson EncodeModel(const ModelSpec& m) {
+  OrderedJson j;
+  j["name"] = m.name;
+  j["family"] = m.family;
+  j["hidden_size"] = m.hidden_size;
+  j["num_layers"] = m.num_layers;
+  j["num_heads"] = m.num_heads;
+  j["num_kv_heads"] = m.num_kv_heads;
+  j["head_dim"] = m.head_dim;
+  j["intermediate_size"] = m.intermediate_size;
+  j["vocab_size"] = m.vocab_size;
+  j["tie_word_embeddings"] = m.tie_word_embeddings;
+  j["qkv_bias"] = m.qkv_bias;
+  j["qk_norm"] = m.qk_norm;
+  j["rope_theta"] = m.rope_theta;
+  j["rms_norm_eps"] = m.rms_norm_eps;
+  j["max_position_embeddings"] = m.max_position_embeddings;
+  return j;
+}
+
+absl::StatusOr<ModelSpec> DecodeModel(const Json& j) {
+  constexpr int64_t kBig = std::numeric_limits<int64_t>::max();
+  ModelSpec m;
+  ASSIGN_OR_RETURN(m.name, GetString(j, "name", "model.name"));
+  ASSIGN_OR_RETURN(m.family, GetString(j, "family", "model.family"));
+  ASSIGN_OR_RETURN(m.hidden_size, GetInt(j, "hidden_size", "model.hidden_size", 1, kBig));
+  ASSIGN_OR_RETURN(m.num_layers, GetInt(j, "num_layers", "model.num_layers", 1, kBig));
+  ASSIGN_OR_RETURN(m.num_heads, GetInt(j, "num_heads", "model.num_heads", 1, kBig));
+  ASSIGN_OR_RETURN(m.num_kv_heads, GetInt(j, "num_kv_heads", "model.num_kv_heads", 1, kBig));
+  ASSIGN_OR_RETURN(m.head_dim, GetInt(j, "head_dim", "model.head_dim", 0, kBig));
+  ASSIGN_OR_RETURN(m.intermediate_size,
+                   GetInt(j, "intermediate_size", "model.intermediate_size", 1, kBig));
+  ASSIGN_OR_RETURN(m.vocab_size, GetInt(j, "vocab_size", "model.vocab_size", 1, kBig));
+  ASSIGN_OR_RETURN(m.tie_word_embeddings,
+                   GetBool(j, "tie_word_embeddings", "model.tie_word_embeddings"));
+  ASSIGN_OR_RETURN(m.qkv_bias, GetBool(j, "qkv_bias", "model.qkv_bias"));
+  ASSIGN_OR_RETURN(m.qk_norm, GetBool(j, "qk_norm", "model.qk_norm"));
+  ASSIGN_OR_RETURN(m.rope_theta, GetDouble(j, "rope_theta", "model.rope_theta", 0, 1e300));
+  ASSIGN_OR_RETURN(m.rms_norm_eps, GetDouble(j, "rms_norm_eps", "model.rms_norm_eps", 0, 1e300));
+  ASSIGN_OR_RETURN(m.max_position_embeddings,
+                   GetInt(j, "max_position_embeddings", "model.max_position_embeddings", 1, kBig));
+  RETURN_IF_ERROR(ValidateModelSpec(m, "trainer.json: model."));
+  return m;
+}
+
+bool IsPlainFileName(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+
+}  // namespace
+
+std::string EncodeCheckpointManifest(const CheckpointManifest& manifest) {
+  const TrainerState& t = manifest.trainer;
+  OrderedJson j;
+  j["format"] = kCheckpointFormat;
+  j["version"] = kCheckpointVersion;
+  j["step"] = t.step;
+  j["data_position"] = t.data_position;
+  j["data_seed"] = t.data_seed;
+  j["rng_seed"] = t.rng_seed;
+  j["max_grad_norm"] = t.max_grad_norm;
+  j["optimizer"] = {{"kind", t.optimizer.kind},   {"lr", t.optimizer.lr},
+                    {"beta1", t.optimizer.beta1}, {"beta2", t.optimizer.beta2},
+                    {"eps", t.optimizer.eps},     {"weight_decay", t.optimizer.weight_decay}};
+  j["param_dtype"] = std::string(DTypeName(t.param_dtype));
+  j["model"] = EncodeModel(t.model);
+  j["workload"] = {{"micro_batch", t.workload.micro_batch},
+                   {"seq_len", t.workload.seq_len},
+                   {"world_size", t.workload.world_size},
+                   {"grad_accum", t.workload.grad_accum}};
+  j["plan_id"] = t.plan_id;
+  OrderedJson files = OrderedJson::object();
+  for (const auto& [name, size] : manifest.file_size_bytes) files[name] = {{"size_bytes", size}};
+  j["files"] = std::move(files);
+  // Strings come from our own structs; replace rather than throw on invalid UTF-8.
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+absl::StatusOr<CheckpointManifest> DecodeCheckpointManifest(absl::string_view text) {
+  Json j;
+  try {
+    j = Json::parse(text.begin(), text.end());
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("trainer.json: malformed JSON: ", e.what()));
+  }
+  if (!j.is_object()) return absl::InvalidArgumentError("trainer.json: must be a JSON object");
+  ASSIGN_OR_RETURN(std::string format, GetString(j, "format", "format"));
+  if (format != kCheckpointFormat) {
+    return KeyError("format",
+                    absl::StrCat("= \"", format, "\"; expected \"", kCheckpointFormat, "\""));
+  }
+  ASSIGN_OR_RETURN(int64_t version, GetInt(j, "version", "version", 1, 1'000'000));
+  if (version != kCheckpointVersion) {
+    return KeyError("version",
+                    absl::StrCat("= ", version, "; this build reads version ", kCheckpointVersion));
+  }
+  constexpr int64_t kBig = std::numeric_limits<int64_t>::max();
+  CheckpointManifest manifest;
+  TrainerState& t = manifest.trainer;
+  ASSIGN_OR_RETURN(t.step, GetInt(j, "step", "step", 0, kBig));
+  ASSIGN_OR_RETURN(t.data_position, GetInt(j, "data_position", "data_position", 0, kBig));
+  ASSIGN_OR_RETURN(t.data_seed, GetUint(j, "data_seed", "data_seed"));
+  ASSIGN_OR_RETURN(t.rng_seed, GetUint(j, "rng_seed", "rng_seed"));
+  ASSIGN_OR_RETURN(t.max_grad_norm, GetDouble(j, "max_grad_norm", "max_grad_norm", 0, 1e300));
+
+  ASSIGN_OR_RETURN(const Json* opt, GetObject(j, "optimizer", "optimizer"));
+  ASSIGN_OR_RETURN(t.optimizer.kind, GetString(*opt, "kind", "optimizer.kind"));
+  if (!ParseOptimizer(t.optimizer.kind).has_value()) {
+    return KeyError(
+        "optimizer.kind",
+        absl::StrCat("= \"", t.optimizer.kind, "\"; allowed: ", std::string(OptimizerAllowList())));
+  }
+  ASSIGN_OR_RETURN(t.optimizer.lr, GetDouble(*opt, "lr", "optimizer.lr", 0, 1e6));
+  ASSIGN_OR_RETURN(t.optimizer.beta1, GetDouble(*opt, "beta1", "optimizer.beta1", 0, 1));
+  ASSIGN_OR_RETURN(t.optimizer.beta2, GetDouble(*opt, "beta2", "optimizer.beta2", 0, 1));
+  ASSIGN_OR_RETURN(t.optimizer.eps, GetDouble(*opt, "eps", "optimizer.eps", 0, 1));
+  ASSIGN_OR_RETURN(t.optimizer.weight_decay,
+                   GetDouble(*opt, "weight_decay", "optimizer.weight_decay", 0, 1e6));
+
+  ASSIGN_OR_RETURN(std::string dtype, GetString(j, "param_dtype", "param_dtype"));
+  std::optional<DType> parsed_dtype = ParseDType(dtype);
+  if (!parsed_dtype.has_value()) {
+    return KeyError("param_dtype", absl::StrCat("= \"", dtype, "\"; allowed: fp32, bf16, fp16"));
+  }
+  t.param_dtype = *parsed_dtype;
+
+  ASSIGN_OR_RETURN(const Json* model, GetObject(j, "model", "model"));
+  ASSIGN_OR_RETURN(t.model, DecodeModel(*model));
+
+  ASSIGN_OR_RETURN(const Json* workload, GetObject(j, "workload", "workload"));
+  ASSIGN_OR_RETURN(t.workload.micro_batch,
+                   GetInt(*workload, "micro_batch", "workload.micro_batch", 1, kMaxMicroBatch));
+  ASSIGN_OR_RETURN(t.workload.seq_len,
+                   GetInt(*workload, "seq_len", "workload.seq_len", 1, kMaxSeqLen));
+  ASSIGN_OR_RETURN(int64_t world,
+                   GetInt(*workload, "world_size", "workload.world_size", 1, kMaxWorldSize));
+  ASSIGN_OR_RETURN(int64_t accum,
+                   GetInt(*workload, "grad_accum", "workload.grad_accum", 1, kMaxGradAccum));
+  t.workload.world_size = static_cast<int32_t>(world);
+  t.workload.grad_accum = static_cast<int32_t>(accum);
+  ASSIGN_OR_RETURN(t.plan_id, GetString(j, "plan_id", "plan_id"));
+
+  ASSIGN_OR_RETURN(const Json* files, GetObject(j, "files", "files"));
+  for (const auto& [name, entry] : files->items()) {
+    const std::string path = absl::StrCat("files.", name);
+    if (!IsPlainFileName(name)) return KeyError(path, "is not a plain file name");
+    if (!entry.is_object()) return KeyError(path, "must be an object");
+    ASSIGN_OR_RETURN(int64_t size,
+                     GetInt(entry, "size_bytes", absl::StrCat(path, ".size_bytes"), 0, kBig));
+    manifest.file_size_bytes.emplace(name, size);
+  }
+  return manifest;
+}
+
+}  // namespace memplan::io

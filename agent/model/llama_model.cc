@@ -1,0 +1,372 @@
+#include "agent/model/llama_model.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "agent/blocks/activation_offloader.h"
+#include "agent/blocks/group_runner.h"
+#include "common/validate.h"
+
+namespace memplan {
+
+struct LlamaModel::BlockParams {
+  int index = 0;
+  torch::Tensor q_proj, q_bias, k_proj, k_bias, v_proj, v_bias, o_proj;
+  torch::Tensor q_norm, k_norm;  // Qwen3 only
+  torch::Tensor gate_proj, up_proj, down_proj;
+  torch::Tensor input_layernorm, post_attention_layernorm;
+
+  // Hugging Face named_parameters() order.
+  std::vector<NamedParam> Named() const {
+    const std::string p = absl::StrCat("model.layers.", index, ".");
+    std::vector<NamedParam> out;
+    auto add = [&](const std::string& name, const torch::Tensor& t) {
+      if (t.defined()) out.push_back({p + name, t});
+    };
+    add("self_attn.q_proj.weight", q_proj);
+    add("self_attn.q_proj.bias", q_bias);
+    add("self_attn.k_proj.weight", k_proj);
+    add("self_attn.k_proj.bias", k_bias);
+    add("self_attn.v_proj.weight", v_proj);
+    add("self_attn.v_proj.bias", v_bias);
+    add("self_attn.o_proj.weight", o_proj);
+    add("self_attn.q_norm.weight", q_norm);
+    add("self_attn.k_norm.weight", k_norm);
+    add("mlp.gate_proj.weight", gate_proj);
+    add("mlp.up_proj.weight", up_proj);
+    add("mlp.down_proj.weight", down_proj);
+    add("input_layernorm.weight", input_layernorm);
+    add("post_attention_layernorm.weight", post_attention_layernorm);
+    return out;
+  }
+};
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+torch::ScalarType ToScalarType(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return torch::kFloat32;
+    case DType::kBFloat16:
+      return torch::kBFloat16;
+    case DType::kFloat16:
+      return torch::kFloat16;
+  }
+  return torch::kFloat32;
+}
+
+// y = x·wᵀ + b as an autograd Function that saves the weight itself rather than the view w.t()
+// that aten::linear saves. A saved view pins the storage the weight had in forward; parameters
+// whose storage a chunk manager swaps (ParamResidency) must be read through the parameter, which
+// then holds whatever storage PreBackward gave it.
+class LinearFunction : public torch::autograd::Function<LinearFunction> {
+ public:
+  // `b` is optional because custom Functions require every Tensor argument to be defined.
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
+                               const std::optional<torch::Tensor>& b) {
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["has_bias"] = b.has_value();
+    const torch::Tensor x2 = x.reshape({-1, x.size(-1)});
+    const torch::Tensor y2 = b.has_value() ? at::addmm(*b, x2, w.t()) : at::mm(x2, w.t());
+    std::vector<int64_t> sizes = x.sizes().vec();
+    sizes.back() = w.size(0);
+    return y2.view(sizes);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    const torch::Tensor& w = saved[1];
+    const torch::Tensor g2 = grads[0].reshape({-1, w.size(0)});
+    torch::Tensor gx, gw, gb;
+    if (ctx->needs_input_grad(0)) gx = g2.mm(w).view(x.sizes());
+    if (ctx->needs_input_grad(1)) gw = g2.t().mm(x.reshape({-1, x.size(-1)}));
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) gb = g2.sum(0);
+    return {gx, gw, gb};
+  }
+};
+
+torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w,
+                     const torch::Tensor& b = torch::Tensor()) {
+  if (!b.defined()) return LinearFunction::apply(x, w, std::nullopt);
+  return LinearFunction::apply(x, w, std::optional<torch::Tensor>(b));
+}
+
+// Hugging Face LlamaRMSNorm: normalise in fp32, cast back, then scale.
+torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  const torch::Tensor x32 = x.to(torch::kFloat32);
+  const torch::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
+  const torch::Tensor normed = x32 * torch::rsqrt(variance + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+torch::Tensor RotateHalf(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+}
+
+// A leaf with the parameter's current storage: the tied head and the embedding each get one so
+// that their gradients can be summed before they reach the parameter (see [Tied head gradient]).
+torch::Tensor Alias(const torch::Tensor& param) {
+  return param.variable_data().requires_grad_(true);
+}
+
+}  // namespace
+
+LlamaModel::LlamaModel(const LlamaModelOptions& options) : options_(options) {}
+LlamaModel::~LlamaModel() = default;
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaModelOptions& options) {
+  if (absl::Status s = ValidateModelSpec(options.spec, "spec."); !s.ok()) return s;
+  if (options.device.is_cuda() && !torch::cuda::is_available()) {
+    return absl::FailedPreconditionError("model: device cuda requested but CUDA is not available");
+  }
+  std::unique_ptr<LlamaModel> model(new LlamaModel(options));
+  try {
+    model->InitParams();
+  } catch (const c10::Error& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("model: initialising parameters failed: ", e.what_without_backtrace()));
+  }
+  return model;
+}
+
+void LlamaModel::InitParams() {
+  const ModelSpec& s = options_.spec;
+  const int64_t d = s.HeadDim();
+  // Values are drawn in fp32 on the CPU from one generator in canonical order, so a model has the
+  // same initial values on every device and (up to rounding) every dtype.
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(options_.seed);
+  const auto device_opts = torch::TensorOptions()
+                               .dtype(ToScalarType(options_.dtype))
+                               .device(options_.param_device.value_or(options_.device));
+  auto finish = [&](torch::Tensor t) { return t.to(device_opts).requires_grad_(true); };
+  auto normal = [&](std::vector<int64_t> sizes) {
+    return finish(at::empty(sizes, torch::kFloat32).normal_(0.0, 0.02, gen));
+  };
+  auto ones = [&](std::vector<int64_t> sizes) { return finish(torch::ones(sizes)); };
+  auto zeros = [&](std::vector<int64_t> sizes) { return finish(torch::zeros(sizes)); };
+
+  embed_tokens_ = normal({s.vocab_size, s.hidden_size});
+  for (int64_t i = 0; i < s.num_layers; ++i) {
+    auto b = std::make_unique<BlockParams>();
+    b->index = static_cast<int>(i);
+    b->q_proj = normal({s.num_heads * d, s.hidden_size});
+    if (s.qkv_bias) b->q_bias = zeros({s.num_heads * d});
+    b->k_proj = normal({s.num_kv_heads * d, s.hidden_size});
+    if (s.qkv_bias) b->k_bias = zeros({s.num_kv_heads * d});
+    b->v_proj = normal({s.num_kv_heads * d, s.hidden_size});
+    if (s.qkv_bias) b->v_bias = zeros({s.num_kv_heads * d});
+    b->o_proj = normal({s.hidden_size, s.num_heads * d});
+    if (s.qk_norm) {
+      b->q_norm = ones({d});
+      b->k_norm = ones({d});
+    }
+    b->gate_proj = normal({s.intermediate_size, s.hidden_size});
+    b->up_proj = normal({s.intermediate_size, s.hidden_size});
+    b->down_proj = normal({s.hidden_size, s.intermediate_size});
+    b->input_layernorm = ones({s.hidden_size});
+    b->post_attention_layernorm = ones({s.hidden_size});
+    blocks_.push_back(std::move(b));
+  }
+  norm_ = ones({s.hidden_size});
+  if (!s.tie_word_embeddings) lm_head_ = normal({s.vocab_size, s.hidden_size});
+}
+
+memplan::ParamGroups LlamaModel::ParamGroups() const {
+  memplan::ParamGroups groups;
+  groups.push_back({{"model.embed_tokens.weight", embed_tokens_}});
+  for (const auto& b : blocks_) groups.push_back(b->Named());
+  std::vector<NamedParam> head = {{"model.norm.weight", norm_}};
+  if (lm_head_.defined()) {
+    head.push_back({"lm_head.weight", lm_head_});
+  } else {
+    head.push_back({"model.embed_tokens.weight", embed_tokens_});
+  }
+  groups.push_back(std::move(head));
+  return groups;
+}
+
+std::vector<NamedParam> LlamaModel::Params() const {
+  std::vector<NamedParam> out;
+  for (auto& group : ParamGroups()) {
+    for (auto& p : group) {
+      bool seen = false;
+      for (const auto& q : out) seen = seen || q.param.is_same(p.param);
+      if (!seen) out.push_back(std::move(p));
+    }
+  }
+  return out;
+}
+
+LlamaModel::Rope LlamaModel::MakeRope(int64_t seq_len) const {
+  const int64_t d = options_.spec.HeadDim();
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(options_.device);
+  const torch::Tensor exponent = torch::arange(0, d, 2, f32) / static_cast<double>(d);
+  const torch::Tensor inv_freq = 1.0 / torch::pow(options_.spec.rope_theta, exponent);
+  const torch::Tensor positions = torch::arange(seq_len, f32);
+  const torch::Tensor freqs = torch::outer(positions, inv_freq);
+  const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
+  const auto dtype = ToScalarType(options_.dtype);
+  return Rope{emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
+torch::Tensor LlamaModel::Embed(const torch::Tensor& input_ids, const torch::Tensor& weight) const {
+  return at::embedding(weight, input_ids);
+}
+
+torch::Tensor LlamaModel::Block(const BlockParams& p, const torch::Tensor& hidden,
+                                const Rope& rope) const {
+  const ModelSpec& s = options_.spec;
+  const int64_t batch = hidden.size(0);
+  const int64_t seq = hidden.size(1);
+  const int64_t d = s.HeadDim();
+
+  const torch::Tensor x = RmsNorm(hidden, p.input_layernorm, s.rms_norm_eps);
+  torch::Tensor q = Linear(x, p.q_proj, p.q_bias).view({batch, seq, s.num_heads, d});
+  torch::Tensor k = Linear(x, p.k_proj, p.k_bias).view({batch, seq, s.num_kv_heads, d});
+  torch::Tensor v = Linear(x, p.v_proj, p.v_bias).view({batch, seq, s.num_kv_heads, d});
+  if (s.qk_norm) {
+    q = RmsNorm(q, p.q_norm, s.rms_norm_eps);
+    k = RmsNorm(k, p.k_norm, s.rms_norm_eps);
+  }
+  q = q.transpose(1, 2);
+  k = k.transpose(1, 2);
+  v = v.transpose(1, 2);
+  q = q * rope.cos + RotateHalf(q) * rope.sin;
+  k = k * rope.cos + RotateHalf(k) * rope.sin;
+  const torch::Tensor attn =
+      at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                       /*is_causal=*/true, /*scale=*/std::nullopt,
+                                       /*enable_gqa=*/s.num_kv_heads != s.num_heads);
+  const torch::Tensor attn_out =
+      Linear(attn.transpose(1, 2).reshape({batch, seq, s.num_heads * d}), p.o_proj);
+  const torch::Tensor h = hidden + attn_out;
+
+  const torch::Tensor y = RmsNorm(h, p.post_attention_layernorm, s.rms_norm_eps);
+  const torch::Tensor mlp =
+      Linear(torch::silu(Linear(y, p.gate_proj)) * Linear(y, p.up_proj), p.down_proj);
+  return h + mlp;
+}
+
+torch::Tensor LlamaModel::HeadLoss(const torch::Tensor& hidden, const torch::Tensor& labels,
+                                   const torch::Tensor& head_weight) const {
+  const torch::Tensor x = RmsNorm(hidden, norm_, options_.spec.rms_norm_eps);
+  const torch::Tensor logits = Linear(x, head_weight).to(torch::kFloat32);
+  // Position t predicts token t+1: pad the labels on the right and drop the first, as Hugging
+  // Face's ForCausalLMLoss does, so the logits need no slicing copy.
+  const torch::Tensor shifted =
+      torch::constant_pad_nd(labels, {0, 1}, -100).slice(1, 1).reshape({-1});
+  return at::cross_entropy_loss(logits.view({-1, logits.size(-1)}), shifted, /*weight=*/{},
+                                at::Reduction::Mean, /*ignore_index=*/-100,
+                                /*label_smoothing=*/0.0);
+}
+
+torch::Tensor LlamaModel::Loss(const torch::Tensor& input_ids, const torch::Tensor& labels) {
+  TORCH_CHECK(input_ids.dim() == 2 && labels.sizes() == input_ids.sizes(),
+              "Loss: input_ids and labels must be [batch, seq] of the same shape");
+  const Rope rope = MakeRope(input_ids.size(1));
+  torch::Tensor h = Embed(input_ids, embed_tokens_);
+  for (const auto& b : blocks_) h = Block(*b, h, rope);
+  return HeadLoss(h, labels, lm_head_.defined() ? lm_head_ : embed_tokens_);
+}
+
+// [Tied head gradient] With tied embeddings the plain graph sums the head's and the embedding's
+// contributions first and adds that sum to .grad once (G + (h + e)). Run as two groups, each
+// would accumulate separately ((G + h) + e), which differs in the last bit once G is non-zero
+// (gradient accumulation). So both groups use aliases of the weight, and the embedding group's
+// backward adds h + e to the parameter's .grad itself.
+torch::Tensor LlamaModel::Loss(const torch::Tensor& input_ids, const torch::Tensor& labels,
+                               const BlockModes& modes, ParamResidency* residency,
+                               ActivationOffloader* offloader) {
+  TORCH_CHECK(input_ids.dim() == 2 && labels.sizes() == input_ids.sizes(),
+              "Loss: input_ids and labels must be [batch, seq] of the same shape");
+  TORCH_CHECK(static_cast<int>(modes.size()) == num_blocks(), "Loss: got ", modes.size(),
+              " block modes for ", num_blocks(), " blocks");
+  bool needs_offloader = false;
+  for (BlockMode m : modes) {
+    needs_offloader = needs_offloader || m == BlockMode::kSwap || m == BlockMode::kHsOffload;
+  }
+  if (needs_offloader && offloader == nullptr) {
+    if (!default_offloader_) {
+      ActivationOffloadOptions o;
+      o.device = options_.device;
+      auto created = ActivationOffloader::Create(o);
+      TORCH_CHECK(created.ok(), "Loss: ", created.status().ToString());
+      default_offloader_ = std::move(created).value();
+    }
+    offloader = default_offloader_.get();
+  }
+  const GroupRunnerOptions run{residency, offloader};
+  const Rope rope = MakeRope(input_ids.size(1));
+  const bool tied = !lm_head_.defined();
+
+  struct TiedState {
+    torch::Tensor embed_alias;
+    torch::Tensor head_alias;
+    torch::Tensor head_grad;
+  };
+  auto tied_state = std::make_shared<TiedState>();
+
+  GroupSpec embed;
+  embed.group = 0;
+  embed.body = [this, tied, tied_state](const torch::Tensor& ids) {
+    if (!tied) return Embed(ids, embed_tokens_);
+    tied_state->embed_alias = Alias(embed_tokens_);
+    return Embed(ids, tied_state->embed_alias);
+  };
+  if (tied) {
+    embed.before_backward = [this, tied_state] {
+      tied_state->embed_alias.set_data(embed_tokens_.variable_data());
+    };
+    embed.after_backward = [this, tied_state] {
+      torch::Tensor sum = tied_state->embed_alias.grad();
+      if (tied_state->head_grad.defined()) {
+        sum = sum.defined() ? tied_state->head_grad + sum : tied_state->head_grad;
+      }
+      tied_state->embed_alias.reset();
+      tied_state->head_grad.reset();
+      if (!sum.defined()) return;
+      torch::Tensor& grad = embed_tokens_.mutable_grad();
+      if (grad.defined()) {
+        grad.add_(sum);
+      } else {
+        grad = sum;
+      }
+    };
+  }
+  torch::Tensor h = RunGroup(embed, input_ids, run);
+
+  for (int i = 0; i < num_blocks(); ++i) {
+    GroupSpec block;
+    block.group = i + 1;
+    block.mode = modes[i];
+    const BlockParams* params = blocks_[i].get();
+    block.body = [this, params, rope](const torch::Tensor& x) { return Block(*params, x, rope); };
+    h = RunGroup(block, h, run);
+  }
+
+  GroupSpec head;
+  head.group = num_blocks() + 1;
+  head.body = [this, tied, tied_state, labels](const torch::Tensor& x) {
+    if (!tied) return HeadLoss(x, labels, lm_head_);
+    tied_state->head_alias = Alias(embed_tokens_);
+    return HeadLoss(x, labels, tied_state->head_alias);
+  };
+  if (tied) {
+    head.before_backward = [this, tied_state] {
+      tied_state->head_alias.set_data(embed_tokens_.variable_data());
+    };
+    head.after_backward = [tied_state] {
+      tied_state->head_grad = tied_state->head_alias.grad();
+      tied_state->head_alias.reset();
+    };
+  }
+  return RunGroup(head, h, run);
+}
+
+}  // namespace memplan

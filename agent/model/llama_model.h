@@ -1,0 +1,88 @@
+// LlamaModel: a Llama-family decoder (Llama 3.x, Qwen2/2.5 qkv bias, Qwen3 q/k norm, Mistral) in
+// LibTorch with Hugging Face parameter names, a plain-autograd reference loss, and a grouped loss
+// that runs every parameter group through agent/blocks (block activation modes + ParamResidency).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "agent/core/torch_pch.h"
+#include "agent/model/param_residency.h"
+#include "common/types.h"
+
+namespace memplan {
+
+class ActivationOffloader;
+
+// One mode per transformer block, in block order.
+using BlockModes = std::vector<BlockMode>;
+
+struct LlamaModelOptions {
+  ModelSpec spec;
+  DType dtype = DType::kFloat32;
+  torch::Device device = torch::kCPU;  // where the model computes
+  // Where parameters are created; default `device`. A managed run creates them on the CPU and
+  // lets the ChunkManager place them, so the device never holds the whole model.
+  std::optional<torch::Device> param_device;
+  uint64_t seed = 0;  // random init: normal(0, 0.02) for matrices, zeros for biases, ones for norms
+};
+
+// Not thread-safe: one training thread drives forward and backward.
+class LlamaModel {
+ public:
+  // Validates the spec (common/validate.h rules plus divisibility of heads) and initialises every
+  // parameter deterministically from options.seed (same values on every device and dtype).
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(const LlamaModelOptions& options);
+
+  const ModelSpec& spec() const { return options_.spec; }
+  const LlamaModelOptions& options() const { return options_; }
+  int num_blocks() const { return static_cast<int>(blocks_.size()); }
+  int num_groups() const { return num_blocks() + 2; }
+
+  // Groups in execution order: 0 = embedding, 1..N = blocks, N+1 = final norm (+ lm_head when
+  // untied; a tied head lists model.embed_tokens.weight again, the same tensor).
+  memplan::ParamGroups ParamGroups() const;
+  // Every parameter once, in first-use order of ParamGroups() (the canonical optimizer order).
+  std::vector<NamedParam> Params() const;
+
+  // Reference: plain autograd, all activations kept. Mean cross-entropy over labels shifted by one
+  // (label -100 ignored), computed in fp32. input_ids/labels: int64 [batch, seq] on the device.
+  torch::Tensor Loss(const torch::Tensor& input_ids, const torch::Tensor& labels);
+  // Grouped: every group runs in its own autograd Function (agent/blocks/group_runner.h) with the
+  // given per-block modes; `residency` (may be null) is told when each group runs. SWAP and
+  // HS_OFFLOAD need `offloader` (a default one for the model's device is created if null).
+  // Gives bit-identical loss and gradients to Loss() when the device arithmetic is deterministic.
+  torch::Tensor Loss(const torch::Tensor& input_ids, const torch::Tensor& labels,
+                     const BlockModes& modes, ParamResidency* residency,
+                     ActivationOffloader* offloader = nullptr);
+
+  ~LlamaModel();
+
+ private:
+  struct BlockParams;
+  struct Rope {
+    torch::Tensor cos;  // [seq, head_dim], model dtype
+    torch::Tensor sin;
+  };
+
+  explicit LlamaModel(const LlamaModelOptions& options);
+  void InitParams();
+  Rope MakeRope(int64_t seq_len) const;
+  torch::Tensor Embed(const torch::Tensor& input_ids, const torch::Tensor& weight) const;
+  torch::Tensor Block(const BlockParams& p, const torch::Tensor& hidden, const Rope& rope) const;
+  torch::Tensor HeadLoss(const torch::Tensor& hidden, const torch::Tensor& labels,
+                         const torch::Tensor& head_weight) const;
+
+  LlamaModelOptions options_;
+  torch::Tensor embed_tokens_;
+  std::vector<std::unique_ptr<BlockParams>> blocks_;
+  torch::Tensor norm_;
+  torch::Tensor lm_head_;  // undefined when tied
+  std::unique_ptr<ActivationOffloader> default_offloader_;
+};
+
+}  // namespace memplan

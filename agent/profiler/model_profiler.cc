@@ -1,0 +1,290 @@
+#include "agent/profiler/model_profiler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "agent/chunks/chunk_layout.h"
+#include "agent/profiler/memory_probe.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "common/validate.h"
+
+namespace memplan {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Brackets every group's forward and backward: the device is synchronised at each boundary so
+// the wall time is the group's own, and the probe's peak is reset so the peak is the group's.
+// The inner manager (if any) moves parameters outside these windows.
+class GroupRecorder final : public ParamResidency {
+ public:
+  GroupRecorder(MemoryProbe* probe, ParamResidency* inner, int num_groups)
+      : probe_(probe), inner_(inner), groups_(static_cast<size_t>(num_groups)) {}
+
+  void PreForward(int group) override {
+    if (inner_ != nullptr) inner_->PreForward(group);
+    GroupMeasurement& m = groups_.at(static_cast<size_t>(group));
+    probe_->Synchronize();
+    m.forward_start_bytes = probe_->AllocatedBytes();
+    probe_->ResetPeak();
+    start_ = Clock::now();
+  }
+
+  void PostForward(int group) override {
+    GroupMeasurement& m = groups_.at(static_cast<size_t>(group));
+    probe_->Synchronize();
+    m.forward_seconds = SecondsSince(start_);
+    m.forward_end_bytes = probe_->AllocatedBytes();
+    m.forward_peak_bytes = probe_->PeakAllocatedBytes();
+    step_peak_bytes_ = std::max(step_peak_bytes_, m.forward_peak_bytes);
+    if (inner_ != nullptr) inner_->PostForward(group);
+  }
+
+  void PreBackward(int group) override {
+    if (inner_ != nullptr) inner_->PreBackward(group);
+    GroupMeasurement& m = groups_.at(static_cast<size_t>(group));
+    probe_->Synchronize();
+    m.backward_start_bytes = probe_->AllocatedBytes();
+    probe_->ResetPeak();
+    start_ = Clock::now();
+  }
+
+  void PostBackward(int group) override {
+    GroupMeasurement& m = groups_.at(static_cast<size_t>(group));
+    probe_->Synchronize();
+    m.backward_seconds = SecondsSince(start_);
+    m.backward_end_bytes = probe_->AllocatedBytes();
+    m.backward_peak_bytes = probe_->PeakAllocatedBytes();
+    step_peak_bytes_ = std::max(step_peak_bytes_, m.backward_peak_bytes);
+    if (inner_ != nullptr) inner_->PostBackward(group);
+  }
+
+  std::vector<GroupMeasurement> TakeGroups() { return std::exchange(groups_, {}); }
+  int64_t step_peak_bytes() const { return step_peak_bytes_; }
+
+ private:
+  MemoryProbe* probe_;
+  ParamResidency* inner_;
+  std::vector<GroupMeasurement> groups_;
+  Clock::time_point start_;
+  int64_t step_peak_bytes_ = 0;
+};
+
+struct PassResult {
+  std::vector<GroupMeasurement> groups;
+  int64_t start_bytes = 0;
+  int64_t forward_end_bytes = 0;  // relative to start_bytes
+  int64_t peak_bytes = 0;         // relative to start_bytes
+  int64_t grad_bytes = 0;
+  double seconds = 0;
+};
+
+void ClearGrads(const std::vector<NamedParam>& params) {
+  for (const NamedParam& p : params) {
+    if (p.param.grad().defined()) p.param.mutable_grad().reset();
+  }
+}
+
+absl::StatusOr<PassResult> RunPass(LlamaModel& model, const torch::Tensor& ids,
+                                   const BlockModes& modes, MemoryProbe& probe,
+                                   ParamResidency* inner) {
+  const std::vector<NamedParam> params = model.Params();
+  ClearGrads(params);
+  GroupRecorder recorder(&probe, inner, model.num_groups());
+  PassResult pass;
+  try {
+    probe.Synchronize();
+    pass.start_bytes = probe.AllocatedBytes();
+    const auto start = Clock::now();
+    torch::Tensor loss = model.Loss(ids, ids, modes, &recorder);
+    probe.Synchronize();
+    pass.forward_end_bytes = probe.AllocatedBytes() - pass.start_bytes;
+    loss.backward();
+    loss.reset();
+    probe.Synchronize();
+    pass.seconds = SecondsSince(start);
+  } catch (const c10::OutOfMemoryError& e) {
+    ClearGrads(params);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("profiling ran out of device memory: ", e.what_without_backtrace(),
+                     " (try a smaller micro-batch or the on-demand mode)"));
+  } catch (const c10::Error& e) {
+    ClearGrads(params);
+    return absl::InternalError(absl::StrCat("profiling pass failed: ", e.what_without_backtrace()));
+  }
+  for (const NamedParam& p : params) {
+    if (p.param.grad().defined()) pass.grad_bytes += p.param.grad().nbytes();
+  }
+  ClearGrads(params);
+  pass.peak_bytes = recorder.step_peak_bytes() - pass.start_bytes;
+  pass.groups = recorder.TakeGroups();
+  return pass;
+}
+
+int64_t NonNegative(int64_t v) { return std::max<int64_t>(v, 0); }
+
+int64_t TensorBytes(const torch::Tensor& t) { return t.numel() * t.element_size(); }
+
+}  // namespace
+
+absl::StatusOr<ProfileResult> ProfileModel(LlamaModel& model, const ProfilerOptions& options) {
+  RETURN_IF_ERROR(ValidateWorkload(options.workload, "workload."));
+  if (options.warmup_steps < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("warmup_steps = ", options.warmup_steps, " must be >= 0"));
+  }
+  if (options.chunk_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_bytes = ", options.chunk_bytes, " must be >= 0"));
+  }
+  const ModelSpec& spec = model.spec();
+  const torch::Device device = model.options().device;
+  const int n = model.num_blocks();
+  const int64_t batch = options.workload.micro_batch;
+  const int64_t seq = options.workload.seq_len;
+
+  // The probe goes first: on CPU it only sees allocations made while it exists.
+  std::unique_ptr<MemoryProbe> probe = MemoryProbe::Create(device);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(options.seed);
+  const torch::Tensor ids =
+      at::randint(spec.vocab_size, {batch, seq}, gen, torch::TensorOptions().dtype(torch::kInt64))
+          .to(device);
+
+  const BlockModes none(static_cast<size_t>(n), BlockMode::kNone);
+  for (int i = 0; i < options.warmup_steps; ++i) {
+    ASSIGN_OR_RETURN(PassResult warm, RunPass(model, ids, none, *probe, options.inner));
+    MEMPLAN_LOG(kInfo, "profiler warm-up pass").Field("seconds", warm.seconds);
+  }
+  ASSIGN_OR_RETURN(PassResult plain, RunPass(model, ids, none, *probe, options.inner));
+  MEMPLAN_LOG(kInfo, "profiler pass, every block NONE")
+      .Field("seconds", plain.seconds)
+      .Field("forward_end_bytes", plain.forward_end_bytes);
+  PassResult ckpt;
+  if (options.measure_recompute) {
+    const BlockModes all_ckpt(static_cast<size_t>(n), BlockMode::kCkpt);
+    // Its own warm-up too: the first checkpointed backward meets a new allocation pattern
+    // (segments split or freed and re-mapped), which would land in one block's recompute time.
+    for (int i = 0; i < std::min(options.warmup_steps, 1); ++i) {
+      ASSIGN_OR_RETURN(PassResult warm, RunPass(model, ids, all_ckpt, *probe, options.inner));
+      MEMPLAN_LOG(kInfo, "profiler warm-up pass, every block CKPT").Field("seconds", warm.seconds);
+    }
+    ASSIGN_OR_RETURN(ckpt, RunPass(model, ids, all_ckpt, *probe, options.inner));
+    MEMPLAN_LOG(kInfo, "profiler pass, every block CKPT").Field("seconds", ckpt.seconds);
+  }
+
+  ProfileResult result;
+  result.memory_source = probe->source();
+  result.step_seconds = plain.seconds;
+  result.ckpt_step_seconds = ckpt.seconds;
+  result.step_peak_bytes = plain.peak_bytes;
+  result.grad_bytes = plain.grad_bytes;
+
+  // Parameter bytes per group, each tensor counted in the group that uses it first (a tied head
+  // weight belongs to the embedding, as in the chunk layout).
+  const ParamGroups groups = model.ParamGroups();
+  std::vector<int64_t> group_param_bytes(groups.size(), 0);
+  std::vector<LayoutParam> layout_params;
+  std::vector<torch::Tensor> seen;
+  int64_t total_params = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (const NamedParam& p : groups[g]) {
+      const bool dup = std::any_of(seen.begin(), seen.end(),
+                                   [&](const torch::Tensor& t) { return t.is_same(p.param); });
+      if (dup) continue;
+      seen.push_back(p.param);
+      group_param_bytes[g] += TensorBytes(p.param);
+      total_params += p.param.numel();
+      layout_params.push_back(
+          LayoutParam{p.name, p.param.numel(), p.param.element_size(), static_cast<int>(g)});
+    }
+  }
+  for (int64_t b : group_param_bytes) result.param_bytes += b;
+
+  Trace& t = result.trace;
+  t.arch = spec;
+  t.workload = options.workload;
+  t.param_dtype = model.options().dtype;
+  t.training = TrainingMethod{};
+  t.hardware_name = options.hardware_name.empty() ? device.str() : options.hardware_name;
+  t.analytic = false;
+  t.total_param_count = total_params;
+  t.trainable_param_count = total_params;
+  t.forward_end_bytes = NonNegative(plain.forward_end_bytes);
+
+  // [Saved-bytes attribution] A group's saved bytes are the growth of allocated memory across
+  // its forward in NONE mode: what its inner graph keeps plus its output. For a block the output
+  // has the size of its input, so the growth equals the trace convention "saved, input
+  // included". The embedding's output is block 1's input and the last block's output is the
+  // head's input: they move from the embedding to the head, as in the analytic trace.
+  const int64_t input_bytes = batch * seq * spec.hidden_size * DTypeBytes(model.options().dtype);
+  auto growth = [](const GroupMeasurement& m) {
+    return m.forward_end_bytes - m.forward_start_bytes;
+  };
+  auto fwd_transient = [](const GroupMeasurement& m) {
+    return NonNegative(m.forward_peak_bytes - m.forward_end_bytes);
+  };
+  // Backward: everything above what was alive when the group's backward began, the group's new
+  // parameter gradients included (over-estimates by at most those, never under).
+  auto bwd_transient = [](const GroupMeasurement& m) {
+    return NonNegative(m.backward_peak_bytes - m.backward_start_bytes);
+  };
+
+  const GroupMeasurement& emb = plain.groups.front();
+  t.embedding.param_bytes = group_param_bytes.front();
+  t.embedding.saved_bytes = NonNegative(growth(emb) - input_bytes);
+  t.embedding.forward_transient_bytes = fwd_transient(emb);
+  t.embedding.backward_transient_bytes = bwd_transient(emb);
+  t.embedding.forward_seconds = emb.forward_seconds;
+  t.embedding.backward_seconds = emb.backward_seconds;
+
+  for (int i = 0; i < n; ++i) {
+    const GroupMeasurement& m = plain.groups[static_cast<size_t>(i + 1)];
+    BlockTrace b;
+    b.param_bytes = group_param_bytes[static_cast<size_t>(i + 1)];
+    b.input_bytes = input_bytes;
+    b.saved_bytes = NonNegative(growth(m));
+    b.forward_transient_bytes = fwd_transient(m);
+    b.backward_transient_bytes = bwd_transient(m);
+    b.forward_seconds = m.forward_seconds;
+    b.backward_seconds = m.backward_seconds;
+    // A checkpointed block's backward = recompute + backward. When timing noise makes the
+    // difference vanish, the forward time is the recompute's best estimate.
+    b.recompute_seconds = m.forward_seconds;
+    if (!ckpt.groups.empty()) {
+      const double extra =
+          ckpt.groups[static_cast<size_t>(i + 1)].backward_seconds - m.backward_seconds;
+      if (extra > 0) b.recompute_seconds = extra;
+    }
+    t.blocks.push_back(b);
+  }
+
+  const GroupMeasurement& head = plain.groups.back();
+  t.head.param_bytes = group_param_bytes.back();
+  t.head.saved_bytes = NonNegative(growth(head) + input_bytes);
+  t.head.forward_transient_bytes = fwd_transient(head);
+  t.head.backward_transient_bytes = bwd_transient(head);
+  t.head.forward_seconds = head.forward_seconds;
+  t.head.backward_seconds = head.backward_seconds;
+
+  if (options.chunk_bytes > 0) {
+    ChunkLayoutOptions layout_options;
+    layout_options.chunk_bytes = options.chunk_bytes;
+    ASSIGN_OR_RETURN(const ChunkLayout layout, ChunkLayout::Build(layout_params, layout_options));
+    t.chunk_bytes = options.chunk_bytes;
+    for (const ChunkInfo& c : layout.chunks()) t.chunk_param_bytes.push_back(c.size_bytes);
+  }
+
+  result.groups = std::move(plain.groups);
+  result.ckpt_groups = std::move(ckpt.groups);
+  return result;
+}
+
+}  // namespace memplan

@@ -1,0 +1,63 @@
+// ProfileModel: one profiling pass of a LlamaModel at the user's workload, producing a memplan
+// Trace (per-block forward/backward/recompute time, saved and input bytes, forward/backward
+// transients, forward-end activation bytes, parameter bytes, chunk layout). Same code on CPU and
+// CUDA; see agent/profiler/README.md for what each field measures.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "agent/core/torch_pch.h"
+#include "agent/model/llama_model.h"
+#include "agent/model/param_residency.h"
+#include "common/types.h"
+
+namespace memplan {
+
+struct ProfilerOptions {
+  Workload workload;              // micro_batch and seq_len are profiled; the rest is recorded
+  std::string hardware_name;      // names the card in the trace (the planner matches on it)
+  int warmup_steps = 1;           // untimed forward+backward passes first (kernels, allocator)
+  bool measure_recompute = true;  // one more pass with every block checkpointed
+  int64_t chunk_bytes = 0;        // > 0: record the chunk layout for this size in the trace
+  uint64_t seed = 0;              // token ids of the profiling batch
+  // Optional parameter manager, called around the profiler's own hooks (on-demand mode: e.g. a
+  // ChunkManager that materialises one group's parameters at a time). Its transfers happen
+  // outside the timed and measured windows. May be null.
+  ParamResidency* inner = nullptr;
+};
+
+// What the profiler saw for one parameter group in the all-NONE pass.
+struct GroupMeasurement {
+  double forward_seconds = 0;
+  double backward_seconds = 0;      // recompute included when the group was checkpointed
+  int64_t forward_start_bytes = 0;  // allocated, probe-relative (see MemoryProbe)
+  int64_t forward_end_bytes = 0;
+  int64_t forward_peak_bytes = 0;
+  int64_t backward_start_bytes = 0;
+  int64_t backward_end_bytes = 0;
+  int64_t backward_peak_bytes = 0;
+};
+
+struct ProfileResult {
+  Trace trace;
+  std::vector<GroupMeasurement> groups;       // all-NONE pass, 0 = embedding .. N+1 = head
+  std::vector<GroupMeasurement> ckpt_groups;  // all-CKPT pass (empty unless measured)
+  int64_t param_bytes = 0;                    // every distinct parameter once, model dtype
+  int64_t grad_bytes = 0;                     // gradients alive after backward
+  int64_t step_peak_bytes = 0;  // allocated peak over the all-NONE step, probe-relative
+  double step_seconds = 0;      // forward + backward of the all-NONE pass
+  double ckpt_step_seconds = 0;
+  std::string memory_source;  // MemoryProbe::source()
+};
+
+// Runs `warmup_steps` untimed all-NONE passes, the measured all-NONE pass and (optionally) an
+// untimed and a measured all-CKPT pass, each a forward + backward of one random batch of
+// workload.micro_batch x workload.seq_len tokens. Gradients the passes produce are cleared (the
+// parameters are unchanged). FAILED_PRECONDITION for LoRA (not profiled yet), INVALID_ARGUMENT
+// for a bad workload, RESOURCE_EXHAUSTED when the device runs out of memory.
+absl::StatusOr<ProfileResult> ProfileModel(LlamaModel& model, const ProfilerOptions& options);
+
+}  // namespace memplan

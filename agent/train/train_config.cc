@@ -1,0 +1,429 @@
+#include "agent/train/train_config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <functional>
+#include <map>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/status.h"
+#include "nlohmann/json.hpp"
+
+namespace memplan {
+namespace {
+
+absl::Status FlagError(absl::string_view flag, absl::string_view message) {
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", message));
+}
+
+absl::StatusOr<int64_t> ParseInt(absl::string_view flag, const std::string& value, int64_t lo,
+                                 int64_t hi) {
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(value, &v)) return FlagError(flag, "\"" + value + "\" is not an integer");
+  if (v < lo || v > hi) {
+    return FlagError(flag, absl::StrCat(v, " is outside [", lo, ", ", hi, "]"));
+  }
+  return v;
+}
+
+absl::StatusOr<double> ParseDouble(absl::string_view flag, const std::string& value, double lo,
+                                   double hi) {
+  double v = 0;
+  if (!absl::SimpleAtod(value, &v) || !std::isfinite(v)) {
+    return FlagError(flag, "\"" + value + "\" is not a number");
+  }
+  if (v < lo || v > hi) return FlagError(flag, absl::StrCat(v, " is outside [", lo, ", ", hi, "]"));
+  return v;
+}
+
+std::optional<BlockMode> ParseBlockMode(absl::string_view name) {
+  std::string n = absl::AsciiStrToLower(absl::StripAsciiWhitespace(name));
+  if (absl::StartsWith(n, "block_mode_")) n = n.substr(11);
+  std::replace(n.begin(), n.end(), '-', '_');
+  if (n == "none") return BlockMode::kNone;
+  if (n == "ckpt" || n == "checkpoint") return BlockMode::kCkpt;
+  if (n == "swap") return BlockMode::kSwap;
+  if (n == "hs_offload") return BlockMode::kHsOffload;
+  return std::nullopt;
+}
+
+std::optional<HostMemoryKind> ParseHostMemory(absl::string_view name) {
+  std::string n = absl::AsciiStrToLower(absl::StripAsciiWhitespace(name));
+  if (absl::StartsWith(n, "host_memory_")) n = n.substr(12);
+  if (n == "pinned") return HostMemoryKind::kPinned;
+  if (n == "pageable") return HostMemoryKind::kPageable;
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string TrainUsage() {
+  return R"(usage: memplan-agent train [flags]
+
+Model (one of):
+  --arch PRESET            a model preset (random init), e.g. llama-3.2-1b
+  --model DIR              a Hugging Face checkpoint directory (config.json + *.safetensors)
+Data (one of):
+  --data FILE              token file (memplan header, or raw with --raw-token-bytes 2|4)
+  --synthetic-data         a seeded learnable token stream (--synthetic-noise P, default 0.1)
+Workload:
+  --batch N (1)  --seq N (128)  --steps N (10)  --grad-accum N (1)
+  --lr X (1e-4)  --clip X (1.0; 0 = off)  --weight-decay X (0.01)
+  --dtype fp32|bf16|fp16   (default bf16 on CUDA, fp32 on CPU)
+  --device cpu|cuda|cuda:N|auto (auto)   --seed N (0)
+  --plain                  no plan: plain autograd, no per-group Functions (the baseline)
+Residency plan (any chunk knob or --plan-file runs the chunk manager):
+  --plan-file FILE         JSON plan (`memplan plan --json` output or a bare plan)
+  --chunk-mib N  --n-persist N  --n-buffer N  --host-memory pinned|pageable
+  --block-modes LIST       one per block, e.g. ckpt,ckpt,swap,none
+  --n-ckpt N  --n-swap N  --n-hs-offload N   counts (offload blocks first, NONE last)
+  --offload-in-flight N (2)  --cpu-threads N (4)
+Checkpoints and output:
+  --save DIR  --save-every N (0 = at the end)  --resume DIR  --log-every N (1)
+)";
+}
+
+absl::StatusOr<std::vector<BlockMode>> ParseBlockModeList(absl::string_view csv) {
+  std::vector<BlockMode> modes;
+  for (absl::string_view item : absl::StrSplit(csv, ',')) {
+    std::optional<BlockMode> mode = ParseBlockMode(item);
+    if (!mode.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "block mode \"", std::string(item), "\" is not one of none, ckpt, swap, hs_offload"));
+    }
+    modes.push_back(*mode);
+  }
+  return modes;
+}
+
+absl::StatusOr<std::vector<BlockMode>> BlockModesFromCounts(int num_blocks, int n_swap, int n_ckpt,
+                                                            int n_hs_offload) {
+  if (n_swap < 0 || n_ckpt < 0 || n_hs_offload < 0) {
+    return absl::InvalidArgumentError("block mode counts must be >= 0");
+  }
+  if (int64_t{n_swap} + n_ckpt + n_hs_offload > num_blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("n_swap + n_ckpt + n_hs_offload = ", n_swap + n_ckpt + n_hs_offload,
+                     " exceeds the ", num_blocks, " blocks"));
+  }
+  std::vector<BlockMode> offload(n_swap, BlockMode::kSwap);
+  offload.insert(offload.end(), n_hs_offload, BlockMode::kHsOffload);
+  std::vector<BlockMode> modes;
+  size_t o = 0;
+  int c = 0;
+  while (o < offload.size() || c < n_ckpt) {
+    if (o < offload.size()) modes.push_back(offload[o++]);
+    if (c < n_ckpt) {
+      modes.push_back(BlockMode::kCkpt);
+      ++c;
+    }
+  }
+  modes.resize(num_blocks, BlockMode::kNone);
+  return modes;
+}
+
+absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args) {
+  TrainConfig c;
+  auto set_int = [](int64_t* out, int64_t lo, int64_t hi) {
+    return [out, lo, hi](absl::string_view flag, const std::string& v) -> absl::Status {
+      ASSIGN_OR_RETURN(*out, ParseInt(flag, v, lo, hi));
+      return absl::OkStatus();
+    };
+  };
+  auto set_int32 = [](int* out, int64_t lo, int64_t hi) {
+    return [out, lo, hi](absl::string_view flag, const std::string& v) -> absl::Status {
+      ASSIGN_OR_RETURN(int64_t x, ParseInt(flag, v, lo, hi));
+      *out = static_cast<int>(x);
+      return absl::OkStatus();
+    };
+  };
+  auto set_opt_int32 = [](std::optional<int>* out, int64_t lo, int64_t hi) {
+    return [out, lo, hi](absl::string_view flag, const std::string& v) -> absl::Status {
+      ASSIGN_OR_RETURN(int64_t x, ParseInt(flag, v, lo, hi));
+      *out = static_cast<int>(x);
+      return absl::OkStatus();
+    };
+  };
+  auto set_double = [](double* out, double lo, double hi) {
+    return [out, lo, hi](absl::string_view flag, const std::string& v) -> absl::Status {
+      ASSIGN_OR_RETURN(*out, ParseDouble(flag, v, lo, hi));
+      return absl::OkStatus();
+    };
+  };
+  auto set_string = [](std::string* out) {
+    return [out](absl::string_view flag, const std::string& v) -> absl::Status {
+      if (v.empty()) return FlagError(flag, "must not be empty");
+      *out = v;
+      return absl::OkStatus();
+    };
+  };
+  using Handler = std::function<absl::Status(absl::string_view, const std::string&)>;
+  const std::map<std::string, Handler> valued = {
+      {"arch", set_string(&c.arch)},
+      {"model", set_string(&c.model_dir)},
+      {"data", set_string(&c.data_file)},
+      {"raw-token-bytes",
+       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
+         ASSIGN_OR_RETURN(int64_t x, ParseInt(flag, v, 2, 4));
+         if (x == 3) return FlagError(flag, "must be 2 or 4");
+         c.raw_token_bytes = static_cast<int>(x);
+         return absl::OkStatus();
+       }},
+      {"synthetic-noise", set_double(&c.synthetic_noise, 0, 1)},
+      {"batch", set_int(&c.batch, 1, int64_t{1} << 16)},
+      {"seq", set_int(&c.seq, 1, int64_t{1} << 24)},
+      {"steps", set_int(&c.steps, 0, int64_t{1} << 40)},
+      {"grad-accum", set_int32(&c.grad_accum, 1, 1 << 16)},
+      {"lr", set_double(&c.lr, 0, 1e3)},
+      {"clip", set_double(&c.clip, 0, 1e12)},
+      {"weight-decay", set_double(&c.weight_decay, 0, 1e3)},
+      {"dtype",
+       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
+         c.dtype = ParseDType(v);
+         if (!c.dtype.has_value())
+           return FlagError(flag, "\"" + v + "\" is not fp32, bf16 or fp16");
+         return absl::OkStatus();
+       }},
+      {"device",
+       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
+         if (!(v == "cpu" || v == "cuda" || v == "auto" || absl::StartsWith(v, "cuda:"))) {
+           return FlagError(flag, "\"" + v + "\" is not cpu, cuda, cuda:N or auto");
+         }
+         c.device = v;
+         return absl::OkStatus();
+       }},
+      {"seed",
+       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
+         if (!absl::SimpleAtoi(v, &c.seed)) return FlagError(flag, "\"" + v + "\" is not a seed");
+         return absl::OkStatus();
+       }},
+      {"chunk-mib",
+       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
+         ASSIGN_OR_RETURN(int64_t mib, ParseInt(flag, v, 1, int64_t{1} << 20));
+         c.chunk_bytes = mib << 20;
+         return absl::OkStatus();
+       }},
+      {"n-persist", set_opt_int32(&c.n_persist, 0, 1 << 20)},
+      {"n-buffer", set_opt_int32(&c.n_buffer, 1, 1 << 20)},
+      {"n-ckpt", set_opt_int32(&c.n_ckpt, 0, 1 << 20)},
+      {"n-swap", set_opt_int32(&c.n_swap, 0, 1 << 20)},
+      {"n-hs-offload", set_opt_int32(&c.n_hs_offload, 0, 1 << 20)},
+      {"block-modes",
+       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
+         auto modes = ParseBlockModeList(v);
+         if (!modes.ok()) return FlagError(flag, modes.status().message());
+         c.block_modes = *std::move(modes);
+         return absl::OkStatus();
+       }},
+      {"host-memory",
+       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
+         c.host_memory = ParseHostMemory(v);
+         if (!c.host_memory.has_value()) {
+           return FlagError(flag, "\"" + v + "\" is not pinned or pageable");
+         }
+         return absl::OkStatus();
+       }},
+      {"plan-file", set_string(&c.plan_file)},
+      {"offload-in-flight", set_int32(&c.offload_in_flight, 1, 1024)},
+      {"cpu-threads", set_int32(&c.cpu_threads, 1, 1024)},
+      {"save", set_string(&c.save_dir)},
+      {"save-every", set_int(&c.save_every, 0, int64_t{1} << 40)},
+      {"resume", set_string(&c.resume_dir)},
+      {"log-every", set_int(&c.log_every, 1, int64_t{1} << 40)},
+  };
+
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (!absl::StartsWith(arg, "--")) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument \"", arg, "\""));
+    }
+    std::string name = arg.substr(2);
+    std::optional<std::string> value;
+    if (size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    }
+    if (name == "synthetic-data" || name == "plain") {
+      if (value.has_value()) return FlagError(name, "takes no value");
+      (name == "plain" ? c.plain : c.synthetic_data) = true;
+      continue;
+    }
+    auto it = valued.find(name);
+    if (it == valued.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
+    }
+    if (!value.has_value()) {
+      if (i + 1 >= args.size()) return FlagError(name, "needs a value");
+      value = args[++i];
+    }
+    RETURN_IF_ERROR(it->second(name, *value));
+  }
+
+  if (c.arch.empty() == c.model_dir.empty()) {
+    return absl::InvalidArgumentError("give exactly one of --arch PRESET or --model DIR");
+  }
+  if (c.data_file.empty() == !c.synthetic_data) {
+    return absl::InvalidArgumentError("give exactly one of --data FILE or --synthetic-data");
+  }
+  if (c.plain && (c.chunk_bytes || c.n_persist || c.n_buffer || c.block_modes || c.n_ckpt ||
+                  c.n_swap || c.n_hs_offload || !c.plan_file.empty())) {
+    return absl::InvalidArgumentError("--plain runs without a plan; drop the plan flags");
+  }
+  if (c.block_modes.has_value() && (c.n_ckpt || c.n_swap || c.n_hs_offload)) {
+    return absl::InvalidArgumentError(
+        "--block-modes and --n-ckpt/--n-swap/--n-hs-offload are exclusive");
+  }
+  return c;
+}
+
+namespace {
+
+using Json = nlohmann::json;
+
+// The value under `snake` or its lowerCamelCase spelling, or null.
+const Json* Field(const Json& object, const std::string& snake) {
+  if (auto it = object.find(snake); it != object.end()) return &*it;
+  std::string camel;
+  bool upper = false;
+  for (char ch : snake) {
+    if (ch == '_') {
+      upper = true;
+    } else {
+      camel.push_back(upper ? static_cast<char>(std::toupper(static_cast<unsigned char>(ch))) : ch);
+      upper = false;
+    }
+  }
+  if (auto it = object.find(camel); it != object.end()) return &*it;
+  return nullptr;
+}
+
+absl::StatusOr<int64_t> JsonInt(const Json& object, const std::string& key, int64_t lo,
+                                int64_t hi) {
+  const Json* v = Field(object, key);
+  if (v == nullptr || v->is_null()) return int64_t{0};
+  int64_t x = 0;
+  if (v->is_number_integer()) {
+    x = v->get<int64_t>();
+  } else if (v->is_string()) {
+    if (!absl::SimpleAtoi(v->get<std::string>(), &x)) {
+      return absl::InvalidArgumentError(absl::StrCat("plan.", key, " is not an integer"));
+    }
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("plan.", key, " is not an integer"));
+  }
+  if (x < lo || x > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan.", key, " = ", x, " is outside [", lo, ", ", hi, "]"));
+  }
+  return x;
+}
+
+}  // namespace
+
+absl::StatusOr<ResidencyPlan> ParsePlanJson(absl::string_view text) {
+  Json doc = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return absl::InvalidArgumentError("plan file is not valid JSON");
+  // Descend through "plan" keys (PlanResponse → plan, StoredPlan → plan, ...).
+  const Json* object = &doc;
+  for (int depth = 0; depth < 4 && object->is_object(); ++depth) {
+    const Json* inner = Field(*object, "plan");
+    if (inner == nullptr || !inner->is_object()) break;
+    object = inner;
+  }
+  if (!object->is_object()) return absl::InvalidArgumentError("plan file: expected an object");
+  ResidencyPlan plan;
+  constexpr int64_t kMaxCount = 1 << 20;
+  ASSIGN_OR_RETURN(plan.chunk_bytes, JsonInt(*object, "chunk_bytes", 0, int64_t{1} << 44));
+  ASSIGN_OR_RETURN(int64_t n_chunks, JsonInt(*object, "n_chunks", 0, kMaxCount));
+  ASSIGN_OR_RETURN(int64_t n_persist, JsonInt(*object, "n_persist", 0, kMaxCount));
+  ASSIGN_OR_RETURN(int64_t n_buffer, JsonInt(*object, "n_buffer", 0, kMaxCount));
+  ASSIGN_OR_RETURN(int64_t n_swap, JsonInt(*object, "n_swap", 0, kMaxCount));
+  ASSIGN_OR_RETURN(int64_t n_checkpoint, JsonInt(*object, "n_checkpoint", 0, kMaxCount));
+  ASSIGN_OR_RETURN(int64_t n_hs_offload, JsonInt(*object, "n_hs_offload", 0, kMaxCount));
+  ASSIGN_OR_RETURN(int64_t world_size, JsonInt(*object, "world_size", 0, kMaxCount));
+  plan.n_chunks = static_cast<int32_t>(n_chunks);
+  plan.n_persist = static_cast<int32_t>(n_persist);
+  plan.n_buffer = static_cast<int32_t>(n_buffer);
+  plan.n_swap = static_cast<int32_t>(n_swap);
+  plan.n_checkpoint = static_cast<int32_t>(n_checkpoint);
+  plan.n_hs_offload = static_cast<int32_t>(n_hs_offload);
+  plan.world_size = world_size == 0 ? 1 : static_cast<int32_t>(world_size);
+  if (const Json* host = Field(*object, "host_memory"); host != nullptr && !host->is_null()) {
+    std::optional<HostMemoryKind> kind;
+    if (host->is_string()) kind = ParseHostMemory(host->get<std::string>());
+    if (host->is_number_integer()) {
+      const int64_t v = host->get<int64_t>();
+      if (v == 1) kind = HostMemoryKind::kPinned;
+      if (v == 2) kind = HostMemoryKind::kPageable;
+    }
+    if (!kind.has_value()) {
+      return absl::InvalidArgumentError("plan.host_memory must be pinned or pageable");
+    }
+    plan.host_memory = *kind;
+  }
+  if (const Json* modes = Field(*object, "block_modes"); modes != nullptr && !modes->is_null()) {
+    if (!modes->is_array()) return absl::InvalidArgumentError("plan.block_modes must be a list");
+    for (size_t i = 0; i < modes->size(); ++i) {
+      const Json& m = (*modes)[i];
+      std::optional<BlockMode> mode;
+      if (m.is_string()) mode = ParseBlockMode(m.get<std::string>());
+      if (m.is_number_integer() && m.get<int64_t>() >= 1 && m.get<int64_t>() <= 4) {
+        mode = static_cast<BlockMode>(m.get<int64_t>() - 1);
+      }
+      if (!mode.has_value()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("plan.block_modes[", i, "] is not none, ckpt, swap or hs_offload"));
+      }
+      plan.block_modes.push_back(*mode);
+    }
+  }
+  return plan;
+}
+
+absl::StatusOr<RunPlan> ResolveRunPlan(const TrainConfig& c, int num_blocks,
+                                       const std::optional<ResidencyPlan>& file) {
+  RunPlan run;
+  if (file.has_value()) {
+    if (file->world_size > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan.world_size = ", file->world_size, ": this agent runs on one GPU (world size 1)"));
+    }
+    run.managed = true;
+    if (file->chunk_bytes > 0) run.chunk_bytes = file->chunk_bytes;
+    run.n_persist = file->n_persist;
+    if (file->n_buffer > 0) run.n_buffer = file->n_buffer;
+    run.host_memory = file->host_memory;
+  }
+  if (c.chunk_bytes || c.n_persist || c.n_buffer) run.managed = true;
+  if (c.chunk_bytes) run.chunk_bytes = *c.chunk_bytes;
+  if (c.n_persist) run.n_persist = *c.n_persist;
+  if (c.n_buffer) run.n_buffer = *c.n_buffer;
+  if (c.host_memory) run.host_memory = *c.host_memory;
+
+  if (c.block_modes.has_value()) {
+    run.block_modes = *c.block_modes;
+  } else if (c.n_ckpt || c.n_swap || c.n_hs_offload) {
+    ASSIGN_OR_RETURN(run.block_modes,
+                     BlockModesFromCounts(num_blocks, c.n_swap.value_or(0), c.n_ckpt.value_or(0),
+                                          c.n_hs_offload.value_or(0)));
+  } else if (file.has_value() && !file->block_modes.empty()) {
+    run.block_modes = file->block_modes;
+  } else if (file.has_value()) {
+    ASSIGN_OR_RETURN(run.block_modes, BlockModesFromCounts(num_blocks, file->n_swap,
+                                                           file->n_checkpoint, file->n_hs_offload));
+  } else {
+    run.block_modes.assign(num_blocks, BlockMode::kNone);
+  }
+  if (static_cast<int>(run.block_modes.size()) != num_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat("block modes: got ", run.block_modes.size(),
+                                                   " for a model of ", num_blocks, " blocks"));
+  }
+  return run;
+}
+
+}  // namespace memplan

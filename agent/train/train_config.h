@@ -1,0 +1,90 @@
+// Torch-free configuration of `memplan-agent train`: command-line flags, the residency plan file
+// (JSON, as the planner's `memplan plan --json` prints it or a bare ResidencyPlan) and the rule
+// that turns block-mode counts into a per-block list.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/types.h"
+
+namespace memplan {
+
+struct TrainConfig {
+  // Model: a preset (common/presets.h) with random init, or a Hugging Face checkpoint directory.
+  std::string arch;
+  std::string model_dir;
+  // Data: a token file (agent/io/token_file.h) or a synthetic stream.
+  std::string data_file;
+  int raw_token_bytes = 0;  // headerless token files: 2 or 4
+  bool synthetic_data = false;
+  double synthetic_noise = 0.1;
+  // Workload and optimisation.
+  int64_t batch = 1;
+  int64_t seq = 128;
+  int64_t steps = 10;
+  int grad_accum = 1;
+  double lr = 1e-4;
+  double clip = 1.0;  // max grad norm, 0 = off
+  double weight_decay = 0.01;
+  std::optional<DType> dtype;   // default: bf16 on CUDA, fp32 on CPU
+  std::string device = "auto";  // cpu | cuda | cuda:N | auto
+  bool plain = false;           // unmanaged, all NONE: plain autograd without per-group Functions
+  uint64_t seed = 0;
+  // Plan knobs; any chunk knob or a plan file makes the run managed (ChunkManager).
+  std::optional<int64_t> chunk_bytes;
+  std::optional<int> n_persist;
+  std::optional<int> n_buffer;
+  std::optional<std::vector<BlockMode>> block_modes;
+  std::optional<int> n_ckpt;
+  std::optional<int> n_swap;
+  std::optional<int> n_hs_offload;
+  std::optional<HostMemoryKind> host_memory;
+  std::string plan_file;
+  int offload_in_flight = 2;
+  int cpu_threads = 4;
+  // Checkpoints and output.
+  std::string save_dir;
+  int64_t save_every = 0;  // 0: only at the end (when --save is given)
+  std::string resume_dir;
+  int64_t log_every = 1;
+};
+
+// The residency a run applies once flags and plan file are combined.
+struct RunPlan {
+  bool managed = false;
+  int64_t chunk_bytes = int64_t{64} << 20;
+  int n_persist = 0;
+  int n_buffer = 2;
+  HostMemoryKind host_memory = HostMemoryKind::kPinned;
+  std::vector<BlockMode> block_modes;  // one per block
+};
+
+// Parses the arguments after `train`. INVALID_ARGUMENT names the flag.
+absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args);
+std::string TrainUsage();
+
+// "none,ckpt,swap,hs_offload,..." (case-insensitive; "hs-offload" accepted).
+absl::StatusOr<std::vector<BlockMode>> ParseBlockModeList(absl::string_view csv);
+
+// Block order of architecture.md: offloading blocks (SWAP, then HS_OFFLOAD) early, interleaved
+// with CKPT blocks, NONE blocks last. E.g. 6 blocks, 1 swap, 2 hs, 2 ckpt:
+// swap, ckpt, hs_offload, ckpt, hs_offload, none. INVALID_ARGUMENT if the counts exceed the blocks.
+absl::StatusOr<std::vector<BlockMode>> BlockModesFromCounts(int num_blocks, int n_swap, int n_ckpt,
+                                                            int n_hs_offload);
+
+// A ResidencyPlan from JSON: either the plan object itself or any object holding it under "plan"
+// (e.g. a PlanResponse). Keys in snake_case or lowerCamelCase; int64 as numbers or strings;
+// enums as proto names (BLOCK_MODE_CKPT, HOST_MEMORY_PINNED) or short names (ckpt, pinned).
+absl::StatusOr<ResidencyPlan> ParsePlanJson(absl::string_view json);
+
+// Flags override the plan file field by field; block modes come from --block-modes, else the
+// counts flags, else the plan's list, else the plan's counts, else all NONE.
+absl::StatusOr<RunPlan> ResolveRunPlan(const TrainConfig& config, int num_blocks,
+                                       const std::optional<ResidencyPlan>& plan_file);
+
+}  // namespace memplan

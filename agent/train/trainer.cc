@@ -1,0 +1,239 @@
+#include "agent/train/trainer.h"
+
+#include <c10/cuda/CUDACachingAllocator.h>
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace memplan {
+namespace {
+
+absl::Status FromTorch(const c10::Error& e, absl::string_view what) {
+  return absl::InternalError(absl::StrCat(what, ": ", e.what_without_backtrace()));
+}
+
+bool NeedsOffloader(const BlockModes& modes) {
+  for (BlockMode m : modes) {
+    if (m == BlockMode::kSwap || m == BlockMode::kHsOffload) return true;
+  }
+  return false;
+}
+
+bool AllNone(const BlockModes& modes) {
+  for (BlockMode m : modes) {
+    if (m != BlockMode::kNone) return false;
+  }
+  return true;
+}
+
+torch::Tensor CpuCopy(const torch::Tensor& t) {
+  if (!t.defined()) return t;
+  return t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
+}
+
+}  // namespace
+
+Trainer::Trainer(LlamaModel* model, const TrainerOptions& options)
+    : model_(model), options_(options) {}
+Trainer::~Trainer() = default;
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
+                                                         const TrainerOptions& options) {
+  if (model == nullptr) return absl::InvalidArgumentError("trainer: model is null");
+  if (options.grad_accum < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer: grad_accum = ", options.grad_accum, " must be >= 1"));
+  }
+  if (options.max_grad_norm < 0) {
+    return absl::InvalidArgumentError("trainer: max_grad_norm must be >= 0 (0 = off)");
+  }
+  std::unique_ptr<Trainer> trainer(new Trainer(model, options));
+  TrainerOptions& o = trainer->options_;
+  if (o.block_modes.empty()) o.block_modes.assign(model->num_blocks(), BlockMode::kNone);
+  if (static_cast<int>(o.block_modes.size()) != model->num_blocks()) {
+    return absl::InvalidArgumentError(absl::StrCat("trainer: ", o.block_modes.size(),
+                                                   " block modes for a model of ",
+                                                   model->num_blocks(), " blocks"));
+  }
+  trainer->params_ = model->Params();
+  try {
+    if (NeedsOffloader(o.block_modes)) {
+      o.offload.device = model->options().device;
+      ASSIGN_OR_RETURN(trainer->offloader_, ActivationOffloader::Create(o.offload));
+    }
+    if (o.managed) {
+      o.chunks.device = model->options().device;
+      o.chunks.adamw = o.adamw;
+      o.chunks.grad_accum = o.grad_accum;
+      ASSIGN_OR_RETURN(trainer->chunk_manager_,
+                       ChunkManager::Create(model->ParamGroups(), o.chunks));
+    } else {
+      // Unmanaged: every parameter lives on the compute device.
+      torch::NoGradGuard no_grad;
+      std::vector<torch::Tensor> tensors;
+      for (const auto& p : trainer->params_) {
+        if (p.param.device() != model->options().device) {
+          p.param.set_data(p.param.to(model->options().device));
+        }
+        tensors.push_back(p.param);
+      }
+      trainer->optimizer_ =
+          std::make_unique<torch::optim::AdamW>(tensors, torch::optim::AdamWOptions(o.adamw.lr)
+                                                             .betas({o.adamw.beta1, o.adamw.beta2})
+                                                             .eps(o.adamw.eps)
+                                                             .weight_decay(o.adamw.weight_decay));
+    }
+  } catch (const c10::Error& e) {
+    return FromTorch(e, "trainer: setup failed");
+  }
+  return trainer;
+}
+
+torch::Tensor Trainer::MicroBatchLoss(const MicroBatch& batch) {
+  const torch::Device device = model_->options().device;
+  const torch::Tensor ids = batch.input_ids.to(device);
+  const torch::Tensor labels = batch.labels.to(device);
+  if (!options_.managed && options_.plain_reference && AllNone(options_.block_modes)) {
+    return model_->Loss(ids, labels);
+  }
+  return model_->Loss(ids, labels, options_.block_modes, chunk_manager_.get(), offloader_.get());
+}
+
+absl::StatusOr<double> Trainer::ForwardBackward(const std::vector<MicroBatch>& micro_batches) {
+  if (static_cast<int>(micro_batches.size()) != options_.grad_accum) {
+    return absl::InvalidArgumentError(absl::StrCat("trainer: got ", micro_batches.size(),
+                                                   " micro-batches, grad_accum is ",
+                                                   options_.grad_accum));
+  }
+  try {
+    torch::Tensor loss_sum;
+    for (const MicroBatch& batch : micro_batches) {
+      torch::Tensor loss = MicroBatchLoss(batch);
+      // Scaling the loss (not the gradients) keeps the reference and managed paths identical:
+      // every group's backward sees the same upstream gradient.
+      (loss / options_.grad_accum).backward();
+      loss = loss.detach();
+      loss_sum = loss_sum.defined() ? loss_sum + loss : loss;
+    }
+    return loss_sum.item<double>() / options_.grad_accum;
+  } catch (const c10::Error& e) {
+    if (offloader_) offloader_->ClearAll();
+    return FromTorch(e, "trainer: forward/backward failed");
+  }
+}
+
+absl::StatusOr<double> Trainer::OptimizerStep() {
+  double norm = 0;
+  if (chunk_manager_) {
+    RETURN_IF_ERROR(chunk_manager_->Step(options_.max_grad_norm));
+    if (options_.max_grad_norm > 0) norm = chunk_manager_->LastGradNorm();
+  } else {
+    try {
+      if (options_.max_grad_norm > 0) {
+        std::vector<torch::Tensor> tensors;
+        for (const auto& p : params_) tensors.push_back(p.param);
+        norm = torch::nn::utils::clip_grad_norm_(tensors, options_.max_grad_norm);
+      }
+      optimizer_->step();
+      optimizer_->zero_grad(/*set_to_none=*/true);
+    } catch (const c10::Error& e) {
+      return FromTorch(e, "trainer: optimizer step failed");
+    }
+  }
+  ++step_;
+  return norm;
+}
+
+absl::StatusOr<StepStats> Trainer::Step(const std::vector<MicroBatch>& micro_batches) {
+  const torch::Device device = model_->options().device;
+  const bool cuda = device.is_cuda();
+  const c10::DeviceIndex index = cuda ? (device.has_index() ? device.index() : 0) : 0;
+  if (cuda) {
+    torch::cuda::synchronize(index);
+    c10::cuda::CUDACachingAllocator::resetPeakStats(index);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  StepStats stats;
+  ASSIGN_OR_RETURN(stats.loss, ForwardBackward(micro_batches));
+  ASSIGN_OR_RETURN(stats.grad_norm, OptimizerStep());
+  if (cuda) torch::cuda::synchronize(index);
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats.step = step_;
+  for (const MicroBatch& b : micro_batches) stats.tokens += b.input_ids.numel();
+  stats.tokens_per_second = stats.seconds > 0 ? stats.tokens / stats.seconds : 0;
+  if (cuda) {
+    const auto mem = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+    const auto aggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    stats.peak_allocated_bytes = mem.allocated_bytes[aggregate].peak;
+    stats.peak_reserved_bytes = mem.reserved_bytes[aggregate].peak;
+  }
+  return stats;
+}
+
+std::vector<NamedParam> Trainer::Params() {
+  if (chunk_manager_) return chunk_manager_->Params();
+  std::vector<NamedParam> out;
+  for (const auto& p : params_) out.push_back({p.name, CpuCopy(p.param)});
+  return out;
+}
+
+std::vector<NamedParam> Trainer::Grads() {
+  if (chunk_manager_) return chunk_manager_->Grads();
+  std::vector<NamedParam> out;
+  for (const auto& p : params_) out.push_back({p.name, CpuCopy(p.param.grad())});
+  return out;
+}
+
+absl::StatusOr<std::vector<NamedParam>> Trainer::OptimizerState() {
+  if (chunk_manager_) return chunk_manager_->OptimizerState();
+  try {
+    return io::ExportAdamWState(*optimizer_, params_);
+  } catch (const c10::Error& e) {
+    return FromTorch(e, "trainer: exporting optimizer state failed");
+  }
+}
+
+absl::Status Trainer::SaveCheckpoint(const std::string& dir, io::TrainerState state) {
+  state.step = step_;
+  state.max_grad_norm = options_.max_grad_norm;
+  state.optimizer.kind = std::string(OptimizerName(OptimizerKind::kAdamW));
+  state.optimizer.lr = options_.adamw.lr;
+  state.optimizer.beta1 = options_.adamw.beta1;
+  state.optimizer.beta2 = options_.adamw.beta2;
+  state.optimizer.eps = options_.adamw.eps;
+  state.optimizer.weight_decay = options_.adamw.weight_decay;
+  state.model = model_->spec();
+  state.param_dtype = model_->options().dtype;
+  ASSIGN_OR_RETURN(std::vector<NamedParam> optimizer_state, OptimizerState());
+  try {
+    return io::SaveCheckpoint(dir, state, Params(), optimizer_state);
+  } catch (const c10::Error& e) {
+    return FromTorch(e, "trainer: saving checkpoint failed");
+  }
+}
+
+absl::Status Trainer::RestoreCheckpoint(const io::Checkpoint& checkpoint) {
+  if (checkpoint.trainer.param_dtype != model_->options().dtype) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint dtype ", std::string(DTypeName(checkpoint.trainer.param_dtype)),
+        " differs from the model dtype ", std::string(DTypeName(model_->options().dtype))));
+  }
+  try {
+    if (chunk_manager_) {
+      RETURN_IF_ERROR(
+          chunk_manager_->LoadParamsAndState(checkpoint.params, checkpoint.optimizer_state));
+    } else {
+      RETURN_IF_ERROR(io::CopyParamsByName(checkpoint.params, params_));
+      RETURN_IF_ERROR(io::ImportAdamWState(checkpoint.optimizer_state, params_, *optimizer_));
+    }
+  } catch (const c10::Error& e) {
+    return FromTorch(e, "trainer: restoring checkpoint failed");
+  }
+  step_ = checkpoint.trainer.step;
+  return absl::OkStatus();
+}
+
+}  // namespace memplan

@@ -1,0 +1,101 @@
+// Trainer: one optimizer step = grad_accum micro-batches of forward + backward through the model's
+// grouped loss, then gradient clipping and AdamW — either managed (ChunkManager: chunked parameter
+// offload, CPU/GPU AdamW) or unmanaged (plain LibTorch: every parameter on the device,
+// torch::optim::AdamW). Both give the same losses and parameters (bit-exact in fp32 on CPU).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "agent/blocks/activation_offloader.h"
+#include "agent/chunks/chunk_manager.h"
+#include "agent/core/torch_pch.h"
+#include "agent/io/checkpoint.h"
+#include "agent/model/llama_model.h"
+
+namespace memplan {
+
+struct TrainerOptions {
+  int grad_accum = 1;
+  double max_grad_norm = 0;  // 0: no clipping
+  AdamWOptions adamw;
+  BlockModes block_modes;  // one per block; empty: all NONE
+  // Managed: parameters live in a ChunkManager built from `chunks` (its device, adamw and
+  // grad_accum are taken from the model and the fields above).
+  bool managed = false;
+  ChunkManagerOptions chunks;
+  // For SWAP / HS_OFFLOAD blocks (device taken from the model).
+  ActivationOffloadOptions offload;
+  // Unmanaged, all blocks NONE: use the model's plain-autograd loss instead of the grouped one.
+  bool plain_reference = false;
+};
+
+struct MicroBatch {
+  torch::Tensor input_ids;  // int64 [batch, seq]
+  torch::Tensor labels;     // int64 [batch, seq], -100 = ignored
+};
+
+struct StepStats {
+  int64_t step = 0;      // optimizer steps completed, this one included
+  double loss = 0;       // mean over the micro-batches
+  double grad_norm = 0;  // global L2 norm before clipping (0 when clipping is off)
+  int64_t tokens = 0;    // input tokens of all micro-batches
+  double seconds = 0;
+  double tokens_per_second = 0;
+  int64_t peak_allocated_bytes = 0;  // CUDA caching allocator peaks during the step (0 on CPU)
+  int64_t peak_reserved_bytes = 0;
+};
+
+// Not thread-safe: drive it from one thread. The model must outlive the trainer.
+class Trainer {
+ public:
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(LlamaModel* model,
+                                                         const TrainerOptions& options);
+  ~Trainer();
+
+  // ForwardBackward then OptimizerStep; resets the device memory peaks first.
+  absl::StatusOr<StepStats> Step(const std::vector<MicroBatch>& micro_batches);
+  // Accumulates the gradients of `micro_batches` (exactly grad_accum of them); returns the mean
+  // loss. Gradients stay until OptimizerStep.
+  absl::StatusOr<double> ForwardBackward(const std::vector<MicroBatch>& micro_batches);
+  // Clips, updates every parameter, clears the gradients; returns the pre-clip global norm
+  // (0 when clipping is off).
+  absl::StatusOr<double> OptimizerStep();
+
+  // Full values by Hugging Face name as CPU tensors (model dtype), canonical order.
+  std::vector<NamedParam> Params();
+  // Accumulated gradients by name as CPU tensors (before OptimizerStep).
+  std::vector<NamedParam> Grads();
+  // Optimizer state in the checkpoint naming (agent/io/checkpoint.h).
+  absl::StatusOr<std::vector<NamedParam>> OptimizerState();
+
+  // Writes a layout-independent checkpoint; `state` supplies data position, seeds, workload;
+  // step, optimizer hyper-parameters, model spec and dtype are filled in here.
+  absl::Status SaveCheckpoint(const std::string& dir, io::TrainerState state);
+  // Restores parameters, optimizer state and the step count from a checkpoint written under any
+  // plan (managed or not). The model spec and dtype must match.
+  absl::Status RestoreCheckpoint(const io::Checkpoint& checkpoint);
+
+  int64_t step() const { return step_; }
+  const TrainerOptions& options() const { return options_; }
+  ChunkManager* chunk_manager() { return chunk_manager_.get(); }
+  ActivationOffloader* offloader() { return offloader_.get(); }
+
+ private:
+  Trainer(LlamaModel* model, const TrainerOptions& options);
+  torch::Tensor MicroBatchLoss(const MicroBatch& batch);
+
+  LlamaModel* model_;
+  TrainerOptions options_;
+  std::vector<NamedParam> params_;  // canonical order, unique
+  std::unique_ptr<ChunkManager> chunk_manager_;
+  std::unique_ptr<torch::optim::AdamW> optimizer_;  // unmanaged only
+  std::unique_ptr<ActivationOffloader> offloader_;
+  int64_t step_ = 0;
+};
+
+}  // namespace memplan

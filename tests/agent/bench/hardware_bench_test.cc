@@ -1,0 +1,76 @@
+#include "agent/bench/hardware_bench.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "agent/core/torch_pch.h"
+#include "common/validate.h"
+
+namespace memplan {
+namespace {
+
+using ::testing::HasSubstr;
+
+HardwareBenchOptions SmallOptions(std::vector<std::string>* lines) {
+  HardwareBenchOptions o;
+  o.adam_params = int64_t{1} << 20;
+  o.adam_repetitions = 1;
+  o.adam_threads = 2;
+  o.transfer_bytes = int64_t{64} << 20;
+  o.transfer_repetitions = 2;
+  o.hbm_copy_bytes = int64_t{256} << 20;
+  o.matmul_size = 2048;
+  o.matmul_repetitions = 2;
+  o.progress = [lines](const std::string& line) { lines->push_back(line); };
+  return o;
+}
+
+const BenchFigure* Find(const HardwareBenchResult& r, const std::string& name) {
+  for (const BenchFigure& f : r.figures) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
+TEST(HardwareBenchTest, HostFiguresAreAlwaysMeasured) {
+  std::vector<std::string> lines;
+  const HardwareBenchResult r = MeasureHardware(SmallOptions(&lines));
+  EXPECT_GT(r.spec.cpu_adam_params_per_second, 0);
+  EXPECT_GT(r.spec.host_memory_bytes, int64_t{1} << 20);
+  EXPECT_GE(r.spec.pinned_limit_bytes, 0);
+  ASSERT_NE(Find(r, "cpu_adamw"), nullptr);
+  EXPECT_DOUBLE_EQ(Find(r, "cpu_adamw")->value, r.spec.cpu_adam_params_per_second / 1e6);
+  EXPECT_EQ(lines.size(), r.figures.size()) << "one progress line per figure";
+  EXPECT_THAT(FormatBenchTable(r), HasSubstr("cpu_adamw"));
+  EXPECT_GT(r.seconds, 0);
+}
+
+TEST(HardwareBenchTest, WithoutCudaTheGpuPartIsAFailedPrecondition) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "a CUDA device is present";
+  std::vector<std::string> lines;
+  const HardwareBenchResult r = MeasureHardware(SmallOptions(&lines));
+  EXPECT_EQ(r.gpu_status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(r.spec.measured);
+  EXPECT_EQ(r.spec.name, "cpu");
+  EXPECT_EQ(r.spec.h2d_pinned_bytes_per_second, 0);
+  EXPECT_THAT(FormatBenchTable(r), HasSubstr("no CUDA device"));
+  absl::StatusOr<HardwareSpec> spec = RunHardwareBench(SmallOptions(&lines));
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(HardwareBenchTest, OnAGpuEveryRequiredFigureIsMeasured) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  std::vector<std::string> lines;
+  absl::StatusOr<HardwareSpec> spec = RunHardwareBench(SmallOptions(&lines));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(ValidateHardwareSpec(*spec, "").ok());
+  EXPECT_TRUE(spec->measured);
+  EXPECT_GT(spec->h2d_pinned_bytes_per_second, spec->h2d_pageable_bytes_per_second * 0.5);
+  EXPECT_GT(spec->hbm_bytes_per_second, spec->h2d_pinned_bytes_per_second);
+  EXPECT_GT(spec->matmul_bf16_flops, spec->matmul_fp32_flops);
+  EXPECT_GT(spec->cuda_context_bytes, 0);
+  EXPECT_LT(spec->cuda_context_bytes, spec->gpu_memory_bytes);
+}
+
+}  // namespace
+}  // namespace memplan

@@ -1,0 +1,178 @@
+#include "agent/chunks/chunk_layout.h"
+
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace memplan {
+namespace {
+
+LayoutParam P(std::string name, int64_t numel, int group, int64_t dtype_bytes = 4) {
+  return LayoutParam{std::move(name), numel, dtype_bytes, group};
+}
+
+ChunkLayout BuildOrDie(const std::vector<LayoutParam>& params, int64_t chunk_bytes,
+                       int64_t alignment_bytes = 256) {
+  auto layout = ChunkLayout::Build(params, {chunk_bytes, alignment_bytes});
+  EXPECT_TRUE(layout.ok()) << layout.status();
+  return *std::move(layout);
+}
+
+// Invariants every layout must satisfy, whatever the input.
+void CheckInvariants(const std::vector<LayoutParam>& params, const ChunkLayout& layout) {
+  const int64_t chunk_bytes = layout.options().chunk_bytes;
+  const int64_t align = layout.options().alignment_bytes;
+  ASSERT_EQ(layout.slots().size(), params.size());
+  int previous = -1;
+  int64_t total = 0;
+  for (int c = 0; c < layout.num_chunks(); ++c) {
+    const ChunkInfo& chunk = layout.chunks()[c];
+    ASSERT_FALSE(chunk.params.empty());
+    int64_t end = 0;
+    for (int i : chunk.params) {
+      EXPECT_EQ(i, previous + 1) << "parameters must stay in execution order";
+      previous = i;
+      const ParamSlot& slot = layout.slots()[i];
+      EXPECT_EQ(slot.chunk, c);
+      EXPECT_EQ(slot.offset_bytes % align, 0);
+      EXPECT_GE(slot.offset_bytes, end) << "overlap";
+      EXPECT_LT(slot.offset_bytes - end, align) << "gap larger than the alignment";
+      EXPECT_EQ(slot.size_bytes, params[i].numel * params[i].dtype_bytes);
+      EXPECT_EQ(slot.group, params[i].group);
+      end = slot.offset_bytes + slot.size_bytes;
+    }
+    EXPECT_EQ(chunk.size_bytes, end) << "a chunk is sized exactly to its last parameter";
+    if (chunk.oversized) {
+      EXPECT_EQ(chunk.params.size(), 1u);
+      EXPECT_GT(chunk.size_bytes, chunk_bytes);
+    } else {
+      EXPECT_LE(chunk.size_bytes, chunk_bytes);
+    }
+    EXPECT_EQ(chunk.first_group, params[chunk.params.front()].group);
+    EXPECT_EQ(chunk.last_group, params[chunk.params.back()].group);
+    total += chunk.size_bytes;
+  }
+  EXPECT_EQ(previous + 1, static_cast<int>(params.size()));
+  EXPECT_EQ(layout.TotalBytes(), total);
+}
+
+TEST(ChunkLayoutTest, PacksSmallGroupsTogetherInOrder) {
+  // Three groups of two 100-float params (400 B each, aligned to 512 B slots).
+  std::vector<LayoutParam> params = {P("a0", 100, 0), P("a1", 100, 0), P("b0", 100, 1),
+                                     P("b1", 100, 1), P("c0", 100, 2), P("c1", 100, 2)};
+  ChunkLayout layout = BuildOrDie(params, 4096);
+  CheckInvariants(params, layout);
+  ASSERT_EQ(layout.num_chunks(), 1);
+  EXPECT_EQ(layout.slots()[1].offset_bytes, 512);
+  EXPECT_EQ(layout.slots()[5].offset_bytes, 5 * 512);
+  EXPECT_EQ(layout.chunks()[0].size_bytes, 5 * 512 + 400);
+}
+
+TEST(ChunkLayoutTest, StartsANewChunkRatherThanSplittingAGroupThatFits) {
+  // 1000 B chunks, alignment 8: group 0 uses 600 B; group 1 (2 x 200 B) would fit only by
+  // splitting, so it opens chunk 1 although 400 B are left in chunk 0.
+  std::vector<LayoutParam> params = {P("a", 150, 0), P("b0", 50, 1), P("b1", 50, 1),
+                                     P("b2", 50, 1), P("b3", 50, 1), P("c", 10, 2)};
+  ChunkLayout layout = BuildOrDie(params, 1000, 8);
+  CheckInvariants(params, layout);
+  ASSERT_EQ(layout.num_chunks(), 2);
+  EXPECT_EQ(layout.chunks()[0].size_bytes, 600);
+  EXPECT_EQ(layout.slots()[1].chunk, 1);
+  EXPECT_EQ(layout.slots()[4].chunk, 1);
+  // Group 2 (40 B) still fits after group 1's 800 B.
+  EXPECT_EQ(layout.slots()[5].chunk, 1);
+  EXPECT_EQ(layout.slots()[5].offset_bytes, 800);
+  EXPECT_EQ(layout.chunks()[1].size_bytes, 840);
+  EXPECT_EQ(layout.ChunksOfGroup(1), std::vector<int>({1}));
+}
+
+TEST(ChunkLayoutTest, GroupLargerThanAChunkContinuesTheOpenChunk) {
+  // Group 1 needs 4 x 400 B = 1600 B > 1000 B: packed param by param from the open chunk.
+  std::vector<LayoutParam> params = {P("a", 100, 0), P("b0", 100, 1), P("b1", 100, 1),
+                                     P("b2", 100, 1), P("b3", 100, 1)};
+  ChunkLayout layout = BuildOrDie(params, 1000, 8);
+  CheckInvariants(params, layout);
+  ASSERT_EQ(layout.num_chunks(), 3);
+  EXPECT_EQ(layout.slots()[1].chunk, 0);  // shares chunk 0 with group 0
+  EXPECT_EQ(layout.slots()[2].chunk, 1);
+  EXPECT_EQ(layout.slots()[3].chunk, 1);
+  EXPECT_EQ(layout.slots()[4].chunk, 2);
+  EXPECT_EQ(layout.ChunksOfGroup(1), std::vector<int>({0, 1, 2}));
+}
+
+TEST(ChunkLayoutTest, OversizedParameterGetsItsOwnChunk) {
+  std::vector<LayoutParam> params = {P("small", 10, 0), P("huge", 1000, 1), P("after", 10, 1),
+                                     P("next", 10, 2)};
+  ChunkLayout layout = BuildOrDie(params, 1024, 256);
+  CheckInvariants(params, layout);
+  ASSERT_EQ(layout.num_chunks(), 3);
+  EXPECT_TRUE(layout.chunks()[1].oversized);
+  EXPECT_EQ(layout.chunks()[1].size_bytes, 4000);
+  EXPECT_EQ(layout.slots()[1].offset_bytes, 0);
+  EXPECT_EQ(layout.slots()[2].chunk, 2);  // the chunk after an oversized one is fresh
+  EXPECT_EQ(layout.slots()[3].chunk, 2);
+  EXPECT_EQ(layout.MaxChunkBytesFrom(0), 4000);
+  EXPECT_EQ(layout.MaxChunkBytesFrom(2), layout.chunks()[2].size_bytes);
+  EXPECT_EQ(layout.RangeBytes(0, 2), 40 + 4000);
+}
+
+TEST(ChunkLayoutTest, MixedDtypeBytesAreExact) {
+  std::vector<LayoutParam> params = {P("bf16", 3, 0, 2), P("fp32", 3, 0, 4)};
+  ChunkLayout layout = BuildOrDie(params, 4096, 256);
+  CheckInvariants(params, layout);
+  EXPECT_EQ(layout.slots()[0].size_bytes, 6);
+  EXPECT_EQ(layout.slots()[1].offset_bytes, 256);
+  EXPECT_EQ(layout.TotalBytes(), 256 + 12);
+}
+
+TEST(ChunkLayoutTest, RejectsInvalidInput) {
+  EXPECT_FALSE(ChunkLayout::Build({P("a", 1, 0)}, {0, 256}).ok());
+  EXPECT_FALSE(ChunkLayout::Build({P("a", 1, 0)}, {1024, 0}).ok());
+  EXPECT_FALSE(ChunkLayout::Build({P("a", 1, 1), P("b", 1, 0)}, {1024, 256}).ok());
+  EXPECT_FALSE(ChunkLayout::Build({P("a", -1, 0)}, {1024, 256}).ok());
+  // A tied weight is passed once, at its first use; a second entry is a caller error.
+  auto tied = ChunkLayout::Build({P("embed", 8, 0), P("embed", 8, 2)}, {1024, 256});
+  EXPECT_FALSE(tied.ok());
+  EXPECT_NE(tied.status().message().find("embed"), absl::string_view::npos);
+}
+
+TEST(ChunkLayoutTest, EmptyInputHasNoChunks) {
+  ChunkLayout layout = BuildOrDie({}, 1024);
+  EXPECT_EQ(layout.num_chunks(), 0);
+  EXPECT_EQ(layout.TotalBytes(), 0);
+  EXPECT_EQ(layout.MaxChunkBytesFrom(0), 0);
+}
+
+TEST(ChunkLayoutTest, RandomModelsKeepEveryFittingGroupWhole) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t chunk_bytes = 512 * (1 + static_cast<int64_t>(rng() % 16));
+    const int64_t align = int64_t{1} << (rng() % 9);
+    std::vector<LayoutParam> params;
+    const int groups = 1 + static_cast<int>(rng() % 12);
+    for (int g = 0; g < groups; ++g) {
+      const int n = 1 + static_cast<int>(rng() % 5);
+      for (int k = 0; k < n; ++k) {
+        params.push_back(P(std::to_string(g) + "." + std::to_string(k),
+                           static_cast<int64_t>(rng() % 1200), g, (rng() % 2) ? 2 : 4));
+      }
+    }
+    ChunkLayout layout = BuildOrDie(params, chunk_bytes, align);
+    CheckInvariants(params, layout);
+    // A group whose packed size fits in an empty chunk lives in exactly one chunk.
+    for (int g = 0; g < groups; ++g) {
+      int64_t packed = 0;
+      for (const LayoutParam& p : params) {
+        if (p.group != g) continue;
+        packed = (packed + align - 1) / align * align + p.numel * p.dtype_bytes;
+      }
+      if (packed <= chunk_bytes) {
+        EXPECT_EQ(layout.ChunksOfGroup(g).size(), 1u) << "trial " << trial << " group " << g;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace memplan

@@ -1,0 +1,603 @@
+// ChunkManager against plain LibTorch training (all parameters resident, torch::optim::AdamW,
+// clip_grad_norm_): bit-exact in fp32 on CPU; bf16 and memory on a GPU when there is one.
+#include "agent/chunks/chunk_manager.h"
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "agent/chunks/chunk_layout.h"
+#include "agent/core/torch_pch.h"
+#include "gtest/gtest.h"
+
+#if __has_include(<c10/cuda/CUDACachingAllocator.h>)
+#include <c10/cuda/CUDACachingAllocator.h>
+#define MEMPLAN_TEST_CUDA 1
+#endif
+
+namespace memplan {
+namespace {
+
+namespace F = torch::nn::functional;
+
+// A small language-model-shaped network: embedding, residual tanh blocks with a norm-like scale,
+// final scale + LM head (optionally tied to the embedding). One parameter group per stage.
+struct ToyModel {
+  int64_t vocab = 32;
+  int64_t hidden = 16;
+  bool tied = false;
+  torch::Tensor embed;
+  std::vector<torch::Tensor> norm, weight, bias;
+  torch::Tensor final_norm;
+  torch::Tensor head;  // undefined when tied
+
+  static ToyModel Make(int blocks, bool tied, int64_t hidden, int64_t vocab, uint64_t seed,
+                       torch::TensorOptions options) {
+    torch::manual_seed(seed);
+    ToyModel m;
+    m.vocab = vocab;
+    m.hidden = hidden;
+    m.tied = tied;
+    auto param = [&](torch::Tensor t) { return t.to(options).requires_grad_(true); };
+    m.embed = param(torch::randn({vocab, hidden}) * 0.5);
+    for (int b = 0; b < blocks; ++b) {
+      m.norm.push_back(param(1 + 0.1 * torch::randn({hidden})));
+      m.weight.push_back(param(torch::randn({hidden, hidden}) / std::sqrt(hidden)));
+      m.bias.push_back(param(0.1 * torch::randn({hidden})));
+    }
+    m.final_norm = param(1 + 0.1 * torch::randn({hidden}));
+    if (!tied) m.head = param(torch::randn({vocab, hidden}) * 0.3);
+    return m;
+  }
+
+  ToyModel Clone() const {
+    ToyModel m = *this;
+    auto copy = [](const torch::Tensor& t) {
+      return t.defined() ? t.detach().clone().requires_grad_(true) : t;
+    };
+    m.embed = copy(embed);
+    for (auto& t : m.norm) t = copy(t);
+    for (auto& t : m.weight) t = copy(t);
+    for (auto& t : m.bias) t = copy(t);
+    m.final_norm = copy(final_norm);
+    m.head = copy(head);
+    return m;
+  }
+
+  int blocks() const { return static_cast<int>(weight.size()); }
+  int groups() const { return blocks() + 2; }
+
+  ParamGroups Groups() const {
+    ParamGroups groups(this->groups());
+    groups[0].push_back({"model.embed_tokens.weight", embed});
+    for (int b = 0; b < blocks(); ++b) {
+      const std::string prefix = "model.layers." + std::to_string(b) + ".";
+      groups[b + 1].push_back({prefix + "input_layernorm.weight", norm[b]});
+      groups[b + 1].push_back({prefix + "mlp.weight", weight[b]});
+      groups[b + 1].push_back({prefix + "mlp.bias", bias[b]});
+    }
+    groups.back().push_back({"model.norm.weight", final_norm});
+    groups.back().push_back({"lm_head.weight", tied ? embed : head});
+    return groups;
+  }
+
+  std::map<std::string, torch::Tensor> ByName() const {
+    std::map<std::string, torch::Tensor> out;
+    for (const auto& group : Groups()) {
+      for (const auto& p : group) out[p.name] = p.param;
+    }
+    return out;
+  }
+
+  // Group g's computation; `x` is the detached input (token ids for group 0).
+  torch::Tensor RunGroup(int g, const torch::Tensor& x, const torch::Tensor& targets) const {
+    if (g == 0) return F::embedding(x, embed);
+    if (g <= blocks()) {
+      const int b = g - 1;
+      return torch::tanh(F::linear(x * norm[b], weight[b], bias[b])) + x;
+    }
+    torch::Tensor logits = F::linear(x * final_norm, tied ? embed : head);
+    return F::cross_entropy(logits.view({-1, vocab}), targets.view({-1}));
+  }
+};
+
+// Forward and backward group by group, the way the agent's block runner drives ParamResidency:
+// each group's backward is a nested autograd::backward between PreBackward and PostBackward.
+// `checkpoint` recomputes the blocks in backward instead of keeping their graphs.
+torch::Tensor RunMicroBatch(const ToyModel& model, ParamResidency* hooks, bool checkpoint,
+                            const torch::Tensor& tokens, const torch::Tensor& targets,
+                            const std::function<void(int)>& on_resident = nullptr) {
+  const int groups = model.groups();
+  std::vector<torch::Tensor> inputs(groups), outputs(groups);
+  torch::Tensor h = tokens;
+  auto is_checkpointed = [&](int g) { return checkpoint && g > 0 && g < groups - 1; };
+  for (int g = 0; g < groups; ++g) {
+    if (hooks) hooks->PreForward(g);
+    if (on_resident) on_resident(g);
+    inputs[g] = g == 0 ? tokens : h.detach().requires_grad_(true);
+    if (is_checkpointed(g)) {
+      torch::NoGradGuard no_grad;
+      outputs[g] = model.RunGroup(g, inputs[g], targets);
+    } else {
+      outputs[g] = model.RunGroup(g, inputs[g], targets);
+    }
+    h = outputs[g];
+    if (hooks) hooks->PostForward(g);
+  }
+  torch::Tensor grad;
+  for (int g = groups - 1; g >= 0; --g) {
+    if (hooks) hooks->PreBackward(g);
+    if (on_resident) on_resident(g);
+    torch::Tensor y = is_checkpointed(g) ? model.RunGroup(g, inputs[g], targets) : outputs[g];
+    if (g == groups - 1) {
+      torch::autograd::backward({y});
+    } else {
+      torch::autograd::backward({y}, {grad});
+    }
+    if (g > 0) grad = inputs[g].grad();
+    if (hooks) hooks->PostBackward(g);
+  }
+  return outputs.back().detach();
+}
+
+struct Batch {
+  torch::Tensor tokens, targets;
+};
+
+Batch MakeBatch(int64_t vocab, uint64_t seed, torch::Device device) {
+  torch::manual_seed(seed);
+  return {torch::randint(vocab, {2, 5}, torch::kLong).to(device),
+          torch::randint(vocab, {2, 5}, torch::kLong).to(device)};
+}
+
+struct ExactCase {
+  int n_persist;
+  int n_buffer;
+  bool checkpoint;
+  bool tied;
+  double max_grad_norm;  // 0 = no clipping
+  int grad_accum;
+  bool overlap;  // options.max_grad_norm = the Step() value (CPU updates start in backward)
+};
+
+std::string CaseName(const ::testing::TestParamInfo<ExactCase>& info) {
+  const ExactCase& c = info.param;
+  return "persist" + std::to_string(c.n_persist) + "_buf" + std::to_string(c.n_buffer) +
+         (c.checkpoint ? "_ckpt" : "_keep") + (c.tied ? "_tied" : "") +
+         (c.max_grad_norm > 0 ? "_clip" : "") + "_accum" + std::to_string(c.grad_accum) +
+         (c.overlap ? "_overlap" : "");
+}
+
+ChunkManagerOptions CpuOptions(int n_persist, int n_buffer) {
+  ChunkManagerOptions options;
+  options.chunk_bytes = 3000;  // about two blocks per chunk with the toy sizes below
+  options.n_persist = n_persist;
+  options.n_buffer = n_buffer;
+  options.host_memory = HostMemoryKind::kPageable;
+  options.device = torch::kCPU;
+  options.cpu_threads = 2;
+  options.adamw = AdamWOptions{1e-2, 0.9, 0.99, 1e-8, 0.05};
+  return options;
+}
+
+class ChunkManagerExactTest : public ::testing::TestWithParam<ExactCase> {};
+
+TEST_P(ChunkManagerExactTest, TrainsBitIdenticallyToUnmanagedTorch) {
+  const ExactCase c = GetParam();
+  const ToyModel reference = ToyModel::Make(4, c.tied, 16, 32, 42, torch::kFloat32);
+  const ToyModel managed = reference.Clone();
+  ChunkManagerOptions options = CpuOptions(c.n_persist, c.n_buffer);
+  options.grad_accum = c.grad_accum;
+  options.max_grad_norm = c.overlap ? c.max_grad_norm : -1;
+  auto manager_or = ChunkManager::Create(managed.Groups(), options);
+  ASSERT_TRUE(manager_or.ok()) << manager_or.status();
+  ChunkManager& manager = **manager_or;
+  ASSERT_GE(manager.MemoryStats().n_chunks, 4);
+
+  // The reference walks parameters in the manager's canonical order (clip_grad_norm_ sums the
+  // per-parameter norms in that order).
+  std::map<std::string, torch::Tensor> ref_by_name = reference.ByName();
+  std::vector<torch::Tensor> ref_params;
+  for (const NamedParam& p : manager.ParamOrder()) ref_params.push_back(ref_by_name.at(p.name));
+  const AdamWOptions& a = options.adamw;
+  torch::optim::AdamW optimizer(ref_params, torch::optim::AdamWOptions(a.lr)
+                                                .betas({a.beta1, a.beta2})
+                                                .eps(a.eps)
+                                                .weight_decay(a.weight_decay));
+  const ParamGroups managed_groups = managed.Groups();
+  const ParamGroups reference_groups = reference.Groups();
+  auto expect_resident = [&](int g) {
+    for (size_t k = 0; k < managed_groups[g].size(); ++k) {
+      ASSERT_TRUE(torch::equal(managed_groups[g][k].param, reference_groups[g][k].param))
+          << managed_groups[g][k].name << " is not materialised with its current value";
+    }
+  };
+
+  for (int step = 0; step < 3; ++step) {
+    for (int micro = 0; micro < c.grad_accum; ++micro) {
+      const Batch batch = MakeBatch(32, 1000 + step * 10 + micro, torch::kCPU);
+      torch::Tensor ref_loss =
+          RunMicroBatch(reference, nullptr, c.checkpoint, batch.tokens, batch.targets);
+      torch::Tensor loss = RunMicroBatch(managed, &manager, c.checkpoint, batch.tokens,
+                                         batch.targets, expect_resident);
+      ASSERT_TRUE(torch::equal(loss, ref_loss)) << "step " << step << " micro " << micro;
+    }
+    if (!c.overlap || c.max_grad_norm > 0) {
+      // Grads are still unconsumed when no update started during backward.
+      const auto grads = manager.Grads();
+      ASSERT_EQ(grads.size(), ref_params.size());
+      for (const NamedParam& g : grads) {
+        ASSERT_TRUE(torch::equal(g.param, ref_by_name.at(g.name).grad())) << g.name;
+      }
+    }
+    double ref_norm = 0;
+    if (c.max_grad_norm > 0) {
+      ref_norm = torch::nn::utils::clip_grad_norm_(ref_params, c.max_grad_norm);
+    }
+    optimizer.step();
+    optimizer.zero_grad();
+    ASSERT_TRUE(manager.Step(c.max_grad_norm).ok());
+    if (c.max_grad_norm > 0) {
+      EXPECT_EQ(manager.LastGradNorm(), ref_norm);
+      EXPECT_GT(ref_norm, c.max_grad_norm) << "the case should actually clip";
+    }
+    for (const NamedParam& p : manager.Params()) {
+      ASSERT_TRUE(torch::equal(p.param, ref_by_name.at(p.name).detach()))
+          << p.name << " after step " << step;
+    }
+  }
+  // Optimizer state matches torch's too.
+  std::map<std::string, torch::Tensor> state;
+  for (const NamedParam& s : manager.OptimizerState()) state[s.name] = s.param;
+  EXPECT_EQ(state.at("step").item<int64_t>(), 3);
+  for (const NamedParam& p : manager.ParamOrder()) {
+    auto& ref_state = static_cast<torch::optim::AdamWParamState&>(
+        *optimizer.state().at(ref_by_name.at(p.name).unsafeGetTensorImpl()));
+    EXPECT_TRUE(torch::equal(state.at(p.name + ".exp_avg"), ref_state.exp_avg())) << p.name;
+    EXPECT_TRUE(torch::equal(state.at(p.name + ".exp_avg_sq"), ref_state.exp_avg_sq()));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Residency, ChunkManagerExactTest,
+    ::testing::Values(
+        // n_persist, n_buffer, checkpoint, tied, max_grad_norm, grad_accum, overlap
+        ExactCase{0, 1, false, false, 0, 1, false}, ExactCase{0, 2, false, false, 0, 1, true},
+        ExactCase{0, 1, true, false, 0, 1, true}, ExactCase{0, 2, true, true, 0, 1, false},
+        ExactCase{0, 1, false, true, 0, 1, true}, ExactCase{2, 1, false, true, 0, 1, true},
+        ExactCase{2, 2, true, false, 0.05, 1, false}, ExactCase{0, 2, false, true, 0.05, 1, true},
+        ExactCase{0, 1, false, false, 0.05, 2, false}, ExactCase{0, 2, true, true, 0, 3, true},
+        ExactCase{1, 2, false, true, 0.05, 2, true}, ExactCase{99, 1, false, true, 0.05, 1, true},
+        ExactCase{99, 2, true, false, 0, 2, true}),
+    CaseName);
+
+TEST(ChunkManagerTest, ReleasedParametersArePlaceholdersOfTheSameShape) {
+  const ToyModel model = ToyModel::Make(4, /*tied=*/true, 16, 32, 3, torch::kFloat32);
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& [name, tensor] : model.ByName()) shapes[name] = tensor.sizes().vec();
+  auto manager = ChunkManager::Create(model.Groups(), CpuOptions(/*n_persist=*/1, 1));
+  ASSERT_TRUE(manager.ok()) << manager.status();
+  const ChunkMemoryStats stats = (*manager)->MemoryStats();
+  int placeholders = 0;
+  for (const NamedParam& p : (*manager)->ParamOrder()) {
+    EXPECT_EQ(p.param.sizes().vec(), shapes.at(p.name)) << p.name;
+    EXPECT_EQ(p.param.scalar_type(), torch::kFloat32);
+    const bool released = p.param.storage().nbytes() < static_cast<size_t>(p.param.numel() * 4);
+    placeholders += released;
+  }
+  // Everything outside the persistent chunk 0 is released until its group runs.
+  EXPECT_GT(placeholders, 0);
+  EXPECT_EQ(model.embed.sizes(), torch::IntArrayRef({32, 16}));
+  EXPECT_GT(model.embed.storage().nbytes(), 0u) << "chunk 0 is persistent";
+  EXPECT_EQ(model.weight[3].sizes(), torch::IntArrayRef({16, 16}));
+  EXPECT_LT(model.weight[3].storage().nbytes(), 16u * 16 * 4);
+  (*manager)->PreForward(4);
+  EXPECT_EQ(model.weight[3].storage().nbytes(),
+            static_cast<size_t>(stats.buffer_device_bytes / stats.n_buffer));
+  EXPECT_TRUE(model.weight[3].is_contiguous());
+}
+
+TEST(ChunkManagerTest, HostMemoryIsExactlyTheLayout) {
+  for (bool bf16 : {false, true}) {
+    for (int grad_accum : {1, 2}) {
+      const ToyModel model =
+          ToyModel::Make(5, false, 24, 40, 5,
+                         torch::TensorOptions().dtype(bf16 ? torch::kBFloat16 : torch::kFloat32));
+      ChunkManagerOptions options = CpuOptions(/*n_persist=*/2, /*n_buffer=*/2);
+      options.grad_accum = grad_accum;
+      auto manager = ChunkManager::Create(model.Groups(), options);
+      ASSERT_TRUE(manager.ok()) << manager.status();
+      const ChunkMemoryStats stats = (*manager)->MemoryStats();
+
+      // Independent layout of the same parameters.
+      std::vector<LayoutParam> params;
+      const int64_t elem = bf16 ? 2 : 4;
+      const ParamGroups groups = model.Groups();
+      for (size_t g = 0; g < groups.size(); ++g) {
+        for (const NamedParam& p : groups[g]) {
+          params.push_back({p.name, p.param.numel(), elem, static_cast<int>(g)});
+        }
+      }
+      auto layout = ChunkLayout::Build(params, {options.chunk_bytes, options.alignment_bytes});
+      ASSERT_TRUE(layout.ok());
+      ASSERT_EQ(stats.n_chunks, layout->num_chunks());
+      EXPECT_EQ(stats.layout_bytes, layout->TotalBytes());
+      int64_t offloaded = 0;
+      for (int c = 0; c < layout->num_chunks(); ++c) {
+        EXPECT_EQ(stats.chunk_bytes[c], layout->chunks()[c].size_bytes);
+        if (c >= 2) offloaded += layout->chunks()[c].size_bytes;
+      }
+      EXPECT_EQ(stats.persistent_device_bytes, layout->RangeBytes(0, 2));
+      EXPECT_EQ(stats.buffer_device_bytes, stats.n_buffer * layout->MaxChunkBytesFrom(2));
+      // Per offloaded chunk: parameters + grad staging in the model dtype, then fp32 exp_avg,
+      // exp_avg_sq, plus an fp32 master and grad sum for bf16, or the grad sum for accumulation.
+      const int64_t fp32_arrays = 2 + (bf16 ? 2 : (grad_accum > 1 ? 1 : 0));
+      const int64_t expected = 2 * offloaded + fp32_arrays * (offloaded / elem) * 4;
+      EXPECT_EQ(stats.host_pinned_bytes, 0);
+      EXPECT_EQ(stats.host_pageable_bytes, expected) << "bf16=" << bf16 << " accum=" << grad_accum;
+    }
+  }
+}
+
+TEST(ChunkManagerTest, PinnedWithoutCudaFallsBackAndSaysWhy) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "pinned memory works here";
+  const ToyModel model = ToyModel::Make(2, false, 16, 32, 4, torch::kFloat32);
+  ChunkManagerOptions options = CpuOptions(0, 2);
+  options.host_memory = HostMemoryKind::kPinned;
+  options.pageable_fallback = true;
+  auto manager = ChunkManager::Create(model.Groups(), options);
+  ASSERT_TRUE(manager.ok()) << manager.status();
+  const ChunkMemoryStats stats = (*manager)->MemoryStats();
+  EXPECT_TRUE(stats.pinned_fallback);
+  EXPECT_NE(stats.pinned_fallback_reason.find("CUDA"), std::string::npos)
+      << stats.pinned_fallback_reason;
+  EXPECT_EQ(stats.host_pinned_bytes, 0);
+  EXPECT_GT(stats.host_pageable_bytes, 0);
+
+  const ToyModel model2 = ToyModel::Make(2, false, 16, 32, 4, torch::kFloat32);
+  options.pageable_fallback = false;
+  auto refused = ChunkManager::Create(model2.Groups(), options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("pinned"), absl::string_view::npos);
+}
+
+TEST(ChunkManagerTest, RaisesBuffersWhenAGroupNeedsMoreChunksAtOnce) {
+  // The tied head needs the embedding's chunk and its own: two buffers at least.
+  const ToyModel model = ToyModel::Make(4, /*tied=*/true, 16, 32, 6, torch::kFloat32);
+  auto manager = ChunkManager::Create(model.Groups(), CpuOptions(0, 1));
+  ASSERT_TRUE(manager.ok()) << manager.status();
+  EXPECT_GE((*manager)->MinBuffers(), 2);
+  EXPECT_EQ((*manager)->MemoryStats().n_buffer, (*manager)->MinBuffers());
+}
+
+TEST(ChunkManagerTest, RejectsBadOptions) {
+  const ToyModel model = ToyModel::Make(1, false, 8, 8, 7, torch::kFloat32);
+  ChunkManagerOptions options = CpuOptions(0, 0);
+  auto status = ChunkManager::Create(model.Groups(), options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("n_buffer"), absl::string_view::npos);
+  options = CpuOptions(0, 1);
+  options.optimizer = OptimizerKind::kSgd;
+  EXPECT_EQ(ChunkManager::Create(model.Groups(), options).status().code(),
+            absl::StatusCode::kUnimplemented);
+  options = CpuOptions(0, 1);
+  options.alignment_bytes = 6;
+  EXPECT_EQ(ChunkManager::Create(model.Groups(), options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ChunkManagerTest, StepRefusesToClipAfterOverlappedUpdates) {
+  const ToyModel model = ToyModel::Make(3, false, 16, 32, 8, torch::kFloat32);
+  ChunkManagerOptions options = CpuOptions(0, 2);
+  options.max_grad_norm = 0;  // promise: no clipping
+  auto manager = ChunkManager::Create(model.Groups(), options);
+  ASSERT_TRUE(manager.ok());
+  const Batch batch = MakeBatch(32, 9, torch::kCPU);
+  RunMicroBatch(model, manager->get(), false, batch.tokens, batch.targets);
+  const absl::Status status = (*manager)->Step(1.0);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find("max_grad_norm"), absl::string_view::npos);
+}
+
+TEST(ChunkManagerTest, CheckpointRoundTripContinuesTrainingIdentically) {
+  const ToyModel a_model = ToyModel::Make(4, true, 16, 32, 11, torch::kFloat32);
+  const ToyModel b_model = ToyModel::Make(4, true, 16, 32, 99, torch::kFloat32);  // other values
+  auto a = ChunkManager::Create(a_model.Groups(), CpuOptions(0, 2));
+  auto b = ChunkManager::Create(b_model.Groups(), CpuOptions(1, 1));  // another residency
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE((*a)->OptimizerState().empty()) << "no state before the first update";
+  for (int step = 0; step < 2; ++step) {
+    const Batch batch = MakeBatch(32, 50 + step, torch::kCPU);
+    RunMicroBatch(a_model, a->get(), false, batch.tokens, batch.targets);
+    ASSERT_TRUE((*a)->Step(0).ok());
+  }
+  ASSERT_TRUE((*b)->LoadParamsAndState((*a)->Params(), (*a)->OptimizerState()).ok());
+  const Batch batch = MakeBatch(32, 77, torch::kCPU);
+  torch::Tensor loss_a = RunMicroBatch(a_model, a->get(), false, batch.tokens, batch.targets);
+  torch::Tensor loss_b = RunMicroBatch(b_model, b->get(), false, batch.tokens, batch.targets);
+  EXPECT_TRUE(torch::equal(loss_a, loss_b));
+  ASSERT_TRUE((*a)->Step(0).ok());
+  ASSERT_TRUE((*b)->Step(0).ok());
+  const auto pa = (*a)->Params();
+  const auto pb = (*b)->Params();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_EQ(pa[i].name, pb[i].name);
+    EXPECT_TRUE(torch::equal(pa[i].param, pb[i].param)) << pa[i].name;
+  }
+  // Unknown names and missing parameters are refused.
+  std::vector<NamedParam> partial = (*a)->Params();
+  partial.pop_back();
+  EXPECT_EQ((*b)->LoadParamsAndState(partial, {}).code(), absl::StatusCode::kInvalidArgument);
+  partial.push_back({"no.such.weight", torch::zeros({1})});
+  EXPECT_EQ((*b)->LoadParamsAndState(partial, {}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ChunkManagerTest, Bf16ModelKeepsFp32MasterWeights) {
+  const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16);
+  const ToyModel model = ToyModel::Make(4, false, 16, 32, 12, bf16);
+  const ToyModel reference = ToyModel::Make(4, false, 16, 32, 12, torch::kFloat32);
+  ChunkManagerOptions options = CpuOptions(1, 2);
+  auto manager = ChunkManager::Create(model.Groups(), options);
+  ASSERT_TRUE(manager.ok()) << manager.status();
+  for (int step = 0; step < 3; ++step) {
+    const Batch batch = MakeBatch(32, 300 + step, torch::kCPU);
+    RunMicroBatch(model, manager->get(), false, batch.tokens, batch.targets);
+    ASSERT_TRUE((*manager)->Step(0).ok());
+  }
+  std::map<std::string, torch::Tensor> state;
+  for (const NamedParam& s : (*manager)->OptimizerState()) state[s.name] = s.param;
+  for (const NamedParam& p : (*manager)->Params()) {
+    ASSERT_EQ(p.param.scalar_type(), torch::kBFloat16);
+    const torch::Tensor master = state.at(p.name + ".master");
+    ASSERT_EQ(master.scalar_type(), torch::kFloat32);
+    // The device copy is the master rounded to bf16, and training moved the weights.
+    EXPECT_TRUE(torch::equal(p.param, master.to(torch::kBFloat16))) << p.name;
+    EXPECT_FALSE(torch::equal(master, reference.ByName().at(p.name).detach())) << p.name;
+  }
+}
+
+TEST(ChunkManagerTest, UploadStatsCountEachChunkUploadOnce) {
+  const ToyModel model = ToyModel::Make(4, /*tied=*/false, 16, 32, 7, torch::kFloat32);
+  // One buffer per offloaded chunk: nothing is evicted, so a forward uploads each chunk once.
+  auto probe = ChunkManager::Create(model.Groups(), CpuOptions(/*n_persist=*/1, 1));
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  const int offloaded = (*probe)->MemoryStats().n_chunks - 1;
+  ASSERT_GT(offloaded, 1);
+  probe->reset();
+  const ToyModel fresh = ToyModel::Make(4, /*tied=*/false, 16, 32, 7, torch::kFloat32);
+  auto manager = ChunkManager::Create(fresh.Groups(), CpuOptions(/*n_persist=*/1, offloaded));
+  ASSERT_TRUE(manager.ok()) << manager.status();
+  const ChunkMemoryStats stats = (*manager)->MemoryStats();
+  EXPECT_EQ((*manager)->UploadStats().uploads, 0) << "creating the manager uploads nothing";
+  const int groups = static_cast<int>(fresh.Groups().size());
+  for (int g = 0; g < groups; ++g) (*manager)->PreForward(g);
+  int64_t expected_bytes = 0;
+  for (int c = 1; c < stats.n_chunks; ++c) expected_bytes += stats.chunk_bytes[c];
+  const ChunkUploadStats uploads = (*manager)->UploadStats();
+  EXPECT_EQ(uploads.uploads, offloaded);
+  EXPECT_EQ(uploads.bytes, expected_bytes);
+  EXPECT_EQ(uploads.seconds, 0) << "no CUDA events on the CPU";
+  (*manager)->ResetUploadStats();
+  EXPECT_EQ((*manager)->UploadStats().uploads, 0);
+  EXPECT_EQ((*manager)->UploadStats().bytes, 0);
+}
+
+#ifdef MEMPLAN_TEST_CUDA
+int64_t PeakAllocatedBytes(int device) {
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(device)
+      .allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+      .peak;
+}
+#endif
+
+TEST(ChunkManagerGpuTest, Bf16TrainingTracksTheFp32Reference) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const torch::Device gpu(torch::kCUDA, 0);
+  const int kSteps = 4;
+  const ToyModel reference =
+      ToyModel::Make(4, true, 64, 128, 21, torch::TensorOptions().device(gpu));
+  const auto bf16 = torch::TensorOptions().device(gpu).dtype(torch::kBFloat16);
+  // The same bf16 model twice: every chunk offloaded (CPU AdamW) and every chunk persistent
+  // (fused GPU AdamW).
+  const ToyModel offloaded = ToyModel::Make(4, true, 64, 128, 21, bf16);
+  const ToyModel persistent = ToyModel::Make(4, true, 64, 128, 21, bf16);
+  ChunkManagerOptions options = CpuOptions(0, 2);
+  options.adamw.lr = 1e-3;
+  options.chunk_bytes = 40000;
+  options.device = gpu;
+  options.host_memory = HostMemoryKind::kPinned;
+  options.max_grad_norm = 0;
+  auto cpu_manager = ChunkManager::Create(offloaded.Groups(), options);
+  ASSERT_TRUE(cpu_manager.ok()) << cpu_manager.status();
+  EXPECT_GT((*cpu_manager)->MemoryStats().host_pinned_bytes, 0);
+  options.n_persist = 1000;
+  auto gpu_manager = ChunkManager::Create(persistent.Groups(), options);
+  ASSERT_TRUE(gpu_manager.ok()) << gpu_manager.status();
+
+  std::map<std::string, torch::Tensor> ref_by_name = reference.ByName();
+  std::vector<torch::Tensor> ref_params;
+  for (const NamedParam& p : (*cpu_manager)->ParamOrder()) {
+    ref_params.push_back(ref_by_name.at(p.name));
+  }
+  const AdamWOptions& a = options.adamw;
+  torch::optim::AdamW optimizer(ref_params, torch::optim::AdamWOptions(a.lr)
+                                                .betas({a.beta1, a.beta2})
+                                                .eps(a.eps)
+                                                .weight_decay(a.weight_decay));
+  for (int step = 0; step < kSteps; ++step) {
+    const Batch batch = MakeBatch(128, 500 + step, gpu);
+    const float ref_loss =
+        RunMicroBatch(reference, nullptr, false, batch.tokens, batch.targets).item<float>();
+    for (auto* manager : {&*cpu_manager, &*gpu_manager}) {
+      const ToyModel& model = manager == &*cpu_manager ? offloaded : persistent;
+      const float loss =
+          RunMicroBatch(model, manager->get(), false, batch.tokens, batch.targets).item<float>();
+      // bf16 logits: a relative error of a few 2^-8.
+      EXPECT_NEAR(loss, ref_loss, 0.02 * std::abs(ref_loss)) << "step " << step;
+      ASSERT_TRUE((*manager)->Step(0).ok());
+    }
+    optimizer.step();
+    optimizer.zero_grad();
+  }
+  // Adam moves a weight by about lr per step whatever the gradient, so bf16 gradients can change
+  // each weight by at most ~2 lr per step relative to fp32, plus the final bf16 rounding.
+  const auto cpu_params = (*cpu_manager)->Params();
+  const auto gpu_params = (*gpu_manager)->Params();
+  std::map<std::string, torch::Tensor> cpu_state, gpu_state;
+  for (const NamedParam& s : (*cpu_manager)->OptimizerState()) cpu_state[s.name] = s.param;
+  for (const NamedParam& s : (*gpu_manager)->OptimizerState()) gpu_state[s.name] = s.param;
+  for (size_t i = 0; i < cpu_params.size(); ++i) {
+    const std::string& name = cpu_params[i].name;
+    torch::Tensor ref = ref_by_name.at(name).detach().cpu();
+    for (const auto* params : {&cpu_params, &gpu_params}) {
+      torch::Tensor value = (*params)[i].param.to(torch::kFloat32);
+      ASSERT_FALSE(torch::isnan(value).any().item<bool>()) << name;
+      torch::Tensor bound = 2 * a.lr * kSteps + ref.abs() * (1.0 / 128);
+      EXPECT_TRUE(((value - ref).abs() <= bound).all().item<bool>())
+          << name << " max diff " << (value - ref).abs().max().item<float>();
+    }
+    // CPU AdamW on the host and fused AdamW on the device agree on the fp32 masters.
+    const torch::Tensor diff = cpu_state.at(name + ".master") - gpu_state.at(name + ".master");
+    EXPECT_LT(diff.abs().mean().item<double>(), a.lr / 10) << name;
+  }
+}
+
+TEST(ChunkManagerGpuTest, OffloadingEverythingLowersThePeak) {
+#ifndef MEMPLAN_TEST_CUDA
+  GTEST_SKIP() << "built without CUDA headers";
+#else
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const torch::Device gpu(torch::kCUDA, 0);
+  auto peak_for = [&](int n_persist) -> int64_t {
+    const ToyModel model =
+        ToyModel::Make(8, false, 1024, 2048, 31, torch::TensorOptions().dtype(torch::kFloat32));
+    ChunkManagerOptions options = CpuOptions(n_persist, 2);
+    options.chunk_bytes = int64_t{8} << 20;  // two blocks per chunk
+    options.device = gpu;
+    options.host_memory = HostMemoryKind::kPinned;
+    options.max_grad_norm = 0;
+    auto manager = ChunkManager::Create(model.Groups(), options);
+    EXPECT_TRUE(manager.ok()) << manager.status();
+    torch::cuda::synchronize();
+    c10::cuda::CUDACachingAllocator::resetPeakStats(0);
+    for (int step = 0; step < 2; ++step) {
+      const Batch batch = MakeBatch(2048, 700 + step, gpu);
+      RunMicroBatch(model, manager->get(), false, batch.tokens, batch.targets);
+      EXPECT_TRUE((*manager)->Step(0).ok());
+    }
+    torch::cuda::synchronize();
+    return PeakAllocatedBytes(0);
+  };
+  const int64_t all_persistent = peak_for(1000);
+  const int64_t all_offloaded = peak_for(0);
+  std::printf("peak allocated: all persistent %lld B, all offloaded %lld B\n",
+              static_cast<long long>(all_persistent), static_cast<long long>(all_offloaded));
+  EXPECT_LT(all_offloaded, all_persistent);
+#endif
+}
+
+}  // namespace
+}  // namespace memplan

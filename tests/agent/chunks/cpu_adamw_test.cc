@@ -1,0 +1,121 @@
+// The CPU AdamW kernel against torch::optim::AdamW, element for element (torch::equal).
+#include "agent/chunks/cpu_adamw.h"
+
+#include <vector>
+
+#include "agent/chunks/torch_sqrt.h"
+#include "agent/core/torch_pch.h"
+#include "gtest/gtest.h"
+
+namespace memplan {
+namespace {
+
+struct Case {
+  AdamWOptions options;
+  float clip_coef;  // 1 = no clipping
+};
+
+class CpuAdamWTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CpuAdamWTest, MatchesTorchAdamWBitForBit) {
+  const Case c = GetParam();
+  torch::manual_seed(1234);
+  // Sizes cover scalar tails, whole vectors and tensors large enough for torch to split the
+  // work across threads.
+  const std::vector<int64_t> sizes = {1, 7, 64, 1000, 100003};
+  std::vector<torch::Tensor> ref_params;
+  std::vector<torch::Tensor> params, exp_avgs, exp_avg_sqs;
+  for (int64_t n : sizes) {
+    torch::Tensor init = torch::randn({n});
+    ref_params.push_back(init.clone().requires_grad_(true));
+    params.push_back(init.clone());
+    exp_avgs.push_back(torch::zeros({n}));
+    exp_avg_sqs.push_back(torch::zeros({n}));
+  }
+  torch::optim::AdamW reference(ref_params, torch::optim::AdamWOptions(c.options.lr)
+                                                .betas({c.options.beta1, c.options.beta2})
+                                                .eps(c.options.eps)
+                                                .weight_decay(c.options.weight_decay));
+  for (int64_t step = 1; step <= 6; ++step) {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      torch::Tensor grad = torch::randn({sizes[i]}) * (step % 2 ? 0.01 : 3.0);
+      ref_params[i].mutable_grad() = grad.clone();
+      if (c.clip_coef != 1.0f) {
+        ref_params[i].mutable_grad().mul_(torch::full({}, c.clip_coef));
+      }
+      const AdamWStepScalars s = MakeAdamWStepScalars(c.options, step);
+      AdamWUpdate(s, c.clip_coef, sizes[i], params[i].data_ptr<float>(), grad.data_ptr<float>(),
+                  exp_avgs[i].data_ptr<float>(), exp_avg_sqs[i].data_ptr<float>(), &TorchSqrt);
+    }
+    reference.step();
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      ASSERT_TRUE(torch::equal(params[i], ref_params[i].detach()))
+          << "step " << step << " size " << sizes[i] << " max diff "
+          << (params[i] - ref_params[i].detach()).abs().max().item<float>();
+      auto& state = static_cast<torch::optim::AdamWParamState&>(
+          *reference.state().at(ref_params[i].unsafeGetTensorImpl()));
+      ASSERT_TRUE(torch::equal(exp_avgs[i], state.exp_avg())) << "step " << step;
+      ASSERT_TRUE(torch::equal(exp_avg_sqs[i], state.exp_avg_sq())) << "step " << step;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Options, CpuAdamWTest,
+                         ::testing::Values(Case{AdamWOptions{}, 1.0f},
+                                           Case{AdamWOptions{3e-4, 0.9, 0.95, 1e-8, 0.1}, 1.0f},
+                                           Case{AdamWOptions{1e-2, 0.8, 0.99, 1e-6, 0.0}, 1.0f},
+                                           Case{AdamWOptions{1e-3, 0.9, 0.999, 1e-8, 0.01},
+                                                0.37f}));
+
+TEST(CpuAdamWKernelsTest, TorchSqrtRunsTorchsKernel) {
+  torch::manual_seed(2);
+  // Wide dynamic range, denormals, zeros, infinities.
+  torch::Tensor x =
+      torch::cat({torch::rand({kSqrtBlockElems - 8}) * 1e-3,
+                  torch::tensor({0.0f, 1e-40f, 1e-45f, 3e38f, INFINITY, 1.0f, 2.0f, 1e-12f})});
+  torch::Tensor expected = x.sqrt();
+  torch::Tensor out = torch::empty_like(x);
+  TorchSqrt(x.data_ptr<float>(), out.data_ptr<float>(), x.numel());
+  EXPECT_TRUE(torch::equal(out, expected)) << "mkl path: " << TorchSqrtUsesMkl();
+  out.zero_();
+  TorchSqrtViaDispatcher(x.data_ptr<float>(), out.data_ptr<float>(), x.numel());
+  EXPECT_TRUE(torch::equal(out, expected));
+}
+
+TEST(CpuAdamWKernelsTest, AccumulateMatchesAutogradAddition) {
+  torch::manual_seed(5);
+  torch::Tensor a = torch::randn({1003});
+  torch::Tensor b = torch::randn({1003});
+  torch::Tensor acc = torch::empty({1003});
+  AccumulateGrad(/*first=*/true, 1003, a.data_ptr<float>(), acc.data_ptr<float>());
+  EXPECT_TRUE(torch::equal(acc, a));
+  AccumulateGrad(/*first=*/false, 1003, b.data_ptr<float>(), acc.data_ptr<float>());
+  EXPECT_TRUE(torch::equal(acc, a.clone().add_(b)));
+
+  torch::Tensor a16 = a.to(torch::kBFloat16);
+  torch::Tensor b16 = b.to(torch::kBFloat16);
+  AccumulateGradBf16(true, 1003, reinterpret_cast<const uint16_t*>(a16.data_ptr()),
+                     acc.data_ptr<float>());
+  EXPECT_TRUE(torch::equal(acc, a16.to(torch::kFloat32)));
+  AccumulateGradBf16(false, 1003, reinterpret_cast<const uint16_t*>(b16.data_ptr()),
+                     acc.data_ptr<float>());
+  EXPECT_TRUE(torch::equal(acc, a16.to(torch::kFloat32) + b16.to(torch::kFloat32)));
+}
+
+TEST(CpuAdamWKernelsTest, RoundToBf16MatchesTorchConversion) {
+  torch::manual_seed(9);
+  torch::Tensor x = torch::cat(
+      {torch::randn({5000}) * 1e3, torch::randn({5000}) * 1e-30,
+       torch::tensor({0.0f, -0.0f, INFINITY, -INFINITY, NAN, 3.4e38f, 1.00390625f, 1.01171875f})});
+  torch::Tensor out = torch::empty(x.sizes(), torch::kBFloat16);
+  RoundToBf16(x.numel(), x.data_ptr<float>(), reinterpret_cast<uint16_t*>(out.data_ptr()));
+  torch::Tensor expected = x.to(torch::kBFloat16);
+  // NaN != NaN: compare the bit patterns of non-NaN values and NaN-ness separately.
+  torch::Tensor nan = torch::isnan(x);
+  EXPECT_TRUE(torch::equal(torch::isnan(out), nan));
+  EXPECT_TRUE(torch::equal(out.masked_select(~nan).view(torch::kInt16),
+                           expected.masked_select(~nan).view(torch::kInt16)));
+}
+
+}  // namespace
+}  // namespace memplan

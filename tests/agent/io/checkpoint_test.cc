@@ -1,0 +1,297 @@
+#include "agent/io/checkpoint.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+#include "agent/io/file_system.h"
+#include "agent/io/hf_param_shapes.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace memplan::io {
+namespace {
+
+using ::testing::HasSubstr;
+
+ModelSpec TinySpec() {
+  ModelSpec m;
+  m.name = "tiny-llama";
+  m.family = "llama";
+  m.hidden_size = 16;
+  m.num_layers = 2;
+  m.num_heads = 4;
+  m.num_kv_heads = 2;
+  m.intermediate_size = 24;
+  m.vocab_size = 40;
+  m.tie_word_embeddings = true;
+  return m;
+}
+
+TrainerState Trainer(int64_t step) {
+  TrainerState t;
+  t.step = step;
+  t.data_position = 4 * step;
+  t.data_seed = 99;
+  t.rng_seed = 5;
+  t.max_grad_norm = 1.0;
+  t.optimizer.lr = 1e-2;
+  t.model = TinySpec();
+  t.param_dtype = DType::kFloat32;
+  t.workload = {.micro_batch = 2, .seq_len = 8, .world_size = 1, .grad_accum = 4};
+  t.plan_id = "plan-1";
+  return t;
+}
+
+// Parameters as the model lists them: the tied head aliases the embedding.
+std::vector<NamedParam> Params(uint64_t seed) {
+  torch::manual_seed(seed);
+  std::vector<NamedParam> out;
+  for (const ParamShape& p : HfParamShapes(TinySpec())) {
+    out.push_back({p.name, torch::randn(p.shape).requires_grad_(true)});
+  }
+  out.push_back({"lm_head.weight", out.front().param});
+  return out;
+}
+
+std::vector<NamedParam> State(const std::vector<NamedParam>& params, int64_t step) {
+  std::vector<NamedParam> out;
+  for (size_t i = 0; i + 1 < params.size(); ++i) {
+    out.push_back({params[i].name + ".exp_avg", torch::randn(params[i].param.sizes())});
+    out.push_back({params[i].name + ".exp_avg_sq", torch::rand(params[i].param.sizes())});
+  }
+  out.push_back({"step", torch::tensor(step)});
+  return out;
+}
+
+std::string NewDir(const std::string& name) {
+  // Torch-linked binary: std::filesystem is unusable here (see agent/io/file_system.h).
+  const std::string dir = JoinPath(JoinPath(::testing::TempDir(), "checkpoint_test"), name);
+  EXPECT_TRUE(RemoveAll(dir).ok());
+  EXPECT_TRUE(CreateDirectories(dir).ok());
+  return dir;
+}
+
+std::vector<std::string> Listing(const std::string& dir) {
+  absl::StatusOr<std::vector<std::string>> names = ListDirectory(dir);
+  EXPECT_TRUE(names.ok()) << names.status();
+  return names.ok() ? *names : std::vector<std::string>();
+}
+
+TEST(CheckpointTest, SaveLoadRoundTrip) {
+  const std::string root = NewDir("roundtrip");
+  const std::string dir = root + "/ckpt";
+  const std::vector<NamedParam> params = Params(1);
+  const std::vector<NamedParam> state = State(params, 3);
+  ASSERT_TRUE(SaveCheckpoint(dir, Trainer(3), params, state).ok());
+  EXPECT_EQ(Listing(dir), (std::vector<std::string>{"optimizer.safetensors", "params.safetensors",
+                                                    "trainer.json"}));
+  EXPECT_EQ(Listing(root), (std::vector<std::string>{"ckpt"}));  // no temporary left behind
+
+  absl::StatusOr<Checkpoint> ckpt = LoadCheckpoint(dir);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_EQ(ckpt->trainer.step, 3);
+  EXPECT_EQ(ckpt->trainer.data_position, 12);
+  EXPECT_EQ(ckpt->trainer.model.name, "tiny-llama");
+  EXPECT_EQ(ckpt->trainer.plan_id, "plan-1");
+  // The tied head is stored once, under the embedding's name.
+  ASSERT_EQ(ckpt->params.size(), params.size() - 1);
+  for (size_t i = 0; i < ckpt->params.size(); ++i) {
+    EXPECT_EQ(ckpt->params[i].name, params[i].name);
+    EXPECT_TRUE(torch::equal(ckpt->params[i].param, params[i].param.detach()));
+  }
+  ASSERT_EQ(ckpt->optimizer_state.size(), state.size());
+  for (size_t i = 0; i < state.size(); ++i) {
+    EXPECT_EQ(ckpt->optimizer_state[i].name, state[i].name);
+    EXPECT_TRUE(torch::equal(ckpt->optimizer_state[i].param, state[i].param));
+  }
+}
+
+TEST(CheckpointTest, ReplacesAnExistingCheckpointAtomically) {
+  const std::string root = NewDir("replace");
+  const std::string dir = root + "/ckpt";
+  ASSERT_TRUE(SaveCheckpoint(dir, Trainer(1), Params(1), {}).ok());
+  const std::vector<NamedParam> second = Params(2);
+  ASSERT_TRUE(SaveCheckpoint(dir, Trainer(2), second, State(second, 2)).ok());
+  EXPECT_EQ(Listing(root), (std::vector<std::string>{"ckpt"}));
+  absl::StatusOr<Checkpoint> ckpt = LoadCheckpoint(dir);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_EQ(ckpt->trainer.step, 2);
+  EXPECT_TRUE(torch::equal(ckpt->params[0].param, second[0].param.detach()));
+
+  // A failed save (invalid state) leaves the previous checkpoint and no temporary.
+  std::vector<NamedParam> bad = State(second, 3);
+  bad.pop_back();  // no "step"
+  EXPECT_THAT(std::string(SaveCheckpoint(dir, Trainer(3), second, bad).message()),
+              HasSubstr("lacks \"step\""));
+  EXPECT_EQ(Listing(root), (std::vector<std::string>{"ckpt"}));
+  ASSERT_TRUE(LoadCheckpoint(dir).ok());
+  EXPECT_EQ(LoadCheckpoint(dir)->trainer.step, 2);
+}
+
+TEST(CheckpointTest, RefusesToReplaceUnrelatedDirectory) {
+  const std::string dir = NewDir("precious");
+  std::ofstream(JoinPath(dir, "thesis.tex")) << "do not delete";
+  EXPECT_EQ(SaveCheckpoint(dir, Trainer(1), Params(1), {}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(PathExists(JoinPath(dir, "thesis.tex")));
+}
+
+TEST(CheckpointTest, SaveValidatesAgainstTheModel) {
+  const std::string dir = NewDir("validate") + "/ckpt";
+  std::vector<NamedParam> params = Params(1);
+  auto error = [&dir](const std::vector<NamedParam>& p, const std::vector<NamedParam>& s) {
+    return std::string(SaveCheckpoint(dir, Trainer(1), p, s).message());
+  };
+  std::vector<NamedParam> missing(params.begin() + 1, params.end() - 1);
+  EXPECT_THAT(error(missing, {}), HasSubstr("missing \"model.embed_tokens.weight\""));
+  std::vector<NamedParam> extra = params;
+  extra.push_back({"lora_A", torch::zeros({2})});
+  EXPECT_THAT(error(extra, {}), HasSubstr("unexpected \"lora_A\""));
+  std::vector<NamedParam> reshaped = params;
+  reshaped[1].param = torch::zeros({17});
+  EXPECT_THAT(error(reshaped, {}), HasSubstr("has shape [17], the model needs [16]"));
+  std::vector<NamedParam> half = params;
+  half[1].param = torch::zeros({16}, torch::kBFloat16);
+  EXPECT_THAT(error(half, {}), HasSubstr("param_dtype is fp32"));
+
+  EXPECT_THAT(error(params, {{"step", torch::tensor(1.5)}}), HasSubstr("integer scalar"));
+  EXPECT_THAT(error(params, {{"step", torch::tensor(int64_t{1})},
+                             {"model.norm.weight.exp_avg", torch::zeros({16})}}),
+              HasSubstr("only one of exp_avg"));
+  EXPECT_THAT(error(params, {{"step", torch::tensor(int64_t{1})},
+                             {"model.norm.weight.momentum", torch::zeros({16})}}),
+              HasSubstr("is not \"step\""));
+  EXPECT_THAT(error(params, {{"step", torch::tensor(int64_t{1})},
+                             {"model.norm.weight.exp_avg", torch::zeros({15})},
+                             {"model.norm.weight.exp_avg_sq", torch::zeros({16})}}),
+              HasSubstr("floating state required"));
+  EXPECT_FALSE(PathExists(dir));
+}
+
+TEST(CheckpointTest, LoadDetectsCorruption) {
+  const std::string root = NewDir("corrupt");
+  auto fresh = [&root](const std::string& name) {
+    const std::string dir = root + "/" + name;
+    const std::vector<NamedParam> params = Params(1);
+    EXPECT_TRUE(SaveCheckpoint(dir, Trainer(1), params, State(params, 1)).ok());
+    return dir;
+  };
+  {  // Truncated parameter file: size differs from trainer.json.
+    const std::string dir = fresh("truncated");
+    const std::string params = JoinPath(dir, "params.safetensors");
+    ASSERT_EQ(::truncate(params.c_str(), *FileSizeBytes(params) - 4), 0);
+    EXPECT_EQ(LoadCheckpoint(dir).status().code(), absl::StatusCode::kDataLoss);
+  }
+  {  // Same size, corrupt header.
+    const std::string dir = fresh("header");
+    std::fstream f(JoinPath(dir, "params.safetensors"),
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(8);
+    f.put('[');
+    f.close();
+    EXPECT_EQ(LoadCheckpoint(dir).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  {  // Missing optimizer file.
+    const std::string dir = fresh("missing");
+    ASSERT_EQ(::unlink(JoinPath(dir, "optimizer.safetensors").c_str()), 0);
+    EXPECT_FALSE(LoadCheckpoint(dir).ok());
+  }
+  {  // trainer.json edited to another model: the parameters no longer match.
+    const std::string dir = fresh("model");
+    std::ifstream in(JoinPath(dir, "trainer.json"));
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t at = text.find("\"num_layers\": 2");
+    ASSERT_NE(at, std::string::npos);
+    text.replace(at, 15, "\"num_layers\": 3");
+    std::ofstream(JoinPath(dir, "trainer.json"), std::ios::trunc) << text;
+    EXPECT_THAT(std::string(LoadCheckpoint(dir).status().message()),
+                HasSubstr("missing \"model.layers.2.input_layernorm.weight\""));
+  }
+  EXPECT_EQ(LoadCheckpoint(root + "/none").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(CopyParamsByNameTest, CopiesIntoTiedTargetsAndChecksCoverage) {
+  const std::vector<NamedParam> source = {{"emb", torch::ones({2, 3})},
+                                          {"w", torch::full({2}, 2.0)}};
+  torch::Tensor emb = torch::zeros({2, 3}, torch::kBFloat16);
+  torch::Tensor w = torch::zeros({2}).requires_grad_(true);
+  ASSERT_TRUE(CopyParamsByName(source, {{"head", emb}, {"emb", emb}, {"w", w}}).ok());
+  EXPECT_TRUE(torch::equal(emb, torch::ones({2, 3}, torch::kBFloat16)));
+  EXPECT_TRUE(torch::equal(w.detach(), torch::full({2}, 2.0)));
+
+  torch::Tensor other = torch::zeros({2});
+  EXPECT_THAT(std::string(CopyParamsByName(source, {{"emb", emb}}).message()),
+              HasSubstr("matching no target: w"));
+  EXPECT_THAT(
+      std::string(CopyParamsByName(source, {{"emb", emb}, {"w", w}, {"x", other}}).message()),
+      HasSubstr("no source value for: x"));
+  EXPECT_THAT(
+      std::string(CopyParamsByName(source, {{"emb", torch::zeros({3, 2})}, {"w", w}}).message()),
+      HasSubstr("source [2, 3] vs target [3, 2]"));
+}
+
+// Trains a tiny model with torch::optim::AdamW, checkpoints it mid-way through the layout-free
+// format, resumes into fresh objects, and checks the continued run matches bit for bit.
+TEST(AdamWStateTest, ResumeThroughACheckpointIsBitExact) {
+  auto make_params = [] { return Params(7); };
+  auto loss_of = [](const std::vector<NamedParam>& params, int64_t step) {
+    torch::Tensor loss = torch::zeros({});
+    for (size_t i = 0; i + 1 < params.size(); ++i) {
+      loss = loss + (params[i].param * (0.1 * static_cast<double>(step + 1))).sin().sum();
+    }
+    return loss;
+  };
+  auto unique = [](const std::vector<NamedParam>& params) {
+    std::vector<torch::Tensor> out;
+    for (size_t i = 0; i + 1 < params.size(); ++i) out.push_back(params[i].param);
+    return out;
+  };
+  auto options = torch::optim::AdamWOptions(1e-2).betas({0.9, 0.95}).weight_decay(0.1);
+
+  // Reference: 5 uninterrupted steps.
+  std::vector<NamedParam> ref = make_params();
+  torch::optim::AdamW ref_opt(unique(ref), options);
+  for (int64_t s = 0; s < 5; ++s) {
+    ref_opt.zero_grad();
+    loss_of(ref, s).backward();
+    ref_opt.step();
+  }
+
+  // Interrupted: 3 steps, checkpoint, resume into fresh objects, 2 more steps.
+  std::vector<NamedParam> run = make_params();
+  torch::optim::AdamW run_opt(unique(run), options);
+  for (int64_t s = 0; s < 3; ++s) {
+    run_opt.zero_grad();
+    loss_of(run, s).backward();
+    run_opt.step();
+  }
+  absl::StatusOr<std::vector<NamedParam>> exported = ExportAdamWState(run_opt, run);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  const std::string dir = NewDir("adamw") + "/ckpt";
+  ASSERT_TRUE(SaveCheckpoint(dir, Trainer(3), run, *exported).ok());
+
+  absl::StatusOr<Checkpoint> ckpt = LoadCheckpoint(dir);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  std::vector<NamedParam> resumed = Params(123);  // different initial values
+  ASSERT_TRUE(CopyParamsByName(ckpt->params, resumed).ok());
+  torch::optim::AdamW resumed_opt(unique(resumed), options);
+  ASSERT_TRUE(ImportAdamWState(ckpt->optimizer_state, resumed, resumed_opt).ok());
+  for (int64_t s = ckpt->trainer.step; s < 5; ++s) {
+    resumed_opt.zero_grad();
+    loss_of(resumed, s).backward();
+    resumed_opt.step();
+  }
+  for (size_t i = 0; i + 1 < ref.size(); ++i) {
+    EXPECT_TRUE(torch::equal(resumed[i].param, ref[i].param)) << ref[i].name;
+  }
+
+  // Importing state for a parameter the optimizer does not own is refused.
+  torch::optim::AdamW empty_opt(
+      std::vector<torch::Tensor>{torch::zeros({1}, torch::requires_grad())}, options);
+  EXPECT_FALSE(ImportAdamWState(ckpt->optimizer_state, resumed, empty_opt).ok());
+}
+
+}  // namespace
+}  // namespace memplan::io

@@ -1,0 +1,75 @@
+#include "agent/io/hf_param_shapes.h"
+
+#include <set>
+
+#include "common/hf_config.h"
+#include "gtest/gtest.h"
+
+namespace memplan::io {
+namespace {
+
+int64_t Count(const std::vector<ParamShape>& shapes) {
+  int64_t total = 0;
+  for (const ParamShape& p : shapes) {
+    int64_t n = 1;
+    for (int64_t d : p.shape) n *= d;
+    total += n;
+  }
+  return total;
+}
+
+ModelSpec Spec(const char* json) {
+  absl::StatusOr<ModelSpec> m = ParseHfConfigJson(json);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return *m;
+}
+
+// Published parameter counts of real checkpoints check every shape rule at once.
+TEST(HfParamShapesTest, Llama31_8BHasItsPublishedParameterCount) {
+  const ModelSpec m = Spec(R"({"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
+      "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+      "vocab_size": 128256, "tie_word_embeddings": false})");
+  const std::vector<ParamShape> shapes = HfParamShapes(m);
+  EXPECT_EQ(Count(shapes), 8030261248);
+  EXPECT_EQ(shapes.size(), 1u + 32u * 9u + 2u);
+  EXPECT_EQ(shapes.front().name, "model.embed_tokens.weight");
+  EXPECT_EQ(shapes.back().name, "lm_head.weight");
+  EXPECT_EQ(shapes[3].name, "model.layers.0.self_attn.k_proj.weight");
+  EXPECT_EQ(shapes[3].shape, (std::vector<int64_t>{1024, 4096}));
+}
+
+TEST(HfParamShapesTest, Qwen25_05BTiedWithBiases) {
+  const ModelSpec m = Spec(R"({"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24,
+      "num_attention_heads": 14, "num_key_value_heads": 2, "intermediate_size": 4864,
+      "vocab_size": 151936, "tie_word_embeddings": true})");
+  const std::vector<ParamShape> shapes = HfParamShapes(m);
+  EXPECT_EQ(Count(shapes), 494032768);
+  std::set<std::string> names;
+  for (const ParamShape& p : shapes) names.insert(p.name);
+  EXPECT_EQ(names.size(), shapes.size());
+  EXPECT_EQ(names.count("lm_head.weight"), 0u);
+  EXPECT_EQ(names.count("model.layers.23.self_attn.k_proj.bias"), 1u);
+}
+
+TEST(HfParamShapesTest, Qwen3_06BHasQkNormAndWideHeads) {
+  const ModelSpec m = Spec(R"({"model_type": "qwen3", "hidden_size": 1024, "num_hidden_layers": 28,
+      "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+      "intermediate_size": 3072, "vocab_size": 151936, "tie_word_embeddings": true})");
+  const std::vector<ParamShape> shapes = HfParamShapes(m);
+  // 0.44B non-embedding parameters (Qwen3 model card) + the tied embedding.
+  EXPECT_EQ(Count(shapes) - 151936 * 1024, 440467456);
+  bool found = false;
+  for (const ParamShape& p : shapes) {
+    if (p.name == "model.layers.0.self_attn.q_proj.weight") {
+      EXPECT_EQ(p.shape, (std::vector<int64_t>{2048, 1024}));
+    }
+    if (p.name == "model.layers.0.self_attn.q_norm.weight") {
+      found = true;
+      EXPECT_EQ(p.shape, (std::vector<int64_t>{128}));
+    }
+  }
+  EXPECT_TRUE(found);
+}
+
+}  // namespace
+}  // namespace memplan::io

@@ -1,0 +1,112 @@
+#include "agent/io/trainer_state.h"
+
+#include <functional>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace memplan::io {
+namespace {
+
+using ::testing::HasSubstr;
+
+CheckpointManifest Sample() {
+  CheckpointManifest m;
+  TrainerState& t = m.trainer;
+  t.step = 120;
+  t.data_position = 480;
+  t.data_seed = 0xfedcba9876543210ULL;  // above INT64_MAX: must survive as unsigned
+  t.rng_seed = 7;
+  t.max_grad_norm = 1.0;
+  t.optimizer = {
+      .kind = "adamw", .lr = 3e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  t.model.name = "tiny";
+  t.model.family = "qwen2";
+  t.model.hidden_size = 64;
+  t.model.num_layers = 2;
+  t.model.num_heads = 4;
+  t.model.num_kv_heads = 2;
+  t.model.intermediate_size = 128;
+  t.model.vocab_size = 256;
+  t.model.qkv_bias = true;
+  t.model.tie_word_embeddings = true;
+  t.model.rope_theta = 1e6;
+  t.model.rms_norm_eps = 1e-6;
+  t.param_dtype = DType::kBFloat16;
+  t.workload = {.micro_batch = 2, .seq_len = 128, .world_size = 1, .grad_accum = 4};
+  t.plan_id = "plan-abc";
+  m.file_size_bytes = {{"params.safetensors", 1234}, {"optimizer.safetensors", 5678}};
+  return m;
+}
+
+TEST(TrainerStateTest, RoundTripsExactly) {
+  const CheckpointManifest m = Sample();
+  absl::StatusOr<CheckpointManifest> back = DecodeCheckpointManifest(EncodeCheckpointManifest(m));
+  ASSERT_TRUE(back.ok()) << back.status();
+  const TrainerState& a = m.trainer;
+  const TrainerState& b = back->trainer;
+  EXPECT_EQ(b.step, a.step);
+  EXPECT_EQ(b.data_position, a.data_position);
+  EXPECT_EQ(b.data_seed, a.data_seed);
+  EXPECT_EQ(b.rng_seed, a.rng_seed);
+  EXPECT_EQ(b.max_grad_norm, a.max_grad_norm);
+  EXPECT_EQ(b.optimizer.kind, a.optimizer.kind);
+  EXPECT_EQ(b.optimizer.lr, a.optimizer.lr);  // exact: doubles are printed round-trippably
+  EXPECT_EQ(b.optimizer.beta2, a.optimizer.beta2);
+  EXPECT_EQ(b.optimizer.weight_decay, a.optimizer.weight_decay);
+  EXPECT_EQ(b.model.family, "qwen2");
+  EXPECT_EQ(b.model.num_kv_heads, 2);
+  EXPECT_TRUE(b.model.qkv_bias);
+  EXPECT_TRUE(b.model.tie_word_embeddings);
+  EXPECT_EQ(b.model.rope_theta, 1e6);
+  EXPECT_EQ(b.param_dtype, DType::kBFloat16);
+  EXPECT_EQ(b.workload.grad_accum, 4);
+  EXPECT_EQ(b.workload.seq_len, 128);
+  EXPECT_EQ(b.plan_id, "plan-abc");
+  EXPECT_EQ(back->file_size_bytes, m.file_size_bytes);
+}
+
+// Applies `edit` to the encoded JSON and expects an error naming `key`.
+void ExpectError(const std::function<void(nlohmann::json&)>& edit, const std::string& key) {
+  nlohmann::json j = nlohmann::json::parse(EncodeCheckpointManifest(Sample()));
+  edit(j);
+  absl::StatusOr<CheckpointManifest> m = DecodeCheckpointManifest(j.dump());
+  ASSERT_FALSE(m.ok()) << "accepted after editing " << key;
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(m.status().message()), HasSubstr(key));
+}
+
+TEST(TrainerStateTest, ErrorsNameTheKey) {
+  ExpectError([](nlohmann::json& j) { j["format"] = "other"; }, "\"format\"");
+  ExpectError([](nlohmann::json& j) { j["version"] = 2; }, "\"version\"");
+  ExpectError([](nlohmann::json& j) { j.erase("step"); }, "\"step\" is required");
+  ExpectError([](nlohmann::json& j) { j["step"] = -1; }, "\"step\"");
+  ExpectError([](nlohmann::json& j) { j["step"] = 1.5; }, "\"step\" must be an integer");
+  ExpectError([](nlohmann::json& j) { j["data_seed"] = -3; }, "\"data_seed\"");
+  ExpectError([](nlohmann::json& j) { j["optimizer"]["kind"] = "lion"; }, "\"optimizer.kind\"");
+  ExpectError([](nlohmann::json& j) { j["optimizer"]["beta2"] = 1.5; }, "\"optimizer.beta2\"");
+  ExpectError([](nlohmann::json& j) { j["optimizer"].erase("lr"); }, "\"optimizer.lr\"");
+  ExpectError([](nlohmann::json& j) { j["param_dtype"] = "int8"; }, "\"param_dtype\"");
+  ExpectError([](nlohmann::json& j) { j["model"]["num_kv_heads"] = 3; }, "num_kv_heads");
+  ExpectError([](nlohmann::json& j) { j["model"]["family"] = "gpt2"; }, "family");
+  ExpectError([](nlohmann::json& j) { j["model"]["qkv_bias"] = "yes"; }, "\"model.qkv_bias\"");
+  ExpectError([](nlohmann::json& j) { j["workload"]["seq_len"] = 0; }, "\"workload.seq_len\"");
+  ExpectError(
+      [](nlohmann::json& j) {
+        j["files"]["../x"] = {{"size_bytes", 1}};
+      },
+      "\"files.../x\"");
+  ExpectError(
+      [](nlohmann::json& j) {
+        j["files"]["params.safetensors"] = {{"size_bytes", -1}};
+      },
+      "\"files.params.safetensors.size_bytes\"");
+  ExpectError([](nlohmann::json& j) { j = nlohmann::json::array(); }, "JSON object");
+  EXPECT_THAT(std::string(DecodeCheckpointManifest("{").status().message()),
+              HasSubstr("malformed JSON"));
+}
+
+}  // namespace
+}  // namespace memplan::io

@@ -1,0 +1,173 @@
+#include "agent/train/train_config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace memplan {
+namespace {
+
+using M = BlockMode;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+TEST(ParseTrainArgsTest, ParsesEveryKindOfFlag) {
+  auto c = ParseTrainArgs({"--arch",
+                           "llama-3.2-1b",
+                           "--synthetic-data",
+                           "--batch=4",
+                           "--seq",
+                           "2048",
+                           "--steps",
+                           "3",
+                           "--grad-accum",
+                           "2",
+                           "--lr",
+                           "3e-4",
+                           "--clip",
+                           "0",
+                           "--dtype",
+                           "bf16",
+                           "--device",
+                           "cuda:1",
+                           "--chunk-mib",
+                           "32",
+                           "--n-persist",
+                           "5",
+                           "--n-buffer",
+                           "3",
+                           "--block-modes",
+                           "ckpt,SWAP,hs-offload,none",
+                           "--host-memory",
+                           "pageable",
+                           "--save",
+                           "/tmp/x",
+                           "--save-every",
+                           "10"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->arch, "llama-3.2-1b");
+  EXPECT_TRUE(c->synthetic_data);
+  EXPECT_EQ(c->batch, 4);
+  EXPECT_EQ(c->seq, 2048);
+  EXPECT_EQ(c->grad_accum, 2);
+  EXPECT_DOUBLE_EQ(c->lr, 3e-4);
+  EXPECT_EQ(c->clip, 0);
+  EXPECT_EQ(c->dtype, DType::kBFloat16);
+  EXPECT_EQ(c->device, "cuda:1");
+  EXPECT_EQ(c->chunk_bytes, int64_t{32} << 20);
+  EXPECT_EQ(c->n_persist, 5);
+  EXPECT_EQ(c->n_buffer, 3);
+  EXPECT_THAT(*c->block_modes, ElementsAre(M::kCkpt, M::kSwap, M::kHsOffload, M::kNone));
+  EXPECT_EQ(c->host_memory, HostMemoryKind::kPageable);
+  EXPECT_EQ(c->save_dir, "/tmp/x");
+  EXPECT_EQ(c->save_every, 10);
+}
+
+TEST(ParseTrainArgsTest, ErrorsNameTheFlag) {
+  auto bad = [](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--arch", "x", "--synthetic-data"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return ParseTrainArgs(args).status();
+  };
+  EXPECT_THAT(bad({"--batch", "0"}).message(), HasSubstr("--batch"));
+  EXPECT_THAT(bad({"--lr", "abc"}).message(), HasSubstr("--lr"));
+  EXPECT_THAT(bad({"--dtype", "fp8"}).message(), HasSubstr("--dtype"));
+  EXPECT_THAT(bad({"--block-modes", "ckpt,bogus"}).message(), HasSubstr("bogus"));
+  EXPECT_THAT(bad({"--host-memory", "gpu"}).message(), HasSubstr("--host-memory"));
+  EXPECT_THAT(bad({"--frobnicate", "1"}).message(), HasSubstr("unknown flag --frobnicate"));
+  EXPECT_THAT(bad({"--seq"}).message(), HasSubstr("needs a value"));
+  EXPECT_THAT(bad({"--n-ckpt", "2", "--block-modes", "none"}).message(), HasSubstr("exclusive"));
+  EXPECT_FALSE(ParseTrainArgs({"--synthetic-data"}).ok());                            // no model
+  EXPECT_FALSE(ParseTrainArgs({"--arch", "x"}).ok());                                 // no data
+  EXPECT_FALSE(ParseTrainArgs({"--arch", "x", "--model", "d", "--data", "f"}).ok());  // both
+}
+
+TEST(BlockModesFromCountsTest, OffloadFirstInterleavedWithCkptNoneLast) {
+  auto modes = BlockModesFromCounts(6, 1, 2, 2);
+  ASSERT_TRUE(modes.ok());
+  EXPECT_THAT(*modes,
+              ElementsAre(M::kSwap, M::kCkpt, M::kHsOffload, M::kCkpt, M::kHsOffload, M::kNone));
+  EXPECT_THAT(*BlockModesFromCounts(3, 0, 3, 0), ElementsAre(M::kCkpt, M::kCkpt, M::kCkpt));
+  EXPECT_THAT(*BlockModesFromCounts(2, 0, 0, 0), ElementsAre(M::kNone, M::kNone));
+  EXPECT_FALSE(BlockModesFromCounts(2, 1, 1, 1).ok());
+  EXPECT_FALSE(BlockModesFromCounts(2, -1, 0, 0).ok());
+}
+
+TEST(ParsePlanJsonTest, ProtoJsonOfAPlanResponse) {
+  // What protobuf's MessageToJsonString prints: lowerCamelCase, int64 as strings, enum names,
+  // default values omitted.
+  auto plan = ParsePlanJson(R"({"planId": "p1", "plan": {"chunkBytes": "67108864",
+      "nChunks": 20, "nPersist": 4, "nBuffer": 2, "nCheckpoint": 1,
+      "hostMemory": "HOST_MEMORY_PAGEABLE",
+      "blockModes": ["BLOCK_MODE_CKPT", "BLOCK_MODE_NONE"], "worldSize": 1},
+      "prediction": {"peakBytes": "123"}})");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->chunk_bytes, int64_t{64} << 20);
+  EXPECT_EQ(plan->n_persist, 4);
+  EXPECT_EQ(plan->n_buffer, 2);
+  EXPECT_EQ(plan->n_checkpoint, 1);
+  EXPECT_EQ(plan->host_memory, HostMemoryKind::kPageable);
+  EXPECT_THAT(plan->block_modes, ElementsAre(M::kCkpt, M::kNone));
+}
+
+TEST(ParsePlanJsonTest, BarePlanInSnakeCaseWithShortNames) {
+  auto plan = ParsePlanJson(
+      R"({"chunk_bytes": 1024, "n_persist": 1, "block_modes": ["swap", "hs_offload"]})");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->chunk_bytes, 1024);
+  EXPECT_EQ(plan->host_memory, HostMemoryKind::kPinned);
+  EXPECT_THAT(plan->block_modes, ElementsAre(M::kSwap, M::kHsOffload));
+}
+
+TEST(ParsePlanJsonTest, RejectsMalformedPlans) {
+  EXPECT_FALSE(ParsePlanJson("{not json").ok());
+  EXPECT_FALSE(ParsePlanJson("[1, 2]").ok());
+  EXPECT_THAT(ParsePlanJson(R"({"n_persist": -1})").status().message(), HasSubstr("n_persist"));
+  EXPECT_THAT(ParsePlanJson(R"({"n_buffer": "x"})").status().message(), HasSubstr("n_buffer"));
+  EXPECT_THAT(ParsePlanJson(R"({"block_modes": ["fast"]})").status().message(),
+              HasSubstr("block_modes[0]"));
+  EXPECT_THAT(ParsePlanJson(R"({"host_memory": "gpu"})").status().message(),
+              HasSubstr("host_memory"));
+}
+
+TEST(ResolveRunPlanTest, FlagsOverrideThePlanFile) {
+  ResidencyPlan file;
+  file.chunk_bytes = 1 << 20;
+  file.n_persist = 2;
+  file.n_buffer = 3;
+  file.n_checkpoint = 2;
+  file.host_memory = HostMemoryKind::kPageable;
+  TrainConfig c;
+  c.n_persist = 7;
+  auto run = ResolveRunPlan(c, 4, file);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_TRUE(run->managed);
+  EXPECT_EQ(run->chunk_bytes, 1 << 20);
+  EXPECT_EQ(run->n_persist, 7);
+  EXPECT_EQ(run->n_buffer, 3);
+  EXPECT_EQ(run->host_memory, HostMemoryKind::kPageable);
+  EXPECT_THAT(run->block_modes, ElementsAre(M::kCkpt, M::kCkpt, M::kNone, M::kNone));
+
+  c.block_modes = std::vector<M>{M::kSwap, M::kNone, M::kNone, M::kNone};
+  EXPECT_THAT(ResolveRunPlan(c, 4, file)->block_modes,
+              ElementsAre(M::kSwap, M::kNone, M::kNone, M::kNone));
+  EXPECT_FALSE(ResolveRunPlan(c, 5, file).ok());  // 4 modes for 5 blocks
+}
+
+TEST(ResolveRunPlanTest, NoPlanNoKnobsIsUnmanagedAllNone) {
+  auto run = ResolveRunPlan(TrainConfig{}, 3, std::nullopt);
+  ASSERT_TRUE(run.ok());
+  EXPECT_FALSE(run->managed);
+  EXPECT_THAT(run->block_modes, ElementsAre(M::kNone, M::kNone, M::kNone));
+  TrainConfig c;
+  c.n_buffer = 1;
+  EXPECT_TRUE(ResolveRunPlan(c, 3, std::nullopt)->managed);
+}
+
+TEST(ResolveRunPlanTest, RejectsMultiGpuPlans) {
+  ResidencyPlan file;
+  file.world_size = 8;
+  EXPECT_THAT(ResolveRunPlan(TrainConfig{}, 3, file).status().message(), HasSubstr("world_size"));
+}
+
+}  // namespace
+}  // namespace memplan

@@ -1,0 +1,306 @@
+#include "agent/train/trainer.h"
+
+#include <ftw.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace memplan {
+namespace {
+
+// The CI machine is shared; a single intra-op thread avoids OpenMP spin contention. Both paths of
+// every comparison run with the same setting.
+const bool kSingleThread = [] {
+  torch::set_num_threads(1);
+  return true;
+}();
+
+ModelSpec TinySpec(bool tied = false, const std::string& family = "llama") {
+  ModelSpec s;
+  s.name = "tiny";
+  s.family = family;
+  s.hidden_size = 64;
+  s.num_layers = 4;
+  s.num_heads = 4;
+  s.num_kv_heads = 2;
+  s.intermediate_size = 96;
+  s.vocab_size = 128;
+  s.rope_theta = 10000.0;
+  s.tie_word_embeddings = tied;
+  if (family == "qwen2") s.qkv_bias = true;
+  if (family == "qwen3") s.qk_norm = true;
+  return s;
+}
+
+std::unique_ptr<LlamaModel> MakeModel(const ModelSpec& spec) {
+  LlamaModelOptions options;
+  options.spec = spec;
+  options.seed = 5;
+  auto model = LlamaModel::Create(options);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return std::move(model).value();
+}
+
+std::vector<MicroBatch> Batches(int64_t step, int grad_accum, int64_t vocab) {
+  std::vector<MicroBatch> out;
+  for (int i = 0; i < grad_accum; ++i) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + step * 16 + i);
+    MicroBatch b;
+    b.input_ids = torch::randint(vocab, {2, 16}, gen, torch::kLong);
+    b.labels = b.input_ids.clone();
+    b.labels.index_put_({1, 0}, -100);
+    out.push_back(b);
+  }
+  return out;
+}
+
+TrainerOptions BaseOptions(int n_blocks) {
+  TrainerOptions o;
+  o.grad_accum = 2;
+  o.max_grad_norm = 0.5;  // small enough to clip
+  o.adamw.lr = 1e-2;
+  o.adamw.weight_decay = 0.1;
+  o.block_modes.assign(n_blocks, BlockMode::kNone);
+  return o;
+}
+
+// std::filesystem is off limits here: libtorch.so exports its own copies of some of its symbols,
+// which crash when mixed with the system libstdc++ (seen with remove_all).
+std::string MakeTempDir() {
+  std::string tmpl = ::testing::TempDir() + "/memplan_trainer_XXXXXX";
+  EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
+  return tmpl;
+}
+
+void RemoveTree(const std::string& dir) {
+  ::nftw(
+      dir.c_str(),
+      [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }, 16,
+      FTW_DEPTH | FTW_PHYS);
+}
+
+std::map<std::string, torch::Tensor> ByName(const std::vector<NamedParam>& v) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& p : v) out[p.name] = p.param;
+  return out;
+}
+
+void ExpectEqualByName(const std::vector<NamedParam>& expected, const std::vector<NamedParam>& got,
+                       const std::string& what) {
+  auto e = ByName(expected);
+  auto g = ByName(got);
+  ASSERT_EQ(e.size(), g.size()) << what;
+  for (const auto& [name, t] : e) {
+    ASSERT_TRUE(g.count(name)) << what << " " << name;
+    ASSERT_TRUE(t.defined() && g[name].defined()) << what << " " << name;
+    const torch::Tensor other = g[name].to(t.scalar_type());
+    EXPECT_TRUE(torch::equal(t, other))
+        << what << " " << name << " max diff " << (t - other).abs().max().item<double>();
+  }
+}
+
+struct PlanCase {
+  std::string name;
+  bool tied = false;
+  std::string family = "llama";
+  std::vector<BlockMode> modes = {};  // empty: all NONE
+  bool managed = false;
+  int n_persist = 0;
+  int n_buffer = 2;
+  HostMemoryKind host = HostMemoryKind::kPinned;
+  int64_t chunk_bytes = 128 << 10;  // one tiny block (~121 KiB) per chunk
+};
+
+// Readable parameter names in test output and ctest.
+void PrintTo(const PlanCase& c, std::ostream* os) { *os << c.name; }
+
+// The reference run: plain autograd, all params on the device, torch::optim::AdamW.
+struct Reference {
+  explicit Reference(const PlanCase& c) {
+    model = MakeModel(TinySpec(c.tied, c.family));
+    TrainerOptions o = BaseOptions(model->num_blocks());
+    o.plain_reference = true;
+    auto t = Trainer::Create(model.get(), o);
+    EXPECT_TRUE(t.ok()) << t.status();
+    trainer = std::move(t).value();
+  }
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<Trainer> trainer;
+};
+
+std::unique_ptr<Trainer> MakeTrainer(const PlanCase& c, LlamaModel* model) {
+  TrainerOptions o = BaseOptions(model->num_blocks());
+  if (!c.modes.empty()) o.block_modes = c.modes;
+  o.managed = c.managed;
+  o.chunks.chunk_bytes = c.chunk_bytes;
+  o.chunks.n_persist = c.n_persist;
+  o.chunks.n_buffer = c.n_buffer;
+  o.chunks.host_memory = c.host;
+  o.chunks.cpu_threads = 2;
+  auto t = Trainer::Create(model, o);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? std::move(t).value() : nullptr;
+}
+
+using M = BlockMode;
+
+class PlanMatrixTest : public ::testing::TestWithParam<PlanCase> {};
+
+TEST_P(PlanMatrixTest, SameLossGradsAndParamsAsReference) {
+  const PlanCase& c = GetParam();
+  Reference ref(c);
+  auto model = MakeModel(TinySpec(c.tied, c.family));
+  auto trainer = MakeTrainer(c, model.get());
+  ASSERT_NE(trainer, nullptr);
+  const int64_t vocab = model->spec().vocab_size;
+
+  // Step 1 in two halves: loss and accumulated gradients.
+  auto ref_loss = ref.trainer->ForwardBackward(Batches(0, 2, vocab));
+  auto loss = trainer->ForwardBackward(Batches(0, 2, vocab));
+  ASSERT_TRUE(ref_loss.ok() && loss.ok()) << ref_loss.status() << loss.status();
+  EXPECT_EQ(*ref_loss, *loss);
+  ExpectEqualByName(ref.trainer->Grads(), trainer->Grads(), "grads");
+  auto ref_norm = ref.trainer->OptimizerStep();
+  auto norm = trainer->OptimizerStep();
+  ASSERT_TRUE(ref_norm.ok() && norm.ok()) << ref_norm.status() << norm.status();
+  EXPECT_EQ(*ref_norm, *norm);
+  EXPECT_GT(*norm, 0.5);  // clipping was active
+
+  // Steps 2-4: losses and final parameters.
+  for (int64_t step = 1; step < 4; ++step) {
+    auto r = ref.trainer->Step(Batches(step, 2, vocab));
+    auto s = trainer->Step(Batches(step, 2, vocab));
+    ASSERT_TRUE(r.ok() && s.ok()) << r.status() << s.status();
+    EXPECT_EQ(r->loss, s->loss) << "step " << step;
+    EXPECT_EQ(s->step, step + 1);
+  }
+  ExpectEqualByName(ref.trainer->Params(), trainer->Params(), "params");
+
+  // The plan really was applied.
+  if (c.managed) {
+    const ChunkMemoryStats stats = trainer->chunk_manager()->MemoryStats();
+    EXPECT_GE(stats.n_chunks, 5);  // embedding, one per block, head
+    EXPECT_EQ(stats.n_persist, std::min(c.n_persist, stats.n_chunks));
+  }
+  bool offloads = false;
+  for (BlockMode m : c.modes) offloads = offloads || m == M::kSwap || m == M::kHsOffload;
+  if (offloads) {
+    EXPECT_GT(trainer->offloader()->Stats().offloaded_bytes, 0);
+    EXPECT_EQ(trainer->offloader()->Stats().host_bytes, 0);
+  }
+}
+
+const std::vector<M> kMixed = {M::kSwap, M::kHsOffload, M::kCkpt, M::kNone};
+INSTANTIATE_TEST_SUITE_P(
+    Plans, PlanMatrixTest,
+    ::testing::Values(
+        PlanCase{.name = "unmanaged_grouped_none",
+                 .modes = {M::kNone, M::kNone, M::kNone, M::kNone}},
+        PlanCase{.name = "unmanaged_ckpt", .modes = {M::kCkpt, M::kCkpt, M::kCkpt, M::kCkpt}},
+        PlanCase{.name = "unmanaged_swap", .modes = {M::kSwap, M::kSwap, M::kSwap, M::kSwap}},
+        PlanCase{.name = "unmanaged_hs_offload",
+                 .modes = {M::kHsOffload, M::kHsOffload, M::kHsOffload, M::kHsOffload}},
+        PlanCase{.name = "unmanaged_mixed_tied", .tied = true, .modes = kMixed},
+        PlanCase{.name = "all_persistent", .managed = true, .n_persist = 1000},
+        PlanCase{.name = "offloaded_1_buffer", .managed = true, .n_buffer = 1},
+        PlanCase{.name = "offloaded_2_buffers", .managed = true, .n_buffer = 2},
+        PlanCase{.name = "offloaded_pageable",
+                 .managed = true,
+                 .n_buffer = 2,
+                 .host = HostMemoryKind::kPageable},
+        PlanCase{.name = "half_persistent_mixed", .modes = kMixed, .managed = true, .n_persist = 3},
+        PlanCase{.name = "offloaded_mixed_tied",
+                 .tied = true,
+                 .modes = kMixed,
+                 .managed = true,
+                 .n_buffer = 1},
+        PlanCase{.name = "qwen2_offloaded_swap",
+                 .family = "qwen2",
+                 .modes = {M::kSwap, M::kSwap, M::kNone, M::kNone},
+                 .managed = true,
+                 .n_persist = 2},
+        PlanCase{.name = "qwen3_offloaded_hs_tied",
+                 .tied = true,
+                 .family = "qwen3",
+                 .modes = {M::kHsOffload, M::kCkpt, M::kHsOffload, M::kNone},
+                 .managed = true,
+                 .n_buffer = 2}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(TrainerTest, RejectsBadOptions) {
+  auto model = MakeModel(TinySpec());
+  TrainerOptions o;
+  o.grad_accum = 0;
+  EXPECT_EQ(Trainer::Create(model.get(), o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = TrainerOptions();
+  o.block_modes = {M::kNone};
+  EXPECT_EQ(Trainer::Create(model.get(), o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = TrainerOptions();
+  auto trainer = Trainer::Create(model.get(), o);
+  ASSERT_TRUE(trainer.ok());
+  EXPECT_EQ((*trainer)->Step(Batches(0, 2, 128)).status().code(),
+            absl::StatusCode::kInvalidArgument);  // grad_accum is 1
+}
+
+TEST(TrainerTest, LossGoesDownOnARepeatedBatch) {
+  auto model = MakeModel(TinySpec());
+  TrainerOptions o = BaseOptions(model->num_blocks());
+  o.grad_accum = 1;
+  auto trainer = Trainer::Create(model.get(), o);
+  ASSERT_TRUE(trainer.ok());
+  auto batch = Batches(0, 1, 128);
+  auto first = (*trainer)->Step(batch);
+  ASSERT_TRUE(first.ok());
+  StepStats last;
+  for (int i = 0; i < 5; ++i) last = *(*trainer)->Step(batch);
+  EXPECT_LT(last.loss, first->loss - 0.5);
+  EXPECT_EQ(last.tokens, 32);
+  EXPECT_GT(last.tokens_per_second, 0);
+  EXPECT_EQ(last.peak_allocated_bytes, 0);  // CPU
+}
+
+// Resume under a different plan: save after two steps of plan A, restore into plan B (and into
+// the unmanaged reference), and the next step's loss and parameters match continuing plan A.
+TEST(TrainerTest, CheckpointResumesExactlyUnderAnotherPlan) {
+  const std::string root = MakeTempDir();
+  const std::string dir = root + "/ckpt";
+  PlanCase plan_a{.name = "a", .modes = kMixed, .managed = true, .n_buffer = 1};
+  PlanCase plan_b{.name = "b",
+                  .modes = {M::kCkpt, M::kNone, M::kSwap, M::kHsOffload},
+                  .managed = true,
+                  .n_persist = 2,
+                  .host = HostMemoryKind::kPageable};
+  PlanCase plan_c{.name = "c"};  // unmanaged
+
+  auto model_a = MakeModel(TinySpec());
+  auto a = MakeTrainer(plan_a, model_a.get());
+  for (int64_t step = 0; step < 2; ++step) ASSERT_TRUE(a->Step(Batches(step, 2, 128)).ok());
+  io::TrainerState state;
+  state.data_position = 4;
+  ASSERT_TRUE(a->SaveCheckpoint(dir, state).ok());
+  auto loaded = io::LoadCheckpoint(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->trainer.step, 2);
+
+  auto continued = a->Step(Batches(2, 2, 128));
+  ASSERT_TRUE(continued.ok());
+  for (const PlanCase& plan : {plan_b, plan_c}) {
+    auto model = MakeModel(TinySpec());
+    auto trainer = MakeTrainer(plan, model.get());
+    ASSERT_TRUE(trainer->RestoreCheckpoint(*loaded).ok()) << plan.name;
+    EXPECT_EQ(trainer->step(), 2);
+    auto resumed = trainer->Step(Batches(2, 2, 128));
+    ASSERT_TRUE(resumed.ok()) << resumed.status();
+    EXPECT_EQ(resumed->loss, continued->loss) << plan.name;
+    ExpectEqualByName(a->Params(), trainer->Params(), "params after resume " + plan.name);
+  }
+  RemoveTree(root);
+}
+
+}  // namespace
+}  // namespace memplan
