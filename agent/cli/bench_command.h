@@ -1,5 +1,5 @@
-// `memplan-agent bench`: the hardware benchmark (agent/bench) as a subcommand, the same flags and
-// output as memplan-hw-bench. Torch-free header; returns the process exit code.
+// `memplan-agent bench`: runs the hardware benchmark (agent/bench), prints the table, writes and/or
+// submits the profile. Torch-free header; returns the process exit code.
 #pragma once
 
 #include <string>

@@ -1,5 +1,5 @@
-// `memplan-agent profile`: one profiling pass of a preset model (agent/profiler) as a subcommand,
-// the same flags and output as memplan-profile. Torch-free header; returns the exit code.
+// `memplan-agent profile`: one profiling pass of a preset model (agent/profiler); prints the
+// per-block table, writes and/or submits the trace. Torch-free header; returns the exit code.
 #pragma once
 
 #include <string>

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Closes the loop on a GPU host: starts memplan-planner, benchmarks the card (stored as a measured
+# profile that supersedes the preset of the same name), then for each workload profiles the
+# model, asks for a plan, trains it and reports the measurement; prints the calibration at the end.
+#   scripts/gpu-loop.sh OUT_DIR BUILD_DIR [HARDWARE_NAME]
+set -uo pipefail
+out=${1:?out dir}; build=${2:?build dir}; hw=${3:-h200}
+mkdir -p "$out"
+agent=$build/agent/cli/memplan-agent
+"$build/planner/daemon/memplan-planner" --listen=127.0.0.1:0 --metrics= --db="$out/planner.db" \
+  >"$out/planner.out" 2>"$out/planner.log" &
+pid=$!
+trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null' EXIT
+addr=
+for _ in $(seq 1 100); do
+  addr=$(sed -n 's/^listening on //p' "$out/planner.out"); [[ -n $addr ]] && break; sleep 0.1
+done
+[[ -n $addr ]] || { echo "planner did not start"; cat "$out/planner.log"; exit 1; }
+threads=$(nproc)
+"$agent" bench --name "$hw" --planner "$addr" --out "$out/hw.json" 2>&1 | tee "$out/bench.txt"
+for cfg in "llama-3.2-1b 4 2048" "llama-3.2-1b 2 4096" "llama-3.2-3b 1 4096" "qwen2.5-1.5b 4 2048"; do
+  set -- $cfg
+  echo "=== $1 ${2}x$3"
+  "$agent" train --planner "$addr" --hardware "$hw" --profile --arch "$1" --batch "$2" --seq "$3" \
+    --steps 5 --synthetic-data --device cuda --cpu-threads "$threads" 2>&1 | grep -v "^ts=" \
+    | tee -a "$out/loop.txt"
+done
+"$build/planner/cli/memplan" --planner "$addr" calibration 2>&1 | tee "$out/calibration.txt"
+"$build/planner/cli/memplan" --planner "$addr" plans list 2>&1 | tee "$out/plans.txt"
