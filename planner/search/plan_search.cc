@@ -343,6 +343,22 @@ absl::StatusOr<PlanSearch> PlanSearch::Create(const Trace& trace, const Hardware
   return PlanSearch(std::move(models));
 }
 
+namespace {
+
+// Turns the search's best point into a plan and its full prediction.
+void FillFromIncumbent(const std::vector<CostModel>& models, const Incumbent& best,
+                       SearchResult* result) {
+  if (!best.found) return;
+  const CostModel& model = models[static_cast<size_t>(best.model_index)];
+  result->found = true;
+  result->model_index = best.model_index;
+  result->plan =
+      model.MakeResidencyPlan(best.n_persist, best.n_buffer, best.counts, best.host_memory);
+  result->prediction = model.Predict(result->plan);
+}
+
+}  // namespace
+
 SearchResult PlanSearch::Run(const SearchConstraints& constraints, bool any_fit) const {
   Incumbent best;
   SearchResult result;
@@ -358,13 +374,7 @@ SearchResult PlanSearch::Run(const SearchConstraints& constraints, bool any_fit)
     }
     if (any_fit && best.found) break;
   }
-  if (!best.found) return result;
-  const CostModel& model = models_[static_cast<size_t>(best.model_index)];
-  result.found = true;
-  result.model_index = best.model_index;
-  result.plan =
-      model.MakeResidencyPlan(best.n_persist, best.n_buffer, best.counts, best.host_memory);
-  result.prediction = model.Predict(result.plan);
+  FillFromIncumbent(models_, best, &result);
   return result;
 }
 
@@ -458,13 +468,7 @@ SearchResult PlanSearch::FindLeanest(const SearchConstraints& constraints) const
       }
     }
   }
-  if (!best.found) return result;
-  const CostModel& model = models_[static_cast<size_t>(best.model_index)];
-  result.found = true;
-  result.model_index = best.model_index;
-  result.plan =
-      model.MakeResidencyPlan(best.n_persist, best.n_buffer, best.counts, best.host_memory);
-  result.prediction = model.Predict(result.plan);
+  FillFromIncumbent(models_, best, &result);
   return result;
 }
 

@@ -232,11 +232,10 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
   }
 
   absl::StatusOr<ListPlansPage> ListPlans(int page_size, absl::string_view page_token) override {
-    ASSIGN_OR_RETURN(const int limit, store_internal::CheckPageSize(page_size));
-    int64_t before_seq = INT64_MAX;
-    if (!page_token.empty()) {
-      ASSIGN_OR_RETURN(before_seq, store_internal::DecodePlanPageToken(page_token));
-    }
+    ASSIGN_OR_RETURN(const store_internal::PlanPageRequest request,
+                     store_internal::ParsePlanPageRequest(page_size, page_token));
+    const int limit = request.limit;
+    const int64_t before_seq = request.before_seq;
     absl::MutexLock lock(&mu_);
     // One row more than asked tells whether another page exists without a COUNT.
     ASSIGN_OR_RETURN(StatementLease stmt, db_->Prepare("SELECT seq, body FROM plans WHERE seq < ? "

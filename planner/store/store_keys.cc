@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/status.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
@@ -140,6 +141,16 @@ absl::Status CheckSampleLimit(int limit) {
     return absl::InvalidArgumentError(absl::StrCat("limit must be > 0, got ", limit));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<PlanPageRequest> ParsePlanPageRequest(int page_size, absl::string_view page_token) {
+  PlanPageRequest request;
+  ASSIGN_OR_RETURN(request.limit, CheckPageSize(page_size));
+  request.before_seq = INT64_MAX;
+  if (!page_token.empty()) {
+    ASSIGN_OR_RETURN(request.before_seq, DecodePlanPageToken(page_token));
+  }
+  return request;
 }
 
 }  // namespace memplan::store_internal

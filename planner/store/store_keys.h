@@ -30,6 +30,13 @@ absl::StatusOr<int64_t> DecodePlanPageToken(absl::string_view token);  // INVALI
 // page_size 0 -> default; outside [0, kMaxListPlansPageSize] -> INVALID_ARGUMENT.
 absl::StatusOr<int> CheckPageSize(int page_size);
 
+// A validated ListPlans request: at most `limit` plans with insertion sequence < `before_seq`.
+struct PlanPageRequest {
+  int limit = 0;
+  int64_t before_seq = 0;
+};
+absl::StatusOr<PlanPageRequest> ParsePlanPageRequest(int page_size, absl::string_view page_token);
+
 memplan::v1::DType ToProtoDType(DType dtype);
 
 absl::Status CheckMeasurement(const memplan::v1::Measurement& m);
