@@ -3,6 +3,7 @@
 # profile that supersedes the preset of the same name), then for each workload profiles the
 # model, asks for a plan, trains it and reports the measurement; prints the calibration at the end.
 #   scripts/gpu-loop.sh OUT_DIR BUILD_DIR [HARDWARE_NAME]
+# MEMPLAN_LOOP_CONFIGS: ';'-separated "ARCH BATCH SEQ [SAFETY_MARGIN]" workloads (default below).
 set -uo pipefail
 out=${1:?out dir}; build=${2:?build dir}; hw=${3:-h200}
 mkdir -p "$out"
@@ -18,12 +19,16 @@ done
 [[ -n $addr ]] || { echo "planner did not start"; cat "$out/planner.log"; exit 1; }
 threads=$(nproc)
 "$agent" bench --name "$hw" --planner "$addr" --out "$out/hw.json" 2>&1 | tee "$out/bench.txt"
-for cfg in "llama-3.2-1b 4 2048" "llama-3.2-1b 2 4096" "llama-3.2-3b 1 4096" "qwen2.5-1.5b 4 2048"; do
+configs=${MEMPLAN_LOOP_CONFIGS:-llama-3.2-1b 4 2048;llama-3.2-1b 2 4096;llama-3.2-3b 1 4096;qwen2.5-1.5b 4 2048}
+IFS=';' read -ra workloads <<<"$configs"
+for cfg in "${workloads[@]}"; do
   set -- $cfg
-  echo "=== $1 ${2}x$3"
+  margin=()
+  [[ -n ${4:-} ]] && margin=(--safety-margin "$4")
+  echo "=== $1 ${2}x$3 ${4:+margin $4}"
   "$agent" train --planner "$addr" --hardware "$hw" --profile --arch "$1" --batch "$2" --seq "$3" \
-    --steps 5 --synthetic-data --device cuda --cpu-threads "$threads" 2>&1 | grep -v "^ts=" \
-    | tee -a "$out/loop.txt"
+    "${margin[@]}" --steps 5 --synthetic-data --device cuda --cpu-threads "$threads" 2>&1 \
+    | grep -v "^ts=" | tee -a "$out/loop.txt"
 done
 "$build/planner/cli/memplan" --planner "$addr" calibration 2>&1 | tee "$out/calibration.txt"
 "$build/planner/cli/memplan" --planner "$addr" plans list 2>&1 | tee "$out/plans.txt"
