@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -17,6 +18,13 @@ int main(int argc, char** argv) {
   const int64_t n = argc > 1 ? std::atoll(argv[1]) : (int64_t{64} << 20);
   const int max_threads =
       argc > 2 ? std::atoi(argv[2]) : std::max(1u, std::thread::hardware_concurrency());
+  if (argc > 3 || n <= 0 || max_threads <= 0) {
+    std::fprintf(argc > 1 && std::strcmp(argv[1], "--help") == 0 ? stdout : stderr,
+                 "usage: memplan-cpu-adam-bench [num_params > 0 (default 64M)] "
+                 "[max_threads > 0 (default: hardware)]\n"
+                 "Prints CPU AdamW parameters updated per second for 1, 2, 4, ... threads.\n");
+    return argc > 1 && std::strcmp(argv[1], "--help") == 0 ? 0 : 2;
+  }
   std::vector<float> param(n, 0.5f), grad(n, 0.01f), exp_avg(n, 0.0f), exp_avg_sq(n, 0.0f);
   const memplan::AdamWOptions options;
   const int64_t kRange = int64_t{1} << 18;  // the ChunkManager's task size

@@ -35,8 +35,19 @@ int main(int argc, char** argv) {
   int runs = 200;
   bool verbose = false;
   for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--runs=", 7) == 0) runs = std::max(1, std::atoi(argv[i] + 7));
-    if (std::strcmp(argv[i], "--verbose") == 0) verbose = true;
+    if (std::strncmp(argv[i], "--runs=", 7) == 0) {
+      runs = std::max(1, std::atoi(argv[i] + 7));
+    } else if (std::strcmp(argv[i], "--verbose") == 0) {
+      verbose = true;
+    } else {
+      const bool help = std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0;
+      std::fprintf(help ? stdout : stderr,
+                   "%susage: memplan-plan-bench [--runs=N (default 200)] [--verbose]\n"
+                   "Times MakePlan (search, alternatives, limits) on preset models and cards and "
+                   "prints p50/p99/max latency per case.\n",
+                   help ? "" : "memplan-plan-bench: unknown flag\n");
+      return help ? 0 : 2;
+    }
   }
   const Case cases[] = {
       {"llama-3.1-70b", "h100-80gb", 1, 4096, 8},   {"llama-3.1-70b", "h100-80gb", 1, 4096, 1},
