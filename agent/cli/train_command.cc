@@ -1,10 +1,14 @@
 #include "agent/cli/train_command.h"
 
+#include <c10/core/AllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +26,8 @@
 #include "agent/io/synthetic_tokens.h"
 #include "agent/io/token_batcher.h"
 #include "agent/io/token_file.h"
+#include "agent/profiler/memory_probe.h"
+#include "agent/profiler/memory_timeline.h"
 #include "agent/profiler/model_profiler.h"
 #include "agent/train/trainer.h"
 #include "common/hf_config.h"
@@ -107,6 +113,42 @@ void DevicePeaks(const torch::Device& device, int64_t* allocated, int64_t* reser
   const auto kAggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
   *allocated = stats.allocated_bytes[kAggregate].peak;
   *reserved = stats.reserved_bytes[kAggregate].peak;
+}
+
+c10::DeviceIndex CudaIndex(const torch::Device& device) {
+  return device.index() < 0 ? c10::DeviceIndex{0} : device.index();
+}
+
+// Device-level used bytes (every process and the CUDA context included), 0 on CPU.
+int64_t DeviceUsedBytes(const torch::Device& device) {
+  if (!device.is_cuda()) return 0;
+  c10::cuda::CUDAGuard guard(CudaIndex(device));
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return 0;
+  return static_cast<int64_t>(total_bytes - free_bytes);
+}
+
+// Hands cached-but-free device memory back, so that what happened before (profiling, model
+// loading) does not sit in the pool the plan is measured by, and starts new peaks.
+void ReleaseCachedAndResetPeaks(const torch::Device& device) {
+  if (!device.is_cuda()) return;
+  torch::cuda::synchronize(CudaIndex(device));
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  c10::cuda::CUDACachingAllocator::resetPeakStats(CudaIndex(device));
+}
+
+// PYTORCH_CUDA_ALLOC_CONF syntax; see TrainConfig::allocator_conf for the precedence.
+void ConfigureAllocator(const TrainConfig& c, const torch::Device& device) {
+  if (!device.is_cuda()) return;
+  std::string conf;
+  if (c.allocator_conf.has_value()) {
+    conf = *c.allocator_conf;
+  } else if (std::getenv("PYTORCH_CUDA_ALLOC_CONF") == nullptr) {
+    conf = "expandable_segments:True";
+  }
+  if (!conf.empty()) c10::CachingAllocator::setAllocatorSettings(conf);
+  MEMPLAN_LOG(kInfo, "cuda allocator")
+      .Field("settings", conf.empty() ? std::string("(pytorch default or environment)") : conf);
 }
 
 double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
@@ -197,13 +239,18 @@ absl::Status ReportToPlanner(PlannerClient& client, const PlanAnswer& answer, Me
   m.measured_at_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                               std::chrono::system_clock::now().time_since_epoch())
                               .count();
-  std::printf("measured: peak allocated %.2f MiB, peak reserved %.2f MiB, step %.4f s%s\n",
-              MiB(m.peak_allocated_bytes), MiB(m.peak_reserved_bytes), m.step_seconds,
-              m.oom ? ", OOM" : "");
+  std::printf(
+      "measured: peak allocated %.2f MiB, peak reserved %.2f MiB, device used %.2f MiB, "
+      "load peak %.2f MiB, step %.4f s%s\n",
+      MiB(m.peak_allocated_bytes), MiB(m.peak_reserved_bytes), MiB(m.peak_device_bytes),
+      MiB(m.load_peak_bytes), m.step_seconds, m.oom ? ", OOM" : "");
   const double predicted_seconds = answer.prediction.iteration_seconds;
-  std::printf("predicted vs measured: peak %.2f / %.2f MiB, step %.4f / %.4f s\n",
-              MiB(answer.prediction.peak_bytes), MiB(m.peak_reserved_bytes), predicted_seconds,
-              m.step_seconds);
+  std::printf(
+      "predicted vs measured: peak %.2f / %.2f MiB, load peak %.2f / %.2f MiB, step %.4f / "
+      "%.4f s\n",
+      MiB(answer.prediction.peak_bytes), MiB(m.peak_reserved_bytes),
+      MiB(answer.prediction.load_peak_bytes), MiB(m.load_peak_bytes), predicted_seconds,
+      m.step_seconds);
   if (m.peak_reserved_bytes < 1) {
     if (!m.note.empty()) m.note += "; ";
     m.note += "cpu: no device peak";
@@ -297,6 +344,7 @@ planner flags (closing the loop):
 
 absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
   ASSIGN_OR_RETURN(const torch::Device device, ResolveDevice(c.device));
+  ConfigureAllocator(c, device);
   const DType dtype = c.dtype.value_or(device.is_cuda() ? DType::kBFloat16 : DType::kFloat32);
 
   // Model spec.
@@ -332,6 +380,8 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
     ASSIGN_OR_RETURN(client, PlannerClient::Create(loop.address, client_options));
     ASSIGN_OR_RETURN(answer, AskPlanner(*client, c, loop, spec, dtype, model_options));
     file_plan = answer.plan;
+    // The profiling pass ran the whole model unmanaged; its cached segments are not the plan's.
+    ReleaseCachedAndResetPeaks(device);
     if (device.is_cpu()) {
       // The planner plans for a GPU; on the CPU the figures are only comparable in shape.
       std::printf("note: cpu run: the prediction is for %s, not this CPU%s\n",
@@ -388,6 +438,13 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
   options.chunks.cpu_threads = c.cpu_threads;
   options.offload.host_memory = plan.host_memory;
   options.offload.max_in_flight_groups = c.offload_in_flight;
+  std::unique_ptr<MemoryProbe> probe;
+  std::unique_ptr<MemoryTimeline> timeline;
+  if (!c.memory_timeline.empty()) {
+    probe = MemoryProbe::Create(device);
+    timeline = std::make_unique<MemoryTimeline>(probe.get());
+    options.observer = timeline.get();
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(model.get(), options));
   {
     auto record = MEMPLAN_LOG(kInfo, "plan applied");
@@ -446,9 +503,14 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
   int64_t timed_steps = 0;
   int64_t peak_allocated = 0, peak_reserved = 0;
   // Steady state: every step after the warm-up one (what the planner predicts).
-  int64_t steady_allocated = 0, steady_reserved = 0;
+  int64_t steady_allocated = 0, steady_reserved = 0, steady_device = 0;
+  // Everything before the first step (model creation, checkpoint loading, chunk packing).
+  int64_t load_allocated = 0, load_reserved = 0;
+  DevicePeaks(device, &load_allocated, &load_reserved);
   double seconds_sum = 0;
   while (trainer->step() < c.steps) {
+    const bool record_timeline = timeline != nullptr && trainer->step() + 1 == c.steps;
+    if (record_timeline) timeline->BeginStep(trainer->step() + 1);
     std::vector<MicroBatch> micro_batches;
     for (int i = 0; i < c.grad_accum; ++i) {
       ASSIGN_OR_RETURN(MicroBatch batch, NextBatch(*batcher, data_position++));
@@ -467,6 +529,8 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
       DevicePeaks(device, &m.peak_allocated_bytes, &m.peak_reserved_bytes);
       m.peak_allocated_bytes = std::max(m.peak_allocated_bytes, peak_allocated);
       m.peak_reserved_bytes = std::max(m.peak_reserved_bytes, peak_reserved);
+      m.peak_device_bytes = DeviceUsedBytes(device);
+      m.load_peak_bytes = load_reserved;
       m.note = absl::StrCat("out of memory in step ", trainer->step() + 1);
       MEMPLAN_LOG(kError, "out of memory")
           .Field("step", trainer->step() + 1)
@@ -480,7 +544,15 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
           " (oom=true); the plan does not fit this device: ", step.status().message()));
     }
     if (!step.ok()) return step.status();
+    if (record_timeline) {
+      timeline->EndStep();
+      RETURN_IF_ERROR(timeline->WriteTsv(c.memory_timeline));
+      std::printf("memory timeline of step %lld: %s (%zu events)\n",
+                  static_cast<long long>(trainer->step()), c.memory_timeline.c_str(),
+                  timeline->events().size());
+    }
     const StepStats& stats = *step;
+    const int64_t device_used = DeviceUsedBytes(device);
     peak_allocated = std::max(peak_allocated, stats.peak_allocated_bytes);
     peak_reserved = std::max(peak_reserved, stats.peak_reserved_bytes);
     if (stats.step > 1 || c.steps == 1) {  // the first step warms up allocators and kernels
@@ -488,6 +560,7 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
       seconds_sum += stats.seconds;
       steady_allocated = std::max(steady_allocated, stats.peak_allocated_bytes);
       steady_reserved = std::max(steady_reserved, stats.peak_reserved_bytes);
+      steady_device = std::max(steady_device, device_used);
       ++timed_steps;
     }
     if (stats.step % c.log_every == 0 || stats.step == c.steps) {
@@ -512,7 +585,9 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
       .Field("mean_tokens_per_second",
              timed_steps > 0 ? tokens_per_second_sum / static_cast<double>(timed_steps) : 0.0)
       .Field("peak_allocated_bytes", peak_allocated)
-      .Field("peak_reserved_bytes", peak_reserved);
+      .Field("peak_reserved_bytes", peak_reserved)
+      .Field("load_peak_reserved_bytes", load_reserved)
+      .Field("steady_device_used_bytes", steady_device);
   if (ActivationOffloader* offloader = trainer->offloader()) {
     const ActivationOffloadStats s = offloader->Stats();
     summary.Field("activation_offloaded_bytes", s.offloaded_bytes)
@@ -525,6 +600,8 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
     m.plan_id = answer.plan_id;
     m.peak_allocated_bytes = steady_allocated;
     m.peak_reserved_bytes = steady_reserved;
+    m.peak_device_bytes = steady_device;
+    m.load_peak_bytes = load_reserved;
     m.step_seconds = seconds_sum / static_cast<double>(timed_steps);
     if (c.steps == 1) m.note = "single step: no warm-up excluded";
     RETURN_IF_ERROR(ReportToPlanner(*client, answer, m));

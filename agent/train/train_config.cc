@@ -85,6 +85,11 @@ Residency plan (any chunk knob or --plan-file runs the chunk manager):
   --offload-in-flight N (2)  --cpu-threads N (4)
 Checkpoints and output:
   --save DIR  --save-every N (0 = at the end)  --resume DIR  --log-every N (1)
+Diagnostics and device memory:
+  --memory-timeline FILE   per-group allocated/reserved bytes of the last step, as TSV
+  --allocator-conf STR     CUDA caching-allocator settings, PYTORCH_CUDA_ALLOC_CONF syntax
+                           (default expandable_segments:True unless that variable is set;
+                           "" = PyTorch's own default)
 )";
 }
 
@@ -235,6 +240,12 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
       {"save-every", set_int(&c.save_every, 0, int64_t{1} << 40)},
       {"resume", set_string(&c.resume_dir)},
       {"log-every", set_int(&c.log_every, 1, int64_t{1} << 40)},
+      {"memory-timeline", set_string(&c.memory_timeline)},
+      {"allocator-conf",
+       [&c](absl::string_view, const std::string& v) -> absl::Status {
+         c.allocator_conf = v;
+         return absl::OkStatus();
+       }},
   };
 
   for (size_t i = 0; i < args.size(); ++i) {

@@ -29,6 +29,33 @@ bool AllNone(const BlockModes& modes) {
   return true;
 }
 
+// The chunk manager (if any) first, then the observer, at every hook.
+class ObservedResidency final : public ParamResidency {
+ public:
+  ObservedResidency(ParamResidency* inner, ParamResidency* observer)
+      : inner_(inner), observer_(observer) {}
+  void PreForward(int group) override {
+    if (inner_ != nullptr) inner_->PreForward(group);
+    observer_->PreForward(group);
+  }
+  void PostForward(int group) override {
+    if (inner_ != nullptr) inner_->PostForward(group);
+    observer_->PostForward(group);
+  }
+  void PreBackward(int group) override {
+    if (inner_ != nullptr) inner_->PreBackward(group);
+    observer_->PreBackward(group);
+  }
+  void PostBackward(int group) override {
+    if (inner_ != nullptr) inner_->PostBackward(group);
+    observer_->PostBackward(group);
+  }
+
+ private:
+  ParamResidency* inner_;
+  ParamResidency* observer_;
+};
+
 torch::Tensor CpuCopy(const torch::Tensor& t) {
   if (!t.defined()) return t;
   return t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
@@ -98,6 +125,13 @@ torch::Tensor Trainer::MicroBatchLoss(const MicroBatch& batch) {
   const torch::Tensor labels = batch.labels.to(device);
   if (!options_.managed && options_.plain_reference && AllNone(options_.block_modes)) {
     return model_->Loss(ids, labels);
+  }
+  if (options_.observer != nullptr) {
+    // Autograd calls the hooks during backward(), after this returns: the wrapper must live on.
+    if (!observed_) {
+      observed_ = std::make_unique<ObservedResidency>(chunk_manager_.get(), options_.observer);
+    }
+    return model_->Loss(ids, labels, options_.block_modes, observed_.get(), offloader_.get());
   }
   return model_->Loss(ids, labels, options_.block_modes, chunk_manager_.get(), offloader_.get());
 }

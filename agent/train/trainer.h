@@ -32,6 +32,9 @@ struct TrainerOptions {
   ActivationOffloadOptions offload;
   // Unmanaged, all blocks NONE: use the model's plain-autograd loss instead of the grouped one.
   bool plain_reference = false;
+  // Told about every group hook, after the chunk manager (e.g. a MemoryTimeline); not owned,
+  // must outlive the trainer. Ignored with plain_reference (which has no group hooks).
+  ParamResidency* observer = nullptr;
 };
 
 struct MicroBatch {
@@ -95,6 +98,7 @@ class Trainer {
   std::unique_ptr<ChunkManager> chunk_manager_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;  // unmanaged only
   std::unique_ptr<ActivationOffloader> offloader_;
+  std::unique_ptr<ParamResidency> observed_;  // chunk manager + options_.observer
   int64_t step_ = 0;
 };
 

@@ -452,14 +452,19 @@ absl::StatusOr<v1::ReportMeasurementResponse> PlannerCore::ReportMeasurement(
   response.set_measurement_id(measurement_id);
   ++stored_measurements_;
 
+  // The predicted peak is device-level: the allocator's reserved bytes plus the CUDA context
+  // (which the allocator does not count). Errors compare the reserved parts; the calibration
+  // sample is the device-level equivalent of the measurement.
+  const int64_t context = predicted.breakdown.cuda_context_bytes;
+  const int64_t predicted_reserved = predicted.peak_bytes - context;
   if (m.peak_reserved_bytes() > 0) {
     response.set_relative_error(
-        static_cast<double>(predicted.peak_bytes - m.peak_reserved_bytes()) /
+        static_cast<double>(predicted_reserved - m.peak_reserved_bytes()) /
         static_cast<double>(m.peak_reserved_bytes()));
     CalibrationSample sample;
     sample.raw_model_bytes = RawModelBytes(predicted);
-    sample.fixed_bytes = predicted.breakdown.cuda_context_bytes;
-    sample.measured_bytes = m.peak_reserved_bytes();
+    sample.fixed_bytes = context;
+    sample.measured_bytes = m.peak_reserved_bytes() + context;
     sample.measured_at_unix_ms = m.measured_at_unix_ms();
     sample.oom = m.oom();
     RETURN_IF_ERROR(store_.PutCalibrationSample(key, sample));
@@ -481,7 +486,7 @@ absl::StatusOr<v1::ReportMeasurementResponse> PlannerCore::ReportMeasurement(
   RETURN_IF_ERROR(store_.PutCalibration(response.calibration()));
 
   if (metrics_ != nullptr) {
-    metrics_->ObserveMeasurement(m.plan_id(), predicted.peak_bytes, m.peak_reserved_bytes());
+    metrics_->ObserveMeasurement(m.plan_id(), predicted_reserved, m.peak_reserved_bytes());
     metrics_->SetStoredMeasurements(stored_measurements_);
   }
   return response;

@@ -88,6 +88,12 @@ CREATE TABLE calibration_samples (
 CREATE INDEX calibration_samples_by_key
   ON calibration_samples (hardware_name, param_dtype, model_family, measured_at_unix_ms, seq);
 )sql"},
+    // Samples now hold the device-level equivalent of a measurement (allocator reserved bytes
+    // plus the CUDA context, the same quantity the prediction is); version 2 stored reserved
+    // bytes alone. The next reported measurement of a key refits its calibration.
+    {3, R"sql(
+UPDATE calibration_samples SET measured_bytes = measured_bytes + fixed_bytes;
+)sql"},
 };
 
 constexpr int kLatestVersion = kMigrations[std::size(kMigrations) - 1].version;

@@ -175,6 +175,28 @@ TEST_F(SqliteStoreTest, MigratesAnOldVersionFileKeepingItsData) {
   EXPECT_EQ(raw.Text("PRAGMA user_version"), std::to_string(SqliteStoreSchemaVersion()));
 }
 
+TEST_F(SqliteStoreTest, Version3MovesStoredSamplesToDeviceLevelBytes) {
+  SqliteStoreOptions v2 = Options();
+  v2.migrate_to_version = 2;  // samples held allocator-reserved bytes only
+  const CalibrationKey key{"H200", DType::kBFloat16, "llama"};
+  {
+    std::unique_ptr<Store> store = Open(v2);
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->PutCalibrationSample(key, {100, 7, 120, 1, false}).ok());
+    ASSERT_TRUE(store->PutCalibrationSample(key, {100, 7, 90, 2, true}).ok());
+  }
+  std::unique_ptr<Store> store = Open();
+  ASSERT_NE(store, nullptr);
+  absl::StatusOr<std::vector<CalibrationSample>> samples = store->RecentCalibrationSamples(key, 5);
+  ASSERT_TRUE(samples.ok()) << samples.status();
+  ASSERT_EQ(samples->size(), 2u);
+  std::set<int64_t> measured;
+  for (const CalibrationSample& s : *samples) measured.insert(s.measured_bytes);
+  EXPECT_EQ(measured, (std::set<int64_t>{127, 97}));
+  RawDb raw(path_);
+  EXPECT_EQ(raw.Text("PRAGMA user_version"), std::to_string(SqliteStoreSchemaVersion()));
+}
+
 TEST_F(SqliteStoreTest, RefusesASchemaNewerThanItKnows) {
   { ASSERT_NE(Open(), nullptr); }
   {

@@ -1,0 +1,54 @@
+#include "agent/profiler/memory_timeline.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "agent/io/writable_file.h"
+
+namespace memplan {
+
+void MemoryTimeline::BeginStep(int64_t step) {
+  step_ = step;
+  recording_ = true;
+  probe_->ResetPeak();
+  Record("step_begin", -1);
+}
+
+void MemoryTimeline::Mark(const std::string& label) { Record(label.c_str(), -1); }
+
+void MemoryTimeline::EndStep() {
+  Record("step_end", -1);
+  recording_ = false;
+}
+
+void MemoryTimeline::Record(const char* event, int group) {
+  if (!recording_) return;
+  MemoryEvent e;
+  e.step = step_;
+  e.event = event;
+  e.group = group;
+  e.allocated = probe_->AllocatedBytes();
+  e.reserved = probe_->ReservedBytes();
+  e.peak_since = probe_->PeakAllocatedBytes();
+  probe_->ResetPeak();
+  events_.push_back(std::move(e));
+}
+
+absl::Status MemoryTimeline::WriteTsv(const std::string& path) const {
+  std::string text = "step\tevent\tgroup\tallocated\treserved\tpeak_since_previous\n";
+  for (const MemoryEvent& e : events_) {
+    absl::StrAppend(&text, e.step, "\t", e.event, "\t", e.group, "\t", e.allocated, "\t",
+                    e.reserved, "\t", e.peak_since, "\n");
+  }
+  const std::string tmp = path + ".tmp";
+  if (absl::Status s = io::WriteFileDurably(tmp, text); !s.ok()) return s;
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(
+        absl::StrCat("memory timeline: rename ", tmp, " -> ", path, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace memplan

@@ -1,0 +1,57 @@
+// MemoryTimeline: a ParamResidency observer that records device memory at every group hook of a
+// training step (allocated and reserved bytes at the hook, and the allocated peak since the
+// previous hook), so a plan's real memory curve can be laid next to the cost model's phases.
+// Reading the caching allocator's counters needs no device synchronisation, so the timeline
+// changes neither the schedule nor the memory it observes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "agent/model/param_residency.h"
+#include "agent/profiler/memory_probe.h"
+
+namespace memplan {
+
+struct MemoryEvent {
+  int64_t step = 0;         // the step being recorded (as set by BeginStep)
+  std::string event;        // pre_forward, post_forward, pre_backward, post_backward, or a mark
+  int group = -1;           // -1 for marks
+  int64_t allocated = 0;    // live tensor bytes at the event
+  int64_t reserved = 0;     // bytes held by the allocator at the event
+  int64_t peak_since = 0;   // allocated peak between the previous event and this one
+};
+
+// Not thread-safe (like every ParamResidency); the probe must outlive the timeline.
+class MemoryTimeline final : public ParamResidency {
+ public:
+  explicit MemoryTimeline(MemoryProbe* probe) : probe_(probe) {}
+
+  // Starts recording `step` (resets the probe's peak); events before the first BeginStep and
+  // after EndStep are ignored.
+  void BeginStep(int64_t step);
+  void Mark(const std::string& label);  // a labelled event (e.g. "optimizer_done")
+  void EndStep();
+  bool recording() const { return recording_; }
+
+  void PreForward(int group) override { Record("pre_forward", group); }
+  void PostForward(int group) override { Record("post_forward", group); }
+  void PreBackward(int group) override { Record("pre_backward", group); }
+  void PostBackward(int group) override { Record("post_backward", group); }
+
+  const std::vector<MemoryEvent>& events() const { return events_; }
+  // Tab-separated, one header line; written to `path` + ".tmp" and renamed.
+  absl::Status WriteTsv(const std::string& path) const;
+
+ private:
+  void Record(const char* event, int group);
+
+  MemoryProbe* probe_;
+  bool recording_ = false;
+  int64_t step_ = 0;
+  std::vector<MemoryEvent> events_;
+};
+
+}  // namespace memplan

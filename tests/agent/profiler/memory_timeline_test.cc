@@ -1,0 +1,154 @@
+#include "agent/profiler/memory_timeline.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "agent/train/trainer.h"
+
+namespace memplan {
+namespace {
+
+const bool kSingleThread = [] {
+  torch::set_num_threads(1);
+  return true;
+}();
+
+ModelSpec TinySpec() {
+  ModelSpec s;
+  s.name = "tiny";
+  s.family = "llama";
+  s.hidden_size = 64;
+  s.num_layers = 4;
+  s.num_heads = 4;
+  s.num_kv_heads = 2;
+  s.intermediate_size = 96;
+  s.vocab_size = 128;
+  s.rope_theta = 10000.0;
+  return s;
+}
+
+std::unique_ptr<LlamaModel> MakeModel() {
+  LlamaModelOptions options;
+  options.spec = TinySpec();
+  options.seed = 5;
+  auto model = LlamaModel::Create(options);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return std::move(model).value();
+}
+
+std::vector<MicroBatch> Batch(int64_t step) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(77 + step);
+  MicroBatch b;
+  b.input_ids = torch::randint(128, {2, 32}, gen, torch::kLong);
+  b.labels = b.input_ids.clone();
+  return {b};
+}
+
+TrainerOptions Options(ParamResidency* observer) {
+  TrainerOptions o;
+  o.adamw.lr = 1e-2;
+  o.block_modes = {BlockMode::kCkpt, BlockMode::kNone, BlockMode::kCkpt, BlockMode::kNone};
+  o.managed = true;
+  o.chunks.chunk_bytes = 16 << 10;
+  o.chunks.n_persist = 1;
+  o.chunks.n_buffer = 4;
+  o.chunks.host_memory = HostMemoryKind::kPageable;
+  o.chunks.cpu_threads = 1;
+  o.observer = observer;
+  return o;
+}
+
+TEST(MemoryTimelineTest, RecordsEveryGroupHookOfTheStepWithoutChangingTraining) {
+  std::unique_ptr<LlamaModel> plain_model = MakeModel();
+  std::unique_ptr<LlamaModel> observed_model = MakeModel();
+  auto plain = Trainer::Create(plain_model.get(), Options(nullptr));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+
+  std::unique_ptr<MemoryProbe> probe = MemoryProbe::Create(torch::kCPU);
+  MemoryTimeline timeline(probe.get());
+  auto observed = Trainer::Create(observed_model.get(), Options(&timeline));
+  ASSERT_TRUE(observed.ok()) << observed.status();
+
+  // Step 1 is not recorded; step 2 is.
+  for (int64_t step = 1; step <= 2; ++step) {
+    if (step == 2) timeline.BeginStep(step);
+    auto a = (*plain)->Step(Batch(step));
+    auto b = (*observed)->Step(Batch(step));
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(a->loss, b->loss) << "step " << step;  // observing changes nothing
+    if (step == 2) timeline.EndStep();
+  }
+  const std::vector<NamedParam> pa = (*plain)->Params(), pb = (*observed)->Params();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i].param, pb[i].param));
+
+  // Groups: 0 embedding, 1..4 blocks, 5 head. Forward in order, backward in reverse.
+  std::vector<std::string> expected = {"step_begin/-1"};
+  for (int g = 0; g <= 5; ++g) {
+    expected.push_back("pre_forward/" + std::to_string(g));
+    expected.push_back("post_forward/" + std::to_string(g));
+  }
+  for (int g = 5; g >= 0; --g) {
+    expected.push_back("pre_backward/" + std::to_string(g));
+    expected.push_back("post_backward/" + std::to_string(g));
+  }
+  expected.push_back("step_end/-1");
+  std::vector<std::string> got;
+  for (const MemoryEvent& e : timeline.events()) {
+    got.push_back(e.event + "/" + std::to_string(e.group));
+    EXPECT_EQ(e.step, 2);
+    EXPECT_GE(e.peak_since, e.allocated) << got.back();
+  }
+  EXPECT_EQ(got, expected);
+
+  // Activations of NONE blocks are held from their forward to their backward: more is live when
+  // the head starts its backward than when the step began.
+  const auto& ev = timeline.events();
+  auto at = [&](const std::string& key) {
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (got[i] == key) return ev[i].allocated;
+    }
+    ADD_FAILURE() << key;
+    return int64_t{0};
+  };
+  EXPECT_GT(at("pre_backward/5"), at("step_begin/-1"));
+  EXPECT_GT(at("post_forward/2"), at("post_forward/1"));  // block 2 (NONE) kept its saved set
+
+  // TSV: a header and one line per event.
+  const std::string path = ::testing::TempDir() + "/memplan_timeline_" +
+                           std::to_string(::getpid()) + ".tsv";
+  ASSERT_TRUE(timeline.WriteTsv(path).ok());
+  std::ifstream in(path);
+  std::string line;
+  std::vector<std::string> lines;
+  while (std::getline(in, line)) lines.push_back(line);
+  ASSERT_EQ(lines.size(), ev.size() + 1);
+  EXPECT_EQ(lines[0], "step\tevent\tgroup\tallocated\treserved\tpeak_since_previous");
+  EXPECT_EQ(lines[1].rfind("2\tstep_begin\t-1\t", 0), 0u) << lines[1];
+  ::unlink(path.c_str());
+}
+
+TEST(MemoryTimelineTest, IgnoresHooksOutsideARecordedStep) {
+  std::unique_ptr<MemoryProbe> probe = MemoryProbe::Create(torch::kCPU);
+  MemoryTimeline timeline(probe.get());
+  timeline.PreForward(0);
+  timeline.Mark("ignored");
+  EXPECT_TRUE(timeline.events().empty());
+  timeline.BeginStep(3);
+  timeline.PreForward(0);
+  timeline.Mark("optimizer");
+  timeline.EndStep();
+  timeline.PostForward(0);
+  ASSERT_EQ(timeline.events().size(), 4u);
+  EXPECT_EQ(timeline.events()[2].event, "optimizer");
+  EXPECT_FALSE(timeline.recording());
+}
+
+}  // namespace
+}  // namespace memplan
