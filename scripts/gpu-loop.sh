@@ -4,6 +4,9 @@
 # model, asks for a plan, trains it and reports the measurement; prints the calibration at the end.
 #   scripts/gpu-loop.sh OUT_DIR BUILD_DIR [HARDWARE_NAME]
 # MEMPLAN_LOOP_CONFIGS: ';'-separated "ARCH BATCH SEQ [SAFETY_MARGIN]" workloads (default below).
+# MEMPLAN_LOOP_TRAIN_FLAGS: extra flags for every `memplan-agent train` (e.g. --allocator-conf=).
+# Per workload i it writes the last step's memory timeline (timeline-i.tsv) and the stored plan
+# with its prediction breakdown and measurement (plan-i.json).
 set -uo pipefail
 out=${1:?out dir}; build=${2:?build dir}; hw=${3:-h200}
 mkdir -p "$out"
@@ -21,14 +24,24 @@ threads=$(nproc)
 "$agent" bench --name "$hw" --planner "$addr" --out "$out/hw.json" 2>&1 | tee "$out/bench.txt"
 configs=${MEMPLAN_LOOP_CONFIGS:-llama-3.2-1b 4 2048;llama-3.2-1b 2 4096;llama-3.2-3b 1 4096;qwen2.5-1.5b 4 2048}
 IFS=';' read -ra workloads <<<"$configs"
+extra=(${MEMPLAN_LOOP_TRAIN_FLAGS:-})
+i=0
 for cfg in "${workloads[@]}"; do
   set -- $cfg
+  i=$((i + 1))
   margin=()
   [[ -n ${4:-} ]] && margin=(--safety-margin "$4")
-  echo "=== $1 ${2}x$3 ${4:+margin $4}"
+  echo "=== $i: $1 ${2}x$3 ${4:+margin $4}" | tee -a "$out/loop.txt"
+  SECONDS=0
   "$agent" train --planner "$addr" --hardware "$hw" --profile --arch "$1" --batch "$2" --seq "$3" \
-    "${margin[@]}" --steps 5 --synthetic-data --device cuda --cpu-threads "$threads" 2>&1 \
-    | grep -v "^ts=" | tee -a "$out/loop.txt"
+    "${margin[@]}" --steps 5 --synthetic-data --device cuda --cpu-threads "$threads" \
+    --memory-timeline "$out/timeline-$i.tsv" "${extra[@]}" 2>&1 \
+    | grep -v "^ts=" | tee "$out/run-$i.txt" >>"$out/loop.txt"
+  echo "wall ${SECONDS} s" | tee -a "$out/loop.txt"
+  grep -E "^(plan|predicted|measured|reported|profiled)" "$out/run-$i.txt"
+  plan_id=$(sed -n 's/^plan_id //p' "$out/run-$i.txt")
+  [[ -n $plan_id ]] && "$build/planner/cli/memplan" --planner "$addr" --json plans get "$plan_id" \
+    >"$out/plan-$i.json" 2>&1
 done
 "$build/planner/cli/memplan" --planner "$addr" calibration 2>&1 | tee "$out/calibration.txt"
 "$build/planner/cli/memplan" --planner "$addr" plans list 2>&1 | tee "$out/plans.txt"
