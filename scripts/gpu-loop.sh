@@ -5,7 +5,7 @@
 #   scripts/gpu-loop.sh OUT_DIR BUILD_DIR [HARDWARE_NAME]
 # MEMPLAN_LOOP_CONFIGS: ';'-separated "ARCH BATCH SEQ [SAFETY_MARGIN]" workloads (default below).
 # MEMPLAN_LOOP_TRAIN_FLAGS: extra flags for every `memplan-agent train` (e.g. --allocator-conf=).
-# Per workload i it writes the last step's memory timeline (timeline-i.tsv) and the stored plan
+# Per workload i it writes the memory timeline of every step (timeline-i.tsv) and the stored plan
 # with its prediction breakdown and measurement (plan-i.json).
 set -uo pipefail
 out=${1:?out dir}; build=${2:?build dir}; hw=${3:-h200}
@@ -38,7 +38,7 @@ for cfg in "${workloads[@]}"; do
     --memory-timeline "$out/timeline-$i.tsv" "${extra[@]}" 2>&1 \
     | grep -v "^ts=" | tee "$out/run-$i.txt" >>"$out/loop.txt"
   echo "wall ${SECONDS} s" | tee -a "$out/loop.txt"
-  grep -E "^(plan|predicted|measured|reported|profiled)" "$out/run-$i.txt"
+  grep -E "^(plan|predicted|measured|reported|profiled|device memory)" "$out/run-$i.txt"
   plan_id=$(sed -n 's/^plan_id //p' "$out/run-$i.txt")
   [[ -n $plan_id ]] && "$build/planner/cli/memplan" --planner "$addr" --json plans get "$plan_id" \
     >"$out/plan-$i.json" 2>&1

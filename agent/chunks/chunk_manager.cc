@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "agent/chunks/chunk_layout.h"
+#include "common/chunk_packing.h"
 #include "agent/chunks/cpu_adamw.h"
 #include "agent/chunks/host_buffer.h"
 #include "agent/chunks/thread_pool.h"
@@ -38,7 +38,9 @@
 // has a home buffer and is always uploaded into it at the same offsets: when backward brings the
 // chunk back, the saved views see the right values again. Homes are assigned round-robin (so the
 // next chunk can be prefetched while the current one computes), skipping buffers taken by chunks
-// that some group needs at the same time (a tied LM head needs the embedding's chunk).
+// that some group needs at the same time (a tied LM head needs the embedding's chunk). The
+// shared buffers are sized for the largest regular chunk; an oversized chunk (one parameter
+// larger than the chunk size) has a buffer of its own, appended after the shared ones.
 
 namespace memplan {
 namespace {
@@ -122,7 +124,7 @@ absl::Status TorchError(const c10::Error& e, absl::string_view what) {
 
 class ChunkManager::Impl {
  public:
-  Impl(const ChunkManagerOptions& options, ChunkLayout layout)
+  Impl(const ChunkManagerOptions& options, ChunkPacking layout)
       : options_(options), layout_(std::move(layout)), pool_(std::max(0, options.cpu_threads)) {}
 
   ~Impl() {
@@ -181,7 +183,7 @@ class ChunkManager::Impl {
   void WaitOnCompute(const EventPtr& event);
 
   ChunkManagerOptions options_;
-  ChunkLayout layout_;
+  ChunkPacking layout_;
   torch::ScalarType dtype_ = torch::kFloat32;
   std::vector<Param> params_;                     // canonical order
   std::vector<std::vector<int>> group_params_;    // per group, indices into params_
@@ -189,7 +191,8 @@ class ChunkManager::Impl {
   std::vector<std::vector<int>> group_stage_;     // per group, params whose grad is offloaded there
   std::unordered_map<std::string, int> by_name_;  // every name, aliases included
   std::vector<Chunk> chunks_;
-  std::vector<DeviceBuffer> buffers_;
+  std::vector<DeviceBuffer> buffers_;  // [0, shared_buffers_) shared, then one per oversized chunk
+  int shared_buffers_ = 0;
   int n_persist_ = 0;
   int min_buffers_ = 0;
   torch::Tensor placeholder_;  // 0-dim, expanded to each released parameter's shape
@@ -338,19 +341,32 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
       }
     }
     group_chunks_[g].assign(needed.begin(), needed.end());
-    min_buffers_ = std::max(min_buffers_, static_cast<int>(needed.size()));
+    int shared = 0;  // oversized chunks have buffers of their own
+    for (int c : needed) shared += layout_.chunks()[c].oversized ? 0 : 1;
+    min_buffers_ = std::max(min_buffers_, shared);
   }
   RETURN_IF_ERROR(AssignHomes());
 
   stats_.n_chunks = layout_.num_chunks();
   stats_.n_persist = n_persist_;
-  stats_.n_buffer = static_cast<int>(buffers_.size());
+  stats_.n_buffer = shared_buffers_;
+  stats_.n_oversized_buffers = static_cast<int>(buffers_.size()) - shared_buffers_;
   stats_.layout_bytes = layout_.TotalBytes();
-  const int64_t buffer_elems = layout_.MaxChunkBytesFrom(n_persist_) / elem_bytes;
-  stats_.buffer_device_bytes = static_cast<int64_t>(buffers_.size()) * buffer_elems * elem_bytes;
+  // Shared buffers fit the largest regular chunk of the layout; an oversized chunk's own buffer
+  // fits it exactly. See [Fixed buffer slots].
+  const int64_t shared_elems = layout_.MaxRegularChunkBytes() / elem_bytes;
   try {
-    for (DeviceBuffer& buffer : buffers_) {
-      buffer.storage = torch::zeros({buffer_elems}, DeviceOptions());
+    for (size_t b = 0; b < buffers_.size(); ++b) {
+      int64_t elems = shared_elems;
+      if (static_cast<int>(b) >= shared_buffers_) {
+        for (int c = n_persist_; c < layout_.num_chunks(); ++c) {
+          if (chunks_[c].home == static_cast<int>(b)) {
+            elems = layout_.chunks()[c].size_bytes / elem_bytes;
+          }
+        }
+      }
+      buffers_[b].storage = torch::zeros({elems}, DeviceOptions());
+      stats_.buffer_device_bytes += elems * elem_bytes;
     }
   } catch (const c10::Error& e) {
     return TorchError(e, "allocating device chunk buffers");
@@ -380,10 +396,12 @@ absl::Status ChunkManager::Impl::AssignHomes() {
   }
   // Round-robin with skips; a greedy colouring can need more slots than the largest group, so
   // grow until it succeeds (bounded by the chunk count).
+  auto oversized = [&](int c) { return layout_.chunks()[c].oversized; };
   while (true) {
     bool ok = true;
     int next = 0;
     for (int c = n_persist_; c < layout_.num_chunks() && ok; ++c) {
+      if (oversized(c)) continue;
       int home = -1;
       for (int k = 0; k < n_buffer; ++k) {
         const int candidate = (next + k) % n_buffer;
@@ -410,7 +428,14 @@ absl::Status ChunkManager::Impl::AssignHomes() {
         .Field("min_buffers", min_buffers_);
   }
   if (n_buffer > options_.n_buffer) min_buffers_ = std::max(min_buffers_, n_buffer);
-  buffers_.resize(n_buffer);
+  // Oversized chunks get buffers of their own after the shared ones, so one large parameter
+  // (an LM head, a wide MLP matrix) does not make every shared buffer that large.
+  shared_buffers_ = n_buffer;
+  int home = n_buffer;
+  for (int c = n_persist_; c < layout_.num_chunks(); ++c) {
+    if (oversized(c)) chunks_[c].home = home++;
+  }
+  buffers_.resize(home);
   return absl::OkStatus();
 }
 
@@ -1061,8 +1086,8 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
     layout_params.push_back({p.name, p.numel, elem_bytes, p.first_group});
   }
   ASSIGN_OR_RETURN(
-      ChunkLayout layout,
-      ChunkLayout::Build(layout_params, {options.chunk_bytes, options.alignment_bytes}));
+      ChunkPacking layout,
+      ChunkPacking::Build(layout_params, {options.chunk_bytes, options.alignment_bytes}));
   for (size_t i = 0; i < params.size(); ++i) {
     params[i].chunk = layout.slots()[i].chunk;
     params[i].offset_elems = layout.slots()[i].offset_bytes / elem_bytes;

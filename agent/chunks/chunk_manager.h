@@ -1,4 +1,4 @@
-// ChunkManager: packs a model's parameters into fixed-size chunks (agent/chunks/chunk_layout.h),
+// ChunkManager: packs a model's parameters into fixed-size chunks (common/chunk_packing.h),
 // keeps the first n_persist chunks on the device and the rest in host memory, streams
 // non-persistent chunks through n_buffer device buffers around each group's forward/backward, and
 // runs the AdamW step (GPU for persistent chunks, multi-threaded CPU for the others).
@@ -22,8 +22,9 @@ struct ChunkManagerOptions {
   int64_t chunk_bytes = int64_t{64} << 20;
   int64_t alignment_bytes = 256;  // every parameter starts at a multiple of this inside its chunk
   int n_persist = 0;              // the first n_persist chunks stay on the device
-  int n_buffer = 2;               // device buffers for non-persistent chunks (raised to the minimum
-                                  // a group needs, with a warning, see MinBuffers())
+  int n_buffer = 2;               // shared device buffers for non-persistent chunks (raised to the
+                                  // minimum a group needs, with a warning, see MinBuffers());
+                                  // oversized chunks get one of their own on top
   HostMemoryKind host_memory = HostMemoryKind::kPinned;
   bool pageable_fallback = true;  // pinning failed (no CUDA, memlock): use pageable, else error
   torch::Device device = torch::kCPU;
@@ -45,15 +46,16 @@ struct ChunkManagerOptions {
 //   pageable: 4 (S/E) x k, k = 2 (exp_avg, exp_avg_sq) + 1 fp32 master if E != 4
 //             + 1 fp32 grad sum if E != 4 or grad_accum > 1.
 struct ChunkMemoryStats {
-  std::vector<int64_t> chunk_bytes;  // per chunk, exact (agent/chunks/chunk_layout.h)
+  std::vector<int64_t> chunk_bytes;  // per chunk, exact (common/chunk_packing.h)
   int n_chunks = 0;
   int n_persist = 0;
-  int n_buffer = 0;                           // buffers actually allocated (>= options.n_buffer)
+  int n_buffer = 0;             // shared buffers allocated (>= options.n_buffer)
+  int n_oversized_buffers = 0;  // one per non-persistent oversized chunk, sized to it
   int64_t layout_bytes = 0;                   // sum of all chunk sizes in the model dtype
   int64_t persistent_device_bytes = 0;        // persistent chunks (params only, model dtype)
   int64_t persistent_state_device_bytes = 0;  // their fp32 exp_avg + exp_avg_sq (+ fp32 master
                                               // for non-fp32 models); grads come on top
-  int64_t buffer_device_bytes = 0;            // n_buffer x largest non-persistent chunk
+  int64_t buffer_device_bytes = 0;  // n_buffer x largest regular chunk + oversized chunks' own
   int64_t host_pinned_bytes = 0;    // transfer buffers (params + grad staging) when pinned
   int64_t host_pageable_bytes = 0;  // everything else on the host (fp32 master/grad/state)
   bool pinned_fallback = false;     // pinned was requested but pageable is used

@@ -137,6 +137,21 @@ void ReleaseCachedAndResetPeaks(const torch::Device& device) {
   c10::cuda::CUDACachingAllocator::resetPeakStats(CudaIndex(device));
 }
 
+// One line per setup stage: where device memory goes before the first step (CUDA only).
+void PrintDeviceMemory(const torch::Device& device, const char* stage) {
+  if (!device.is_cuda()) return;
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(CudaIndex(device));
+  const auto kAggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  std::printf(
+      "device memory %s: allocated %.0f MiB (peak %.0f), reserved %.0f MiB (peak %.0f), "
+      "device used %.0f MiB\n",
+      stage, static_cast<double>(stats.allocated_bytes[kAggregate].current) / (1 << 20),
+      static_cast<double>(stats.allocated_bytes[kAggregate].peak) / (1 << 20),
+      static_cast<double>(stats.reserved_bytes[kAggregate].current) / (1 << 20),
+      static_cast<double>(stats.reserved_bytes[kAggregate].peak) / (1 << 20),
+      static_cast<double>(DeviceUsedBytes(device)) / (1 << 20));
+}
+
 // PYTORCH_CUDA_ALLOC_CONF syntax; see TrainConfig::allocator_conf for the precedence.
 void ConfigureAllocator(const TrainConfig& c, const torch::Device& device) {
   if (!device.is_cuda()) return;
@@ -381,7 +396,9 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
     ASSIGN_OR_RETURN(answer, AskPlanner(*client, c, loop, spec, dtype, model_options));
     file_plan = answer.plan;
     // The profiling pass ran the whole model unmanaged; its cached segments are not the plan's.
+    PrintDeviceMemory(device, "after profiling");
     ReleaseCachedAndResetPeaks(device);
+    PrintDeviceMemory(device, "after releasing the profiler's cache");
     if (device.is_cpu()) {
       // The planner plans for a GPU; on the CPU the figures are only comparable in shape.
       std::printf("note: cpu run: the prediction is for %s, not this CPU%s\n",
@@ -412,6 +429,7 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
   // Model: a managed run creates parameters on the CPU and lets the ChunkManager place them.
   if (plan.managed) model_options.param_device = torch::Device(torch::kCPU);
   ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LlamaModel::Create(model_options));
+  PrintDeviceMemory(device, "after creating the model");
   if (!c.model_dir.empty()) {
     ASSIGN_OR_RETURN(
         io::HfLoadReport report,
@@ -446,6 +464,7 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
     options.observer = timeline.get();
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(model.get(), options));
+  PrintDeviceMemory(device, "after applying the plan");
   {
     auto record = MEMPLAN_LOG(kInfo, "plan applied");
     record.Field("model", spec.name)
@@ -509,8 +528,8 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
   DevicePeaks(device, &load_allocated, &load_reserved);
   double seconds_sum = 0;
   while (trainer->step() < c.steps) {
-    const bool record_timeline = timeline != nullptr && trainer->step() + 1 == c.steps;
-    if (record_timeline) timeline->BeginStep(trainer->step() + 1);
+    // Every step is recorded (a TSV row per group hook), so a step that fails shows its curve.
+    if (timeline != nullptr) timeline->BeginStep(trainer->step() + 1);
     std::vector<MicroBatch> micro_batches;
     for (int i = 0; i < c.grad_accum; ++i) {
       ASSIGN_OR_RETURN(MicroBatch batch, NextBatch(*batcher, data_position++));
@@ -522,6 +541,10 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
     } catch (const c10::OutOfMemoryError& e) {  // the trainer converts, but be sure
       step = absl::ResourceExhaustedError(e.what_without_backtrace());
     }
+    if (timeline != nullptr) {
+      timeline->EndStep();
+      RETURN_IF_ERROR(timeline->WriteTsv(c.memory_timeline));
+    }
     if (!step.ok() && IsOutOfMemory(step.status())) {
       Measurement m;
       m.plan_id = answer.plan_id;
@@ -529,6 +552,10 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
       DevicePeaks(device, &m.peak_allocated_bytes, &m.peak_reserved_bytes);
       m.peak_allocated_bytes = std::max(m.peak_allocated_bytes, peak_allocated);
       m.peak_reserved_bytes = std::max(m.peak_reserved_bytes, peak_reserved);
+      if (timeline != nullptr) {
+        m.peak_allocated_bytes = std::max(m.peak_allocated_bytes, timeline->StepPeakAllocated());
+        m.peak_reserved_bytes = std::max(m.peak_reserved_bytes, timeline->StepPeakReserved());
+      }
       m.peak_device_bytes = DeviceUsedBytes(device);
       m.load_peak_bytes = load_reserved;
       m.note = absl::StrCat("out of memory in step ", trainer->step() + 1);
@@ -544,14 +571,17 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
           " (oom=true); the plan does not fit this device: ", step.status().message()));
     }
     if (!step.ok()) return step.status();
-    if (record_timeline) {
-      timeline->EndStep();
-      RETURN_IF_ERROR(timeline->WriteTsv(c.memory_timeline));
-      std::printf("memory timeline of step %lld: %s (%zu events)\n",
+    if (timeline != nullptr && trainer->step() == c.steps) {
+      std::printf("memory timeline of steps 1-%lld: %s (%zu events)\n",
                   static_cast<long long>(trainer->step()), c.memory_timeline.c_str(),
                   timeline->events().size());
     }
-    const StepStats& stats = *step;
+    StepStats& stats = *step;
+    if (timeline != nullptr && device.is_cuda()) {
+      // The timeline resets the allocator's peak at every hook; its own maxima are the step's.
+      stats.peak_allocated_bytes = timeline->StepPeakAllocated();
+      stats.peak_reserved_bytes = timeline->StepPeakReserved();
+    }
     const int64_t device_used = DeviceUsedBytes(device);
     peak_allocated = std::max(peak_allocated, stats.peak_allocated_bytes);
     peak_reserved = std::max(peak_reserved, stats.peak_reserved_bytes);

@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "agent/io/file_system.h"
-#include "agent/io/hf_param_shapes.h"
+#include "common/param_shapes.h"
 #include "agent/io/safetensors_torch.h"
 #include "agent/io/writable_file.h"
 #include "common/log.h"

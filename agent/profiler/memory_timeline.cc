@@ -1,5 +1,6 @@
 #include "agent/profiler/memory_timeline.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -12,6 +13,8 @@ namespace memplan {
 void MemoryTimeline::BeginStep(int64_t step) {
   step_ = step;
   recording_ = true;
+  step_peak_allocated_ = 0;
+  step_peak_reserved_ = 0;
   probe_->ResetPeak();
   Record("step_begin", -1);
 }
@@ -33,6 +36,8 @@ void MemoryTimeline::Record(const char* event, int group) {
   e.reserved = probe_->ReservedBytes();
   e.peak_since = probe_->PeakAllocatedBytes();
   probe_->ResetPeak();
+  step_peak_allocated_ = std::max(step_peak_allocated_, e.peak_since);
+  step_peak_reserved_ = std::max(step_peak_reserved_, e.reserved);
   events_.push_back(std::move(e));
 }
 

@@ -42,6 +42,11 @@ class MemoryTimeline final : public ParamResidency {
   void PostBackward(int group) override { Record("post_backward", group); }
 
   const std::vector<MemoryEvent>& events() const { return events_; }
+  // Peaks of the current (or last) recorded step over all its events. The timeline resets the
+  // probe's peak at every event, so whoever else reads that peak sees only the last interval:
+  // use these instead while a timeline records.
+  int64_t StepPeakAllocated() const { return step_peak_allocated_; }
+  int64_t StepPeakReserved() const { return step_peak_reserved_; }
   // Tab-separated, one header line; written to `path` + ".tmp" and renamed.
   absl::Status WriteTsv(const std::string& path) const;
 
@@ -51,6 +56,8 @@ class MemoryTimeline final : public ParamResidency {
   MemoryProbe* probe_;
   bool recording_ = false;
   int64_t step_ = 0;
+  int64_t step_peak_allocated_ = 0;
+  int64_t step_peak_reserved_ = 0;
   std::vector<MemoryEvent> events_;
 };
 

@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "agent/chunks/chunk_layout.h"
+#include "common/chunk_packing.h"
 #include "agent/profiler/memory_probe.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -275,9 +275,9 @@ absl::StatusOr<ProfileResult> ProfileModel(LlamaModel& model, const ProfilerOpti
   t.head.backward_seconds = head.backward_seconds;
 
   if (options.chunk_bytes > 0) {
-    ChunkLayoutOptions layout_options;
+    ChunkPackingOptions layout_options;
     layout_options.chunk_bytes = options.chunk_bytes;
-    ASSIGN_OR_RETURN(const ChunkLayout layout, ChunkLayout::Build(layout_params, layout_options));
+    ASSIGN_OR_RETURN(const ChunkPacking layout, ChunkPacking::Build(layout_params, layout_options));
     t.chunk_bytes = options.chunk_bytes;
     for (const ChunkInfo& c : layout.chunks()) t.chunk_param_bytes.push_back(c.size_bytes);
   }

@@ -86,7 +86,7 @@ Residency plan (any chunk knob or --plan-file runs the chunk manager):
 Checkpoints and output:
   --save DIR  --save-every N (0 = at the end)  --resume DIR  --log-every N (1)
 Diagnostics and device memory:
-  --memory-timeline FILE   per-group allocated/reserved bytes of the last step, as TSV
+  --memory-timeline FILE   per-group allocated/reserved bytes of every step, as TSV
   --allocator-conf STR     CUDA caching-allocator settings, PYTORCH_CUDA_ALLOC_CONF syntax
                            (default expandable_segments:True unless that variable is set;
                            "" = PyTorch's own default)

@@ -52,7 +52,7 @@ struct TrainConfig {
   int64_t save_every = 0;  // 0: only at the end (when --save is given)
   std::string resume_dir;
   int64_t log_every = 1;
-  // Diagnostics: per-group device memory of the last step, as TSV (agent/profiler/memory_timeline.h).
+  // Diagnostics: per-group device memory of every step, as TSV (agent/profiler/memory_timeline.h).
   std::string memory_timeline;
   // CUDA caching-allocator settings (PYTORCH_CUDA_ALLOC_CONF syntax), applied before the first
   // device allocation. Default: expandable segments (reserved memory tracks allocated memory, which

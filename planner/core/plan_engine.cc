@@ -39,10 +39,21 @@ absl::Status OutOfRange(const std::string& field, int64_t value, int64_t lo, int
       absl::StrCat(field, " = ", value, " is out of range; allowed [", lo, ", ", hi, "]"));
 }
 
-std::vector<int64_t> ChunkCandidates(const FixedKnobs& fixed) {
+// The default sizes, plus the smallest power of two (in MiB) that holds the largest block
+// parameter and twice that when the defaults are all smaller: otherwise every wide matrix of a
+// large model is an oversized chunk with a device buffer of its own, which defeats offloading.
+std::vector<int64_t> ChunkCandidates(const FixedKnobs& fixed, const Trace& trace) {
   if (fixed.chunk_bytes) return {*fixed.chunk_bytes};
-  return std::vector<int64_t>(std::begin(kDefaultChunkCandidatesBytes),
-                              std::end(kDefaultChunkCandidatesBytes));
+  std::vector<int64_t> sizes(std::begin(kDefaultChunkCandidatesBytes),
+                             std::end(kDefaultChunkCandidatesBytes));
+  const int64_t largest = LargestBlockParamBytes(trace);
+  if (largest > sizes.back()) {
+    int64_t fit = sizes.back();
+    while (fit < largest) fit *= 2;
+    sizes.push_back(fit);
+    sizes.push_back(2 * fit);
+  }
+  return sizes;
 }
 
 CostOptions MakeCostOptions(const PlanInputs& in, bool time_tables) {
@@ -426,7 +437,8 @@ absl::StatusOr<PlanOutcome> MakePlan(const PlanInputs& in) {
   ASSIGN_OR_RETURN(Trace trace, TraceFor(in, in.workload));
   ASSIGN_OR_RETURN(
       PlanSearch search,
-      PlanSearch::Create(trace, in.hardware, MakeCostOptions(in, true), ChunkCandidates(in.fixed)));
+      PlanSearch::Create(trace, in.hardware, MakeCostOptions(in, true),
+                         ChunkCandidates(in.fixed, trace)));
   RETURN_IF_ERROR(ValidateFixedAgainstLayout(in.fixed, search));
 
   PlanOutcome out;
@@ -482,7 +494,7 @@ absl::StatusOr<PlanOutcome> MakePlan(const PlanInputs& in) {
     if (any_fixed) {
       ASSIGN_OR_RETURN(PlanSearch all_sizes,
                        PlanSearch::Create(trace, in.hardware, MakeCostOptions(in, true),
-                                          ChunkCandidates(FixedKnobs{})));
+                                          ChunkCandidates(FixedKnobs{}, trace)));
       for (int k = 0; k < kKnobs && knob_reason.empty(); ++k) {
         if (!IsSet(k, in.fixed)) continue;
         SearchConstraints relaxed = constraints;

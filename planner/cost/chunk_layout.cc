@@ -1,8 +1,99 @@
 #include "planner/cost/chunk_layout.h"
 
 #include <algorithm>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "common/chunk_packing.h"
+#include "common/param_shapes.h"
 
 namespace memplan {
+namespace {
+
+// Stage of a Hugging Face parameter name: 0 embedding, 1..N blocks, N+1 final norm / LM head.
+int StageOf(const std::string& name, int num_blocks) {
+  if (absl::StartsWith(name, "model.embed_tokens.")) return 0;
+  constexpr absl::string_view kLayers = "model.layers.";
+  if (absl::StartsWith(name, kLayers)) {
+    const size_t dot = name.find('.', kLayers.size());
+    int index = 0;
+    if (dot != std::string::npos &&
+        absl::SimpleAtoi(absl::string_view(name).substr(kLayers.size(), dot - kLayers.size()),
+                         &index)) {
+      return index + 1;
+    }
+  }
+  return num_blocks + 1;
+}
+
+std::vector<LayoutParam> ArchLayoutParams(const Trace& trace) {
+  const int num_blocks = static_cast<int>(trace.blocks.size());
+  const int64_t dtype = DTypeBytes(trace.param_dtype);
+  std::vector<LayoutParam> params;
+  for (const ParamShape& p : HfParamShapes(trace.arch)) {
+    int64_t numel = 1;
+    for (int64_t d : p.shape) numel *= d;
+    params.push_back({p.name, numel, dtype, StageOf(p.name, num_blocks)});
+  }
+  return params;
+}
+
+// The agent's rule. Trainable bytes: every parameter for full fine-tuning; for LoRA the
+// stage's trainable share, spread over its chunks in proportion to their parameter bytes.
+ChunkLayout AgentLayout(const Trace& trace, int64_t chunk_bytes) {
+  const std::vector<LayoutParam> params = ArchLayoutParams(trace);
+  ChunkPackingOptions options;
+  options.chunk_bytes = chunk_bytes;
+  options.alignment_bytes = kChunkAlignmentBytes;
+  absl::StatusOr<ChunkPacking> packing = ChunkPacking::Build(params, options);
+  ChunkLayout layout;
+  layout.chunk_bytes = chunk_bytes;
+  if (!packing.ok()) return layout;  // not reached: ArchMatchesTrace built the same list
+  const std::vector<int64_t> stage_params = StageParamBytes(trace);
+  const std::vector<int64_t> stage_trainable = StageTrainableBytes(trace);
+  const size_t stages = stage_params.size();
+  layout.stage_first_chunk.assign(stages, -1);
+  layout.stage_last_chunk.assign(stages, -1);
+  layout.chunk_param_bytes.assign(packing->num_chunks(), 0);
+  layout.chunk_trainable_bytes.assign(packing->num_chunks(), 0);
+  layout.chunk_oversized.assign(packing->num_chunks(), false);
+  for (int c = 0; c < packing->num_chunks(); ++c) {
+    layout.chunk_param_bytes[c] = packing->chunks()[c].size_bytes;
+    layout.chunk_oversized[c] = packing->chunks()[c].oversized;
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamSlot& slot = packing->slots()[i];
+    const size_t s = static_cast<size_t>(params[i].group);
+    const int64_t train =
+        stage_params[s] == stage_trainable[s]
+            ? slot.size_bytes
+            : static_cast<int64_t>(static_cast<__int128>(stage_trainable[s]) * slot.size_bytes /
+                                   std::max<int64_t>(stage_params[s], 1));
+    layout.chunk_trainable_bytes[slot.chunk] += train;
+    if (layout.stage_first_chunk[s] < 0) layout.stage_first_chunk[s] = slot.chunk;
+    layout.stage_first_chunk[s] = std::min(layout.stage_first_chunk[s], slot.chunk);
+    layout.stage_last_chunk[s] = std::max(layout.stage_last_chunk[s], slot.chunk);
+  }
+  return layout;
+}
+
+}  // namespace
+
+bool ArchMatchesTrace(const Trace& trace) {
+  const ModelSpec& a = trace.arch;
+  if (a.num_layers != static_cast<int64_t>(trace.blocks.size()) || a.hidden_size <= 0 ||
+      a.vocab_size <= 0 || a.num_heads <= 0 || a.num_kv_heads <= 0 || a.intermediate_size <= 0) {
+    return false;
+  }
+  const std::vector<int64_t> want = StageParamBytes(trace);
+  std::vector<int64_t> got(want.size(), 0);
+  for (const LayoutParam& p : ArchLayoutParams(trace)) {
+    if (p.group < 0 || p.group >= static_cast<int>(got.size())) return false;
+    got[p.group] += p.numel * p.dtype_bytes;
+  }
+  return got == want;
+}
 
 std::vector<int64_t> StageParamBytes(const Trace& trace) {
   std::vector<int64_t> bytes;
@@ -26,7 +117,18 @@ std::vector<int64_t> StageTrainableBytes(const Trace& trace) {
   return bytes;
 }
 
+int64_t LargestBlockParamBytes(const Trace& trace) {
+  if (!ArchMatchesTrace(trace)) return 0;
+  const int last_block = static_cast<int>(trace.blocks.size());
+  int64_t largest = 0;
+  for (const LayoutParam& p : ArchLayoutParams(trace)) {
+    if (p.group >= 1 && p.group <= last_block) largest = std::max(largest, p.numel * p.dtype_bytes);
+  }
+  return largest;
+}
+
 ChunkLayout LayoutChunks(const Trace& trace, int64_t chunk_bytes) {
+  if (ArchMatchesTrace(trace)) return AgentLayout(trace, chunk_bytes);
   ChunkLayout layout;
   layout.chunk_bytes = chunk_bytes;
   const std::vector<int64_t> params = StageParamBytes(trace);
@@ -66,6 +168,7 @@ ChunkLayout LayoutChunks(const Trace& trace, int64_t chunk_bytes) {
     }
     layout.stage_last_chunk[s] = static_cast<int32_t>(layout.chunk_param_bytes.size()) - 1;
   }
+  layout.chunk_oversized.assign(layout.chunk_param_bytes.size(), false);
   return layout;
 }
 

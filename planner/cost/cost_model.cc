@@ -266,10 +266,18 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
     t.window_span[2 * k] = lo;
     t.window_span[2 * k + 1] = hi;
   }
+  // Regular chunks (shared buffers) by prefix; oversized ones have buffers of their own.
+  t.regular_prefix.assign(c_count + 1, 0);
+  for (int32_t c = 0; c < c_count; ++c) {
+    const bool big = c < static_cast<int32_t>(t.layout.chunk_oversized.size()) &&
+                     t.layout.chunk_oversized[c];
+    t.regular_prefix[c + 1] = t.regular_prefix[c] + (big ? 0 : 1);
+  }
   t.window_span_suffix_max.assign(n + 4, 0);
   for (int32_t k = n + 2; k >= 1; --k) {
-    t.window_span_suffix_max[k] = std::max(t.window_span_suffix_max[k + 1],
-                                           t.window_span[2 * k + 1] - t.window_span[2 * k] + 1);
+    const int32_t regular =
+        t.regular_prefix[t.window_span[2 * k + 1] + 1] - t.regular_prefix[t.window_span[2 * k]];
+    t.window_span_suffix_max[k] = std::max(t.window_span_suffix_max[k + 1], regular);
   }
 
   // ---- chunks ----
@@ -292,8 +300,8 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
     const int64_t fill = t.layout.chunk_param_bytes[c];
     const int64_t train = t.layout.chunk_trainable_bytes[c];
     const int64_t train_params = train / dtype_bytes_;
-    // Chunks are allocated at full size; only the last one is trimmed to its content.
-    const int64_t alloc = c + 1 == c_count ? fill : t.layout.chunk_bytes;
+    // The agent allocates a persistent chunk at its exact size (no tail padding).
+    const int64_t alloc = fill;
     const int64_t host =
         static_cast<int64_t>(std::ceil(static_cast<double>(fill + train_params * host_bpp) / w));
     t.fill_prefix[c + 1] = t.fill_prefix[c] + fill;
@@ -312,9 +320,16 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   // Offloaded chunks' grads are produced in a chunk-sized staging buffer and copied out while
   // the next one fills: two of them.
   t.grad_staging_bytes = 2 * max_train;
-  t.max_stage_param_bytes = 0;
-  for (int64_t p : StageParamBytes(trace_))
-    t.max_stage_param_bytes = std::max(t.max_stage_param_bytes, p);
+  // The agent's buffers: shared ones sized for the largest regular chunk of the layout, and one
+  // of its own for each non-persistent oversized chunk.
+  t.shared_buffer_bytes = 0;
+  t.oversized_suffix.assign(c_count + 1, 0);
+  for (int32_t c = c_count - 1; c >= 0; --c) {
+    const bool big = t.regular_prefix[c + 1] == t.regular_prefix[c];
+    const int64_t bytes = t.layout.chunk_param_bytes[c];
+    t.oversized_suffix[c] = t.oversized_suffix[c + 1] + (big ? bytes : 0);
+    if (!big) t.shared_buffer_bytes = std::max(t.shared_buffer_bytes, bytes);
+  }
 
   h2d_[0] = hardware_.h2d_pinned_bytes_per_second;
   d2h_[0] = hardware_.d2h_pinned_bytes_per_second;
@@ -399,8 +414,11 @@ double CostModel::ChunkSumD(const std::vector<double>& prefix, int64_t lo, int64
 int32_t CostModel::MinBuffers(int32_t n_persist) const {
   if (n_persist >= num_chunks_) return 0;
   const int32_t n = num_blocks_;
+  // Regular chunks in [max(lo, n_persist), hi].
   auto count = [&](int32_t lo, int32_t hi) {
-    return std::max(0, hi - std::max(lo, n_persist) + 1);
+    const int32_t start = std::max(lo, n_persist);
+    if (hi < start) return 0;
+    return chunks_->regular_prefix[hi + 1] - chunks_->regular_prefix[start];
   };
   // Windows with lo >= n_persist count their whole span (suffix max); the others count
   // [n_persist, hi], largest for the last of them since hi is non-decreasing.
@@ -472,15 +490,20 @@ int32_t CostModel::MinPersistForHost(int64_t host_limit_bytes, const ModeCounts&
 }
 
 int64_t CostModel::StaticRawBytes(int32_t n_persist, int32_t n_buffer) const {
-  return chunks_->persistent_prefix[n_persist] + int64_t{n_buffer} * chunks_->layout.chunk_bytes +
+  return chunks_->persistent_prefix[n_persist] + BufferBytes(n_persist, n_buffer) +
          (n_persist < num_chunks_ ? chunks_->grad_staging_bytes : 0);
 }
 
-int64_t CostModel::LoadRawBytes(int32_t n_persist) const {
-  // Persistent chunks (with optimizer state allocated up front) plus one stage's weights
-  // materialised in full and the chunk being packed from them.
-  return PersistentRawBytes(n_persist) + chunks_->max_stage_param_bytes +
-         chunks_->layout.chunk_bytes;
+int64_t CostModel::BufferBytes(int32_t n_persist, int32_t n_buffer) const {
+  return int64_t{n_buffer} * chunks_->shared_buffer_bytes +
+         chunks_->oversized_suffix[std::clamp(n_persist, 0, num_chunks_)];
+}
+
+int64_t CostModel::LoadRawBytes(int32_t n_persist, int32_t n_buffer) const {
+  // The agent builds the model in host memory and packs it into chunks there; the device gets
+  // the persistent chunks with their optimizer state and the chunk buffers. An unmanaged run
+  // (every chunk persistent) holds the same bytes.
+  return PersistentRawBytes(n_persist) + BufferBytes(n_persist, n_buffer);
 }
 
 int64_t CostModel::PeakFromRaw(int64_t raw_bytes) const {
@@ -985,7 +1008,7 @@ Prediction CostModel::Assemble(const ResidencyPlan& plan, const Modes& m, bool f
   const bool grads_peak = grad_phase > dyn.total;
   const int64_t staging = plan.n_persist < num_chunks_ ? chunks_->grad_staging_bytes : 0;
   b.persistent_chunks_bytes = chunks_->alloc_prefix[plan.n_persist];
-  b.buffers_bytes = int64_t{plan.n_buffer} * chunks_->layout.chunk_bytes;
+  b.buffers_bytes = BufferBytes(plan.n_persist, plan.n_buffer);
   b.grads_bytes = staging + (grads_peak ? chunks_->train_prefix[plan.n_persist] : 0);
   b.optimizer_state_bytes = chunks_->opt_prefix[plan.n_persist];
   b.activations_bytes = grads_peak ? emb_retained_ : dyn.activations;
@@ -997,7 +1020,7 @@ Prediction CostModel::Assemble(const ResidencyPlan& plan, const Modes& m, bool f
   const int64_t raw =
       StaticRawBytes(plan.n_persist, plan.n_buffer) + std::max(dyn.total, grad_phase);
   pred.peak_bytes = PeakFromRaw(raw);
-  pred.load_peak_bytes = PeakFromRaw(LoadRawBytes(plan.n_persist));
+  pred.load_peak_bytes = PeakFromRaw(LoadRawBytes(plan.n_persist, plan.n_buffer));
 
   int64_t host = 0;
   if (fast && m.explicit_modes == nullptr) {

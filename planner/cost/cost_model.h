@@ -92,7 +92,8 @@ class CostModel {
   int64_t chunk_bytes() const { return chunks_->layout.chunk_bytes; }
   const ChunkLayout& layout() const { return chunks_->layout; }
   const CostOptions& options() const { return options_; }
-  // Fewest chunk buffers that let every stage run with its successor's chunks prefetched.
+  // Fewest shared chunk buffers that let every stage run with its successor's regular chunks
+  // prefetched (oversized chunks have buffers of their own).
   int32_t MinBuffers(int32_t n_persist) const;
   // Raw (pre-calibration) bytes held for the whole step: persistent chunks with their optimizer
   // state, chunk buffers, grad staging for offloaded chunks. The steady peak is
@@ -110,8 +111,13 @@ class CostModel {
   int32_t MinPersistForHost(int64_t host_limit_bytes, const ModeCounts& counts) const;
   // Raw bytes of the activation walk (max over forward, head and backward phases).
   int64_t DynamicRawBytes(const ModeCounts& counts) const;
-  // Raw bytes while weights are loaded and offloaded.
-  int64_t LoadRawBytes(int32_t n_persist) const;
+  // Raw bytes while weights are loaded and packed into chunks (before the first step).
+  int64_t LoadRawBytes(int32_t n_persist, int32_t n_buffer) const;
+  // Bytes of one shared device chunk buffer: the largest regular (not oversized) chunk.
+  int64_t SharedBufferBytes() const { return chunks_->shared_buffer_bytes; }
+  // Device bytes of all chunk buffers: n_buffer shared ones plus one of its own for every
+  // non-persistent oversized chunk (the agent's rule, agent/chunks/chunk_manager.cc).
+  int64_t BufferBytes(int32_t n_persist, int32_t n_buffer) const;
   // Calibration contract: ceil(alpha * raw) + residual + cuda_context.
   int64_t PeakFromRaw(int64_t raw_bytes) const;
   // Largest raw byte count whose PeakFromRaw fits in `capacity_bytes` (may be negative).
@@ -207,7 +213,9 @@ class CostModel {
     std::vector<int64_t> grad_phase_prefix;  // alloc + opt + grads
     std::vector<double> gpu_opt_prefix, cpu_opt_prefix;
     int64_t grad_staging_bytes = 0;
-    int64_t max_stage_param_bytes = 0;
+    int64_t shared_buffer_bytes = 0;          // largest regular chunk of the layout
+    std::vector<int64_t> oversized_suffix;    // size C + 1: oversized chunk bytes in [c, C)
+    std::vector<int32_t> regular_prefix;      // size C + 1: regular chunks in [0, c)
   };
   std::shared_ptr<const ChunkTables> chunks_;
 

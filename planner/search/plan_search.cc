@@ -49,12 +49,13 @@ class Runner {
     const FixedKnobs& f = constraints.fixed;
     np_lo_ = f.n_persist ? *f.n_persist : 0;
     np_hi_ = f.n_persist ? std::min(*f.n_persist, c_) : c_;
-    // The load-time peak grows with n_persist: keep the largest n_persist whose load fits.
-    if (np_hi_ >= np_lo_ && model.LoadRawBytes(np_hi_) > raw_cap_) {
+    // The load-time peak without buffers grows with n_persist: keep the largest n_persist whose
+    // load fits (the buffers are checked with each plan).
+    if (np_hi_ >= np_lo_ && model.LoadRawBytes(np_hi_, 0) > raw_cap_) {
       int32_t lo = np_lo_ - 1, hi = np_hi_;  // Load(lo) fits (or lo is below range), Load(hi) not
       while (hi - lo > 1) {
         const int32_t mid = lo + (hi - lo) / 2;
-        if (model.LoadRawBytes(mid) <= raw_cap_) {
+        if (model.LoadRawBytes(mid, 0) <= raw_cap_) {
           lo = mid;
         } else {
           hi = mid;
@@ -71,6 +72,16 @@ class Runner {
     h_hi_ = f.n_hs_offload ? *f.n_hs_offload : n_;
     k_lo_ = f.n_checkpoint ? *f.n_checkpoint : 0;
     k_hi_ = f.n_checkpoint ? *f.n_checkpoint : n_;
+    // Static(np, fewest buffers) for np < C is usually non-decreasing (a persistent chunk costs
+    // more than the buffer it may save), but not always: a chunk much smaller than the shared
+    // buffers can save a buffer for less than a buffer's bytes. Suffix minima keep the searches
+    // below exact either way.
+    const int32_t top = std::min(np_hi_, c_ - 1);
+    static_sufmin_.assign(static_cast<size_t>(std::max(top + 2, 1)),
+                          std::numeric_limits<int64_t>::max());
+    for (int32_t np = top; np >= 0; --np) {
+      static_sufmin_[np] = std::min(static_sufmin_[np + 1], StaticAt(np));
+    }
   }
 
   void Run() {
@@ -105,23 +116,26 @@ class Runner {
   // Fewest static bytes of any plan with n_persist >= np_lo: Static(np, fewest buffers) never
   // decreases with np except at np = C (buffers and grad staging vanish).
   int64_t StaticMin(int32_t np_lo) const {
-    int64_t best = StaticAt(np_lo);
-    if (np_hi_ == c_ && np_lo < c_) best = std::min(best, StaticAt(c_));
+    int64_t best = std::numeric_limits<int64_t>::max();
+    if (np_lo >= 0 && np_lo + 1 < static_cast<int32_t>(static_sufmin_.size())) {
+      best = static_sufmin_[np_lo];
+    }
+    if (np_hi_ == c_) best = std::min(best, StaticAt(c_));
     return best;
   }
 
   // Largest n_persist <= np_hi_ whose static bytes at the fewest buffers fit `budget`, or -1.
-  // Static(np, fewest buffers) is non-decreasing for np < C (a persistent chunk costs at least
-  // the one buffer it may save); np = C drops buffers and grad staging, so it is tried apart.
+  // np = C drops buffers and grad staging, so it is tried apart; below it the suffix minima are
+  // non-decreasing in np, and the largest np whose suffix minimum fits is itself a fit.
   int32_t MaxPersistWithBuffers(int64_t budget) const {
     if (np_hi_ == c_ && StaticAt(c_) <= budget) return c_;
-    int32_t hi = std::min(np_hi_, c_ - 1);
-    int32_t top = model_.MaxPersistWithin(budget, hi);  // necessary condition, cheap
-    if (top < 0 || StaticAt(0) > budget) return -1;
+    int32_t top = std::min(np_hi_, c_ - 1);
+    top = std::min(top, model_.MaxPersistWithin(budget, top));  // necessary condition, cheap
+    if (top < 0 || static_sufmin_[0] > budget) return -1;
     int32_t lo = 0;
     while (lo < top) {
       const int32_t mid = lo + (top - lo + 1) / 2;
-      if (StaticAt(mid) <= budget) {
+      if (static_sufmin_[mid] <= budget) {
         lo = mid;
       } else {
         top = mid - 1;
@@ -269,7 +283,7 @@ class Runner {
     if (np < c_) {
       const int64_t room = budget - model_.StaticRawBytes(np, 0);
       if (room < 0) return false;
-      const int64_t fit = room / model_.chunk_bytes();
+      const int64_t fit = room / std::max<int64_t>(1, model_.SharedBufferBytes());
       nb = fixed_nb_ ? *fixed_nb_ : static_cast<int32_t>(std::min<int64_t>(c_ - np, fit));
       if (nb > fit || nb > c_ - np || nb < model_.MinBuffers(np)) return false;
     } else {
@@ -277,7 +291,7 @@ class Runner {
       if (model_.StaticRawBytes(np, 0) > budget) return false;
     }
     if (model_.HostBytes(np, m) > host_limit_) return false;
-    if (model_.LoadRawBytes(np) > raw_cap_) return false;
+    if (model_.LoadRawBytes(np, nb) > raw_cap_) return false;
     double seconds = 0;
     if (!any_fit_) {
       seconds = model_.IterationSeconds(model_.Time(np, nb, m, kind_));
@@ -293,6 +307,7 @@ class Runner {
     return true;
   }
 
+  std::vector<int64_t> static_sufmin_;  // [np] = min StaticAt over [np, min(np_hi_, C - 1)]
   const CostModel& model_;
   const int model_index_;
   const HostMemoryKind kind_;
@@ -401,7 +416,7 @@ SearchResult PlanSearch::FindLeanest(const SearchConstraints& constraints) const
       if (np < c && (nb < model.MinBuffers(np) || nb > c - np)) return -1;
       if (np >= c && f.n_buffer && *f.n_buffer != 0) return -1;
       const int64_t raw = static_at(np) + std::max(dyn, model.GradPhaseRawBytes(np));
-      return std::max(model.PeakFromRaw(raw), model.PeakFromRaw(model.LoadRawBytes(np)));
+      return std::max(model.PeakFromRaw(raw), model.PeakFromRaw(model.LoadRawBytes(np, nb)));
     };
     // With a fixed buffer count, the first n_persist at which that many buffers suffice.
     auto first_allowed = [&](int32_t np) {
@@ -417,6 +432,18 @@ SearchResult PlanSearch::FindLeanest(const SearchConstraints& constraints) const
       }
       return lo;
     };
+    // Static bytes rise with n_persist except where a persistent chunk saves a buffer worth more
+    // than itself ("drops") and at np = C. Since the grad phase only grows with n_persist, the
+    // leanest n_persist of a range is its first one, a drop, or C; suffix minima bound the rest.
+    std::vector<int64_t> static_sufmin(static_cast<size_t>(c) + 2,
+                                       std::numeric_limits<int64_t>::max());
+    std::vector<int32_t> drops;
+    for (int32_t np = c; np >= 0; --np) {
+      const int64_t here = static_at(np);
+      static_sufmin[np] = std::min(static_sufmin[np + 1], here);
+      if (np > 0 && np < c && here < static_at(np - 1)) drops.push_back(np);
+    }
+    std::reverse(drops.begin(), drops.end());
     for (HostMemoryKind kind : KindsToTry(constraints)) {
       int64_t host_limit = constraints.host_memory_bytes;
       if (kind == HostMemoryKind::kPinned && constraints.pinned_limit_bytes > 0) {
@@ -436,8 +463,7 @@ SearchResult PlanSearch::FindLeanest(const SearchConstraints& constraints) const
             np_min, first_allowed(std::max(
                         np_min, model.MinPersistForHost(host_limit, ModeCounts{s, h_lo, k_lo}))));
         if (np_floor > np_max) continue;
-        const int64_t static_floor =
-            std::min(static_at(np_floor), np_max == c ? static_at(c) : static_at(np_floor));
+        const int64_t static_floor = static_sufmin[np_floor];
         // Activation bytes fall as n_hs_offload rises along n_hs_offload + n_checkpoint = max,
         // while host bytes (and so the smallest n_persist) rise: walk down from the most
         // offloaded point and stop once no smaller n_hs_offload can beat the best.
@@ -448,12 +474,18 @@ SearchResult PlanSearch::FindLeanest(const SearchConstraints& constraints) const
           const int64_t dyn = model.DynamicRawBytes(m);
           const int64_t bound = std::max(
               model.PeakFromRaw(static_floor + std::max(dyn, model.GradPhaseRawBytes(np_floor))),
-              model.PeakFromRaw(model.LoadRawBytes(np_floor)));
+              model.PeakFromRaw(model.LoadRawBytes(np_floor, 0)));
           if (bound >= best_required) break;
           result.plans_evaluated += 2;
           const int32_t np_lo =
               first_allowed(std::max(np_min, model.MinPersistForHost(host_limit, m)));
-          for (int32_t np : {np_lo, c}) {
+          std::vector<int32_t> candidates = {np_lo};
+          for (auto it = std::upper_bound(drops.begin(), drops.end(), np_lo);
+               it != drops.end() && *it <= np_max; ++it) {
+            candidates.push_back(*it);
+          }
+          candidates.push_back(c);
+          for (int32_t np : candidates) {
             const int64_t r = required(np, dyn);
             if (r < 0 || r >= best_required) continue;
             best_required = r;

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "agent/chunks/chunk_layout.h"
+#include "common/chunk_packing.h"
 #include "agent/core/torch_pch.h"
 #include "gtest/gtest.h"
 
@@ -293,6 +293,7 @@ TEST(ChunkManagerTest, ReleasedParametersArePlaceholdersOfTheSameShape) {
   EXPECT_EQ(model.weight[3].sizes(), torch::IntArrayRef({16, 16}));
   EXPECT_LT(model.weight[3].storage().nbytes(), 16u * 16 * 4);
   (*manager)->PreForward(4);
+  ASSERT_EQ(stats.n_oversized_buffers, 0);
   EXPECT_EQ(model.weight[3].storage().nbytes(),
             static_cast<size_t>(stats.buffer_device_bytes / stats.n_buffer));
   EXPECT_TRUE(model.weight[3].is_contiguous());
@@ -319,7 +320,7 @@ TEST(ChunkManagerTest, HostMemoryIsExactlyTheLayout) {
           params.push_back({p.name, p.param.numel(), elem, static_cast<int>(g)});
         }
       }
-      auto layout = ChunkLayout::Build(params, {options.chunk_bytes, options.alignment_bytes});
+      auto layout = ChunkPacking::Build(params, {options.chunk_bytes, options.alignment_bytes});
       ASSERT_TRUE(layout.ok());
       ASSERT_EQ(stats.n_chunks, layout->num_chunks());
       EXPECT_EQ(stats.layout_bytes, layout->TotalBytes());
@@ -329,7 +330,16 @@ TEST(ChunkManagerTest, HostMemoryIsExactlyTheLayout) {
         if (c >= 2) offloaded += layout->chunks()[c].size_bytes;
       }
       EXPECT_EQ(stats.persistent_device_bytes, layout->RangeBytes(0, 2));
-      EXPECT_EQ(stats.buffer_device_bytes, stats.n_buffer * layout->MaxChunkBytesFrom(2));
+      int64_t own_buffers = 0;  // oversized non-persistent chunks have a buffer each
+      int oversized = 0;
+      for (int c = 2; c < layout->num_chunks(); ++c) {
+        if (!layout->chunks()[c].oversized) continue;
+        own_buffers += layout->chunks()[c].size_bytes;
+        ++oversized;
+      }
+      EXPECT_EQ(stats.n_oversized_buffers, oversized);
+      EXPECT_EQ(stats.buffer_device_bytes,
+                stats.n_buffer * layout->MaxRegularChunkBytes() + own_buffers);
       // Per offloaded chunk: parameters + grad staging in the model dtype, then fp32 exp_avg,
       // exp_avg_sq, plus an fp32 master and grad sum for bf16, or the grad sum for accumulation.
       const int64_t fp32_arrays = 2 + (bf16 ? 2 : (grad_accum > 1 ? 1 : 0));

@@ -222,18 +222,22 @@ TEST_F(PlannerClientE2eTest, ProfilePlanMeasureAgainstTheRealDaemon) {
   EXPECT_EQ(reread->prediction.peak_bytes, answer->prediction.peak_bytes);
   EXPECT_EQ(reread->plan_id, answer->plan_id);
 
-  // A measurement 10% below the prediction: the planner reports +10% relative error.
+  // Reserved bytes 10% below the prediction's reserved part (the prediction minus the CUDA
+  // context): the planner reports +10% relative error.
+  const int64_t predicted_reserved =
+      answer->prediction.peak_bytes - answer->prediction.breakdown.cuda_context_bytes;
   Measurement m;
   m.plan_id = answer->plan_id;
-  m.peak_reserved_bytes = answer->prediction.peak_bytes * 10 / 11;
+  m.peak_reserved_bytes = predicted_reserved * 10 / 11;
   m.peak_allocated_bytes = m.peak_reserved_bytes * 9 / 10;
   m.step_seconds = 0.5;
   absl::StatusOr<MeasurementReceipt> receipt = (*client)->ReportMeasurement(m);
   ASSERT_TRUE(receipt.ok()) << receipt.status();
   EXPECT_FALSE(receipt->measurement_id.empty());
   EXPECT_DOUBLE_EQ(receipt->relative_error,
-                   static_cast<double>(answer->prediction.peak_bytes - m.peak_reserved_bytes) /
+                   static_cast<double>(predicted_reserved - m.peak_reserved_bytes) /
                        static_cast<double>(m.peak_reserved_bytes));
+  EXPECT_NEAR(receipt->relative_error, 0.1, 1e-6);
   EXPECT_EQ(receipt->calibration.hardware_name, "bench-h100");
   EXPECT_GE(receipt->calibration.samples, 1);
   EXPECT_TRUE(sleeper.waits.empty());

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "agent/io/file_system.h"
-#include "agent/io/hf_param_shapes.h"
+#include "common/param_shapes.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

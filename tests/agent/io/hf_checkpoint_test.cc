@@ -4,7 +4,7 @@
 #include <string>
 
 #include "agent/io/file_system.h"
-#include "agent/io/hf_param_shapes.h"
+#include "common/param_shapes.h"
 #include "agent/io/safetensors_torch.h"
 #include "common/hf_config.h"
 #include "gmock/gmock.h"

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -106,6 +107,10 @@ TEST(MemoryTimelineTest, RecordsEveryGroupHookOfTheStepWithoutChangingTraining) 
     EXPECT_GE(e.peak_since, e.allocated) << got.back();
   }
   EXPECT_EQ(got, expected);
+  int64_t max_peak = 0;
+  for (const MemoryEvent& e : timeline.events()) max_peak = std::max(max_peak, e.peak_since);
+  EXPECT_EQ(timeline.StepPeakAllocated(), max_peak);
+  EXPECT_GT(timeline.StepPeakAllocated(), timeline.events().front().allocated);
 
   // Activations of NONE blocks are held from their forward to their backward: more is live when
   // the head starts its backward than when the step began.

@@ -229,7 +229,16 @@ INSTANTIATE_TEST_SUITE_P(
                  .family = "qwen3",
                  .modes = {M::kHsOffload, M::kCkpt, M::kHsOffload, M::kNone},
                  .managed = true,
-                 .n_buffer = 2}),
+                 .n_buffer = 2},
+        // 8 KiB chunks: every weight matrix (>= 16 KiB) is an oversized chunk with a device
+        // buffer of its own; the norms share the regular buffers.
+        PlanCase{.name = "oversized_chunks_tied",
+                 .tied = true,
+                 .modes = kMixed,
+                 .managed = true,
+                 .n_persist = 1,
+                 .n_buffer = 1,
+                 .chunk_bytes = 8 << 10}),
     [](const auto& info) { return info.param.name; });
 
 TEST(TrainerTest, RejectsBadOptions) {

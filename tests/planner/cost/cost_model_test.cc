@@ -165,7 +165,7 @@ TEST(CostModelTest, MonotonicityPropertiesUsedBySearch) {
       EXPECT_GE(b.gpu_optimizer_seconds, a.gpu_optimizer_seconds - 1e-12);
       EXPECT_GE(model.PersistentRawBytes(np + 1), model.PersistentRawBytes(np));
       EXPECT_LE(model.HostBytes(np + 1, m), model.HostBytes(np, m));
-      EXPECT_GE(model.LoadRawBytes(np + 1), model.LoadRawBytes(np));
+      EXPECT_GE(model.LoadRawBytes(np + 1, 0), model.LoadRawBytes(np, 0));
       const int32_t need = model.MinBuffers(np);
       if (need < chunks - np) {
         EXPECT_LE(secs(m, np, need + 1, false), secs(m, np, need, false) + 1e-12);

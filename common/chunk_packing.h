@@ -1,4 +1,4 @@
-// ChunkLayout: packs parameters into fixed-size chunks in execution order (torch-free).
+// ChunkPacking: packs parameters into fixed-size chunks in execution order (torch-free).
 // The planner's cost model must use the same rule to predict chunk sizes and counts:
 //
 //  [Chunk packing rule]
@@ -33,7 +33,7 @@ struct LayoutParam {
   int group = 0;  // non-decreasing along the input
 };
 
-struct ChunkLayoutOptions {
+struct ChunkPackingOptions {
   int64_t chunk_bytes = int64_t{64} << 20;
   int64_t alignment_bytes = 256;
 };
@@ -54,16 +54,16 @@ struct ChunkInfo {
   std::vector<int> params;  // indices into the input, in packing order
 };
 
-class ChunkLayout {
+class ChunkPacking {
  public:
   // INVALID_ARGUMENT for a non-positive chunk size or alignment, negative sizes, decreasing
   // groups, or a repeated name.
-  static absl::StatusOr<ChunkLayout> Build(const std::vector<LayoutParam>& params,
-                                           const ChunkLayoutOptions& options);
+  static absl::StatusOr<ChunkPacking> Build(const std::vector<LayoutParam>& params,
+                                           const ChunkPackingOptions& options);
 
   const std::vector<ChunkInfo>& chunks() const { return chunks_; }
   const std::vector<ParamSlot>& slots() const { return slots_; }  // indexed like the input
-  const ChunkLayoutOptions& options() const { return options_; }
+  const ChunkPackingOptions& options() const { return options_; }
   int num_chunks() const { return static_cast<int>(chunks_.size()); }
 
   // Sum of all chunk sizes.
@@ -72,11 +72,13 @@ class ChunkLayout {
   int64_t RangeBytes(int first, int last) const;
   // Largest chunk size among chunks [first, num_chunks()); 0 when the range is empty.
   int64_t MaxChunkBytesFrom(int first) const;
+  // Largest size among chunks that are not oversized (at most chunk_bytes); 0 if none.
+  int64_t MaxRegularChunkBytes() const;
   // Chunks holding parameters of `group` (first use only), ascending.
   std::vector<int> ChunksOfGroup(int group) const;
 
  private:
-  ChunkLayoutOptions options_;
+  ChunkPackingOptions options_;
   std::vector<ChunkInfo> chunks_;
   std::vector<ParamSlot> slots_;
 };

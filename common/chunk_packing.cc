@@ -1,4 +1,4 @@
-#include "agent/chunks/chunk_layout.h"
+#include "common/chunk_packing.h"
 
 #include <algorithm>
 #include <set>
@@ -17,7 +17,7 @@ int64_t AlignUp(int64_t value, int64_t alignment) {
 // Builds chunks incrementally; `open` is the chunk parameters are currently added to.
 class Packer {
  public:
-  Packer(const ChunkLayoutOptions& options, std::vector<ChunkInfo>* chunks,
+  Packer(const ChunkPackingOptions& options, std::vector<ChunkInfo>* chunks,
          std::vector<ParamSlot>* slots)
       : options_(options), chunks_(chunks), slots_(slots) {}
 
@@ -82,7 +82,7 @@ class Packer {
     chunk.params.push_back(i);
   }
 
-  const ChunkLayoutOptions& options_;
+  const ChunkPackingOptions& options_;
   std::vector<ChunkInfo>* chunks_;
   std::vector<ParamSlot>* slots_;
   bool open_ = false;
@@ -90,8 +90,8 @@ class Packer {
 
 }  // namespace
 
-absl::StatusOr<ChunkLayout> ChunkLayout::Build(const std::vector<LayoutParam>& params,
-                                               const ChunkLayoutOptions& options) {
+absl::StatusOr<ChunkPacking> ChunkPacking::Build(const std::vector<LayoutParam>& params,
+                                               const ChunkPackingOptions& options) {
   if (options.chunk_bytes <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk_bytes: must be positive, got ", options.chunk_bytes));
@@ -118,7 +118,7 @@ absl::StatusOr<ChunkLayout> ChunkLayout::Build(const std::vector<LayoutParam>& p
     }
   }
 
-  ChunkLayout layout;
+  ChunkPacking layout;
   layout.options_ = options;
   layout.slots_.resize(params.size());
   Packer packer(options, &layout.chunks_, &layout.slots_);
@@ -132,9 +132,9 @@ absl::StatusOr<ChunkLayout> ChunkLayout::Build(const std::vector<LayoutParam>& p
   return layout;
 }
 
-int64_t ChunkLayout::TotalBytes() const { return RangeBytes(0, num_chunks()); }
+int64_t ChunkPacking::TotalBytes() const { return RangeBytes(0, num_chunks()); }
 
-int64_t ChunkLayout::RangeBytes(int first, int last) const {
+int64_t ChunkPacking::RangeBytes(int first, int last) const {
   int64_t total = 0;
   for (int c = std::max(first, 0); c < std::min(last, num_chunks()); ++c) {
     total += chunks_[c].size_bytes;
@@ -142,7 +142,7 @@ int64_t ChunkLayout::RangeBytes(int first, int last) const {
   return total;
 }
 
-int64_t ChunkLayout::MaxChunkBytesFrom(int first) const {
+int64_t ChunkPacking::MaxChunkBytesFrom(int first) const {
   int64_t largest = 0;
   for (int c = std::max(first, 0); c < num_chunks(); ++c) {
     largest = std::max(largest, chunks_[c].size_bytes);
@@ -150,7 +150,15 @@ int64_t ChunkLayout::MaxChunkBytesFrom(int first) const {
   return largest;
 }
 
-std::vector<int> ChunkLayout::ChunksOfGroup(int group) const {
+int64_t ChunkPacking::MaxRegularChunkBytes() const {
+  int64_t largest = 0;
+  for (const ChunkInfo& c : chunks_) {
+    if (!c.oversized) largest = std::max(largest, c.size_bytes);
+  }
+  return largest;
+}
+
+std::vector<int> ChunkPacking::ChunksOfGroup(int group) const {
   std::vector<int> result;
   for (int c = 0; c < num_chunks(); ++c) {
     for (int i : chunks_[c].params) {

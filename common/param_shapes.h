@@ -8,7 +8,7 @@
 
 #include "common/types.h"
 
-namespace memplan::io {
+namespace memplan {
 
 struct ParamShape {
   std::string name;  // e.g. "model.layers.0.self_attn.q_proj.weight"
@@ -19,4 +19,4 @@ struct ParamShape {
 // tie_word_embeddings (a tied head shares "model.embed_tokens.weight").
 std::vector<ParamShape> HfParamShapes(const ModelSpec& model);
 
-}  // namespace memplan::io
+}  // namespace memplan

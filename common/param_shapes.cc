@@ -1,8 +1,8 @@
-#include "agent/io/hf_param_shapes.h"
+#include "common/param_shapes.h"
 
 #include "absl/strings/str_cat.h"
 
-namespace memplan::io {
+namespace memplan {
 
 std::vector<ParamShape> HfParamShapes(const ModelSpec& m) {
   const int64_t h = m.hidden_size;
@@ -36,4 +36,4 @@ std::vector<ParamShape> HfParamShapes(const ModelSpec& m) {
   return out;
 }
 
-}  // namespace memplan::io
+}  // namespace memplan

@@ -1,11 +1,11 @@
-#include "agent/io/hf_param_shapes.h"
+#include "common/param_shapes.h"
 
 #include <set>
 
 #include "common/hf_config.h"
 #include "gtest/gtest.h"
 
-namespace memplan::io {
+namespace memplan {
 namespace {
 
 int64_t Count(const std::vector<ParamShape>& shapes) {
@@ -72,4 +72,4 @@ TEST(HfParamShapesTest, Qwen3_06BHasQkNormAndWideHeads) {
 }
 
 }  // namespace
-}  // namespace memplan::io
+}  // namespace memplan

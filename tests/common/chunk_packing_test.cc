@@ -1,4 +1,4 @@
-#include "agent/chunks/chunk_layout.h"
+#include "common/chunk_packing.h"
 
 #include <random>
 #include <vector>
@@ -12,15 +12,15 @@ LayoutParam P(std::string name, int64_t numel, int group, int64_t dtype_bytes = 
   return LayoutParam{std::move(name), numel, dtype_bytes, group};
 }
 
-ChunkLayout BuildOrDie(const std::vector<LayoutParam>& params, int64_t chunk_bytes,
+ChunkPacking BuildOrDie(const std::vector<LayoutParam>& params, int64_t chunk_bytes,
                        int64_t alignment_bytes = 256) {
-  auto layout = ChunkLayout::Build(params, {chunk_bytes, alignment_bytes});
+  auto layout = ChunkPacking::Build(params, {chunk_bytes, alignment_bytes});
   EXPECT_TRUE(layout.ok()) << layout.status();
   return *std::move(layout);
 }
 
 // Invariants every layout must satisfy, whatever the input.
-void CheckInvariants(const std::vector<LayoutParam>& params, const ChunkLayout& layout) {
+void CheckInvariants(const std::vector<LayoutParam>& params, const ChunkPacking& layout) {
   const int64_t chunk_bytes = layout.options().chunk_bytes;
   const int64_t align = layout.options().alignment_bytes;
   ASSERT_EQ(layout.slots().size(), params.size());
@@ -57,11 +57,11 @@ void CheckInvariants(const std::vector<LayoutParam>& params, const ChunkLayout& 
   EXPECT_EQ(layout.TotalBytes(), total);
 }
 
-TEST(ChunkLayoutTest, PacksSmallGroupsTogetherInOrder) {
+TEST(ChunkPackingTest, PacksSmallGroupsTogetherInOrder) {
   // Three groups of two 100-float params (400 B each, aligned to 512 B slots).
   std::vector<LayoutParam> params = {P("a0", 100, 0), P("a1", 100, 0), P("b0", 100, 1),
                                      P("b1", 100, 1), P("c0", 100, 2), P("c1", 100, 2)};
-  ChunkLayout layout = BuildOrDie(params, 4096);
+  ChunkPacking layout = BuildOrDie(params, 4096);
   CheckInvariants(params, layout);
   ASSERT_EQ(layout.num_chunks(), 1);
   EXPECT_EQ(layout.slots()[1].offset_bytes, 512);
@@ -69,12 +69,12 @@ TEST(ChunkLayoutTest, PacksSmallGroupsTogetherInOrder) {
   EXPECT_EQ(layout.chunks()[0].size_bytes, 5 * 512 + 400);
 }
 
-TEST(ChunkLayoutTest, StartsANewChunkRatherThanSplittingAGroupThatFits) {
+TEST(ChunkPackingTest, StartsANewChunkRatherThanSplittingAGroupThatFits) {
   // 1000 B chunks, alignment 8: group 0 uses 600 B; group 1 (2 x 200 B) would fit only by
   // splitting, so it opens chunk 1 although 400 B are left in chunk 0.
   std::vector<LayoutParam> params = {P("a", 150, 0), P("b0", 50, 1), P("b1", 50, 1),
                                      P("b2", 50, 1), P("b3", 50, 1), P("c", 10, 2)};
-  ChunkLayout layout = BuildOrDie(params, 1000, 8);
+  ChunkPacking layout = BuildOrDie(params, 1000, 8);
   CheckInvariants(params, layout);
   ASSERT_EQ(layout.num_chunks(), 2);
   EXPECT_EQ(layout.chunks()[0].size_bytes, 600);
@@ -87,11 +87,11 @@ TEST(ChunkLayoutTest, StartsANewChunkRatherThanSplittingAGroupThatFits) {
   EXPECT_EQ(layout.ChunksOfGroup(1), std::vector<int>({1}));
 }
 
-TEST(ChunkLayoutTest, GroupLargerThanAChunkContinuesTheOpenChunk) {
+TEST(ChunkPackingTest, GroupLargerThanAChunkContinuesTheOpenChunk) {
   // Group 1 needs 4 x 400 B = 1600 B > 1000 B: packed param by param from the open chunk.
   std::vector<LayoutParam> params = {P("a", 100, 0), P("b0", 100, 1), P("b1", 100, 1),
                                      P("b2", 100, 1), P("b3", 100, 1)};
-  ChunkLayout layout = BuildOrDie(params, 1000, 8);
+  ChunkPacking layout = BuildOrDie(params, 1000, 8);
   CheckInvariants(params, layout);
   ASSERT_EQ(layout.num_chunks(), 3);
   EXPECT_EQ(layout.slots()[1].chunk, 0);  // shares chunk 0 with group 0
@@ -101,10 +101,10 @@ TEST(ChunkLayoutTest, GroupLargerThanAChunkContinuesTheOpenChunk) {
   EXPECT_EQ(layout.ChunksOfGroup(1), std::vector<int>({0, 1, 2}));
 }
 
-TEST(ChunkLayoutTest, OversizedParameterGetsItsOwnChunk) {
+TEST(ChunkPackingTest, OversizedParameterGetsItsOwnChunk) {
   std::vector<LayoutParam> params = {P("small", 10, 0), P("huge", 1000, 1), P("after", 10, 1),
                                      P("next", 10, 2)};
-  ChunkLayout layout = BuildOrDie(params, 1024, 256);
+  ChunkPacking layout = BuildOrDie(params, 1024, 256);
   CheckInvariants(params, layout);
   ASSERT_EQ(layout.num_chunks(), 3);
   EXPECT_TRUE(layout.chunks()[1].oversized);
@@ -117,34 +117,34 @@ TEST(ChunkLayoutTest, OversizedParameterGetsItsOwnChunk) {
   EXPECT_EQ(layout.RangeBytes(0, 2), 40 + 4000);
 }
 
-TEST(ChunkLayoutTest, MixedDtypeBytesAreExact) {
+TEST(ChunkPackingTest, MixedDtypeBytesAreExact) {
   std::vector<LayoutParam> params = {P("bf16", 3, 0, 2), P("fp32", 3, 0, 4)};
-  ChunkLayout layout = BuildOrDie(params, 4096, 256);
+  ChunkPacking layout = BuildOrDie(params, 4096, 256);
   CheckInvariants(params, layout);
   EXPECT_EQ(layout.slots()[0].size_bytes, 6);
   EXPECT_EQ(layout.slots()[1].offset_bytes, 256);
   EXPECT_EQ(layout.TotalBytes(), 256 + 12);
 }
 
-TEST(ChunkLayoutTest, RejectsInvalidInput) {
-  EXPECT_FALSE(ChunkLayout::Build({P("a", 1, 0)}, {0, 256}).ok());
-  EXPECT_FALSE(ChunkLayout::Build({P("a", 1, 0)}, {1024, 0}).ok());
-  EXPECT_FALSE(ChunkLayout::Build({P("a", 1, 1), P("b", 1, 0)}, {1024, 256}).ok());
-  EXPECT_FALSE(ChunkLayout::Build({P("a", -1, 0)}, {1024, 256}).ok());
+TEST(ChunkPackingTest, RejectsInvalidInput) {
+  EXPECT_FALSE(ChunkPacking::Build({P("a", 1, 0)}, {0, 256}).ok());
+  EXPECT_FALSE(ChunkPacking::Build({P("a", 1, 0)}, {1024, 0}).ok());
+  EXPECT_FALSE(ChunkPacking::Build({P("a", 1, 1), P("b", 1, 0)}, {1024, 256}).ok());
+  EXPECT_FALSE(ChunkPacking::Build({P("a", -1, 0)}, {1024, 256}).ok());
   // A tied weight is passed once, at its first use; a second entry is a caller error.
-  auto tied = ChunkLayout::Build({P("embed", 8, 0), P("embed", 8, 2)}, {1024, 256});
+  auto tied = ChunkPacking::Build({P("embed", 8, 0), P("embed", 8, 2)}, {1024, 256});
   EXPECT_FALSE(tied.ok());
   EXPECT_NE(tied.status().message().find("embed"), absl::string_view::npos);
 }
 
-TEST(ChunkLayoutTest, EmptyInputHasNoChunks) {
-  ChunkLayout layout = BuildOrDie({}, 1024);
+TEST(ChunkPackingTest, EmptyInputHasNoChunks) {
+  ChunkPacking layout = BuildOrDie({}, 1024);
   EXPECT_EQ(layout.num_chunks(), 0);
   EXPECT_EQ(layout.TotalBytes(), 0);
   EXPECT_EQ(layout.MaxChunkBytesFrom(0), 0);
 }
 
-TEST(ChunkLayoutTest, RandomModelsKeepEveryFittingGroupWhole) {
+TEST(ChunkPackingTest, RandomModelsKeepEveryFittingGroupWhole) {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 200; ++trial) {
     const int64_t chunk_bytes = 512 * (1 + static_cast<int64_t>(rng() % 16));
@@ -158,7 +158,7 @@ TEST(ChunkLayoutTest, RandomModelsKeepEveryFittingGroupWhole) {
                            static_cast<int64_t>(rng() % 1200), g, (rng() % 2) ? 2 : 4));
       }
     }
-    ChunkLayout layout = BuildOrDie(params, chunk_bytes, align);
+    ChunkPacking layout = BuildOrDie(params, chunk_bytes, align);
     CheckInvariants(params, layout);
     // A group whose packed size fits in an empty chunk lives in exactly one chunk.
     for (int g = 0; g < groups; ++g) {
