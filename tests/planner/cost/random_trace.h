@@ -4,6 +4,10 @@
 #include <cstdint>
 #include <random>
 
+#include <string>
+#include <vector>
+
+#include "common/param_shapes.h"
 #include "common/types.h"
 
 namespace memplan::testing {
@@ -51,6 +55,31 @@ inline Trace RandomTrace(std::mt19937_64& rng, int32_t num_blocks) {
   t.head.backward_transient_bytes = uni(100, 1600) * kMiB;
   t.head.forward_seconds = real(0.002, 0.02);
   t.head.backward_seconds = real(0.004, 0.04);
+  if (uni(0, 1) == 0) {
+    // Half of the traces carry a real (small) architecture whose parameter bytes they match, so
+    // the planner lays chunks out with the agent's rule, oversized chunks included.
+    ModelSpec& a = t.arch;
+    a.hidden_size = 512 * uni(1, 6);
+    a.num_heads = a.hidden_size / 64;
+    a.num_kv_heads = a.num_heads / (uni(0, 1) == 0 ? 1 : 2);
+    a.intermediate_size = a.hidden_size * uni(2, 4);
+    a.vocab_size = 1024 * uni(4, 40);
+    a.qkv_bias = uni(0, 3) == 0;
+    std::vector<int64_t> stage(static_cast<size_t>(num_blocks) + 2, 0);
+    for (const ParamShape& p : HfParamShapes(a)) {
+      int64_t numel = 1;
+      for (int64_t d : p.shape) numel *= d;
+      size_t s = stage.size() - 1;
+      if (p.name.rfind("model.embed_tokens.", 0) == 0) s = 0;
+      if (p.name.rfind("model.layers.", 0) == 0) {
+        s = 1 + static_cast<size_t>(std::stoi(p.name.substr(13)));
+      }
+      stage[s] += numel * DTypeBytes(t.param_dtype);
+    }
+    t.embedding.param_bytes = stage.front();
+    for (int32_t j = 0; j < num_blocks; ++j) t.blocks[j].param_bytes = stage[j + 1];
+    t.head.param_bytes = stage.back();
+  }
   int64_t total = t.embedding.param_bytes + t.head.param_bytes;
   for (const BlockTrace& b : t.blocks) total += b.param_bytes;
   t.total_param_count = total / DTypeBytes(t.param_dtype);

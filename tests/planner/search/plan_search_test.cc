@@ -1,10 +1,12 @@
 #include "planner/search/plan_search.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
 
 #include "gtest/gtest.h"
+#include "planner/cost/chunk_layout.h"
 #include "tests/planner/cost/random_trace.h"
 
 namespace memplan {
@@ -84,6 +86,7 @@ TEST(PlanSearchTest, MatchesBruteForceOnSmallModels) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   };
   int feasible_cases = 0, infeasible_cases = 0, fixed_cases = 0;
+  int arch_cases = 0, oversized_cases = 0;  // agent-rule layouts, with oversized chunks
   for (int iter = 0; iter < 400; ++iter) {
     const Trace trace = testing::RandomTrace(rng, static_cast<int32_t>(uni(1, 6)));
     HardwareSpec hw = testing::RandomHardware(rng);
@@ -95,6 +98,11 @@ TEST(PlanSearchTest, MatchesBruteForceOnSmallModels) {
     const std::vector<int64_t> chunks = {uni(40, 80) * kMiB, uni(81, 200) * kMiB};
     auto search = PlanSearch::Create(trace, hw, options, chunks);
     ASSERT_TRUE(search.ok()) << search.status();
+    if (ArchMatchesTrace(trace)) {
+      ++arch_cases;
+      const std::vector<bool>& big = search->model(0).layout().chunk_oversized;
+      oversized_cases += std::count(big.begin(), big.end(), true) > 0;
+    }
 
     // Capacities between the leanest and the fattest plan make the constraint bite.
     SearchConstraints c;
@@ -170,6 +178,8 @@ TEST(PlanSearchTest, MatchesBruteForceOnSmallModels) {
   EXPECT_GT(feasible_cases, 40);
   EXPECT_GT(infeasible_cases, 10);
   EXPECT_GT(fixed_cases, 40);
+  EXPECT_GT(arch_cases, 100);
+  EXPECT_GT(oversized_cases, 50);
 }
 
 TEST(PlanSearchTest, PrefersNoOffloadWhenEverythingFits) {
