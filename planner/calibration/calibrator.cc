@@ -123,7 +123,22 @@ CalibrationResult FitCalibration(const std::vector<CalibrationSample>& recent,
   }
   // Ties (including "no non-OOM samples") keep the unraised factor.
   if (over_prediction(a) < over_prediction(low)) factor = a;
-  const int64_t residual = MinimalResidual(window, factor);
+  int64_t residual = MinimalResidual(window, factor);
+  // The residual covers allocator effects of a few percent, not a cost-model error: one sample
+  // that needs more (a plan the model got structurally wrong) must not inflate every later
+  // prediction of the family. Capped at a fraction of the window's median measurement; samples
+  // still above their prediction are counted so the error stays visible.
+  std::vector<double> measured;
+  for (const CalibrationSample& s : window) {
+    measured.push_back(static_cast<double>(s.measured_bytes));
+  }
+  const double cap = std::max(0.0, options.max_residual_fraction) * Median(std::move(measured));
+  if (static_cast<double>(residual) > cap) residual = static_cast<int64_t>(cap);
+  for (const CalibrationSample& s : window) {
+    const int64_t predicted =
+        CalibratedPeakBytes(factor, residual, s.raw_model_bytes, s.fixed_bytes);
+    if (predicted < s.measured_bytes) ++result.uncovered_samples;
+  }
 
   result.fragmentation_factor = factor;
   result.estimated_fragmentation_factor = low;

@@ -41,6 +41,8 @@ struct CalibratorOptions {
   double max_factor_raise = 0.10;
   // Only the newest window_samples samples (by measured_at_unix_ms) are used; <= 0: all.
   int window_samples = 20;
+  // The residual never exceeds this fraction of the window's median measured bytes.
+  double max_residual_fraction = 0.05;
 };
 
 struct CalibrationResult {
@@ -54,12 +56,16 @@ struct CalibrationResult {
   double mean_abs_relative_error = 0;
   // The same error after calibration (what the fit achieved on its own window).
   double calibrated_mean_abs_relative_error = 0;
+  // Samples (OOM included) still above their calibrated prediction because the residual hit
+  // its cap: the cost model is wrong for them, calibration does not paper over it.
+  int32_t uncovered_samples = 0;
 };
 
 // Robust, bounded fit (README.md): the factor starts at the median of (measured - fixed) / raw
 // over non-OOM samples, clamped to the bounds; it is then raised by at most max_factor_raise and
-// the residual (>= 0) set so that no sample in the window is under-predicted, choosing the split
-// with the least mean over-prediction. With no usable sample: factor 1, residual 0.
+// the residual (>= 0, at most max_residual_fraction of the median measurement) set so that no
+// sample in the window is under-predicted where that cap allows, choosing the split with the least
+// mean over-prediction. With no usable sample: factor 1, residual 0.
 CalibrationResult FitCalibration(const std::vector<CalibrationSample>& recent,
                                  const CalibratorOptions& options);
 

@@ -33,6 +33,13 @@ void ExpectNoUnderEstimate(const std::vector<CalibrationSample>& samples,
   }
 }
 
+// The residual without its cap: the pure "never under-predict the window" guarantee.
+CalibratorOptions Uncapped() {
+  CalibratorOptions options;
+  options.max_residual_fraction = 1e9;
+  return options;
+}
+
 TEST(CalibratorTest, NoSamplesGivesIdentity) {
   const CalibrationResult r = FitCalibration({}, CalibratorOptions{});
   EXPECT_EQ(r.fragmentation_factor, 1.0);
@@ -111,16 +118,23 @@ TEST(CalibratorTest, OneOutlierDoesNotSwingTheFactor) {
   const CalibrationResult clean = FitCalibration(samples, CalibratorOptions{});
   // A run that measured three times its true peak (another process on the card, say).
   samples.push_back(Sample(12 * kGiB, 0.96 * 3, 0.0, 100));
-  const CalibrationResult r = FitCalibration(samples, CalibratorOptions{});
+  const CalibrationResult r = FitCalibration(samples, Uncapped());
   EXPECT_NEAR(r.fragmentation_factor, clean.fragmentation_factor, 0.01);
   // A mean would have moved the factor by (2.88 - 0.96) / 10 = 0.19.
-  // The guarantee still holds for the outlier: the residual absorbs it.
+  // Without the cap the guarantee holds for the outlier: the residual absorbs it.
   ExpectNoUnderEstimate(samples, r);
   EXPECT_GT(r.residual_bytes, 0);
+  EXPECT_EQ(r.uncovered_samples, 0);
+
+  // With the default cap the residual stays small and the outlier is reported instead.
+  const CalibrationResult capped = FitCalibration(samples, CalibratorOptions{});
+  EXPECT_NEAR(capped.fragmentation_factor, clean.fragmentation_factor, 0.01);
+  EXPECT_LE(capped.residual_bytes, static_cast<int64_t>(0.05 * 15 * kGiB));
+  EXPECT_EQ(capped.uncovered_samples, 1);
 }
 
 TEST(CalibratorTest, AnOutlierAnywhereMovesTheFactorAtMostTheBoundedRaise) {
-  CalibratorOptions options;
+  CalibratorOptions options = Uncapped();
   for (int position = 0; position < 10; ++position) {
     std::vector<CalibrationSample> samples;
     for (int i = 0; i < 10; ++i) {
@@ -137,12 +151,12 @@ TEST(CalibratorTest, AnOutlierAnywhereMovesTheFactorAtMostTheBoundedRaise) {
 TEST(CalibratorTest, FactorIsClampedAndResidualRestoresTheGuarantee) {
   std::vector<CalibrationSample> high = {Sample(10 * kGiB, 5.0, 0.0, 1),
                                          Sample(20 * kGiB, 5.0, 0.0, 2)};
-  const CalibrationResult r_high = FitCalibration(high, CalibratorOptions{});
+  const CalibrationResult r_high = FitCalibration(high, Uncapped());
   EXPECT_EQ(r_high.fragmentation_factor, 2.0);
   ExpectNoUnderEstimate(high, r_high);
 
   std::vector<CalibrationSample> low = {Sample(10 * kGiB, 0.1, 0.0, 1)};
-  const CalibrationResult r_low = FitCalibration(low, CalibratorOptions{});
+  const CalibrationResult r_low = FitCalibration(low, Uncapped());
   EXPECT_EQ(r_low.fragmentation_factor, 0.5);
   EXPECT_EQ(r_low.residual_bytes, 0);  // floored: never pulls predictions below the clamp
   ExpectNoUnderEstimate(low, r_low);
@@ -155,14 +169,21 @@ TEST(CalibratorTest, OomSamplesBoundFromBelowWithoutVoting) {
   // The planner said this fits; the card ran out at 80 GiB.
   CalibrationSample oom{70 * kGiB, kContextBytes, 80 * kGiB, 10, true};
   samples.push_back(oom);
-  const CalibrationResult r = FitCalibration(samples, CalibratorOptions{});
+  const CalibrationResult r = FitCalibration(samples, Uncapped());
   EXPECT_EQ(r.estimated_fragmentation_factor, before.estimated_fragmentation_factor);
   ExpectNoUnderEstimate(samples, r);
   EXPECT_EQ(r.samples, 6);
 
-  const CalibrationResult only_oom = FitCalibration({oom}, CalibratorOptions{});
+  const CalibrationResult only_oom = FitCalibration({oom}, Uncapped());
   EXPECT_EQ(only_oom.fragmentation_factor, 1.0);
   ExpectNoUnderEstimate({oom}, only_oom);
+
+  // An OOM 10 GiB above a 70 GiB model is a cost-model miss, not fragmentation: by default the
+  // residual stays within 5% of the median measurement and the sample is reported uncovered.
+  const CalibrationResult capped = FitCalibration(samples, CalibratorOptions{});
+  EXPECT_EQ(capped.estimated_fragmentation_factor, before.estimated_fragmentation_factor);
+  EXPECT_LE(capped.residual_bytes, static_cast<int64_t>(0.05 * 13 * kGiB));
+  EXPECT_EQ(capped.uncovered_samples, 1);
 }
 
 TEST(CalibratorTest, OnlyTheNewestWindowCounts) {
@@ -198,7 +219,7 @@ TEST(CalibratorTest, RandomWindowsKeepTheGuaranteeWithAMinimalResidual) {
   std::uniform_int_distribution<int64_t> raw(1, 100 * kGiB);
   std::uniform_int_distribution<int> count(1, 30);
   std::bernoulli_distribution oom(0.1);
-  CalibratorOptions options;
+  CalibratorOptions options = Uncapped();
   options.window_samples = 0;  // whole input
   for (int trial = 0; trial < 300; ++trial) {
     const double true_alpha = alpha(rng);
