@@ -188,6 +188,7 @@ v1::Workload ToProto(const Workload& workload) {
   out.set_seq_len(workload.seq_len);
   out.set_world_size(workload.world_size);
   out.set_grad_accum(workload.grad_accum);
+  out.set_grad_clipping(workload.grad_clipping);
   return out;
 }
 
@@ -385,6 +386,7 @@ Workload WorkloadFromProto(const v1::Workload& workload) {
   // and should not have to say so. Negative values pass through for validation to reject.
   out.world_size = workload.world_size() == 0 ? 1 : workload.world_size();
   out.grad_accum = workload.grad_accum() == 0 ? 1 : workload.grad_accum();
+  out.grad_clipping = workload.grad_clipping();
   return out;
 }
 

@@ -73,6 +73,7 @@ struct Workload {
   int64_t seq_len = 1;
   int32_t world_size = 1;
   int32_t grad_accum = 1;
+  bool grad_clipping = false;  // CPU optimizer waits for the global norm (no overlap)
 };
 
 struct TrainingMethod {

@@ -190,6 +190,7 @@ absl::StatusOr<std::string> ProfileAndSubmit(PlannerClient& client, const TrainC
   profiler.workload.micro_batch = c.batch;
   profiler.workload.seq_len = c.seq;
   profiler.workload.grad_accum = c.grad_accum;
+  profiler.workload.grad_clipping = c.clip > 0;
   profiler.hardware_name = hardware_name;
   profiler.seed = c.seed;
   ASSIGN_OR_RETURN(ProfileResult result, ProfileModel(*model, profiler));
@@ -224,6 +225,7 @@ absl::StatusOr<PlanAnswer> AskPlanner(PlannerClient& client, const TrainConfig& 
   query.workload.micro_batch = c.batch;
   query.workload.seq_len = c.seq;
   query.workload.grad_accum = c.grad_accum;
+  query.workload.grad_clipping = c.clip > 0;
   query.workload.world_size = 1;
   query.param_dtype = dtype;
   query.optimizer = OptimizerKind::kAdamW;

@@ -101,7 +101,8 @@ Json ToJson(const Workload& w) {
   return Json{{"micro_batch", w.micro_batch},
               {"seq_len", w.seq_len},
               {"world_size", w.world_size},
-              {"grad_accum", w.grad_accum}};
+              {"grad_accum", w.grad_accum},
+              {"grad_clipping", w.grad_clipping}};
 }
 
 Json ToJson(const TrainingMethod& t) {
@@ -327,6 +328,7 @@ void Read(const Json& j, const std::string& path, absl::Status* s, Workload* w) 
   r.Get("seq_len", &w->seq_len);
   r.Get("world_size", &w->world_size);
   r.Get("grad_accum", &w->grad_accum);
+  r.Get("grad_clipping", &w->grad_clipping);
 }
 
 void Read(const Json& j, const std::string& path, absl::Status* s, TrainingMethod* t) {

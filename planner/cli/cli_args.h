@@ -51,6 +51,7 @@ struct PlanOptions {
   std::optional<int64_t> seq_len;
   std::optional<int32_t> world_size;
   std::optional<int32_t> grad_accum;
+  bool grad_clipping = false;  // --grad-clipping
   std::optional<DType> param_dtype;
   std::string optimizer = "adamw";
   TrainingMethod training;              // kFull unless --lora-rank

@@ -54,6 +54,8 @@ Workload:
   --seq N                sequence length in tokens (default 4096)
   --world-size N         data-parallel ranks sharding the model (default 1)
   --grad-accum N         gradient accumulation steps (default 1)
+  --grad-clipping        gradients are clipped by global norm (offloaded chunks then update
+                         after backward instead of overlapping it)
   --dtype fp32|bf16|fp16 parameter dtype (default bf16)
   --optimizer NAME       adamw (fp32 states, default), adamw_bf16, sgd
   --lora-rank N          train LoRA adapters of this rank instead of a full fine-tune

@@ -61,6 +61,7 @@ CostOptions MakeCostOptions(const PlanInputs& in, bool time_tables) {
   o.optimizer = in.optimizer;
   o.world_size = in.workload.world_size;
   o.grad_accum = in.workload.grad_accum;
+  o.cpu_optimizer_overlaps = !in.workload.grad_clipping;
   o.fragmentation_factor = in.fragmentation_factor;
   o.residual_bytes = in.residual_bytes;
   o.build_time_tables = time_tables;

@@ -64,8 +64,11 @@ int64_t HostStateBytesPerParam(OptimizerKind kind, int64_t dtype_bytes) {
 
 double StepTime::IterationSeconds(int32_t grad_accum) const {
   const double ga = std::max(1, grad_accum);
-  return ga * forward_seconds + (ga - 1) * backward_seconds +
-         std::max(backward_seconds + gpu_optimizer_seconds, cpu_optimizer_seconds) + fixed_seconds;
+  const double tail =
+      cpu_optimizer_overlaps
+          ? std::max(backward_seconds + gpu_optimizer_seconds, cpu_optimizer_seconds)
+          : backward_seconds + std::max(gpu_optimizer_seconds, cpu_optimizer_seconds);
+  return ga * forward_seconds + (ga - 1) * backward_seconds + tail + fixed_seconds;
 }
 
 std::vector<BlockMode> ArrangeBlockModes(int32_t num_blocks, const ModeCounts& counts) {
@@ -858,6 +861,7 @@ double SumWindows(int32_t lo, int32_t hi, Cuts& cuts, KeyFn key, WindowFn window
 StepTime CostModel::TimeImpl(const PlanPoint& p, const Modes& m, bool fast) const {
   const int32_t n = num_blocks_;
   StepTime t;
+  t.cpu_optimizer_overlaps = options_.cpu_optimizer_overlaps;
   if (!fast || m.explicit_modes != nullptr || !options_.build_time_tables) {
     for (int32_t k = 0; k <= n + 2; ++k) t.forward_seconds += ForwardWindow(k, p, m);
     for (int32_t s = 0; s <= n + 1; ++s) t.backward_seconds += BackwardWindow(s, p, m);

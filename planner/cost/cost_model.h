@@ -22,6 +22,9 @@ struct CostOptions {
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   int32_t world_size = 1;
   int32_t grad_accum = 1;
+  // The CPU optimizer of offloaded chunks starts on each chunk as soon as its grads are final,
+  // overlapping the rest of backward; false (gradient clipping) runs it after backward.
+  bool cpu_optimizer_overlaps = true;
   double fragmentation_factor = 1.0;  // alpha of the calibration contract
   int64_t residual_bytes = 0;         // calibration residual
   // Fraction of HBM bandwidth the GPU optimizer kernels reach.
@@ -56,8 +59,9 @@ struct StepTime {
   double gpu_optimizer_seconds = 0;  // persistent chunks, at HBM rate
   double cpu_optimizer_seconds = 0;  // non-persistent chunks, at the CPU Adam rate
   double fixed_seconds = 0;          // per-step overhead of offloading (not overlapped)
+  bool cpu_optimizer_overlaps = true;  // CostOptions::cpu_optimizer_overlaps
   // One optimizer step over grad_accum micro-batches (eq. 2): the CPU optimizer overlaps the
-  // last micro-batch's backward.
+  // last micro-batch's backward, or (clipping) runs beside the GPU optimizer after it.
   double IterationSeconds(int32_t grad_accum) const;
 };
 

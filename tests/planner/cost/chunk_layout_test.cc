@@ -3,6 +3,11 @@
 #include <numeric>
 #include <random>
 
+#include <string>
+#include <vector>
+
+#include "common/chunk_packing.h"
+#include "common/param_shapes.h"
 #include "gtest/gtest.h"
 #include "tests/planner/cost/random_trace.h"
 
@@ -17,6 +22,7 @@ TEST(ChunkLayoutTest, PacksStagesInExecutionOrder) {
     const Trace trace = testing::RandomTrace(rng, 1 + iter % 30);
     const int64_t chunk = (4 + iter % 90) * kMiB;
     const ChunkLayout layout = LayoutChunks(trace, chunk);
+    if (ArchMatchesTrace(trace)) continue;  // the agent's rule: AgentRuleLayout below
     const std::vector<int64_t> stages = StageParamBytes(trace);
     const std::vector<int64_t> trainable = StageTrainableBytes(trace);
     ASSERT_EQ(layout.stage_first_chunk.size(), stages.size());
@@ -49,6 +55,57 @@ TEST(ChunkLayoutTest, PacksStagesInExecutionOrder) {
       }
     }
   }
+}
+
+// With an architecture the layout is the agent's own packing of the same parameter list.
+TEST(ChunkLayoutTest, AgentRuleLayoutMatchesTheAgentsPacking) {
+  std::mt19937_64 rng(7);
+  int arch_traces = 0, with_oversized = 0;
+  for (int iter = 0; iter < 200; ++iter) {
+    Trace trace = testing::RandomTrace(rng, 1 + iter % 12);
+    if (!ArchMatchesTrace(trace)) continue;
+    ++arch_traces;
+    const int64_t chunk = (4 + iter % 90) * kMiB;
+    const ChunkLayout layout = LayoutChunks(trace, chunk);
+    const std::vector<int64_t> stages = StageParamBytes(trace);
+
+    std::vector<LayoutParam> params;
+    for (const ParamShape& p : HfParamShapes(trace.arch)) {
+      int64_t numel = 1;
+      for (int64_t d : p.shape) numel *= d;
+      int group = static_cast<int>(stages.size()) - 1;
+      if (p.name.rfind("model.embed_tokens.", 0) == 0) group = 0;
+      if (p.name.rfind("model.layers.", 0) == 0) group = 1 + std::stoi(p.name.substr(13));
+      params.push_back({p.name, numel, DTypeBytes(trace.param_dtype), group});
+    }
+    auto packing = ChunkPacking::Build(params, {chunk, kChunkAlignmentBytes});
+    ASSERT_TRUE(packing.ok()) << packing.status();
+    ASSERT_EQ(layout.num_chunks(), packing->num_chunks());
+    bool any_oversized = false;
+    for (int c = 0; c < layout.num_chunks(); ++c) {
+      EXPECT_EQ(layout.chunk_param_bytes[c], packing->chunks()[c].size_bytes);
+      EXPECT_EQ(layout.chunk_oversized[c], packing->chunks()[c].oversized);
+      if (!layout.chunk_oversized[c]) {
+        EXPECT_LE(layout.chunk_param_bytes[c], chunk);
+      }
+      any_oversized |= layout.chunk_oversized[c];
+    }
+    with_oversized += any_oversized;
+    // Stage ranges come from where the agent put each stage's parameters.
+    for (size_t g = 0; g < stages.size(); ++g) {
+      const std::vector<int> chunks = packing->ChunksOfGroup(static_cast<int>(g));
+      ASSERT_FALSE(chunks.empty());
+      EXPECT_EQ(layout.stage_first_chunk[g], chunks.front());
+      EXPECT_EQ(layout.stage_last_chunk[g], chunks.back());
+    }
+    if (trace.training.kind == TrainingKind::kFull) {
+      EXPECT_EQ(std::accumulate(layout.chunk_trainable_bytes.begin(),
+                                layout.chunk_trainable_bytes.end(), int64_t{0}),
+                std::accumulate(stages.begin(), stages.end(), int64_t{0}));
+    }
+  }
+  EXPECT_GT(arch_traces, 50);
+  EXPECT_GT(with_oversized, 20);
 }
 
 TEST(ChunkLayoutTest, LoraTrainsOnlyBlocks) {

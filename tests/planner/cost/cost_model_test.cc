@@ -252,3 +252,25 @@ TEST(CostModelTest, ValidatePlanNamesTheField) {
 
 }  // namespace
 }  // namespace memplan
+
+namespace memplan {
+namespace {
+
+TEST(StepTimeTest, ClippingRunsTheCpuOptimizerAfterBackward) {
+  StepTime t;
+  t.forward_seconds = 1.0;
+  t.backward_seconds = 2.0;
+  t.gpu_optimizer_seconds = 0.25;
+  t.cpu_optimizer_seconds = 1.5;
+  t.fixed_seconds = 0.125;
+  // Overlapped: the CPU updates hide behind backward.
+  EXPECT_DOUBLE_EQ(t.IterationSeconds(1), 1.0 + 2.25 + 0.125);
+  EXPECT_DOUBLE_EQ(t.IterationSeconds(2), 2.0 + 2.0 + 2.25 + 0.125);
+  // Clipping: they wait for the global norm, then run beside the GPU optimizer.
+  t.cpu_optimizer_overlaps = false;
+  EXPECT_DOUBLE_EQ(t.IterationSeconds(1), 1.0 + 2.0 + 1.5 + 0.125);
+  EXPECT_DOUBLE_EQ(t.IterationSeconds(2), 2.0 + 2.0 + 2.0 + 1.5 + 0.125);
+}
+
+}  // namespace
+}  // namespace memplan
