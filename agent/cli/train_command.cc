@@ -162,6 +162,9 @@ void ConfigureAllocator(const TrainConfig& c, const torch::Device& device) {
     conf = "expandable_segments:True";
   }
   if (!conf.empty()) c10::CachingAllocator::setAllocatorSettings(conf);
+  // Initialise the context and the caching allocator now: their statistics are read before the
+  // first tensor reaches the device when the model is built in host memory.
+  (void)torch::empty({1}, torch::TensorOptions().device(device));
   MEMPLAN_LOG(kInfo, "cuda allocator")
       .Field("settings", conf.empty() ? std::string("(pytorch default or environment)") : conf);
 }

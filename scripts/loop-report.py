@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Tables for docs/benchmarks.md from a gpu-loop.sh output folder.
+
+  scripts/loop-report.py OUT_DIR [--planner HOST:PORT --memplan PATH]
+
+Per workload (plan-i.json, the stored plan with its measurement): the executed plan, the
+planner's prediction as it was made (calibrated by the workloads before it), the raw model's
+prediction (factor 1, no residual), the measured allocator peaks and step time, and the errors
+against the reserved peak (the CUDA context, which the allocator does not count, is left out of
+the prediction for the comparison).
+
+With --planner (a running memplan-planner with an empty database), it also replays the run with
+the analytic (architecture-only) trace: it stores OUT_DIR/hw.json as the hardware profile, asks
+for the analytic prediction of the very plan each workload ran (every knob fixed), reports the
+measured peak against it in the same order, and prints the analytic errors before and after
+calibration.
+"""
+import json
+import subprocess
+import sys
+
+MiB = 1 << 20
+
+
+def load(out, i):
+    try:
+        return json.load(open(f"{out}/plan-{i}.json"))["plan"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def knobs(p):
+    return (f'{p.get("n_persist", 0)}/{p.get("n_chunks", 0)} of {int(p["chunk_bytes"]) >> 20} MiB, '
+            f'{p.get("n_buffer", 0)} buf, ckpt {p.get("n_checkpoint", 0)}, '
+            f'hs {p.get("n_hs_offload", 0)}, swap {p.get("n_swap", 0)}')
+
+
+def reserved_part(pred):
+    """Prediction minus CUDA context, and the raw model part (factor 1, no residual)."""
+    b = pred["breakdown"]
+    ctx = int(b.get("cuda_context_bytes", 0))
+    peak = int(pred["peak_bytes"])
+    factor = b.get("fragmentation_factor", 1.0) or 1.0
+    residual = int(b.get("calibration_residual_bytes", 0))
+    return peak - ctx, (peak - ctx - residual) / factor
+
+
+def memplan(args, cli, addr):
+    r = subprocess.run([cli, "--planner", addr, "--json"] + args, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"memplan {' '.join(args)}: {r.stderr.strip()}")
+    return json.loads(r.stdout)
+
+
+def main():
+    argv = sys.argv[1:]
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    out = argv[0]
+    opts = dict(zip(argv[1::2], argv[2::2]))
+    rows = []
+    i = 1
+    while True:
+        stored = load(out, i)
+        if stored is None:
+            break
+        req, resp = stored["request"], stored["response"]
+        m = (stored.get("measurements") or [{}])[0]
+        rows.append((i, req, resp, m))
+        i += 1
+    print("| # | model | batch×seq | margin | plan | predicted MiB | raw model MiB | measured "
+          "allocated / reserved MiB | error | raw error | predicted / measured step s |")
+    print("|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    for i, req, resp, m in rows:
+        w = req.get("workload", {})
+        margin = req.get("safety_margin", 0.05) or 0.05
+        name = req.get("arch", {}).get("name", "?")
+        if not m or m.get("oom"):
+            print(f"| {i} | {name} | {w.get('micro_batch')}×{w.get('seq_len')} | {margin:.2f} | "
+                  f"{knobs(resp['plan'])} | | | OOM | | | |")
+            continue
+        pred_res, raw = reserved_part(resp["prediction"])
+        reserved = int(m["peak_reserved_bytes"])
+        err = (pred_res - reserved) / reserved * 100
+        raw_err = (raw - reserved) / reserved * 100
+        print(f"| {i} | {name} | {w.get('micro_batch')}×{w.get('seq_len')} | {margin:.2f} | "
+              f"{knobs(resp['plan'])} | {pred_res / MiB:,.0f} | {raw / MiB:,.0f} | "
+              f"{int(m['peak_allocated_bytes']) / MiB:,.0f} / {reserved / MiB:,.0f} | "
+              f"{err:+.1f} % | {raw_err:+.1f} % | "
+              f"{resp['prediction']['iteration_seconds']:.3f} / {m['step_seconds']:.3f} |")
+    if "--planner" not in opts:
+        return 0
+    addr, cli = opts["--planner"], opts.get("--memplan", "memplan")
+    hw = memplan(["hardware", "submit", f"{out}/hw.json"], cli, addr)
+    hw_id = hw.get("profile_id") or hw.get("profileId")
+    print()
+    print("| # | model | batch×seq | analytic MiB (as predicted) | raw analytic MiB | measured "
+          "reserved MiB | analytic error | raw analytic error | analytic step s |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for i, req, resp, m in rows:
+        if not m or m.get("oom"):
+            continue
+        p, w = resp["plan"], req.get("workload", {})
+        args = ["plan", "--arch", req["arch"]["name"], "--hardware-id", hw_id,
+                "--batch", str(w.get("micro_batch")), "--seq", str(w.get("seq_len")),
+                "--chunk-mib", str(int(p["chunk_bytes"]) >> 20),
+                "--n-persist", str(p.get("n_persist", 0)), "--n-buffer", str(p.get("n_buffer", 0)),
+                "--n-swap", str(p.get("n_swap", 0)), "--n-ckpt", str(p.get("n_checkpoint", 0)),
+                "--n-hs-offload", str(p.get("n_hs_offload", 0)),
+                "--host-memory", "pageable" if p.get("host_memory") == "HOST_MEMORY_PAGEABLE"
+                else "pinned", "--margin", "0.001", "--skip-limits"]
+        if w.get("grad_clipping"):
+            args.append("--grad-clipping")
+        a = memplan(args, cli, addr)
+        pred_res, raw = reserved_part(a["prediction"])
+        reserved = int(m["peak_reserved_bytes"])
+        print(f"| {i} | {req['arch']['name']} | {w.get('micro_batch')}×{w.get('seq_len')} | "
+              f"{pred_res / MiB:,.0f} | {raw / MiB:,.0f} | {reserved / MiB:,.0f} | "
+              f"{(pred_res - reserved) / reserved * 100:+.1f} % | "
+              f"{(raw - reserved) / reserved * 100:+.1f} % | "
+              f"{a['prediction']['iteration_seconds']:.3f} |")
+        memplan(["measure", "--plan-id", a["plan_id"], "--peak-reserved", str(reserved),
+                 "--step-seconds", str(m["step_seconds"])], cli, addr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
