@@ -774,11 +774,29 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
       }
     }
 
-    // Persistent chunks: on the device.
+    // Persistent chunks: on the device, one fused call per chunk, so that the fp32 copies of a
+    // mixed-precision model's grads exist for one chunk at a time (not for the whole model).
     std::vector<torch::Tensor> targets, grads, exp_avgs, exp_avg_sqs, steps;
     std::vector<Param*> updated;
+    int batch_chunk = -1;
+    auto flush = [&]() {
+      if (targets.empty()) return;
+      const AdamWOptions& o = options_.adamw;
+      at::_fused_adamw_(targets, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps,
+                        o.lr, o.beta1, o.beta2, o.weight_decay, o.eps, /*amsgrad=*/false,
+                        /*maximize=*/false);
+      targets.clear();
+      grads.clear();
+      exp_avgs.clear();
+      exp_avg_sqs.clear();
+      steps.clear();
+    };
     for (Param& p : params_) {
       if (!chunks_[p.chunk].persistent || !p.tensor.grad().defined()) continue;
+      if (p.chunk != batch_chunk) {
+        flush();
+        batch_chunk = p.chunk;
+      }
       torch::Tensor grad = p.tensor.grad();
       ++p.step;
       torch::Tensor target = mixed() ? p.master : p.tensor.detach();
@@ -800,12 +818,7 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
       }
       updated.push_back(&p);
     }
-    if (!targets.empty()) {
-      const AdamWOptions& o = options_.adamw;
-      at::_fused_adamw_(targets, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, o.lr,
-                        o.beta1, o.beta2, o.weight_decay, o.eps, /*amsgrad=*/false,
-                        /*maximize=*/false);
-    }
+    flush();
     if (mixed()) {
       for (Param* p : updated) p->tensor.detach().copy_(p->master);
     }

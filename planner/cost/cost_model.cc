@@ -323,6 +323,9 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   // Offloaded chunks' grads are produced in a chunk-sized staging buffer and copied out while
   // the next one fills: two of them.
   t.grad_staging_bytes = 2 * max_train;
+  // The GPU optimizer updates one persistent chunk at a time; a mixed-precision model's grads
+  // of that chunk are first copied to fp32.
+  t.optimizer_step_extra_bytes = dtype_bytes_ < 4 ? max_train / dtype_bytes_ * 4 : 0;
   // The agent's buffers: shared ones sized for the largest regular chunk of the layout, and one
   // of its own for each non-persistent oversized chunk.
   t.shared_buffer_bytes = 0;
@@ -467,18 +470,25 @@ int32_t CostModel::MaxPersistWithin(int64_t budget_bytes, int32_t max_persist) c
 
 int64_t CostModel::GradPhaseRawBytes(int32_t n_persist) const {
   // Persistent grads are produced during backward (nothing holds them before the first block's
-  // backward); they are all alive when the embedding's backward ends, next to its transient.
-  return chunks_->train_prefix[n_persist] + emb_retained_ + emb_extra_;
+  // backward); they are all alive when the embedding's backward ends, next to its transient,
+  // and in the optimizer step, next to the fp32 copy of one chunk's grads (mixed precision).
+  const int64_t step_extra = n_persist > 0 ? chunks_->optimizer_step_extra_bytes : 0;
+  return chunks_->train_prefix[n_persist] + std::max(emb_retained_ + emb_extra_, step_extra);
 }
 
 int32_t CostModel::MaxPersistForGradPhase(int64_t budget_bytes, int32_t max_persist) const {
   // grad_phase_prefix[np] + emb terms <= budget, the prefix being non-decreasing.
   max_persist = std::clamp(max_persist, 0, num_chunks_);
-  const int64_t room = budget_bytes - emb_retained_ - emb_extra_;
+  const int64_t room =
+      budget_bytes - std::max(emb_retained_ + emb_extra_, chunks_->optimizer_step_extra_bytes);
   const auto end = chunks_->grad_phase_prefix.begin() + max_persist + 1;
-  return static_cast<int32_t>(std::upper_bound(chunks_->grad_phase_prefix.begin(), end, room) -
-                              chunks_->grad_phase_prefix.begin()) -
-         1;
+  const int32_t found =
+      static_cast<int32_t>(std::upper_bound(chunks_->grad_phase_prefix.begin(), end, room) -
+                           chunks_->grad_phase_prefix.begin()) -
+      1;
+  // No persistent chunk: no optimizer-step copy, only the embedding's terms.
+  if (found < 0 && budget_bytes >= emb_retained_ + emb_extra_) return 0;
+  return found;
 }
 
 int32_t CostModel::MinPersistForHost(int64_t host_limit_bytes, const ModeCounts& counts) const {
@@ -1015,9 +1025,13 @@ Prediction CostModel::Assemble(const ResidencyPlan& plan, const Modes& m, bool f
   b.buffers_bytes = BufferBytes(plan.n_persist, plan.n_buffer);
   b.grads_bytes = staging + (grads_peak ? chunks_->train_prefix[plan.n_persist] : 0);
   b.optimizer_state_bytes = chunks_->opt_prefix[plan.n_persist];
-  b.activations_bytes = grads_peak ? emb_retained_ : dyn.activations;
+  // At the grad phase: the embedding's backward, or the optimizer step's fp32 grad copy.
+  const bool step_copy = grads_peak && plan.n_persist > 0 &&
+                         chunks_->optimizer_step_extra_bytes > emb_retained_ + emb_extra_;
+  b.activations_bytes = grads_peak ? (step_copy ? 0 : emb_retained_) : dyn.activations;
   b.checkpoint_chain_bytes = grads_peak ? 0 : dyn.checkpoint_chain;
-  b.transient_bytes = grads_peak ? emb_extra_ : dyn.transient;
+  b.transient_bytes = grads_peak ? (step_copy ? chunks_->optimizer_step_extra_bytes : emb_extra_)
+                                 : dyn.transient;
   b.cuda_context_bytes = hardware_.cuda_context_bytes;
   b.fragmentation_factor = options_.fragmentation_factor;
   b.calibration_residual_bytes = options_.residual_bytes;

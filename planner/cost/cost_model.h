@@ -217,6 +217,7 @@ class CostModel {
     std::vector<int64_t> grad_phase_prefix;  // alloc + opt + grads
     std::vector<double> gpu_opt_prefix, cpu_opt_prefix;
     int64_t grad_staging_bytes = 0;
+    int64_t optimizer_step_extra_bytes = 0;  // fp32 copy of one chunk's grads (mixed precision)
     int64_t shared_buffer_bytes = 0;          // largest regular chunk of the layout
     std::vector<int64_t> oversized_suffix;    // size C + 1: oversized chunk bytes in [c, C)
     std::vector<int32_t> regular_prefix;      // size C + 1: regular chunks in [0, c)

@@ -322,6 +322,8 @@ absl::StatusOr<v1::PlanResponse> PlannerCore::Plan(const v1::PlanRequest& reques
   if (calibration.has_value() && calibration->samples() > 0) {
     in.fragmentation_factor = calibration->fragmentation_factor();
     in.residual_bytes = calibration->residual_bytes();
+  } else {
+    in.fragmentation_factor = options_.default_fragmentation_factor;
   }
 
   // ---- search, on the executor rather than the caller's (gRPC) thread

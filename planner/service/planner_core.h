@@ -22,6 +22,11 @@ class Store;
 
 struct PlannerCoreOptions {
   CalibratorOptions calibrator;
+  // Fragmentation factor of a (hardware, dtype, family) before its first measurement. With the
+  // agent's allocator settings (expandable segments) the reserved peak was 2.5-6.2 % above the
+  // allocated peak in every run measured on the H200 (docs/benchmarks.md), and the raw model
+  // predicts the allocated peak; 1.05 starts predictions near the middle of that range.
+  double default_fragmentation_factor = 1.05;
   // Wall clock, for measurement and calibration timestamps. Default: the system clock.
   std::function<int64_t()> now_unix_ms;
   // Monotonic seconds, for search_seconds. Default: std::chrono::steady_clock.

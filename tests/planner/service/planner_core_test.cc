@@ -321,10 +321,10 @@ TEST_F(PlannerCoreTest, MeasurementIsStoredAndRecalibratesLaterPredictions) {
   auto first = Plan(TinyRequest());
   ASSERT_TRUE(first.ok()) << first.status();
   const int64_t predicted = first->prediction().peak_bytes();
-  EXPECT_EQ(first->prediction().breakdown().fragmentation_factor(), 1.0);
+  EXPECT_EQ(first->prediction().breakdown().fragmentation_factor(), 1.05);  // the default before any measurement
 
-  // The run used 30% more than predicted.
-  const int64_t measured = predicted + predicted * 3 / 10;
+  // The run used 10% more than predicted.
+  const int64_t measured = predicted + predicted / 10;
   v1::ReportMeasurementRequest report;
   report.mutable_measurement()->set_plan_id(first->plan_id());
   report.mutable_measurement()->set_peak_reserved_bytes(measured);
@@ -379,7 +379,7 @@ TEST_F(PlannerCoreTest, MeasurementIsStoredAndRecalibratesLaterPredictions) {
   EXPECT_EQ(b.fragmentation_factor(), reported->calibration().fragmentation_factor());
   EXPECT_EQ(b.calibration_residual_bytes(), reported->calibration().residual_bytes());
   EXPECT_GT(second->prediction().peak_bytes(), predicted);
-  // The calibrator never lets a correction under-predict what was measured.
+  // Within the residual cap, the calibrator never lets a correction under-predict a measurement.
   EXPECT_GE(second->prediction().peak_bytes(), measured);
   // The raw model is unchanged: calibration acts only through alpha and the residual.
   EXPECT_EQ(RawModelBytes(PredictionFromProto(second->prediction())),
@@ -398,7 +398,7 @@ TEST_F(PlannerCoreTest, CalibrationIsKeyedByHardwareDtypeAndFamily) {
   other.set_hardware_preset("rtx-4090");
   auto response = Plan(other);
   ASSERT_TRUE(response.ok());
-  EXPECT_EQ(response->prediction().breakdown().fragmentation_factor(), 1.0);
+  EXPECT_EQ(response->prediction().breakdown().fragmentation_factor(), 1.05);  // only the default
   EXPECT_EQ(response->prediction().breakdown().calibration_residual_bytes(), 0);
 }
 
