@@ -9,6 +9,15 @@ prediction (factor 1, no residual), the measured allocator peaks and step time, 
 against the reserved peak (the CUDA context, which the allocator does not count, is left out of
 the prediction for the comparison).
 
+--assume-clipping: the runs clipped gradients (memplan-agent's default --clip 1.0) but were
+planned before the workload said so; re-predictions then model it.
+--skip LIST: workload numbers to leave out of the re-predictions.
+
+With --replay-from ADDR (a memplan-planner serving a copy of the run's planner.db) and --planner
+ADDR (one with an empty database), it re-predicts every executed plan from the run's own profiled
+trace with the current cost model and replays the measurements in order, so the table shows what
+this build predicts, first uncalibrated, then calibrated by the runs before it.
+
 With --planner (a running memplan-planner with an empty database), it also replays the run with
 the analytic (architecture-only) trace: it stores OUT_DIR/hw.json as the hardware profile, asks
 for the analytic prediction of the very plan each workload ran (every knob fixed), reports the
@@ -52,12 +61,33 @@ def memplan(args, cli, addr):
     return json.loads(r.stdout)
 
 
+ASSUME_CLIPPING = False  # --assume-clipping: runs from before the workload carried the flag
+
+
+def fixed_plan_args(head, p, w):
+    """`memplan plan` arguments that pin every knob of plan `p` at workload `w`."""
+    args = head + ["--batch", str(w.get("micro_batch")), "--seq", str(w.get("seq_len")),
+                   "--chunk-mib", str(int(p["chunk_bytes"]) >> 20),
+                   "--n-persist", str(p.get("n_persist", 0)),
+                   "--n-buffer", str(p.get("n_buffer", 0)),
+                   "--n-swap", str(p.get("n_swap", 0)), "--n-ckpt", str(p.get("n_checkpoint", 0)),
+                   "--n-hs-offload", str(p.get("n_hs_offload", 0)),
+                   "--host-memory", "pageable" if p.get("host_memory") == "HOST_MEMORY_PAGEABLE"
+                   else "pinned", "--margin", "0.001", "--skip-limits"]
+    if w.get("grad_clipping") or ASSUME_CLIPPING:
+        args.append("--grad-clipping")
+    return args
+
+
 def main():
     argv = sys.argv[1:]
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv else 2
     out = argv[0]
+    global ASSUME_CLIPPING
+    ASSUME_CLIPPING = "--assume-clipping" in argv
+    argv = [a for a in argv if a != "--assume-clipping"]
     opts = dict(zip(argv[1::2], argv[2::2]))
     rows = []
     i = 1
@@ -94,6 +124,34 @@ def main():
     addr, cli = opts["--planner"], opts.get("--memplan", "memplan")
     hw = memplan(["hardware", "submit", f"{out}/hw.json"], cli, addr)
     hw_id = hw.get("profile_id") or hw.get("profileId")
+    skip = {int(x) for x in opts.get("--skip", "").split(",") if x}
+    if "--replay-from" in opts:
+        src = opts["--replay-from"]
+        print()
+        print("| # | model | batch×seq | predicted MiB (this build, replayed) | raw MiB | measured "
+              "reserved MiB | error | raw error | predicted / measured step s |")
+        print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+        for i, req, resp, m in rows:
+            if not m or m.get("oom") or i in skip or not resp.get("trace_id"):
+                continue
+            trace = memplan(["trace", "get", resp["trace_id"]], cli, src)
+            trace = trace.get("trace", trace)
+            path = f"/tmp/loop-report-trace-{i}.json"
+            json.dump(trace, open(path, "w"))
+            new_id = memplan(["trace", "submit", path], cli, addr)["trace_id"]
+            a = memplan(fixed_plan_args(["plan", "--trace-id", new_id, "--hardware-id", hw_id],
+                                        resp["plan"], req.get("workload", {})), cli, addr)
+            pred_res, raw = reserved_part(a["prediction"])
+            reserved = int(m["peak_reserved_bytes"])
+            w = req.get("workload", {})
+            print(f"| {i} | {req['arch']['name']} | {w.get('micro_batch')}×{w.get('seq_len')} | "
+                  f"{pred_res / MiB:,.0f} | {raw / MiB:,.0f} | {reserved / MiB:,.0f} | "
+                  f"{(pred_res - reserved) / reserved * 100:+.1f} % | "
+                  f"{(raw - reserved) / reserved * 100:+.1f} % | "
+                  f"{a['prediction']['iteration_seconds']:.3f} / {m['step_seconds']:.3f} |")
+            memplan(["measure", "--plan-id", a["plan_id"], "--peak-reserved", str(reserved),
+                     "--step-seconds", str(m["step_seconds"])], cli, addr)
+        return 0
     print()
     print("| # | model | batch×seq | analytic MiB (as predicted) | raw analytic MiB | measured "
           "reserved MiB | analytic error | raw analytic error | analytic step s |")
@@ -102,17 +160,10 @@ def main():
         if not m or m.get("oom"):
             continue
         p, w = resp["plan"], req.get("workload", {})
-        args = ["plan", "--arch", req["arch"]["name"], "--hardware-id", hw_id,
-                "--batch", str(w.get("micro_batch")), "--seq", str(w.get("seq_len")),
-                "--chunk-mib", str(int(p["chunk_bytes"]) >> 20),
-                "--n-persist", str(p.get("n_persist", 0)), "--n-buffer", str(p.get("n_buffer", 0)),
-                "--n-swap", str(p.get("n_swap", 0)), "--n-ckpt", str(p.get("n_checkpoint", 0)),
-                "--n-hs-offload", str(p.get("n_hs_offload", 0)),
-                "--host-memory", "pageable" if p.get("host_memory") == "HOST_MEMORY_PAGEABLE"
-                else "pinned", "--margin", "0.001", "--skip-limits"]
-        if w.get("grad_clipping"):
-            args.append("--grad-clipping")
-        a = memplan(args, cli, addr)
+        if i in skip:
+            continue
+        a = memplan(fixed_plan_args(["plan", "--arch", req["arch"]["name"], "--hardware-id", hw_id],
+                                    p, w), cli, addr)
         pred_res, raw = reserved_part(a["prediction"])
         reserved = int(m["peak_reserved_bytes"])
         print(f"| {i} | {req['arch']['name']} | {w.get('micro_batch')}×{w.get('seq_len')} | "
