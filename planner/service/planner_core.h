@@ -23,7 +23,7 @@ class Store;
 struct PlannerCoreOptions {
   CalibratorOptions calibrator;
   // Fragmentation factor of a (hardware, dtype, family) before its first measurement. With the
-  // agent's allocator settings (expandable segments) the reserved peak was 2.5-6.2 % above the
+  // agent's allocator settings (expandable segments) the reserved peak was 1.4-7.5 % above the
   // allocated peak in every run measured on the H200 (docs/benchmarks.md), and the raw model
   // predicts the allocated peak; 1.05 starts predictions near the middle of that range.
   double default_fragmentation_factor = 1.05;
