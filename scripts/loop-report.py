@@ -79,6 +79,24 @@ def fixed_plan_args(head, p, w):
     return args
 
 
+def replay_row(head, i, req, resp, m, cli, addr, with_measured_step):
+    """Predicts the executed plan (every knob fixed) with `head`, prints the row, then reports
+    the measurement against that prediction so later rows see the calibration."""
+    w = req.get("workload", {})
+    a = memplan(fixed_plan_args(head, resp["plan"], w), cli, addr)
+    pred_res, raw = reserved_part(a["prediction"])
+    reserved = int(m["peak_reserved_bytes"])
+    step = f"{a['prediction']['iteration_seconds']:.3f}"
+    if with_measured_step:
+        step += f" / {m['step_seconds']:.3f}"
+    print(f"| {i} | {req['arch']['name']} | {w.get('micro_batch')}×{w.get('seq_len')} | "
+          f"{pred_res / MiB:,.0f} | {raw / MiB:,.0f} | {reserved / MiB:,.0f} | "
+          f"{(pred_res - reserved) / reserved * 100:+.1f} % | "
+          f"{(raw - reserved) / reserved * 100:+.1f} % | {step} |")
+    memplan(["measure", "--plan-id", a["plan_id"], "--peak-reserved", str(reserved),
+             "--step-seconds", str(m["step_seconds"])], cli, addr)
+
+
 def main():
     argv = sys.argv[1:]
     if not argv or argv[0] in ("-h", "--help"):
@@ -139,18 +157,8 @@ def main():
             path = f"/tmp/loop-report-trace-{i}.json"
             json.dump(trace, open(path, "w"))
             new_id = memplan(["trace", "submit", path], cli, addr)["trace_id"]
-            a = memplan(fixed_plan_args(["plan", "--trace-id", new_id, "--hardware-id", hw_id],
-                                        resp["plan"], req.get("workload", {})), cli, addr)
-            pred_res, raw = reserved_part(a["prediction"])
-            reserved = int(m["peak_reserved_bytes"])
-            w = req.get("workload", {})
-            print(f"| {i} | {req['arch']['name']} | {w.get('micro_batch')}×{w.get('seq_len')} | "
-                  f"{pred_res / MiB:,.0f} | {raw / MiB:,.0f} | {reserved / MiB:,.0f} | "
-                  f"{(pred_res - reserved) / reserved * 100:+.1f} % | "
-                  f"{(raw - reserved) / reserved * 100:+.1f} % | "
-                  f"{a['prediction']['iteration_seconds']:.3f} / {m['step_seconds']:.3f} |")
-            memplan(["measure", "--plan-id", a["plan_id"], "--peak-reserved", str(reserved),
-                     "--step-seconds", str(m["step_seconds"])], cli, addr)
+            replay_row(["plan", "--trace-id", new_id, "--hardware-id", hw_id], i, req, resp, m,
+                       cli, addr, with_measured_step=True)
         return 0
     print()
     print("| # | model | batch×seq | analytic MiB (as predicted) | raw analytic MiB | measured "
@@ -159,20 +167,10 @@ def main():
     for i, req, resp, m in rows:
         if not m or m.get("oom"):
             continue
-        p, w = resp["plan"], req.get("workload", {})
         if i in skip:
             continue
-        a = memplan(fixed_plan_args(["plan", "--arch", req["arch"]["name"], "--hardware-id", hw_id],
-                                    p, w), cli, addr)
-        pred_res, raw = reserved_part(a["prediction"])
-        reserved = int(m["peak_reserved_bytes"])
-        print(f"| {i} | {req['arch']['name']} | {w.get('micro_batch')}×{w.get('seq_len')} | "
-              f"{pred_res / MiB:,.0f} | {raw / MiB:,.0f} | {reserved / MiB:,.0f} | "
-              f"{(pred_res - reserved) / reserved * 100:+.1f} % | "
-              f"{(raw - reserved) / reserved * 100:+.1f} % | "
-              f"{a['prediction']['iteration_seconds']:.3f} |")
-        memplan(["measure", "--plan-id", a["plan_id"], "--peak-reserved", str(reserved),
-                 "--step-seconds", str(m["step_seconds"])], cli, addr)
+        replay_row(["plan", "--arch", req["arch"]["name"], "--hardware-id", hw_id], i, req, resp, m,
+                   cli, addr, with_measured_step=False)
     return 0
 
 
