@@ -301,6 +301,7 @@ v1::Prediction ToProto(const Prediction& prediction) {
   out.set_backward_seconds(prediction.backward_seconds);
   out.set_optimizer_seconds(prediction.optimizer_seconds);
   out.set_tokens_per_second(prediction.tokens_per_second);
+  out.set_time_factor(prediction.time_factor);
   return out;
 }
 
@@ -328,6 +329,8 @@ v1::Calibration ToProto(const Calibration& calibration) {
   out.set_samples(calibration.samples);
   out.set_mean_abs_relative_error(calibration.mean_abs_relative_error);
   out.set_updated_at_unix_ms(calibration.updated_at_unix_ms);
+  out.set_time_factor(calibration.time_factor);
+  out.set_time_samples(calibration.time_samples);
   return out;
 }
 
@@ -517,6 +520,7 @@ Prediction PredictionFromProto(const v1::Prediction& prediction) {
   out.backward_seconds = prediction.backward_seconds();
   out.optimizer_seconds = prediction.optimizer_seconds();
   out.tokens_per_second = prediction.tokens_per_second();
+  out.time_factor = prediction.time_factor() > 0 ? prediction.time_factor() : 1.0;
   return out;
 }
 
@@ -546,6 +550,8 @@ absl::StatusOr<Calibration> CalibrationFromProto(const v1::Calibration& calibrat
   out.samples = calibration.samples();
   out.mean_abs_relative_error = calibration.mean_abs_relative_error();
   out.updated_at_unix_ms = calibration.updated_at_unix_ms();
+  out.time_factor = calibration.time_factor();
+  out.time_samples = calibration.time_samples();
   return out;
 }
 

@@ -170,6 +170,7 @@ struct Prediction {
   double backward_seconds = 0;
   double optimizer_seconds = 0;
   double tokens_per_second = 0;
+  double time_factor = 1.0;  // step-time calibration included in the times above
 };
 
 struct Measurement {
@@ -193,6 +194,8 @@ struct Calibration {
   int32_t samples = 0;
   double mean_abs_relative_error = 0;
   int64_t updated_at_unix_ms = 0;
+  double time_factor = 0;  // measured / predicted step time; 0 = no sample yet
+  int32_t time_samples = 0;
 };
 
 }  // namespace memplan

@@ -140,6 +140,17 @@ CalibrationResult FitCalibration(const std::vector<CalibrationSample>& recent,
     if (predicted < s.measured_bytes) ++result.uncovered_samples;
   }
 
+  std::vector<double> time_ratios;
+  for (const CalibrationSample& s : window) {
+    if (s.oom || !(s.predicted_seconds > 0) || !(s.measured_seconds > 0)) continue;
+    time_ratios.push_back(s.measured_seconds / s.predicted_seconds);
+  }
+  result.time_samples = static_cast<int32_t>(time_ratios.size());
+  if (!time_ratios.empty()) {
+    result.time_factor = std::clamp(Median(std::move(time_ratios)), options.min_time_factor,
+                                    options.max_time_factor);
+  }
+
   result.fragmentation_factor = factor;
   result.estimated_fragmentation_factor = low;
   result.residual_bytes = residual;

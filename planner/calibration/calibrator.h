@@ -31,6 +31,10 @@ struct CalibrationSample {
   // The run ran out of memory: measured_bytes is only a lower bound on the true peak. Such a
   // sample is kept out of the central estimate but still must not be under-predicted.
   bool oom = false;
+  // Step times: the cost model's own prediction (before any time factor) and the measurement;
+  // 0 when unknown.
+  double predicted_seconds = 0;
+  double measured_seconds = 0;
 };
 
 struct CalibratorOptions {
@@ -43,6 +47,8 @@ struct CalibratorOptions {
   int window_samples = 20;
   // The residual never exceeds this fraction of the window's median measured bytes.
   double max_residual_fraction = 0.05;
+  double min_time_factor = 0.25;
+  double max_time_factor = 4.0;
 };
 
 struct CalibrationResult {
@@ -59,6 +65,10 @@ struct CalibrationResult {
   // Samples (OOM included) still above their calibrated prediction because the residual hit
   // its cap: the cost model is wrong for them, calibration does not paper over it.
   int32_t uncovered_samples = 0;
+  // Step time: median of measured / predicted over non-OOM samples with both times, clamped to
+  // [min_time_factor, max_time_factor]; 0 (and time_samples 0) when there is none.
+  double time_factor = 0;
+  int32_t time_samples = 0;
 };
 
 // Robust, bounded fit (README.md): the factor starts at the median of (measured - fixed) / raw

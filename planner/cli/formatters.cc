@@ -358,14 +358,15 @@ std::string FormatCalibrations(const v1::GetCalibrationResponse& response) {
     return "No calibration yet: report measurements with 'memplan measure'.\n";
   }
   TextTable table({"hardware", "dtype", "family", "fragmentation", "residual", "samples",
-                   "raw |error|", "updated (UTC)"},
+                   "raw |error|", "step time", "updated (UTC)"},
                   {Align::kLeft, Align::kLeft, Align::kLeft, Align::kRight, Align::kRight,
-                   Align::kRight, Align::kRight});
+                   Align::kRight, Align::kRight, Align::kRight});
   for (const v1::Calibration& c : response.calibrations()) {
     table.AddRow({c.hardware_name(), DTypeLabel(c.param_dtype()), c.model_family(),
                   absl::StrFormat("×%.3f", c.fragmentation_factor()), FormatGiB(c.residual_bytes()),
                   absl::StrCat(c.samples()),
                   absl::StrFormat("%.1f%%", c.mean_abs_relative_error() * 100),
+                  c.time_samples() > 0 ? absl::StrFormat("×%.3f", c.time_factor()) : "-",
                   TimeLabel(c.updated_at_unix_ms())});
   }
   return table.Render();

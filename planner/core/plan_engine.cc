@@ -64,6 +64,7 @@ CostOptions MakeCostOptions(const PlanInputs& in, bool time_tables) {
   o.cpu_optimizer_overlaps = !in.workload.grad_clipping;
   o.fragmentation_factor = in.fragmentation_factor;
   o.residual_bytes = in.residual_bytes;
+  o.time_factor = in.time_factor > 0 ? in.time_factor : 1.0;
   o.build_time_tables = time_tables;
   return o;
 }

@@ -28,6 +28,7 @@ struct PlanInputs {
   bool skip_limits = false;           // skip max batch / max seq / min memory
   double fragmentation_factor = 1.0;  // from calibration (alpha)
   int64_t residual_bytes = 0;         // from calibration
+  double time_factor = 1.0;           // from calibration: measured / predicted step time
 };
 
 struct PlanOutcome {

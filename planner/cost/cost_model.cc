@@ -1053,10 +1053,14 @@ Prediction CostModel::Assemble(const ResidencyPlan& plan, const Modes& m, bool f
     pred.host_pageable_bytes = host;
   }
 
+  // Every time is scaled by the step-time calibration (a common factor leaves the search's
+  // ranking unchanged, so the search itself runs on the model's own times).
   const double ga = options_.grad_accum;
-  pred.forward_seconds = ga * time.forward_seconds;
-  pred.backward_seconds = ga * time.backward_seconds;
-  pred.iteration_seconds = time.IterationSeconds(options_.grad_accum);
+  const double tf = options_.time_factor;
+  pred.time_factor = tf;
+  pred.forward_seconds = tf * ga * time.forward_seconds;
+  pred.backward_seconds = tf * ga * time.backward_seconds;
+  pred.iteration_seconds = tf * time.IterationSeconds(options_.grad_accum);
   pred.optimizer_seconds = pred.iteration_seconds - pred.forward_seconds - pred.backward_seconds;
   const double tokens = static_cast<double>(trace_.workload.micro_batch) *
                         static_cast<double>(trace_.workload.seq_len) * ga;

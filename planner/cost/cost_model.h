@@ -26,6 +26,7 @@ struct CostOptions {
   // overlapping the rest of backward; false (gradient clipping) runs it after backward.
   bool cpu_optimizer_overlaps = true;
   double fragmentation_factor = 1.0;  // alpha of the calibration contract
+  double time_factor = 1.0;           // step-time calibration: scales every predicted time
   int64_t residual_bytes = 0;         // calibration residual
   // Fraction of HBM bandwidth the GPU optimizer kernels reach.
   double hbm_efficiency = 0.7;

@@ -322,6 +322,7 @@ absl::StatusOr<v1::PlanResponse> PlannerCore::Plan(const v1::PlanRequest& reques
   if (calibration.has_value() && calibration->samples() > 0) {
     in.fragmentation_factor = calibration->fragmentation_factor();
     in.residual_bytes = calibration->residual_bytes();
+    if (calibration->time_samples() > 0) in.time_factor = calibration->time_factor();
   } else {
     in.fragmentation_factor = options_.default_fragmentation_factor;
   }
@@ -467,6 +468,10 @@ absl::StatusOr<v1::ReportMeasurementResponse> PlannerCore::ReportMeasurement(
     sample.raw_model_bytes = RawModelBytes(predicted);
     sample.fixed_bytes = context;
     sample.measured_bytes = m.peak_reserved_bytes() + context;
+    if (!m.oom() && m.step_seconds() > 0 && predicted.iteration_seconds > 0) {
+      sample.predicted_seconds = predicted.iteration_seconds / predicted.time_factor;
+      sample.measured_seconds = m.step_seconds();
+    }
     sample.measured_at_unix_ms = m.measured_at_unix_ms();
     sample.oom = m.oom();
     RETURN_IF_ERROR(store_.PutCalibrationSample(key, sample));
@@ -483,6 +488,8 @@ absl::StatusOr<v1::ReportMeasurementResponse> PlannerCore::ReportMeasurement(
   calibration.residual_bytes = fit.residual_bytes;
   calibration.samples = fit.samples;
   calibration.mean_abs_relative_error = fit.mean_abs_relative_error;
+  calibration.time_factor = fit.time_factor;
+  calibration.time_samples = fit.time_samples;
   calibration.updated_at_unix_ms = options_.now_unix_ms();
   *response.mutable_calibration() = ToProto(calibration);
   RETURN_IF_ERROR(store_.PutCalibration(response.calibration()));

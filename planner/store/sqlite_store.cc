@@ -94,6 +94,11 @@ CREATE INDEX calibration_samples_by_key
     {3, R"sql(
 UPDATE calibration_samples SET measured_bytes = measured_bytes + fixed_bytes;
 )sql"},
+    // Step times for the step-time calibration (0 = unknown, as for every older sample).
+    {4, R"sql(
+ALTER TABLE calibration_samples ADD COLUMN predicted_seconds REAL NOT NULL DEFAULT 0;
+ALTER TABLE calibration_samples ADD COLUMN measured_seconds REAL NOT NULL DEFAULT 0;
+)sql"},
 };
 
 constexpr int kLatestVersion = kMigrations[std::size(kMigrations) - 1].version;
@@ -318,8 +323,9 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
     ASSIGN_OR_RETURN(
         StatementLease stmt,
         db_->Prepare("SELECT raw_model_bytes, fixed_bytes, measured_bytes, measured_at_unix_ms, "
-                     "oom FROM calibration_samples WHERE hardware_name = ? AND param_dtype = ? "
-                     "AND model_family = ? ORDER BY measured_at_unix_ms DESC, seq DESC LIMIT ?"));
+                     "oom, predicted_seconds, measured_seconds FROM calibration_samples "
+                     "WHERE hardware_name = ? AND param_dtype = ? AND model_family = ? "
+                     "ORDER BY measured_at_unix_ms DESC, seq DESC LIMIT ?"));
     RETURN_IF_ERROR(stmt->BindText(0, key.hardware_name));
     RETURN_IF_ERROR(stmt->BindInt64(1, store_internal::ToProtoDType(key.param_dtype)));
     RETURN_IF_ERROR(stmt->BindText(2, key.model_family));
@@ -334,6 +340,8 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
       s.measured_bytes = stmt->ColumnInt64(2);
       s.measured_at_unix_ms = stmt->ColumnInt64(3);
       s.oom = stmt->ColumnInt64(4) != 0;
+      s.predicted_seconds = stmt->ColumnDouble(5);
+      s.measured_seconds = stmt->ColumnDouble(6);
       samples.push_back(s);
     }
     return samples;
@@ -345,8 +353,8 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
     ASSIGN_OR_RETURN(
         StatementLease stmt,
         db_->Prepare("INSERT INTO calibration_samples (hardware_name, param_dtype, model_family, "
-                     "raw_model_bytes, fixed_bytes, measured_bytes, measured_at_unix_ms, oom) "
-                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"));
+                     "raw_model_bytes, fixed_bytes, measured_bytes, measured_at_unix_ms, oom, "
+                     "predicted_seconds, measured_seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"));
     RETURN_IF_ERROR(stmt->BindText(0, key.hardware_name));
     RETURN_IF_ERROR(stmt->BindInt64(1, store_internal::ToProtoDType(key.param_dtype)));
     RETURN_IF_ERROR(stmt->BindText(2, key.model_family));
@@ -356,6 +364,8 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
     RETURN_IF_ERROR(stmt->BindInt64(
         6, sample.measured_at_unix_ms != 0 ? sample.measured_at_unix_ms : env_.now_unix_ms()));
     RETURN_IF_ERROR(stmt->BindInt64(7, sample.oom ? 1 : 0));
+    RETURN_IF_ERROR(stmt->BindDouble(8, sample.predicted_seconds));
+    RETURN_IF_ERROR(stmt->BindDouble(9, sample.measured_seconds));
     return stmt->Run();
   }
 

@@ -248,3 +248,38 @@ TEST(CalibratorTest, RandomWindowsKeepTheGuaranteeWithAMinimalResidual) {
 
 }  // namespace
 }  // namespace memplan
+
+namespace memplan {
+namespace {
+
+TEST(CalibratorTest, StepTimeFactorIsTheMedianRatioOfTimedSamples) {
+  std::vector<CalibrationSample> samples;
+  const double ratios[] = {1.10, 1.08, 3.0 /* an outlier */, 1.12, 1.09};
+  for (int i = 0; i < 5; ++i) {
+    CalibrationSample s = Sample(10 * kGiB, 1.0, 0.0, i);
+    s.predicted_seconds = 0.5 + 0.1 * i;
+    s.measured_seconds = s.predicted_seconds * ratios[i];
+    samples.push_back(s);
+  }
+  CalibrationSample untimed = Sample(10 * kGiB, 1.0, 0.0, 10);  // no step time: no vote
+  samples.push_back(untimed);
+  CalibrationSample oom = Sample(10 * kGiB, 1.0, 0.0, 11);
+  oom.oom = true;
+  oom.predicted_seconds = 1.0;
+  oom.measured_seconds = 100.0;  // an OOM's step time means nothing
+  samples.push_back(oom);
+  const CalibrationResult r = FitCalibration(samples, CalibratorOptions{});
+  EXPECT_EQ(r.time_samples, 5);
+  EXPECT_NEAR(r.time_factor, 1.10, 1e-12);
+
+  CalibratorOptions options;
+  options.max_time_factor = 1.05;
+  EXPECT_DOUBLE_EQ(FitCalibration(samples, options).time_factor, 1.05);  // clamped
+
+  const CalibrationResult none = FitCalibration({untimed}, CalibratorOptions{});
+  EXPECT_EQ(none.time_samples, 0);
+  EXPECT_EQ(none.time_factor, 0);
+}
+
+}  // namespace
+}  // namespace memplan

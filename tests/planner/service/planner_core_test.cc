@@ -386,6 +386,43 @@ TEST_F(PlannerCoreTest, MeasurementIsStoredAndRecalibratesLaterPredictions) {
             RawModelBytes(PredictionFromProto(first->prediction())));
 }
 
+TEST_F(PlannerCoreTest, MeasuredStepTimesCalibrateLaterTimePredictions) {
+  auto first = Plan(TinyRequest());
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->prediction().time_factor(), 1.0);
+  const double predicted = first->prediction().iteration_seconds();
+  ASSERT_GT(predicted, 0);
+  // The step took 1.25 times the prediction.
+  v1::ReportMeasurementRequest report;
+  report.mutable_measurement()->set_plan_id(first->plan_id());
+  report.mutable_measurement()->set_peak_reserved_bytes(first->prediction().peak_bytes());
+  report.mutable_measurement()->set_step_seconds(1.25 * predicted);
+  auto reported = core_->ReportMeasurement(report);
+  ASSERT_TRUE(reported.ok()) << reported.status();
+  EXPECT_EQ(reported->calibration().time_samples(), 1);
+  EXPECT_NEAR(reported->calibration().time_factor(), 1.25, 1e-9);
+
+  auto second = Plan(TinyRequest());
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_NEAR(second->prediction().time_factor(), 1.25, 1e-9);
+  if (second->plan().n_persist() == first->plan().n_persist() &&
+      second->plan().n_buffer() == first->plan().n_buffer()) {
+    EXPECT_NEAR(second->prediction().iteration_seconds(), 1.25 * predicted, 1e-9 * predicted);
+  }
+  EXPECT_NEAR(second->prediction().tokens_per_second() * second->prediction().iteration_seconds(),
+              first->prediction().tokens_per_second() * predicted, 1e-6);
+
+  // A second report against the calibrated plan uses its uncalibrated time: the factor stays.
+  v1::ReportMeasurementRequest again;
+  again.mutable_measurement()->set_plan_id(second->plan_id());
+  again.mutable_measurement()->set_peak_reserved_bytes(second->prediction().peak_bytes());
+  again.mutable_measurement()->set_step_seconds(second->prediction().iteration_seconds());
+  auto reported_again = core_->ReportMeasurement(again);
+  ASSERT_TRUE(reported_again.ok()) << reported_again.status();
+  EXPECT_EQ(reported_again->calibration().time_samples(), 2);
+  EXPECT_NEAR(reported_again->calibration().time_factor(), 1.25, 1e-9);
+}
+
 TEST_F(PlannerCoreTest, CalibrationIsKeyedByHardwareDtypeAndFamily) {
   auto first = Plan(TinyRequest());
   ASSERT_TRUE(first.ok());

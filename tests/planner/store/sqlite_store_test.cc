@@ -179,11 +179,13 @@ TEST_F(SqliteStoreTest, Version3MovesStoredSamplesToDeviceLevelBytes) {
   SqliteStoreOptions v2 = Options();
   v2.migrate_to_version = 2;  // samples held allocator-reserved bytes only
   const CalibrationKey key{"H200", DType::kBFloat16, "llama"};
+  { ASSERT_NE(Open(v2), nullptr); }
   {
-    std::unique_ptr<Store> store = Open(v2);
-    ASSERT_NE(store, nullptr);
-    ASSERT_TRUE(store->PutCalibrationSample(key, {100, 7, 120, 1, false}).ok());
-    ASSERT_TRUE(store->PutCalibrationSample(key, {100, 7, 90, 2, true}).ok());
+    // Rows as the version-2 binary wrote them (this binary writes the newer columns).
+    RawDb raw(path_);
+    raw.Exec("INSERT INTO calibration_samples (hardware_name, param_dtype, model_family, "
+             "raw_model_bytes, fixed_bytes, measured_bytes, measured_at_unix_ms, oom) VALUES "
+             "('H200', 2, 'llama', 100, 7, 120, 1, 0), ('H200', 2, 'llama', 100, 7, 90, 2, 1)");
   }
   std::unique_ptr<Store> store = Open();
   ASSERT_NE(store, nullptr);
@@ -195,6 +197,32 @@ TEST_F(SqliteStoreTest, Version3MovesStoredSamplesToDeviceLevelBytes) {
   EXPECT_EQ(measured, (std::set<int64_t>{127, 97}));
   RawDb raw(path_);
   EXPECT_EQ(raw.Text("PRAGMA user_version"), std::to_string(SqliteStoreSchemaVersion()));
+}
+
+TEST_F(SqliteStoreTest, SampleStepTimesRoundTripAndOlderSamplesReadAsUnknown) {
+  SqliteStoreOptions v3 = Options();
+  v3.migrate_to_version = 3;  // before step times
+  const CalibrationKey key{"H200", DType::kBFloat16, "llama"};
+  { ASSERT_NE(Open(v3), nullptr); }
+  {
+    RawDb raw(path_);
+    raw.Exec("INSERT INTO calibration_samples (hardware_name, param_dtype, model_family, "
+             "raw_model_bytes, fixed_bytes, measured_bytes, measured_at_unix_ms, oom) VALUES "
+             "('H200', 2, 'llama', 100, 7, 120, 1, 0)");
+  }
+  std::unique_ptr<Store> store = Open();
+  ASSERT_NE(store, nullptr);
+  CalibrationSample timed{100, 7, 130, 2, false};
+  timed.predicted_seconds = 0.25;
+  timed.measured_seconds = 0.3125;
+  ASSERT_TRUE(store->PutCalibrationSample(key, timed).ok());
+  absl::StatusOr<std::vector<CalibrationSample>> samples = store->RecentCalibrationSamples(key, 5);
+  ASSERT_TRUE(samples.ok()) << samples.status();
+  ASSERT_EQ(samples->size(), 2u);
+  EXPECT_EQ((*samples)[0].predicted_seconds, 0.25);  // newest first
+  EXPECT_EQ((*samples)[0].measured_seconds, 0.3125);
+  EXPECT_EQ((*samples)[1].predicted_seconds, 0);
+  EXPECT_EQ((*samples)[1].measured_seconds, 0);
 }
 
 TEST_F(SqliteStoreTest, RefusesASchemaNewerThanItKnows) {
