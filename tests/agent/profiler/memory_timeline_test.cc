@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "agent/train/trainer.h"
+#include "tests/agent/tiny_spec.h"
 
 namespace memplan {
 namespace {
@@ -19,23 +20,10 @@ const bool kSingleThread = [] {
   return true;
 }();
 
-ModelSpec TinySpec() {
-  ModelSpec s;
-  s.name = "tiny";
-  s.family = "llama";
-  s.hidden_size = 64;
-  s.num_layers = 4;
-  s.num_heads = 4;
-  s.num_kv_heads = 2;
-  s.intermediate_size = 96;
-  s.vocab_size = 128;
-  s.rope_theta = 10000.0;
-  return s;
-}
 
 std::unique_ptr<LlamaModel> MakeModel() {
   LlamaModelOptions options;
-  options.spec = TinySpec();
+  options.spec = testing::TinySpec();
   options.seed = 5;
   auto model = LlamaModel::Create(options);
   EXPECT_TRUE(model.ok()) << model.status();

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/agent/tiny_spec.h"
+
 namespace memplan {
 namespace {
 
@@ -20,22 +22,7 @@ const bool kSingleThread = [] {
   return true;
 }();
 
-ModelSpec TinySpec(bool tied = false, const std::string& family = "llama") {
-  ModelSpec s;
-  s.name = "tiny";
-  s.family = family;
-  s.hidden_size = 64;
-  s.num_layers = 4;
-  s.num_heads = 4;
-  s.num_kv_heads = 2;
-  s.intermediate_size = 96;
-  s.vocab_size = 128;
-  s.rope_theta = 10000.0;
-  s.tie_word_embeddings = tied;
-  if (family == "qwen2") s.qkv_bias = true;
-  if (family == "qwen3") s.qk_norm = true;
-  return s;
-}
+using testing::TinySpec;
 
 std::unique_ptr<LlamaModel> MakeModel(const ModelSpec& spec) {
   LlamaModelOptions options;

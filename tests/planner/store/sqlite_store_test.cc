@@ -101,6 +101,15 @@ class SqliteStoreTest : public ::testing::Test {
     return m;
   }
 
+  // Calibration sample rows as binaries before schema version 4 wrote them (this binary's
+  // store writes the newer columns); `values` is an SQL VALUES list.
+  void InsertSamplesAsBefore(const std::string& values) {
+    RawDb raw(path_);
+    raw.Exec("INSERT INTO calibration_samples (hardware_name, param_dtype, model_family, "
+             "raw_model_bytes, fixed_bytes, measured_bytes, measured_at_unix_ms, oom) VALUES " +
+             values);
+  }
+
   std::string dir_;
   std::string path_;
 };
@@ -180,13 +189,8 @@ TEST_F(SqliteStoreTest, Version3MovesStoredSamplesToDeviceLevelBytes) {
   v2.migrate_to_version = 2;  // samples held allocator-reserved bytes only
   const CalibrationKey key{"H200", DType::kBFloat16, "llama"};
   { ASSERT_NE(Open(v2), nullptr); }
-  {
-    // Rows as the version-2 binary wrote them (this binary writes the newer columns).
-    RawDb raw(path_);
-    raw.Exec("INSERT INTO calibration_samples (hardware_name, param_dtype, model_family, "
-             "raw_model_bytes, fixed_bytes, measured_bytes, measured_at_unix_ms, oom) VALUES "
-             "('H200', 2, 'llama', 100, 7, 120, 1, 0), ('H200', 2, 'llama', 100, 7, 90, 2, 1)");
-  }
+  InsertSamplesAsBefore(
+      "('H200', 2, 'llama', 100, 7, 120, 1, 0), ('H200', 2, 'llama', 100, 7, 90, 2, 1)");
   std::unique_ptr<Store> store = Open();
   ASSERT_NE(store, nullptr);
   absl::StatusOr<std::vector<CalibrationSample>> samples = store->RecentCalibrationSamples(key, 5);
@@ -204,12 +208,7 @@ TEST_F(SqliteStoreTest, SampleStepTimesRoundTripAndOlderSamplesReadAsUnknown) {
   v3.migrate_to_version = 3;  // before step times
   const CalibrationKey key{"H200", DType::kBFloat16, "llama"};
   { ASSERT_NE(Open(v3), nullptr); }
-  {
-    RawDb raw(path_);
-    raw.Exec("INSERT INTO calibration_samples (hardware_name, param_dtype, model_family, "
-             "raw_model_bytes, fixed_bytes, measured_bytes, measured_at_unix_ms, oom) VALUES "
-             "('H200', 2, 'llama', 100, 7, 120, 1, 0)");
-  }
+  InsertSamplesAsBefore("('H200', 2, 'llama', 100, 7, 120, 1, 0)");
   std::unique_ptr<Store> store = Open();
   ASSERT_NE(store, nullptr);
   CalibrationSample timed{100, 7, 130, 2, false};
