@@ -4,6 +4,7 @@
 #   scripts/gpu-alternatives.sh OUT_DIR BUILD_DIR PLAN_JSON ARCH BATCH SEQ
 # PLAN_JSON is `memplan --json plans get ID` output (gpu-loop.sh writes one per workload as
 # plan-i.json). Each plan trains 4 steps (the first is warm-up) with the chunk manager.
+# MEMPLAN_ALT_ONLY="alt3 alt4": run only these (pick, alt1, ...); MEMPLAN_ALT_DEVICE: cpu|cuda.
 set -uo pipefail
 out=${1:?out dir}; build=${2:?build dir}; plan_json=${3:?plan json}
 arch=${4:?arch}; batch=${5:?batch}; seq=${6:?seq}
@@ -28,6 +29,7 @@ printf '%-6s %-48s %12s %12s %14s %14s\n' plan knobs pred_s meas_s pred_peak_MiB
 for f in "$out"/pick.json "$out"/alt*.json; do
   [[ -f $f ]] || continue
   name=$(basename "$f" .json)
+  if [[ -n ${MEMPLAN_ALT_ONLY:-} && " $MEMPLAN_ALT_ONLY " != *" $name "* ]]; then continue; fi
   read -r _ pred_s pred_peak knobs <"$out/$name.txt"
   "$agent" train --plan-file "$f" --arch "$arch" --batch "$batch" --seq "$seq" --steps 4 \
     --synthetic-data --device ${MEMPLAN_ALT_DEVICE:-cuda} --cpu-threads "$(nproc)" >"$out/$name.log" 2>&1
