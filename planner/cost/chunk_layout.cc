@@ -1,7 +1,9 @@
 #include "planner/cost/chunk_layout.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -27,29 +29,42 @@ int StageOf(const std::string& name, int num_blocks) {
   return num_blocks + 1;
 }
 
-std::vector<LayoutParam> ArchLayoutParams(const Trace& trace) {
+// The architecture's parameters in execution order, as the agent packs them, when they have
+// exactly the trace's per-stage parameter bytes; nullopt otherwise.
+std::optional<std::vector<LayoutParam>> MatchingArchParams(const Trace& trace) {
+  const ModelSpec& a = trace.arch;
   const int num_blocks = static_cast<int>(trace.blocks.size());
+  if (a.num_layers != num_blocks || a.hidden_size <= 0 || a.vocab_size <= 0 || a.num_heads <= 0 ||
+      a.num_kv_heads <= 0 || a.intermediate_size <= 0) {
+    return std::nullopt;
+  }
   const int64_t dtype = DTypeBytes(trace.param_dtype);
+  const std::vector<int64_t> want = StageParamBytes(trace);
+  std::vector<int64_t> got(want.size(), 0);
   std::vector<LayoutParam> params;
-  for (const ParamShape& p : HfParamShapes(trace.arch)) {
+  for (const ParamShape& p : HfParamShapes(a)) {
     int64_t numel = 1;
     for (int64_t d : p.shape) numel *= d;
     params.push_back({p.name, numel, dtype, StageOf(p.name, num_blocks)});
+    const int group = params.back().group;
+    if (group < 0 || group >= static_cast<int>(got.size())) return std::nullopt;
+    got[group] += numel * dtype;
   }
+  if (got != want) return std::nullopt;
   return params;
 }
 
 // The agent's rule. Trainable bytes: every parameter for full fine-tuning; for LoRA the
 // stage's trainable share, spread over its chunks in proportion to their parameter bytes.
-ChunkLayout AgentLayout(const Trace& trace, int64_t chunk_bytes) {
-  const std::vector<LayoutParam> params = ArchLayoutParams(trace);
+ChunkLayout AgentLayout(const Trace& trace, const std::vector<LayoutParam>& params,
+                        int64_t chunk_bytes) {
   ChunkPackingOptions options;
   options.chunk_bytes = chunk_bytes;
   options.alignment_bytes = kChunkAlignmentBytes;
   absl::StatusOr<ChunkPacking> packing = ChunkPacking::Build(params, options);
   ChunkLayout layout;
   layout.chunk_bytes = chunk_bytes;
-  if (!packing.ok()) return layout;  // not reached: ArchMatchesTrace built the same list
+  if (!packing.ok()) return layout;  // not reached: the list has unique names, ordered groups
   const std::vector<int64_t> stage_params = StageParamBytes(trace);
   const std::vector<int64_t> stage_trainable = StageTrainableBytes(trace);
   const size_t stages = stage_params.size();
@@ -80,20 +95,7 @@ ChunkLayout AgentLayout(const Trace& trace, int64_t chunk_bytes) {
 
 }  // namespace
 
-bool ArchMatchesTrace(const Trace& trace) {
-  const ModelSpec& a = trace.arch;
-  if (a.num_layers != static_cast<int64_t>(trace.blocks.size()) || a.hidden_size <= 0 ||
-      a.vocab_size <= 0 || a.num_heads <= 0 || a.num_kv_heads <= 0 || a.intermediate_size <= 0) {
-    return false;
-  }
-  const std::vector<int64_t> want = StageParamBytes(trace);
-  std::vector<int64_t> got(want.size(), 0);
-  for (const LayoutParam& p : ArchLayoutParams(trace)) {
-    if (p.group < 0 || p.group >= static_cast<int>(got.size())) return false;
-    got[p.group] += p.numel * p.dtype_bytes;
-  }
-  return got == want;
-}
+bool ArchMatchesTrace(const Trace& trace) { return MatchingArchParams(trace).has_value(); }
 
 std::vector<int64_t> StageParamBytes(const Trace& trace) {
   std::vector<int64_t> bytes;
@@ -118,17 +120,20 @@ std::vector<int64_t> StageTrainableBytes(const Trace& trace) {
 }
 
 int64_t LargestBlockParamBytes(const Trace& trace) {
-  if (!ArchMatchesTrace(trace)) return 0;
+  const std::optional<std::vector<LayoutParam>> params = MatchingArchParams(trace);
+  if (!params) return 0;
   const int last_block = static_cast<int>(trace.blocks.size());
   int64_t largest = 0;
-  for (const LayoutParam& p : ArchLayoutParams(trace)) {
+  for (const LayoutParam& p : *params) {
     if (p.group >= 1 && p.group <= last_block) largest = std::max(largest, p.numel * p.dtype_bytes);
   }
   return largest;
 }
 
 ChunkLayout LayoutChunks(const Trace& trace, int64_t chunk_bytes) {
-  if (ArchMatchesTrace(trace)) return AgentLayout(trace, chunk_bytes);
+  if (std::optional<std::vector<LayoutParam>> params = MatchingArchParams(trace)) {
+    return AgentLayout(trace, *params, chunk_bytes);
+  }
   ChunkLayout layout;
   layout.chunk_bytes = chunk_bytes;
   const std::vector<int64_t> params = StageParamBytes(trace);
