@@ -3,11 +3,39 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
+#include <vector>
 
 #include "common/status.h"
 
 namespace memplan {
 namespace {
+
+// Static raw bytes at the fewest buffers a plan with n_persist = np may have: the fixed count,
+// else MinBuffers(np); none when every chunk is persistent.
+int64_t StaticAtFewestBuffers(const CostModel& model, const std::optional<int32_t>& fixed_nb,
+                              int32_t np) {
+  const int32_t c = model.num_chunks();
+  if (np >= c) return model.StaticRawBytes(c, 0);
+  return model.StaticRawBytes(np, fixed_nb ? *fixed_nb : model.MinBuffers(np));
+}
+
+// StaticAtFewestBuffers for n_persist in [0, top].
+std::vector<int64_t> StaticProfile(const CostModel& model, const std::optional<int32_t>& fixed_nb,
+                                   int32_t top) {
+  std::vector<int64_t> values(static_cast<size_t>(std::max(top + 1, 0)));
+  for (int32_t np = 0; np <= top; ++np) values[np] = StaticAtFewestBuffers(model, fixed_nb, np);
+  return values;
+}
+
+// [i] = min(values[i..]); one more entry, the int64 maximum, at the end. Static(np, fewest
+// buffers) is usually non-decreasing below np = C (a persistent chunk costs more than the buffer
+// it may save), but a chunk much smaller than the shared buffers can save a buffer for less than
+// a buffer's bytes: the searches below use these minima to stay exact either way.
+std::vector<int64_t> SuffixMinima(const std::vector<int64_t>& values) {
+  std::vector<int64_t> minima(values.size() + 1, std::numeric_limits<int64_t>::max());
+  for (size_t i = values.size(); i-- > 0;) minima[i] = std::min(minima[i + 1], values[i]);
+  return minima;
+}
 
 struct Incumbent {
   bool found = false;
@@ -72,16 +100,7 @@ class Runner {
     h_hi_ = f.n_hs_offload ? *f.n_hs_offload : n_;
     k_lo_ = f.n_checkpoint ? *f.n_checkpoint : 0;
     k_hi_ = f.n_checkpoint ? *f.n_checkpoint : n_;
-    // Static(np, fewest buffers) for np < C is usually non-decreasing (a persistent chunk costs
-    // more than the buffer it may save), but not always: a chunk much smaller than the shared
-    // buffers can save a buffer for less than a buffer's bytes. Suffix minima keep the searches
-    // below exact either way.
-    const int32_t top = std::min(np_hi_, c_ - 1);
-    static_sufmin_.assign(static_cast<size_t>(std::max(top + 2, 1)),
-                          std::numeric_limits<int64_t>::max());
-    for (int32_t np = top; np >= 0; --np) {
-      static_sufmin_[np] = std::min(static_sufmin_[np + 1], StaticAt(np));
-    }
+    static_sufmin_ = SuffixMinima(StaticProfile(model, fixed_nb_, std::min(np_hi_, c_ - 1)));
   }
 
   void Run() {
@@ -113,8 +132,8 @@ class Runner {
 
   bool Done() const { return any_fit_ && best_->found; }
 
-  // Fewest static bytes of any plan with n_persist >= np_lo: Static(np, fewest buffers) never
-  // decreases with np except at np = C (buffers and grad staging vanish).
+  // Fewest static bytes of any plan with n_persist >= np_lo (np = C, where buffers and grad
+  // staging vanish, apart from the suffix minima below it).
   int64_t StaticMin(int32_t np_lo) const {
     int64_t best = std::numeric_limits<int64_t>::max();
     if (np_lo >= 0 && np_lo + 1 < static_cast<int32_t>(static_sufmin_.size())) {
@@ -144,10 +163,7 @@ class Runner {
     return lo;
   }
 
-  int64_t StaticAt(int32_t np) const {
-    if (np >= c_) return model_.StaticRawBytes(c_, 0);
-    return model_.StaticRawBytes(np, fixed_nb_ ? *fixed_nb_ : model_.MinBuffers(np));
-  }
+  int64_t StaticAt(int32_t np) const { return StaticAtFewestBuffers(model_, fixed_nb_, np); }
 
   // Viability and a time lower bound for every plan in the box. Properties used: activation
   // bytes are non-increasing along n_checkpoint and along n_hs_offload (and along the diagonal
@@ -405,10 +421,8 @@ SearchResult PlanSearch::FindLeanest(const SearchConstraints& constraints) const
     const int32_t np_min = f.n_persist ? *f.n_persist : 0;
     const int32_t np_max = f.n_persist ? std::min(*f.n_persist, c) : c;
     if (np_min > np_max) continue;
-    auto static_at = [&](int32_t np) -> int64_t {
-      if (np >= c) return model.StaticRawBytes(c, 0);
-      return model.StaticRawBytes(np, f.n_buffer ? *f.n_buffer : model.MinBuffers(np));
-    };
+    const std::vector<int64_t> statics = StaticProfile(model, f.n_buffer, c);
+    auto static_at = [&](int32_t np) { return statics[std::min(np, c)]; };
     // Required bytes with np persistent chunks and the fewest buffers; -1 when not allowed.
     auto required = [&](int32_t np, int64_t dyn) -> int64_t {
       if (np < np_min || np > np_max) return -1;
@@ -435,15 +449,11 @@ SearchResult PlanSearch::FindLeanest(const SearchConstraints& constraints) const
     // Static bytes rise with n_persist except where a persistent chunk saves a buffer worth more
     // than itself ("drops") and at np = C. Since the grad phase only grows with n_persist, the
     // leanest n_persist of a range is its first one, a drop, or C; suffix minima bound the rest.
-    std::vector<int64_t> static_sufmin(static_cast<size_t>(c) + 2,
-                                       std::numeric_limits<int64_t>::max());
+    const std::vector<int64_t> static_sufmin = SuffixMinima(statics);
     std::vector<int32_t> drops;
-    for (int32_t np = c; np >= 0; --np) {
-      const int64_t here = static_at(np);
-      static_sufmin[np] = std::min(static_sufmin[np + 1], here);
-      if (np > 0 && np < c && here < static_at(np - 1)) drops.push_back(np);
+    for (int32_t np = 1; np < c; ++np) {
+      if (statics[np] < statics[np - 1]) drops.push_back(np);
     }
-    std::reverse(drops.begin(), drops.end());
     for (HostMemoryKind kind : KindsToTry(constraints)) {
       int64_t host_limit = constraints.host_memory_bytes;
       if (kind == HostMemoryKind::kPinned && constraints.pinned_limit_bytes > 0) {
