@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -470,6 +471,15 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(model.get(), options));
   PrintDeviceMemory(device, "after applying the plan");
+  // The timeline file is written once: after the last step, or on the way out when a step (or
+  // anything else) stops the run early, so a failed step still shows its curve.
+  bool timeline_written = timeline == nullptr;
+  absl::Cleanup write_timeline_on_exit = [&] {
+    if (timeline_written) return;
+    if (absl::Status s = timeline->WriteTsv(c.memory_timeline); !s.ok()) {
+      MEMPLAN_LOG(kError, "memory timeline not written").Field("error", s.ToString());
+    }
+  };
   {
     auto record = MEMPLAN_LOG(kInfo, "plan applied");
     record.Field("model", spec.name)
@@ -483,6 +493,7 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
           .Field("n_chunks", s.n_chunks)
           .Field("n_persist", s.n_persist)
           .Field("n_buffer", s.n_buffer)
+          .Field("n_oversized_buffers", s.n_oversized_buffers)
           .Field("persistent_device_bytes", s.persistent_device_bytes)
           .Field("buffer_device_bytes", s.buffer_device_bytes)
           .Field("host_pinned_bytes", s.host_pinned_bytes)
@@ -533,7 +544,7 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
   DevicePeaks(device, &load_allocated, &load_reserved);
   double seconds_sum = 0;
   while (trainer->step() < c.steps) {
-    // Every step is recorded (a TSV row per group hook), so a step that fails shows its curve.
+    // Every step is recorded (a TSV row per group hook).
     if (timeline != nullptr) timeline->BeginStep(trainer->step() + 1);
     std::vector<MicroBatch> micro_batches;
     for (int i = 0; i < c.grad_accum; ++i) {
@@ -546,10 +557,7 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
     } catch (const c10::OutOfMemoryError& e) {  // the trainer converts, but be sure
       step = absl::ResourceExhaustedError(e.what_without_backtrace());
     }
-    if (timeline != nullptr) {
-      timeline->EndStep();
-      RETURN_IF_ERROR(timeline->WriteTsv(c.memory_timeline));
-    }
+    if (timeline != nullptr) timeline->EndStep();
     if (!step.ok() && IsOutOfMemory(step.status())) {
       Measurement m;
       m.plan_id = answer.plan_id;
@@ -576,11 +584,6 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
           " (oom=true); the plan does not fit this device: ", step.status().message()));
     }
     if (!step.ok()) return step.status();
-    if (timeline != nullptr && trainer->step() == c.steps) {
-      std::printf("memory timeline of steps 1-%lld: %s (%zu events)\n",
-                  static_cast<long long>(trainer->step()), c.memory_timeline.c_str(),
-                  timeline->events().size());
-    }
     StepStats& stats = *step;
     if (timeline != nullptr && device.is_cuda()) {
       // The timeline resets the allocator's peak at every hook; its own maxima are the step's.
@@ -611,6 +614,13 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
     if (!c.save_dir.empty() && c.save_every > 0 && stats.step % c.save_every == 0) {
       RETURN_IF_ERROR(save());
     }
+  }
+  if (timeline != nullptr) {
+    timeline_written = true;
+    RETURN_IF_ERROR(timeline->WriteTsv(c.memory_timeline));
+    std::printf("memory timeline of steps 1-%lld: %s (%zu events)\n",
+                static_cast<long long>(trainer->step()), c.memory_timeline.c_str(),
+                timeline->events().size());
   }
   if (!c.save_dir.empty() && (c.save_every == 0 || trainer->step() % c.save_every != 0)) {
     RETURN_IF_ERROR(save());
