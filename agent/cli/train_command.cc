@@ -103,21 +103,31 @@ bool IsOutOfMemory(const absl::Status& status) {
   return absl::StrContains(status.message(), "out of memory");
 }
 
+double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+c10::DeviceIndex CudaIndex(const torch::Device& device) {
+  return device.index() < 0 ? c10::DeviceIndex{0} : device.index();
+}
+
+// The CUDA caching allocator's aggregate allocated / reserved statistics of `device` (CUDA only).
+struct AllocatorStats {
+  c10::CachingAllocator::Stat allocated, reserved;
+};
+AllocatorStats ReadAllocatorStats(const torch::Device& device) {
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(CudaIndex(device));
+  const auto kAggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  return {stats.allocated_bytes[kAggregate], stats.reserved_bytes[kAggregate]};
+}
+
 // Peaks of the CUDA caching allocator since the last reset (0 on CPU). After an OOM the trainer's
 // step stats are lost, so the allocator is asked directly.
 void DevicePeaks(const torch::Device& device, int64_t* allocated, int64_t* reserved) {
   *allocated = 0;
   *reserved = 0;
   if (!device.is_cuda() || !torch::cuda::is_available()) return;
-  const auto stats =
-      c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
-  const auto kAggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-  *allocated = stats.allocated_bytes[kAggregate].peak;
-  *reserved = stats.reserved_bytes[kAggregate].peak;
-}
-
-c10::DeviceIndex CudaIndex(const torch::Device& device) {
-  return device.index() < 0 ? c10::DeviceIndex{0} : device.index();
+  const AllocatorStats stats = ReadAllocatorStats(device);
+  *allocated = stats.allocated.peak;
+  *reserved = stats.reserved.peak;
 }
 
 // Device-level used bytes (every process and the CUDA context included), 0 on CPU.
@@ -141,16 +151,12 @@ void ReleaseCachedAndResetPeaks(const torch::Device& device) {
 // One line per setup stage: where device memory goes before the first step (CUDA only).
 void PrintDeviceMemory(const torch::Device& device, const char* stage) {
   if (!device.is_cuda()) return;
-  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(CudaIndex(device));
-  const auto kAggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  const AllocatorStats stats = ReadAllocatorStats(device);
   std::printf(
       "device memory %s: allocated %.0f MiB (peak %.0f), reserved %.0f MiB (peak %.0f), "
       "device used %.0f MiB\n",
-      stage, static_cast<double>(stats.allocated_bytes[kAggregate].current) / (1 << 20),
-      static_cast<double>(stats.allocated_bytes[kAggregate].peak) / (1 << 20),
-      static_cast<double>(stats.reserved_bytes[kAggregate].current) / (1 << 20),
-      static_cast<double>(stats.reserved_bytes[kAggregate].peak) / (1 << 20),
-      static_cast<double>(DeviceUsedBytes(device)) / (1 << 20));
+      stage, MiB(stats.allocated.current), MiB(stats.allocated.peak), MiB(stats.reserved.current),
+      MiB(stats.reserved.peak), MiB(DeviceUsedBytes(device)));
 }
 
 // PYTORCH_CUDA_ALLOC_CONF syntax; see TrainConfig::allocator_conf for the precedence.
@@ -169,8 +175,6 @@ void ConfigureAllocator(const TrainConfig& c, const torch::Device& device) {
   MEMPLAN_LOG(kInfo, "cuda allocator")
       .Field("settings", conf.empty() ? std::string("(pytorch default or environment)") : conf);
 }
-
-double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
 std::string PlanLine(const ResidencyPlan& p) {
   std::vector<std::string> modes;
