@@ -284,6 +284,7 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
           torch::Tensor view = chunk.device.narrow(0, p.offset_elems, p.numel).view(p.shape);
           view.copy_(p.tensor.detach());
           p.tensor.set_data(view);
+          if (options_.profile_only) continue;
           const auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(options_.device);
           if (mixed()) p.master = view.to(torch::kFloat32);
           p.exp_avg = torch::zeros(p.shape, fp32);
@@ -291,10 +292,23 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
           if (cuda()) p.fused_step = torch::zeros({}, fp32);
         }
         stats_.persistent_device_bytes += chunk.span_elems * elem_bytes;
-        stats_.persistent_state_device_bytes += chunk.span_elems * 4 * (mixed() ? 3 : 2);
+        if (!options_.profile_only) {
+          stats_.persistent_state_device_bytes += chunk.span_elems * 4 * (mixed() ? 3 : 2);
+        }
         continue;
       }
       ASSIGN_OR_RETURN(chunk.param_host, AllocateTransfer(chunk.size_bytes));
+      if (options_.profile_only) {
+        (chunk.param_host.pinned() ? stats_.host_pinned_bytes : stats_.host_pageable_bytes) +=
+            chunk.param_host.size_bytes();
+        for (int i : chunk.params) {
+          Param& p = params_[i];
+          HostView(chunk.param_host.data(), p.offset_elems, p.shape, p.numel, dtype_)
+              .copy_(p.tensor.detach().to(torch::kCPU));
+          p.tensor.set_data(placeholder_.expand(p.shape));
+        }
+        continue;
+      }
       ASSIGN_OR_RETURN(chunk.grad_stage, AllocateTransfer(chunk.size_bytes));
       const int64_t fp32_bytes = chunk.span_elems * 4;
       if (mixed()) chunk.master = HostBuffer::AllocatePageable(fp32_bytes);
@@ -596,6 +610,12 @@ void ChunkManager::Impl::PostBackward(int group) {
     return;
   }
   torch::NoGradGuard no_grad;
+  if (options_.profile_only) {
+    for (int i : group_stage_[group]) {
+      if (params_[i].tensor.grad().defined()) params_[i].tensor.mutable_grad().reset();
+    }
+    return;
+  }
   std::set<int> touched;
   for (int i : group_stage_[group]) {
     Param& p = params_[i];
@@ -722,6 +742,10 @@ void ChunkManager::Impl::ResetStep() {
 }
 
 absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
+  if (options_.profile_only) {
+    return absl::FailedPreconditionError(
+        "Step(): this chunk manager was created with profile_only (no optimizer state)");
+  }
   torch::NoGradGuard no_grad;
   WaitAll();
   bool started = false;
@@ -750,8 +774,10 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
     if (want_norm) {
       for (Param& p : params_) {
         Chunk& chunk = chunks_[p.chunk];
+        // Norms stay on the compute device: one synchronisation for the whole step (reading
+        // each one back cost a device round trip per parameter).
         if (chunk.persistent) {
-          if (p.tensor.grad().defined()) norms.push_back(p.tensor.grad().norm(2.0).to(torch::kCPU));
+          if (p.tensor.grad().defined()) norms.push_back(p.tensor.grad().norm(2.0));
           continue;
         }
         if (!p.grad_in_step) continue;
@@ -759,7 +785,7 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
           p.grad_norm = HostView(HostGrad(chunk), p.offset_elems, p.shape, p.numel, torch::kFloat32)
                             .norm(2.0);
         }
-        norms.push_back(p.grad_norm.to(torch::kCPU));
+        norms.push_back(p.grad_norm.to(options_.device));
       }
     }
     float grad_scale = 1.0f;
@@ -767,10 +793,13 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
     last_grad_norm_ = want_norm ? 0 : std::numeric_limits<double>::quiet_NaN();
     if (!norms.empty()) {
       torch::Tensor total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2.0);
-      last_grad_norm_ = total.item<double>();
       if (max_grad_norm > 0) {
         clip_coef = torch::clamp(max_grad_norm / (total + 1e-6), std::nullopt, 1.0);
-        grad_scale = clip_coef.item<float>();
+        const torch::Tensor host = torch::stack({total, clip_coef}).to(torch::kCPU);
+        last_grad_norm_ = host[0].item<double>();
+        grad_scale = host[1].item<float>();
+      } else {
+        last_grad_norm_ = total.item<double>();
       }
     }
 
@@ -801,7 +830,7 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
       ++p.step;
       torch::Tensor target = mixed() ? p.master : p.tensor.detach();
       if (cuda()) {
-        if (clip_coef.defined()) grad.mul_(clip_coef.to(grad.device()));
+        if (clip_coef.defined()) grad.mul_(clip_coef);
         targets.push_back(target);
         grads.push_back(mixed() ? grad.to(torch::kFloat32) : grad);
         exp_avgs.push_back(p.exp_avg);
@@ -914,6 +943,10 @@ std::vector<NamedParam> ChunkManager::Impl::OptimizerState() {
 
 absl::Status ChunkManager::Impl::LoadParamsAndState(const std::vector<NamedParam>& values,
                                                     const std::vector<NamedParam>& state) {
+  if (options_.profile_only && !state.empty()) {
+    return absl::FailedPreconditionError(
+        "state: this chunk manager was created with profile_only (no optimizer state)");
+  }
   torch::NoGradGuard no_grad;
   WaitAll();
   std::vector<bool> seen(params_.size(), false);
@@ -933,10 +966,10 @@ absl::Status ChunkManager::Impl::LoadParamsAndState(const std::vector<NamedParam
       Chunk& chunk = chunks_[p.chunk];
       if (chunk.persistent) {
         p.tensor.detach().copy_(value);
-        if (mixed()) p.master.copy_(value);
+        if (mixed() && p.master.defined()) p.master.copy_(value);
       } else {
         HostView(chunk.param_host.data(), p.offset_elems, p.shape, p.numel, dtype_).copy_(value);
-        if (mixed()) {
+        if (mixed() && !options_.profile_only) {
           HostView(chunk.master.data(), p.offset_elems, p.shape, p.numel, torch::kFloat32)
               .copy_(value);
         }

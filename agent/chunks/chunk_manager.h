@@ -38,6 +38,11 @@ struct ChunkManagerOptions {
   // < 0 = unknown: behave as > 0. Step() with a different value is honoured, except that
   // clipping cannot be applied after updates started (Step() then fails).
   double max_grad_norm = -1;
+  // On-demand profiling (agent/profiler): the manager only moves parameters. No optimizer state
+  // and no gradient staging are allocated (host or device), every gradient is dropped in the
+  // PostBackward of the group after which it is final, and Step() fails. What a model larger than
+  // the card needs to run forward and backward with one group's chunks on the device at a time.
+  bool profile_only = false;
 };
 
 // What the manager holds, for reports and the planner's measurements. Exact sizes (no rounding).

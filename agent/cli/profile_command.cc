@@ -1,5 +1,9 @@
 #include "agent/cli/profile_command.h"
 
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime_api.h>
+
+#include <chrono>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -9,16 +13,42 @@
 #include "absl/strings/str_format.h"
 #include "agent/client/planner_client.h"
 #include "agent/client/record_json.h"
+#include "agent/profiler/memory_probe.h"
 #include "agent/profiler/model_profiler.h"
+#include "agent/profiler/on_demand_profiler.h"
+#include "common/hf_config.h"
 #include "common/presets.h"
 
 namespace memplan {
 namespace {
 
 constexpr char kProfileUsage[] =
-    "usage: memplan-agent profile --arch NAME [--batch B] [--seq S] [--dtype fp32|bf16|fp16]\n"
-    "         [--device cpu|cuda|cuda:N] [--hardware NAME] [--chunk-bytes N] [--out FILE]\n"
-    "         [--planner ADDR]\n";
+    "usage: memplan-agent profile (--arch NAME | --arch-file CONFIG.json) [--batch B] [--seq S]\n"
+    "         [--dtype fp32|bf16|fp16] [--device cpu|cuda|cuda:N] [--hardware NAME]\n"
+    "         [--chunk-bytes N] [--on-demand] [--out FILE] [--planner ADDR]\n"
+    "  --arch-file      a Hugging Face config.json (Llama / Qwen2 / Qwen3 / Mistral)\n"
+    "  --on-demand      keep the parameters in host memory and put one group's on the device at\n"
+    "                   a time (models larger than the card; ProTrain's on-demand profiling)\n"
+    "  --chunk-bytes N  record the chunk layout for this chunk size in the trace\n";
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+double Since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The device's total memory and what the allocator reserved at most, next to the model's size.
+void PrintDeviceMemory(const torch::Device& device) {
+  if (!device.is_cuda()) return;
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return;
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
+      device.index() < 0 ? c10::DeviceIndex{0} : device.index());
+  const auto aggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  std::printf("device: %.2f GiB in all, allocator reserved %.2f GiB now (peak since the last reset %.2f GiB)\n",
+              total_bytes / kGiB, stats.reserved_bytes[aggregate].current / kGiB,
+              stats.reserved_bytes[aggregate].peak / kGiB);
+}
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "memplan-agent profile: %s\n", message.c_str());
@@ -59,7 +89,8 @@ void PrintTable(const ProfileResult& r) {
 }  // namespace
 
 int RunProfileCommand(const std::vector<std::string>& args) {
-  std::string arch, dtype = "fp32", device = "cpu", out, planner;
+  std::string arch, arch_file, dtype = "fp32", device = "cpu", out, planner;
+  bool on_demand = false;
   ProfilerOptions options;
   options.workload.micro_batch = 1;
   options.workload.seq_len = 128;
@@ -69,11 +100,17 @@ int RunProfileCommand(const std::vector<std::string>& args) {
       std::fputs(kProfileUsage, stdout);
       return 0;
     }
+    if (a == "--on-demand") {
+      on_demand = true;
+      continue;
+    }
     if (i + 1 >= args.size()) return BadFlag("flag " + a + " needs a value");
     const std::string& v = args[++i];
     bool number_ok = true;
     if (a == "--arch") {
       arch = v;
+    } else if (a == "--arch-file") {
+      arch_file = v;
     } else if (a == "--batch") {
       number_ok = absl::SimpleAtoi(v, &options.workload.micro_batch);
     } else if (a == "--seq") {
@@ -95,8 +132,16 @@ int RunProfileCommand(const std::vector<std::string>& args) {
     }
     if (!number_ok) return BadFlag(a + ": not an integer: " + v);
   }
-  const std::optional<ModelSpec> spec = FindModelPreset(arch);
-  if (!spec.has_value()) return BadFlag("--arch: unknown preset; one of " + ModelPresetNames());
+  if (arch.empty() == arch_file.empty()) return BadFlag("give exactly one of --arch or --arch-file");
+  std::optional<ModelSpec> spec;
+  if (!arch.empty()) {
+    spec = FindModelPreset(arch);
+    if (!spec.has_value()) return BadFlag("--arch: unknown preset; one of " + ModelPresetNames());
+  } else {
+    absl::StatusOr<ModelSpec> loaded = LoadHfConfigFile(arch_file);
+    if (!loaded.ok()) return BadFlag("--arch-file: " + std::string(loaded.status().message()));
+    spec = *loaded;
+  }
   const std::optional<DType> param_dtype = ParseDType(dtype);
   if (!param_dtype.has_value()) return BadFlag("--dtype must be fp32, bf16 or fp16");
 
@@ -111,11 +156,32 @@ int RunProfileCommand(const std::vector<std::string>& args) {
   if (model_options.device.is_cuda() && !torch::cuda::is_available()) {
     return Fail("--device " + device + ": CUDA is not available");
   }
+  if (on_demand) model_options.param_device = torch::Device(torch::kCPU);
+  const auto start = std::chrono::steady_clock::now();
   auto model = LlamaModel::Create(model_options);
   if (!model.ok()) return Fail(model.status().ToString());
-  auto result = ProfileModel(**model, options);
+  int64_t model_bytes = 0;
+  for (const NamedParam& p : (*model)->Params()) model_bytes += p.param.nbytes();
+  std::printf("model %s: %lld blocks, %.2f GiB of parameters, built in %.1f s %s\n",
+              spec->name.c_str(), static_cast<long long>(spec->num_layers), model_bytes / kGiB, Since(start),
+              on_demand ? "in host memory (on-demand profiling)" : "on the device");
+  absl::StatusOr<ProfileResult> result;
+  if (on_demand) {
+    auto od = ProfileModelOnDemand(**model, options, OnDemandOptions{});
+    if (!od.ok()) return Fail(od.status().ToString());
+    std::printf(
+        "on-demand: %d chunks of %.0f MiB in %s host memory (%.2f GiB); device buffers %.2f GiB\n",
+        od->n_chunks, od->chunk_bytes / (1024.0 * 1024.0), od->pinned ? "pinned" : "pageable",
+        od->host_bytes / kGiB, od->device_buffer_bytes / kGiB);
+    result = std::move(od->result);
+  } else {
+    result = ProfileModel(**model, options);
+  }
   if (!result.ok()) return Fail(result.status().ToString());
   PrintTable(*result);
+  std::printf("model built and profiled in %.1f s: %d forward+backward passes of %.3f s (timed)\n",
+              Since(start), result->passes, result->step_seconds);
+  PrintDeviceMemory(model_options.device);
   if (!out.empty()) {
     const absl::Status s = WriteTextFile(out, TraceToJson(result->trace));
     if (!s.ok()) return Fail(s.ToString());

@@ -30,6 +30,8 @@
 #include "agent/profiler/memory_probe.h"
 #include "agent/profiler/memory_timeline.h"
 #include "agent/profiler/model_profiler.h"
+#include "agent/profiler/on_demand_profiler.h"
+#include "common/param_shapes.h"
 #include "agent/train/trainer.h"
 #include "common/hf_config.h"
 #include "common/log.h"
@@ -191,8 +193,26 @@ std::string PlanLine(const ResidencyPlan& p) {
 absl::StatusOr<std::string> ProfileAndSubmit(PlannerClient& client, const TrainConfig& c,
                                              const LlamaModelOptions& model_options,
                                              const std::string& hardware_name) {
+  // The unmanaged copy needs the parameters and their gradients on the device next to the
+  // activations; when those two alone take more than 80 % of the free memory, the parameters
+  // stay in host memory and come to the device one group at a time (on-demand profiling).
   LlamaModelOptions options = model_options;
   options.param_device.reset();
+  int64_t param_bytes = 0;
+  for (const ParamShape& p : HfParamShapes(options.spec)) {
+    int64_t numel = 1;
+    for (int64_t d : p.shape) numel *= d;
+    param_bytes += numel * DTypeBytes(options.dtype);
+  }
+  bool on_demand = false;
+  if (options.device.is_cuda()) {
+    c10::cuda::CUDAGuard guard(CudaIndex(options.device));
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+      on_demand = 2 * param_bytes > static_cast<int64_t>(0.8 * static_cast<double>(free_bytes));
+    }
+  }
+  if (on_demand) options.param_device = torch::Device(torch::kCPU);
   ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LlamaModel::Create(options));
   ProfilerOptions profiler;
   profiler.workload.micro_batch = c.batch;
@@ -201,12 +221,21 @@ absl::StatusOr<std::string> ProfileAndSubmit(PlannerClient& client, const TrainC
   profiler.workload.grad_clipping = c.clip > 0;
   profiler.hardware_name = hardware_name;
   profiler.seed = c.seed;
-  ASSIGN_OR_RETURN(ProfileResult result, ProfileModel(*model, profiler));
+  const auto start = std::chrono::steady_clock::now();
+  ProfileResult result;
+  if (on_demand) {
+    ASSIGN_OR_RETURN(OnDemandProfile od, ProfileModelOnDemand(*model, profiler, OnDemandOptions{}));
+    result = std::move(od.result);
+  } else {
+    ASSIGN_OR_RETURN(result, ProfileModel(*model, profiler));
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf(
-      "profiled: step %.3f s (ckpt %.3f s), step peak %.2f MiB, params %.2f MiB, "
+      "profiled%s in %.2f s (%d passes; timed pass %.3f s), step peak %.2f MiB, params %.2f MiB, "
       "memory from %s\n",
-      result.step_seconds, result.ckpt_step_seconds, MiB(result.step_peak_bytes),
-      MiB(result.param_bytes), result.memory_source.c_str());
+      on_demand ? " on demand" : "", seconds, result.passes, result.step_seconds,
+      MiB(result.step_peak_bytes), MiB(result.param_bytes), result.memory_source.c_str());
   ASSIGN_OR_RETURN(std::string trace_id, client.SubmitTrace(result.trace));
   std::printf("trace_id %s\n", trace_id.c_str());
   return trace_id;

@@ -158,20 +158,29 @@ absl::StatusOr<ProfileResult> ProfileModel(LlamaModel& model, const ProfilerOpti
       at::randint(spec.vocab_size, {batch, seq}, gen, torch::TensorOptions().dtype(torch::kInt64))
           .to(device);
 
-  const BlockModes none(static_cast<size_t>(n), BlockMode::kNone);
+  // [Interleaved pass] Every block of a model has the same shapes, so one pass can measure both
+  // modes: even blocks (0-based) run NONE and odd ones CKPT, and each CKPT block takes its NONE
+  // figures from the NONE block before it, while the pair's backward difference is the
+  // recompute time of both. Warm-up passes use the same modes, so the timed pass meets no new
+  // allocation pattern (a first checkpointed backward after NONE-only passes once read 30x too
+  // long). A one-block model cannot pair: it gets a separate all-CKPT pass (warmed up as well).
+  const bool interleave = options.measure_recompute && n >= 2;
+  BlockModes modes(static_cast<size_t>(n), BlockMode::kNone);
+  if (interleave) {
+    for (int i = 1; i < n; i += 2) modes[static_cast<size_t>(i)] = BlockMode::kCkpt;
+  }
   for (int i = 0; i < options.warmup_steps; ++i) {
-    ASSIGN_OR_RETURN(PassResult warm, RunPass(model, ids, none, *probe, options.inner));
+    ASSIGN_OR_RETURN(PassResult warm, RunPass(model, ids, modes, *probe, options.inner));
     MEMPLAN_LOG(kInfo, "profiler warm-up pass").Field("seconds", warm.seconds);
   }
-  ASSIGN_OR_RETURN(PassResult plain, RunPass(model, ids, none, *probe, options.inner));
-  MEMPLAN_LOG(kInfo, "profiler pass, every block NONE")
+  ASSIGN_OR_RETURN(PassResult plain, RunPass(model, ids, modes, *probe, options.inner));
+  MEMPLAN_LOG(kInfo, "profiler pass")
       .Field("seconds", plain.seconds)
+      .Field("interleaved", interleave)
       .Field("forward_end_bytes", plain.forward_end_bytes);
   PassResult ckpt;
-  if (options.measure_recompute) {
+  if (options.measure_recompute && !interleave) {
     const BlockModes all_ckpt(static_cast<size_t>(n), BlockMode::kCkpt);
-    // Its own warm-up too: the first checkpointed backward meets a new allocation pattern
-    // (segments split or freed and re-mapped), which would land in one block's recompute time.
     for (int i = 0; i < std::min(options.warmup_steps, 1); ++i) {
       ASSIGN_OR_RETURN(PassResult warm, RunPass(model, ids, all_ckpt, *probe, options.inner));
       MEMPLAN_LOG(kInfo, "profiler warm-up pass, every block CKPT").Field("seconds", warm.seconds);
@@ -186,6 +195,11 @@ absl::StatusOr<ProfileResult> ProfileModel(LlamaModel& model, const ProfilerOpti
   result.ckpt_step_seconds = ckpt.seconds;
   result.step_peak_bytes = plain.peak_bytes;
   result.grad_bytes = plain.grad_bytes;
+  result.block_modes = modes;
+  result.passes = options.warmup_steps + 1 +
+                  (options.measure_recompute && !interleave
+                       ? 1 + std::min(options.warmup_steps, 1)
+                       : 0);
 
   // Parameter bytes per group, each tensor counted in the group that uses it first (a tied head
   // weight belongs to the embedding, as in the chunk layout).
@@ -217,7 +231,6 @@ absl::StatusOr<ProfileResult> ProfileModel(LlamaModel& model, const ProfilerOpti
   t.analytic = false;
   t.total_param_count = total_params;
   t.trainable_param_count = total_params;
-  t.forward_end_bytes = NonNegative(plain.forward_end_bytes);
 
   // [Saved-bytes attribution] A group's saved bytes are the growth of allocated memory across
   // its forward in NONE mode: what its inner graph keeps plus its output. For a block the output
@@ -245,8 +258,15 @@ absl::StatusOr<ProfileResult> ProfileModel(LlamaModel& model, const ProfilerOpti
   t.embedding.forward_seconds = emb.forward_seconds;
   t.embedding.backward_seconds = emb.backward_seconds;
 
+  // The all-NONE forward-end bytes: what the timed pass kept, plus what its CKPT blocks would
+  // have kept in NONE mode (their NONE partner's growth) beyond what they did keep.
+  int64_t forward_end = plain.forward_end_bytes;
   for (int i = 0; i < n; ++i) {
-    const GroupMeasurement& m = plain.groups[static_cast<size_t>(i + 1)];
+    // The NONE block whose figures block i takes (itself when it ran NONE), and the CKPT block
+    // of its pair (the next block; the previous one for a last, unpaired NONE block).
+    const int none_of = (i % 2 == 0 || !interleave) ? i : i - 1;
+    const int ckpt_of = !interleave ? -1 : (i % 2 == 1 ? i : (i + 1 < n ? i + 1 : i - 1));
+    const GroupMeasurement& m = plain.groups[static_cast<size_t>(none_of + 1)];
     BlockTrace b;
     b.param_bytes = group_param_bytes[static_cast<size_t>(i + 1)];
     b.input_bytes = input_bytes;
@@ -255,16 +275,28 @@ absl::StatusOr<ProfileResult> ProfileModel(LlamaModel& model, const ProfilerOpti
     b.backward_transient_bytes = bwd_transient(m);
     b.forward_seconds = m.forward_seconds;
     b.backward_seconds = m.backward_seconds;
+    if (none_of != i) {
+      forward_end += growth(m) - growth(plain.groups[static_cast<size_t>(i + 1)]);
+    }
     // A checkpointed block's backward = recompute + backward. When timing noise makes the
     // difference vanish, the forward time is the recompute's best estimate.
     b.recompute_seconds = m.forward_seconds;
-    if (!ckpt.groups.empty()) {
-      const double extra =
-          ckpt.groups[static_cast<size_t>(i + 1)].backward_seconds - m.backward_seconds;
+    const GroupMeasurement* c = nullptr;
+    if (ckpt_of >= 0) {
+      c = &plain.groups[static_cast<size_t>(ckpt_of + 1)];
+    } else if (!ckpt.groups.empty()) {
+      c = &ckpt.groups[static_cast<size_t>(i + 1)];
+    }
+    if (c != nullptr) {
+      // Interleaved: a CKPT block (always odd) pairs with the NONE block before it.
+      const GroupMeasurement& pair_none =
+          ckpt_of >= 0 ? plain.groups[static_cast<size_t>(ckpt_of - 1 + 1)] : m;
+      const double extra = c->backward_seconds - pair_none.backward_seconds;
       if (extra > 0) b.recompute_seconds = extra;
     }
     t.blocks.push_back(b);
   }
+  t.forward_end_bytes = NonNegative(forward_end);
 
   const GroupMeasurement& head = plain.groups.back();
   t.head.param_bytes = group_param_bytes.back();

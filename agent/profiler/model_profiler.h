@@ -20,7 +20,7 @@ struct ProfilerOptions {
   Workload workload;              // micro_batch and seq_len are profiled; the rest is recorded
   std::string hardware_name;      // names the card in the trace (the planner matches on it)
   int warmup_steps = 1;           // untimed forward+backward passes first (kernels, allocator)
-  bool measure_recompute = true;  // one more pass with every block checkpointed
+  bool measure_recompute = true;  // odd blocks run CKPT in the timed pass (see README)
   int64_t chunk_bytes = 0;        // > 0: record the chunk layout for this size in the trace
   uint64_t seed = 0;              // token ids of the profiling batch
   // Optional parameter manager, called around the profiler's own hooks (on-demand mode: e.g. a
@@ -29,7 +29,7 @@ struct ProfilerOptions {
   ParamResidency* inner = nullptr;
 };
 
-// What the profiler saw for one parameter group in the all-NONE pass.
+// What the profiler saw for one parameter group in the timed pass.
 struct GroupMeasurement {
   double forward_seconds = 0;
   double backward_seconds = 0;      // recompute included when the group was checkpointed
@@ -43,21 +43,27 @@ struct GroupMeasurement {
 
 struct ProfileResult {
   Trace trace;
-  std::vector<GroupMeasurement> groups;       // all-NONE pass, 0 = embedding .. N+1 = head
-  std::vector<GroupMeasurement> ckpt_groups;  // all-CKPT pass (empty unless measured)
-  int64_t param_bytes = 0;                    // every distinct parameter once, model dtype
-  int64_t grad_bytes = 0;                     // gradients alive after backward
-  int64_t step_peak_bytes = 0;  // allocated peak over the all-NONE step, probe-relative
-  double step_seconds = 0;      // forward + backward of the all-NONE pass
-  double ckpt_step_seconds = 0;
-  std::string memory_source;  // MemoryProbe::source()
+  std::vector<GroupMeasurement> groups;  // timed pass, 0 = embedding .. N+1 = head
+  BlockModes block_modes;                // the mode each block ran in during the timed pass
+  // Separate all-CKPT pass: only for a one-block model with measure_recompute (no pair to
+  // interleave); empty otherwise.
+  std::vector<GroupMeasurement> ckpt_groups;
+  int passes = 0;            // forward + backward passes run, warm-ups included
+  int64_t param_bytes = 0;   // every distinct parameter once, model dtype
+  int64_t grad_bytes = 0;    // gradients alive after backward (0 when `inner` drops them)
+  int64_t step_peak_bytes = 0;  // allocated peak over the timed pass, probe-relative
+  double step_seconds = 0;      // forward + backward of the timed pass
+  double ckpt_step_seconds = 0;  // of the separate all-CKPT pass, when there was one
+  std::string memory_source;     // MemoryProbe::source()
 };
 
-// Runs `warmup_steps` untimed all-NONE passes, the measured all-NONE pass and (optionally) an
-// untimed and a measured all-CKPT pass, each a forward + backward of one random batch of
-// workload.micro_batch x workload.seq_len tokens. Gradients the passes produce are cleared (the
-// parameters are unchanged). FAILED_PRECONDITION for LoRA (not profiled yet), INVALID_ARGUMENT
-// for a bad workload, RESOURCE_EXHAUSTED when the device runs out of memory.
+// Runs `warmup_steps` untimed passes and one timed pass, each a forward + backward of one random
+// batch of workload.micro_batch x workload.seq_len tokens. With measure_recompute the odd blocks
+// run CKPT in every pass and each CKPT block is paired with the NONE block before it (blocks
+// share their shapes), so two passes give every per-block figure (see [Interleaved pass]).
+// The trace describes the all-NONE model whatever ran. Gradients the passes produce are cleared
+// (the parameters are unchanged). INVALID_ARGUMENT for a bad workload, RESOURCE_EXHAUSTED when
+// the device runs out of memory.
 absl::StatusOr<ProfileResult> ProfileModel(LlamaModel& model, const ProfilerOptions& options);
 
 }  // namespace memplan

@@ -37,11 +37,14 @@ int64_t GpuOptimizerBytesPerParam(OptimizerKind kind, int64_t dtype_bytes) {
 }
 
 // HBM bytes one optimizer update touches per parameter (param r/w, grad read, states r/w).
+// Mixed-precision AdamW as the agent runs it: the grad is copied to fp32 (read E, write 4), the
+// fused kernel updates the fp32 master (r/w 8) from the fp32 grad (read 4) and the states
+// (r/w 16), and the master is rounded back into the parameter (read 4, write E): 3E + 34 bytes.
 int64_t OptimizerTouchBytesPerParam(OptimizerKind kind, int64_t dtype_bytes) {
   const int64_t base = 3 * dtype_bytes;
   switch (kind) {
     case OptimizerKind::kAdamW:
-      return base + 16 + (dtype_bytes < 4 ? 8 : 0);
+      return base + 16 + (dtype_bytes < 4 ? 18 : 0);
     case OptimizerKind::kAdamWBf16States:
       return base + 8;
     case OptimizerKind::kSgd:
@@ -286,7 +289,12 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   // ---- chunks ----
   const OptimizerKind opt = options_.optimizer;
   const int64_t gpu_opt_bpp = GpuOptimizerBytesPerParam(opt, dtype_bytes_);
-  const int64_t touch_bpp = OptimizerTouchBytesPerParam(opt, dtype_bytes_);
+  // Gradient clipping reads every persistent grad for its norm and scales it in place (read and
+  // write); without clipping the agent still takes the norm when there is one micro-batch.
+  const int64_t norm_bpp = trace_.workload.grad_clipping       ? 3 * dtype_bytes_
+                           : trace_.workload.grad_accum <= 1 ? dtype_bytes_
+                                                             : 0;
+  const int64_t touch_bpp = OptimizerTouchBytesPerParam(opt, dtype_bytes_) + norm_bpp;
   const int64_t host_bpp = HostStateBytesPerParam(opt, dtype_bytes_);
   const double hbm = hardware_.hbm_bytes_per_second * options_.hbm_efficiency;
   t.fill_prefix.assign(c_count + 1, 0);

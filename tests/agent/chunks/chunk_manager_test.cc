@@ -373,6 +373,54 @@ TEST(ChunkManagerTest, PinnedWithoutCudaFallsBackAndSaysWhy) {
   EXPECT_NE(refused.status().message().find("pinned"), absl::string_view::npos);
 }
 
+// Profile-only (on-demand profiling): the same forward and backward as the unmanaged model,
+// parameters alone in host memory, every gradient dropped once final, no optimizer.
+TEST(ChunkManagerTest, ProfileOnlyMovesParametersAndDropsGradients) {
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    const ToyModel reference = ToyModel::Make(5, tied, 24, 40, 9, torch::kFloat32);
+    const ToyModel managed = reference.Clone();
+    ChunkManagerOptions options = CpuOptions(/*n_persist=*/1, /*n_buffer=*/2);
+    options.profile_only = true;
+    auto manager = ChunkManager::Create(managed.Groups(), options);
+    ASSERT_TRUE(manager.ok()) << manager.status();
+    const ChunkMemoryStats stats = (*manager)->MemoryStats();
+    EXPECT_EQ(stats.persistent_state_device_bytes, 0);
+    EXPECT_EQ(stats.host_pageable_bytes, stats.layout_bytes - stats.persistent_device_bytes)
+        << "only the parameters of offloaded chunks live on the host";
+
+    const Batch batch = MakeBatch(40, 3, torch::kCPU);
+    const torch::Tensor want = RunMicroBatch(reference, nullptr, false, batch.tokens, batch.targets);
+    // Every group's gradients exist until its PostBackward and are gone after it.
+    int checked = 0;
+    const ParamGroups managed_groups = managed.Groups();
+    const torch::Tensor got = RunMicroBatch(managed, manager->get(), false, batch.tokens,
+                                            batch.targets, [&](int g) {
+                                              if (g + 1 >= managed.groups()) return;
+                                              for (const NamedParam& p : managed_groups[g + 1]) {
+                                                if (p.param.is_same(managed.embed)) continue;
+                                                EXPECT_FALSE(p.param.grad().defined()) << p.name;
+                                                ++checked;
+                                              }
+                                            });
+    EXPECT_GT(checked, 0);
+    EXPECT_TRUE(torch::equal(got, want)) << "same loss as the unmanaged model";
+    for (const NamedParam& p : managed_groups[0]) EXPECT_FALSE(p.param.grad().defined());
+    EXPECT_TRUE((*manager)->Grads().empty());
+    EXPECT_TRUE((*manager)->OptimizerState().empty());
+    const absl::Status step = (*manager)->Step(0);
+    EXPECT_EQ(step.code(), absl::StatusCode::kFailedPrecondition) << step;
+    // Parameters are unchanged: the host copies are the reference's values.
+    const std::vector<NamedParam> values = (*manager)->Params();
+    const ParamGroups ref_groups = reference.Groups();
+    std::map<std::string, torch::Tensor> ref;
+    for (const auto& group : ref_groups) {
+      for (const NamedParam& p : group) ref[p.name] = p.param;
+    }
+    for (const NamedParam& v : values) EXPECT_TRUE(torch::equal(v.param, ref.at(v.name))) << v.name;
+  }
+}
+
 TEST(ChunkManagerTest, RaisesBuffersWhenAGroupNeedsMoreChunksAtOnce) {
   // The tied head needs the embedding's chunk and its own: two buffers at least.
   const ToyModel model = ToyModel::Make(4, /*tied=*/true, 16, 32, 6, torch::kFloat32);
