@@ -232,9 +232,10 @@ absl::StatusOr<std::string> ProfileAndSubmit(PlannerClient& client, const TrainC
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf(
-      "profiled%s in %.2f s (%d passes; timed pass %.3f s), step peak %.2f MiB, params %.2f MiB, "
-      "memory from %s\n",
-      on_demand ? " on demand" : "", seconds, result.passes, result.step_seconds,
+      "profiled%s in %.2f s (%d passes; warm-up %.3f s, timed pass %.3f s), step peak %.2f MiB, "
+      "params %.2f MiB, memory from %s\n",
+      on_demand ? " on demand" : "", seconds, result.passes, result.warmup_seconds,
+      result.step_seconds,
       MiB(result.step_peak_bytes), MiB(result.param_bytes), result.memory_source.c_str());
   ASSIGN_OR_RETURN(std::string trace_id, client.SubmitTrace(result.trace));
   std::printf("trace_id %s\n", trace_id.c_str());

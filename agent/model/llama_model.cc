@@ -1,6 +1,11 @@
 #include "agent/model/llama_model.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -138,43 +143,74 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaModelO
 void LlamaModel::InitParams() {
   const ModelSpec& s = options_.spec;
   const int64_t d = s.HeadDim();
-  // Values are drawn in fp32 on the CPU from one generator in canonical order, so a model has the
-  // same initial values on every device and (up to rounding) every dtype.
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(options_.seed);
+  // Matrices are drawn in fp32 on the CPU, each from its own generator seeded by (seed, its index
+  // in canonical order), so a model has the same initial values on every device and (up to
+  // rounding) every dtype, and the draws run in parallel: a 40B-parameter model in host memory
+  // is built in about a minute on 16 cores instead of a quarter of an hour.
   const auto device_opts = torch::TensorOptions()
                                .dtype(ToScalarType(options_.dtype))
                                .device(options_.param_device.value_or(options_.device));
   auto finish = [&](torch::Tensor t) { return t.to(device_opts).requires_grad_(true); };
-  auto normal = [&](std::vector<int64_t> sizes) {
-    return finish(at::empty(sizes, torch::kFloat32).normal_(0.0, 0.02, gen));
+  struct Draw {
+    torch::Tensor* slot;
+    std::vector<int64_t> sizes;
+  };
+  std::vector<Draw> draws;
+  auto normal = [&](torch::Tensor* slot, std::vector<int64_t> sizes) {
+    draws.push_back({slot, std::move(sizes)});
   };
   auto ones = [&](std::vector<int64_t> sizes) { return finish(torch::ones(sizes)); };
   auto zeros = [&](std::vector<int64_t> sizes) { return finish(torch::zeros(sizes)); };
 
-  embed_tokens_ = normal({s.vocab_size, s.hidden_size});
+  normal(&embed_tokens_, {s.vocab_size, s.hidden_size});
   for (int64_t i = 0; i < s.num_layers; ++i) {
     auto b = std::make_unique<BlockParams>();
     b->index = static_cast<int>(i);
-    b->q_proj = normal({s.num_heads * d, s.hidden_size});
+    normal(&b->q_proj, {s.num_heads * d, s.hidden_size});
     if (s.qkv_bias) b->q_bias = zeros({s.num_heads * d});
-    b->k_proj = normal({s.num_kv_heads * d, s.hidden_size});
+    normal(&b->k_proj, {s.num_kv_heads * d, s.hidden_size});
     if (s.qkv_bias) b->k_bias = zeros({s.num_kv_heads * d});
-    b->v_proj = normal({s.num_kv_heads * d, s.hidden_size});
+    normal(&b->v_proj, {s.num_kv_heads * d, s.hidden_size});
     if (s.qkv_bias) b->v_bias = zeros({s.num_kv_heads * d});
-    b->o_proj = normal({s.hidden_size, s.num_heads * d});
+    normal(&b->o_proj, {s.hidden_size, s.num_heads * d});
     if (s.qk_norm) {
       b->q_norm = ones({d});
       b->k_norm = ones({d});
     }
-    b->gate_proj = normal({s.intermediate_size, s.hidden_size});
-    b->up_proj = normal({s.intermediate_size, s.hidden_size});
-    b->down_proj = normal({s.hidden_size, s.intermediate_size});
+    normal(&b->gate_proj, {s.intermediate_size, s.hidden_size});
+    normal(&b->up_proj, {s.intermediate_size, s.hidden_size});
+    normal(&b->down_proj, {s.hidden_size, s.intermediate_size});
     b->input_layernorm = ones({s.hidden_size});
     b->post_attention_layernorm = ones({s.hidden_size});
     blocks_.push_back(std::move(b));
   }
   norm_ = ones({s.hidden_size});
-  if (!s.tie_word_embeddings) lm_head_ = normal({s.vocab_size, s.hidden_size});
+  if (!s.tie_word_embeddings) normal(&lm_head_, {s.vocab_size, s.hidden_size});
+
+  // Workers take the draws in order; an exception (out of memory) is re-thrown on this thread.
+  std::atomic<size_t> next{0};
+  std::mutex error_mu;
+  std::exception_ptr error;
+  auto work = [&]() {
+    for (size_t k = next++; k < draws.size(); k = next++) {
+      try {
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(
+            options_.seed * 0x9E3779B97F4A7C15ull + k + 1);
+        *draws[k].slot =
+            finish(at::empty(draws[k].sizes, torch::kFloat32).normal_(0.0, 0.02, gen));
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (!error) error = std::current_exception();
+        next = draws.size();
+      }
+    }
+  };
+  const size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 16);
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < std::min(threads, draws.size()); ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
 }
 
 memplan::ParamGroups LlamaModel::ParamGroups() const {

@@ -53,6 +53,7 @@ struct ProfileResult {
   int64_t grad_bytes = 0;    // gradients alive after backward (0 when `inner` drops them)
   int64_t step_peak_bytes = 0;  // allocated peak over the timed pass, probe-relative
   double step_seconds = 0;      // forward + backward of the timed pass
+  double warmup_seconds = 0;    // the warm-up passes (the process's first CUDA work included)
   double ckpt_step_seconds = 0;  // of the separate all-CKPT pass, when there was one
   std::string memory_source;     // MemoryProbe::source()
 };

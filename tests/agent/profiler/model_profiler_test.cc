@@ -77,8 +77,10 @@ TEST(ModelProfilerTest, TinyModelTraceIsConsistent) {
     EXPECT_GT(b.backward_seconds, 0);
     EXPECT_GT(b.recompute_seconds, 0);
     EXPECT_GT(b.backward_transient_bytes, 0);
-    // Identical shapes allocate identically on the CPU.
+    // Identical shapes allocate identically on the CPU, and the blocks share one median time.
     EXPECT_EQ(b.saved_bytes, t.blocks[0].saved_bytes);
+    EXPECT_EQ(b.forward_seconds, t.blocks[0].forward_seconds);
+    EXPECT_EQ(b.recompute_seconds, t.blocks[0].recompute_seconds);
   }
   EXPECT_EQ(t.embedding.param_bytes, spec.vocab_size * spec.hidden_size * 4);
   EXPECT_EQ(t.head.param_bytes, (spec.vocab_size + 1) * spec.hidden_size * 4);
