@@ -17,6 +17,7 @@ apt_packages=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libabsl-dev libsqlite3-dev sqlite3 prometheus-cpp-dev prometheus
   libgtest-dev libgmock-dev libbenchmark-dev
+  libgloo-dev  # headers for c10d's ProcessGroupGloo (the wheel has none); Torch links its own Gloo
 )
 missing=()
 for p in "${apt_packages[@]}"; do

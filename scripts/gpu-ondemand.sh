@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On-demand profiling on a GPU host (ProTrain §3.2): profiles a model whose parameters alone are
-# larger than the card with the parameters in host memory, shows that the resident profile of
-# the same model cannot run, plans from the on-demand trace, and compares an on-demand profile
-# with a resident one on a model that fits.
+# larger than the card with the parameters in host memory, prints its size against the card,
+# plans from the on-demand trace, and compares an on-demand profile with a resident one on a
+# model that fits.
 #   scripts/gpu-ondemand.sh OUT_DIR BUILD_DIR [HARDWARE_NAME]
 # MEMPLAN_ONDEMAND_LAYERS: layers of the large model (a Llama-3.1-70B shape; default 52, 93 GB
 # of bf16 parameters). MEMPLAN_ONDEMAND_FIT: "ARCH BATCH SEQ" of the comparison (default

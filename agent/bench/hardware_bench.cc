@@ -335,6 +335,54 @@ absl::Status MeasureGpu(const HardwareBenchOptions& options, Recorder& rec, Hard
 #endif
 }
 
+// ---------------------------------------------------------------- collectives
+
+// One row per bandwidth (or one "not measured" row per collective, with the reason); fills the
+// profile's NCCL fields (bus bandwidth, as the cost model reads them) from an NCCL run. Returns
+// the first reason something was not measured.
+absl::Status RecordCollectives(const CollectiveBenchResult& r, const CollectiveBenchOptions& o,
+                               Recorder& rec, HardwareSpec& spec) {
+  if (!r.status.ok()) {
+    for (const char* name : {"allgather_busbw", "reduce_scatter_busbw"}) {
+      rec.Add(name, 0, "GB/s", absl::StrCat("not measured: ", r.status.message()));
+    }
+    return r.status;
+  }
+  const bool nccl = r.backend == CollectiveBackend::kNccl;
+  const std::string setup = absl::StrCat(
+      CollectiveBackendName(r.backend), " ", r.dtype, ", ", r.world_size, " ranks, ",
+      absl::StrFormat("%.6g", static_cast<double>(r.message_bytes) / (1 << 20)), " MiB ");
+  struct Row {
+    const char* name;
+    const CollectiveFigures& f;
+    const char* bytes;
+    double* spec_field;
+  };
+  const Row rows[] = {
+      {"allgather", r.allgather, "output", &spec.nccl_allgather_bytes_per_second},
+      {"reduce_scatter", r.reduce_scatter, "input", &spec.nccl_reduce_scatter_bytes_per_second}};
+  absl::Status first = absl::OkStatus();
+  for (const Row& row : rows) {
+    if (!row.f.status.ok()) {
+      rec.Add(absl::StrCat(row.name, "_busbw"), 0, "GB/s",
+              absl::StrCat("not measured: ", row.f.status.message()));
+      if (first.ok()) first = row.f.status;
+      continue;
+    }
+    rec.Add(absl::StrCat(row.name, "_algbw"), row.f.algbw_bytes_per_second / 1e9, "GB/s",
+            absl::StrCat(setup, row.bytes, " / median op time (", o.repetitions, " runs of ",
+                         o.ops_per_run, ", slowest rank)"));
+    const double best_busbw = static_cast<double>(r.message_bytes) / row.f.best_seconds *
+                              (r.world_size - 1) / r.world_size;
+    rec.Add(absl::StrCat(row.name, "_busbw"), row.f.busbw_bytes_per_second / 1e9, "GB/s",
+            absl::StrCat("algbw x (n-1)/n; best ", absl::StrFormat("%.3f", best_busbw / 1e9),
+                         " GB/s; data verified",
+                         nccl ? "" : "; gloo: not written to the profile (its fields are NCCL's)"));
+    if (nccl) *row.spec_field = row.f.busbw_bytes_per_second;
+  }
+  return first;
+}
+
 }  // namespace
 
 HardwareBenchResult MeasureHardware(const HardwareBenchOptions& options) {
@@ -361,8 +409,14 @@ HardwareBenchResult MeasureHardware(const HardwareBenchOptions& options) {
 
   result.gpu_status = MeasureGpu(options, rec, spec);
   if (spec.name.empty()) spec.name = "cpu";
-  // NCCL all-gather / reduce-scatter bandwidth (world size > 1) is not measured yet: the fields
-  // stay 0, which the planner reads as "not measured".
+  // With world size 1 the NCCL fields stay 0, which the planner reads as "not measured".
+  if (options.collective.world_size > 1) {
+    CollectiveBenchOptions collective = options.collective;
+    if (collective.message_bytes == 0) collective.message_bytes = options.transfer_bytes;
+    collective.device_index = options.device_index;
+    result.collectives = MeasureCollectives(collective);
+    result.collective_status = RecordCollectives(result.collectives, collective, rec, spec);
+  }
   spec.measured = result.gpu_status.ok();
   result.seconds = SecondsSince(start);
   return result;
@@ -389,6 +443,9 @@ std::string FormatBenchTable(const HardwareBenchResult& result) {
                                   result.gpu_status.ok() ? std::string("complete")
                                                          : std::string(result.gpu_status.message()),
                                   result.seconds));
+  if (!result.collective_status.ok()) {
+    absl::StrAppend(&out, "collectives: ", result.collective_status.message(), "\n");
+  }
   return out;
 }
 

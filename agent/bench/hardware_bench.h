@@ -1,7 +1,9 @@
 // Hardware benchmark for the planner's HardwareSpec: host<->device bandwidth (pinned, pageable,
 // both directions at once) at chunk-sized transfers, HBM copy bandwidth, bf16/fp16/fp32 matmul
-// throughput, CUDA context overhead, GPU and host memory, memlock limit, and the CPU AdamW rate of
-// agent/chunks. Without CUDA only the host figures are measured (and the GPU part says why).
+// throughput, CUDA context overhead, GPU and host memory, memlock limit, the CPU AdamW rate of
+// agent/chunks and, with world size > 1, all-gather / reduce-scatter bus bandwidth between the
+// ranks (collective_bench.h). Without CUDA only the host figures are measured (and the GPU part
+// says why).
 #pragma once
 
 #include <cstdint>
@@ -11,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "agent/bench/collective_bench.h"
 #include "common/types.h"
 
 namespace memplan {
@@ -26,6 +29,10 @@ struct HardwareBenchOptions {
   int64_t adam_params = int64_t{32} << 20;  // fp32 parameters per CPU AdamW pass
   int adam_repetitions = 3;
   int adam_threads = 0;  // 0: one per hardware thread
+  // world_size > 1: every rank runs MeasureHardware at once and, after its own figures, the
+  // collectives with the others. Its message_bytes 0 means transfer_bytes; its device_index is
+  // replaced by device_index above.
+  CollectiveBenchOptions collective;
   // Receives one line per finished measurement; empty: structured log lines on stderr.
   std::function<void(const std::string& line)> progress;
 };
@@ -41,6 +48,10 @@ struct HardwareBenchResult {
   HardwareSpec spec;        // every figure measured so far; measured = true only when complete
   absl::Status gpu_status;  // OK, FAILED_PRECONDITION without CUDA, or why the GPU part failed
   std::vector<BenchFigure> figures;
+  // World size > 1: the collectives' figures, and OK or the first reason one was not measured
+  // (no group, wrong data, an unsupported collective). OK with world size 1.
+  CollectiveBenchResult collectives;
+  absl::Status collective_status;
   double seconds = 0;  // wall time of the whole benchmark
 };
 

@@ -8,7 +8,9 @@
 namespace memplan {
 
 // 0 on success, 1 on an I/O or planner error, 2 on bad flags, 3 when the GPU part could not be
-// measured (the host figures are still printed and written).
+// measured (the host figures are still printed and written), 4 when world size > 1 and a
+// collective was not measured or returned wrong data. The environment (torchrun's RANK,
+// WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK) is read here, where a flag is absent.
 int RunBenchCommand(const std::vector<std::string>& args);
 
 }  // namespace memplan

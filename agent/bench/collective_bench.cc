@@ -1,0 +1,486 @@
+#include "agent/bench/collective_bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "agent/core/torch_pch.h"
+#include "common/status.h"
+
+#if defined(USE_DISTRIBUTED) && __has_include(<torch/csrc/distributed/c10d/TCPStore.hpp>)
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "agent/bench/collective_bench_testing.h"
+#define MEMPLAN_BENCH_C10D 1
+// The wheel ships no Gloo headers; Debian's libgloo-dev provides them (scripts/bootstrap.sh).
+#if defined(USE_C10D_GLOO) && __has_include(<gloo/algorithm.h>)
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#define MEMPLAN_BENCH_GLOO 1
+#endif
+#if defined(USE_C10D_NCCL) && __has_include(<nccl.h>)
+#include <c10/cuda/CUDAFunctions.h>
+
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#define MEMPLAN_BENCH_NCCL 1
+#endif
+#endif
+
+namespace memplan {
+
+absl::string_view CollectiveBackendName(CollectiveBackend backend) {
+  switch (backend) {
+    case CollectiveBackend::kNccl:
+      return "nccl";
+    case CollectiveBackend::kGloo:
+      return "gloo";
+    case CollectiveBackend::kAuto:
+      break;
+  }
+  return "auto";
+}
+
+namespace {
+
+constexpr int64_t kDefaultMessageBytes = int64_t{256} << 20;
+
+absl::Status IntInRange(absl::string_view field, int64_t value, int64_t lo, int64_t hi) {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " = ", value, " is out of range [", lo, ", ", hi, "]"));
+}
+
+}  // namespace
+
+absl::Status ValidateCollectiveBenchOptions(const CollectiveBenchOptions& o) {
+  RETURN_IF_ERROR(IntInRange("world_size", o.world_size, 1, kMaxCollectiveWorldSize));
+  RETURN_IF_ERROR(IntInRange("rank", o.rank, 0, o.world_size - 1));
+  RETURN_IF_ERROR(IntInRange("master_port", o.master_port, 1, 65535));
+  if (o.master_addr.empty()) return absl::InvalidArgumentError("master_addr is empty");
+  RETURN_IF_ERROR(IntInRange("device_index", o.device_index, 0, 1023));
+  if (o.message_bytes != 0) {
+    // At least one 4-byte element per rank (fp32 on Gloo; bf16 needs half of that).
+    RETURN_IF_ERROR(IntInRange("message_bytes", o.message_bytes, int64_t{4} * o.world_size,
+                               kMaxCollectiveMessageBytes));
+  }
+  RETURN_IF_ERROR(IntInRange("warmup_ops", o.warmup_ops, 0, 1000));
+  RETURN_IF_ERROR(IntInRange("repetitions", o.repetitions, 1, 1000));
+  RETURN_IF_ERROR(IntInRange("ops_per_run", o.ops_per_run, 1, 1000));
+  RETURN_IF_ERROR(IntInRange("timeout_seconds", o.timeout_seconds, 1, 86400));
+  return absl::OkStatus();
+}
+
+#ifndef MEMPLAN_BENCH_C10D
+
+CollectiveBenchResult MeasureCollectives(const CollectiveBenchOptions& options) {
+  CollectiveBenchResult result;
+  result.world_size = options.world_size;
+  result.status = absl::FailedPreconditionError(
+      "this LibTorch has no c10d (USE_DISTRIBUTED); collectives not measured");
+  return result;
+}
+
+#else
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// c10d and Gloo report failures as c10::Error (DistBackendError, DistNetworkError, ...) or as
+// std::exception; this is the one place they become a Status.
+absl::Status ExceptionToStatus(absl::string_view what, std::exception_ptr e) {
+  try {
+    std::rethrow_exception(std::move(e));
+  } catch (const c10::Error& error) {
+    return absl::InternalError(absl::StrCat(what, ": ", error.what_without_backtrace()));
+  } catch (const std::exception& error) {
+    return absl::InternalError(absl::StrCat(what, ": ", error.what()));
+  }
+}
+
+template <typename Fn>
+absl::Status Guarded(absl::string_view what, Fn fn) {
+  try {
+    return fn();
+  } catch (...) {
+    return ExceptionToStatus(what, std::current_exception());
+  }
+}
+
+absl::StatusOr<CollectiveBackend> ResolveBackend(CollectiveBackend requested) {
+  const bool cuda = torch::cuda::is_available();
+  const CollectiveBackend backend =
+      requested != CollectiveBackend::kAuto
+          ? requested
+          : (cuda ? CollectiveBackend::kNccl : CollectiveBackend::kGloo);
+  if (backend == CollectiveBackend::kNccl) {
+#ifndef MEMPLAN_BENCH_NCCL
+    return absl::FailedPreconditionError(
+        "this build has no NCCL process group (LibTorch without USE_C10D_NCCL, or no nccl.h at "
+        "build time)");
+#else
+    if (!cuda) {
+      return absl::FailedPreconditionError(
+          "the nccl backend needs a CUDA device; none is available");
+    }
+#endif
+  } else {
+#ifndef MEMPLAN_BENCH_GLOO
+    return absl::FailedPreconditionError(
+        "this build has no Gloo process group (LibTorch without USE_C10D_GLOO, or no Gloo headers "
+        "at build time: install libgloo-dev)");
+#endif
+  }
+  return backend;
+}
+
+// One rank's membership of the group: the store (served by rank 0) and the process group.
+// [Leaving] The destructor marks this rank done in the store; rank 0 waits for every mark before
+// its store goes, so no rank loses the store while it still talks to it. Not thread-safe.
+class CollectiveGroup {
+ public:
+  static absl::StatusOr<std::unique_ptr<CollectiveGroup> > Join(const CollectiveBenchOptions& o,
+                                                                CollectiveBackend backend) {
+    auto group = std::unique_ptr<CollectiveGroup>(new CollectiveGroup(o, backend));
+    RETURN_IF_ERROR(Guarded("joining the collective group", [&] { return group->Connect(); }));
+    return group;
+  }
+
+  // A group over a backend formed elsewhere (tests: a fake process group); no store.
+  CollectiveGroup(const CollectiveBenchOptions& o, CollectiveBackend backend,
+                  c10::intrusive_ptr<c10d::Backend> process_group)
+      : options_(o),
+        backend_kind_(backend),
+        device_(DeviceFor(o, backend)),
+        backend_(std::move(process_group)) {}
+
+  ~CollectiveGroup() {
+    if (store_) {
+      try {
+        store_->set(absl::StrCat("left/", options_.rank), std::vector<uint8_t>{1});
+        if (options_.rank == 0) {
+          std::vector<std::string> keys;
+          for (int r = 0; r < options_.world_size; ++r) {
+            keys.push_back(absl::StrCat("left/", r));
+          }
+          store_->wait(keys, timeout());
+        }
+      } catch (...) {
+        // Leaving is best effort: a rank that died already is reported by the collectives.
+      }
+    }
+    if (backend_) {
+      try {
+        backend_->shutdown();
+      } catch (...) {
+      }
+    }
+    backend_.reset();
+    store_.reset();
+  }
+
+  CollectiveGroup(const CollectiveGroup&) = delete;
+  CollectiveGroup& operator=(const CollectiveGroup&) = delete;
+
+  c10d::Backend& backend() { return *backend_; }
+  const torch::Device& device() const { return device_; }
+  std::chrono::milliseconds timeout() const {
+    return std::chrono::milliseconds(int64_t{options_.timeout_seconds} * 1000);
+  }
+
+  // Gloo: waits for `work`. NCCL: orders the current stream after it (SyncDevice waits). No
+  // timeout argument: with one, WorkNCCL::wait polls the host every millisecond, which would
+  // break the back-to-back ops apart; the backends' own timeout (options) still applies.
+  void Finish(const c10::intrusive_ptr<c10d::Work>& work) { work->wait(); }
+  void SyncDevice() {
+    if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
+  }
+
+  // Element-wise maximum over the ranks (also a barrier).
+  std::vector<double> MaxOverRanks(const std::vector<double>& values) {
+    std::vector<at::Tensor> t = {torch::tensor(values, torch::dtype(torch::kFloat64)).to(device_)};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::MAX;
+    Finish(backend_->allreduce(t, opts));
+    SyncDevice();
+    at::Tensor host = t[0].cpu();
+    return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
+  }
+
+  void Barrier() { MaxOverRanks({0.0}); }
+
+ private:
+  CollectiveGroup(const CollectiveBenchOptions& o, CollectiveBackend backend)
+      : options_(o), backend_kind_(backend), device_(DeviceFor(o, backend)) {}
+
+  static torch::Device DeviceFor(const CollectiveBenchOptions& o, CollectiveBackend backend) {
+    if (backend != CollectiveBackend::kNccl) return torch::Device(torch::kCPU);
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(o.device_index));
+  }
+
+  absl::Status Connect() {
+    c10d::TCPStoreOptions store_options;
+    store_options.port = static_cast<uint16_t>(options_.master_port);
+    store_options.isServer = options_.rank == 0 && !options_.store_already_served;
+    store_options.numWorkers = options_.world_size;
+    store_options.waitWorkers = true;
+    store_options.timeout = timeout();
+    if (options_.rank == 0 && options_.master_listen_fd >= 0) {
+      store_options.masterListenFd = options_.master_listen_fd;
+    }
+    // Our keys (and the process group's) under one prefix: a shared store (torchrun's) holds
+    // others' too.
+    store_ = c10::make_intrusive<c10d::PrefixStore>(
+        "memplan_bench", c10::make_intrusive<c10d::TCPStore>(options_.master_addr, store_options));
+    if (backend_kind_ == CollectiveBackend::kNccl) {
+#ifdef MEMPLAN_BENCH_NCCL
+      c10::cuda::set_device(device_.index());
+      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+      nccl_options->timeout = timeout();
+      backend_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store_, options_.rank,
+                                                             options_.world_size, nccl_options);
+#endif
+    } else {
+#ifdef MEMPLAN_BENCH_GLOO
+      auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout());
+      // Loopback rendezvous: bind the loopback device (the default one binds the hostname's
+      // address, which may not be reachable in a sandbox); else the hostname's, as torchrun does.
+      if (IsLoopback(options_.master_addr)) {
+        gloo_options->devices.push_back(
+            c10d::ProcessGroupGloo::createDeviceForHostname(options_.master_addr));
+      } else {
+        gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+      }
+      backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, options_.rank,
+                                                             options_.world_size, gloo_options);
+#endif
+    }
+    if (!backend_) return absl::InternalError("no process group was created");
+    return absl::OkStatus();
+  }
+
+  static bool IsLoopback(const std::string& addr) {
+    return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
+  }
+
+  const CollectiveBenchOptions options_;
+  const CollectiveBackend backend_kind_;
+  torch::Device device_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::Backend> backend_;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Both collectives share two buffers: `full` (the all-gather's output, the reduce-scatter's
+// input, world_size shards) and `shard` (one rank's part).
+struct Buffers {
+  at::Tensor full;
+  at::Tensor shard;
+};
+
+// A collective: how to run it once, how to prepare the checked op's input, how to check it.
+struct Collective {
+  const char* name;
+  std::function<c10::intrusive_ptr<c10d::Work>(Buffers&)> run;
+  std::function<void(Buffers&, int rank)> fill;
+  // Empty when the output is right; else what is wrong with it.
+  std::function<std::string(const Buffers&, int world_size)> check;
+};
+
+// Runs `c` once with known input and checks the output on every rank (all ranks learn whether
+// any rank saw wrong data), then warm-up ops, then timed runs of ops_per_run back-to-back ops.
+// Fills everything but the bandwidths.
+CollectiveFigures MeasureOne(CollectiveGroup& group, Buffers& buffers, const Collective& c,
+                             const CollectiveBenchOptions& o) {
+  CollectiveFigures f;
+  std::string wrong;
+  f.status = Guarded(absl::StrCat(c.name, " failed"), [&]() -> absl::Status {
+    c.fill(buffers, o.rank);
+    group.Finish(c.run(buffers));
+    group.SyncDevice();
+    wrong = c.check(buffers, o.world_size);
+    return absl::OkStatus();
+  });
+  if (!f.status.ok()) return f;
+  // Every rank goes on only if every rank's check passed; otherwise all stop here together.
+  std::vector<double> bad;
+  absl::Status agreed = Guarded("agreeing on the check", [&]() -> absl::Status {
+    bad = group.MaxOverRanks({wrong.empty() ? 0.0 : 1.0});
+    return absl::OkStatus();
+  });
+  if (!agreed.ok()) {
+    f.status = agreed;
+    return f;
+  }
+  if (!wrong.empty()) {
+    f.status = absl::DataLossError(
+        absl::StrCat(c.name, " returned wrong data on rank ", o.rank, ": ", wrong));
+    return f;
+  }
+  if (bad[0] != 0) {
+    f.status = absl::DataLossError(
+        absl::StrCat(c.name, " returned wrong data on another rank (see that rank's output)"));
+    return f;
+  }
+  f.verified = true;
+
+  std::vector<double> per_op;
+  f.status = Guarded(absl::StrCat(c.name, " failed"), [&]() -> absl::Status {
+    for (int i = 0; i < o.warmup_ops; ++i) group.Finish(c.run(buffers));
+    group.SyncDevice();
+    for (int rep = 0; rep < o.repetitions; ++rep) {
+      group.Barrier();
+      const auto start = Clock::now();
+      for (int i = 0; i < o.ops_per_run; ++i) group.Finish(c.run(buffers));
+      group.SyncDevice();
+      per_op.push_back(std::chrono::duration<double>(Clock::now() - start).count() / o.ops_per_run);
+    }
+    // The group is as fast as its slowest rank; every rank reports the same figures.
+    const std::vector<double> slowest =
+        group.MaxOverRanks({Median(per_op), *std::min_element(per_op.begin(), per_op.end())});
+    f.median_seconds = slowest[0];
+    f.best_seconds = slowest[1];
+    return absl::OkStatus();
+  });
+  return f;
+}
+
+std::string FirstMismatch(const at::Tensor& got, const at::Tensor& expected, const char* what) {
+  const at::Tensor bad = got.ne(expected);
+  if (!bad.any().item<bool>()) return "";
+  const int64_t i = bad.flatten().nonzero()[0][0].item<int64_t>();
+  const at::Tensor flat_got = got.flatten();
+  const at::Tensor flat_expected = expected.expand_as(got).flatten();
+  return absl::StrCat(what, " element ", i, " is ", flat_got[i].item<double>(), ", expected ",
+                      flat_expected[i].item<double>());
+}
+
+// The options' checks shared by both entry points; false (with result->status set) when there is
+// nothing to measure.
+bool Prepare(const CollectiveBenchOptions& options, CollectiveBenchResult* result) {
+  result->world_size = options.world_size;
+  if (absl::Status s = ValidateCollectiveBenchOptions(options); !s.ok()) {
+    result->status = s;
+    return false;
+  }
+  if (options.world_size < 2) {
+    result->status = absl::FailedPreconditionError("world_size = 1: no collective to measure");
+    return false;
+  }
+  return true;
+}
+
+// Measures both collectives on a formed group; result->backend is set.
+void MeasureOnGroup(const CollectiveBenchOptions& options, CollectiveGroup& g,
+                    CollectiveBenchResult* result) {
+  const bool nccl = result->backend == CollectiveBackend::kNccl;
+  const torch::ScalarType dtype = nccl ? torch::kBFloat16 : torch::kFloat32;
+  result->dtype = nccl ? "bf16" : "fp32";
+  const int64_t element_bytes = nccl ? 2 : 4;
+  const int64_t requested =
+      options.message_bytes > 0 ? options.message_bytes : kDefaultMessageBytes;
+  const int64_t shard_elements = requested / (element_bytes * options.world_size);
+  result->message_bytes = shard_elements * options.world_size * element_bytes;
+
+  Buffers buffers;
+  result->status = Guarded("allocating the collective buffers", [&]() -> absl::Status {
+    const auto opts = torch::TensorOptions().dtype(dtype).device(g.device());
+    buffers.full = torch::empty({options.world_size * shard_elements}, opts);
+    buffers.shard = torch::empty({shard_elements}, opts);
+    return absl::OkStatus();
+  });
+  if (!result->status.ok()) return;
+
+  // All-gather: rank r contributes r + 1 everywhere; shard i of the output must hold i + 1.
+  const Collective allgather{
+      "all-gather", [&g](Buffers& b) { return g.backend()._allgather_base(b.full, b.shard); },
+      [](Buffers& b, int rank) {
+        b.full.zero_();
+        b.shard.fill_(rank + 1);
+      },
+      [](const Buffers& b, int world_size) {
+        const at::Tensor expected = torch::arange(1, world_size + 1, torch::kFloat32)
+                                        .to(b.full.options())
+                                        .view({world_size, 1});
+        return FirstMismatch(b.full.view({world_size, -1}), expected, "output");
+      }};
+  // Reduce-scatter: every rank contributes ones; every output element must be world_size.
+  const Collective reduce_scatter{
+      "reduce-scatter",
+      [&g](Buffers& b) { return g.backend()._reduce_scatter_base(b.shard, b.full); },
+      [](Buffers& b, int) {
+        b.shard.zero_();
+        b.full.fill_(1);
+      },
+      [](const Buffers& b, int world_size) {
+        return FirstMismatch(b.shard, torch::full({1}, world_size, b.shard.options()), "output");
+      }};
+
+  const double bytes = static_cast<double>(result->message_bytes);
+  const double bus_factor = static_cast<double>(options.world_size - 1) / options.world_size;
+  auto finish = [&](CollectiveFigures f) {
+    if (f.status.ok() && f.median_seconds > 0) {
+      f.algbw_bytes_per_second = bytes / f.median_seconds;
+      f.busbw_bytes_per_second = f.algbw_bytes_per_second * bus_factor;
+    }
+    return f;
+  };
+  result->allgather = finish(MeasureOne(g, buffers, allgather, options));
+  // A failed all-gather leaves the ranks' op sequences unknown; measure nothing more.
+  if (result->allgather.status.ok()) {
+    result->reduce_scatter = finish(MeasureOne(g, buffers, reduce_scatter, options));
+  } else {
+    result->reduce_scatter.status = absl::AbortedError("the all-gather before it failed");
+  }
+}
+
+}  // namespace
+
+CollectiveBenchResult MeasureCollectives(const CollectiveBenchOptions& options) {
+  CollectiveBenchResult result;
+  if (!Prepare(options, &result)) return result;
+  absl::StatusOr<CollectiveBackend> backend = ResolveBackend(options.backend);
+  if (!backend.ok()) {
+    result.status = backend.status();
+    return result;
+  }
+  result.backend = *backend;
+  absl::StatusOr<std::unique_ptr<CollectiveGroup> > group =
+      CollectiveGroup::Join(options, *backend);
+  if (!group.ok()) {
+    result.status = absl::Status(
+        group.status().code(),
+        absl::StrCat("rank ", options.rank, " of ", options.world_size, " could not join the ",
+                     CollectiveBackendName(*backend), " group at ", options.master_addr, ":",
+                     options.master_port, ": ", group.status().message()));
+    return result;
+  }
+  MeasureOnGroup(options, **group, &result);
+  return result;
+}
+
+CollectiveBenchResult MeasureCollectivesOn(const CollectiveBenchOptions& options,
+                                           CollectiveBackend backend,
+                                           c10::intrusive_ptr<c10d::Backend> process_group) {
+  CollectiveBenchResult result;
+  if (!Prepare(options, &result)) return result;
+  result.backend = backend == CollectiveBackend::kNccl ? backend : CollectiveBackend::kGloo;
+  CollectiveGroup group(options, result.backend, std::move(process_group));
+  MeasureOnGroup(options, group, &result);
+  return result;
+}
+
+#endif  // MEMPLAN_BENCH_C10D
+
+}  // namespace memplan
