@@ -11,15 +11,7 @@ set -uo pipefail
 out=${1:?out dir}; build=${2:?build dir}; hw=${3:-h200}
 mkdir -p "$out"
 agent=$build/agent/cli/memplan-agent
-"$build/planner/daemon/memplan-planner" --listen=127.0.0.1:0 --metrics= --db="$out/planner.db" \
-  >"$out/planner.out" 2>"$out/planner.log" &
-pid=$!
-trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null' EXIT
-addr=
-for _ in $(seq 1 100); do
-  addr=$(sed -n 's/^listening on //p' "$out/planner.out"); [[ -n $addr ]] && break; sleep 0.1
-done
-[[ -n $addr ]] || { echo "planner did not start"; cat "$out/planner.log"; exit 1; }
+source "$(dirname "$0")/start-planner.sh" "$out" "$build"
 threads=$(nproc)
 "$agent" bench --name "$hw" --planner "$addr" --out "$out/hw.json" 2>&1 | tee "$out/bench.txt"
 configs=${MEMPLAN_LOOP_CONFIGS:-llama-3.2-1b 4 2048;llama-3.2-1b 2 4096;llama-3.2-3b 1 4096;qwen2.5-1.5b 4 2048}

@@ -19,15 +19,7 @@ cat >"$out/large-config.json" <<JSON
  "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
  "_name_or_path": "llama-70b-shape-${layers}-layers"}
 JSON
-"$build/planner/daemon/memplan-planner" --listen=127.0.0.1:0 --metrics= --db="$out/planner.db" \
-  >"$out/planner.out" 2>"$out/planner.log" &
-pid=$!
-trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null' EXIT
-addr=
-for _ in $(seq 1 100); do
-  addr=$(sed -n 's/^listening on //p' "$out/planner.out"); [[ -n $addr ]] && break; sleep 0.1
-done
-[[ -n $addr ]] || { echo "planner did not start"; cat "$out/planner.log"; exit 1; }
+source "$(dirname "$0")/start-planner.sh" "$out" "$build"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 free -g | tee -a "$out/gpu.txt"
 "$agent" bench --name "$hw" --planner "$addr" --out "$out/hw.json" >"$out/bench.txt" 2>&1

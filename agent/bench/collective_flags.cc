@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/flag_arg.h"
 
 namespace memplan {
 namespace {
@@ -102,12 +103,7 @@ absl::StatusOr<CollectiveFlags> TakeCollectiveFlags(std::vector<std::string>* ar
   std::vector<std::string> rest;
   for (size_t i = 0; i < args->size(); ++i) {
     const std::string& arg = (*args)[i];
-    std::string name = arg;
-    std::optional<std::string> value;
-    if (size_t eq = name.find('='); absl::StartsWith(name, "--") && eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-    }
+    auto [name, value] = SplitFlagArg(arg);
     if (!IsCollectiveFlag(name)) {
       rest.push_back(arg);
       continue;

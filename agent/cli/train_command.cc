@@ -31,6 +31,7 @@
 #include "agent/profiler/memory_timeline.h"
 #include "agent/profiler/model_profiler.h"
 #include "agent/profiler/on_demand_profiler.h"
+#include "common/flag_arg.h"
 #include "common/param_shapes.h"
 #include "agent/train/trainer.h"
 #include "common/hf_config.h"
@@ -330,12 +331,7 @@ absl::StatusOr<PlannerLoopOptions> TakePlannerFlags(std::vector<std::string>* ar
   bool hardware_given = false;
   for (size_t i = 0; i < args->size(); ++i) {
     const std::string& arg = (*args)[i];
-    std::string name = arg;
-    std::optional<std::string> value;
-    if (size_t eq = name.find('='); absl::StartsWith(name, "--") && eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-    }
+    auto [name, value] = SplitFlagArg(arg);
     if (name == "--profile") {
       if (value.has_value()) return absl::InvalidArgumentError("--profile takes no value");
       loop.profile = true;
