@@ -189,6 +189,58 @@ TEST_F(TrainWithPlannerTest, ProfileSubcommandWritesAndSubmitsTheTrace) {
   EXPECT_FALSE(answer->analytic_trace);
 }
 
+// `profile --arch-file CONFIG --on-demand`: a Hugging Face config, parameters in host memory;
+// the trace is the resident one's (same memory figures), and flag errors name the flag.
+TEST_F(TrainWithPlannerTest, ProfileOnDemandFromAConfigFileMatchesTheResidentTrace) {
+  const std::string config = absl::StrCat(db_path_, ".config.json");
+  ASSERT_TRUE(WriteTextFile(config, R"({"architectures": ["LlamaForCausalLM"],
+      "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 3,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
+      "vocab_size": 128, "tie_word_embeddings": false, "rope_theta": 10000.0,
+      "rms_norm_eps": 1e-5, "max_position_embeddings": 256})")
+                  .ok());
+  std::vector<Trace> traces;
+  for (bool on_demand : {false, true}) {
+    SCOPED_TRACE(on_demand ? "on demand" : "resident");
+    const std::string out = absl::StrCat(db_path_, on_demand ? ".od.json" : ".res.json");
+    std::vector<std::string> args = {"profile", "--arch-file", config, "--batch", "2", "--seq",
+                                     "16", "--device", "cpu", "--out", out};
+    if (on_demand) args.push_back("--on-demand");
+    auto run = testing::RunToCompletion(MEMPLAN_AGENT_BINARY, args);
+    ASSERT_TRUE(run.ok()) << run.status();
+    ASSERT_TRUE(WIFEXITED(run->first) && WEXITSTATUS(run->first) == 0) << run->second;
+    EXPECT_THAT(run->second, HasSubstr("2 forward+backward passes"));
+    if (on_demand) {
+      EXPECT_THAT(run->second, HasSubstr("on-demand: "));
+    }
+    absl::StatusOr<std::string> text = ReadTextFile(out);
+    std::remove(out.c_str());
+    ASSERT_TRUE(text.ok()) << text.status();
+    absl::StatusOr<Trace> trace = TraceFromJson(*text);
+    ASSERT_TRUE(trace.ok()) << trace.status();
+    traces.push_back(*trace);
+  }
+  std::remove(config.c_str());
+  ASSERT_EQ(traces[0].blocks.size(), 3u);
+  ASSERT_EQ(traces[1].blocks.size(), 3u);
+  EXPECT_EQ(traces[1].forward_end_bytes, traces[0].forward_end_bytes);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(traces[1].blocks[i].saved_bytes, traces[0].blocks[i].saved_bytes);
+    EXPECT_EQ(traces[1].blocks[i].param_bytes, traces[0].blocks[i].param_bytes);
+  }
+
+  auto both = testing::RunToCompletion(
+      MEMPLAN_AGENT_BINARY, {"profile", "--arch", "llama-tiny", "--arch-file", config});
+  ASSERT_TRUE(both.ok());
+  EXPECT_TRUE(WIFEXITED(both->first) && WEXITSTATUS(both->first) == 2);
+  EXPECT_THAT(both->second, HasSubstr("exactly one of --arch or --arch-file"));
+  auto missing = testing::RunToCompletion(
+      MEMPLAN_AGENT_BINARY, {"profile", "--arch-file", config + ".missing"});
+  ASSERT_TRUE(missing.ok());
+  EXPECT_TRUE(WIFEXITED(missing->first) && WEXITSTATUS(missing->first) == 2);
+  EXPECT_THAT(missing->second, HasSubstr("--arch-file"));
+}
+
 TEST_F(TrainWithPlannerTest, BenchSubcommandWritesTheHostFigures) {
   const std::string out = absl::StrCat(db_path_, ".hw.json");
   auto run = testing::RunToCompletion(MEMPLAN_AGENT_BINARY, {"bench", "--out", out});
