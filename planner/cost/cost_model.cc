@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/optimizer_bytes.h"
 
 namespace memplan {
 namespace {
@@ -21,47 +22,6 @@ constexpr int kFwdKeys = 6;
 constexpr int kBwdKeys = 36;
 
 int FloorLog2(int32_t x) { return 31 - __builtin_clz(static_cast<unsigned>(x)); }
-
-// Optimizer state bytes kept per trainable parameter on the GPU (persistent chunks).
-// AdamW: fp32 exp_avg + exp_avg_sq, plus an fp32 master copy when params are bf16/fp16.
-int64_t GpuOptimizerBytesPerParam(OptimizerKind kind, int64_t dtype_bytes) {
-  switch (kind) {
-    case OptimizerKind::kAdamW:
-      return 8 + (dtype_bytes < 4 ? 4 : 0);
-    case OptimizerKind::kAdamWBf16States:
-      return 4;
-    case OptimizerKind::kSgd:
-      return 0;
-  }
-  return 0;
-}
-
-// HBM bytes one optimizer update touches per parameter (param r/w, grad read, states r/w).
-// Mixed-precision AdamW as the agent runs it: the grad is copied to fp32 (read E, write 4), the
-// fused kernel updates the fp32 master (r/w 8) from the fp32 grad (read 4) and the states
-// (r/w 16), and the master is rounded back into the parameter (read 4, write E): 3E + 34 bytes.
-int64_t OptimizerTouchBytesPerParam(OptimizerKind kind, int64_t dtype_bytes) {
-  const int64_t base = 3 * dtype_bytes;
-  switch (kind) {
-    case OptimizerKind::kAdamW:
-      return base + 16 + (dtype_bytes < 4 ? 18 : 0);
-    case OptimizerKind::kAdamWBf16States:
-      return base + 8;
-    case OptimizerKind::kSgd:
-      return base;
-  }
-  return base;
-}
-
-// Host bytes per trainable parameter of an offloaded chunk beyond its upload copy: fp32 master
-// (when params are narrower), fp32 grads for CPU Adam, optimizer states.
-int64_t HostStateBytesPerParam(OptimizerKind kind, int64_t dtype_bytes) {
-  const int64_t master = dtype_bytes < 4 ? 4 : 0;
-  const int64_t states = kind == OptimizerKind::kAdamW             ? 8
-                         : kind == OptimizerKind::kAdamWBf16States ? 4
-                                                                   : 0;
-  return master + 4 + states;
-}
 
 }  // namespace
 
@@ -125,6 +85,12 @@ absl::StatusOr<CostModel> CostModel::Create(const Trace& trace, int64_t chunk_by
   }
   if (options.world_size < 1 || options.grad_accum < 1) {
     return absl::InvalidArgumentError("world_size and grad_accum must be >= 1");
+  }
+  // The agent runs adamw_bf16 on bf16 parameters only: a plan for another dtype would not run.
+  if (const std::string problem = OptimizerDTypeProblem(options.optimizer, trace.param_dtype);
+      !problem.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer: ", problem, "; param_dtype is ",
+                                                   std::string(DTypeName(trace.param_dtype))));
   }
   if (options.world_size > 1 && (hardware.nccl_allgather_bytes_per_second <= 0 ||
                                  hardware.nccl_reduce_scatter_bytes_per_second <= 0)) {
@@ -287,15 +253,19 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   }
 
   // ---- chunks ----
+  // What the agent holds and moves per optimizer: common/optimizer_bytes.h, the definition the
+  // ChunkManager allocates by.
   const OptimizerKind opt = options_.optimizer;
-  const int64_t gpu_opt_bpp = GpuOptimizerBytesPerParam(opt, dtype_bytes_);
+  const int64_t gpu_opt_bpe = PersistentStateBytesPerElem(opt, dtype_bytes_);
   // Gradient clipping reads every persistent grad for its norm and scales it in place (read and
   // write); without clipping the agent still takes the norm when there is one micro-batch.
   const int64_t norm_bpp = trace_.workload.grad_clipping       ? 3 * dtype_bytes_
                            : trace_.workload.grad_accum <= 1 ? dtype_bytes_
                                                              : 0;
-  const int64_t touch_bpp = OptimizerTouchBytesPerParam(opt, dtype_bytes_) + norm_bpp;
-  const int64_t host_bpp = HostStateBytesPerParam(opt, dtype_bytes_);
+  const int64_t touch_bpp = GpuOptimizerTouchBytesPerElem(opt, dtype_bytes_) + norm_bpp;
+  // Full fine-tuning: the agent's state spans each chunk exactly (alignment gaps included). With
+  // LoRA only the trainable share holds state.
+  const bool full_ft = StageTrainableBytes(trace_) == StageParamBytes(trace_);
   const double hbm = hardware_.hbm_bytes_per_second * options_.hbm_efficiency;
   t.fill_prefix.assign(c_count + 1, 0);
   t.train_prefix.assign(c_count + 1, 0);
@@ -313,12 +283,18 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
     const int64_t train_params = train / dtype_bytes_;
     // The agent allocates a persistent chunk at its exact size (no tail padding).
     const int64_t alloc = fill;
-    const int64_t host =
-        static_cast<int64_t>(std::ceil(static_cast<double>(fill + train_params * host_bpp) / w));
+    const OffloadedChunkHostBytes offloaded =
+        OffloadedChunkHost(opt, dtype_bytes_, options_.grad_accum, fill);
+    const double state_share =
+        full_ft || fill == 0 ? 1.0 : static_cast<double>(train) / static_cast<double>(fill);
+    const int64_t host = static_cast<int64_t>(std::ceil(
+        (static_cast<double>(offloaded.transfer_bytes) + offloaded.state_bytes * state_share) /
+        w));
+    const int64_t state_elems = full_ft ? fill / dtype_bytes_ : train_params;
     t.fill_prefix[c + 1] = t.fill_prefix[c] + fill;
     t.train_prefix[c + 1] = t.train_prefix[c] + train;
     t.alloc_prefix[c + 1] = t.alloc_prefix[c] + alloc;
-    t.opt_prefix[c + 1] = t.opt_prefix[c] + train_params * gpu_opt_bpp;
+    t.opt_prefix[c + 1] = t.opt_prefix[c] + state_elems * gpu_opt_bpe;
     t.host_prefix[c + 1] = t.host_prefix[c] + host;
     t.gpu_opt_prefix[c + 1] =
         t.gpu_opt_prefix[c] + static_cast<double>(train_params * touch_bpp) / hbm;
@@ -331,9 +307,10 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   // Offloaded chunks' grads are produced in a chunk-sized staging buffer and copied out while
   // the next one fills: two of them.
   t.grad_staging_bytes = 2 * max_train;
-  // The GPU optimizer updates one persistent chunk at a time; a mixed-precision model's grads
-  // of that chunk are first copied to fp32.
-  t.optimizer_step_extra_bytes = dtype_bytes_ < 4 ? max_train / dtype_bytes_ * 4 : 0;
+  // The GPU optimizer updates one persistent chunk at a time; when it runs on an fp32 master
+  // (adamw, sgd on bf16) that chunk's grads are first copied to fp32.
+  t.optimizer_step_extra_bytes =
+      max_train / dtype_bytes_ * StepGradCopyBytesPerElem(opt, dtype_bytes_);
   // The agent's buffers: shared ones sized for the largest regular chunk of the layout, and one
   // of its own for each non-persistent oversized chunk.
   t.shared_buffer_bytes = 0;

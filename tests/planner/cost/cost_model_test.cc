@@ -4,7 +4,10 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "absl/strings/str_cat.h"
+#include "common/presets.h"
 #include "planner/core/plan_engine.h"
+#include "planner/cost/analytic_trace.h"
 #include "tests/planner/cost/random_trace.h"
 
 namespace memplan {
@@ -58,6 +61,10 @@ RandomCase MakeCase(std::mt19937_64& rng) {
   c.options.world_size = uni(0, 2) == 0 ? static_cast<int32_t>(uni(2, 8)) : 1;
   c.options.grad_accum = static_cast<int32_t>(uni(1, 3));
   c.options.optimizer = static_cast<OptimizerKind>(uni(0, 2));
+  if (c.options.optimizer == OptimizerKind::kAdamWBf16States &&
+      c.trace.param_dtype != DType::kBFloat16) {
+    c.options.optimizer = OptimizerKind::kAdamW;  // adamw_bf16 plans bf16 models only
+  }
   c.options.fragmentation_factor = 0.8 + 0.05 * static_cast<double>(uni(0, 8));
   c.options.residual_bytes = uni(-64, 64) * kMiB;
   c.chunk_bytes = uni(8, 96) * kMiB;
@@ -270,6 +277,76 @@ TEST(StepTimeTest, ClippingRunsTheCpuOptimizerAfterBackward) {
   t.cpu_optimizer_overlaps = false;
   EXPECT_DOUBLE_EQ(t.IterationSeconds(1), 1.0 + 2.0 + 1.5 + 0.125);
   EXPECT_DOUBLE_EQ(t.IterationSeconds(2), 2.0 + 2.0 + 2.0 + 1.5 + 0.125);
+}
+
+}  // namespace
+}  // namespace memplan
+
+namespace memplan {
+namespace {
+
+// The optimizer bytes the cost model charges are the agent's (common/optimizer_bytes.h), spelled
+// out here per chunk of S bytes: persistent state on the device, host memory of offloaded chunks.
+TEST(CostModelOptimizerTest, ChargesWhatEachOptimizerHolds) {
+  struct Expect {
+    OptimizerKind kind;
+    DType dtype;
+    int grad_accum;
+    double state_per_byte;  // persistent device state per chunk byte
+    double host_per_byte;   // host bytes per offloaded chunk byte
+  };
+  const Expect cases[] = {
+      // adamw: fp32 moments (+ fp32 master and fp32 grad sum for bf16).
+      {OptimizerKind::kAdamW, DType::kBFloat16, 1, 6, 10},
+      {OptimizerKind::kAdamW, DType::kFloat32, 1, 2, 4},
+      {OptimizerKind::kAdamW, DType::kFloat32, 2, 2, 5},
+      // adamw_bf16: bf16 moments, no master; a bf16 grad sum only with accumulation.
+      {OptimizerKind::kAdamWBf16States, DType::kBFloat16, 1, 2, 4},
+      {OptimizerKind::kAdamWBf16States, DType::kBFloat16, 2, 2, 5},
+      // sgd: no state; fp32 master and grad sum for bf16, a grad sum with accumulation.
+      {OptimizerKind::kSgd, DType::kBFloat16, 1, 2, 6},
+      {OptimizerKind::kSgd, DType::kFloat32, 1, 0, 2},
+      {OptimizerKind::kSgd, DType::kFloat32, 2, 0, 3},
+  };
+  const ModelSpec arch = *FindModelPreset("llama-3.2-1b");
+  const HardwareSpec hw = *FindHardwarePreset("h200");
+  for (const Expect& e : cases) {
+    Workload workload;
+    workload.micro_batch = 1;
+    workload.seq_len = 1024;
+    workload.grad_accum = e.grad_accum;
+    auto trace = SynthesizeTrace(arch, workload, e.dtype, TrainingMethod(), hw);
+    ASSERT_TRUE(trace.ok()) << trace.status();
+    CostOptions options;
+    options.optimizer = e.kind;
+    options.grad_accum = e.grad_accum;
+    auto cm = CostModel::Create(*trace, int64_t{64} << 20, hw, options);
+    ASSERT_TRUE(cm.ok()) << cm.status();
+    const int32_t chunks = cm->num_chunks();
+    int64_t layout_bytes = 0;
+    for (int64_t b : cm->layout().chunk_param_bytes) layout_bytes += b;
+    const std::string what = absl::StrCat(std::string(OptimizerName(e.kind)), " ",
+                                          std::string(DTypeName(e.dtype)), " accum ",
+                                          e.grad_accum);
+    const Prediction all_persistent =
+        cm->Predict(cm->MakeResidencyPlan(chunks, chunks, ModeCounts{}, HostMemoryKind::kPinned));
+    EXPECT_EQ(all_persistent.breakdown.optimizer_state_bytes,
+              static_cast<int64_t>(e.state_per_byte * static_cast<double>(layout_bytes)))
+        << what;
+    EXPECT_EQ(cm->HostBytes(0, ModeCounts{}),
+              static_cast<int64_t>(e.host_per_byte * static_cast<double>(layout_bytes)))
+        << what;
+  }
+  // adamw_bf16 is planned for bf16 models only (the agent refuses the others).
+  Workload workload;
+  workload.seq_len = 1024;
+  auto fp32 = SynthesizeTrace(arch, workload, DType::kFloat32, TrainingMethod(), hw);
+  ASSERT_TRUE(fp32.ok());
+  CostOptions options;
+  options.optimizer = OptimizerKind::kAdamWBf16States;
+  const absl::Status refused = CostModel::Create(*fp32, int64_t{64} << 20, hw, options).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("adamw_bf16"), std::string::npos) << refused;
 }
 
 }  // namespace
