@@ -21,6 +21,7 @@
 #include "agent/chunks/thread_pool.h"
 #include "agent/chunks/torch_sqrt.h"
 #include "common/log.h"
+#include "common/optimizer_bytes.h"
 #include "common/status.h"
 
 #if __has_include(<c10/cuda/CUDAStream.h>)
@@ -66,13 +67,13 @@ struct Param {
   int chunk = 0;
   int64_t offset_elems = 0;  // into the chunk's arrays (offset_bytes / model element size)
   int first_group = 0;       // backward touches it last here: its grad is final after this group
-  int64_t step = 0;          // AdamW step count (torch keeps one per parameter)
+  int64_t step = 0;          // updates applied (torch's AdamW keeps one count per parameter)
   bool grad_in_step = false;
   bool grad_this_micro = false;
   torch::Tensor grad_norm;  // L2 norm of the final grad, computed where the grad lives
-  // Persistent chunks: optimizer state on the device.
-  torch::Tensor master;  // fp32 copy when the model dtype is not fp32
-  torch::Tensor exp_avg;
+  // Persistent chunks: optimizer state on the device (views into the chunk's flat state).
+  torch::Tensor master;  // fp32 copy when OptimizerKeepsMaster()
+  torch::Tensor exp_avg;  // moments: fp32 (adamw) or the model dtype (adamw_bf16); none for sgd
   torch::Tensor exp_avg_sq;
   torch::Tensor fused_step;  // the step counter at::_fused_adamw_ keeps on the device
 };
@@ -84,12 +85,15 @@ struct Chunk {
   std::vector<int> params;
   int completion_group = 0;  // smallest first_group of its params
   torch::Tensor device;      // persistent: the flat parameter storage
-  // Non-persistent: host arrays laid out like the chunk (element offsets of the layout).
-  HostBuffer param_host;  // model dtype; upload source (and the master for fp32 models)
+  // Persistent: flat optimizer state over the chunk's span (common/optimizer_bytes.h).
+  torch::Tensor device_master, device_exp_avg, device_exp_avg_sq;
+  // Non-persistent: host arrays laid out like the chunk (element offsets of the layout), sized by
+  // OffloadedChunkHost() (common/optimizer_bytes.h).
+  HostBuffer param_host;  // model dtype; upload source (and the updated parameter without master)
   HostBuffer grad_stage;  // model dtype; where grads land from the device
-  HostBuffer master;      // fp32, non-fp32 models only
-  HostBuffer grad_accum;  // fp32 sum over micro-batches, unless grad_stage can be summed in place
-  HostBuffer exp_avg;
+  HostBuffer master;      // fp32, when OptimizerKeepsMaster()
+  HostBuffer grad_accum;  // grad sum over micro-batches (GradSumElemBytes), unless grad_stage is it
+  HostBuffer exp_avg;     // moments in OptimizerMomentElemBytes
   HostBuffer exp_avg_sq;
   int home = -1;              // device buffer slot, see [Fixed buffer slots]
   bool materialized = false;  // parameters currently view the home buffer
@@ -113,7 +117,8 @@ struct RangeWork {
   bool accumulate = false;
   bool first = false;  // first micro-batch with a grad: copy instead of add
   bool update = false;
-  AdamWStepScalars scalars;
+  int64_t step = 0;         // the parameter's update count after this update
+  AdamWStepScalars scalars;  // adamw
 };
 
 absl::Status TorchError(const c10::Error& e, absl::string_view what) {
@@ -152,7 +157,17 @@ class ChunkManager::Impl {
 
  private:
   bool cuda() const { return options_.device.is_cuda(); }
-  bool mixed() const { return dtype_ != torch::kFloat32; }
+  OptimizerKind optimizer() const { return options_.optimizer; }
+  int64_t elem_size() const { return static_cast<int64_t>(torch::elementSize(dtype_)); }
+  // The update runs on an fp32 master (adamw and sgd on bf16 parameters).
+  bool master() const { return OptimizerKeepsMaster(optimizer(), elem_size()); }
+  // adamw_bf16: parameters, grads and moments in the model dtype, at::_fused_adamw_ on them.
+  bool pure() const { return optimizer() == OptimizerKind::kAdamWBf16States; }
+  bool has_moments() const { return OptimizerMoments(optimizer()) > 0; }
+  torch::ScalarType moment_dtype() const { return pure() ? dtype_ : torch::kFloat32; }
+  // The dtype of an offloaded chunk's grad as the update reads it (HostGrad()).
+  // adamw / sgd: fp32 (the fp32 sum, or the staging copy of an fp32 model).
+  torch::ScalarType host_grad_dtype() const { return pure() ? dtype_ : torch::kFloat32; }
   torch::TensorOptions DeviceOptions() const {
     return torch::TensorOptions().dtype(dtype_).device(options_.device);
   }
@@ -162,11 +177,12 @@ class ChunkManager::Impl {
     return torch::from_blob(base, {numel}, torch::TensorOptions().dtype(dtype)).view(shape);
   }
   float* HostMaster(Chunk& chunk) const {
-    return mixed() ? chunk.master.as<float>() : chunk.param_host.as<float>();
+    return master() ? chunk.master.as<float>() : chunk.param_host.as<float>();
   }
-  float* HostGrad(Chunk& chunk) const {
-    return chunk.grad_accum.data() != nullptr ? chunk.grad_accum.as<float>()
-                                              : chunk.grad_stage.as<float>();
+  // The grad the update reads: the sum over micro-batches, or the staging copy when there is no
+  // separate sum (one micro-batch without master); its dtype is host_grad_dtype().
+  void* HostGrad(Chunk& chunk) const {
+    return chunk.grad_accum.data() != nullptr ? chunk.grad_accum.data() : chunk.grad_stage.data();
   }
 
   absl::StatusOr<HostBuffer> AllocateTransfer(int64_t bytes);
@@ -200,6 +216,7 @@ class ChunkManager::Impl {
   ChunkMemoryStats stats_;
   double last_grad_norm_ = 0;
   bool overrun_ = false;  // grads arrived for a chunk whose update already started
+  std::atomic<bool> worker_failed_{false};  // a CPU update threw (reported by Step())
   // Upload accounting: finished durations are folded into upload_stats_; pairs of timing events
   // (start, end) whose copies may still run wait in timed_uploads_.
   ChunkUploadStats upload_stats_;
@@ -284,17 +301,33 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
           torch::Tensor view = chunk.device.narrow(0, p.offset_elems, p.numel).view(p.shape);
           view.copy_(p.tensor.detach());
           p.tensor.set_data(view);
-          if (options_.profile_only) continue;
-          const auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(options_.device);
-          if (mixed()) p.master = view.to(torch::kFloat32);
-          p.exp_avg = torch::zeros(p.shape, fp32);
-          p.exp_avg_sq = torch::zeros(p.shape, fp32);
-          if (cuda()) p.fused_step = torch::zeros({}, fp32);
         }
         stats_.persistent_device_bytes += chunk.span_elems * elem_bytes;
-        if (!options_.profile_only) {
-          stats_.persistent_state_device_bytes += chunk.span_elems * 4 * (mixed() ? 3 : 2);
+        if (options_.profile_only) continue;
+        // Flat state over the whole span (alignment gaps included), exactly
+        // PersistentStateBytesPerElem() per element; parameters' state are views into it.
+        const auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(options_.device);
+        const auto moments = fp32.dtype(moment_dtype());
+        if (master()) chunk.device_master = chunk.device.to(torch::kFloat32);
+        if (has_moments()) {
+          chunk.device_exp_avg = torch::zeros({chunk.span_elems}, moments);
+          chunk.device_exp_avg_sq = torch::zeros({chunk.span_elems}, moments);
         }
+        for (int i : chunk.params) {
+          Param& p = params_[i];
+          auto view = [&p](const torch::Tensor& flat) {
+            return flat.narrow(0, p.offset_elems, p.numel).view(p.shape);
+          };
+          if (master()) p.master = view(chunk.device_master);
+          if (has_moments()) {
+            p.exp_avg = view(chunk.device_exp_avg);
+            p.exp_avg_sq = view(chunk.device_exp_avg_sq);
+          }
+          // at::_fused_adamw_ reads the step from a tensor on the parameters' device.
+          if (has_moments() && (cuda() || pure())) p.fused_step = torch::zeros({}, fp32);
+        }
+        stats_.persistent_state_device_bytes +=
+            chunk.span_elems * PersistentStateBytesPerElem(optimizer(), elem_bytes);
         continue;
       }
       ASSIGN_OR_RETURN(chunk.param_host, AllocateTransfer(chunk.size_bytes));
@@ -310,13 +343,16 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
         continue;
       }
       ASSIGN_OR_RETURN(chunk.grad_stage, AllocateTransfer(chunk.size_bytes));
-      const int64_t fp32_bytes = chunk.span_elems * 4;
-      if (mixed()) chunk.master = HostBuffer::AllocatePageable(fp32_bytes);
-      if (mixed() || options_.grad_accum > 1) {
-        chunk.grad_accum = HostBuffer::AllocatePageable(fp32_bytes);
+      // The pageable state, as common/optimizer_bytes.h defines it for the planner.
+      const int64_t span = chunk.span_elems;
+      if (master()) chunk.master = HostBuffer::AllocatePageable(span * 4);
+      const int64_t grad_sum = GradSumElemBytes(optimizer(), elem_bytes, options_.grad_accum);
+      if (grad_sum > 0) chunk.grad_accum = HostBuffer::AllocatePageable(span * grad_sum);
+      if (has_moments()) {
+        const int64_t moment = OptimizerMomentElemBytes(optimizer(), elem_bytes);
+        chunk.exp_avg = HostBuffer::AllocatePageable(span * moment);
+        chunk.exp_avg_sq = HostBuffer::AllocatePageable(span * moment);
       }
-      chunk.exp_avg = HostBuffer::AllocatePageable(fp32_bytes);
-      chunk.exp_avg_sq = HostBuffer::AllocatePageable(fp32_bytes);
       for (const HostBuffer* b : {&chunk.param_host, &chunk.grad_stage}) {
         (b->pinned() ? stats_.host_pinned_bytes : stats_.host_pageable_bytes) += b->size_bytes();
       }
@@ -328,7 +364,7 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
         Param& p = params_[i];
         torch::Tensor value = p.tensor.detach().to(torch::kCPU);
         HostView(chunk.param_host.data(), p.offset_elems, p.shape, p.numel, dtype_).copy_(value);
-        if (mixed()) {
+        if (master()) {
           HostView(chunk.master.data(), p.offset_elems, p.shape, p.numel, torch::kFloat32)
               .copy_(value);
         }
@@ -662,7 +698,10 @@ void ChunkManager::Impl::ScheduleChunkWork(int c, bool accumulate, bool update, 
     }
     // torch::optim::AdamW skips parameters without a grad: no decay, no step count.
     base.update = update && p.grad_in_step;
-    if (base.update) base.scalars = MakeAdamWStepScalars(options_.adamw, ++p.step);
+    if (base.update) {
+      base.step = ++p.step;
+      base.scalars = MakeAdamWStepScalars(options_.adamw, base.step);
+    }
     if (!base.accumulate && !base.update) continue;
     for (int64_t off = 0; off < p.numel; off += kTaskElems) {
       RangeWork w = base;
@@ -676,33 +715,74 @@ void ChunkManager::Impl::ScheduleChunkWork(int c, bool accumulate, bool update, 
 
   const EventPtr copied = chunk.grads_copied;
   const EventPtr uploaded = chunk.uploaded;
-  const bool bf16 = mixed();
+  const OptimizerKind kind = optimizer();
+  const bool narrow = dtype_ != torch::kFloat32;  // bf16 staging copy and upload copy
+  const bool keeps_master = master();
+  const AdamWOptions adamw = options_.adamw;
+  const SgdStepScalars sgd = MakeSgdStepScalars(adamw.lr, adamw.weight_decay);
   char* stage = static_cast<char*>(chunk.grad_stage.data());
-  float* grad32 = HostGrad(chunk);
-  float* master = HostMaster(chunk);
-  float* exp_avg = chunk.exp_avg.as<float>();
-  float* exp_avg_sq = chunk.exp_avg_sq.as<float>();
+  void* grad = HostGrad(chunk);
+  float* grad32 = static_cast<float*>(grad);
+  float* master32 = HostMaster(chunk);
+  void* exp_avg = chunk.exp_avg.data();
+  void* exp_avg_sq = chunk.exp_avg_sq.data();
   uint16_t* param16 = chunk.param_host.as<uint16_t>();
+  uint16_t* accum16 = chunk.grad_accum.as<uint16_t>();
+  std::atomic<bool>* failed = &worker_failed_;
   TaskTracker* tracker = chunk.tasks.get();
   tracker->Add(static_cast<int>(work.size()));
   for (const RangeWork& w : work) {
     pool_.Schedule([=] {
       if (copied) copied->synchronize();
       if (w.accumulate) {
-        if (bf16) {
-          AccumulateGradBf16(w.first, w.len, reinterpret_cast<const uint16_t*>(stage) + w.begin,
-                             grad32 + w.begin);
+        const uint16_t* in16 = reinterpret_cast<const uint16_t*>(stage) + w.begin;
+        if (kind == OptimizerKind::kAdamWBf16States) {
+          // bf16 sum rounded after every add, as torch accumulates a bf16 .grad.
+          AccumulateGradBf16Rounded(w.first, w.len, in16, accum16 + w.begin);
+        } else if (narrow) {
+          AccumulateGradBf16(w.first, w.len, in16, grad32 + w.begin);
         } else {
           AccumulateGrad(w.first, w.len, reinterpret_cast<const float*>(stage) + w.begin,
                          grad32 + w.begin);
         }
       }
-      if (w.update) {
-        if (uploaded) uploaded->synchronize();  // param_host may still be the upload source
-        AdamWUpdate(w.scalars, grad_scale, w.len, master + w.begin, grad32 + w.begin,
-                    exp_avg + w.begin, exp_avg_sq + w.begin, &TorchSqrt);
-        if (bf16) RoundToBf16(w.len, master + w.begin, param16 + w.begin);
+      if (!w.update) {
+        tracker->Done();
+        return;
       }
+      if (uploaded) uploaded->synchronize();  // param_host may still be the upload source
+      switch (kind) {
+        case OptimizerKind::kAdamW:
+          AdamWUpdate(w.scalars, grad_scale, w.len, master32 + w.begin, grad32 + w.begin,
+                      static_cast<float*>(exp_avg) + w.begin,
+                      static_cast<float*>(exp_avg_sq) + w.begin, &TorchSqrt);
+          break;
+        case OptimizerKind::kSgd:
+          SgdUpdate(sgd, grad_scale, w.len, master32 + w.begin, grad32 + w.begin);
+          break;
+        case OptimizerKind::kAdamWBf16States:
+          // torch's own fused kernel on host views of the range: the same function as the
+          // persistent chunks' update and torch.optim.AdamW(fused=True) on bf16 parameters.
+          try {
+            auto view = [&w](void* base) {
+              return torch::from_blob(static_cast<uint16_t*>(base) + w.begin, {w.len},
+                                      torch::TensorOptions().dtype(torch::kBFloat16));
+            };
+            torch::Tensor g = view(grad);
+            // clip_grad_norm_'s grad.mul_(coef): a bf16 product (coef is a bf16 value).
+            if (grad_scale != 1.0f) g.mul_(static_cast<double>(grad_scale));
+            at::_fused_adamw_({view(param16)}, {g}, {view(exp_avg)}, {view(exp_avg_sq)}, {},
+                              {torch::full({}, static_cast<double>(w.step), torch::kFloat32)},
+                              adamw.lr, adamw.beta1, adamw.beta2, adamw.weight_decay, adamw.eps,
+                              /*amsgrad=*/false, /*maximize=*/false);
+          } catch (const c10::Error& e) {
+            MEMPLAN_LOG(kError, "CPU optimizer update failed")
+                .Field("error", std::string(e.what_without_backtrace()));
+            failed->store(true);
+          }
+          break;
+      }
+      if (keeps_master) RoundToBf16(w.len, master32 + w.begin, param16 + w.begin);
       tracker->Done();
     });
   }
@@ -782,8 +862,9 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
         }
         if (!p.grad_in_step) continue;
         if (!p.grad_norm.defined()) {
-          p.grad_norm = HostView(HostGrad(chunk), p.offset_elems, p.shape, p.numel, torch::kFloat32)
-                            .norm(2.0);
+          p.grad_norm =
+              HostView(HostGrad(chunk), p.offset_elems, p.shape, p.numel, host_grad_dtype())
+                  .norm(2.0);
         }
         norms.push_back(p.grad_norm.to(options_.device));
       }
@@ -820,6 +901,14 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
       exp_avg_sqs.clear();
       steps.clear();
     };
+    auto batch = [&](const torch::Tensor& target, const torch::Tensor& grad, Param& p) {
+      targets.push_back(target);
+      grads.push_back(grad);
+      exp_avgs.push_back(p.exp_avg);
+      exp_avg_sqs.push_back(p.exp_avg_sq);
+      p.fused_step.fill_(static_cast<double>(p.step));  // the fused kernel reads, not bumps
+      steps.push_back(p.fused_step);
+    };
     for (Param& p : params_) {
       if (!chunks_[p.chunk].persistent || !p.tensor.grad().defined()) continue;
       if (p.chunk != batch_chunk) {
@@ -828,15 +917,26 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
       }
       torch::Tensor grad = p.tensor.grad();
       ++p.step;
-      torch::Tensor target = mixed() ? p.master : p.tensor.detach();
+      torch::Tensor target = master() ? p.master : p.tensor.detach();
+      updated.push_back(&p);
+      if (optimizer() == OptimizerKind::kAdamWBf16States) {
+        // torch.optim.AdamW(fused=True) on the bf16 parameters after clip_grad_norm_.
+        if (clip_coef.defined()) grad.mul_(clip_coef);
+        batch(target, grad, p);
+        continue;
+      }
+      if (optimizer() == OptimizerKind::kSgd) {
+        // torch::optim::SGD's ops (in place on the grad, which is dropped after the step). With
+        // a master the clip scales the fp32 copy, like the offloaded chunks' kernel.
+        torch::Tensor d = master() ? grad.to(torch::kFloat32) : grad;
+        if (clip_coef.defined()) d.mul_(clip_coef);
+        if (options_.adamw.weight_decay != 0) d.add_(target, options_.adamw.weight_decay);
+        target.add_(d, -1 * options_.adamw.lr);
+        continue;
+      }
       if (cuda()) {
         if (clip_coef.defined()) grad.mul_(clip_coef);
-        targets.push_back(target);
-        grads.push_back(mixed() ? grad.to(torch::kFloat32) : grad);
-        exp_avgs.push_back(p.exp_avg);
-        exp_avg_sqs.push_back(p.exp_avg_sq);
-        p.fused_step.fill_(static_cast<double>(p.step));  // the fused kernel reads, not bumps
-        steps.push_back(p.fused_step);
+        batch(target, master() ? grad.to(torch::kFloat32) : grad, p);
       } else {
         // The CPU kernel multiplies by the clip coefficient itself (same fp32 product as
         // grad.mul_(coef)) and reproduces torch's AdamW rounding exactly.
@@ -845,10 +945,9 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
                     target.data_ptr<float>(), g.data_ptr<float>(), p.exp_avg.data_ptr<float>(),
                     p.exp_avg_sq.data_ptr<float>(), &TorchSqrt);
       }
-      updated.push_back(&p);
     }
     flush();
-    if (mixed()) {
+    if (master()) {
       for (Param* p : updated) p->tensor.detach().copy_(p->master);
     }
 
@@ -863,6 +962,11 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
     InvalidateBuffers();
     ResetStep();
     return TorchError(e, "optimizer step");
+  }
+  if (worker_failed_.exchange(false)) {
+    InvalidateBuffers();
+    ResetStep();
+    return absl::InternalError("optimizer step: a CPU update failed (see the log)");
   }
   // Device copies of offloaded chunks are stale now; the next forward uploads fresh values.
   InvalidateBuffers();
@@ -911,7 +1015,8 @@ std::vector<NamedParam> ChunkManager::Impl::Grads() {
     } else if (p.grad_in_step) {
       out.push_back(
           {p.name,
-           HostView(HostGrad(chunk), p.offset_elems, p.shape, p.numel, torch::kFloat32).clone()});
+           HostView(HostGrad(chunk), p.offset_elems, p.shape, p.numel, host_grad_dtype())
+               .clone()});
     }
   }
   return out;
@@ -925,16 +1030,20 @@ std::vector<NamedParam> ChunkManager::Impl::OptimizerState() {
     Chunk& chunk = chunks_[p.chunk];
     if (p.step == 0) continue;  // like torch's AdamW: no state before the first update
     step = std::max(step, p.step);
-    auto host = [&](const HostBuffer& buffer) {
-      return HostView(buffer.data(), p.offset_elems, p.shape, p.numel, torch::kFloat32).clone();
+    auto host = [&](const HostBuffer& buffer, torch::ScalarType dtype) {
+      return HostView(buffer.data(), p.offset_elems, p.shape, p.numel, dtype).clone();
     };
     auto device = [](const torch::Tensor& t) { return t.to(torch::kCPU, false, /*copy=*/true); };
-    out.push_back(
-        {p.name + ".exp_avg", chunk.persistent ? device(p.exp_avg) : host(chunk.exp_avg)});
-    out.push_back(
-        {p.name + ".exp_avg_sq", chunk.persistent ? device(p.exp_avg_sq) : host(chunk.exp_avg_sq)});
-    if (mixed()) {
-      out.push_back({p.name + ".master", chunk.persistent ? device(p.master) : host(chunk.master)});
+    if (has_moments()) {
+      out.push_back({p.name + ".exp_avg", chunk.persistent ? device(p.exp_avg)
+                                                           : host(chunk.exp_avg, moment_dtype())});
+      out.push_back({p.name + ".exp_avg_sq", chunk.persistent
+                                                 ? device(p.exp_avg_sq)
+                                                 : host(chunk.exp_avg_sq, moment_dtype())});
+    }
+    if (master()) {
+      out.push_back({p.name + ".master", chunk.persistent ? device(p.master)
+                                                          : host(chunk.master, torch::kFloat32)});
     }
   }
   if (!out.empty()) out.push_back({"step", torch::tensor(step, torch::kInt64)});
@@ -966,10 +1075,10 @@ absl::Status ChunkManager::Impl::LoadParamsAndState(const std::vector<NamedParam
       Chunk& chunk = chunks_[p.chunk];
       if (chunk.persistent) {
         p.tensor.detach().copy_(value);
-        if (mixed() && p.master.defined()) p.master.copy_(value);
+        if (master() && p.master.defined()) p.master.copy_(value);
       } else {
         HostView(chunk.param_host.data(), p.offset_elems, p.shape, p.numel, dtype_).copy_(value);
-        if (mixed() && !options_.profile_only) {
+        if (master() && !options_.profile_only) {
           HostView(chunk.master.data(), p.offset_elems, p.shape, p.numel, torch::kFloat32)
               .copy_(value);
         }
@@ -1003,28 +1112,36 @@ absl::Status ChunkManager::Impl::LoadParamsAndState(const std::vector<NamedParam
       const int64_t step = step_it->second.item<int64_t>();
       for (Param& p : params_) {
         Chunk& chunk = chunks_[p.chunk];
-        // A parameter without moments has not been updated yet: fresh state, step 0.
+        // A parameter without state has not been updated yet: fresh state, step 0 (sgd keeps a
+        // state only as the fp32 master of a bf16 model).
         const bool fresh =
-            by_key.count(p.name + ".exp_avg") == 0 && by_key.count(p.name + ".exp_avg_sq") == 0;
-        ASSIGN_OR_RETURN(torch::Tensor m, find(p.name + ".exp_avg", p, !fresh));
-        ASSIGN_OR_RETURN(torch::Tensor v, find(p.name + ".exp_avg_sq", p, !fresh));
-        ASSIGN_OR_RETURN(torch::Tensor master, find(p.name + ".master", p, false));
-        if (fresh) {
+            has_moments() ? by_key.count(p.name + ".exp_avg") == 0 &&
+                                by_key.count(p.name + ".exp_avg_sq") == 0
+                          : by_key.count(p.name + ".master") == 0;
+        ASSIGN_OR_RETURN(torch::Tensor m, find(p.name + ".exp_avg", p, !fresh && has_moments()));
+        ASSIGN_OR_RETURN(torch::Tensor v,
+                         find(p.name + ".exp_avg_sq", p, !fresh && has_moments()));
+        ASSIGN_OR_RETURN(torch::Tensor saved_master, find(p.name + ".master", p, false));
+        if (fresh || !m.defined()) {
           m = torch::zeros(p.shape);
           v = torch::zeros(p.shape);
         }
         if (chunk.persistent) {
-          p.exp_avg.copy_(m);
-          p.exp_avg_sq.copy_(v);
-          if (master.defined() && mixed()) p.master.copy_(master);
+          if (has_moments()) {
+            p.exp_avg.copy_(m);
+            p.exp_avg_sq.copy_(v);
+          }
+          if (saved_master.defined() && master()) p.master.copy_(saved_master);
         } else {
-          HostView(chunk.exp_avg.data(), p.offset_elems, p.shape, p.numel, torch::kFloat32)
-              .copy_(m);
-          HostView(chunk.exp_avg_sq.data(), p.offset_elems, p.shape, p.numel, torch::kFloat32)
-              .copy_(v);
-          if (master.defined() && mixed()) {
+          if (has_moments()) {
+            HostView(chunk.exp_avg.data(), p.offset_elems, p.shape, p.numel, moment_dtype())
+                .copy_(m);
+            HostView(chunk.exp_avg_sq.data(), p.offset_elems, p.shape, p.numel, moment_dtype())
+                .copy_(v);
+          }
+          if (saved_master.defined() && master()) {
             HostView(chunk.master.data(), p.offset_elems, p.shape, p.numel, torch::kFloat32)
-                .copy_(master);
+                .copy_(saved_master);
           }
         }
         p.step = fresh ? 0 : step;
@@ -1064,11 +1181,6 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
   if (options.cpu_threads < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("cpu_threads: must be >= 0, got ", options.cpu_threads));
-  }
-  if (options.optimizer != OptimizerKind::kAdamW) {
-    return absl::UnimplementedError(
-        absl::StrCat("optimizer: the chunk manager implements adamw only, got ",
-                     std::string(OptimizerName(options.optimizer))));
   }
   const AdamWOptions& a = options.adamw;
   if (!(a.lr >= 0) || !(a.beta1 >= 0 && a.beta1 < 1) || !(a.beta2 >= 0 && a.beta2 < 1) ||
@@ -1121,6 +1233,16 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
   }
   const int64_t elem_bytes =
       params.empty() ? 4 : static_cast<int64_t>(torch::elementSize(params[0].tensor.scalar_type()));
+  if (!params.empty() && !options.profile_only) {
+    const DType dtype = params[0].tensor.scalar_type() == torch::kBFloat16 ? DType::kBFloat16
+                                                                          : DType::kFloat32;
+    if (const std::string problem = OptimizerDTypeProblem(options.optimizer, dtype);
+        !problem.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer: ", problem, "; the parameters are ",
+                       std::string(c10::toString(params[0].tensor.scalar_type()))));
+    }
+  }
   if (options.alignment_bytes <= 0 || options.alignment_bytes % elem_bytes != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("alignment_bytes: must be a positive multiple of the element size (",

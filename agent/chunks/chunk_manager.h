@@ -1,7 +1,8 @@
 // ChunkManager: packs a model's parameters into fixed-size chunks (common/chunk_packing.h),
 // keeps the first n_persist chunks on the device and the rest in host memory, streams
 // non-persistent chunks through n_buffer device buffers around each group's forward/backward, and
-// runs the AdamW step (GPU for persistent chunks, multi-threaded CPU for the others).
+// runs the optimizer step (adamw, adamw_bf16 or sgd; on the device for persistent chunks,
+// multi-threaded CPU for the others).
 #pragma once
 
 #include <cstdint>
@@ -28,9 +29,12 @@ struct ChunkManagerOptions {
   HostMemoryKind host_memory = HostMemoryKind::kPinned;
   bool pageable_fallback = true;  // pinning failed (no CUDA, memlock): use pageable, else error
   torch::Device device = torch::kCPU;
-  OptimizerKind optimizer = OptimizerKind::kAdamW;  // only kAdamW is implemented
-  AdamWOptions adamw;
-  int cpu_threads = 4;  // CPU AdamW worker threads
+  // adamw (fp32 moments, fp32 master for bf16 models), adamw_bf16 (bf16 parameters and moments,
+  // no master: bf16 models only) or sgd (no state; fp32 master for bf16 models). What each holds
+  // is common/optimizer_bytes.h.
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
+  AdamWOptions adamw;  // sgd uses its lr and weight_decay
+  int cpu_threads = 4;  // CPU optimizer worker threads
   int grad_accum = 1;   // micro-batches per Step(): the CPU update of a chunk starts once
                         // the last micro-batch's grads of that chunk have arrived
   // The max_grad_norm the trainer passes to Step(). 0 (no clipping) lets the CPU update of each
@@ -46,10 +50,10 @@ struct ChunkManagerOptions {
 };
 
 // What the manager holds, for reports and the planner's measurements. Exact sizes (no rounding).
-// Host bytes per offloaded chunk of S bytes in a model dtype of E bytes (S/E elements):
-//   pinned (or pageable when host_memory = pageable): 2 S  (parameters + grad staging)
-//   pageable: 4 (S/E) x k, k = 2 (exp_avg, exp_avg_sq) + 1 fp32 master if E != 4
-//             + 1 fp32 grad sum if E != 4 or grad_accum > 1.
+// Per chunk of S bytes, both as common/optimizer_bytes.h defines them for the planner:
+//   persistent: S x PersistentStateBytesPerElem / E of optimizer state on the device;
+//   offloaded: OffloadedChunkHost(): transfer 2 S (parameters + grad staging; pinned, or pageable
+//   when host_memory = pageable) + state (master, grad sum, moments; always pageable).
 struct ChunkMemoryStats {
   std::vector<int64_t> chunk_bytes;  // per chunk, exact (common/chunk_packing.h)
   int n_chunks = 0;
@@ -58,11 +62,11 @@ struct ChunkMemoryStats {
   int n_oversized_buffers = 0;  // one per non-persistent oversized chunk, sized to it
   int64_t layout_bytes = 0;                   // sum of all chunk sizes in the model dtype
   int64_t persistent_device_bytes = 0;        // persistent chunks (params only, model dtype)
-  int64_t persistent_state_device_bytes = 0;  // their fp32 exp_avg + exp_avg_sq (+ fp32 master
-                                              // for non-fp32 models); grads come on top
+  int64_t persistent_state_device_bytes = 0;  // their optimizer state (moments, fp32 master);
+                                              // grads come on top
   int64_t buffer_device_bytes = 0;  // n_buffer x largest regular chunk + oversized chunks' own
   int64_t host_pinned_bytes = 0;    // transfer buffers (params + grad staging) when pinned
-  int64_t host_pageable_bytes = 0;  // everything else on the host (fp32 master/grad/state)
+  int64_t host_pageable_bytes = 0;  // everything else on the host (master, grad sum, moments)
   bool pinned_fallback = false;     // pinned was requested but pageable is used
   std::string pinned_fallback_reason;
 };
@@ -89,8 +93,9 @@ struct ChunkUploadStats {
 // parameters keep their shape and dtype (a 0-dim expanded placeholder).
 // Gradients: persistent ones accumulate on the device as usual. Offloaded ones are copied to
 // host after their last group's backward (device-to-host on a side stream), summed over
-// micro-batches in fp32 by the CPU workers, and the chunk's CPU AdamW runs as soon as its grads
-// are final when max_grad_norm is 0; with clipping it runs in Step(), after the global norm.
+// micro-batches by the CPU workers (fp32; in bf16 with adamw_bf16, as torch sums a bf16 .grad),
+// and the chunk's CPU update runs as soon as its grads are final when max_grad_norm is 0; with
+// clipping it runs in Step(), after the global norm.
 class ChunkManager : public ParamResidency {
  public:
   // Copies the current values of every parameter into the chunks; afterwards parameters of
@@ -106,8 +111,8 @@ class ChunkManager : public ParamResidency {
   void PostBackward(int group) override;
 
   // Clips gradients by global L2 norm (max_grad_norm = 0: off; same formula and order as
-  // torch::nn::utils::clip_grad_norm_ over the parameters in ParamOrder()), then applies AdamW to
-  // every parameter and waits for all updates. Ends the step: the next PostBackward starts a new
+  // torch::nn::utils::clip_grad_norm_ over the parameters in ParamOrder()), then updates every
+  // parameter and waits for all updates. Ends the step: the next PostBackward starts a new
   // accumulation.
   absl::Status Step(double max_grad_norm);
   // Drops accumulated gradients (device .grad and host accumulators) without updating.
@@ -122,11 +127,13 @@ class ChunkManager : public ParamResidency {
   std::vector<NamedParam> ParamOrder() const;
   // Full parameter values in the model dtype, as CPU tensors, in ParamOrder().
   std::vector<NamedParam> Params();
-  // Accumulated gradients of the current step as CPU tensors (fp32 for offloaded chunks).
+  // Accumulated gradients of the current step as CPU tensors (offloaded chunks: fp32 for adamw and
+  // sgd, the model dtype for adamw_bf16).
   std::vector<NamedParam> Grads();
-  // "<name>.exp_avg", "<name>.exp_avg_sq" (fp32), "<name>.master" (fp32, mixed precision only)
-  // and "step" (int64 scalar), as CPU tensors; parameters never updated are left out (like
-  // torch's AdamW, which has no state for them), and an empty vector before the first step.
+  // "<name>.exp_avg", "<name>.exp_avg_sq" (fp32 for adamw, the model dtype for adamw_bf16, none
+  // for sgd), "<name>.master" (fp32, when the optimizer keeps one) and "step" (int64 scalar), as
+  // CPU tensors; parameters never updated are left out (like torch's AdamW, which has no state
+  // for them), and an empty vector before the first step (always for sgd on an fp32 model).
   std::vector<NamedParam> OptimizerState();
   // Restores values (by name, tied aliases accepted; every parameter required) and optionally the
   // optimizer state in the OptimizerState() format (empty = keep the current state; a parameter

@@ -112,6 +112,51 @@ void AccumulateGradBf16(bool first, int64_t n, const uint16_t* __restrict in,
   for (int64_t i = 0; i < n; ++i) accum[i] = accum[i] + Bf16BitsToFloat(in[i]);
 }
 
+namespace {
+inline uint16_t FloatToBf16Bits(float value) {
+  if (std::isnan(value)) return 0x7FC0;
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  const uint32_t rounding_bias = 0x7FFF + ((bits >> 16) & 1);
+  return static_cast<uint16_t>((bits + rounding_bias) >> 16);
+}
+}  // namespace
+
+MEMPLAN_VECTOR_CLONES
+void AccumulateGradBf16Rounded(bool first, int64_t n, const uint16_t* __restrict in,
+                               uint16_t* __restrict accum) {
+  if (first) {
+    std::memcpy(accum, in, static_cast<size_t>(n) * sizeof(uint16_t));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    accum[i] = FloatToBf16Bits(Bf16BitsToFloat(accum[i]) + Bf16BitsToFloat(in[i]));
+  }
+}
+
+SgdStepScalars MakeSgdStepScalars(double lr, double weight_decay) {
+  // torch/csrc/api/src/optim/sgd.cpp: d_p.add(p, weight_decay); p.add_(d_p, -1 * lr), the
+  // double Scalars converted to float by the fp32 add kernel.
+  SgdStepScalars s;
+  s.weight_decay = static_cast<float>(weight_decay);
+  s.neg_lr = static_cast<float>(-1 * lr);
+  return s;
+}
+
+MEMPLAN_VECTOR_CLONES
+void SgdUpdate(const SgdStepScalars& s, float grad_scale, int64_t n, float* __restrict param,
+               const float* __restrict grad) {
+  const float wd = s.weight_decay, neg_lr = s.neg_lr;
+  if (wd != 0) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float d = std::fma(param[i], wd, grad[i] * grad_scale);  // d_p.add(p, wd)
+      param[i] = std::fma(d, neg_lr, param[i]);                       // p.add_(d_p, -lr)
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) param[i] = std::fma(grad[i] * grad_scale, neg_lr, param[i]);
+}
+
 MEMPLAN_VECTOR_CLONES
 void RoundToBf16(int64_t n, const float* __restrict in, uint16_t* __restrict out) {
   for (int64_t i = 0; i < n; ++i) {

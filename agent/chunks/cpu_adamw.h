@@ -1,5 +1,6 @@
-// CPU AdamW kernels on fp32 arrays, bit-identical to torch::optim::AdamW on CPU (torch 2.11,
-// AVX2/AVX-512 kernels) for fp32 tensors, plus gradient accumulation and bf16 rounding helpers.
+// CPU AdamW and SGD kernels on fp32 arrays, bit-identical to torch::optim::AdamW / SGD on CPU
+// (torch 2.11, AVX2/AVX-512 kernels) for fp32 tensors, plus gradient accumulation and bf16
+// rounding helpers.
 // Torch-free; pure functions, thread-safe on disjoint ranges.
 #pragma once
 
@@ -49,7 +50,23 @@ void AccumulateGrad(bool first, int64_t n, const float* in, float* accum);
 // Same for a bf16 input (raw bits), widened exactly to fp32.
 void AccumulateGradBf16(bool first, int64_t n, const uint16_t* in, float* accum);
 
+// accum[i] = first ? in[i] : bf16(accum[i] + in[i]) on bf16 bits: torch's accumulation of a
+// bf16 .grad (each sum computed in fp32 and rounded to nearest even).
+void AccumulateGradBf16Rounded(bool first, int64_t n, const uint16_t* in, uint16_t* accum);
+
 // fp32 -> bf16 bits, round to nearest even (NaN stays NaN), like c10::BFloat16.
 void RoundToBf16(int64_t n, const float* in, uint16_t* out);
+
+// torch::optim::SGD without momentum: d = grad (+ weight_decay * param); param -= lr * d. The
+// scalars as torch's fp32 kernels receive them.
+struct SgdStepScalars {
+  float weight_decay = 0;  // 0: no decay term (torch skips the add)
+  float neg_lr = 0;        // -lr
+};
+SgdStepScalars MakeSgdStepScalars(double lr, double weight_decay);
+// One SGD update of n fp32 elements in place; the gradient is first multiplied by grad_scale (the
+// clip coefficient) and is not modified.
+void SgdUpdate(const SgdStepScalars& s, float grad_scale, int64_t n, float* param,
+               const float* grad);
 
 }  // namespace memplan

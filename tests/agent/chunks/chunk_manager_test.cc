@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/chunk_packing.h"
+#include "common/optimizer_bytes.h"
 #include "agent/core/torch_pch.h"
 #include "gtest/gtest.h"
 
@@ -272,6 +274,170 @@ INSTANTIATE_TEST_SUITE_P(
         ExactCase{99, 2, true, false, 0, 2, true}),
     CaseName);
 
+// adamw_bf16 and sgd against a torch reference on resident parameters. Bit-exact on CPU:
+//   adamw_bf16: bf16 parameters, bf16 .grad accumulated by autograd, clip_grad_norm_, then
+//     at::_fused_adamw_ (torch.optim.AdamW(fused=True)) on every parameter with a grad;
+//   sgd, fp32: torch::optim::SGD after clip_grad_norm_;
+//   sgd, bf16 (one micro-batch): the fp32 master the manager keeps, updated with torch's SGD ops
+//     from the fp32 copy of the bf16 grad scaled by the (bf16) clip coefficient, rounded to bf16.
+struct OptimizerCase {
+  OptimizerKind kind;
+  bool bf16;
+  int n_persist;
+  int n_buffer;
+  bool tied;
+  double max_grad_norm;
+  int grad_accum;
+  bool overlap;
+};
+
+std::string OptimizerCaseName(const ::testing::TestParamInfo<OptimizerCase>& info) {
+  const OptimizerCase& c = info.param;
+  return std::string(OptimizerName(c.kind)) + (c.bf16 ? "_bf16" : "_fp32") + "_persist" +
+         std::to_string(c.n_persist) + "_buf" + std::to_string(c.n_buffer) +
+         (c.tied ? "_tied" : "") + (c.max_grad_norm > 0 ? "_clip" : "") + "_accum" +
+         std::to_string(c.grad_accum) + (c.overlap ? "_overlap" : "");
+}
+
+class ChunkManagerOptimizerTest : public ::testing::TestWithParam<OptimizerCase> {};
+
+TEST_P(ChunkManagerOptimizerTest, MatchesTorchOnResidentParameters) {
+  const OptimizerCase c = GetParam();
+  const auto dtype = c.bf16 ? torch::kBFloat16 : torch::kFloat32;
+  const ToyModel reference = ToyModel::Make(4, c.tied, 16, 32, 42, dtype);
+  const ToyModel managed = reference.Clone();
+  ChunkManagerOptions options = CpuOptions(c.n_persist, c.n_buffer);
+  options.optimizer = c.kind;
+  options.grad_accum = c.grad_accum;
+  options.max_grad_norm = c.overlap ? c.max_grad_norm : -1;
+  if (c.bf16) options.chunk_bytes = 1500;  // the same number of chunks at half the bytes
+  auto manager_or = ChunkManager::Create(managed.Groups(), options);
+  ASSERT_TRUE(manager_or.ok()) << manager_or.status();
+  ChunkManager& manager = **manager_or;
+  ASSERT_GE(manager.MemoryStats().n_chunks, 4);
+  ASSERT_LT(manager.MemoryStats().n_persist, manager.MemoryStats().n_chunks)
+      << "some chunk must be offloaded";
+
+  std::map<std::string, torch::Tensor> ref_by_name = reference.ByName();
+  std::vector<torch::Tensor> ref_params;
+  std::vector<std::string> names;
+  for (const NamedParam& p : manager.ParamOrder()) {
+    ref_params.push_back(ref_by_name.at(p.name));
+    names.push_back(p.name);
+  }
+  const AdamWOptions& a = options.adamw;
+  // Reference optimizer state.
+  std::vector<torch::Tensor> exp_avg, exp_avg_sq, master;
+  for (const torch::Tensor& p : ref_params) {
+    exp_avg.push_back(torch::zeros_like(p));
+    exp_avg_sq.push_back(torch::zeros_like(p));
+    master.push_back(p.detach().to(torch::kFloat32));
+  }
+  torch::optim::SGD sgd(ref_params, torch::optim::SGDOptions(a.lr).weight_decay(a.weight_decay));
+  int64_t ref_step = 0;
+
+  for (int step = 0; step < 2; ++step) {
+    for (int micro = 0; micro < c.grad_accum; ++micro) {
+      const Batch batch = MakeBatch(32, 2000 + step * 10 + micro, torch::kCPU);
+      torch::Tensor ref_loss =
+          RunMicroBatch(reference, nullptr, false, batch.tokens, batch.targets);
+      torch::Tensor loss = RunMicroBatch(managed, &manager, false, batch.tokens, batch.targets);
+      ASSERT_TRUE(torch::equal(loss, ref_loss)) << "step " << step << " micro " << micro;
+    }
+    if (c.kind == OptimizerKind::kAdamWBf16States && (!c.overlap || c.max_grad_norm > 0)) {
+      // Offloaded grads are summed in bf16 like autograd's .grad.
+      for (const NamedParam& g : manager.Grads()) {
+        ASSERT_EQ(g.param.scalar_type(), dtype) << g.name;
+        ASSERT_TRUE(torch::equal(g.param, ref_by_name.at(g.name).grad())) << g.name;
+      }
+    }
+    // Reference update.
+    ++ref_step;
+    {
+      torch::NoGradGuard no_grad;
+      torch::Tensor coef;
+      if (c.max_grad_norm > 0) {
+        std::vector<torch::Tensor> norms;
+        for (const torch::Tensor& p : ref_params) norms.push_back(p.grad().norm(2.0));
+        const torch::Tensor total = torch::stack(norms).norm(2.0);
+        coef = torch::clamp(c.max_grad_norm / (total + 1e-6), std::nullopt, 1.0);
+        EXPECT_LT(coef.item<double>(), 1.0) << "the case should actually clip";
+      }
+      if (c.kind == OptimizerKind::kAdamWBf16States) {
+        if (coef.defined()) {
+          for (const torch::Tensor& p : ref_params) p.grad().mul_(coef);
+        }
+        std::vector<torch::Tensor> ps, gs, steps;
+        for (const torch::Tensor& p : ref_params) {
+          ps.push_back(p.detach());
+          gs.push_back(p.grad());
+          steps.push_back(torch::full({}, static_cast<double>(ref_step), torch::kFloat32));
+        }
+        at::_fused_adamw_(ps, gs, exp_avg, exp_avg_sq, {}, steps, a.lr, a.beta1, a.beta2,
+                          a.weight_decay, a.eps, false, false);
+      } else if (!c.bf16) {
+        if (coef.defined()) {
+          for (const torch::Tensor& p : ref_params) p.grad().mul_(coef);
+        }
+        sgd.step();
+      } else {
+        for (size_t i = 0; i < ref_params.size(); ++i) {
+          torch::Tensor d = ref_params[i].grad().to(torch::kFloat32);
+          if (coef.defined()) d.mul_(coef);
+          d.add_(master[i], a.weight_decay);
+          master[i].add_(d, -1 * a.lr);
+          ref_params[i].detach().copy_(master[i]);
+        }
+      }
+      for (const torch::Tensor& p : ref_params) p.mutable_grad().reset();
+    }
+    ASSERT_TRUE(manager.Step(c.max_grad_norm).ok());
+    for (const NamedParam& p : manager.Params()) {
+      ASSERT_EQ(p.param.scalar_type(), dtype);
+      ASSERT_TRUE(torch::equal(p.param, ref_by_name.at(p.name).detach()))
+          << p.name << " after step " << step << ", max abs diff "
+          << (p.param.to(torch::kFloat32) - ref_by_name.at(p.name).detach().to(torch::kFloat32))
+                 .abs()
+                 .max()
+                 .item<double>();
+    }
+  }
+  std::map<std::string, torch::Tensor> state;
+  for (const NamedParam& s : manager.OptimizerState()) state[s.name] = s.param;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (c.kind == OptimizerKind::kAdamWBf16States) {
+      ASSERT_EQ(state.at(names[i] + ".exp_avg").scalar_type(), torch::kBFloat16);
+      EXPECT_TRUE(torch::equal(state.at(names[i] + ".exp_avg"), exp_avg[i])) << names[i];
+      EXPECT_TRUE(torch::equal(state.at(names[i] + ".exp_avg_sq"), exp_avg_sq[i])) << names[i];
+      EXPECT_EQ(state.count(names[i] + ".master"), 0u);
+    } else {
+      EXPECT_EQ(state.count(names[i] + ".exp_avg"), 0u);
+      EXPECT_EQ(state.count(names[i] + ".master"), c.bf16 ? 1u : 0u);
+      if (c.bf16) {
+        EXPECT_TRUE(torch::equal(state.at(names[i] + ".master"), master[i]));
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Optimizers, ChunkManagerOptimizerTest,
+    ::testing::Values(
+        // kind, bf16, n_persist, n_buffer, tied, max_grad_norm, grad_accum, overlap
+        OptimizerCase{OptimizerKind::kAdamWBf16States, true, 0, 1, false, 0, 1, true},
+        OptimizerCase{OptimizerKind::kAdamWBf16States, true, 2, 2, true, 0, 1, false},
+        OptimizerCase{OptimizerKind::kAdamWBf16States, true, 2, 1, false, 0.05, 1, false},
+        OptimizerCase{OptimizerKind::kAdamWBf16States, true, 1, 2, true, 0.05, 2, true},
+        OptimizerCase{OptimizerKind::kAdamWBf16States, true, 2, 2, false, 0, 2, true},
+        OptimizerCase{OptimizerKind::kAdamWBf16States, true, 0, 2, true, 0.05, 2, false},
+        OptimizerCase{OptimizerKind::kSgd, false, 0, 1, false, 0, 1, true},
+        OptimizerCase{OptimizerKind::kSgd, false, 2, 2, true, 0.05, 1, false},
+        OptimizerCase{OptimizerKind::kSgd, false, 1, 2, true, 0.05, 2, true},
+        OptimizerCase{OptimizerKind::kSgd, false, 2, 1, false, 0, 2, true},
+        OptimizerCase{OptimizerKind::kSgd, true, 2, 2, true, 0, 1, true},
+        OptimizerCase{OptimizerKind::kSgd, true, 1, 1, false, 0.05, 1, false}),
+    OptimizerCaseName);
+
 TEST(ChunkManagerTest, ReleasedParametersArePlaceholdersOfTheSameShape) {
   const ToyModel model = ToyModel::Make(4, /*tied=*/true, 16, 32, 3, torch::kFloat32);
   std::map<std::string, std::vector<int64_t>> shapes;
@@ -300,13 +466,17 @@ TEST(ChunkManagerTest, ReleasedParametersArePlaceholdersOfTheSameShape) {
 }
 
 TEST(ChunkManagerTest, HostMemoryIsExactlyTheLayout) {
+  for (OptimizerKind kind :
+       {OptimizerKind::kAdamW, OptimizerKind::kAdamWBf16States, OptimizerKind::kSgd}) {
   for (bool bf16 : {false, true}) {
+    if (kind == OptimizerKind::kAdamWBf16States && !bf16) continue;
     for (int grad_accum : {1, 2}) {
       const ToyModel model =
           ToyModel::Make(5, false, 24, 40, 5,
                          torch::TensorOptions().dtype(bf16 ? torch::kBFloat16 : torch::kFloat32));
       ChunkManagerOptions options = CpuOptions(/*n_persist=*/2, /*n_buffer=*/2);
       options.grad_accum = grad_accum;
+      options.optimizer = kind;
       auto manager = ChunkManager::Create(model.Groups(), options);
       ASSERT_TRUE(manager.ok()) << manager.status();
       const ChunkMemoryStats stats = (*manager)->MemoryStats();
@@ -340,13 +510,39 @@ TEST(ChunkManagerTest, HostMemoryIsExactlyTheLayout) {
       EXPECT_EQ(stats.n_oversized_buffers, oversized);
       EXPECT_EQ(stats.buffer_device_bytes,
                 stats.n_buffer * layout->MaxRegularChunkBytes() + own_buffers);
-      // Per offloaded chunk: parameters + grad staging in the model dtype, then fp32 exp_avg,
-      // exp_avg_sq, plus an fp32 master and grad sum for bf16, or the grad sum for accumulation.
-      const int64_t fp32_arrays = 2 + (bf16 ? 2 : (grad_accum > 1 ? 1 : 0));
-      const int64_t expected = 2 * offloaded + fp32_arrays * (offloaded / elem) * 4;
+      // Per offloaded chunk: parameters + grad staging in the model dtype, then the optimizer's
+      // arrays. Spelled out here, independently of common/optimizer_bytes.h.
+      int64_t per_elem = 0;
+      switch (kind) {
+        case OptimizerKind::kAdamW:  // fp32 moments, master and grad sum for bf16
+          per_elem = 4 * (2 + (bf16 ? 2 : (grad_accum > 1 ? 1 : 0)));
+          break;
+        case OptimizerKind::kAdamWBf16States:  // bf16 moments, bf16 grad sum with accumulation
+          per_elem = 2 * (2 + (grad_accum > 1 ? 1 : 0));
+          break;
+        case OptimizerKind::kSgd:  // fp32 master and grad sum for bf16
+          per_elem = 4 * (bf16 ? 2 : (grad_accum > 1 ? 1 : 0));
+          break;
+      }
+      const int64_t expected = 2 * offloaded + per_elem * (offloaded / elem);
+      const std::string what = absl::StrCat(std::string(OptimizerName(kind)), " bf16=", bf16,
+                                            " accum=", grad_accum);
       EXPECT_EQ(stats.host_pinned_bytes, 0);
-      EXPECT_EQ(stats.host_pageable_bytes, expected) << "bf16=" << bf16 << " accum=" << grad_accum;
+      EXPECT_EQ(stats.host_pageable_bytes, expected) << what;
+      // The planner's definition (common/optimizer_bytes.h) gives the same bytes, chunk by chunk.
+      int64_t planner_host = 0, planner_state = 0;
+      for (int c = 0; c < layout->num_chunks(); ++c) {
+        const int64_t bytes = layout->chunks()[c].size_bytes;
+        if (c < 2) {
+          planner_state += bytes / elem * PersistentStateBytesPerElem(kind, elem);
+        } else {
+          planner_host += OffloadedChunkHost(kind, elem, grad_accum, bytes).total();
+        }
+      }
+      EXPECT_EQ(stats.host_pageable_bytes, planner_host) << what;
+      EXPECT_EQ(stats.persistent_state_device_bytes, planner_state) << what;
     }
+  }
   }
 }
 
@@ -437,9 +633,11 @@ TEST(ChunkManagerTest, RejectsBadOptions) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("n_buffer"), absl::string_view::npos);
   options = CpuOptions(0, 1);
-  options.optimizer = OptimizerKind::kSgd;
-  EXPECT_EQ(ChunkManager::Create(model.Groups(), options).status().code(),
-            absl::StatusCode::kUnimplemented);
+  options.optimizer = OptimizerKind::kAdamWBf16States;  // needs bf16 parameters
+  status = ChunkManager::Create(model.Groups(), options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("--optimizer adamw_bf16"), absl::string_view::npos) << status;
+  EXPECT_NE(status.message().find("--dtype bf16"), absl::string_view::npos) << status;
   options = CpuOptions(0, 1);
   options.alignment_bytes = 6;
   EXPECT_EQ(ChunkManager::Create(model.Groups(), options).status().code(),

@@ -119,3 +119,60 @@ TEST(CpuAdamWKernelsTest, RoundToBf16MatchesTorchConversion) {
 
 }  // namespace
 }  // namespace memplan
+
+namespace memplan {
+namespace {
+
+// The SGD kernel against torch::optim::SGD (no momentum), clip coefficient applied as torch's
+// clip_grad_norm_ does (grad.mul_(coef)) before the step.
+TEST(CpuSgdTest, MatchesTorchSgdBitForBit) {
+  for (double weight_decay : {0.0, 0.05}) {
+    for (float clip_coef : {1.0f, 0.37f}) {
+      torch::manual_seed(99);
+      const std::vector<int64_t> sizes = {1, 7, 64, 1000, 100003};
+      std::vector<torch::Tensor> ref_params, params;
+      for (int64_t n : sizes) {
+        torch::Tensor init = torch::randn({n});
+        ref_params.push_back(init.clone().requires_grad_(true));
+        params.push_back(init.clone());
+      }
+      const double lr = 3e-2;
+      torch::optim::SGD reference(ref_params,
+                                  torch::optim::SGDOptions(lr).weight_decay(weight_decay));
+      const SgdStepScalars s = MakeSgdStepScalars(lr, weight_decay);
+      for (int step = 1; step <= 3; ++step) {
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          torch::Tensor grad = torch::randn({sizes[i]}) * (step % 2 ? 0.01 : 3.0);
+          ref_params[i].mutable_grad() = grad.clone();
+          if (clip_coef != 1.0f) ref_params[i].mutable_grad().mul_(torch::full({}, clip_coef));
+          SgdUpdate(s, clip_coef, sizes[i], params[i].data_ptr<float>(), grad.data_ptr<float>());
+        }
+        reference.step();
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          ASSERT_TRUE(torch::equal(params[i], ref_params[i].detach()))
+              << "wd " << weight_decay << " coef " << clip_coef << " step " << step << " size "
+              << sizes[i];
+        }
+      }
+    }
+  }
+}
+
+// bf16 gradient accumulation: every sum rounded to bf16, as torch adds bf16 tensors.
+TEST(CpuAccumulateTest, Bf16RoundedSumMatchesTorchBf16Add) {
+  torch::manual_seed(7);
+  const int64_t n = 100003;
+  const torch::Tensor a = torch::randn({n}).to(torch::kBFloat16);
+  const torch::Tensor b = (torch::randn({n}) * 1e-3).to(torch::kBFloat16);
+  torch::Tensor accum = torch::empty({n}, torch::kBFloat16);
+  AccumulateGradBf16Rounded(true, n, reinterpret_cast<const uint16_t*>(a.data_ptr()),
+                            reinterpret_cast<uint16_t*>(accum.data_ptr()));
+  ASSERT_TRUE(torch::equal(accum, a));
+  AccumulateGradBf16Rounded(false, n, reinterpret_cast<const uint16_t*>(b.data_ptr()),
+                            reinterpret_cast<uint16_t*>(accum.data_ptr()));
+  EXPECT_TRUE(torch::equal(accum, a + b));
+  EXPECT_FALSE(torch::equal(accum, a)) << "the sum should change some elements";
+}
+
+}  // namespace
+}  // namespace memplan
