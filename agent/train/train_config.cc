@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/optimizer_bytes.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 
@@ -74,7 +75,12 @@ Data (one of):
 Workload:
   --batch N (1)  --seq N (128)  --steps N (10)  --grad-accum N (1)
   --lr X (1e-4)  --clip X (1.0; 0 = off)  --weight-decay X (0.01)
-  --dtype fp32|bf16|fp16   (default bf16 on CUDA, fp32 on CPU)
+  --dtype fp32|bf16|fp16   (default bf16 on CUDA, fp32 on CPU; bf16 with adamw_bf16)
+  --optimizer adamw|adamw_bf16|sgd   (adamw, or the plan file's)
+                           adamw: fp32 moments (+ fp32 master for bf16/fp16 models);
+                           adamw_bf16: bf16 parameters and moments, no master (--dtype bf16,
+                           torch.optim.AdamW(fused=True) on bf16 parameters); sgd: no momentum
+                           (+ fp32 master for bf16/fp16 models in managed runs)
   --device cpu|cuda|cuda:N|auto (auto)   --seed N (0)
   --plain                  no plan: plain autograd, no per-group Functions (the baseline)
 Residency plan (any chunk knob or --plan-file runs the chunk manager):
@@ -194,6 +200,15 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
            return FlagError(flag, "\"" + v + "\" is not fp32, bf16 or fp16");
          return absl::OkStatus();
        }},
+      {"optimizer",
+       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
+         c.optimizer = ParseOptimizer(v);
+         if (!c.optimizer.has_value()) {
+           return FlagError(flag, absl::StrCat("\"", v, "\" is not one of ",
+                                               std::string(OptimizerAllowList())));
+         }
+         return absl::OkStatus();
+       }},
       {"device",
        [&c](absl::string_view flag, const std::string& v) -> absl::Status {
          if (!(v == "cpu" || v == "cuda" || v == "auto" || absl::StartsWith(v, "cuda:"))) {
@@ -289,6 +304,9 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
     return absl::InvalidArgumentError(
         "--block-modes and --n-ckpt/--n-swap/--n-hs-offload are exclusive");
   }
+  if (c.optimizer.has_value()) {
+    RETURN_IF_ERROR(ResolveOptimizer(c, std::nullopt).status());
+  }
   return c;
 }
 
@@ -335,6 +353,52 @@ absl::StatusOr<int64_t> JsonInt(const Json& object, const std::string& key, int6
 }
 
 }  // namespace
+
+absl::StatusOr<std::optional<OptimizerKind>> ParsePlanOptimizer(absl::string_view text) {
+  Json doc = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return absl::InvalidArgumentError("plan file is not valid JSON");
+  // The same descent as ParsePlanJson; the first "optimizer" found (also under "request") wins.
+  const Json* object = &doc;
+  for (int depth = 0; depth < 5 && object != nullptr && object->is_object(); ++depth) {
+    for (const Json* holder : {object, Field(*object, "request")}) {
+      if (holder == nullptr || !holder->is_object()) continue;
+      const Json* name = Field(*holder, "optimizer");
+      if (name == nullptr || name->is_null()) continue;
+      std::optional<OptimizerKind> kind;
+      if (name->is_string()) kind = ParseOptimizer(name->get<std::string>());
+      if (!kind.has_value()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "plan file: \"optimizer\" must be one of ", std::string(OptimizerAllowList())));
+      }
+      return kind;
+    }
+    object = Field(*object, "plan");
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<OptimizerKind> ResolveOptimizer(const TrainConfig& config,
+                                               std::optional<OptimizerKind> plan_optimizer) {
+  if (config.optimizer.has_value() && plan_optimizer.has_value() &&
+      *config.optimizer != *plan_optimizer) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--optimizer ", std::string(OptimizerName(*config.optimizer)), ": the plan file (",
+        config.plan_file, ") was made for optimizer ",
+        std::string(OptimizerName(*plan_optimizer)),
+        ", whose memory differs; plan again with --optimizer ",
+        std::string(OptimizerName(*config.optimizer)), " or drop the flag"));
+  }
+  const OptimizerKind kind =
+      config.optimizer.value_or(plan_optimizer.value_or(OptimizerKind::kAdamW));
+  if (config.dtype.has_value()) {
+    if (const std::string problem = OptimizerDTypeProblem(kind, *config.dtype); !problem.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--optimizer ", std::string(OptimizerName(kind)), " with --dtype ",
+          std::string(DTypeName(*config.dtype)), ": ", problem));
+    }
+  }
+  return kind;
+}
 
 absl::StatusOr<ResidencyPlan> ParsePlanJson(absl::string_view text) {
   Json doc = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);

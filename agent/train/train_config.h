@@ -31,7 +31,8 @@ struct TrainConfig {
   double lr = 1e-4;
   double clip = 1.0;  // max grad norm, 0 = off
   double weight_decay = 0.01;
-  std::optional<DType> dtype;   // default: bf16 on CUDA, fp32 on CPU
+  std::optional<DType> dtype;   // default: bf16 on CUDA, fp32 on CPU; bf16 with adamw_bf16
+  std::optional<OptimizerKind> optimizer;  // default: the plan file's, else adamw
   std::string device = "auto";  // cpu | cuda | cuda:N | auto
   bool plain = false;           // unmanaged, all NONE: plain autograd without per-group Functions
   uint64_t seed = 0;
@@ -88,6 +89,17 @@ absl::StatusOr<std::vector<BlockMode>> BlockModesFromCounts(int num_blocks, int 
 // (e.g. a PlanResponse). Keys in snake_case or lowerCamelCase; int64 as numbers or strings;
 // enums as proto names (BLOCK_MODE_CKPT, HOST_MEMORY_PINNED) or short names (ckpt, pinned).
 absl::StatusOr<ResidencyPlan> ParsePlanJson(absl::string_view json);
+
+// The optimizer a plan file was made for: an "optimizer" key next to the plan (at any level of the
+// "plan" descent, or in a "request" object there, e.g. a stored plan's PlanRequest); nullopt when
+// the file names none (PlanResponse JSON does not).
+absl::StatusOr<std::optional<OptimizerKind>> ParsePlanOptimizer(absl::string_view json);
+
+// --optimizer, else the plan file's, else adamw. INVALID_ARGUMENT naming --optimizer when the flag
+// and the plan file disagree, or naming --optimizer and --dtype when the dtype does not fit
+// (adamw_bf16 needs bf16).
+absl::StatusOr<OptimizerKind> ResolveOptimizer(const TrainConfig& config,
+                                               std::optional<OptimizerKind> plan_optimizer);
 
 // Flags override the plan file field by field; block modes come from --block-modes, else the
 // counts flags, else the plan's list, else the plan's counts, else all NONE.

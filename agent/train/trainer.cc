@@ -2,10 +2,14 @@
 
 #include <c10/cuda/CUDACachingAllocator.h>
 
+#include <algorithm>
 #include <chrono>
+#include <map>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/optimizer_bytes.h"
 #include "common/status.h"
 
 namespace memplan {
@@ -85,6 +89,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
                                                    " block modes for a model of ",
                                                    model->num_blocks(), " blocks"));
   }
+  if (const std::string problem = OptimizerDTypeProblem(o.optimizer, model->options().dtype);
+      !problem.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("trainer: ", problem, "; the model is ",
+                                                   std::string(DTypeName(model->options().dtype))));
+  }
   trainer->params_ = model->Params();
   try {
     if (NeedsOffloader(o.block_modes)) {
@@ -95,6 +104,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
       o.chunks.device = model->options().device;
       o.chunks.adamw = o.adamw;
       o.chunks.grad_accum = o.grad_accum;
+      o.chunks.optimizer = o.optimizer;
       ASSIGN_OR_RETURN(trainer->chunk_manager_,
                        ChunkManager::Create(model->ParamGroups(), o.chunks));
     } else {
@@ -107,11 +117,29 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
         }
         tensors.push_back(p.param);
       }
-      trainer->optimizer_ =
-          std::make_unique<torch::optim::AdamW>(tensors, torch::optim::AdamWOptions(o.adamw.lr)
-                                                             .betas({o.adamw.beta1, o.adamw.beta2})
-                                                             .eps(o.adamw.eps)
-                                                             .weight_decay(o.adamw.weight_decay));
+      switch (o.optimizer) {
+        case OptimizerKind::kAdamW:
+          trainer->optimizer_ = std::make_unique<torch::optim::AdamW>(
+              tensors, torch::optim::AdamWOptions(o.adamw.lr)
+                           .betas({o.adamw.beta1, o.adamw.beta2})
+                           .eps(o.adamw.eps)
+                           .weight_decay(o.adamw.weight_decay));
+          break;
+        case OptimizerKind::kSgd:
+          trainer->optimizer_ = std::make_unique<torch::optim::SGD>(
+              tensors, torch::optim::SGDOptions(o.adamw.lr).weight_decay(o.adamw.weight_decay));
+          break;
+        case OptimizerKind::kAdamWBf16States:
+          // torch::optim::AdamW (C++) has no fused mode; at::_fused_adamw_ is the kernel of
+          // torch.optim.AdamW(fused=True) and the managed path's, so both give the same bits.
+          for (const torch::Tensor& t : tensors) {
+            trainer->exp_avg_.push_back(torch::zeros_like(t));
+            trainer->exp_avg_sq_.push_back(torch::zeros_like(t));
+            trainer->fused_step_.push_back(torch::zeros({}, t.options().dtype(torch::kFloat32)));
+            trainer->param_steps_.push_back(0);
+          }
+          break;
+      }
     }
   } catch (const c10::Error& e) {
     return FromTorch(e, "trainer: setup failed");
@@ -171,14 +199,42 @@ absl::StatusOr<double> Trainer::OptimizerStep() {
         for (const auto& p : params_) tensors.push_back(p.param);
         norm = torch::nn::utils::clip_grad_norm_(tensors, options_.max_grad_norm);
       }
-      optimizer_->step();
-      optimizer_->zero_grad(/*set_to_none=*/true);
+      if (optimizer_) {
+        optimizer_->step();
+        optimizer_->zero_grad(/*set_to_none=*/true);
+      } else {
+        FusedBf16AdamWStep();
+      }
     } catch (const c10::Error& e) {
       return FromTorch(e, "trainer: optimizer step failed");
     }
   }
   ++step_;
   return norm;
+}
+
+void Trainer::FusedBf16AdamWStep() {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const torch::Tensor& p = params_[i].param;
+    if (!p.grad().defined()) continue;  // like torch: no state, no step without a grad
+    params.push_back(p.detach());
+    grads.push_back(p.grad());
+    exp_avgs.push_back(exp_avg_[i]);
+    exp_avg_sqs.push_back(exp_avg_sq_[i]);
+    fused_step_[i].fill_(static_cast<double>(++param_steps_[i]));  // torch bumps, then calls
+    steps.push_back(fused_step_[i]);
+  }
+  if (!params.empty()) {
+    const AdamWOptions& o = options_.adamw;
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, o.lr,
+                      o.beta1, o.beta2, o.weight_decay, o.eps, /*amsgrad=*/false,
+                      /*maximize=*/false);
+  }
+  for (const auto& p : params_) {
+    if (p.param.grad().defined()) p.param.mutable_grad().reset();
+  }
 }
 
 absl::StatusOr<StepStats> Trainer::Step(const std::vector<MicroBatch>& micro_batches) {
@@ -224,7 +280,25 @@ std::vector<NamedParam> Trainer::Grads() {
 absl::StatusOr<std::vector<NamedParam>> Trainer::OptimizerState() {
   if (chunk_manager_) return chunk_manager_->OptimizerState();
   try {
-    return io::ExportAdamWState(*optimizer_, params_);
+    switch (options_.optimizer) {
+      case OptimizerKind::kAdamW:
+        return io::ExportAdamWState(static_cast<torch::optim::AdamW&>(*optimizer_), params_);
+      case OptimizerKind::kSgd:
+        return std::vector<NamedParam>();  // no momentum: no state
+      case OptimizerKind::kAdamWBf16States: {
+        std::vector<NamedParam> out;
+        int64_t step = 0;
+        for (size_t i = 0; i < params_.size(); ++i) {
+          if (param_steps_[i] == 0) continue;
+          step = std::max(step, param_steps_[i]);
+          out.push_back({params_[i].name + ".exp_avg", CpuCopy(exp_avg_[i])});
+          out.push_back({params_[i].name + ".exp_avg_sq", CpuCopy(exp_avg_sq_[i])});
+        }
+        if (!out.empty()) out.push_back({"step", torch::tensor(step, torch::kInt64)});
+        return out;
+      }
+    }
+    return std::vector<NamedParam>();
   } catch (const c10::Error& e) {
     return FromTorch(e, "trainer: exporting optimizer state failed");
   }
@@ -233,7 +307,7 @@ absl::StatusOr<std::vector<NamedParam>> Trainer::OptimizerState() {
 absl::Status Trainer::SaveCheckpoint(const std::string& dir, io::TrainerState state) {
   state.step = step_;
   state.max_grad_norm = options_.max_grad_norm;
-  state.optimizer.kind = std::string(OptimizerName(OptimizerKind::kAdamW));
+  state.optimizer.kind = std::string(OptimizerName(options_.optimizer));
   state.optimizer.lr = options_.adamw.lr;
   state.optimizer.beta1 = options_.adamw.beta1;
   state.optimizer.beta2 = options_.adamw.beta2;
@@ -249,19 +323,56 @@ absl::Status Trainer::SaveCheckpoint(const std::string& dir, io::TrainerState st
   }
 }
 
+absl::Status Trainer::ImportOptimizerState(const std::vector<NamedParam>& state) {
+  switch (options_.optimizer) {
+    case OptimizerKind::kAdamW:
+      return io::ImportAdamWState(state, params_, static_cast<torch::optim::AdamW&>(*optimizer_));
+    case OptimizerKind::kSgd:
+      return absl::OkStatus();  // no state (a managed bf16 run's fp32 masters are not used here)
+    case OptimizerKind::kAdamWBf16States:
+      break;
+  }
+  std::map<std::string, torch::Tensor> by_name;
+  for (const NamedParam& s : state) by_name[s.name] = s.param;
+  const int64_t step = by_name.count("step") != 0 ? by_name["step"].item<int64_t>() : 0;
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto m = by_name.find(params_[i].name + ".exp_avg");
+    auto v = by_name.find(params_[i].name + ".exp_avg_sq");
+    if (m == by_name.end() || v == by_name.end()) {  // never updated: fresh state
+      exp_avg_[i].zero_();
+      exp_avg_sq_[i].zero_();
+      param_steps_[i] = 0;
+      continue;
+    }
+    exp_avg_[i].copy_(m->second);
+    exp_avg_sq_[i].copy_(v->second);
+    param_steps_[i] = step;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::RestoreCheckpoint(const io::Checkpoint& checkpoint) {
   if (checkpoint.trainer.param_dtype != model_->options().dtype) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint dtype ", std::string(DTypeName(checkpoint.trainer.param_dtype)),
         " differs from the model dtype ", std::string(DTypeName(model_->options().dtype))));
   }
+  if (checkpoint.trainer.optimizer.kind != OptimizerName(options_.optimizer)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint optimizer ", checkpoint.trainer.optimizer.kind, " differs from --optimizer ",
+        std::string(OptimizerName(options_.optimizer)),
+        ": its state cannot be converted; resume with --optimizer ",
+        checkpoint.trainer.optimizer.kind));
+  }
   try {
     if (chunk_manager_) {
       RETURN_IF_ERROR(
           chunk_manager_->LoadParamsAndState(checkpoint.params, checkpoint.optimizer_state));
     } else {
+      RETURN_IF_ERROR(io::ValidateOptimizerState(params_, checkpoint.optimizer_state));
       RETURN_IF_ERROR(io::CopyParamsByName(checkpoint.params, params_));
-      RETURN_IF_ERROR(io::ImportAdamWState(checkpoint.optimizer_state, params_, *optimizer_));
+      RETURN_IF_ERROR(ImportOptimizerState(checkpoint.optimizer_state));
     }
   } catch (const c10::Error& e) {
     return FromTorch(e, "trainer: restoring checkpoint failed");

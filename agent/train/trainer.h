@@ -1,7 +1,9 @@
 // Trainer: one optimizer step = grad_accum micro-batches of forward + backward through the model's
-// grouped loss, then gradient clipping and AdamW — either managed (ChunkManager: chunked parameter
-// offload, CPU/GPU AdamW) or unmanaged (plain LibTorch: every parameter on the device,
-// torch::optim::AdamW). Both give the same losses and parameters (bit-exact in fp32 on CPU).
+// grouped loss, then gradient clipping and the optimizer (adamw, adamw_bf16 or sgd) — either
+// managed (ChunkManager: chunked parameter offload, CPU/GPU updates) or unmanaged (plain LibTorch:
+// every parameter on the device; torch::optim::AdamW, at::_fused_adamw_ on the bf16 parameters,
+// torch::optim::SGD). Both give the same losses and parameters (bit-exact on CPU for adamw and sgd
+// in fp32 and for adamw_bf16).
 #pragma once
 
 #include <cstdint>
@@ -22,10 +24,12 @@ namespace memplan {
 struct TrainerOptions {
   int grad_accum = 1;
   double max_grad_norm = 0;  // 0: no clipping
+  // adamw_bf16 needs a bf16 model. sgd takes lr and weight_decay from `adamw` (no momentum).
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
   AdamWOptions adamw;
   BlockModes block_modes;  // one per block; empty: all NONE
   // Managed: parameters live in a ChunkManager built from `chunks` (its device, adamw and
-  // grad_accum are taken from the model and the fields above).
+  // grad_accum and optimizer are taken from the model and the fields above).
   bool managed = false;
   ChunkManagerOptions chunks;
   // For SWAP / HS_OFFLOAD blocks (device taken from the model).
@@ -80,7 +84,7 @@ class Trainer {
   // step, optimizer hyper-parameters, model spec and dtype are filled in here.
   absl::Status SaveCheckpoint(const std::string& dir, io::TrainerState state);
   // Restores parameters, optimizer state and the step count from a checkpoint written under any
-  // plan (managed or not). The model spec and dtype must match.
+  // plan (managed or not). The model spec, dtype and optimizer kind must match.
   absl::Status RestoreCheckpoint(const io::Checkpoint& checkpoint);
 
   int64_t step() const { return step_; }
@@ -91,12 +95,18 @@ class Trainer {
  private:
   Trainer(LlamaModel* model, const TrainerOptions& options);
   torch::Tensor MicroBatchLoss(const MicroBatch& batch);
+  void FusedBf16AdamWStep();  // unmanaged adamw_bf16
+  absl::Status ImportOptimizerState(const std::vector<NamedParam>& state);  // unmanaged
 
   LlamaModel* model_;
   TrainerOptions options_;
   std::vector<NamedParam> params_;  // canonical order, unique
   std::unique_ptr<ChunkManager> chunk_manager_;
-  std::unique_ptr<torch::optim::AdamW> optimizer_;  // unmanaged only
+  // Unmanaged only: torch::optim::AdamW (adamw) or SGD (sgd); for adamw_bf16 the state below,
+  // updated by at::_fused_adamw_ (the kernel of torch.optim.AdamW(fused=True)), per params_ entry.
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::vector<torch::Tensor> exp_avg_, exp_avg_sq_, fused_step_;
+  std::vector<int64_t> param_steps_;
   std::unique_ptr<ActivationOffloader> offloader_;
   std::unique_ptr<ParamResidency> observed_;  // chunk manager + options_.observer
   int64_t step_ = 0;

@@ -92,6 +92,55 @@ TEST(BlockModesFromCountsTest, OffloadFirstInterleavedWithCkptNoneLast) {
   EXPECT_FALSE(BlockModesFromCounts(2, -1, 0, 0).ok());
 }
 
+TEST(ParseTrainArgsTest, OptimizerFlag) {
+  auto parse = [](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--arch", "x", "--synthetic-data"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return ParseTrainArgs(args);
+  };
+  EXPECT_FALSE(parse({})->optimizer.has_value());
+  EXPECT_EQ(parse({"--optimizer", "sgd"})->optimizer, OptimizerKind::kSgd);
+  EXPECT_EQ(parse({"--optimizer", "adamw_bf16", "--dtype", "bf16"})->optimizer,
+            OptimizerKind::kAdamWBf16States);
+  EXPECT_EQ(parse({"--optimizer=adamw"})->optimizer, OptimizerKind::kAdamW);
+  const absl::Status unknown = parse({"--optimizer", "adam"}).status();
+  EXPECT_THAT(unknown.message(), HasSubstr("--optimizer"));
+  EXPECT_THAT(unknown.message(), HasSubstr("adamw, adamw_bf16, sgd"));
+  const absl::Status wrong_dtype = parse({"--optimizer", "adamw_bf16", "--dtype", "fp32"}).status();
+  EXPECT_EQ(wrong_dtype.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(wrong_dtype.message(), HasSubstr("--optimizer adamw_bf16"));
+  EXPECT_THAT(wrong_dtype.message(), HasSubstr("--dtype"));
+  EXPECT_THAT(TrainUsage(), HasSubstr("--optimizer adamw|adamw_bf16|sgd"));
+}
+
+TEST(ParsePlanOptimizerTest, FlagAndPlanFileMustAgree) {
+  auto none = ParsePlanOptimizer(R"({"plan": {"nChunks": 3}})");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  auto top = ParsePlanOptimizer(R"({"optimizer": "sgd", "plan": {"nChunks": 3}})");
+  ASSERT_TRUE(top.ok());
+  EXPECT_EQ(*top, OptimizerKind::kSgd);
+  auto request = ParsePlanOptimizer(R"({"request": {"optimizer": "adamw_bf16"}, "plan": {}})");
+  ASSERT_TRUE(request.ok());
+  EXPECT_EQ(*request, OptimizerKind::kAdamWBf16States);
+  EXPECT_FALSE(ParsePlanOptimizer(R"({"optimizer": "adafactor"})").ok());
+
+  TrainConfig c;
+  c.plan_file = "plan.json";
+  EXPECT_EQ(*ResolveOptimizer(c, std::nullopt), OptimizerKind::kAdamW);
+  EXPECT_EQ(*ResolveOptimizer(c, OptimizerKind::kSgd), OptimizerKind::kSgd);
+  c.optimizer = OptimizerKind::kSgd;
+  EXPECT_EQ(*ResolveOptimizer(c, OptimizerKind::kSgd), OptimizerKind::kSgd);
+  const absl::Status differs = ResolveOptimizer(c, OptimizerKind::kAdamW).status();
+  EXPECT_EQ(differs.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(differs.message(), HasSubstr("--optimizer sgd"));
+  EXPECT_THAT(differs.message(), HasSubstr("made for optimizer adamw"));
+  c.optimizer.reset();
+  c.dtype = DType::kFloat32;
+  EXPECT_THAT(ResolveOptimizer(c, OptimizerKind::kAdamWBf16States).status().message(),
+              HasSubstr("--dtype fp32"));
+}
+
 TEST(ParsePlanJsonTest, ProtoJsonOfAPlanResponse) {
   // What protobuf's MessageToJsonString prints: lowerCamelCase, int64 as strings, enum names,
   // default values omitted.

@@ -298,5 +298,163 @@ TEST(TrainerTest, CheckpointResumesExactlyUnderAnotherPlan) {
   RemoveTree(root);
 }
 
+// Every optimizer the planner offers, managed (some chunks persistent, some offloaded) against
+// the unmanaged trainer, bit for bit on CPU after two steps:
+//   adamw_bf16: at::_fused_adamw_ on the bf16 parameters on both paths (torch.optim.AdamW with
+//     fused=True); offloaded grads summed in bf16 as autograd sums the unmanaged .grad;
+//   sgd (fp32): torch::optim::SGD unmanaged, the chunk manager's SGD managed.
+struct OptimizerPlanCase {
+  std::string name;
+  OptimizerKind optimizer;
+  DType dtype;
+  bool tied;
+  int grad_accum;
+  double max_grad_norm;
+  int n_persist;
+};
+void PrintTo(const OptimizerPlanCase& c, std::ostream* os) { *os << c.name; }
+
+std::unique_ptr<LlamaModel> MakeTypedModel(const ModelSpec& spec, DType dtype) {
+  LlamaModelOptions options;
+  options.spec = spec;
+  options.seed = 5;
+  options.dtype = dtype;
+  auto model = LlamaModel::Create(options);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return std::move(model).value();
+}
+
+TrainerOptions OptimizerOptions(const OptimizerPlanCase& c, int n_blocks, bool managed) {
+  TrainerOptions o = BaseOptions(n_blocks);
+  o.optimizer = c.optimizer;
+  o.grad_accum = c.grad_accum;
+  o.max_grad_norm = c.max_grad_norm;
+  o.managed = managed;
+  o.chunks.chunk_bytes = 64 << 10;  // a tiny bf16 block per chunk
+  o.chunks.n_persist = c.n_persist;
+  o.chunks.n_buffer = 2;
+  o.chunks.host_memory = HostMemoryKind::kPageable;
+  o.chunks.cpu_threads = 2;
+  return o;
+}
+
+class OptimizerPlanTest : public ::testing::TestWithParam<OptimizerPlanCase> {};
+
+TEST_P(OptimizerPlanTest, ManagedEqualsUnmanaged) {
+  const OptimizerPlanCase& c = GetParam();
+  auto ref_model = MakeTypedModel(TinySpec(c.tied), c.dtype);
+  auto model = MakeTypedModel(TinySpec(c.tied), c.dtype);
+  auto reference =
+      Trainer::Create(ref_model.get(), OptimizerOptions(c, ref_model->num_blocks(), false));
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  auto managed = Trainer::Create(model.get(), OptimizerOptions(c, model->num_blocks(), true));
+  ASSERT_TRUE(managed.ok()) << managed.status();
+  const ChunkMemoryStats stats = (*managed)->chunk_manager()->MemoryStats();
+  ASSERT_GT(stats.n_persist, 0);
+  ASSERT_LT(stats.n_persist, stats.n_chunks) << "some chunks must be offloaded";
+  ExpectEqualByName((*reference)->Params(), (*managed)->Params(), "initial params");
+  std::vector<NamedParam> before = (*reference)->Params();
+  for (int64_t step = 0; step < 2; ++step) {
+    auto r = (*reference)->Step(Batches(step, c.grad_accum, 128));
+    auto m = (*managed)->Step(Batches(step, c.grad_accum, 128));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(r->loss, m->loss) << "step " << step;
+    if (c.max_grad_norm > 0) {
+      EXPECT_EQ(r->grad_norm, m->grad_norm) << "step " << step;
+    }
+  }
+  const std::vector<NamedParam> params = (*reference)->Params();
+  for (const NamedParam& p : params) {
+    EXPECT_EQ(p.param.scalar_type(),
+              c.dtype == DType::kBFloat16 ? torch::kBFloat16 : torch::kFloat32);
+  }
+  ExpectEqualByName(params, (*managed)->Params(), "params after 2 steps");
+  EXPECT_FALSE(torch::equal(ByName(before).begin()->second, ByName(params).begin()->second))
+      << "the optimizer should move the parameters";
+  // Optimizer state: the same tensors on both paths (bf16 moments for adamw_bf16, none for sgd).
+  auto ref_state = (*reference)->OptimizerState();
+  auto state = (*managed)->OptimizerState();
+  ASSERT_TRUE(ref_state.ok() && state.ok());
+  if (c.optimizer == OptimizerKind::kSgd) {
+    EXPECT_TRUE(ref_state->empty());
+    EXPECT_TRUE(state->empty());
+  } else {
+    for (const NamedParam& s : *state) {
+      if (s.name != "step") {
+        EXPECT_EQ(s.param.scalar_type(), torch::kBFloat16) << s.name;
+      }
+    }
+    ExpectEqualByName(*ref_state, *state, "optimizer state");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Optimizers, OptimizerPlanTest,
+    ::testing::Values(
+        // name, optimizer, dtype, tied, grad_accum, max_grad_norm, n_persist
+        OptimizerPlanCase{"adamw_bf16_accum1", OptimizerKind::kAdamWBf16States, DType::kBFloat16,
+                          false, 1, 0, 2},
+        OptimizerPlanCase{"adamw_bf16_accum1_clip_tied", OptimizerKind::kAdamWBf16States,
+                          DType::kBFloat16, true, 1, 0.5, 3},
+        OptimizerPlanCase{"adamw_bf16_accum2", OptimizerKind::kAdamWBf16States, DType::kBFloat16,
+                          true, 2, 0, 1},
+        OptimizerPlanCase{"adamw_bf16_accum2_clip", OptimizerKind::kAdamWBf16States,
+                          DType::kBFloat16, false, 2, 0.5, 2},
+        OptimizerPlanCase{"sgd_accum1", OptimizerKind::kSgd, DType::kFloat32, true, 1, 0, 2},
+        OptimizerPlanCase{"sgd_accum1_clip", OptimizerKind::kSgd, DType::kFloat32, false, 1, 0.5,
+                          1},
+        OptimizerPlanCase{"sgd_accum2", OptimizerKind::kSgd, DType::kFloat32, false, 2, 0, 3},
+        OptimizerPlanCase{"sgd_accum2_clip_tied", OptimizerKind::kSgd, DType::kFloat32, true, 2,
+                          0.5, 2}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(TrainerTest, Bf16AdamWNeedsABf16Model) {
+  auto model = MakeModel(TinySpec());  // fp32
+  TrainerOptions o;
+  o.optimizer = OptimizerKind::kAdamWBf16States;
+  const absl::Status status = Trainer::Create(model.get(), o).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("--optimizer adamw_bf16"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("--dtype bf16"), std::string::npos) << status;
+}
+
+// adamw_bf16 state survives a checkpoint across plans; another optimizer cannot resume it.
+TEST(TrainerTest, Bf16AdamWCheckpointResumesAndOtherOptimizersAreRefused) {
+  const std::string root = MakeTempDir();
+  const std::string dir = root + "/ckpt";
+  OptimizerPlanCase c{"", OptimizerKind::kAdamWBf16States, DType::kBFloat16, false, 1, 0.5, 2};
+  auto model_a = MakeTypedModel(TinySpec(), c.dtype);
+  auto a = Trainer::Create(model_a.get(), OptimizerOptions(c, model_a->num_blocks(), true));
+  ASSERT_TRUE(a.ok()) << a.status();
+  for (int64_t step = 0; step < 2; ++step) ASSERT_TRUE((*a)->Step(Batches(step, 1, 128)).ok());
+  ASSERT_TRUE((*a)->SaveCheckpoint(dir, io::TrainerState()).ok());
+  auto loaded = io::LoadCheckpoint(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->trainer.optimizer.kind, "adamw_bf16");
+  auto continued = (*a)->Step(Batches(2, 1, 128));
+  ASSERT_TRUE(continued.ok());
+
+  auto model_b = MakeTypedModel(TinySpec(), c.dtype);
+  auto b = Trainer::Create(model_b.get(), OptimizerOptions(c, model_b->num_blocks(), false));
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE((*b)->RestoreCheckpoint(*loaded).ok());
+  auto resumed = (*b)->Step(Batches(2, 1, 128));
+  ASSERT_TRUE(resumed.ok());
+  EXPECT_EQ(resumed->loss, continued->loss);
+  ExpectEqualByName((*a)->Params(), (*b)->Params(), "params after resume");
+
+  OptimizerPlanCase other = c;
+  other.optimizer = OptimizerKind::kAdamW;
+  auto model_c = MakeTypedModel(TinySpec(), c.dtype);
+  auto d = Trainer::Create(model_c.get(), OptimizerOptions(other, model_c->num_blocks(), true));
+  ASSERT_TRUE(d.ok());
+  const absl::Status refused = (*d)->RestoreCheckpoint(*loaded);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("adamw_bf16"), std::string::npos) << refused;
+  EXPECT_NE(refused.message().find("--optimizer"), std::string::npos) << refused;
+  RemoveTree(root);
+}
+
 }  // namespace
 }  // namespace memplan
