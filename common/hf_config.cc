@@ -187,6 +187,185 @@ absl::Status CheckUnsupportedFeatures(const Json& root, const FamilyDefaults& fa
   return absl::OkStatus();
 }
 
+// The RoPE types the agent computes, as Hugging Face names them.
+constexpr const char* kRopeTypes[] = {"default", "linear", "dynamic", "yarn", "llama3"};
+
+// Keys each RoPE type may carry besides rope_type/type and rope_theta (Hugging Face's validators
+// accept the same sets). Anything else could change the math, so it is refused.
+std::set<std::string> AllowedRopeKeys(const std::string& type) {
+  std::set<std::string> keys = {"rope_type", "type", "rope_theta", "partial_rotary_factor"};
+  if (type == "linear" || type == "dynamic") keys.insert("factor");
+  if (type == "llama3") {
+    keys.insert({"factor", "low_freq_factor", "high_freq_factor",
+                 "original_max_position_embeddings"});
+  }
+  if (type == "yarn") {
+    keys.insert({"factor", "attention_factor", "beta_fast", "beta_slow", "mscale",
+                 "mscale_all_dim", "original_max_position_embeddings", "truncate"});
+  }
+  return keys;
+}
+
+// Reads "<where>.<key>" as a number > 0 (or 0 <= x when allow_zero).
+absl::StatusOr<std::optional<double>> RopeNumber(const Json& rp, const std::string& where,
+                                                 const char* key, double hi) {
+  const Json* v = Find(rp, key);
+  if (v == nullptr) return std::optional<double>();
+  const std::string name = absl::StrCat(where, ".", key);
+  if (!v->is_number()) return KeyError(name, absl::StrCat("must be a number, got ", v->dump()));
+  const double value = v->get<double>();
+  if (!std::isfinite(value) || value <= 0 || value > hi) {
+    return KeyError(name, absl::StrCat("= ", value, " is out of range; allowed (0, ", hi, "]"));
+  }
+  return std::optional<double>(value);
+}
+
+// rope_theta and the frequency scaling, the way transformers 5.x standardises them: the RoPE
+// dictionary is "rope_scaling" when set (older configs), else "rope_parameters"; its rope_theta
+// wins over a top-level one; llama3/yarn take original_max_position_embeddings from the top level
+// when present, else from the dictionary, else max_position_embeddings.
+absl::Status ParseRope(const Json& root, const FamilyDefaults& family, ModelSpec* spec) {
+  ASSIGN_OR_RETURN(std::optional<double> top_theta,
+                   OptionalPositiveDouble(root, "rope_theta", 1e12));
+  std::string where = "rope_scaling";
+  const Json* rp = Find(root, "rope_scaling");
+  if (rp == nullptr) {
+    where = "rope_parameters";
+    rp = Find(root, "rope_parameters");
+  }
+  const Json empty = Json::object();
+  if (rp == nullptr) rp = &empty;
+  if (!rp->is_object()) return KeyError(where, "must be an object");
+  for (const auto& [key, value] : rp->items()) {
+    if (value.is_object()) {
+      return KeyError(absl::StrCat(where, ".", key),
+                      "is a per-layer-type RoPE dictionary; only one RoPE for every layer is "
+                      "supported");
+    }
+  }
+  ASSIGN_OR_RETURN(std::optional<std::string> type, OptionalString(*rp, "rope_type"));
+  if (!type.has_value()) {
+    ASSIGN_OR_RETURN(type, OptionalString(*rp, "type"));
+  }
+  RopeScaling r;
+  r.type = type.value_or("default");
+  bool known = false;
+  for (const char* t : kRopeTypes) known = known || r.type == t;
+  if (!known) {
+    return KeyError(absl::StrCat(where, ".rope_type"),
+                    absl::StrCat("= \"", r.type,
+                                 "\" is not supported; allowed: default, linear, dynamic, yarn, "
+                                 "llama3"));
+  }
+  const std::set<std::string> allowed = AllowedRopeKeys(r.type);
+  for (const auto& [key, value] : rp->items()) {
+    if (allowed.count(key) == 0 && !value.is_null()) {
+      return KeyError(absl::StrCat(where, ".", key),
+                      absl::StrCat("is not supported for rope_type \"", r.type, "\""));
+    }
+  }
+  for (const Json* obj : {&root, rp}) {
+    ASSIGN_OR_RETURN(std::optional<double> partial,
+                     OptionalPositiveDouble(*obj, "partial_rotary_factor", 1.0));
+    if (partial.has_value() && *partial != 1.0) {
+      return KeyError(obj == &root ? std::string("partial_rotary_factor")
+                                   : absl::StrCat(where, ".partial_rotary_factor"),
+                      absl::StrCat("= ", *partial, " is not supported; allowed: 1.0"));
+    }
+  }
+  ASSIGN_OR_RETURN(std::optional<double> theta, RopeNumber(*rp, where, "rope_theta", 1e12));
+  spec->rope_theta = theta.value_or(top_theta.value_or(family.rope_theta));
+
+  ASSIGN_OR_RETURN(std::optional<double> factor, RopeNumber(*rp, where, "factor", 1e6));
+  const std::string factor_key = absl::StrCat(where, ".factor");
+  if (r.type == "linear" || r.type == "dynamic" || r.type == "llama3") {
+    if (!factor.has_value()) return KeyError(factor_key, "is required for this rope_type");
+    r.factor = *factor;
+  }
+  if (r.type == "llama3" || r.type == "yarn") {
+    ASSIGN_OR_RETURN(std::optional<int64_t> top_orig,
+                     OptionalInt(root, "original_max_position_embeddings", 1,
+                                 kMaxPositionEmbeddings));
+    ASSIGN_OR_RETURN(std::optional<int64_t> orig,
+                     OptionalInt(*rp, "original_max_position_embeddings", 1,
+                                 kMaxPositionEmbeddings));
+    r.original_max_position_embeddings =
+        top_orig.value_or(orig.value_or(spec->max_position_embeddings));
+  }
+  if (r.type == "llama3") {
+    ASSIGN_OR_RETURN(std::optional<double> low, RopeNumber(*rp, where, "low_freq_factor", 1e6));
+    ASSIGN_OR_RETURN(std::optional<double> high, RopeNumber(*rp, where, "high_freq_factor", 1e6));
+    if (!low.has_value()) return KeyError(absl::StrCat(where, ".low_freq_factor"), "is required");
+    if (!high.has_value()) {
+      return KeyError(absl::StrCat(where, ".high_freq_factor"), "is required");
+    }
+    if (*high <= *low) {
+      return KeyError(absl::StrCat(where, ".high_freq_factor"),
+                      absl::StrCat("= ", *high, " must exceed low_freq_factor = ", *low));
+    }
+    r.low_freq_factor = *low;
+    r.high_freq_factor = *high;
+  }
+  if (r.type == "yarn") {
+    r.factor = factor.value_or(static_cast<double>(spec->max_position_embeddings) /
+                               static_cast<double>(r.original_max_position_embeddings));
+    ASSIGN_OR_RETURN(std::optional<double> attention,
+                     RopeNumber(*rp, where, "attention_factor", 1e6));
+    ASSIGN_OR_RETURN(std::optional<double> fast, RopeNumber(*rp, where, "beta_fast", 1e6));
+    ASSIGN_OR_RETURN(std::optional<double> slow, RopeNumber(*rp, where, "beta_slow", 1e6));
+    ASSIGN_OR_RETURN(std::optional<double> mscale, RopeNumber(*rp, where, "mscale", 1e6));
+    ASSIGN_OR_RETURN(std::optional<double> mscale_all,
+                     RopeNumber(*rp, where, "mscale_all_dim", 1e6));
+    ASSIGN_OR_RETURN(std::optional<bool> truncate, OptionalBool(*rp, "truncate"));
+    r.attention_factor = attention.value_or(0);
+    r.beta_fast = fast.value_or(32);
+    r.beta_slow = slow.value_or(1);
+    r.mscale = mscale.value_or(0);
+    r.mscale_all_dim = mscale_all.value_or(0);
+    r.truncate = truncate.value_or(true);
+  }
+  spec->rope_scaling = r;
+  return absl::OkStatus();
+}
+
+// The window of the config's sliding-attention layers (0: none), as Hugging Face's config classes
+// decide it: Mistral slides every layer when "sliding_window" is set (default 4096 when the key is
+// absent); Qwen2/Qwen3 only when "use_sliding_window" is true, on the layers "layer_types" marks
+// (default: from "max_window_layers" on). Llama has no sliding window.
+absl::StatusOr<int64_t> ParseSlidingWindow(const Json& root, const FamilyDefaults& family,
+                                           int64_t num_layers) {
+  const std::string type = family.model_type;
+  if (type == "llama") return 0;
+  const bool absent = root.find("sliding_window") == root.end();
+  ASSIGN_OR_RETURN(std::optional<int64_t> window,
+                   OptionalInt(root, "sliding_window", 1, kMaxPositionEmbeddings));
+  if (type == "mistral") return absent ? 4096 : window.value_or(0);
+  ASSIGN_OR_RETURN(std::optional<bool> use, OptionalBool(root, "use_sliding_window"));
+  if (!use.value_or(false)) return 0;
+  const int64_t w = absent ? 4096 : window.value_or(0);
+  if (w == 0) return 0;
+  bool any_sliding = false;
+  if (const Json* types = Find(root, "layer_types"); types != nullptr) {
+    if (!types->is_array()) return KeyError("layer_types", "must be an array of strings");
+    for (const Json& t : *types) {
+      if (!t.is_string()) return KeyError("layer_types", "must be an array of strings");
+      const std::string s = t.get<std::string>();
+      if (s == "sliding_attention") {
+        any_sliding = true;
+      } else if (s != "full_attention") {
+        return KeyError("layer_types",
+                        absl::StrCat("contains \"", s,
+                                     "\"; allowed: full_attention, sliding_attention"));
+      }
+    }
+  } else {
+    ASSIGN_OR_RETURN(std::optional<int64_t> max_window_layers,
+                     OptionalInt(root, "max_window_layers", 0, kMaxLayers));
+    any_sliding = max_window_layers.value_or(28) < num_layers;
+  }
+  return any_sliding ? w : 0;
+}
+
 absl::StatusOr<ModelSpec> ParseConfig(absl::string_view json, bool* has_name) {
   Json root;
   try {
@@ -236,15 +415,6 @@ absl::StatusOr<ModelSpec> ParseConfig(absl::string_view json, bool* has_name) {
   ASSIGN_OR_RETURN(std::optional<bool> tie, OptionalBool(root, "tie_word_embeddings"));
   spec.tie_word_embeddings = tie.value_or(false);
 
-  ASSIGN_OR_RETURN(std::optional<double> rope_theta,
-                   OptionalPositiveDouble(root, "rope_theta", 1e12));
-  if (!rope_theta.has_value()) {
-    // Newer transformers releases move rope_theta into "rope_parameters".
-    if (const Json* rp = Find(root, "rope_parameters"); rp != nullptr && rp->is_object()) {
-      ASSIGN_OR_RETURN(rope_theta, OptionalPositiveDouble(*rp, "rope_theta", 1e12));
-    }
-  }
-  spec.rope_theta = rope_theta.value_or(family->rope_theta);
   ASSIGN_OR_RETURN(std::optional<double> eps, OptionalPositiveDouble(root, "rms_norm_eps", 1.0));
   spec.rms_norm_eps = eps.value_or(family->rms_norm_eps);
   ASSIGN_OR_RETURN(std::optional<int64_t> max_pos,
@@ -252,19 +422,101 @@ absl::StatusOr<ModelSpec> ParseConfig(absl::string_view json, bool* has_name) {
   spec.max_position_embeddings = max_pos.value_or(family->max_position_embeddings);
   spec.qkv_bias = family->qkv_bias;
   spec.qk_norm = family->qk_norm;
-
-  if (Find(root, "rope_scaling") != nullptr) {
-    // Shapes and memory do not depend on it; the agent's rotary embedding does not apply it.
-    MEMPLAN_LOG(kWarning, "config.json rope_scaling is not modelled; using plain RoPE")
-        .Field("model", spec.name);
-  }
+  RETURN_IF_ERROR(ParseRope(root, *family, &spec));
+  ASSIGN_OR_RETURN(spec.sliding_window, ParseSlidingWindow(root, *family, spec.num_layers));
 
   // Backstop: the checks above name JSON keys; this one guards the ModelSpec invariants.
   if (absl::Status s = ValidateModelSpec(spec, "config.json -> arch."); !s.ok()) return s;
   return spec;
 }
 
+// The RoPE dictionary of `spec` in transformers 5.x's "rope_parameters" layout.
+Json RopeParametersObject(const ModelSpec& spec) {
+  const RopeScaling& r = spec.rope_scaling;
+  Json rp = Json::object();
+  rp["rope_type"] = r.type;
+  rp["rope_theta"] = spec.rope_theta;
+  if (r.type != "default") rp["factor"] = r.factor;
+  if (r.type == "llama3" || r.type == "yarn") {
+    rp["original_max_position_embeddings"] = r.original_max_position_embeddings;
+  }
+  if (r.type == "llama3") {
+    rp["low_freq_factor"] = r.low_freq_factor;
+    rp["high_freq_factor"] = r.high_freq_factor;
+  }
+  if (r.type == "yarn") {
+    if (r.attention_factor > 0) rp["attention_factor"] = r.attention_factor;
+    rp["beta_fast"] = r.beta_fast;
+    rp["beta_slow"] = r.beta_slow;
+    if (r.mscale > 0) rp["mscale"] = r.mscale;
+    if (r.mscale_all_dim > 0) rp["mscale_all_dim"] = r.mscale_all_dim;
+    rp["truncate"] = r.truncate;
+  }
+  return rp;
+}
+
+const FamilyDefaults* FamilyOf(const std::string& model_type) {
+  for (const FamilyDefaults& f : kFamilies) {
+    if (model_type == f.model_type) return &f;
+  }
+  return nullptr;
+}
+
 }  // namespace
+
+std::string RopeParametersJson(const ModelSpec& spec) { return RopeParametersObject(spec).dump(); }
+
+absl::Status ParseRopeParametersJson(absl::string_view json, ModelSpec* spec) {
+  Json root = Json::object();
+  try {
+    root["rope_parameters"] = Json::parse(json.begin(), json.end());
+  } catch (const Json::parse_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("rope_parameters: malformed JSON: ", e.what()));
+  }
+  const FamilyDefaults* family = FamilyOf(spec->family);
+  if (family == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("family = \"", spec->family,
+                                                   "\" is not supported; allowed: ",
+                                                   AllowedModelTypes()));
+  }
+  return ParseRope(root, *family, spec);
+}
+
+std::string ToHfConfigJson(const ModelSpec& spec, DType dtype) {
+  const FamilyDefaults* family = FamilyOf(spec.family);
+  nlohmann::ordered_json j;
+  j["architectures"] = Json::array({family != nullptr ? family->architecture : "LlamaForCausalLM"});
+  j["model_type"] = spec.family;
+  j["hidden_size"] = spec.hidden_size;
+  j["intermediate_size"] = spec.intermediate_size;
+  j["num_hidden_layers"] = spec.num_layers;
+  j["num_attention_heads"] = spec.num_heads;
+  j["num_key_value_heads"] = spec.num_kv_heads;
+  j["head_dim"] = spec.HeadDim();
+  j["vocab_size"] = spec.vocab_size;
+  j["max_position_embeddings"] = spec.max_position_embeddings;
+  j["rms_norm_eps"] = spec.rms_norm_eps;
+  j["hidden_act"] = "silu";
+  j["tie_word_embeddings"] = spec.tie_word_embeddings;
+  j["rope_parameters"] = RopeParametersObject(spec);
+  if (spec.family == "llama" || spec.family == "qwen3" || spec.family == "mistral") {
+    j["attention_bias"] = false;
+  }
+  if (spec.family == "llama") j["mlp_bias"] = false;
+  if (spec.family == "mistral") {
+    j["sliding_window"] = spec.sliding_window > 0 ? Json(spec.sliding_window) : Json(nullptr);
+  }
+  if (spec.family == "qwen2" || spec.family == "qwen3") {
+    // Every layer slides when there is a window (the spec keeps the window, not which layers).
+    j["use_sliding_window"] = spec.sliding_window > 0;
+    j["sliding_window"] = spec.sliding_window > 0 ? Json(spec.sliding_window) : Json(nullptr);
+    j["max_window_layers"] = spec.sliding_window > 0 ? 0 : spec.num_layers;
+  }
+  j["dtype"] = dtype == DType::kBFloat16 ? "bfloat16"
+               : dtype == DType::kFloat16 ? "float16"
+                                          : "float32";
+  return j.dump(2) + "\n";
+}
 
 absl::StatusOr<ModelSpec> ParseHfConfigJson(absl::string_view json) {
   bool has_name = false;

@@ -16,9 +16,24 @@ namespace memplan {
 // num_key_value_heads = num_attention_heads, head_dim = hidden_size / num_attention_heads (128
 // for qwen3), rope_theta 10000, rms_norm_eps 1e-6, tie_word_embeddings false. qkv_bias is set for
 // qwen2, qk_norm for qwen3. Features the ModelSpec cannot express (hidden_act other than silu,
-// mlp_bias, attention_bias on llama/qwen3/mistral) are rejected; rope_scaling is accepted and
-// ignored with a warning.
+// mlp_bias, attention_bias on llama/qwen3/mistral) are rejected.
+// RoPE: both layouts are read — top-level "rope_theta" + "rope_scaling" (published checkpoints,
+// older releases) and "rope_parameters" (transformers 5.x) — the way transformers standardises
+// them; the types default, linear, dynamic, yarn and llama3 are kept in ModelSpec::rope_scaling,
+// any other type, an unknown key of the RoPE dictionary, partial_rotary_factor != 1 or per-layer
+// RoPE dictionaries are refused with the key named. Sliding-window attention is recorded in
+// ModelSpec::sliding_window (the agent refuses sequences longer than it).
 absl::StatusOr<ModelSpec> ParseHfConfigJson(absl::string_view json);
+
+// The RoPE of `spec` as a transformers 5.x "rope_parameters" JSON object, and back (into
+// spec->rope_theta and spec->rope_scaling, with the same checks as ParseHfConfigJson; spec->family
+// and max_position_embeddings must be set).
+std::string RopeParametersJson(const ModelSpec& spec);
+absl::Status ParseRopeParametersJson(absl::string_view json, ModelSpec* spec);
+
+// A config.json for `spec` that transformers loads as the same model (LlamaForCausalLM, ...)
+// and ParseHfConfigJson reads back to the same ModelSpec (name aside).
+std::string ToHfConfigJson(const ModelSpec& spec, DType dtype);
 
 // Reads `path` (a config.json file, or a directory containing one) and parses it. ModelSpec::name
 // is the directory name when the JSON carries no "_name_or_path".

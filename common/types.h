@@ -27,6 +27,25 @@ std::optional<OptimizerKind> ParseOptimizer(std::string_view name);
 // "adamw, adamw_bf16, sgd": the allow-list, for error messages.
 std::string_view OptimizerAllowList();
 
+// Rotary-embedding frequency scaling, as Hugging Face's `rope_parameters` (transformers 5.x) or
+// `rope_scaling` (older configs) describe it. The agent computes exactly these types; a config
+// asking for any other is refused when it is parsed (common/hf_config.h). Shapes, memory and
+// FLOPs do not depend on it: the planner ignores it.
+struct RopeScaling {
+  std::string type = "default";  // default | linear | dynamic | yarn | llama3
+  double factor = 1.0;           // linear, dynamic, llama3, yarn
+  // llama3 and yarn: the pre-training context; dynamic uses max_position_embeddings instead.
+  int64_t original_max_position_embeddings = 0;
+  double low_freq_factor = 1.0;   // llama3
+  double high_freq_factor = 4.0;  // llama3
+  double attention_factor = 0;    // yarn: scales cos/sin; 0 = derived from factor and mscale*
+  double beta_fast = 32;          // yarn
+  double beta_slow = 1;           // yarn
+  double mscale = 0;              // yarn, 0 = unset
+  double mscale_all_dim = 0;      // yarn, 0 = unset
+  bool truncate = true;           // yarn
+};
+
 struct ModelSpec {
   std::string name;
   std::string family = "llama";  // llama, qwen2, qwen3, mistral
@@ -43,6 +62,11 @@ struct ModelSpec {
   double rope_theta = 500000.0;
   double rms_norm_eps = 1e-5;
   int64_t max_position_embeddings = 131072;
+  RopeScaling rope_scaling;
+  // Sliding-window attention of the checkpoint's config (the window of its sliding layers), 0 when
+  // every layer attends to the full context. The agent computes full causal attention only, which
+  // equals the sliding one for sequences of at most this many tokens; longer ones are refused.
+  int64_t sliding_window = 0;
 
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : hidden_size / num_heads; }
 };

@@ -72,6 +72,41 @@ absl::Status ValidateModelSpec(const ModelSpec& m, absl::string_view prefix) {
   if (!std::isfinite(m.rope_theta) || m.rope_theta <= 0 || m.rope_theta > 1e12) {
     return OutOfRange(prefix, "rope_theta", m.rope_theta, 1, 1e12);
   }
+  const RopeScaling& r = m.rope_scaling;
+  if (!(r.type == "default" || r.type == "linear" || r.type == "dynamic" || r.type == "yarn" ||
+        r.type == "llama3")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "rope_scaling.type = \"", r.type,
+                     "\" is not supported; allowed: default, linear, dynamic, yarn, llama3"));
+  }
+  if (!std::isfinite(r.factor) || r.factor <= 0 || r.factor > 1e6) {
+    return OutOfRange(prefix, "rope_scaling.factor", r.factor, 1e-6, 1e6);
+  }
+  if ((r.type == "llama3" || r.type == "yarn") && r.original_max_position_embeddings < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "rope_scaling.original_max_position_embeddings = ",
+                     r.original_max_position_embeddings, " must be >= 1 for ", r.type));
+  }
+  if (r.type == "llama3" && !(r.high_freq_factor > r.low_freq_factor && r.low_freq_factor > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "rope_scaling: llama3 needs 0 < low_freq_factor < high_freq_factor, got ",
+        r.low_freq_factor, " and ", r.high_freq_factor));
+  }
+  if (auto s = CheckInt(prefix, "sliding_window", m.sliding_window, 0, int64_t{1} << 31);
+      !s.ok()) {
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSequenceLength(const ModelSpec& m, int64_t seq_len) {
+  if (m.sliding_window > 0 && seq_len > m.sliding_window) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sequence length ", seq_len, " exceeds the model's sliding window of ", m.sliding_window,
+        " tokens (config.json \"sliding_window\"): memplan computes full causal attention, which "
+        "equals sliding-window attention only up to the window; use a sequence length <= ",
+        m.sliding_window));
+  }
   return absl::OkStatus();
 }
 

@@ -24,6 +24,11 @@ inline constexpr int64_t kMaxHostMemoryBytes = int64_t{1} << 50;
 inline constexpr double kMaxRate = 1e18;  // bytes/s, FLOP/s or params/s
 
 absl::Status ValidateModelSpec(const ModelSpec& m, absl::string_view prefix);
+
+// INVALID_ARGUMENT when a sequence of seq_len tokens would make `m`'s sliding-window attention
+// (ModelSpec::sliding_window) differ from the full causal attention the agent computes; names
+// config.json's "sliding_window".
+absl::Status CheckSequenceLength(const ModelSpec& m, int64_t seq_len);
 absl::Status ValidateWorkload(const Workload& w, absl::string_view prefix);
 absl::Status ValidateHardwareSpec(const HardwareSpec& h, absl::string_view prefix);
 absl::Status ValidateTrainingMethod(const TrainingMethod& t, const ModelSpec& m,

@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 jobs=${MEMPLAN_JOBS:-$(nproc)}
 torch_version=2.11.0
+transformers_version=5.24.0
+safetensors_version=0.8.0
 
 say() { printf '\033[1m[memplan]\033[0m %s\n' "$*"; }
 
@@ -46,6 +48,11 @@ else
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q --upgrade pip
     "$venv/bin/pip" install -q "torch==$torch_version"
+  fi
+  # The parity suite (tests/parity) compares the agent with Hugging Face transformers.
+  if ! "$venv/bin/python3" -c "import transformers, safetensors, sys; sys.exit(transformers.__version__ != '$transformers_version')" 2>/dev/null; then
+    say "installing transformers==$transformers_version and safetensors into $venv (one time)"
+    "$venv/bin/pip" install -q "transformers==$transformers_version" "safetensors==$safetensors_version"
   fi
   if [[ ! -e .venv ]]; then ln -s "$venv" .venv; fi
 fi

@@ -419,8 +419,8 @@ absl::Status Run(const BenchConfig& c) {
       spec.tie_word_embeddings ? 1 : 0,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - init_start).count());
 
-  // Synthetic tokens: uniform ids (labels = inputs, shifted inside the loss), two batches
-  // alternated so that consecutive steps see different data.
+  // Synthetic tokens: uniform ids, each position's target the next input (the last one ignored),
+  // two batches alternated so that consecutive steps see different data.
   std::vector<MicroBatch> batches;
   torch::manual_seed(c.seed + 1);
   for (int i = 0; i < 2; ++i) {
@@ -428,7 +428,7 @@ absl::Status Run(const BenchConfig& c) {
     b.input_ids = torch::randint(spec.vocab_size, {c.batch, c.seq},
                                  torch::TensorOptions().dtype(torch::kLong))
                       .to(device);
-    b.labels = b.input_ids.clone();
+    b.labels = torch::constant_pad_nd(b.input_ids, {0, 1}, -100).slice(1, 1);
     batches.push_back(std::move(b));
   }
 

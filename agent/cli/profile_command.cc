@@ -1,6 +1,5 @@
 #include "agent/cli/profile_command.h"
 
-#include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime_api.h>
 
 #include <chrono>
@@ -42,12 +41,11 @@ void PrintDeviceMemory(const torch::Device& device) {
   if (!device.is_cuda()) return;
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return;
-  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
-      device.index() < 0 ? c10::DeviceIndex{0} : device.index());
-  const auto aggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-  std::printf("device: %.2f GiB in all, allocator reserved %.2f GiB now (peak since the last reset %.2f GiB)\n",
-              total_bytes / kGiB, stats.reserved_bytes[aggregate].current / kGiB,
-              stats.reserved_bytes[aggregate].peak / kGiB);
+  const AllocatorStats stats = ReadAllocatorStats(device);
+  std::printf(
+      "device: %.2f GiB in all, allocator reserved %.2f GiB now (peak since the last reset %.2f "
+      "GiB)\n",
+      total_bytes / kGiB, stats.reserved.current / kGiB, stats.reserved.peak / kGiB);
 }
 
 int Fail(const std::string& message) {
@@ -163,8 +161,8 @@ int RunProfileCommand(const std::vector<std::string>& args) {
   int64_t model_bytes = 0;
   for (const NamedParam& p : (*model)->Params()) model_bytes += p.param.nbytes();
   std::printf("model %s: %lld blocks, %.2f GiB of parameters, built in %.1f s %s\n",
-              spec->name.c_str(), static_cast<long long>(spec->num_layers), model_bytes / kGiB, Since(start),
-              on_demand ? "in host memory (on-demand profiling)" : "on the device");
+              spec->name.c_str(), static_cast<long long>(spec->num_layers), model_bytes / kGiB,
+              Since(start), on_demand ? "in host memory (on-demand profiling)" : "on the device");
   absl::StatusOr<ProfileResult> result;
   if (on_demand) {
     auto od = ProfileModelOnDemand(**model, options, OnDemandOptions{});

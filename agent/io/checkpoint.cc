@@ -20,6 +20,7 @@
 #include "common/param_shapes.h"
 #include "agent/io/safetensors_torch.h"
 #include "agent/io/writable_file.h"
+#include "common/hf_config.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/validate.h"
@@ -143,13 +144,20 @@ absl::Status WriteStaged(const std::string& staged, const TrainerState& trainer,
                          const std::vector<NamedParam>& optimizer_state) {
   const std::string params_path = JoinPath(staged, kCheckpointParamsFile);
   const std::string optimizer_path = JoinPath(staged, kCheckpointOptimizerFile);
+  const std::string config_path = JoinPath(staged, kCheckpointConfigFile);
+  // "format": "pt" is what Hugging Face tools expect of a model file.
+  const SafetensorsMetadata params_metadata = {{"format", "pt"},
+                                               {"memplan_format", kCheckpointFormat},
+                                               {"step", absl::StrCat(trainer.step)}};
   const SafetensorsMetadata metadata = {{"format", kCheckpointFormat},
                                         {"step", absl::StrCat(trainer.step)}};
-  RETURN_IF_ERROR(SaveSafetensorsFile(params_path, params, metadata));
+  RETURN_IF_ERROR(SaveSafetensorsFile(params_path, params, params_metadata));
   RETURN_IF_ERROR(SaveSafetensorsFile(optimizer_path, optimizer_state, metadata));
+  RETURN_IF_ERROR(
+      WriteFileDurably(config_path, ToHfConfigJson(trainer.model, trainer.param_dtype)));
   CheckpointManifest manifest;
   manifest.trainer = trainer;
-  for (const std::string& path : {params_path, optimizer_path}) {
+  for (const std::string& path : {params_path, optimizer_path, config_path}) {
     ASSIGN_OR_RETURN(manifest.file_size_bytes[Basename(path)], FileSizeBytes(path));
   }
   RETURN_IF_ERROR(WriteFileDurably(JoinPath(staged, kCheckpointTrainerFile),
@@ -257,7 +265,11 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir) {
     return absl::Status(manifest.status().code(),
                         absl::StrCat(dir, ": ", manifest.status().message()));
   }
-  for (const char* required : {kCheckpointParamsFile, kCheckpointOptimizerFile}) {
+  // Checkpoints before the Hugging Face layout kept the parameters in params.safetensors.
+  const char* params_file = manifest->file_size_bytes.count(kCheckpointParamsFile) > 0
+                                ? kCheckpointParamsFile
+                                : kLegacyCheckpointParamsFile;
+  for (const char* required : {params_file, kCheckpointOptimizerFile}) {
     if (manifest->file_size_bytes.count(required) == 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(trainer_path, ": \"files\" does not list ", required));
@@ -276,11 +288,11 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir) {
   Checkpoint ckpt;
   ckpt.trainer = manifest->trainer;
   ASSIGN_OR_RETURN(std::vector<NamedParam> params,
-                   ReadSafetensorsFile(JoinPath(dir, kCheckpointParamsFile)));
+                   ReadSafetensorsFile(JoinPath(dir, params_file)));
   absl::StatusOr<std::vector<NamedParam>> ordered = CheckParamsAgainstModel(ckpt.trainer, params);
   if (!ordered.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(dir, "/", kCheckpointParamsFile, ": ", ordered.status().message()));
+        absl::StrCat(dir, "/", params_file, ": ", ordered.status().message()));
   }
   ckpt.params = *std::move(ordered);
   ASSIGN_OR_RETURN(ckpt.optimizer_state,

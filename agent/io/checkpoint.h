@@ -1,5 +1,5 @@
-// Layout-independent training checkpoints: a directory with params.safetensors (Hugging Face
-// names, full tensors in the model dtype), optimizer.safetensors ("<name>.exp_avg",
+// Layout-independent training checkpoints: a directory with model.safetensors (Hugging Face
+// names, full tensors in the model dtype), config.json, optimizer.safetensors ("<name>.exp_avg",
 // "<name>.exp_avg_sq", optional "<name>.master", "step") and trainer.json (trainer_state.h).
 // Written into a temporary sibling directory, fsynced and renamed into place, so a crash leaves
 // either the previous checkpoint or the new one, never a mix. Nothing in it depends on the
@@ -17,7 +17,12 @@
 
 namespace memplan::io {
 
-inline constexpr char kCheckpointParamsFile[] = "params.safetensors";
+// A checkpoint directory is also a Hugging Face checkpoint: config.json + model.safetensors load
+// with transformers' from_pretrained (optimizer state and trainer.json are extra files to it).
+inline constexpr char kCheckpointParamsFile[] = "model.safetensors";
+inline constexpr char kCheckpointConfigFile[] = "config.json";
+// Where checkpoints written before the Hugging Face layout keep their parameters (still read).
+inline constexpr char kLegacyCheckpointParamsFile[] = "params.safetensors";
 inline constexpr char kCheckpointOptimizerFile[] = "optimizer.safetensors";
 inline constexpr char kCheckpointTrainerFile[] = "trainer.json";
 

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/hf_config.h"
 #include "common/status.h"
 #include "common/validate.h"
 #include "nlohmann/json.hpp"
@@ -97,6 +98,9 @@ OrderedJson EncodeModel(const ModelSpec& m) {
   j["rope_theta"] = m.rope_theta;
   j["rms_norm_eps"] = m.rms_norm_eps;
   j["max_position_embeddings"] = m.max_position_embeddings;
+  // Written by checkpoints since RoPE scaling is computed; older ones (without) used plain RoPE.
+  j["rope_parameters"] = OrderedJson::parse(RopeParametersJson(m));
+  j["sliding_window"] = m.sliding_window;
   return j;
 }
 
@@ -121,6 +125,15 @@ absl::StatusOr<ModelSpec> DecodeModel(const Json& j) {
   ASSIGN_OR_RETURN(m.rms_norm_eps, GetDouble(j, "rms_norm_eps", "model.rms_norm_eps", 0, 1e300));
   ASSIGN_OR_RETURN(m.max_position_embeddings,
                    GetInt(j, "max_position_embeddings", "model.max_position_embeddings", 1, kBig));
+  if (auto rp = j.find("rope_parameters"); rp != j.end()) {
+    if (absl::Status s = ParseRopeParametersJson(rp->dump(), &m); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("trainer.json: model.", s.message()));
+    }
+  }
+  if (j.contains("sliding_window")) {
+    ASSIGN_OR_RETURN(m.sliding_window,
+                     GetInt(j, "sliding_window", "model.sliding_window", 0, kBig));
+  }
   RETURN_IF_ERROR(ValidateModelSpec(m, "trainer.json: model."));
   return m;
 }

@@ -239,16 +239,106 @@ std::vector<NamedParam> LlamaModel::Params() const {
   return out;
 }
 
+namespace {
+
+// [RoPE parity] The inverse frequencies use the same tensor operations, in the same order and
+// precision, as transformers' RoPE initialisers (modeling_rope_utils.py), so cos and sin are
+// bit-identical to theirs: Python's `number / tensor` is `tensor.reciprocal() * number` (RDiv, one
+// rounding more than a division), and dynamic scaling's run-time base is a float32 tensor.
+torch::Tensor RDiv(double number, const torch::Tensor& t) { return t.reciprocal() * number; }
+
+// transformers' yarn attention scale: 0.1 * mscale * ln(scale) + 1 above scale 1.
+double YarnMscale(double scale, double mscale) {
+  return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+}  // namespace
+
 LlamaModel::Rope LlamaModel::MakeRope(int64_t seq_len) const {
-  const int64_t d = options_.spec.HeadDim();
-  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(options_.device);
-  const torch::Tensor exponent = torch::arange(0, d, 2, f32) / static_cast<double>(d);
-  const torch::Tensor inv_freq = 1.0 / torch::pow(options_.spec.rope_theta, exponent);
-  const torch::Tensor positions = torch::arange(seq_len, f32);
-  const torch::Tensor freqs = torch::outer(positions, inv_freq);
+  const ModelSpec& s = options_.spec;
+  const RopeScaling& r = s.rope_scaling;
+  const int64_t d = s.HeadDim();
+  // Like transformers, the frequencies are computed on the CPU at model creation (dynamic
+  // scaling's run-time update aside), and the angles and cos/sin on the compute device.
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+  const auto i64 = torch::TensorOptions().dtype(torch::kLong);
+  // arange(0, dim, 2) / dim in fp32, where every initialiser starts.
+  const torch::Tensor exponent = torch::arange(0, d, 2, i64).to(torch::kFloat32) / d;
+  const double dim_power = static_cast<double>(d) / static_cast<double>(d - 2);
+  torch::Tensor inv_freq;
+  double attention_scaling = 1.0;
+  if (r.type == "dynamic" && seq_len > s.max_position_embeddings) {
+    // The forward-time update for a sequence beyond max_position_embeddings: the base rescaled
+    // for the current length, computed on fp32 tensors as transformers does.
+    const torch::Tensor len = torch::scalar_tensor(seq_len, i64.device(options_.device));
+    const torch::Tensor base =
+        ((len * r.factor) / s.max_position_embeddings - (r.factor - 1)).pow(dim_power) *
+        s.rope_theta;
+    inv_freq = RDiv(1.0, torch::pow(base, exponent.to(options_.device)));
+  } else if (r.type == "dynamic") {
+    const double max_pos = static_cast<double>(s.max_position_embeddings);
+    const double base =
+        s.rope_theta * std::pow((r.factor * max_pos / max_pos) - (r.factor - 1), dim_power);
+    inv_freq = RDiv(1.0, torch::pow(base, exponent));
+  } else if (r.type == "yarn") {
+    const double base = s.rope_theta;
+    const double orig = static_cast<double>(r.original_max_position_embeddings);
+    attention_scaling = r.attention_factor;
+    if (attention_scaling <= 0) {
+      attention_scaling =
+          r.mscale > 0 && r.mscale_all_dim > 0
+              ? YarnMscale(r.factor, r.mscale) / YarnMscale(r.factor, r.mscale_all_dim)
+              : YarnMscale(r.factor, 1.0);
+    }
+    // The dimension index at which a frequency completes `rotations` turns over the original
+    // context; the ramp between the two bounds blends interpolated and extrapolated frequencies.
+    auto correction_dim = [&](double rotations) {
+      return (static_cast<double>(d) * std::log(orig / (rotations * 2 * M_PI))) /
+             (2 * std::log(base));
+    };
+    double low = correction_dim(r.beta_fast);
+    double high = correction_dim(r.beta_slow);
+    if (r.truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, static_cast<double>(d - 1));
+    if (low == high) high += 0.001;
+    const torch::Tensor ramp = torch::clamp((torch::arange(d / 2, f32) - low) / (high - low), 0, 1);
+    const torch::Tensor pos_freqs = torch::pow(base, exponent);
+    const torch::Tensor extrapolation = RDiv(1.0, pos_freqs);
+    const torch::Tensor interpolation = RDiv(1.0, pos_freqs * r.factor);
+    const torch::Tensor extrapolation_factor = 1 - ramp;
+    inv_freq = interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor;
+  } else {
+    inv_freq = RDiv(1.0, torch::pow(s.rope_theta, exponent));
+    if (r.type == "linear") inv_freq = inv_freq / r.factor;
+    if (r.type == "llama3") {
+      // Long wavelengths divided by factor, short ones kept, the band between blended.
+      const double old_context = static_cast<double>(r.original_max_position_embeddings);
+      const double low_wavelen = old_context / r.low_freq_factor;
+      const double high_wavelen = old_context / r.high_freq_factor;
+      const torch::Tensor wavelen = RDiv(2 * M_PI, inv_freq);
+      const torch::Tensor scaled = torch::where(wavelen > low_wavelen, inv_freq / r.factor, inv_freq);
+      const torch::Tensor smooth = (RDiv(old_context, wavelen) - r.low_freq_factor) /
+                                   (r.high_freq_factor - r.low_freq_factor);
+      const torch::Tensor smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled;
+      const torch::Tensor medium =
+          torch::logical_not(wavelen < high_wavelen) * torch::logical_not(wavelen > low_wavelen);
+      inv_freq = torch::where(medium, smoothed, scaled);
+    }
+  }
+  const torch::Tensor positions =
+      torch::arange(seq_len, i64.device(options_.device)).to(torch::kFloat32);
+  const torch::Tensor freqs = positions.unsqueeze(1) * inv_freq.to(options_.device);
   const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
   const auto dtype = ToScalarType(options_.dtype);
-  return Rope{emb.cos().to(dtype), emb.sin().to(dtype)};
+  return Rope{(emb.cos() * attention_scaling).to(dtype), (emb.sin() * attention_scaling).to(dtype)};
+}
+
+absl::Status LlamaModel::CheckSequenceLength(int64_t seq_len) const {
+  return memplan::CheckSequenceLength(options_.spec, seq_len);
 }
 
 torch::Tensor LlamaModel::Embed(const torch::Tensor& input_ids, const torch::Tensor& weight) const {
@@ -289,26 +379,37 @@ torch::Tensor LlamaModel::Block(const BlockParams& p, const torch::Tensor& hidde
   return h + mlp;
 }
 
-torch::Tensor LlamaModel::HeadLoss(const torch::Tensor& hidden, const torch::Tensor& labels,
+torch::Tensor LlamaModel::HeadLoss(const torch::Tensor& hidden, const torch::Tensor& targets,
                                    const torch::Tensor& head_weight) const {
   const torch::Tensor x = RmsNorm(hidden, norm_, options_.spec.rms_norm_eps);
   const torch::Tensor logits = Linear(x, head_weight).to(torch::kFloat32);
-  // Position t predicts token t+1: pad the labels on the right and drop the first, as Hugging
-  // Face's ForCausalLMLoss does, so the logits need no slicing copy.
-  const torch::Tensor shifted =
-      torch::constant_pad_nd(labels, {0, 1}, -100).slice(1, 1).reshape({-1});
-  return at::cross_entropy_loss(logits.view({-1, logits.size(-1)}), shifted, /*weight=*/{},
-                                at::Reduction::Mean, /*ignore_index=*/-100,
+  // Hugging Face's ForCausalLMLoss given shift_labels: the sum over non-ignored positions divided
+  // by their count, in fp32.
+  return at::cross_entropy_loss(logits.view({-1, logits.size(-1)}), targets.reshape({-1}),
+                                /*weight=*/{}, at::Reduction::Mean, /*ignore_index=*/-100,
                                 /*label_smoothing=*/0.0);
 }
 
-torch::Tensor LlamaModel::Loss(const torch::Tensor& input_ids, const torch::Tensor& labels) {
-  TORCH_CHECK(input_ids.dim() == 2 && labels.sizes() == input_ids.sizes(),
-              "Loss: input_ids and labels must be [batch, seq] of the same shape");
+torch::Tensor LlamaModel::Logits(const torch::Tensor& input_ids) {
+  TORCH_CHECK(input_ids.dim() == 2, "Logits: input_ids must be [batch, seq]");
+  const absl::Status seq_ok = CheckSequenceLength(input_ids.size(1));
+  TORCH_CHECK(seq_ok.ok(), seq_ok.ToString());
   const Rope rope = MakeRope(input_ids.size(1));
   torch::Tensor h = Embed(input_ids, embed_tokens_);
   for (const auto& b : blocks_) h = Block(*b, h, rope);
-  return HeadLoss(h, labels, lm_head_.defined() ? lm_head_ : embed_tokens_);
+  return Linear(RmsNorm(h, norm_, options_.spec.rms_norm_eps),
+                lm_head_.defined() ? lm_head_ : embed_tokens_);
+}
+
+torch::Tensor LlamaModel::Loss(const torch::Tensor& input_ids, const torch::Tensor& targets) {
+  TORCH_CHECK(input_ids.dim() == 2 && targets.sizes() == input_ids.sizes(),
+              "Loss: input_ids and targets must be [batch, seq] of the same shape");
+  const absl::Status seq_ok = CheckSequenceLength(input_ids.size(1));
+  TORCH_CHECK(seq_ok.ok(), seq_ok.ToString());
+  const Rope rope = MakeRope(input_ids.size(1));
+  torch::Tensor h = Embed(input_ids, embed_tokens_);
+  for (const auto& b : blocks_) h = Block(*b, h, rope);
+  return HeadLoss(h, targets, lm_head_.defined() ? lm_head_ : embed_tokens_);
 }
 
 // [Tied head gradient] With tied embeddings the plain graph sums the head's and the embedding's
@@ -316,11 +417,13 @@ torch::Tensor LlamaModel::Loss(const torch::Tensor& input_ids, const torch::Tens
 // would accumulate separately ((G + h) + e), which differs in the last bit once G is non-zero
 // (gradient accumulation). So both groups use aliases of the weight, and the embedding group's
 // backward adds h + e to the parameter's .grad itself.
-torch::Tensor LlamaModel::Loss(const torch::Tensor& input_ids, const torch::Tensor& labels,
+torch::Tensor LlamaModel::Loss(const torch::Tensor& input_ids, const torch::Tensor& targets,
                                const BlockModes& modes, ParamResidency* residency,
                                ActivationOffloader* offloader) {
-  TORCH_CHECK(input_ids.dim() == 2 && labels.sizes() == input_ids.sizes(),
-              "Loss: input_ids and labels must be [batch, seq] of the same shape");
+  TORCH_CHECK(input_ids.dim() == 2 && targets.sizes() == input_ids.sizes(),
+              "Loss: input_ids and targets must be [batch, seq] of the same shape");
+  const absl::Status seq_ok = CheckSequenceLength(input_ids.size(1));
+  TORCH_CHECK(seq_ok.ok(), seq_ok.ToString());
   TORCH_CHECK(static_cast<int>(modes.size()) == num_blocks(), "Loss: got ", modes.size(),
               " block modes for ", num_blocks(), " blocks");
   bool needs_offloader = false;
@@ -388,10 +491,10 @@ torch::Tensor LlamaModel::Loss(const torch::Tensor& input_ids, const torch::Tens
 
   GroupSpec head;
   head.group = num_blocks() + 1;
-  head.body = [this, tied, tied_state, labels](const torch::Tensor& x) {
-    if (!tied) return HeadLoss(x, labels, lm_head_);
+  head.body = [this, tied, tied_state, targets](const torch::Tensor& x) {
+    if (!tied) return HeadLoss(x, targets, lm_head_);
     tied_state->head_alias = Alias(embed_tokens_);
-    return HeadLoss(x, labels, tied_state->head_alias);
+    return HeadLoss(x, targets, tied_state->head_alias);
   };
   if (tied) {
     head.before_backward = [this, tied_state] {

@@ -49,14 +49,22 @@ class LlamaModel {
   // Every parameter once, in first-use order of ParamGroups() (the canonical optimizer order).
   std::vector<NamedParam> Params() const;
 
-  // Reference: plain autograd, all activations kept. Mean cross-entropy over labels shifted by one
-  // (label -100 ignored), computed in fp32. input_ids/labels: int64 [batch, seq] on the device.
-  torch::Tensor Loss(const torch::Tensor& input_ids, const torch::Tensor& labels);
+  // Reference: plain autograd, all activations kept. Mean cross-entropy of the logits at position t
+  // against targets[t] (-100 ignored), computed in fp32: targets are already shifted, as the token
+  // batcher makes them and as Hugging Face's `shift_labels` takes them (HF's `labels` = input_ids
+  // corresponds to targets[t] = input_ids[t + 1], -100 at the end). input_ids/targets: int64
+  // [batch, seq] on the device. Throws for a sequence that CheckSequenceLength refuses.
+  torch::Tensor Loss(const torch::Tensor& input_ids, const torch::Tensor& targets);
+  // Plain autograd forward to the LM head's output, [batch, seq, vocab] in the model dtype.
+  torch::Tensor Logits(const torch::Tensor& input_ids);
+  // INVALID_ARGUMENT (naming config.json's "sliding_window") when a sequence of seq_len tokens
+  // would make the checkpoint's sliding-window attention differ from full causal attention.
+  absl::Status CheckSequenceLength(int64_t seq_len) const;
   // Grouped: every group runs in its own autograd Function (agent/blocks/group_runner.h) with the
   // given per-block modes; `residency` (may be null) is told when each group runs. SWAP and
   // HS_OFFLOAD need `offloader` (a default one for the model's device is created if null).
   // Gives bit-identical loss and gradients to Loss() when the device arithmetic is deterministic.
-  torch::Tensor Loss(const torch::Tensor& input_ids, const torch::Tensor& labels,
+  torch::Tensor Loss(const torch::Tensor& input_ids, const torch::Tensor& targets,
                      const BlockModes& modes, ParamResidency* residency,
                      ActivationOffloader* offloader = nullptr);
 
@@ -74,7 +82,7 @@ class LlamaModel {
   Rope MakeRope(int64_t seq_len) const;
   torch::Tensor Embed(const torch::Tensor& input_ids, const torch::Tensor& weight) const;
   torch::Tensor Block(const BlockParams& p, const torch::Tensor& hidden, const Rope& rope) const;
-  torch::Tensor HeadLoss(const torch::Tensor& hidden, const torch::Tensor& labels,
+  torch::Tensor HeadLoss(const torch::Tensor& hidden, const torch::Tensor& targets,
                          const torch::Tensor& head_weight) const;
 
   LlamaModelOptions options_;

@@ -93,4 +93,14 @@ std::unique_ptr<MemoryProbe> MemoryProbe::Create(torch::Device device) {
   return std::make_unique<CpuMemoryProbe>();
 }
 
+c10::DeviceIndex CudaIndex(const torch::Device& device) {
+  return device.index() < 0 ? c10::DeviceIndex{0} : device.index();
+}
+
+AllocatorStats ReadAllocatorStats(const torch::Device& device) {
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(CudaIndex(device));
+  const auto aggregate = static_cast<size_t>(StatType::AGGREGATE);
+  return {stats.allocated_bytes[aggregate], stats.reserved_bytes[aggregate]};
+}
+
 }  // namespace memplan

@@ -8,6 +8,8 @@
 #include <memory>
 #include <string>
 
+#include <c10/core/Allocator.h>
+
 #include "agent/core/torch_pch.h"
 
 namespace memplan {
@@ -33,5 +35,15 @@ class MemoryProbe {
   // "cuda_caching_allocator" or "cpu_allocator_reports".
   virtual std::string source() const = 0;
 };
+
+// The CUDA device index of `device` (0 for an index-less "cuda").
+c10::DeviceIndex CudaIndex(const torch::Device& device);
+
+// The CUDA caching allocator's aggregate allocated / reserved statistics of `device` (current and
+// peak since the last reset); call only for a CUDA device.
+struct AllocatorStats {
+  c10::CachingAllocator::Stat allocated, reserved;
+};
+AllocatorStats ReadAllocatorStats(const torch::Device& device);
 
 }  // namespace memplan

@@ -197,12 +197,14 @@ absl::StatusOr<ProfileResult> ProfileModel(LlamaModel& model, const ProfilerOpti
     for (int i = 1; i < n; i += 2) modes[static_cast<size_t>(i)] = BlockMode::kCkpt;
   }
   double warmup_seconds = 0;
-  for (int i = 0; i < options.warmup_steps; ++i) {
+  int passes = 0;
+  for (int i = 0; i < options.warmup_steps; ++i, ++passes) {
     ASSIGN_OR_RETURN(PassResult warm, RunPass(model, ids, modes, *probe, options.inner));
     MEMPLAN_LOG(kInfo, "profiler warm-up pass").Field("seconds", warm.seconds);
     warmup_seconds += warm.seconds;
   }
   ASSIGN_OR_RETURN(PassResult plain, RunPass(model, ids, modes, *probe, options.inner));
+  ++passes;
   MEMPLAN_LOG(kInfo, "profiler pass")
       .Field("seconds", plain.seconds)
       .Field("interleaved", interleave)
@@ -210,11 +212,12 @@ absl::StatusOr<ProfileResult> ProfileModel(LlamaModel& model, const ProfilerOpti
   PassResult ckpt;
   if (options.measure_recompute && !interleave) {
     const BlockModes all_ckpt(static_cast<size_t>(n), BlockMode::kCkpt);
-    for (int i = 0; i < std::min(options.warmup_steps, 1); ++i) {
+    for (int i = 0; i < std::min(options.warmup_steps, 1); ++i, ++passes) {
       ASSIGN_OR_RETURN(PassResult warm, RunPass(model, ids, all_ckpt, *probe, options.inner));
       MEMPLAN_LOG(kInfo, "profiler warm-up pass, every block CKPT").Field("seconds", warm.seconds);
     }
     ASSIGN_OR_RETURN(ckpt, RunPass(model, ids, all_ckpt, *probe, options.inner));
+    ++passes;
     MEMPLAN_LOG(kInfo, "profiler pass, every block CKPT").Field("seconds", ckpt.seconds);
   }
 
@@ -226,10 +229,7 @@ absl::StatusOr<ProfileResult> ProfileModel(LlamaModel& model, const ProfilerOpti
   result.step_peak_bytes = plain.peak_bytes;
   result.grad_bytes = plain.grad_bytes;
   result.block_modes = modes;
-  result.passes = options.warmup_steps + 1 +
-                  (options.measure_recompute && !interleave
-                       ? 1 + std::min(options.warmup_steps, 1)
-                       : 0);
+  result.passes = passes;
 
   // Parameter bytes per group, each tensor counted in the group that uses it first (a tied head
   // weight belongs to the embedding, as in the chunk layout).
@@ -319,8 +319,8 @@ absl::StatusOr<ProfileResult> ProfileModel(LlamaModel& model, const ProfilerOpti
     }
     if (c != nullptr) {
       // Interleaved: a CKPT block (always odd) pairs with the NONE block before it.
-      const GroupMeasurement& pair_none =
-          ckpt_of >= 0 ? plain.groups[static_cast<size_t>(ckpt_of - 1 + 1)] : m;
+      const int pair_none_of = ckpt_of >= 0 ? ckpt_of - 1 : none_of;
+      const GroupMeasurement& pair_none = plain.groups[static_cast<size_t>(pair_none_of + 1)];
       const double extra = c->backward_seconds - pair_none.backward_seconds;
       if (extra > 0) b.recompute_seconds = extra;
     }

@@ -6,6 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/validate.h"
 
 namespace memplan {
 namespace {
@@ -138,6 +139,119 @@ TEST(HfConfigTest, RopeThetaFromRopeParameters) {
   EXPECT_DOUBLE_EQ(m->rope_theta, 5e5);
 }
 
+TEST(HfConfigTest, Llama31RopeScalingFromTopLevelLayout) {
+  absl::StatusOr<ModelSpec> m = ParseHfConfigJson(kLlama31_8B);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->rope_scaling.type, "llama3");
+  EXPECT_DOUBLE_EQ(m->rope_scaling.factor, 8.0);
+  EXPECT_DOUBLE_EQ(m->rope_scaling.low_freq_factor, 1.0);
+  EXPECT_DOUBLE_EQ(m->rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(m->rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_EQ(m->sliding_window, 0);
+}
+
+TEST(HfConfigTest, RopeScalingFromRopeParametersLayout) {
+  // transformers 5.x keeps theta and the scaling together in rope_parameters; its theta wins
+  // over a top-level one.
+  absl::StatusOr<ModelSpec> m = ParseHfConfigJson(Tiny(R"("rope_theta": 1e4,
+      "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 32.0,
+                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                          "original_max_position_embeddings": 8192})"));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_DOUBLE_EQ(m->rope_theta, 5e5);
+  EXPECT_EQ(m->rope_scaling.type, "llama3");
+  EXPECT_DOUBLE_EQ(m->rope_scaling.factor, 32.0);
+}
+
+TEST(HfConfigTest, RopeTypesAndDefaults) {
+  absl::StatusOr<ModelSpec> linear =
+      ParseHfConfigJson(Tiny(R"("rope_scaling": {"type": "linear", "factor": 2.0})"));
+  ASSERT_TRUE(linear.ok()) << linear.status();
+  EXPECT_EQ(linear->rope_scaling.type, "linear");
+  EXPECT_DOUBLE_EQ(linear->rope_scaling.factor, 2.0);
+  EXPECT_DOUBLE_EQ(linear->rope_theta, 10000.0);
+
+  // yarn without a factor: max_position_embeddings / original_max_position_embeddings.
+  absl::StatusOr<ModelSpec> yarn = ParseHfConfigJson(Tiny(R"("max_position_embeddings": 4096,
+      "rope_parameters": {"rope_type": "yarn", "original_max_position_embeddings": 1024})"));
+  ASSERT_TRUE(yarn.ok()) << yarn.status();
+  EXPECT_DOUBLE_EQ(yarn->rope_scaling.factor, 4.0);
+  EXPECT_DOUBLE_EQ(yarn->rope_scaling.beta_fast, 32.0);
+  EXPECT_TRUE(yarn->rope_scaling.truncate);
+
+  // llama3 without original_max_position_embeddings: max_position_embeddings.
+  absl::StatusOr<ModelSpec> llama3 = ParseHfConfigJson(Tiny(R"("max_position_embeddings": 4096,
+      "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                       "high_freq_factor": 4.0})"));
+  ASSERT_TRUE(llama3.ok()) << llama3.status();
+  EXPECT_EQ(llama3->rope_scaling.original_max_position_embeddings, 4096);
+
+  absl::StatusOr<ModelSpec> none = ParseHfConfigJson(Tiny(R"("rope_scaling": null)"));
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->rope_scaling.type, "default");
+}
+
+TEST(HfConfigTest, SlidingWindowAsTransformersDecidesIt) {
+  absl::StatusOr<ModelSpec> mistral = ParseHfConfigJson(kMistral7B);
+  ASSERT_TRUE(mistral.ok()) << mistral.status();
+  EXPECT_EQ(mistral->sliding_window, 4096);
+  EXPECT_TRUE(CheckSequenceLength(*mistral, 4096).ok());
+  const absl::Status longer = CheckSequenceLength(*mistral, 4097);
+  EXPECT_EQ(longer.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(longer.message()), HasSubstr("sliding_window"));
+
+  // Qwen2 with use_sliding_window false: full attention whatever "sliding_window" says.
+  absl::StatusOr<ModelSpec> qwen = ParseHfConfigJson(kQwen25_05B);
+  ASSERT_TRUE(qwen.ok()) << qwen.status();
+  EXPECT_EQ(qwen->sliding_window, 0);
+
+  const std::string qwen2 = R"({"model_type": "qwen2", "hidden_size": 64,
+      "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 128,
+      "vocab_size": 256, "use_sliding_window": true, "sliding_window": 512)";
+  // Layers from max_window_layers on slide; none do when it covers every layer.
+  absl::StatusOr<ModelSpec> all_full = ParseHfConfigJson(qwen2 + R"(, "max_window_layers": 4})");
+  ASSERT_TRUE(all_full.ok()) << all_full.status();
+  EXPECT_EQ(all_full->sliding_window, 0);
+  absl::StatusOr<ModelSpec> some = ParseHfConfigJson(qwen2 + R"(, "max_window_layers": 2})");
+  ASSERT_TRUE(some.ok()) << some.status();
+  EXPECT_EQ(some->sliding_window, 512);
+  absl::StatusOr<ModelSpec> typed = ParseHfConfigJson(qwen2 + R"(, "layer_types":
+      ["full_attention", "full_attention", "full_attention", "sliding_attention"]})");
+  ASSERT_TRUE(typed.ok()) << typed.status();
+  EXPECT_EQ(typed->sliding_window, 512);
+}
+
+TEST(HfConfigTest, ConfigWriterRoundTrips) {
+  for (const char* json : {kLlama31_8B, kQwen25_05B, kQwen3_06B, kMistral7B}) {
+    absl::StatusOr<ModelSpec> m = ParseHfConfigJson(json);
+    ASSERT_TRUE(m.ok()) << m.status();
+    absl::StatusOr<ModelSpec> back = ParseHfConfigJson(ToHfConfigJson(*m, DType::kBFloat16));
+    ASSERT_TRUE(back.ok()) << back.status() << "\n" << ToHfConfigJson(*m, DType::kBFloat16);
+    EXPECT_EQ(back->family, m->family);
+    EXPECT_EQ(back->hidden_size, m->hidden_size);
+    EXPECT_EQ(back->num_layers, m->num_layers);
+    EXPECT_EQ(back->num_kv_heads, m->num_kv_heads);
+    EXPECT_EQ(back->HeadDim(), m->HeadDim());
+    EXPECT_EQ(back->tie_word_embeddings, m->tie_word_embeddings);
+    EXPECT_EQ(back->qkv_bias, m->qkv_bias);
+    EXPECT_EQ(back->qk_norm, m->qk_norm);
+    EXPECT_DOUBLE_EQ(back->rope_theta, m->rope_theta);
+    EXPECT_DOUBLE_EQ(back->rms_norm_eps, m->rms_norm_eps);
+    EXPECT_EQ(back->rope_scaling.type, m->rope_scaling.type);
+    EXPECT_DOUBLE_EQ(back->rope_scaling.factor, m->rope_scaling.factor);
+    EXPECT_EQ(back->rope_scaling.original_max_position_embeddings,
+              m->rope_scaling.original_max_position_embeddings);
+    EXPECT_EQ(back->sliding_window, m->sliding_window);
+
+    ModelSpec rope_only;
+    rope_only.family = m->family;
+    rope_only.max_position_embeddings = m->max_position_embeddings;
+    ASSERT_TRUE(ParseRopeParametersJson(RopeParametersJson(*m), &rope_only).ok());
+    EXPECT_EQ(rope_only.rope_scaling.type, m->rope_scaling.type);
+    EXPECT_DOUBLE_EQ(rope_only.rope_theta, m->rope_theta);
+  }
+}
+
 TEST(HfConfigTest, FamilyFromArchitecturesWhenModelTypeAbsent) {
   absl::StatusOr<ModelSpec> m = ParseHfConfigJson(
       R"({"architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
@@ -191,6 +305,19 @@ INSTANTIATE_TEST_SUITE_P(
                     "num_attention_heads": 6, "intermediate_size": 128, "vocab_size": 256})",
                 "\"num_attention_heads\""},
         BadCase{Tiny(R"("vocab_size": 0)"), "\"vocab_size\""},
+        BadCase{Tiny(R"("rope_scaling": {"type": "longrope", "factor": 2.0})"),
+                "rope_scaling.rope_type"},
+        BadCase{Tiny(R"("rope_parameters": {"rope_type": "su"})"), "rope_parameters.rope_type"},
+        BadCase{Tiny(R"("rope_scaling": {"type": "linear"})"), "rope_scaling.factor"},
+        BadCase{Tiny(R"("rope_scaling": {"type": "linear", "factor": 2, "mscale": 1})"),
+                "rope_scaling.mscale"},
+        BadCase{Tiny(R"("rope_scaling": {"rope_type": "llama3", "factor": 8})"),
+                "rope_scaling.low_freq_factor"},
+        BadCase{Tiny(R"("rope_scaling": {"type": "dynamic", "factor": -1})"),
+                "rope_scaling.factor"},
+        BadCase{Tiny(R"("partial_rotary_factor": 0.5)"), "partial_rotary_factor"},
+        BadCase{Tiny(R"("rope_parameters": {"full_attention": {"rope_type": "default"}})"),
+                "rope_parameters.full_attention"},
         BadCase{R"({"model_type": "llama",)", "malformed JSON"},
         BadCase{R"([1, 2])", "JSON object"}));
 

@@ -85,8 +85,8 @@ TEST(CheckpointTest, SaveLoadRoundTrip) {
   const std::vector<NamedParam> params = Params(1);
   const std::vector<NamedParam> state = State(params, 3);
   ASSERT_TRUE(SaveCheckpoint(dir, Trainer(3), params, state).ok());
-  EXPECT_EQ(Listing(dir), (std::vector<std::string>{"optimizer.safetensors", "params.safetensors",
-                                                    "trainer.json"}));
+  EXPECT_EQ(Listing(dir), (std::vector<std::string>{"config.json", "model.safetensors",
+                                                    "optimizer.safetensors", "trainer.json"}));
   EXPECT_EQ(Listing(root), (std::vector<std::string>{"ckpt"}));  // no temporary left behind
 
   absl::StatusOr<Checkpoint> ckpt = LoadCheckpoint(dir);
@@ -180,13 +180,13 @@ TEST(CheckpointTest, LoadDetectsCorruption) {
   };
   {  // Truncated parameter file: size differs from trainer.json.
     const std::string dir = fresh("truncated");
-    const std::string params = JoinPath(dir, "params.safetensors");
+    const std::string params = JoinPath(dir, "model.safetensors");
     ASSERT_EQ(::truncate(params.c_str(), *FileSizeBytes(params) - 4), 0);
     EXPECT_EQ(LoadCheckpoint(dir).status().code(), absl::StatusCode::kDataLoss);
   }
   {  // Same size, corrupt header.
     const std::string dir = fresh("header");
-    std::fstream f(JoinPath(dir, "params.safetensors"),
+    std::fstream f(JoinPath(dir, "model.safetensors"),
                    std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(8);
     f.put('[');

@@ -154,7 +154,7 @@ TEST(LlamaModelTest, IgnoredLabelsDoNotContribute) {
   Batch b = MakeBatch(128, 3);
   torch::Tensor all_ignored = torch::full_like(b.labels, -100);
   all_ignored.index_put_({0, 5}, b.labels.index({0, 5}));
-  // Only position 4 predicts a label (the one at 5): changing any other label changes nothing.
+  // Only position 5 has a target: changing any other target changes nothing.
   torch::Tensor changed = all_ignored.clone();
   changed.index_put_({1, 7}, -100);
   EXPECT_TRUE(torch::equal(model->Loss(b.ids, all_ignored), model->Loss(b.ids, changed)));

@@ -1,0 +1,307 @@
+#!/usr/bin/env python3
+"""Parity of memplan-agent with Hugging Face transformers, in fp32 on the CPU.
+
+For every architecture option the agent accepts (Llama tied and untied, Qwen2 q/k/v biases, Qwen3
+q/k norms, Mistral, every RoPE scaling type in both config layouts) this writes a tiny random
+checkpoint with transformers' save_pretrained, computes logits, loss, every parameter's gradient
+and the parameters after one torch.optim.AdamW step with transformers, then runs
+memplan-hf-parity (tests/parity/hf_parity_main.cc) on the same checkpoint and tokens under several
+residency plans (plain autograd, grouped, every block mode, offloaded chunks with persistent ones,
+two micro-batches) and compares: each tensor's max |memplan - transformers| / max |transformers|
+must be <= 1e-5. The checkpoint memplan saves after the step must load in transformers and give
+memplan's post-step logits. Config variants the agent must refuse are checked for the error.
+
+  hf_parity_test.py --tool PATH [--work DIR] [--only NAME]
+Prints one line per comparison and ends with "N passed, M failed"; exits non-zero on a failure.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+REL_TOL = 1e-5
+VOCAB = 96
+SEQ = 24
+ROWS = 2
+LR, BETAS, EPS, WD = 1e-3, (0.9, 0.95), 1e-8, 0.1
+
+
+def base_config(family, **over):
+    c = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=112, num_hidden_layers=4,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+             rms_norm_eps=1e-5, tie_word_embeddings=False)
+    if family == "qwen3":
+        c["head_dim"] = 16
+    if family == "mistral":
+        c["sliding_window"] = None
+    c.update(over)
+    classes = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+               "qwen3": transformers.Qwen3Config, "mistral": transformers.MistralConfig}
+    return classes[family](**c)
+
+
+def rope(rope_type, theta, **params):
+    return dict(rope_type=rope_type, rope_theta=theta, **params)
+
+
+# name -> (family, config overrides, edit of the saved config.json or None)
+def legacy_layout(rope_scaling, theta):
+    """Rewrites config.json the way published checkpoints and older releases store RoPE."""
+    def edit(cfg):
+        cfg.pop("rope_parameters", None)
+        cfg["rope_theta"] = theta
+        cfg["rope_scaling"] = rope_scaling
+        return cfg
+    return edit
+
+
+CHECKPOINTS = {
+    "llama-untied-theta5e5": ("llama", dict(rope_parameters=rope("default", 5e5)), None),
+    "llama-tied-llama3": ("llama", dict(tie_word_embeddings=True, rope_parameters=rope(
+        "llama3", 5e5, factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=8)), None),
+    "llama-linear-legacy": ("llama", dict(), legacy_layout({"type": "linear", "factor": 2.5}, 1e4)),
+    "llama-llama3-legacy": ("llama", dict(), legacy_layout(
+        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+         "original_max_position_embeddings": 8}, 5e5)),
+    # max_position_embeddings below SEQ: the run-time (rescaled base) branch of dynamic NTK.
+    "llama-dynamic-beyond": ("llama", dict(max_position_embeddings=16, rope_parameters=rope(
+        "dynamic", 1e4, factor=2.0)), None),
+    "llama-dynamic-within": ("llama", dict(rope_parameters=rope("dynamic", 1e4, factor=3.0)), None),
+    "llama-yarn": ("llama", dict(rope_parameters=rope(
+        "yarn", 1e4, factor=4.0, original_max_position_embeddings=16)), None),
+    "qwen2-tied-bias": ("qwen2", dict(tie_word_embeddings=True), None),
+    "qwen2-yarn-legacy": ("qwen2", dict(), legacy_layout(
+        {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}, 1e6)),
+    "qwen3-qknorm": ("qwen3", dict(rope_parameters=rope("default", 1e6)), None),
+    "mistral": ("mistral", dict(), None),
+    "mistral-window-above-seq": ("mistral", dict(sliding_window=SEQ), None),
+}
+
+# Plans: (name, memplan-hf-parity arguments). The first group runs for every checkpoint.
+PLANS_ALL = [
+    ("plain", ["--plain"]),
+    ("managed-offload", ["--chunk-kib", "96", "--n-persist", "1", "--n-buffer", "2",
+                         "--block-modes", "ckpt,swap,hs_offload,none"]),
+]
+PLANS_FULL = PLANS_ALL + [
+    ("grouped-none", []),
+    ("grouped-ckpt", ["--block-modes", "ckpt,ckpt,ckpt,ckpt"]),
+    ("grouped-swap", ["--block-modes", "swap,swap,swap,swap"]),
+    ("grouped-hs-offload", ["--block-modes", "hs_offload,hs_offload,hs_offload,hs_offload"]),
+    ("managed-all-offloaded", ["--chunk-kib", "64", "--n-persist", "0", "--n-buffer", "2"]),
+    ("managed-grad-accum-2", ["--chunk-kib", "96", "--n-persist", "1", "--grad-accum", "2",
+                              "--block-modes", "none,ckpt,none,hs_offload"]),
+    ("managed-clip", ["--chunk-kib", "96", "--n-persist", "2", "--clip", "0.05"]),
+]
+FULL_PLAN_CHECKPOINTS = {"llama-untied-theta5e5", "llama-tied-llama3", "qwen2-tied-bias"}
+
+# Configs the agent must refuse at load, with a word its error must contain.
+REFUSED = {
+    "longrope": ("llama", dict(rope_parameters=rope(
+        "longrope", 1e4, short_factor=[1.0] * 8, long_factor=[1.0] * 8,
+        original_max_position_embeddings=16)), None, "rope_type"),
+    "unknown-rope-key": ("llama", dict(), legacy_layout(
+        {"type": "linear", "factor": 2.0, "beta_fast": 3.0}, 1e4), "beta_fast"),
+    "partial-rotary": ("llama", dict(), lambda c: dict(c, partial_rotary_factor=0.5),
+                       "partial_rotary_factor"),
+    "mistral-window-below-seq": ("mistral", dict(sliding_window=SEQ // 2), None, "sliding_window"),
+    "llama-attention-bias": ("llama", dict(attention_bias=True), None, "attention_bias"),
+}
+
+
+def randomise(model, seed):
+    """Every parameter random (biases and norm weights too), so a misplaced one shows."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
+            elif name.endswith(".bias"):
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+
+
+def write_checkpoint(directory, family, overrides, edit, seed):
+    config = base_config(family, **overrides)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    randomise(model, seed)
+    model.save_pretrained(directory)
+    if edit is not None:
+        path = os.path.join(directory, "config.json")
+        with open(path) as f:
+            cfg = json.load(f)
+        with open(path, "w") as f:
+            json.dump(edit(cfg), f, indent=2)
+
+
+def load_hf(directory):
+    return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).train()
+
+
+def tokens(seed, rows):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (rows, SEQ + 1), generator=g)
+    targets = ids[:, 1:].clone()
+    targets[0, 3] = -100  # an ignored position
+    return ids[:, :-1].contiguous(), targets.contiguous()
+
+
+def hf_reference(directory, ids, targets, grad_accum, clip):
+    """Logits, loss, grads and parameters after one AdamW step, as transformers computes them."""
+    model = load_hf(directory)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.float()
+    params = dict(model.named_parameters())
+    rows = ids.shape[0] // grad_accum
+    loss_sum = 0.0
+    for i in range(grad_accum):
+        sl = slice(i * rows, (i + 1) * rows)
+        out = model(input_ids=ids[sl], labels=targets[sl], shift_labels=targets[sl])
+        (out.loss / grad_accum).backward()
+        loss_sum += out.loss.item()
+    grads = {n: p.grad.detach().clone() for n, p in params.items()}
+    if clip > 0:
+        torch.nn.utils.clip_grad_norm_(list(params.values()), clip)
+    opt = torch.optim.AdamW(list(params.values()), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    opt.step()
+    after = {n: p.detach().clone() for n, p in params.items()}
+    return logits, loss_sum / grad_accum, grads, after
+
+
+def rel_err(got, want):
+    scale = want.abs().max().item()
+    return (got - want).abs().max().item() / (scale if scale > 0 else 1.0)
+
+
+class Tally:
+    def __init__(self):
+        self.passed = 0
+        self.failed = []
+
+    def check(self, label, ok, detail):
+        print(f"{'ok  ' if ok else 'FAIL'} {label}: {detail}", flush=True)
+        if ok:
+            self.passed += 1
+        else:
+            self.failed.append(label)
+
+
+def run_tool(tool, args):
+    proc = subprocess.run([tool] + args, capture_output=True, text=True)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def compare_run(tally, label, out_path, ref, plan_args):
+    got = load_file(out_path)
+    logits, loss, grads, after = ref
+    tally.check(f"{label} logits", rel_err(got["logits"], logits) <= REL_TOL,
+                f"rel err {rel_err(got['logits'], logits):.2e}")
+    loss_err = abs(got["loss"].item() - loss) / abs(loss)
+    tally.check(f"{label} loss", loss_err <= REL_TOL,
+                f"memplan {got['loss'].item():.8f} transformers {loss:.8f} rel err {loss_err:.2e}")
+    worst_grad = max(((rel_err(got["grad." + n], g), n) for n, g in grads.items()
+                      if "grad." + n in got), default=(0.0, ""))
+    missing = [n for n in grads if "grad." + n not in got]
+    tally.check(f"{label} grads", not missing and worst_grad[0] <= REL_TOL,
+                f"{len(grads)} tensors, worst {worst_grad[1]} rel err {worst_grad[0]:.2e}"
+                + (f", missing {missing}" if missing else ""))
+    worst_param = max(((rel_err(got["param." + n], p), n) for n, p in after.items()
+                       if "param." + n in got), default=(0.0, ""))
+    missing = [n for n in after if "param." + n not in got]
+    tally.check(f"{label} params after AdamW", not missing and worst_param[0] <= REL_TOL,
+                f"worst {worst_param[1]} rel err {worst_param[0]:.2e}"
+                + (f", missing {missing}" if missing else ""))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tool", required=True, help="memplan-hf-parity binary")
+    parser.add_argument("--work", help="scratch directory (default: a temporary one)")
+    parser.add_argument("--only", help="run only checkpoints whose name contains this")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    work = args.work or tempfile.mkdtemp(prefix="memplan-parity-")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}, work dir {work}")
+    tally = Tally()
+    hyper = ["--lr", str(LR), "--beta1", str(BETAS[0]), "--beta2", str(BETAS[1]),
+             "--eps", str(EPS), "--weight-decay", str(WD)]
+
+    for seed, (name, (family, overrides, edit)) in enumerate(sorted(CHECKPOINTS.items())):
+        if args.only and args.only not in name:
+            continue
+        ckpt = os.path.join(work, name)
+        write_checkpoint(ckpt, family, overrides, edit, seed + 1)
+        plans = PLANS_FULL if name in FULL_PLAN_CHECKPOINTS else PLANS_ALL
+        refs = {}
+        for plan, plan_args in plans:
+            grad_accum = int(plan_args[plan_args.index("--grad-accum") + 1]) \
+                if "--grad-accum" in plan_args else 1
+            clip = float(plan_args[plan_args.index("--clip") + 1]) if "--clip" in plan_args else 0.0
+            rows = ROWS * grad_accum
+            ids, targets = tokens(100 + seed, rows)
+            tok_path = os.path.join(work, f"{name}.tokens{rows}.safetensors")
+            save_file({"input_ids": ids, "targets": targets}, tok_path)
+            if (grad_accum, clip) not in refs:
+                refs[(grad_accum, clip)] = hf_reference(ckpt, ids, targets, grad_accum, clip)
+            out = os.path.join(work, f"{name}.{plan}.out.safetensors")
+            save_hf = os.path.join(work, f"{name}.{plan}.saved")
+            rc, log = run_tool(args.tool, ["--model", ckpt, "--tokens", tok_path, "--out", out,
+                                           "--save-hf", save_hf] + hyper + plan_args)
+            label = f"{name} [{plan}]"
+            tally.check(f"{label} runs", rc == 0, log.strip().splitlines()[-1] if log.strip() else "")
+            if rc != 0:
+                continue
+            compare_run(tally, label, out, refs[(grad_accum, clip)], plan_args)
+            if plan == "plain":
+                # The checkpoint memplan saved loads in transformers: same logits as memplan's
+                # parameters after the step give in transformers' own model.
+                saved = load_hf(save_hf)
+                with torch.no_grad():
+                    got = saved(input_ids=ids).logits.float()
+                    ref_model = load_hf(ckpt)
+                    post = load_file(out)
+                    for n, p in ref_model.named_parameters():
+                        p.copy_(post["param." + n])
+                    want = ref_model(input_ids=ids).logits.float()
+                err = rel_err(got, want)
+                tally.check(f"{label} saved checkpoint loads in transformers",
+                            err <= REL_TOL, f"logits rel err {err:.2e}")
+
+    for name, (family, overrides, edit, word) in sorted(REFUSED.items()):
+        if args.only and args.only not in name:
+            continue
+        ckpt = os.path.join(work, "refused-" + name)
+        try:
+            write_checkpoint(ckpt, family, overrides, edit, 7)
+        except Exception as e:  # noqa: BLE001 - transformers itself refuses the config
+            tally.check(f"refuse {name}", False, f"transformers could not write it: {e}")
+            continue
+        ids, targets = tokens(7, ROWS)
+        tok_path = os.path.join(work, f"refused-{name}.tokens.safetensors")
+        save_file({"input_ids": ids, "targets": targets}, tok_path)
+        rc, log = run_tool(args.tool, ["--model", ckpt, "--tokens", tok_path,
+                                       "--out", os.path.join(work, "refused.out")])
+        tally.check(f"refuse {name}", rc != 0 and word in log,
+                    log.strip().splitlines()[-1] if log.strip() else f"exit {rc}")
+
+    print(f"{tally.passed} passed, {len(tally.failed)} failed")
+    if tally.failed:
+        print("failed: " + ", ".join(tally.failed))
+    return 1 if tally.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
