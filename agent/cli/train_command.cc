@@ -31,14 +31,13 @@
 #include "agent/profiler/memory_timeline.h"
 #include "agent/profiler/model_profiler.h"
 #include "agent/profiler/on_demand_profiler.h"
-#include "agent/train/trainer.h"
 #include "common/flag_arg.h"
+#include "common/param_shapes.h"
+#include "agent/train/trainer.h"
 #include "common/hf_config.h"
 #include "common/log.h"
-#include "common/param_shapes.h"
 #include "common/presets.h"
 #include "common/status.h"
-#include "common/validate.h"
 
 namespace memplan {
 namespace {
@@ -108,6 +107,20 @@ bool IsOutOfMemory(const absl::Status& status) {
 }
 
 double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+c10::DeviceIndex CudaIndex(const torch::Device& device) {
+  return device.index() < 0 ? c10::DeviceIndex{0} : device.index();
+}
+
+// The CUDA caching allocator's aggregate allocated / reserved statistics of `device` (CUDA only).
+struct AllocatorStats {
+  c10::CachingAllocator::Stat allocated, reserved;
+};
+AllocatorStats ReadAllocatorStats(const torch::Device& device) {
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(CudaIndex(device));
+  const auto kAggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  return {stats.allocated_bytes[kAggregate], stats.reserved_bytes[kAggregate]};
+}
 
 // Peaks of the CUDA caching allocator since the last reset (0 on CPU). After an OOM the trainer's
 // step stats are lost, so the allocator is asked directly.
@@ -254,7 +267,8 @@ absl::StatusOr<PlanAnswer> AskPlanner(PlannerClient& client, const TrainConfig& 
   query.workload.grad_clipping = c.clip > 0;
   query.workload.world_size = 1;
   query.param_dtype = dtype;
-  query.optimizer = OptimizerKind::kAdamW;
+  // With --planner there is no plan file: the flag (validated by ParseTrainArgs) or adamw.
+  query.optimizer = c.optimizer.value_or(OptimizerKind::kAdamW);
   query.safety_margin = loop.safety_margin;
   ASSIGN_OR_RETURN(PlanAnswer answer, client.Plan(query));
   std::printf("plan_id %s\n", answer.plan_id.c_str());
@@ -383,7 +397,30 @@ planner flags (closing the loop):
 absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
   ASSIGN_OR_RETURN(const torch::Device device, ResolveDevice(c.device));
   ConfigureAllocator(c, device);
-  const DType dtype = c.dtype.value_or(device.is_cuda() ? DType::kBFloat16 : DType::kFloat32);
+
+  // Optimizer: --optimizer, else the plan file's, else adamw; a plan file made for another
+  // optimizer is refused (its memory figures are not this run's).
+  std::string plan_text;
+  if (!c.plan_file.empty()) {
+    std::FILE* f = std::fopen(c.plan_file.c_str(), "rb");
+    if (f == nullptr) return absl::NotFoundError("--plan-file " + c.plan_file + ": cannot open");
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) plan_text.append(buf, n);
+    std::fclose(f);
+  }
+  std::optional<OptimizerKind> plan_optimizer;
+  if (!c.plan_file.empty()) {
+    auto parsed = ParsePlanOptimizer(plan_text);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError("--plan-file " + c.plan_file + ": " +
+                                        std::string(parsed.status().message()));
+    }
+    plan_optimizer = *parsed;
+  }
+  ASSIGN_OR_RETURN(const OptimizerKind optimizer, ResolveOptimizer(c, plan_optimizer));
+  const DType dtype = c.dtype.value_or(
+      device.is_cuda() || optimizer == OptimizerKind::kAdamWBf16States ? DType::kBFloat16
+                                                                       : DType::kFloat32);
 
   // Model spec.
   ModelSpec spec;
@@ -397,7 +434,6 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
   } else {
     ASSIGN_OR_RETURN(spec, LoadHfConfigFile(c.model_dir + "/config.json"));
   }
-  RETURN_IF_ERROR(CheckSequenceLength(spec, c.seq));
 
   // Plan: from the planner (--planner), or from the plan file and flags.
   LlamaModelOptions model_options;
@@ -434,13 +470,7 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
                       : "");
     }
   } else if (!c.plan_file.empty()) {
-    std::FILE* f = std::fopen(c.plan_file.c_str(), "rb");
-    if (f == nullptr) return absl::NotFoundError("--plan-file " + c.plan_file + ": cannot open");
-    std::string text;
-    char buf[4096];
-    for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) text.append(buf, n);
-    std::fclose(f);
-    auto parsed = ParsePlanJson(text);
+    auto parsed = ParsePlanJson(plan_text);
     if (!parsed.ok()) {
       return absl::InvalidArgumentError("--plan-file " + c.plan_file + ": " +
                                         std::string(parsed.status().message()));
@@ -468,6 +498,7 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
   TrainerOptions options;
   options.grad_accum = c.grad_accum;
   options.max_grad_norm = c.clip;
+  options.optimizer = optimizer;
   options.adamw.lr = c.lr;
   options.adamw.weight_decay = c.weight_decay;
   options.block_modes = plan.block_modes;
@@ -502,6 +533,7 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
     auto record = MEMPLAN_LOG(kInfo, "plan applied");
     record.Field("model", spec.name)
         .Field("dtype", std::string(DTypeName(dtype)))
+        .Field("optimizer", std::string(OptimizerName(optimizer)))
         .Field("device", device.str())
         .Field("managed", plan.managed)
         .Field("block_modes", ModesString(plan.block_modes));
