@@ -31,13 +31,14 @@
 #include "agent/profiler/memory_timeline.h"
 #include "agent/profiler/model_profiler.h"
 #include "agent/profiler/on_demand_profiler.h"
-#include "common/flag_arg.h"
-#include "common/param_shapes.h"
 #include "agent/train/trainer.h"
+#include "common/flag_arg.h"
 #include "common/hf_config.h"
 #include "common/log.h"
+#include "common/param_shapes.h"
 #include "common/presets.h"
 #include "common/status.h"
+#include "common/validate.h"
 
 namespace memplan {
 namespace {
@@ -107,20 +108,6 @@ bool IsOutOfMemory(const absl::Status& status) {
 }
 
 double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
-
-c10::DeviceIndex CudaIndex(const torch::Device& device) {
-  return device.index() < 0 ? c10::DeviceIndex{0} : device.index();
-}
-
-// The CUDA caching allocator's aggregate allocated / reserved statistics of `device` (CUDA only).
-struct AllocatorStats {
-  c10::CachingAllocator::Stat allocated, reserved;
-};
-AllocatorStats ReadAllocatorStats(const torch::Device& device) {
-  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(CudaIndex(device));
-  const auto kAggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-  return {stats.allocated_bytes[kAggregate], stats.reserved_bytes[kAggregate]};
-}
 
 // Peaks of the CUDA caching allocator since the last reset (0 on CPU). After an OOM the trainer's
 // step stats are lost, so the allocator is asked directly.
@@ -434,6 +421,7 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
   } else {
     ASSIGN_OR_RETURN(spec, LoadHfConfigFile(c.model_dir + "/config.json"));
   }
+  RETURN_IF_ERROR(CheckSequenceLength(spec, c.seq));
 
   // Plan: from the planner (--planner), or from the plan file and flags.
   LlamaModelOptions model_options;
