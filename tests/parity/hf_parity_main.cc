@@ -43,7 +43,8 @@ constexpr char kUsage[] =
     "  --chunk-kib N        managed: chunk size in KiB (makes the run managed)\n"
     "  --n-persist N        managed: persistent chunks (default 0)\n"
     "  --n-buffer N         managed: device buffers (default 2)\n"
-    "  --lr F --beta1 F --beta2 F --eps F --weight-decay F   AdamW hyper-parameters\n"
+    "  --optimizer NAME     adamw (default), adamw_bf16 (pure bf16, needs --dtype bf16), sgd\n"
+    "  --lr F --beta1 F --beta2 F --eps F --weight-decay F   optimizer hyper-parameters\n"
     "  --clip F             max grad norm (default 0 = off)\n"
     "  --save-hf DIR        write a checkpoint (Hugging Face layout) after the step\n";
 
@@ -151,6 +152,12 @@ absl::Status Run(const Flags& f) {
   ASSIGN_OR_RETURN(options.adamw.eps, f.Double("--eps", 1e-8));
   ASSIGN_OR_RETURN(options.adamw.weight_decay, f.Double("--weight-decay", 0.01));
   options.plain_reference = f.plain;
+  const std::optional<OptimizerKind> optimizer = ParseOptimizer(f.Get("--optimizer", "adamw"));
+  if (!optimizer.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--optimizer: allowed ", std::string(OptimizerAllowList())));
+  }
+  options.optimizer = *optimizer;
   if (!f.Get("--block-modes").empty()) {
     ASSIGN_OR_RETURN(options.block_modes, ParseBlockModeList(f.Get("--block-modes")));
   }
