@@ -32,15 +32,36 @@ ModelSpec Model(std::string name, std::string family, int64_t hidden, int64_t la
   return m;
 }
 
+// Llama 3.1 / 3.2 checkpoints extend their 8192-token pre-training context with llama3 RoPE
+// scaling (factor 8 for 3.1, 32 for 3.2), as their config.json files say.
+ModelSpec WithLlama3Rope(ModelSpec m, double factor) {
+  m.rope_scaling.type = "llama3";
+  m.rope_scaling.factor = factor;
+  m.rope_scaling.low_freq_factor = 1.0;
+  m.rope_scaling.high_freq_factor = 4.0;
+  m.rope_scaling.original_max_position_embeddings = 8192;
+  return m;
+}
+
 std::vector<ModelSpec> BuildModelPresets() {
   return {
       // A tiny config for demos and CPU tests.
       Model("llama-tiny", "llama", 256, 4, 8, 4, 688, 2048, false, 0, 500000),
-      Model("llama-3.2-1b", "llama", 2048, 16, 32, 8, 8192, 128256, true, 64, 500000),
-      Model("llama-3.2-3b", "llama", 3072, 28, 24, 8, 8192, 128256, true, 128, 500000),
-      Model("llama-3.1-8b", "llama", 4096, 32, 32, 8, 14336, 128256, false, 128, 500000),
-      Model("llama-3.1-70b", "llama", 8192, 80, 64, 8, 28672, 128256, false, 128, 500000),
-      Model("llama-3.1-405b", "llama", 16384, 126, 128, 8, 53248, 128256, false, 128, 500000),
+      WithLlama3Rope(
+          Model("llama-3.2-1b", "llama", 2048, 16, 32, 8, 8192, 128256, true, 64, 500000),
+          32),
+      WithLlama3Rope(
+          Model("llama-3.2-3b", "llama", 3072, 28, 24, 8, 8192, 128256, true, 128, 500000),
+          32),
+      WithLlama3Rope(
+          Model("llama-3.1-8b", "llama", 4096, 32, 32, 8, 14336, 128256, false, 128, 500000),
+          8),
+      WithLlama3Rope(
+          Model("llama-3.1-70b", "llama", 8192, 80, 64, 8, 28672, 128256, false, 128, 500000),
+          8),
+      WithLlama3Rope(
+          Model("llama-3.1-405b", "llama", 16384, 126, 128, 8, 53248, 128256, false, 128, 500000),
+          8),
       Model("qwen2.5-0.5b", "qwen2", 896, 24, 14, 2, 4864, 151936, true, 64, 1000000),
       Model("qwen2.5-1.5b", "qwen2", 1536, 28, 12, 2, 8960, 151936, true, 128, 1000000),
       Model("qwen2.5-3b", "qwen2", 2048, 36, 16, 2, 11008, 151936, true, 128, 1000000),

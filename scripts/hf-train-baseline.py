@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Hugging Face transformers' own training step on one GPU, the baseline memplan is compared with.
+
+A Llama/Qwen model from a memplan preset's shape (random init, bf16 parameters), trained the way a
+transformers user runs it with `bf16: true` and gradient checkpointing: eager PyTorch (no
+torch.compile), SDPA attention, torch.optim.AdamW(fused=True) on the bf16 parameters (the
+Trainer's default "adamw_torch_fused"), clip_grad_norm_(1.0), random tokens with labels =
+input_ids. Prints one JSON line: steady tokens/s (median over the steps after --warmup) and the
+caching allocator's peak allocated / reserved bytes over those steps.
+
+  hf-train-baseline.py --preset llama-3.2-1b --batch 4 --seq 2048 [--steps 15] [--warmup 3]
+                       [--no-checkpointing] [--config config.json]
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import transformers
+
+# The shapes of memplan's presets (common/presets.cc) that this script is run with.
+PRESETS = {
+    "llama-3.2-1b": dict(model_type="llama", hidden_size=2048, intermediate_size=8192,
+                         num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                         vocab_size=128256, tie_word_embeddings=True, rms_norm_eps=1e-5,
+                         max_position_embeddings=131072,
+                         rope_parameters=dict(rope_type="llama3", rope_theta=500000.0,
+                                              factor=32.0, low_freq_factor=1.0,
+                                              high_freq_factor=4.0,
+                                              original_max_position_embeddings=8192)),
+    "llama-3.2-3b": dict(model_type="llama", hidden_size=3072, intermediate_size=8192,
+                         num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=8,
+                         vocab_size=128256, tie_word_embeddings=True, rms_norm_eps=1e-5,
+                         max_position_embeddings=131072,
+                         rope_parameters=dict(rope_type="llama3", rope_theta=500000.0,
+                                              factor=32.0, low_freq_factor=1.0,
+                                              high_freq_factor=4.0,
+                                              original_max_position_embeddings=8192)),
+}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", default="llama-3.2-1b", choices=sorted(PRESETS))
+    p.add_argument("--config", help="a config.json instead of a preset")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--steps", type=int, default=15)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--no-checkpointing", action="store_true")
+    args = p.parse_args()
+    if args.steps <= args.warmup:
+        p.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
+
+    if args.config:
+        config = transformers.AutoConfig.from_pretrained(args.config)
+    else:
+        fields = dict(PRESETS[args.preset])
+        config = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
+    config.use_cache = False
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model = model.to("cuda").train()
+    if not args.no_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, fused=True)
+    params = sum(p.numel() for p in model.parameters())
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    batches = [torch.randint(0, config.vocab_size, (args.batch, args.seq), device="cuda",
+                             generator=g) for _ in range(2)]
+    times, losses = [], []
+    for step in range(args.steps):
+        if step == args.warmup:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        ids = batches[step % 2]
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+        losses.append(loss.item())
+        print(f"step {step + 1} loss {losses[-1]:.4f} {times[-1]:.3f} s", flush=True)
+    steady = times[args.warmup:]
+    tokens = args.batch * args.seq
+    print(json.dumps({
+        "runner": "transformers", "transformers": transformers.__version__,
+        "torch": torch.__version__, "preset": args.config or args.preset, "params": params,
+        "batch": args.batch, "seq": args.seq, "checkpointing": not args.no_checkpointing,
+        "median_step_s": statistics.median(steady),
+        "tokens_per_s": tokens / statistics.median(steady),
+        "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
+        "alloc_conf": __import__("os").environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        "last_loss": losses[-1]}))
+
+
+if __name__ == "__main__":
+    main()
