@@ -460,7 +460,6 @@ absl::Status Run(const BenchConfig& c) {
     options.chunks.cpu_threads =
         c.cpu_threads > 0 ? c.cpu_threads
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-    options.chunks.max_grad_norm = c.clip;
     options.offload.host_memory = options.chunks.host_memory;
     options.offload.max_in_flight_groups = c.offload_in_flight;
     RunResult result;

@@ -154,6 +154,11 @@ class ChunkManager::Impl {
   void ResetUploadStats();
   int MinBuffers() const { return min_buffers_; }
   double LastGradNorm() const { return last_grad_norm_; }
+  int UpdatesStartedBeforeStep() const {
+    int n = 0;
+    for (const Chunk& chunk : chunks_) n += chunk.update_started ? 1 : 0;
+    return n;
+  }
 
  private:
   bool cuda() const { return options_.device.is_cuda(); }
@@ -1274,6 +1279,7 @@ void ChunkManager::PostBackward(int group) { impl_->PostBackward(group); }
 absl::Status ChunkManager::Step(double max_grad_norm) { return impl_->Step(max_grad_norm); }
 void ChunkManager::ZeroGrad() { impl_->ZeroGrad(); }
 double ChunkManager::LastGradNorm() const { return impl_->LastGradNorm(); }
+int ChunkManager::UpdatesStartedBeforeStep() const { return impl_->UpdatesStartedBeforeStep(); }
 std::vector<NamedParam> ChunkManager::ParamOrder() const { return impl_->ParamOrder(); }
 std::vector<NamedParam> ChunkManager::Params() { return impl_->Params(); }
 std::vector<NamedParam> ChunkManager::Grads() { return impl_->Grads(); }

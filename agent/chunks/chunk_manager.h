@@ -121,6 +121,9 @@ class ChunkManager : public ParamResidency {
   // Global grad norm computed by the last Step() (before clipping); NaN when it was not computed
   // (no clipping and grad_accum > 1, where it would cost a pass over the host gradients).
   double LastGradNorm() const;
+  // Offloaded chunks whose CPU update has already started in this step (during backward, when
+  // max_grad_norm is 0); Step() resets it. What shows the optimizer overlapping backward.
+  int UpdatesStartedBeforeStep() const;
 
   // Unique parameters in canonical order (first appearance in the groups); the order the
   // reference path must pass to clip_grad_norm_ and AdamW for bit-identical results.

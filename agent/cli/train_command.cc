@@ -647,7 +647,8 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
           .Field("seconds", stats.seconds)
           .Field("tokens_per_second", stats.tokens_per_second)
           .Field("peak_allocated_bytes", stats.peak_allocated_bytes)
-          .Field("peak_reserved_bytes", stats.peak_reserved_bytes);
+          .Field("peak_reserved_bytes", stats.peak_reserved_bytes)
+          .Field("cpu_updates_in_backward", stats.offloaded_updates_in_backward);
     }
     if (!c.save_dir.empty() && c.save_every > 0 && stats.step % c.save_every == 0) {
       RETURN_IF_ERROR(save());

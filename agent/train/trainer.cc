@@ -105,6 +105,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
       o.chunks.adamw = o.adamw;
       o.chunks.grad_accum = o.grad_accum;
       o.chunks.optimizer = o.optimizer;
+      // The manager starts an offloaded chunk's CPU update during backward only when it knows
+      // nothing will be clipped; the trainer's clipping setting is that knowledge.
+      o.chunks.max_grad_norm = o.max_grad_norm;
       ASSIGN_OR_RETURN(trainer->chunk_manager_,
                        ChunkManager::Create(model->ParamGroups(), o.chunks));
     } else {
@@ -248,6 +251,9 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<MicroBatch>& micro_bat
   const auto start = std::chrono::steady_clock::now();
   StepStats stats;
   ASSIGN_OR_RETURN(stats.loss, ForwardBackward(micro_batches));
+  if (chunk_manager_) {
+    stats.offloaded_updates_in_backward = chunk_manager_->UpdatesStartedBeforeStep();
+  }
   ASSIGN_OR_RETURN(stats.grad_norm, OptimizerStep());
   if (cuda) torch::cuda::synchronize(index);
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -28,8 +28,9 @@ struct TrainerOptions {
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   AdamWOptions adamw;
   BlockModes block_modes;  // one per block; empty: all NONE
-  // Managed: parameters live in a ChunkManager built from `chunks` (its device, adamw and
-  // grad_accum and optimizer are taken from the model and the fields above).
+  // Managed: parameters live in a ChunkManager built from `chunks` (its device, adamw,
+  // grad_accum, optimizer and max_grad_norm are taken from the model and the fields above, so
+  // that without clipping offloaded chunks' CPU updates overlap backward).
   bool managed = false;
   ChunkManagerOptions chunks;
   // For SWAP / HS_OFFLOAD blocks (device taken from the model).
@@ -55,6 +56,9 @@ struct StepStats {
   double tokens_per_second = 0;
   int64_t peak_allocated_bytes = 0;  // CUDA caching allocator peaks during the step (0 on CPU)
   int64_t peak_reserved_bytes = 0;
+  // Managed runs: offloaded chunks whose CPU update started during backward (overlap), i.e.
+  // before OptimizerStep(); 0 with clipping, which needs the global norm first.
+  int offloaded_updates_in_backward = 0;
 };
 
 // Not thread-safe: drive it from one thread. The model must outlive the trainer.

@@ -260,6 +260,32 @@ TEST(TrainerTest, LossGoesDownOnARepeatedBatch) {
   EXPECT_EQ(last.peak_allocated_bytes, 0);  // CPU
 }
 
+// Without clipping, offloaded chunks' CPU updates start during backward (the trainer tells the
+// chunk manager that nothing will be clipped); with clipping they wait for the global norm.
+TEST(TrainerTest, CpuUpdatesOverlapBackwardOnlyWithoutClipping) {
+  for (const double clip : {0.0, 0.5}) {
+    auto model = MakeModel(TinySpec());
+    TrainerOptions o = BaseOptions(model->num_blocks());
+    o.grad_accum = 1;
+    o.max_grad_norm = clip;
+    o.managed = true;
+    o.chunks.chunk_bytes = 16 << 10;
+    o.chunks.n_persist = 1;
+    o.chunks.cpu_threads = 2;
+    auto trainer = Trainer::Create(model.get(), o);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    const int offloaded = (*trainer)->chunk_manager()->MemoryStats().n_chunks - 1;
+    ASSERT_GT(offloaded, 1);
+    for (int step = 0; step < 2; ++step) {
+      absl::StatusOr<StepStats> stats = (*trainer)->Step(Batches(step, 1, 128));
+      ASSERT_TRUE(stats.ok()) << stats.status();
+      // Every offloaded chunk's update started before OptimizerStep() without clipping; none
+      // with clipping.
+      EXPECT_EQ(stats->offloaded_updates_in_backward, clip == 0 ? offloaded : 0) << "clip " << clip;
+    }
+  }
+}
+
 // Resume under a different plan: save after two steps of plan A, restore into plan B (and into
 // the unmanaged reference), and the next step's loss and parameters match continuing plan A.
 TEST(TrainerTest, CheckpointResumesExactlyUnderAnotherPlan) {
