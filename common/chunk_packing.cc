@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace memplan {
 namespace {
@@ -88,7 +89,46 @@ class Packer {
   bool open_ = false;
 };
 
+// FNV-1a, 64 bit.
+class Fnv1a {
+ public:
+  void Bytes(const void* data, size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i) {
+      hash_ ^= p[i];
+      hash_ *= 0x100000001b3ull;
+    }
+  }
+  // Little-endian whatever the host, so fingerprints agree across machines.
+  void Int(int64_t value) {
+    unsigned char le[8];
+    const auto u = static_cast<uint64_t>(value);
+    for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(u >> (8 * i));
+    Bytes(le, sizeof(le));
+  }
+  uint64_t value() const { return hash_; }
+
+ private:
+  uint64_t hash_ = 0xcbf29ce484222325ull;
+};
+
 }  // namespace
+
+std::string LayoutFingerprint(const std::vector<LayoutParam>& params,
+                              const ChunkPackingOptions& options) {
+  Fnv1a h;
+  h.Int(static_cast<int64_t>(params.size()));
+  for (const LayoutParam& p : params) {
+    h.Int(static_cast<int64_t>(p.name.size()));
+    h.Bytes(p.name.data(), p.name.size());
+    h.Int(p.numel);
+    h.Int(p.dtype_bytes);
+    h.Int(p.group);
+  }
+  h.Int(options.chunk_bytes);
+  h.Int(options.alignment_bytes);
+  return absl::StrFormat("%016x", h.value());
+}
 
 absl::StatusOr<ChunkPacking> ChunkPacking::Build(const std::vector<LayoutParam>& params,
                                                const ChunkPackingOptions& options) {
@@ -120,6 +160,8 @@ absl::StatusOr<ChunkPacking> ChunkPacking::Build(const std::vector<LayoutParam>&
 
   ChunkPacking layout;
   layout.options_ = options;
+  layout.fingerprint_ = LayoutFingerprint(params, options);
+  layout.params_ = params;
   layout.slots_.resize(params.size());
   Packer packer(options, &layout.chunks_, &layout.slots_);
   const int n = static_cast<int>(params.size());

@@ -54,6 +54,14 @@ struct ChunkInfo {
   std::vector<int> params;  // indices into the input, in packing order
 };
 
+// [Layout fingerprint] 16 lowercase hex digits: FNV-1a (64 bit) of the ordered
+// (name, numel, dtype_bytes, group) list, chunk_bytes and alignment_bytes. Equal fingerprints mean
+// the same packing input, hence the same chunks; the planner puts it in every plan
+// (ResidencyPlan::layout_fingerprint) and the agent refuses a plan whose fingerprint is not the
+// one of the layout it builds. Stable across builds and machines (no std::hash).
+std::string LayoutFingerprint(const std::vector<LayoutParam>& params,
+                              const ChunkPackingOptions& options);
+
 class ChunkPacking {
  public:
   // INVALID_ARGUMENT for a non-positive chunk size or alignment, negative sizes, decreasing
@@ -63,8 +71,11 @@ class ChunkPacking {
 
   const std::vector<ChunkInfo>& chunks() const { return chunks_; }
   const std::vector<ParamSlot>& slots() const { return slots_; }  // indexed like the input
+  const std::vector<LayoutParam>& params() const { return params_; }  // the input
   const ChunkPackingOptions& options() const { return options_; }
   int num_chunks() const { return static_cast<int>(chunks_.size()); }
+  // LayoutFingerprint(params, options) of the input: what a plan carries to name this layout.
+  const std::string& fingerprint() const { return fingerprint_; }
 
   // Sum of all chunk sizes.
   int64_t TotalBytes() const;
@@ -79,6 +90,8 @@ class ChunkPacking {
 
  private:
   ChunkPackingOptions options_;
+  std::string fingerprint_;
+  std::vector<LayoutParam> params_;
   std::vector<ChunkInfo> chunks_;
   std::vector<ParamSlot> slots_;
 };

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/chunk_packing.h"
 #include "common/types.h"
 
 namespace memplan {
@@ -13,10 +14,22 @@ namespace memplan {
 struct ParamShape {
   std::string name;  // e.g. "model.layers.0.self_attn.q_proj.weight"
   std::vector<int64_t> shape;
+  int group = 0;  // 0 = embedding, 1..N = block N-1, N+1 = final norm + LM head
+
+  int64_t numel() const;
 };
 
-// In execution order: embedding, each layer, final norm, then "lm_head.weight" unless
-// tie_word_embeddings (a tied head shares "model.embed_tokens.weight").
+// [Parameter order] The one order of a model's parameters, used by the planner's chunk layout,
+// the agent's parameter groups (LlamaModel::ParamGroups), hence its chunks and its optimizer
+// order: groups in execution order (embedding; each block; final norm, then "lm_head.weight"
+// unless tie_word_embeddings, a tied head being the embedding's tensor, listed once, in group 0);
+// inside a block Hugging Face's named_parameters() order: self_attn q, k, v, o (each weight
+// followed by its bias), q_norm, k_norm; mlp gate, up, down; input_layernorm,
+// post_attention_layernorm. Changing it changes every chunk layout and plan fingerprint.
 std::vector<ParamShape> HfParamShapes(const ModelSpec& model);
+
+// HfParamShapes as the chunk packing's input ([Chunk packing rule]), every parameter
+// `dtype_bytes` wide: the list whose LayoutFingerprint the plans carry.
+std::vector<LayoutParam> LayoutParamsFor(const ModelSpec& model, int64_t dtype_bytes);
 
 }  // namespace memplan

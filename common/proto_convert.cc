@@ -271,6 +271,7 @@ v1::ResidencyPlan ToProto(const ResidencyPlan& plan) {
   out.set_host_memory(ToProto(plan.host_memory));
   for (BlockMode mode : plan.block_modes) out.add_block_modes(ToProto(mode));
   out.set_world_size(plan.world_size);
+  out.set_layout_fingerprint(plan.layout_fingerprint);
   return out;
 }
 
@@ -488,6 +489,7 @@ absl::StatusOr<ResidencyPlan> ResidencyPlanFromProto(const v1::ResidencyPlan& pl
     out.block_modes.push_back(mode);
   }
   out.world_size = plan.world_size() == 0 ? 1 : plan.world_size();
+  out.layout_fingerprint = plan.layout_fingerprint();
   return out;
 }
 

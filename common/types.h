@@ -168,6 +168,9 @@ struct ResidencyPlan {
   HostMemoryKind host_memory = HostMemoryKind::kPinned;
   std::vector<BlockMode> block_modes;
   int32_t world_size = 1;
+  // [Layout fingerprint] (common/chunk_packing.h) of the chunk layout n_chunks and n_persist refer
+  // to; empty when unknown (older planners, hand-written plans, traces without a parameter list).
+  std::string layout_fingerprint;
 };
 
 struct MemoryBreakdown {

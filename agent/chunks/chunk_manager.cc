@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -403,6 +404,7 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
   RETURN_IF_ERROR(AssignHomes());
 
   stats_.n_chunks = layout_.num_chunks();
+  stats_.layout_fingerprint = layout_.fingerprint();
   stats_.n_persist = n_persist_;
   stats_.n_buffer = shared_buffers_;
   stats_.n_oversized_buffers = static_cast<int>(buffers_.size()) - shared_buffers_;
@@ -1253,14 +1255,10 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
         absl::StrCat("alignment_bytes: must be a positive multiple of the element size (",
                      elem_bytes, "), got ", options.alignment_bytes));
   }
-  std::vector<LayoutParam> layout_params;
-  layout_params.reserve(params.size());
-  for (const Param& p : params) {
-    layout_params.push_back({p.name, p.numel, elem_bytes, p.first_group});
+  ASSIGN_OR_RETURN(ChunkPacking layout, LayoutOf(groups, options));
+  if (layout.slots().size() != params.size()) {
+    return absl::InternalError("chunk layout: LayoutOf lists another parameter set");
   }
-  ASSIGN_OR_RETURN(
-      ChunkPacking layout,
-      ChunkPacking::Build(layout_params, {options.chunk_bytes, options.alignment_bytes}));
   for (size_t i = 0; i < params.size(); ++i) {
     params[i].chunk = layout.slots()[i].chunk;
     params[i].offset_elems = layout.slots()[i].offset_bytes / elem_bytes;
@@ -1268,6 +1266,24 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
   auto impl = std::make_unique<Impl>(options, std::move(layout));
   RETURN_IF_ERROR(impl->Init(groups, std::move(params), std::move(group_params)));
   return std::unique_ptr<ChunkManager>(new ChunkManager(std::move(impl)));
+}
+
+absl::StatusOr<ChunkPacking> ChunkManager::LayoutOf(const ParamGroups& groups,
+                                                   const ChunkManagerOptions& options) {
+  // Unique tensors in order of first use, the same walk as Create()'s.
+  std::vector<LayoutParam> params;
+  std::unordered_set<const void*> seen;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (const NamedParam& named : groups[g]) {
+      if (!named.param.defined()) {
+        return absl::InvalidArgumentError(absl::StrCat("groups: ", named.name, " is undefined"));
+      }
+      if (!seen.insert(named.param.unsafeGetTensorImpl()).second) continue;
+      params.push_back({named.name, named.param.numel(),
+                        static_cast<int64_t>(named.param.element_size()), static_cast<int>(g)});
+    }
+  }
+  return ChunkPacking::Build(params, {options.chunk_bytes, options.alignment_bytes});
 }
 
 void ChunkManager::PreForward(int group) { impl_->Acquire(group, /*forward=*/true); }

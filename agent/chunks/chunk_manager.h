@@ -15,6 +15,7 @@
 #include "agent/chunks/cpu_adamw.h"
 #include "agent/core/torch_pch.h"
 #include "agent/model/param_residency.h"
+#include "common/chunk_packing.h"
 #include "common/types.h"
 
 namespace memplan {
@@ -57,6 +58,7 @@ struct ChunkManagerOptions {
 struct ChunkMemoryStats {
   std::vector<int64_t> chunk_bytes;  // per chunk, exact (common/chunk_packing.h)
   int n_chunks = 0;
+  std::string layout_fingerprint;  // [Layout fingerprint] (common/chunk_packing.h)
   int n_persist = 0;
   int n_buffer = 0;             // shared buffers allocated (>= options.n_buffer)
   int n_oversized_buffers = 0;  // one per non-persistent oversized chunk, sized to it
@@ -104,6 +106,12 @@ class ChunkManager : public ParamResidency {
   static absl::StatusOr<std::unique_ptr<ChunkManager>> Create(const ParamGroups& groups,
                                                               const ChunkManagerOptions& options);
   ~ChunkManager() override;
+
+  // The layout Create() packs `groups` into (each distinct tensor once, at its first group, in
+  // the groups' order; options.chunk_bytes and alignment_bytes), without copying anything: what a
+  // plan's n_chunks and layout_fingerprint are checked against before the run allocates.
+  static absl::StatusOr<ChunkPacking> LayoutOf(const ParamGroups& groups,
+                                               const ChunkManagerOptions& options);
 
   void PreForward(int group) override;
   void PostForward(int group) override;

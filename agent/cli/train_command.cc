@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "agent/chunks/chunk_manager.h"
 #include "agent/client/planner_client.h"
 #include "agent/io/checkpoint.h"
 #include "agent/io/hf_checkpoint.h"
@@ -499,6 +500,32 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
   options.chunks.cpu_threads = c.cpu_threads;
   options.offload.host_memory = plan.host_memory;
   options.offload.max_in_flight_groups = c.offload_in_flight;
+  // The plan's n_persist counts chunks of the layout it was made for: a plan made for another
+  // layout ([Layout fingerprint], common/chunk_packing.h) is refused before anything is allocated.
+  if (file_plan.has_value() && plan.managed) {
+    const std::string source = loop.address.empty()
+                                   ? "--plan-file " + c.plan_file
+                                   : absl::StrCat("the planner's plan ", answer.plan_id);
+    if (c.chunk_bytes.has_value() && *c.chunk_bytes != file_plan->chunk_bytes) {
+      MEMPLAN_LOG(kWarning, "plan layout not checked")
+          .Field("reason", absl::StrCat("--chunk-mib replaces the chunk size of ", source,
+                                        ", whose n_chunks and n_persist refer to ",
+                                        file_plan->chunk_bytes, "-byte chunks"));
+    } else {
+      ASSIGN_OR_RETURN(const ChunkPacking layout,
+                       ChunkManager::LayoutOf(model->ParamGroups(), options.chunks));
+      std::string warning;
+      RETURN_IF_ERROR(CheckPlanLayout(*file_plan, source, layout.num_chunks(),
+                                      layout.fingerprint(), &warning));
+      if (!warning.empty()) {
+        MEMPLAN_LOG(kWarning, "plan layout not checked").Field("reason", warning);
+      } else {
+        MEMPLAN_LOG(kInfo, "plan layout matches")
+            .Field("n_chunks", layout.num_chunks())
+            .Field("layout_fingerprint", layout.fingerprint());
+      }
+    }
+  }
   std::unique_ptr<MemoryProbe> probe;
   std::unique_ptr<MemoryTimeline> timeline;
   if (!c.memory_timeline.empty()) {

@@ -143,7 +143,8 @@ Json ToJson(const ResidencyPlan& p) {
               {"n_hs_offload", p.n_hs_offload},
               {"host_memory", HostMemoryKindName(p.host_memory)},
               {"block_modes", std::move(modes)},
-              {"world_size", p.world_size}};
+              {"world_size", p.world_size},
+              {"layout_fingerprint", p.layout_fingerprint}};
 }
 
 Json ToJson(const MemoryBreakdown& b) {
@@ -377,6 +378,7 @@ void Read(const Json& j, const std::string& path, absl::Status* s, ResidencyPlan
   r.Get("n_hs_offload", &p->n_hs_offload);
   r.GetEnum("host_memory", kHostKinds, &HostMemoryKindName, &p->host_memory);
   r.Get("world_size", &p->world_size);
+  r.Get("layout_fingerprint", &p->layout_fingerprint);
   if (const Json* modes = r.Find("block_modes"); modes != nullptr) {
     if (!modes->is_array()) return r.Fail("block_modes", "must be a list");
     for (size_t i = 0; i < modes->size(); ++i) {

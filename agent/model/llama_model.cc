@@ -6,11 +6,13 @@
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "agent/blocks/activation_offloader.h"
 #include "agent/blocks/group_runner.h"
+#include "common/param_shapes.h"
 #include "common/validate.h"
 
 namespace memplan {
@@ -156,7 +158,13 @@ void LlamaModel::InitParams() {
     std::vector<int64_t> sizes;
   };
   std::vector<Draw> draws;
+  // A meta model has shapes and dtypes only: nothing is drawn (a 70B layout costs no memory).
+  const bool meta = device_opts.device().is_meta();
   auto normal = [&](torch::Tensor* slot, std::vector<int64_t> sizes) {
+    if (meta) {
+      *slot = torch::empty(sizes, device_opts).requires_grad_(true);
+      return;
+    }
     draws.push_back({slot, std::move(sizes)});
   };
   auto ones = [&](std::vector<int64_t> sizes) { return finish(torch::ones(sizes)); };
@@ -213,17 +221,29 @@ void LlamaModel::InitParams() {
   if (error) std::rethrow_exception(error);
 }
 
+// Groups and their order are [Parameter order] (common/param_shapes.h), the list the planner
+// packs, so the chunk manager builds the planner's layout by construction.
 memplan::ParamGroups LlamaModel::ParamGroups() const {
-  memplan::ParamGroups groups;
-  groups.push_back({{"model.embed_tokens.weight", embed_tokens_}});
-  for (const auto& b : blocks_) groups.push_back(b->Named());
-  std::vector<NamedParam> head = {{"model.norm.weight", norm_}};
-  if (lm_head_.defined()) {
-    head.push_back({"lm_head.weight", lm_head_});
-  } else {
-    head.push_back({"model.embed_tokens.weight", embed_tokens_});
+  std::unordered_map<std::string, torch::Tensor> by_name;
+  by_name.emplace("model.embed_tokens.weight", embed_tokens_);
+  for (const auto& b : blocks_) {
+    for (NamedParam& p : b->Named()) by_name.emplace(std::move(p.name), std::move(p.param));
   }
-  groups.push_back(std::move(head));
+  by_name.emplace("model.norm.weight", norm_);
+  if (lm_head_.defined()) by_name.emplace("lm_head.weight", lm_head_);
+  memplan::ParamGroups groups(static_cast<size_t>(num_groups()));
+  size_t listed = 0;
+  for (const ParamShape& shape : HfParamShapes(options_.spec)) {
+    auto it = by_name.find(shape.name);
+    TORCH_INTERNAL_ASSERT(it != by_name.end() && shape.group >= 0 && shape.group < num_groups(),
+                          "[Parameter order] lists ", shape.name, ", which the model lacks");
+    groups[static_cast<size_t>(shape.group)].push_back({shape.name, it->second});
+    ++listed;
+  }
+  TORCH_INTERNAL_ASSERT(listed == by_name.size(), "the model has parameters that ",
+                        "[Parameter order] does not list");
+  // A tied head reads the embedding's tensor: listed again in the last group, packed once.
+  if (!lm_head_.defined()) groups.back().push_back({"model.embed_tokens.weight", embed_tokens_});
   return groups;
 }
 

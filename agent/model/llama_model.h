@@ -26,7 +26,8 @@ struct LlamaModelOptions {
   DType dtype = DType::kFloat32;
   torch::Device device = torch::kCPU;  // where the model computes
   // Where parameters are created; default `device`. A managed run creates them on the CPU and
-  // lets the ChunkManager place them, so the device never holds the whole model.
+  // lets the ChunkManager place them, so the device never holds the whole model. kMeta: shapes
+  // and dtypes only, no values (ParamGroups() and layouts of models too large to materialise).
   std::optional<torch::Device> param_device;
   uint64_t seed = 0;  // random init: normal(0, 0.02) for matrices, zeros for biases, ones for norms
 };
@@ -44,7 +45,8 @@ class LlamaModel {
   int num_groups() const { return num_blocks() + 2; }
 
   // Groups in execution order: 0 = embedding, 1..N = blocks, N+1 = final norm (+ lm_head when
-  // untied; a tied head lists model.embed_tokens.weight again, the same tensor).
+  // untied; a tied head lists model.embed_tokens.weight again, the same tensor); parameters in
+  // [Parameter order] (common/param_shapes.h), the order the planner packs chunks in.
   memplan::ParamGroups ParamGroups() const;
   // Every parameter once, in first-use order of ParamGroups() (the canonical optimizer order).
   std::vector<NamedParam> Params() const;

@@ -428,6 +428,12 @@ absl::StatusOr<ResidencyPlan> ParsePlanJson(absl::string_view text) {
   plan.n_checkpoint = static_cast<int32_t>(n_checkpoint);
   plan.n_hs_offload = static_cast<int32_t>(n_hs_offload);
   plan.world_size = world_size == 0 ? 1 : static_cast<int32_t>(world_size);
+  if (const Json* fp = Field(*object, "layout_fingerprint"); fp != nullptr && !fp->is_null()) {
+    if (!fp->is_string()) {
+      return absl::InvalidArgumentError("plan.layout_fingerprint must be a string");
+    }
+    plan.layout_fingerprint = fp->get<std::string>();
+  }
   if (const Json* host = Field(*object, "host_memory"); host != nullptr && !host->is_null()) {
     std::optional<HostMemoryKind> kind;
     if (host->is_string()) kind = ParseHostMemory(host->get<std::string>());
@@ -458,6 +464,30 @@ absl::StatusOr<ResidencyPlan> ParsePlanJson(absl::string_view text) {
     }
   }
   return plan;
+}
+
+absl::Status CheckPlanLayout(const ResidencyPlan& plan, const std::string& source,
+                             int agent_n_chunks, const std::string& agent_fingerprint,
+                             std::string* warning) {
+  warning->clear();
+  const std::string agent =
+      absl::StrCat("this agent packs ", agent_n_chunks, " chunks of ", plan.chunk_bytes,
+                   " bytes (layout fingerprint ", agent_fingerprint, ")");
+  if (plan.layout_fingerprint.empty()) {
+    *warning = absl::StrCat(source, " carries no layout fingerprint (an older planner or a ",
+                            "hand-written plan); its n_chunks = ", plan.n_chunks, ", ", agent,
+                            "; n_persist = ", plan.n_persist, " is applied to this agent's chunks");
+    return absl::OkStatus();
+  }
+  if (plan.layout_fingerprint == agent_fingerprint && plan.n_chunks == agent_n_chunks) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      source, " was made for another chunk layout: the planner's has ", plan.n_chunks,
+      " chunks (layout fingerprint ", plan.layout_fingerprint, "), ", agent,
+      "; n_persist = ", plan.n_persist,
+      " would keep other bytes on the GPU than planned: plan again for this model, dtype and "
+      "agent build"));
 }
 
 absl::StatusOr<RunPlan> ResolveRunPlan(const TrainConfig& c, int num_blocks,

@@ -90,6 +90,14 @@ absl::StatusOr<std::vector<BlockMode>> BlockModesFromCounts(int num_blocks, int 
 // enums as proto names (BLOCK_MODE_CKPT, HOST_MEMORY_PINNED) or short names (ckpt, pinned).
 absl::StatusOr<ResidencyPlan> ParsePlanJson(absl::string_view json);
 
+// [Layout fingerprint] check (common/chunk_packing.h): the chunk layout a plan was made for
+// (plan.n_chunks, plan.layout_fingerprint) against the one this agent builds for the run.
+// FAILED_PRECONDITION naming `source` and both sides when they differ. A plan without a
+// fingerprint (an older planner, a hand-written file) is accepted: OK, with *warning set.
+absl::Status CheckPlanLayout(const ResidencyPlan& plan, const std::string& source,
+                             int agent_n_chunks, const std::string& agent_fingerprint,
+                             std::string* warning);
+
 // The optimizer a plan file was made for: an "optimizer" key next to the plan (at any level of the
 // "plan" descent, or in a "request" object there, e.g. a stored plan's PlanRequest); nullopt when
 // the file names none (PlanResponse JSON does not).

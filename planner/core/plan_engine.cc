@@ -39,23 +39,6 @@ absl::Status OutOfRange(const std::string& field, int64_t value, int64_t lo, int
       absl::StrCat(field, " = ", value, " is out of range; allowed [", lo, ", ", hi, "]"));
 }
 
-// The default sizes, plus the smallest power of two (in MiB) that holds the largest block
-// parameter and twice that when the defaults are all smaller: otherwise every wide matrix of a
-// large model is an oversized chunk with a device buffer of its own, which defeats offloading.
-std::vector<int64_t> ChunkCandidates(const FixedKnobs& fixed, const Trace& trace) {
-  if (fixed.chunk_bytes) return {*fixed.chunk_bytes};
-  std::vector<int64_t> sizes(std::begin(kDefaultChunkCandidatesBytes),
-                             std::end(kDefaultChunkCandidatesBytes));
-  const int64_t largest = LargestBlockParamBytes(trace);
-  if (largest > sizes.back()) {
-    int64_t fit = sizes.back();
-    while (fit < largest) fit *= 2;
-    sizes.push_back(fit);
-    sizes.push_back(2 * fit);
-  }
-  return sizes;
-}
-
 CostOptions MakeCostOptions(const PlanInputs& in, bool time_tables) {
   CostOptions o;
   o.optimizer = in.optimizer;
@@ -427,6 +410,23 @@ std::string AlternativeNote(const ResidencyPlan& best, const Prediction& best_pr
 }
 
 }  // namespace
+
+// The defaults, plus the smallest power of two (in MiB) that holds the largest block
+// parameter and twice that when the defaults are all smaller: otherwise every wide matrix of a
+// large model is an oversized chunk with a device buffer of its own, which defeats offloading.
+std::vector<int64_t> ChunkCandidates(const FixedKnobs& fixed, const Trace& trace) {
+  if (fixed.chunk_bytes) return {*fixed.chunk_bytes};
+  std::vector<int64_t> sizes(std::begin(kDefaultChunkCandidatesBytes),
+                             std::end(kDefaultChunkCandidatesBytes));
+  const int64_t largest = LargestBlockParamBytes(trace);
+  if (largest > sizes.back()) {
+    int64_t fit = sizes.back();
+    while (fit < largest) fit *= 2;
+    sizes.push_back(fit);
+    sizes.push_back(2 * fit);
+  }
+  return sizes;
+}
 
 int64_t RawModelBytes(const Prediction& prediction) {
   const MemoryBreakdown& b = prediction.breakdown;

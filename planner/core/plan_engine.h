@@ -62,6 +62,11 @@ absl::StatusOr<PlanOutcome> MakePlan(const PlanInputs& inputs);
 // is validated against the trace (chunk count, n_persist range, block_modes length...).
 absl::StatusOr<Prediction> PredictPlan(const PlanInputs& inputs, const ResidencyPlan& plan);
 
+// The chunk sizes the search tries for `trace`: fixed.chunk_bytes when set, else
+// kDefaultChunkCandidatesBytes plus, for models whose block matrices are larger than all of them,
+// the smallest power of two holding the largest one and twice that.
+std::vector<int64_t> ChunkCandidates(const FixedKnobs& fixed, const Trace& trace);
+
 // raw_bytes of the calibration contract: the sum of persistent_chunks, buffers, grads,
 // optimizer_state, activations, checkpoint_chain and transient bytes of prediction.breakdown.
 int64_t RawModelBytes(const Prediction& prediction);

@@ -5,32 +5,14 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "common/chunk_packing.h"
 #include "common/param_shapes.h"
 
 namespace memplan {
 namespace {
 
-// Stage of a Hugging Face parameter name: 0 embedding, 1..N blocks, N+1 final norm / LM head.
-int StageOf(const std::string& name, int num_blocks) {
-  if (absl::StartsWith(name, "model.embed_tokens.")) return 0;
-  constexpr absl::string_view kLayers = "model.layers.";
-  if (absl::StartsWith(name, kLayers)) {
-    const size_t dot = name.find('.', kLayers.size());
-    int index = 0;
-    if (dot != std::string::npos &&
-        absl::SimpleAtoi(absl::string_view(name).substr(kLayers.size(), dot - kLayers.size()),
-                         &index)) {
-      return index + 1;
-    }
-  }
-  return num_blocks + 1;
-}
-
-// The architecture's parameters in execution order, as the agent packs them, when they have
-// exactly the trace's per-stage parameter bytes; nullopt otherwise.
+// The architecture's parameters in [Parameter order] (common/param_shapes.h), the list the agent
+// packs, when they have exactly the trace's per-stage parameter bytes; nullopt otherwise.
 std::optional<std::vector<LayoutParam>> MatchingArchParams(const Trace& trace) {
   const ModelSpec& a = trace.arch;
   const int num_blocks = static_cast<int>(trace.blocks.size());
@@ -41,14 +23,10 @@ std::optional<std::vector<LayoutParam>> MatchingArchParams(const Trace& trace) {
   const int64_t dtype = DTypeBytes(trace.param_dtype);
   const std::vector<int64_t> want = StageParamBytes(trace);
   std::vector<int64_t> got(want.size(), 0);
-  std::vector<LayoutParam> params;
-  for (const ParamShape& p : HfParamShapes(a)) {
-    int64_t numel = 1;
-    for (int64_t d : p.shape) numel *= d;
-    params.push_back({p.name, numel, dtype, StageOf(p.name, num_blocks)});
-    const int group = params.back().group;
-    if (group < 0 || group >= static_cast<int>(got.size())) return std::nullopt;
-    got[group] += numel * dtype;
+  std::vector<LayoutParam> params = LayoutParamsFor(a, dtype);
+  for (const LayoutParam& p : params) {
+    if (p.group < 0 || p.group >= static_cast<int>(got.size())) return std::nullopt;
+    got[p.group] += p.numel * p.dtype_bytes;
   }
   if (got != want) return std::nullopt;
   return params;
@@ -56,15 +34,20 @@ std::optional<std::vector<LayoutParam>> MatchingArchParams(const Trace& trace) {
 
 // The agent's rule. Trainable bytes: every parameter for full fine-tuning; for LoRA the
 // stage's trainable share, spread over its chunks in proportion to their parameter bytes.
-ChunkLayout AgentLayout(const Trace& trace, const std::vector<LayoutParam>& params,
-                        int64_t chunk_bytes) {
+absl::StatusOr<ChunkPacking> Pack(const std::vector<LayoutParam>& params, int64_t chunk_bytes) {
   ChunkPackingOptions options;
   options.chunk_bytes = chunk_bytes;
   options.alignment_bytes = kChunkAlignmentBytes;
-  absl::StatusOr<ChunkPacking> packing = ChunkPacking::Build(params, options);
+  return ChunkPacking::Build(params, options);
+}
+
+ChunkLayout AgentLayout(const Trace& trace, const std::vector<LayoutParam>& params,
+                        int64_t chunk_bytes) {
+  absl::StatusOr<ChunkPacking> packing = Pack(params, chunk_bytes);
   ChunkLayout layout;
   layout.chunk_bytes = chunk_bytes;
   if (!packing.ok()) return layout;  // not reached: the list has unique names, ordered groups
+  layout.fingerprint = packing->fingerprint();
   const std::vector<int64_t> stage_params = StageParamBytes(trace);
   const std::vector<int64_t> stage_trainable = StageTrainableBytes(trace);
   const size_t stages = stage_params.size();
@@ -96,6 +79,14 @@ ChunkLayout AgentLayout(const Trace& trace, const std::vector<LayoutParam>& para
 }  // namespace
 
 bool ArchMatchesTrace(const Trace& trace) { return MatchingArchParams(trace).has_value(); }
+
+std::optional<ChunkPacking> ArchPacking(const Trace& trace, int64_t chunk_bytes) {
+  std::optional<std::vector<LayoutParam>> params = MatchingArchParams(trace);
+  if (!params) return std::nullopt;
+  absl::StatusOr<ChunkPacking> packing = Pack(*params, chunk_bytes);
+  if (!packing.ok()) return std::nullopt;
+  return *std::move(packing);
+}
 
 std::vector<int64_t> StageParamBytes(const Trace& trace) {
   std::vector<int64_t> bytes;

@@ -8,8 +8,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
+#include "common/chunk_packing.h"
 #include "common/types.h"
 
 namespace memplan {
@@ -27,6 +30,9 @@ struct ChunkLayout {
   // Consecutive stages share at most one chunk; ranges are non-decreasing.
   std::vector<int32_t> stage_first_chunk;
   std::vector<int32_t> stage_last_chunk;
+  // LayoutFingerprint of the agent's packing ([Layout fingerprint], common/chunk_packing.h);
+  // empty when the stages were split byte-wise (no parameter list: the agent's layout unknown).
+  std::string fingerprint;
 
   int32_t num_chunks() const { return static_cast<int32_t>(chunk_param_bytes.size()); }
 };
@@ -46,6 +52,9 @@ ChunkLayout LayoutChunks(const Trace& trace, int64_t chunk_bytes);
 // Whether the architecture's parameter list (common/param_shapes.h) has exactly the trace's
 // per-stage parameter bytes, so that the agent's packing rule can be applied to it.
 bool ArchMatchesTrace(const Trace& trace);
+// The packing LayoutChunks uses when ArchMatchesTrace(trace) (the parameter list of every chunk,
+// [Parameter order]); nullopt otherwise.
+std::optional<ChunkPacking> ArchPacking(const Trace& trace, int64_t chunk_bytes);
 // Bytes of the largest parameter inside a transformer block (0 when !ArchMatchesTrace): chunk
 // sizes below it make every such parameter an oversized chunk.
 int64_t LargestBlockParamBytes(const Trace& trace);

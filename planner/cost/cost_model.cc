@@ -980,6 +980,7 @@ ResidencyPlan CostModel::MakeResidencyPlan(int32_t n_persist, int32_t n_buffer,
   ResidencyPlan plan;
   plan.chunk_bytes = chunks_->layout.chunk_bytes;
   plan.n_chunks = num_chunks_;
+  plan.layout_fingerprint = chunks_->layout.fingerprint;
   plan.n_persist = n_persist;
   plan.n_buffer = n_buffer;
   plan.n_swap = counts.n_swap;

@@ -34,8 +34,14 @@ TEST(HfParamShapesTest, Llama31_8BHasItsPublishedParameterCount) {
   EXPECT_EQ(shapes.size(), 1u + 32u * 9u + 2u);
   EXPECT_EQ(shapes.front().name, "model.embed_tokens.weight");
   EXPECT_EQ(shapes.back().name, "lm_head.weight");
-  EXPECT_EQ(shapes[3].name, "model.layers.0.self_attn.k_proj.weight");
-  EXPECT_EQ(shapes[3].shape, (std::vector<int64_t>{1024, 4096}));
+  // [Parameter order]: Hugging Face's named_parameters() order inside a block.
+  EXPECT_EQ(shapes[2].name, "model.layers.0.self_attn.k_proj.weight");
+  EXPECT_EQ(shapes[2].shape, (std::vector<int64_t>{1024, 4096}));
+  EXPECT_EQ(shapes[2].group, 1);
+  EXPECT_EQ(shapes[8].name, "model.layers.0.input_layernorm.weight");
+  EXPECT_EQ(shapes[9].name, "model.layers.0.post_attention_layernorm.weight");
+  EXPECT_EQ(shapes.front().group, 0);
+  EXPECT_EQ(shapes.back().group, 33);
 }
 
 TEST(HfParamShapesTest, Qwen25_05BTiedWithBiases) {

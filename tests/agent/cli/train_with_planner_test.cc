@@ -119,6 +119,62 @@ TEST_F(TrainWithPlannerTest, ProfileSubmitsTheTraceThePlanThenUses) {
   EXPECT_THAT(output, HasSubstr("trained 2 steps"));
 }
 
+// [Layout fingerprint]: a plan file from the planner names the layout the agent builds and is
+// applied; the same plan with another fingerprint or chunk count is refused naming both sides.
+TEST_F(TrainWithPlannerTest, PlanFilesMustBeForTheAgentsLayout) {
+  auto client = PlannerClient::Create(daemon_->address(), PlannerClientOptions{});
+  ASSERT_TRUE(client.ok());
+  PlanQuery query;
+  query.arch_preset = "llama-tiny";
+  query.hardware_preset = "h100-80gb";
+  query.workload.micro_batch = 1;
+  query.workload.seq_len = 32;
+  query.param_dtype = DType::kFloat32;  // what train uses on the CPU
+  query.skip_limits = true;
+  query.fixed.chunk_bytes = int64_t{1} << 20;
+  query.fixed.n_persist = 1;  // offload the rest: the plan is a managed one
+  absl::StatusOr<PlanAnswer> answer = (*client)->Plan(query);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  ASSERT_TRUE(answer->fits) << answer->reason;
+  ASSERT_EQ(answer->plan.layout_fingerprint.size(), 16u);
+  ASSERT_GT(answer->plan.n_chunks, 1);
+
+  const std::string path = absl::StrCat(db_path_, ".plan.json");
+  auto train = [&](const PlanAnswer& a) {
+    EXPECT_TRUE(WriteTextFile(path, PlanAnswerToJson(a)).ok());
+    auto run = testing::RunToCompletion(
+        MEMPLAN_AGENT_BINARY, {"train", "--plan-file", path, "--arch", "llama-tiny",
+                               "--synthetic-data", "--steps", "1", "--batch", "1", "--seq", "32",
+                               "--device", "cpu"});
+    EXPECT_TRUE(run.ok()) << run.status();
+    return run.ok() ? *run : std::pair<int, std::string>{-1, ""};
+  };
+  {
+    const auto [status, output] = train(*answer);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+    EXPECT_THAT(output, HasSubstr("plan layout matches"));
+    EXPECT_THAT(output, HasSubstr(answer->plan.layout_fingerprint));
+  }
+  {
+    PlanAnswer other = *answer;
+    other.plan.layout_fingerprint = "0000000000000000";
+    const auto [status, output] = train(other);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << output;
+    EXPECT_THAT(output, HasSubstr("was made for another chunk layout"));
+    EXPECT_THAT(output, HasSubstr("0000000000000000"));
+    EXPECT_THAT(output, HasSubstr(answer->plan.layout_fingerprint));
+    EXPECT_THAT(output, Not(HasSubstr("trained")));
+  }
+  {
+    PlanAnswer old = *answer;  // an older planner's plan: applied with a warning
+    old.plan.layout_fingerprint.clear();
+    const auto [status, output] = train(old);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+    EXPECT_THAT(output, HasSubstr("no layout fingerprint"));
+  }
+  std::remove(path.c_str());
+}
+
 TEST_F(TrainWithPlannerTest, UnreachablePlannerFailsWithTheAddress) {
   // A bound socket that never listens: connections are refused and the port stays ours.
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

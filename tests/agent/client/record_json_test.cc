@@ -30,6 +30,7 @@ ResidencyPlan SamplePlan() {
   p.block_modes = {BlockMode::kSwap, BlockMode::kCkpt, BlockMode::kHsOffload, BlockMode::kCkpt,
                    BlockMode::kNone};
   p.world_size = 1;
+  p.layout_fingerprint = "0123456789abcdef";
   return p;
 }
 
@@ -90,6 +91,7 @@ void ExpectSamePlan(const ResidencyPlan& a, const ResidencyPlan& b) {
   EXPECT_EQ(a.host_memory, b.host_memory);
   EXPECT_EQ(a.block_modes, b.block_modes);
   EXPECT_EQ(a.world_size, b.world_size);
+  EXPECT_EQ(a.layout_fingerprint, b.layout_fingerprint);
 }
 
 void ExpectSamePrediction(const Prediction& a, const Prediction& b) {

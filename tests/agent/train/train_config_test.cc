@@ -167,6 +167,48 @@ TEST(ParsePlanJsonTest, BarePlanInSnakeCaseWithShortNames) {
   EXPECT_THAT(plan->block_modes, ElementsAre(M::kSwap, M::kHsOffload));
 }
 
+TEST(ParsePlanJsonTest, CarriesTheLayoutFingerprint) {
+  auto plan = ParsePlanJson(R"({"fits": true, "plan": {"chunk_bytes": "33554432",
+      "n_chunks": 226, "layout_fingerprint": "0123456789abcdef"}})");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->n_chunks, 226);
+  EXPECT_EQ(plan->layout_fingerprint, "0123456789abcdef");
+  plan = ParsePlanJson(R"({"plan": {"layoutFingerprint": "fedcba9876543210"}})");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->layout_fingerprint, "fedcba9876543210");
+  EXPECT_THAT(ParsePlanJson(R"({"layout_fingerprint": 7})").status().message(),
+              HasSubstr("layout_fingerprint"));
+}
+
+TEST(CheckPlanLayoutTest, RefusesAnotherLayoutNamingBoth) {
+  ResidencyPlan plan;
+  plan.chunk_bytes = int64_t{32} << 20;
+  plan.n_chunks = 259;
+  plan.n_persist = 119;
+  plan.layout_fingerprint = "1111111111111111";
+  std::string warning;
+  absl::Status s = CheckPlanLayout(plan, "--plan-file p.json", 226, "2222222222222222", &warning);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("--plan-file p.json"));
+  EXPECT_THAT(s.message(), HasSubstr("259 chunks (layout fingerprint 1111111111111111)"));
+  EXPECT_THAT(s.message(), HasSubstr("226 chunks"));
+  EXPECT_THAT(s.message(), HasSubstr("2222222222222222"));
+  // Same fingerprint, another count: still refused (a corrupt or edited plan).
+  plan.layout_fingerprint = "2222222222222222";
+  EXPECT_EQ(CheckPlanLayout(plan, "x", 226, "2222222222222222", &warning).code(),
+            absl::StatusCode::kFailedPrecondition);
+  plan.n_chunks = 226;
+  EXPECT_TRUE(CheckPlanLayout(plan, "x", 226, "2222222222222222", &warning).ok());
+  EXPECT_TRUE(warning.empty());
+  // No fingerprint (older planner, hand-written plan): accepted with a warning.
+  plan.layout_fingerprint.clear();
+  plan.n_chunks = 259;
+  EXPECT_TRUE(CheckPlanLayout(plan, "--plan-file old.json", 226, "2222222222222222", &warning).ok());
+  EXPECT_THAT(warning, HasSubstr("no layout fingerprint"));
+  EXPECT_THAT(warning, HasSubstr("259"));
+  EXPECT_THAT(warning, HasSubstr("226"));
+}
+
 TEST(ParsePlanJsonTest, RejectsMalformedPlans) {
   EXPECT_FALSE(ParsePlanJson("{not json").ok());
   EXPECT_FALSE(ParsePlanJson("[1, 2]").ok());

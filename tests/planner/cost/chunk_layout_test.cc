@@ -23,6 +23,7 @@ TEST(ChunkLayoutTest, PacksStagesInExecutionOrder) {
     const int64_t chunk = (4 + iter % 90) * kMiB;
     const ChunkLayout layout = LayoutChunks(trace, chunk);
     if (ArchMatchesTrace(trace)) continue;  // the agent's rule: AgentRuleLayout below
+    EXPECT_TRUE(layout.fingerprint.empty());  // no parameter list: the agent's layout unknown
     const std::vector<int64_t> stages = StageParamBytes(trace);
     const std::vector<int64_t> trainable = StageTrainableBytes(trace);
     ASSERT_EQ(layout.stage_first_chunk.size(), stages.size());
@@ -57,8 +58,10 @@ TEST(ChunkLayoutTest, PacksStagesInExecutionOrder) {
   }
 }
 
-// With an architecture the layout is the agent's own packing of the same parameter list.
-TEST(ChunkLayoutTest, AgentRuleLayoutMatchesTheAgentsPacking) {
+// With an architecture the layout is ArchPacking's chunks (the [Parameter order] list packed by
+// the agent's rule), with stage ranges and trainable bytes derived from it. That this is the
+// layout the agent really builds from LlamaModel is tests/agent/chunks/plan_layout_test.cc.
+TEST(ChunkLayoutTest, AgentRuleLayoutIsTheArchPacking) {
   std::mt19937_64 rng(7);
   int arch_traces = 0, with_oversized = 0;
   for (int iter = 0; iter < 200; ++iter) {
@@ -69,17 +72,12 @@ TEST(ChunkLayoutTest, AgentRuleLayoutMatchesTheAgentsPacking) {
     const ChunkLayout layout = LayoutChunks(trace, chunk);
     const std::vector<int64_t> stages = StageParamBytes(trace);
 
-    std::vector<LayoutParam> params;
-    for (const ParamShape& p : HfParamShapes(trace.arch)) {
-      int64_t numel = 1;
-      for (int64_t d : p.shape) numel *= d;
-      int group = static_cast<int>(stages.size()) - 1;
-      if (p.name.rfind("model.embed_tokens.", 0) == 0) group = 0;
-      if (p.name.rfind("model.layers.", 0) == 0) group = 1 + std::stoi(p.name.substr(13));
-      params.push_back({p.name, numel, DTypeBytes(trace.param_dtype), group});
-    }
-    auto packing = ChunkPacking::Build(params, {chunk, kChunkAlignmentBytes});
-    ASSERT_TRUE(packing.ok()) << packing.status();
+    const std::optional<ChunkPacking> packing = ArchPacking(trace, chunk);
+    ASSERT_TRUE(packing.has_value());
+    EXPECT_EQ(layout.fingerprint, packing->fingerprint());
+    EXPECT_EQ(packing->fingerprint(),
+              LayoutFingerprint(LayoutParamsFor(trace.arch, DTypeBytes(trace.param_dtype)),
+                                {chunk, kChunkAlignmentBytes}));
     ASSERT_EQ(layout.num_chunks(), packing->num_chunks());
     bool any_oversized = false;
     for (int c = 0; c < layout.num_chunks(); ++c) {
