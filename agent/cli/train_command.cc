@@ -461,8 +461,9 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
   } else if (!c.plan_file.empty()) {
     auto parsed = ParsePlanJson(plan_text);
     if (!parsed.ok()) {
-      return absl::InvalidArgumentError("--plan-file " + c.plan_file + ": " +
-                                        std::string(parsed.status().message()));
+      // INVALID_ARGUMENT for a malformed file, FAILED_PRECONDITION for a DOES NOT FIT verdict.
+      return absl::Status(parsed.status().code(), "--plan-file " + c.plan_file + ": " +
+                                                      std::string(parsed.status().message()));
     }
     file_plan = *std::move(parsed);
   }

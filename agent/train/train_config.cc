@@ -403,11 +403,22 @@ absl::StatusOr<OptimizerKind> ResolveOptimizer(const TrainConfig& config,
 absl::StatusOr<ResidencyPlan> ParsePlanJson(absl::string_view text) {
   Json doc = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) return absl::InvalidArgumentError("plan file is not valid JSON");
-  // Descend through "plan" keys (PlanResponse → plan, StoredPlan → plan, ...).
+  // Descend through "plan" keys (PlanResponse → plan, StoredPlan → plan, ...). A holder with a
+  // verdict (PlanResponse.fits = false) carries the least-bad plan, shown for information only.
   const Json* object = &doc;
   for (int depth = 0; depth < 4 && object->is_object(); ++depth) {
     const Json* inner = Field(*object, "plan");
     if (inner == nullptr || !inner->is_object()) break;
+    if (const Json* fits = Field(*object, "fits"); fits != nullptr && fits->is_boolean() &&
+                                                   !fits->get<bool>()) {
+      const Json* reason = Field(*object, "reason");
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the planner's verdict is DOES NOT FIT: \"",
+          reason != nullptr && reason->is_string() ? reason->get<std::string>()
+                                                   : std::string("(no reason given)"),
+          "\"; its plan is the least-bad one, shown for information, not one to run: change the "
+          "workload, the card or the fixed knobs and plan again"));
+    }
     object = inner;
   }
   if (!object->is_object()) return absl::InvalidArgumentError("plan file: expected an object");

@@ -88,6 +88,8 @@ absl::StatusOr<std::vector<BlockMode>> BlockModesFromCounts(int num_blocks, int 
 // A ResidencyPlan from JSON: either the plan object itself or any object holding it under "plan"
 // (e.g. a PlanResponse). Keys in snake_case or lowerCamelCase; int64 as numbers or strings;
 // enums as proto names (BLOCK_MODE_CKPT, HOST_MEMORY_PINNED) or short names (ckpt, pinned).
+// FAILED_PRECONDITION quoting the planner's reason when the holder's verdict is "fits": false
+// (a PlanResponse that does not fit carries its least-bad plan, which must not be run).
 absl::StatusOr<ResidencyPlan> ParsePlanJson(absl::string_view json);
 
 // [Layout fingerprint] check (common/chunk_packing.h): the chunk layout a plan was made for

@@ -175,6 +175,41 @@ TEST_F(TrainWithPlannerTest, PlanFilesMustBeForTheAgentsLayout) {
   std::remove(path.c_str());
 }
 
+// A PlanResponse whose verdict is DOES NOT FIT carries its least-bad plan: `--plan-file` refuses
+// it, quoting the planner's reason, instead of training something else.
+TEST_F(TrainWithPlannerTest, PlanFileThatDoesNotFitIsRefusedWithThePlannersReason) {
+  auto client = PlannerClient::Create(daemon_->address(), PlannerClientOptions{});
+  ASSERT_TRUE(client.ok());
+  PlanQuery query;
+  query.arch_preset = "llama-tiny";
+  query.hardware_preset = "h100-80gb";
+  query.workload.micro_batch = 1;
+  query.workload.seq_len = 32;
+  query.param_dtype = DType::kFloat32;
+  query.skip_limits = true;
+  query.fixed.chunk_bytes = int64_t{1} << 20;
+  query.fixed.n_persist = 0;
+  query.fixed.n_buffer = 1;  // below what a group needs: no plan
+  absl::StatusOr<PlanAnswer> answer = (*client)->Plan(query);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  ASSERT_FALSE(answer->fits);
+  ASSERT_FALSE(answer->reason.empty());
+
+  const std::string path = absl::StrCat(db_path_, ".nofit.json");
+  ASSERT_TRUE(WriteTextFile(path, PlanAnswerToJson(*answer)).ok());
+  auto run = testing::RunToCompletion(
+      MEMPLAN_AGENT_BINARY,
+      {"train", "--plan-file", path, "--arch", "llama-tiny", "--synthetic-data", "--steps", "1",
+       "--batch", "1", "--seq", "32", "--device", "cpu"});
+  std::remove(path.c_str());
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_TRUE(WIFEXITED(run->first) && WEXITSTATUS(run->first) != 0) << run->second;
+  EXPECT_THAT(run->second, HasSubstr("--plan-file " + path));
+  EXPECT_THAT(run->second, HasSubstr("DOES NOT FIT"));
+  EXPECT_THAT(run->second, HasSubstr(answer->reason.substr(0, 40)));
+  EXPECT_THAT(run->second, Not(HasSubstr("trained")));
+}
+
 TEST_F(TrainWithPlannerTest, UnreachablePlannerFailsWithTheAddress) {
   // A bound socket that never listens: connections are refused and the port stays ours.
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

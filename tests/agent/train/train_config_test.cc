@@ -180,6 +180,27 @@ TEST(ParsePlanJsonTest, CarriesTheLayoutFingerprint) {
               HasSubstr("layout_fingerprint"));
 }
 
+// A PlanResponse that does not fit carries its least-bad plan: running it would train something
+// else than asked (issue 14: 0 persistent chunks, every block NONE, without a word).
+TEST(ParsePlanJsonTest, RefusesADoesNotFitVerdictQuotingTheReason) {
+  const char* kResponse = R"({"fits": false,
+      "reason": "does not fit: the leanest plan needs 30.0 GiB of GPU memory",
+      "plan": {"chunk_bytes": "67108864", "n_chunks": 20, "n_persist": 0, "n_buffer": 4}})";
+  auto plan = ParsePlanJson(kResponse);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(plan.status().message(), HasSubstr("DOES NOT FIT"));
+  EXPECT_THAT(plan.status().message(),
+              HasSubstr("the leanest plan needs 30.0 GiB of GPU memory"));
+  // Nested (a stored plan holding its response) and without a reason.
+  plan = ParsePlanJson(R"({"plan": {"fits": false, "plan": {"n_persist": 1}}})");
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(plan.status().message(), HasSubstr("(no reason given)"));
+  // A fitting verdict, or none (a bare plan), is run.
+  EXPECT_TRUE(ParsePlanJson(R"({"fits": true, "reason": "fits", "plan": {"n_persist": 1}})").ok());
+  EXPECT_TRUE(ParsePlanJson(R"({"n_persist": 1})").ok());
+}
+
 TEST(CheckPlanLayoutTest, RefusesAnotherLayoutNamingBoth) {
   ResidencyPlan plan;
   plan.chunk_bytes = int64_t{32} << 20;
