@@ -1257,7 +1257,9 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
   }
   ASSIGN_OR_RETURN(ChunkPacking layout, LayoutOf(groups, options));
   if (layout.slots().size() != params.size()) {
-    return absl::InternalError("chunk layout: LayoutOf lists another parameter set");
+    return absl::InternalError(absl::StrCat("chunk layout: LayoutOf lists ",
+                                            layout.slots().size(), " parameters, Create ",
+                                            params.size()));
   }
   for (size_t i = 0; i < params.size(); ++i) {
     params[i].chunk = layout.slots()[i].chunk;
