@@ -206,6 +206,45 @@ absl::Status ValidateFixedAgainstLayout(const FixedKnobs& f, const PlanSearch& s
   return absl::OkStatus();
 }
 
+// [Fixed knob conflicts] Fixed knobs that no GPU size can honour on `model`'s layout, named with
+// the reason; empty when none. The same rules the search applies to every plan (plan_search.cc,
+// EvalPersist): n_persist <= n_chunks; with offloaded chunks MinBuffers(n_persist) <= n_buffer <=
+// n_chunks - n_persist; with every chunk persistent n_buffer = 0.
+std::string FixedKnobConflict(const FixedKnobs& f, const CostModel& model) {
+  const int32_t c = model.num_chunks();
+  const std::string layout = absl::StrCat(c, " chunks at ", model.chunk_bytes() / kMiB, " MiB");
+  if (f.n_persist && *f.n_persist > c) {
+    return absl::StrCat("fixed.n_persist = ", *f.n_persist, " exceeds the layout's ", layout);
+  }
+  if (!f.n_buffer) return "";
+  const int32_t nb = *f.n_buffer;
+  auto problem = [&](int32_t np) -> std::string {
+    if (np == c) {
+      if (nb == 0) return "";
+      return absl::StrCat("fixed.n_buffer = ", nb, " with fixed.n_persist = ", np,
+                          ": every one of the layout's ", layout,
+                          " is persistent, nothing is streamed through buffers (n_buffer 0)");
+    }
+    if (nb > c - np) {
+      return absl::StrCat("fixed.n_buffer = ", nb, " exceeds the ", c - np,
+                          " offloaded chunks (the layout's ", layout, " less fixed.n_persist = ",
+                          np, "); at most ", c - np, " buffers can be used");
+    }
+    if (nb < model.MinBuffers(np)) {
+      return absl::StrCat("fixed.n_buffer = ", nb, " is below the ", model.MinBuffers(np),
+                          " buffers a parameter group needs on the device at once with ",
+                          "n_persist = ", np, " (", layout, ")");
+    }
+    return "";
+  };
+  if (f.n_persist) return problem(*f.n_persist);
+  for (int32_t np = 0; np <= c; ++np) {
+    if (problem(np).empty()) return "";
+  }
+  return absl::StrCat("fixed.n_buffer = ", nb, " fits no n_persist of the layout's ", layout,
+                      " (", problem(0), ")");
+}
+
 std::string DescribePlan(const ResidencyPlan& p) {
   return absl::StrCat("chunk ", p.chunk_bytes / kMiB, " MiB, ", p.n_persist, "/", p.n_chunks,
                       " chunks persistent, ", p.n_buffer, " buffers, ", p.n_checkpoint,
@@ -488,12 +527,49 @@ absl::StatusOr<PlanOutcome> MakePlan(const PlanInputs& in) {
     }
   } else {
     out.fits = false;
-    // Which constraint blocks it? 1) a fixed knob, 2) host memory, 3) GPU memory.
+    // Which constraint blocks it? 0) fixed knobs that conflict whatever the memory, 1) a fixed
+    // knob, 2) host memory, 3) GPU memory.
     const int kKnobs = 7;
     std::string knob_reason;
     bool any_fixed = false;
     for (int k = 0; k < kKnobs; ++k) any_fixed |= IsSet(k, in.fixed);
-    if (any_fixed) {
+    // [Fixed knob conflicts]: reported only when every chunk size the knobs allow has one.
+    std::string conflict;
+    for (int i = 0; i < search.num_models(); ++i) {
+      const std::string c = FixedKnobConflict(in.fixed, search.model(i));
+      if (c.empty()) {
+        conflict.clear();
+        break;
+      }
+      if (conflict.empty()) conflict = c;
+    }
+    if (!conflict.empty()) {
+      knob_reason = absl::StrCat("impossible with the fixed knobs, whatever the memory: ", conflict);
+    } else if (any_fixed && !leanest.found) {
+      // No GPU size helps: the fixed knobs and the host limits. Name the knob that, left free,
+      // lets a plan keep the host side within its limits.
+      ASSIGN_OR_RETURN(PlanSearch all_sizes,
+                       PlanSearch::Create(trace, in.hardware, MakeCostOptions(in, false),
+                                          ChunkCandidates(FixedKnobs{}, trace)));
+      for (int k = 0; k < kKnobs && knob_reason.empty(); ++k) {
+        if (!IsSet(k, in.fixed)) continue;
+        SearchConstraints relaxed = constraints;
+        Clear(k, &relaxed.fixed);
+        const SearchResult r = all_sizes.FindLeanest(relaxed);
+        if (r.found) {
+          knob_reason = absl::StrCat(
+              "does not fit with ", FixedName(k, in.fixed), ": host memory, not GPU memory; no ",
+              "plan honouring the fixed knobs keeps the host side within ",
+              GiB(in.hardware.host_memory_bytes), " of RAM per GPU",
+              in.hardware.pinned_limit_bytes > 0
+                  ? absl::StrCat(" (pinned limit ", GiB(in.hardware.pinned_limit_bytes), ")")
+                  : std::string(),
+              "; without fixing it the leanest plan (", DescribePlan(r.plan), ") needs ",
+              GiB(r.prediction.host_pinned_bytes + r.prediction.host_pageable_bytes),
+              " on the host");
+        }
+      }
+    } else if (any_fixed) {
       ASSIGN_OR_RETURN(PlanSearch all_sizes,
                        PlanSearch::Create(trace, in.hardware, MakeCostOptions(in, true),
                                           ChunkCandidates(FixedKnobs{}, trace)));

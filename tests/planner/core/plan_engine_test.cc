@@ -1,6 +1,7 @@
 #include "planner/core/plan_engine.h"
 
 #include <cmath>
+#include <cstdio>
 
 #include "common/presets.h"
 #include "gtest/gtest.h"
@@ -194,6 +195,65 @@ TEST(PlanEngineTest, FixedKnobsAreConstraints) {
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_FALSE(out->fits);
   EXPECT_NE(out->reason.find("fixed.n_persist = 220"), std::string::npos) << out->reason;
+}
+
+// [Fixed knob conflicts]: a combination that no amount of memory can run names the knob and the
+// rule it breaks, not the GPU's capacity.
+TEST(PlanEngineTest, ImpossibleFixedKnobsNameTheKnobNotMemory) {
+  PlanInputs in = Inputs("llama-3.2-3b", "h200", 2, 4096);
+  in.skip_limits = true;
+  in.max_alternatives = 0;
+  in.fixed.chunk_bytes = 64 * kMiB;
+  in.fixed.n_persist = 40;
+  in.fixed.n_buffer = 8;
+  in.fixed.n_swap = 10;
+  in.fixed.n_checkpoint = 8;
+  in.fixed.n_hs_offload = 10;
+  absl::StatusOr<PlanOutcome> out = MakePlan(in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  // With one layout (issue 14) these knobs are possible and fit a 140 GiB card.
+  EXPECT_TRUE(out->fits) << out->reason;
+  EXPECT_EQ(out->plan.n_persist, 40);
+  EXPECT_EQ(out->plan.n_buffer, 8);
+
+  // n_persist beyond the chunk count of the fixed chunk size.
+  in = Inputs("llama-3.2-1b", "h200", 1, 2048);
+  in.skip_limits = true;
+  in.max_alternatives = 0;
+  in.fixed.chunk_bytes = 256 * kMiB;
+  const int32_t chunks = [&] {
+    PlanInputs probe = in;
+    auto o = MakePlan(probe);
+    EXPECT_TRUE(o.ok());
+    return o.ok() ? o->plan.n_chunks : 0;
+  }();
+  ASSERT_GT(chunks, 2);
+  // More buffers than offloaded chunks.
+  in.fixed.n_persist = chunks - 2;
+  in.fixed.n_buffer = 3;
+  out = MakePlan(in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_FALSE(out->fits);
+  EXPECT_NE(out->reason.find("fixed.n_buffer = 3 exceeds the 2 offloaded chunks"),
+            std::string::npos)
+      << out->reason;
+  EXPECT_EQ(out->reason.find("usable"), std::string::npos) << out->reason;
+  // Buffers with every chunk persistent.
+  in.fixed.n_persist = chunks;
+  in.fixed.n_buffer = 1;
+  out = MakePlan(in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_FALSE(out->fits);
+  EXPECT_NE(out->reason.find("fixed.n_buffer = 1 with fixed.n_persist"), std::string::npos)
+      << out->reason;
+  // Fewer buffers than a group needs.
+  in.fixed.n_persist = 0;
+  in.fixed.n_buffer = 1;
+  out = MakePlan(in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_FALSE(out->fits);
+  EXPECT_NE(out->reason.find("fixed.n_buffer = 1 is below the"), std::string::npos)
+      << out->reason;
 }
 
 TEST(PlanEngineTest, PredictPlanRepredictsAndHonoursTheCalibrationContract) {
