@@ -287,6 +287,7 @@ v1::MemoryBreakdown ToProto(const MemoryBreakdown& breakdown) {
   out.set_cuda_context_bytes(breakdown.cuda_context_bytes);
   out.set_fragmentation_factor(breakdown.fragmentation_factor);
   out.set_calibration_residual_bytes(breakdown.calibration_residual_bytes);
+  out.set_head_bytes(breakdown.head_bytes);
   return out;
 }
 
@@ -507,6 +508,7 @@ MemoryBreakdown MemoryBreakdownFromProto(const v1::MemoryBreakdown& breakdown) {
     out.fragmentation_factor = breakdown.fragmentation_factor();
   }
   out.calibration_residual_bytes = breakdown.calibration_residual_bytes();
+  out.head_bytes = breakdown.head_bytes();
   return out;
 }
 

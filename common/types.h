@@ -184,6 +184,7 @@ struct MemoryBreakdown {
   int64_t cuda_context_bytes = 0;
   double fragmentation_factor = 1.0;
   int64_t calibration_residual_bytes = 0;
+  int64_t head_bytes = 0;  // of activations + transient: the LM head + loss at the peak
 };
 
 struct Prediction {

@@ -3,7 +3,10 @@
 # profile that supersedes the preset of the same name), then for each workload profiles the
 # model, asks for a plan, trains it and reports the measurement; prints the calibration at the end.
 #   scripts/gpu-loop.sh OUT_DIR BUILD_DIR [HARDWARE_NAME]
-# MEMPLAN_LOOP_CONFIGS: ';'-separated "ARCH BATCH SEQ [SAFETY_MARGIN]" workloads (default below).
+# MEMPLAN_LOOP_CONFIGS: ';'-separated "ARCH BATCH SEQ [SAFETY_MARGIN [BUDGET_GIB]]" workloads
+# (default below). BUDGET_GIB plans for the benchmarked card cut to that much memory: a copy of
+# the measured profile with that gpu_memory_bytes, stored under a name of its own
+# (HARDWARE_NAME-cut-i), so the plan's first prediction is uncalibrated.
 # MEMPLAN_LOOP_TRAIN_FLAGS: extra flags for every `memplan-agent train` (e.g. --allocator-conf=).
 # Per workload i it writes the memory timeline of every step (timeline-i.tsv) and the stored plan
 # with its prediction breakdown and measurement (plan-i.json).
@@ -23,9 +26,23 @@ for cfg in "${workloads[@]}"; do
   i=$((i + 1))
   margin=()
   [[ -n ${4:-} ]] && margin=(--safety-margin "$4")
-  echo "=== $i: $1 ${2}x$3 ${4:+margin $4}" | tee -a "$out/loop.txt"
+  card=(--hardware "$hw")
+  if [[ -n ${5:-} ]]; then
+    python3 - "$out/hw.json" "$out/hw-$i.json" "$hw-cut-$i" "$5" <<'PY'
+import json, sys
+h = json.load(open(sys.argv[1]))
+h["name"] = sys.argv[3]
+h["gpu_memory_bytes"] = str(int(float(sys.argv[4]) * (1 << 30)))
+h.pop("gpuMemoryBytes", None)
+json.dump(h, open(sys.argv[2], "w"))
+PY
+    profile_id=$("$build/planner/cli/memplan" --planner "$addr" --json hardware submit "$out/hw-$i.json" \
+      | python3 -c 'import json, sys; d = json.load(sys.stdin); print(d.get("profile_id") or d.get("profileId"))')
+    card=(--hardware-profile-id "$profile_id")
+  fi
+  echo "=== $i: $1 ${2}x$3 ${4:+margin $4} ${5:+budget $5 GiB}" | tee -a "$out/loop.txt"
   SECONDS=0
-  "$agent" train --planner "$addr" --hardware "$hw" --profile --arch "$1" --batch "$2" --seq "$3" \
+  "$agent" train --planner "$addr" "${card[@]}" --profile --arch "$1" --batch "$2" --seq "$3" \
     "${margin[@]}" --steps 5 --synthetic-data --device cuda --cpu-threads "$threads" \
     --memory-timeline "$out/timeline-$i.tsv" "${extra[@]}" 2>&1 \
     | grep -v "^ts=" | tee "$out/run-$i.txt" >>"$out/loop.txt"

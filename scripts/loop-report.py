@@ -12,6 +12,8 @@ the prediction for the comparison).
 --assume-clipping: the runs clipped gradients (memplan-agent's default --clip 1.0) but were
 planned before the workload said so; re-predictions then model it.
 --skip LIST: workload numbers to leave out of the re-predictions.
+--summary: after the table, the error distribution of the peaks and step times as predicted
+(share within ±5 % and ±3 %, count under by more than 3 %, step times within ±10 %).
 
 With --replay-from ADDR (a memplan-planner serving a copy of the run's planner.db) and --planner
 ADDR (one with an empty database), it re-predicts every executed plan from the run's own profiled
@@ -25,6 +27,7 @@ measured peak against it in the same order, and prints the analytic errors befor
 calibration.
 """
 import json
+import os
 import subprocess
 import sys
 
@@ -97,6 +100,38 @@ def replay_row(head, i, req, resp, m, cli, addr, with_measured_step):
              "--step-seconds", str(m["step_seconds"])], cli, addr)
 
 
+def last_error(path):
+    """The agent's last error line in a run's output, shortened."""
+    try:
+        lines = [l for l in open(path).read().splitlines() if "memplan-agent" in l and ": " in l]
+    except OSError:
+        return "no output"
+    return lines[-1][:160].replace("|", "/") if lines else "no error line"
+
+
+def print_summary(peak_errors, step_errors, ooms, planned):
+    """The error distribution of the predictions as made (prediction minus measured, in %)."""
+    def share(values, pred):
+        return f"{sum(1 for v in values if pred(v))} of {len(values)}"
+
+    def spread(values):
+        v = sorted(values)
+        if not v:
+            return "none"
+        q = lambda f: v[min(len(v) - 1, int(f * (len(v) - 1) + 0.5))]
+        return (f"min {v[0]:+.1f} %, p10 {q(0.1):+.1f} %, median {q(0.5):+.1f} %, "
+                f"p90 {q(0.9):+.1f} %, max {v[-1]:+.1f} %")
+
+    print()
+    print(f"workloads planned: {planned}; measured: {len(peak_errors)}; OOM: {ooms}")
+    print(f"peak (reserved) error: {spread(peak_errors)}")
+    print(f"  within ±5 %: {share(peak_errors, lambda e: abs(e) <= 5)}; "
+          f"within ±3 %: {share(peak_errors, lambda e: abs(e) <= 3)}; "
+          f"under by more than 3 %: {share(peak_errors, lambda e: e < -3)}")
+    print(f"step time error: {spread(step_errors)}")
+    print(f"  within ±10 %: {share(step_errors, lambda e: abs(e) <= 10)}")
+
+
 def main():
     argv = sys.argv[1:]
     if not argv or argv[0] in ("-h", "--help"):
@@ -105,21 +140,28 @@ def main():
     out = argv[0]
     global ASSUME_CLIPPING
     ASSUME_CLIPPING = "--assume-clipping" in argv
-    argv = [a for a in argv if a != "--assume-clipping"]
+    summary = "--summary" in argv
+    argv = [a for a in argv if a not in ("--assume-clipping", "--summary")]
     opts = dict(zip(argv[1::2], argv[2::2]))
-    rows = []
-    i = 1
-    while True:
+    rows, failed = [], []
+    draws = [d.split() for d in open(f"{out}/loop.txt").read().splitlines()
+             if d.startswith("=== ")] if os.path.exists(f"{out}/loop.txt") else []
+    count = max(len(draws), max((int(f[5:-5]) for f in os.listdir(out)
+                                 if f.startswith("plan-") and f.endswith(".json")), default=0))
+    for i in range(1, count + 1):
         stored = load(out, i)
         if stored is None:
-            break
+            # No stored plan: the run stopped before the planner answered (see run-i.txt).
+            failed.append((i, " ".join(draws[i - 1][2:4]) if i <= len(draws) else "?",
+                           last_error(f"{out}/run-{i}.txt")))
+            continue
         req, resp = stored["request"], stored["response"]
         m = (stored.get("measurements") or [{}])[0]
         rows.append((i, req, resp, m))
-        i += 1
     print("| # | model | batch×seq | margin | plan | predicted MiB | raw model MiB | measured "
           "allocated / reserved MiB | error | raw error | predicted / measured step s |")
     print("|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    peak_errors, step_errors, ooms = [], [], 0
     for i, req, resp, m in rows:
         w = req.get("workload", {})
         margin = req.get("safety_margin", 0.05) or 0.05
@@ -127,16 +169,28 @@ def main():
         if not m or m.get("oom"):
             print(f"| {i} | {name} | {w.get('micro_batch')}×{w.get('seq_len')} | {margin:.2f} | "
                   f"{knobs(resp['plan'])} | | | OOM | | | |")
+            ooms += 1
             continue
         pred_res, raw = reserved_part(resp["prediction"])
         reserved = int(m["peak_reserved_bytes"])
         err = (pred_res - reserved) / reserved * 100
+        peak_errors.append(err)
+        if m.get("step_seconds"):
+            step_errors.append((resp["prediction"]["iteration_seconds"] - m["step_seconds"]) /
+                               m["step_seconds"] * 100)
         raw_err = (raw - reserved) / reserved * 100
         print(f"| {i} | {name} | {w.get('micro_batch')}×{w.get('seq_len')} | {margin:.2f} | "
               f"{knobs(resp['plan'])} | {pred_res / MiB:,.0f} | {raw / MiB:,.0f} | "
               f"{int(m['peak_allocated_bytes']) / MiB:,.0f} / {reserved / MiB:,.0f} | "
               f"{err:+.1f} % | {raw_err:+.1f} % | "
               f"{resp['prediction']['iteration_seconds']:.3f} / {m['step_seconds']:.3f} |")
+    for i, what, error in failed:
+        print(f"| {i} | {what} | | no plan: {error} | | | | | | |")
+    if summary:
+        print_summary(peak_errors, step_errors, ooms, len(rows))
+        if failed:
+            print(f"runs that stopped before a plan: {len(failed)} "
+                  f"({', '.join(str(i) for i, _, _ in failed)})")
     if "--planner" not in opts:
         return 0
     addr, cli = opts["--planner"], opts.get("--memplan", "memplan")

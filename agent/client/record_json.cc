@@ -157,7 +157,8 @@ Json ToJson(const MemoryBreakdown& b) {
               {"transient_bytes", b.transient_bytes},
               {"cuda_context_bytes", b.cuda_context_bytes},
               {"fragmentation_factor", b.fragmentation_factor},
-              {"calibration_residual_bytes", b.calibration_residual_bytes}};
+              {"calibration_residual_bytes", b.calibration_residual_bytes},
+              {"head_bytes", b.head_bytes}};
 }
 
 Json ToJson(const Prediction& p) {
@@ -408,6 +409,7 @@ void Read(const Json& j, const std::string& path, absl::Status* s, MemoryBreakdo
   r.Get("cuda_context_bytes", &b->cuda_context_bytes);
   r.Get("fragmentation_factor", &b->fragmentation_factor);
   r.Get("calibration_residual_bytes", &b->calibration_residual_bytes);
+  r.Get("head_bytes", &b->head_bytes);
 }
 
 void Read(const Json& j, const std::string& path, absl::Status* s, Prediction* p) {

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/blocks/activation_offloader.h"
 #include "agent/blocks/group_runner.h"
+#include "common/head_chunking.h"
 #include "common/param_shapes.h"
 #include "common/validate.h"
 
@@ -94,6 +95,65 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     if (ctx->needs_input_grad(1)) gw = g2.t().mm(x.reshape({-1, x.size(-1)}));
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) gb = g2.sum(0);
     return {gx, gw, gb};
+  }
+};
+
+// [Chunked head] (common/head_chunking.h): the LM head and cross-entropy over `rows` tokens at a
+// time. Forward computes the mean loss and, while each chunk's logits exist, the gradients of the
+// loss with respect to the head's input and weight (softmax minus one-hot, divided by the count of
+// non-ignored targets, cast to the model dtype as autograd does through logits.float()); backward
+// only scales them by the upstream gradient. The logits of the whole sequence never exist, and
+// the weight is not read in backward (a chunk manager may have moved it by then).
+class ChunkedHeadLossFunction : public torch::autograd::Function<ChunkedHeadLossFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
+                               const torch::Tensor& targets, int64_t rows) {
+    const bool want_gx = x.requires_grad();
+    const bool want_gw = w.requires_grad();
+    const torch::Tensor x2 = x.reshape({-1, x.size(-1)});
+    const torch::Tensor t = targets.reshape({-1});
+    const int64_t n = x2.size(0);
+    const auto f32 = x2.options().dtype(torch::kFloat32);
+    // 1 / (non-ignored targets), kept on the device: no synchronisation.
+    const torch::Tensor inv_count = (t != -100).sum().to(torch::kFloat32).reciprocal();
+    torch::Tensor loss_sum = torch::zeros({}, f32);
+    torch::Tensor gx = want_gx ? torch::empty_like(x2) : torch::Tensor();
+    torch::Tensor gw = want_gw ? torch::zeros(w.sizes(), f32) : torch::Tensor();
+    for (int64_t a = 0; a < n; a += rows) {
+      const int64_t b = std::min(n, a + rows);
+      const torch::Tensor xc = x2.slice(0, a, b);
+      const torch::Tensor tc = t.slice(0, a, b);
+      torch::Tensor logits = at::mm(xc, w.t()).to(torch::kFloat32);
+      const torch::Tensor lse = at::logsumexp(logits, {1});
+      const torch::Tensor valid = (tc != -100).to(torch::kFloat32);
+      const torch::Tensor safe = at::where(tc != -100, tc, 0).unsqueeze(1);
+      loss_sum += ((lse - logits.gather(1, safe).squeeze(1)) * valid).sum();
+      if (!want_gx && !want_gw) continue;
+      logits.sub_(lse.unsqueeze(1)).exp_();  // softmax, in place of the logits
+      logits.scatter_add_(1, safe, torch::full({b - a, 1}, -1.0, f32));
+      logits.mul_((valid * inv_count).unsqueeze(1));  // ignored rows: zero
+      const torch::Tensor grad_logits = logits.to(x2.scalar_type());
+      if (want_gx) {
+        torch::Tensor rows_out = gx.slice(0, a, b);
+        at::mm_out(rows_out, grad_logits, w);
+      }
+      if (want_gw) gw.add_(at::mm(grad_logits.t(), xc));
+    }
+    ctx->saved_data["gx"] = want_gx ? gx.view(x.sizes()) : torch::Tensor();
+    ctx->saved_data["gw"] = gw;
+    ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
+    return loss_sum * inv_count;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const torch::Tensor& g = grads[0];
+    torch::Tensor gx = ctx->saved_data["gx"].toTensor();
+    torch::Tensor gw = ctx->saved_data["gw"].toTensor();
+    const auto w_dtype = static_cast<torch::ScalarType>(ctx->saved_data["w_dtype"].toInt());
+    ctx->saved_data.clear();  // frees the saved gradients as soon as they are handed on
+    if (gx.defined()) gx = gx * g;
+    if (gw.defined()) gw = (gw * g).to(w_dtype);
+    return {gx, gw, torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -402,6 +462,15 @@ torch::Tensor LlamaModel::Block(const BlockParams& p, const torch::Tensor& hidde
 torch::Tensor LlamaModel::HeadLoss(const torch::Tensor& hidden, const torch::Tensor& targets,
                                    const torch::Tensor& head_weight) const {
   const torch::Tensor x = RmsNorm(hidden, norm_, options_.spec.rms_norm_eps);
+  // An explicit head_chunk_rows (tests) forces chunking beyond that many tokens; otherwise the
+  // rule the planner prices (common/head_chunking.h).
+  const ModelSpec& s = options_.spec;
+  const int64_t tokens = x.numel() / x.size(-1);
+  const int64_t forced = options_.head_chunk_rows;
+  const int64_t rows = forced > 0 ? forced : HeadChunkRows(s.vocab_size);
+  if (forced > 0 ? tokens > forced : HeadIsChunked(tokens, s.vocab_size, s.hidden_size)) {
+    return ChunkedHeadLossFunction::apply(x, head_weight, targets, rows);
+  }
   const torch::Tensor logits = Linear(x, head_weight).to(torch::kFloat32);
   // Hugging Face's ForCausalLMLoss given shift_labels: the sum over non-ignored positions divided
   // by their count, in fp32.

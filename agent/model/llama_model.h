@@ -30,6 +30,10 @@ struct LlamaModelOptions {
   // and dtypes only, no values (ParamGroups() and layouts of models too large to materialise).
   std::optional<torch::Device> param_device;
   uint64_t seed = 0;  // random init: normal(0, 0.02) for matrices, zeros for biases, ones for norms
+  // Tokens per chunk of the LM head + loss ([Chunked head], common/head_chunking.h); a micro-batch
+  // of more tokens runs chunked. 0: HeadChunkRows(vocab) and HeadIsChunked(), what the planner
+  // assumes.
+  int64_t head_chunk_rows = 0;
 };
 
 // Not thread-safe: one training thread drives forward and backward.

@@ -191,6 +191,9 @@ std::string FormatPlanResponse(const v1::PlanResponse& r) {
     memory.AddRow({"activations", gib(b.activations_bytes())});
     memory.AddRow({"checkpoint chain", gib(b.checkpoint_chain_bytes())});
     memory.AddRow({"transients", gib(b.transient_bytes())});
+    if (b.head_bytes() > 0) {
+      memory.AddRow({"  of which LM head + loss", gib(b.head_bytes())});
+    }
     memory.AddRow({"CUDA context", gib(b.cuda_context_bytes())});
     memory.AddRow({"calibration residual", gib(b.calibration_residual_bytes())});
     absl::StrAppend(

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/head_chunking.h"
 #include "common/status.h"
 #include "common/validate.h"
 
@@ -46,6 +47,46 @@ int64_t Scale(int64_t bytes, double factor) {
   const double v = std::ceil(static_cast<double>(bytes) * factor);
   constexpr double kCap = 1152921504606846976.0;  // 2^60
   return v >= kCap ? static_cast<int64_t>(kCap) : static_cast<int64_t>(v);
+}
+
+// The head group's memory: final norm, LM head, cross-entropy (model dtype d bytes, T tokens).
+struct HeadBytes {
+  int64_t saved = 0;
+  int64_t forward_transient = 0;
+  int64_t backward_transient = 0;
+};
+
+HeadBytes HeadMemory(const ModelSpec& arch, DType dtype, bool full, int64_t tokens, bool chunked) {
+  const int64_t d = DTypeBytes(dtype);
+  const bool narrow = d < 4;
+  const int64_t h = arch.hidden_size;
+  const int64_t vocab = arch.vocab_size;
+  const bool head_trains = full;  // LM head weight (or tied embedding) trains
+  // The final RMSNorm as in a block (see norm_saved in SynthesizeTrace).
+  auto norm_saved = [&](bool out_needed) -> int64_t {
+    return (narrow ? 4 * h : 0) + (full ? d * h : 0) + (out_needed ? d * h : 0) + 4;
+  };
+  HeadBytes b;
+  if (chunked) {
+    // [Chunked head] (common/head_chunking.h): one row chunk's logits at a time; the loss
+    // gradients of the head's input and weight are made in forward and held until backward (the
+    // head keeps no input of its own). Norm backward temporaries as in the plain case.
+    const ChunkedHeadBytes c = ChunkedHeadMemory(h, vocab, d, tokens, head_trains);
+    b.saved = tokens * norm_saved(false) + c.saved + tokens * 8;
+    b.forward_transient = c.forward_transient + tokens * 8;
+    b.backward_transient = c.backward_transient + tokens * 12 * h;
+    return b;
+  }
+  // Plain: logits [T, V] in dtype (kept by the model output), an fp32 upcast for the loss
+  // (transient) and log_softmax's fp32 output (kept for backward). Backward holds fp32 grad of
+  // log_softmax output and of its input together, plus the LM head's weight gradient [V, H],
+  // materialised before it reaches its chunk.
+  const int64_t tv = tokens * vocab;
+  b.saved = tokens * norm_saved(head_trains) + tv * d + tv * 4 + tokens * 8;
+  b.forward_transient = (narrow ? tv * 4 : 0) + tokens * 8;
+  b.backward_transient =
+      8 * tv + 2 * tokens * h * d + tokens * 12 * h + (head_trains ? vocab * h * d : 0);
+  return b;
 }
 
 }  // namespace
@@ -178,23 +219,32 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
                  hbm_rate
            : 0.0;
 
-  // Head: final norm, LM head, cross-entropy. Logits [T, V] in dtype (kept by the model output),
-  // an fp32 upcast for the loss (transient) and log_softmax's fp32 output (kept for backward).
-  // Backward holds fp32 grad of log_softmax output and of its input together.
+  // Head: final norm, LM head, cross-entropy (HeadMemory).
   const int64_t tv = tokens * vocab;
   const bool head_trains = full;  // LM head weight (or tied embedding) trains
+  const bool chunked_head = options.chunked_head && HeadIsChunked(tokens, vocab, h);
+  const HeadBytes head = HeadMemory(arch, param_dtype, full, tokens, chunked_head);
   trace.head.param_bytes = head_params * d;
-  trace.head.saved_bytes = tokens * norm_saved(h, head_trains) + tv * d + tv * 4 + tokens * 8;
-  trace.head.forward_transient_bytes = (narrow ? tv * 4 : 0) + tokens * 8;
-  // ...plus the LM head's weight gradient [V, H], materialised before it reaches its chunk.
-  trace.head.backward_transient_bytes =
-      8 * tv + 2 * tokens * h * d + tokens * 12 * h + (head_trains ? vocab * h * d : 0);
+  trace.head.saved_bytes = head.saved;
+  trace.head.forward_transient_bytes = head.forward_transient;
+  trace.head.backward_transient_bytes = head.backward_transient;
   const double head_flops = 2.0 * t * static_cast<double>(h) * static_cast<double>(vocab);
-  const double head_fwd_mem = static_cast<double>(tv) * static_cast<double>(d + 12);
-  const double head_bwd_mem = static_cast<double>(tv) * static_cast<double>(d + 16);
-  trace.head.forward_seconds = head_flops / matmul_rate + head_fwd_mem / hbm_rate;
-  trace.head.backward_seconds =
-      (head_trains ? 2.0 : 1.0) * head_flops / matmul_rate + head_bwd_mem / hbm_rate;
+  if (chunked_head) {
+    // Every GEMM of the head runs in forward (logits, input gradient, weight gradient) along
+    // with the elementwise passes over each chunk's logits; backward only scales the gradients.
+    const double gemms = head_trains ? 3.0 : 2.0;
+    const double chunk_mem = static_cast<double>(tv) * static_cast<double>(3 * d + 24);
+    trace.head.forward_seconds = gemms * head_flops / matmul_rate + chunk_mem / hbm_rate;
+    trace.head.backward_seconds =
+        static_cast<double>(2 * tokens * h * d + (head_trains ? vocab * h * (4 + 2 * d) : 0)) /
+        hbm_rate;
+  } else {
+    const double head_fwd_mem = static_cast<double>(tv) * static_cast<double>(d + 12);
+    const double head_bwd_mem = static_cast<double>(tv) * static_cast<double>(d + 16);
+    trace.head.forward_seconds = head_flops / matmul_rate + head_fwd_mem / hbm_rate;
+    trace.head.backward_seconds =
+        (head_trains ? 2.0 : 1.0) * head_flops / matmul_rate + head_bwd_mem / hbm_rate;
+  }
 
   trace.total_param_count = embed_params + head_params + arch.num_layers * block_params;
   trace.trainable_param_count = full ? trace.total_param_count : arch.num_layers * adapter_params;
@@ -230,6 +280,29 @@ Trace ScaleTraceToWorkload(const Trace& trace, const Workload& workload) {
     e->backward_seconds *= f;
   }
   out.forward_end_bytes = Scale(out.forward_end_bytes, f);
+  if (ValidateModelSpec(trace.arch, "").ok() && from > 0) {
+    // The head's memory is not linear in the tokens once one side runs the chunked head
+    // (common/head_chunking.h): keep what the trace holds beyond the formula at its own
+    // workload, and add the formula at the new one.
+    const bool full = trace.training.kind == TrainingKind::kFull;
+    auto head_at = [&](const Workload& w) {
+      const int64_t tokens = w.micro_batch * w.seq_len;
+      return HeadMemory(trace.arch, trace.param_dtype, full, tokens,
+                        HeadIsChunked(tokens, trace.arch.vocab_size, trace.arch.hidden_size));
+    };
+    const HeadBytes was = head_at(trace.workload);
+    const HeadBytes now = head_at(workload);
+    auto rebase = [](int64_t measured, int64_t formula_was, int64_t formula_now) {
+      return std::max<int64_t>(0, measured - formula_was + formula_now);
+    };
+    const int64_t scaled_saved = out.head.saved_bytes;
+    out.head.saved_bytes = rebase(trace.head.saved_bytes, was.saved, now.saved);
+    out.head.forward_transient_bytes =
+        rebase(trace.head.forward_transient_bytes, was.forward_transient, now.forward_transient);
+    out.head.backward_transient_bytes = rebase(trace.head.backward_transient_bytes,
+                                               was.backward_transient, now.backward_transient);
+    out.forward_end_bytes += out.head.saved_bytes - scaled_saved;
+  }
   return out;
 }
 

@@ -13,6 +13,9 @@ struct AnalyticTraceOptions {
   double matmul_efficiency = 0.55;
   // Fraction of HBM bandwidth reached by memory-bound (elementwise, norm, loss) kernels.
   double hbm_efficiency = 0.7;
+  // The agent's LM head + loss: chunked beyond one chunk of tokens (common/head_chunking.h).
+  // false: eager PyTorch's plain head at every length (what peer baselines run).
+  bool chunked_head = true;
 };
 
 // Builds the trace for (arch, workload, dtype, training) on `hardware` (rates only). The chunk

@@ -562,6 +562,7 @@ CostModel::DynamicParts CostModel::PhaseParts(int phase, const Modes& m) const {
     } else {
       parts.activations = emb_retained_ + none_saved + head_saved_ + swapped_in;
       parts.transient = head_extra_ + hs_in;
+      parts.head = head_saved_ + head_extra_;
     }
   }
   parts.total = parts.activations + parts.checkpoint_chain + parts.transient;
@@ -1021,6 +1022,7 @@ Prediction CostModel::Assemble(const ResidencyPlan& plan, const Modes& m, bool f
   b.cuda_context_bytes = hardware_.cuda_context_bytes;
   b.fragmentation_factor = options_.fragmentation_factor;
   b.calibration_residual_bytes = options_.residual_bytes;
+  b.head_bytes = grads_peak ? 0 : dyn.head;
   const int64_t raw =
       StaticRawBytes(plan.n_persist, plan.n_buffer) + std::max(dyn.total, grad_phase);
   pred.peak_bytes = PeakFromRaw(raw);

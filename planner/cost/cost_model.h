@@ -160,6 +160,7 @@ class CostModel {
     int64_t activations = 0;
     int64_t checkpoint_chain = 0;
     int64_t transient = 0;
+    int64_t head = 0;  // of activations + transient: the head's own bytes (head phase only)
   };
 
   void Precompute();

@@ -46,6 +46,7 @@ constexpr char kUsage[] =
     "  --optimizer NAME     adamw (default), adamw_bf16 (pure bf16, needs --dtype bf16), sgd\n"
     "  --lr F --beta1 F --beta2 F --eps F --weight-decay F   optimizer hyper-parameters\n"
     "  --clip F             max grad norm (default 0 = off)\n"
+    "  --head-chunk-rows N  LM head + loss over N tokens at a time (default: the model's rule)\n"
     "  --save-hf DIR        write a checkpoint (Hugging Face layout) after the step\n";
 
 struct Flags {
@@ -133,6 +134,7 @@ absl::Status Run(const Flags& f) {
   model_options.spec = spec;
   model_options.dtype = *dtype;
   model_options.device = device;
+  ASSIGN_OR_RETURN(model_options.head_chunk_rows, f.Int("--head-chunk-rows", 0));
   ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LlamaModel::Create(model_options));
   ASSIGN_OR_RETURN(io::HfLoadReport report,
                    io::LoadHfCheckpoint(f.Get("--model"),

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "common/head_chunking.h"
 #include "common/presets.h"
 #include "gtest/gtest.h"
 #include "planner/cost/cost_model.h"
@@ -12,12 +13,12 @@ namespace {
 constexpr double kGiBd = 1024.0 * 1024.0 * 1024.0;
 
 Trace Synth(const std::string& model, int64_t batch, int64_t seq, DType dtype = DType::kBFloat16,
-            TrainingMethod training = {}) {
+            TrainingMethod training = {}, const AnalyticTraceOptions& options = {}) {
   Workload w;
   w.micro_batch = batch;
   w.seq_len = seq;
-  auto t =
-      SynthesizeTrace(*FindModelPreset(model), w, dtype, training, *FindHardwarePreset("h200"));
+  auto t = SynthesizeTrace(*FindModelPreset(model), w, dtype, training,
+                           *FindHardwarePreset("h200"), options);
   EXPECT_TRUE(t.ok()) << t.status();
   return *std::move(t);
 }
@@ -50,7 +51,9 @@ TEST(AnalyticTraceTest, ActivationsScaleWithTokensAndDtype) {
   const Trace b = Synth("llama-3.2-1b", 2, 2048);
   EXPECT_EQ(b.blocks[0].saved_bytes, 2 * a.blocks[0].saved_bytes);
   EXPECT_EQ(b.blocks[0].input_bytes, 2 * a.blocks[0].input_bytes);
-  EXPECT_EQ(b.head.saved_bytes, 2 * a.head.saved_bytes);
+  // The chunked head: the weight-gradient sum does not grow with tokens, the rest does.
+  const int64_t weight_grad = int64_t{128256} * 2048 * 4;
+  EXPECT_EQ(b.head.saved_bytes - weight_grad, 2 * (a.head.saved_bytes - weight_grad));
   EXPECT_EQ(a.blocks[0].input_bytes, 2048 * 2048 * 2);
   const Trace f = Synth("llama-3.2-1b", 1, 2048, DType::kFloat32);
   EXPECT_GT(f.blocks[0].saved_bytes, a.blocks[0].saved_bytes);
@@ -61,15 +64,65 @@ TEST(AnalyticTraceTest, ActivationsScaleWithTokensAndDtype) {
   EXPECT_EQ(longer.blocks[0].saved_bytes, 4 * a.blocks[0].saved_bytes);  // no S x S scores
 }
 
-TEST(AnalyticTraceTest, LogitsDominateTheHeadAtLargeVocab) {
-  const Trace t = Synth("llama-3.2-1b", 4, 2048);
-  const int64_t tv = int64_t{4} * 2048 * 128256;
+TEST(AnalyticTraceTest, LogitsDominateThePlainHeadAtLargeVocab) {
+  // 1×512 tokens fit one head chunk (HeadChunkRows(128256) = 523): the plain path.
+  ASSERT_FALSE(HeadIsChunked(512, 128256, 2048));
+  const Trace t = Synth("llama-3.2-1b", 1, 512);
+  const int64_t tv = int64_t{512} * 128256;
   // bf16 logits + fp32 log_softmax output kept; fp32 grads of both in backward.
   EXPECT_GE(t.head.saved_bytes, 6 * tv);
   EXPECT_LT(t.head.saved_bytes, 7 * tv);
   EXPECT_GE(t.head.backward_transient_bytes, 8 * tv);
   EXPECT_EQ(t.head.param_bytes, 2048 * 2);  // tied: the LM head is the embedding
   EXPECT_EQ(t.embedding.param_bytes, int64_t{128256} * 2048 * 2);
+}
+
+// [Chunked head]: beyond one chunk the logits are never whole. The head holds the gradients of
+// its input (T×H bf16) and weight (V×H fp32) plus one chunk's logits, whatever the length, and
+// less than the plain head would at its peak.
+TEST(AnalyticTraceTest, ChunkedHeadHoldsNoFullLogits) {
+  const int64_t h = 2048, v = 128256, rows = HeadChunkRows(v);
+  AnalyticTraceOptions eager;
+  eager.chunked_head = false;
+  auto head_peak = [](const Trace& t) {
+    return t.head.saved_bytes +
+           std::max(t.head.forward_transient_bytes, t.head.backward_transient_bytes);
+  };
+  for (const int64_t seq : {int64_t{1024}, int64_t{2048}, int64_t{32768}}) {
+    ASSERT_TRUE(HeadIsChunked(seq, v, h));
+    const Trace t = Synth("llama-3.2-1b", 1, seq);
+    const Trace plain = Synth("llama-3.2-1b", 1, seq, DType::kBFloat16, {}, eager);
+    EXPECT_LT(head_peak(t), head_peak(plain)) << seq;
+    EXPECT_GE(t.head.saved_bytes, seq * h * 2 + v * h * 4) << seq;
+    EXPECT_LT(t.head.saved_bytes, seq * h * 16 + v * h * 4) << seq;  // nothing of size T×V
+    const int64_t chunk_logits = rows * v * (2 + 4 + 2);
+    EXPECT_GE(t.head.forward_transient_bytes, chunk_logits) << seq;
+    EXPECT_LT(t.head.forward_transient_bytes, chunk_logits + v * h * 2 + seq * 64) << seq;
+    EXPECT_LT(t.head.backward_transient_bytes, seq * h * 16 + v * h * 2) << seq;
+  }
+  // Just past one chunk the fp32 weight-gradient sum would outweigh the logits: plain path.
+  EXPECT_FALSE(HeadIsChunked(rows + 1, v, h));
+  // 32 K tokens hold about 30 GiB less than the plain formula's 14·T·V would.
+  const Trace longer = Synth("llama-3.2-1b", 1, 32768);
+  EXPECT_LT(longer.head.saved_bytes + longer.head.backward_transient_bytes, int64_t{3} << 30);
+}
+
+// Scaling a trace across the chunking threshold rebases the head on the formula at the new
+// length: a profile at 512 tokens (plain head) scaled to 8192 tokens (chunked) gives the chunked
+// head's bytes, not 16× the plain head's.
+TEST(AnalyticTraceTest, ScalingAcrossTheHeadChunkThresholdRebasesTheHead) {
+  const Trace short_trace = Synth("llama-3.2-1b", 1, 512);
+  const Trace want = Synth("llama-3.2-1b", 4, 2048);
+  const Trace got = ScaleTraceToWorkload(short_trace, want.workload);
+  EXPECT_EQ(got.head.saved_bytes, want.head.saved_bytes);
+  EXPECT_EQ(got.head.forward_transient_bytes, want.head.forward_transient_bytes);
+  EXPECT_EQ(got.head.backward_transient_bytes, want.head.backward_transient_bytes);
+  EXPECT_EQ(got.blocks[0].saved_bytes, 16 * short_trace.blocks[0].saved_bytes);
+  // What a measured trace holds beyond the formula is carried over.
+  Trace measured = short_trace;
+  measured.head.saved_bytes += 12345;
+  EXPECT_EQ(ScaleTraceToWorkload(measured, want.workload).head.saved_bytes,
+            want.head.saved_bytes + 12345);
 }
 
 TEST(AnalyticTraceTest, RejectsInvalidInputsNamingTheField) {
@@ -98,9 +151,12 @@ TEST(AnalyticTraceTest, ScalingAProfiledTraceIsLinearInTokens) {
 }
 
 // Peer baseline (anchors.md): eager PyTorch, bf16 params, AdamW with bf16 states, everything on
-// the GPU. Peak allocated memory, no CUDA context. The analytic model should land within 15%.
+// the GPU, the full logits (no chunked head). Peak allocated memory, no CUDA context. The
+// analytic model should land within 15%.
 double PeerPeakGiB(const std::string& model, int64_t batch, int64_t seq, bool ckpt) {
-  const Trace t = Synth(model, batch, seq);
+  AnalyticTraceOptions eager;
+  eager.chunked_head = false;
+  const Trace t = Synth(model, batch, seq, DType::kBFloat16, {}, eager);
   HardwareSpec hw = *FindHardwarePreset("h200");
   hw.cuda_context_bytes = 0;
   CostOptions o;

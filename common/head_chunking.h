@@ -1,0 +1,64 @@
+// The LM head + cross-entropy in row chunks: the one definition the agent's model
+// (agent/model/llama_model.cc, [Chunked head]) and the planner's memory terms
+// (planner/cost/analytic_trace.cc) share. Torch-free, header-only.
+//
+// [Chunked head] The full-vocabulary logits of a long sequence are the largest tensors of a step
+// (fp32 logits of 32 K tokens and a 128 K vocabulary are 16 GiB). When a micro-batch has more
+// tokens than one chunk holds, the head computes logits, the loss and the gradient of the loss
+// for HeadChunkRows() tokens at a time, during forward: only one chunk's logits exist at once,
+// and what waits for backward is the gradient of the head's input ([T, H], model dtype) and of
+// its weight ([V, H], fp32 sum over chunks). Shorter micro-batches take the plain path (logits
+// kept for autograd), which is bit-identical to Hugging Face's, and so do micro-batches where the
+// chunked head would hold more than the plain one (HeadIsChunked).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace memplan {
+
+// fp32 logits of one chunk, at most (a chunk of rows never drops below 1).
+inline constexpr int64_t kHeadChunkLogitBytes = int64_t{256} << 20;
+
+// Tokens per head chunk for a vocabulary of `vocab`.
+inline int64_t HeadChunkRows(int64_t vocab) {
+  return std::max<int64_t>(1, kHeadChunkLogitBytes / (std::max<int64_t>(vocab, 1) * 4));
+}
+
+// Whether a micro-batch of `tokens` tokens runs the chunked head, for a model of hidden size
+// `hidden`: when it needs more than one chunk and holds less at the head's peak than the plain
+// head. The plain head holds about 14 bytes per logit there (logits in the model dtype and fp32
+// log-softmax output saved, fp32 gradients of both in backward: 6 + 8); the chunked one holds the
+// fp32 weight-gradient sum (4·V·H) and one chunk's logits in two dtypes plus their gradient (at
+// most 8 bytes per logit of the chunk, in bf16). Both hold the weight gradient in the model dtype.
+inline bool HeadIsChunked(int64_t tokens, int64_t vocab, int64_t hidden) {
+  const int64_t rows = HeadChunkRows(vocab);
+  return tokens > rows && 14 * tokens > 4 * hidden + 8 * rows;
+}
+
+// Bytes of the chunked head, for a model of hidden size h, vocabulary v, dtype_bytes d and a
+// micro-batch of `tokens` tokens (see [Chunked head]):
+struct ChunkedHeadBytes {
+  // Held from forward to backward: d(loss)/d(input) [T, H] in the model dtype, and, when the head
+  // weight trains, d(loss)/d(weight) [V, H] summed in fp32.
+  int64_t saved = 0;
+  // Forward, on top: one chunk's logits in the model dtype and in fp32, the fp32 softmax
+  // gradient (computed in place of the fp32 logits), its cast to the model dtype, and the
+  // chunk's weight-gradient product in the model dtype before it is added to the fp32 sum.
+  int64_t forward_transient = 0;
+  // Backward, on top: the weight gradient returned in the model dtype, and the scaled input
+  // gradient.
+  int64_t backward_transient = 0;
+};
+
+inline ChunkedHeadBytes ChunkedHeadMemory(int64_t h, int64_t v, int64_t d, int64_t tokens,
+                                          bool weight_trains) {
+  const int64_t rows = std::min(tokens, HeadChunkRows(v));
+  ChunkedHeadBytes b;
+  b.saved = tokens * h * d + (weight_trains ? v * h * 4 : 0);
+  b.forward_transient = rows * v * (d + 4 + d) + (weight_trains ? v * h * d : 0);
+  b.backward_transient = tokens * h * d + (weight_trains ? v * h * d : 0);
+  return b;
+}
+
+}  // namespace memplan

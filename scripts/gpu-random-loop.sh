@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The held-out accuracy loop: draws N workloads at random from SEED and closes the loop on each
+# (profile -> plan -> train -> measure) with scripts/gpu-loop.sh, every one planned for a card of
+# its own (the benchmarked card cut to a random budget, a profile name of its own), so every
+# prediction is a first, uncalibrated one. Then prints the loop-report table and the error
+# distribution (loop-report.py --summary).
+#   scripts/gpu-random-loop.sh SEED N OUT_DIR BUILD_DIR [HARDWARE_NAME]
+# Draws (uniform unless said): a model preset whose full AdamW state fits the host's memory; a
+# sequence length log-uniform in [512, 32768] rounded to 256; a micro-batch of 1..8 with at most
+# 32768 tokens; a budget in [16 GiB, the card] (MEMPLAN_RANDOM_MAX_GIB, default the card's
+# memory as torch reports it); a safety margin in [0.02, 0.30]. MEMPLAN_RANDOM_MODELS replaces the
+# model list (space-separated presets).
+set -uo pipefail
+seed=${1:?seed}; n=${2:?count}; out=${3:?out dir}; build=${4:?build dir}; hw=${5:-gpu}
+mkdir -p "$out"
+card_gib=${MEMPLAN_RANDOM_MAX_GIB:-$(python3 -c \
+  'import torch; print(torch.cuda.get_device_properties(0).total_memory / 2**30)' 2>/dev/null)}
+[[ -n $card_gib ]] || { echo "no GPU found: set MEMPLAN_RANDOM_MAX_GIB"; exit 2; }
+models=${MEMPLAN_RANDOM_MODELS:-llama-3.2-1b llama-3.2-3b qwen2.5-0.5b qwen2.5-1.5b qwen2.5-3b qwen3-0.6b qwen3-1.7b qwen3-4b}
+configs=$(python3 - "$seed" "$n" "$card_gib" $models <<'PY'
+import math, random, sys
+seed, n, card = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+models = sys.argv[4:]
+rng = random.Random(seed)
+rows = []
+for _ in range(n):
+    model = rng.choice(models)
+    seq = int(round(math.exp(rng.uniform(math.log(512), math.log(32768))) / 256)) * 256
+    seq = min(max(seq, 512), 32768)
+    batch = rng.randint(1, max(1, min(8, 32768 // seq)))
+    budget = rng.uniform(16.0, card)
+    margin = rng.uniform(0.02, 0.30)
+    rows.append(f"{model} {batch} {seq} {margin:.3f} {budget:.1f}")
+print(";".join(rows))
+PY
+)
+echo "seed $seed: $configs" | tee "$out/draws.txt"
+MEMPLAN_LOOP_CONFIGS=$configs bash "$(dirname "$0")/gpu-loop.sh" "$out" "$build" "$hw"
+python3 "$(dirname "$0")/loop-report.py" "$out" --summary | tee "$out/report.txt"
