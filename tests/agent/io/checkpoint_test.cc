@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <string>
 
@@ -149,11 +150,19 @@ TEST(CheckpointTest, SaveValidatesAgainstTheModel) {
   std::vector<NamedParam> extra = params;
   extra.push_back({"lora_A", torch::zeros({2})});
   EXPECT_THAT(error(extra, {}), HasSubstr("unexpected \"lora_A\""));
+  // A [16] vector: the first block's input norm (its place follows common/param_shapes.h).
+  const size_t norm = static_cast<size_t>(
+      std::find_if(params.begin(), params.end(),
+                   [](const NamedParam& p) {
+                     return p.name == "model.layers.0.input_layernorm.weight";
+                   }) -
+      params.begin());
+  ASSERT_LT(norm, params.size());
   std::vector<NamedParam> reshaped = params;
-  reshaped[1].param = torch::zeros({17});
+  reshaped[norm].param = torch::zeros({17});
   EXPECT_THAT(error(reshaped, {}), HasSubstr("has shape [17], the model needs [16]"));
   std::vector<NamedParam> half = params;
-  half[1].param = torch::zeros({16}, torch::kBFloat16);
+  half[norm].param = torch::zeros({16}, torch::kBFloat16);
   EXPECT_THAT(error(half, {}), HasSubstr("param_dtype is fp32"));
 
   EXPECT_THAT(error(params, {{"step", torch::tensor(1.5)}}), HasSubstr("integer scalar"));
