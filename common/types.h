@@ -185,6 +185,7 @@ struct MemoryBreakdown {
   double fragmentation_factor = 1.0;
   int64_t calibration_residual_bytes = 0;
   int64_t head_bytes = 0;  // of activations + transient: the LM head + loss at the peak
+  int64_t exact_bytes = 0;  // of the model terms: exactly sized, not scaled by the factor
 };
 
 struct Prediction {

@@ -158,7 +158,8 @@ Json ToJson(const MemoryBreakdown& b) {
               {"cuda_context_bytes", b.cuda_context_bytes},
               {"fragmentation_factor", b.fragmentation_factor},
               {"calibration_residual_bytes", b.calibration_residual_bytes},
-              {"head_bytes", b.head_bytes}};
+              {"head_bytes", b.head_bytes},
+              {"exact_bytes", b.exact_bytes}};
 }
 
 Json ToJson(const Prediction& p) {
@@ -410,6 +411,7 @@ void Read(const Json& j, const std::string& path, absl::Status* s, MemoryBreakdo
   r.Get("fragmentation_factor", &b->fragmentation_factor);
   r.Get("calibration_residual_bytes", &b->calibration_residual_bytes);
   r.Get("head_bytes", &b->head_bytes);
+  r.Get("exact_bytes", &b->exact_bytes);
 }
 
 void Read(const Json& j, const std::string& path, absl::Status* s, Prediction* p) {

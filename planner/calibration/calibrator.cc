@@ -23,7 +23,7 @@ double MeanAbsRelativeError(const std::vector<CalibrationSample>& samples, doubl
   for (const CalibrationSample& s : samples) {
     if (s.oom) continue;  // an OOM peak is a lower bound, not a value to compare against
     const int64_t predicted =
-        CalibratedPeakBytes(factor, residual_bytes, s.raw_model_bytes, s.fixed_bytes);
+        CalibratedPeakBytes(factor, residual_bytes, s);
     sum += std::abs(static_cast<double>(predicted - s.measured_bytes)) /
            static_cast<double>(s.measured_bytes);
     ++count;
@@ -38,7 +38,7 @@ int64_t MinimalResidual(const std::vector<CalibrationSample>& samples, double fa
   for (const CalibrationSample& s : samples) {
     residual =
         std::max(residual, s.measured_bytes -
-                               CalibratedPeakBytes(factor, 0, s.raw_model_bytes, s.fixed_bytes));
+                               CalibratedPeakBytes(factor, 0, s));
   }
   return residual;
 }
@@ -50,7 +50,7 @@ double MeanRelativeOverPrediction(const std::vector<CalibrationSample>& samples,
   for (const CalibrationSample& s : samples) {
     if (s.oom) continue;
     sum += static_cast<double>(
-               CalibratedPeakBytes(factor, residual_bytes, s.raw_model_bytes, s.fixed_bytes) -
+               CalibratedPeakBytes(factor, residual_bytes, s) -
                s.measured_bytes) /
            static_cast<double>(s.measured_bytes);
     ++count;
@@ -61,9 +61,16 @@ double MeanRelativeOverPrediction(const std::vector<CalibrationSample>& samples,
 }  // namespace
 
 int64_t CalibratedPeakBytes(double fragmentation_factor, int64_t residual_bytes,
-                            int64_t raw_model_bytes, int64_t fixed_bytes) {
-  const double scaled = std::ceil(fragmentation_factor * static_cast<double>(raw_model_bytes));
-  return static_cast<int64_t>(scaled) + residual_bytes + fixed_bytes;
+                            int64_t raw_model_bytes, int64_t fixed_bytes, int64_t exact_bytes) {
+  const double scaled =
+      std::ceil(fragmentation_factor * static_cast<double>(raw_model_bytes - exact_bytes));
+  return exact_bytes + static_cast<int64_t>(scaled) + residual_bytes + fixed_bytes;
+}
+
+int64_t CalibratedPeakBytes(double fragmentation_factor, int64_t residual_bytes,
+                            const CalibrationSample& s) {
+  return CalibratedPeakBytes(fragmentation_factor, residual_bytes, s.raw_model_bytes,
+                             s.fixed_bytes, s.exact_bytes);
 }
 
 CalibrationResult FitCalibration(const std::vector<CalibrationSample>& recent,
@@ -71,8 +78,11 @@ CalibrationResult FitCalibration(const std::vector<CalibrationSample>& recent,
   std::vector<CalibrationSample> window;
   window.reserve(recent.size());
   for (const CalibrationSample& s : recent) {
-    // A sample without a model part or a measurement says nothing about the factor.
-    if (s.raw_model_bytes > 0 && s.measured_bytes > 0 && s.fixed_bytes >= 0) window.push_back(s);
+    // A sample without a scaled part or a measurement says nothing about the factor.
+    if (s.raw_model_bytes > s.exact_bytes && s.exact_bytes >= 0 && s.measured_bytes > 0 &&
+        s.fixed_bytes >= 0) {
+      window.push_back(s);
+    }
   }
   // Callers usually pass newest first already; sorting makes the window independent of that.
   std::stable_sort(window.begin(), window.end(),
@@ -92,8 +102,8 @@ CalibrationResult FitCalibration(const std::vector<CalibrationSample>& recent,
   std::vector<double> ratios;
   for (const CalibrationSample& s : window) {
     if (s.oom) continue;
-    ratios.push_back(static_cast<double>(s.measured_bytes - s.fixed_bytes) /
-                     static_cast<double>(s.raw_model_bytes));
+    ratios.push_back(static_cast<double>(s.measured_bytes - s.fixed_bytes - s.exact_bytes) /
+                     static_cast<double>(s.raw_model_bytes - s.exact_bytes));
   }
   double factor = ratios.empty() ? 1.0 : Median(std::move(ratios));
   factor = std::clamp(factor, options.min_fragmentation_factor, options.max_fragmentation_factor);
@@ -136,7 +146,7 @@ CalibrationResult FitCalibration(const std::vector<CalibrationSample>& recent,
   if (static_cast<double>(residual) > cap) residual = static_cast<int64_t>(cap);
   for (const CalibrationSample& s : window) {
     const int64_t predicted =
-        CalibratedPeakBytes(factor, residual, s.raw_model_bytes, s.fixed_bytes);
+        CalibratedPeakBytes(factor, residual, s);
     if (predicted < s.measured_bytes) ++result.uncovered_samples;
   }
 

@@ -1,7 +1,7 @@
 // Fits the per-(hardware, dtype, model family) fragmentation factor and residual from measured
 // peaks. Pure: no I/O, no clock. Contract with the cost model (see README.md):
-//   predicted_peak_bytes = ceil(fragmentation_factor * raw_model_bytes) + residual_bytes +
-//   fixed_bytes
+//   predicted_peak_bytes = exact_bytes + ceil(fragmentation_factor * (raw_model_bytes -
+//   exact_bytes)) + residual_bytes + fixed_bytes
 #pragma once
 
 #include <cstdint>
@@ -22,7 +22,9 @@ struct CalibrationKey {
 };
 
 // One measured run, reduced to what the fit needs. raw_model_bytes is the cost model's peak
-// before calibration and without the fixed part; fixed_bytes is the CUDA context.
+// before calibration and without the fixed part; exact_bytes the part of it allocated at its
+// exact size (not scaled; 0 for samples stored before the split: all scaled); fixed_bytes is the
+// CUDA context.
 struct CalibrationSample {
   int64_t raw_model_bytes = 0;
   int64_t fixed_bytes = 0;
@@ -35,6 +37,7 @@ struct CalibrationSample {
   // 0 when unknown.
   double predicted_seconds = 0;
   double measured_seconds = 0;
+  int64_t exact_bytes = 0;
 };
 
 struct CalibratorOptions {
@@ -71,8 +74,8 @@ struct CalibrationResult {
   int32_t time_samples = 0;
 };
 
-// Robust, bounded fit (README.md): the factor starts at the median of (measured - fixed) / raw
-// over non-OOM samples, clamped to the bounds; it is then raised by at most max_factor_raise and
+// Robust, bounded fit (README.md): the factor starts at the median of
+// (measured - fixed - exact) / (raw - exact) over non-OOM samples, clamped to the bounds; it is then raised by at most max_factor_raise and
 // the residual (>= 0, at most max_residual_fraction of the median measurement) set so that no
 // sample in the window is under-predicted where that cap allows, choosing the split with the least
 // mean over-prediction. With no usable sample: factor 1, residual 0.
@@ -81,6 +84,8 @@ CalibrationResult FitCalibration(const std::vector<CalibrationSample>& recent,
 
 // The calibrated prediction of the contract above.
 int64_t CalibratedPeakBytes(double fragmentation_factor, int64_t residual_bytes,
-                            int64_t raw_model_bytes, int64_t fixed_bytes);
+                            int64_t raw_model_bytes, int64_t fixed_bytes, int64_t exact_bytes = 0);
+int64_t CalibratedPeakBytes(double fragmentation_factor, int64_t residual_bytes,
+                            const CalibrationSample& sample);
 
 }  // namespace memplan

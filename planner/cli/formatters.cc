@@ -192,14 +192,20 @@ std::string FormatPlanResponse(const v1::PlanResponse& r) {
     memory.AddRow({"checkpoint chain", gib(b.checkpoint_chain_bytes())});
     memory.AddRow({"transients", gib(b.transient_bytes())});
     if (b.head_bytes() > 0) {
-      memory.AddRow({"  of which LM head + loss", gib(b.head_bytes())});
+      memory.AddRow({"  (LM head + loss, of activations + transients)", gib(b.head_bytes())});
     }
     memory.AddRow({"CUDA context", gib(b.cuda_context_bytes())});
     memory.AddRow({"calibration residual", gib(b.calibration_residual_bytes())});
     absl::StrAppend(
         &out, memory.Render(2),
-        absl::StrFormat("  (fragmentation factor ×%.3f applied to the model terms)\n\n",
-                        b.fragmentation_factor() == 0 ? 1.0 : b.fragmentation_factor()));
+        b.exact_bytes() > 0
+            ? absl::StrFormat(
+                  "  (fragmentation factor ×%.3f applied to the model terms but the %.2f GiB "
+                  "allocated at exact size)\n\n",
+                  b.fragmentation_factor() == 0 ? 1.0 : b.fragmentation_factor(),
+                  b.exact_bytes() / kGiB)
+            : absl::StrFormat("  (fragmentation factor ×%.3f applied to the model terms)\n\n",
+                              b.fragmentation_factor() == 0 ? 1.0 : b.fragmentation_factor()));
   }
 
   KeyValues predictions(kPlanKeyWidth);

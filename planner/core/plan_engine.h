@@ -51,11 +51,14 @@ struct PlanOutcome {
 // plan space and (unless skip_limits) computes max micro-batch, max seq_len and min GPU memory.
 //
 // Calibration contract: every Prediction satisfies
-//   peak_bytes = ceil(alpha * raw_bytes) + residual_bytes + cuda_context_bytes
+//   peak_bytes = exact_bytes + ceil(alpha * (raw_bytes - exact_bytes)) + residual_bytes +
+//                cuda_context_bytes
 // where alpha = fragmentation_factor (recorded in breakdown.fragmentation_factor), residual =
-// residual_bytes (breakdown.calibration_residual_bytes), and raw_bytes is the sum of every other
-// breakdown component (persistent chunks, buffers, grads, optimizer state, activations, checkpoint
-// chain, transients). RawModelBytes() recovers raw_bytes from a Prediction.
+// residual_bytes (breakdown.calibration_residual_bytes), raw_bytes is the sum of the model's
+// breakdown components (persistent chunks, buffers, grads, optimizer state, activations,
+// checkpoint chain, transients) and exact_bytes (breakdown.exact_bytes) the part of them allocated
+// once at its exact size (persistent chunks with their optimizer state, chunk buffers, grad
+// staging), which the factor does not scale. RawModelBytes() recovers raw_bytes from a Prediction.
 absl::StatusOr<PlanOutcome> MakePlan(const PlanInputs& inputs);
 
 // Prediction for one given plan (used to re-predict a stored plan, e.g. for calibration). The plan
@@ -68,7 +71,8 @@ absl::StatusOr<Prediction> PredictPlan(const PlanInputs& inputs, const Residency
 std::vector<int64_t> ChunkCandidates(const FixedKnobs& fixed, const Trace& trace);
 
 // raw_bytes of the calibration contract: the sum of persistent_chunks, buffers, grads,
-// optimizer_state, activations, checkpoint_chain and transient bytes of prediction.breakdown.
+// optimizer_state, activations, checkpoint_chain and transient bytes of prediction.breakdown
+// (exact_bytes is part of it).
 int64_t RawModelBytes(const Prediction& prediction);
 
 }  // namespace memplan

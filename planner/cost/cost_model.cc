@@ -276,7 +276,6 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   t.cpu_opt_prefix.assign(c_count + 1, 0);
   int64_t max_train = 0;
   t.persistent_prefix.assign(c_count + 1, 0);
-  t.grad_phase_prefix.assign(c_count + 1, 0);
   for (int32_t c = 0; c < c_count; ++c) {
     const int64_t fill = t.layout.chunk_param_bytes[c];
     const int64_t train = t.layout.chunk_trainable_bytes[c];
@@ -302,7 +301,6 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
                                                         hardware_.cpu_adam_params_per_second;
     max_train = std::max(max_train, train);
     t.persistent_prefix[c + 1] = t.alloc_prefix[c + 1] + t.opt_prefix[c + 1];
-    t.grad_phase_prefix[c + 1] = t.persistent_prefix[c + 1] + t.train_prefix[c + 1];
   }
   // Offloaded chunks' grads are produced in a chunk-sized staging buffer and copied out while
   // the next one fills: two of them.
@@ -461,19 +459,24 @@ int64_t CostModel::GradPhaseRawBytes(int32_t n_persist) const {
   return chunks_->train_prefix[n_persist] + std::max(emb_retained_ + emb_extra_, step_extra);
 }
 
-int32_t CostModel::MaxPersistForGradPhase(int64_t budget_bytes, int32_t max_persist) const {
-  // grad_phase_prefix[np] + emb terms <= budget, the prefix being non-decreasing.
+int32_t CostModel::MaxPersistForGradPhase(int64_t room_bytes, int32_t max_persist) const {
+  // persistent_prefix[np] + Scaled(GradPhaseRawBytes(np)) <= room, non-decreasing in np (both
+  // terms are): the largest such np by bisection.
   max_persist = std::clamp(max_persist, 0, num_chunks_);
-  const int64_t room =
-      budget_bytes - std::max(emb_retained_ + emb_extra_, chunks_->optimizer_step_extra_bytes);
-  const auto end = chunks_->grad_phase_prefix.begin() + max_persist + 1;
-  const int32_t found =
-      static_cast<int32_t>(std::upper_bound(chunks_->grad_phase_prefix.begin(), end, room) -
-                           chunks_->grad_phase_prefix.begin()) -
-      1;
-  // No persistent chunk: no optimizer-step copy, only the embedding's terms.
-  if (found < 0 && budget_bytes >= emb_retained_ + emb_extra_) return 0;
-  return found;
+  auto fits = [&](int32_t np) {
+    return chunks_->persistent_prefix[np] + Scaled(GradPhaseRawBytes(np)) <= room_bytes;
+  };
+  if (!fits(0)) return -1;
+  int32_t lo = 0, hi = max_persist;  // fits(lo)
+  while (lo < hi) {
+    const int32_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid)) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
 }
 
 int32_t CostModel::MinPersistForHost(int64_t host_limit_bytes, const ModeCounts& counts) const {
@@ -504,18 +507,18 @@ int64_t CostModel::LoadRawBytes(int32_t n_persist, int32_t n_buffer) const {
   return PersistentRawBytes(n_persist) + BufferBytes(n_persist, n_buffer);
 }
 
-int64_t CostModel::PeakFromRaw(int64_t raw_bytes) const {
-  const double scaled = std::ceil(options_.fragmentation_factor * static_cast<double>(raw_bytes));
-  return static_cast<int64_t>(scaled) + options_.residual_bytes + hardware_.cuda_context_bytes;
+int64_t CostModel::Scaled(int64_t scaled_bytes) const {
+  return static_cast<int64_t>(
+      std::ceil(options_.fragmentation_factor * static_cast<double>(scaled_bytes)));
 }
 
-int64_t CostModel::RawBudget(int64_t capacity_bytes) const {
-  const int64_t room = capacity_bytes - options_.residual_bytes - hardware_.cuda_context_bytes;
-  int64_t raw =
-      static_cast<int64_t>(std::floor(static_cast<double>(room) / options_.fragmentation_factor));
-  while (PeakFromRaw(raw) > capacity_bytes) --raw;
-  while (PeakFromRaw(raw + 1) <= capacity_bytes) ++raw;
-  return raw;
+int64_t CostModel::Peak(int64_t exact_bytes, int64_t scaled_bytes) const {
+  return exact_bytes + Scaled(scaled_bytes) + options_.residual_bytes +
+         hardware_.cuda_context_bytes;
+}
+
+int64_t CostModel::Room(int64_t capacity_bytes) const {
+  return capacity_bytes - options_.residual_bytes - hardware_.cuda_context_bytes;
 }
 
 int64_t CostModel::HostBytes(int32_t n_persist, const ModeCounts& counts) const {
@@ -1023,10 +1026,9 @@ Prediction CostModel::Assemble(const ResidencyPlan& plan, const Modes& m, bool f
   b.fragmentation_factor = options_.fragmentation_factor;
   b.calibration_residual_bytes = options_.residual_bytes;
   b.head_bytes = grads_peak ? 0 : dyn.head;
-  const int64_t raw =
-      StaticRawBytes(plan.n_persist, plan.n_buffer) + std::max(dyn.total, grad_phase);
-  pred.peak_bytes = PeakFromRaw(raw);
-  pred.load_peak_bytes = PeakFromRaw(LoadRawBytes(plan.n_persist, plan.n_buffer));
+  b.exact_bytes = StaticRawBytes(plan.n_persist, plan.n_buffer);
+  pred.peak_bytes = Peak(b.exact_bytes, std::max(dyn.total, grad_phase));
+  pred.load_peak_bytes = Peak(LoadRawBytes(plan.n_persist, plan.n_buffer), 0);
 
   int64_t host = 0;
   if (fast && m.explicit_modes == nullptr) {

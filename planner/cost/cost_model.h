@@ -108,8 +108,9 @@ class CostModel {
   int64_t PersistentRawBytes(int32_t n_persist) const;
   // End of backward / optimizer step: every persistent chunk's grads exist, activations are gone.
   int64_t GradPhaseRawBytes(int32_t n_persist) const;
-  // Largest n_persist in [0, max_persist] whose persistent bytes plus grad phase fit `budget`.
-  int32_t MaxPersistForGradPhase(int64_t budget_bytes, int32_t max_persist) const;
+  // Largest n_persist in [0, max_persist] whose persistent bytes plus the calibrated grad phase
+  // fit `room` (capacity less residual and context, see Room()), or -1.
+  int32_t MaxPersistForGradPhase(int64_t room_bytes, int32_t max_persist) const;
   // Largest n_persist in [0, max_persist] with PersistentRawBytes <= budget, or -1.
   int32_t MaxPersistWithin(int64_t budget_bytes, int32_t max_persist) const;
   // Smallest n_persist with HostBytes <= host_limit, or num_chunks() + 1 when none.
@@ -123,10 +124,17 @@ class CostModel {
   // Device bytes of all chunk buffers: n_buffer shared ones plus one of its own for every
   // non-persistent oversized chunk (the agent's rule, agent/chunks/chunk_manager.cc).
   int64_t BufferBytes(int32_t n_persist, int32_t n_buffer) const;
-  // Calibration contract: ceil(alpha * raw) + residual + cuda_context.
-  int64_t PeakFromRaw(int64_t raw_bytes) const;
-  // Largest raw byte count whose PeakFromRaw fits in `capacity_bytes` (may be negative).
-  int64_t RawBudget(int64_t capacity_bytes) const;
+  // Calibration contract ([Exact and scaled bytes]): exact + ceil(alpha * scaled) + residual +
+  // cuda_context. Exact bytes are allocated once at their exact size for the whole run
+  // (persistent chunks, their optimizer state, chunk buffers, grad staging: StaticRawBytes, and
+  // LoadRawBytes); scaled bytes are the step's dynamic allocations (activations, checkpoint
+  // chain, transients, the grad phase), whose allocator slack the factor alpha stands for.
+  int64_t Peak(int64_t exact_bytes, int64_t scaled_bytes) const;
+  // alpha applied to dynamic bytes: ceil(alpha * scaled).
+  int64_t Scaled(int64_t scaled_bytes) const;
+  // What exact + Scaled(dynamic) may take on a card of `capacity_bytes`: the capacity less the
+  // residual and the CUDA context (may be negative).
+  int64_t Room(int64_t capacity_bytes) const;
   // Host bytes (pinned or pageable, per GPU) for offloaded chunk state and activations.
   int64_t HostBytes(int32_t n_persist, const ModeCounts& counts) const;
   // Times for arranged modes. lower_bound charges persistent grads a reduce-scatter instead of
@@ -216,7 +224,6 @@ class CostModel {
     // Chunk prefix sums (size C + 1).
     std::vector<int64_t> fill_prefix, train_prefix, alloc_prefix, opt_prefix, host_prefix;
     std::vector<int64_t> persistent_prefix;  // alloc + opt
-    std::vector<int64_t> grad_phase_prefix;  // alloc + opt + grads
     std::vector<double> gpu_opt_prefix, cpu_opt_prefix;
     int64_t grad_staging_bytes = 0;
     int64_t optimizer_step_extra_bytes = 0;  // fp32 copy of one chunk's grads (mixed precision)

@@ -69,7 +69,8 @@ class Runner {
         evaluated_(evaluated) {
     n_ = model.num_blocks();
     c_ = model.num_chunks();
-    raw_cap_ = model.RawBudget(constraints.capacity_bytes);
+    // Exact bytes plus the calibrated dynamic bytes must fit room_ (CostModel::Peak).
+    room_ = model.Room(constraints.capacity_bytes);
     host_limit_ = constraints.host_memory_bytes;
     if (kind == HostMemoryKind::kPinned && constraints.pinned_limit_bytes > 0) {
       host_limit_ = std::min(host_limit_, constraints.pinned_limit_bytes);
@@ -79,11 +80,11 @@ class Runner {
     np_hi_ = f.n_persist ? std::min(*f.n_persist, c_) : c_;
     // The load-time peak without buffers grows with n_persist: keep the largest n_persist whose
     // load fits (the buffers are checked with each plan).
-    if (np_hi_ >= np_lo_ && model.LoadRawBytes(np_hi_, 0) > raw_cap_) {
+    if (np_hi_ >= np_lo_ && model.LoadRawBytes(np_hi_, 0) > room_) {
       int32_t lo = np_lo_ - 1, hi = np_hi_;  // Load(lo) fits (or lo is below range), Load(hi) not
       while (hi - lo > 1) {
         const int32_t mid = lo + (hi - lo) / 2;
-        if (model.LoadRawBytes(mid, 0) <= raw_cap_) {
+        if (model.LoadRawBytes(mid, 0) <= room_) {
           lo = mid;
         } else {
           hi = mid;
@@ -92,7 +93,7 @@ class Runner {
       np_hi_ = lo;
     }
     // The grad phase (all persistent grads alive) also grows with n_persist.
-    np_hi_ = std::min(np_hi_, model.MaxPersistForGradPhase(raw_cap_, np_hi_));
+    np_hi_ = std::min(np_hi_, model.MaxPersistForGradPhase(room_, np_hi_));
     fixed_nb_ = f.n_buffer;
     s_lo_ = f.n_swap ? *f.n_swap : 0;
     s_hi_ = f.n_swap ? *f.n_swap : n_;
@@ -183,7 +184,7 @@ class Runner {
     const int32_t np_lo =
         std::max(np_lo_, model_.MinPersistForHost(host_limit_, ModeCounts{s, h0, k0}));
     if (np_lo > np_hi_) return b;
-    const int64_t activation_room = raw_cap_ - StaticMin(np_lo);
+    const int64_t activation_room = room_ - StaticMin(np_lo);
     // For r recomputed blocks the most memory-saving point of the box puts as many of them in
     // HS_OFFLOAD as allowed; its activation bytes are non-increasing in r.
     auto point = [&](int32_t r) {
@@ -191,9 +192,9 @@ class Runner {
       return ModeCounts{s, h, r - h};
     };
     const int32_t r_lo = h0 + k0, r_hi = std::min(h1 + k1, rest);
-    const int64_t dyn_min = model_.DynamicRawBytes(point(r_hi));
+    const int64_t dyn_min = model_.Scaled(model_.DynamicRawBytes(point(r_hi)));
     if (dyn_min > activation_room) return b;
-    const int32_t np_hi = MaxPersistWithBuffers(raw_cap_ - dyn_min);
+    const int32_t np_hi = MaxPersistWithBuffers(room_ - dyn_min);
     if (np_hi < np_lo) return b;
     b.viable = true;
     if (any_fit_) return b;
@@ -201,7 +202,7 @@ class Runner {
     int32_t lo = r_lo, hi = r_hi;
     while (lo < hi) {
       const int32_t mid = lo + (hi - lo) / 2;
-      if (model_.DynamicRawBytes(point(mid)) <= activation_room) {
+      if (model_.Scaled(model_.DynamicRawBytes(point(mid))) <= activation_room) {
         hi = mid;
       } else {
         lo = mid + 1;
@@ -250,7 +251,7 @@ class Runner {
   void Leaf(const ModeCounts& m) {
     const int64_t dyn = model_.DynamicRawBytes(m);
     const int32_t np_lo = std::max(np_lo_, model_.MinPersistForHost(host_limit_, m));
-    const int32_t np_hi = MaxPersistWithBuffers(raw_cap_ - dyn);
+    const int32_t np_hi = MaxPersistWithBuffers(room_ - model_.Scaled(dyn));
     if (np_hi < np_lo) return;
     if (any_fit_) {
       // Static bytes at the fewest buffers never decrease with n_persist except at the very
@@ -294,7 +295,7 @@ class Runner {
   // grows with buffers). Returns whether it is feasible.
   bool EvalPersist(const ModeCounts& m, int64_t dyn, int32_t np) {
     ++*evaluated_;
-    const int64_t budget = raw_cap_ - std::max(dyn, model_.GradPhaseRawBytes(np));
+    const int64_t budget = room_ - model_.Scaled(std::max(dyn, model_.GradPhaseRawBytes(np)));
     int32_t nb = 0;
     if (np < c_) {
       const int64_t room = budget - model_.StaticRawBytes(np, 0);
@@ -307,7 +308,7 @@ class Runner {
       if (model_.StaticRawBytes(np, 0) > budget) return false;
     }
     if (model_.HostBytes(np, m) > host_limit_) return false;
-    if (model_.LoadRawBytes(np, nb) > raw_cap_) return false;
+    if (model_.LoadRawBytes(np, nb) > room_) return false;
     double seconds = 0;
     if (!any_fit_) {
       seconds = model_.IterationSeconds(model_.Time(np, nb, m, kind_));
@@ -331,7 +332,7 @@ class Runner {
   Incumbent* best_;
   int64_t* evaluated_;
   int32_t n_ = 0, c_ = 0;
-  int64_t raw_cap_ = 0, host_limit_ = 0;
+  int64_t room_ = 0, host_limit_ = 0;
   int32_t np_lo_ = 0, np_hi_ = 0;
   std::optional<int32_t> fixed_nb_;
   int32_t s_lo_ = 0, s_hi_ = 0, h_lo_ = 0, h_hi_ = 0, k_lo_ = 0, k_hi_ = 0;
@@ -429,8 +430,8 @@ SearchResult PlanSearch::FindLeanest(const SearchConstraints& constraints) const
       const int32_t nb = np >= c ? 0 : (f.n_buffer ? *f.n_buffer : model.MinBuffers(np));
       if (np < c && (nb < model.MinBuffers(np) || nb > c - np)) return -1;
       if (np >= c && f.n_buffer && *f.n_buffer != 0) return -1;
-      const int64_t raw = static_at(np) + std::max(dyn, model.GradPhaseRawBytes(np));
-      return std::max(model.PeakFromRaw(raw), model.PeakFromRaw(model.LoadRawBytes(np, nb)));
+      return std::max(model.Peak(static_at(np), std::max(dyn, model.GradPhaseRawBytes(np))),
+                      model.Peak(model.LoadRawBytes(np, nb), 0));
     };
     // With a fixed buffer count, the first n_persist at which that many buffers suffice.
     auto first_allowed = [&](int32_t np) {
@@ -482,9 +483,9 @@ SearchResult PlanSearch::FindLeanest(const SearchConstraints& constraints) const
           if (k < k_lo) continue;
           const ModeCounts m{s, h, k};
           const int64_t dyn = model.DynamicRawBytes(m);
-          const int64_t bound = std::max(
-              model.PeakFromRaw(static_floor + std::max(dyn, model.GradPhaseRawBytes(np_floor))),
-              model.PeakFromRaw(model.LoadRawBytes(np_floor, 0)));
+          const int64_t bound =
+              std::max(model.Peak(static_floor, std::max(dyn, model.GradPhaseRawBytes(np_floor))),
+                       model.Peak(model.LoadRawBytes(np_floor, 0), 0));
           if (bound >= best_required) break;
           result.plans_evaluated += 2;
           const int32_t np_lo =

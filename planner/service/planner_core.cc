@@ -466,6 +466,7 @@ absl::StatusOr<v1::ReportMeasurementResponse> PlannerCore::ReportMeasurement(
         static_cast<double>(m.peak_reserved_bytes()));
     CalibrationSample sample;
     sample.raw_model_bytes = RawModelBytes(predicted);
+    sample.exact_bytes = predicted.breakdown.exact_bytes;
     sample.fixed_bytes = context;
     sample.measured_bytes = m.peak_reserved_bytes() + context;
     if (!m.oom() && m.step_seconds() > 0 && predicted.iteration_seconds > 0) {

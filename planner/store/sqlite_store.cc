@@ -99,6 +99,11 @@ UPDATE calibration_samples SET measured_bytes = measured_bytes + fixed_bytes;
 ALTER TABLE calibration_samples ADD COLUMN predicted_seconds REAL NOT NULL DEFAULT 0;
 ALTER TABLE calibration_samples ADD COLUMN measured_seconds REAL NOT NULL DEFAULT 0;
 )sql"},
+    // The exactly sized part of raw_model_bytes, which the factor does not scale (0 = unknown,
+    // as for every older sample: the factor scaled all of it).
+    {5, R"sql(
+ALTER TABLE calibration_samples ADD COLUMN exact_bytes INTEGER NOT NULL DEFAULT 0;
+)sql"},
 };
 
 constexpr int kLatestVersion = kMigrations[std::size(kMigrations) - 1].version;
@@ -323,7 +328,7 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
     ASSIGN_OR_RETURN(
         StatementLease stmt,
         db_->Prepare("SELECT raw_model_bytes, fixed_bytes, measured_bytes, measured_at_unix_ms, "
-                     "oom, predicted_seconds, measured_seconds FROM calibration_samples "
+                     "oom, predicted_seconds, measured_seconds, exact_bytes FROM calibration_samples "
                      "WHERE hardware_name = ? AND param_dtype = ? AND model_family = ? "
                      "ORDER BY measured_at_unix_ms DESC, seq DESC LIMIT ?"));
     RETURN_IF_ERROR(stmt->BindText(0, key.hardware_name));
@@ -342,6 +347,7 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
       s.oom = stmt->ColumnInt64(4) != 0;
       s.predicted_seconds = stmt->ColumnDouble(5);
       s.measured_seconds = stmt->ColumnDouble(6);
+      s.exact_bytes = stmt->ColumnInt64(7);
       samples.push_back(s);
     }
     return samples;
@@ -354,7 +360,8 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
         StatementLease stmt,
         db_->Prepare("INSERT INTO calibration_samples (hardware_name, param_dtype, model_family, "
                      "raw_model_bytes, fixed_bytes, measured_bytes, measured_at_unix_ms, oom, "
-                     "predicted_seconds, measured_seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"));
+                     "predicted_seconds, measured_seconds, exact_bytes) "
+                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"));
     RETURN_IF_ERROR(stmt->BindText(0, key.hardware_name));
     RETURN_IF_ERROR(stmt->BindInt64(1, store_internal::ToProtoDType(key.param_dtype)));
     RETURN_IF_ERROR(stmt->BindText(2, key.model_family));
@@ -366,6 +373,7 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
     RETURN_IF_ERROR(stmt->BindInt64(7, sample.oom ? 1 : 0));
     RETURN_IF_ERROR(stmt->BindDouble(8, sample.predicted_seconds));
     RETURN_IF_ERROR(stmt->BindDouble(9, sample.measured_seconds));
+    RETURN_IF_ERROR(stmt->BindInt64(10, sample.exact_bytes));
     return stmt->Run();
   }
 

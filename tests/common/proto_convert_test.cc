@@ -222,7 +222,7 @@ TEST(ProtoConvertTest, ResidencyPlanNamesBadBlockModeIndex) {
 TEST(ProtoConvertTest, PredictionRoundTrips) {
   Prediction p;
   p.peak_bytes = 1;
-  p.breakdown = {2, 3, 4, 5, 6, 7, 8, 9, 1.07, 10, 14};
+  p.breakdown = {2, 3, 4, 5, 6, 7, 8, 9, 1.07, 10, 14, 15};
   p.load_peak_bytes = 11;
   p.host_pinned_bytes = 12;
   p.host_pageable_bytes = 13;
@@ -236,6 +236,7 @@ TEST(ProtoConvertTest, PredictionRoundTrips) {
   EXPECT_EQ(back.breakdown.fragmentation_factor, 1.07);
   EXPECT_EQ(back.breakdown.calibration_residual_bytes, 10);
   EXPECT_EQ(back.breakdown.head_bytes, 14);
+  EXPECT_EQ(back.breakdown.exact_bytes, 15);
   // An unset factor means "uncalibrated", never a zero multiplier.
   EXPECT_EQ(MemoryBreakdownFromProto(v1::MemoryBreakdown()).fragmentation_factor, 1.0);
 }

@@ -48,6 +48,7 @@ Prediction SamplePrediction(int64_t salt) {
   p.breakdown.fragmentation_factor = 1.0625;
   p.breakdown.calibration_residual_bytes = -9;
   p.breakdown.head_bytes = 11;
+  p.breakdown.exact_bytes = 1;
   p.load_peak_bytes = 10;
   p.host_pinned_bytes = 11;
   p.host_pageable_bytes = 12;
@@ -108,6 +109,7 @@ void ExpectSamePrediction(const Prediction& a, const Prediction& b) {
   EXPECT_EQ(a.breakdown.fragmentation_factor, b.breakdown.fragmentation_factor);
   EXPECT_EQ(a.breakdown.calibration_residual_bytes, b.breakdown.calibration_residual_bytes);
   EXPECT_EQ(a.breakdown.head_bytes, b.breakdown.head_bytes);
+  EXPECT_EQ(a.breakdown.exact_bytes, b.breakdown.exact_bytes);
   EXPECT_EQ(a.load_peak_bytes, b.load_peak_bytes);
   EXPECT_EQ(a.host_pinned_bytes, b.host_pinned_bytes);
   EXPECT_EQ(a.host_pageable_bytes, b.host_pageable_bytes);

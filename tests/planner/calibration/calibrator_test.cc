@@ -26,8 +26,7 @@ CalibrationSample Sample(int64_t raw_bytes, double alpha, double noise, int64_t 
 void ExpectNoUnderEstimate(const std::vector<CalibrationSample>& samples,
                            const CalibrationResult& r) {
   for (const CalibrationSample& s : samples) {
-    EXPECT_GE(CalibratedPeakBytes(r.fragmentation_factor, r.residual_bytes, s.raw_model_bytes,
-                                  s.fixed_bytes),
+    EXPECT_GE(CalibratedPeakBytes(r.fragmentation_factor, r.residual_bytes, s),
               s.measured_bytes)
         << "raw=" << s.raw_model_bytes << " measured=" << s.measured_bytes;
   }
@@ -58,6 +57,39 @@ TEST(CalibratorTest, InvalidSamplesAreIgnored) {
 TEST(CalibratorTest, ContractFormulaRoundsTheScaledPartUp) {
   EXPECT_EQ(CalibratedPeakBytes(1.5, 7, 3, 100), 5 + 7 + 100);  // ceil(4.5) = 5
   EXPECT_EQ(CalibratedPeakBytes(1.0, 0, 1000, 0), 1000);
+  // [Exact and scaled bytes]: the exact part is not scaled.
+  EXPECT_EQ(CalibratedPeakBytes(1.5, 7, 13, 100, 10), 10 + 5 + 7 + 100);
+}
+
+// Runs whose exactly sized bytes (persistent chunks, optimizer state) are large and whose
+// dynamic bytes carry the allocator's slack: the fit learns the slack of the dynamic part alone,
+// and a run with a different exact/dynamic split is then predicted right, where a factor over
+// all bytes would scale the optimizer state too.
+TEST(CalibratorTest, ScalesOnlyTheDynamicBytes) {
+  constexpr double kSlack = 1.08;
+  auto run = [](int64_t exact, int64_t dynamic, int64_t at_ms) {
+    CalibrationSample s;
+    s.exact_bytes = exact;
+    s.raw_model_bytes = exact + dynamic;
+    s.fixed_bytes = kContextBytes;
+    s.measured_bytes = exact + static_cast<int64_t>(kSlack * static_cast<double>(dynamic)) +
+                       kContextBytes;
+    s.measured_at_unix_ms = at_ms;
+    return s;
+  };
+  const std::vector<CalibrationSample> window = {run(40 * kGiB, 10 * kGiB, 1),
+                                                 run(10 * kGiB, 30 * kGiB, 2),
+                                                 run(25 * kGiB, 5 * kGiB, 3)};
+  const CalibrationResult r = FitCalibration(window, CalibratorOptions{});
+  EXPECT_NEAR(r.estimated_fragmentation_factor, kSlack, 1e-6);
+  EXPECT_LE(r.calibrated_mean_abs_relative_error, 1e-6);
+  const CalibrationSample held_out = run(60 * kGiB, 2 * kGiB, 4);
+  const int64_t predicted = CalibratedPeakBytes(r.fragmentation_factor, r.residual_bytes, held_out);
+  EXPECT_NEAR(static_cast<double>(predicted), static_cast<double>(held_out.measured_bytes),
+              1e-4 * static_cast<double>(held_out.measured_bytes));
+  // Samples stored before the split (exact 0) keep the old meaning: every byte scaled.
+  CalibrationSample old{100, 10, 120, 1, false};
+  EXPECT_NEAR(FitCalibration({old}, CalibratorOptions{}).fragmentation_factor, 1.1, 1e-12);
 }
 
 TEST(CalibratorTest, ReportsTheUncalibratedErrorOfTheRawModel) {

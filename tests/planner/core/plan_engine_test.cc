@@ -141,10 +141,13 @@ TEST(PlanEngineTest, HostMemoryCanBeTheBlocker) {
 }
 
 TEST(PlanEngineTest, LimitsAreTight) {
-  PlanInputs in = Inputs("llama-3.1-8b", "a100-80gb", 1, 4096);
+  // Four sequences per micro-batch: device memory, not the model's 131 072-token context, bounds
+  // the sequence length (with the chunked head one 8B sequence of 131 072 tokens fits this card).
+  PlanInputs in = Inputs("llama-3.1-8b", "a100-80gb", 4, 4096);
   auto out = MakePlan(in);
   ASSERT_TRUE(out.ok()) << out.status();
   ASSERT_TRUE(out->fits) << out->reason;
+  ASSERT_LT(out->max_seq_len, in.arch.max_position_embeddings);
   // Largest micro-batch and sequence length: they fit, one more does not.
   ASSERT_GE(out->max_micro_batch, 1);
   PlanInputs probe = in;
@@ -268,8 +271,11 @@ TEST(PlanEngineTest, PredictPlanRepredictsAndHonoursTheCalibrationContract) {
   EXPECT_EQ(again->peak_bytes, out->prediction.peak_bytes);
   EXPECT_DOUBLE_EQ(again->iteration_seconds, out->prediction.iteration_seconds);
   const MemoryBreakdown& b = again->breakdown;
+  ASSERT_GT(b.exact_bytes, 0);
   EXPECT_EQ(again->peak_bytes,
-            static_cast<int64_t>(std::ceil(1.07 * static_cast<double>(RawModelBytes(*again)))) +
+            b.exact_bytes +
+                static_cast<int64_t>(std::ceil(
+                    1.07 * static_cast<double>(RawModelBytes(*again) - b.exact_bytes))) +
                 300 * kMiB + in.hardware.cuda_context_bytes);
   EXPECT_DOUBLE_EQ(b.fragmentation_factor, 1.07);
   EXPECT_EQ(b.calibration_residual_bytes, 300 * kMiB);

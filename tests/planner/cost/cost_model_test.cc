@@ -108,17 +108,23 @@ TEST(CostModelTest, CalibrationContractHolds) {
         model.MakeResidencyPlan(0, model.MinBuffers(0), ModeCounts{}, HostMemoryKind::kPinned);
     const Prediction p = model.Predict(plan);
     const int64_t raw = RawModelBytes(p);
-    EXPECT_EQ(p.peak_bytes, static_cast<int64_t>(std::ceil(c.options.fragmentation_factor *
-                                                           static_cast<double>(raw))) +
+    const int64_t exact = p.breakdown.exact_bytes;
+    // [Exact and scaled bytes]: the persistent chunks with their optimizer state, the buffers
+    // and the grad staging are exact; the factor scales the rest.
+    EXPECT_EQ(exact, model.StaticRawBytes(plan.n_persist, plan.n_buffer));
+    EXPECT_GE(exact, p.breakdown.persistent_chunks_bytes + p.breakdown.optimizer_state_bytes +
+                         p.breakdown.buffers_bytes);
+    EXPECT_LE(exact, raw);
+    EXPECT_EQ(p.peak_bytes, exact +
+                                static_cast<int64_t>(std::ceil(c.options.fragmentation_factor *
+                                                               static_cast<double>(raw - exact))) +
                                 c.options.residual_bytes + c.hardware.cuda_context_bytes);
+    EXPECT_EQ(p.peak_bytes, model.Peak(exact, raw - exact));
     EXPECT_EQ(p.breakdown.fragmentation_factor, c.options.fragmentation_factor);
     EXPECT_EQ(p.breakdown.calibration_residual_bytes, c.options.residual_bytes);
     EXPECT_EQ(p.breakdown.cuda_context_bytes, c.hardware.cuda_context_bytes);
-    // RawBudget is the largest raw size that still fits.
-    const int64_t budget = model.RawBudget(p.peak_bytes);
-    EXPECT_GE(budget, raw);
-    EXPECT_LE(model.PeakFromRaw(budget), p.peak_bytes);
-    EXPECT_GT(model.PeakFromRaw(budget + 1), p.peak_bytes);
+    // Room is what exact + scaled bytes may take: a prediction at the capacity fits exactly.
+    EXPECT_EQ(exact + model.Scaled(raw - exact), model.Room(p.peak_bytes));
   }
 }
 

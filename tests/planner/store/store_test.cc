@@ -385,7 +385,9 @@ TYPED_TEST(StoreTest, CalibrationSamplesNewestFirstPerKey) {
   const CalibrationKey h200_fp32{"H200", DType::kFloat32, "llama"};
   for (int i = 0; i < 5; ++i) {
     // Inserted out of time order: the store orders by measured time.
-    ASSERT_TRUE(store.PutCalibrationSample(h200, {100 + i, 10, 200 + i, 1000 - i, i == 4}).ok());
+    CalibrationSample s{100 + i, 10, 200 + i, 1000 - i, i == 4};
+    s.exact_bytes = 40 + i;
+    ASSERT_TRUE(store.PutCalibrationSample(h200, s).ok());
   }
   ASSERT_TRUE(store.PutCalibrationSample(h200_fp32, {1, 1, 1, 5000, false}).ok());
   absl::StatusOr<std::vector<CalibrationSample>> recent = store.RecentCalibrationSamples(h200, 3);
@@ -393,7 +395,9 @@ TYPED_TEST(StoreTest, CalibrationSamplesNewestFirstPerKey) {
   ASSERT_EQ(recent->size(), 3u);
   EXPECT_EQ((*recent)[0].measured_at_unix_ms, 1000);
   EXPECT_EQ((*recent)[0].raw_model_bytes, 100);
+  EXPECT_EQ((*recent)[0].exact_bytes, 40);
   EXPECT_EQ((*recent)[2].measured_at_unix_ms, 998);
+  EXPECT_EQ((*recent)[2].exact_bytes, 42);
   recent = store.RecentCalibrationSamples(h200, 100);
   ASSERT_TRUE(recent.ok());
   ASSERT_EQ(recent->size(), 5u);
