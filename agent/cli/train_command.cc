@@ -212,11 +212,26 @@ absl::StatusOr<std::string> ProfileAndSubmit(PlannerClient& client, const TrainC
   profiler.seed = c.seed;
   const auto start = std::chrono::steady_clock::now();
   ProfileResult result;
+  if (!on_demand) {
+    absl::StatusOr<ProfileResult> resident = ProfileModel(*model, profiler);
+    if (resident.ok()) {
+      result = *std::move(resident);
+    } else if (absl::IsResourceExhausted(resident.status()) && options.device.is_cuda()) {
+      // The estimate above counts parameters and gradients only; the activations did not fit
+      // beside them. The parameters go to host memory and the profile is taken again on demand.
+      std::printf("resident profiling ran out of device memory; profiling on demand\n");
+      model.reset();
+      c10::cuda::CUDACachingAllocator::emptyCache();
+      options.param_device = torch::Device(torch::kCPU);
+      ASSIGN_OR_RETURN(model, LlamaModel::Create(options));
+      on_demand = true;
+    } else {
+      return resident.status();
+    }
+  }
   if (on_demand) {
     ASSIGN_OR_RETURN(OnDemandProfile od, ProfileModelOnDemand(*model, profiler, OnDemandOptions{}));
     result = std::move(od.result);
-  } else {
-    ASSIGN_OR_RETURN(result, ProfileModel(*model, profiler));
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -242,8 +257,19 @@ absl::StatusOr<PlanAnswer> AskPlanner(PlannerClient& client, const TrainConfig& 
   } else {
     query.hardware_profile_id = loop.hardware_profile_id;
   }
+  absl::StatusOr<std::string> trace_id;
   if (loop.profile) {
-    ASSIGN_OR_RETURN(query.trace_id, ProfileAndSubmit(client, c, model_options, hardware_name));
+    trace_id = ProfileAndSubmit(client, c, model_options, hardware_name);
+    // A workload whose activations do not fit the card even on demand cannot be profiled; the
+    // planner can still plan it from the architecture (the analytic trace), and says so.
+    if (!trace_id.ok() && !absl::IsResourceExhausted(trace_id.status())) return trace_id.status();
+    if (!trace_id.ok()) {
+      std::printf("profiling skipped (%s); planning from the architecture instead\n",
+                  std::string(trace_id.status().message()).c_str());
+    }
+  }
+  if (trace_id.ok()) {
+    query.trace_id = *trace_id;
   } else if (!c.arch.empty()) {
     query.arch_preset = c.arch;
   } else {

@@ -151,8 +151,13 @@ class ChunkedHeadLossFunction : public torch::autograd::Function<ChunkedHeadLoss
     torch::Tensor gw = ctx->saved_data["gw"].toTensor();
     const auto w_dtype = static_cast<torch::ScalarType>(ctx->saved_data["w_dtype"].toInt());
     ctx->saved_data.clear();  // frees the saved gradients as soon as they are handed on
-    if (gx.defined()) gx = gx * g;
-    if (gw.defined()) gw = (gw * g).to(w_dtype);
+    // In place: an out-of-place product of the fp32 weight gradient would hold a second [V, H]
+    // fp32 tensor at the head's peak (the cost model charges only the cast to the weight dtype).
+    if (gx.defined()) gx.mul_(g);
+    if (gw.defined()) {
+      gw.mul_(g);
+      gw = gw.to(w_dtype);
+    }
     return {gx, gw, torch::Tensor(), torch::Tensor()};
   }
 };
