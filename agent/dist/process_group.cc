@@ -39,8 +39,8 @@
 // 127.0.0.1:port"; a hung peer: a timeout). So every rank bumps its counter "hb/<rank>" in the
 // store every heartbeat_milliseconds from a thread of its own, on a store connection of its own.
 // After a failure this rank records "failed/<rank>", reads every counter, waits three heartbeats
-// and reads them again: ranks whose counter did not move are gone (exited, killed, or their
-// process hangs). If the store itself cannot be reached, rank 0, which serves it, is gone. The
+// and reads them again: ranks whose counter did not move and that recorded no failure of their
+// own are gone (exited, killed, or their process hangs). If the store itself cannot be reached, rank 0, which serves it, is gone. The
 // failing rank's status then says which rank, so every survivor exits naming it.
 
 namespace memplan {
@@ -267,8 +267,15 @@ class ProcessGroup::Impl {
         after = counters();
       }
       std::vector<int> gone;
-      for (int r = 0; r < options_.world_size; ++r) {
-        if (r != options_.rank && after[r] == before[r]) gone.push_back(r);
+      {
+        absl::MutexLock lock(&mu_);
+        for (int r = 0; r < options_.world_size; ++r) {
+          // A rank that reported a failure itself saw it too (it may be leaving already).
+          if (r != options_.rank && after[r] == before[r] &&
+              !heartbeat_store_->check({absl::StrCat("failed/", r)})) {
+            gone.push_back(r);
+          }
+        }
       }
       if (gone.empty()) {
         return "every rank is still alive (a rank is slow, or took another path through the "

@@ -14,7 +14,7 @@ namespace memplan::testing {
 
 struct ShardCase {
   std::string name;
-  BlockMode mode = BlockMode::kNone;  // every block
+  std::vector<BlockMode> modes;  // one per block (4)
   int n_persist = 0;
   int n_buffer = 2;
   int grad_accum = 1;
@@ -22,14 +22,17 @@ struct ShardCase {
   bool tied = false;
 };
 
-// Each block mode once, with persistent and offloaded chunks, clipping, accumulation and a tied
-// head spread over them.
+// Each block mode on every block with persistent and offloaded chunks, then all four modes mixed
+// with every chunk offloaded; clipping, accumulation and a tied head spread over them.
 inline std::vector<ShardCase> ShardCases() {
+  using M = BlockMode;
   return {
-      {"none", BlockMode::kNone, 1, 2, 1, 0.0, false},
-      {"ckpt", BlockMode::kCkpt, 2, 2, 1, 0.5, false},
-      {"swap", BlockMode::kSwap, 0, 1, 2, 0.5, false},
-      {"hs_offload", BlockMode::kHsOffload, 1, 2, 1, 0.0, true},
+      {"none", {M::kNone, M::kNone, M::kNone, M::kNone}, 1, 2, 1, 0.0, false},
+      {"ckpt", {M::kCkpt, M::kCkpt, M::kCkpt, M::kCkpt}, 2, 2, 1, 0.5, false},
+      {"swap", {M::kSwap, M::kSwap, M::kSwap, M::kSwap}, 1, 1, 2, 0.5, false},
+      {"hs_offload", {M::kHsOffload, M::kHsOffload, M::kHsOffload, M::kHsOffload}, 1, 2, 1, 0.0,
+       true},
+      {"mixed_all_offloaded", {M::kSwap, M::kHsOffload, M::kCkpt, M::kNone}, 0, 1, 2, 0.5, true},
   };
 }
 
@@ -48,7 +51,8 @@ inline TrainerOptions ShardCaseOptions(const ShardCase& c, int n_blocks) {
   o.max_grad_norm = c.max_grad_norm;
   o.adamw.lr = 1e-2;
   o.adamw.weight_decay = 0.1;
-  o.block_modes.assign(n_blocks, c.mode);
+  o.block_modes = c.modes;
+  o.block_modes.resize(n_blocks, BlockMode::kNone);
   o.managed = true;
   o.chunks.chunk_bytes = 128 << 10;  // one tiny block (~121 KiB) per chunk
   o.chunks.n_persist = c.n_persist;

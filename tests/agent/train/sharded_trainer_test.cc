@@ -159,7 +159,7 @@ TEST_P(ShardedTrainerTest, OneStepEqualsOneProcessOnTheConcatenatedBatch) {
         got_grads[ref.grads[i].name] = got[2 + i];
         ref_grads[ref.grads[i].name] = ref.grads[i].param;
       }
-      const AdamWOptions a = testing::ShardCaseOptions(c, 4).adamw;
+      const AdamWOptions a = testing::ShardCaseOptions(c, 4).adamw;  // TinySpec: 4 blocks
       std::vector<torch::Tensor> leaves;
       for (size_t i = 0; i < n_params; ++i) {
         leaves.push_back(ref.initial[i].param.detach().clone().set_requires_grad(true));
@@ -207,23 +207,44 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, ShardedTrainerTest, ::testing::Values(2, 3)
                            return absl::StrCat("W", info.param);
                          });
 
-TEST(ShardedTrainerFailureTest, AKilledRankMakesTheOthersExitNamingIt) {
+struct KillCase {
+  int world_size;
+  int kill_rank;
+  std::string named;  // what every survivor's error says
+};
+
+class ShardedTrainerFailureTest : public ::testing::TestWithParam<KillCase> {};
+
+TEST_P(ShardedTrainerFailureTest, AKilledRankMakesTheOthersExitNamingIt) {
+  const KillCase& k = GetParam();
   const std::string prefix = absl::StrCat(::testing::TempDir(), "/sharded_kill_", getpid());
   double seconds = 0;
-  const std::vector<RankRun> runs = RunWorkers(3, prefix, /*kill_rank=*/1, &seconds);
-  if (absl::StrContains(runs[0].err, "no Gloo process group")) GTEST_SKIP() << runs[0].err;
-  ASSERT_TRUE(WIFSIGNALED(runs[1].status));
-  EXPECT_EQ(WTERMSIG(runs[1].status), SIGKILL);
-  for (int r : {0, 2}) {
+  const std::vector<RankRun> runs = RunWorkers(k.world_size, prefix, k.kill_rank, &seconds);
+  for (const RankRun& run : runs) {
+    if (absl::StrContains(run.err, "no Gloo process group")) GTEST_SKIP() << run.err;
+  }
+  ASSERT_TRUE(WIFSIGNALED(runs[k.kill_rank].status));
+  EXPECT_EQ(WTERMSIG(runs[k.kill_rank].status), SIGKILL);
+  for (int r = 0; r < k.world_size; ++r) {
+    if (r == k.kill_rank) continue;
     SCOPED_TRACE(absl::StrCat("rank ", r, " stderr:\n", runs[r].err));
     ASSERT_TRUE(WIFEXITED(runs[r].status));
     EXPECT_NE(WEXITSTATUS(runs[r].status), 0);
     EXPECT_THAT(runs[r].err, HasSubstr(absl::StrCat("rank ", r, ": ")));
-    EXPECT_THAT(runs[r].err, HasSubstr("rank 1 is gone"));
+    EXPECT_THAT(runs[r].err, HasSubstr(k.named));
   }
   // The workers' collective timeout is 30 s: the failure is seen long before it.
   EXPECT_LT(seconds, 20);
 }
+
+// Rank 1 of 3: the survivors see its heartbeat stop. Rank 0 of 2: the store it served is gone.
+INSTANTIATE_TEST_SUITE_P(
+    Kills, ShardedTrainerFailureTest,
+    ::testing::Values(KillCase{3, 1, "rank 1 is gone (no heartbeat for 600 ms"},
+                      KillCase{2, 0, "rank 0 is gone (the store it served at 127.0.0.1:"}),
+    [](const ::testing::TestParamInfo<KillCase>& info) {
+      return absl::StrCat("Rank", info.param.kill_rank, "Of", info.param.world_size);
+    });
 
 }  // namespace
 }  // namespace memplan
