@@ -391,8 +391,6 @@ absl::Status CheckDistributedFlags(const TrainConfig& c, const PlannerLoopOption
   if (world_size == 1) return absl::OkStatus();
   const std::string why = absl::StrCat(" is not supported with world size ", world_size,
                                        " (WORLD_SIZE) yet");
-  if (!c.save_dir.empty()) return absl::UnimplementedError("--save" + why);
-  if (!c.resume_dir.empty()) return absl::UnimplementedError("--resume" + why);
   if (!c.memory_timeline.empty()) return absl::UnimplementedError("--memory-timeline" + why);
   if (loop.profile) return absl::UnimplementedError("--profile" + why);
   return absl::OkStatus();
@@ -635,6 +633,7 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
     state.workload.micro_batch = c.batch;
     state.workload.seq_len = c.seq;
     state.workload.grad_accum = c.grad_accum;
+    state.workload.world_size = world_size;
     RETURN_IF_ERROR(trainer->SaveCheckpoint(c.save_dir, state));
     MEMPLAN_LOG(kInfo, "saved").Field("dir", c.save_dir).Field("step", trainer->step());
     return absl::OkStatus();

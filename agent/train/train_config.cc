@@ -100,7 +100,8 @@ Several ranks (torchrun --nproc-per-node N --no-python memplan-agent train ...):
   WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment;
   one process per GPU (LOCAL_RANK), NCCL on CUDA and Gloo on the CPU. Every rank reads its own
   --batch rows (the global batch is WORLD_SIZE x --batch), the chunks are sharded over the ranks
-  (ZeRO-3), and rank 0 logs. Not yet with --save, --resume, --memory-timeline, --profile.
+  (ZeRO-3), and rank 0 logs. --save gathers the shards and rank 0 writes one checkpoint that any
+  world size resumes (every rank reads it). Not yet with --memory-timeline, --profile.
 )";
 }
 
@@ -515,6 +516,8 @@ absl::StatusOr<RunPlan> ResolveRunPlan(const TrainConfig& c, int num_blocks,
         " (WORLD_SIZE) runs managed, with the chunks sharded over the ranks"));
   }
   if (file.has_value()) {
+    // The planner stamps the query's world size into its plans; a plan for another number of
+    // ranks prices other shards and collectives.
     if (std::max(file->world_size, 1) != world_size) {
       return absl::InvalidArgumentError(absl::StrCat(
           "plan.world_size = ", file->world_size, " but this run has world size ", world_size,

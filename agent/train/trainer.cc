@@ -368,12 +368,31 @@ absl::Status Trainer::SaveCheckpoint(const std::string& dir, io::TrainerState st
   state.optimizer.weight_decay = options_.adamw.weight_decay;
   state.model = model_->spec();
   state.param_dtype = model_->options().dtype;
-  ASSIGN_OR_RETURN(std::vector<NamedParam> optimizer_state, OptimizerState());
+  // [Data parallel checkpoints] With a communicator the state and the parameters are gathered
+  // from every rank's shards (collectives) and rank 0 writes the one layout-independent
+  // checkpoint; every rank then learns whether the write succeeded. Any world size resumes it.
+  absl::Status written;
   try {
-    return io::SaveCheckpoint(dir, state, Params(), optimizer_state);
+    ASSIGN_OR_RETURN(std::vector<NamedParam> optimizer_state, OptimizerState());
+    std::vector<NamedParam> params = Params();
+    if (!distributed() || options_.communicator->rank() == 0) {
+      written = io::SaveCheckpoint(dir, state, params, optimizer_state);
+    }
   } catch (const c10::Error& e) {
     return FromTorch(e, "trainer: saving checkpoint failed");
   }
+  if (!distributed()) return written;
+  Communicator& comm = *options_.communicator;
+  torch::Tensor failed = torch::full({1}, written.ok() ? 0.0 : 1.0,
+                                     torch::TensorOptions().dtype(torch::kFloat64).device(
+                                         comm.device()));
+  RETURN_IF_ERROR(comm.AllReduceSum(failed)->Wait());
+  if (!written.ok()) return written;
+  if (failed.cpu().item<double>() > 0) {
+    return absl::InternalError(
+        absl::StrCat("trainer: rank 0 could not write the checkpoint ", dir, " (see its log)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::ImportOptimizerState(const std::vector<NamedParam>& state) {

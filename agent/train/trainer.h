@@ -93,7 +93,8 @@ class Trainer {
   absl::StatusOr<std::vector<NamedParam>> OptimizerState();
 
   // Writes a layout-independent checkpoint; `state` supplies data position, seeds, workload;
-  // step, optimizer hyper-parameters, model spec and dtype are filled in here.
+  // step, optimizer hyper-parameters, model spec and dtype are filled in here. With a
+  // communicator every rank calls it (it gathers the shards) and rank 0 writes.
   absl::Status SaveCheckpoint(const std::string& dir, io::TrainerState state);
   // Restores parameters, optimizer state and the step count from a checkpoint written under any
   // plan (managed or not). The model spec, dtype and optimizer kind must match.

@@ -1,10 +1,13 @@
 // `memplan-agent train` under torchrun's variables: two real processes on 127.0.0.1 (Gloo, CPU)
 // train llama-tiny with --batch 2 each; one process with --batch 4 reads the same samples (the
 // batcher gives rank r rows [2r, 2r + 2) of each global batch of 4). The per-step losses agree up
-// to fp32 summation order; only rank 0 logs steps.
+// to fp32 summation order; only rank 0 logs steps. Then checkpoints: saved by 2 ranks and resumed
+// by 3, saved by 3 and resumed by 1, against one process that never stopped.
 #include <sys/wait.h>
 
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -33,11 +36,21 @@ std::vector<double> StepLosses(const std::string& log) {
   return losses;
 }
 
-std::vector<std::string> TrainArgs(int batch) {
-  return {MEMPLAN_AGENT_BINARY, "train", "--arch", "llama-tiny", "--synthetic-data", "--device",
-          "cpu", "--batch", std::to_string(batch), "--seq", "32", "--steps", "3", "--lr", "1e-3",
-          "--clip", "1.0", "--chunk-mib", "4", "--n-persist", "1", "--n-ckpt", "2",
-          "--host-memory", "pageable", "--cpu-threads", "1"};
+// `data`: a token file, or "" for --synthetic-data (whose stream, and so the sample order,
+// depends on --steps).
+std::vector<std::string> TrainArgs(int batch, int steps = 3, const std::string& data = "") {
+  std::vector<std::string> args = {
+      MEMPLAN_AGENT_BINARY, "train", "--arch", "llama-tiny", "--device", "cpu", "--batch",
+      std::to_string(batch), "--seq", "32", "--steps", std::to_string(steps), "--lr", "1e-3",
+      "--clip", "1.0", "--chunk-mib", "4", "--n-persist", "1", "--n-ckpt", "2", "--host-memory",
+      "pageable", "--cpu-threads", "1"};
+  if (data.empty()) {
+    args.push_back("--synthetic-data");
+  } else {
+    args.push_back("--data");
+    args.push_back(data);
+  }
+  return args;
 }
 
 struct Exit {
@@ -89,16 +102,92 @@ TEST(TrainDistributedTest, TwoRanksTrainLikeOneProcessOnTheWholeBatch) {
   EXPECT_GT(std::abs(expected[2] - expected[0]), 1e-3);
 }
 
+// Runs `args` as world_size ranks at once on a fresh loopback port; returns rank 0's stderr, or
+// fails the test when a rank exits non-zero.
+std::string RunRanks(const std::vector<std::string>& args, int world_size,
+                     const std::string& base) {
+  const int port = testing::FreeLoopbackPort();
+  EXPECT_GT(port, 0);
+  std::vector<testing::Child> ranks;
+  for (int r = 0; r < world_size; ++r) {
+    std::vector<std::string> env;
+    if (world_size > 1) {
+      env = {absl::StrCat("WORLD_SIZE=", world_size), absl::StrCat("RANK=", r),
+             absl::StrCat("LOCAL_RANK=", r), absl::StrCat("LOCAL_WORLD_SIZE=", world_size),
+             "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", port)};
+    }
+    ranks.push_back(testing::Spawn(args, env, absl::StrCat(base, ".rank", r)));
+  }
+  std::string lead;
+  for (int r = 0; r < world_size; ++r) {
+    const Exit e = Wait(ranks[r]);
+    EXPECT_TRUE(WIFEXITED(e.status) && WEXITSTATUS(e.status) == 0) << "rank " << r << ":\n"
+                                                                     << e.err;
+    if (r == 0) lead = e.err;
+  }
+  return lead;
+}
+
+std::vector<std::string> With(std::vector<std::string> args,
+                              const std::vector<std::string>& more) {
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+// The resume matrix on a global batch of 6 rows: 2 ranks x 3 rows save after 2 steps and
+// 3 ranks x 2 rows resume; 3 ranks save and 1 process x 6 rows resumes. The third step's loss is
+// the uninterrupted run's (the checkpoint is layout-independent: gathered, written by rank 0).
+TEST(TrainDistributedTest, CheckpointsResumeOnAnotherNumberOfRanks) {
+  const std::string base = absl::StrCat(::testing::TempDir(), "/train_distributed_ckpt_", getpid());
+  // One token file for every run: the same samples whatever --steps says.
+  const std::string data = base + ".tokens";
+  const Exit made = Wait(testing::Spawn({MEMPLAN_MAKE_TOKENS_BINARY, "--out=" + data,
+                                         "--tokens=8192", "--vocab=2048", "--seed=3"},
+                                        {}, base + ".make"));
+  ASSERT_TRUE(WIFEXITED(made.status) && WEXITSTATUS(made.status) == 0) << made.err;
+  const std::vector<double> straight =
+      StepLosses(RunRanks(TrainArgs(6, 3, data), 1, base + ".straight"));
+  ASSERT_EQ(straight.size(), 3u);
+
+  const std::string from_two = base + ".from2";
+  const std::vector<double> two =
+      StepLosses(RunRanks(With(TrainArgs(3, 2, data), {"--save", from_two}), 2, base + ".two"));
+  ASSERT_EQ(two.size(), 2u);
+  const std::vector<double> two_to_three =
+      StepLosses(RunRanks(With(TrainArgs(2, 3, data), {"--resume", from_two}), 3, base + ".three"));
+  ASSERT_EQ(two_to_three.size(), 1u);
+
+  const std::string from_three = base + ".from3";
+  const std::vector<double> three =
+      StepLosses(
+          RunRanks(With(TrainArgs(2, 2, data), {"--save", from_three}), 3, base + ".three_s"));
+  ASSERT_EQ(three.size(), 2u);
+  const std::vector<double> three_to_one =
+      StepLosses(RunRanks(With(TrainArgs(6, 3, data), {"--resume", from_three}), 1, base + ".one"));
+  ASSERT_EQ(three_to_one.size(), 1u);
+
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_NEAR(two[i], straight[i], 1e-4 * straight[i]) << "step " << i + 1;
+    EXPECT_NEAR(three[i], straight[i], 1e-4 * straight[i]) << "step " << i + 1;
+  }
+  EXPECT_NEAR(two_to_three[0], straight[2], 1e-4 * straight[2]);
+  EXPECT_NEAR(three_to_one[0], straight[2], 1e-4 * straight[2]);
+  // This binary does not link Torch, so std::filesystem is safe here (docs/agent.md, gotchas).
+  for (const std::string& dir : {from_two, from_three}) std::filesystem::remove_all(dir);
+  std::remove(data.c_str());
+}
+
 TEST(TrainDistributedTest, WhatSeveralRanksDoNotRunYetIsRefusedNamingTheFlag) {
   const std::string base = absl::StrCat(::testing::TempDir(), "/train_distributed_bad_", getpid());
   std::vector<std::string> args = TrainArgs(2);
-  args.push_back("--save");
-  args.push_back(base + ".ckpt");
+  args.push_back("--memory-timeline");
+  args.push_back(base + ".tsv");
   const Exit run = Wait(testing::Spawn(
       args, {"WORLD_SIZE=2", "RANK=1", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=1"}, base));
   ASSERT_TRUE(WIFEXITED(run.status));
   EXPECT_EQ(WEXITSTATUS(run.status), 1);
-  EXPECT_THAT(run.err, HasSubstr("rank 1: UNIMPLEMENTED: --save is not supported with world size 2"));
+  EXPECT_THAT(run.err, HasSubstr(
+      "rank 1: UNIMPLEMENTED: --memory-timeline is not supported with world size 2"));
   const Exit bad_env = Wait(testing::Spawn(TrainArgs(2), {"WORLD_SIZE=2"}, base + ".env"));
   ASSERT_TRUE(WIFEXITED(bad_env.status));
   EXPECT_EQ(WEXITSTATUS(bad_env.status), 2);

@@ -285,6 +285,10 @@ TEST(ResolveRunPlanTest, RejectsPlansForAnotherWorldSize) {
   auto run = ResolveRunPlan(TrainConfig{}, 3, file, 8);
   ASSERT_TRUE(run.ok()) << run.status();
   EXPECT_TRUE(run->managed);
+  file.world_size = 1;
+  EXPECT_THAT(ResolveRunPlan(TrainConfig{}, 3, file, 2).status().message(),
+              HasSubstr("plan.world_size = 1 but this run has world size 2 (WORLD_SIZE): plan "
+                        "again for 2 ranks"));
 }
 
 TEST(ResolveRunPlanTest, SeveralRanksRunManagedAndRefusePlain) {
