@@ -1,7 +1,8 @@
 // One rank of the sharded-step tests (sharded_trainer_test.cc starts world_size of these with
 // torchrun's variables on a loopback port): joins the Gloo group, runs one optimizer step of every
-// ShardCase on its rows of the global batch, and saves [loss, grad norm, grads..., params...]
-// (ParamOrder) per case to PREFIX.CASE.rankR.pt.
+// ShardCase on its rows of the global batch, and saves [loss, grad norm, grads..., params...
+// (ParamOrder), memory] per case to PREFIX.CASE.rankR.pt; memory is int64 [host bytes (pinned +
+// pageable), n_persist, every chunk's bytes...] from ChunkManager::MemoryStats().
 //   sharded_step_worker PREFIX [KILL_RANK]
 // With KILL_RANK, that rank kills itself (SIGKILL) in the middle of the first case's backward; the
 // others must fail, naming it. Exit status: 0, or 1 with "rank R: <error>" on stderr.
@@ -84,6 +85,11 @@ int Run(const std::string& prefix, int kill_rank) {
     } catch (const c10::Error& e) {
       return Fail(rank, absl::InternalError(e.what_without_backtrace()));
     }
+    const ChunkMemoryStats stats = (*trainer)->chunk_manager()->MemoryStats();
+    std::vector<int64_t> memory = {stats.host_pinned_bytes + stats.host_pageable_bytes,
+                                   stats.n_persist};
+    memory.insert(memory.end(), stats.chunk_bytes.begin(), stats.chunk_bytes.end());
+    out.push_back(torch::tensor(memory, torch::kInt64));
     torch::save(out, prefix + "." + c.name + ".rank" + std::to_string(rank) + ".pt");
   }
   return 0;

@@ -10,7 +10,10 @@
 //   moves an element by lr c g / (c |g| + eps), so element-wise |dp| <= lr c eps |dg| /
 //   (c min|g| + eps)^2 + 1e-6 (min|g| = 0 where the signs differ). Elements with tiny gradients
 //   may move by up to a step; all others agree to about 1e-6;
-// * every rank holds bit-identical results.
+// * every rank holds bit-identical results;
+// * each rank's host memory is, byte for byte, common/optimizer_bytes.h's OffloadedChunkHost() of
+//   its shards (ceil(S / W) elements of every offloaded chunk of S elements): 1/W of the
+//   unsharded run's, up to the padding.
 // Then a rank killed in backward: the others exit non-zero within the collective timeout, naming
 // it.
 #include <signal.h>
@@ -24,6 +27,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/optimizer_bytes.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/agent/subprocess.h"
@@ -81,6 +85,7 @@ struct Reference {
   double loss = 0;
   double norm = 0;
   std::vector<NamedParam> grads, params, initial;
+  int64_t host_bytes = 0;  // ChunkManager::MemoryStats(): pinned + pageable
 };
 
 Reference RunReference(const testing::ShardCase& c, int world_size) {
@@ -99,6 +104,8 @@ Reference RunReference(const testing::ShardCase& c, int world_size) {
   EXPECT_TRUE(norm.ok()) << norm.status();
   ref.norm = *norm;
   ref.params = (*trainer)->Params();
+  const ChunkMemoryStats stats = (*trainer)->chunk_manager()->MemoryStats();
+  ref.host_bytes = stats.host_pinned_bytes + stats.host_pageable_bytes;
   return ref;
 }
 
@@ -134,7 +141,7 @@ TEST_P(ShardedTrainerTest, OneStepEqualsOneProcessOnTheConcatenatedBatch) {
       std::vector<torch::Tensor> got;
       torch::load(got, path);
       std::remove(path.c_str());
-      ASSERT_EQ(got.size(), 2 + n_grads + n_params);
+      ASSERT_EQ(got.size(), 3 + n_grads + n_params);
       EXPECT_NEAR(got[0].item<double>(), ref.loss, 1e-5 * std::abs(ref.loss));
       EXPECT_NEAR(got[1].item<double>(), ref.norm, 1e-5 * std::abs(ref.norm));
       if (c.max_grad_norm > 0) {
@@ -191,6 +198,21 @@ TEST_P(ShardedTrainerTest, OneStepEqualsOneProcessOnTheConcatenatedBatch) {
             << "param " << name << ": max excess "
             << (diff - bound).max().item<double>() << ", max diff " << diff.max().item<double>();
       }
+      const torch::Tensor memory = got.back();
+      const int n_persist = static_cast<int>(memory[1].item<int64_t>());
+      int64_t expected_host = 0, unsharded_host = 0;
+      for (int64_t k = 2 + n_persist; k < memory.numel(); ++k) {
+        const int64_t chunk_elems = memory[k].item<int64_t>() / 4;  // fp32
+        const int64_t shard_bytes = (chunk_elems + world_size - 1) / world_size * 4;
+        expected_host +=
+            OffloadedChunkHost(OptimizerKind::kAdamW, 4, c.grad_accum, shard_bytes).total();
+        unsharded_host +=
+            OffloadedChunkHost(OptimizerKind::kAdamW, 4, c.grad_accum, chunk_elems * 4).total();
+      }
+      EXPECT_GT(expected_host, 0);
+      EXPECT_EQ(memory[0].item<int64_t>(), expected_host);
+      EXPECT_EQ(ref.host_bytes, unsharded_host);  // the one-process run, same formula
+      EXPECT_LE(expected_host * world_size, unsharded_host + world_size * 64 * 8);
       if (r == 0) {
         rank0 = got;
       } else {
