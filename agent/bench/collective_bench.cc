@@ -13,38 +13,14 @@
 #include "agent/core/torch_pch.h"
 #include "common/status.h"
 
-#if defined(USE_DISTRIBUTED) && __has_include(<torch/csrc/distributed/c10d/TCPStore.hpp>)
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
+#if defined(USE_DISTRIBUTED) && __has_include(<torch/csrc/distributed/c10d/Backend.hpp>)
 #include "agent/bench/collective_bench_testing.h"
+#include "agent/dist/process_group.h"
+#include "agent/dist/process_group_c10d.h"
 #define MEMPLAN_BENCH_C10D 1
-// The wheel ships no Gloo headers; Debian's libgloo-dev provides them (scripts/bootstrap.sh).
-#if defined(USE_C10D_GLOO) && __has_include(<gloo/algorithm.h>)
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#define MEMPLAN_BENCH_GLOO 1
-#endif
-#if defined(USE_C10D_NCCL) && __has_include(<nccl.h>)
-#include <c10/cuda/CUDAFunctions.h>
-
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-#define MEMPLAN_BENCH_NCCL 1
-#endif
 #endif
 
 namespace memplan {
-
-absl::string_view CollectiveBackendName(CollectiveBackend backend) {
-  switch (backend) {
-    case CollectiveBackend::kNccl:
-      return "nccl";
-    case CollectiveBackend::kGloo:
-      return "gloo";
-    case CollectiveBackend::kAuto:
-      break;
-  }
-  return "auto";
-}
 
 namespace {
 
@@ -74,6 +50,22 @@ absl::Status ValidateCollectiveBenchOptions(const CollectiveBenchOptions& o) {
   RETURN_IF_ERROR(IntInRange("ops_per_run", o.ops_per_run, 1, 1000));
   RETURN_IF_ERROR(IntInRange("timeout_seconds", o.timeout_seconds, 1, 86400));
   return absl::OkStatus();
+}
+
+DistOptions CollectiveDistOptions(const CollectiveBenchOptions& o, CollectiveBackend backend) {
+  DistOptions d;
+  d.world_size = o.world_size;
+  d.rank = o.rank;
+  d.local_rank = o.device_index;
+  d.local_world_size = 1;
+  d.master_addr = o.master_addr;
+  d.master_port = o.master_port;
+  d.master_listen_fd = o.master_listen_fd;
+  d.store_already_served = o.store_already_served;
+  d.backend = backend;
+  d.timeout_seconds = o.timeout_seconds;
+  d.store_prefix = "memplan_bench";
+  return d;
 }
 
 #ifndef MEMPLAN_BENCH_C10D
@@ -113,43 +105,18 @@ absl::Status Guarded(absl::string_view what, Fn fn) {
   }
 }
 
-absl::StatusOr<CollectiveBackend> ResolveBackend(CollectiveBackend requested) {
-  const bool cuda = torch::cuda::is_available();
-  const CollectiveBackend backend =
-      requested != CollectiveBackend::kAuto
-          ? requested
-          : (cuda ? CollectiveBackend::kNccl : CollectiveBackend::kGloo);
-  if (backend == CollectiveBackend::kNccl) {
-#ifndef MEMPLAN_BENCH_NCCL
-    return absl::FailedPreconditionError(
-        "this build has no NCCL process group (LibTorch without USE_C10D_NCCL, or no nccl.h at "
-        "build time)");
-#else
-    if (!cuda) {
-      return absl::FailedPreconditionError(
-          "the nccl backend needs a CUDA device; none is available");
-    }
-#endif
-  } else {
-#ifndef MEMPLAN_BENCH_GLOO
-    return absl::FailedPreconditionError(
-        "this build has no Gloo process group (LibTorch without USE_C10D_GLOO, or no Gloo headers "
-        "at build time: install libgloo-dev)");
-#endif
-  }
-  return backend;
-}
-
-// One rank's membership of the group: the store (served by rank 0) and the process group.
-// [Leaving] The destructor marks this rank done in the store; rank 0 waits for every mark before
-// its store goes, so no rank loses the store while it still talks to it. Not thread-safe.
+// One rank's membership of the group (agent/dist's ProcessGroup, or a backend formed by a test)
+// and the c10d backend the measurement drives directly. Not thread-safe.
 class CollectiveGroup {
  public:
   static absl::StatusOr<std::unique_ptr<CollectiveGroup> > Join(const CollectiveBenchOptions& o,
                                                                 CollectiveBackend backend) {
-    auto group = std::unique_ptr<CollectiveGroup>(new CollectiveGroup(o, backend));
-    RETURN_IF_ERROR(Guarded("joining the collective group", [&] { return group->Connect(); }));
-    return group;
+    ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> group,
+                     ProcessGroup::Join(CollectiveDistOptions(o, backend)));
+    auto joined =
+        std::make_unique<CollectiveGroup>(o, group->backend(), C10dBackendOf(*group));
+    joined->owner_ = std::move(group);
+    return joined;
   }
 
   // A group over a backend formed elsewhere (tests: a fake process group); no store.
@@ -161,28 +128,8 @@ class CollectiveGroup {
         backend_(std::move(process_group)) {}
 
   ~CollectiveGroup() {
-    if (store_) {
-      try {
-        store_->set(absl::StrCat("left/", options_.rank), std::vector<uint8_t>{1});
-        if (options_.rank == 0) {
-          std::vector<std::string> keys;
-          for (int r = 0; r < options_.world_size; ++r) {
-            keys.push_back(absl::StrCat("left/", r));
-          }
-          store_->wait(keys, timeout());
-        }
-      } catch (...) {
-        // Leaving is best effort: a rank that died already is reported by the collectives.
-      }
-    }
-    if (backend_) {
-      try {
-        backend_->shutdown();
-      } catch (...) {
-      }
-    }
     backend_.reset();
-    store_.reset();
+    owner_.reset();  // leaves the group ([Leaving] in agent/dist/process_group.h)
   }
 
   CollectiveGroup(const CollectiveGroup&) = delete;
@@ -216,64 +163,18 @@ class CollectiveGroup {
   void Barrier() { MaxOverRanks({0.0}); }
 
  private:
-  CollectiveGroup(const CollectiveBenchOptions& o, CollectiveBackend backend)
-      : options_(o), backend_kind_(backend), device_(DeviceFor(o, backend)) {}
+
 
   static torch::Device DeviceFor(const CollectiveBenchOptions& o, CollectiveBackend backend) {
     if (backend != CollectiveBackend::kNccl) return torch::Device(torch::kCPU);
     return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(o.device_index));
   }
 
-  absl::Status Connect() {
-    c10d::TCPStoreOptions store_options;
-    store_options.port = static_cast<uint16_t>(options_.master_port);
-    store_options.isServer = options_.rank == 0 && !options_.store_already_served;
-    store_options.numWorkers = options_.world_size;
-    store_options.waitWorkers = true;
-    store_options.timeout = timeout();
-    if (options_.rank == 0 && options_.master_listen_fd >= 0) {
-      store_options.masterListenFd = options_.master_listen_fd;
-    }
-    // Our keys (and the process group's) under one prefix: a shared store (torchrun's) holds
-    // others' too.
-    store_ = c10::make_intrusive<c10d::PrefixStore>(
-        "memplan_bench", c10::make_intrusive<c10d::TCPStore>(options_.master_addr, store_options));
-    if (backend_kind_ == CollectiveBackend::kNccl) {
-#ifdef MEMPLAN_BENCH_NCCL
-      c10::cuda::set_device(device_.index());
-      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
-      nccl_options->timeout = timeout();
-      backend_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store_, options_.rank,
-                                                             options_.world_size, nccl_options);
-#endif
-    } else {
-#ifdef MEMPLAN_BENCH_GLOO
-      auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout());
-      // Loopback rendezvous: bind the loopback device (the default one binds the hostname's
-      // address, which may not be reachable in a sandbox); else the hostname's, as torchrun does.
-      if (IsLoopback(options_.master_addr)) {
-        gloo_options->devices.push_back(
-            c10d::ProcessGroupGloo::createDeviceForHostname(options_.master_addr));
-      } else {
-        gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-      }
-      backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, options_.rank,
-                                                             options_.world_size, gloo_options);
-#endif
-    }
-    if (!backend_) return absl::InternalError("no process group was created");
-    return absl::OkStatus();
-  }
-
-  static bool IsLoopback(const std::string& addr) {
-    return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
-  }
-
   const CollectiveBenchOptions options_;
   const CollectiveBackend backend_kind_;
   torch::Device device_;
-  c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> backend_;
+  std::unique_ptr<ProcessGroup> owner_;  // null over a test's backend
 };
 
 double Median(std::vector<double> v) {
@@ -450,7 +351,7 @@ void MeasureOnGroup(const CollectiveBenchOptions& options, CollectiveGroup& g,
 CollectiveBenchResult MeasureCollectives(const CollectiveBenchOptions& options) {
   CollectiveBenchResult result;
   if (!Prepare(options, &result)) return result;
-  absl::StatusOr<CollectiveBackend> backend = ResolveBackend(options.backend);
+  absl::StatusOr<CollectiveBackend> backend = ResolveDistBackend(options.backend);
   if (!backend.ok()) {
     result.status = backend.status();
     return result;
@@ -459,11 +360,7 @@ CollectiveBenchResult MeasureCollectives(const CollectiveBenchOptions& options) 
   absl::StatusOr<std::unique_ptr<CollectiveGroup> > group =
       CollectiveGroup::Join(options, *backend);
   if (!group.ok()) {
-    result.status = absl::Status(
-        group.status().code(),
-        absl::StrCat("rank ", options.rank, " of ", options.world_size, " could not join the ",
-                     CollectiveBackendName(*backend), " group at ", options.master_addr, ":",
-                     options.master_port, ": ", group.status().message()));
+    result.status = group.status();  // names the rank, the backend and the address
     return result;
   }
   MeasureOnGroup(options, **group, &result);

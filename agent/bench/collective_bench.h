@@ -9,16 +9,19 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "agent/dist/dist_options.h"
 
 namespace memplan {
 
 // Up to 256 ranks: bf16 holds every sum of the reduce-scatter check exactly.
-inline constexpr int kMaxCollectiveWorldSize = 256;
+inline constexpr int kMaxCollectiveWorldSize = kMaxDistWorldSize;
 inline constexpr int64_t kMaxCollectiveMessageBytes = int64_t{1} << 36;
 
-enum class CollectiveBackend { kAuto, kNccl, kGloo };  // kAuto: NCCL when CUDA is usable, else Gloo
+using CollectiveBackend = DistBackend;  // the process group's backend (agent/dist)
 
-absl::string_view CollectiveBackendName(CollectiveBackend backend);  // "auto", "nccl", "gloo"
+inline absl::string_view CollectiveBackendName(CollectiveBackend backend) {
+  return DistBackendName(backend);
+}
 
 struct CollectiveBenchOptions {
   int world_size = 1;  // 1: nothing to measure
@@ -65,6 +68,9 @@ struct CollectiveBenchResult {
   CollectiveFigures allgather;
   CollectiveFigures reduce_scatter;
 };
+
+// The group this benchmark joins (agent/dist's ProcessGroup), from its options.
+DistOptions CollectiveDistOptions(const CollectiveBenchOptions& options, CollectiveBackend backend);
 
 // Joins the group, measures both collectives and leaves it. Blocks until every rank has joined
 // (or timeout_seconds pass). Never throws; errors are in the result's statuses.

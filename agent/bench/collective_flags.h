@@ -10,11 +10,9 @@
 
 #include "absl/status/statusor.h"
 #include "agent/bench/collective_bench.h"
+#include "agent/dist/dist_options.h"  // EnvLookup
 
 namespace memplan {
-
-// The value of an environment variable, or nullopt when it is not set.
-using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
 
 struct CollectiveFlags {
   CollectiveBenchOptions options;

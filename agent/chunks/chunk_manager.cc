@@ -44,6 +44,28 @@
 // shared buffers are sized for the largest regular chunk; an oversized chunk (one parameter
 // larger than the chunk size) has a buffer of its own, appended after the shared ones.
 
+// [Sharded chunks]
+// With a communicator of world size W > 1 (ZeRO-3 over chunks), a non-persistent chunk of S
+// elements is padded to P = W * ceil(S / W) and rank r holds elements [r P / W, (r + 1) P / W)
+// of it: its shard of the parameters (upload source), of the grad staging area and of the
+// optimizer state (master, grad sum, moments), all sized P / W. Everything that works on ranges
+// (the CPU optimizer, loading) intersects a parameter's range with the shard (Owned()); with
+// W = 1 the shard is the whole chunk and the code is the unsharded one.
+// * Upload becomes an all-gather of the shards into the chunk's home buffer (on CUDA the shard is
+//   first copied to the device on the upload stream; the collective is ordered after it), started
+//   where the upload was (prefetch included) and waited for in Materialize.
+// * Backward writes the chunk's grads into one flat device tensor of P elements (added when a
+//   tied parameter's grad arrives twice in a micro-batch); when the chunk's last group is done,
+//   the tensor is reduce-scattered, divided by W (the mean over ranks: each rank's loss is the
+//   mean over its own micro-batch) and this rank's shard goes to host staging, from where the
+//   CPU workers accumulate and update it as in the unsharded case. One reduce-scatter per chunk
+//   and micro-batch (accumulating locally until the last micro-batch is not done).
+// * Persistent chunks stay replicated: their grads are all-reduced (and divided by W) in Step().
+// * Clipping: the squared norms of this rank's shards are all-reduced; the persistent chunks'
+//   (equal on every rank) are added once.
+// Every rank issues the same collectives in the same order because every decision (which chunk
+// goes where, when a chunk is complete) depends only on the layout and the call sequence.
+
 namespace memplan {
 namespace {
 
@@ -68,6 +90,7 @@ struct Param {
   int chunk = 0;
   int64_t offset_elems = 0;  // into the chunk's arrays (offset_bytes / model element size)
   int first_group = 0;       // backward touches it last here: its grad is final after this group
+  bool in_flat = false;      // sharded: its grad is in the chunk's grad_flat this micro-batch
   int64_t step = 0;          // updates applied (torch's AdamW keeps one count per parameter)
   bool grad_in_step = false;
   bool grad_this_micro = false;
@@ -83,6 +106,13 @@ struct Chunk {
   bool persistent = false;
   int64_t size_bytes = 0;
   int64_t span_elems = 0;
+  // [Sharded chunks]: this rank's elements [shard_begin, shard_begin + shard_elems) of the padded
+  // chunk (padded_elems); unsharded: the whole chunk.
+  int64_t shard_begin = 0;
+  int64_t shard_elems = 0;
+  int64_t padded_elems = 0;
+  torch::Tensor grad_flat;   // sharded: the micro-batch's grads of the chunk on the device
+  torch::Tensor gather_src;  // sharded, CUDA: the shard on the device, input of the all-gather
   std::vector<int> params;
   int completion_group = 0;  // smallest first_group of its params
   torch::Tensor device;      // persistent: the flat parameter storage
@@ -109,6 +139,15 @@ struct DeviceBuffer {
   torch::Tensor storage;  // flat, model dtype, sized for the largest non-persistent chunk
   int chunk = -1;         // chunk whose current values it holds
   EventPtr ready;         // upload into it finished
+  std::unique_ptr<PendingCollective> gather;  // sharded: the all-gather into it, until waited
+};
+
+// The part of a parameter held in a chunk's host arrays ([Sharded chunks]): elements
+// [from, from + len) of the flattened parameter, at element `at` of the arrays.
+struct OwnedRange {
+  int64_t from = 0;
+  int64_t at = 0;
+  int64_t len = 0;
 };
 
 // One piece of CPU optimizer work on a contiguous element range of one parameter.
@@ -130,10 +169,18 @@ absl::Status TorchError(const c10::Error& e, absl::string_view what) {
 
 class ChunkManager::Impl {
  public:
-  Impl(const ChunkManagerOptions& options, ChunkPacking layout)
-      : options_(options), layout_(std::move(layout)), pool_(std::max(0, options.cpu_threads)) {}
+  Impl(const ChunkManagerOptions& options, ChunkPacking layout, Communicator* communicator)
+      : options_(options),
+        layout_(std::move(layout)),
+        comm_(communicator != nullptr && communicator->world_size() > 1 ? communicator : nullptr),
+        world_(comm_ != nullptr ? comm_->world_size() : 1),
+        rank_(comm_ != nullptr ? comm_->rank() : 0),
+        pool_(std::max(0, options.cpu_threads)) {}
 
   ~Impl() {
+    for (DeviceBuffer& buffer : buffers_) {
+      if (buffer.gather) (void)buffer.gather->Wait();
+    }
     for (Chunk& chunk : chunks_) chunk.tasks->Wait();
   }
 
@@ -163,6 +210,18 @@ class ChunkManager::Impl {
 
  private:
   bool cuda() const { return options_.device.is_cuda(); }
+  bool sharded() const { return world_ > 1; }
+  OwnedRange Owned(const Param& p, const Chunk& chunk) const {
+    const int64_t lo = std::max(p.offset_elems, chunk.shard_begin);
+    const int64_t hi =
+        std::min(p.offset_elems + p.numel, chunk.shard_begin + chunk.shard_elems);
+    if (hi <= lo) return OwnedRange{};
+    return OwnedRange{lo - p.offset_elems, lo - chunk.shard_begin, hi - lo};
+  }
+  // A flat view of `len` elements at element `at` of a host array.
+  torch::Tensor HostFlat(void* data, int64_t at, int64_t len, torch::ScalarType dtype) const {
+    return HostView(data, at, {len}, len, dtype);
+  }
   OptimizerKind optimizer() const { return options_.optimizer; }
   int64_t elem_size() const { return static_cast<int64_t>(torch::elementSize(dtype_)); }
   // The update runs on an fp32 master (adamw and sgd on bf16 parameters).
@@ -197,6 +256,19 @@ class ChunkManager::Impl {
   void Materialize(int c);
   void Dematerialize(int c);
   void StageGrad(Param& param, Chunk& chunk);
+  // [Sharded chunks]
+  void StartGather(int c, DeviceBuffer& buffer);
+  void WaitGather(DeviceBuffer& buffer);
+  void PostBackwardSharded(int group);
+  void ReduceGradShard(int c);
+  absl::Status AllReducePersistentGrads();
+  absl::StatusOr<double> ShardedSquaredNorm();
+  torch::Tensor GatherHost(const void* data, torch::ScalarType dtype, const Chunk& chunk);
+  // A failed collective inside a hook: remembered for Step() and thrown (c10::Error) so that
+  // autograd unwinds.
+  void FailCollective(const absl::Status& status);
+  // Waits for the all-gather into `buffer`, if any; a failure is remembered for Step().
+  absl::Status FinishGather(DeviceBuffer& buffer);
   void ScheduleChunkWork(int c, bool accumulate, bool update, float grad_scale);
   void WaitAll();
   void InvalidateBuffers();
@@ -206,6 +278,11 @@ class ChunkManager::Impl {
 
   ChunkManagerOptions options_;
   ChunkPacking layout_;
+  Communicator* comm_ = nullptr;  // set only when world_ > 1
+  int world_ = 1;
+  int rank_ = 0;
+  absl::Status comm_status_;  // the first failed collective
+  bool persistent_reduced_ = false;  // this step's persistent grads are all-reduced already
   torch::ScalarType dtype_ = torch::kFloat32;
   std::vector<Param> params_;                     // canonical order
   std::vector<std::vector<int>> group_params_;    // per group, indices into params_
@@ -286,6 +363,13 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
     chunk.persistent = c < n_persist_;
     chunk.size_bytes = info.size_bytes;
     chunk.span_elems = info.size_bytes / elem_bytes;
+    chunk.shard_elems = chunk.span_elems;
+    chunk.padded_elems = chunk.span_elems;
+    if (sharded() && !chunk.persistent) {
+      chunk.shard_elems = (chunk.span_elems + world_ - 1) / world_;
+      chunk.shard_begin = rank_ * chunk.shard_elems;
+      chunk.padded_elems = chunk.shard_elems * world_;
+    }
     chunk.completion_group = std::numeric_limits<int>::max();
     stats_.chunk_bytes.push_back(info.size_bytes);
   }
@@ -336,7 +420,8 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
             chunk.span_elems * PersistentStateBytesPerElem(optimizer(), elem_bytes);
         continue;
       }
-      ASSIGN_OR_RETURN(chunk.param_host, AllocateTransfer(chunk.size_bytes));
+      const int64_t shard_bytes = chunk.shard_elems * elem_bytes;
+      ASSIGN_OR_RETURN(chunk.param_host, AllocateTransfer(shard_bytes));
       if (options_.profile_only) {
         (chunk.param_host.pinned() ? stats_.host_pinned_bytes : stats_.host_pageable_bytes) +=
             chunk.param_host.size_bytes();
@@ -348,9 +433,10 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
         }
         continue;
       }
-      ASSIGN_OR_RETURN(chunk.grad_stage, AllocateTransfer(chunk.size_bytes));
-      // The pageable state, as common/optimizer_bytes.h defines it for the planner.
-      const int64_t span = chunk.span_elems;
+      ASSIGN_OR_RETURN(chunk.grad_stage, AllocateTransfer(shard_bytes));
+      // The pageable state, as common/optimizer_bytes.h defines it for the planner (per element
+      // of this rank's shard).
+      const int64_t span = chunk.shard_elems;
       if (master()) chunk.master = HostBuffer::AllocatePageable(span * 4);
       const int64_t grad_sum = GradSumElemBytes(optimizer(), elem_bytes, options_.grad_accum);
       if (grad_sum > 0) chunk.grad_accum = HostBuffer::AllocatePageable(span * grad_sum);
@@ -368,11 +454,12 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
       }
       for (int i : chunk.params) {
         Param& p = params_[i];
-        torch::Tensor value = p.tensor.detach().to(torch::kCPU);
-        HostView(chunk.param_host.data(), p.offset_elems, p.shape, p.numel, dtype_).copy_(value);
-        if (master()) {
-          HostView(chunk.master.data(), p.offset_elems, p.shape, p.numel, torch::kFloat32)
-              .copy_(value);
+        const OwnedRange r = Owned(p, chunk);
+        if (r.len > 0) {
+          torch::Tensor value =
+              p.tensor.detach().to(torch::kCPU).reshape({-1}).narrow(0, r.from, r.len);
+          HostFlat(chunk.param_host.data(), r.at, r.len, dtype_).copy_(value);
+          if (master()) HostFlat(chunk.master.data(), r.at, r.len, torch::kFloat32).copy_(value);
         }
         p.tensor.set_data(placeholder_.expand(p.shape));
       }
@@ -403,6 +490,7 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
   }
   RETURN_IF_ERROR(AssignHomes());
 
+  stats_.world_size = world_;
   stats_.n_chunks = layout_.num_chunks();
   stats_.layout_fingerprint = layout_.fingerprint();
   stats_.n_persist = n_persist_;
@@ -411,15 +499,15 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
   stats_.layout_bytes = layout_.TotalBytes();
   // Shared buffers fit the largest regular chunk of the layout; an oversized chunk's own buffer
   // fits it exactly. See [Fixed buffer slots].
-  const int64_t shared_elems = layout_.MaxRegularChunkBytes() / elem_bytes;
+  // Sharded: padded to a multiple of the world size ([Sharded chunks]).
+  const int64_t shared_elems =
+      (layout_.MaxRegularChunkBytes() / elem_bytes + world_ - 1) / world_ * world_;
   try {
     for (size_t b = 0; b < buffers_.size(); ++b) {
       int64_t elems = shared_elems;
       if (static_cast<int>(b) >= shared_buffers_) {
         for (int c = n_persist_; c < layout_.num_chunks(); ++c) {
-          if (chunks_[c].home == static_cast<int>(b)) {
-            elems = layout_.chunks()[c].size_bytes / elem_bytes;
-          }
+          if (chunks_[c].home == static_cast<int>(b)) elems = chunks_[c].padded_elems;
         }
       }
       buffers_[b].storage = torch::zeros({elems}, DeviceOptions());
@@ -520,6 +608,10 @@ void ChunkManager::Impl::Upload(int c) {
   if (buffer.chunk >= 0) Dematerialize(buffer.chunk);
   buffer.chunk = c;
   chunk.tasks->Wait();  // a CPU update still writing param_host would be uploaded half-done
+  if (sharded()) {
+    StartGather(c, buffer);
+    return;
+  }
   torch::Tensor src = torch::from_blob(chunk.param_host.data(), {chunk.span_elems},
                                        torch::TensorOptions().dtype(dtype_));
   torch::Tensor dst = buffer.storage.narrow(0, 0, chunk.span_elems);
@@ -583,6 +675,7 @@ void ChunkManager::Impl::Materialize(int c) {
   Chunk& chunk = chunks_[c];
   DeviceBuffer& buffer = buffers_[chunk.home];
   WaitOnCompute(buffer.ready);
+  WaitGather(buffer);
   if (chunk.materialized) return;
   for (int i : chunk.params) {
     Param& p = params_[i];
@@ -659,6 +752,10 @@ void ChunkManager::Impl::PostBackward(int group) {
     }
     return;
   }
+  if (sharded()) {
+    PostBackwardSharded(group);
+    return;
+  }
   std::set<int> touched;
   for (int i : group_stage_[group]) {
     Param& p = params_[i];
@@ -710,15 +807,20 @@ void ChunkManager::Impl::ScheduleChunkWork(int c, bool accumulate, bool update, 
       base.scalars = MakeAdamWStepScalars(options_.adamw, base.step);
     }
     if (!base.accumulate && !base.update) continue;
-    for (int64_t off = 0; off < p.numel; off += kTaskElems) {
+    const OwnedRange owned = Owned(p, chunk);  // the whole parameter unless sharded
+    for (int64_t off = 0; off < owned.len; off += kTaskElems) {
       RangeWork w = base;
-      w.begin = p.offset_elems + off;
-      w.len = std::min(kTaskElems, p.numel - off);
+      w.begin = owned.at + off;
+      w.len = std::min(kTaskElems, owned.len - off);
       work.push_back(w);
     }
   }
   if (update) chunk.update_started = true;
   if (work.empty()) return;
+  if (update && sharded() && buffers_[chunk.home].chunk == c) {
+    // An all-gather may still read param_host (CPU: Gloo reads it in place).
+    (void)FinishGather(buffers_[chunk.home]);
+  }
 
   const EventPtr copied = chunk.grads_copied;
   const EventPtr uploaded = chunk.uploaded;
@@ -795,7 +897,197 @@ void ChunkManager::Impl::ScheduleChunkWork(int c, bool accumulate, bool update, 
   }
 }
 
+// [Sharded chunks]: the collectives.
+
+void ChunkManager::Impl::FailCollective(const absl::Status& status) {
+  if (comm_status_.ok()) comm_status_ = status;
+  TORCH_CHECK(false, std::string(status.message()));
+}
+
+absl::Status ChunkManager::Impl::FinishGather(DeviceBuffer& buffer) {
+  if (!buffer.gather) return absl::OkStatus();
+  const absl::Status s = buffer.gather->Wait();
+  buffer.gather.reset();
+  if (!s.ok() && comm_status_.ok()) comm_status_ = s;
+  return s;
+}
+
+void ChunkManager::Impl::WaitGather(DeviceBuffer& buffer) {
+  const absl::Status s = FinishGather(buffer);
+  if (!s.ok()) FailCollective(s);
+}
+
+void ChunkManager::Impl::StartGather(int c, DeviceBuffer& buffer) {
+  WaitGather(buffer);  // the buffer's previous all-gather may still write it
+  Chunk& chunk = chunks_[c];
+  torch::Tensor src = HostFlat(chunk.param_host.data(), 0, chunk.shard_elems, dtype_);
+  torch::Tensor dst = buffer.storage.narrow(0, 0, chunk.padded_elems);
+  buffer.ready = nullptr;
+  ++upload_stats_.uploads;
+  upload_stats_.bytes += chunk.padded_elems * elem_size();
+#ifdef MEMPLAN_CHUNKS_CUDA
+  if (cuda()) {
+    // The buffer's previous chunk may still be read by kernels queued on the compute stream; the
+    // collective is ordered after the current (upload) stream, hence after the shard's copy.
+    RecordOnCompute()->block(*upload_stream_);
+    c10::cuda::CUDAStreamGuard guard(*upload_stream_);
+    chunk.gather_src = torch::empty({chunk.shard_elems}, DeviceOptions());
+    chunk.gather_src.copy_(src, /*non_blocking=*/true);
+    auto copied = std::make_shared<Event>();
+    copied->record(*upload_stream_);
+    chunk.uploaded = copied;  // the CPU update must not overwrite param_host before the copy
+    buffer.gather = comm_->AllGather(dst, chunk.gather_src);
+    return;
+  }
+#endif
+  buffer.gather = comm_->AllGather(dst, src);
+}
+
+void ChunkManager::Impl::PostBackwardSharded(int group) {
+  std::set<int> touched;
+  for (int i : group_stage_[group]) {
+    Param& p = params_[i];
+    Chunk& chunk = chunks_[p.chunk];
+    if (chunk.persistent) continue;
+    touched.insert(p.chunk);
+    torch::Tensor grad = p.tensor.grad();
+    if (!grad.defined()) continue;
+    p.grad_this_micro = true;
+    if (!chunk.grad_flat.defined()) {
+      chunk.grad_flat = torch::zeros({chunk.padded_elems}, DeviceOptions());
+    }
+    torch::Tensor dst = chunk.grad_flat.narrow(0, p.offset_elems, p.numel).view(p.shape);
+    // A tied weight's second contribution in this micro-batch (grad_accum > 1) adds on.
+    if (p.in_flat) {
+      dst.add_(grad);
+    } else {
+      dst.copy_(grad);
+    }
+    p.in_flat = true;
+    p.tensor.mutable_grad().reset();
+  }
+  for (int c : touched) {
+    Chunk& chunk = chunks_[c];
+    if (chunk.completion_group != group || !chunk.grad_flat.defined()) continue;
+    if (chunk.update_started) {
+      overrun_ = true;
+      chunk.grad_flat = torch::Tensor();
+      for (int i : chunk.params) params_[i].in_flat = false;
+      continue;
+    }
+    chunk.tasks->Wait();  // the staging area is reused
+    ReduceGradShard(c);
+    ++chunk.micro_batches;
+    const bool update_now =
+        chunk.micro_batches >= options_.grad_accum && options_.max_grad_norm == 0;
+    ScheduleChunkWork(c, /*accumulate=*/true, update_now, 1.0f);
+  }
+}
+
+void ChunkManager::Impl::ReduceGradShard(int c) {
+  Chunk& chunk = chunks_[c];
+  torch::Tensor stage = HostFlat(chunk.grad_stage.data(), 0, chunk.shard_elems, dtype_);
+  absl::Status s;
+#ifdef MEMPLAN_CHUNKS_CUDA
+  if (cuda()) {
+    torch::Tensor shard = torch::empty({chunk.shard_elems}, DeviceOptions());
+    s = comm_->ReduceScatterSum(shard, chunk.grad_flat)->Wait();  // the compute stream waits
+    if (s.ok()) {
+      shard.div_(world_);
+      RecordOnCompute()->block(*offload_stream_);
+      {
+        c10::cuda::CUDAStreamGuard guard(*offload_stream_);
+        stage.copy_(shard, /*non_blocking=*/true);
+      }
+      c10::cuda::CUDACachingAllocator::recordStream(shard.storage().data_ptr(), *offload_stream_);
+      chunk.grads_copied = std::make_shared<Event>();
+      chunk.grads_copied->record(*offload_stream_);
+    }
+  } else {
+    s = comm_->ReduceScatterSum(stage, chunk.grad_flat)->Wait();
+    if (s.ok()) stage.div_(world_);
+  }
+#else
+  s = comm_->ReduceScatterSum(stage, chunk.grad_flat)->Wait();
+  if (s.ok()) stage.div_(world_);
+#endif
+  chunk.grad_flat = torch::Tensor();
+  for (int i : chunk.params) params_[i].in_flat = false;
+  if (!s.ok()) FailCollective(s);
+}
+
+absl::Status ChunkManager::Impl::AllReducePersistentGrads() {
+  if (persistent_reduced_) return absl::OkStatus();
+  persistent_reduced_ = true;
+  for (int c = 0; c < n_persist_; ++c) {
+    std::vector<torch::Tensor> grads, flat_parts;
+    for (int i : chunks_[c].params) {
+      if (params_[i].tensor.grad().defined()) grads.push_back(params_[i].tensor.grad());
+    }
+    if (grads.empty()) continue;
+    for (const torch::Tensor& g : grads) flat_parts.push_back(g.reshape({-1}));
+    torch::Tensor flat = torch::cat(flat_parts);
+    const absl::Status s = comm_->AllReduceSum(flat)->Wait();
+    if (!s.ok()) {
+      if (comm_status_.ok()) comm_status_ = s;
+      return s;
+    }
+    flat.div_(world_);
+    int64_t at = 0;
+    for (torch::Tensor& g : grads) {
+      g.copy_(flat.narrow(0, at, g.numel()).view(g.sizes()));
+      at += g.numel();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> ChunkManager::Impl::ShardedSquaredNorm() {
+  double local = 0;
+  for (Param& p : params_) {
+    Chunk& chunk = chunks_[p.chunk];
+    if (chunk.persistent || !p.grad_in_step) continue;
+    const OwnedRange r = Owned(p, chunk);
+    if (r.len == 0) continue;
+    local += HostFlat(HostGrad(chunk), r.at, r.len, host_grad_dtype())
+                 .to(torch::kFloat64)
+                 .pow(2)
+                 .sum()
+                 .item<double>();
+  }
+  torch::Tensor total = torch::full(
+      {1}, local, torch::TensorOptions().dtype(torch::kFloat64).device(comm_->device()));
+  const absl::Status s = comm_->AllReduceSum(total)->Wait();
+  if (!s.ok()) {
+    if (comm_status_.ok()) comm_status_ = s;
+    return s;
+  }
+  double squares = total.cpu().item<double>();
+  // Persistent grads are replicated (all-reduced already): every rank adds the same, once.
+  std::vector<torch::Tensor> persistent;
+  for (Param& p : params_) {
+    if (chunks_[p.chunk].persistent && p.tensor.grad().defined()) {
+      persistent.push_back(p.tensor.grad().to(torch::kFloat64).pow(2).sum());
+    }
+  }
+  if (!persistent.empty()) squares += torch::stack(persistent).sum().item<double>();
+  return squares;
+}
+
+torch::Tensor ChunkManager::Impl::GatherHost(const void* data, torch::ScalarType dtype,
+                                             const Chunk& chunk) {
+  torch::Tensor shard =
+      torch::from_blob(const_cast<void*>(data), {chunk.shard_elems},
+                       torch::TensorOptions().dtype(dtype))
+          .to(comm_->device(), /*non_blocking=*/false, /*copy=*/true);
+  torch::Tensor full = torch::empty({chunk.padded_elems}, shard.options());
+  const absl::Status s = comm_->AllGather(full, shard)->Wait();
+  if (!s.ok()) FailCollective(s);
+  return full.to(torch::kCPU);
+}
+
 void ChunkManager::Impl::WaitAll() {
+  for (DeviceBuffer& buffer : buffers_) (void)FinishGather(buffer);
 #ifdef MEMPLAN_CHUNKS_CUDA
   if (cuda()) {
     upload_stream_->synchronize();
@@ -807,6 +1099,7 @@ void ChunkManager::Impl::WaitAll() {
 
 void ChunkManager::Impl::InvalidateBuffers() {
   for (DeviceBuffer& buffer : buffers_) {
+    (void)FinishGather(buffer);
     if (buffer.chunk >= 0) Dematerialize(buffer.chunk);
     buffer.chunk = -1;
     buffer.ready = nullptr;
@@ -818,9 +1111,12 @@ void ChunkManager::Impl::ResetStep() {
     if (p.tensor.grad().defined()) p.tensor.mutable_grad().reset();
     p.grad_in_step = false;
     p.grad_this_micro = false;
+    p.in_flat = false;
     p.grad_norm = torch::Tensor();
   }
+  persistent_reduced_ = false;
   for (Chunk& chunk : chunks_) {
+    chunk.grad_flat = torch::Tensor();
     chunk.micro_batches = 0;
     chunk.update_started = false;
     chunk.grads_copied = nullptr;
@@ -852,13 +1148,32 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
         "Step(max_grad_norm=", max_grad_norm,
         ") cannot clip: options.max_grad_norm=0 let CPU updates start during backward"));
   }
+  if (!comm_status_.ok()) {  // a collective failed during forward/backward
+    InvalidateBuffers();
+    ResetStep();
+    return comm_status_;
+  }
   try {
+    double sharded_norm = -1;  // [Sharded chunks]: the global norm over every rank's shards
+    if (sharded()) {
+      absl::Status reduced = AllReducePersistentGrads();
+      absl::StatusOr<double> squares = 0.0;
+      if (reduced.ok() && (max_grad_norm > 0 || options_.grad_accum == 1)) {
+        squares = ShardedSquaredNorm();
+      }
+      if (!reduced.ok() || !squares.ok()) {
+        InvalidateBuffers();
+        ResetStep();
+        return reduced.ok() ? squares.status() : reduced;
+      }
+      sharded_norm = std::sqrt(*squares);
+    }
     // clip_grad_norm_: per-parameter norms in ParamOrder(), stacked, normed again.
     // With several micro-batches the offloaded grads' norms need a pass over host memory; skip
     // it when nothing is clipped (LastGradNorm() is then NaN).
     const bool want_norm = max_grad_norm > 0 || options_.grad_accum == 1;
     std::vector<torch::Tensor> norms;
-    if (want_norm) {
+    if (want_norm && !sharded()) {
       for (Param& p : params_) {
         Chunk& chunk = chunks_[p.chunk];
         // Norms stay on the compute device: one synchronisation for the whole step (reading
@@ -879,7 +1194,17 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
     float grad_scale = 1.0f;
     torch::Tensor clip_coef;
     last_grad_norm_ = want_norm ? 0 : std::numeric_limits<double>::quiet_NaN();
-    if (!norms.empty()) {
+    if (want_norm && sharded()) {
+      last_grad_norm_ = sharded_norm;
+      if (max_grad_norm > 0) {
+        // clip_grad_norm_'s coefficient, in fp32 as its tensors compute it.
+        grad_scale = std::min(1.0f, static_cast<float>(max_grad_norm) /
+                                        (static_cast<float>(sharded_norm) + 1e-6f));
+        clip_coef = torch::full({}, static_cast<double>(grad_scale),
+                                torch::TensorOptions().dtype(torch::kFloat32).device(
+                                    options_.device));
+      }
+    } else if (!norms.empty()) {
       torch::Tensor total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2.0);
       if (max_grad_norm > 0) {
         clip_coef = torch::clamp(max_grad_norm / (total + 1e-6), std::nullopt, 1.0);
@@ -998,13 +1323,24 @@ std::vector<NamedParam> ChunkManager::Impl::ParamOrder() const {
 
 std::vector<NamedParam> ChunkManager::Impl::Params() {
   WaitAll();
+  // Sharded: every offloaded chunk gathered from the ranks, in chunk order on every rank.
+  std::map<int, torch::Tensor> gathered;
+  if (sharded()) {
+    for (int c = n_persist_; c < static_cast<int>(chunks_.size()); ++c) {
+      gathered[c] = GatherHost(chunks_[c].param_host.data(), dtype_, chunks_[c]);
+    }
+  }
   std::vector<NamedParam> out;
   for (Param& p : params_) {
     Chunk& chunk = chunks_[p.chunk];
-    torch::Tensor value =
-        chunk.persistent
-            ? p.tensor.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true)
-            : HostView(chunk.param_host.data(), p.offset_elems, p.shape, p.numel, dtype_).clone();
+    torch::Tensor value;
+    if (chunk.persistent) {
+      value = p.tensor.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    } else if (sharded()) {
+      value = gathered[p.chunk].narrow(0, p.offset_elems, p.numel).view(p.shape).clone();
+    } else {
+      value = HostView(chunk.param_host.data(), p.offset_elems, p.shape, p.numel, dtype_).clone();
+    }
     out.push_back({p.name, value});
   }
   return out;
@@ -1012,6 +1348,16 @@ std::vector<NamedParam> ChunkManager::Impl::Params() {
 
 std::vector<NamedParam> ChunkManager::Impl::Grads() {
   WaitAll();
+  std::map<int, torch::Tensor> gathered;  // sharded: chunks with a grad in this step
+  if (sharded()) {
+    // The replicated chunks' grads are summed over the ranks now (Step() does not repeat it).
+    if (const absl::Status s = AllReducePersistentGrads(); !s.ok()) FailCollective(s);
+    for (int c = n_persist_; c < static_cast<int>(chunks_.size()); ++c) {
+      bool any = false;
+      for (int i : chunks_[c].params) any = any || params_[i].grad_in_step;
+      if (any) gathered[c] = GatherHost(HostGrad(chunks_[c]), host_grad_dtype(), chunks_[c]);
+    }
+  }
   std::vector<NamedParam> out;
   for (Param& p : params_) {
     Chunk& chunk = chunks_[p.chunk];
@@ -1019,6 +1365,9 @@ std::vector<NamedParam> ChunkManager::Impl::Grads() {
       if (p.tensor.grad().defined()) {
         out.push_back({p.name, p.tensor.grad().to(torch::kCPU, false, /*copy=*/true)});
       }
+    } else if (p.grad_in_step && sharded()) {
+      out.push_back(
+          {p.name, gathered[p.chunk].narrow(0, p.offset_elems, p.numel).view(p.shape).clone()});
     } else if (p.grad_in_step) {
       out.push_back(
           {p.name,
@@ -1031,6 +1380,24 @@ std::vector<NamedParam> ChunkManager::Impl::Grads() {
 
 std::vector<NamedParam> ChunkManager::Impl::OptimizerState() {
   WaitAll();
+  // Sharded: the state arrays of every offloaded chunk with an updated parameter, gathered.
+  std::map<const void*, torch::Tensor> gathered;
+  if (sharded()) {
+    for (int c = n_persist_; c < static_cast<int>(chunks_.size()); ++c) {
+      Chunk& chunk = chunks_[c];
+      bool any = false;
+      for (int i : chunk.params) any = any || params_[i].step > 0;
+      if (!any) continue;
+      if (has_moments()) {
+        gathered[chunk.exp_avg.data()] = GatherHost(chunk.exp_avg.data(), moment_dtype(), chunk);
+        gathered[chunk.exp_avg_sq.data()] =
+            GatherHost(chunk.exp_avg_sq.data(), moment_dtype(), chunk);
+      }
+      if (master()) {
+        gathered[chunk.master.data()] = GatherHost(chunk.master.data(), torch::kFloat32, chunk);
+      }
+    }
+  }
   std::vector<NamedParam> out;
   int64_t step = 0;
   for (Param& p : params_) {
@@ -1038,6 +1405,9 @@ std::vector<NamedParam> ChunkManager::Impl::OptimizerState() {
     if (p.step == 0) continue;  // like torch's AdamW: no state before the first update
     step = std::max(step, p.step);
     auto host = [&](const HostBuffer& buffer, torch::ScalarType dtype) {
+      if (sharded()) {
+        return gathered[buffer.data()].narrow(0, p.offset_elems, p.numel).view(p.shape).clone();
+      }
       return HostView(buffer.data(), p.offset_elems, p.shape, p.numel, dtype).clone();
     };
     auto device = [](const torch::Tensor& t) { return t.to(torch::kCPU, false, /*copy=*/true); };
@@ -1083,11 +1453,11 @@ absl::Status ChunkManager::Impl::LoadParamsAndState(const std::vector<NamedParam
       if (chunk.persistent) {
         p.tensor.detach().copy_(value);
         if (master() && p.master.defined()) p.master.copy_(value);
-      } else {
-        HostView(chunk.param_host.data(), p.offset_elems, p.shape, p.numel, dtype_).copy_(value);
+      } else if (const OwnedRange r = Owned(p, chunk); r.len > 0) {
+        const torch::Tensor owned = value.reshape({-1}).narrow(0, r.from, r.len);
+        HostFlat(chunk.param_host.data(), r.at, r.len, dtype_).copy_(owned);
         if (master() && !options_.profile_only) {
-          HostView(chunk.master.data(), p.offset_elems, p.shape, p.numel, torch::kFloat32)
-              .copy_(value);
+          HostFlat(chunk.master.data(), r.at, r.len, torch::kFloat32).copy_(owned);
         }
       }
     }
@@ -1139,16 +1509,16 @@ absl::Status ChunkManager::Impl::LoadParamsAndState(const std::vector<NamedParam
             p.exp_avg_sq.copy_(v);
           }
           if (saved_master.defined() && master()) p.master.copy_(saved_master);
-        } else {
+        } else if (const OwnedRange r = Owned(p, chunk); r.len > 0) {
+          auto owned = [&r](const torch::Tensor& t) {
+            return t.reshape({-1}).narrow(0, r.from, r.len);
+          };
           if (has_moments()) {
-            HostView(chunk.exp_avg.data(), p.offset_elems, p.shape, p.numel, moment_dtype())
-                .copy_(m);
-            HostView(chunk.exp_avg_sq.data(), p.offset_elems, p.shape, p.numel, moment_dtype())
-                .copy_(v);
+            HostFlat(chunk.exp_avg.data(), r.at, r.len, moment_dtype()).copy_(owned(m));
+            HostFlat(chunk.exp_avg_sq.data(), r.at, r.len, moment_dtype()).copy_(owned(v));
           }
           if (saved_master.defined() && master()) {
-            HostView(chunk.master.data(), p.offset_elems, p.shape, p.numel, torch::kFloat32)
-                .copy_(saved_master);
+            HostFlat(chunk.master.data(), r.at, r.len, torch::kFloat32).copy_(owned(saved_master));
           }
         }
         p.step = fresh ? 0 : step;
@@ -1168,7 +1538,7 @@ ChunkManager::ChunkManager(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 ChunkManager::~ChunkManager() = default;
 
 absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
-    const ParamGroups& groups, const ChunkManagerOptions& options) {
+    const ParamGroups& groups, const ChunkManagerOptions& options, Communicator* communicator) {
   if (options.chunk_bytes <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk_bytes: must be positive, got ", options.chunk_bytes));
@@ -1200,6 +1570,17 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
   }
   if (!options.device.is_cuda() && !options.device.is_cpu()) {
     return absl::InvalidArgumentError("device: only cpu and cuda are supported");
+  }
+  if (communicator != nullptr && communicator->world_size() > 1) {
+    if (communicator->device().type() != options.device.type()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "communicator: its collectives run on ", communicator->device().str(),
+          " but the chunk manager's device is ", options.device.str()));
+    }
+    if (options.profile_only) {
+      return absl::InvalidArgumentError(
+          "profile_only: on-demand profiling runs on one rank (world size 1)");
+    }
   }
 
   // Unique tensors in order of first use; aliases (a tied LM head) map to the first entry.
@@ -1265,7 +1646,7 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
     params[i].chunk = layout.slots()[i].chunk;
     params[i].offset_elems = layout.slots()[i].offset_bytes / elem_bytes;
   }
-  auto impl = std::make_unique<Impl>(options, std::move(layout));
+  auto impl = std::make_unique<Impl>(options, std::move(layout), communicator);
   RETURN_IF_ERROR(impl->Init(groups, std::move(params), std::move(group_params)));
   return std::unique_ptr<ChunkManager>(new ChunkManager(std::move(impl)));
 }

@@ -2,7 +2,8 @@
 // keeps the first n_persist chunks on the device and the rest in host memory, streams
 // non-persistent chunks through n_buffer device buffers around each group's forward/backward, and
 // runs the optimizer step (adamw, adamw_bf16 or sgd; on the device for persistent chunks,
-// multi-threaded CPU for the others).
+// multi-threaded CPU for the others). With a communicator of world size W > 1, ZeRO-3 over chunks
+// ([Sharded chunks] in chunk_manager.cc): each rank holds 1/W of every non-persistent chunk.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "agent/chunks/cpu_adamw.h"
 #include "agent/core/torch_pch.h"
+#include "agent/dist/communicator.h"
 #include "agent/model/param_residency.h"
 #include "common/chunk_packing.h"
 #include "common/types.h"
@@ -56,6 +58,7 @@ struct ChunkManagerOptions {
 //   offloaded: OffloadedChunkHost(): transfer 2 S (parameters + grad staging; pinned, or pageable
 //   when host_memory = pageable) + state (master, grad sum, moments; always pageable).
 struct ChunkMemoryStats {
+  int world_size = 1;  // > 1: host figures are this rank's shards (1/world_size of each chunk)
   std::vector<int64_t> chunk_bytes;  // per chunk, exact (common/chunk_packing.h)
   int n_chunks = 0;
   std::string layout_fingerprint;  // [Layout fingerprint] (common/chunk_packing.h)
@@ -103,8 +106,13 @@ class ChunkManager : public ParamResidency {
   // Copies the current values of every parameter into the chunks; afterwards parameters of
   // non-persistent chunks are shape-preserving placeholders until their group's PreForward.
   // Parameters are identified by tensor identity (a tied weight listed twice is packed once).
-  static absl::StatusOr<std::unique_ptr<ChunkManager>> Create(const ParamGroups& groups,
-                                                              const ChunkManagerOptions& options);
+  // `communicator` (not owned, must outlive the manager): null or world size 1 runs one rank;
+  // world size > 1 shards ([Sharded chunks]): every rank must create its manager from the same
+  // model values and options, and call the hooks, Step, Params, Grads and OptimizerState in the
+  // same order (they run collectives). Its device must be options.device's kind.
+  static absl::StatusOr<std::unique_ptr<ChunkManager>> Create(
+      const ParamGroups& groups, const ChunkManagerOptions& options,
+      Communicator* communicator = nullptr);
   ~ChunkManager() override;
 
   // The layout Create() packs `groups` into (each distinct tensor once, at its first group, in
@@ -119,8 +127,9 @@ class ChunkManager : public ParamResidency {
   void PostBackward(int group) override;
 
   // Clips gradients by global L2 norm (max_grad_norm = 0: off; same formula and order as
-  // torch::nn::utils::clip_grad_norm_ over the parameters in ParamOrder()), then updates every
-  // parameter and waits for all updates. Ends the step: the next PostBackward starts a new
+  // torch::nn::utils::clip_grad_norm_ over the parameters in ParamOrder(); sharded: the norm over
+  // every rank's shards, equal up to summation order), then updates every parameter and waits for
+  // all updates. A failed collective (a rank gone) is returned here, naming the rank. Ends the step: the next PostBackward starts a new
   // accumulation.
   absl::Status Step(double max_grad_norm);
   // Drops accumulated gradients (device .grad and host accumulators) without updating.
@@ -136,8 +145,12 @@ class ChunkManager : public ParamResidency {
   // Unique parameters in canonical order (first appearance in the groups); the order the
   // reference path must pass to clip_grad_norm_ and AdamW for bit-identical results.
   std::vector<NamedParam> ParamOrder() const;
-  // Full parameter values in the model dtype, as CPU tensors, in ParamOrder().
+  // Full parameter values in the model dtype, as CPU tensors, in ParamOrder(). Sharded, these three
+  // gather every rank's shards (a collective: every rank calls it; a failed collective throws
+  // c10::Error with the failure's message).
   std::vector<NamedParam> Params();
+  // Sharded, Grads() also sums the persistent chunks' grads over the ranks (Step() then does not):
+  // call it after the step's last micro-batch only.
   // Accumulated gradients of the current step as CPU tensors (offloaded chunks: fp32 for adamw and
   // sgd, the model dtype for adamw_bf16).
   std::vector<NamedParam> Grads();

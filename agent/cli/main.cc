@@ -1,5 +1,7 @@
 // memplan-agent: the per-GPU runtime. `memplan-agent <command> --help` lists each command's flags.
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,9 +40,26 @@ int Train(std::vector<std::string> args) {
                  std::string(config.status().message()).c_str());
     return 2;
   }
-  const absl::Status status = memplan::RunTrain(*config, *loop);
+  // torchrun / Slurm / Kubernetes: one process per rank (agent/dist/dist_options.h).
+  auto dist = memplan::DistOptionsFromEnvironment(
+      [](const std::string& name) -> std::optional<std::string> {
+        const char* v = std::getenv(name.c_str());
+        if (v == nullptr) return std::nullopt;
+        return std::string(v);
+      });
+  if (!dist.ok()) {
+    std::fprintf(stderr, "memplan-agent train: %s\n",
+                 std::string(dist.status().message()).c_str());
+    return 2;
+  }
+  const absl::Status status = memplan::RunTrain(*config, *loop, *dist);
   if (!status.ok()) {
-    std::fprintf(stderr, "memplan-agent train: %s\n", status.ToString().c_str());
+    if (dist->world_size > 1) {
+      std::fprintf(stderr, "memplan-agent train: rank %d: %s\n", dist->rank,
+                   status.ToString().c_str());
+    } else {
+      std::fprintf(stderr, "memplan-agent train: %s\n", status.ToString().c_str());
+    }
     return 1;
   }
   return 0;

@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "agent/chunks/chunk_manager.h"
 #include "agent/client/planner_client.h"
+#include "agent/dist/process_group.h"
 #include "agent/io/checkpoint.h"
 #include "agent/io/hf_checkpoint.h"
 #include "agent/io/random_access_file.h"
@@ -67,7 +68,8 @@ std::string ModesString(const std::vector<BlockMode>& modes) {
 }
 
 absl::StatusOr<std::shared_ptr<const io::TokenFile>> OpenData(const TrainConfig& c,
-                                                              const ModelSpec& spec) {
+                                                              const ModelSpec& spec,
+                                                              int world_size) {
   io::TokenFileOptions options;
   options.raw_token_bytes = c.raw_token_bytes;
   options.vocab_size = spec.vocab_size;
@@ -77,7 +79,7 @@ absl::StatusOr<std::shared_ptr<const io::TokenFile>> OpenData(const TrainConfig&
     return std::shared_ptr<const io::TokenFile>(std::move(file));
   }
   io::SyntheticTokenOptions synthetic;
-  const int64_t wanted = c.steps * c.grad_accum * c.batch * c.seq + c.seq + 1;
+  const int64_t wanted = c.steps * c.grad_accum * world_size * c.batch * c.seq + c.seq + 1;
   synthetic.num_tokens = std::clamp<int64_t>(wanted, c.seq + 1, kMaxSyntheticTokens);
   synthetic.vocab_size = spec.vocab_size;
   synthetic.seed = c.seed;
@@ -248,7 +250,8 @@ absl::StatusOr<std::string> ProfileAndSubmit(PlannerClient& client, const TrainC
 
 absl::StatusOr<PlanAnswer> AskPlanner(PlannerClient& client, const TrainConfig& c,
                                       const PlannerLoopOptions& loop, const ModelSpec& spec,
-                                      DType dtype, const LlamaModelOptions& model_options) {
+                                      DType dtype, const LlamaModelOptions& model_options,
+                                      int world_size) {
   PlanQuery query;
   const std::string hardware_name =
       loop.hardware_profile_id.empty() ? loop.hardware_preset : loop.hardware_profile_id;
@@ -279,7 +282,7 @@ absl::StatusOr<PlanAnswer> AskPlanner(PlannerClient& client, const TrainConfig& 
   query.workload.seq_len = c.seq;
   query.workload.grad_accum = c.grad_accum;
   query.workload.grad_clipping = c.clip > 0;
-  query.workload.world_size = 1;
+  query.workload.world_size = world_size;
   query.param_dtype = dtype;
   // With --planner there is no plan file: the flag (validated by ParseTrainArgs) or adamw.
   query.optimizer = c.optimizer.value_or(OptimizerKind::kAdamW);
@@ -408,9 +411,40 @@ planner flags (closing the loop):
 )");
 }
 
-absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
-  ASSIGN_OR_RETURN(const torch::Device device, ResolveDevice(c.device));
+// What world size > 1 does not run yet, refused before anything is built.
+absl::Status CheckDistributedFlags(const TrainConfig& c, const PlannerLoopOptions& loop,
+                                   int world_size) {
+  if (world_size == 1) return absl::OkStatus();
+  const std::string why = absl::StrCat(" is not supported with world size ", world_size,
+                                       " (WORLD_SIZE) yet");
+  if (!c.memory_timeline.empty()) return absl::UnimplementedError("--memory-timeline" + why);
+  if (loop.profile) return absl::UnimplementedError("--profile" + why);
+  return absl::OkStatus();
+}
+
+absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
+                      const DistOptions& dist_in) {
+  RETURN_IF_ERROR(CheckDistributedFlags(c, loop, dist_in.world_size));
+  ASSIGN_OR_RETURN(torch::Device device, ResolveDevice(c.device));
+  // One rank per GPU: LOCAL_RANK picks it unless --device names one.
+  if (dist_in.world_size > 1 && device.is_cuda() && !device.has_index()) {
+    device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(dist_in.local_rank));
+  }
   ConfigureAllocator(c, device);
+  std::unique_ptr<ProcessGroup> group;
+  if (dist_in.world_size > 1) {
+    DistOptions dist = dist_in;
+    dist.backend = device.is_cuda() ? DistBackend::kNccl : DistBackend::kGloo;
+    if (device.is_cuda()) dist.local_rank = device.index();
+    ASSIGN_OR_RETURN(group, ProcessGroup::Join(dist));
+    MEMPLAN_LOG(kInfo, "joined the process group")
+        .Field("rank", group->rank())
+        .Field("world_size", group->world_size())
+        .Field("backend", std::string(DistBackendName(group->backend())))
+        .Field("device", device.str());
+  }
+  const int world_size = dist_in.world_size;
+  const bool lead = dist_in.rank == 0;  // logs steps and talks to the planner
 
   // Optimizer: --optimizer, else the plan file's, else adamw; a plan file made for another
   // optimizer is refused (its memory figures are not this run's).
@@ -468,7 +502,8 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
     PlannerClientOptions client_options;
     client_options.retries = loop.retries;
     ASSIGN_OR_RETURN(client, PlannerClient::Create(loop.address, client_options));
-    ASSIGN_OR_RETURN(answer, AskPlanner(*client, c, loop, spec, dtype, model_options));
+    ASSIGN_OR_RETURN(answer,
+                     AskPlanner(*client, c, loop, spec, dtype, model_options, world_size));
     file_plan = answer.plan;
     // The profiling pass ran the whole model unmanaged; its cached segments are not the plan's.
     PrintDeviceMemory(device, "after profiling");
@@ -494,7 +529,7 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
     file_plan = *std::move(parsed);
   }
   ASSIGN_OR_RETURN(const RunPlan plan,
-                   ResolveRunPlan(c, static_cast<int>(spec.num_layers), file_plan));
+                   ResolveRunPlan(c, static_cast<int>(spec.num_layers), file_plan, world_size));
 
   // Model: a managed run creates parameters on the CPU and lets the ChunkManager place them.
   if (plan.managed) model_options.param_device = torch::Device(torch::kCPU);
@@ -527,6 +562,7 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
   options.chunks.cpu_threads = c.cpu_threads;
   options.offload.host_memory = plan.host_memory;
   options.offload.max_in_flight_groups = c.offload_in_flight;
+  options.communicator = group.get();
   // The plan's n_persist counts chunks of the layout it was made for: a plan made for another
   // layout ([Layout fingerprint], common/chunk_packing.h) is refused before anything is allocated.
   if (file_plan.has_value() && plan.managed) {
@@ -595,11 +631,14 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
   }
 
   // Data and resume.
-  ASSIGN_OR_RETURN(std::shared_ptr<const io::TokenFile> tokens, OpenData(c, spec));
+  ASSIGN_OR_RETURN(std::shared_ptr<const io::TokenFile> tokens, OpenData(c, spec, world_size));
   io::TokenBatcherOptions batcher_options;
   batcher_options.seed = c.seed;
   batcher_options.batch_size = c.batch;
   batcher_options.seq_len = c.seq;
+  // Each rank reads its own rows of every global batch (world_size x --batch rows).
+  batcher_options.rank = dist_in.rank;
+  batcher_options.world_size = world_size;
   ASSIGN_OR_RETURN(std::unique_ptr<io::TokenBatcher> batcher,
                    io::TokenBatcher::Create(tokens, batcher_options));
   int64_t data_position = 0;
@@ -620,6 +659,7 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
     state.workload.micro_batch = c.batch;
     state.workload.seq_len = c.seq;
     state.workload.grad_accum = c.grad_accum;
+    state.workload.world_size = world_size;
     RETURN_IF_ERROR(trainer->SaveCheckpoint(c.save_dir, state));
     MEMPLAN_LOG(kInfo, "saved").Field("dir", c.save_dir).Field("step", trainer->step());
     return absl::OkStatus();
@@ -667,7 +707,7 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
       MEMPLAN_LOG(kError, "out of memory")
           .Field("step", trainer->step() + 1)
           .Field("peak_reserved_bytes", m.peak_reserved_bytes);
-      if (client != nullptr) {
+      if (client != nullptr && lead) {
         const absl::Status reported = ReportToPlanner(*client, answer, m);
         if (!reported.ok()) std::printf("report failed: %s\n", reported.ToString().c_str());
       }
@@ -693,13 +733,15 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
       steady_device = std::max(steady_device, device_used);
       ++timed_steps;
     }
-    if (stats.step % c.log_every == 0 || stats.step == c.steps) {
+    if (lead && (stats.step % c.log_every == 0 || stats.step == c.steps)) {
+      // The loss is the global batch's (all-reduced); tokens/s counts every rank's tokens (the
+      // ranks step together), peaks are rank 0's.
       MEMPLAN_LOG(kInfo, "step")
           .Field("step", stats.step)
           .Field("loss", stats.loss)
           .Field("grad_norm", stats.grad_norm)
           .Field("seconds", stats.seconds)
-          .Field("tokens_per_second", stats.tokens_per_second)
+          .Field("tokens_per_second", stats.tokens_per_second * world_size)
           .Field("peak_allocated_bytes", stats.peak_allocated_bytes)
           .Field("peak_reserved_bytes", stats.peak_reserved_bytes)
           .Field("cpu_updates_in_backward", stats.offloaded_updates_in_backward);
@@ -718,10 +760,13 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop) {
   if (!c.save_dir.empty() && (c.save_every == 0 || trainer->step() % c.save_every != 0)) {
     RETURN_IF_ERROR(save());
   }
+  if (!lead) return absl::OkStatus();
   auto summary = MEMPLAN_LOG(kInfo, "done");
   summary.Field("steps", trainer->step())
+      .Field("world_size", world_size)
       .Field("mean_tokens_per_second",
-             timed_steps > 0 ? tokens_per_second_sum / static_cast<double>(timed_steps) : 0.0)
+             timed_steps > 0 ? world_size * tokens_per_second_sum / static_cast<double>(timed_steps)
+                             : 0.0)
       .Field("peak_allocated_bytes", peak_allocated)
       .Field("peak_reserved_bytes", peak_reserved)
       .Field("load_peak_reserved_bytes", load_reserved)

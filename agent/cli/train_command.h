@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "agent/dist/dist_options.h"
 #include "agent/train/train_config.h"
 
 namespace memplan {
@@ -29,7 +30,11 @@ absl::StatusOr<PlannerLoopOptions> TakePlannerFlags(std::vector<std::string>* ar
 std::string PlannerFlagsUsage();
 
 // Trains as `config` says. With `loop.address` set, the plan comes from the planner (a plan file
-// or plan flags are then refused), and the steady-state measurement is reported to it.
-absl::Status RunTrain(const TrainConfig& config, const PlannerLoopOptions& loop = {});
+// or plan flags are then refused), and the steady-state measurement is reported to it. With
+// dist.world_size > 1 (torchrun's variables, DistOptionsFromEnvironment) this process is one rank:
+// it joins the process group, reads its own rows of every global batch, shards the chunks over
+// the ranks, and only rank 0 logs steps and talks to the planner.
+absl::Status RunTrain(const TrainConfig& config, const PlannerLoopOptions& loop = {},
+                      const DistOptions& dist = {});
 
 }  // namespace memplan

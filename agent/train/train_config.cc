@@ -96,6 +96,12 @@ Diagnostics and device memory:
   --allocator-conf STR     CUDA caching-allocator settings, PYTORCH_CUDA_ALLOC_CONF syntax
                            (default expandable_segments:True unless that variable is set;
                            "" = PyTorch's own default)
+Several ranks (torchrun --nproc-per-node N --no-python memplan-agent train ...):
+  WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment;
+  one process per GPU (LOCAL_RANK), NCCL on CUDA and Gloo on the CPU. Every rank reads its own
+  --batch rows (the global batch is WORLD_SIZE x --batch), the chunks are sharded over the ranks
+  (ZeRO-3), and rank 0 logs. --save gathers the shards and rank 0 writes one checkpoint that any
+  world size resumes (every rank reads it). Not yet with --memory-timeline, --profile.
 )";
 }
 
@@ -502,12 +508,20 @@ absl::Status CheckPlanLayout(const ResidencyPlan& plan, const std::string& sourc
 }
 
 absl::StatusOr<RunPlan> ResolveRunPlan(const TrainConfig& c, int num_blocks,
-                                       const std::optional<ResidencyPlan>& file) {
+                                       const std::optional<ResidencyPlan>& file, int world_size) {
   RunPlan run;
+  if (world_size > 1 && c.plain) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--plain: world size ", world_size,
+        " (WORLD_SIZE) runs managed, with the chunks sharded over the ranks"));
+  }
   if (file.has_value()) {
-    if (file->world_size > 1) {
+    // The planner stamps the query's world size into its plans; a plan for another number of
+    // ranks prices other shards and collectives.
+    if (std::max(file->world_size, 1) != world_size) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "plan.world_size = ", file->world_size, ": this agent runs on one GPU (world size 1)"));
+          "plan.world_size = ", file->world_size, " but this run has world size ", world_size,
+          " (WORLD_SIZE): plan again for ", world_size, world_size == 1 ? " rank" : " ranks"));
     }
     run.managed = true;
     if (file->chunk_bytes > 0) run.chunk_bytes = file->chunk_bytes;
@@ -515,6 +529,7 @@ absl::StatusOr<RunPlan> ResolveRunPlan(const TrainConfig& c, int num_blocks,
     if (file->n_buffer > 0) run.n_buffer = file->n_buffer;
     run.host_memory = file->host_memory;
   }
+  if (world_size > 1) run.managed = true;
   if (c.chunk_bytes || c.n_persist || c.n_buffer) run.managed = true;
   if (c.chunk_bytes) run.chunk_bytes = *c.chunk_bytes;
   if (c.n_persist) run.n_persist = *c.n_persist;

@@ -112,8 +112,11 @@ absl::StatusOr<OptimizerKind> ResolveOptimizer(const TrainConfig& config,
                                                std::optional<OptimizerKind> plan_optimizer);
 
 // Flags override the plan file field by field; block modes come from --block-modes, else the
-// counts flags, else the plan's list, else the plan's counts, else all NONE.
+// counts flags, else the plan's list, else the plan's counts, else all NONE. `world_size` is the
+// run's (WORLD_SIZE): a plan made for another world size is refused, and world size > 1 always
+// runs managed (the chunks are what is sharded; --plain is refused).
 absl::StatusOr<RunPlan> ResolveRunPlan(const TrainConfig& config, int num_blocks,
-                                       const std::optional<ResidencyPlan>& plan_file);
+                                       const std::optional<ResidencyPlan>& plan_file,
+                                       int world_size = 1);
 
 }  // namespace memplan

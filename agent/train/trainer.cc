@@ -15,6 +15,13 @@
 namespace memplan {
 namespace {
 
+// [Data parallel loss]
+// One process on the concatenated batch takes the mean over all N scored targets (labels not
+// -100) of every rank's micro-batch. Rank r computes the mean over its own n_r, so it scales its
+// loss by w_r = n_r * W / N before backward; the chunk manager divides the summed grads by W,
+// which leaves sum_r n_r * mean_r / N = the global mean's grads. The ranks learn N from one
+// all-reduce of their counts per step. The loss reported is sum_r w_r * loss_r / W, all-reduced.
+
 absl::Status FromTorch(const c10::Error& e, absl::string_view what) {
   return absl::InternalError(absl::StrCat(what, ": ", e.what_without_backtrace()));
 }
@@ -81,6 +88,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
   if (options.max_grad_norm < 0) {
     return absl::InvalidArgumentError("trainer: max_grad_norm must be >= 0 (0 = off)");
   }
+  if (options.communicator != nullptr && options.communicator->world_size() > 1 &&
+      !options.managed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "trainer: world size ", options.communicator->world_size(),
+        " needs a managed run (the chunk manager shards the parameters); unmanaged runs are one "
+        "process"));
+  }
   std::unique_ptr<Trainer> trainer(new Trainer(model, options));
   TrainerOptions& o = trainer->options_;
   if (o.block_modes.empty()) o.block_modes.assign(model->num_blocks(), BlockMode::kNone);
@@ -109,7 +123,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
       // nothing will be clipped; the trainer's clipping setting is that knowledge.
       o.chunks.max_grad_norm = o.max_grad_norm;
       ASSIGN_OR_RETURN(trainer->chunk_manager_,
-                       ChunkManager::Create(model->ParamGroups(), o.chunks));
+                       ChunkManager::Create(model->ParamGroups(), o.chunks, o.communicator));
     } else {
       // Unmanaged: every parameter lives on the compute device.
       torch::NoGradGuard no_grad;
@@ -173,21 +187,54 @@ absl::StatusOr<double> Trainer::ForwardBackward(const std::vector<MicroBatch>& m
                                                    " micro-batches, grad_accum is ",
                                                    options_.grad_accum));
   }
+  std::vector<double> weights;
+  if (distributed()) {
+    ASSIGN_OR_RETURN(weights, LossWeights(micro_batches));
+  }
   try {
     torch::Tensor loss_sum;
-    for (const MicroBatch& batch : micro_batches) {
-      torch::Tensor loss = MicroBatchLoss(batch);
+    for (size_t i = 0; i < micro_batches.size(); ++i) {
+      torch::Tensor loss = MicroBatchLoss(micro_batches[i]);
+      if (distributed()) {
+        // [Data parallel loss]
+        loss = loss * weights[i];
+      }
       // Scaling the loss (not the gradients) keeps the reference and managed paths identical:
       // every group's backward sees the same upstream gradient.
       (loss / options_.grad_accum).backward();
       loss = loss.detach();
       loss_sum = loss_sum.defined() ? loss_sum + loss : loss;
     }
+    if (distributed()) {
+      torch::Tensor total = loss_sum.to(torch::kFloat64).reshape({1}).to(
+          options_.communicator->device());
+      RETURN_IF_ERROR(options_.communicator->AllReduceSum(total)->Wait());
+      return total.cpu().item<double>() / options_.communicator->world_size() /
+             options_.grad_accum;
+    }
     return loss_sum.item<double>() / options_.grad_accum;
   } catch (const c10::Error& e) {
     if (offloader_) offloader_->ClearAll();
     return FromTorch(e, "trainer: forward/backward failed");
   }
+}
+
+absl::StatusOr<std::vector<double>> Trainer::LossWeights(
+    const std::vector<MicroBatch>& micro_batches) {
+  std::vector<double> local;
+  for (const MicroBatch& b : micro_batches) {
+    local.push_back(b.labels.ne(-100).sum().item<double>());
+  }
+  Communicator& comm = *options_.communicator;
+  torch::Tensor counts = torch::tensor(local, torch::kFloat64).to(comm.device());
+  RETURN_IF_ERROR(comm.AllReduceSum(counts)->Wait());
+  counts = counts.cpu();
+  std::vector<double> weights;
+  for (size_t i = 0; i < local.size(); ++i) {
+    const double global = counts[static_cast<int64_t>(i)].item<double>();
+    weights.push_back(global > 0 ? local[i] * comm.world_size() / global : 0.0);
+  }
+  return weights;
 }
 
 absl::StatusOr<double> Trainer::OptimizerStep() {
@@ -321,12 +368,31 @@ absl::Status Trainer::SaveCheckpoint(const std::string& dir, io::TrainerState st
   state.optimizer.weight_decay = options_.adamw.weight_decay;
   state.model = model_->spec();
   state.param_dtype = model_->options().dtype;
-  ASSIGN_OR_RETURN(std::vector<NamedParam> optimizer_state, OptimizerState());
+  // [Data parallel checkpoints] With a communicator the state and the parameters are gathered
+  // from every rank's shards (collectives) and rank 0 writes the one layout-independent
+  // checkpoint; every rank then learns whether the write succeeded. Any world size resumes it.
+  absl::Status written;
   try {
-    return io::SaveCheckpoint(dir, state, Params(), optimizer_state);
+    ASSIGN_OR_RETURN(std::vector<NamedParam> optimizer_state, OptimizerState());
+    std::vector<NamedParam> params = Params();
+    if (!distributed() || options_.communicator->rank() == 0) {
+      written = io::SaveCheckpoint(dir, state, params, optimizer_state);
+    }
   } catch (const c10::Error& e) {
     return FromTorch(e, "trainer: saving checkpoint failed");
   }
+  if (!distributed()) return written;
+  Communicator& comm = *options_.communicator;
+  torch::Tensor failed = torch::full({1}, written.ok() ? 0.0 : 1.0,
+                                     torch::TensorOptions().dtype(torch::kFloat64).device(
+                                         comm.device()));
+  RETURN_IF_ERROR(comm.AllReduceSum(failed)->Wait());
+  if (!written.ok()) return written;
+  if (failed.cpu().item<double>() > 0) {
+    return absl::InternalError(
+        absl::StrCat("trainer: rank 0 could not write the checkpoint ", dir, " (see its log)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::ImportOptimizerState(const std::vector<NamedParam>& state) {

@@ -16,6 +16,7 @@
 #include "agent/blocks/activation_offloader.h"
 #include "agent/chunks/chunk_manager.h"
 #include "agent/core/torch_pch.h"
+#include "agent/dist/communicator.h"
 #include "agent/io/checkpoint.h"
 #include "agent/model/llama_model.h"
 
@@ -40,6 +41,11 @@ struct TrainerOptions {
   // Told about every group hook, after the chunk manager (e.g. a MemoryTimeline); not owned,
   // must outlive the trainer. Ignored with plain_reference (which has no group hooks).
   ParamResidency* observer = nullptr;
+  // World size > 1 (not owned, must outlive the trainer): data parallel over its ranks with the
+  // chunks sharded ZeRO-3 style (managed runs only). Each rank passes its own micro-batches; the
+  // step equals one process on the ranks' micro-batches concatenated in rank order ([Data
+  // parallel loss] in trainer.cc). Null or world size 1: one process.
+  Communicator* communicator = nullptr;
 };
 
 struct MicroBatch {
@@ -71,13 +77,15 @@ class Trainer {
   // ForwardBackward then OptimizerStep; resets the device memory peaks first.
   absl::StatusOr<StepStats> Step(const std::vector<MicroBatch>& micro_batches);
   // Accumulates the gradients of `micro_batches` (exactly grad_accum of them); returns the mean
-  // loss. Gradients stay until OptimizerStep.
+  // loss (over every rank's micro-batches with a communicator). Gradients stay until
+  // OptimizerStep.
   absl::StatusOr<double> ForwardBackward(const std::vector<MicroBatch>& micro_batches);
   // Clips, updates every parameter, clears the gradients; returns the pre-clip global norm
   // (0 when clipping is off).
   absl::StatusOr<double> OptimizerStep();
 
-  // Full values by Hugging Face name as CPU tensors (model dtype), canonical order.
+  // Full values by Hugging Face name as CPU tensors (model dtype), canonical order. With a
+  // communicator these, Grads and OptimizerState are collectives (every rank calls them).
   std::vector<NamedParam> Params();
   // Accumulated gradients by name as CPU tensors (before OptimizerStep).
   std::vector<NamedParam> Grads();
@@ -85,7 +93,8 @@ class Trainer {
   absl::StatusOr<std::vector<NamedParam>> OptimizerState();
 
   // Writes a layout-independent checkpoint; `state` supplies data position, seeds, workload;
-  // step, optimizer hyper-parameters, model spec and dtype are filled in here.
+  // step, optimizer hyper-parameters, model spec and dtype are filled in here. With a
+  // communicator every rank calls it (it gathers the shards) and rank 0 writes.
   absl::Status SaveCheckpoint(const std::string& dir, io::TrainerState state);
   // Restores parameters, optimizer state and the step count from a checkpoint written under any
   // plan (managed or not). The model spec, dtype and optimizer kind must match.
@@ -99,6 +108,11 @@ class Trainer {
  private:
   Trainer(LlamaModel* model, const TrainerOptions& options);
   torch::Tensor MicroBatchLoss(const MicroBatch& batch);
+  bool distributed() const {
+    return options_.communicator != nullptr && options_.communicator->world_size() > 1;
+  }
+  // [Data parallel loss]: per micro-batch, this rank's share of the targets the ranks score.
+  absl::StatusOr<std::vector<double>> LossWeights(const std::vector<MicroBatch>& micro_batches);
   void FusedBf16AdamWStep();  // unmanaged adamw_bf16
   absl::Status ImportOptimizerState(const std::vector<NamedParam>& state);  // unmanaged
 

@@ -1,16 +1,9 @@
 // `memplan-agent bench` with world size 2: the real binary twice at once on 127.0.0.1, Gloo on the
 // CPU; rank 0 takes its settings from flags, rank 1 from torchrun's environment variables.
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -20,77 +13,23 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/agent/subprocess.h"
 
-extern char** environ;
-
+namespace memplan {
 namespace {
 
 using ::testing::HasSubstr;
 
-// A loopback port that was free a moment ago (the store of rank 0 binds it right after).
-int FreeLoopbackPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  if (fd >= 0) close(fd);
-  return port;
-}
-
-struct Child {
-  pid_t pid = -1;
-  std::string out_path;
-  std::string err_path;
-};
+using testing::Child;
+using testing::FreeLoopbackPort;
+using testing::ReadFile;
 
 // Starts MEMPLAN_AGENT_BINARY args... with stdout and stderr in files and `env` added.
 Child Spawn(const std::vector<std::string>& args, const std::vector<std::string>& env,
             const std::string& base) {
-  Child c;
-  c.out_path = base + ".out";
-  c.err_path = base + ".err";
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, c.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                   0644);
-  posix_spawn_file_actions_addopen(&actions, 2, c.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                   0644);
-  std::vector<std::string> argv_s = {MEMPLAN_AGENT_BINARY};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  // The parent's environment without any torchrun variables of its own, plus `env`.
-  std::vector<std::string> env_s;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string var = *e;
-    bool torchrun = false;
-    for (const char* name :
-         {"RANK=", "WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=", "LOCAL_RANK="}) {
-      torchrun = torchrun || absl::StartsWith(var, name);
-    }
-    if (!torchrun) env_s.push_back(var);
-  }
-  env_s.insert(env_s.end(), env.begin(), env.end());
-  std::vector<char*> envp;
-  for (std::string& e : env_s) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  if (posix_spawn(&c.pid, argv[0], &actions, nullptr, argv.data(), envp.data()) != 0) c.pid = -1;
-  posix_spawn_file_actions_destroy(&actions);
-  return c;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+  std::vector<std::string> argv = {MEMPLAN_AGENT_BINARY};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return testing::Spawn(argv, env, base);
 }
 
 // The value column of the table row `name`, or -1 when there is none.
@@ -202,3 +141,4 @@ TEST(MultiProcessBenchTest, HelpDocumentsTheMultiProcessFlags) {
 }
 
 }  // namespace
+}  // namespace memplan

@@ -20,6 +20,7 @@
 #include "daemon_process.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/agent/subprocess.h"
 
 namespace memplan {
 namespace {
@@ -107,6 +108,52 @@ TEST_F(TrainWithPlannerTest, TrainsUnderThePlannersPlanAndExplainsTheSkippedRepo
   absl::StatusOr<MeasurementReceipt> receipt = (*client)->ReportMeasurement(m);
   ASSERT_TRUE(receipt.ok()) << receipt.status();
   EXPECT_FALSE(receipt->measurement_id.empty());
+}
+
+// Under torchrun's variables each rank asks for a world of two: the cost model then prices the
+// collectives, so the prediction differs from the one-rank query's, and the plan it answers is
+// stamped world_size 2 (the agent refuses a plan for another world size); both ranks train under
+// it and only rank 0 reports.
+TEST_F(TrainWithPlannerTest, TwoRanksAskTheirWorldSizeAndTrain) {
+  const auto [status, single] = Train({});
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << single;
+  const std::string predicted_single = LineValue(single, "predicted:");
+  ASSERT_FALSE(predicted_single.empty()) << single;
+
+  const int port = testing::FreeLoopbackPort();
+  ASSERT_GT(port, 0);
+  const std::vector<std::string> args = {
+      MEMPLAN_AGENT_BINARY, "train", "--planner", daemon_->address(), "--arch", "llama-tiny",
+      "--synthetic-data", "--steps", "2", "--batch", "1", "--seq", "32", "--device", "cpu",
+      "--planner-retries", "0"};
+  std::vector<testing::Child> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(testing::Spawn(
+        args,
+        {"WORLD_SIZE=2", absl::StrCat("RANK=", r), absl::StrCat("LOCAL_RANK=", r),
+         "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", port)},
+        absl::StrCat(db_path_, ".rank", r)));
+    ASSERT_GT(ranks.back().pid, 0);
+  }
+  std::string out[2];
+  for (int r = 0; r < 2; ++r) {
+    int rank_status = 0;
+    ASSERT_EQ(waitpid(ranks[r].pid, &rank_status, 0), ranks[r].pid);
+    out[r] = testing::ReadFile(ranks[r].out_path) + testing::ReadFile(ranks[r].err_path);
+    std::remove(ranks[r].out_path.c_str());
+    std::remove(ranks[r].err_path.c_str());
+    if (absl::StrContains(out[r], "no Gloo process group")) GTEST_SKIP() << out[r];
+    ASSERT_TRUE(WIFEXITED(rank_status) && WEXITSTATUS(rank_status) == 0) << out[r];
+  }
+  const std::string predicted_two = LineValue(out[0], "predicted:");
+  ASSERT_FALSE(predicted_two.empty()) << out[0];
+  EXPECT_NE(predicted_two, predicted_single);
+  EXPECT_THAT(out[0], HasSubstr("joined the process group\" rank=0 world_size=2")) << out[0];
+  EXPECT_THAT(out[1], HasSubstr("joined the process group\" rank=1 world_size=2")) << out[1];
+  EXPECT_THAT(out[0], HasSubstr("trained 2 steps"));
+  EXPECT_THAT(out[0], HasSubstr("report skipped: cpu: no device peak"));
+  EXPECT_THAT(out[1], Not(HasSubstr("trained 2 steps")));
+  EXPECT_THAT(out[1], Not(HasSubstr("predicted vs measured")));
 }
 
 TEST_F(TrainWithPlannerTest, ProfileSubmitsTheTraceThePlanThenUses) {

@@ -275,10 +275,31 @@ TEST(ResolveRunPlanTest, NoPlanNoKnobsIsUnmanagedAllNone) {
   EXPECT_TRUE(ResolveRunPlan(c, 3, std::nullopt)->managed);
 }
 
-TEST(ResolveRunPlanTest, RejectsMultiGpuPlans) {
+TEST(ResolveRunPlanTest, RejectsPlansForAnotherWorldSize) {
   ResidencyPlan file;
   file.world_size = 8;
-  EXPECT_THAT(ResolveRunPlan(TrainConfig{}, 3, file).status().message(), HasSubstr("world_size"));
+  EXPECT_THAT(ResolveRunPlan(TrainConfig{}, 3, file).status().message(),
+              HasSubstr("plan.world_size = 8 but this run has world size 1 (WORLD_SIZE)"));
+  EXPECT_THAT(ResolveRunPlan(TrainConfig{}, 3, file, 2).status().message(),
+              HasSubstr("plan.world_size = 8 but this run has world size 2"));
+  auto run = ResolveRunPlan(TrainConfig{}, 3, file, 8);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_TRUE(run->managed);
+  file.world_size = 1;
+  EXPECT_THAT(ResolveRunPlan(TrainConfig{}, 3, file, 2).status().message(),
+              HasSubstr("plan.world_size = 1 but this run has world size 2 (WORLD_SIZE): plan "
+                        "again for 2 ranks"));
+}
+
+TEST(ResolveRunPlanTest, SeveralRanksRunManagedAndRefusePlain) {
+  auto run = ResolveRunPlan(TrainConfig{}, 3, std::nullopt, 2);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_TRUE(run->managed);
+  TrainConfig plain;
+  plain.plain = true;
+  EXPECT_THAT(ResolveRunPlan(plain, 3, std::nullopt, 2).status().message(),
+              HasSubstr("--plain: world size 2 (WORLD_SIZE) runs managed"));
+  EXPECT_TRUE(ResolveRunPlan(plain, 3, std::nullopt, 1).ok());
 }
 
 }  // namespace

@@ -1,0 +1,41 @@
+// Communicator: the collectives the chunk manager and the trainer need from a process group
+// (one rank's view), behind a narrow interface. The real one is ProcessGroup (process_group.h).
+#pragma once
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "agent/core/torch_pch.h"
+
+namespace memplan {
+
+// A started collective. Not thread-safe.
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  // Blocks until the collective has finished (CUDA: until the current stream is ordered after
+  // it). A failure names this rank and, where it can be told, the rank that is gone.
+  virtual absl::Status Wait() = 0;
+};
+
+// Every rank must start the same collectives in the same order, with tensors of the same sizes
+// and dtypes on device(). Tensors must stay alive and untouched until Wait() returns.
+// Thread-compatible: calls from one thread at a time.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // Where collective tensors live: the CPU (Gloo) or this rank's CUDA device (NCCL).
+  virtual torch::Device device() const = 0;
+  // output (contiguous, world_size × input.numel()) ← every rank's input, in rank order.
+  virtual std::unique_ptr<PendingCollective> AllGather(torch::Tensor output,
+                                                       torch::Tensor input) = 0;
+  // output (contiguous, input.numel() / world_size) ← the sum over ranks of this rank's slice.
+  virtual std::unique_ptr<PendingCollective> ReduceScatterSum(torch::Tensor output,
+                                                              torch::Tensor input) = 0;
+  // tensor ← the sum over ranks, in place.
+  virtual std::unique_ptr<PendingCollective> AllReduceSum(torch::Tensor tensor) = 0;
+};
+
+}  // namespace memplan

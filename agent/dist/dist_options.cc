@@ -1,0 +1,89 @@
+#include "agent/dist/dist_options.h"
+
+#include <cstdint>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace memplan {
+namespace {
+
+absl::Status IntInRange(absl::string_view field, int64_t value, int64_t lo, int64_t hi) {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " = ", value, " is out of range [", lo, ", ", hi, "]"));
+}
+
+// The integer value of `name` in [lo, hi], or nullopt when it is not set.
+absl::StatusOr<std::optional<int>> EnvInt(const EnvLookup& env, const std::string& name, int lo,
+                                          int hi) {
+  std::optional<std::string> text = env(name);
+  if (!text.has_value()) return std::optional<int>();
+  int v = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &v) || v < lo || v > hi) {
+    return absl::InvalidArgumentError(absl::StrCat(name, " (environment) must be an integer in [",
+                                                   lo, ", ", hi, "]; got \"", *text, "\""));
+  }
+  return std::optional<int>(v);
+}
+
+}  // namespace
+
+absl::string_view DistBackendName(DistBackend backend) {
+  switch (backend) {
+    case DistBackend::kNccl:
+      return "nccl";
+    case DistBackend::kGloo:
+      return "gloo";
+    case DistBackend::kAuto:
+      break;
+  }
+  return "auto";
+}
+
+absl::Status ValidateDistOptions(const DistOptions& o) {
+  RETURN_IF_ERROR(IntInRange("world_size", o.world_size, 1, kMaxDistWorldSize));
+  RETURN_IF_ERROR(IntInRange("rank", o.rank, 0, o.world_size - 1));
+  RETURN_IF_ERROR(IntInRange("local_world_size", o.local_world_size, 1, o.world_size));
+  RETURN_IF_ERROR(IntInRange("local_rank", o.local_rank, 0, 1023));
+  RETURN_IF_ERROR(IntInRange("master_port", o.master_port, 1, 65535));
+  if (o.master_addr.empty()) return absl::InvalidArgumentError("master_addr is empty");
+  RETURN_IF_ERROR(IntInRange("timeout_seconds", o.timeout_seconds, 1, 86400));
+  RETURN_IF_ERROR(IntInRange("heartbeat_milliseconds", o.heartbeat_milliseconds, 10, 60000));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DistOptions> DistOptionsFromEnvironment(const EnvLookup& env) {
+  DistOptions o;
+  ASSIGN_OR_RETURN(std::optional<int> world, EnvInt(env, "WORLD_SIZE", 1, kMaxDistWorldSize));
+  o.world_size = world.value_or(1);
+  ASSIGN_OR_RETURN(std::optional<int> rank, EnvInt(env, "RANK", 0, o.world_size - 1));
+  if (!rank.has_value() && o.world_size > 1) {
+    return absl::InvalidArgumentError(absl::StrCat("RANK (environment) is required with WORLD_SIZE ",
+                                                   o.world_size, ": an integer in [0, ",
+                                                   o.world_size - 1, "]"));
+  }
+  o.rank = rank.value_or(0);
+  ASSIGN_OR_RETURN(std::optional<int> local_world,
+                   EnvInt(env, "LOCAL_WORLD_SIZE", 1, o.world_size));
+  o.local_world_size = local_world.value_or(o.world_size);
+  ASSIGN_OR_RETURN(std::optional<int> local_rank,
+                   EnvInt(env, "LOCAL_RANK", 0, o.local_world_size - 1));
+  o.local_rank = local_rank.value_or(o.rank % o.local_world_size);
+  if (std::optional<std::string> addr = env("MASTER_ADDR"); addr.has_value()) {
+    o.master_addr = std::string(absl::StripAsciiWhitespace(*addr));
+    if (o.master_addr.empty()) {
+      return absl::InvalidArgumentError("MASTER_ADDR (environment) is empty");
+    }
+  }
+  ASSIGN_OR_RETURN(std::optional<int> port, EnvInt(env, "MASTER_PORT", 1, 65535));
+  o.master_port = port.value_or(o.master_port);
+  if (std::optional<std::string> agent = env("TORCHELASTIC_USE_AGENT_STORE"); agent.has_value()) {
+    o.store_already_served = absl::StripAsciiWhitespace(*agent) == "True";
+  }
+  return o;
+}
+
+}  // namespace memplan

@@ -1,0 +1,198 @@
+// `memplan-agent train` under torchrun's variables: two real processes on 127.0.0.1 (Gloo, CPU)
+// train llama-tiny with --batch 2 each; one process with --batch 4 reads the same samples (the
+// batcher gives rank r rows [2r, 2r + 2) of each global batch of 4). The per-step losses agree up
+// to fp32 summation order; only rank 0 logs steps. Then checkpoints: saved by 2 ranks and resumed
+// by 3, saved by 3 and resumed by 1, against one process that never stopped.
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/agent/subprocess.h"
+
+namespace memplan {
+namespace {
+
+using ::testing::HasSubstr;
+
+// The loss of every `msg="step"` log line, in order.
+std::vector<double> StepLosses(const std::string& log) {
+  std::vector<double> losses;
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    if (line.find("msg=\"step\"") == absl::string_view::npos) continue;
+    for (absl::string_view field : absl::StrSplit(line, ' ')) {
+      double v = 0;
+      if (absl::ConsumePrefix(&field, "loss=") && absl::SimpleAtod(field, &v)) losses.push_back(v);
+    }
+  }
+  return losses;
+}
+
+// `data`: a token file, or "" for --synthetic-data (whose stream, and so the sample order,
+// depends on --steps).
+std::vector<std::string> TrainArgs(int batch, int steps = 3, const std::string& data = "") {
+  std::vector<std::string> args = {
+      MEMPLAN_AGENT_BINARY, "train", "--arch", "llama-tiny", "--device", "cpu", "--batch",
+      std::to_string(batch), "--seq", "32", "--steps", std::to_string(steps), "--lr", "1e-3",
+      "--clip", "1.0", "--chunk-mib", "4", "--n-persist", "1", "--n-ckpt", "2", "--host-memory",
+      "pageable", "--cpu-threads", "1"};
+  if (data.empty()) {
+    args.push_back("--synthetic-data");
+  } else {
+    args.push_back("--data");
+    args.push_back(data);
+  }
+  return args;
+}
+
+struct Exit {
+  int status = 0;
+  std::string err;
+};
+
+Exit Wait(const testing::Child& child) {
+  Exit r;
+  EXPECT_EQ(waitpid(child.pid, &r.status, 0), child.pid);
+  r.err = testing::ReadFile(child.err_path);
+  std::remove(child.out_path.c_str());
+  std::remove(child.err_path.c_str());
+  return r;
+}
+
+TEST(TrainDistributedTest, TwoRanksTrainLikeOneProcessOnTheWholeBatch) {
+  const std::string base = absl::StrCat(::testing::TempDir(), "/train_distributed_", getpid());
+  const Exit single = Wait(testing::Spawn(TrainArgs(4), {}, base + ".single"));
+  ASSERT_TRUE(WIFEXITED(single.status) && WEXITSTATUS(single.status) == 0) << single.err;
+  const std::vector<double> expected = StepLosses(single.err);
+  ASSERT_EQ(expected.size(), 3u) << single.err;
+
+  const int port = testing::FreeLoopbackPort();
+  ASSERT_GT(port, 0);
+  std::vector<testing::Child> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(testing::Spawn(
+        TrainArgs(2),
+        {"WORLD_SIZE=2", absl::StrCat("RANK=", r), absl::StrCat("LOCAL_RANK=", r),
+         "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", port)},
+        absl::StrCat(base, ".rank", r)));
+    ASSERT_GT(ranks.back().pid, 0);
+  }
+  const Exit rank0 = Wait(ranks[0]);
+  const Exit rank1 = Wait(ranks[1]);
+  if (absl::StrContains(rank0.err, "no Gloo process group")) GTEST_SKIP() << rank0.err;
+  ASSERT_TRUE(WIFEXITED(rank0.status) && WEXITSTATUS(rank0.status) == 0) << rank0.err;
+  ASSERT_TRUE(WIFEXITED(rank1.status) && WEXITSTATUS(rank1.status) == 0) << rank1.err;
+  EXPECT_THAT(rank0.err, HasSubstr("msg=\"joined the process group\" rank=0 world_size=2"));
+  EXPECT_THAT(rank0.err, HasSubstr("world_size=2"));
+  const std::vector<double> got = StepLosses(rank0.err);
+  ASSERT_EQ(got.size(), 3u) << rank0.err;
+  EXPECT_TRUE(StepLosses(rank1.err).empty()) << "rank 1 logged steps:\n" << rank1.err;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], expected[i], 1e-4 * std::abs(expected[i])) << "step " << i + 1;
+  }
+  // The loss moved: a run that did not train would also "agree".
+  EXPECT_GT(std::abs(expected[2] - expected[0]), 1e-3);
+}
+
+// Runs `args` as world_size ranks at once on a fresh loopback port; returns rank 0's stderr, or
+// fails the test when a rank exits non-zero.
+std::string RunRanks(const std::vector<std::string>& args, int world_size,
+                     const std::string& base) {
+  const int port = testing::FreeLoopbackPort();
+  EXPECT_GT(port, 0);
+  std::vector<testing::Child> ranks;
+  for (int r = 0; r < world_size; ++r) {
+    std::vector<std::string> env;
+    if (world_size > 1) {
+      env = {absl::StrCat("WORLD_SIZE=", world_size), absl::StrCat("RANK=", r),
+             absl::StrCat("LOCAL_RANK=", r), absl::StrCat("LOCAL_WORLD_SIZE=", world_size),
+             "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", port)};
+    }
+    ranks.push_back(testing::Spawn(args, env, absl::StrCat(base, ".rank", r)));
+  }
+  std::string lead;
+  for (int r = 0; r < world_size; ++r) {
+    const Exit e = Wait(ranks[r]);
+    EXPECT_TRUE(WIFEXITED(e.status) && WEXITSTATUS(e.status) == 0) << "rank " << r << ":\n"
+                                                                     << e.err;
+    if (r == 0) lead = e.err;
+  }
+  return lead;
+}
+
+std::vector<std::string> With(std::vector<std::string> args,
+                              const std::vector<std::string>& more) {
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+// The resume matrix on a global batch of 6 rows: 2 ranks x 3 rows save after 2 steps and
+// 3 ranks x 2 rows resume; 3 ranks save and 1 process x 6 rows resumes. The third step's loss is
+// the uninterrupted run's (the checkpoint is layout-independent: gathered, written by rank 0).
+TEST(TrainDistributedTest, CheckpointsResumeOnAnotherNumberOfRanks) {
+  const std::string base = absl::StrCat(::testing::TempDir(), "/train_distributed_ckpt_", getpid());
+  // One token file for every run: the same samples whatever --steps says.
+  const std::string data = base + ".tokens";
+  const Exit made = Wait(testing::Spawn({MEMPLAN_MAKE_TOKENS_BINARY, "--out=" + data,
+                                         "--tokens=8192", "--vocab=2048", "--seed=3"},
+                                        {}, base + ".make"));
+  ASSERT_TRUE(WIFEXITED(made.status) && WEXITSTATUS(made.status) == 0) << made.err;
+  const std::vector<double> straight =
+      StepLosses(RunRanks(TrainArgs(6, 3, data), 1, base + ".straight"));
+  ASSERT_EQ(straight.size(), 3u);
+
+  const std::string from_two = base + ".from2";
+  const std::vector<double> two =
+      StepLosses(RunRanks(With(TrainArgs(3, 2, data), {"--save", from_two}), 2, base + ".two"));
+  ASSERT_EQ(two.size(), 2u);
+  const std::vector<double> two_to_three =
+      StepLosses(RunRanks(With(TrainArgs(2, 3, data), {"--resume", from_two}), 3, base + ".three"));
+  ASSERT_EQ(two_to_three.size(), 1u);
+
+  const std::string from_three = base + ".from3";
+  const std::vector<double> three =
+      StepLosses(
+          RunRanks(With(TrainArgs(2, 2, data), {"--save", from_three}), 3, base + ".three_s"));
+  ASSERT_EQ(three.size(), 2u);
+  const std::vector<double> three_to_one =
+      StepLosses(RunRanks(With(TrainArgs(6, 3, data), {"--resume", from_three}), 1, base + ".one"));
+  ASSERT_EQ(three_to_one.size(), 1u);
+
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_NEAR(two[i], straight[i], 1e-4 * straight[i]) << "step " << i + 1;
+    EXPECT_NEAR(three[i], straight[i], 1e-4 * straight[i]) << "step " << i + 1;
+  }
+  EXPECT_NEAR(two_to_three[0], straight[2], 1e-4 * straight[2]);
+  EXPECT_NEAR(three_to_one[0], straight[2], 1e-4 * straight[2]);
+  // This binary does not link Torch, so std::filesystem is safe here (docs/agent.md, gotchas).
+  for (const std::string& dir : {from_two, from_three}) std::filesystem::remove_all(dir);
+  std::remove(data.c_str());
+}
+
+TEST(TrainDistributedTest, WhatSeveralRanksDoNotRunYetIsRefusedNamingTheFlag) {
+  const std::string base = absl::StrCat(::testing::TempDir(), "/train_distributed_bad_", getpid());
+  std::vector<std::string> args = TrainArgs(2);
+  args.push_back("--memory-timeline");
+  args.push_back(base + ".tsv");
+  const Exit run = Wait(testing::Spawn(
+      args, {"WORLD_SIZE=2", "RANK=1", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=1"}, base));
+  ASSERT_TRUE(WIFEXITED(run.status));
+  EXPECT_EQ(WEXITSTATUS(run.status), 1);
+  EXPECT_THAT(run.err, HasSubstr(
+      "rank 1: UNIMPLEMENTED: --memory-timeline is not supported with world size 2"));
+  const Exit bad_env = Wait(testing::Spawn(TrainArgs(2), {"WORLD_SIZE=2"}, base + ".env"));
+  ASSERT_TRUE(WIFEXITED(bad_env.status));
+  EXPECT_EQ(WEXITSTATUS(bad_env.status), 2);
+  EXPECT_THAT(bad_env.err, HasSubstr("RANK (environment) is required with WORLD_SIZE 2"));
+}
+
+}  // namespace
+}  // namespace memplan

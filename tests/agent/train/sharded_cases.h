@@ -1,0 +1,97 @@
+// The plans of the sharded-step tests, shared by the test (the one-process reference) and
+// sharded_step_worker (one rank): a tiny model, one block per chunk (6 chunks: embedding, 4
+// blocks, norm + head), fp32 on the CPU.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "agent/train/trainer.h"
+#include "tests/agent/tiny_spec.h"
+
+namespace memplan::testing {
+
+struct ShardCase {
+  std::string name;
+  std::vector<BlockMode> modes;  // one per block (4)
+  int n_persist = 0;
+  int n_buffer = 2;
+  int grad_accum = 1;
+  double max_grad_norm = 0;  // 0: no clipping (offloaded updates start during backward)
+  bool tied = false;
+};
+
+// Each block mode on every block with persistent and offloaded chunks, then all four modes mixed
+// with every chunk offloaded; clipping, accumulation and a tied head spread over them.
+inline std::vector<ShardCase> ShardCases() {
+  using M = BlockMode;
+  return {
+      {"none", {M::kNone, M::kNone, M::kNone, M::kNone}, 1, 2, 1, 0.0, false},
+      {"ckpt", {M::kCkpt, M::kCkpt, M::kCkpt, M::kCkpt}, 2, 2, 1, 0.5, false},
+      {"swap", {M::kSwap, M::kSwap, M::kSwap, M::kSwap}, 1, 1, 2, 0.5, false},
+      {"hs_offload", {M::kHsOffload, M::kHsOffload, M::kHsOffload, M::kHsOffload}, 1, 2, 1, 0.0,
+       true},
+      {"mixed_all_offloaded", {M::kSwap, M::kHsOffload, M::kCkpt, M::kNone}, 0, 1, 2, 0.5, true},
+  };
+}
+
+inline std::unique_ptr<LlamaModel> MakeShardCaseModel(const ShardCase& c) {
+  LlamaModelOptions options;
+  options.spec = TinySpec(c.tied);
+  options.seed = 7;
+  options.param_device = torch::kCPU;
+  auto model = LlamaModel::Create(options);
+  return model.ok() ? std::move(model).value() : nullptr;
+}
+
+inline TrainerOptions ShardCaseOptions(const ShardCase& c, int n_blocks) {
+  TrainerOptions o;
+  o.grad_accum = c.grad_accum;
+  o.max_grad_norm = c.max_grad_norm;
+  o.adamw.lr = 1e-2;
+  o.adamw.weight_decay = 0.1;
+  o.block_modes = c.modes;
+  o.block_modes.resize(n_blocks, BlockMode::kNone);
+  o.managed = true;
+  o.chunks.chunk_bytes = 128 << 10;  // one tiny block (~121 KiB) per chunk
+  o.chunks.n_persist = c.n_persist;
+  o.chunks.n_buffer = c.n_buffer;
+  o.chunks.host_memory = HostMemoryKind::kPageable;
+  o.chunks.cpu_threads = 2;
+  return o;
+}
+
+constexpr int kRowsPerRank = 2;
+constexpr int kSeq = 16;
+
+// The global batch of micro-batch i: kRowsPerRank rows per rank, rank r's rows at
+// [r * kRowsPerRank, (r + 1) * kRowsPerRank). Some targets are ignored (-100), unevenly over the
+// ranks, so the mean over the concatenated batch is not the mean of the ranks' means.
+inline std::vector<MicroBatch> GlobalBatches(const ShardCase& c, int world_size, int64_t vocab) {
+  std::vector<MicroBatch> out;
+  for (int i = 0; i < c.grad_accum; ++i) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(4000 + i);
+    MicroBatch b;
+    b.input_ids = torch::randint(vocab, {kRowsPerRank * world_size, kSeq}, gen, torch::kLong);
+    b.labels = b.input_ids.roll(-1, 1).clone();
+    b.labels.index_put_({0, kSeq - 1}, -100);
+    b.labels.index_put_({0, 3}, -100);
+    b.labels.index_put_({kRowsPerRank * world_size - 1, 5}, -100);
+    out.push_back(b);
+  }
+  return out;
+}
+
+inline std::vector<MicroBatch> RankBatches(const std::vector<MicroBatch>& global, int rank) {
+  std::vector<MicroBatch> out;
+  for (const MicroBatch& g : global) {
+    MicroBatch b;
+    b.input_ids = g.input_ids.narrow(0, rank * kRowsPerRank, kRowsPerRank).clone();
+    b.labels = g.labels.narrow(0, rank * kRowsPerRank, kRowsPerRank).clone();
+    out.push_back(b);
+  }
+  return out;
+}
+
+}  // namespace memplan::testing

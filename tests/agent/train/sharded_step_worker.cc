@@ -1,0 +1,107 @@
+// One rank of the sharded-step tests (sharded_trainer_test.cc starts world_size of these with
+// torchrun's variables on a loopback port): joins the Gloo group, runs one optimizer step of every
+// ShardCase on its rows of the global batch, and saves [loss, grad norm, grads..., params...
+// (ParamOrder), memory] per case to PREFIX.CASE.rankR.pt; memory is int64 [host bytes (pinned +
+// pageable), n_persist, every chunk's bytes...] from ChunkManager::MemoryStats().
+//   sharded_step_worker PREFIX [KILL_RANK]
+// With KILL_RANK, that rank kills itself (SIGKILL) in the middle of the first case's backward; the
+// others must fail, naming it. Exit status: 0, or 1 with "rank R: <error>" on stderr.
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "agent/dist/process_group.h"
+#include "tests/agent/train/sharded_cases.h"
+
+namespace memplan {
+namespace {
+
+// Kills this process at the PostBackward of one block group, after the chunk manager's hook.
+class KillAt final : public ParamResidency {
+ public:
+  explicit KillAt(int group) : group_(group) {}
+  void PreForward(int) override {}
+  void PostForward(int) override {}
+  void PreBackward(int) override {}
+  void PostBackward(int group) override {
+    if (group == group_) raise(SIGKILL);
+  }
+
+ private:
+  int group_;
+};
+
+int Fail(int rank, const absl::Status& status) {
+  std::fprintf(stderr, "rank %d: %s\n", rank, std::string(status.message()).c_str());
+  return 1;
+}
+
+int Run(const std::string& prefix, int kill_rank) {
+  torch::set_num_threads(1);
+  absl::StatusOr<DistOptions> dist = DistOptionsFromEnvironment(
+      [](const std::string& name) -> std::optional<std::string> {
+        const char* v = std::getenv(name.c_str());
+        if (v == nullptr) return std::nullopt;
+        return std::string(v);
+      });
+  if (!dist.ok()) return Fail(-1, dist.status());
+  dist->backend = DistBackend::kGloo;
+  dist->timeout_seconds = 30;
+  dist->heartbeat_milliseconds = 200;
+  absl::StatusOr<std::unique_ptr<ProcessGroup>> group = ProcessGroup::Join(*dist);
+  if (!group.ok()) return Fail(dist->rank, group.status());
+  const int rank = (*group)->rank();
+  const int world = (*group)->world_size();
+  for (const testing::ShardCase& c : testing::ShardCases()) {
+    std::unique_ptr<LlamaModel> model = testing::MakeShardCaseModel(c);
+    if (!model) return Fail(rank, absl::InternalError("model creation failed"));
+    TrainerOptions options = testing::ShardCaseOptions(c, model->num_blocks());
+    options.communicator = group->get();
+    KillAt kill(/*group=*/2);
+    if (rank == kill_rank) options.observer = &kill;
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(model.get(), options);
+    if (!trainer.ok()) return Fail(rank, trainer.status());
+    const std::vector<MicroBatch> batches = testing::RankBatches(
+        testing::GlobalBatches(c, world, model->spec().vocab_size), rank);
+    absl::StatusOr<double> loss = (*trainer)->ForwardBackward(batches);
+    if (!loss.ok()) return Fail(rank, loss.status());
+    std::vector<NamedParam> grads;
+    try {
+      grads = (*trainer)->Grads();
+    } catch (const c10::Error& e) {
+      return Fail(rank, absl::InternalError(e.what_without_backtrace()));
+    }
+    absl::StatusOr<double> norm = (*trainer)->OptimizerStep();
+    if (!norm.ok()) return Fail(rank, norm.status());
+    std::vector<torch::Tensor> out = {torch::tensor(*loss, torch::kFloat64),
+                                      torch::tensor(*norm, torch::kFloat64)};
+    for (const NamedParam& g : grads) out.push_back(g.param);
+    try {
+      for (const NamedParam& p : (*trainer)->Params()) out.push_back(p.param);
+    } catch (const c10::Error& e) {
+      return Fail(rank, absl::InternalError(e.what_without_backtrace()));
+    }
+    const ChunkMemoryStats stats = (*trainer)->chunk_manager()->MemoryStats();
+    std::vector<int64_t> memory = {stats.host_pinned_bytes + stats.host_pageable_bytes,
+                                   stats.n_persist};
+    memory.insert(memory.end(), stats.chunk_bytes.begin(), stats.chunk_bytes.end());
+    out.push_back(torch::tensor(memory, torch::kInt64));
+    torch::save(out, prefix + "." + c.name + ".rank" + std::to_string(rank) + ".pt");
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace memplan
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: sharded_step_worker PREFIX [KILL_RANK]\n");
+    return 2;
+  }
+  return memplan::Run(argv[1], argc > 2 ? std::atoi(argv[2]) : -1);
+}

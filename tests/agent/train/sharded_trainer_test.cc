@@ -1,0 +1,272 @@
+// ZeRO-3 over chunks, end to end on the CPU: world_size processes of sharded_step_worker (Gloo on
+// 127.0.0.1) run one optimizer step of every ShardCase (each block mode; persistent and offloaded
+// chunks; clipping; accumulation; a tied head) on their rows of a global batch, and this test
+// runs the same step in one process, unsharded, on the whole batch. What is equal:
+// * the loss within 1e-5 relative and the pre-clip norm within 1e-5 relative (summation order);
+// * every gradient within 1e-5 of its tensor's largest magnitude (summation order);
+// * the parameters after the step are bit for bit torch::optim::AdamW applied to the sharded
+//   run's own (gathered) gradients, clipped by its norm: the sharded optimizer is exact;
+// * and they differ from the unsharded run's only as far as the gradients do: AdamW's first step
+//   moves an element by lr c g / (c |g| + eps), so element-wise |dp| <= lr c eps |dg| /
+//   (c min|g| + eps)^2 + 1e-6 (min|g| = 0 where the signs differ). Elements with tiny gradients
+//   may move by up to a step; all others agree to about 1e-6;
+// * every rank holds bit-identical results;
+// * each rank's host memory is, byte for byte, common/optimizer_bytes.h's OffloadedChunkHost() of
+//   its shards (ceil(S / W) elements of every offloaded chunk of S elements): 1/W of the
+//   unsharded run's, up to the padding.
+// Then a rank killed in backward: the others exit non-zero within the collective timeout, naming
+// it.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/optimizer_bytes.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/agent/subprocess.h"
+#include "tests/agent/train/sharded_cases.h"
+
+namespace memplan {
+namespace {
+
+using ::testing::HasSubstr;
+
+const bool kSingleThread = [] {
+  torch::set_num_threads(1);
+  return true;
+}();
+
+struct RankRun {
+  int status = 0;
+  std::string err;
+};
+
+// Runs world_size workers at once; returns their wait statuses and stderr.
+std::vector<RankRun> RunWorkers(int world_size, const std::string& prefix, int kill_rank,
+                                double* seconds) {
+  const int port = testing::FreeLoopbackPort();
+  EXPECT_GT(port, 0);
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<testing::Child> children;
+  for (int r = 0; r < world_size; ++r) {
+    std::vector<std::string> args = {MEMPLAN_SHARD_WORKER, prefix};
+    if (kill_rank >= 0) args.push_back(std::to_string(kill_rank));
+    children.push_back(testing::Spawn(
+        args,
+        {absl::StrCat("WORLD_SIZE=", world_size), absl::StrCat("RANK=", r),
+         absl::StrCat("LOCAL_RANK=", r), absl::StrCat("LOCAL_WORLD_SIZE=", world_size),
+         "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", port)},
+        absl::StrCat(prefix, ".", r)));
+    EXPECT_GT(children.back().pid, 0);
+  }
+  std::vector<RankRun> runs(world_size);
+  for (int r = 0; r < world_size; ++r) {
+    EXPECT_EQ(waitpid(children[r].pid, &runs[r].status, 0), children[r].pid);
+    runs[r].err = testing::ReadFile(children[r].err_path);
+    std::remove(children[r].out_path.c_str());
+    std::remove(children[r].err_path.c_str());
+  }
+  *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return runs;
+}
+
+double MaxAbsDiff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
+}
+
+struct Reference {
+  double loss = 0;
+  double norm = 0;
+  std::vector<NamedParam> grads, params, initial;
+  int64_t host_bytes = 0;  // ChunkManager::MemoryStats(): pinned + pageable
+};
+
+Reference RunReference(const testing::ShardCase& c, int world_size) {
+  Reference ref;
+  std::unique_ptr<LlamaModel> model = testing::MakeShardCaseModel(c);
+  EXPECT_NE(model, nullptr);
+  for (const NamedParam& p : model->Params()) ref.initial.push_back({p.name, p.param.clone()});
+  auto trainer = Trainer::Create(model.get(), testing::ShardCaseOptions(c, model->num_blocks()));
+  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  auto loss = (*trainer)->ForwardBackward(
+      testing::GlobalBatches(c, world_size, model->spec().vocab_size));
+  EXPECT_TRUE(loss.ok()) << loss.status();
+  ref.loss = *loss;
+  ref.grads = (*trainer)->Grads();
+  auto norm = (*trainer)->OptimizerStep();
+  EXPECT_TRUE(norm.ok()) << norm.status();
+  ref.norm = *norm;
+  ref.params = (*trainer)->Params();
+  const ChunkMemoryStats stats = (*trainer)->chunk_manager()->MemoryStats();
+  ref.host_bytes = stats.host_pinned_bytes + stats.host_pageable_bytes;
+  return ref;
+}
+
+class ShardedTrainerTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(ShardedTrainerTest, OneStepEqualsOneProcessOnTheConcatenatedBatch) {
+  const int world_size = GetParam();
+  const std::string prefix =
+      absl::StrCat(::testing::TempDir(), "/sharded_step_", getpid(), "_w", world_size);
+  double seconds = 0;
+  const std::vector<RankRun> runs = RunWorkers(world_size, prefix, /*kill_rank=*/-1, &seconds);
+  for (int r = 0; r < world_size; ++r) {
+    if (absl::StrContains(runs[r].err, "no Gloo process group")) GTEST_SKIP() << runs[r].err;
+    ASSERT_TRUE(WIFEXITED(runs[r].status) && WEXITSTATUS(runs[r].status) == 0)
+        << "rank " << r << " stderr:\n"
+        << runs[r].err;
+  }
+  for (const testing::ShardCase& c : testing::ShardCases()) {
+    SCOPED_TRACE(c.name);
+    const Reference ref = RunReference(c, world_size);
+    const size_t n_grads = ref.grads.size();
+    const size_t n_params = ref.params.size();
+    // The step moved the parameters (so equality below is not equality of the initial values).
+    double moved = 0;
+    for (size_t i = 0; i < n_params; ++i) {
+      moved = std::max(moved, MaxAbsDiff(ref.params[i].param, ref.initial[i].param));
+    }
+    EXPECT_GT(moved, 1e-3);
+    std::vector<torch::Tensor> rank0;
+    for (int r = 0; r < world_size; ++r) {
+      SCOPED_TRACE(absl::StrCat("rank ", r));
+      const std::string path = absl::StrCat(prefix, ".", c.name, ".rank", r, ".pt");
+      std::vector<torch::Tensor> got;
+      torch::load(got, path);
+      std::remove(path.c_str());
+      ASSERT_EQ(got.size(), 3 + n_grads + n_params);
+      EXPECT_NEAR(got[0].item<double>(), ref.loss, 1e-5 * std::abs(ref.loss));
+      EXPECT_NEAR(got[1].item<double>(), ref.norm, 1e-5 * std::abs(ref.norm));
+      if (c.max_grad_norm > 0) {
+        EXPECT_GT(ref.norm, c.max_grad_norm);  // it clipped
+      }
+      for (size_t i = 0; i < n_grads; ++i) {
+        const torch::Tensor& g = got[2 + i];
+        const torch::Tensor& e = ref.grads[i].param;
+        ASSERT_EQ(g.sizes(), e.sizes()) << ref.grads[i].name;
+        const double scale = e.abs().max().item<double>();
+        EXPECT_LE(MaxAbsDiff(g, e), 1e-5 * scale + 1e-9) << "grad " << ref.grads[i].name;
+      }
+      // The clip coefficient as the chunk manager computes it (fp32) from the sharded norm.
+      const double norm = got[1].item<double>();
+      const float coef =
+          c.max_grad_norm > 0
+              ? std::min(1.0f, static_cast<float>(c.max_grad_norm) /
+                                   (static_cast<float>(norm) + 1e-6f))
+              : 1.0f;
+      std::map<std::string, torch::Tensor> got_grads, ref_grads;
+      for (size_t i = 0; i < n_grads; ++i) {
+        got_grads[ref.grads[i].name] = got[2 + i];
+        ref_grads[ref.grads[i].name] = ref.grads[i].param;
+      }
+      const AdamWOptions a = testing::ShardCaseOptions(c, 4).adamw;  // TinySpec: 4 blocks
+      std::vector<torch::Tensor> leaves;
+      for (size_t i = 0; i < n_params; ++i) {
+        leaves.push_back(ref.initial[i].param.detach().clone().set_requires_grad(true));
+        ASSERT_TRUE(got_grads.count(ref.params[i].name)) << ref.params[i].name;
+        torch::Tensor g = got_grads[ref.params[i].name].clone();
+        if (coef < 1.0f) g.mul_(coef);  // clip_grad_norm_'s grad.mul_(coef)
+        leaves.back().mutable_grad() = g;
+      }
+      torch::optim::AdamW adamw(leaves, torch::optim::AdamWOptions(a.lr)
+                                            .betas({a.beta1, a.beta2})
+                                            .eps(a.eps)
+                                            .weight_decay(a.weight_decay));
+      adamw.step();
+      for (size_t i = 0; i < n_params; ++i) {
+        const std::string& name = ref.params[i].name;
+        const torch::Tensor& p = got[2 + n_grads + i];
+        EXPECT_TRUE(torch::equal(p, leaves[i].detach()))
+            << "param " << name << ": not AdamW of the sharded grads, max diff "
+            << MaxAbsDiff(p, leaves[i].detach());
+        const torch::Tensor g = got_grads[name].to(torch::kFloat64);
+        const torch::Tensor e = ref_grads[name].to(torch::kFloat64);
+        const torch::Tensor smallest =
+            torch::where(g * e <= 0, torch::zeros_like(g), torch::min(g.abs(), e.abs()));
+        const torch::Tensor bound =
+            a.lr * coef * a.eps * (g - e).abs() / (coef * smallest + a.eps).pow(2) + 1e-6;
+        const torch::Tensor diff = (p.to(torch::kFloat64) -
+                                    ref.params[i].param.to(torch::kFloat64)).abs();
+        EXPECT_TRUE((diff <= bound).all().item<bool>())
+            << "param " << name << ": max excess "
+            << (diff - bound).max().item<double>() << ", max diff " << diff.max().item<double>();
+      }
+      const torch::Tensor memory = got.back();
+      const int n_persist = static_cast<int>(memory[1].item<int64_t>());
+      int64_t expected_host = 0, unsharded_host = 0;
+      for (int64_t k = 2 + n_persist; k < memory.numel(); ++k) {
+        const int64_t chunk_elems = memory[k].item<int64_t>() / 4;  // fp32
+        const int64_t shard_bytes = (chunk_elems + world_size - 1) / world_size * 4;
+        expected_host +=
+            OffloadedChunkHost(OptimizerKind::kAdamW, 4, c.grad_accum, shard_bytes).total();
+        unsharded_host +=
+            OffloadedChunkHost(OptimizerKind::kAdamW, 4, c.grad_accum, chunk_elems * 4).total();
+      }
+      EXPECT_GT(expected_host, 0);
+      EXPECT_EQ(memory[0].item<int64_t>(), expected_host);
+      EXPECT_EQ(ref.host_bytes, unsharded_host);  // the one-process run, same formula
+      EXPECT_LE(expected_host * world_size, unsharded_host + world_size * 64 * 8);
+      if (r == 0) {
+        rank0 = got;
+      } else {
+        for (size_t i = 0; i < got.size(); ++i) {
+          EXPECT_TRUE(torch::equal(got[i], rank0[i])) << "item " << i << " differs from rank 0";
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, ShardedTrainerTest, ::testing::Values(2, 3),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return absl::StrCat("W", info.param);
+                         });
+
+struct KillCase {
+  int world_size;
+  int kill_rank;
+  std::string named;  // what every survivor's error says
+};
+
+class ShardedTrainerFailureTest : public ::testing::TestWithParam<KillCase> {};
+
+TEST_P(ShardedTrainerFailureTest, AKilledRankMakesTheOthersExitNamingIt) {
+  const KillCase& k = GetParam();
+  const std::string prefix = absl::StrCat(::testing::TempDir(), "/sharded_kill_", getpid());
+  double seconds = 0;
+  const std::vector<RankRun> runs = RunWorkers(k.world_size, prefix, k.kill_rank, &seconds);
+  for (const RankRun& run : runs) {
+    if (absl::StrContains(run.err, "no Gloo process group")) GTEST_SKIP() << run.err;
+  }
+  ASSERT_TRUE(WIFSIGNALED(runs[k.kill_rank].status));
+  EXPECT_EQ(WTERMSIG(runs[k.kill_rank].status), SIGKILL);
+  for (int r = 0; r < k.world_size; ++r) {
+    if (r == k.kill_rank) continue;
+    SCOPED_TRACE(absl::StrCat("rank ", r, " stderr:\n", runs[r].err));
+    ASSERT_TRUE(WIFEXITED(runs[r].status));
+    EXPECT_NE(WEXITSTATUS(runs[r].status), 0);
+    EXPECT_THAT(runs[r].err, HasSubstr(absl::StrCat("rank ", r, ": ")));
+    EXPECT_THAT(runs[r].err, HasSubstr(k.named));
+  }
+  // The workers' collective timeout is 30 s: the failure is seen long before it.
+  EXPECT_LT(seconds, 20);
+}
+
+// Rank 1 of 3: the survivors see its heartbeat stop. Rank 0 of 2: the store it served is gone.
+INSTANTIATE_TEST_SUITE_P(
+    Kills, ShardedTrainerFailureTest,
+    ::testing::Values(KillCase{3, 1, "rank 1 is gone (no heartbeat for 600 ms"},
+                      KillCase{2, 0, "rank 0 is gone (the store it served at 127.0.0.1:"}),
+    [](const ::testing::TestParamInfo<KillCase>& info) {
+      return absl::StrCat("Rank", info.param.kill_rank, "Of", info.param.world_size);
+    });
+
+}  // namespace
+}  // namespace memplan
