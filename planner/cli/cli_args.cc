@@ -268,6 +268,11 @@ FlagTable GlobalFlags(GlobalOptions& g) {
                       g.timeout_seconds = *seconds;
                       return absl::OkStatus();
                     }};
+  for (const std::string& name : ChannelSecurityFlagNames()) {
+    t[name] = {true, [&g, name](absl::string_view v) -> absl::Status {
+                 return SetChannelSecurityFlag(name, v, &g.security).status();
+               }};
+  }
   return t;
 }
 
@@ -575,6 +580,7 @@ absl::StatusOr<CliInvocation> ParseCommandLine(const std::vector<std::string>& a
     default:
       break;
   }
+  if (absl::Status s = ValidateChannelSecurity(inv.global.security); !s.ok()) return s;
   return inv;
 }
 

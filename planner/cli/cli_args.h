@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/channel_security.h"
 #include "common/types.h"
 
 namespace memplan::cli {
@@ -33,7 +34,8 @@ enum class Command {
 struct GlobalOptions {
   std::string planner_address = "127.0.0.1:50051";
   bool json = false;
-  double timeout_seconds = 30;  // per RPC deadline
+  double timeout_seconds = 30;      // per RPC deadline
+  ChannelSecurityOptions security;  // --tls-ca, --tls-cert, --tls-key, --auth-token-file, ...
 };
 
 struct PlanOptions {

@@ -2,6 +2,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/channel_security.h"
 #include "planner/cli/cli_args.h"
 
 namespace memplan::cli {
@@ -12,6 +13,7 @@ constexpr char kGlobalHelp[] = R"(Global flags (anywhere on the line):
   --json                print the reply as proto JSON instead of a table
   --timeout SECONDS     deadline of each RPC (default 30)
   -h, --help            this help
+Secure planner connection (global flags too):
 )";
 
 constexpr char kOverview[] =
@@ -165,7 +167,7 @@ std::string HelpText(Command command) {
       body = kPresets;
       break;
   }
-  return absl::StrCat(body, "\n", kGlobalHelp);
+  return absl::StrCat(body, "\n", kGlobalHelp, ChannelSecurityUsage());
 }
 
 }  // namespace memplan::cli

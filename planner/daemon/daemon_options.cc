@@ -1,7 +1,11 @@
 #include "planner/daemon/daemon_options.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 
 #include "absl/strings/match.h"
@@ -31,6 +35,29 @@ absl::Status ParseInt(const std::string& flag, const std::string& value, int lo,
 
 }  // namespace
 
+bool IsLoopbackAddress(const std::string& address) {
+  if (absl::StartsWith(address, "unix:") || absl::StartsWith(address, "unix-abstract:")) {
+    return true;
+  }
+  std::string host = address;
+  if (const size_t colon = address.rfind(':'); colon != std::string::npos) {
+    host = address.substr(0, colon);
+  }
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host == "localhost") return true;
+  in_addr v4{};
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) {
+    return (ntohl(v4.s_addr) >> 24) == 127;
+  }
+  in6_addr v6{};
+  if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) {
+    return std::memcmp(&v6, &in6addr_loopback, sizeof(v6)) == 0;
+  }
+  return false;
+}
+
 std::string DaemonUsage() {
   return R"(memplan-planner: the memplan planning service (gRPC memplan.v1.Planner).
 
@@ -46,6 +73,23 @@ Usage: memplan-planner [flags]
   --max-queued-searches=N    searches waiting for a thread before RESOURCE_EXHAUSTED (default 256)
   --max-rpc-threads=N        gRPC server threads (default 64)
   --shutdown-grace-seconds=S on SIGTERM/SIGINT, how long in-flight RPCs may finish (default 10)
+
+Transport security (gRPC's own TLS):
+  --tls-cert=FILE            PEM server certificate (chain); turns TLS on. Needs --tls-key
+  --tls-key=FILE             PEM private key of --tls-cert
+  --tls-client-ca=FILE       PEM CA for client certificates (mutual TLS); a verified client
+                             certificate may call the write RPCs
+  --tls-client-auth=MODE     with --tls-client-ca: require (default; every connection needs a
+                             client certificate) | optional (verified when presented; read RPCs
+                             work without one)
+  --auth-token-file=FILE     bearer tokens for the write RPCs (SubmitTrace, SubmitHardwareProfile,
+                             ReportMeasurement): one "NAME ROLE TOKEN" per line, ROLE write (all
+                             three) or report (ReportMeasurement only), '#' comments. With it or
+                             --tls-client-ca, a write needs a token or a verified client
+                             certificate (role write); reads stay open. Refusals are counted in
+                             memplan_rpc_rejected_total
+  --insecure                 allow plaintext gRPC on a non-loopback --listen address (refused
+                             otherwise: anyone on the network could call it)
   --help                     this text
 
 Also served: grpc.health.v1.Health and server reflection (grpc.reflection.v1alpha).
@@ -58,6 +102,10 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::vector<std::string>&
     const std::string& arg = args[i];
     if (arg == "--help" || arg == "-h") {
       options.help = true;
+      continue;
+    }
+    if (arg == "--insecure") {
+      options.insecure = true;
       continue;
     }
     if (!absl::StartsWith(arg, "--")) {
@@ -106,9 +154,47 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::vector<std::string>&
                                                        "\" is not a number in [0, 3600]"));
       }
       options.shutdown_grace_seconds = seconds;
+    } else if (name == "--tls-cert" || name == "--tls-key" || name == "--tls-client-ca" ||
+               name == "--auth-token-file") {
+      if (value.empty()) return absl::InvalidArgumentError(absl::StrCat(name, " needs a file"));
+      std::string& field = name == "--tls-cert"        ? options.tls_cert_file
+                           : name == "--tls-key"       ? options.tls_key_file
+                           : name == "--tls-client-ca" ? options.tls_client_ca_file
+                                                       : options.auth_token_file;
+      field = value;
+    } else if (name == "--tls-client-auth") {
+      if (value == "require") {
+        options.client_cert_mode = ClientCertMode::kRequire;
+      } else if (value == "optional") {
+        options.client_cert_mode = ClientCertMode::kOptional;
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--tls-client-auth = \"", value, "\" is not a mode; allowed: require, optional"));
+      }
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag ", name, "; see --help"));
     }
+  }
+  if (options.help) return options;
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-cert and --tls-key go together (the server certificate and its private key)");
+  }
+  if (!options.tls_client_ca_file.empty() && options.tls_cert_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-client-ca needs --tls-cert and --tls-key: client certificates are checked only "
+        "over TLS");
+  }
+  if (options.insecure && !options.tls_cert_file.empty()) {
+    return absl::InvalidArgumentError("--insecure contradicts --tls-cert: give one of them");
+  }
+  if (options.tls_cert_file.empty() && !options.insecure &&
+      !IsLoopbackAddress(options.listen_address)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--listen=", options.listen_address,
+        " is not a loopback address and TLS is off: every host that reaches the port could store "
+        "traces and report measurements. Give --tls-cert and --tls-key (and --tls-client-ca for "
+        "mutual TLS), or --insecure to serve plaintext anyway"));
   }
   return options;
 }

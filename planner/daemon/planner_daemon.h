@@ -25,6 +25,7 @@ class PlannerMetrics;
 class PlannerServiceImpl;
 class SearchExecutor;
 class Store;
+class WriteAuthorizer;
 
 class PlannerDaemon {
  public:
@@ -54,6 +55,7 @@ class PlannerDaemon {
   std::unique_ptr<MetricsServer> metrics_server_;
   std::unique_ptr<SearchExecutor> executor_;
   std::unique_ptr<PlannerCore> core_;
+  std::unique_ptr<WriteAuthorizer> authorizer_;
   std::unique_ptr<PlannerServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
 };

@@ -75,7 +75,16 @@ struct PlannerMetrics::Impl {
                                 .Name("memplan_stored_measurements")
                                 .Help("Measurements held in the planner store.")
                                 .Register(registry)
-                                .Add({})) {}
+                                .Add({})),
+        rpc_rejected(prometheus::BuildCounter()
+                         .Name("memplan_rpc_rejected_total")
+                         .Help("Write RPCs refused by authorization, by method and gRPC code.")
+                         .Register(registry)),
+        measurements_quarantined(
+            prometheus::BuildCounter()
+                .Name("memplan_measurements_quarantined_total")
+                .Help("Measurements stored but kept out of calibration, by failed check.")
+                .Register(registry)) {}
 
   // Returns the series of `plan_id`, making it the newest and evicting the oldest beyond the bound.
   PlanSeries& Touch(absl::string_view plan_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -108,6 +117,8 @@ struct PlannerMetrics::Impl {
   prometheus::Family<prometheus::Gauge>& measured_peak;
   prometheus::Histogram& relative_error;
   prometheus::Gauge& stored_measurements;
+  prometheus::Family<prometheus::Counter>& rpc_rejected;
+  prometheus::Family<prometheus::Counter>& measurements_quarantined;
 
   // Family::Add is itself thread-safe, but eviction must not race a concurrent Set on a gauge
   // that is being removed, so all plan_id series go through this lock.
@@ -130,6 +141,15 @@ void PlannerMetrics::ObserveRpc(absl::string_view method, absl::string_view code
   impl_->rpc_duration
       .Add({{"method", std::string(method)}, {"code", std::string(code)}}, RpcBuckets())
       .Observe(seconds);
+}
+
+void PlannerMetrics::RpcRejected(absl::string_view method, absl::string_view code) {
+  impl_->rpc_rejected.Add({{"method", std::string(method)}, {"code", std::string(code)}})
+      .Increment();
+}
+
+void PlannerMetrics::MeasurementQuarantined(absl::string_view check) {
+  impl_->measurements_quarantined.Add({{"check", std::string(check)}}).Increment();
 }
 
 void PlannerMetrics::ObserveSearch(double seconds) { impl_->search_duration.Observe(seconds); }

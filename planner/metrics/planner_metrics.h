@@ -45,6 +45,11 @@ class PlannerMetrics {
                           int64_t measured_bytes);
   // Number of measurements currently stored.
   void SetStoredMeasurements(int64_t n);
+  // A write RPC refused by authorization: code "UNAUTHENTICATED" or "PERMISSION_DENIED".
+  void RpcRejected(absl::string_view method, absl::string_view code);
+  // A measurement stored but kept out of calibration; `check` names the sanity check it failed
+  // (a fixed, small set: PlannerCore's kQuarantine* names).
+  void MeasurementQuarantined(absl::string_view check);
 
   // Number of plan_id values that currently have series (for tests and introspection).
   int TrackedPlanCount() const;

@@ -419,9 +419,12 @@ absl::StatusOr<v1::SubmitHardwareProfileResponse> PlannerCore::SubmitHardwarePro
 }
 
 absl::StatusOr<v1::ReportMeasurementResponse> PlannerCore::ReportMeasurement(
-    const v1::ReportMeasurementRequest& request) {
+    const v1::ReportMeasurementRequest& request, const std::string& reported_by) {
   if (!request.has_measurement()) return Invalid("measurement is required");
   v1::Measurement m = request.measurement();
+  // Both are the planner's to set; a client's values are not trusted.
+  m.set_reported_by(reported_by);
+  m.clear_quarantine_reason();
   if (m.plan_id().empty()) return Invalid("measurement.plan_id is empty");
   RETURN_IF_ERROR(CheckBytes("measurement.peak_allocated_bytes", m.peak_allocated_bytes()));
   RETURN_IF_ERROR(CheckBytes("measurement.peak_reserved_bytes", m.peak_reserved_bytes()));
@@ -461,9 +464,8 @@ absl::StatusOr<v1::ReportMeasurementResponse> PlannerCore::ReportMeasurement(
   const int64_t context = predicted.breakdown.cuda_context_bytes;
   const int64_t predicted_reserved = predicted.peak_bytes - context;
   if (m.peak_reserved_bytes() > 0) {
-    response.set_relative_error(
-        static_cast<double>(predicted_reserved - m.peak_reserved_bytes()) /
-        static_cast<double>(m.peak_reserved_bytes()));
+    response.set_relative_error(static_cast<double>(predicted_reserved - m.peak_reserved_bytes()) /
+                                static_cast<double>(m.peak_reserved_bytes()));
     CalibrationSample sample;
     sample.raw_model_bytes = RawModelBytes(predicted);
     sample.fixed_bytes = context;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -51,9 +52,10 @@ class PlannerCore {
   absl::StatusOr<v1::SubmitHardwareProfileResponse> SubmitHardwareProfile(
       const v1::SubmitHardwareProfileRequest& request);
   // The measurement is durable before this returns OK; then the calibration of the plan's
-  // (hardware, dtype, model family) is refitted and stored.
+  // (hardware, dtype, model family) is refitted and stored. `reported_by` (the caller's identity
+  // from the service shell) is stored with it.
   absl::StatusOr<v1::ReportMeasurementResponse> ReportMeasurement(
-      const v1::ReportMeasurementRequest& request);
+      const v1::ReportMeasurementRequest& request, const std::string& reported_by = "");
   absl::StatusOr<v1::GetPlanResponse> GetPlan(const v1::GetPlanRequest& request);
   absl::StatusOr<v1::ListPlansResponse> ListPlans(const v1::ListPlansRequest& request);
   absl::StatusOr<v1::GetCalibrationResponse> GetCalibration(

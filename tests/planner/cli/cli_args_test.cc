@@ -127,6 +127,24 @@ TEST(CliArgsTest, GlobalFlagsGoAnywhere) {
   EXPECT_EQ(after->global.timeout_seconds, 2.5);
 }
 
+TEST(CliArgsTest, SecurityFlagsAreGlobal) {
+  auto parsed = Parse({"--tls-ca", "ca.crt", "plans", "list", "--tls-cert=c.crt", "--tls-key",
+                       "c.key", "--tls-server-name=planner.internal", "--auth-token-file", "tok"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->global.security.tls_ca_file, "ca.crt");
+  EXPECT_EQ(parsed->global.security.tls_cert_file, "c.crt");
+  EXPECT_EQ(parsed->global.security.tls_key_file, "c.key");
+  EXPECT_EQ(parsed->global.security.tls_server_name, "planner.internal");
+  EXPECT_EQ(parsed->global.security.auth_token_file, "tok");
+  // A token alone is fine (plaintext on loopback); a client certificate needs the CA.
+  EXPECT_TRUE(Parse({"--auth-token-file=tok", "presets"}).ok());
+  EXPECT_THAT(ErrorOf({"--tls-cert=c.crt", "--tls-key=c.key", "presets"}),
+              HasSubstr("need --tls-ca"));
+  EXPECT_THAT(ErrorOf({"--tls-ca=ca.crt", "--tls-key=c.key", "presets"}),
+              HasSubstr("--tls-cert and --tls-key go together"));
+  EXPECT_THAT(ErrorOf({"presets", "--tls-ca="}), HasSubstr("--tls-ca needs a non-empty value"));
+}
+
 TEST(CliArgsTest, EverySubcommandParses) {
   struct Case {
     std::vector<std::string> args;
