@@ -309,6 +309,10 @@ absl::Status ReportToPlanner(PlannerClient& client, const PlanAnswer& answer, Me
       "(fragmentation %.3f, residual %.2f MiB)\n",
       receipt.measurement_id.c_str(), receipt.relative_error * 100.0, receipt.calibration.samples,
       receipt.calibration.fragmentation_factor, MiB(receipt.calibration.residual_bytes));
+  if (!receipt.quarantine_reason.empty()) {
+    std::printf("quarantined by the planner (stored, not applied to calibration): %s\n",
+                receipt.quarantine_reason.c_str());
+  }
   return absl::OkStatus();
 }
 

@@ -377,11 +377,19 @@ std::string FormatMeasurementReply(const v1::ReportMeasurementResponse& reply) {
   kv.Add("Measurement id", reply.measurement_id());
   kv.Add("Prediction error", absl::StrCat(Percent(reply.relative_error()),
                                           " (predicted - measured) / measured, reserved peak"));
+  const bool quarantined = !reply.quarantine_reason().empty();
+  if (quarantined) {
+    kv.Add("Quarantined",
+           absl::StrCat(reply.quarantine_reason(), "; stored, not applied to calibration"));
+  }
   std::string out = kv.Render();
   if (reply.has_calibration()) {
     v1::GetCalibrationResponse one;
     *one.add_calibrations() = reply.calibration();
-    absl::StrAppend(&out, "\nCalibration after this measurement\n", FormatCalibrations(one));
+    absl::StrAppend(
+        &out,
+        quarantined ? "\nCalibration (unchanged)\n" : "\nCalibration after this measurement\n",
+        FormatCalibrations(one));
   }
   return out;
 }
@@ -416,18 +424,24 @@ std::string FormatStoredPlan(const v1::StoredPlan& s) {
                       s.request().optimizer().empty() ? "adamw" : s.request().optimizer()));
   std::string out = absl::StrCat(kv.Render(), "\n", FormatPlanResponse(s.response()));
   if (s.measurements_size() > 0) {
-    TextTable table(
-        {"measured (UTC)", "reserved GiB", "allocated GiB", "device GiB", "load GiB", "step", "oom",
-         "note"},
-        {Align::kLeft, Align::kRight, Align::kRight, Align::kRight, Align::kRight, Align::kRight});
+    TextTable table({"#", "measured (UTC)", "reserved GiB", "allocated GiB", "device GiB",
+                     "load GiB", "step", "oom", "calibration", "reported by", "note"},
+                    {Align::kRight, Align::kLeft, Align::kRight, Align::kRight, Align::kRight,
+                     Align::kRight, Align::kRight});
     auto gib = [](int64_t bytes) { return absl::StrFormat("%.2f", bytes / kGiB); };
-    for (const v1::Measurement& m : s.measurements()) {
-      table.AddRow({TimeLabel(m.measured_at_unix_ms()), gib(m.peak_reserved_bytes()),
-                    gib(m.peak_allocated_bytes()), gib(m.peak_device_bytes()),
-                    gib(m.load_peak_bytes()), FormatSeconds(m.step_seconds()),
-                    m.oom() ? "yes" : "no", m.note()});
+    std::string quarantined;
+    for (int i = 0; i < s.measurements_size(); ++i) {
+      const v1::Measurement& m = s.measurements(i);
+      table.AddRow(
+          {absl::StrCat(i + 1), TimeLabel(m.measured_at_unix_ms()), gib(m.peak_reserved_bytes()),
+           gib(m.peak_allocated_bytes()), gib(m.peak_device_bytes()), gib(m.load_peak_bytes()),
+           FormatSeconds(m.step_seconds()), m.oom() ? "yes" : "no",
+           m.quarantine_reason().empty() ? "used" : "quarantined", m.reported_by(), m.note()});
+      if (!m.quarantine_reason().empty()) {
+        absl::StrAppend(&quarantined, "  #", i + 1, " quarantined: ", m.quarantine_reason(), "\n");
+      }
     }
-    absl::StrAppend(&out, "\nMeasurements\n", table.Render(2));
+    absl::StrAppend(&out, "\nMeasurements\n", table.Render(2), quarantined);
   }
   return out;
 }

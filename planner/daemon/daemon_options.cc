@@ -88,6 +88,11 @@ Transport security (gRPC's own TLS):
                              --tls-client-ca, a write needs a token or a verified client
                              certificate (role write); reads stay open. Refusals are counted in
                              memplan_rpc_rejected_total
+  --quarantine-step-ratio=R  a reported step time outside [predicted / R, predicted x R] is
+                             stored quarantined, not applied to calibration (default 3; [1.1, 1000])
+  --quarantine-burst=N       reports beyond N per minute from one client (token or certificate and
+                             host) are quarantined (default 20; 0 = no limit). Measurements with a
+                             peak above the plan's card are always quarantined
   --insecure                 allow plaintext gRPC on a non-loopback --listen address (refused
                              otherwise: anyone on the network could call it)
   --help                     this text
@@ -162,6 +167,16 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::vector<std::string>&
                            : name == "--tls-client-ca" ? options.tls_client_ca_file
                                                        : options.auth_token_file;
       field = value;
+    } else if (name == "--quarantine-step-ratio") {
+      double ratio = 0;
+      if (!absl::SimpleAtod(value, &ratio) || !std::isfinite(ratio) || ratio < 1.1 ||
+          ratio > 1000) {
+        return absl::InvalidArgumentError(absl::StrCat("--quarantine-step-ratio = \"", value,
+                                                       "\" is not a number in [1.1, 1000]"));
+      }
+      options.quarantine_step_ratio = ratio;
+    } else if (name == "--quarantine-burst") {
+      if (auto s = ParseInt(name, value, 0, 1000000, &options.quarantine_burst); !s.ok()) return s;
     } else if (name == "--tls-client-auth") {
       if (value == "require") {
         options.client_cert_mode = ClientCertMode::kRequire;

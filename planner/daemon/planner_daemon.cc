@@ -119,8 +119,11 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const Daemon
   executor_options.max_queued = options.max_queued_searches;
   daemon->executor_ = std::make_unique<SearchExecutor>(executor_options);
 
+  PlannerCoreOptions core_options;
+  core_options.measurement_checks.max_step_time_ratio = options.quarantine_step_ratio;
+  core_options.measurement_checks.burst_max_reports = options.quarantine_burst;
   ASSIGN_OR_RETURN(daemon->core_, PlannerCore::Create(*daemon->store_, *daemon->executor_,
-                                                      daemon->metrics_.get()));
+                                                      daemon->metrics_.get(), core_options));
   daemon->service_ = std::make_unique<PlannerServiceImpl>(*daemon->core_, daemon->metrics_.get(),
                                                           daemon->authorizer_.get());
 

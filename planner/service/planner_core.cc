@@ -11,6 +11,7 @@
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/log.h"
 #include "common/presets.h"
 #include "common/proto_convert.h"
 #include "common/status.h"
@@ -160,7 +161,8 @@ PlannerCore::PlannerCore(Store& store, SearchExecutor& executor, PlannerMetrics*
       executor_(executor),
       metrics_(metrics),
       options_(std::move(options)),
-      stored_measurements_(stored_measurements) {}
+      stored_measurements_(stored_measurements),
+      burst_limiter_(options_.measurement_checks) {}
 
 absl::StatusOr<v1::PlanResponse> PlannerCore::Plan(const v1::PlanRequest& request) {
   Resolved r;
@@ -419,11 +421,11 @@ absl::StatusOr<v1::SubmitHardwareProfileResponse> PlannerCore::SubmitHardwarePro
 }
 
 absl::StatusOr<v1::ReportMeasurementResponse> PlannerCore::ReportMeasurement(
-    const v1::ReportMeasurementRequest& request, const std::string& reported_by) {
+    const v1::ReportMeasurementRequest& request, const MeasurementSource& source) {
   if (!request.has_measurement()) return Invalid("measurement is required");
   v1::Measurement m = request.measurement();
   // Both are the planner's to set; a client's values are not trusted.
-  m.set_reported_by(reported_by);
+  m.set_reported_by(source.reported_by);
   m.clear_quarantine_reason();
   if (m.plan_id().empty()) return Invalid("measurement.plan_id is empty");
   RETURN_IF_ERROR(CheckBytes("measurement.peak_allocated_bytes", m.peak_allocated_bytes()));
@@ -452,11 +454,24 @@ absl::StatusOr<v1::ReportMeasurementResponse> PlannerCore::ReportMeasurement(
 
   v1::ReportMeasurementResponse response;
   absl::MutexLock lock(&calibration_mu_);
+  // Sanity checks come first so that a quarantined measurement is stored with its reason. The
+  // burst check counts every report, so it runs even when a plan check already failed.
+  std::optional<Quarantine> quarantine =
+      burst_limiter_.Record(source.client, options_.now_unix_ms());
+  if (std::optional<Quarantine> against_plan =
+          CheckAgainstPlan(m, req.hardware_spec().gpu_memory_bytes(), predicted.iteration_seconds,
+                           options_.measurement_checks);
+      against_plan.has_value()) {
+    quarantine = std::move(against_plan);
+  }
+  if (quarantine.has_value()) m.set_quarantine_reason(quarantine->reason);
+
   // Durable first: once the client has an id, the measurement survives a crash (the store
   // commits and syncs before returning). Calibration is derived data and can be refitted.
   ASSIGN_OR_RETURN(std::string measurement_id, store_.PutMeasurement(m));
   response.set_measurement_id(measurement_id);
   ++stored_measurements_;
+  if (metrics_ != nullptr) metrics_->SetStoredMeasurements(stored_measurements_);
 
   // The predicted peak is device-level: the allocator's reserved bytes plus the CUDA context
   // (which the allocator does not count). Errors compare the reserved parts; the calibration
@@ -466,6 +481,22 @@ absl::StatusOr<v1::ReportMeasurementResponse> PlannerCore::ReportMeasurement(
   if (m.peak_reserved_bytes() > 0) {
     response.set_relative_error(static_cast<double>(predicted_reserved - m.peak_reserved_bytes()) /
                                 static_cast<double>(m.peak_reserved_bytes()));
+  }
+  if (quarantine.has_value()) {
+    // Kept out of calibration and out of the predicted-vs-measured gauges; the answer carries
+    // the calibration as it stands.
+    response.set_quarantine_reason(quarantine->reason);
+    ASSIGN_OR_RETURN(std::optional<v1::Calibration> current, store_.GetCalibration(key));
+    if (current.has_value()) *response.mutable_calibration() = *std::move(current);
+    if (metrics_ != nullptr) metrics_->MeasurementQuarantined(quarantine->check);
+    MEMPLAN_LOG(kWarning, "measurement quarantined")
+        .Field("plan_id", m.plan_id())
+        .Field("measurement_id", measurement_id)
+        .Field("reported_by", m.reported_by())
+        .Field("reason", quarantine->reason);
+    return response;
+  }
+  if (m.peak_reserved_bytes() > 0) {
     CalibrationSample sample;
     sample.raw_model_bytes = RawModelBytes(predicted);
     sample.fixed_bytes = context;
@@ -498,7 +529,6 @@ absl::StatusOr<v1::ReportMeasurementResponse> PlannerCore::ReportMeasurement(
 
   if (metrics_ != nullptr) {
     metrics_->ObserveMeasurement(m.plan_id(), predicted_reserved, m.peak_reserved_bytes());
-    metrics_->SetStoredMeasurements(stored_measurements_);
   }
   return response;
 }

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_credentials.h"
 #include "common/log.h"
@@ -179,8 +180,13 @@ grpc::Status PlannerServiceImpl::ReportMeasurement(grpc::ServerContext* context,
   return Handle(
       "ReportMeasurement", context,
       [&]() -> absl::StatusOr<v1::ReportMeasurementResponse> {
-        ASSIGN_OR_RETURN(const std::string caller, AuthorizeWrite("ReportMeasurement", *context));
-        return core_.ReportMeasurement(*request, caller);
+        PlannerCore::MeasurementSource source;
+        ASSIGN_OR_RETURN(source.reported_by, AuthorizeWrite("ReportMeasurement", *context));
+        // Agents may share a token: the burst check counts per token and host.
+        source.client = absl::StartsWith(source.reported_by, "peer:")
+                            ? source.reported_by
+                            : absl::StrCat(source.reported_by, " from ", PeerHost(context->peer()));
+        return core_.ReportMeasurement(*request, source);
       },
       response);
 }

@@ -309,7 +309,7 @@ TEST_F(PlannerClientE2eTest, ProfilePlanMeasureAgainstTheRealDaemon) {
   m.plan_id = answer->plan_id;
   m.peak_reserved_bytes = predicted_reserved * 10 / 11;
   m.peak_allocated_bytes = m.peak_reserved_bytes * 9 / 10;
-  m.step_seconds = 0.5;
+  m.step_seconds = answer->prediction.iteration_seconds;
   absl::StatusOr<MeasurementReceipt> receipt = (*client)->ReportMeasurement(m);
   ASSERT_TRUE(receipt.ok()) << receipt.status();
   EXPECT_FALSE(receipt->measurement_id.empty());

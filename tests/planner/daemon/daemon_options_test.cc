@@ -64,6 +64,20 @@ TEST(DaemonOptionsTest, PlaintextOffLoopbackNeedsTlsOrInsecure) {
             ClientCertMode::kRequire);
 }
 
+TEST(DaemonOptionsTest, QuarantineFlags) {
+  const DaemonOptions defaults = *ParseDaemonOptions({});
+  EXPECT_EQ(defaults.quarantine_step_ratio, 3);
+  EXPECT_EQ(defaults.quarantine_burst, 20);
+  auto set = ParseDaemonOptions({"--quarantine-step-ratio=5.5", "--quarantine-burst=0"});
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->quarantine_step_ratio, 5.5);
+  EXPECT_EQ(set->quarantine_burst, 0);
+  EXPECT_THAT(ParseDaemonOptions({"--quarantine-step-ratio=1"}).status().message(),
+              HasSubstr("--quarantine-step-ratio = \"1\" is not a number in [1.1, 1000]"));
+  EXPECT_THAT(ParseDaemonOptions({"--quarantine-burst=-1"}).status().message(),
+              HasSubstr("--quarantine-burst"));
+}
+
 TEST(DaemonOptionsTest, TlsFlagRules) {
   EXPECT_THAT(ParseDaemonOptions({"--tls-cert=s.crt"}).status().message(),
               HasSubstr("--tls-cert and --tls-key go together"));
@@ -100,7 +114,8 @@ TEST(DaemonOptionsTest, UsageMentionsEveryFlag) {
   for (const char* flag :
        {"--listen", "--metrics", "--db", "--log-level", "--search-threads", "--max-queued-searches",
         "--max-rpc-threads", "--shutdown-grace-seconds", "--tls-cert", "--tls-key",
-        "--tls-client-ca", "--tls-client-auth", "--insecure", "--help"}) {
+        "--tls-client-ca", "--tls-client-auth", "--auth-token-file", "--quarantine-step-ratio",
+        "--quarantine-burst", "--insecure", "--help"}) {
     EXPECT_THAT(usage, HasSubstr(flag));
   }
 }

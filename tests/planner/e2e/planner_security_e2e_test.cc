@@ -156,11 +156,13 @@ class PlannerSecurityE2ETest : public ::testing::Test {
   }
 
   grpc::Status Report(v1::Planner::Stub& stub, const std::string& token, const std::string& plan_id,
-                      int64_t reserved_bytes, v1::ReportMeasurementResponse* response) {
+                      int64_t reserved_bytes, v1::ReportMeasurementResponse* response,
+                      double step_seconds = 0) {
     v1::ReportMeasurementRequest request;
     request.mutable_measurement()->set_plan_id(plan_id);
     request.mutable_measurement()->set_peak_reserved_bytes(reserved_bytes);
     request.mutable_measurement()->set_peak_allocated_bytes(reserved_bytes - (int64_t{64} << 20));
+    request.mutable_measurement()->set_step_seconds(step_seconds);
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
     SetToken(&context, token);
@@ -445,6 +447,68 @@ TEST_F(PlannerSecurityE2ETest, UnauthorizedMeasurementFloodChangesNoCalibration)
                                 plan.plan_id(), "--peak-reserved", "3GiB"});
   EXPECT_EQ(code, 0) << output;
   EXPECT_EQ(StoredPlan(*stub, plan.plan_id()).measurements_size(), 2);
+}
+
+// A measurement that fails a sanity check is stored with its reason and changes no calibration:
+// a peak the card cannot hold, a step time 100x the prediction, and a burst from one client.
+TEST_F(PlannerSecurityE2ETest, QuarantinedMeasurementsChangeNoCalibration) {
+  StartDaemon({"--quarantine-burst=3"}, /*serve_metrics=*/true);
+  auto stub = v1::Planner::NewStub(
+      grpc::CreateChannel(daemon_->address(), grpc::InsecureChannelCredentials()));
+  v1::PlanResponse plan;
+  ASSERT_TRUE(Plan(*stub, &plan).ok());
+  const int64_t predicted_reserved =
+      plan.prediction().peak_bytes() - plan.prediction().breakdown().cuda_context_bytes();
+  const double predicted_seconds = plan.prediction().iteration_seconds();
+  v1::ReportMeasurementResponse receipt;
+  grpc::Status status =
+      Report(*stub, "", plan.plan_id(), predicted_reserved, &receipt, predicted_seconds);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(receipt.quarantine_reason(), "");
+  const std::vector<v1::Calibration> before = Calibrations(*stub);
+  ASSERT_EQ(before.size(), 1u);
+  ASSERT_EQ(before[0].samples(), 1);
+
+  ASSERT_TRUE(
+      Report(*stub, "", plan.plan_id(), int64_t{48} << 30, &receipt, predicted_seconds).ok());
+  EXPECT_THAT(receipt.quarantine_reason(),
+              HasSubstr("peak_above_card: peak_reserved_bytes = 51539607552 (48.00 GiB)"));
+  EXPECT_EQ(receipt.calibration().SerializeAsString(), before[0].SerializeAsString());
+  ASSERT_TRUE(
+      Report(*stub, "", plan.plan_id(), predicted_reserved, &receipt, 100 * predicted_seconds)
+          .ok());
+  EXPECT_THAT(receipt.quarantine_reason(), HasSubstr("step_time_out_of_band"));
+  // Three reports used up the burst allowance of this client: more are quarantined, whatever
+  // they claim.
+  for (int i = 0; i < 7; ++i) {
+    ASSERT_TRUE(
+        Report(*stub, "", plan.plan_id(), predicted_reserved / 2, &receipt, predicted_seconds)
+            .ok());
+    EXPECT_THAT(receipt.quarantine_reason(), ::testing::StartsWith("burst: "));
+    EXPECT_THAT(receipt.quarantine_reason(), HasSubstr("at most 3 are used for calibration"));
+  }
+
+  const std::vector<v1::Calibration> after = Calibrations(*stub);
+  ASSERT_EQ(after.size(), 1u);
+  EXPECT_EQ(after[0].SerializeAsString(), before[0].SerializeAsString())
+      << before[0].DebugString() << " vs " << after[0].DebugString();
+  const v1::StoredPlan stored = StoredPlan(*stub, plan.plan_id());
+  ASSERT_EQ(stored.measurements_size(), 10);
+  int quarantined = 0;
+  for (const v1::Measurement& m : stored.measurements()) {
+    quarantined += m.quarantine_reason().empty() ? 0 : 1;
+    EXPECT_THAT(m.reported_by(), HasSubstr("peer:ipv4:127.0.0.1"));
+  }
+  EXPECT_EQ(quarantined, 9);
+
+  auto metrics = testing::HttpGet(daemon_->metrics_port(), "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_EQ(
+      Sample(*metrics, "memplan_measurements_quarantined_total", {"check=\"peak_above_card\""}), 1);
+  EXPECT_EQ(Sample(*metrics, "memplan_measurements_quarantined_total",
+                   {"check=\"step_time_out_of_band\""}),
+            1);
+  EXPECT_EQ(Sample(*metrics, "memplan_measurements_quarantined_total", {"check=\"burst\""}), 7);
 }
 
 TEST_F(PlannerSecurityE2ETest, BadTokenFilesAreNamed) {

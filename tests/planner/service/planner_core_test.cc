@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/presets.h"
 #include "common/proto_convert.h"
@@ -33,7 +35,11 @@ class PlannerCoreTest : public ::testing::Test {
     registry_ = std::make_shared<prometheus::Registry>();
     metrics_ = std::make_unique<PlannerMetrics>(registry_);
     executor_ = std::make_unique<SearchExecutor>(SearchExecutor::Options{.threads = 1});
-    PlannerCoreOptions options;
+    RecreateCore(PlannerCoreOptions());
+  }
+
+  // A core over the same store, metrics and executor with these options (the test clock added).
+  void RecreateCore(PlannerCoreOptions options) {
     options.now_unix_ms = [this] { return ++clock_ms_; };
     auto core = PlannerCore::Create(*store_, *executor_, metrics_.get(), options);
     ASSERT_TRUE(core.ok()) << core.status();
@@ -321,7 +327,8 @@ TEST_F(PlannerCoreTest, MeasurementIsStoredAndRecalibratesLaterPredictions) {
   auto first = Plan(TinyRequest());
   ASSERT_TRUE(first.ok()) << first.status();
   const int64_t predicted = first->prediction().peak_bytes();
-  EXPECT_EQ(first->prediction().breakdown().fragmentation_factor(), 1.05);  // the default before any measurement
+  EXPECT_EQ(first->prediction().breakdown().fragmentation_factor(),
+            1.05);  // the default before any measurement
 
   // The run used 10% more than predicted.
   const int64_t measured = predicted + predicted / 10;
@@ -329,10 +336,12 @@ TEST_F(PlannerCoreTest, MeasurementIsStoredAndRecalibratesLaterPredictions) {
   report.mutable_measurement()->set_plan_id(first->plan_id());
   report.mutable_measurement()->set_peak_reserved_bytes(measured);
   report.mutable_measurement()->set_peak_allocated_bytes(measured - 1000);
-  report.mutable_measurement()->set_step_seconds(0.25);
+  // A step time near the prediction (one far from it would be quarantined).
+  report.mutable_measurement()->set_step_seconds(1.1 * first->prediction().iteration_seconds());
   auto reported = core_->ReportMeasurement(report);
   ASSERT_TRUE(reported.ok()) << reported.status();
   EXPECT_THAT(reported->measurement_id(), StartsWith("meas-"));
+  EXPECT_EQ(reported->quarantine_reason(), "");
   // Errors compare reserved bytes: the prediction without the CUDA context it includes.
   const int64_t context = first->prediction().breakdown().cuda_context_bytes();
   ASSERT_GT(context, 0);
@@ -421,6 +430,151 @@ TEST_F(PlannerCoreTest, MeasuredStepTimesCalibrateLaterTimePredictions) {
   ASSERT_TRUE(reported_again.ok()) << reported_again.status();
   EXPECT_EQ(reported_again->calibration().time_samples(), 2);
   EXPECT_NEAR(reported_again->calibration().time_factor(), 1.25, 1e-9);
+}
+
+// ---------------------------------------------------------------- measurement sanity checks
+
+class MeasurementChecksTest : public PlannerCoreTest {
+ protected:
+  void SetUp() override {
+    PlannerCoreTest::SetUp();
+    PlannerCoreOptions options;
+    options.measurement_checks.max_step_time_ratio = 3;
+    options.measurement_checks.burst_max_reports = 3;
+    options.measurement_checks.burst_window_ms = 60'000;
+    RecreateCore(options);
+    auto plan = Plan(TinyRequest());
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    plan_ = *plan;
+  }
+
+  // A measurement of plan_ that agrees with its prediction, from `client`.
+  absl::StatusOr<v1::ReportMeasurementResponse> Report(
+      const std::string& client, const std::function<void(v1::Measurement*)>& edit = {}) {
+    v1::ReportMeasurementRequest report;
+    v1::Measurement& m = *report.mutable_measurement();
+    m.set_plan_id(plan_.plan_id());
+    m.set_peak_reserved_bytes(plan_.prediction().peak_bytes() -
+                              plan_.prediction().breakdown().cuda_context_bytes());
+    m.set_peak_allocated_bytes(m.peak_reserved_bytes() * 95 / 100);
+    m.set_step_seconds(plan_.prediction().iteration_seconds());
+    if (edit) edit(&m);
+    PlannerCore::MeasurementSource source;
+    source.reported_by = "token:" + client;
+    source.client = client;
+    return core_->ReportMeasurement(report, source);
+  }
+
+  std::string CalibrationNow() {
+    auto calibrations = core_->GetCalibration(v1::GetCalibrationRequest());
+    EXPECT_TRUE(calibrations.ok()) << calibrations.status();
+    return calibrations.ok() ? calibrations->SerializeAsString() : "";
+  }
+
+  double Quarantined(const std::string& check) {
+    for (const auto& family : registry_->Collect()) {
+      if (family.name != "memplan_measurements_quarantined_total") continue;
+      for (const auto& metric : family.metric) {
+        if (metric.label.size() == 1 && metric.label[0].value == check) {
+          return metric.counter.value;
+        }
+      }
+    }
+    return 0;
+  }
+
+  v1::PlanResponse plan_;
+};
+
+TEST_F(MeasurementChecksTest, PeakAboveTheCardIsQuarantinedAndLeavesCalibrationAlone) {
+  ASSERT_TRUE(Report("agent-1").ok());
+  const std::string before = CalibrationNow();
+  const int64_t card = FindHardwarePreset("rtx-3090")->gpu_memory_bytes;
+  for (const auto& edit : std::vector<std::function<void(v1::Measurement*)>>{
+           [&](v1::Measurement* m) { m->set_peak_reserved_bytes(card + 1); },
+           [&](v1::Measurement* m) { m->set_peak_device_bytes(2 * card); },
+           [&](v1::Measurement* m) { m->set_load_peak_bytes(card + (int64_t{1} << 30)); }}) {
+    auto reported = Report("agent-2", edit);
+    ASSERT_TRUE(reported.ok()) << reported.status();
+    EXPECT_THAT(reported->quarantine_reason(), StartsWith("peak_above_card: "));
+    EXPECT_THAT(reported->quarantine_reason(), HasSubstr("is above the card's"));
+    EXPECT_FALSE(reported->measurement_id().empty()) << "stored all the same";
+    EXPECT_EQ(reported->calibration().samples(), 1) << "the calibration as it stands";
+  }
+  EXPECT_EQ(CalibrationNow(), before);
+  EXPECT_EQ(Quarantined("peak_above_card"), 3);
+
+  // Stored with the reason and the reporter; the accepted one has neither reason nor doubt.
+  auto stored = core_->GetPlan([&] {
+    v1::GetPlanRequest r;
+    r.set_plan_id(plan_.plan_id());
+    return r;
+  }());
+  ASSERT_TRUE(stored.ok());
+  ASSERT_EQ(stored->plan().measurements_size(), 4);
+  int quarantined = 0;
+  for (const v1::Measurement& m : stored->plan().measurements()) {
+    quarantined += m.quarantine_reason().empty() ? 0 : 1;
+    EXPECT_THAT(m.reported_by(), StartsWith("token:agent-"));
+  }
+  EXPECT_EQ(quarantined, 3);
+}
+
+TEST_F(MeasurementChecksTest, StepTimeFarOutsideThePlansBandIsQuarantined) {
+  const double predicted = plan_.prediction().iteration_seconds();
+  ASSERT_GT(predicted, 0);
+  // Within 3x either way: used.
+  for (const double factor : {0.34, 2.9}) {
+    auto reported = Report(absl::StrCat("ok-", factor),
+                           [&](v1::Measurement* m) { m->set_step_seconds(factor * predicted); });
+    ASSERT_TRUE(reported.ok()) << reported.status();
+    EXPECT_EQ(reported->quarantine_reason(), "") << factor;
+  }
+  const std::string before = CalibrationNow();
+  for (const double factor : {0.32, 3.1, 1000.0}) {
+    auto reported = Report(absl::StrCat("far-", factor),
+                           [&](v1::Measurement* m) { m->set_step_seconds(factor * predicted); });
+    ASSERT_TRUE(reported.ok()) << reported.status();
+    EXPECT_THAT(reported->quarantine_reason(),
+                AllOf(StartsWith("step_time_out_of_band: step_seconds = "),
+                      HasSubstr("3x around the plan's predicted")))
+        << factor;
+  }
+  EXPECT_EQ(CalibrationNow(), before);
+  EXPECT_EQ(Quarantined("step_time_out_of_band"), 3);
+  // An OOM report carries no step time: nothing to check.
+  auto oom = Report("oom", [](v1::Measurement* m) {
+    m->set_oom(true);
+    m->set_step_seconds(0);
+  });
+  ASSERT_TRUE(oom.ok()) << oom.status();
+  EXPECT_EQ(oom->quarantine_reason(), "");
+}
+
+TEST_F(MeasurementChecksTest, BurstFromOneClientIsQuarantinedWhileItLasts) {
+  for (int i = 0; i < 3; ++i) {
+    auto reported = Report("agent-1");
+    ASSERT_TRUE(reported.ok()) << reported.status();
+    EXPECT_EQ(reported->quarantine_reason(), "") << i;
+  }
+  const std::string before = CalibrationNow();
+  for (int i = 0; i < 5; ++i) {
+    auto reported = Report("agent-1");
+    ASSERT_TRUE(reported.ok()) << reported.status();
+    EXPECT_THAT(reported->quarantine_reason(),
+                AllOf(StartsWith("burst: "), HasSubstr("from agent-1 within 60 s; at most 3")));
+  }
+  EXPECT_EQ(CalibrationNow(), before);
+  EXPECT_EQ(Quarantined("burst"), 5);
+  // Another client is not affected.
+  auto other = Report("agent-2");
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->quarantine_reason(), "");
+  // Once the window has passed, agent-1 counts again.
+  clock_ms_ += 61'000;
+  auto later = Report("agent-1");
+  ASSERT_TRUE(later.ok());
+  EXPECT_EQ(later->quarantine_reason(), "");
 }
 
 TEST_F(PlannerCoreTest, CalibrationIsKeyedByHardwareDtypeAndFamily) {
