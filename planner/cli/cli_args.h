@@ -28,6 +28,7 @@ enum class Command {
   kPlansList,
   kPlansGet,
   kPresets,
+  kAdmit,
 };
 
 // Flags every subcommand accepts, before or after the subcommand words.
@@ -63,6 +64,14 @@ struct PlanOptions {
   bool skip_limits = false;
 };
 
+// One --pool NAME=HARDWARE[:GPUS] of `admit`.
+struct PoolOption {
+  std::string name;
+  std::string hardware_preset;  // HARDWARE a preset name
+  std::string hardware_id;      // HARDWARE "profile/ID": a stored hardware profile
+  int32_t gpus = 1;
+};
+
 struct MeasureOptions {
   Measurement measurement;  // plan_id required; sizes in bytes
 };
@@ -88,9 +97,10 @@ struct CliInvocation {
   // Set when --help/-h was given (or no subcommand): print it to stdout and exit 0.
   std::optional<std::string> help_text;
 
-  PlanOptions plan;
-  std::string id;         // trace get / hardware get / plans get
-  std::string file_path;  // trace submit / hardware submit: a proto-JSON file, "-" = stdin
+  PlanOptions plan;               // plan; admit: the job (no hardware)
+  std::vector<PoolOption> pools;  // admit
+  std::string id;                 // trace get / hardware get / plans get
+  std::string file_path;          // trace submit / hardware submit: a proto-JSON file, "-" = stdin
   MeasureOptions measure;
   CalibrationOptions calibration;
   PlansListOptions plans_list;

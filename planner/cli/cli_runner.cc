@@ -212,6 +212,26 @@ absl::StatusOr<v1::PlanRequest> BuildPlanRequest(const PlanOptions& o) {
   return request;
 }
 
+int RunAdmit(Session& s, const CliInvocation& inv) {
+  absl::StatusOr<v1::PlanRequest> job = BuildPlanRequest(inv.plan);
+  if (!job.ok()) return s.UsageError(std::string(job.status().message()));
+  v1::AdmitRequest request;
+  *request.mutable_job() = *std::move(job);
+  for (const PoolOption& option : inv.pools) {
+    v1::NodePool& pool = *request.add_pools();
+    pool.set_name(option.name);
+    if (!option.hardware_id.empty()) {
+      pool.set_hardware_profile_id(option.hardware_id);
+    } else {
+      pool.set_hardware_preset(option.hardware_preset);
+    }
+    pool.set_gpus(option.gpus);
+  }
+  v1::AdmitResponse response;
+  if (!s.Call("Admit", &v1::Planner::Stub::Admit, request, &response)) return kExitRpcError;
+  return s.Print(response, [](const v1::AdmitResponse& r) { return FormatAdmit(r); });
+}
+
 int RunPlan(Session& s, const PlanOptions& options) {
   absl::StatusOr<v1::PlanRequest> request = BuildPlanRequest(options);
   if (!request.ok()) return s.UsageError(std::string(request.status().message()));
@@ -368,6 +388,8 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   switch (inv.command) {
     case Command::kPlan:
       return RunPlan(session, inv.plan);
+    case Command::kAdmit:
+      return RunAdmit(session, inv);
     case Command::kTraceSubmit:
       return RunTraceSubmit(session, inv.file_path);
     case Command::kTraceGet:

@@ -372,6 +372,24 @@ std::string FormatCalibrations(const v1::GetCalibrationResponse& response) {
   return table.Render();
 }
 
+std::string FormatAdmit(const v1::AdmitResponse& reply) {
+  TextTable table({"pool", "hardware", "GPUs", "verdict", "peak GiB", "tokens/s/GPU",
+                   "job tokens/s", "plan id"},
+                  {Align::kLeft, Align::kLeft, Align::kRight, Align::kLeft, Align::kRight,
+                   Align::kRight, Align::kRight, Align::kLeft});
+  std::string reasons;
+  for (const v1::PoolVerdict& v : reply.pools()) {
+    table.AddRow({v.pool(), v.hardware_name(), absl::StrCat(v.gpus()), v.fits() ? "fits" : "no fit",
+                  absl::StrFormat("%.2f", v.prediction().peak_bytes() / kGiB),
+                  FormatCount(v.prediction().tokens_per_second()),
+                  v.fits() ? FormatCount(v.job_tokens_per_second()) : "-", v.plan_id()});
+    absl::StrAppend(&reasons, "  ", v.pool(), ": ", v.reason(), "\n");
+  }
+  return absl::StrCat(table.Render(), "\nBest pool         ",
+                      reply.best_pool().empty() ? "none fits" : reply.best_pool(), "\n\nWhy\n",
+                      reasons);
+}
+
 std::string FormatMeasurementReply(const v1::ReportMeasurementResponse& reply) {
   KeyValues kv;
   kv.Add("Measurement id", reply.measurement_id());

@@ -5,10 +5,12 @@
 #include <cmath>
 #include <exception>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 
 #include "absl/memory/memory.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/log.h"
@@ -32,6 +34,8 @@ constexpr int kMaxAlternatives = 32;
 // GPU memory) would do for device peaks, but host-side figures can be larger.
 constexpr int64_t kMaxMeasuredBytes = kMaxHostMemoryBytes;
 constexpr double kMaxStepSeconds = 1e7;
+constexpr int kMaxAdmitPools = 64;
+constexpr int kMaxPoolGpus = 1'000'000;
 
 int64_t SystemNowUnixMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -529,6 +533,89 @@ absl::StatusOr<v1::ReportMeasurementResponse> PlannerCore::ReportMeasurement(
 
   if (metrics_ != nullptr) {
     metrics_->ObserveMeasurement(m.plan_id(), predicted_reserved, m.peak_reserved_bytes());
+  }
+  return response;
+}
+
+absl::StatusOr<v1::AdmitResponse> PlannerCore::Admit(const v1::AdmitRequest& request) {
+  if (request.pools_size() < 1 || request.pools_size() > kMaxAdmitPools) {
+    return Invalid(
+        absl::StrCat("pools: ", request.pools_size(), " given; allowed 1 to ", kMaxAdmitPools));
+  }
+  if (request.job().hardware_case() != v1::PlanRequest::HARDWARE_NOT_SET) {
+    return Invalid(
+        "job.hardware_spec, job.hardware_profile_id and job.hardware_preset must be unset: each "
+        "of pools[] names its own hardware");
+  }
+  std::set<std::string> names;
+  for (int i = 0; i < request.pools_size(); ++i) {
+    const v1::NodePool& pool = request.pools(i);
+    const std::string field = absl::StrCat("pools[", i, "]");
+    if (pool.name().empty()) return Invalid(absl::StrCat(field, ".name is empty"));
+    if (!names.insert(pool.name()).second) {
+      return Invalid(absl::StrCat(field, ".name \"", pool.name(), "\" is used twice"));
+    }
+    if (pool.gpus() < 1 || pool.gpus() > kMaxPoolGpus) {
+      return Invalid(absl::StrCat(field, ".gpus = ", pool.gpus(), " is out of range; allowed [1, ",
+                                  kMaxPoolGpus, "]"));
+    }
+    if (pool.hardware_case() == v1::NodePool::HARDWARE_NOT_SET) {
+      return Invalid(
+          absl::StrCat(field, ": set one of hardware_spec, hardware_profile_id, hardware_preset"));
+    }
+  }
+
+  v1::AdmitResponse response;
+  double best_tokens_per_second = 0;
+  for (int i = 0; i < request.pools_size(); ++i) {
+    const v1::NodePool& pool = request.pools(i);
+    v1::PlanRequest plan_request = request.job();
+    switch (pool.hardware_case()) {
+      case v1::NodePool::kHardwareSpec:
+        *plan_request.mutable_hardware_spec() = pool.hardware_spec();
+        break;
+      case v1::NodePool::kHardwareProfileId:
+        plan_request.set_hardware_profile_id(pool.hardware_profile_id());
+        break;
+      case v1::NodePool::kHardwarePreset:
+        plan_request.set_hardware_preset(pool.hardware_preset());
+        break;
+      case v1::NodePool::HARDWARE_NOT_SET:
+        break;
+    }
+    absl::StatusOr<v1::PlanResponse> plan = Plan(plan_request);
+    if (!plan.ok()) {
+      // Plan names fields of a PlanRequest: the hardware ones are the pool's, the rest the job's.
+      const std::string message(plan.status().message());
+      return absl::Status(plan.status().code(),
+                          absl::StartsWith(message, "hardware")
+                              ? absl::StrCat("pools[", i, "] (\"", pool.name(), "\"): ", message)
+                              : absl::StrCat("job.", message));
+    }
+    ASSIGN_OR_RETURN(const v1::StoredPlan stored, store_.GetPlan(plan->plan_id()));
+    const int world_size = std::max(1, plan->plan().world_size());
+    v1::PoolVerdict& verdict = *response.add_pools();
+    verdict.set_pool(pool.name());
+    verdict.set_hardware_name(stored.request().hardware_spec().name());
+    verdict.set_gpus(pool.gpus());
+    verdict.set_plan_id(plan->plan_id());
+    *verdict.mutable_plan() = plan->plan();
+    *verdict.mutable_prediction() = plan->prediction();
+    verdict.set_reason(plan->reason());
+    verdict.set_fits(plan->fits());
+    if (plan->fits() && pool.gpus() < world_size) {
+      verdict.set_fits(false);
+      verdict.set_reason(absl::StrCat("the plan fits one GPU, but the job needs ", world_size,
+                                      " GPUs (workload.world_size) and the pool has ",
+                                      pool.gpus()));
+    }
+    if (verdict.fits()) {
+      verdict.set_job_tokens_per_second(plan->prediction().tokens_per_second() * world_size);
+      if (verdict.job_tokens_per_second() > best_tokens_per_second) {
+        best_tokens_per_second = verdict.job_tokens_per_second();
+        response.set_best_pool(pool.name());
+      }
+    }
   }
   return response;
 }

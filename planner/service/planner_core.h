@@ -71,6 +71,10 @@ class PlannerCore {
   absl::StatusOr<v1::GetTraceResponse> GetTrace(const v1::GetTraceRequest& request);
   absl::StatusOr<v1::GetHardwareProfileResponse> GetHardwareProfile(
       const v1::GetHardwareProfileRequest& request);
+  // Plans `job` on each pool (one stored plan per pool, searched one after the other) and says
+  // which pools fit, with the plan and tokens/s of each. INVALID_ARGUMENT names the field
+  // (job.* or pools[i].*) and the allowed values; a pool's unknown hardware is NOT_FOUND.
+  absl::StatusOr<v1::AdmitResponse> Admit(const v1::AdmitRequest& request);
   // Hardware presets are replaced by a stored measured profile of the same name.
   absl::StatusOr<v1::ListPresetsResponse> ListPresets(const v1::ListPresetsRequest& request);
 

@@ -233,4 +233,11 @@ grpc::Status PlannerServiceImpl::GetHardwareProfile(grpc::ServerContext* context
       "GetHardwareProfile", context, [&] { return core_.GetHardwareProfile(*request); }, response);
 }
 
+grpc::Status PlannerServiceImpl::Admit(grpc::ServerContext* context,
+                                       const v1::AdmitRequest* request,
+                                       v1::AdmitResponse* response) {
+  return Handle(
+      "Admit", context, [&] { return core_.Admit(*request); }, response);
+}
+
 }  // namespace memplan

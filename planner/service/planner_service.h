@@ -51,6 +51,8 @@ class PlannerServiceImpl final : public v1::Planner::Service {
   grpc::Status GetHardwareProfile(grpc::ServerContext* context,
                                   const v1::GetHardwareProfileRequest* request,
                                   v1::GetHardwareProfileResponse* response) override;
+  grpc::Status Admit(grpc::ServerContext* context, const v1::AdmitRequest* request,
+                     v1::AdmitResponse* response) override;
 
  private:
   // Runs `call` (returning absl::StatusOr<Response>), times it and converts its outcome.

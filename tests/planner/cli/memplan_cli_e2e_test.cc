@@ -208,6 +208,30 @@ TEST_F(MemplanCliE2eTest, PlanTableThenMeasureThenCalibrationThenStoredPlan) {
   EXPECT_THAT(list.out, HasSubstr(plan_id));
 }
 
+// Issue 12's admission example through the real binaries: a llama-3.1-8b full fine-tune is
+// refused by an RTX 4090 pool and admitted on an H100 pool.
+TEST_F(MemplanCliE2eTest, AdmitPicksThePoolThatFits) {
+  RunResult table =
+      Memplan({"admit", "--arch", "llama-3.1-8b", "--batch", "1", "--seq", "4096", "--skip-limits",
+               "--pool", "consumer=rtx-4090:16", "--pool", "datacenter=h100-80gb:8"});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, MatchesRegex("(.|\n)*consumer +rtx-4090 +16 +no fit(.|\n)*"));
+  EXPECT_THAT(table.out, MatchesRegex("(.|\n)*datacenter +h100-80gb +8 +fits(.|\n)*"));
+  EXPECT_THAT(table.out, HasSubstr("Best pool         datacenter"));
+  EXPECT_THAT(table.out, HasSubstr("consumer: does not fit"));
+
+  RunResult json = Memplan({"--json", "admit", "--arch", "llama-3.1-8b", "--skip-limits", "--pool",
+                            "consumer=rtx-4090:16", "--pool", "datacenter=h100-80gb:8"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  EXPECT_THAT(json.out, HasSubstr("\"best_pool\": \"datacenter\""));
+  EXPECT_THAT(json.out, HasSubstr("\"job_tokens_per_second\""));
+
+  RunResult unknown =
+      Memplan({"admit", "--arch", "llama-3.1-8b", "--pool", "x=tpu-v9", "--skip-limits"});
+  EXPECT_EQ(unknown.exit_code, 1);
+  EXPECT_THAT(unknown.err, HasSubstr("Admit failed: NOT_FOUND: pools[0] (\"x\")"));
+}
+
 TEST_F(MemplanCliE2eTest, JsonOutputIsProtoJson) {
   RunResult r =
       Memplan({"--json", "plan", "--arch", "llama-tiny", "--gpu", "rtx-4090", "--skip-limits"});

@@ -577,6 +577,137 @@ TEST_F(MeasurementChecksTest, BurstFromOneClientIsQuarantinedWhileItLasts) {
   EXPECT_EQ(later->quarantine_reason(), "");
 }
 
+// ---------------------------------------------------------------- admission
+
+v1::NodePool Pool(const std::string& name, const std::string& preset, int gpus) {
+  v1::NodePool pool;
+  pool.set_name(name);
+  pool.set_hardware_preset(preset);
+  pool.set_gpus(gpus);
+  return pool;
+}
+
+// Issue 12's example: a llama-3.1-8b full fine-tune does not fit an RTX 4090 and fits an H100.
+TEST_F(PlannerCoreTest, AdmitSaysWhichPoolsFitWithPlanAndTokensPerSecond) {
+  v1::AdmitRequest request;
+  request.mutable_job()->set_arch_preset("llama-3.1-8b");
+  request.mutable_job()->mutable_workload()->set_micro_batch(1);
+  request.mutable_job()->mutable_workload()->set_seq_len(4096);
+  request.mutable_job()->set_skip_limits(true);
+  *request.add_pools() = Pool("consumer", "rtx-4090", 16);
+  *request.add_pools() = Pool("datacenter", "h100-80gb", 8);
+  auto admitted = core_->Admit(request);
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  ASSERT_EQ(admitted->pools_size(), 2);
+  const v1::PoolVerdict& consumer = admitted->pools(0);
+  const v1::PoolVerdict& datacenter = admitted->pools(1);
+  EXPECT_EQ(consumer.pool(), "consumer");
+  EXPECT_EQ(consumer.hardware_name(), "rtx-4090");
+  EXPECT_FALSE(consumer.fits());
+  EXPECT_THAT(consumer.reason(), StartsWith("does not fit"));
+  EXPECT_EQ(consumer.job_tokens_per_second(), 0);
+  EXPECT_EQ(datacenter.hardware_name(), "h100-80gb");
+  EXPECT_TRUE(datacenter.fits()) << datacenter.reason();
+  EXPECT_EQ(datacenter.gpus(), 8);
+  EXPECT_GT(datacenter.prediction().tokens_per_second(), 0);
+  EXPECT_EQ(datacenter.job_tokens_per_second(), datacenter.prediction().tokens_per_second());
+  EXPECT_EQ(static_cast<int>(datacenter.plan().block_modes_size()),
+            FindModelPreset("llama-3.1-8b")->num_layers);
+  EXPECT_EQ(admitted->best_pool(), "datacenter");
+
+  // The same answer as Plan gives for that card, and the plan is stored under its id.
+  v1::PlanRequest direct = request.job();
+  direct.set_hardware_preset("h100-80gb");
+  auto plan = Plan(direct);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->prediction().peak_bytes(), datacenter.prediction().peak_bytes());
+  v1::GetPlanRequest get;
+  get.set_plan_id(datacenter.plan_id());
+  auto stored = core_->GetPlan(get);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->plan().request().hardware_spec().name(), "h100-80gb");
+}
+
+TEST_F(PlannerCoreTest, AdmitNeedsWorldSizeGpusAndPicksTheFastestJob) {
+  v1::AdmitRequest request;
+  request.mutable_job()->set_arch_preset("llama-tiny");
+  request.mutable_job()->mutable_workload()->set_micro_batch(2);
+  request.mutable_job()->mutable_workload()->set_seq_len(512);
+  request.mutable_job()->mutable_workload()->set_world_size(4);
+  request.mutable_job()->set_skip_limits(true);
+  *request.add_pools() = Pool("three", "h100-80gb", 3);
+  *request.add_pools() = Pool("slow", "rtx-3090", 4);
+  *request.add_pools() = Pool("fast", "h100-80gb", 8);
+  auto admitted = core_->Admit(request);
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  EXPECT_FALSE(admitted->pools(0).fits());
+  EXPECT_THAT(admitted->pools(0).reason(),
+              HasSubstr("the job needs 4 GPUs (workload.world_size) and the pool has 3"));
+  ASSERT_TRUE(admitted->pools(1).fits());
+  ASSERT_TRUE(admitted->pools(2).fits());
+  EXPECT_EQ(admitted->pools(2).job_tokens_per_second(),
+            4 * admitted->pools(2).prediction().tokens_per_second());
+  EXPECT_GT(admitted->pools(2).job_tokens_per_second(), admitted->pools(1).job_tokens_per_second());
+  EXPECT_EQ(admitted->best_pool(), "fast");
+
+  // Nothing fits: no best pool.
+  v1::AdmitRequest none = request;
+  none.clear_pools();
+  *none.add_pools() = Pool("three", "h100-80gb", 3);
+  auto refused = core_->Admit(none);
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->best_pool(), "");
+}
+
+TEST_F(PlannerCoreTest, AdmitErrorsNameTheFieldAndAllowedValues) {
+  v1::AdmitRequest base;
+  base.mutable_job()->set_arch_preset("llama-tiny");
+  base.mutable_job()->mutable_workload()->set_micro_batch(2);
+  base.mutable_job()->mutable_workload()->set_seq_len(512);
+  base.mutable_job()->set_skip_limits(true);
+  auto error = [&](const v1::AdmitRequest& r) {
+    auto result = core_->Admit(r);
+    EXPECT_FALSE(result.ok());
+    return result.status();
+  };
+  EXPECT_THAT(error(base).message(), HasSubstr("pools: 0 given; allowed 1 to 64"));
+  v1::AdmitRequest r = base;
+  *r.add_pools() = Pool("a", "h100-80gb", 1);
+  r.mutable_job()->set_hardware_preset("h100-80gb");
+  EXPECT_THAT(error(r).message(), HasSubstr("job.hardware_spec, job.hardware_profile_id and "
+                                            "job.hardware_preset must be unset"));
+  r = base;
+  *r.add_pools() = Pool("a", "h100-80gb", 1);
+  *r.add_pools() = Pool("a", "rtx-4090", 1);
+  EXPECT_THAT(error(r).message(), HasSubstr("pools[1].name \"a\" is used twice"));
+  r = base;
+  *r.add_pools() = Pool("a", "h100-80gb", 0);
+  EXPECT_THAT(error(r).message(), HasSubstr("pools[0].gpus = 0 is out of range; allowed [1, "));
+  r = base;
+  *r.add_pools() = Pool("", "h100-80gb", 1);
+  EXPECT_THAT(error(r).message(), HasSubstr("pools[0].name is empty"));
+  r = base;
+  r.add_pools()->set_name("bare");
+  r.mutable_pools(0)->set_gpus(1);
+  EXPECT_THAT(error(r).message(),
+              HasSubstr("pools[0]: set one of hardware_spec, hardware_profile_id"));
+  r = base;
+  *r.add_pools() = Pool("a", "h100-80gb", 1);
+  *r.add_pools() = Pool("b", "tpu-v9", 1);
+  const absl::Status unknown = error(r);
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(unknown.message()),
+              StartsWith("pools[1] (\"b\"): hardware_preset \"tpu-v9\""));
+  r = base;
+  r.mutable_job()->mutable_workload()->set_micro_batch(0);
+  *r.add_pools() = Pool("a", "h100-80gb", 1);
+  EXPECT_THAT(error(r).message(), HasSubstr("job.workload.micro_batch = 0 is out of range"));
+  r = base;
+  r.mutable_job()->set_arch_preset("llama-99t");
+  *r.add_pools() = Pool("a", "h100-80gb", 1);
+  EXPECT_THAT(std::string(error(r).message()), StartsWith("job.arch_preset \"llama-99t\""));
+}
+
 TEST_F(PlannerCoreTest, CalibrationIsKeyedByHardwareDtypeAndFamily) {
   auto first = Plan(TinyRequest());
   ASSERT_TRUE(first.ok());
