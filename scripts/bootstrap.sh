@@ -19,7 +19,8 @@ apt_packages=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libabsl-dev libsqlite3-dev sqlite3 prometheus-cpp-dev prometheus
   libgtest-dev libgmock-dev libbenchmark-dev
-  openssl  # certificates for the TLS tests (tests/planner/e2e/test_pki.cc)
+  openssl curl  # certificates and HTTPS requests of the TLS and webhook tests (tests/planner/e2e)
+  libssl-dev  # the admission webhook's HTTPS server (planner/webhook)
   libgloo-dev  # headers for c10d's ProcessGroupGloo (the wheel has none); Torch links its own Gloo
 )
 missing=()

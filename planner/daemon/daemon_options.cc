@@ -93,6 +93,11 @@ Transport security (gRPC's own TLS):
   --quarantine-burst=N       reports beyond N per minute from one client (token or certificate and
                              host) are quarantined (default 20; 0 = no limit). Measurements with a
                              peak above the plan's card are always quarantined
+  --webhook=HOST:PORT        serve a Kubernetes validating admission webhook (AdmissionReview JSON,
+                             POST /validate) over HTTPS with --tls-cert/--tls-key: pods annotated
+                             memplan.dev/model and memplan.dev/gpu are denied when the job does
+                             not fit that GPU (port 0 picks a free port, printed as "webhook on
+                             HOST:PORT"; default off)
   --insecure                 allow plaintext gRPC on a non-loopback --listen address (refused
                              otherwise: anyone on the network could call it)
   --help                     this text
@@ -131,6 +136,8 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::vector<std::string>&
     if (name == "--listen") {
       if (value.empty()) return absl::InvalidArgumentError("--listen must not be empty");
       options.listen_address = value;
+    } else if (name == "--webhook") {
+      options.webhook_address = value;
     } else if (name == "--metrics") {
       options.metrics_address = value;
     } else if (name == "--db") {
@@ -199,6 +206,10 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::vector<std::string>&
     return absl::InvalidArgumentError(
         "--tls-client-ca needs --tls-cert and --tls-key: client certificates are checked only "
         "over TLS");
+  }
+  if (!options.webhook_address.empty() && options.tls_cert_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--webhook needs --tls-cert and --tls-key: Kubernetes calls admission webhooks over HTTPS");
   }
   if (options.insecure && !options.tls_cert_file.empty()) {
     return absl::InvalidArgumentError("--insecure contradicts --tls-cert: give one of them");

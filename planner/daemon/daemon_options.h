@@ -35,6 +35,9 @@ struct DaemonOptions {
   // Write authorization: bearer tokens ("NAME ROLE TOKEN" lines). With it, or with
   // tls_client_ca_file, the write RPCs need a token or a verified client certificate.
   std::string auth_token_file;
+  // Kubernetes validating admission webhook over HTTPS (POST /validate); empty: off. Uses
+  // tls_cert_file / tls_key_file.
+  std::string webhook_address;
   // Measurement sanity checks (planner/service/measurement_checks.h).
   double quarantine_step_ratio = 3;  // step time outside [predicted / R, predicted x R]
   int quarantine_burst = 20;         // reports per client per minute beyond which; 0: off

@@ -22,6 +22,8 @@
 #include "planner/service/search_executor.h"
 #include "planner/service/write_authorizer.h"
 #include "planner/store/store.h"
+#include "planner/webhook/admission_webhook.h"
+#include "planner/webhook/https_server.h"
 #include "prometheus/registry.h"
 
 namespace memplan {
@@ -124,6 +126,21 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const Daemon
   core_options.measurement_checks.burst_max_reports = options.quarantine_burst;
   ASSIGN_OR_RETURN(daemon->core_, PlannerCore::Create(*daemon->store_, *daemon->executor_,
                                                       daemon->metrics_.get(), core_options));
+  if (!options.webhook_address.empty()) {
+    daemon->webhook_ = std::make_unique<AdmissionWebhook>(*daemon->core_);
+    HttpsServerOptions https;
+    https.address = options.webhook_address;
+    https.cert_pem_file = options.tls_cert_file;
+    https.key_pem_file = options.tls_key_file;
+    AdmissionWebhook* webhook = daemon->webhook_.get();
+    ASSIGN_OR_RETURN(
+        daemon->webhook_server_,
+        HttpsServer::Start(https, [webhook](const std::string& method, const std::string& path,
+                                            const std::string& body) {
+          return webhook->Handle(method, path, body);
+        }));
+    daemon->webhook_address_ = WithPort(options.webhook_address, daemon->webhook_server_->port());
+  }
   daemon->service_ = std::make_unique<PlannerServiceImpl>(*daemon->core_, daemon->metrics_.get(),
                                                           daemon->authorizer_.get());
 
@@ -160,6 +177,8 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const Daemon
              daemon->metrics_address_.empty() ? std::string("disabled") : daemon->metrics_address_)
       .Field("transport", TransportName(options))
       .Field("write_auth", daemon->authorizer_->enabled() ? "on" : "off")
+      .Field("webhook",
+             daemon->webhook_address_.empty() ? std::string("off") : daemon->webhook_address_)
       .Field("db", options.db_path)
       .Field("search_threads", daemon->executor_->threads());
   return daemon;
@@ -177,6 +196,9 @@ void PlannerDaemon::Shutdown(double grace_seconds) {
     server_.reset();
     MEMPLAN_LOG(kDebug, "grpc server stopped; in-flight RPCs finished or cancelled");
   }
+  // The webhook's connections finish (bounded by their socket timeouts) before the core goes.
+  webhook_server_.reset();
+  webhook_.reset();
   // Handlers have returned, so nothing waits on the executor any more; its destructor joins.
   service_.reset();
   authorizer_.reset();

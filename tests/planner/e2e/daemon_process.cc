@@ -179,6 +179,18 @@ absl::StatusOr<pid_t> StartProcess(const std::string& binary, const std::vector<
   return pid;
 }
 
+int FreeLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(addr);
+  const bool ok = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) == 0;
+  if (fd >= 0) close(fd);
+  return ok ? ntohs(addr.sin_port) : 0;
+}
+
 void StopProcess(pid_t pid, double grace_seconds) {
   if (pid <= 0) return;
   kill(pid, SIGTERM);

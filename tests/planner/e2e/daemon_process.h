@@ -48,6 +48,9 @@ absl::StatusOr<std::pair<int, std::string>> RunToCompletion(const std::string& b
 absl::StatusOr<pid_t> StartProcess(const std::string& binary, const std::vector<std::string>& args,
                                    const std::string& log_path);
 
+// A TCP port on 127.0.0.1 that was free a moment ago (for servers that cannot print theirs).
+int FreeLoopbackPort();
+
 // Sends SIGTERM to `pid` and reaps it (SIGKILL after `grace_seconds`).
 void StopProcess(pid_t pid, double grace_seconds);
 

@@ -4,12 +4,8 @@
 // query of deploy/grafana's dashboard must return data, every rule must load and evaluate
 // cleanly, recording rules must produce series, and every memplan_* metric a rule reads must
 // exist: a renamed metric fails this test.
-#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cctype>
 #include <chrono>
@@ -71,21 +67,6 @@ std::string UrlEncode(const std::string& text) {
   return out;
 }
 
-int FreeLoopbackPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    close(fd);
-    return 0;
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 // Polls `done` every 200 ms until it holds or `seconds` pass.
 bool WaitFor(double seconds, const std::function<bool()>& done) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
@@ -137,7 +118,7 @@ class PrometheusLiveTest : public ::testing::Test {
     config = MustReplace(config, "- memplan-rules.yml", "- " + deploy + "memplan-rules.yml");
     config = MustReplace(config, "\"127.0.0.1:9464\"", "\"" + daemon_->metrics_address() + "\"");
     std::ofstream(dir_ + "/prometheus.yml") << config;
-    prometheus_port_ = FreeLoopbackPort();
+    prometheus_port_ = testing::FreeLoopbackPort();
     ASSERT_GT(prometheus_port_, 0);
     auto pid = testing::StartProcess(
         MEMPLAN_PROMETHEUS_BINARY,
