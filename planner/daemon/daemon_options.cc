@@ -67,6 +67,8 @@ Usage: memplan-planner [flags]
                              printed as "listening on HOST:PORT")
   --metrics=HOST:PORT        Prometheus /metrics address (default 127.0.0.1:9464; "" disables;
                              port 0 picks a free port, printed as "metrics on HOST:PORT")
+  --metrics-plan-series=N    newest plans that keep memplan_plan_*_peak_bytes{plan_id} series
+                             (default 256; older series are dropped; [1, 100000])
   --db=PATH                  SQLite database, created when missing (default ./memplan-planner.db)
   --log-level=LEVEL          debug | info | warning | error (default info; debug logs every RPC)
   --search-threads=N         plan-search threads (default 0 = one per CPU, at most 16)
@@ -182,6 +184,10 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::vector<std::string>&
                                                        "\" is not a number in [1.1, 1000]"));
       }
       options.quarantine_step_ratio = ratio;
+    } else if (name == "--metrics-plan-series") {
+      if (auto s = ParseInt(name, value, 1, 100000, &options.metrics_plan_series); !s.ok()) {
+        return s;
+      }
     } else if (name == "--quarantine-burst") {
       if (auto s = ParseInt(name, value, 0, 1000000, &options.quarantine_burst); !s.ok()) return s;
     } else if (name == "--tls-client-auth") {

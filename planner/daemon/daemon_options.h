@@ -38,6 +38,7 @@ struct DaemonOptions {
   // Kubernetes validating admission webhook over HTTPS (POST /validate); empty: off. Uses
   // tls_cert_file / tls_key_file.
   std::string webhook_address;
+  int metrics_plan_series = 256;  // plans that keep their per-plan_id metric series
   // Measurement sanity checks (planner/service/measurement_checks.h).
   double quarantine_step_ratio = 3;  // step time outside [predicted / R, predicted x R]
   int quarantine_burst = 20;         // reports per client per minute beyond which; 0: off

@@ -103,7 +103,9 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const Daemon
   daemon->store_ = *std::move(store);
 
   daemon->registry_ = std::make_shared<prometheus::Registry>();
-  daemon->metrics_ = std::make_unique<PlannerMetrics>(daemon->registry_);
+  PlannerMetrics::Options metrics_options;
+  metrics_options.max_plan_series = options.metrics_plan_series;
+  daemon->metrics_ = std::make_unique<PlannerMetrics>(daemon->registry_, metrics_options);
   if (!options.metrics_address.empty()) {
     auto server = MetricsServer::Start(options.metrics_address, daemon->registry_);
     if (!server.ok()) {

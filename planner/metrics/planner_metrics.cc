@@ -66,11 +66,12 @@ struct PlannerMetrics::Impl {
                           .Name("memplan_plan_measured_peak_bytes")
                           .Help("Measured steady-state GPU peak reported for a recent plan.")
                           .Register(registry)),
-        relative_error(prometheus::BuildHistogram()
-                           .Name("memplan_prediction_relative_error")
-                           .Help("(measured - predicted) / predicted peak bytes, per report.")
-                           .Register(registry)
-                           .Add({}, RelativeErrorBuckets())),
+        relative_error(
+            prometheus::BuildHistogram()
+                .Name("memplan_prediction_relative_error")
+                .Help("(measured - predicted) / predicted peak bytes, per report, by hardware, "
+                      "dtype and model family.")
+                .Register(registry)),
         stored_measurements(prometheus::BuildGauge()
                                 .Name("memplan_stored_measurements")
                                 .Help("Measurements held in the planner store.")
@@ -115,7 +116,7 @@ struct PlannerMetrics::Impl {
   prometheus::Counter& plans_served_no_fit;
   prometheus::Family<prometheus::Gauge>& predicted_peak;
   prometheus::Family<prometheus::Gauge>& measured_peak;
-  prometheus::Histogram& relative_error;
+  prometheus::Family<prometheus::Histogram>& relative_error;
   prometheus::Gauge& stored_measurements;
   prometheus::Family<prometheus::Counter>& rpc_rejected;
   prometheus::Family<prometheus::Counter>& measurements_quarantined;
@@ -169,7 +170,7 @@ void PlannerMetrics::ObservePlanPrediction(absl::string_view plan_id,
 }
 
 void PlannerMetrics::ObserveMeasurement(absl::string_view plan_id, int64_t predicted_bytes,
-                                        int64_t measured_bytes) {
+                                        int64_t measured_bytes, const ErrorKey& key) {
   {
     absl::MutexLock lock(&impl_->mu);
     Impl::PlanSeries& series = impl_->Touch(plan_id);
@@ -181,8 +182,11 @@ void PlannerMetrics::ObserveMeasurement(absl::string_view plan_id, int64_t predi
     series.measured->Set(static_cast<double>(measured_bytes));
   }
   if (predicted_bytes > 0) {
-    impl_->relative_error.Observe(static_cast<double>(measured_bytes - predicted_bytes) /
-                                  static_cast<double>(predicted_bytes));
+    impl_->relative_error
+        .Add({{"hardware", key.hardware}, {"dtype", key.dtype}, {"family", key.family}},
+             RelativeErrorBuckets())
+        .Observe(static_cast<double>(measured_bytes - predicted_bytes) /
+                 static_cast<double>(predicted_bytes));
   }
 }
 

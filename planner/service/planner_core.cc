@@ -532,7 +532,9 @@ absl::StatusOr<v1::ReportMeasurementResponse> PlannerCore::ReportMeasurement(
   RETURN_IF_ERROR(store_.PutCalibration(response.calibration()));
 
   if (metrics_ != nullptr) {
-    metrics_->ObserveMeasurement(m.plan_id(), predicted_reserved, m.peak_reserved_bytes());
+    metrics_->ObserveMeasurement(
+        m.plan_id(), predicted_reserved, m.peak_reserved_bytes(),
+        {key.hardware_name, std::string(DTypeName(key.param_dtype)), key.model_family});
   }
   return response;
 }

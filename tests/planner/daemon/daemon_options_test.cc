@@ -64,6 +64,13 @@ TEST(DaemonOptionsTest, PlaintextOffLoopbackNeedsTlsOrInsecure) {
             ClientCertMode::kRequire);
 }
 
+TEST(DaemonOptionsTest, MetricsPlanSeries) {
+  EXPECT_EQ(ParseDaemonOptions({})->metrics_plan_series, 256);
+  EXPECT_EQ(ParseDaemonOptions({"--metrics-plan-series=10"})->metrics_plan_series, 10);
+  EXPECT_THAT(ParseDaemonOptions({"--metrics-plan-series=0"}).status().message(),
+              HasSubstr("--metrics-plan-series = \"0\" is not an integer in [1, 100000]"));
+}
+
 TEST(DaemonOptionsTest, QuarantineFlags) {
   const DaemonOptions defaults = *ParseDaemonOptions({});
   EXPECT_EQ(defaults.quarantine_step_ratio, 3);
