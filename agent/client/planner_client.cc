@@ -148,7 +148,11 @@ class PlannerClient::Impl {
         absl::StrCat("planner at ", address_, " did not answer ", method, " after ", attempts,
                      " attempt(s) (", options_.retries, " retries with backoff up to ",
                      options_.max_backoff_seconds, " s): ", last.error_message(),
-                     "; is memplan-planner running there? (or run offline with --plan-file)"));
+                     "; is memplan-planner running there? (or run offline with --plan-file)",
+                     credentials_.tls
+                         ? "; with TLS: does --tls-ca sign the planner's certificate, and does "
+                           "the planner require a client certificate (--tls-cert/--tls-key)?"
+                         : ""));
   }
 
  private:

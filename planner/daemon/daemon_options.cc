@@ -110,6 +110,7 @@ Also served: grpc.health.v1.Health and server reflection (grpc.reflection.v1alph
 
 absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::vector<std::string>& args) {
   DaemonOptions options;
+  bool client_auth_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if (arg == "--help" || arg == "-h") {
@@ -191,6 +192,7 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::vector<std::string>&
     } else if (name == "--quarantine-burst") {
       if (auto s = ParseInt(name, value, 0, 1000000, &options.quarantine_burst); !s.ok()) return s;
     } else if (name == "--tls-client-auth") {
+      client_auth_given = true;
       if (value == "require") {
         options.client_cert_mode = ClientCertMode::kRequire;
       } else if (value == "optional") {
@@ -207,6 +209,10 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::vector<std::string>&
   if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
     return absl::InvalidArgumentError(
         "--tls-cert and --tls-key go together (the server certificate and its private key)");
+  }
+  if (client_auth_given && options.tls_client_ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-client-auth needs --tls-client-ca (the CA client certificates are checked against)");
   }
   if (!options.tls_client_ca_file.empty() && options.tls_cert_file.empty()) {
     return absl::InvalidArgumentError(

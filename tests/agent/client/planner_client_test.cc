@@ -219,6 +219,7 @@ TEST_F(PlannerClientE2eTest, MutualTlsWithTheAgentsCertificate) {
   answer = (*no_cert)->Plan(PresetQuery());
   EXPECT_EQ(answer.status().code(), absl::StatusCode::kUnavailable) << answer.status();
   EXPECT_THAT(answer.status().message(), HasSubstr(daemon->address()));
+  EXPECT_THAT(answer.status().message(), HasSubstr("with TLS: does --tls-ca sign"));
 
   // Files that cannot be read fail Create, naming the flag.
   options.security.tls_ca_file = dir + "/missing.crt";

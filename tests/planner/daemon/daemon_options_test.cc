@@ -97,6 +97,11 @@ TEST(DaemonOptionsTest, TlsFlagRules) {
       HasSubstr("--insecure contradicts --tls-cert"));
   EXPECT_THAT(ParseDaemonOptions({"--tls-client-auth=maybe"}).status().message(),
               HasSubstr("allowed: require, optional"));
+  EXPECT_THAT(
+      ParseDaemonOptions({"--tls-cert=s.crt", "--tls-key=s.key", "--tls-client-auth=optional"})
+          .status()
+          .message(),
+      HasSubstr("--tls-client-auth needs --tls-client-ca"));
   EXPECT_THAT(ParseDaemonOptions({"--tls-cert="}).status().message(),
               HasSubstr("--tls-cert needs a file"));
 }
