@@ -15,7 +15,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
-#include "planner/metrics/metrics_server.h"
+#include "common/metrics_server.h"
 #include "planner/metrics/planner_metrics.h"
 #include "planner/service/planner_core.h"
 #include "planner/service/planner_service.h"

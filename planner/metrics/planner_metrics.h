@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "planner/metrics/metrics_server.h"  // MetricsServer, published with PlannerMetrics
+#include "common/metrics_server.h"  // MetricsServer, published with PlannerMetrics
 
 namespace prometheus {
 class Registry;
