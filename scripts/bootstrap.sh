@@ -19,6 +19,9 @@ apt_packages=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libabsl-dev libsqlite3-dev sqlite3 prometheus-cpp-dev prometheus
   libgtest-dev libgmock-dev libbenchmark-dev
+  openssl curl  # certificates and HTTPS requests of the TLS and webhook tests (tests/planner/e2e)
+  libssl-dev  # the admission webhook's HTTPS server (planner/webhook)
+  lua5.4  # runs deploy/slurm/job_submit.lua in its test
   libgloo-dev  # headers for c10d's ProcessGroupGloo (the wheel has none); Torch links its own Gloo
 )
 missing=()

@@ -18,6 +18,8 @@ namespace {
 
 constexpr char kBenchUsage[] =
     "usage: memplan-agent bench [--out FILE] [--name NAME] [--device N] [--planner ADDR]\n"
+    "                           [--tls-ca FILE [--tls-cert FILE --tls-key FILE]]\n"
+    "                           [--auth-token-file FILE]\n"
     "                           [--world-size N --rank R [--master-addr HOST] [--master-port P]\n"
     "                            [--collective-backend nccl|gloo] [--collective-bytes BYTES]\n"
     "                            [--collective-repetitions N] [--collective-timeout S]]\n";
@@ -29,7 +31,7 @@ std::string BenchUsage() {
   --device N                  CUDA device (default: LOCAL_RANK, else 0)
   --planner ADDR              submit the profile to the planner and print its id (rank 0 only)
 )",
-                      CollectiveFlagsUsage(), R"(
+                      ChannelSecurityUsage(), CollectiveFlagsUsage(), R"(
 exit status: 0 done; 1 I/O or planner error; 2 bad flags; 3 the GPU part was not measured (no
 CUDA: host figures only); 4 world size > 1 and a collective was not measured or returned wrong data
 )");
@@ -57,6 +59,12 @@ int RunBenchCommand(const std::vector<std::string>& args_in) {
                  std::string(collective.status().message()).c_str(), kBenchUsage);
     return 2;
   }
+  PlannerClientOptions client_options;
+  if (absl::Status s = TakeChannelSecurityFlags(&args, &client_options.security); !s.ok()) {
+    std::fprintf(stderr, "memplan-agent bench: %s\n%s", std::string(s.message()).c_str(),
+                 kBenchUsage);
+    return 2;
+  }
   HardwareBenchOptions options;
   options.collective = collective->options;
   std::string out, planner;
@@ -78,6 +86,11 @@ int RunBenchCommand(const std::vector<std::string>& args_in) {
       std::fprintf(stderr, "memplan-agent bench: bad flag \"%s\"\n%s", arg.c_str(), kBenchUsage);
       return 2;
     }
+  }
+  if (planner.empty() && HasChannelSecurity(client_options.security)) {
+    std::fprintf(stderr,
+                 "memplan-agent bench: --tls-* and --auth-token-file need --planner ADDR\n");
+    return 2;
   }
   if (!device_given && collective->local_rank.has_value()) {
     options.device_index = *collective->local_rank;
@@ -117,7 +130,7 @@ int RunBenchCommand(const std::vector<std::string>& args_in) {
     return 3;
   }
   if (!planner.empty() && writer) {
-    auto client = PlannerClient::Create(planner, PlannerClientOptions{});
+    auto client = PlannerClient::Create(planner, client_options);
     absl::StatusOr<std::string> id =
         client.ok() ? (*client)->SubmitHardwareProfile(result.spec) : client.status();
     if (!id.ok()) {

@@ -25,6 +25,7 @@ constexpr char kProfileUsage[] =
     "usage: memplan-agent profile (--arch NAME | --arch-file CONFIG.json) [--batch B] [--seq S]\n"
     "         [--dtype fp32|bf16|fp16] [--device cpu|cuda|cuda:N] [--hardware NAME]\n"
     "         [--chunk-bytes N] [--on-demand] [--out FILE] [--planner ADDR]\n"
+    "         [--tls-ca FILE [--tls-cert FILE --tls-key FILE]] [--auth-token-file FILE]\n"
     "  --arch-file      a Hugging Face config.json (Llama / Qwen2 / Qwen3 / Mistral)\n"
     "  --on-demand      keep the parameters in host memory and put one group's on the device at\n"
     "                   a time (models larger than the card; ProTrain's on-demand profiling)\n"
@@ -86,7 +87,19 @@ void PrintTable(const ProfileResult& r) {
 
 }  // namespace
 
-int RunProfileCommand(const std::vector<std::string>& args) {
+int RunProfileCommand(const std::vector<std::string>& args_in) {
+  for (const std::string& a : args_in) {
+    if (a == "--help" || a == "-h") {
+      std::fputs(kProfileUsage, stdout);
+      std::fputs(ChannelSecurityUsage().c_str(), stdout);
+      return 0;
+    }
+  }
+  std::vector<std::string> args = args_in;
+  PlannerClientOptions client_options;
+  if (absl::Status s = TakeChannelSecurityFlags(&args, &client_options.security); !s.ok()) {
+    return BadFlag(std::string(s.message()));
+  }
   std::string arch, arch_file, dtype = "fp32", device = "cpu", out, planner;
   bool on_demand = false;
   ProfilerOptions options;
@@ -94,10 +107,6 @@ int RunProfileCommand(const std::vector<std::string>& args) {
   options.workload.seq_len = 128;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a == "--help" || a == "-h") {
-      std::fputs(kProfileUsage, stdout);
-      return 0;
-    }
     if (a == "--on-demand") {
       on_demand = true;
       continue;
@@ -130,7 +139,11 @@ int RunProfileCommand(const std::vector<std::string>& args) {
     }
     if (!number_ok) return BadFlag(a + ": not an integer: " + v);
   }
-  if (arch.empty() == arch_file.empty()) return BadFlag("give exactly one of --arch or --arch-file");
+  if (arch.empty() == arch_file.empty())
+    return BadFlag("give exactly one of --arch or --arch-file");
+  if (planner.empty() && HasChannelSecurity(client_options.security)) {
+    return BadFlag("--tls-* and --auth-token-file need --planner ADDR");
+  }
   std::optional<ModelSpec> spec;
   if (!arch.empty()) {
     spec = FindModelPreset(arch);
@@ -186,7 +199,7 @@ int RunProfileCommand(const std::vector<std::string>& args) {
     std::printf("trace written to %s\n", out.c_str());
   }
   if (!planner.empty()) {
-    auto client = PlannerClient::Create(planner, PlannerClientOptions{});
+    auto client = PlannerClient::Create(planner, client_options);
     if (!client.ok()) return Fail(client.status().ToString());
     auto id = (*client)->SubmitTrace(result->trace);
     if (!id.ok()) return Fail(id.status().ToString());

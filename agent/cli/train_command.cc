@@ -241,8 +241,8 @@ absl::StatusOr<std::string> ProfileAndSubmit(PlannerClient& client, const TrainC
       "profiled%s in %.2f s (%d passes; warm-up %.3f s, timed pass %.3f s), step peak %.2f MiB, "
       "params %.2f MiB, memory from %s\n",
       on_demand ? " on demand" : "", seconds, result.passes, result.warmup_seconds,
-      result.step_seconds,
-      MiB(result.step_peak_bytes), MiB(result.param_bytes), result.memory_source.c_str());
+      result.step_seconds, MiB(result.step_peak_bytes), MiB(result.param_bytes),
+      result.memory_source.c_str());
   ASSIGN_OR_RETURN(std::string trace_id, client.SubmitTrace(result.trace));
   std::printf("trace_id %s\n", trace_id.c_str());
   return trace_id;
@@ -338,6 +338,10 @@ absl::Status ReportToPlanner(PlannerClient& client, const PlanAnswer& answer, Me
       "(fragmentation %.3f, residual %.2f MiB)\n",
       receipt.measurement_id.c_str(), receipt.relative_error * 100.0, receipt.calibration.samples,
       receipt.calibration.fragmentation_factor, MiB(receipt.calibration.residual_bytes));
+  if (!receipt.quarantine_reason.empty()) {
+    std::printf("quarantined by the planner (stored, not applied to calibration): %s\n",
+                receipt.quarantine_reason.c_str());
+  }
   return absl::OkStatus();
 }
 
@@ -345,6 +349,7 @@ absl::Status ReportToPlanner(PlannerClient& client, const PlanAnswer& answer, Me
 
 absl::StatusOr<PlannerLoopOptions> TakePlannerFlags(std::vector<std::string>* args) {
   PlannerLoopOptions loop;
+  RETURN_IF_ERROR(TakeChannelSecurityFlags(args, &loop.security));
   std::vector<std::string> rest;
   bool hardware_given = false;
   for (size_t i = 0; i < args->size(); ++i) {
@@ -383,9 +388,11 @@ absl::StatusOr<PlannerLoopOptions> TakePlannerFlags(std::vector<std::string>* ar
       }
     }
   }
-  if (loop.address.empty() && (hardware_given || loop.profile)) {
+  if (loop.address.empty() &&
+      (hardware_given || loop.profile || HasChannelSecurity(loop.security))) {
     return absl::InvalidArgumentError(
-        "--hardware, --hardware-profile-id and --profile need --planner ADDR");
+        "--hardware, --hardware-profile-id, --profile, --tls-* and --auth-token-file need "
+        "--planner ADDR");
   }
   if (!loop.hardware_preset.empty() && !loop.hardware_profile_id.empty()) {
     return absl::InvalidArgumentError("give at most one of --hardware or --hardware-profile-id");
@@ -408,7 +415,8 @@ planner flags (closing the loop):
   --profile                   profile the model at this workload first and plan from that trace
   --planner-retries N         retries on UNAVAILABLE with backoff (default 4)
   --safety-margin F           fraction of the card kept free (default: the planner's)
-)");
+)",
+                      ChannelSecurityUsage());
 }
 
 // What world size > 1 does not run yet, refused before anything is built.
@@ -501,6 +509,7 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
     }
     PlannerClientOptions client_options;
     client_options.retries = loop.retries;
+    client_options.security = loop.security;
     ASSIGN_OR_RETURN(client, PlannerClient::Create(loop.address, client_options));
     ASSIGN_OR_RETURN(answer,
                      AskPlanner(*client, c, loop, spec, dtype, model_options, world_size));
@@ -578,8 +587,8 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
       ASSIGN_OR_RETURN(const ChunkPacking layout,
                        ChunkManager::LayoutOf(model->ParamGroups(), options.chunks));
       std::string warning;
-      RETURN_IF_ERROR(CheckPlanLayout(*file_plan, source, layout.num_chunks(),
-                                      layout.fingerprint(), &warning));
+      RETURN_IF_ERROR(
+          CheckPlanLayout(*file_plan, source, layout.num_chunks(), layout.fingerprint(), &warning));
       if (!warning.empty()) {
         MEMPLAN_LOG(kWarning, "plan layout not checked").Field("reason", warning);
       } else {

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "agent/dist/dist_options.h"
 #include "agent/train/train_config.h"
+#include "common/channel_security.h"
 
 namespace memplan {
 
@@ -22,6 +23,7 @@ struct PlannerLoopOptions {
   bool profile = false;             // --profile: profile the model and SubmitTrace first
   int retries = 4;                  // --planner-retries N: client retries on UNAVAILABLE
   double safety_margin = 0;         // --safety-margin F; 0: the planner's default
+  ChannelSecurityOptions security;  // --tls-ca, --tls-cert, --tls-key, --auth-token-file, ...
 };
 
 // Removes the planner flags from `args` (the rest goes to ParseTrainArgs). INVALID_ARGUMENT

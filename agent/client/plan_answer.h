@@ -58,7 +58,9 @@ struct PlanAnswer {
 struct MeasurementReceipt {
   std::string measurement_id;
   double relative_error = 0;  // (predicted - measured) / measured, reserved peak
-  Calibration calibration;    // after this measurement
+  Calibration calibration;    // after this measurement (unchanged when quarantined)
+  // Non-empty: the planner stored the measurement but kept it out of calibration; why.
+  std::string quarantine_reason;
 };
 
 }  // namespace memplan

@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/grpc_credentials.h"
 #include "common/log.h"
 #include "common/proto_convert.h"
 #include "common/status.h"
@@ -100,8 +101,10 @@ void RealSleep(double seconds) {
 
 class PlannerClient::Impl {
  public:
-  Impl(std::string address, PlannerClientOptions options)
-      : address_(std::move(address)), options_(std::move(options)) {
+  Impl(std::string address, PlannerClientOptions options, ClientCredentials credentials)
+      : address_(std::move(address)),
+        options_(std::move(options)),
+        credentials_(std::move(credentials)) {
     if (!options_.sleep) options_.sleep = RealSleep;
   }
 
@@ -120,6 +123,7 @@ class PlannerClient::Impl {
       context.set_deadline(std::chrono::system_clock::now() +
                            std::chrono::duration_cast<std::chrono::system_clock::duration>(
                                std::chrono::duration<double>(options_.call_deadline_seconds)));
+      AttachBearerToken(credentials_, &context);
       last = call(*stub, &context);
       if (last.ok()) return absl::OkStatus();
       const bool retryable =
@@ -144,7 +148,11 @@ class PlannerClient::Impl {
         absl::StrCat("planner at ", address_, " did not answer ", method, " after ", attempts,
                      " attempt(s) (", options_.retries, " retries with backoff up to ",
                      options_.max_backoff_seconds, " s): ", last.error_message(),
-                     "; is memplan-planner running there? (or run offline with --plan-file)"));
+                     "; is memplan-planner running there? (or run offline with --plan-file)",
+                     credentials_.tls
+                         ? "; with TLS: does --tls-ca sign the planner's certificate, and does "
+                           "the planner require a client certificate (--tls-cert/--tls-key)?"
+                         : ""));
   }
 
  private:
@@ -156,8 +164,8 @@ class PlannerClient::Impl {
       // connection (and gRPC's own reconnect backoff) with it, so every retry really dials.
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
       args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 64 << 20);
-      stub_ = v1::Planner::NewStub(
-          grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+      ApplyChannelArguments(credentials_, &args);
+      stub_ = v1::Planner::NewStub(grpc::CreateCustomChannel(address_, credentials_.channel, args));
     }
     return stub_;
   }
@@ -169,6 +177,7 @@ class PlannerClient::Impl {
 
   const std::string address_;
   PlannerClientOptions options_;
+  const ClientCredentials credentials_;
   absl::Mutex mu_;
   std::shared_ptr<v1::Planner::Stub> stub_ ABSL_GUARDED_BY(mu_);
 };
@@ -194,8 +203,9 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "call_deadline_seconds = ", options.call_deadline_seconds, " must be positive"));
   }
+  ASSIGN_OR_RETURN(ClientCredentials credentials, LoadClientCredentials(options.security));
   return std::unique_ptr<PlannerClient>(
-      new PlannerClient(std::make_unique<Impl>(address, options)));
+      new PlannerClient(std::make_unique<Impl>(address, options, std::move(credentials))));
 }
 
 const std::string& PlannerClient::address() const { return impl_->address(); }
@@ -244,6 +254,7 @@ absl::StatusOr<MeasurementReceipt> PlannerClient::ReportMeasurement(
   MeasurementReceipt receipt;
   receipt.measurement_id = response.measurement_id();
   receipt.relative_error = response.relative_error();
+  receipt.quarantine_reason = response.quarantine_reason();
   if (response.has_calibration()) {
     // The receipt's calibration is informative; an unreadable one is left at its defaults.
     absl::StatusOr<Calibration> calibration =

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "agent/client/plan_answer.h"
+#include "common/channel_security.h"
 #include "common/types.h"
 
 namespace memplan {
@@ -22,12 +23,15 @@ struct PlannerClientOptions {
   double call_deadline_seconds = 30.0;    // per attempt
   // How the client waits between attempts; empty = really sleep. Tests pass a fake.
   std::function<void(double seconds)> sleep;
+  // TLS / mutual TLS and the bearer token (memplan-agent's --tls-* and --auth-token-file).
+  ChannelSecurityOptions security;
 };
 
 // Thread-safe: calls may come from several threads; they share one channel.
 class PlannerClient {
  public:
-  // Validates the options and builds the channel lazily; never contacts the planner here.
+  // Validates the options, reads the certificate and token files (INVALID_ARGUMENT naming the
+  // flag) and builds the channel lazily; never contacts the planner here.
   // `address` is a gRPC target, e.g. "127.0.0.1:50051" or "dns:///planner:50051".
   static absl::StatusOr<std::unique_ptr<PlannerClient>> Create(const std::string& address,
                                                                const PlannerClientOptions& options);

@@ -6,6 +6,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -20,8 +21,8 @@ namespace memplan::cli {
 namespace {
 
 constexpr absl::string_view kCommandList =
-    "plan, trace submit|get, hardware submit|list|get, measure, calibration, plans list|get, "
-    "presets";
+    "plan, admit, trace submit|get, hardware submit|list|get, measure, calibration, plans "
+    "list|get, presets";
 constexpr absl::string_view kLoraModules =
     "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj";
 
@@ -268,6 +269,11 @@ FlagTable GlobalFlags(GlobalOptions& g) {
                       g.timeout_seconds = *seconds;
                       return absl::OkStatus();
                     }};
+  for (const std::string& name : ChannelSecurityFlagNames()) {
+    t[name] = {true, [&g, name](absl::string_view v) -> absl::Status {
+                 return SetChannelSecurityFlag(name, v, &g.security).status();
+               }};
+  }
   return t;
 }
 
@@ -308,6 +314,7 @@ absl::StatusOr<CommandWords> ResolveCommand(const std::vector<std::string>& word
   };
   const std::string& first = words[0];
   if (first == "plan") return CommandWords{Command::kPlan, "plan", 0, ""};
+  if (first == "admit") return CommandWords{Command::kAdmit, "admit", 0, ""};
   if (first == "measure") return CommandWords{Command::kMeasure, "measure", 0, ""};
   if (first == "calibration") return CommandWords{Command::kCalibration, "calibration", 0, ""};
   if (first == "presets") return CommandWords{Command::kPresets, "presets", 0, ""};
@@ -334,6 +341,7 @@ int CommandWordCount(Command command) {
     case Command::kNone:
       return 0;
     case Command::kPlan:
+    case Command::kAdmit:
     case Command::kMeasure:
     case Command::kCalibration:
     case Command::kPresets:
@@ -344,19 +352,16 @@ int CommandWordCount(Command command) {
 }
 
 // Checks the cross-flag rules of `plan` that single flags cannot express.
-absl::Status CheckPlan(const PlanOptions& o) {
+// The rules `plan` and `admit` share: one model, workload with a trace, LoRA flags.
+absl::Status CheckJob(const PlanOptions& o, absl::string_view command) {
   const int models = !o.arch_preset.empty() + !o.arch_file.empty() + !o.trace_id.empty();
   if (models != 1) {
     return absl::InvalidArgumentError(
-        models == 0 ? "plan: the model is missing: give one of --arch PRESET, --arch-file "
-                      "CONFIG_JSON or --trace-id ID"
-                    : "plan: --arch, --arch-file and --trace-id are mutually exclusive");
-  }
-  const int hardware = !o.gpu_preset.empty() + !o.hardware_id.empty();
-  if (hardware != 1) {
-    return absl::InvalidArgumentError(
-        hardware == 0 ? "plan: the hardware is missing: give --gpu PRESET or --hardware-id ID"
-                      : "plan: --gpu and --hardware-id are mutually exclusive");
+        models == 0
+            ? absl::StrCat(command,
+                           ": the model is missing: give one of --arch PRESET, --arch-file "
+                           "CONFIG_JSON or --trace-id ID")
+            : absl::StrCat(command, ": --arch, --arch-file and --trace-id are mutually exclusive"));
   }
   // A profiled trace fixes batch and sequence length; a partial override cannot be completed
   // here (the trace's values are only known to the planner), so ask for both.
@@ -372,6 +377,63 @@ absl::Status CheckPlan(const PlanOptions& o) {
     return FlagError("--lora-rank", "needs --lora-targets (e.g. q_proj,v_proj or all)");
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckPlan(const PlanOptions& o) {
+  if (absl::Status s = CheckJob(o, "plan"); !s.ok()) return s;
+  const int hardware = !o.gpu_preset.empty() + !o.hardware_id.empty();
+  if (hardware != 1) {
+    return absl::InvalidArgumentError(
+        hardware == 0 ? "plan: the hardware is missing: give --gpu PRESET or --hardware-id ID"
+                      : "plan: --gpu and --hardware-id are mutually exclusive");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAdmit(const CliInvocation& inv) {
+  if (absl::Status s = CheckJob(inv.plan, "admit"); !s.ok()) return s;
+  if (!inv.plan.gpu_preset.empty() || !inv.plan.hardware_id.empty()) {
+    return absl::InvalidArgumentError(
+        "admit: each --pool names its hardware; drop --gpu and --hardware-id");
+  }
+  if (inv.pools.empty()) {
+    return FlagError("--pool", "give at least one NAME=HARDWARE[:GPUS]");
+  }
+  std::set<std::string> names;
+  for (const PoolOption& pool : inv.pools) {
+    if (!names.insert(pool.name).second) {
+      return FlagError("--pool", absl::StrCat("the name '", pool.name, "' is used twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// "NAME=HARDWARE[:GPUS]", HARDWARE a preset name or "profile/ID".
+absl::StatusOr<PoolOption> ParsePool(absl::string_view text) {
+  const auto bad = [&](absl::string_view why) {
+    return FlagError("--pool", absl::StrCat("'", std::string(text), "': ", std::string(why),
+                                            " (expected NAME=HARDWARE[:GPUS], HARDWARE a preset "
+                                            "such as h100-80gb or profile/ID)"));
+  };
+  const size_t eq = text.find('=');
+  if (eq == absl::string_view::npos || eq == 0) return bad("no NAME=");
+  PoolOption pool;
+  pool.name = std::string(text.substr(0, eq));
+  absl::string_view hardware = text.substr(eq + 1);
+  if (const size_t colon = hardware.rfind(':'); colon != absl::string_view::npos) {
+    auto gpus = ParseInt("--pool GPUS", hardware.substr(colon + 1), 1, 1'000'000);
+    if (!gpus.ok()) return gpus.status();
+    pool.gpus = static_cast<int32_t>(*gpus);
+    hardware = hardware.substr(0, colon);
+  }
+  if (hardware.empty()) return bad("no HARDWARE");
+  if (absl::ConsumePrefix(&hardware, "profile/")) {
+    if (hardware.empty()) return bad("no profile ID after profile/");
+    pool.hardware_id = std::string(hardware);
+  } else {
+    pool.hardware_preset = std::string(hardware);
+  }
+  return pool;
 }
 
 absl::Status CheckMeasure(const Measurement& m) {
@@ -492,6 +554,15 @@ absl::StatusOr<CliInvocation> ParseCommandLine(const std::vector<std::string>& a
     case Command::kPlan:
       flags = PlanFlags(inv.plan);
       break;
+    case Command::kAdmit:
+      flags = PlanFlags(inv.plan);
+      flags["--pool"] = {true, [&inv](absl::string_view v) -> absl::Status {
+                           absl::StatusOr<PoolOption> pool = ParsePool(v);
+                           if (!pool.ok()) return pool.status();
+                           inv.pools.push_back(*std::move(pool));
+                           return absl::OkStatus();
+                         }};
+      break;
     case Command::kMeasure:
       flags = MeasureFlags(inv.measure.measurement);
       break;
@@ -569,12 +640,16 @@ absl::StatusOr<CliInvocation> ParseCommandLine(const std::vector<std::string>& a
     case Command::kPlan:
       if (absl::Status s = CheckPlan(inv.plan); !s.ok()) return s;
       break;
+    case Command::kAdmit:
+      if (absl::Status s = CheckAdmit(inv); !s.ok()) return s;
+      break;
     case Command::kMeasure:
       if (absl::Status s = CheckMeasure(inv.measure.measurement); !s.ok()) return s;
       break;
     default:
       break;
   }
+  if (absl::Status s = ValidateChannelSecurity(inv.global.security); !s.ok()) return s;
   return inv;
 }
 

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/channel_security.h"
 #include "common/types.h"
 
 namespace memplan::cli {
@@ -27,13 +28,15 @@ enum class Command {
   kPlansList,
   kPlansGet,
   kPresets,
+  kAdmit,
 };
 
 // Flags every subcommand accepts, before or after the subcommand words.
 struct GlobalOptions {
   std::string planner_address = "127.0.0.1:50051";
   bool json = false;
-  double timeout_seconds = 30;  // per RPC deadline
+  double timeout_seconds = 30;      // per RPC deadline
+  ChannelSecurityOptions security;  // --tls-ca, --tls-cert, --tls-key, --auth-token-file, ...
 };
 
 struct PlanOptions {
@@ -61,6 +64,14 @@ struct PlanOptions {
   bool skip_limits = false;
 };
 
+// One --pool NAME=HARDWARE[:GPUS] of `admit`.
+struct PoolOption {
+  std::string name;
+  std::string hardware_preset;  // HARDWARE a preset name
+  std::string hardware_id;      // HARDWARE "profile/ID": a stored hardware profile
+  int32_t gpus = 1;
+};
+
 struct MeasureOptions {
   Measurement measurement;  // plan_id required; sizes in bytes
 };
@@ -86,9 +97,10 @@ struct CliInvocation {
   // Set when --help/-h was given (or no subcommand): print it to stdout and exit 0.
   std::optional<std::string> help_text;
 
-  PlanOptions plan;
-  std::string id;         // trace get / hardware get / plans get
-  std::string file_path;  // trace submit / hardware submit: a proto-JSON file, "-" = stdin
+  PlanOptions plan;               // plan; admit: the job (no hardware)
+  std::vector<PoolOption> pools;  // admit
+  std::string id;                 // trace get / hardware get / plans get
+  std::string file_path;          // trace submit / hardware submit: a proto-JSON file, "-" = stdin
   MeasureOptions measure;
   CalibrationOptions calibration;
   PlansListOptions plans_list;

@@ -2,6 +2,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/channel_security.h"
 #include "planner/cli/cli_args.h"
 
 namespace memplan::cli {
@@ -12,6 +13,7 @@ constexpr char kGlobalHelp[] = R"(Global flags (anywhere on the line):
   --json                print the reply as proto JSON instead of a table
   --timeout SECONDS     deadline of each RPC (default 30)
   -h, --help            this help
+Secure planner connection (global flags too):
 )";
 
 constexpr char kOverview[] =
@@ -21,6 +23,7 @@ Usage: memplan [global flags] COMMAND [flags] [args]
 
 Commands:
   plan                 plan a model on a GPU: verdict, knobs, memory breakdown, speed, limits
+  admit                one job against a scheduler's GPU pools: which fit, plan and tokens/s
   trace submit FILE    store a profiled trace (proto JSON, '-' = stdin); prints its id
   trace get ID         show a stored trace
   hardware submit FILE store a measured hardware profile (proto JSON, '-' = stdin)
@@ -96,6 +99,25 @@ list:   the hardware presets the planner serves (memory, bandwidths, FLOP/s).
 get:    shows a stored hardware profile.
 )";
 
+constexpr char kAdmit[] =
+    R"(Usage: memplan admit MODEL [workload] [knobs] --pool NAME=HARDWARE[:GPUS]...
+
+Plans one job on each of a scheduler's GPU pools in one call and says which pools can run it,
+with the plan, predicted tokens/s and the stored plan id of each; the best pool is the fitting
+one with the most tokens/s for the whole job (per-GPU tokens/s x --world-size). A pool with
+fewer GPUs than --world-size does not fit. Exit status 0 whether or not a pool fits (read the
+verdicts, or "best_pool" with --json).
+
+Pools (one or more):
+  --pool NAME=HARDWARE[:GPUS]  HARDWARE a hardware preset (e.g. h100-80gb) or profile/ID (a
+                               stored profile); GPUS free in the pool (default 1)
+Model, workload, method and knobs: the flags of 'memplan plan' except --gpu and --hardware-id.
+
+Example:
+  memplan admit --arch llama-3.1-8b --batch 1 --seq 4096 --skip-limits \
+      --pool consumer=rtx-4090:16 --pool datacenter=h100-80gb:8
+)";
+
 constexpr char kMeasure[] = R"(Usage: memplan measure --plan-id ID --peak-reserved SIZE [more]
 
 Reports what a training run measured while running a plan. The planner stores it durably,
@@ -151,6 +173,9 @@ std::string HelpText(Command command) {
     case Command::kHardwareGet:
       body = kHardware;
       break;
+    case Command::kAdmit:
+      body = kAdmit;
+      break;
     case Command::kMeasure:
       body = kMeasure;
       break;
@@ -165,7 +190,7 @@ std::string HelpText(Command command) {
       body = kPresets;
       break;
   }
-  return absl::StrCat(body, "\n", kGlobalHelp);
+  return absl::StrCat(body, "\n", kGlobalHelp, ChannelSecurityUsage());
 }
 
 }  // namespace memplan::cli

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/grpc_credentials.h"
 #include "common/hf_config.h"
 #include "common/proto_convert.h"
 #include "google/protobuf/util/json_util.h"
@@ -69,12 +70,14 @@ const char* CodeName(grpc::StatusCode code) {
 // Everything one command needs: where to print and how to reach the planner.
 class Session {
  public:
-  Session(const GlobalOptions& global, std::ostream& out, std::ostream& err)
-      : global_(global),
-        out_(out),
-        err_(err),
-        channel_(grpc::CreateChannel(global.planner_address, grpc::InsecureChannelCredentials())),
-        stub_(v1::Planner::NewStub(channel_)) {}
+  Session(const GlobalOptions& global, ClientCredentials credentials, std::ostream& out,
+          std::ostream& err)
+      : global_(global), credentials_(std::move(credentials)), out_(out), err_(err) {
+    grpc::ChannelArguments args;
+    ApplyChannelArguments(credentials_, &args);
+    channel_ = grpc::CreateCustomChannel(global.planner_address, credentials_.channel, args);
+    stub_ = v1::Planner::NewStub(channel_);
+  }
 
   // Calls one unary RPC; on failure prints the code and message and returns false.
   template <typename Request, typename Response, typename Method>
@@ -83,6 +86,7 @@ class Session {
     context.set_deadline(
         std::chrono::system_clock::now() +
         std::chrono::microseconds(static_cast<int64_t>(global_.timeout_seconds * 1e6)));
+    AttachBearerToken(credentials_, &context);
     const grpc::Status status = ((*stub_).*method)(&context, request, response);
     if (status.ok()) return true;
     // A refused or dead connection also reads UNAVAILABLE; the channel state tells it apart from
@@ -95,6 +99,12 @@ class Session {
            << CodeName(status.error_code()) << ": " << status.error_message() << ")\n"
            << "  Is memplan-planner running there? Start it (scripts/demo.sh shows how) or pass "
               "--planner HOST:PORT.\n";
+      // A TLS mismatch also looks like an unreachable planner.
+      err_ << (credentials_.tls
+                   ? "  With TLS: does --tls-ca sign the planner's certificate, and does the "
+                     "planner require a client certificate (--tls-cert/--tls-key)?\n"
+                   : "  If the planner serves TLS, pass --tls-ca (and --tls-cert/--tls-key for "
+                     "mutual TLS).\n");
     } else {
       err_ << "memplan: " << name << " failed: " << CodeName(status.error_code()) << ": "
            << status.error_message() << "\n";
@@ -134,6 +144,7 @@ class Session {
 
  private:
   const GlobalOptions& global_;
+  const ClientCredentials credentials_;
   std::ostream& out_;
   std::ostream& err_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -199,6 +210,26 @@ absl::StatusOr<v1::PlanRequest> BuildPlanRequest(const PlanOptions& o) {
   if (o.max_alternatives) request.set_max_alternatives(*o.max_alternatives);
   request.set_skip_limits(o.skip_limits);
   return request;
+}
+
+int RunAdmit(Session& s, const CliInvocation& inv) {
+  absl::StatusOr<v1::PlanRequest> job = BuildPlanRequest(inv.plan);
+  if (!job.ok()) return s.UsageError(std::string(job.status().message()));
+  v1::AdmitRequest request;
+  *request.mutable_job() = *std::move(job);
+  for (const PoolOption& option : inv.pools) {
+    v1::NodePool& pool = *request.add_pools();
+    pool.set_name(option.name);
+    if (!option.hardware_id.empty()) {
+      pool.set_hardware_profile_id(option.hardware_id);
+    } else {
+      pool.set_hardware_preset(option.hardware_preset);
+    }
+    pool.set_gpus(option.gpus);
+  }
+  v1::AdmitResponse response;
+  if (!s.Call("Admit", &v1::Planner::Stub::Admit, request, &response)) return kExitRpcError;
+  return s.Print(response, [](const v1::AdmitResponse& r) { return FormatAdmit(r); });
 }
 
 int RunPlan(Session& s, const PlanOptions& options) {
@@ -348,10 +379,17 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
     out << *inv.help_text;
     return kExitOk;
   }
-  Session session(inv.global, out, err);
+  absl::StatusOr<ClientCredentials> credentials = LoadClientCredentials(inv.global.security);
+  if (!credentials.ok()) {
+    err << "memplan: " << credentials.status().message() << "\n";
+    return kExitUsage;
+  }
+  Session session(inv.global, *std::move(credentials), out, err);
   switch (inv.command) {
     case Command::kPlan:
       return RunPlan(session, inv.plan);
+    case Command::kAdmit:
+      return RunAdmit(session, inv);
     case Command::kTraceSubmit:
       return RunTraceSubmit(session, inv.file_path);
     case Command::kTraceGet:

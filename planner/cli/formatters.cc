@@ -381,16 +381,42 @@ std::string FormatCalibrations(const v1::GetCalibrationResponse& response) {
   return table.Render();
 }
 
+std::string FormatAdmit(const v1::AdmitResponse& reply) {
+  TextTable table({"pool", "hardware", "GPUs", "verdict", "peak GiB", "tokens/s/GPU",
+                   "job tokens/s", "plan id"},
+                  {Align::kLeft, Align::kLeft, Align::kRight, Align::kLeft, Align::kRight,
+                   Align::kRight, Align::kRight, Align::kLeft});
+  std::string reasons;
+  for (const v1::PoolVerdict& v : reply.pools()) {
+    table.AddRow({v.pool(), v.hardware_name(), absl::StrCat(v.gpus()), v.fits() ? "fits" : "no fit",
+                  absl::StrFormat("%.2f", v.prediction().peak_bytes() / kGiB),
+                  FormatCount(v.prediction().tokens_per_second()),
+                  v.fits() ? FormatCount(v.job_tokens_per_second()) : "-", v.plan_id()});
+    absl::StrAppend(&reasons, "  ", v.pool(), ": ", v.reason(), "\n");
+  }
+  return absl::StrCat(table.Render(), "\nBest pool         ",
+                      reply.best_pool().empty() ? "none fits" : reply.best_pool(), "\n\nWhy\n",
+                      reasons);
+}
+
 std::string FormatMeasurementReply(const v1::ReportMeasurementResponse& reply) {
   KeyValues kv;
   kv.Add("Measurement id", reply.measurement_id());
   kv.Add("Prediction error", absl::StrCat(Percent(reply.relative_error()),
                                           " (predicted - measured) / measured, reserved peak"));
+  const bool quarantined = !reply.quarantine_reason().empty();
+  if (quarantined) {
+    kv.Add("Quarantined",
+           absl::StrCat(reply.quarantine_reason(), "; stored, not applied to calibration"));
+  }
   std::string out = kv.Render();
   if (reply.has_calibration()) {
     v1::GetCalibrationResponse one;
     *one.add_calibrations() = reply.calibration();
-    absl::StrAppend(&out, "\nCalibration after this measurement\n", FormatCalibrations(one));
+    absl::StrAppend(
+        &out,
+        quarantined ? "\nCalibration (unchanged)\n" : "\nCalibration after this measurement\n",
+        FormatCalibrations(one));
   }
   return out;
 }
@@ -425,18 +451,24 @@ std::string FormatStoredPlan(const v1::StoredPlan& s) {
                       s.request().optimizer().empty() ? "adamw" : s.request().optimizer()));
   std::string out = absl::StrCat(kv.Render(), "\n", FormatPlanResponse(s.response()));
   if (s.measurements_size() > 0) {
-    TextTable table(
-        {"measured (UTC)", "reserved GiB", "allocated GiB", "device GiB", "load GiB", "step", "oom",
-         "note"},
-        {Align::kLeft, Align::kRight, Align::kRight, Align::kRight, Align::kRight, Align::kRight});
+    TextTable table({"#", "measured (UTC)", "reserved GiB", "allocated GiB", "device GiB",
+                     "load GiB", "step", "oom", "calibration", "reported by", "note"},
+                    {Align::kRight, Align::kLeft, Align::kRight, Align::kRight, Align::kRight,
+                     Align::kRight, Align::kRight});
     auto gib = [](int64_t bytes) { return absl::StrFormat("%.2f", bytes / kGiB); };
-    for (const v1::Measurement& m : s.measurements()) {
-      table.AddRow({TimeLabel(m.measured_at_unix_ms()), gib(m.peak_reserved_bytes()),
-                    gib(m.peak_allocated_bytes()), gib(m.peak_device_bytes()),
-                    gib(m.load_peak_bytes()), FormatSeconds(m.step_seconds()),
-                    m.oom() ? "yes" : "no", m.note()});
+    std::string quarantined;
+    for (int i = 0; i < s.measurements_size(); ++i) {
+      const v1::Measurement& m = s.measurements(i);
+      table.AddRow(
+          {absl::StrCat(i + 1), TimeLabel(m.measured_at_unix_ms()), gib(m.peak_reserved_bytes()),
+           gib(m.peak_allocated_bytes()), gib(m.peak_device_bytes()), gib(m.load_peak_bytes()),
+           FormatSeconds(m.step_seconds()), m.oom() ? "yes" : "no",
+           m.quarantine_reason().empty() ? "used" : "quarantined", m.reported_by(), m.note()});
+      if (!m.quarantine_reason().empty()) {
+        absl::StrAppend(&quarantined, "  #", i + 1, " quarantined: ", m.quarantine_reason(), "\n");
+      }
     }
-    absl::StrAppend(&out, "\nMeasurements\n", table.Render(2));
+    absl::StrAppend(&out, "\nMeasurements\n", table.Render(2), quarantined);
   }
   return out;
 }

@@ -29,6 +29,9 @@ std::string FormatHardwareProfile(const v1::HardwareProfile& profile);
 std::string FormatTrace(const v1::Trace& trace);
 std::string FormatCalibrations(const v1::GetCalibrationResponse& response);
 std::string FormatMeasurementReply(const v1::ReportMeasurementResponse& reply);
+// One row per pool (verdict, peak, tokens/s per GPU and for the job, plan id), the best pool
+// and each pool's reason.
+std::string FormatAdmit(const v1::AdmitResponse& reply);
 // A page of stored plans as one table (one row per plan).
 std::string FormatPlansList(const v1::ListPlansResponse& page);
 // A stored plan: what was asked, the answer, and the measurements reported for it.

@@ -1,7 +1,11 @@
 #include "planner/daemon/daemon_options.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 
 #include "absl/strings/match.h"
@@ -31,6 +35,29 @@ absl::Status ParseInt(const std::string& flag, const std::string& value, int lo,
 
 }  // namespace
 
+bool IsLoopbackAddress(const std::string& address) {
+  if (absl::StartsWith(address, "unix:") || absl::StartsWith(address, "unix-abstract:")) {
+    return true;
+  }
+  std::string host = address;
+  if (const size_t colon = address.rfind(':'); colon != std::string::npos) {
+    host = address.substr(0, colon);
+  }
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host == "localhost") return true;
+  in_addr v4{};
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) {
+    return (ntohl(v4.s_addr) >> 24) == 127;
+  }
+  in6_addr v6{};
+  if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) {
+    return std::memcmp(&v6, &in6addr_loopback, sizeof(v6)) == 0;
+  }
+  return false;
+}
+
 std::string DaemonUsage() {
   return R"(memplan-planner: the memplan planning service (gRPC memplan.v1.Planner).
 
@@ -40,12 +67,41 @@ Usage: memplan-planner [flags]
                              printed as "listening on HOST:PORT")
   --metrics=HOST:PORT        Prometheus /metrics address (default 127.0.0.1:9464; "" disables;
                              port 0 picks a free port, printed as "metrics on HOST:PORT")
+  --metrics-plan-series=N    newest plans that keep memplan_plan_*_peak_bytes{plan_id} series
+                             (default 256; older series are dropped; [1, 100000])
   --db=PATH                  SQLite database, created when missing (default ./memplan-planner.db)
   --log-level=LEVEL          debug | info | warning | error (default info; debug logs every RPC)
   --search-threads=N         plan-search threads (default 0 = one per CPU, at most 16)
   --max-queued-searches=N    searches waiting for a thread before RESOURCE_EXHAUSTED (default 256)
   --max-rpc-threads=N        gRPC server threads (default 64)
   --shutdown-grace-seconds=S on SIGTERM/SIGINT, how long in-flight RPCs may finish (default 10)
+
+Transport security (gRPC's own TLS):
+  --tls-cert=FILE            PEM server certificate (chain); turns TLS on. Needs --tls-key
+  --tls-key=FILE             PEM private key of --tls-cert
+  --tls-client-ca=FILE       PEM CA for client certificates (mutual TLS); a verified client
+                             certificate may call the write RPCs
+  --tls-client-auth=MODE     with --tls-client-ca: require (default; every connection needs a
+                             client certificate) | optional (verified when presented; read RPCs
+                             work without one)
+  --auth-token-file=FILE     bearer tokens for the write RPCs (SubmitTrace, SubmitHardwareProfile,
+                             ReportMeasurement): one "NAME ROLE TOKEN" per line, ROLE write (all
+                             three) or report (ReportMeasurement only), '#' comments. With it or
+                             --tls-client-ca, a write needs a token or a verified client
+                             certificate (role write); reads stay open. Refusals are counted in
+                             memplan_rpc_rejected_total
+  --quarantine-step-ratio=R  a reported step time outside [predicted / R, predicted x R] is
+                             stored quarantined, not applied to calibration (default 3; [1.1, 1000])
+  --quarantine-burst=N       reports beyond N per minute from one client (token or certificate and
+                             host) are quarantined (default 20; 0 = no limit). Measurements with a
+                             peak above the plan's card are always quarantined
+  --webhook=HOST:PORT        serve a Kubernetes validating admission webhook (AdmissionReview JSON,
+                             POST /validate) over HTTPS with --tls-cert/--tls-key: pods annotated
+                             memplan.dev/model and memplan.dev/gpu are denied when the job does
+                             not fit that GPU (port 0 picks a free port, printed as "webhook on
+                             HOST:PORT"; default off)
+  --insecure                 allow plaintext gRPC on a non-loopback --listen address (refused
+                             otherwise: anyone on the network could call it)
   --help                     this text
 
 Also served: grpc.health.v1.Health and server reflection (grpc.reflection.v1alpha).
@@ -54,10 +110,15 @@ Also served: grpc.health.v1.Health and server reflection (grpc.reflection.v1alph
 
 absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::vector<std::string>& args) {
   DaemonOptions options;
+  bool client_auth_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if (arg == "--help" || arg == "-h") {
       options.help = true;
+      continue;
+    }
+    if (arg == "--insecure") {
+      options.insecure = true;
       continue;
     }
     if (!absl::StartsWith(arg, "--")) {
@@ -78,6 +139,8 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::vector<std::string>&
     if (name == "--listen") {
       if (value.empty()) return absl::InvalidArgumentError("--listen must not be empty");
       options.listen_address = value;
+    } else if (name == "--webhook") {
+      options.webhook_address = value;
     } else if (name == "--metrics") {
       options.metrics_address = value;
     } else if (name == "--db") {
@@ -106,9 +169,70 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::vector<std::string>&
                                                        "\" is not a number in [0, 3600]"));
       }
       options.shutdown_grace_seconds = seconds;
+    } else if (name == "--tls-cert" || name == "--tls-key" || name == "--tls-client-ca" ||
+               name == "--auth-token-file") {
+      if (value.empty()) return absl::InvalidArgumentError(absl::StrCat(name, " needs a file"));
+      std::string& field = name == "--tls-cert"        ? options.tls_cert_file
+                           : name == "--tls-key"       ? options.tls_key_file
+                           : name == "--tls-client-ca" ? options.tls_client_ca_file
+                                                       : options.auth_token_file;
+      field = value;
+    } else if (name == "--quarantine-step-ratio") {
+      double ratio = 0;
+      if (!absl::SimpleAtod(value, &ratio) || !std::isfinite(ratio) || ratio < 1.1 ||
+          ratio > 1000) {
+        return absl::InvalidArgumentError(absl::StrCat("--quarantine-step-ratio = \"", value,
+                                                       "\" is not a number in [1.1, 1000]"));
+      }
+      options.quarantine_step_ratio = ratio;
+    } else if (name == "--metrics-plan-series") {
+      if (auto s = ParseInt(name, value, 1, 100000, &options.metrics_plan_series); !s.ok()) {
+        return s;
+      }
+    } else if (name == "--quarantine-burst") {
+      if (auto s = ParseInt(name, value, 0, 1000000, &options.quarantine_burst); !s.ok()) return s;
+    } else if (name == "--tls-client-auth") {
+      client_auth_given = true;
+      if (value == "require") {
+        options.client_cert_mode = ClientCertMode::kRequire;
+      } else if (value == "optional") {
+        options.client_cert_mode = ClientCertMode::kOptional;
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--tls-client-auth = \"", value, "\" is not a mode; allowed: require, optional"));
+      }
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag ", name, "; see --help"));
     }
+  }
+  if (options.help) return options;
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-cert and --tls-key go together (the server certificate and its private key)");
+  }
+  if (client_auth_given && options.tls_client_ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-client-auth needs --tls-client-ca (the CA client certificates are checked against)");
+  }
+  if (!options.tls_client_ca_file.empty() && options.tls_cert_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-client-ca needs --tls-cert and --tls-key: client certificates are checked only "
+        "over TLS");
+  }
+  if (!options.webhook_address.empty() && options.tls_cert_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--webhook needs --tls-cert and --tls-key: Kubernetes calls admission webhooks over HTTPS");
+  }
+  if (options.insecure && !options.tls_cert_file.empty()) {
+    return absl::InvalidArgumentError("--insecure contradicts --tls-cert: give one of them");
+  }
+  if (options.tls_cert_file.empty() && !options.insecure &&
+      !IsLoopbackAddress(options.listen_address)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--listen=", options.listen_address,
+        " is not a loopback address and TLS is off: every host that reaches the port could store "
+        "traces and report measurements. Give --tls-cert and --tls-key (and --tls-client-ca for "
+        "mutual TLS), or --insecure to serve plaintext anyway"));
   }
   return options;
 }

@@ -10,6 +10,12 @@
 
 namespace memplan {
 
+// Whether a TLS client must present a certificate signed by --tls-client-ca.
+enum class ClientCertMode {
+  kRequire,   // every connection (mutual TLS)
+  kOptional,  // verified when presented; read RPCs work without one
+};
+
 struct DaemonOptions {
   std::string listen_address = "127.0.0.1:50051";  // port 0: any free port (printed)
   std::string metrics_address = "127.0.0.1:9464";  // empty: no /metrics endpoint
@@ -19,11 +25,32 @@ struct DaemonOptions {
   int max_queued_searches = 256;
   int max_rpc_threads = 64;            // gRPC sync-server threads
   double shutdown_grace_seconds = 10;  // how long SIGTERM waits for in-flight RPCs
+  // Transport security. TLS when tls_cert_file is set; client certificates are checked against
+  // tls_client_ca_file when set. Plaintext off loopback needs `insecure`.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+  ClientCertMode client_cert_mode = ClientCertMode::kRequire;
+  bool insecure = false;
+  // Write authorization: bearer tokens ("NAME ROLE TOKEN" lines). With it, or with
+  // tls_client_ca_file, the write RPCs need a token or a verified client certificate.
+  std::string auth_token_file;
+  // Kubernetes validating admission webhook over HTTPS (POST /validate); empty: off. Uses
+  // tls_cert_file / tls_key_file.
+  std::string webhook_address;
+  int metrics_plan_series = 256;  // plans that keep their per-plan_id metric series
+  // Measurement sanity checks (planner/service/measurement_checks.h).
+  double quarantine_step_ratio = 3;  // step time outside [predicted / R, predicted x R]
+  int quarantine_burst = 20;         // reports per client per minute beyond which; 0: off
   bool help = false;
 };
 
+// Whether a gRPC listen address stays on this host: 127.0.0.0/8, ::1, localhost, unix sockets.
+bool IsLoopbackAddress(const std::string& address);
+
 // Accepts "--flag=value" and "--flag value". INVALID_ARGUMENT naming the flag for an unknown
-// flag, a missing value or a value out of range.
+// flag, a missing value, a value out of range, and for plaintext on a non-loopback --listen
+// without --insecure.
 absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::vector<std::string>& args);
 
 // Usage text for --help.

@@ -42,6 +42,9 @@ int main(int argc, char** argv) {
   if (!(*daemon)->metrics_address().empty()) {
     std::printf("metrics on %s\n", (*daemon)->metrics_address().c_str());
   }
+  if (!(*daemon)->webhook_address().empty()) {
+    std::printf("webhook on %s\n", (*daemon)->webhook_address().c_str());
+  }
   std::fflush(stdout);
 
   int signal_number = 0;

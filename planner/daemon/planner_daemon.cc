@@ -7,18 +7,23 @@
 
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
+#include "common/channel_security.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
-#include "planner/metrics/metrics_server.h"
+#include "grpcpp/security/server_credentials.h"
+#include "common/metrics_server.h"
 #include "planner/metrics/planner_metrics.h"
 #include "planner/service/planner_core.h"
 #include "planner/service/planner_service.h"
 #include "planner/service/search_executor.h"
+#include "planner/service/write_authorizer.h"
 #include "planner/store/store.h"
+#include "planner/webhook/admission_webhook.h"
+#include "planner/webhook/https_server.h"
 #include "prometheus/registry.h"
 
 namespace memplan {
@@ -31,6 +36,35 @@ std::string WithPort(const std::string& address, int port) {
   const size_t colon = address.rfind(':');
   const std::string host = colon == std::string::npos ? address : address.substr(0, colon);
   return absl::StrCat(host, ":", port);
+}
+
+// Plaintext, TLS, or mutual TLS, from the --tls-* flags. Reads the PEM files (errors name the
+// flag); gRPC itself rejects a malformed certificate or a key that does not match it when the
+// port is bound.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
+    const DaemonOptions& options) {
+  if (options.tls_cert_file.empty()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.client_certificate_request = GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE;
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  ASSIGN_OR_RETURN(pair.cert_chain, ReadFlagFile("--tls-cert", options.tls_cert_file));
+  ASSIGN_OR_RETURN(pair.private_key, ReadFlagFile("--tls-key", options.tls_key_file));
+  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!options.tls_client_ca_file.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                     ReadFlagFile("--tls-client-ca", options.tls_client_ca_file));
+    ssl.client_certificate_request =
+        options.client_cert_mode == ClientCertMode::kRequire
+            ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+            : GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+std::string TransportName(const DaemonOptions& options) {
+  if (options.tls_cert_file.empty()) return "plaintext";
+  if (options.tls_client_ca_file.empty()) return "tls";
+  return options.client_cert_mode == ClientCertMode::kRequire ? "mtls" : "tls+optional-client-cert";
 }
 
 int DefaultSearchThreads() {
@@ -46,6 +80,17 @@ PlannerDaemon::~PlannerDaemon() { Shutdown(0); }
 
 absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const DaemonOptions& options) {
   auto daemon = absl::WrapUnique(new PlannerDaemon());
+  // Unreadable certificate or token files fail the start before the database is touched.
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   ServerCredentials(options));
+  WriteAuthorizerOptions authorizer_options;
+  authorizer_options.client_certificates_write = !options.tls_client_ca_file.empty();
+  if (!options.auth_token_file.empty()) {
+    ASSIGN_OR_RETURN(const std::string text,
+                     ReadFlagFile("--auth-token-file", options.auth_token_file));
+    ASSIGN_OR_RETURN(authorizer_options.tokens, ParseTokenFile(text, "--auth-token-file"));
+  }
+  daemon->authorizer_ = std::make_unique<WriteAuthorizer>(std::move(authorizer_options));
 
   SqliteStoreOptions store_options;
   store_options.path = options.db_path;
@@ -58,7 +103,9 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const Daemon
   daemon->store_ = *std::move(store);
 
   daemon->registry_ = std::make_shared<prometheus::Registry>();
-  daemon->metrics_ = std::make_unique<PlannerMetrics>(daemon->registry_);
+  PlannerMetrics::Options metrics_options;
+  metrics_options.max_plan_series = options.metrics_plan_series;
+  daemon->metrics_ = std::make_unique<PlannerMetrics>(daemon->registry_, metrics_options);
   if (!options.metrics_address.empty()) {
     auto server = MetricsServer::Start(options.metrics_address, daemon->registry_);
     if (!server.ok()) {
@@ -76,16 +123,35 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const Daemon
   executor_options.max_queued = options.max_queued_searches;
   daemon->executor_ = std::make_unique<SearchExecutor>(executor_options);
 
+  PlannerCoreOptions core_options;
+  core_options.measurement_checks.max_step_time_ratio = options.quarantine_step_ratio;
+  core_options.measurement_checks.burst_max_reports = options.quarantine_burst;
   ASSIGN_OR_RETURN(daemon->core_, PlannerCore::Create(*daemon->store_, *daemon->executor_,
-                                                      daemon->metrics_.get()));
-  daemon->service_ = std::make_unique<PlannerServiceImpl>(*daemon->core_, daemon->metrics_.get());
+                                                      daemon->metrics_.get(), core_options));
+  if (!options.webhook_address.empty()) {
+    daemon->webhook_ = std::make_unique<AdmissionWebhook>(*daemon->core_);
+    HttpsServerOptions https;
+    https.address = options.webhook_address;
+    https.cert_pem_file = options.tls_cert_file;
+    https.key_pem_file = options.tls_key_file;
+    AdmissionWebhook* webhook = daemon->webhook_.get();
+    ASSIGN_OR_RETURN(
+        daemon->webhook_server_,
+        HttpsServer::Start(https, [webhook](const std::string& method, const std::string& path,
+                                            const std::string& body) {
+          return webhook->Handle(method, path, body);
+        }));
+    daemon->webhook_address_ = WithPort(options.webhook_address, daemon->webhook_server_->port());
+  }
+  daemon->service_ = std::make_unique<PlannerServiceImpl>(*daemon->core_, daemon->metrics_.get(),
+                                                          daemon->authorizer_.get());
 
   // Both are process-wide switches that the builder reads; they must precede BuildAndStart.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options.listen_address, credentials, &port);
   builder.RegisterService(daemon->service_.get());
   grpc::ResourceQuota quota("memplan-planner");
   quota.SetMaxThreads(options.max_rpc_threads);
@@ -95,14 +161,26 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const Daemon
     daemon->server_.reset();
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", options.listen_address,
-                     " (address in use, malformed, or not a local interface)"));
+                     " (address in use, malformed, or not a local interface",
+                     options.tls_cert_file.empty()
+                         ? ")"
+                         : "; or --tls-cert/--tls-key are not a PEM certificate and its key)"));
   }
   daemon->server_->GetHealthCheckService()->SetServingStatus(kPlannerServiceName, true);
+  if (!daemon->authorizer_->enabled() && !IsLoopbackAddress(options.listen_address)) {
+    MEMPLAN_LOG(kWarning, "write RPCs are open to every client that reaches the port")
+        .Field("listen", options.listen_address)
+        .Field("fix", "--auth-token-file or --tls-client-ca");
+  }
   daemon->listen_address_ = WithPort(options.listen_address, port);
   MEMPLAN_LOG(kInfo, "planner started")
       .Field("listen", daemon->listen_address_)
       .Field("metrics",
              daemon->metrics_address_.empty() ? std::string("disabled") : daemon->metrics_address_)
+      .Field("transport", TransportName(options))
+      .Field("write_auth", daemon->authorizer_->enabled() ? "on" : "off")
+      .Field("webhook",
+             daemon->webhook_address_.empty() ? std::string("off") : daemon->webhook_address_)
       .Field("db", options.db_path)
       .Field("search_threads", daemon->executor_->threads());
   return daemon;
@@ -120,8 +198,12 @@ void PlannerDaemon::Shutdown(double grace_seconds) {
     server_.reset();
     MEMPLAN_LOG(kDebug, "grpc server stopped; in-flight RPCs finished or cancelled");
   }
+  // The webhook's connections finish (bounded by their socket timeouts) before the core goes.
+  webhook_server_.reset();
+  webhook_.reset();
   // Handlers have returned, so nothing waits on the executor any more; its destructor joins.
   service_.reset();
+  authorizer_.reset();
   core_.reset();
   executor_.reset();
   metrics_server_.reset();

@@ -19,12 +19,15 @@ class Registry;
 
 namespace memplan {
 
+class AdmissionWebhook;
+class HttpsServer;
 class MetricsServer;
 class PlannerCore;
 class PlannerMetrics;
 class PlannerServiceImpl;
 class SearchExecutor;
 class Store;
+class WriteAuthorizer;
 
 class PlannerDaemon {
  public:
@@ -37,6 +40,8 @@ class PlannerDaemon {
   const std::string& listen_address() const { return listen_address_; }
   // Empty when the metrics endpoint is disabled.
   const std::string& metrics_address() const { return metrics_address_; }
+  // Empty when the admission webhook is off.
+  const std::string& webhook_address() const { return webhook_address_; }
 
   // Marks health NOT_SERVING, refuses new RPCs, waits up to grace_seconds for running ones
   // (then cancels them), drains the search executor and closes the store. Idempotent.
@@ -47,6 +52,7 @@ class PlannerDaemon {
 
   std::string listen_address_;
   std::string metrics_address_;
+  std::string webhook_address_;
   // Declared in construction order; Shutdown() releases them in reverse.
   std::unique_ptr<Store> store_;
   std::shared_ptr<prometheus::Registry> registry_;
@@ -54,7 +60,10 @@ class PlannerDaemon {
   std::unique_ptr<MetricsServer> metrics_server_;
   std::unique_ptr<SearchExecutor> executor_;
   std::unique_ptr<PlannerCore> core_;
+  std::unique_ptr<WriteAuthorizer> authorizer_;
   std::unique_ptr<PlannerServiceImpl> service_;
+  std::unique_ptr<AdmissionWebhook> webhook_;
+  std::unique_ptr<HttpsServer> webhook_server_;
   std::unique_ptr<grpc::Server> server_;
 };
 

@@ -66,16 +66,26 @@ struct PlannerMetrics::Impl {
                           .Name("memplan_plan_measured_peak_bytes")
                           .Help("Measured steady-state GPU peak reported for a recent plan.")
                           .Register(registry)),
-        relative_error(prometheus::BuildHistogram()
-                           .Name("memplan_prediction_relative_error")
-                           .Help("(measured - predicted) / predicted peak bytes, per report.")
-                           .Register(registry)
-                           .Add({}, RelativeErrorBuckets())),
+        relative_error(
+            prometheus::BuildHistogram()
+                .Name("memplan_prediction_relative_error")
+                .Help("(measured - predicted) / predicted peak bytes, per report, by hardware, "
+                      "dtype and model family.")
+                .Register(registry)),
         stored_measurements(prometheus::BuildGauge()
                                 .Name("memplan_stored_measurements")
                                 .Help("Measurements held in the planner store.")
                                 .Register(registry)
-                                .Add({})) {}
+                                .Add({})),
+        rpc_rejected(prometheus::BuildCounter()
+                         .Name("memplan_rpc_rejected_total")
+                         .Help("Write RPCs refused by authorization, by method and gRPC code.")
+                         .Register(registry)),
+        measurements_quarantined(
+            prometheus::BuildCounter()
+                .Name("memplan_measurements_quarantined_total")
+                .Help("Measurements stored but kept out of calibration, by failed check.")
+                .Register(registry)) {}
 
   // Returns the series of `plan_id`, making it the newest and evicting the oldest beyond the bound.
   PlanSeries& Touch(absl::string_view plan_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -106,8 +116,10 @@ struct PlannerMetrics::Impl {
   prometheus::Counter& plans_served_no_fit;
   prometheus::Family<prometheus::Gauge>& predicted_peak;
   prometheus::Family<prometheus::Gauge>& measured_peak;
-  prometheus::Histogram& relative_error;
+  prometheus::Family<prometheus::Histogram>& relative_error;
   prometheus::Gauge& stored_measurements;
+  prometheus::Family<prometheus::Counter>& rpc_rejected;
+  prometheus::Family<prometheus::Counter>& measurements_quarantined;
 
   // Family::Add is itself thread-safe, but eviction must not race a concurrent Set on a gauge
   // that is being removed, so all plan_id series go through this lock.
@@ -132,6 +144,15 @@ void PlannerMetrics::ObserveRpc(absl::string_view method, absl::string_view code
       .Observe(seconds);
 }
 
+void PlannerMetrics::RpcRejected(absl::string_view method, absl::string_view code) {
+  impl_->rpc_rejected.Add({{"method", std::string(method)}, {"code", std::string(code)}})
+      .Increment();
+}
+
+void PlannerMetrics::MeasurementQuarantined(absl::string_view check) {
+  impl_->measurements_quarantined.Add({{"check", std::string(check)}}).Increment();
+}
+
 void PlannerMetrics::ObserveSearch(double seconds) { impl_->search_duration.Observe(seconds); }
 
 void PlannerMetrics::PlanServed(bool fits) {
@@ -149,7 +170,7 @@ void PlannerMetrics::ObservePlanPrediction(absl::string_view plan_id,
 }
 
 void PlannerMetrics::ObserveMeasurement(absl::string_view plan_id, int64_t predicted_bytes,
-                                        int64_t measured_bytes) {
+                                        int64_t measured_bytes, const ErrorKey& key) {
   {
     absl::MutexLock lock(&impl_->mu);
     Impl::PlanSeries& series = impl_->Touch(plan_id);
@@ -161,8 +182,11 @@ void PlannerMetrics::ObserveMeasurement(absl::string_view plan_id, int64_t predi
     series.measured->Set(static_cast<double>(measured_bytes));
   }
   if (predicted_bytes > 0) {
-    impl_->relative_error.Observe(static_cast<double>(measured_bytes - predicted_bytes) /
-                                  static_cast<double>(predicted_bytes));
+    impl_->relative_error
+        .Add({{"hardware", key.hardware}, {"dtype", key.dtype}, {"family", key.family}},
+             RelativeErrorBuckets())
+        .Observe(static_cast<double>(measured_bytes - predicted_bytes) /
+                 static_cast<double>(predicted_bytes));
   }
 }
 

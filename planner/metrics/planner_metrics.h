@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "planner/metrics/metrics_server.h"  // MetricsServer, published with PlannerMetrics
+#include "common/metrics_server.h"  // MetricsServer, published with PlannerMetrics
 
 namespace prometheus {
 class Registry;
@@ -39,12 +39,24 @@ class PlannerMetrics {
   void PlanServed(bool fits);
   // The predicted steady peak of a plan the planner handed out.
   void ObservePlanPrediction(absl::string_view plan_id, int64_t predicted_peak_bytes);
+  // What a measurement's error is aggregated by (the calibration key): a handful of values each,
+  // unlike plan_id.
+  struct ErrorKey {
+    std::string hardware;  // hardware name, e.g. "h100-80gb"
+    std::string dtype;     // "bf16", "fp16", "fp32"
+    std::string family;    // model family, e.g. "llama"
+  };
   // A measurement reported for a plan: sets both gauges and records the signed relative error
-  // (measured - predicted) / predicted. A non-positive prediction records no error.
+  // (measured - predicted) / predicted under `key`. A non-positive prediction records no error.
   void ObserveMeasurement(absl::string_view plan_id, int64_t predicted_bytes,
-                          int64_t measured_bytes);
+                          int64_t measured_bytes, const ErrorKey& key = {});
   // Number of measurements currently stored.
   void SetStoredMeasurements(int64_t n);
+  // A write RPC refused by authorization: code "UNAUTHENTICATED" or "PERMISSION_DENIED".
+  void RpcRejected(absl::string_view method, absl::string_view code);
+  // A measurement stored but kept out of calibration; `check` names the sanity check it failed
+  // (a fixed, small set: PlannerCore's kQuarantine* names).
+  void MeasurementQuarantined(absl::string_view check);
 
   // Number of plan_id values that currently have series (for tests and introspection).
   int TrackedPlanCount() const;

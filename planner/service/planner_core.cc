@@ -5,12 +5,15 @@
 #include <cmath>
 #include <exception>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 
 #include "absl/memory/memory.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/log.h"
 #include "common/presets.h"
 #include "common/proto_convert.h"
 #include "common/status.h"
@@ -31,6 +34,8 @@ constexpr int kMaxAlternatives = 32;
 // GPU memory) would do for device peaks, but host-side figures can be larger.
 constexpr int64_t kMaxMeasuredBytes = kMaxHostMemoryBytes;
 constexpr double kMaxStepSeconds = 1e7;
+constexpr int kMaxAdmitPools = 64;
+constexpr int kMaxPoolGpus = 1'000'000;
 
 int64_t SystemNowUnixMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -160,7 +165,8 @@ PlannerCore::PlannerCore(Store& store, SearchExecutor& executor, PlannerMetrics*
       executor_(executor),
       metrics_(metrics),
       options_(std::move(options)),
-      stored_measurements_(stored_measurements) {}
+      stored_measurements_(stored_measurements),
+      burst_limiter_(options_.measurement_checks) {}
 
 absl::StatusOr<v1::PlanResponse> PlannerCore::Plan(const v1::PlanRequest& request) {
   Resolved r;
@@ -419,9 +425,12 @@ absl::StatusOr<v1::SubmitHardwareProfileResponse> PlannerCore::SubmitHardwarePro
 }
 
 absl::StatusOr<v1::ReportMeasurementResponse> PlannerCore::ReportMeasurement(
-    const v1::ReportMeasurementRequest& request) {
+    const v1::ReportMeasurementRequest& request, const MeasurementSource& source) {
   if (!request.has_measurement()) return Invalid("measurement is required");
   v1::Measurement m = request.measurement();
+  // Both are the planner's to set; a client's values are not trusted.
+  m.set_reported_by(source.reported_by);
+  m.clear_quarantine_reason();
   if (m.plan_id().empty()) return Invalid("measurement.plan_id is empty");
   RETURN_IF_ERROR(CheckBytes("measurement.peak_allocated_bytes", m.peak_allocated_bytes()));
   RETURN_IF_ERROR(CheckBytes("measurement.peak_reserved_bytes", m.peak_reserved_bytes()));
@@ -449,11 +458,24 @@ absl::StatusOr<v1::ReportMeasurementResponse> PlannerCore::ReportMeasurement(
 
   v1::ReportMeasurementResponse response;
   absl::MutexLock lock(&calibration_mu_);
+  // Sanity checks come first so that a quarantined measurement is stored with its reason. The
+  // burst check counts every report, so it runs even when a plan check already failed.
+  std::optional<Quarantine> quarantine =
+      burst_limiter_.Record(source.client, options_.now_unix_ms());
+  if (std::optional<Quarantine> against_plan =
+          CheckAgainstPlan(m, req.hardware_spec().gpu_memory_bytes(), predicted.iteration_seconds,
+                           options_.measurement_checks);
+      against_plan.has_value()) {
+    quarantine = std::move(against_plan);
+  }
+  if (quarantine.has_value()) m.set_quarantine_reason(quarantine->reason);
+
   // Durable first: once the client has an id, the measurement survives a crash (the store
   // commits and syncs before returning). Calibration is derived data and can be refitted.
   ASSIGN_OR_RETURN(std::string measurement_id, store_.PutMeasurement(m));
   response.set_measurement_id(measurement_id);
   ++stored_measurements_;
+  if (metrics_ != nullptr) metrics_->SetStoredMeasurements(stored_measurements_);
 
   // The predicted peak is device-level: the allocator's reserved bytes plus the CUDA context
   // (which the allocator does not count). Errors compare the reserved parts; the calibration
@@ -461,9 +483,24 @@ absl::StatusOr<v1::ReportMeasurementResponse> PlannerCore::ReportMeasurement(
   const int64_t context = predicted.breakdown.cuda_context_bytes;
   const int64_t predicted_reserved = predicted.peak_bytes - context;
   if (m.peak_reserved_bytes() > 0) {
-    response.set_relative_error(
-        static_cast<double>(predicted_reserved - m.peak_reserved_bytes()) /
-        static_cast<double>(m.peak_reserved_bytes()));
+    response.set_relative_error(static_cast<double>(predicted_reserved - m.peak_reserved_bytes()) /
+                                static_cast<double>(m.peak_reserved_bytes()));
+  }
+  if (quarantine.has_value()) {
+    // Kept out of calibration and out of the predicted-vs-measured gauges; the answer carries
+    // the calibration as it stands.
+    response.set_quarantine_reason(quarantine->reason);
+    ASSIGN_OR_RETURN(std::optional<v1::Calibration> current, store_.GetCalibration(key));
+    if (current.has_value()) *response.mutable_calibration() = *std::move(current);
+    if (metrics_ != nullptr) metrics_->MeasurementQuarantined(quarantine->check);
+    MEMPLAN_LOG(kWarning, "measurement quarantined")
+        .Field("plan_id", m.plan_id())
+        .Field("measurement_id", measurement_id)
+        .Field("reported_by", m.reported_by())
+        .Field("reason", quarantine->reason);
+    return response;
+  }
+  if (m.peak_reserved_bytes() > 0) {
     CalibrationSample sample;
     sample.raw_model_bytes = RawModelBytes(predicted);
     sample.exact_bytes = predicted.breakdown.exact_bytes;
@@ -496,8 +533,92 @@ absl::StatusOr<v1::ReportMeasurementResponse> PlannerCore::ReportMeasurement(
   RETURN_IF_ERROR(store_.PutCalibration(response.calibration()));
 
   if (metrics_ != nullptr) {
-    metrics_->ObserveMeasurement(m.plan_id(), predicted_reserved, m.peak_reserved_bytes());
-    metrics_->SetStoredMeasurements(stored_measurements_);
+    metrics_->ObserveMeasurement(
+        m.plan_id(), predicted_reserved, m.peak_reserved_bytes(),
+        {key.hardware_name, std::string(DTypeName(key.param_dtype)), key.model_family});
+  }
+  return response;
+}
+
+absl::StatusOr<v1::AdmitResponse> PlannerCore::Admit(const v1::AdmitRequest& request) {
+  if (request.pools_size() < 1 || request.pools_size() > kMaxAdmitPools) {
+    return Invalid(
+        absl::StrCat("pools: ", request.pools_size(), " given; allowed 1 to ", kMaxAdmitPools));
+  }
+  if (request.job().hardware_case() != v1::PlanRequest::HARDWARE_NOT_SET) {
+    return Invalid(
+        "job.hardware_spec, job.hardware_profile_id and job.hardware_preset must be unset: each "
+        "of pools[] names its own hardware");
+  }
+  std::set<std::string> names;
+  for (int i = 0; i < request.pools_size(); ++i) {
+    const v1::NodePool& pool = request.pools(i);
+    const std::string field = absl::StrCat("pools[", i, "]");
+    if (pool.name().empty()) return Invalid(absl::StrCat(field, ".name is empty"));
+    if (!names.insert(pool.name()).second) {
+      return Invalid(absl::StrCat(field, ".name \"", pool.name(), "\" is used twice"));
+    }
+    if (pool.gpus() < 1 || pool.gpus() > kMaxPoolGpus) {
+      return Invalid(absl::StrCat(field, ".gpus = ", pool.gpus(), " is out of range; allowed [1, ",
+                                  kMaxPoolGpus, "]"));
+    }
+    if (pool.hardware_case() == v1::NodePool::HARDWARE_NOT_SET) {
+      return Invalid(
+          absl::StrCat(field, ": set one of hardware_spec, hardware_profile_id, hardware_preset"));
+    }
+  }
+
+  v1::AdmitResponse response;
+  double best_tokens_per_second = 0;
+  for (int i = 0; i < request.pools_size(); ++i) {
+    const v1::NodePool& pool = request.pools(i);
+    v1::PlanRequest plan_request = request.job();
+    switch (pool.hardware_case()) {
+      case v1::NodePool::kHardwareSpec:
+        *plan_request.mutable_hardware_spec() = pool.hardware_spec();
+        break;
+      case v1::NodePool::kHardwareProfileId:
+        plan_request.set_hardware_profile_id(pool.hardware_profile_id());
+        break;
+      case v1::NodePool::kHardwarePreset:
+        plan_request.set_hardware_preset(pool.hardware_preset());
+        break;
+      case v1::NodePool::HARDWARE_NOT_SET:
+        break;
+    }
+    absl::StatusOr<v1::PlanResponse> plan = Plan(plan_request);
+    if (!plan.ok()) {
+      // Plan names fields of a PlanRequest: the hardware ones are the pool's, the rest the job's.
+      const std::string message(plan.status().message());
+      return absl::Status(plan.status().code(),
+                          absl::StartsWith(message, "hardware")
+                              ? absl::StrCat("pools[", i, "] (\"", pool.name(), "\"): ", message)
+                              : absl::StrCat("job.", message));
+    }
+    ASSIGN_OR_RETURN(const v1::StoredPlan stored, store_.GetPlan(plan->plan_id()));
+    const int world_size = std::max(1, plan->plan().world_size());
+    v1::PoolVerdict& verdict = *response.add_pools();
+    verdict.set_pool(pool.name());
+    verdict.set_hardware_name(stored.request().hardware_spec().name());
+    verdict.set_gpus(pool.gpus());
+    verdict.set_plan_id(plan->plan_id());
+    *verdict.mutable_plan() = plan->plan();
+    *verdict.mutable_prediction() = plan->prediction();
+    verdict.set_reason(plan->reason());
+    verdict.set_fits(plan->fits());
+    if (plan->fits() && pool.gpus() < world_size) {
+      verdict.set_fits(false);
+      verdict.set_reason(absl::StrCat("the plan fits one GPU, but the job needs ", world_size,
+                                      " GPUs (workload.world_size) and the pool has ",
+                                      pool.gpus()));
+    }
+    if (verdict.fits()) {
+      verdict.set_job_tokens_per_second(plan->prediction().tokens_per_second() * world_size);
+      if (verdict.job_tokens_per_second() > best_tokens_per_second) {
+        best_tokens_per_second = verdict.job_tokens_per_second();
+        response.set_best_pool(pool.name());
+      }
+    }
   }
   return response;
 }

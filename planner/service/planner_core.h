@@ -7,12 +7,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "memplan/v1/planner.pb.h"
 #include "planner/calibration/calibrator.h"
+#include "planner/service/measurement_checks.h"
 
 namespace memplan {
 
@@ -22,6 +24,7 @@ class Store;
 
 struct PlannerCoreOptions {
   CalibratorOptions calibrator;
+  MeasurementCheckOptions measurement_checks;
   // Fragmentation factor of a (hardware, dtype, family) before its first measurement. With the
   // agent's allocator settings (expandable segments) the reserved peak was 1.4-7.5 % above the
   // allocated peak in every run measured on the H200 (docs/benchmarks.md), and the raw model
@@ -50,10 +53,17 @@ class PlannerCore {
   absl::StatusOr<v1::SubmitTraceResponse> SubmitTrace(const v1::SubmitTraceRequest& request);
   absl::StatusOr<v1::SubmitHardwareProfileResponse> SubmitHardwareProfile(
       const v1::SubmitHardwareProfileRequest& request);
-  // The measurement is durable before this returns OK; then the calibration of the plan's
-  // (hardware, dtype, model family) is refitted and stored.
+  // Who sent a measurement, as the service shell authenticated it.
+  struct MeasurementSource {
+    std::string reported_by;  // stored with it: "token:NAME", "cert:IDENTITY" or "peer:HOST"
+    std::string client;       // what the burst check counts per: the caller and its host
+  };
+  // The measurement is durable before this returns OK. Then, unless it fails a sanity check
+  // (measurement_checks.h: it is then stored quarantined, with the reason, and the calibration
+  // is left as it was), the calibration of the plan's (hardware, dtype, model family) is
+  // refitted and stored.
   absl::StatusOr<v1::ReportMeasurementResponse> ReportMeasurement(
-      const v1::ReportMeasurementRequest& request);
+      const v1::ReportMeasurementRequest& request, const MeasurementSource& source = {});
   absl::StatusOr<v1::GetPlanResponse> GetPlan(const v1::GetPlanRequest& request);
   absl::StatusOr<v1::ListPlansResponse> ListPlans(const v1::ListPlansRequest& request);
   absl::StatusOr<v1::GetCalibrationResponse> GetCalibration(
@@ -61,6 +71,10 @@ class PlannerCore {
   absl::StatusOr<v1::GetTraceResponse> GetTrace(const v1::GetTraceRequest& request);
   absl::StatusOr<v1::GetHardwareProfileResponse> GetHardwareProfile(
       const v1::GetHardwareProfileRequest& request);
+  // Plans `job` on each pool (one stored plan per pool, searched one after the other) and says
+  // which pools fit, with the plan and tokens/s of each. INVALID_ARGUMENT names the field
+  // (job.* or pools[i].*) and the allowed values; a pool's unknown hardware is NOT_FOUND.
+  absl::StatusOr<v1::AdmitResponse> Admit(const v1::AdmitRequest& request);
   // Hardware presets are replaced by a stored measured profile of the same name.
   absl::StatusOr<v1::ListPresetsResponse> ListPresets(const v1::ListPresetsRequest& request);
 
@@ -76,6 +90,7 @@ class PlannerCore {
   // cannot store a fit computed from an older sample set over a newer one.
   absl::Mutex calibration_mu_;
   int64_t stored_measurements_ ABSL_GUARDED_BY(calibration_mu_);
+  BurstLimiter burst_limiter_ ABSL_GUARDED_BY(calibration_mu_);
 };
 
 }  // namespace memplan

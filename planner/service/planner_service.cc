@@ -2,13 +2,19 @@
 
 #include <chrono>
 #include <exception>
+#include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/grpc_credentials.h"
 #include "common/log.h"
+#include "common/status.h"
 #include "planner/metrics/planner_metrics.h"
 #include "planner/service/planner_core.h"
+#include "planner/service/write_authorizer.h"
 
 namespace memplan {
 namespace {
@@ -56,6 +62,25 @@ grpc::StatusCode ToGrpcCode(absl::StatusCode code) {
   }
 }
 
+// The authorization header, the verified client certificate and the peer of a call.
+CallerCredentials CredentialsOf(const grpc::ServerContext& context) {
+  CallerCredentials credentials;
+  const auto& metadata = context.client_metadata();
+  if (auto it = metadata.find(kAuthorizationMetadataKey); it != metadata.end()) {
+    credentials.authorization = std::string(it->second.data(), it->second.size());
+  }
+  // Only a certificate that the handshake verified against --tls-client-ca counts.
+  const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth != nullptr && auth->IsPeerAuthenticated()) {
+    const std::vector<grpc::string_ref> identity = auth->GetPeerIdentity();
+    if (!identity.empty()) {
+      credentials.certificate_identity = std::string(identity[0].data(), identity[0].size());
+    }
+  }
+  credentials.peer = context.peer();
+  return credentials;
+}
+
 }  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
@@ -63,8 +88,20 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(ToGrpcCode(status.code()), std::string(status.message()));
 }
 
-PlannerServiceImpl::PlannerServiceImpl(PlannerCore& core, PlannerMetrics* metrics)
-    : core_(core), metrics_(metrics) {}
+PlannerServiceImpl::PlannerServiceImpl(PlannerCore& core, PlannerMetrics* metrics,
+                                       const WriteAuthorizer* authorizer)
+    : core_(core), metrics_(metrics), authorizer_(authorizer) {}
+
+absl::StatusOr<std::string> PlannerServiceImpl::AuthorizeWrite(absl::string_view method,
+                                                               const grpc::ServerContext& context) {
+  const CallerCredentials credentials = CredentialsOf(context);
+  if (authorizer_ == nullptr) return absl::StrCat("peer:", PeerHost(credentials.peer));
+  absl::StatusOr<std::string> caller = authorizer_->AuthorizeWrite(method, credentials);
+  if (!caller.ok() && metrics_ != nullptr) {
+    metrics_->RpcRejected(method, absl::StatusCodeToString(caller.status().code()));
+  }
+  return caller;
+}
 
 template <typename Call, typename Response>
 grpc::Status PlannerServiceImpl::Handle(absl::string_view method, grpc::ServerContext* context,
@@ -117,14 +154,23 @@ grpc::Status PlannerServiceImpl::SubmitTrace(grpc::ServerContext* context,
                                              const v1::SubmitTraceRequest* request,
                                              v1::SubmitTraceResponse* response) {
   return Handle(
-      "SubmitTrace", context, [&] { return core_.SubmitTrace(*request); }, response);
+      "SubmitTrace", context,
+      [&]() -> absl::StatusOr<v1::SubmitTraceResponse> {
+        RETURN_IF_ERROR(AuthorizeWrite("SubmitTrace", *context).status());
+        return core_.SubmitTrace(*request);
+      },
+      response);
 }
 
 grpc::Status PlannerServiceImpl::SubmitHardwareProfile(
     grpc::ServerContext* context, const v1::SubmitHardwareProfileRequest* request,
     v1::SubmitHardwareProfileResponse* response) {
   return Handle(
-      "SubmitHardwareProfile", context, [&] { return core_.SubmitHardwareProfile(*request); },
+      "SubmitHardwareProfile", context,
+      [&]() -> absl::StatusOr<v1::SubmitHardwareProfileResponse> {
+        RETURN_IF_ERROR(AuthorizeWrite("SubmitHardwareProfile", *context).status());
+        return core_.SubmitHardwareProfile(*request);
+      },
       response);
 }
 
@@ -132,7 +178,17 @@ grpc::Status PlannerServiceImpl::ReportMeasurement(grpc::ServerContext* context,
                                                    const v1::ReportMeasurementRequest* request,
                                                    v1::ReportMeasurementResponse* response) {
   return Handle(
-      "ReportMeasurement", context, [&] { return core_.ReportMeasurement(*request); }, response);
+      "ReportMeasurement", context,
+      [&]() -> absl::StatusOr<v1::ReportMeasurementResponse> {
+        PlannerCore::MeasurementSource source;
+        ASSIGN_OR_RETURN(source.reported_by, AuthorizeWrite("ReportMeasurement", *context));
+        // Agents may share a token: the burst check counts per token and host.
+        source.client = absl::StartsWith(source.reported_by, "peer:")
+                            ? source.reported_by
+                            : absl::StrCat(source.reported_by, " from ", PeerHost(context->peer()));
+        return core_.ReportMeasurement(*request, source);
+      },
+      response);
 }
 
 grpc::Status PlannerServiceImpl::GetPlan(grpc::ServerContext* context,
@@ -175,6 +231,13 @@ grpc::Status PlannerServiceImpl::GetHardwareProfile(grpc::ServerContext* context
                                                     v1::GetHardwareProfileResponse* response) {
   return Handle(
       "GetHardwareProfile", context, [&] { return core_.GetHardwareProfile(*request); }, response);
+}
+
+grpc::Status PlannerServiceImpl::Admit(grpc::ServerContext* context,
+                                       const v1::AdmitRequest* request,
+                                       v1::AdmitResponse* response) {
+  return Handle(
+      "Admit", context, [&] { return core_.Admit(*request); }, response);
 }
 
 }  // namespace memplan

@@ -3,7 +3,10 @@
 // lets an exception escape (it becomes INTERNAL). Thread-safe.
 #pragma once
 
+#include <string>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
 #include "memplan/v1/planner.grpc.pb.h"
@@ -12,14 +15,17 @@ namespace memplan {
 
 class PlannerCore;
 class PlannerMetrics;
+class WriteAuthorizer;
 
 // The one place where absl::Status becomes grpc::Status (codes map one to one).
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
 class PlannerServiceImpl final : public v1::Planner::Service {
  public:
-  // `core` must outlive the service; `metrics` may be null.
-  PlannerServiceImpl(PlannerCore& core, PlannerMetrics* metrics);
+  // `core` must outlive the service; `metrics` may be null. `authorizer` (may be null: writes
+  // open) decides who may call SubmitTrace, SubmitHardwareProfile and ReportMeasurement.
+  PlannerServiceImpl(PlannerCore& core, PlannerMetrics* metrics,
+                     const WriteAuthorizer* authorizer = nullptr);
 
   grpc::Status Plan(grpc::ServerContext* context, const v1::PlanRequest* request,
                     v1::PlanResponse* response) override;
@@ -45,6 +51,8 @@ class PlannerServiceImpl final : public v1::Planner::Service {
   grpc::Status GetHardwareProfile(grpc::ServerContext* context,
                                   const v1::GetHardwareProfileRequest* request,
                                   v1::GetHardwareProfileResponse* response) override;
+  grpc::Status Admit(grpc::ServerContext* context, const v1::AdmitRequest* request,
+                     v1::AdmitResponse* response) override;
 
  private:
   // Runs `call` (returning absl::StatusOr<Response>), times it and converts its outcome.
@@ -52,8 +60,14 @@ class PlannerServiceImpl final : public v1::Planner::Service {
   grpc::Status Handle(absl::string_view method, grpc::ServerContext* context, Call call,
                       Response* response);
 
+  // The caller's identity for a write RPC, or UNAUTHENTICATED / PERMISSION_DENIED (counted in
+  // memplan_rpc_rejected_total).
+  absl::StatusOr<std::string> AuthorizeWrite(absl::string_view method,
+                                             const grpc::ServerContext& context);
+
   PlannerCore& core_;
   PlannerMetrics* const metrics_;
+  const WriteAuthorizer* const authorizer_;
 };
 
 }  // namespace memplan

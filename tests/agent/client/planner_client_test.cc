@@ -5,9 +5,12 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,6 +19,7 @@
 #include "agent/client/record_json.h"
 #include "common/presets.h"
 #include "daemon_process.h"
+#include "test_pki.h"
 
 namespace memplan {
 namespace {
@@ -186,6 +190,82 @@ class PlannerClientE2eTest : public ::testing::Test {
   std::string log_path_;
 };
 
+// The agent's client over mutual TLS with certificates made by openssl (tests/planner/e2e).
+TEST_F(PlannerClientE2eTest, MutualTlsWithTheAgentsCertificate) {
+  std::string dir = db_path_ + ".pki";
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  auto pki = testing::MakeTestPki(dir);
+  ASSERT_TRUE(pki.ok()) << pki.status();
+  auto daemon = StartDaemon({"--tls-cert=" + pki->server_cert, "--tls-key=" + pki->server_key,
+                             "--tls-client-ca=" + pki->ca_cert});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  FakeSleeper sleeper;
+
+  PlannerClientOptions options = FastOptions(&sleeper, 0);
+  options.security.tls_ca_file = pki->ca_cert;
+  options.security.tls_cert_file = pki->client_cert;
+  options.security.tls_key_file = pki->client_key;
+  auto client = PlannerClient::Create(daemon->address(), options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<PlanAnswer> answer = (*client)->Plan(PresetQuery());
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_TRUE(answer->fits) << answer->reason;
+
+  // Without its certificate the handshake fails; the error names the address.
+  options.security.tls_cert_file.clear();
+  options.security.tls_key_file.clear();
+  auto no_cert = PlannerClient::Create(daemon->address(), options);
+  ASSERT_TRUE(no_cert.ok()) << no_cert.status();
+  answer = (*no_cert)->Plan(PresetQuery());
+  EXPECT_EQ(answer.status().code(), absl::StatusCode::kUnavailable) << answer.status();
+  EXPECT_THAT(answer.status().message(), HasSubstr(daemon->address()));
+  EXPECT_THAT(answer.status().message(), HasSubstr("with TLS: does --tls-ca sign"));
+
+  // Files that cannot be read fail Create, naming the flag.
+  options.security.tls_ca_file = dir + "/missing.crt";
+  auto missing = PlannerClient::Create(daemon->address(), options);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(missing.status().message(), HasSubstr("--tls-ca"));
+  std::filesystem::remove_all(dir);
+}
+
+// The agent's writes carry the bearer token of --auth-token-file; without it they are refused
+// (and not retried: UNAUTHENTICATED is final).
+TEST_F(PlannerClientE2eTest, WritesCarryTheBearerToken) {
+  const std::string tokens = db_path_ + ".tokens";
+  const std::string token_file = db_path_ + ".token";
+  { std::ofstream(tokens) << "agent-1 write w-0123456789abcdef\n"; }
+  { std::ofstream(token_file) << "w-0123456789abcdef\n"; }
+  auto daemon = StartDaemon({"--auth-token-file=" + tokens});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  FakeSleeper sleeper;
+
+  auto anonymous = PlannerClient::Create(daemon->address(), FastOptions(&sleeper, 2));
+  ASSERT_TRUE(anonymous.ok());
+  absl::StatusOr<PlanAnswer> answer = (*anonymous)->Plan(PresetQuery());  // reads stay open
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  Measurement m;
+  m.plan_id = answer->plan_id;
+  m.peak_reserved_bytes = answer->prediction.peak_bytes / 2;
+  absl::StatusOr<MeasurementReceipt> receipt = (*anonymous)->ReportMeasurement(m);
+  EXPECT_EQ(receipt.status().code(), absl::StatusCode::kUnauthenticated) << receipt.status();
+  EXPECT_TRUE(sleeper.waits.empty());
+
+  PlannerClientOptions options = FastOptions(&sleeper, 2);
+  options.security.auth_token_file = token_file;
+  auto agent = PlannerClient::Create(daemon->address(), options);
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  receipt = (*agent)->ReportMeasurement(m);
+  ASSERT_TRUE(receipt.ok()) << receipt.status();
+  EXPECT_FALSE(receipt->measurement_id.empty());
+
+  options.security.auth_token_file = db_path_ + ".missing";
+  auto missing = PlannerClient::Create(daemon->address(), options);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(missing.status().message(), HasSubstr("--auth-token-file"));
+  for (const std::string& f : {tokens, token_file}) std::remove(f.c_str());
+}
+
 TEST_F(PlannerClientE2eTest, ProfilePlanMeasureAgainstTheRealDaemon) {
   auto daemon = StartDaemon();
   ASSERT_TRUE(daemon.ok()) << daemon.status();
@@ -230,7 +310,7 @@ TEST_F(PlannerClientE2eTest, ProfilePlanMeasureAgainstTheRealDaemon) {
   m.plan_id = answer->plan_id;
   m.peak_reserved_bytes = predicted_reserved * 10 / 11;
   m.peak_allocated_bytes = m.peak_reserved_bytes * 9 / 10;
-  m.step_seconds = 0.5;
+  m.step_seconds = answer->prediction.iteration_seconds;
   absl::StatusOr<MeasurementReceipt> receipt = (*client)->ReportMeasurement(m);
   ASSERT_TRUE(receipt.ok()) << receipt.status();
   EXPECT_FALSE(receipt->measurement_id.empty());

@@ -127,6 +127,59 @@ TEST(CliArgsTest, GlobalFlagsGoAnywhere) {
   EXPECT_EQ(after->global.timeout_seconds, 2.5);
 }
 
+TEST(CliArgsTest, SecurityFlagsAreGlobal) {
+  auto parsed = Parse({"--tls-ca", "ca.crt", "plans", "list", "--tls-cert=c.crt", "--tls-key",
+                       "c.key", "--tls-server-name=planner.internal", "--auth-token-file", "tok"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->global.security.tls_ca_file, "ca.crt");
+  EXPECT_EQ(parsed->global.security.tls_cert_file, "c.crt");
+  EXPECT_EQ(parsed->global.security.tls_key_file, "c.key");
+  EXPECT_EQ(parsed->global.security.tls_server_name, "planner.internal");
+  EXPECT_EQ(parsed->global.security.auth_token_file, "tok");
+  // A token alone is fine (plaintext on loopback); a client certificate needs the CA.
+  EXPECT_TRUE(Parse({"--auth-token-file=tok", "presets"}).ok());
+  EXPECT_THAT(ErrorOf({"--tls-cert=c.crt", "--tls-key=c.key", "presets"}),
+              HasSubstr("need --tls-ca"));
+  EXPECT_THAT(ErrorOf({"--tls-ca=ca.crt", "--tls-key=c.key", "presets"}),
+              HasSubstr("--tls-cert and --tls-key go together"));
+  EXPECT_THAT(ErrorOf({"presets", "--tls-ca="}), HasSubstr("--tls-ca needs a non-empty value"));
+}
+
+TEST(CliArgsTest, AdmitTakesTheJobAndPools) {
+  auto parsed =
+      Parse({"admit", "--arch", "llama-3.1-8b", "--batch", "2", "--world-size", "4", "--pool",
+             "a=h100-80gb:8", "--pool=b=rtx-4090", "--pool", "lab=profile/hw-0a1b:2"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->command, Command::kAdmit);
+  EXPECT_EQ(parsed->plan.arch_preset, "llama-3.1-8b");
+  EXPECT_EQ(parsed->plan.world_size, 4);
+  ASSERT_EQ(parsed->pools.size(), 3u);
+  EXPECT_EQ(parsed->pools[0].name, "a");
+  EXPECT_EQ(parsed->pools[0].hardware_preset, "h100-80gb");
+  EXPECT_EQ(parsed->pools[0].gpus, 8);
+  EXPECT_EQ(parsed->pools[1].hardware_preset, "rtx-4090");
+  EXPECT_EQ(parsed->pools[1].gpus, 1);
+  EXPECT_EQ(parsed->pools[2].hardware_id, "hw-0a1b");
+  EXPECT_EQ(parsed->pools[2].gpus, 2);
+
+  EXPECT_THAT(ErrorOf({"admit", "--arch", "llama-3.1-8b"}), HasSubstr("--pool: give at least"));
+  EXPECT_THAT(ErrorOf({"admit", "--pool", "a=h100-80gb"}),
+              HasSubstr("admit: the model is missing"));
+  EXPECT_THAT(ErrorOf({"admit", "--arch", "x", "--gpu", "h100-80gb", "--pool", "a=h100-80gb"}),
+              HasSubstr("drop --gpu and --hardware-id"));
+  EXPECT_THAT(ErrorOf({"admit", "--arch", "x", "--pool", "h100-80gb"}),
+              HasSubstr("expected NAME=HARDWARE[:GPUS]"));
+  EXPECT_THAT(ErrorOf({"admit", "--arch", "x", "--pool", "a=h100-80gb:0"}),
+              HasSubstr("--pool GPUS: expected an integer in [1, 1000000], got '0'"));
+  EXPECT_THAT(ErrorOf({"admit", "--arch", "x", "--pool", "a=h100-80gb", "--pool", "a=l40s"}),
+              HasSubstr("the name 'a' is used twice"));
+  EXPECT_THAT(ErrorOf({"admit", "--arch", "x", "--pool", "a=profile/"}),
+              HasSubstr("no profile ID"));
+  auto help = Parse({"admit", "--help"});
+  ASSERT_TRUE(help.ok());
+  EXPECT_THAT(*help->help_text, HasSubstr("--pool NAME=HARDWARE[:GPUS]"));
+}
+
 TEST(CliArgsTest, EverySubcommandParses) {
   struct Case {
     std::vector<std::string> args;

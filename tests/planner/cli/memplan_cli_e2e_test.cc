@@ -165,11 +165,29 @@ TEST_F(MemplanCliE2eTest, PlanTableThenMeasureThenCalibrationThenStoredPlan) {
   ASSERT_NE(at, std::string::npos);
   const std::string plan_id = plan.out.substr(at, plan.out.find('\n', at) - at);
 
-  RunResult measure = Memplan({"measure", "--plan-id", plan_id, "--peak-reserved", "20GiB",
-                               "--step-seconds", "0.5", "--note", "e2e"});
+  // The step took 10 % longer than predicted (a time far from the plan's would be quarantined).
+  const size_t time_at = plan.out.find("Time / iteration");
+  ASSERT_NE(time_at, std::string::npos) << plan.out;
+  double predicted_seconds = 0;
+  char unit[3] = {};
+  ASSERT_EQ(
+      std::sscanf(plan.out.c_str() + time_at, "Time / iteration %lf %2s", &predicted_seconds, unit),
+      2);
+  if (std::string(unit) == "ms") predicted_seconds /= 1e3;
+  RunResult measure =
+      Memplan({"measure", "--plan-id", plan_id, "--peak-reserved", "20GiB", "--step-seconds",
+               absl::StrCat(1.1 * predicted_seconds), "--note", "e2e"});
   ASSERT_EQ(measure.exit_code, 0) << measure.err;
   EXPECT_THAT(measure.out, HasSubstr("Prediction error"));
   EXPECT_THAT(measure.out, HasSubstr("h100-80gb"));
+  EXPECT_THAT(measure.out, Not(HasSubstr("Quarantined")));
+
+  // A peak the card cannot hold is stored, quarantined, and leaves the calibration alone.
+  RunResult impossible = Memplan({"measure", "--plan-id", plan_id, "--peak-reserved", "200GiB"});
+  ASSERT_EQ(impossible.exit_code, 0) << impossible.err;
+  EXPECT_THAT(impossible.out, HasSubstr("Quarantined"));
+  EXPECT_THAT(impossible.out, HasSubstr("peak_above_card: peak_reserved_bytes"));
+  EXPECT_THAT(impossible.out, HasSubstr("Calibration (unchanged)"));
 
   RunResult calibration = Memplan({"calibration", "--hardware", "h100-80gb"});
   ASSERT_EQ(calibration.exit_code, 0) << calibration.err;
@@ -182,10 +200,36 @@ TEST_F(MemplanCliE2eTest, PlanTableThenMeasureThenCalibrationThenStoredPlan) {
   EXPECT_THAT(stored.out, HasSubstr("Measurements"));
   EXPECT_THAT(stored.out, HasSubstr("20.00"));
   EXPECT_THAT(stored.out, HasSubstr("e2e"));
+  EXPECT_THAT(stored.out, HasSubstr("200.00"));
+  EXPECT_THAT(stored.out, MatchesRegex("(.|\n)*#[12] quarantined: peak_above_card(.|\n)*"));
 
   RunResult list = Memplan({"plans", "list", "--all"});
   ASSERT_EQ(list.exit_code, 0) << list.err;
   EXPECT_THAT(list.out, HasSubstr(plan_id));
+}
+
+// Issue 12's admission example through the real binaries: a llama-3.1-8b full fine-tune is
+// refused by an RTX 4090 pool and admitted on an H100 pool.
+TEST_F(MemplanCliE2eTest, AdmitPicksThePoolThatFits) {
+  RunResult table =
+      Memplan({"admit", "--arch", "llama-3.1-8b", "--batch", "1", "--seq", "4096", "--skip-limits",
+               "--pool", "consumer=rtx-4090:16", "--pool", "datacenter=h100-80gb:8"});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, MatchesRegex("(.|\n)*consumer +rtx-4090 +16 +no fit(.|\n)*"));
+  EXPECT_THAT(table.out, MatchesRegex("(.|\n)*datacenter +h100-80gb +8 +fits(.|\n)*"));
+  EXPECT_THAT(table.out, HasSubstr("Best pool         datacenter"));
+  EXPECT_THAT(table.out, HasSubstr("consumer: does not fit"));
+
+  RunResult json = Memplan({"--json", "admit", "--arch", "llama-3.1-8b", "--skip-limits", "--pool",
+                            "consumer=rtx-4090:16", "--pool", "datacenter=h100-80gb:8"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  EXPECT_THAT(json.out, HasSubstr("\"best_pool\": \"datacenter\""));
+  EXPECT_THAT(json.out, HasSubstr("\"job_tokens_per_second\""));
+
+  RunResult unknown =
+      Memplan({"admit", "--arch", "llama-3.1-8b", "--pool", "x=tpu-v9", "--skip-limits"});
+  EXPECT_EQ(unknown.exit_code, 1);
+  EXPECT_THAT(unknown.err, HasSubstr("Admit failed: NOT_FOUND: pools[0] (\"x\")"));
 }
 
 TEST_F(MemplanCliE2eTest, JsonOutputIsProtoJson) {

@@ -20,9 +20,9 @@ TEST(DaemonOptionsTest, DefaultsMatchTheDocumentation) {
 }
 
 TEST(DaemonOptionsTest, AcceptsBothFlagSpellings) {
-  auto options =
-      ParseDaemonOptions({"--listen=0.0.0.0:7000", "--db", "/tmp/x.db", "--metrics=", "--log-level",
-                          "debug", "--search-threads=3", "--shutdown-grace-seconds=2.5"});
+  auto options = ParseDaemonOptions({"--listen=0.0.0.0:7000", "--insecure", "--db", "/tmp/x.db",
+                                     "--metrics=", "--log-level", "debug", "--search-threads=3",
+                                     "--shutdown-grace-seconds=2.5"});
   ASSERT_TRUE(options.ok()) << options.status();
   EXPECT_EQ(options->listen_address, "0.0.0.0:7000");
   EXPECT_EQ(options->db_path, "/tmp/x.db");
@@ -30,7 +30,80 @@ TEST(DaemonOptionsTest, AcceptsBothFlagSpellings) {
   EXPECT_EQ(options->log_level, LogLevel::kDebug);
   EXPECT_EQ(options->search_threads, 3);
   EXPECT_EQ(options->shutdown_grace_seconds, 2.5);
+  EXPECT_TRUE(options->insecure);
   EXPECT_TRUE(ParseDaemonOptions({"--help"})->help);
+}
+
+TEST(DaemonOptionsTest, LoopbackAddresses) {
+  for (const char* address : {"127.0.0.1:50051", "127.3.4.5:1", "localhost:50051", "[::1]:50051",
+                              "unix:/run/memplan.sock", "unix-abstract:memplan"}) {
+    EXPECT_TRUE(IsLoopbackAddress(address)) << address;
+  }
+  for (const char* address : {"0.0.0.0:50051", "[::]:50051", "10.0.0.7:50051", "planner:50051",
+                              "[2001:db8::1]:50051", "128.0.0.1:1", ":50051"}) {
+    EXPECT_FALSE(IsLoopbackAddress(address)) << address;
+  }
+}
+
+TEST(DaemonOptionsTest, PlaintextOffLoopbackNeedsTlsOrInsecure) {
+  absl::StatusOr<DaemonOptions> refused = ParseDaemonOptions({"--listen=0.0.0.0:50051"});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("--listen=0.0.0.0:50051 is not a loopback"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("--insecure"));
+  EXPECT_FALSE(ParseDaemonOptions({"--listen=[::]:50051"}).ok());
+  EXPECT_TRUE(ParseDaemonOptions({"--listen=0.0.0.0:50051", "--insecure"}).ok());
+  auto tls = ParseDaemonOptions({"--listen=0.0.0.0:50051", "--tls-cert=s.crt", "--tls-key=s.key",
+                                 "--tls-client-ca=ca.crt", "--tls-client-auth=optional"});
+  ASSERT_TRUE(tls.ok()) << tls.status();
+  EXPECT_EQ(tls->tls_cert_file, "s.crt");
+  EXPECT_EQ(tls->tls_key_file, "s.key");
+  EXPECT_EQ(tls->tls_client_ca_file, "ca.crt");
+  EXPECT_EQ(tls->client_cert_mode, ClientCertMode::kOptional);
+  EXPECT_EQ(ParseDaemonOptions({"--tls-cert=s.crt", "--tls-key=s.key"})->client_cert_mode,
+            ClientCertMode::kRequire);
+}
+
+TEST(DaemonOptionsTest, MetricsPlanSeries) {
+  EXPECT_EQ(ParseDaemonOptions({})->metrics_plan_series, 256);
+  EXPECT_EQ(ParseDaemonOptions({"--metrics-plan-series=10"})->metrics_plan_series, 10);
+  EXPECT_THAT(ParseDaemonOptions({"--metrics-plan-series=0"}).status().message(),
+              HasSubstr("--metrics-plan-series = \"0\" is not an integer in [1, 100000]"));
+}
+
+TEST(DaemonOptionsTest, QuarantineFlags) {
+  const DaemonOptions defaults = *ParseDaemonOptions({});
+  EXPECT_EQ(defaults.quarantine_step_ratio, 3);
+  EXPECT_EQ(defaults.quarantine_burst, 20);
+  auto set = ParseDaemonOptions({"--quarantine-step-ratio=5.5", "--quarantine-burst=0"});
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->quarantine_step_ratio, 5.5);
+  EXPECT_EQ(set->quarantine_burst, 0);
+  EXPECT_THAT(ParseDaemonOptions({"--quarantine-step-ratio=1"}).status().message(),
+              HasSubstr("--quarantine-step-ratio = \"1\" is not a number in [1.1, 1000]"));
+  EXPECT_THAT(ParseDaemonOptions({"--quarantine-burst=-1"}).status().message(),
+              HasSubstr("--quarantine-burst"));
+}
+
+TEST(DaemonOptionsTest, TlsFlagRules) {
+  EXPECT_THAT(ParseDaemonOptions({"--tls-cert=s.crt"}).status().message(),
+              HasSubstr("--tls-cert and --tls-key go together"));
+  EXPECT_THAT(ParseDaemonOptions({"--tls-key=s.key"}).status().message(),
+              HasSubstr("--tls-cert and --tls-key go together"));
+  EXPECT_THAT(ParseDaemonOptions({"--tls-client-ca=ca.crt"}).status().message(),
+              HasSubstr("--tls-client-ca needs --tls-cert"));
+  EXPECT_THAT(
+      ParseDaemonOptions({"--tls-cert=s.crt", "--tls-key=s.key", "--insecure"}).status().message(),
+      HasSubstr("--insecure contradicts --tls-cert"));
+  EXPECT_THAT(ParseDaemonOptions({"--tls-client-auth=maybe"}).status().message(),
+              HasSubstr("allowed: require, optional"));
+  EXPECT_THAT(
+      ParseDaemonOptions({"--tls-cert=s.crt", "--tls-key=s.key", "--tls-client-auth=optional"})
+          .status()
+          .message(),
+      HasSubstr("--tls-client-auth needs --tls-client-ca"));
+  EXPECT_THAT(ParseDaemonOptions({"--tls-cert="}).status().message(),
+              HasSubstr("--tls-cert needs a file"));
 }
 
 TEST(DaemonOptionsTest, ErrorsNameTheFlag) {
@@ -52,7 +125,9 @@ TEST(DaemonOptionsTest, UsageMentionsEveryFlag) {
   const std::string usage = DaemonUsage();
   for (const char* flag :
        {"--listen", "--metrics", "--db", "--log-level", "--search-threads", "--max-queued-searches",
-        "--max-rpc-threads", "--shutdown-grace-seconds", "--help"}) {
+        "--max-rpc-threads", "--shutdown-grace-seconds", "--tls-cert", "--tls-key",
+        "--tls-client-ca", "--tls-client-auth", "--auth-token-file", "--quarantine-step-ratio",
+        "--quarantine-burst", "--insecure", "--help"}) {
     EXPECT_THAT(usage, HasSubstr(flag));
   }
 }

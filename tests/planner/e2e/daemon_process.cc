@@ -168,6 +168,41 @@ absl::StatusOr<std::pair<int, std::string>> RunToCompletion(const std::string& b
   return std::make_pair(status, out);
 }
 
+absl::StatusOr<pid_t> StartProcess(const std::string& binary, const std::vector<std::string>& args,
+                                   const std::string& log_path) {
+  const int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log_fd < 0) {
+    return absl::InternalError(absl::StrCat("open ", log_path, ": ", std::strerror(errno)));
+  }
+  auto pid = Spawn(binary, args, log_fd, log_fd);
+  close(log_fd);
+  return pid;
+}
+
+int FreeLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(addr);
+  const bool ok = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) == 0;
+  if (fd >= 0) close(fd);
+  return ok ? ntohs(addr.sin_port) : 0;
+}
+
+void StopProcess(pid_t pid, double grace_seconds) {
+  if (pid <= 0) return;
+  kill(pid, SIGTERM);
+  int status = 0;
+  for (double waited = 0; waited < grace_seconds; waited += 0.05) {
+    if (waitpid(pid, &status, WNOHANG) == pid) return;
+    usleep(50'000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+}
+
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));

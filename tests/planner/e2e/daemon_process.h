@@ -44,6 +44,16 @@ class DaemonProcess {
 absl::StatusOr<std::pair<int, std::string>> RunToCompletion(const std::string& binary,
                                                             const std::vector<std::string>& args);
 
+// Starts `binary args...` with stdout and stderr appended to log_path; returns its pid.
+absl::StatusOr<pid_t> StartProcess(const std::string& binary, const std::vector<std::string>& args,
+                                   const std::string& log_path);
+
+// A TCP port on 127.0.0.1 that was free a moment ago (for servers that cannot print theirs).
+int FreeLoopbackPort();
+
+// Sends SIGTERM to `pid` and reaps it (SIGKILL after `grace_seconds`).
+void StopProcess(pid_t pid, double grace_seconds);
+
 // GETs http://127.0.0.1:port/path over HTTP/1.0; the body, or an error unless 200.
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path);
 

@@ -1,4 +1,4 @@
-#include "planner/metrics/metrics_server.h"
+#include "common/metrics_server.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -58,7 +58,8 @@ class MetricsServerTest : public ::testing::Test {
     metrics_->PlanServed(true);
     metrics_->PlanServed(false);
     metrics_->ObservePlanPrediction(absl::StrCat("plan-", tag), 60'000'000'000);
-    metrics_->ObserveMeasurement(absl::StrCat("plan-", tag), 60'000'000'000, 61'200'000'000);
+    metrics_->ObserveMeasurement(absl::StrCat("plan-", tag), 60'000'000'000, 61'200'000'000,
+                                 {"h100-80gb", "bf16", "llama"});
     metrics_->SetStoredMeasurements(42);
   }
 
@@ -100,8 +101,10 @@ TEST_F(MetricsServerTest, ServesObservedValuesOverHttp) {
   EXPECT_THAT(*body,
               HasSubstr("memplan_plan_measured_peak_bytes{plan_id=\"plan-serve\"} 61200000000\n"));
   EXPECT_THAT(*body, HasSubstr("# TYPE memplan_prediction_relative_error histogram"));
-  EXPECT_THAT(*body, HasSubstr("memplan_prediction_relative_error_bucket{le=\"-0.01\"} 0\n"));
-  EXPECT_THAT(*body, HasSubstr("memplan_prediction_relative_error_bucket{le=\"0.01\"} 0\n"));
+  EXPECT_THAT(*body, HasSubstr("memplan_prediction_relative_error_bucket{dtype=\"bf16\","
+                               "family=\"llama\",hardware=\"h100-80gb\",le=\"-0.01\"} 0\n"));
+  EXPECT_THAT(*body, HasSubstr("memplan_prediction_relative_error_bucket{dtype=\"bf16\","
+                               "family=\"llama\",hardware=\"h100-80gb\",le=\"0.025\"} 1\n"));
   EXPECT_THAT(*body, HasSubstr("# TYPE memplan_stored_measurements gauge"));
   EXPECT_THAT(*body, HasSubstr("memplan_stored_measurements 42\n"));
 }

@@ -156,6 +156,23 @@ TEST_F(PlannerMetricsTest, RelativeErrorIsSignedAndBucketedAroundZero) {
   EXPECT_EQ(BucketCount(*error, 0.05), 3u);
 }
 
+TEST_F(PlannerMetricsTest, RelativeErrorIsAggregatedByHardwareDtypeAndFamily) {
+  PlannerMetrics metrics(registry_);
+  metrics.ObserveMeasurement("a", 1000, 1100, {"h100-80gb", "bf16", "llama"});
+  metrics.ObserveMeasurement("b", 1000, 900, {"h100-80gb", "bf16", "llama"});
+  metrics.ObserveMeasurement("c", 1000, 1000, {"rtx-4090", "bf16", "qwen3"});
+  auto h100 = FindSeries(*registry_, "memplan_prediction_relative_error",
+                         {{"hardware", "h100-80gb"}, {"dtype", "bf16"}, {"family", "llama"}});
+  ASSERT_TRUE(h100.has_value());
+  EXPECT_EQ(h100->histogram.sample_count, 2u);
+  auto rtx = FindSeries(*registry_, "memplan_prediction_relative_error",
+                        {{"hardware", "rtx-4090"}, {"family", "qwen3"}});
+  ASSERT_TRUE(rtx.has_value());
+  EXPECT_EQ(rtx->histogram.sample_count, 1u);
+  // No plan_id label: one series per key however many plans were measured.
+  for (const ClientMetric::Label& label : h100->label) EXPECT_NE(label.name, "plan_id");
+}
+
 TEST_F(PlannerMetricsTest, PlanSeriesAreBoundedToTheNewestPlans) {
   PlannerMetrics::Options options;
   options.max_plan_series = 3;

@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/presets.h"
 #include "common/proto_convert.h"
@@ -33,7 +35,11 @@ class PlannerCoreTest : public ::testing::Test {
     registry_ = std::make_shared<prometheus::Registry>();
     metrics_ = std::make_unique<PlannerMetrics>(registry_);
     executor_ = std::make_unique<SearchExecutor>(SearchExecutor::Options{.threads = 1});
-    PlannerCoreOptions options;
+    RecreateCore(PlannerCoreOptions());
+  }
+
+  // A core over the same store, metrics and executor with these options (the test clock added).
+  void RecreateCore(PlannerCoreOptions options) {
     options.now_unix_ms = [this] { return ++clock_ms_; };
     auto core = PlannerCore::Create(*store_, *executor_, metrics_.get(), options);
     ASSERT_TRUE(core.ok()) << core.status();
@@ -321,7 +327,8 @@ TEST_F(PlannerCoreTest, MeasurementIsStoredAndRecalibratesLaterPredictions) {
   auto first = Plan(TinyRequest());
   ASSERT_TRUE(first.ok()) << first.status();
   const int64_t predicted = first->prediction().peak_bytes();
-  EXPECT_EQ(first->prediction().breakdown().fragmentation_factor(), 1.05);  // the default before any measurement
+  EXPECT_EQ(first->prediction().breakdown().fragmentation_factor(),
+            1.05);  // the default before any measurement
 
   // The run used 10% more than predicted.
   const int64_t measured = predicted + predicted / 10;
@@ -329,10 +336,12 @@ TEST_F(PlannerCoreTest, MeasurementIsStoredAndRecalibratesLaterPredictions) {
   report.mutable_measurement()->set_plan_id(first->plan_id());
   report.mutable_measurement()->set_peak_reserved_bytes(measured);
   report.mutable_measurement()->set_peak_allocated_bytes(measured - 1000);
-  report.mutable_measurement()->set_step_seconds(0.25);
+  // A step time near the prediction (one far from it would be quarantined).
+  report.mutable_measurement()->set_step_seconds(1.1 * first->prediction().iteration_seconds());
   auto reported = core_->ReportMeasurement(report);
   ASSERT_TRUE(reported.ok()) << reported.status();
   EXPECT_THAT(reported->measurement_id(), StartsWith("meas-"));
+  EXPECT_EQ(reported->quarantine_reason(), "");
   // Errors compare reserved bytes: the prediction without the CUDA context it includes.
   const int64_t context = first->prediction().breakdown().cuda_context_bytes();
   ASSERT_GT(context, 0);
@@ -421,6 +430,282 @@ TEST_F(PlannerCoreTest, MeasuredStepTimesCalibrateLaterTimePredictions) {
   ASSERT_TRUE(reported_again.ok()) << reported_again.status();
   EXPECT_EQ(reported_again->calibration().time_samples(), 2);
   EXPECT_NEAR(reported_again->calibration().time_factor(), 1.25, 1e-9);
+}
+
+// ---------------------------------------------------------------- measurement sanity checks
+
+class MeasurementChecksTest : public PlannerCoreTest {
+ protected:
+  void SetUp() override {
+    PlannerCoreTest::SetUp();
+    PlannerCoreOptions options;
+    options.measurement_checks.max_step_time_ratio = 3;
+    options.measurement_checks.burst_max_reports = 3;
+    options.measurement_checks.burst_window_ms = 60'000;
+    RecreateCore(options);
+    auto plan = Plan(TinyRequest());
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    plan_ = *plan;
+  }
+
+  // A measurement of plan_ that agrees with its prediction, from `client`.
+  absl::StatusOr<v1::ReportMeasurementResponse> Report(
+      const std::string& client, const std::function<void(v1::Measurement*)>& edit = {}) {
+    v1::ReportMeasurementRequest report;
+    v1::Measurement& m = *report.mutable_measurement();
+    m.set_plan_id(plan_.plan_id());
+    m.set_peak_reserved_bytes(plan_.prediction().peak_bytes() -
+                              plan_.prediction().breakdown().cuda_context_bytes());
+    m.set_peak_allocated_bytes(m.peak_reserved_bytes() * 95 / 100);
+    m.set_step_seconds(plan_.prediction().iteration_seconds());
+    if (edit) edit(&m);
+    PlannerCore::MeasurementSource source;
+    source.reported_by = "token:" + client;
+    source.client = client;
+    return core_->ReportMeasurement(report, source);
+  }
+
+  std::string CalibrationNow() {
+    auto calibrations = core_->GetCalibration(v1::GetCalibrationRequest());
+    EXPECT_TRUE(calibrations.ok()) << calibrations.status();
+    return calibrations.ok() ? calibrations->SerializeAsString() : "";
+  }
+
+  double Quarantined(const std::string& check) {
+    for (const auto& family : registry_->Collect()) {
+      if (family.name != "memplan_measurements_quarantined_total") continue;
+      for (const auto& metric : family.metric) {
+        if (metric.label.size() == 1 && metric.label[0].value == check) {
+          return metric.counter.value;
+        }
+      }
+    }
+    return 0;
+  }
+
+  v1::PlanResponse plan_;
+};
+
+TEST_F(MeasurementChecksTest, PeakAboveTheCardIsQuarantinedAndLeavesCalibrationAlone) {
+  ASSERT_TRUE(Report("agent-1").ok());
+  const std::string before = CalibrationNow();
+  const int64_t card = FindHardwarePreset("rtx-3090")->gpu_memory_bytes;
+  for (const auto& edit : std::vector<std::function<void(v1::Measurement*)>>{
+           [&](v1::Measurement* m) { m->set_peak_reserved_bytes(card + 1); },
+           [&](v1::Measurement* m) { m->set_peak_device_bytes(2 * card); },
+           [&](v1::Measurement* m) { m->set_load_peak_bytes(card + (int64_t{1} << 30)); }}) {
+    auto reported = Report("agent-2", edit);
+    ASSERT_TRUE(reported.ok()) << reported.status();
+    EXPECT_THAT(reported->quarantine_reason(), StartsWith("peak_above_card: "));
+    EXPECT_THAT(reported->quarantine_reason(), HasSubstr("is above the card's"));
+    EXPECT_FALSE(reported->measurement_id().empty()) << "stored all the same";
+    EXPECT_EQ(reported->calibration().samples(), 1) << "the calibration as it stands";
+  }
+  EXPECT_EQ(CalibrationNow(), before);
+  EXPECT_EQ(Quarantined("peak_above_card"), 3);
+
+  // Stored with the reason and the reporter; the accepted one has neither reason nor doubt.
+  auto stored = core_->GetPlan([&] {
+    v1::GetPlanRequest r;
+    r.set_plan_id(plan_.plan_id());
+    return r;
+  }());
+  ASSERT_TRUE(stored.ok());
+  ASSERT_EQ(stored->plan().measurements_size(), 4);
+  int quarantined = 0;
+  for (const v1::Measurement& m : stored->plan().measurements()) {
+    quarantined += m.quarantine_reason().empty() ? 0 : 1;
+    EXPECT_THAT(m.reported_by(), StartsWith("token:agent-"));
+  }
+  EXPECT_EQ(quarantined, 3);
+}
+
+TEST_F(MeasurementChecksTest, StepTimeFarOutsideThePlansBandIsQuarantined) {
+  const double predicted = plan_.prediction().iteration_seconds();
+  ASSERT_GT(predicted, 0);
+  // Within 3x either way: used.
+  for (const double factor : {0.34, 2.9}) {
+    auto reported = Report(absl::StrCat("ok-", factor),
+                           [&](v1::Measurement* m) { m->set_step_seconds(factor * predicted); });
+    ASSERT_TRUE(reported.ok()) << reported.status();
+    EXPECT_EQ(reported->quarantine_reason(), "") << factor;
+  }
+  const std::string before = CalibrationNow();
+  for (const double factor : {0.32, 3.1, 1000.0}) {
+    auto reported = Report(absl::StrCat("far-", factor),
+                           [&](v1::Measurement* m) { m->set_step_seconds(factor * predicted); });
+    ASSERT_TRUE(reported.ok()) << reported.status();
+    EXPECT_THAT(reported->quarantine_reason(),
+                AllOf(StartsWith("step_time_out_of_band: step_seconds = "),
+                      HasSubstr("3x around the plan's predicted")))
+        << factor;
+  }
+  EXPECT_EQ(CalibrationNow(), before);
+  EXPECT_EQ(Quarantined("step_time_out_of_band"), 3);
+  // An OOM report carries no step time: nothing to check.
+  auto oom = Report("oom", [](v1::Measurement* m) {
+    m->set_oom(true);
+    m->set_step_seconds(0);
+  });
+  ASSERT_TRUE(oom.ok()) << oom.status();
+  EXPECT_EQ(oom->quarantine_reason(), "");
+}
+
+TEST_F(MeasurementChecksTest, BurstFromOneClientIsQuarantinedWhileItLasts) {
+  for (int i = 0; i < 3; ++i) {
+    auto reported = Report("agent-1");
+    ASSERT_TRUE(reported.ok()) << reported.status();
+    EXPECT_EQ(reported->quarantine_reason(), "") << i;
+  }
+  const std::string before = CalibrationNow();
+  for (int i = 0; i < 5; ++i) {
+    auto reported = Report("agent-1");
+    ASSERT_TRUE(reported.ok()) << reported.status();
+    EXPECT_THAT(reported->quarantine_reason(),
+                AllOf(StartsWith("burst: "), HasSubstr("from agent-1 within 60 s; at most 3")));
+  }
+  EXPECT_EQ(CalibrationNow(), before);
+  EXPECT_EQ(Quarantined("burst"), 5);
+  // Another client is not affected.
+  auto other = Report("agent-2");
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->quarantine_reason(), "");
+  // Once the window has passed, agent-1 counts again.
+  clock_ms_ += 61'000;
+  auto later = Report("agent-1");
+  ASSERT_TRUE(later.ok());
+  EXPECT_EQ(later->quarantine_reason(), "");
+}
+
+// ---------------------------------------------------------------- admission
+
+v1::NodePool Pool(const std::string& name, const std::string& preset, int gpus) {
+  v1::NodePool pool;
+  pool.set_name(name);
+  pool.set_hardware_preset(preset);
+  pool.set_gpus(gpus);
+  return pool;
+}
+
+// Issue 12's example: a llama-3.1-8b full fine-tune does not fit an RTX 4090 and fits an H100.
+TEST_F(PlannerCoreTest, AdmitSaysWhichPoolsFitWithPlanAndTokensPerSecond) {
+  v1::AdmitRequest request;
+  request.mutable_job()->set_arch_preset("llama-3.1-8b");
+  request.mutable_job()->mutable_workload()->set_micro_batch(1);
+  request.mutable_job()->mutable_workload()->set_seq_len(4096);
+  request.mutable_job()->set_skip_limits(true);
+  *request.add_pools() = Pool("consumer", "rtx-4090", 16);
+  *request.add_pools() = Pool("datacenter", "h100-80gb", 8);
+  auto admitted = core_->Admit(request);
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  ASSERT_EQ(admitted->pools_size(), 2);
+  const v1::PoolVerdict& consumer = admitted->pools(0);
+  const v1::PoolVerdict& datacenter = admitted->pools(1);
+  EXPECT_EQ(consumer.pool(), "consumer");
+  EXPECT_EQ(consumer.hardware_name(), "rtx-4090");
+  EXPECT_FALSE(consumer.fits());
+  EXPECT_THAT(consumer.reason(), StartsWith("does not fit"));
+  EXPECT_EQ(consumer.job_tokens_per_second(), 0);
+  EXPECT_EQ(datacenter.hardware_name(), "h100-80gb");
+  EXPECT_TRUE(datacenter.fits()) << datacenter.reason();
+  EXPECT_EQ(datacenter.gpus(), 8);
+  EXPECT_GT(datacenter.prediction().tokens_per_second(), 0);
+  EXPECT_EQ(datacenter.job_tokens_per_second(), datacenter.prediction().tokens_per_second());
+  EXPECT_EQ(static_cast<int>(datacenter.plan().block_modes_size()),
+            FindModelPreset("llama-3.1-8b")->num_layers);
+  EXPECT_EQ(admitted->best_pool(), "datacenter");
+
+  // The same answer as Plan gives for that card, and the plan is stored under its id.
+  v1::PlanRequest direct = request.job();
+  direct.set_hardware_preset("h100-80gb");
+  auto plan = Plan(direct);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->prediction().peak_bytes(), datacenter.prediction().peak_bytes());
+  v1::GetPlanRequest get;
+  get.set_plan_id(datacenter.plan_id());
+  auto stored = core_->GetPlan(get);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->plan().request().hardware_spec().name(), "h100-80gb");
+}
+
+TEST_F(PlannerCoreTest, AdmitNeedsWorldSizeGpusAndPicksTheFastestJob) {
+  v1::AdmitRequest request;
+  request.mutable_job()->set_arch_preset("llama-tiny");
+  request.mutable_job()->mutable_workload()->set_micro_batch(2);
+  request.mutable_job()->mutable_workload()->set_seq_len(512);
+  request.mutable_job()->mutable_workload()->set_world_size(4);
+  request.mutable_job()->set_skip_limits(true);
+  *request.add_pools() = Pool("three", "h100-80gb", 3);
+  *request.add_pools() = Pool("slow", "rtx-3090", 4);
+  *request.add_pools() = Pool("fast", "h100-80gb", 8);
+  auto admitted = core_->Admit(request);
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  EXPECT_FALSE(admitted->pools(0).fits());
+  EXPECT_THAT(admitted->pools(0).reason(),
+              HasSubstr("the job needs 4 GPUs (workload.world_size) and the pool has 3"));
+  ASSERT_TRUE(admitted->pools(1).fits());
+  ASSERT_TRUE(admitted->pools(2).fits());
+  EXPECT_EQ(admitted->pools(2).job_tokens_per_second(),
+            4 * admitted->pools(2).prediction().tokens_per_second());
+  EXPECT_GT(admitted->pools(2).job_tokens_per_second(), admitted->pools(1).job_tokens_per_second());
+  EXPECT_EQ(admitted->best_pool(), "fast");
+
+  // Nothing fits: no best pool.
+  v1::AdmitRequest none = request;
+  none.clear_pools();
+  *none.add_pools() = Pool("three", "h100-80gb", 3);
+  auto refused = core_->Admit(none);
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->best_pool(), "");
+}
+
+TEST_F(PlannerCoreTest, AdmitErrorsNameTheFieldAndAllowedValues) {
+  v1::AdmitRequest base;
+  base.mutable_job()->set_arch_preset("llama-tiny");
+  base.mutable_job()->mutable_workload()->set_micro_batch(2);
+  base.mutable_job()->mutable_workload()->set_seq_len(512);
+  base.mutable_job()->set_skip_limits(true);
+  auto error = [&](const v1::AdmitRequest& r) {
+    auto result = core_->Admit(r);
+    EXPECT_FALSE(result.ok());
+    return result.status();
+  };
+  EXPECT_THAT(error(base).message(), HasSubstr("pools: 0 given; allowed 1 to 64"));
+  v1::AdmitRequest r = base;
+  *r.add_pools() = Pool("a", "h100-80gb", 1);
+  r.mutable_job()->set_hardware_preset("h100-80gb");
+  EXPECT_THAT(error(r).message(), HasSubstr("job.hardware_spec, job.hardware_profile_id and "
+                                            "job.hardware_preset must be unset"));
+  r = base;
+  *r.add_pools() = Pool("a", "h100-80gb", 1);
+  *r.add_pools() = Pool("a", "rtx-4090", 1);
+  EXPECT_THAT(error(r).message(), HasSubstr("pools[1].name \"a\" is used twice"));
+  r = base;
+  *r.add_pools() = Pool("a", "h100-80gb", 0);
+  EXPECT_THAT(error(r).message(), HasSubstr("pools[0].gpus = 0 is out of range; allowed [1, "));
+  r = base;
+  *r.add_pools() = Pool("", "h100-80gb", 1);
+  EXPECT_THAT(error(r).message(), HasSubstr("pools[0].name is empty"));
+  r = base;
+  r.add_pools()->set_name("bare");
+  r.mutable_pools(0)->set_gpus(1);
+  EXPECT_THAT(error(r).message(),
+              HasSubstr("pools[0]: set one of hardware_spec, hardware_profile_id"));
+  r = base;
+  *r.add_pools() = Pool("a", "h100-80gb", 1);
+  *r.add_pools() = Pool("b", "tpu-v9", 1);
+  const absl::Status unknown = error(r);
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(unknown.message()),
+              StartsWith("pools[1] (\"b\"): hardware_preset \"tpu-v9\""));
+  r = base;
+  r.mutable_job()->mutable_workload()->set_micro_batch(0);
+  *r.add_pools() = Pool("a", "h100-80gb", 1);
+  EXPECT_THAT(error(r).message(), HasSubstr("job.workload.micro_batch = 0 is out of range"));
+  r = base;
+  r.mutable_job()->set_arch_preset("llama-99t");
+  *r.add_pools() = Pool("a", "h100-80gb", 1);
+  EXPECT_THAT(std::string(error(r).message()), StartsWith("job.arch_preset \"llama-99t\""));
 }
 
 TEST_F(PlannerCoreTest, CalibrationIsKeyedByHardwareDtypeAndFamily) {

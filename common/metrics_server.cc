@@ -1,4 +1,4 @@
-#include "planner/metrics/metrics_server.h"
+#include "common/metrics_server.h"
 
 #include <exception>
 #include <utility>

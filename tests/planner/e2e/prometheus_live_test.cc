@@ -1,0 +1,305 @@
+// Observability, live: the real memplan-planner, driven over gRPC (plans that fit and do not,
+// measurements used and quarantined, a refused write, a NOT_FOUND), scraped by a real Prometheus
+// (Debian package) on loopback with deploy/prometheus/prometheus.yml and memplan-rules.yml. Every
+// query of deploy/grafana's dashboard must return data, every rule must load and evaluate
+// cleanly, recording rules must produce series, and every memplan_* metric a rule reads must
+// exist: a renamed metric fails this test.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <memory>
+#include <regex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "daemon_process.h"
+#include "grpcpp/grpcpp.h"
+#include "memplan/v1/planner.grpc.pb.h"
+#include "nlohmann/json.hpp"
+
+#ifndef MEMPLAN_PLANNER_BINARY
+#error "MEMPLAN_PLANNER_BINARY must name the memplan-planner executable"
+#endif
+#ifndef MEMPLAN_SOURCE_DIR
+#error "MEMPLAN_SOURCE_DIR must name the source tree (for deploy/)"
+#endif
+
+namespace memplan {
+namespace {
+
+using ::memplan::testing::DaemonProcess;
+using Json = nlohmann::json;
+
+constexpr char kToken[] = "live-test-0123456789abcdef";
+constexpr char kJob[] = "memplan-planner";  // the job name of deploy/prometheus/prometheus.yml
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Replaces `from` (which must occur) by `to`; a deploy file that changed shape fails loudly.
+std::string MustReplace(const std::string& text, const std::string& from, const std::string& to) {
+  EXPECT_NE(text.find(from), std::string::npos) << "\"" << from << "\" not found";
+  return absl::StrReplaceAll(text, {{from, to}});
+}
+
+std::string UrlEncode(const std::string& text) {
+  std::string out;
+  for (const unsigned char c : text) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      absl::StrAppend(&out, "%", absl::Hex(c, absl::kZeroPad2));
+    }
+  }
+  return out;
+}
+
+// Polls `done` every 200 ms until it holds or `seconds` pass.
+bool WaitFor(double seconds, const std::function<bool()>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return done();
+}
+
+class PrometheusLiveTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(MEMPLAN_PROMETHEUS_BINARY)) {
+      GTEST_SKIP() << MEMPLAN_PROMETHEUS_BINARY
+                   << " is missing (apt-get install prometheus; scripts/bootstrap.sh does)";
+    }
+    std::string templ = ::testing::TempDir() + "/memplan-prom-XXXXXX";
+    ASSERT_NE(mkdtemp(templ.data()), nullptr);
+    dir_ = templ;
+    std::ofstream(dir_ + "/tokens") << "live-test write " << kToken << "\n";
+    auto daemon = DaemonProcess::Start(
+        MEMPLAN_PLANNER_BINARY, dir_ + "/planner.db", dir_ + "/planner.log", /*serve_metrics=*/true,
+        {"--search-threads=2", "--auth-token-file=" + dir_ + "/tokens"});
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = std::make_unique<DaemonProcess>(*std::move(daemon));
+    stub_ = v1::Planner::NewStub(
+        grpc::CreateChannel(daemon_->address(), grpc::InsecureChannelCredentials()));
+  }
+
+  void TearDown() override {
+    testing::StopProcess(prometheus_pid_, 10);
+    daemon_.reset();
+    if (dir_.empty()) return;
+    if (HasFailure()) {
+      std::printf("files kept in %s (planner.log, prometheus.log)\n", dir_.c_str());
+    } else {
+      std::filesystem::remove_all(dir_);
+    }
+  }
+
+  // deploy/prometheus/prometheus.yml with this planner as the target, 1 s intervals and the
+  // absolute path of memplan-rules.yml; then Prometheus on a free loopback port.
+  void StartPrometheus() {
+    const std::string deploy = std::string(MEMPLAN_SOURCE_DIR) + "/deploy/prometheus/";
+    std::string config = ReadFile(deploy + "prometheus.yml");
+    config = MustReplace(config, "scrape_interval: 15s", "scrape_interval: 1s");
+    config = MustReplace(config, "evaluation_interval: 15s", "evaluation_interval: 1s");
+    config = MustReplace(config, "- memplan-rules.yml", "- " + deploy + "memplan-rules.yml");
+    config = MustReplace(config, "\"127.0.0.1:9464\"", "\"" + daemon_->metrics_address() + "\"");
+    std::ofstream(dir_ + "/prometheus.yml") << config;
+    prometheus_port_ = testing::FreeLoopbackPort();
+    ASSERT_GT(prometheus_port_, 0);
+    auto pid = testing::StartProcess(
+        MEMPLAN_PROMETHEUS_BINARY,
+        {"--config.file=" + dir_ + "/prometheus.yml", "--storage.tsdb.path=" + dir_ + "/tsdb",
+         absl::StrCat("--web.listen-address=127.0.0.1:", prometheus_port_), "--log.level=warn"},
+        dir_ + "/prometheus.log");
+    ASSERT_TRUE(pid.ok()) << pid.status();
+    prometheus_pid_ = *pid;
+    ASSERT_TRUE(WaitFor(60, [&] { return testing::HttpGet(prometheus_port_, "/-/ready").ok(); }))
+        << ReadFile(dir_ + "/prometheus.log");
+  }
+
+  // GET /api/v1/<path>; the "data" member of a successful answer, or null.
+  Json Api(const std::string& path) {
+    auto body = testing::HttpGet(prometheus_port_, "/api/v1/" + path);
+    if (!body.ok()) return nullptr;
+    Json answer = Json::parse(*body, nullptr, /*allow_exceptions=*/false);
+    if (answer.is_discarded() || answer.value("status", "") != "success") return nullptr;
+    return answer["data"];
+  }
+
+  // The instant-query result vector of `promql` (empty on error).
+  Json Query(const std::string& promql) {
+    Json data = Api("query?query=" + UrlEncode(promql));
+    if (data.is_null() || !data.contains("result")) return Json::array();
+    return data["result"];
+  }
+
+  double Scalar(const std::string& promql) {
+    Json result = Query(promql);
+    if (result.empty()) return -1;
+    return std::stod(result[0]["value"][1].get<std::string>());
+  }
+
+  // One round of traffic: plans that fit and one that does not, measurements (one quarantined),
+  // a refused write and a NOT_FOUND.
+  void DriveTraffic() {
+    v1::PlanRequest fits;
+    fits.set_arch_preset("llama-tiny");
+    fits.set_hardware_preset("rtx-3090");
+    fits.mutable_workload()->set_micro_batch(2);
+    fits.mutable_workload()->set_seq_len(512);
+    fits.set_skip_limits(true);
+    v1::PlanRequest too_big;
+    too_big.set_arch_preset("llama-3.1-8b");
+    too_big.set_hardware_preset("rtx-4090");
+    too_big.mutable_workload()->set_micro_batch(1);
+    too_big.mutable_workload()->set_seq_len(4096);
+    too_big.set_skip_limits(true);
+    for (const v1::PlanRequest& request : {fits, fits, too_big}) {
+      v1::PlanResponse plan;
+      grpc::ClientContext context;
+      ASSERT_TRUE(stub_->Plan(&context, request, &plan).ok());
+      if (!plan.fits()) continue;
+      const int64_t reserved =
+          plan.prediction().peak_bytes() - plan.prediction().breakdown().cuda_context_bytes();
+      for (const int64_t measured : {reserved + reserved / 50, int64_t{1} << 40}) {
+        v1::ReportMeasurementRequest report;
+        report.mutable_measurement()->set_plan_id(plan.plan_id());
+        report.mutable_measurement()->set_peak_reserved_bytes(measured);
+        report.mutable_measurement()->set_step_seconds(plan.prediction().iteration_seconds());
+        v1::ReportMeasurementResponse receipt;
+        grpc::ClientContext report_context;
+        report_context.AddMetadata("authorization", absl::StrCat("Bearer ", kToken));
+        ASSERT_TRUE(stub_->ReportMeasurement(&report_context, report, &receipt).ok());
+      }
+      v1::ReportMeasurementRequest anonymous;
+      anonymous.mutable_measurement()->set_plan_id(plan.plan_id());
+      anonymous.mutable_measurement()->set_peak_reserved_bytes(reserved);
+      v1::ReportMeasurementResponse refused;
+      grpc::ClientContext anonymous_context;
+      EXPECT_EQ(stub_->ReportMeasurement(&anonymous_context, anonymous, &refused).error_code(),
+                grpc::StatusCode::UNAUTHENTICATED);
+    }
+    v1::GetPlanRequest missing;
+    missing.set_plan_id("plan-0000000000000000");
+    v1::GetPlanResponse none;
+    grpc::ClientContext context;
+    EXPECT_EQ(stub_->GetPlan(&context, missing, &none).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+
+  std::string dir_;
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::unique_ptr<v1::Planner::Stub> stub_;
+  pid_t prometheus_pid_ = -1;
+  int prometheus_port_ = 0;
+};
+
+TEST_F(PrometheusLiveTest, DashboardQueriesAndRulesReturnDataFromARealScrape) {
+  DriveTraffic();
+  StartPrometheus();
+  // A few scrapes of the first round, then a second round, so that rates see counters move.
+  ASSERT_TRUE(WaitFor(60, [&] {
+    return Scalar(absl::StrCat("count_over_time(up{job=\"", kJob, "\"}[1m])")) >= 3;
+  })) << ReadFile(dir_ + "/prometheus.log");
+  EXPECT_EQ(Scalar(absl::StrCat("up{job=\"", kJob, "\"}")), 1);
+  DriveTraffic();
+  ASSERT_TRUE(WaitFor(30, [&] {
+    return Scalar(absl::StrCat("sum(memplan_plans_served_total{job=\"", kJob, "\"})")) == 6;
+  }));
+  ASSERT_TRUE(WaitFor(30, [&] {
+    return Scalar(absl::StrCat("count_over_time(memplan_stored_measurements{job=\"", kJob,
+                               "\"}[1m])")) >= 6;
+  }));
+
+  // Every dashboard query, with Grafana's variables as a user who picked this job would have
+  // them, returns at least one series.
+  const Json dashboard = Json::parse(
+      ReadFile(std::string(MEMPLAN_SOURCE_DIR) + "/deploy/grafana/memplan-planner-dashboard.json"));
+  int queries = 0;
+  for (const Json& panel : dashboard["panels"]) {
+    for (const Json& target : panel.value("targets", Json::array())) {
+      const std::string expr =
+          absl::StrReplaceAll(target["expr"].get<std::string>(),
+                              {{"$__rate_interval", "1m"}, {"$job", kJob}, {"$plan_id", ".*"}});
+      const Json result = Query(expr);
+      EXPECT_FALSE(result.empty()) << panel["title"] << ": " << expr << " returned no data";
+      ++queries;
+    }
+  }
+  EXPECT_GE(queries, 17);
+  // The variables' own queries.
+  for (const Json& variable : dashboard["templating"]["list"]) {
+    if (variable.value("type", "") != "query") continue;
+    const std::string definition = variable["definition"].get<std::string>();
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(definition, m, std::regex(R"(label_values\((\w+), (\w+)\))")))
+        << definition;
+    Json values = Api(absl::StrCat("label/", m[2].str(), "/values?match[]=", UrlEncode(m[1])));
+    EXPECT_FALSE(values.is_null() || values.empty()) << definition;
+  }
+
+  // Every rule loaded and evaluated without error; recording rules produce series; every
+  // memplan_* metric a rule reads exists.
+  Json groups;
+  ASSERT_TRUE(WaitFor(30, [&] {
+    groups = Api("rules")["groups"];
+    if (groups.empty()) return false;
+    for (const Json& group : groups) {
+      for (const Json& rule : group["rules"]) {
+        if (rule.value("lastEvaluation", "").rfind("0001-", 0) == 0) return false;
+      }
+    }
+    return true;
+  })) << "rules were not evaluated";
+  int recording = 0;
+  int alerting = 0;
+  std::set<std::string> metrics_read;
+  const std::regex metric_name(R"(memplan_[a-z_]+)");
+  for (const Json& group : groups) {
+    for (const Json& rule : group["rules"]) {
+      const std::string name = rule["name"].get<std::string>();
+      const std::string query = rule["query"].get<std::string>();
+      EXPECT_EQ(rule.value("health", ""), "ok") << name << ": " << rule.value("lastError", "");
+      if (rule["type"] == "recording") {
+        ++recording;
+        EXPECT_FALSE(Query(name).empty()) << "recording rule " << name << " has no series";
+      } else {
+        ++alerting;
+      }
+      for (auto it = std::sregex_iterator(query.begin(), query.end(), metric_name);
+           it != std::sregex_iterator(); ++it) {
+        metrics_read.insert(it->str());
+      }
+    }
+  }
+  EXPECT_EQ(recording, 2);
+  EXPECT_EQ(alerting, 5);
+  EXPECT_GE(metrics_read.size(), 4u);
+  for (const std::string& name : metrics_read) {
+    EXPECT_FALSE(Query(absl::StrCat("count(", name, "{job=\"", kJob, "\"})")).empty())
+        << "a rule reads " << name << ", which the planner does not export";
+  }
+  // The planner is up, so the alert on it is not firing; nothing else asked for one either.
+  const Json alerts = Api("alerts")["alerts"];
+  for (const Json& alert : alerts) {
+    EXPECT_NE(alert["labels"].value("alertname", ""), "MemplanPlannerDown") << alert.dump();
+  }
+  std::printf("%d dashboard queries, %d recording and %d alerting rules, %zu metrics checked\n",
+              queries, recording, alerting, metrics_read.size());
+}
+
+}  // namespace
+}  // namespace memplan
