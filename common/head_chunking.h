@@ -43,8 +43,10 @@ struct ChunkedHeadBytes {
   // weight trains, d(loss)/d(weight) [V, H] summed in fp32.
   int64_t saved = 0;
   // Forward, on top: one chunk's logits in the model dtype and in fp32, the fp32 softmax
-  // gradient (computed in place of the fp32 logits), its cast to the model dtype, and the
-  // chunk's weight-gradient product in the model dtype before it is added to the fp32 sum.
+  // gradient (computed in place of the fp32 logits), its cast to the model dtype, and, for fp32
+  // models, the chunk's weight-gradient product before it is added to the sum (bf16/fp16 models on
+  // a GPU add the product into the fp32 sum inside the GEMM; on the CPU, which is not planned,
+  // they hold a model-dtype product too).
   int64_t forward_transient = 0;
   // Backward, on top: the weight gradient returned in the model dtype, and the scaled input
   // gradient.
@@ -56,7 +58,7 @@ inline ChunkedHeadBytes ChunkedHeadMemory(int64_t h, int64_t v, int64_t d, int64
   const int64_t rows = std::min(tokens, HeadChunkRows(v));
   ChunkedHeadBytes b;
   b.saved = tokens * h * d + (weight_trains ? v * h * 4 : 0);
-  b.forward_transient = rows * v * (d + 4 + d) + (weight_trains ? v * h * d : 0);
+  b.forward_transient = rows * v * (d + 4 + d) + (weight_trains && d == 4 ? v * h * d : 0);
   b.backward_transient = tokens * h * d + (weight_trains ? v * h * d : 0);
   return b;
 }

@@ -9,7 +9,12 @@ input_ids. Prints one JSON line: steady tokens/s (median over the steps after --
 caching allocator's peak allocated / reserved bytes over those steps.
 
   hf-train-baseline.py --preset llama-3.2-1b --batch 4 --seq 2048 [--steps 15] [--warmup 3]
-                       [--no-checkpointing] [--config config.json]
+                       [--no-checkpointing] [--config config.json] [--fsdp2-offload]
+
+--fsdp2-offload: PyTorch FSDP2 instead, one rank (NCCL): fully_shard on every decoder layer and
+the root with CPUOffloadPolicy(pin_memory=True) and MixedPrecisionPolicy(bf16 parameters, fp32
+reductions), fp32 parameters and torch.optim.AdamW on the host, gradient checkpointing as above:
+the peer baseline for training a model larger than the card's share on one GPU.
 """
 
 import argparse
@@ -51,6 +56,7 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--no-checkpointing", action="store_true")
+    p.add_argument("--fsdp2-offload", action="store_true")
     args = p.parse_args()
     if args.steps <= args.warmup:
         p.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
@@ -62,11 +68,31 @@ def main():
         config = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
     config.use_cache = False
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model = model.to("cuda").train()
-    if not args.no_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, fused=True)
+    if args.fsdp2_offload:
+        import os
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29533")
+        torch.cuda.set_device(0)
+        torch.distributed.init_process_group("nccl", rank=0, world_size=1)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).train()
+        if not args.no_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+        policy = dict(mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                     reduce_dtype=torch.float32),
+                      offload_policy=CPUOffloadPolicy(pin_memory=True))
+        for layer in model.model.layers:
+            fully_shard(layer, **policy)
+        fully_shard(model, **policy)
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        model = model.to("cuda").train()
+        if not args.no_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, fused=True)
     params = sum(p.numel() for p in model.parameters())
 
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -92,7 +118,8 @@ def main():
     steady = times[args.warmup:]
     tokens = args.batch * args.seq
     print(json.dumps({
-        "runner": "transformers", "transformers": transformers.__version__,
+        "runner": "fsdp2-cpu-offload" if args.fsdp2_offload else "transformers",
+        "transformers": transformers.__version__,
         "torch": torch.__version__, "preset": args.config or args.preset, "params": params,
         "batch": args.batch, "seq": args.seq, "checkpointing": not args.no_checkpointing,
         "median_step_s": statistics.median(steady),

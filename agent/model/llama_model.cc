@@ -119,6 +119,8 @@ class ChunkedHeadLossFunction : public torch::autograd::Function<ChunkedHeadLoss
     torch::Tensor loss_sum = torch::zeros({}, f32);
     torch::Tensor gx = want_gx ? torch::empty_like(x2) : torch::Tensor();
     torch::Tensor gw = want_gw ? torch::zeros(w.sizes(), f32) : torch::Tensor();
+    const bool fp32_accumulate = x2.is_cuda() && (x2.scalar_type() == torch::kBFloat16 ||
+                                                  x2.scalar_type() == torch::kHalf);
     for (int64_t a = 0; a < n; a += rows) {
       const int64_t b = std::min(n, a + rows);
       const torch::Tensor xc = x2.slice(0, a, b);
@@ -137,7 +139,15 @@ class ChunkedHeadLossFunction : public torch::autograd::Function<ChunkedHeadLoss
         torch::Tensor rows_out = gx.slice(0, a, b);
         at::mm_out(rows_out, grad_logits, w);
       }
-      if (want_gw) gw.add_(at::mm(grad_logits.t(), xc));
+      if (want_gw) {
+        if (fp32_accumulate) {
+          // cuBLAS adds the bf16/fp16 product into the fp32 sum directly: no [V, H] product in
+          // the model dtype, one rounding per sum as in the unchunked GEMM.
+          at::addmm_out(gw, gw, grad_logits.t(), xc, torch::kFloat32);
+        } else {
+          gw.add_(at::mm(grad_logits.t(), xc));
+        }
+      }
     }
     ctx->saved_data["gx"] = want_gx ? gx.view(x.sizes()) : torch::Tensor();
     ctx->saved_data["gw"] = gw;
