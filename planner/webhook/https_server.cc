@@ -113,8 +113,9 @@ HttpsServer::~HttpsServer() {
   shutdown(listen_fd_, SHUT_RDWR);
   if (accept_thread_.joinable()) accept_thread_.join();
   close(listen_fd_);
-  std::unique_lock<std::mutex> lock(mu_);
-  idle_.wait(lock, [this] { return active_ == 0; });
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](int* active) { return *active == 0; }, &active_));
 }
 
 void HttpsServer::AcceptLoop() {
@@ -124,7 +125,7 @@ void HttpsServer::AcceptLoop() {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (active_ >= max_connections_) {
         close(fd);
         continue;
@@ -134,8 +135,8 @@ void HttpsServer::AcceptLoop() {
     // A detached thread per connection; the destructor waits for active_ to drop to 0.
     std::thread([this, fd] {
       Serve(fd);
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--active_ == 0) idle_.notify_all();
+      absl::MutexLock lock(&mu_);
+      --active_;
     }).detach();
   }
 }
