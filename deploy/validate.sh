@@ -21,13 +21,17 @@ command -v promtool >/dev/null || { echo "promtool missing (apt-get install prom
 check "prometheus.yml" promtool check config prometheus/prometheus.yml
 check "memplan-rules.yml" promtool check rules prometheus/memplan-rules.yml
 
-# Dashboard: JSON, then each target's PromQL as a recording rule so promtool parses it. Grafana
+# Dashboards: JSON, then each target's PromQL as a recording rule so promtool parses it. Grafana
 # variables are replaced by values that keep the expression well-formed.
-python3 - grafana/memplan-planner-dashboard.json "$tmp/dashboard-rules.yml" "$tmp/metrics" <<'PY'
+python3 - "$tmp/dashboard-rules.yml" "$tmp/metrics" grafana/*.json <<'PY'
 import json, re, sys
-dash = json.load(open(sys.argv[1]))
-exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
-with open(sys.argv[2], "w") as out:
+exprs = []
+for path in sys.argv[3:]:
+    dash = json.load(open(path))
+    mine = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    print(f"  ok    {path}: {len(dash['panels'])} panels, {len(mine)} queries")
+    exprs += mine
+with open(sys.argv[1], "w") as out:
     out.write("groups:\n  - name: dashboard\n    rules:\n")
     for i, e in enumerate(exprs):
         e = e.replace("$__rate_interval", "5m").replace("$job", ".*").replace("$plan_id", ".*")
@@ -35,14 +39,14 @@ with open(sys.argv[2], "w") as out:
 names = set()
 for e in exprs:
     names.update(re.findall(r"memplan_[a-z_]+", e))
-open(sys.argv[3], "w").write("\n".join(sorted(names)) + "\n")
-print(f"  ok    dashboard JSON: {len(dash['panels'])} panels, {len(exprs)} queries")
+open(sys.argv[2], "w").write("\n".join(sorted(names)) + "\n")
 PY
 check "dashboard PromQL" promtool check rules "$tmp/dashboard-rules.yml"
 
 # Metric names used by the dashboard and rules must be ones the planner exports.
 grep -o 'memplan_[a-z_]*' prometheus/memplan-rules.yml >>"$tmp/metrics"
-exported=$(grep -o '"memplan_[a-z_]*"' ../planner/metrics/planner_metrics.cc | tr -d '"')
+exported=$(grep -ho '"memplan_[a-z_]*"' ../planner/metrics/planner_metrics.cc \
+  ../agent/metrics/agent_metrics.cc | tr -d '"')
 unknown=0
 while read -r name; do
   [[ -z $name ]] && continue
@@ -51,7 +55,7 @@ while read -r name; do
     bad "metric $name is not exported by planner/metrics"; unknown=1
   fi
 done < <(sort -u "$tmp/metrics")
-[[ $unknown -eq 1 ]] || ok "metric names exist in planner/metrics"
+[[ $unknown -eq 1 ]] || ok "metric names exist in planner/metrics and agent/metrics"
 
 if command -v systemd-analyze >/dev/null; then
   # The binary need not be installed here; every other finding is an error.

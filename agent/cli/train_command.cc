@@ -29,6 +29,7 @@
 #include "agent/io/synthetic_tokens.h"
 #include "agent/io/token_batcher.h"
 #include "agent/io/token_file.h"
+#include "agent/metrics/agent_metrics.h"
 #include "agent/profiler/memory_probe.h"
 #include "agent/profiler/memory_timeline.h"
 #include "agent/profiler/model_profiler.h"
@@ -241,8 +242,8 @@ absl::StatusOr<std::string> ProfileAndSubmit(PlannerClient& client, const TrainC
       "profiled%s in %.2f s (%d passes; warm-up %.3f s, timed pass %.3f s), step peak %.2f MiB, "
       "params %.2f MiB, memory from %s\n",
       on_demand ? " on demand" : "", seconds, result.passes, result.warmup_seconds,
-      result.step_seconds, MiB(result.step_peak_bytes), MiB(result.param_bytes),
-      result.memory_source.c_str());
+      result.step_seconds,
+      MiB(result.step_peak_bytes), MiB(result.param_bytes), result.memory_source.c_str());
   ASSIGN_OR_RETURN(std::string trace_id, client.SubmitTrace(result.trace));
   std::printf("trace_id %s\n", trace_id.c_str());
   return trace_id;
@@ -587,8 +588,8 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
       ASSIGN_OR_RETURN(const ChunkPacking layout,
                        ChunkManager::LayoutOf(model->ParamGroups(), options.chunks));
       std::string warning;
-      RETURN_IF_ERROR(
-          CheckPlanLayout(*file_plan, source, layout.num_chunks(), layout.fingerprint(), &warning));
+      RETURN_IF_ERROR(CheckPlanLayout(*file_plan, source, layout.num_chunks(),
+                                      layout.fingerprint(), &warning));
       if (!warning.empty()) {
         MEMPLAN_LOG(kWarning, "plan layout not checked").Field("reason", warning);
       } else {
@@ -684,6 +685,21 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
   int64_t load_allocated = 0, load_reserved = 0;
   DevicePeaks(device, &load_allocated, &load_reserved);
   double seconds_sum = 0;
+  // Live metrics for a sidecar scrape: the prediction of the plan next to every step.
+  std::unique_ptr<AgentMetrics> live;
+  int64_t uploaded_bytes = 0;  // chunk upload bytes already published
+  if (!c.metrics_address.empty()) {
+    absl::StatusOr<std::unique_ptr<AgentMetrics>> started = AgentMetrics::Start(c.metrics_address);
+    if (!started.ok()) {
+      return absl::Status(started.status().code(),
+                          absl::StrCat("--metrics: ", started.status().message()));
+    }
+    live = *std::move(started);
+    const size_t colon = c.metrics_address.rfind(':');
+    std::printf("metrics on %s:%d\n", c.metrics_address.substr(0, colon).c_str(), live->port());
+    live->SetPlan({answer.plan_id, answer.prediction.peak_bytes,
+                   answer.prediction.iteration_seconds, answer.prediction.tokens_per_second});
+  }
   while (trainer->step() < c.steps) {
     // Every step is recorded (a TSV row per group hook).
     if (timeline != nullptr) timeline->BeginStep(trainer->step() + 1);
@@ -741,6 +757,24 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
       steady_reserved = std::max(steady_reserved, stats.peak_reserved_bytes);
       steady_device = std::max(steady_device, device_used);
       ++timed_steps;
+    }
+    if (live != nullptr) {
+      AgentStepSample sample;
+      sample.seconds = stats.seconds;
+      sample.tokens_per_second = stats.tokens_per_second;
+      if (device.is_cuda()) {
+        const AllocatorStats now = ReadAllocatorStats(device);
+        sample.allocated_bytes = now.allocated.current;
+        sample.reserved_bytes = now.reserved.current;
+      }
+      sample.peak_allocated_bytes = stats.peak_allocated_bytes;
+      sample.peak_reserved_bytes = stats.peak_reserved_bytes;
+      if (ChunkManager* chunks = trainer->chunk_manager(); chunks != nullptr) {
+        const int64_t total = chunks->UploadStats().bytes;
+        sample.chunk_upload_bytes = total - uploaded_bytes;
+        uploaded_bytes = total;
+      }
+      live->ObserveStep(sample);
     }
     if (lead && (stats.step % c.log_every == 0 || stats.step == c.steps)) {
       // The loss is the global batch's (all-reduced); tokens/s counts every rank's tokens (the

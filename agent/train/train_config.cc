@@ -93,6 +93,10 @@ Checkpoints and output:
   --save DIR  --save-every N (0 = at the end)  --resume DIR  --log-every N (1)
 Diagnostics and device memory:
   --memory-timeline FILE   per-group allocated/reserved bytes of every step, as TSV
+  --metrics HOST:PORT      serve live Prometheus metrics while training (GET /metrics: step time,
+                           tokens/s, device memory and peaks, chunk bytes moved host to device,
+                           with the planner's prediction for the plan; port 0 picks a free port,
+                           printed as "metrics on HOST:PORT")
   --allocator-conf STR     CUDA caching-allocator settings, PYTORCH_CUDA_ALLOC_CONF syntax
                            (default expandable_segments:True unless that variable is set;
                            "" = PyTorch's own default)
@@ -262,6 +266,7 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
       {"resume", set_string(&c.resume_dir)},
       {"log-every", set_int(&c.log_every, 1, int64_t{1} << 40)},
       {"memory-timeline", set_string(&c.memory_timeline)},
+      {"metrics", set_string(&c.metrics_address)},
       {"allocator-conf",
        [&c](absl::string_view, const std::string& v) -> absl::Status {
          c.allocator_conf = v;

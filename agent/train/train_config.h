@@ -55,6 +55,8 @@ struct TrainConfig {
   int64_t log_every = 1;
   // Diagnostics: per-group device memory of every step, as TSV (agent/profiler/memory_timeline.h).
   std::string memory_timeline;
+  // Live Prometheus metrics on HOST:PORT while training (agent/metrics); empty: off.
+  std::string metrics_address;
   // CUDA caching-allocator settings (PYTORCH_CUDA_ALLOC_CONF syntax), applied before the first
   // device allocation. Default: expandable segments (reserved memory tracks allocated memory, which
   // is what the planner predicts); "" keeps PyTorch's default; PYTORCH_CUDA_ALLOC_CONF in the

@@ -1,7 +1,6 @@
 #include "planner/webhook/https_server.h"
 
 #include <arpa/inet.h>
-#include <netdb.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <poll.h>
@@ -18,6 +17,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status.h"
+#include "common/tcp_listen.h"
 
 namespace memplan {
 namespace {
@@ -90,44 +91,9 @@ absl::StatusOr<std::unique_ptr<HttpsServer>> HttpsServer::Start(const HttpsServe
                      "\": not the PEM private key of --tls-cert: ", OpenSslError()));
   }
 
-  const size_t colon = options.address.rfind(':');
-  if (colon == std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("webhook address \"", options.address, "\" is not HOST:PORT"));
-  }
-  std::string host = options.address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  const std::string port_text = options.address.substr(colon + 1);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* resolved = nullptr;
-  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), port_text.c_str(), &hints, &resolved) !=
-          0 ||
-      resolved == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("webhook address \"", options.address, "\": cannot resolve the host"));
-  }
-  const int fd = socket(resolved->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  const int one = 1;
-  const bool bound = fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == 0 &&
-                     bind(fd, resolved->ai_addr, resolved->ai_addrlen) == 0 && listen(fd, 64) == 0;
-  const int bind_errno = errno;
-  freeaddrinfo(resolved);
-  if (!bound) {
-    if (fd >= 0) close(fd);
-    return absl::UnavailableError(absl::StrCat("webhook address ", options.address,
-                                               ": cannot listen: ", std::strerror(bind_errno)));
-  }
-  sockaddr_storage local{};
-  socklen_t length = sizeof(local);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length);
-  const int port =
-      ntohs(local.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&local)->sin6_port
-                                        : reinterpret_cast<sockaddr_in*>(&local)->sin_port);
+  ASSIGN_OR_RETURN(const TcpListener listener, ListenTcp(options.address, "webhook"));
+  const int fd = listener.fd;
+  const int port = listener.port;
   auto server = std::unique_ptr<HttpsServer>(
       new HttpsServer(std::move(tls), fd, port, options.max_connections, std::move(handler)));
   server->accept_thread_ = std::thread([s = server.get()] { s->AcceptLoop(); });
@@ -147,8 +113,9 @@ HttpsServer::~HttpsServer() {
   shutdown(listen_fd_, SHUT_RDWR);
   if (accept_thread_.joinable()) accept_thread_.join();
   close(listen_fd_);
-  std::unique_lock<std::mutex> lock(mu_);
-  idle_.wait(lock, [this] { return active_ == 0; });
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](int* active) { return *active == 0; }, &active_));
 }
 
 void HttpsServer::AcceptLoop() {
@@ -158,7 +125,7 @@ void HttpsServer::AcceptLoop() {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (active_ >= max_connections_) {
         close(fd);
         continue;
@@ -168,8 +135,8 @@ void HttpsServer::AcceptLoop() {
     // A detached thread per connection; the destructor waits for active_ to drop to 0.
     std::thread([this, fd] {
       Serve(fd);
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--active_ == 0) idle_.notify_all();
+      absl::MutexLock lock(&mu_);
+      --active_;
     }).detach();
   }
 }

@@ -5,14 +5,14 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace memplan {
 
@@ -58,9 +58,8 @@ class HttpsServer {
   const int max_connections_;
   const Handler handler_;
   std::atomic<bool> stopping_{false};
-  std::mutex mu_;
-  std::condition_variable idle_;
-  int active_ = 0;  // guarded by mu_
+  absl::Mutex mu_;
+  int active_ ABSL_GUARDED_BY(mu_) = 0;  // connections being served
   std::thread accept_thread_;
 };
 

@@ -20,20 +20,35 @@ extern char** environ;
 
 namespace memplan::testing {
 
-// A loopback port that was free a moment ago (rank 0's store binds it right after).
-inline int FreeLoopbackPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+// A socket listening on 127.0.0.1 at a port the kernel picked (fd -1 and port 0 on failure);
+// rank 0's store takes it over, so no other process can take the port between choosing and
+// binding it.
+struct LoopbackListener {
+  int fd = -1;
+  int port = 0;
+};
+
+inline LoopbackListener ListenOnLoopback() {
+  LoopbackListener l;
+  l.fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof(addr);
-  int port = 0;
-  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
+  if (l.fd < 0 || bind(l.fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      listen(l.fd, 64) != 0 || getsockname(l.fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (l.fd >= 0) close(l.fd);
+    return LoopbackListener{};
   }
-  if (fd >= 0) close(fd);
-  return port;
+  l.port = ntohs(addr.sin_port);
+  return l;
+}
+
+// A loopback port that was free a moment ago (rank 0's store binds it right after).
+inline int FreeLoopbackPort() {
+  const LoopbackListener l = ListenOnLoopback();
+  if (l.fd >= 0) close(l.fd);
+  return l.port;
 }
 
 struct Child {

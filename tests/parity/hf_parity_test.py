@@ -192,6 +192,12 @@ def hf_reference(directory, ids, targets, grad_accum, clip, optimizer="adamw",
         (out.loss / grad_accum).backward()
         loss_sum += out.loss.item()
     grads = {n: p.grad.detach().float().cpu().clone() for n, p in params.items()}
+    return logits, loss_sum / grad_accum, grads, optimizer_step(params, clip, optimizer)
+
+
+def optimizer_step(params, clip, optimizer):
+    """torch's optimizer step on `params` (their .grad set), clipped first when clip > 0; the
+    parameters after it, in fp32 on the CPU."""
     if clip > 0:
         torch.nn.utils.clip_grad_norm_(list(params.values()), clip)
     if optimizer == "sgd":
@@ -201,8 +207,7 @@ def hf_reference(directory, ids, targets, grad_accum, clip, optimizer="adamw",
         opt = torch.optim.AdamW(list(params.values()), lr=LR, betas=BETAS, eps=EPS,
                                 weight_decay=WD, fused=optimizer == "adamw_bf16")
     opt.step()
-    after = {n: p.detach().float().cpu().clone() for n, p in params.items()}
-    return logits, loss_sum / grad_accum, grads, after
+    return {n: p.detach().float().cpu().clone() for n, p in params.items()}
 
 
 def hf_step_with(directory, grads, clip, optimizer):
@@ -211,15 +216,7 @@ def hf_step_with(directory, grads, clip, optimizer):
     params = dict(model.named_parameters())
     for n, p in params.items():
         p.grad = grads["grad." + n].clone()
-    if clip > 0:
-        torch.nn.utils.clip_grad_norm_(list(params.values()), clip)
-    if optimizer == "sgd":
-        opt = torch.optim.SGD(list(params.values()), lr=LR, weight_decay=WD)
-    else:
-        opt = torch.optim.AdamW(list(params.values()), lr=LR, betas=BETAS, eps=EPS,
-                                weight_decay=WD)
-    opt.step()
-    return {n: p.detach().clone() for n, p in params.items()}
+    return optimizer_step(params, clip, optimizer)
 
 
 def rel_err(got, want):

@@ -156,6 +156,16 @@ TEST_F(TrainWithPlannerTest, TwoRanksAskTheirWorldSizeAndTrain) {
   EXPECT_THAT(out[1], Not(HasSubstr("predicted vs measured")));
 }
 
+// --metrics starts the live endpoint inside the agent (prometheus-cpp's civetweb server did not:
+// common/metrics_server.h, [Own /metrics server]); the scrape itself is tested in
+// tests/agent/metrics and tests/planner/e2e/prometheus_live_test.cc.
+TEST_F(TrainWithPlannerTest, MetricsEndpointStartsInsideTheAgent) {
+  const auto [status, output] = Train({"--metrics", "127.0.0.1:0"});
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+  EXPECT_THAT(output, ::testing::MatchesRegex("(.|\n)*metrics on 127\\.0\\.0\\.1:[0-9]+\n(.|\n)*"));
+  EXPECT_THAT(output, HasSubstr("trained 2 steps"));
+}
+
 TEST_F(TrainWithPlannerTest, ProfileSubmitsTheTraceThePlanThenUses) {
   const auto [status, output] = Train({"--profile"});
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;

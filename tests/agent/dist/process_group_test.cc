@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "agent/core/torch_pch.h"
+#include "tests/agent/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -22,27 +23,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// A socket listening on 127.0.0.1 at a port the kernel picked; rank 0's store takes it over.
-struct LoopbackListener {
-  int fd = -1;
-  int port = 0;
-};
-
-LoopbackListener ListenOnLoopback() {
-  LoopbackListener l;
-  l.fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (l.fd < 0 || bind(l.fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      listen(l.fd, 64) != 0 || getsockname(l.fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    if (l.fd >= 0) close(l.fd);
-    return LoopbackListener{};
-  }
-  l.port = ntohs(addr.sin_port);
-  return l;
-}
+using ::memplan::testing::ListenOnLoopback;
+using ::memplan::testing::LoopbackListener;
 
 DistOptions Rank(int rank, int world_size, const LoopbackListener& listener) {
   DistOptions o;

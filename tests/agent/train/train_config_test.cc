@@ -62,6 +62,14 @@ TEST(ParseTrainArgsTest, ParsesEveryKindOfFlag) {
   EXPECT_EQ(c->save_every, 10);
 }
 
+TEST(ParseTrainArgsTest, MetricsAddress) {
+  auto c =
+      ParseTrainArgs({"--arch", "llama-tiny", "--synthetic-data", "--metrics", "0.0.0.0:9465"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->metrics_address, "0.0.0.0:9465");
+  EXPECT_EQ(ParseTrainArgs({"--arch", "llama-tiny", "--synthetic-data"})->metrics_address, "");
+}
+
 TEST(ParseTrainArgsTest, ErrorsNameTheFlag) {
   auto bad = [](std::vector<std::string> extra) {
     std::vector<std::string> args = {"--arch", "x", "--synthetic-data"};

@@ -57,7 +57,7 @@ class PlannerE2ETest : public ::testing::Test {
     }
   }
 
-  // The metrics endpoint is off unless a test reads it: stopping its HTTP server costs ~1 s.
+  // The metrics endpoint is off unless a test reads it (stopping it takes up to 0.2 s).
   void StartDaemon(bool serve_metrics = false) {
     auto daemon =
         testing::DaemonProcess::Start(MEMPLAN_PLANNER_BINARY, db_path_, log_path_, serve_metrics,

@@ -19,10 +19,12 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "agent/metrics/agent_metrics.h"
 #include "daemon_process.h"
 #include "grpcpp/grpcpp.h"
 #include "memplan/v1/planner.grpc.pb.h"
@@ -42,7 +44,8 @@ using ::memplan::testing::DaemonProcess;
 using Json = nlohmann::json;
 
 constexpr char kToken[] = "live-test-0123456789abcdef";
-constexpr char kJob[] = "memplan-planner";  // the job name of deploy/prometheus/prometheus.yml
+constexpr char kJob[] = "memplan-planner";  // the job names of deploy/prometheus/prometheus.yml
+constexpr char kAgentJob[] = "memplan-agent";
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
@@ -95,6 +98,12 @@ class PrometheusLiveTest : public ::testing::Test {
     daemon_ = std::make_unique<DaemonProcess>(*std::move(daemon));
     stub_ = v1::Planner::NewStub(
         grpc::CreateChannel(daemon_->address(), grpc::InsecureChannelCredentials()));
+    // A training node's live metrics (agent/metrics), as memplan-agent train --metrics serves
+    // them, fed with a run's numbers.
+    auto agent = AgentMetrics::Start("127.0.0.1:0");
+    ASSERT_TRUE(agent.ok()) << agent.status();
+    agent_ = *std::move(agent);
+    agent_->SetPlan({"plan-live", int64_t{20} << 30, 0.5, 8192});
   }
 
   void TearDown() override {
@@ -117,6 +126,8 @@ class PrometheusLiveTest : public ::testing::Test {
     config = MustReplace(config, "evaluation_interval: 15s", "evaluation_interval: 1s");
     config = MustReplace(config, "- memplan-rules.yml", "- " + deploy + "memplan-rules.yml");
     config = MustReplace(config, "\"127.0.0.1:9464\"", "\"" + daemon_->metrics_address() + "\"");
+    config = MustReplace(config, "\"127.0.0.1:9465\"",
+                         absl::StrCat("\"127.0.0.1:", agent_->port(), "\""));
     std::ofstream(dir_ + "/prometheus.yml") << config;
     prometheus_port_ = testing::FreeLoopbackPort();
     ASSERT_GT(prometheus_port_, 0);
@@ -156,6 +167,10 @@ class PrometheusLiveTest : public ::testing::Test {
   // One round of traffic: plans that fit and one that does not, measurements (one quarantined),
   // a refused write and a NOT_FOUND.
   void DriveTraffic() {
+    for (int i = 0; i < 3; ++i) {
+      agent_->ObserveStep({0.52, 7900, int64_t{19} << 30, int64_t{20} << 30, int64_t{20} << 30,
+                           int64_t{21} << 30, int64_t{3} << 30});
+    }
     v1::PlanRequest fits;
     fits.set_arch_preset("llama-tiny");
     fits.set_hardware_preset("rtx-3090");
@@ -203,6 +218,7 @@ class PrometheusLiveTest : public ::testing::Test {
   std::string dir_;
   std::unique_ptr<DaemonProcess> daemon_;
   std::unique_ptr<v1::Planner::Stub> stub_;
+  std::unique_ptr<AgentMetrics> agent_;
   pid_t prometheus_pid_ = -1;
   int prometheus_port_ = 0;
 };
@@ -224,32 +240,37 @@ TEST_F(PrometheusLiveTest, DashboardQueriesAndRulesReturnDataFromARealScrape) {
                                "\"}[1m])")) >= 6;
   }));
 
-  // Every dashboard query, with Grafana's variables as a user who picked this job would have
-  // them, returns at least one series.
-  const Json dashboard = Json::parse(
-      ReadFile(std::string(MEMPLAN_SOURCE_DIR) + "/deploy/grafana/memplan-planner-dashboard.json"));
+  EXPECT_EQ(Scalar(absl::StrCat("up{job=\"", kAgentJob, "\"}")), 1);
+  // Every query of both dashboards, with Grafana's variables as a user who picked the job would
+  // have them, returns at least one series; so do the variables' own queries.
   int queries = 0;
-  for (const Json& panel : dashboard["panels"]) {
-    for (const Json& target : panel.value("targets", Json::array())) {
-      const std::string expr =
-          absl::StrReplaceAll(target["expr"].get<std::string>(),
-                              {{"$__rate_interval", "1m"}, {"$job", kJob}, {"$plan_id", ".*"}});
-      const Json result = Query(expr);
-      EXPECT_FALSE(result.empty()) << panel["title"] << ": " << expr << " returned no data";
-      ++queries;
+  for (const auto& [file, job] :
+       {std::pair<std::string, std::string>{"memplan-planner-dashboard.json", kJob},
+        {"memplan-agent-dashboard.json", kAgentJob}}) {
+    const Json dashboard =
+        Json::parse(ReadFile(std::string(MEMPLAN_SOURCE_DIR) + "/deploy/grafana/" + file));
+    for (const Json& panel : dashboard["panels"]) {
+      for (const Json& target : panel.value("targets", Json::array())) {
+        const std::string expr =
+            absl::StrReplaceAll(target["expr"].get<std::string>(),
+                                {{"$__rate_interval", "1m"}, {"$job", job}, {"$plan_id", ".*"}});
+        const Json result = Query(expr);
+        EXPECT_FALSE(result.empty())
+            << file << ", " << panel["title"] << ": " << expr << " returned no data";
+        ++queries;
+      }
+    }
+    for (const Json& variable : dashboard["templating"]["list"]) {
+      if (variable.value("type", "") != "query") continue;
+      const std::string definition = variable["definition"].get<std::string>();
+      std::smatch m;
+      ASSERT_TRUE(std::regex_match(definition, m, std::regex(R"(label_values\((\w+), (\w+)\))")))
+          << definition;
+      Json values = Api(absl::StrCat("label/", m[2].str(), "/values?match[]=", UrlEncode(m[1])));
+      EXPECT_FALSE(values.is_null() || values.empty()) << file << ": " << definition;
     }
   }
-  EXPECT_GE(queries, 17);
-  // The variables' own queries.
-  for (const Json& variable : dashboard["templating"]["list"]) {
-    if (variable.value("type", "") != "query") continue;
-    const std::string definition = variable["definition"].get<std::string>();
-    std::smatch m;
-    ASSERT_TRUE(std::regex_match(definition, m, std::regex(R"(label_values\((\w+), (\w+)\))")))
-        << definition;
-    Json values = Api(absl::StrCat("label/", m[2].str(), "/values?match[]=", UrlEncode(m[1])));
-    EXPECT_FALSE(values.is_null() || values.empty()) << definition;
-  }
+  EXPECT_GE(queries, 28);
 
   // Every rule loaded and evaluated without error; recording rules produce series; every
   // memplan_* metric a rule reads exists.

@@ -327,8 +327,7 @@ TEST_F(PlannerCoreTest, MeasurementIsStoredAndRecalibratesLaterPredictions) {
   auto first = Plan(TinyRequest());
   ASSERT_TRUE(first.ok()) << first.status();
   const int64_t predicted = first->prediction().peak_bytes();
-  EXPECT_EQ(first->prediction().breakdown().fragmentation_factor(),
-            1.05);  // the default before any measurement
+  EXPECT_EQ(first->prediction().breakdown().fragmentation_factor(), 1.05);  // the default before any measurement
 
   // The run used 10% more than predicted.
   const int64_t measured = predicted + predicted / 10;
