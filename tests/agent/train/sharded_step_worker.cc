@@ -3,9 +3,10 @@
 // ShardCase on its rows of the global batch, and saves [loss, grad norm, grads..., params...
 // (ParamOrder), memory] per case to PREFIX.CASE.rankR.pt; memory is int64 [host bytes (pinned +
 // pageable), n_persist, every chunk's bytes...] from ChunkManager::MemoryStats().
-//   sharded_step_worker PREFIX [KILL_RANK]
-// With KILL_RANK, that rank kills itself (SIGKILL) in the middle of the first case's backward; the
-// others must fail, naming it. Exit status: 0, or 1 with "rank R: <error>" on stderr.
+//   sharded_step_worker PREFIX [KILL_RANK [kill|stop [TIMEOUT_SECONDS]]]
+// With KILL_RANK, that rank kills itself (SIGKILL; "stop": SIGSTOP, a hung rank) in the middle of
+// the first case's backward; the others must fail, naming it. TIMEOUT_SECONDS: the collective
+// timeout (default 30). Exit status: 0, or 1 with "rank R: <error>" on stderr.
 #include <signal.h>
 
 #include <cstdio>
@@ -20,19 +21,21 @@
 namespace memplan {
 namespace {
 
-// Kills this process at the PostBackward of one block group, after the chunk manager's hook.
+// Sends this process `signal` at the PostBackward of one block group, after the chunk manager's
+// hook.
 class KillAt final : public ParamResidency {
  public:
-  explicit KillAt(int group) : group_(group) {}
+  KillAt(int group, int signal) : group_(group), signal_(signal) {}
   void PreForward(int) override {}
   void PostForward(int) override {}
   void PreBackward(int) override {}
   void PostBackward(int group) override {
-    if (group == group_) raise(SIGKILL);
+    if (group == group_) raise(signal_);
   }
 
  private:
   int group_;
+  int signal_;
 };
 
 int Fail(int rank, const absl::Status& status) {
@@ -40,7 +43,7 @@ int Fail(int rank, const absl::Status& status) {
   return 1;
 }
 
-int Run(const std::string& prefix, int kill_rank) {
+int Run(const std::string& prefix, int kill_rank, int signal, int timeout_seconds) {
   torch::set_num_threads(1);
   absl::StatusOr<DistOptions> dist = DistOptionsFromEnvironment(
       [](const std::string& name) -> std::optional<std::string> {
@@ -50,7 +53,7 @@ int Run(const std::string& prefix, int kill_rank) {
       });
   if (!dist.ok()) return Fail(-1, dist.status());
   dist->backend = DistBackend::kGloo;
-  dist->timeout_seconds = 30;
+  dist->timeout_seconds = timeout_seconds;
   dist->heartbeat_milliseconds = 200;
   absl::StatusOr<std::unique_ptr<ProcessGroup>> group = ProcessGroup::Join(*dist);
   if (!group.ok()) return Fail(dist->rank, group.status());
@@ -61,7 +64,7 @@ int Run(const std::string& prefix, int kill_rank) {
     if (!model) return Fail(rank, absl::InternalError("model creation failed"));
     TrainerOptions options = testing::ShardCaseOptions(c, model->num_blocks());
     options.communicator = group->get();
-    KillAt kill(/*group=*/2);
+    KillAt kill(/*group=*/2, signal);
     if (rank == kill_rank) options.observer = &kill;
     absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(model.get(), options);
     if (!trainer.ok()) return Fail(rank, trainer.status());
@@ -103,5 +106,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: sharded_step_worker PREFIX [KILL_RANK]\n");
     return 2;
   }
-  return memplan::Run(argv[1], argc > 2 ? std::atoi(argv[2]) : -1);
+  const int signal = argc > 3 && std::string(argv[3]) == "stop" ? SIGSTOP : SIGKILL;
+  return memplan::Run(argv[1], argc > 2 ? std::atoi(argv[2]) : -1, signal,
+                      argc > 4 ? std::atoi(argv[4]) : 30);
 }

@@ -48,16 +48,22 @@ struct RankRun {
   std::string err;
 };
 
-// Runs world_size workers at once; returns their wait statuses and stderr.
+// Runs world_size workers at once; returns their wait statuses and stderr. `fault` ("kill" or
+// "stop") is what kill_rank does to itself in backward; *seconds is when the others had exited.
+// A stopped rank is killed once the others are done.
 std::vector<RankRun> RunWorkers(int world_size, const std::string& prefix, int kill_rank,
-                                double* seconds) {
+                                double* seconds, const std::string& fault = "kill",
+                                int timeout_seconds = 30) {
   const int port = testing::FreeLoopbackPort();
   EXPECT_GT(port, 0);
   const auto start = std::chrono::steady_clock::now();
   std::vector<testing::Child> children;
   for (int r = 0; r < world_size; ++r) {
     std::vector<std::string> args = {MEMPLAN_SHARD_WORKER, prefix};
-    if (kill_rank >= 0) args.push_back(std::to_string(kill_rank));
+    if (kill_rank >= 0) {
+      args.insert(args.end(),
+                  {std::to_string(kill_rank), fault, std::to_string(timeout_seconds)});
+    }
     children.push_back(testing::Spawn(
         args,
         {absl::StrCat("WORLD_SIZE=", world_size), absl::StrCat("RANK=", r),
@@ -67,13 +73,20 @@ std::vector<RankRun> RunWorkers(int world_size, const std::string& prefix, int k
     EXPECT_GT(children.back().pid, 0);
   }
   std::vector<RankRun> runs(world_size);
-  for (int r = 0; r < world_size; ++r) {
+  auto reap = [&](int r) {
     EXPECT_EQ(waitpid(children[r].pid, &runs[r].status, 0), children[r].pid);
     runs[r].err = testing::ReadFile(children[r].err_path);
     std::remove(children[r].out_path.c_str());
     std::remove(children[r].err_path.c_str());
+  };
+  for (int r = 0; r < world_size; ++r) {
+    if (r != kill_rank) reap(r);
   }
   *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (kill_rank >= 0) {
+    if (fault == "stop") kill(children[kill_rank].pid, SIGKILL);
+    reap(kill_rank);
+  }
   return runs;
 }
 
@@ -232,16 +245,19 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, ShardedTrainerTest, ::testing::Values(2, 3)
 struct KillCase {
   int world_size;
   int kill_rank;
-  std::string named;  // what every survivor's error says
+  std::string fault;    // "kill": the rank exits; "stop": it hangs (SIGSTOP)
+  int timeout_seconds;  // the workers' collective timeout
+  std::string named;    // what every survivor's error says
 };
 
 class ShardedTrainerFailureTest : public ::testing::TestWithParam<KillCase> {};
 
-TEST_P(ShardedTrainerFailureTest, AKilledRankMakesTheOthersExitNamingIt) {
+TEST_P(ShardedTrainerFailureTest, AFailedRankMakesTheOthersExitNamingIt) {
   const KillCase& k = GetParam();
   const std::string prefix = absl::StrCat(::testing::TempDir(), "/sharded_kill_", getpid());
   double seconds = 0;
-  const std::vector<RankRun> runs = RunWorkers(k.world_size, prefix, k.kill_rank, &seconds);
+  const std::vector<RankRun> runs =
+      RunWorkers(k.world_size, prefix, k.kill_rank, &seconds, k.fault, k.timeout_seconds);
   for (const RankRun& run : runs) {
     if (absl::StrContains(run.err, "no Gloo process group")) GTEST_SKIP() << run.err;
   }
@@ -255,17 +271,28 @@ TEST_P(ShardedTrainerFailureTest, AKilledRankMakesTheOthersExitNamingIt) {
     EXPECT_THAT(runs[r].err, HasSubstr(absl::StrCat("rank ", r, ": ")));
     EXPECT_THAT(runs[r].err, HasSubstr(k.named));
   }
-  // The workers' collective timeout is 30 s: the failure is seen long before it.
-  EXPECT_LT(seconds, 20);
+  if (k.fault == "kill") {
+    // A dead peer's connections close: the failure is seen long before the 30 s timeout.
+    EXPECT_LT(seconds, 20);
+  } else {
+    // A hung peer keeps its connections: the survivors' collectives time out (4 s); pending
+    // prefetches time out in turn on the way out.
+    EXPECT_GE(seconds, k.timeout_seconds);
+    EXPECT_LT(seconds, 6 * k.timeout_seconds);
+  }
 }
 
-// Rank 1 of 3: the survivors see its heartbeat stop. Rank 0 of 2: the store it served is gone.
+// Rank 1 of 3 killed: the survivors see its heartbeat stop. Rank 0 of 2 killed: the store it
+// served is gone. Rank 1 of 3 hung: the collectives time out and its heartbeat has stopped.
 INSTANTIATE_TEST_SUITE_P(
-    Kills, ShardedTrainerFailureTest,
-    ::testing::Values(KillCase{3, 1, "rank 1 is gone (no heartbeat for 600 ms"},
-                      KillCase{2, 0, "rank 0 is gone (the store it served at 127.0.0.1:"}),
+    Faults, ShardedTrainerFailureTest,
+    ::testing::Values(
+        KillCase{3, 1, "kill", 30, "rank 1 is gone (no heartbeat for 600 ms"},
+        KillCase{2, 0, "kill", 30, "rank 0 is gone (the store it served at 127.0.0.1:"},
+        KillCase{3, 1, "stop", 4, "rank 1 is gone (no heartbeat for 600 ms"}),
     [](const ::testing::TestParamInfo<KillCase>& info) {
-      return absl::StrCat("Rank", info.param.kill_rank, "Of", info.param.world_size);
+      return absl::StrCat(info.param.fault == "kill" ? "Killed" : "Hung", "Rank",
+                          info.param.kill_rank, "Of", info.param.world_size);
     });
 
 }  // namespace
