@@ -213,8 +213,7 @@ class ChunkManager::Impl {
   bool sharded() const { return world_ > 1; }
   OwnedRange Owned(const Param& p, const Chunk& chunk) const {
     const int64_t lo = std::max(p.offset_elems, chunk.shard_begin);
-    const int64_t hi =
-        std::min(p.offset_elems + p.numel, chunk.shard_begin + chunk.shard_elems);
+    const int64_t hi = std::min(p.offset_elems + p.numel, chunk.shard_begin + chunk.shard_elems);
     if (hi <= lo) return OwnedRange{};
     return OwnedRange{lo - p.offset_elems, lo - chunk.shard_begin, hi - lo};
   }
@@ -281,7 +280,7 @@ class ChunkManager::Impl {
   Communicator* comm_ = nullptr;  // set only when world_ > 1
   int world_ = 1;
   int rank_ = 0;
-  absl::Status comm_status_;  // the first failed collective
+  absl::Status comm_status_;         // the first failed collective
   bool persistent_reduced_ = false;  // this step's persistent grads are all-reduced already
   torch::ScalarType dtype_ = torch::kFloat32;
   std::vector<Param> params_;                     // canonical order
@@ -1076,10 +1075,9 @@ absl::StatusOr<double> ChunkManager::Impl::ShardedSquaredNorm() {
 
 torch::Tensor ChunkManager::Impl::GatherHost(const void* data, torch::ScalarType dtype,
                                              const Chunk& chunk) {
-  torch::Tensor shard =
-      torch::from_blob(const_cast<void*>(data), {chunk.shard_elems},
-                       torch::TensorOptions().dtype(dtype))
-          .to(comm_->device(), /*non_blocking=*/false, /*copy=*/true);
+  torch::Tensor shard = torch::from_blob(const_cast<void*>(data), {chunk.shard_elems},
+                                         torch::TensorOptions().dtype(dtype))
+                            .to(comm_->device(), /*non_blocking=*/false, /*copy=*/true);
   torch::Tensor full = torch::empty({chunk.padded_elems}, shard.options());
   const absl::Status s = comm_->AllGather(full, shard)->Wait();
   if (!s.ok()) FailCollective(s);
@@ -1198,11 +1196,11 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
       last_grad_norm_ = sharded_norm;
       if (max_grad_norm > 0) {
         // clip_grad_norm_'s coefficient, in fp32 as its tensors compute it.
-        grad_scale = std::min(1.0f, static_cast<float>(max_grad_norm) /
-                                        (static_cast<float>(sharded_norm) + 1e-6f));
-        clip_coef = torch::full({}, static_cast<double>(grad_scale),
-                                torch::TensorOptions().dtype(torch::kFloat32).device(
-                                    options_.device));
+        grad_scale = std::min(
+            1.0f, static_cast<float>(max_grad_norm) / (static_cast<float>(sharded_norm) + 1e-6f));
+        clip_coef =
+            torch::full({}, static_cast<double>(grad_scale),
+                        torch::TensorOptions().dtype(torch::kFloat32).device(options_.device));
       }
     } else if (!norms.empty()) {
       torch::Tensor total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2.0);
@@ -1573,9 +1571,9 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
   }
   if (communicator != nullptr && communicator->world_size() > 1) {
     if (communicator->device().type() != options.device.type()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "communicator: its collectives run on ", communicator->device().str(),
-          " but the chunk manager's device is ", options.device.str()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("communicator: its collectives run on ", communicator->device().str(),
+                       " but the chunk manager's device is ", options.device.str()));
     }
     if (options.profile_only) {
       return absl::InvalidArgumentError(

@@ -40,15 +40,17 @@
 // store every heartbeat_milliseconds from a thread of its own, on a store connection of its own.
 // After a failure this rank records "failed/<rank>", reads every counter, waits three heartbeats
 // and reads them again: ranks whose counter did not move and that recorded no failure of their
-// own are gone (exited, killed, or their process hangs). If the store itself cannot be reached, rank 0, which serves it, is gone. The
-// failing rank's status then says which rank, so every survivor exits naming it.
+// own are gone (exited, killed, or their process hangs). If the store itself cannot be reached,
+// rank 0, which serves it, is gone. The failing rank's status then says which rank, so every
+// survivor exits naming it.
 
 namespace memplan {
 
 absl::StatusOr<DistBackend> ResolveDistBackend(DistBackend requested) {
   const bool cuda = torch::cuda::is_available();
-  const DistBackend backend =
-      requested != DistBackend::kAuto ? requested : (cuda ? DistBackend::kNccl : DistBackend::kGloo);
+  const DistBackend backend = requested != DistBackend::kAuto
+                                  ? requested
+                                  : (cuda ? DistBackend::kNccl : DistBackend::kGloo);
   if (backend == DistBackend::kNccl) {
 #ifndef MEMPLAN_DIST_NCCL
     return absl::FailedPreconditionError(
@@ -204,9 +206,9 @@ class ProcessGroup::Impl {
   // The status of a failed collective: what failed, on which rank, and who is gone.
   absl::Status Failure(absl::string_view what, const std::string& error) {
     failed_ = true;
-    return absl::UnavailableError(absl::StrCat("rank ", options_.rank, " of ",
-                                               options_.world_size, ": ", what, " failed: ",
-                                               DescribeGoneRanks(), " (", error, ")"));
+    return absl::UnavailableError(absl::StrCat("rank ", options_.rank, " of ", options_.world_size,
+                                               ": ", what, " failed: ", DescribeGoneRanks(), " (",
+                                               error, ")"));
   }
 
   const DistOptions& options() const { return options_; }
@@ -282,9 +284,8 @@ class ProcessGroup::Impl {
                "collectives)";
       }
       return absl::StrCat(gone.size() == 1 ? "rank " : "ranks ", absl::StrJoin(gone, ", "),
-                          gone.size() == 1 ? " is" : " are",
-                          " gone (no heartbeat for ", 3 * options_.heartbeat_milliseconds,
-                          " ms: exited, killed or hung)");
+                          gone.size() == 1 ? " is" : " are", " gone (no heartbeat for ",
+                          3 * options_.heartbeat_milliseconds, " ms: exited, killed or hung)");
     } catch (...) {
       return absl::StrCat("rank 0 is gone (the store it served at ", store_at,
                           " cannot be reached)");
@@ -307,8 +308,8 @@ namespace {
 
 class C10dPending final : public PendingCollective {
  public:
-  C10dPending(ProcessGroup::Impl* group, std::string what,
-              c10::intrusive_ptr<c10d::Work> work, std::string start_error)
+  C10dPending(ProcessGroup::Impl* group, std::string what, c10::intrusive_ptr<c10d::Work> work,
+              std::string start_error)
       : group_(group),
         what_(std::move(what)),
         work_(std::move(work)),
@@ -364,10 +365,10 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Join(const DistOptio
     error = ExceptionText(std::current_exception());
   }
   if (!error.empty()) {
-    return absl::UnavailableError(absl::StrCat(
-        "rank ", options.rank, " of ", options.world_size, " could not join the ",
-        DistBackendName(backend), " group at ", options.master_addr, ":", options.master_port,
-        ": ", error));
+    return absl::UnavailableError(absl::StrCat("rank ", options.rank, " of ", options.world_size,
+                                               " could not join the ", DistBackendName(backend),
+                                               " group at ", options.master_addr, ":",
+                                               options.master_port, ": ", error));
   }
   return std::unique_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
 }

@@ -30,7 +30,12 @@ inline std::vector<ShardCase> ShardCases() {
       {"none", {M::kNone, M::kNone, M::kNone, M::kNone}, 1, 2, 1, 0.0, false},
       {"ckpt", {M::kCkpt, M::kCkpt, M::kCkpt, M::kCkpt}, 2, 2, 1, 0.5, false},
       {"swap", {M::kSwap, M::kSwap, M::kSwap, M::kSwap}, 1, 1, 2, 0.5, false},
-      {"hs_offload", {M::kHsOffload, M::kHsOffload, M::kHsOffload, M::kHsOffload}, 1, 2, 1, 0.0,
+      {"hs_offload",
+       {M::kHsOffload, M::kHsOffload, M::kHsOffload, M::kHsOffload},
+       1,
+       2,
+       1,
+       0.0,
        true},
       {"mixed_all_offloaded", {M::kSwap, M::kHsOffload, M::kCkpt, M::kNone}, 0, 1, 2, 0.5, true},
   };

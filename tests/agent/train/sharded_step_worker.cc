@@ -45,8 +45,8 @@ int Fail(int rank, const absl::Status& status) {
 
 int Run(const std::string& prefix, int kill_rank, int signal, int timeout_seconds) {
   torch::set_num_threads(1);
-  absl::StatusOr<DistOptions> dist = DistOptionsFromEnvironment(
-      [](const std::string& name) -> std::optional<std::string> {
+  absl::StatusOr<DistOptions> dist =
+      DistOptionsFromEnvironment([](const std::string& name) -> std::optional<std::string> {
         const char* v = std::getenv(name.c_str());
         if (v == nullptr) return std::nullopt;
         return std::string(v);
@@ -68,8 +68,8 @@ int Run(const std::string& prefix, int kill_rank, int signal, int timeout_second
     if (rank == kill_rank) options.observer = &kill;
     absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(model.get(), options);
     if (!trainer.ok()) return Fail(rank, trainer.status());
-    const std::vector<MicroBatch> batches = testing::RankBatches(
-        testing::GlobalBatches(c, world, model->spec().vocab_size), rank);
+    const std::vector<MicroBatch> batches =
+        testing::RankBatches(testing::GlobalBatches(c, world, model->spec().vocab_size), rank);
     absl::StatusOr<double> loss = (*trainer)->ForwardBackward(batches);
     if (!loss.ok()) return Fail(rank, loss.status());
     std::vector<NamedParam> grads;

@@ -19,8 +19,8 @@
 #include <signal.h>
 #include <sys/wait.h>
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -61,8 +61,7 @@ std::vector<RankRun> RunWorkers(int world_size, const std::string& prefix, int k
   for (int r = 0; r < world_size; ++r) {
     std::vector<std::string> args = {MEMPLAN_SHARD_WORKER, prefix};
     if (kill_rank >= 0) {
-      args.insert(args.end(),
-                  {std::to_string(kill_rank), fault, std::to_string(timeout_seconds)});
+      args.insert(args.end(), {std::to_string(kill_rank), fault, std::to_string(timeout_seconds)});
     }
     children.push_back(testing::Spawn(
         args,
@@ -108,8 +107,8 @@ Reference RunReference(const testing::ShardCase& c, int world_size) {
   for (const NamedParam& p : model->Params()) ref.initial.push_back({p.name, p.param.clone()});
   auto trainer = Trainer::Create(model.get(), testing::ShardCaseOptions(c, model->num_blocks()));
   EXPECT_TRUE(trainer.ok()) << trainer.status();
-  auto loss = (*trainer)->ForwardBackward(
-      testing::GlobalBatches(c, world_size, model->spec().vocab_size));
+  auto loss =
+      (*trainer)->ForwardBackward(testing::GlobalBatches(c, world_size, model->spec().vocab_size));
   EXPECT_TRUE(loss.ok()) << loss.status();
   ref.loss = *loss;
   ref.grads = (*trainer)->Grads();
@@ -169,11 +168,10 @@ TEST_P(ShardedTrainerTest, OneStepEqualsOneProcessOnTheConcatenatedBatch) {
       }
       // The clip coefficient as the chunk manager computes it (fp32) from the sharded norm.
       const double norm = got[1].item<double>();
-      const float coef =
-          c.max_grad_norm > 0
-              ? std::min(1.0f, static_cast<float>(c.max_grad_norm) /
-                                   (static_cast<float>(norm) + 1e-6f))
-              : 1.0f;
+      const float coef = c.max_grad_norm > 0
+                             ? std::min(1.0f, static_cast<float>(c.max_grad_norm) /
+                                                  (static_cast<float>(norm) + 1e-6f))
+                             : 1.0f;
       std::map<std::string, torch::Tensor> got_grads, ref_grads;
       for (size_t i = 0; i < n_grads; ++i) {
         got_grads[ref.grads[i].name] = got[2 + i];
@@ -205,11 +203,11 @@ TEST_P(ShardedTrainerTest, OneStepEqualsOneProcessOnTheConcatenatedBatch) {
             torch::where(g * e <= 0, torch::zeros_like(g), torch::min(g.abs(), e.abs()));
         const torch::Tensor bound =
             a.lr * coef * a.eps * (g - e).abs() / (coef * smallest + a.eps).pow(2) + 1e-6;
-        const torch::Tensor diff = (p.to(torch::kFloat64) -
-                                    ref.params[i].param.to(torch::kFloat64)).abs();
+        const torch::Tensor diff =
+            (p.to(torch::kFloat64) - ref.params[i].param.to(torch::kFloat64)).abs();
         EXPECT_TRUE((diff <= bound).all().item<bool>())
-            << "param " << name << ": max excess "
-            << (diff - bound).max().item<double>() << ", max diff " << diff.max().item<double>();
+            << "param " << name << ": max excess " << (diff - bound).max().item<double>()
+            << ", max diff " << diff.max().item<double>();
       }
       const torch::Tensor memory = got.back();
       const int n_persist = static_cast<int>(memory[1].item<int64_t>());
@@ -286,10 +284,10 @@ TEST_P(ShardedTrainerFailureTest, AFailedRankMakesTheOthersExitNamingIt) {
 // served is gone. Rank 1 of 3 hung: the collectives time out and its heartbeat has stopped.
 INSTANTIATE_TEST_SUITE_P(
     Faults, ShardedTrainerFailureTest,
-    ::testing::Values(
-        KillCase{3, 1, "kill", 30, "rank 1 is gone (no heartbeat for 600 ms"},
-        KillCase{2, 0, "kill", 30, "rank 0 is gone (the store it served at 127.0.0.1:"},
-        KillCase{3, 1, "stop", 4, "rank 1 is gone (no heartbeat for 600 ms"}),
+    ::testing::Values(KillCase{3, 1, "kill", 30, "rank 1 is gone (no heartbeat for 600 ms"},
+                      KillCase{2, 0, "kill", 30,
+                               "rank 0 is gone (the store it served at 127.0.0.1:"},
+                      KillCase{3, 1, "stop", 4, "rank 1 is gone (no heartbeat for 600 ms"}),
     [](const ::testing::TestParamInfo<KillCase>& info) {
       return absl::StrCat(info.param.fault == "kill" ? "Killed" : "Hung", "Rank",
                           info.param.kill_rank, "Of", info.param.world_size);
