@@ -54,13 +54,15 @@
 // * Upload becomes an all-gather of the shards into the chunk's home buffer (on CUDA the shard is
 //   first copied to the device on the upload stream; the collective is ordered after it), started
 //   where the upload was (prefetch included) and waited for in Materialize.
-// * Backward writes the chunk's grads into one flat device tensor of P elements (added when a
-//   tied parameter's grad arrives twice in a micro-batch); when the chunk's last group is done,
-//   the tensor is reduce-scattered, divided by W (the mean over ranks: each rank's loss is the
-//   mean over its own micro-batch) and this rank's shard goes to host staging, from where the
+// * Backward writes the chunk's grads into one flat fp32 device tensor of P elements (added when
+//   a tied parameter's grad arrives twice in a micro-batch); when the chunk's last group is done,
+//   the tensor is reduce-scattered in fp32, divided by W (the mean over ranks: each rank's loss
+//   is weighted by its share of the targets) and this rank's shard goes, rounded once to the
+//   model dtype, to host staging, from where the
 //   CPU workers accumulate and update it as in the unsharded case. One reduce-scatter per chunk
 //   and micro-batch (accumulating locally until the last micro-batch is not done).
-// * Persistent chunks stay replicated: their grads are all-reduced (and divided by W) in Step().
+// * Persistent chunks stay replicated: their grads are all-reduced in fp32 (and divided by W) once
+//   per step, in Grads() or Step(), whichever comes first.
 // * Clipping: the squared norms of this rank's shards are all-reduced; the persistent chunks'
 //   (equal on every rank) are added once.
 // Every rank issues the same collectives in the same order because every decision (which chunk
@@ -953,7 +955,9 @@ void ChunkManager::Impl::PostBackwardSharded(int group) {
     if (!grad.defined()) continue;
     p.grad_this_micro = true;
     if (!chunk.grad_flat.defined()) {
-      chunk.grad_flat = torch::zeros({chunk.padded_elems}, DeviceOptions());
+      // fp32 whatever the model dtype: the reduction over the ranks runs in fp32.
+      chunk.grad_flat =
+          torch::zeros({chunk.padded_elems}, DeviceOptions().dtype(torch::kFloat32));
     }
     torch::Tensor dst = chunk.grad_flat.narrow(0, p.offset_elems, p.numel).view(p.shape);
     // A tied weight's second contribution in this micro-batch (grad_accum > 1) adds on.
@@ -986,30 +990,31 @@ void ChunkManager::Impl::PostBackwardSharded(int group) {
 void ChunkManager::Impl::ReduceGradShard(int c) {
   Chunk& chunk = chunks_[c];
   torch::Tensor stage = HostFlat(chunk.grad_stage.data(), 0, chunk.shard_elems, dtype_);
-  absl::Status s;
+  // grad_flat is fp32: the sum over the ranks runs in fp32 and the mean is rounded once into the
+  // staging area's model dtype (an fp32 model on the CPU reduces straight into it).
+  const bool in_place = !cuda() && dtype_ == torch::kFloat32;
+  torch::Tensor shard =
+      in_place ? stage : torch::empty({chunk.shard_elems}, chunk.grad_flat.options());
+  // CUDA: the compute stream waits for the collective.
+  const absl::Status s = comm_->ReduceScatterSum(shard, chunk.grad_flat)->Wait();
+  if (s.ok()) {
+    shard.div_(world_);
+    if (cuda()) {
 #ifdef MEMPLAN_CHUNKS_CUDA
-  if (cuda()) {
-    torch::Tensor shard = torch::empty({chunk.shard_elems}, DeviceOptions());
-    s = comm_->ReduceScatterSum(shard, chunk.grad_flat)->Wait();  // the compute stream waits
-    if (s.ok()) {
-      shard.div_(world_);
+      torch::Tensor narrow = shard.to(dtype_);
       RecordOnCompute()->block(*offload_stream_);
       {
         c10::cuda::CUDAStreamGuard guard(*offload_stream_);
-        stage.copy_(shard, /*non_blocking=*/true);
+        stage.copy_(narrow, /*non_blocking=*/true);
       }
-      c10::cuda::CUDACachingAllocator::recordStream(shard.storage().data_ptr(), *offload_stream_);
+      c10::cuda::CUDACachingAllocator::recordStream(narrow.storage().data_ptr(), *offload_stream_);
       chunk.grads_copied = std::make_shared<Event>();
       chunk.grads_copied->record(*offload_stream_);
-    }
-  } else {
-    s = comm_->ReduceScatterSum(stage, chunk.grad_flat)->Wait();
-    if (s.ok()) stage.div_(world_);
-  }
-#else
-  s = comm_->ReduceScatterSum(stage, chunk.grad_flat)->Wait();
-  if (s.ok()) stage.div_(world_);
 #endif
+    } else if (!in_place) {
+      stage.copy_(shard);
+    }
+  }
   chunk.grad_flat = torch::Tensor();
   for (int i : chunk.params) params_[i].in_flat = false;
   if (!s.ok()) FailCollective(s);
@@ -1025,7 +1030,7 @@ absl::Status ChunkManager::Impl::AllReducePersistentGrads() {
     }
     if (grads.empty()) continue;
     for (const torch::Tensor& g : grads) flat_parts.push_back(g.reshape({-1}));
-    torch::Tensor flat = torch::cat(flat_parts);
+    torch::Tensor flat = torch::cat(flat_parts).to(torch::kFloat32);  // reduced in fp32
     const absl::Status s = comm_->AllReduceSum(flat)->Wait();
     if (!s.ok()) {
       if (comm_status_.ok()) comm_status_ = s;
