@@ -58,9 +58,9 @@
 //   a tied parameter's grad arrives twice in a micro-batch); when the chunk's last group is done,
 //   the tensor is reduce-scattered in fp32, divided by W (the mean over ranks: each rank's loss
 //   is weighted by its share of the targets) and this rank's shard goes, rounded once to the
-//   model dtype, to host staging, from where the
-//   CPU workers accumulate and update it as in the unsharded case. One reduce-scatter per chunk
-//   and micro-batch (accumulating locally until the last micro-batch is not done).
+//   model dtype, to host staging, from where the CPU workers accumulate and update it as in the
+//   unsharded case. One reduce-scatter per chunk and micro-batch (accumulating locally until the
+//   last micro-batch is not done: the flat tensors of every chunk would stay on the device).
 // * Persistent chunks stay replicated: their grads are all-reduced in fp32 (and divided by W) once
 //   per step, in Grads() or Step(), whichever comes first.
 // * Clipping: the squared norms of this rank's shards are all-reduced; the persistent chunks'
@@ -956,8 +956,7 @@ void ChunkManager::Impl::PostBackwardSharded(int group) {
     p.grad_this_micro = true;
     if (!chunk.grad_flat.defined()) {
       // fp32 whatever the model dtype: the reduction over the ranks runs in fp32.
-      chunk.grad_flat =
-          torch::zeros({chunk.padded_elems}, DeviceOptions().dtype(torch::kFloat32));
+      chunk.grad_flat = torch::zeros({chunk.padded_elems}, DeviceOptions().dtype(torch::kFloat32));
     }
     torch::Tensor dst = chunk.grad_flat.narrow(0, p.offset_elems, p.numel).view(p.shape);
     // A tied weight's second contribution in this micro-batch (grad_accum > 1) adds on.
