@@ -139,12 +139,7 @@ class ProcessGroup::Impl {
     if (store_) {
       try {
         store_->set(absl::StrCat("left/", options_.rank), Bytes("1"));
-        if (options_.rank == 0 && !options_.store_already_served) {
-          std::vector<std::string> keys;
-          for (int r = 0; r < options_.world_size; ++r) keys.push_back(absl::StrCat("left/", r));
-          // After a failure, only long enough for the survivors to read the heartbeats.
-          store_->wait(keys, failed_ ? 6 * heartbeat() : timeout());
-        }
+        if (options_.rank == 0 && !options_.store_already_served) WaitForTheOthersToLeave();
       } catch (...) {
         // Leaving is best effort: a rank that died already was named by the collectives.
       }
@@ -234,6 +229,31 @@ class ProcessGroup::Impl {
       }
       mu_.AwaitWithTimeout(absl::Condition(&stop_),
                            absl::Milliseconds(options_.heartbeat_milliseconds));
+    }
+  }
+
+  // [Leaving] Rank 0 serves the store, so it stays until every rank has marked itself done — but
+  // not for a rank without the mark whose heartbeat stopped (it died after its last collective),
+  // never beyond the timeout, and after a failure only six heartbeats (long enough for the
+  // survivors to read the heartbeats). Runs after this rank's heartbeat thread stopped.
+  void WaitForTheOthersToLeave() {
+    using Clock = std::chrono::steady_clock;
+    const auto deadline = Clock::now() + (failed_ ? 6 * heartbeat() : timeout());
+    std::vector<int64_t> last(options_.world_size, -1);
+    for (bool first = true;; first = false) {
+      bool waiting = false;  // for a rank without the mark whose heartbeat still moves
+      bool missing = false;
+      for (int r = 1; r < options_.world_size; ++r) {
+        if (store_->check({absl::StrCat("left/", r)})) continue;
+        missing = true;
+        const int64_t beat = store_->add(absl::StrCat("hb/", r), 0);
+        if (first || beat != last[r]) waiting = true;
+        last[r] = beat;
+      }
+      if (!missing || !waiting || Clock::now() >= deadline) return;
+      // A rank stops its heartbeat just before it marks itself done: three beats between looks.
+      std::this_thread::sleep_for(std::min<Clock::duration>(3 * heartbeat(),
+                                                            deadline - Clock::now()));
     }
   }
 

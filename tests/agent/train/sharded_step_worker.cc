@@ -3,9 +3,10 @@
 // ShardCase on its rows of the global batch, and saves [loss, grad norm, grads..., params...
 // (ParamOrder), memory] per case to PREFIX.CASE.rankR.pt; memory is int64 [host bytes (pinned +
 // pageable), n_persist, every chunk's bytes...] from ChunkManager::MemoryStats().
-//   sharded_step_worker PREFIX [KILL_RANK [kill|stop [TIMEOUT_SECONDS]]]
+//   sharded_step_worker PREFIX [KILL_RANK [kill|stop|vanish [TIMEOUT_SECONDS]]]
 // With KILL_RANK, that rank kills itself (SIGKILL; "stop": SIGSTOP, a hung rank) in the middle of
-// the first case's backward; the others must fail, naming it. TIMEOUT_SECONDS: the collective
+// the first case's backward, and the others must fail, naming it; "vanish": it runs every case
+// and exits without leaving the group (no [Leaving] mark). TIMEOUT_SECONDS: the collective
 // timeout (default 30). Exit status: 0, or 1 with "rank R: <error>" on stderr.
 #include <signal.h>
 
@@ -65,7 +66,7 @@ int Run(const std::string& prefix, int kill_rank, int signal, int timeout_second
     TrainerOptions options = testing::ShardCaseOptions(c, model->num_blocks());
     options.communicator = group->get();
     KillAt kill(/*group=*/2, signal);
-    if (rank == kill_rank) options.observer = &kill;
+    if (rank == kill_rank && signal != 0) options.observer = &kill;
     absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(model.get(), options);
     if (!trainer.ok()) return Fail(rank, trainer.status());
     const std::vector<MicroBatch> batches =
@@ -95,6 +96,7 @@ int Run(const std::string& prefix, int kill_rank, int signal, int timeout_second
     out.push_back(torch::tensor(memory, torch::kInt64));
     torch::save(out, prefix + "." + c.name + ".rank" + std::to_string(rank) + ".pt");
   }
+  if (rank == kill_rank && signal == 0) std::_Exit(0);  // "vanish": the group is not left
   return 0;
 }
 
@@ -106,7 +108,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: sharded_step_worker PREFIX [KILL_RANK]\n");
     return 2;
   }
-  const int signal = argc > 3 && std::string(argv[3]) == "stop" ? SIGSTOP : SIGKILL;
+  const std::string fault = argc > 3 ? argv[3] : "kill";
+  const int signal = fault == "stop" ? SIGSTOP : fault == "vanish" ? 0 : SIGKILL;
   return memplan::Run(argv[1], argc > 2 ? std::atoi(argv[2]) : -1, signal,
                       argc > 4 ? std::atoi(argv[4]) : 30);
 }
