@@ -260,6 +260,11 @@ struct KillCase {
   std::string named;    // what every survivor's error says
 };
 
+// Readable parameters in test output and ctest.
+void PrintTo(const KillCase& k, std::ostream* os) {
+  *os << k.fault << " rank " << k.kill_rank << " of " << k.world_size;
+}
+
 class ShardedTrainerFailureTest : public ::testing::TestWithParam<KillCase> {};
 
 TEST_P(ShardedTrainerFailureTest, AFailedRankMakesTheOthersExitNamingIt) {
