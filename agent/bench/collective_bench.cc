@@ -113,8 +113,7 @@ class CollectiveGroup {
                                                                 CollectiveBackend backend) {
     ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> group,
                      ProcessGroup::Join(CollectiveDistOptions(o, backend)));
-    auto joined =
-        std::make_unique<CollectiveGroup>(o, group->backend(), C10dBackendOf(*group));
+    auto joined = std::make_unique<CollectiveGroup>(o, group->backend(), C10dBackendOf(*group));
     joined->owner_ = std::move(group);
     return joined;
   }
@@ -163,8 +162,6 @@ class CollectiveGroup {
   void Barrier() { MaxOverRanks({0.0}); }
 
  private:
-
-
   static torch::Device DeviceFor(const CollectiveBenchOptions& o, CollectiveBackend backend) {
     if (backend != CollectiveBackend::kNccl) return torch::Device(torch::kCPU);
     return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(o.device_index));

@@ -54,13 +54,15 @@
 // * Upload becomes an all-gather of the shards into the chunk's home buffer (on CUDA the shard is
 //   first copied to the device on the upload stream; the collective is ordered after it), started
 //   where the upload was (prefetch included) and waited for in Materialize.
-// * Backward writes the chunk's grads into one flat device tensor of P elements (added when a
-//   tied parameter's grad arrives twice in a micro-batch); when the chunk's last group is done,
-//   the tensor is reduce-scattered, divided by W (the mean over ranks: each rank's loss is the
-//   mean over its own micro-batch) and this rank's shard goes to host staging, from where the
-//   CPU workers accumulate and update it as in the unsharded case. One reduce-scatter per chunk
-//   and micro-batch (accumulating locally until the last micro-batch is not done).
-// * Persistent chunks stay replicated: their grads are all-reduced (and divided by W) in Step().
+// * Backward writes the chunk's grads into one flat fp32 device tensor of P elements (added when
+//   a tied parameter's grad arrives twice in a micro-batch); when the chunk's last group is done,
+//   the tensor is reduce-scattered in fp32, divided by W (the mean over ranks: each rank's loss
+//   is weighted by its share of the targets) and this rank's shard goes, rounded once to the
+//   model dtype, to host staging, from where the CPU workers accumulate and update it as in the
+//   unsharded case. One reduce-scatter per chunk and micro-batch (accumulating locally until the
+//   last micro-batch is not done: the flat tensors of every chunk would stay on the device).
+// * Persistent chunks stay replicated: their grads are all-reduced in fp32 (and divided by W) once
+//   per step, in Grads() or Step(), whichever comes first.
 // * Clipping: the squared norms of this rank's shards are all-reduced; the persistent chunks'
 //   (equal on every rank) are added once.
 // Every rank issues the same collectives in the same order because every decision (which chunk
@@ -213,8 +215,7 @@ class ChunkManager::Impl {
   bool sharded() const { return world_ > 1; }
   OwnedRange Owned(const Param& p, const Chunk& chunk) const {
     const int64_t lo = std::max(p.offset_elems, chunk.shard_begin);
-    const int64_t hi =
-        std::min(p.offset_elems + p.numel, chunk.shard_begin + chunk.shard_elems);
+    const int64_t hi = std::min(p.offset_elems + p.numel, chunk.shard_begin + chunk.shard_elems);
     if (hi <= lo) return OwnedRange{};
     return OwnedRange{lo - p.offset_elems, lo - chunk.shard_begin, hi - lo};
   }
@@ -281,7 +282,7 @@ class ChunkManager::Impl {
   Communicator* comm_ = nullptr;  // set only when world_ > 1
   int world_ = 1;
   int rank_ = 0;
-  absl::Status comm_status_;  // the first failed collective
+  absl::Status comm_status_;         // the first failed collective
   bool persistent_reduced_ = false;  // this step's persistent grads are all-reduced already
   torch::ScalarType dtype_ = torch::kFloat32;
   std::vector<Param> params_;                     // canonical order
@@ -954,7 +955,8 @@ void ChunkManager::Impl::PostBackwardSharded(int group) {
     if (!grad.defined()) continue;
     p.grad_this_micro = true;
     if (!chunk.grad_flat.defined()) {
-      chunk.grad_flat = torch::zeros({chunk.padded_elems}, DeviceOptions());
+      // fp32 whatever the model dtype: the reduction over the ranks runs in fp32.
+      chunk.grad_flat = torch::zeros({chunk.padded_elems}, DeviceOptions().dtype(torch::kFloat32));
     }
     torch::Tensor dst = chunk.grad_flat.narrow(0, p.offset_elems, p.numel).view(p.shape);
     // A tied weight's second contribution in this micro-batch (grad_accum > 1) adds on.
@@ -987,30 +989,31 @@ void ChunkManager::Impl::PostBackwardSharded(int group) {
 void ChunkManager::Impl::ReduceGradShard(int c) {
   Chunk& chunk = chunks_[c];
   torch::Tensor stage = HostFlat(chunk.grad_stage.data(), 0, chunk.shard_elems, dtype_);
-  absl::Status s;
+  // grad_flat is fp32: the sum over the ranks runs in fp32 and the mean is rounded once into the
+  // staging area's model dtype (an fp32 model on the CPU reduces straight into it).
+  const bool in_place = !cuda() && dtype_ == torch::kFloat32;
+  torch::Tensor shard =
+      in_place ? stage : torch::empty({chunk.shard_elems}, chunk.grad_flat.options());
+  // CUDA: the compute stream waits for the collective.
+  const absl::Status s = comm_->ReduceScatterSum(shard, chunk.grad_flat)->Wait();
+  if (s.ok()) {
+    shard.div_(world_);
+    if (cuda()) {
 #ifdef MEMPLAN_CHUNKS_CUDA
-  if (cuda()) {
-    torch::Tensor shard = torch::empty({chunk.shard_elems}, DeviceOptions());
-    s = comm_->ReduceScatterSum(shard, chunk.grad_flat)->Wait();  // the compute stream waits
-    if (s.ok()) {
-      shard.div_(world_);
+      torch::Tensor narrow = shard.to(dtype_);
       RecordOnCompute()->block(*offload_stream_);
       {
         c10::cuda::CUDAStreamGuard guard(*offload_stream_);
-        stage.copy_(shard, /*non_blocking=*/true);
+        stage.copy_(narrow, /*non_blocking=*/true);
       }
-      c10::cuda::CUDACachingAllocator::recordStream(shard.storage().data_ptr(), *offload_stream_);
+      c10::cuda::CUDACachingAllocator::recordStream(narrow.storage().data_ptr(), *offload_stream_);
       chunk.grads_copied = std::make_shared<Event>();
       chunk.grads_copied->record(*offload_stream_);
-    }
-  } else {
-    s = comm_->ReduceScatterSum(stage, chunk.grad_flat)->Wait();
-    if (s.ok()) stage.div_(world_);
-  }
-#else
-  s = comm_->ReduceScatterSum(stage, chunk.grad_flat)->Wait();
-  if (s.ok()) stage.div_(world_);
 #endif
+    } else if (!in_place) {
+      stage.copy_(shard);
+    }
+  }
   chunk.grad_flat = torch::Tensor();
   for (int i : chunk.params) params_[i].in_flat = false;
   if (!s.ok()) FailCollective(s);
@@ -1026,7 +1029,7 @@ absl::Status ChunkManager::Impl::AllReducePersistentGrads() {
     }
     if (grads.empty()) continue;
     for (const torch::Tensor& g : grads) flat_parts.push_back(g.reshape({-1}));
-    torch::Tensor flat = torch::cat(flat_parts);
+    torch::Tensor flat = torch::cat(flat_parts).to(torch::kFloat32);  // reduced in fp32
     const absl::Status s = comm_->AllReduceSum(flat)->Wait();
     if (!s.ok()) {
       if (comm_status_.ok()) comm_status_ = s;
@@ -1076,10 +1079,9 @@ absl::StatusOr<double> ChunkManager::Impl::ShardedSquaredNorm() {
 
 torch::Tensor ChunkManager::Impl::GatherHost(const void* data, torch::ScalarType dtype,
                                              const Chunk& chunk) {
-  torch::Tensor shard =
-      torch::from_blob(const_cast<void*>(data), {chunk.shard_elems},
-                       torch::TensorOptions().dtype(dtype))
-          .to(comm_->device(), /*non_blocking=*/false, /*copy=*/true);
+  torch::Tensor shard = torch::from_blob(const_cast<void*>(data), {chunk.shard_elems},
+                                         torch::TensorOptions().dtype(dtype))
+                            .to(comm_->device(), /*non_blocking=*/false, /*copy=*/true);
   torch::Tensor full = torch::empty({chunk.padded_elems}, shard.options());
   const absl::Status s = comm_->AllGather(full, shard)->Wait();
   if (!s.ok()) FailCollective(s);
@@ -1198,11 +1200,11 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
       last_grad_norm_ = sharded_norm;
       if (max_grad_norm > 0) {
         // clip_grad_norm_'s coefficient, in fp32 as its tensors compute it.
-        grad_scale = std::min(1.0f, static_cast<float>(max_grad_norm) /
-                                        (static_cast<float>(sharded_norm) + 1e-6f));
-        clip_coef = torch::full({}, static_cast<double>(grad_scale),
-                                torch::TensorOptions().dtype(torch::kFloat32).device(
-                                    options_.device));
+        grad_scale = std::min(
+            1.0f, static_cast<float>(max_grad_norm) / (static_cast<float>(sharded_norm) + 1e-6f));
+        clip_coef =
+            torch::full({}, static_cast<double>(grad_scale),
+                        torch::TensorOptions().dtype(torch::kFloat32).device(options_.device));
       }
     } else if (!norms.empty()) {
       torch::Tensor total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2.0);
@@ -1573,9 +1575,9 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
   }
   if (communicator != nullptr && communicator->world_size() > 1) {
     if (communicator->device().type() != options.device.type()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "communicator: its collectives run on ", communicator->device().str(),
-          " but the chunk manager's device is ", options.device.str()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("communicator: its collectives run on ", communicator->device().str(),
+                       " but the chunk manager's device is ", options.device.str()));
     }
     if (options.profile_only) {
       return absl::InvalidArgumentError(

@@ -110,9 +110,9 @@ class ChunkManager : public ParamResidency {
   // world size > 1 shards ([Sharded chunks]): every rank must create its manager from the same
   // model values and options, and call the hooks, Step, Params, Grads and OptimizerState in the
   // same order (they run collectives). Its device must be options.device's kind.
-  static absl::StatusOr<std::unique_ptr<ChunkManager>> Create(
-      const ParamGroups& groups, const ChunkManagerOptions& options,
-      Communicator* communicator = nullptr);
+  static absl::StatusOr<std::unique_ptr<ChunkManager>> Create(const ParamGroups& groups,
+                                                              const ChunkManagerOptions& options,
+                                                              Communicator* communicator = nullptr);
   ~ChunkManager() override;
 
   // The layout Create() packs `groups` into (each distinct tensor once, at its first group, in
@@ -129,8 +129,8 @@ class ChunkManager : public ParamResidency {
   // Clips gradients by global L2 norm (max_grad_norm = 0: off; same formula and order as
   // torch::nn::utils::clip_grad_norm_ over the parameters in ParamOrder(); sharded: the norm over
   // every rank's shards, equal up to summation order), then updates every parameter and waits for
-  // all updates. A failed collective (a rank gone) is returned here, naming the rank. Ends the step: the next PostBackward starts a new
-  // accumulation.
+  // all updates. A failed collective (a rank gone) is returned here, naming the rank. Ends the
+  // step: the next PostBackward starts a new accumulation.
   absl::Status Step(double max_grad_norm);
   // Drops accumulated gradients (device .grad and host accumulators) without updating.
   void ZeroGrad();

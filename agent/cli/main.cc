@@ -48,8 +48,7 @@ int Train(std::vector<std::string> args) {
         return std::string(v);
       });
   if (!dist.ok()) {
-    std::fprintf(stderr, "memplan-agent train: %s\n",
-                 std::string(dist.status().message()).c_str());
+    std::fprintf(stderr, "memplan-agent train: %s\n", std::string(dist.status().message()).c_str());
     return 2;
   }
   const absl::Status status = memplan::RunTrain(*config, *loop, *dist);

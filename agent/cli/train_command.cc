@@ -424,8 +424,8 @@ planner flags (closing the loop):
 absl::Status CheckDistributedFlags(const TrainConfig& c, const PlannerLoopOptions& loop,
                                    int world_size) {
   if (world_size == 1) return absl::OkStatus();
-  const std::string why = absl::StrCat(" is not supported with world size ", world_size,
-                                       " (WORLD_SIZE) yet");
+  const std::string why =
+      absl::StrCat(" is not supported with world size ", world_size, " (WORLD_SIZE) yet");
   if (!c.memory_timeline.empty()) return absl::UnimplementedError("--memory-timeline" + why);
   if (loop.profile) return absl::UnimplementedError("--profile" + why);
   return absl::OkStatus();
@@ -512,8 +512,7 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
     client_options.retries = loop.retries;
     client_options.security = loop.security;
     ASSIGN_OR_RETURN(client, PlannerClient::Create(loop.address, client_options));
-    ASSIGN_OR_RETURN(answer,
-                     AskPlanner(*client, c, loop, spec, dtype, model_options, world_size));
+    ASSIGN_OR_RETURN(answer, AskPlanner(*client, c, loop, spec, dtype, model_options, world_size));
     file_plan = answer.plan;
     // The profiling pass ran the whole model unmanaged; its cached segments are not the plan's.
     PrintDeviceMemory(device, "after profiling");

@@ -61,9 +61,9 @@ absl::StatusOr<DistOptions> DistOptionsFromEnvironment(const EnvLookup& env) {
   o.world_size = world.value_or(1);
   ASSIGN_OR_RETURN(std::optional<int> rank, EnvInt(env, "RANK", 0, o.world_size - 1));
   if (!rank.has_value() && o.world_size > 1) {
-    return absl::InvalidArgumentError(absl::StrCat("RANK (environment) is required with WORLD_SIZE ",
-                                                   o.world_size, ": an integer in [0, ",
-                                                   o.world_size - 1, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RANK (environment) is required with WORLD_SIZE ", o.world_size,
+                     ": an integer in [0, ", o.world_size - 1, "]"));
   }
   o.rank = rank.value_or(0);
   ASSIGN_OR_RETURN(std::optional<int> local_world,

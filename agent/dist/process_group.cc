@@ -40,15 +40,17 @@
 // store every heartbeat_milliseconds from a thread of its own, on a store connection of its own.
 // After a failure this rank records "failed/<rank>", reads every counter, waits three heartbeats
 // and reads them again: ranks whose counter did not move and that recorded no failure of their
-// own are gone (exited, killed, or their process hangs). If the store itself cannot be reached, rank 0, which serves it, is gone. The
-// failing rank's status then says which rank, so every survivor exits naming it.
+// own are gone (exited, killed, or their process hangs). If the store itself cannot be reached,
+// rank 0, which serves it, is gone. The failing rank's status then says which rank, so every
+// survivor exits naming it.
 
 namespace memplan {
 
 absl::StatusOr<DistBackend> ResolveDistBackend(DistBackend requested) {
   const bool cuda = torch::cuda::is_available();
-  const DistBackend backend =
-      requested != DistBackend::kAuto ? requested : (cuda ? DistBackend::kNccl : DistBackend::kGloo);
+  const DistBackend backend = requested != DistBackend::kAuto
+                                  ? requested
+                                  : (cuda ? DistBackend::kNccl : DistBackend::kGloo);
   if (backend == DistBackend::kNccl) {
 #ifndef MEMPLAN_DIST_NCCL
     return absl::FailedPreconditionError(
@@ -137,12 +139,7 @@ class ProcessGroup::Impl {
     if (store_) {
       try {
         store_->set(absl::StrCat("left/", options_.rank), Bytes("1"));
-        if (options_.rank == 0 && !options_.store_already_served) {
-          std::vector<std::string> keys;
-          for (int r = 0; r < options_.world_size; ++r) keys.push_back(absl::StrCat("left/", r));
-          // After a failure, only long enough for the survivors to read the heartbeats.
-          store_->wait(keys, failed_ ? 6 * heartbeat() : timeout());
-        }
+        if (options_.rank == 0 && !options_.store_already_served) WaitForTheOthersToLeave();
       } catch (...) {
         // Leaving is best effort: a rank that died already was named by the collectives.
       }
@@ -204,9 +201,9 @@ class ProcessGroup::Impl {
   // The status of a failed collective: what failed, on which rank, and who is gone.
   absl::Status Failure(absl::string_view what, const std::string& error) {
     failed_ = true;
-    return absl::UnavailableError(absl::StrCat("rank ", options_.rank, " of ",
-                                               options_.world_size, ": ", what, " failed: ",
-                                               DescribeGoneRanks(), " (", error, ")"));
+    return absl::UnavailableError(absl::StrCat("rank ", options_.rank, " of ", options_.world_size,
+                                               ": ", what, " failed: ", DescribeGoneRanks(), " (",
+                                               error, ")"));
   }
 
   const DistOptions& options() const { return options_; }
@@ -232,6 +229,31 @@ class ProcessGroup::Impl {
       }
       mu_.AwaitWithTimeout(absl::Condition(&stop_),
                            absl::Milliseconds(options_.heartbeat_milliseconds));
+    }
+  }
+
+  // [Leaving] Rank 0 serves the store, so it stays until every rank has marked itself done — but
+  // not for a rank without the mark whose heartbeat stopped (it died after its last collective),
+  // never beyond the timeout, and after a failure only six heartbeats (long enough for the
+  // survivors to read the heartbeats). Runs after this rank's heartbeat thread stopped.
+  void WaitForTheOthersToLeave() {
+    using Clock = std::chrono::steady_clock;
+    const auto deadline = Clock::now() + (failed_ ? 6 * heartbeat() : timeout());
+    std::vector<int64_t> last(options_.world_size, -1);
+    for (bool first = true;; first = false) {
+      bool waiting = false;  // for a rank without the mark whose heartbeat still moves
+      bool missing = false;
+      for (int r = 1; r < options_.world_size; ++r) {
+        if (store_->check({absl::StrCat("left/", r)})) continue;
+        missing = true;
+        const int64_t beat = store_->add(absl::StrCat("hb/", r), 0);
+        if (first || beat != last[r]) waiting = true;
+        last[r] = beat;
+      }
+      if (!missing || !waiting || Clock::now() >= deadline) return;
+      // A rank stops its heartbeat just before it marks itself done: three beats between looks.
+      std::this_thread::sleep_for(std::min<Clock::duration>(3 * heartbeat(),
+                                                            deadline - Clock::now()));
     }
   }
 
@@ -282,9 +304,8 @@ class ProcessGroup::Impl {
                "collectives)";
       }
       return absl::StrCat(gone.size() == 1 ? "rank " : "ranks ", absl::StrJoin(gone, ", "),
-                          gone.size() == 1 ? " is" : " are",
-                          " gone (no heartbeat for ", 3 * options_.heartbeat_milliseconds,
-                          " ms: exited, killed or hung)");
+                          gone.size() == 1 ? " is" : " are", " gone (no heartbeat for ",
+                          3 * options_.heartbeat_milliseconds, " ms: exited, killed or hung)");
     } catch (...) {
       return absl::StrCat("rank 0 is gone (the store it served at ", store_at,
                           " cannot be reached)");
@@ -307,8 +328,8 @@ namespace {
 
 class C10dPending final : public PendingCollective {
  public:
-  C10dPending(ProcessGroup::Impl* group, std::string what,
-              c10::intrusive_ptr<c10d::Work> work, std::string start_error)
+  C10dPending(ProcessGroup::Impl* group, std::string what, c10::intrusive_ptr<c10d::Work> work,
+              std::string start_error)
       : group_(group),
         what_(std::move(what)),
         work_(std::move(work)),
@@ -364,10 +385,10 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Join(const DistOptio
     error = ExceptionText(std::current_exception());
   }
   if (!error.empty()) {
-    return absl::UnavailableError(absl::StrCat(
-        "rank ", options.rank, " of ", options.world_size, " could not join the ",
-        DistBackendName(backend), " group at ", options.master_addr, ":", options.master_port,
-        ": ", error));
+    return absl::UnavailableError(absl::StrCat("rank ", options.rank, " of ", options.world_size,
+                                               " could not join the ", DistBackendName(backend),
+                                               " group at ", options.master_addr, ":",
+                                               options.master_port, ": ", error));
   }
   return std::unique_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
 }

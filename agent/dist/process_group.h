@@ -26,7 +26,8 @@ class ProcessGroup final : public Communicator {
   // backend and the address.
   static absl::StatusOr<std::unique_ptr<ProcessGroup>> Join(const DistOptions& options);
   // [Leaving] Marks this rank done in the store; rank 0 (whose store the others use) waits for
-  // every mark (or, after a failure, a few heartbeats) before it goes.
+  // every mark before it goes, but not for a rank whose heartbeat stopped without one, and after
+  // a failure only a few heartbeats.
   ~ProcessGroup() override;
 
   int rank() const override;

@@ -516,9 +516,9 @@ absl::StatusOr<RunPlan> ResolveRunPlan(const TrainConfig& c, int num_blocks,
                                        const std::optional<ResidencyPlan>& file, int world_size) {
   RunPlan run;
   if (world_size > 1 && c.plain) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--plain: world size ", world_size,
-        " (WORLD_SIZE) runs managed, with the chunks sharded over the ranks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--plain: world size ", world_size,
+                     " (WORLD_SIZE) runs managed, with the chunks sharded over the ranks"));
   }
   if (file.has_value()) {
     // The planner stamps the query's world size into its plans; a plan for another number of

@@ -206,11 +206,10 @@ absl::StatusOr<double> Trainer::ForwardBackward(const std::vector<MicroBatch>& m
       loss_sum = loss_sum.defined() ? loss_sum + loss : loss;
     }
     if (distributed()) {
-      torch::Tensor total = loss_sum.to(torch::kFloat64).reshape({1}).to(
-          options_.communicator->device());
+      torch::Tensor total =
+          loss_sum.to(torch::kFloat64).reshape({1}).to(options_.communicator->device());
       RETURN_IF_ERROR(options_.communicator->AllReduceSum(total)->Wait());
-      return total.cpu().item<double>() / options_.communicator->world_size() /
-             options_.grad_accum;
+      return total.cpu().item<double>() / options_.communicator->world_size() / options_.grad_accum;
     }
     return loss_sum.item<double>() / options_.grad_accum;
   } catch (const c10::Error& e) {
@@ -383,9 +382,9 @@ absl::Status Trainer::SaveCheckpoint(const std::string& dir, io::TrainerState st
   }
   if (!distributed()) return written;
   Communicator& comm = *options_.communicator;
-  torch::Tensor failed = torch::full({1}, written.ok() ? 0.0 : 1.0,
-                                     torch::TensorOptions().dtype(torch::kFloat64).device(
-                                         comm.device()));
+  torch::Tensor failed =
+      torch::full({1}, written.ok() ? 0.0 : 1.0,
+                  torch::TensorOptions().dtype(torch::kFloat64).device(comm.device()));
   RETURN_IF_ERROR(comm.AllReduceSum(failed)->Wait());
   if (!written.ok()) return written;
   if (failed.cpu().item<double>() > 0) {

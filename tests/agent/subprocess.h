@@ -78,8 +78,8 @@ inline Child Spawn(const std::vector<std::string>& args, const std::vector<std::
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string var = *e;
     bool torchrun = false;
-    for (const char* name : {"RANK=", "WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=",
-                             "LOCAL_RANK=", "LOCAL_WORLD_SIZE="}) {
+    for (const char* name : {"RANK=", "WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=", "LOCAL_RANK=",
+                             "LOCAL_WORLD_SIZE="}) {
       torchrun = torchrun || absl::StartsWith(var, name);
     }
     if (!torchrun) env_s.push_back(var);

@@ -39,11 +39,32 @@ std::vector<double> StepLosses(const std::string& log) {
 // `data`: a token file, or "" for --synthetic-data (whose stream, and so the sample order,
 // depends on --steps).
 std::vector<std::string> TrainArgs(int batch, int steps = 3, const std::string& data = "") {
-  std::vector<std::string> args = {
-      MEMPLAN_AGENT_BINARY, "train", "--arch", "llama-tiny", "--device", "cpu", "--batch",
-      std::to_string(batch), "--seq", "32", "--steps", std::to_string(steps), "--lr", "1e-3",
-      "--clip", "1.0", "--chunk-mib", "4", "--n-persist", "1", "--n-ckpt", "2", "--host-memory",
-      "pageable", "--cpu-threads", "1"};
+  std::vector<std::string> args = {MEMPLAN_AGENT_BINARY,
+                                   "train",
+                                   "--arch",
+                                   "llama-tiny",
+                                   "--device",
+                                   "cpu",
+                                   "--batch",
+                                   std::to_string(batch),
+                                   "--seq",
+                                   "32",
+                                   "--steps",
+                                   std::to_string(steps),
+                                   "--lr",
+                                   "1e-3",
+                                   "--clip",
+                                   "1.0",
+                                   "--chunk-mib",
+                                   "4",
+                                   "--n-persist",
+                                   "1",
+                                   "--n-ckpt",
+                                   "2",
+                                   "--host-memory",
+                                   "pageable",
+                                   "--cpu-threads",
+                                   "1"};
   if (data.empty()) {
     args.push_back("--synthetic-data");
   } else {
@@ -112,9 +133,12 @@ std::string RunRanks(const std::vector<std::string>& args, int world_size,
   for (int r = 0; r < world_size; ++r) {
     std::vector<std::string> env;
     if (world_size > 1) {
-      env = {absl::StrCat("WORLD_SIZE=", world_size), absl::StrCat("RANK=", r),
-             absl::StrCat("LOCAL_RANK=", r), absl::StrCat("LOCAL_WORLD_SIZE=", world_size),
-             "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", port)};
+      env = {absl::StrCat("WORLD_SIZE=", world_size),
+             absl::StrCat("RANK=", r),
+             absl::StrCat("LOCAL_RANK=", r),
+             absl::StrCat("LOCAL_WORLD_SIZE=", world_size),
+             "MASTER_ADDR=127.0.0.1",
+             absl::StrCat("MASTER_PORT=", port)};
     }
     ranks.push_back(testing::Spawn(args, env, absl::StrCat(base, ".rank", r)));
   }
@@ -122,14 +146,13 @@ std::string RunRanks(const std::vector<std::string>& args, int world_size,
   for (int r = 0; r < world_size; ++r) {
     const Exit e = Wait(ranks[r]);
     EXPECT_TRUE(WIFEXITED(e.status) && WEXITSTATUS(e.status) == 0) << "rank " << r << ":\n"
-                                                                     << e.err;
+                                                                   << e.err;
     if (r == 0) lead = e.err;
   }
   return lead;
 }
 
-std::vector<std::string> With(std::vector<std::string> args,
-                              const std::vector<std::string>& more) {
+std::vector<std::string> With(std::vector<std::string> args, const std::vector<std::string>& more) {
   args.insert(args.end(), more.begin(), more.end());
   return args;
 }
@@ -141,9 +164,9 @@ TEST(TrainDistributedTest, CheckpointsResumeOnAnotherNumberOfRanks) {
   const std::string base = absl::StrCat(::testing::TempDir(), "/train_distributed_ckpt_", getpid());
   // One token file for every run: the same samples whatever --steps says.
   const std::string data = base + ".tokens";
-  const Exit made = Wait(testing::Spawn({MEMPLAN_MAKE_TOKENS_BINARY, "--out=" + data,
-                                         "--tokens=8192", "--vocab=2048", "--seed=3"},
-                                        {}, base + ".make"));
+  const Exit made = Wait(testing::Spawn(
+      {MEMPLAN_MAKE_TOKENS_BINARY, "--out=" + data, "--tokens=8192", "--vocab=2048", "--seed=3"},
+      {}, base + ".make"));
   ASSERT_TRUE(WIFEXITED(made.status) && WEXITSTATUS(made.status) == 0) << made.err;
   const std::vector<double> straight =
       StepLosses(RunRanks(TrainArgs(6, 3, data), 1, base + ".straight"));
@@ -158,9 +181,8 @@ TEST(TrainDistributedTest, CheckpointsResumeOnAnotherNumberOfRanks) {
   ASSERT_EQ(two_to_three.size(), 1u);
 
   const std::string from_three = base + ".from3";
-  const std::vector<double> three =
-      StepLosses(
-          RunRanks(With(TrainArgs(2, 2, data), {"--save", from_three}), 3, base + ".three_s"));
+  const std::vector<double> three = StepLosses(
+      RunRanks(With(TrainArgs(2, 2, data), {"--save", from_three}), 3, base + ".three_s"));
   ASSERT_EQ(three.size(), 2u);
   const std::vector<double> three_to_one =
       StepLosses(RunRanks(With(TrainArgs(6, 3, data), {"--resume", from_three}), 1, base + ".one"));
@@ -186,8 +208,9 @@ TEST(TrainDistributedTest, WhatSeveralRanksDoNotRunYetIsRefusedNamingTheFlag) {
       args, {"WORLD_SIZE=2", "RANK=1", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=1"}, base));
   ASSERT_TRUE(WIFEXITED(run.status));
   EXPECT_EQ(WEXITSTATUS(run.status), 1);
-  EXPECT_THAT(run.err, HasSubstr(
-      "rank 1: UNIMPLEMENTED: --memory-timeline is not supported with world size 2"));
+  EXPECT_THAT(
+      run.err,
+      HasSubstr("rank 1: UNIMPLEMENTED: --memory-timeline is not supported with world size 2"));
   const Exit bad_env = Wait(testing::Spawn(TrainArgs(2), {"WORLD_SIZE=2"}, base + ".env"));
   ASSERT_TRUE(WIFEXITED(bad_env.status));
   EXPECT_EQ(WEXITSTATUS(bad_env.status), 2);

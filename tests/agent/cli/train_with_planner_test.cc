@@ -122,10 +122,23 @@ TEST_F(TrainWithPlannerTest, TwoRanksAskTheirWorldSizeAndTrain) {
 
   const int port = testing::FreeLoopbackPort();
   ASSERT_GT(port, 0);
-  const std::vector<std::string> args = {
-      MEMPLAN_AGENT_BINARY, "train", "--planner", daemon_->address(), "--arch", "llama-tiny",
-      "--synthetic-data", "--steps", "2", "--batch", "1", "--seq", "32", "--device", "cpu",
-      "--planner-retries", "0"};
+  const std::vector<std::string> args = {MEMPLAN_AGENT_BINARY,
+                                         "train",
+                                         "--planner",
+                                         daemon_->address(),
+                                         "--arch",
+                                         "llama-tiny",
+                                         "--synthetic-data",
+                                         "--steps",
+                                         "2",
+                                         "--batch",
+                                         "1",
+                                         "--seq",
+                                         "32",
+                                         "--device",
+                                         "cpu",
+                                         "--planner-retries",
+                                         "0"};
   std::vector<testing::Child> ranks;
   for (int r = 0; r < 2; ++r) {
     ranks.push_back(testing::Spawn(

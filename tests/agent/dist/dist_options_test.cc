@@ -30,10 +30,14 @@ TEST(DistOptionsTest, NoVariablesIsOneRank) {
 }
 
 TEST(DistOptionsTest, ReadsTorchrunVariables) {
-  absl::StatusOr<DistOptions> o = DistOptionsFromEnvironment(
-      Env({{"WORLD_SIZE", "8"}, {"RANK", "5"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
-           {"MASTER_ADDR", " node0 "}, {"MASTER_PORT", "29400"},
-           {"TORCHELASTIC_USE_AGENT_STORE", "True"}}));
+  absl::StatusOr<DistOptions> o =
+      DistOptionsFromEnvironment(Env({{"WORLD_SIZE", "8"},
+                                      {"RANK", "5"},
+                                      {"LOCAL_RANK", "1"},
+                                      {"LOCAL_WORLD_SIZE", "4"},
+                                      {"MASTER_ADDR", " node0 "},
+                                      {"MASTER_PORT", "29400"},
+                                      {"TORCHELASTIC_USE_AGENT_STORE", "True"}}));
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->world_size, 8);
   EXPECT_EQ(o->rank, 5);

@@ -58,7 +58,8 @@ TEST(ProcessGroupTest, GlooCollectivesGiveTheExpectedData) {
   std::array<torch::Tensor, 2> gathered, scattered, reduced;
   std::array<absl::Status, 2> status;
   OnTwoRanks([&](int rank) {
-    absl::StatusOr<std::unique_ptr<ProcessGroup>> group = ProcessGroup::Join(Rank(rank, 2, listener));
+    absl::StatusOr<std::unique_ptr<ProcessGroup>> group =
+        ProcessGroup::Join(Rank(rank, 2, listener));
     if (!group.ok()) {
       status[rank] = group.status();
       return;
@@ -84,8 +85,8 @@ TEST(ProcessGroupTest, GlooCollectivesGiveTheExpectedData) {
   for (int rank = 0; rank < 2; ++rank) {
     ASSERT_TRUE(status[rank].ok()) << status[rank];
     EXPECT_TRUE(torch::equal(gathered[rank], torch::tensor({0.f, 1.f, 2.f, 10.f, 11.f, 12.f})));
-    EXPECT_TRUE(torch::equal(scattered[rank],
-                             torch::tensor({0.f, 3.f, 6.f, 9.f}).narrow(0, 2 * rank, 2)));
+    EXPECT_TRUE(
+        torch::equal(scattered[rank], torch::tensor({0.f, 3.f, 6.f, 9.f}).narrow(0, 2 * rank, 2)));
     EXPECT_TRUE(torch::equal(reduced[rank], torch::full({2}, 3.0, torch::kFloat64)));
   }
 }
@@ -97,7 +98,8 @@ TEST(ProcessGroupTest, ARankThatLeavesIsNamedByTheRankWaitingForIt) {
   absl::Status survivor;
   double seconds = 0;
   OnTwoRanks([&](int rank) {
-    absl::StatusOr<std::unique_ptr<ProcessGroup>> group = ProcessGroup::Join(Rank(rank, 2, listener));
+    absl::StatusOr<std::unique_ptr<ProcessGroup>> group =
+        ProcessGroup::Join(Rank(rank, 2, listener));
     ASSERT_TRUE(group.ok()) << group.status();
     ASSERT_TRUE((*group)->Barrier().ok());
     if (rank == 1) {

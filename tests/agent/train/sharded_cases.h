@@ -1,6 +1,6 @@
 // The plans of the sharded-step tests, shared by the test (the one-process reference) and
 // sharded_step_worker (one rank): a tiny model, one block per chunk (6 chunks: embedding, 4
-// blocks, norm + head), fp32 on the CPU.
+// blocks, norm + head), fp32 on the CPU, and one bf16 case.
 #pragma once
 
 #include <string>
@@ -20,6 +20,7 @@ struct ShardCase {
   int grad_accum = 1;
   double max_grad_norm = 0;  // 0: no clipping (offloaded updates start during backward)
   bool tied = false;
+  bool bf16 = false;  // bf16 parameters (fp32 master and moments), else fp32
 };
 
 // Each block mode on every block with persistent and offloaded chunks, then all four modes mixed
@@ -30,15 +31,22 @@ inline std::vector<ShardCase> ShardCases() {
       {"none", {M::kNone, M::kNone, M::kNone, M::kNone}, 1, 2, 1, 0.0, false},
       {"ckpt", {M::kCkpt, M::kCkpt, M::kCkpt, M::kCkpt}, 2, 2, 1, 0.5, false},
       {"swap", {M::kSwap, M::kSwap, M::kSwap, M::kSwap}, 1, 1, 2, 0.5, false},
-      {"hs_offload", {M::kHsOffload, M::kHsOffload, M::kHsOffload, M::kHsOffload}, 1, 2, 1, 0.0,
+      {"hs_offload",
+       {M::kHsOffload, M::kHsOffload, M::kHsOffload, M::kHsOffload},
+       1,
+       2,
+       1,
+       0.0,
        true},
       {"mixed_all_offloaded", {M::kSwap, M::kHsOffload, M::kCkpt, M::kNone}, 0, 1, 2, 0.5, true},
+      {"bf16_mixed", {M::kSwap, M::kHsOffload, M::kCkpt, M::kNone}, 1, 2, 2, 0.5, false, true},
   };
 }
 
 inline std::unique_ptr<LlamaModel> MakeShardCaseModel(const ShardCase& c) {
   LlamaModelOptions options;
   options.spec = TinySpec(c.tied);
+  options.dtype = c.bf16 ? DType::kBFloat16 : DType::kFloat32;
   options.seed = 7;
   options.param_device = torch::kCPU;
   auto model = LlamaModel::Create(options);

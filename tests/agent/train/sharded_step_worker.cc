@@ -3,9 +3,11 @@
 // ShardCase on its rows of the global batch, and saves [loss, grad norm, grads..., params...
 // (ParamOrder), memory] per case to PREFIX.CASE.rankR.pt; memory is int64 [host bytes (pinned +
 // pageable), n_persist, every chunk's bytes...] from ChunkManager::MemoryStats().
-//   sharded_step_worker PREFIX [KILL_RANK]
-// With KILL_RANK, that rank kills itself (SIGKILL) in the middle of the first case's backward; the
-// others must fail, naming it. Exit status: 0, or 1 with "rank R: <error>" on stderr.
+//   sharded_step_worker PREFIX [KILL_RANK [kill|stop|vanish [TIMEOUT_SECONDS]]]
+// With KILL_RANK, that rank kills itself (SIGKILL; "stop": SIGSTOP, a hung rank) in the middle of
+// the first case's backward, and the others must fail, naming it; "vanish": it runs every case
+// and exits without leaving the group (no [Leaving] mark). TIMEOUT_SECONDS: the collective
+// timeout (default 30). Exit status: 0, or 1 with "rank R: <error>" on stderr.
 #include <signal.h>
 
 #include <cstdio>
@@ -20,19 +22,21 @@
 namespace memplan {
 namespace {
 
-// Kills this process at the PostBackward of one block group, after the chunk manager's hook.
+// Sends this process `signal` at the PostBackward of one block group, after the chunk manager's
+// hook.
 class KillAt final : public ParamResidency {
  public:
-  explicit KillAt(int group) : group_(group) {}
+  KillAt(int group, int signal) : group_(group), signal_(signal) {}
   void PreForward(int) override {}
   void PostForward(int) override {}
   void PreBackward(int) override {}
   void PostBackward(int group) override {
-    if (group == group_) raise(SIGKILL);
+    if (group == group_) raise(signal_);
   }
 
  private:
   int group_;
+  int signal_;
 };
 
 int Fail(int rank, const absl::Status& status) {
@@ -40,17 +44,17 @@ int Fail(int rank, const absl::Status& status) {
   return 1;
 }
 
-int Run(const std::string& prefix, int kill_rank) {
+int Run(const std::string& prefix, int kill_rank, int signal, int timeout_seconds) {
   torch::set_num_threads(1);
-  absl::StatusOr<DistOptions> dist = DistOptionsFromEnvironment(
-      [](const std::string& name) -> std::optional<std::string> {
+  absl::StatusOr<DistOptions> dist =
+      DistOptionsFromEnvironment([](const std::string& name) -> std::optional<std::string> {
         const char* v = std::getenv(name.c_str());
         if (v == nullptr) return std::nullopt;
         return std::string(v);
       });
   if (!dist.ok()) return Fail(-1, dist.status());
   dist->backend = DistBackend::kGloo;
-  dist->timeout_seconds = 30;
+  dist->timeout_seconds = timeout_seconds;
   dist->heartbeat_milliseconds = 200;
   absl::StatusOr<std::unique_ptr<ProcessGroup>> group = ProcessGroup::Join(*dist);
   if (!group.ok()) return Fail(dist->rank, group.status());
@@ -61,12 +65,12 @@ int Run(const std::string& prefix, int kill_rank) {
     if (!model) return Fail(rank, absl::InternalError("model creation failed"));
     TrainerOptions options = testing::ShardCaseOptions(c, model->num_blocks());
     options.communicator = group->get();
-    KillAt kill(/*group=*/2);
-    if (rank == kill_rank) options.observer = &kill;
+    KillAt kill(/*group=*/2, signal);
+    if (rank == kill_rank && signal != 0) options.observer = &kill;
     absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(model.get(), options);
     if (!trainer.ok()) return Fail(rank, trainer.status());
-    const std::vector<MicroBatch> batches = testing::RankBatches(
-        testing::GlobalBatches(c, world, model->spec().vocab_size), rank);
+    const std::vector<MicroBatch> batches =
+        testing::RankBatches(testing::GlobalBatches(c, world, model->spec().vocab_size), rank);
     absl::StatusOr<double> loss = (*trainer)->ForwardBackward(batches);
     if (!loss.ok()) return Fail(rank, loss.status());
     std::vector<NamedParam> grads;
@@ -92,6 +96,7 @@ int Run(const std::string& prefix, int kill_rank) {
     out.push_back(torch::tensor(memory, torch::kInt64));
     torch::save(out, prefix + "." + c.name + ".rank" + std::to_string(rank) + ".pt");
   }
+  if (rank == kill_rank && signal == 0) std::_Exit(0);  // "vanish": the group is not left
   return 0;
 }
 
@@ -103,5 +108,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: sharded_step_worker PREFIX [KILL_RANK]\n");
     return 2;
   }
-  return memplan::Run(argv[1], argc > 2 ? std::atoi(argv[2]) : -1);
+  const std::string fault = argc > 3 ? argv[3] : "kill";
+  const int signal = fault == "stop" ? SIGSTOP : fault == "vanish" ? 0 : SIGKILL;
+  return memplan::Run(argv[1], argc > 2 ? std::atoi(argv[2]) : -1, signal,
+                      argc > 4 ? std::atoi(argv[4]) : 30);
 }
