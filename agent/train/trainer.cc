@@ -21,6 +21,7 @@ namespace {
 // loss by w_r = n_r * W / N before backward; the chunk manager divides the summed grads by W,
 // which leaves sum_r n_r * mean_r / N = the global mean's grads. The ranks learn N from one
 // all-reduce of their counts per step. The loss reported is sum_r w_r * loss_r / W, all-reduced.
+// A rank with no scored target (n_r = 0) takes part with weight 0 and a finite stand-in loss.
 
 absl::Status FromTorch(const c10::Error& e, absl::string_view what) {
   return absl::InternalError(absl::StrCat(what, ": ", e.what_without_backtrace()));
@@ -194,7 +195,19 @@ absl::StatusOr<double> Trainer::ForwardBackward(const std::vector<MicroBatch>& m
   try {
     torch::Tensor loss_sum;
     for (size_t i = 0; i < micro_batches.size(); ++i) {
-      torch::Tensor loss = MicroBatchLoss(micro_batches[i]);
+      torch::Tensor loss;
+      if (distributed() && weights[i] == 0) {
+        // [Data parallel loss] No scored target on this rank: its mean is 0/0. It still runs
+        // forward and backward (its all-gathers and reduce-scatters pair with the other ranks'),
+        // on a copy with one target scored, so loss and gradients stay finite; the weight 0 makes
+        // them contribute nothing.
+        MicroBatch scored = micro_batches[i];
+        scored.labels = scored.labels.clone();
+        scored.labels.view({-1}).narrow(0, 0, 1).fill_(0);
+        loss = MicroBatchLoss(scored);
+      } else {
+        loss = MicroBatchLoss(micro_batches[i]);
+      }
       if (distributed()) {
         // [Data parallel loss]
         loss = loss * weights[i];

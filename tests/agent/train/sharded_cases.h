@@ -21,6 +21,8 @@ struct ShardCase {
   double max_grad_norm = 0;  // 0: no clipping (offloaded updates start during backward)
   bool tied = false;
   bool bf16 = false;  // bf16 parameters (fp32 master and moments), else fp32
+  // Every target of the last rank's rows in the first micro-batch ignored: that rank scores none.
+  bool last_rank_unscored = false;
 };
 
 // Each block mode on every block with persistent and offloaded chunks, then all four modes mixed
@@ -40,6 +42,15 @@ inline std::vector<ShardCase> ShardCases() {
        true},
       {"mixed_all_offloaded", {M::kSwap, M::kHsOffload, M::kCkpt, M::kNone}, 0, 1, 2, 0.5, true},
       {"bf16_mixed", {M::kSwap, M::kHsOffload, M::kCkpt, M::kNone}, 1, 2, 2, 0.5, false, true},
+      {"unscored_rank",
+       {M::kCkpt, M::kNone, M::kHsOffload, M::kNone},
+       1,
+       2,
+       2,
+       0.5,
+       false,
+       false,
+       true},
   };
 }
 
@@ -86,6 +97,9 @@ inline std::vector<MicroBatch> GlobalBatches(const ShardCase& c, int world_size,
     b.labels.index_put_({0, kSeq - 1}, -100);
     b.labels.index_put_({0, 3}, -100);
     b.labels.index_put_({kRowsPerRank * world_size - 1, 5}, -100);
+    if (c.last_rank_unscored && i == 0) {
+      b.labels.narrow(0, (world_size - 1) * kRowsPerRank, kRowsPerRank).fill_(-100);
+    }
     out.push_back(b);
   }
   return out;
