@@ -202,7 +202,7 @@ absl::StatusOr<double> Trainer::ForwardBackward(const std::vector<MicroBatch>& m
         // on a copy with one target scored, so loss and gradients stay finite; the weight 0 makes
         // them contribute nothing.
         MicroBatch scored = micro_batches[i];
-        scored.labels = scored.labels.clone();
+        scored.labels = scored.labels.clone(at::MemoryFormat::Contiguous);
         scored.labels.view({-1}).narrow(0, 0, 1).fill_(0);
         loss = MicroBatchLoss(scored);
       } else {

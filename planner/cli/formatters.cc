@@ -196,16 +196,14 @@ std::string FormatPlanResponse(const v1::PlanResponse& r) {
     }
     memory.AddRow({"CUDA context", gib(b.cuda_context_bytes())});
     memory.AddRow({"calibration residual", gib(b.calibration_residual_bytes())});
+    const double factor = b.fragmentation_factor() == 0 ? 1.0 : b.fragmentation_factor();
     absl::StrAppend(
         &out, memory.Render(2),
+        absl::StrFormat("  (fragmentation factor ×%.3f applied to the model terms", factor),
         b.exact_bytes() > 0
-            ? absl::StrFormat(
-                  "  (fragmentation factor ×%.3f applied to the model terms but the %.2f GiB "
-                  "allocated at exact size)\n\n",
-                  b.fragmentation_factor() == 0 ? 1.0 : b.fragmentation_factor(),
-                  b.exact_bytes() / kGiB)
-            : absl::StrFormat("  (fragmentation factor ×%.3f applied to the model terms)\n\n",
-                              b.fragmentation_factor() == 0 ? 1.0 : b.fragmentation_factor()));
+            ? absl::StrFormat(" but the %.2f GiB allocated at exact size", b.exact_bytes() / kGiB)
+            : "",
+        ")\n\n");
   }
 
   KeyValues predictions(kPlanKeyWidth);

@@ -49,6 +49,14 @@ int64_t Scale(int64_t bytes, double factor) {
   return v >= kCap ? static_cast<int64_t>(kCap) : static_cast<int64_t>(v);
 }
 
+// Per-token bytes an RMSNorm of `width` keeps for backward (model dtype d bytes): the fp32 copy
+// of its input when the dtype is narrower, the normalised value cast back to the dtype when its
+// weight trains, the output when the following linears need their input, and the fp32 rstd.
+int64_t NormSavedBytes(int64_t width, int64_t d, bool weight_trains, bool out_needed) {
+  return (d < 4 ? 4 * width : 0) + (weight_trains ? d * width : 0) + (out_needed ? d * width : 0) +
+         4;
+}
+
 // The head group's memory: final norm, LM head, cross-entropy (model dtype d bytes, T tokens).
 struct HeadBytes {
   int64_t saved = 0;
@@ -62,10 +70,8 @@ HeadBytes HeadMemory(const ModelSpec& arch, DType dtype, bool full, int64_t toke
   const int64_t h = arch.hidden_size;
   const int64_t vocab = arch.vocab_size;
   const bool head_trains = full;  // LM head weight (or tied embedding) trains
-  // The final RMSNorm as in a block (see norm_saved in SynthesizeTrace).
-  auto norm_saved = [&](bool out_needed) -> int64_t {
-    return (narrow ? 4 * h : 0) + (full ? d * h : 0) + (out_needed ? d * h : 0) + 4;
-  };
+  // The final RMSNorm, as the blocks' norms.
+  auto norm_saved = [&](bool out_needed) { return NormSavedBytes(h, d, full, out_needed); };
   HeadBytes b;
   if (chunked) {
     // [Chunked head] (common/head_chunking.h): one row chunk's logits at a time; the loss
@@ -111,7 +117,6 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
 
   // All sizes in elements or bytes per token unless stated; T = tokens per micro-batch.
   const int64_t d = DTypeBytes(param_dtype);
-  const bool narrow = d < 4;  // bf16/fp16: RMSNorm upcasts to an fp32 copy
   const int64_t h = arch.hidden_size;
   const int64_t hd = arch.HeadDim();
   const int64_t hq = arch.num_heads * hd;
@@ -131,8 +136,8 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   // RMSNorm in eager PyTorch: x.float() (kept by pow/mul when x is bf16/fp16), rsqrt(var) [T,1],
   // weight * normed.to(dtype) keeps the cast tensor when the weight trains, and the output is
   // kept by the following linears when they need their input.
-  auto norm_saved = [&](int64_t width, bool out_needed) -> int64_t {
-    return (narrow ? 4 * width : 0) + (full ? d * width : 0) + (out_needed ? d * width : 0) + 4;
+  auto norm_saved = [&](int64_t width, bool out_needed) {
+    return NormSavedBytes(width, d, full, out_needed);
   };
 
   // ---- per-token saved bytes of one block (derivation in docs/cost-model.md) ----
