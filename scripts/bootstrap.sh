@@ -11,6 +11,8 @@ jobs=${MEMPLAN_JOBS:-$(nproc)}
 torch_version=2.11.0
 transformers_version=5.24.0
 safetensors_version=0.8.0
+peft_version=0.21.2
+bitsandbytes_version=0.50.2
 
 say() { printf '\033[1m[memplan]\033[0m %s\n' "$*"; }
 
@@ -56,6 +58,12 @@ else
   if ! "$venv/bin/python3" -c "import transformers, safetensors, sys; sys.exit(transformers.__version__ != '$transformers_version')" 2>/dev/null; then
     say "installing transformers==$transformers_version and safetensors into $venv (one time)"
     "$venv/bin/pip" install -q "transformers==$transformers_version" "safetensors==$safetensors_version"
+  fi
+  # LoRA/QLoRA parity and the 8-bit optimizer's reference: peft, and bitsandbytes (NF4 and
+  # AdamW8bit run on the CPU too).
+  if ! "$venv/bin/python3" -c "import peft, bitsandbytes, sys; sys.exit(peft.__version__ != '$peft_version' or bitsandbytes.__version__ != '$bitsandbytes_version')" 2>/dev/null; then
+    say "installing peft==$peft_version and bitsandbytes==$bitsandbytes_version into $venv (one time)"
+    "$venv/bin/pip" install -q "peft==$peft_version" "bitsandbytes==$bitsandbytes_version"
   fi
   if [[ ! -e .venv ]]; then ln -s "$venv" .venv; fi
 fi
