@@ -212,6 +212,8 @@ class ChunkManager::Impl {
 
  private:
   bool cuda() const { return options_.device.is_cuda(); }
+  // Parameters only: no gradient staging, master or optimizer state (profile_only, frozen).
+  bool stateless() const { return options_.profile_only || options_.frozen; }
   bool sharded() const { return world_ > 1; }
   OwnedRange Owned(const Param& p, const Chunk& chunk) const {
     const int64_t lo = std::max(p.offset_elems, chunk.shard_begin);
@@ -394,7 +396,7 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
           p.tensor.set_data(view);
         }
         stats_.persistent_device_bytes += chunk.span_elems * elem_bytes;
-        if (options_.profile_only) continue;
+        if (stateless()) continue;
         // Flat state over the whole span (alignment gaps included), exactly
         // PersistentStateBytesPerElem() per element; parameters' state are views into it.
         const auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(options_.device);
@@ -423,7 +425,7 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
       }
       const int64_t shard_bytes = chunk.shard_elems * elem_bytes;
       ASSIGN_OR_RETURN(chunk.param_host, AllocateTransfer(shard_bytes));
-      if (options_.profile_only) {
+      if (stateless()) {
         (chunk.param_host.pinned() ? stats_.host_pinned_bytes : stats_.host_pageable_bytes) +=
             chunk.param_host.size_bytes();
         for (int i : chunk.params) {
@@ -747,7 +749,7 @@ void ChunkManager::Impl::PostBackward(int group) {
     return;
   }
   torch::NoGradGuard no_grad;
-  if (options_.profile_only) {
+  if (stateless()) {
     for (int i : group_stage_[group]) {
       if (params_[i].tensor.grad().defined()) params_[i].tensor.mutable_grad().reset();
     }
@@ -1127,6 +1129,7 @@ void ChunkManager::Impl::ResetStep() {
 }
 
 absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
+  if (options_.frozen) return absl::OkStatus();
   if (options_.profile_only) {
     return absl::FailedPreconditionError(
         "Step(): this chunk manager was created with profile_only (no optimizer state)");
@@ -1431,9 +1434,9 @@ std::vector<NamedParam> ChunkManager::Impl::OptimizerState() {
 
 absl::Status ChunkManager::Impl::LoadParamsAndState(const std::vector<NamedParam>& values,
                                                     const std::vector<NamedParam>& state) {
-  if (options_.profile_only && !state.empty()) {
+  if (stateless() && !state.empty()) {
     return absl::FailedPreconditionError(
-        "state: this chunk manager was created with profile_only (no optimizer state)");
+        "state: this chunk manager was created frozen or profile_only (no optimizer state)");
   }
   torch::NoGradGuard no_grad;
   WaitAll();
@@ -1458,7 +1461,7 @@ absl::Status ChunkManager::Impl::LoadParamsAndState(const std::vector<NamedParam
       } else if (const OwnedRange r = Owned(p, chunk); r.len > 0) {
         const torch::Tensor owned = value.reshape({-1}).narrow(0, r.from, r.len);
         HostFlat(chunk.param_host.data(), r.at, r.len, dtype_).copy_(owned);
-        if (master() && !options_.profile_only) {
+        if (master() && !stateless()) {
           HostFlat(chunk.master.data(), r.at, r.len, torch::kFloat32).copy_(owned);
         }
       }
@@ -1583,6 +1586,10 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
       return absl::InvalidArgumentError(
           "profile_only: on-demand profiling runs on one rank (world size 1)");
     }
+    if (options.frozen) {
+      return absl::InvalidArgumentError(
+          "frozen: a frozen base is not sharded yet; it runs on one rank (world size 1)");
+    }
   }
 
   // Unique tensors in order of first use; aliases (a tied LM head) map to the first entry.
@@ -1623,7 +1630,15 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
   }
   const int64_t elem_bytes =
       params.empty() ? 4 : static_cast<int64_t>(torch::elementSize(params[0].tensor.scalar_type()));
-  if (!params.empty() && !options.profile_only) {
+  if (options.frozen) {
+    for (const Param& p : params) {
+      if (p.tensor.requires_grad()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "frozen: parameter ", p.name, " requires grad; a frozen manager holds no gradients"));
+      }
+    }
+  }
+  if (!params.empty() && !options.profile_only && !options.frozen) {
     const DType dtype = params[0].tensor.scalar_type() == torch::kBFloat16 ? DType::kBFloat16
                                                                           : DType::kFloat32;
     if (const std::string problem = OptimizerDTypeProblem(options.optimizer, dtype);

@@ -50,9 +50,16 @@ struct ChunkManagerOptions {
   // PostBackward of the group after which it is final, and Step() fails. What a model larger than
   // the card needs to run forward and backward with one group's chunks on the device at a time.
   bool profile_only = false;
+  // A frozen base (LoRA, agent/model): parameters that take no gradient (requires_grad false,
+  // checked at Create) and are never updated. As with profile_only only the parameters are held
+  // (no grad staging, master or optimizer state, host or device); Step() and ZeroGrad() succeed
+  // and do nothing, so a trainer steps it beside the adapters' manager. One rank only.
+  bool frozen = false;
 };
 
 // What the manager holds, for reports and the planner's measurements. Exact sizes (no rounding).
+// A frozen (or profile_only) manager holds parameters only: every state figure is 0 and an
+// offloaded chunk's host memory is its S bytes of parameters (FrozenChunkHostBytes()).
 // Per chunk of S bytes, both as common/optimizer_bytes.h defines them for the planner:
 //   persistent: S x PersistentStateBytesPerElem / E of optimizer state on the device;
 //   offloaded: OffloadedChunkHost(): transfer 2 S (parameters + grad staging; pinned, or pageable

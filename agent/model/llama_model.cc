@@ -1,6 +1,7 @@
 #include "agent/model/llama_model.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <exception>
@@ -24,6 +25,8 @@ struct LlamaModel::BlockParams {
   torch::Tensor q_norm, k_norm;  // Qwen3 only
   torch::Tensor gate_proj, up_proj, down_proj;
   torch::Tensor input_layernorm, post_attention_layernorm;
+  // [LoRA] adapters, indexed like kLoraModuleNames; undefined for projections not targeted.
+  std::array<torch::Tensor, kLoraModuleNames.size()> lora_a, lora_b;
 
   // Hugging Face named_parameters() order.
   std::vector<NamedParam> Named() const {
@@ -46,6 +49,22 @@ struct LlamaModel::BlockParams {
     add("mlp.down_proj.weight", down_proj);
     add("input_layernorm.weight", input_layernorm);
     add("post_attention_layernorm.weight", post_attention_layernorm);
+    return out;
+  }
+
+  static std::string ModulePath(size_t module) {
+    return absl::StrCat(module < 4 ? "self_attn." : "mlp.", kLoraModuleNames[module]);
+  }
+
+  // PEFT's named_parameters() order (module by module, A then B), without its wrapper prefix.
+  std::vector<NamedParam> NamedAdapters() const {
+    const std::string p = absl::StrCat("model.layers.", index, ".");
+    std::vector<NamedParam> out;
+    for (size_t m = 0; m < kLoraModuleNames.size(); ++m) {
+      if (!lora_a[m].defined()) continue;
+      out.push_back({absl::StrCat(p, ModulePath(m), ".lora_A.weight"), lora_a[m]});
+      out.push_back({absl::StrCat(p, ModulePath(m), ".lora_B.weight"), lora_b[m]});
+    }
     return out;
   }
 };
@@ -194,7 +213,7 @@ torch::Tensor RotateHalf(const torch::Tensor& x) {
 // A leaf with the parameter's current storage: the tied head and the embedding each get one so
 // that their gradients can be summed before they reach the parameter (see [Tied head gradient]).
 torch::Tensor Alias(const torch::Tensor& param) {
-  return param.variable_data().requires_grad_(true);
+  return param.variable_data().requires_grad_(param.requires_grad());
 }
 
 }  // namespace
@@ -204,6 +223,9 @@ LlamaModel::~LlamaModel() = default;
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaModelOptions& options) {
   if (absl::Status s = ValidateModelSpec(options.spec, "spec."); !s.ok()) return s;
+  if (options.lora.enabled()) {
+    if (absl::Status s = ValidateLoraOptions(options.lora, options.spec); !s.ok()) return s;
+  }
   if (options.device.is_cuda() && !torch::cuda::is_available()) {
     return absl::FailedPreconditionError("model: device cuda requested but CUDA is not available");
   }
@@ -227,7 +249,9 @@ void LlamaModel::InitParams() {
   const auto device_opts = torch::TensorOptions()
                                .dtype(ToScalarType(options_.dtype))
                                .device(options_.param_device.value_or(options_.device));
-  auto finish = [&](torch::Tensor t) { return t.to(device_opts).requires_grad_(true); };
+  // [LoRA] The base is frozen: autograd computes no weight gradient for it.
+  const bool base_trainable = !options_.lora.enabled();
+  auto finish = [&](torch::Tensor t) { return t.to(device_opts).requires_grad_(base_trainable); };
   struct Draw {
     torch::Tensor* slot;
     std::vector<int64_t> sizes;
@@ -237,7 +261,7 @@ void LlamaModel::InitParams() {
   const bool meta = device_opts.device().is_meta();
   auto normal = [&](torch::Tensor* slot, std::vector<int64_t> sizes) {
     if (meta) {
-      *slot = torch::empty(sizes, device_opts).requires_grad_(true);
+      *slot = torch::empty(sizes, device_opts).requires_grad_(base_trainable);
       return;
     }
     draws.push_back({slot, std::move(sizes)});
@@ -294,6 +318,49 @@ void LlamaModel::InitParams() {
   work();
   for (std::thread& t : pool) t.join();
   if (error) std::rethrow_exception(error);
+  if (options_.lora.enabled()) InitAdapters();
+}
+
+// [LoRA] A is U(-1/sqrt(in), 1/sqrt(in)), what kaiming_uniform_(a = sqrt(5)) draws for a [r, in]
+// weight (gain sqrt(1/3) times sqrt(3 / fan_in)); B is zero, so the model starts as its base.
+// Each A has its own generator seeded from (seed, its index in AdapterGroups() order), a stream
+// apart from the base draws, so the adapters do not depend on the base's initialisation.
+void LlamaModel::InitAdapters() {
+  const ModelSpec& s = options_.spec;
+  const int64_t d = s.HeadDim();
+  const int64_t r = options_.lora.rank;
+  const auto opts = torch::TensorOptions()
+                        .dtype(ToScalarType(options_.dtype))
+                        .device(options_.param_device.value_or(options_.device));
+  const bool meta = opts.device().is_meta();
+  // (in, out) of each projection, kLoraModuleNames order.
+  const std::array<std::pair<int64_t, int64_t>, kLoraModuleNames.size()> dims = {{
+      {s.hidden_size, s.num_heads * d},
+      {s.hidden_size, s.num_kv_heads * d},
+      {s.hidden_size, s.num_kv_heads * d},
+      {s.num_heads * d, s.hidden_size},
+      {s.hidden_size, s.intermediate_size},
+      {s.hidden_size, s.intermediate_size},
+      {s.intermediate_size, s.hidden_size},
+  }};
+  uint64_t k = 0;
+  for (auto& b : blocks_) {
+    for (size_t m = 0; m < kLoraModuleNames.size(); ++m) {
+      if (!options_.lora.Targets(kLoraModuleNames[m])) continue;
+      const auto [in, out] = dims[m];
+      if (meta) {
+        b->lora_a[m] = torch::empty({r, in}, opts);
+      } else {
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(
+            (options_.seed ^ 0x4C6F5241ull) * 0x9E3779B97F4A7C15ull + ++k);
+        const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+        b->lora_a[m] = at::empty({r, in}, torch::kFloat32).uniform_(-bound, bound, gen).to(opts);
+      }
+      b->lora_b[m] = meta ? torch::empty({out, r}, opts) : torch::zeros({out, r}, opts);
+      b->lora_a[m].requires_grad_(true);
+      b->lora_b[m].requires_grad_(true);
+    }
+  }
 }
 
 // Groups and their order are [Parameter order] (common/param_shapes.h), the list the planner
@@ -320,6 +387,21 @@ memplan::ParamGroups LlamaModel::ParamGroups() const {
   // A tied head reads the embedding's tensor: listed again in the last group, packed once.
   if (!lm_head_.defined()) groups.back().push_back({"model.embed_tokens.weight", embed_tokens_});
   return groups;
+}
+
+memplan::ParamGroups LlamaModel::AdapterGroups() const {
+  memplan::ParamGroups groups(static_cast<size_t>(num_groups()));
+  for (const auto& b : blocks_) groups[static_cast<size_t>(b->index + 1)] = b->NamedAdapters();
+  return groups;
+}
+
+std::vector<NamedParam> LlamaModel::TrainableParams() const {
+  if (!has_lora()) return Params();
+  std::vector<NamedParam> out;
+  for (auto& group : AdapterGroups()) {
+    for (auto& p : group) out.push_back(std::move(p));
+  }
+  return out;
 }
 
 std::vector<NamedParam> LlamaModel::Params() const {
@@ -441,16 +523,29 @@ torch::Tensor LlamaModel::Embed(const torch::Tensor& input_ids, const torch::Ten
 }
 
 torch::Tensor LlamaModel::Block(const BlockParams& p, const torch::Tensor& hidden,
-                                const Rope& rope) const {
+                                const Rope& rope, bool train) const {
   const ModelSpec& s = options_.spec;
   const int64_t batch = hidden.size(0);
   const int64_t seq = hidden.size(1);
   const int64_t d = s.HeadDim();
+  // [LoRA] PEFT's LoraLayer.forward: result + lora_B(lora_A(dropout(x))) * scaling, in that order
+  // of operations. The dropout draws from the default generator of x's device, whose state
+  // agent/blocks restores when CKPT/HS_OFFLOAD recompute the block, so the recompute draws the
+  // forward's masks.
+  const double dropout = train ? options_.lora.dropout : 0.0;
+  const double scaling = has_lora() ? options_.lora.scaling() : 1.0;
+  auto proj = [&](const torch::Tensor& in, size_t module, const torch::Tensor& w,
+                  const torch::Tensor& b = torch::Tensor()) {
+    const torch::Tensor base = Linear(in, w, b);
+    if (!p.lora_a[module].defined()) return base;
+    const torch::Tensor dropped = dropout > 0 ? at::dropout(in, dropout, /*train=*/true) : in;
+    return base + Linear(Linear(dropped, p.lora_a[module]), p.lora_b[module]) * scaling;
+  };
 
   const torch::Tensor x = RmsNorm(hidden, p.input_layernorm, s.rms_norm_eps);
-  torch::Tensor q = Linear(x, p.q_proj, p.q_bias).view({batch, seq, s.num_heads, d});
-  torch::Tensor k = Linear(x, p.k_proj, p.k_bias).view({batch, seq, s.num_kv_heads, d});
-  torch::Tensor v = Linear(x, p.v_proj, p.v_bias).view({batch, seq, s.num_kv_heads, d});
+  torch::Tensor q = proj(x, 0, p.q_proj, p.q_bias).view({batch, seq, s.num_heads, d});
+  torch::Tensor k = proj(x, 1, p.k_proj, p.k_bias).view({batch, seq, s.num_kv_heads, d});
+  torch::Tensor v = proj(x, 2, p.v_proj, p.v_bias).view({batch, seq, s.num_kv_heads, d});
   if (s.qk_norm) {
     q = RmsNorm(q, p.q_norm, s.rms_norm_eps);
     k = RmsNorm(k, p.k_norm, s.rms_norm_eps);
@@ -465,12 +560,15 @@ torch::Tensor LlamaModel::Block(const BlockParams& p, const torch::Tensor& hidde
                                        /*is_causal=*/true, /*scale=*/std::nullopt,
                                        /*enable_gqa=*/s.num_kv_heads != s.num_heads);
   const torch::Tensor attn_out =
-      Linear(attn.transpose(1, 2).reshape({batch, seq, s.num_heads * d}), p.o_proj);
+      proj(attn.transpose(1, 2).reshape({batch, seq, s.num_heads * d}), 3, p.o_proj);
   const torch::Tensor h = hidden + attn_out;
 
   const torch::Tensor y = RmsNorm(h, p.post_attention_layernorm, s.rms_norm_eps);
-  const torch::Tensor mlp =
-      Linear(torch::silu(Linear(y, p.gate_proj)) * Linear(y, p.up_proj), p.down_proj);
+  // gate before up, as transformers evaluates them: with LoRA dropout each draws a mask, and the
+  // order of the draws is part of the result.
+  const torch::Tensor gate = torch::silu(proj(y, 4, p.gate_proj));
+  const torch::Tensor up = proj(y, 5, p.up_proj);
+  const torch::Tensor mlp = proj(gate * up, 6, p.down_proj);
   return h + mlp;
 }
 
@@ -500,7 +598,7 @@ torch::Tensor LlamaModel::Logits(const torch::Tensor& input_ids) {
   TORCH_CHECK(seq_ok.ok(), seq_ok.ToString());
   const Rope rope = MakeRope(input_ids.size(1));
   torch::Tensor h = Embed(input_ids, embed_tokens_);
-  for (const auto& b : blocks_) h = Block(*b, h, rope);
+  for (const auto& b : blocks_) h = Block(*b, h, rope, /*train=*/false);
   return Linear(RmsNorm(h, norm_, options_.spec.rms_norm_eps),
                 lm_head_.defined() ? lm_head_ : embed_tokens_);
 }
@@ -512,7 +610,7 @@ torch::Tensor LlamaModel::Loss(const torch::Tensor& input_ids, const torch::Tens
   TORCH_CHECK(seq_ok.ok(), seq_ok.ToString());
   const Rope rope = MakeRope(input_ids.size(1));
   torch::Tensor h = Embed(input_ids, embed_tokens_);
-  for (const auto& b : blocks_) h = Block(*b, h, rope);
+  for (const auto& b : blocks_) h = Block(*b, h, rope, /*train=*/true);
   return HeadLoss(h, targets, lm_head_.defined() ? lm_head_ : embed_tokens_);
 }
 
@@ -589,7 +687,7 @@ torch::Tensor LlamaModel::Loss(const torch::Tensor& input_ids, const torch::Tens
     block.group = i + 1;
     block.mode = modes[i];
     const BlockParams* params = blocks_[i].get();
-    block.body = [this, params, rope](const torch::Tensor& x) { return Block(*params, x, rope); };
+    block.body = [this, params, rope](const torch::Tensor& x) { return Block(*params, x, rope, true); };
     h = RunGroup(block, h, run);
   }
 

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "agent/core/torch_pch.h"
+#include "agent/model/lora_options.h"
 #include "agent/model/param_residency.h"
 #include "common/types.h"
 
@@ -34,6 +35,11 @@ struct LlamaModelOptions {
   // of more tokens runs chunked. 0: HeadChunkRows(vocab) and HeadIsChunked(), what the planner
   // assumes.
   int64_t head_chunk_rows = 0;
+  // LoRA adapters (rank > 0): every base parameter is frozen (requires_grad false: no gradient,
+  // no optimizer state) and each targeted projection of every block computes
+  // base(x) + B(A(dropout(x))) * alpha / rank, as PEFT's LoraLayer. A is drawn kaiming-uniform
+  // (a = sqrt(5), i.e. U(-1/sqrt(in), 1/sqrt(in))) from `seed`, B is zero. See [LoRA] in the .cc.
+  LoraOptions lora;
 };
 
 // Not thread-safe: one training thread drives forward and backward.
@@ -54,6 +60,14 @@ class LlamaModel {
   memplan::ParamGroups ParamGroups() const;
   // Every parameter once, in first-use order of ParamGroups() (the canonical optimizer order).
   std::vector<NamedParam> Params() const;
+  bool has_lora() const { return options_.lora.enabled(); }
+  // LoRA adapters per group, num_groups() lists (embedding and head: empty); per block the
+  // targeted projections in kLoraModuleNames order, lora_A then lora_B, named like PEFT's
+  // parameters without its wrapper prefix: "model.layers.3.self_attn.q_proj.lora_A.weight".
+  // Empty lists without LoRA.
+  memplan::ParamGroups AdapterGroups() const;
+  // What the optimizer updates: the adapters with LoRA (AdapterGroups() flattened), else Params().
+  std::vector<NamedParam> TrainableParams() const;
 
   // Reference: plain autograd, all activations kept. Mean cross-entropy of the logits at position t
   // against targets[t] (-100 ignored), computed in fp32: targets are already shifted, as the token
@@ -85,9 +99,12 @@ class LlamaModel {
 
   explicit LlamaModel(const LlamaModelOptions& options);
   void InitParams();
+  void InitAdapters();
   Rope MakeRope(int64_t seq_len) const;
   torch::Tensor Embed(const torch::Tensor& input_ids, const torch::Tensor& weight) const;
-  torch::Tensor Block(const BlockParams& p, const torch::Tensor& hidden, const Rope& rope) const;
+  // `train`: LoRA dropout active (training); Logits() runs without it, like PEFT in eval mode.
+  torch::Tensor Block(const BlockParams& p, const torch::Tensor& hidden, const Rope& rope,
+                      bool train) const;
   torch::Tensor HeadLoss(const torch::Tensor& hidden, const torch::Tensor& targets,
                          const torch::Tensor& head_weight) const;
 

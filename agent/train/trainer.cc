@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <map>
 #include <string>
 #include <utility>
@@ -68,6 +69,34 @@ class ObservedResidency final : public ParamResidency {
   ParamResidency* observer_;
 };
 
+// [LoRA managers] The frozen base's manager first, then the adapters' one, at every hook: a
+// block's body reads both, and both are resident when the hook returns.
+class PairResidency final : public ParamResidency {
+ public:
+  PairResidency(ParamResidency* base, ParamResidency* adapters)
+      : base_(base), adapters_(adapters) {}
+  void PreForward(int group) override {
+    base_->PreForward(group);
+    adapters_->PreForward(group);
+  }
+  void PostForward(int group) override {
+    base_->PostForward(group);
+    adapters_->PostForward(group);
+  }
+  void PreBackward(int group) override {
+    base_->PreBackward(group);
+    adapters_->PreBackward(group);
+  }
+  void PostBackward(int group) override {
+    base_->PostBackward(group);
+    adapters_->PostBackward(group);
+  }
+
+ private:
+  ParamResidency* base_;
+  ParamResidency* adapters_;
+};
+
 torch::Tensor CpuCopy(const torch::Tensor& t) {
   if (!t.defined()) return t;
   return t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
@@ -109,7 +138,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
     return absl::InvalidArgumentError(absl::StrCat("trainer: ", problem, "; the model is ",
                                                    std::string(DTypeName(model->options().dtype))));
   }
-  trainer->params_ = model->Params();
+  if (model->has_lora() && options.communicator != nullptr &&
+      options.communicator->world_size() > 1) {
+    return absl::InvalidArgumentError(
+        "trainer: LoRA runs on one process for now (its frozen base is not sharded)");
+  }
+  trainer->params_ = model->TrainableParams();
   try {
     if (NeedsOffloader(o.block_modes)) {
       o.offload.device = model->options().device;
@@ -123,12 +157,33 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
       // The manager starts an offloaded chunk's CPU update during backward only when it knows
       // nothing will be clipped; the trainer's clipping setting is that knowledge.
       o.chunks.max_grad_norm = o.max_grad_norm;
-      ASSIGN_OR_RETURN(trainer->chunk_manager_,
-                       ChunkManager::Create(model->ParamGroups(), o.chunks, o.communicator));
+      if (model->has_lora()) {
+        // [LoRA managers]
+        ChunkManagerOptions base = o.chunks;
+        base.frozen = true;
+        ASSIGN_OR_RETURN(trainer->base_manager_, ChunkManager::Create(model->ParamGroups(), base));
+        ChunkManagerOptions adapters = o.chunks;
+        adapters.n_persist = o.adapter_n_persist < 0 ? std::numeric_limits<int>::max()
+                                                     : o.adapter_n_persist;
+        ASSIGN_OR_RETURN(trainer->chunk_manager_,
+                         ChunkManager::Create(model->AdapterGroups(), adapters));
+        trainer->lora_residency_ = std::make_unique<PairResidency>(
+            trainer->base_manager_.get(), trainer->chunk_manager_.get());
+      } else {
+        ASSIGN_OR_RETURN(trainer->chunk_manager_,
+                         ChunkManager::Create(model->ParamGroups(), o.chunks, o.communicator));
+      }
     } else {
-      // Unmanaged: every parameter lives on the compute device.
+      // Unmanaged: every parameter (and adapter) lives on the compute device.
       torch::NoGradGuard no_grad;
       std::vector<torch::Tensor> tensors;
+      if (model->has_lora()) {
+        for (const auto& p : model->Params()) {
+          if (p.param.device() != model->options().device) {
+            p.param.set_data(p.param.to(model->options().device));
+          }
+        }
+      }
       for (const auto& p : trainer->params_) {
         if (p.param.device() != model->options().device) {
           p.param.set_data(p.param.to(model->options().device));
@@ -172,14 +227,16 @@ torch::Tensor Trainer::MicroBatchLoss(const MicroBatch& batch) {
   if (!options_.managed && options_.plain_reference && AllNone(options_.block_modes)) {
     return model_->Loss(ids, labels);
   }
+  ParamResidency* residency = lora_residency_ ? lora_residency_.get()
+                                              : static_cast<ParamResidency*>(chunk_manager_.get());
   if (options_.observer != nullptr) {
     // Autograd calls the hooks during backward(), after this returns: the wrapper must live on.
     if (!observed_) {
-      observed_ = std::make_unique<ObservedResidency>(chunk_manager_.get(), options_.observer);
+      observed_ = std::make_unique<ObservedResidency>(residency, options_.observer);
     }
     return model_->Loss(ids, labels, options_.block_modes, observed_.get(), offloader_.get());
   }
-  return model_->Loss(ids, labels, options_.block_modes, chunk_manager_.get(), offloader_.get());
+  return model_->Loss(ids, labels, options_.block_modes, residency, offloader_.get());
 }
 
 absl::StatusOr<double> Trainer::ForwardBackward(const std::vector<MicroBatch>& micro_batches) {
@@ -332,6 +389,14 @@ std::vector<NamedParam> Trainer::Params() {
   if (chunk_manager_) return chunk_manager_->Params();
   std::vector<NamedParam> out;
   for (const auto& p : params_) out.push_back({p.name, CpuCopy(p.param)});
+  return out;
+}
+
+std::vector<NamedParam> Trainer::BaseParams() {
+  if (!model_->has_lora()) return {};
+  if (base_manager_) return base_manager_->Params();
+  std::vector<NamedParam> out;
+  for (const auto& p : model_->Params()) out.push_back({p.name, CpuCopy(p.param)});
   return out;
 }
 

@@ -34,6 +34,11 @@ struct TrainerOptions {
   // that without clipping offloaded chunks' CPU updates overlap backward).
   bool managed = false;
   ChunkManagerOptions chunks;
+  // A LoRA model (LlamaModelOptions::lora), managed: the frozen base lives in a manager built
+  // from `chunks` with frozen = true (parameters only), the adapters in a second one with the
+  // same chunk size and buffers whose first `adapter_n_persist` chunks stay on the device
+  // (-1: all). The optimizer, gradients and clipping cover the adapters only.
+  int adapter_n_persist = -1;
   // For SWAP / HS_OFFLOAD blocks (device taken from the model).
   ActivationOffloadOptions offload;
   // Unmanaged, all blocks NONE: use the model's plain-autograd loss instead of the grouped one.
@@ -84,9 +89,13 @@ class Trainer {
   // (0 when clipping is off).
   absl::StatusOr<double> OptimizerStep();
 
-  // Full values by Hugging Face name as CPU tensors (model dtype), canonical order. With a
+  // Full values of the trainable parameters (the adapters with LoRA) by name as CPU tensors
+  // (model dtype), canonical order. With a
   // communicator these, Grads and OptimizerState are collectives (every rank calls them).
   std::vector<NamedParam> Params();
+  // LoRA: the frozen base's values by Hugging Face name as CPU tensors (what a merged export
+  // adds the adapters to); empty without LoRA.
+  std::vector<NamedParam> BaseParams();
   // Accumulated gradients by name as CPU tensors (before OptimizerStep).
   std::vector<NamedParam> Grads();
   // Optimizer state in the checkpoint naming (agent/io/checkpoint.h).
@@ -102,7 +111,10 @@ class Trainer {
 
   int64_t step() const { return step_; }
   const TrainerOptions& options() const { return options_; }
+  // The manager of the trainable parameters (the adapters with LoRA), and with LoRA the frozen
+  // base's manager (null otherwise).
   ChunkManager* chunk_manager() { return chunk_manager_.get(); }
+  ChunkManager* base_chunk_manager() { return base_manager_.get(); }
   ActivationOffloader* offloader() { return offloader_.get(); }
 
  private:
@@ -118,8 +130,10 @@ class Trainer {
 
   LlamaModel* model_;
   TrainerOptions options_;
-  std::vector<NamedParam> params_;  // canonical order, unique
+  std::vector<NamedParam> params_;  // trainable, canonical order, unique
   std::unique_ptr<ChunkManager> chunk_manager_;
+  std::unique_ptr<ChunkManager> base_manager_;      // LoRA, managed: the frozen base
+  std::unique_ptr<ParamResidency> lora_residency_;  // LoRA, managed: base then adapters
   // Unmanaged only: torch::optim::AdamW (adamw) or SGD (sgd); for adamw_bf16 the state below,
   // updated by at::_fused_adamw_ (the kernel of torch.optim.AdamW(fused=True)), per params_ entry.
   std::unique_ptr<torch::optim::Optimizer> optimizer_;

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/io/checkpoint.h"
 #include "agent/io/hf_checkpoint.h"
+#include "agent/io/peft_adapter.h"
 #include "agent/io/safetensors_torch.h"
 #include "agent/model/llama_model.h"
 #include "agent/train/train_config.h"
@@ -47,7 +48,14 @@ constexpr char kUsage[] =
     "  --lr F --beta1 F --beta2 F --eps F --weight-decay F   optimizer hyper-parameters\n"
     "  --clip F             max grad norm (default 0 = off)\n"
     "  --head-chunk-rows N  LM head + loss over N tokens at a time (default: the model's rule)\n"
-    "  --save-hf DIR        write a checkpoint (Hugging Face layout) after the step\n";
+    "  --save-hf DIR        write a checkpoint (Hugging Face layout) after the step\n"
+    "LoRA (grads and params are then the adapters'):\n"
+    "  --lora-rank N --lora-alpha F --lora-dropout F --lora-targets LIST|all\n"
+    "  --load-adapter DIR   initial adapter values from a PEFT adapter directory\n"
+    "  --adapter-n-persist N  managed: the adapters' persistent chunks (default all)\n"
+    "  --seed N             torch::manual_seed(N) right before the step (dropout masks)\n"
+    "  --save-adapter DIR   write the adapter after the step in PEFT's format\n"
+    "  --merge-export DIR   write base + merged adapter after the step (Hugging Face layout)\n";
 
 struct Flags {
   std::map<std::string, std::string> values;
@@ -135,10 +143,25 @@ absl::Status Run(const Flags& f) {
   model_options.dtype = *dtype;
   model_options.device = device;
   ASSIGN_OR_RETURN(model_options.head_chunk_rows, f.Int("--head-chunk-rows", 0));
+  ASSIGN_OR_RETURN(model_options.lora.rank, f.Int("--lora-rank", 0));
+  if (model_options.lora.enabled()) {
+    ASSIGN_OR_RETURN(model_options.lora.alpha, f.Double("--lora-alpha", 16));
+    ASSIGN_OR_RETURN(model_options.lora.dropout, f.Double("--lora-dropout", 0));
+    ASSIGN_OR_RETURN(model_options.lora.targets,
+                     ParseLoraTargetList("--lora-targets", f.Get("--lora-targets", "q_proj,v_proj")));
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LlamaModel::Create(model_options));
   ASSIGN_OR_RETURN(io::HfLoadReport report,
                    io::LoadHfCheckpoint(f.Get("--model"),
                                         io::FlattenParamGroups(model->ParamGroups())));
+  if (!f.Get("--load-adapter").empty()) {
+    ASSIGN_OR_RETURN(io::PeftAdapter adapter, io::ReadPeftAdapter(f.Get("--load-adapter")));
+    if (adapter.lora.rank != model_options.lora.rank ||
+        adapter.lora.alpha != model_options.lora.alpha) {
+      return absl::InvalidArgumentError("--load-adapter: its r / lora_alpha differ from the flags");
+    }
+    RETURN_IF_ERROR(io::CopyParamsByName(adapter.tensors, model->TrainableParams()));
+  }
   std::vector<NamedParam> out;
   {
     torch::NoGradGuard no_grad;
@@ -173,6 +196,8 @@ absl::Status Run(const Flags& f) {
     options.chunks.n_buffer = static_cast<int>(n_buffer);
     options.chunks.max_grad_norm = options.max_grad_norm;
     options.chunks.cpu_threads = 2;
+    ASSIGN_OR_RETURN(int64_t adapter_n_persist, f.Int("--adapter-n-persist", -1));
+    options.adapter_n_persist = static_cast<int>(adapter_n_persist);
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(model.get(), options));
 
@@ -181,6 +206,10 @@ absl::Status Run(const Flags& f) {
   for (int64_t i = 0; i < grad_accum; ++i) {
     batches.push_back({ids.slice(0, i * rows, (i + 1) * rows).contiguous(),
                        targets.slice(0, i * rows, (i + 1) * rows).contiguous()});
+  }
+  if (!f.Get("--seed").empty()) {
+    ASSIGN_OR_RETURN(int64_t seed, f.Int("--seed", 0));
+    torch::manual_seed(static_cast<uint64_t>(seed));
   }
   ASSIGN_OR_RETURN(double loss, trainer->ForwardBackward(batches));
   out.push_back({"loss", torch::tensor({static_cast<float>(loss)})});
@@ -191,7 +220,19 @@ absl::Status Run(const Flags& f) {
     out.push_back({"param." + p.name, Fp32Cpu(p.param)});
   }
   RETURN_IF_ERROR(io::SaveSafetensorsFile(f.Get("--out"), out));
-  if (!f.Get("--save-hf").empty()) {
+  if (!f.Get("--save-adapter").empty()) {
+    RETURN_IF_ERROR(io::SavePeftAdapter(f.Get("--save-adapter"), model_options.lora,
+                                        f.Get("--model"), trainer->Params()));
+  }
+  if (!f.Get("--merge-export").empty()) {
+    ASSIGN_OR_RETURN(std::vector<NamedParam> merged,
+                     io::MergeLora(trainer->BaseParams(), trainer->Params(), model_options.lora));
+    io::TrainerState state;
+    state.model = spec;
+    state.param_dtype = *dtype;
+    RETURN_IF_ERROR(io::SaveCheckpoint(f.Get("--merge-export"), state, merged, {}));
+  }
+  if (!f.Get("--save-hf").empty() && !model_options.lora.enabled()) {
     io::TrainerState state;
     state.workload.micro_batch = rows;
     state.workload.seq_len = ids.size(1);
