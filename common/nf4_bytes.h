@@ -66,6 +66,16 @@ bool QloraQuantizes(std::string_view name);
 // (data and absmax codes 1 byte wide, scales 4 bytes wide), named with the suffixes above.
 std::vector<LayoutParam> QloraBaseLayoutParams(const ModelSpec& model, int64_t dtype_bytes);
 
+// [QLoRA layout] The chunk packing's input for a QLoRA model: QloraBaseLayoutParams with, right
+// after each adapted projection's NF4 parts, its adapter "<weight name minus .weight>.lora_A.weight"
+// [rank, in] then ".lora_B.weight" [out, rank] in the model dtype (PEFT's order: an adapter follows
+// its base layer). The adapters are the only trainable tensors. `training.lora_target_modules`
+// names the adapted projections (q_proj ... down_proj).
+std::vector<LayoutParam> QloraLayoutParams(const ModelSpec& model, int64_t dtype_bytes,
+                                           const TrainingMethod& training);
+// Whether a layout name is a LoRA adapter matrix of the list above.
+bool IsLoraAdapterParam(std::string_view name);
+
 // Bytes of a block's frozen base under QLoRA: the NF4 parts of its projections plus its other
 // parameters in the model dtype (no alignment).
 int64_t QloraBlockBaseBytes(const ModelSpec& model, int64_t dtype_bytes);
@@ -79,5 +89,8 @@ struct DequantTransient {
   int64_t bytes = 0;       // numel * dtype_bytes
 };
 DequantTransient QloraDequantTransient(const ModelSpec& model, int64_t dtype_bytes);
+// Bytes one pass over a block's projections moves when it dequantizes each of them once: the NF4
+// parts read plus the model-dtype copy written (the dequantization's memory traffic).
+int64_t QloraBlockDequantTrafficBytes(const ModelSpec& model, int64_t dtype_bytes);
 
 }  // namespace memplan
