@@ -22,7 +22,7 @@ constexpr absl::string_view kDTypeValues = "DTYPE_FP32, DTYPE_BF16, DTYPE_FP16";
 constexpr absl::string_view kBlockModeValues =
     "BLOCK_MODE_NONE, BLOCK_MODE_CKPT, BLOCK_MODE_SWAP, BLOCK_MODE_HS_OFFLOAD";
 constexpr absl::string_view kHostMemoryValues = "HOST_MEMORY_PINNED, HOST_MEMORY_PAGEABLE";
-constexpr absl::string_view kTrainingKindValues = "FULL, LORA";
+constexpr absl::string_view kTrainingKindValues = "FULL, LORA, QLORA";
 
 }  // namespace
 
@@ -70,6 +70,8 @@ v1::TrainingMethod::Kind ToProto(TrainingKind kind) {
       return v1::TrainingMethod::FULL;
     case TrainingKind::kLora:
       return v1::TrainingMethod::LORA;
+    case TrainingKind::kQlora:
+      return v1::TrainingMethod::QLORA;
   }
   return v1::TrainingMethod::KIND_UNSPECIFIED;
 }
@@ -131,6 +133,8 @@ absl::StatusOr<TrainingKind> TrainingKindFromProto(int value, absl::string_view 
       return TrainingKind::kFull;
     case v1::TrainingMethod::LORA:
       return TrainingKind::kLora;
+    case v1::TrainingMethod::QLORA:
+      return TrainingKind::kQlora;
     default:
       break;
   }
@@ -179,6 +183,7 @@ v1::HardwareProfile ToProto(const HardwareSpec& spec) {
   out.set_host_memory_bytes(spec.host_memory_bytes);
   out.set_pinned_limit_bytes(spec.pinned_limit_bytes);
   out.set_measured(spec.measured);
+  out.set_nf4_dequant_bytes_per_second(spec.nf4_dequant_bytes_per_second);
   return out;
 }
 
@@ -381,6 +386,7 @@ HardwareSpec HardwareSpecFromProto(const v1::HardwareProfile& profile) {
   out.host_memory_bytes = profile.host_memory_bytes();
   out.pinned_limit_bytes = profile.pinned_limit_bytes();
   out.measured = profile.measured();
+  out.nf4_dequant_bytes_per_second = profile.nf4_dequant_bytes_per_second();
   return out;
 }
 

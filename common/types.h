@@ -15,7 +15,9 @@ enum class DType { kFloat32, kBFloat16, kFloat16 };
 enum class BlockMode { kNone, kCkpt, kSwap, kHsOffload };
 enum class HostMemoryKind { kPinned, kPageable };
 enum class OptimizerKind { kAdamW, kAdamWBf16States, kSgd };
-enum class TrainingKind { kFull, kLora };
+// kQlora: LoRA adapters on a frozen base whose projection weights are 4-bit NF4
+// (common/nf4_bytes.h).
+enum class TrainingKind { kFull, kLora, kQlora };
 
 int64_t DTypeBytes(DType dtype);
 std::string_view DTypeName(DType dtype);           // "fp32", "bf16", "fp16"
@@ -90,6 +92,8 @@ struct HardwareSpec {
   int64_t host_memory_bytes = 0;
   int64_t pinned_limit_bytes = 0;  // 0 = unlimited
   bool measured = false;
+  // NF4 dequantization rate (bytes read + written per second, agent/quant); 0 = not measured.
+  double nf4_dequant_bytes_per_second = 0;
 };
 
 struct Workload {

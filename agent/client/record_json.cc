@@ -36,10 +36,26 @@ std::string ProtoDTypeName(DType dtype) {
 }
 
 std::string_view TrainingKindName(TrainingKind kind) {
-  return kind == TrainingKind::kLora ? "lora" : "full";
+  switch (kind) {
+    case TrainingKind::kLora:
+      return "lora";
+    case TrainingKind::kQlora:
+      return "qlora";
+    case TrainingKind::kFull:
+      break;
+  }
+  return "full";
 }
 std::string_view ProtoTrainingKindName(TrainingKind kind) {
-  return kind == TrainingKind::kLora ? "LORA" : "FULL";
+  switch (kind) {
+    case TrainingKind::kLora:
+      return "LORA";
+    case TrainingKind::kQlora:
+      return "QLORA";
+    case TrainingKind::kFull:
+      break;
+  }
+  return "FULL";
 }
 
 template <typename E, size_t N>
@@ -54,7 +70,8 @@ std::optional<E> ParseByName(std::string_view name, const E (&values)[N],
 constexpr BlockMode kBlockModes[] = {BlockMode::kNone, BlockMode::kCkpt, BlockMode::kSwap,
                                      BlockMode::kHsOffload};
 constexpr HostMemoryKind kHostKinds[] = {HostMemoryKind::kPinned, HostMemoryKind::kPageable};
-constexpr TrainingKind kTrainingKinds[] = {TrainingKind::kFull, TrainingKind::kLora};
+constexpr TrainingKind kTrainingKinds[] = {TrainingKind::kFull, TrainingKind::kLora,
+                                           TrainingKind::kQlora};
 
 // ---------------------------------------------------------------- writing
 

@@ -157,10 +157,15 @@ FlagTable PlanFlags(PlanOptions& o) {
   t["--lora-rank"] = {true, [&o](absl::string_view v) -> absl::Status {
                         auto rank = ParseInt("--lora-rank", v, 1, kMaxHiddenSize);
                         if (!rank.ok()) return rank.status();
-                        o.training.kind = TrainingKind::kLora;
+                        o.training.kind = o.qlora ? TrainingKind::kQlora : TrainingKind::kLora;
                         o.training.lora_rank = *rank;
                         return absl::OkStatus();
                       }};
+  t["--qlora"] = {false, [&o](absl::string_view) {
+                    o.qlora = true;
+                    if (o.training.kind != TrainingKind::kFull) o.training.kind = TrainingKind::kQlora;
+                    return absl::OkStatus();
+                  }};
   t["--lora-targets"] = {true, [&o](absl::string_view v) -> absl::Status {
                            auto modules = ParseLoraTargets("--lora-targets", v);
                            if (!modules.ok()) return modules.status();
@@ -373,7 +378,12 @@ absl::Status CheckJob(const PlanOptions& o, absl::string_view command) {
   if (o.training.kind == TrainingKind::kFull && !o.training.lora_target_modules.empty()) {
     return FlagError("--lora-targets", "needs --lora-rank");
   }
-  if (o.training.kind == TrainingKind::kLora && o.training.lora_target_modules.empty()) {
+  if (o.qlora && o.training.kind == TrainingKind::kFull) {
+    return FlagError("--qlora",
+                     "needs --lora-rank and --lora-targets (QLoRA trains LoRA adapters on the 4-bit "
+                     "base)");
+  }
+  if (o.training.kind != TrainingKind::kFull && o.training.lora_target_modules.empty()) {
     return FlagError("--lora-rank", "needs --lora-targets (e.g. q_proj,v_proj or all)");
   }
   return absl::OkStatus();

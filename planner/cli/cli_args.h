@@ -57,7 +57,8 @@ struct PlanOptions {
   bool grad_clipping = false;  // --grad-clipping
   std::optional<DType> param_dtype;
   std::string optimizer = "adamw";
-  TrainingMethod training;              // kFull unless --lora-rank
+  TrainingMethod training;              // kFull unless --lora-rank (kQlora with --qlora)
+  bool qlora = false;                   // --qlora: LoRA on a 4-bit NF4 base
   std::optional<double> safety_margin;  // unset: the planner's default
   FixedKnobs fixed;
   std::optional<int32_t> max_alternatives;

@@ -64,6 +64,8 @@ Workload:
   --lora-rank N          train LoRA adapters of this rank instead of a full fine-tune
   --lora-targets LIST    comma-separated modules: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,
                          down_proj, or 'all' (required with --lora-rank)
+  --qlora                QLoRA: the LoRA above on a base whose q/k/v/o/gate/up/down projection
+                         weights are 4-bit NF4 (bitsandbytes' nf4, double quantization)
   --margin F             fraction of GPU memory held back, 0.001 to 0.5 (planner default 0.05)
 Fixed knobs (each one is a constraint; the rest is searched):
   --chunk-mib N          chunk size in MiB
