@@ -194,6 +194,7 @@ v1::Workload ToProto(const Workload& workload) {
   out.set_world_size(workload.world_size);
   out.set_grad_accum(workload.grad_accum);
   out.set_grad_clipping(workload.grad_clipping);
+  out.set_local_world_size(workload.local_world_size);
   return out;
 }
 
@@ -310,6 +311,16 @@ v1::Prediction ToProto(const Prediction& prediction) {
   out.set_optimizer_seconds(prediction.optimizer_seconds);
   out.set_tokens_per_second(prediction.tokens_per_second);
   out.set_time_factor(prediction.time_factor);
+  const RankMemory& r = prediction.rank_memory;
+  v1::RankMemory* rm = out.mutable_rank_memory();
+  rm->set_world_size(r.world_size);
+  rm->set_local_world_size(r.local_world_size);
+  rm->set_persistent_device_bytes(r.persistent_device_bytes);
+  rm->set_persistent_state_device_bytes(r.persistent_state_device_bytes);
+  rm->set_buffer_device_bytes(r.buffer_device_bytes);
+  rm->set_chunk_host_pinned_bytes(r.chunk_host_pinned_bytes);
+  rm->set_chunk_host_pageable_bytes(r.chunk_host_pageable_bytes);
+  rm->set_node_host_bytes(r.node_host_bytes);
   return out;
 }
 
@@ -399,6 +410,7 @@ Workload WorkloadFromProto(const v1::Workload& workload) {
   out.world_size = workload.world_size() == 0 ? 1 : workload.world_size();
   out.grad_accum = workload.grad_accum() == 0 ? 1 : workload.grad_accum();
   out.grad_clipping = workload.grad_clipping();
+  out.local_world_size = workload.local_world_size();  // 0 = world_size: LocalRanks()
   return out;
 }
 
@@ -533,6 +545,16 @@ Prediction PredictionFromProto(const v1::Prediction& prediction) {
   out.optimizer_seconds = prediction.optimizer_seconds();
   out.tokens_per_second = prediction.tokens_per_second();
   out.time_factor = prediction.time_factor() > 0 ? prediction.time_factor() : 1.0;
+  const v1::RankMemory& rm = prediction.rank_memory();
+  RankMemory& r = out.rank_memory;
+  r.world_size = rm.world_size() == 0 ? 1 : rm.world_size();
+  r.local_world_size = rm.local_world_size() == 0 ? 1 : rm.local_world_size();
+  r.persistent_device_bytes = rm.persistent_device_bytes();
+  r.persistent_state_device_bytes = rm.persistent_state_device_bytes();
+  r.buffer_device_bytes = rm.buffer_device_bytes();
+  r.chunk_host_pinned_bytes = rm.chunk_host_pinned_bytes();
+  r.chunk_host_pageable_bytes = rm.chunk_host_pageable_bytes();
+  r.node_host_bytes = rm.node_host_bytes();
   return out;
 }
 

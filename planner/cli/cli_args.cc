@@ -136,6 +136,8 @@ FlagTable PlanFlags(PlanOptions& o) {
   t["--batch"] = OptionalIntFlag("--batch", &o.micro_batch, 1, kMaxMicroBatch);
   t["--seq"] = OptionalIntFlag("--seq", &o.seq_len, 1, kMaxSeqLen);
   t["--world-size"] = OptionalIntFlag("--world-size", &o.world_size, 1, kMaxWorldSize);
+  t["--local-world-size"] =
+      OptionalIntFlag("--local-world-size", &o.local_world_size, 1, kMaxWorldSize);
   t["--grad-accum"] = OptionalIntFlag("--grad-accum", &o.grad_accum, 1, kMaxGradAccum);
   t["--grad-clipping"] = SwitchFlag(&o.grad_clipping);
   t["--dtype"] = {true, [&o](absl::string_view v) -> absl::Status {
@@ -466,11 +468,13 @@ Workload PlanWorkload(const PlanOptions& o) {
   w.world_size = o.world_size.value_or(1);
   w.grad_accum = o.grad_accum.value_or(1);
   w.grad_clipping = o.grad_clipping;
+  w.local_world_size = o.local_world_size.value_or(0);
   return w;
 }
 
 bool HasWorkloadFlags(const PlanOptions& o) {
-  return o.micro_batch || o.seq_len || o.world_size || o.grad_accum || o.grad_clipping;
+  return o.micro_batch || o.seq_len || o.world_size || o.local_world_size || o.grad_accum ||
+         o.grad_clipping;
 }
 
 absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {

@@ -53,6 +53,7 @@ struct PlanOptions {
   std::optional<int64_t> micro_batch;
   std::optional<int64_t> seq_len;
   std::optional<int32_t> world_size;
+  std::optional<int32_t> local_world_size;  // ranks per node sharing its RAM; unset = world_size
   std::optional<int32_t> grad_accum;
   bool grad_clipping = false;  // --grad-clipping
   std::optional<DType> param_dtype;
