@@ -3,8 +3,9 @@
 # profile that supersedes the preset of the same name), then for each workload profiles the
 # model, asks for a plan, trains it and reports the measurement; prints the calibration at the end.
 #   scripts/gpu-loop.sh OUT_DIR BUILD_DIR [HARDWARE_NAME]
-# MEMPLAN_LOOP_CONFIGS: ';'-separated "ARCH BATCH SEQ [SAFETY_MARGIN [BUDGET_GIB]]" workloads
-# (default below). BUDGET_GIB plans for the benchmarked card cut to that much memory: a copy of
+# MEMPLAN_LOOP_CONFIGS: ';'-separated "ARCH BATCH SEQ [SAFETY_MARGIN [BUDGET_GIB [FLAG ...]]]"
+# workloads (default below); FLAGs go to that workload's `memplan-agent train` (e.g. --lora-rank 16
+# --lora-targets all); "-" for MARGIN or BUDGET_GIB leaves it at its default. BUDGET_GIB plans for the benchmarked card cut to that much memory: a copy of
 # the measured profile with that gpu_memory_bytes, stored under a name of its own
 # (HARDWARE_NAME-cut-i), so the plan's first prediction is uncalibrated.
 # MEMPLAN_LOOP_TRAIN_FLAGS: extra flags for every `memplan-agent train` (e.g. --allocator-conf=).
@@ -25,9 +26,10 @@ for cfg in "${workloads[@]}"; do
   set -- $cfg
   i=$((i + 1))
   margin=()
-  [[ -n ${4:-} ]] && margin=(--safety-margin "$4")
+  [[ -n ${4:-} && ${4:-} != - ]] && margin=(--safety-margin "$4")
   card=(--hardware "$hw")
-  if [[ -n ${5:-} ]]; then
+  own=("${@:6}")
+  if [[ -n ${5:-} && ${5:-} != - ]]; then
     python3 - "$out/hw.json" "$out/hw-$i.json" "$hw-cut-$i" "$5" <<'PY'
 import json, sys
 h = json.load(open(sys.argv[1]))
@@ -40,11 +42,11 @@ PY
       | python3 -c 'import json, sys; d = json.load(sys.stdin); print(d.get("profile_id") or d.get("profileId"))')
     card=(--hardware-profile-id "$profile_id")
   fi
-  echo "=== $i: $1 ${2}x$3 ${4:+margin $4} ${5:+budget $5 GiB}" | tee -a "$out/loop.txt"
+  echo "=== $i: $1 ${2}x$3 ${4:+margin $4} ${5:+budget $5 GiB} ${own[*]}" | tee -a "$out/loop.txt"
   SECONDS=0
   "$agent" train --planner "$addr" "${card[@]}" --profile --arch "$1" --batch "$2" --seq "$3" \
     "${margin[@]}" --steps 5 --synthetic-data --device cuda --cpu-threads "$threads" \
-    --memory-timeline "$out/timeline-$i.tsv" "${extra[@]}" 2>&1 \
+    --memory-timeline "$out/timeline-$i.tsv" "${extra[@]}" "${own[@]}" 2>&1 \
     | grep -v "^ts=" | tee "$out/run-$i.txt" >>"$out/loop.txt"
   echo "wall ${SECONDS} s" | tee -a "$out/loop.txt"
   grep -E "^(plan|predicted|measured|reported|profiled|device memory)" "$out/run-$i.txt"
