@@ -69,6 +69,14 @@ constexpr OffloadedChunkHostBytes OffloadedChunkHost(OptimizerKind kind, int64_t
   return b;
 }
 
+// Host memory of one offloaded chunk of a frozen base (LoRA): its parameters only (the upload
+// source, pinned when the host memory kind is pinned); no grad staging, master or state.
+constexpr OffloadedChunkHostBytes FrozenChunkHost(int64_t chunk_bytes) {
+  OffloadedChunkHostBytes b;
+  b.transfer_bytes = chunk_bytes;
+  return b;
+}
+
 // HBM bytes one GPU update of a persistent parameter reads and writes per element (clipping not
 // included), as the agent runs it:
 //   master (adamw, sgd on bf16): grad -> fp32 copy (E + 4), the update on the fp32 master, the
