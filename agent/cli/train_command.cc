@@ -523,6 +523,13 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
       return absl::InvalidArgumentError(
           "--planner decides the plan: drop --plan-file, --plain and the plan knob flags");
     }
+    if (loop.profile && c.lora.enabled()) {
+      // The profiler measures a full fine-tune's trace (every parameter trains); submitted for a
+      // LoRA run it would price the wrong method.
+      return absl::InvalidArgumentError(
+          "--profile: profiling a LoRA run is not built yet; drop --profile (the planner plans "
+          "LoRA from the architecture)");
+    }
     PlannerClientOptions client_options;
     client_options.retries = loop.retries;
     client_options.security = loop.security;
@@ -652,7 +659,16 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
         .Field("device", device.str())
         .Field("managed", plan.managed)
         .Field("block_modes", ModesString(plan.block_modes));
-    if (ChunkManager* chunks = trainer->chunk_manager()) {
+    // LoRA: the plan's chunks are the frozen base's; the adapters' manager is reported apart.
+    if (ChunkManager* adapters = trainer->base_chunk_manager() ? trainer->chunk_manager() : nullptr) {
+      const ChunkMemoryStats a = adapters->MemoryStats();
+      record.Field("lora_rank", c.lora.rank)
+          .Field("adapter_chunks", a.n_chunks)
+          .Field("adapter_device_bytes", a.persistent_device_bytes)
+          .Field("adapter_state_device_bytes", a.persistent_state_device_bytes);
+    }
+    if (ChunkManager* chunks = trainer->base_chunk_manager() ? trainer->base_chunk_manager()
+                                                             : trainer->chunk_manager()) {
       const ChunkMemoryStats s = chunks->MemoryStats();
       record.Field("chunk_bytes", plan.chunk_bytes)
           .Field("n_chunks", s.n_chunks)
