@@ -77,6 +77,25 @@ constexpr OffloadedChunkHostBytes FrozenChunkHost(int64_t chunk_bytes) {
   return b;
 }
 
+// [Sharded chunks] (agent/chunks/chunk_manager.cc): with W ranks a non-persistent chunk of
+// `elems` elements is padded to a multiple of W and each rank holds ShardElems() of it; the
+// all-gather target (a device buffer) holds PaddedElems().
+constexpr int64_t ShardElems(int64_t elems, int world_size) {
+  return world_size > 1 ? (elems + world_size - 1) / world_size : elems;
+}
+constexpr int64_t PaddedElems(int64_t elems, int world_size) {
+  return ShardElems(elems, world_size) * (world_size > 1 ? world_size : 1);
+}
+
+// One rank's host memory for an offloaded chunk of `chunk_bytes` over `world_size` ranks: the
+// unsharded figures of its shard (every host array is sized ShardElems()).
+constexpr OffloadedChunkHostBytes OffloadedShardHost(OptimizerKind kind, int64_t dtype_bytes,
+                                                     int grad_accum, int64_t chunk_bytes,
+                                                     int world_size) {
+  return OffloadedChunkHost(kind, dtype_bytes, grad_accum,
+                            ShardElems(chunk_bytes / dtype_bytes, world_size) * dtype_bytes);
+}
+
 // HBM bytes one GPU update of a persistent parameter reads and writes per element (clipping not
 // included), as the agent runs it:
 //   master (adamw, sgd on bf16): grad -> fp32 copy (E + 4), the update on the fp32 master, the

@@ -22,7 +22,7 @@ constexpr absl::string_view kDTypeValues = "DTYPE_FP32, DTYPE_BF16, DTYPE_FP16";
 constexpr absl::string_view kBlockModeValues =
     "BLOCK_MODE_NONE, BLOCK_MODE_CKPT, BLOCK_MODE_SWAP, BLOCK_MODE_HS_OFFLOAD";
 constexpr absl::string_view kHostMemoryValues = "HOST_MEMORY_PINNED, HOST_MEMORY_PAGEABLE";
-constexpr absl::string_view kTrainingKindValues = "FULL, LORA";
+constexpr absl::string_view kTrainingKindValues = "FULL, LORA, QLORA";
 
 }  // namespace
 
@@ -70,6 +70,8 @@ v1::TrainingMethod::Kind ToProto(TrainingKind kind) {
       return v1::TrainingMethod::FULL;
     case TrainingKind::kLora:
       return v1::TrainingMethod::LORA;
+    case TrainingKind::kQlora:
+      return v1::TrainingMethod::QLORA;
   }
   return v1::TrainingMethod::KIND_UNSPECIFIED;
 }
@@ -131,6 +133,8 @@ absl::StatusOr<TrainingKind> TrainingKindFromProto(int value, absl::string_view 
       return TrainingKind::kFull;
     case v1::TrainingMethod::LORA:
       return TrainingKind::kLora;
+    case v1::TrainingMethod::QLORA:
+      return TrainingKind::kQlora;
     default:
       break;
   }
@@ -179,6 +183,7 @@ v1::HardwareProfile ToProto(const HardwareSpec& spec) {
   out.set_host_memory_bytes(spec.host_memory_bytes);
   out.set_pinned_limit_bytes(spec.pinned_limit_bytes);
   out.set_measured(spec.measured);
+  out.set_nf4_dequant_bytes_per_second(spec.nf4_dequant_bytes_per_second);
   return out;
 }
 
@@ -189,6 +194,7 @@ v1::Workload ToProto(const Workload& workload) {
   out.set_world_size(workload.world_size);
   out.set_grad_accum(workload.grad_accum);
   out.set_grad_clipping(workload.grad_clipping);
+  out.set_local_world_size(workload.local_world_size);
   return out;
 }
 
@@ -305,6 +311,16 @@ v1::Prediction ToProto(const Prediction& prediction) {
   out.set_optimizer_seconds(prediction.optimizer_seconds);
   out.set_tokens_per_second(prediction.tokens_per_second);
   out.set_time_factor(prediction.time_factor);
+  const RankMemory& r = prediction.rank_memory;
+  v1::RankMemory* rm = out.mutable_rank_memory();
+  rm->set_world_size(r.world_size);
+  rm->set_local_world_size(r.local_world_size);
+  rm->set_persistent_device_bytes(r.persistent_device_bytes);
+  rm->set_persistent_state_device_bytes(r.persistent_state_device_bytes);
+  rm->set_buffer_device_bytes(r.buffer_device_bytes);
+  rm->set_chunk_host_pinned_bytes(r.chunk_host_pinned_bytes);
+  rm->set_chunk_host_pageable_bytes(r.chunk_host_pageable_bytes);
+  rm->set_node_host_bytes(r.node_host_bytes);
   return out;
 }
 
@@ -381,6 +397,7 @@ HardwareSpec HardwareSpecFromProto(const v1::HardwareProfile& profile) {
   out.host_memory_bytes = profile.host_memory_bytes();
   out.pinned_limit_bytes = profile.pinned_limit_bytes();
   out.measured = profile.measured();
+  out.nf4_dequant_bytes_per_second = profile.nf4_dequant_bytes_per_second();
   return out;
 }
 
@@ -393,6 +410,7 @@ Workload WorkloadFromProto(const v1::Workload& workload) {
   out.world_size = workload.world_size() == 0 ? 1 : workload.world_size();
   out.grad_accum = workload.grad_accum() == 0 ? 1 : workload.grad_accum();
   out.grad_clipping = workload.grad_clipping();
+  out.local_world_size = workload.local_world_size();  // 0 = world_size: LocalRanks()
   return out;
 }
 
@@ -527,6 +545,16 @@ Prediction PredictionFromProto(const v1::Prediction& prediction) {
   out.optimizer_seconds = prediction.optimizer_seconds();
   out.tokens_per_second = prediction.tokens_per_second();
   out.time_factor = prediction.time_factor() > 0 ? prediction.time_factor() : 1.0;
+  const v1::RankMemory& rm = prediction.rank_memory();
+  RankMemory& r = out.rank_memory;
+  r.world_size = rm.world_size() == 0 ? 1 : rm.world_size();
+  r.local_world_size = rm.local_world_size() == 0 ? 1 : rm.local_world_size();
+  r.persistent_device_bytes = rm.persistent_device_bytes();
+  r.persistent_state_device_bytes = rm.persistent_state_device_bytes();
+  r.buffer_device_bytes = rm.buffer_device_bytes();
+  r.chunk_host_pinned_bytes = rm.chunk_host_pinned_bytes();
+  r.chunk_host_pageable_bytes = rm.chunk_host_pageable_bytes();
+  r.node_host_bytes = rm.node_host_bytes();
   return out;
 }
 

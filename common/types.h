@@ -3,6 +3,7 @@
 // Units are in the field names. Thread-compatible value types.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -15,7 +16,9 @@ enum class DType { kFloat32, kBFloat16, kFloat16 };
 enum class BlockMode { kNone, kCkpt, kSwap, kHsOffload };
 enum class HostMemoryKind { kPinned, kPageable };
 enum class OptimizerKind { kAdamW, kAdamWBf16States, kSgd };
-enum class TrainingKind { kFull, kLora };
+// kQlora: LoRA adapters on a frozen base whose projection weights are 4-bit NF4
+// (common/nf4_bytes.h).
+enum class TrainingKind { kFull, kLora, kQlora };
 
 int64_t DTypeBytes(DType dtype);
 std::string_view DTypeName(DType dtype);           // "fp32", "bf16", "fp16"
@@ -90,6 +93,8 @@ struct HardwareSpec {
   int64_t host_memory_bytes = 0;
   int64_t pinned_limit_bytes = 0;  // 0 = unlimited
   bool measured = false;
+  // NF4 dequantization rate (bytes read + written per second, agent/quant); 0 = not measured.
+  double nf4_dequant_bytes_per_second = 0;
 };
 
 struct Workload {
@@ -98,7 +103,14 @@ struct Workload {
   int32_t world_size = 1;
   int32_t grad_accum = 1;
   bool grad_clipping = false;  // CPU optimizer waits for the global norm (no overlap)
+  // Ranks per node, sharing its host memory (HardwareSpec::host_memory_bytes); 0 = world_size
+  // (one node). LocalRanks() resolves it.
+  int32_t local_world_size = 0;
 };
+
+inline int32_t LocalRanks(const Workload& w) {
+  return w.local_world_size > 0 ? w.local_world_size : std::max<int32_t>(1, w.world_size);
+}
 
 struct TrainingMethod {
   TrainingKind kind = TrainingKind::kFull;
@@ -188,6 +200,22 @@ struct MemoryBreakdown {
   int64_t exact_bytes = 0;  // of the model terms: exactly sized, not scaled by the factor
 };
 
+// What one rank's chunk manager allocates for the plan, byte for byte (its ChunkMemoryStats,
+// agent/chunks/chunk_manager.h): with world_size W each offloaded chunk is sharded
+// (common/optimizer_bytes.h ShardElems), persistent chunks are replicated, device buffers are
+// padded to a multiple of W. node_host_bytes = local_world_size x this rank's host bytes
+// (offloaded activations included), what the node's RAM must hold.
+struct RankMemory {
+  int32_t world_size = 1;
+  int32_t local_world_size = 1;
+  int64_t persistent_device_bytes = 0;
+  int64_t persistent_state_device_bytes = 0;
+  int64_t buffer_device_bytes = 0;
+  int64_t chunk_host_pinned_bytes = 0;
+  int64_t chunk_host_pageable_bytes = 0;
+  int64_t node_host_bytes = 0;
+};
+
 struct Prediction {
   int64_t peak_bytes = 0;
   MemoryBreakdown breakdown;
@@ -200,6 +228,7 @@ struct Prediction {
   double optimizer_seconds = 0;
   double tokens_per_second = 0;
   double time_factor = 1.0;  // step-time calibration included in the times above
+  RankMemory rank_memory;
 };
 
 struct Measurement {

@@ -115,6 +115,10 @@ absl::Status ValidateWorkload(const Workload& w, absl::string_view prefix) {
   if (auto s = CheckInt(prefix, "seq_len", w.seq_len, 1, kMaxSeqLen); !s.ok()) return s;
   if (auto s = CheckInt(prefix, "world_size", w.world_size, 1, kMaxWorldSize); !s.ok()) return s;
   if (auto s = CheckInt(prefix, "grad_accum", w.grad_accum, 1, kMaxGradAccum); !s.ok()) return s;
+  // 0 = world_size (one node).
+  if (auto s = CheckInt(prefix, "local_world_size", w.local_world_size, 0, w.world_size); !s.ok()) {
+    return s;
+  }
   if (w.micro_batch * w.seq_len > (int64_t{1} << 28)) {
     return absl::InvalidArgumentError(absl::StrCat(
         prefix, "micro_batch * ", prefix, "seq_len = ", w.micro_batch * w.seq_len,
@@ -155,6 +159,7 @@ absl::Status ValidateHardwareSpec(const HardwareSpec& h, absl::string_view prefi
       {"nccl_allgather_bytes_per_second", h.nccl_allgather_bytes_per_second, false},
       {"nccl_reduce_scatter_bytes_per_second", h.nccl_reduce_scatter_bytes_per_second, false},
       {"cpu_adam_params_per_second", h.cpu_adam_params_per_second, true},
+      {"nf4_dequant_bytes_per_second", h.nf4_dequant_bytes_per_second, false},
   };
   for (const Rate& r : rates) {
     if (auto s = CheckRate(prefix, r.field, r.value, r.required); !s.ok()) return s;

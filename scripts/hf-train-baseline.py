@@ -10,6 +10,19 @@ caching allocator's peak allocated / reserved bytes over those steps.
 
   hf-train-baseline.py --preset llama-3.2-1b --batch 4 --seq 2048 [--steps 15] [--warmup 3]
                        [--no-checkpointing] [--config config.json] [--fsdp2-offload]
+                       [--lora-rank R [--lora-alpha A] [--lora-targets all|q_proj,v_proj,...]]
+                       [--qlora] [--optim adamw|adamw8bit]
+
+--lora-rank: PEFT LoRA (get_peft_model, dropout 0) on the bf16 model; only the adapters train
+(fused AdamW; PEFT keeps the adapter weights in fp32, its default autocast_adapter_dtype).
+--qlora: the projections of every decoder layer become bitsandbytes Linear4bit (NF4, double
+quantization, blocks of 64, bf16 compute) before PEFT wraps them, as a QLoRA user loads a model
+with BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=bfloat16); embedding, norms and head stay
+bf16 (prepare_model_for_kbit_training's fp32 upcast is not applied: it would add 4 bytes per
+embedding and head parameter). The model is built on the meta device and each layer's random
+weights are made on the GPU and quantized there, so a 32B model never exists whole in bf16.
+--optim adamw8bit: bitsandbytes AdamW8bit instead of torch's AdamW.
 
 --fsdp2-offload: PyTorch FSDP2 instead, one rank (NCCL): fully_shard on every decoder layer and
 the root with CPUOffloadPolicy(pin_memory=True) and MixedPrecisionPolicy(bf16 parameters, fp32
@@ -35,6 +48,22 @@ PRESETS = {
                                               factor=32.0, low_freq_factor=1.0,
                                               high_freq_factor=4.0,
                                               original_max_position_embeddings=8192)),
+    "llama-3.1-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336,
+                         num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                         vocab_size=128256, tie_word_embeddings=False, rms_norm_eps=1e-5,
+                         max_position_embeddings=131072,
+                         rope_parameters=dict(rope_type="llama3", rope_theta=500000.0,
+                                              factor=8.0, low_freq_factor=1.0,
+                                              high_freq_factor=4.0,
+                                              original_max_position_embeddings=8192)),
+    "qwen2.5-32b": dict(model_type="qwen2", hidden_size=5120, intermediate_size=27648,
+                        num_hidden_layers=64, num_attention_heads=40, num_key_value_heads=8,
+                        vocab_size=152064, tie_word_embeddings=False, rms_norm_eps=1e-6,
+                        max_position_embeddings=32768, rope_theta=1000000.0),
+    "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864,
+                         num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                         vocab_size=151936, tie_word_embeddings=True, rms_norm_eps=1e-6,
+                         max_position_embeddings=32768, rope_theta=1000000.0),
     "llama-3.2-3b": dict(model_type="llama", hidden_size=3072, intermediate_size=8192,
                          num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=8,
                          vocab_size=128256, tie_word_embeddings=True, rms_norm_eps=1e-5,
@@ -44,6 +73,50 @@ PRESETS = {
                                               high_freq_factor=4.0,
                                               original_max_position_embeddings=8192)),
 }
+
+
+def quantized_model(config):
+    """The model with every decoder projection as an NF4 Linear4bit, built layer by layer."""
+    import bitsandbytes as bnb
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def random_(shape, std=0.02):
+        return torch.empty(shape, device="cuda", dtype=torch.bfloat16).normal_(0, std,
+                                                                               generator=g)
+
+    for layer in model.model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name, child in list(parent.named_children()):
+                if not isinstance(child, torch.nn.Linear):
+                    continue
+                q = bnb.nn.Linear4bit(child.in_features, child.out_features,
+                                      bias=child.bias is not None, compute_dtype=torch.bfloat16,
+                                      quant_type="nf4", compress_statistics=True, device="meta")
+                weight = random_((child.out_features, child.in_features))
+                q.weight = bnb.nn.Params4bit(weight.cpu(), requires_grad=False,
+                                             quant_type="nf4", compress_statistics=True,
+                                             blocksize=64).cuda()
+                if child.bias is not None:
+                    q.bias = torch.nn.Parameter(torch.zeros(child.out_features, device="cuda",
+                                                            dtype=torch.bfloat16),
+                                                requires_grad=False)
+                setattr(parent, name, q)
+    # Everything still on meta (embedding, norms, head, rotary buffers): materialise on the GPU.
+    for module in model.modules():
+        for name, p in list(module.named_parameters(recurse=False)):
+            if p.is_meta:
+                value = (torch.ones(p.shape, device="cuda", dtype=torch.bfloat16) if p.dim() == 1
+                         else random_(p.shape))
+                setattr(module, name, torch.nn.Parameter(value, requires_grad=False))
+        for name, b in list(module.named_buffers(recurse=False)):
+            if b.is_meta:
+                module._buffers[name] = torch.empty_like(b, device="cuda")
+    model.model.rotary_emb.__init__(config, device="cuda")
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model
 
 
 def main():
@@ -57,9 +130,18 @@ def main():
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--no-checkpointing", action="store_true")
     p.add_argument("--fsdp2-offload", action="store_true")
+    p.add_argument("--lora-rank", type=int, default=0)
+    p.add_argument("--lora-alpha", type=float, default=None, help="default: 2 x rank")
+    p.add_argument("--lora-targets", default="all")
+    p.add_argument("--qlora", action="store_true")
+    p.add_argument("--optim", default="adamw", choices=["adamw", "adamw8bit"])
     args = p.parse_args()
     if args.steps <= args.warmup:
         p.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
+    if args.qlora and args.lora_rank <= 0:
+        p.error("--qlora needs --lora-rank > 0")
+    if (args.lora_rank > 0 or args.optim != "adamw") and args.fsdp2_offload:
+        p.error("--lora-rank/--optim adamw8bit are for the transformers runner, not --fsdp2-offload")
 
     if args.config:
         config = transformers.AutoConfig.from_pretrained(args.config)
@@ -87,13 +169,32 @@ def main():
         fully_shard(model, **policy)
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     else:
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-        model = model.to("cuda").train()
+        if args.qlora:
+            model = quantized_model(config)
+        else:
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+            model = model.to("cuda")
+        model.train()
         if not args.no_checkpointing:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
-        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, fused=True)
+        if args.lora_rank > 0:
+            import peft
+            targets = (["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                        "down_proj"] if args.lora_targets == "all"
+                       else args.lora_targets.split(","))
+            model.enable_input_require_grads()
+            model = peft.get_peft_model(model, peft.LoraConfig(
+                r=args.lora_rank, lora_alpha=args.lora_alpha or 2 * args.lora_rank,
+                lora_dropout=0.0, target_modules=targets, task_type="CAUSAL_LM"))
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        if args.optim == "adamw8bit":
+            import bitsandbytes
+            opt = bitsandbytes.optim.AdamW8bit(trainable, lr=args.lr, weight_decay=0.01)
+        else:
+            opt = torch.optim.AdamW(trainable, lr=args.lr, weight_decay=0.01, fused=True)
     params = sum(p.numel() for p in model.parameters())
+    trainable_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
 
     g = torch.Generator(device="cuda").manual_seed(1)
     batches = [torch.randint(0, config.vocab_size, (args.batch, args.seq), device="cuda",
@@ -108,7 +209,7 @@ def main():
         start = time.perf_counter()
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
@@ -121,6 +222,8 @@ def main():
         "runner": "fsdp2-cpu-offload" if args.fsdp2_offload else "transformers",
         "transformers": transformers.__version__,
         "torch": torch.__version__, "preset": args.config or args.preset, "params": params,
+        "trainable_params": trainable_params, "lora_rank": args.lora_rank, "qlora": args.qlora,
+        "optim": args.optim,
         "batch": args.batch, "seq": args.seq, "checkpointing": not args.no_checkpointing,
         "median_step_s": statistics.median(steady),
         "tokens_per_s": tokens / statistics.median(steady),

@@ -114,7 +114,6 @@ struct Chunk {
   int64_t shard_elems = 0;
   int64_t padded_elems = 0;
   torch::Tensor grad_flat;   // sharded: the micro-batch's grads of the chunk on the device
-  torch::Tensor gather_src;  // sharded, CUDA: the shard on the device, input of the all-gather
   std::vector<int> params;
   int completion_group = 0;  // smallest first_group of its params
   torch::Tensor device;      // persistent: the flat parameter storage
@@ -142,6 +141,9 @@ struct DeviceBuffer {
   int chunk = -1;         // chunk whose current values it holds
   EventPtr ready;         // upload into it finished
   std::unique_ptr<PendingCollective> gather;  // sharded: the all-gather into it, until waited
+  // Sharded, CUDA: the chunk's shard copied to the device, input of `gather`; freed with it, so
+  // a rank's device holds one shard per gather in flight, not 1/W of every offloaded chunk.
+  torch::Tensor gather_src;
 };
 
 // The part of a parameter held in a chunk's host arrays ([Sharded chunks]): elements
@@ -369,9 +371,9 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
     chunk.shard_elems = chunk.span_elems;
     chunk.padded_elems = chunk.span_elems;
     if (sharded() && !chunk.persistent) {
-      chunk.shard_elems = (chunk.span_elems + world_ - 1) / world_;
+      chunk.shard_elems = ShardElems(chunk.span_elems, world_);
       chunk.shard_begin = rank_ * chunk.shard_elems;
-      chunk.padded_elems = chunk.shard_elems * world_;
+      chunk.padded_elems = PaddedElems(chunk.span_elems, world_);
     }
     chunk.completion_group = std::numeric_limits<int>::max();
     stats_.chunk_bytes.push_back(info.size_bytes);
@@ -503,8 +505,7 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
   // Shared buffers fit the largest regular chunk of the layout; an oversized chunk's own buffer
   // fits it exactly. See [Fixed buffer slots].
   // Sharded: padded to a multiple of the world size ([Sharded chunks]).
-  const int64_t shared_elems =
-      (layout_.MaxRegularChunkBytes() / elem_bytes + world_ - 1) / world_ * world_;
+  const int64_t shared_elems = PaddedElems(layout_.MaxRegularChunkBytes() / elem_bytes, world_);
   try {
     for (size_t b = 0; b < buffers_.size(); ++b) {
       int64_t elems = shared_elems;
@@ -911,6 +912,7 @@ absl::Status ChunkManager::Impl::FinishGather(DeviceBuffer& buffer) {
   if (!buffer.gather) return absl::OkStatus();
   const absl::Status s = buffer.gather->Wait();
   buffer.gather.reset();
+  buffer.gather_src = torch::Tensor();
   if (!s.ok() && comm_status_.ok()) comm_status_ = s;
   return s;
 }
@@ -934,12 +936,12 @@ void ChunkManager::Impl::StartGather(int c, DeviceBuffer& buffer) {
     // collective is ordered after the current (upload) stream, hence after the shard's copy.
     RecordOnCompute()->block(*upload_stream_);
     c10::cuda::CUDAStreamGuard guard(*upload_stream_);
-    chunk.gather_src = torch::empty({chunk.shard_elems}, DeviceOptions());
-    chunk.gather_src.copy_(src, /*non_blocking=*/true);
+    buffer.gather_src = torch::empty({chunk.shard_elems}, DeviceOptions());
+    buffer.gather_src.copy_(src, /*non_blocking=*/true);
     auto copied = std::make_shared<Event>();
     copied->record(*upload_stream_);
     chunk.uploaded = copied;  // the CPU update must not overwrite param_host before the copy
-    buffer.gather = comm_->AllGather(dst, chunk.gather_src);
+    buffer.gather = comm_->AllGather(dst, buffer.gather_src);
     return;
   }
 #endif

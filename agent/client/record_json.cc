@@ -36,10 +36,26 @@ std::string ProtoDTypeName(DType dtype) {
 }
 
 std::string_view TrainingKindName(TrainingKind kind) {
-  return kind == TrainingKind::kLora ? "lora" : "full";
+  switch (kind) {
+    case TrainingKind::kLora:
+      return "lora";
+    case TrainingKind::kQlora:
+      return "qlora";
+    case TrainingKind::kFull:
+      break;
+  }
+  return "full";
 }
 std::string_view ProtoTrainingKindName(TrainingKind kind) {
-  return kind == TrainingKind::kLora ? "LORA" : "FULL";
+  switch (kind) {
+    case TrainingKind::kLora:
+      return "LORA";
+    case TrainingKind::kQlora:
+      return "QLORA";
+    case TrainingKind::kFull:
+      break;
+  }
+  return "FULL";
 }
 
 template <typename E, size_t N>
@@ -54,7 +70,8 @@ std::optional<E> ParseByName(std::string_view name, const E (&values)[N],
 constexpr BlockMode kBlockModes[] = {BlockMode::kNone, BlockMode::kCkpt, BlockMode::kSwap,
                                      BlockMode::kHsOffload};
 constexpr HostMemoryKind kHostKinds[] = {HostMemoryKind::kPinned, HostMemoryKind::kPageable};
-constexpr TrainingKind kTrainingKinds[] = {TrainingKind::kFull, TrainingKind::kLora};
+constexpr TrainingKind kTrainingKinds[] = {TrainingKind::kFull, TrainingKind::kLora,
+                                           TrainingKind::kQlora};
 
 // ---------------------------------------------------------------- writing
 
@@ -162,6 +179,17 @@ Json ToJson(const MemoryBreakdown& b) {
               {"exact_bytes", b.exact_bytes}};
 }
 
+Json ToJson(const RankMemory& r) {
+  return Json{{"world_size", r.world_size},
+              {"local_world_size", r.local_world_size},
+              {"persistent_device_bytes", r.persistent_device_bytes},
+              {"persistent_state_device_bytes", r.persistent_state_device_bytes},
+              {"buffer_device_bytes", r.buffer_device_bytes},
+              {"chunk_host_pinned_bytes", r.chunk_host_pinned_bytes},
+              {"chunk_host_pageable_bytes", r.chunk_host_pageable_bytes},
+              {"node_host_bytes", r.node_host_bytes}};
+}
+
 Json ToJson(const Prediction& p) {
   return Json{{"peak_bytes", p.peak_bytes},
               {"breakdown", ToJson(p.breakdown)},
@@ -172,7 +200,8 @@ Json ToJson(const Prediction& p) {
               {"forward_seconds", p.forward_seconds},
               {"backward_seconds", p.backward_seconds},
               {"optimizer_seconds", p.optimizer_seconds},
-              {"tokens_per_second", p.tokens_per_second}};
+              {"tokens_per_second", p.tokens_per_second},
+              {"rank_memory", ToJson(p.rank_memory)}};
 }
 
 // ---------------------------------------------------------------- reading
@@ -414,6 +443,18 @@ void Read(const Json& j, const std::string& path, absl::Status* s, MemoryBreakdo
   r.Get("exact_bytes", &b->exact_bytes);
 }
 
+void Read(const Json& j, const std::string& path, absl::Status* s, RankMemory* m) {
+  Reader r(j, path, s);
+  r.Get("world_size", &m->world_size);
+  r.Get("local_world_size", &m->local_world_size);
+  r.Get("persistent_device_bytes", &m->persistent_device_bytes);
+  r.Get("persistent_state_device_bytes", &m->persistent_state_device_bytes);
+  r.Get("buffer_device_bytes", &m->buffer_device_bytes);
+  r.Get("chunk_host_pinned_bytes", &m->chunk_host_pinned_bytes);
+  r.Get("chunk_host_pageable_bytes", &m->chunk_host_pageable_bytes);
+  r.Get("node_host_bytes", &m->node_host_bytes);
+}
+
 void Read(const Json& j, const std::string& path, absl::Status* s, Prediction* p) {
   Reader r(j, path, s);
   r.Get("peak_bytes", &p->peak_bytes);
@@ -426,6 +467,9 @@ void Read(const Json& j, const std::string& path, absl::Status* s, Prediction* p
   r.Get("backward_seconds", &p->backward_seconds);
   r.Get("optimizer_seconds", &p->optimizer_seconds);
   r.Get("tokens_per_second", &p->tokens_per_second);
+  if (r.Find("rank_memory") != nullptr) {
+    Read(Child(r, "rank_memory"), r.Field("rank_memory."), s, &p->rank_memory);
+  }
 }
 
 absl::StatusOr<Json> Parse(absl::string_view text, absl::string_view what) {

@@ -453,9 +453,11 @@ absl::StatusOr<std::optional<TrainingMethod>> ParsePlanTraining(absl::string_vie
       if (absl::StartsWith(k, "training_kind_")) k = k.substr(14);
       if (k == "lora") {
         method.kind = TrainingKind::kLora;
+      } else if (k == "qlora") {
+        method.kind = TrainingKind::kQlora;
       } else if (k != "full" && k != "unspecified") {
         return absl::InvalidArgumentError(
-            absl::StrCat("plan file: training kind \"", k, "\" is not full or lora"));
+            absl::StrCat("plan file: training kind \"", k, "\" is not full, lora or qlora"));
       }
       if (const Json* r = Field(*t, "lora_rank"); r != nullptr) {
         if (r->is_number_integer()) {
@@ -483,7 +485,8 @@ absl::Status CheckPlanTraining(const TrainConfig& config,
     if (m.kind == TrainingKind::kFull) return std::string("a full fine-tune");
     std::vector<std::string> modules = m.lora_target_modules;
     std::sort(modules.begin(), modules.end());
-    return absl::StrCat("LoRA rank ", m.lora_rank, " on ", absl::StrJoin(modules, ","));
+    return absl::StrCat(m.kind == TrainingKind::kQlora ? "QLoRA" : "LoRA", " rank ", m.lora_rank,
+                        " on ", absl::StrJoin(modules, ","));
   };
   const TrainingMethod run = LoraTrainingMethod(config.lora);
   if (describe(run) == describe(*plan_training)) return absl::OkStatus();

@@ -136,6 +136,8 @@ FlagTable PlanFlags(PlanOptions& o) {
   t["--batch"] = OptionalIntFlag("--batch", &o.micro_batch, 1, kMaxMicroBatch);
   t["--seq"] = OptionalIntFlag("--seq", &o.seq_len, 1, kMaxSeqLen);
   t["--world-size"] = OptionalIntFlag("--world-size", &o.world_size, 1, kMaxWorldSize);
+  t["--local-world-size"] =
+      OptionalIntFlag("--local-world-size", &o.local_world_size, 1, kMaxWorldSize);
   t["--grad-accum"] = OptionalIntFlag("--grad-accum", &o.grad_accum, 1, kMaxGradAccum);
   t["--grad-clipping"] = SwitchFlag(&o.grad_clipping);
   t["--dtype"] = {true, [&o](absl::string_view v) -> absl::Status {
@@ -157,10 +159,15 @@ FlagTable PlanFlags(PlanOptions& o) {
   t["--lora-rank"] = {true, [&o](absl::string_view v) -> absl::Status {
                         auto rank = ParseInt("--lora-rank", v, 1, kMaxHiddenSize);
                         if (!rank.ok()) return rank.status();
-                        o.training.kind = TrainingKind::kLora;
+                        o.training.kind = o.qlora ? TrainingKind::kQlora : TrainingKind::kLora;
                         o.training.lora_rank = *rank;
                         return absl::OkStatus();
                       }};
+  t["--qlora"] = {false, [&o](absl::string_view) {
+                    o.qlora = true;
+                    if (o.training.kind != TrainingKind::kFull) o.training.kind = TrainingKind::kQlora;
+                    return absl::OkStatus();
+                  }};
   t["--lora-targets"] = {true, [&o](absl::string_view v) -> absl::Status {
                            auto modules = ParseLoraTargets("--lora-targets", v);
                            if (!modules.ok()) return modules.status();
@@ -373,7 +380,12 @@ absl::Status CheckJob(const PlanOptions& o, absl::string_view command) {
   if (o.training.kind == TrainingKind::kFull && !o.training.lora_target_modules.empty()) {
     return FlagError("--lora-targets", "needs --lora-rank");
   }
-  if (o.training.kind == TrainingKind::kLora && o.training.lora_target_modules.empty()) {
+  if (o.qlora && o.training.kind == TrainingKind::kFull) {
+    return FlagError("--qlora",
+                     "needs --lora-rank and --lora-targets (QLoRA trains LoRA adapters on the 4-bit "
+                     "base)");
+  }
+  if (o.training.kind != TrainingKind::kFull && o.training.lora_target_modules.empty()) {
     return FlagError("--lora-rank", "needs --lora-targets (e.g. q_proj,v_proj or all)");
   }
   return absl::OkStatus();
@@ -456,11 +468,13 @@ Workload PlanWorkload(const PlanOptions& o) {
   w.world_size = o.world_size.value_or(1);
   w.grad_accum = o.grad_accum.value_or(1);
   w.grad_clipping = o.grad_clipping;
+  w.local_world_size = o.local_world_size.value_or(0);
   return w;
 }
 
 bool HasWorkloadFlags(const PlanOptions& o) {
-  return o.micro_batch || o.seq_len || o.world_size || o.grad_accum || o.grad_clipping;
+  return o.micro_batch || o.seq_len || o.world_size || o.local_world_size || o.grad_accum ||
+         o.grad_clipping;
 }
 
 absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {

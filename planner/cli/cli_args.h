@@ -53,11 +53,13 @@ struct PlanOptions {
   std::optional<int64_t> micro_batch;
   std::optional<int64_t> seq_len;
   std::optional<int32_t> world_size;
+  std::optional<int32_t> local_world_size;  // ranks per node sharing its RAM; unset = world_size
   std::optional<int32_t> grad_accum;
   bool grad_clipping = false;  // --grad-clipping
   std::optional<DType> param_dtype;
   std::string optimizer = "adamw";
-  TrainingMethod training;              // kFull unless --lora-rank
+  TrainingMethod training;              // kFull unless --lora-rank (kQlora with --qlora)
+  bool qlora = false;                   // --qlora: LoRA on a 4-bit NF4 base
   std::optional<double> safety_margin;  // unset: the planner's default
   FixedKnobs fixed;
   std::optional<int32_t> max_alternatives;

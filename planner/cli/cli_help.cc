@@ -56,6 +56,8 @@ Workload:
   --batch N              micro-batch size per GPU (default 1)
   --seq N                sequence length in tokens (default 4096)
   --world-size N         data-parallel ranks sharding the model (default 1)
+  --local-world-size N   ranks per node; they share its host memory (default: --world-size,
+                         one node)
   --grad-accum N         gradient accumulation steps (default 1)
   --grad-clipping        gradients are clipped by global norm (offloaded chunks then update
                          after backward instead of overlapping it)
@@ -64,6 +66,8 @@ Workload:
   --lora-rank N          train LoRA adapters of this rank instead of a full fine-tune
   --lora-targets LIST    comma-separated modules: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,
                          down_proj, or 'all' (required with --lora-rank)
+  --qlora                QLoRA: the LoRA above on a base whose q/k/v/o/gate/up/down projection
+                         weights are 4-bit NF4 (bitsandbytes' nf4, double quantization)
   --margin F             fraction of GPU memory held back, 0.001 to 0.5 (planner default 0.05)
 Fixed knobs (each one is a constraint; the rest is searched):
   --chunk-mib N          chunk size in MiB

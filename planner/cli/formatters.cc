@@ -217,6 +217,20 @@ std::string FormatPlanResponse(const v1::PlanResponse& r) {
     predictions.Add("Load-time peak", FormatGiB(p.load_peak_bytes()));
     predictions.Add("Host memory", absl::StrCat(FormatGiB(p.host_pinned_bytes()), " pinned, ",
                                                 FormatGiB(p.host_pageable_bytes()), " pageable"));
+    const v1::RankMemory& rm = p.rank_memory();
+    if (rm.world_size() > 1) {
+      // What each rank's chunk manager allocates (its ChunkMemoryStats) and the node's share.
+      predictions.Add(
+          "Per rank (chunks)",
+          absl::StrCat("device ", FormatGiB(rm.persistent_device_bytes()), " persistent + ",
+                       FormatGiB(rm.persistent_state_device_bytes()), " their state + ",
+                       FormatGiB(rm.buffer_device_bytes()), " buffers; host ",
+                       FormatGiB(rm.chunk_host_pinned_bytes()), " pinned + ",
+                       FormatGiB(rm.chunk_host_pageable_bytes()), " pageable"));
+      predictions.Add("Node host memory",
+                      absl::StrCat(FormatGiB(rm.node_host_bytes()), " for ",
+                                   rm.local_world_size(), " local ranks of ", rm.world_size()));
+    }
     predictions.Add("Time / iteration",
                     absl::StrCat(FormatSeconds(p.iteration_seconds()), "  (forward ",
                                  FormatSeconds(p.forward_seconds()), ", backward ",

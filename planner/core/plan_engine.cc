@@ -43,6 +43,7 @@ CostOptions MakeCostOptions(const PlanInputs& in, bool time_tables) {
   CostOptions o;
   o.optimizer = in.optimizer;
   o.world_size = in.workload.world_size;
+  o.local_world_size = LocalRanks(in.workload);
   o.grad_accum = in.workload.grad_accum;
   o.cpu_optimizer_overlaps = !in.workload.grad_clipping;
   o.fragmentation_factor = in.fragmentation_factor;
@@ -50,6 +51,20 @@ CostOptions MakeCostOptions(const PlanInputs& in, bool time_tables) {
   o.time_factor = in.time_factor > 0 ? in.time_factor : 1.0;
   o.build_time_tables = time_tables;
   return o;
+}
+
+// The host memory one rank may use: the node's RAM shared evenly by its local ranks (every rank
+// of a sharded plan allocates the same bytes: shards are padded to one size).
+int64_t HostBytesPerRank(const PlanInputs& in) {
+  return in.hardware.host_memory_bytes / LocalRanks(in.workload);
+}
+
+// "X GiB of RAM per GPU", naming the node's RAM when several ranks share it.
+std::string HostLimitText(const PlanInputs& in) {
+  const int32_t local = LocalRanks(in.workload);
+  if (local == 1) return absl::StrCat(GiB(in.hardware.host_memory_bytes), " of RAM per GPU");
+  return absl::StrCat(GiB(HostBytesPerRank(in)), " of RAM per rank (",
+                      GiB(in.hardware.host_memory_bytes), " shared by ", local, " local ranks)");
 }
 
 int64_t UsableBytes(int64_t gpu_memory_bytes, double margin) {
@@ -487,7 +502,7 @@ absl::StatusOr<PlanOutcome> MakePlan(const PlanInputs& in) {
   SearchConstraints constraints;
   constraints.fixed = in.fixed;
   constraints.capacity_bytes = out.capacity_bytes;
-  constraints.host_memory_bytes = in.hardware.host_memory_bytes;
+  constraints.host_memory_bytes = HostBytesPerRank(in);
   constraints.pinned_limit_bytes = in.hardware.pinned_limit_bytes;
   const std::string usable =
       absl::StrCat(GiB(out.capacity_bytes), " usable (", GiB(in.hardware.gpu_memory_bytes),
@@ -560,7 +575,7 @@ absl::StatusOr<PlanOutcome> MakePlan(const PlanInputs& in) {
           knob_reason = absl::StrCat(
               "does not fit with ", FixedName(k, in.fixed), ": host memory, not GPU memory; no ",
               "plan honouring the fixed knobs keeps the host side within ",
-              GiB(in.hardware.host_memory_bytes), " of RAM per GPU",
+              HostLimitText(in),
               in.hardware.pinned_limit_bytes > 0
                   ? absl::StrCat(" (pinned limit ", GiB(in.hardware.pinned_limit_bytes), ")")
                   : std::string(),
@@ -614,7 +629,7 @@ absl::StatusOr<PlanOutcome> MakePlan(const PlanInputs& in) {
         const SearchResult free_host = search.FindLeanest(no_host);
         if (free_host.found && RequiredBytes(free_host.prediction) < RequiredBytes(lp)) {
           host_note = absl::StrCat(
-              "; host memory binds: ", GiB(in.hardware.host_memory_bytes), " of RAM per GPU",
+              "; host memory binds: ", HostLimitText(in),
               in.hardware.pinned_limit_bytes > 0
                   ? absl::StrCat(" (pinned limit ", GiB(in.hardware.pinned_limit_bytes), ")")
                   : std::string(),
@@ -649,7 +664,7 @@ absl::StatusOr<PlanOutcome> MakePlan(const PlanInputs& in) {
               ? knob_reason
               : absl::StrCat(
                     "does not fit: host memory; no plan keeps the host side within ",
-                    GiB(in.hardware.host_memory_bytes), " of RAM per GPU",
+                    HostLimitText(in),
                     in.hardware.pinned_limit_bytes > 0
                         ? absl::StrCat(" (pinned limit ", GiB(in.hardware.pinned_limit_bytes), ")")
                         : std::string(),

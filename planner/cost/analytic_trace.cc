@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/head_chunking.h"
+#include "common/nf4_bytes.h"
 #include "common/status.h"
 #include "common/validate.h"
 
@@ -192,6 +193,18 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   const double fwd_mem = 2.0 * static_cast<double>(saved_tok) * t;  // write + read once
   const double bwd_mem = 2.0 * fwd_mem;
 
+  // QLoRA: the projections are NF4 in the chunks and dequantized one at a time before their
+  // matmul, in forward, recompute and again in backward ([Dequantization transient],
+  // common/nf4_bytes.h): one model-dtype copy of the largest projection on top of the transients,
+  // and each pass reads the NF4 bytes and writes the copies (memory-bound; at the measured
+  // dequantization rate when the hardware profile has one).
+  const bool qlora = training.kind == TrainingKind::kQlora;
+  const int64_t dequant_transient = qlora ? QloraDequantTransient(arch, d).bytes : 0;
+  const double dequant_rate =
+      hardware.nf4_dequant_bytes_per_second > 0 ? hardware.nf4_dequant_bytes_per_second : hbm_rate;
+  const double dequant_seconds =
+      qlora ? static_cast<double>(QloraBlockDequantTrafficBytes(arch, d)) / dequant_rate : 0.0;
+
   Trace trace;
   trace.arch = arch;
   trace.workload = workload;
@@ -203,13 +216,15 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
                                 workload.seq_len, ":", std::string(DTypeName(param_dtype)));
 
   BlockTrace block;
-  block.param_bytes = block_params * d;
+  // QLoRA's base: NF4 projections, the rest in the model dtype; adapters in the model dtype.
+  block.param_bytes =
+      qlora ? QloraBlockBaseBytes(arch, d) + adapter_params * d : block_params * d;
   block.input_bytes = tokens * h * d;
   block.saved_bytes = tokens * saved_tok;
-  block.forward_transient_bytes = tokens * fwd_tr_tok;
-  block.backward_transient_bytes = tokens * bwd_tr_tok;
-  block.forward_seconds = fwd_flops / matmul_rate + fwd_mem / hbm_rate;
-  block.backward_seconds = bwd_flops / matmul_rate + bwd_mem / hbm_rate;
+  block.forward_transient_bytes = tokens * fwd_tr_tok + dequant_transient;
+  block.backward_transient_bytes = tokens * bwd_tr_tok + dequant_transient;
+  block.forward_seconds = fwd_flops / matmul_rate + fwd_mem / hbm_rate + dequant_seconds;
+  block.backward_seconds = bwd_flops / matmul_rate + bwd_mem / hbm_rate + dequant_seconds;
   block.recompute_seconds = block.forward_seconds;
   trace.blocks.assign(static_cast<size_t>(arch.num_layers), block);
 
@@ -268,11 +283,20 @@ Trace ScaleTraceToWorkload(const Trace& trace, const Workload& workload) {
   const double f = from > 0 ? to / from : 1.0;
   Trace out = trace;
   out.workload = workload;
+  // QLoRA's dequantization transient is one weight copy whatever the tokens: it does not scale.
+  const int64_t fixed_transient =
+      trace.training.kind == TrainingKind::kQlora && ValidateModelSpec(trace.arch, "").ok()
+          ? QloraDequantTransient(trace.arch, DTypeBytes(trace.param_dtype)).bytes
+          : 0;
+  auto scale_transient = [&](int64_t bytes) {
+    const int64_t fixed = std::min(bytes, fixed_transient);
+    return Scale(bytes - fixed, f) + fixed;
+  };
   for (BlockTrace& b : out.blocks) {
     b.input_bytes = Scale(b.input_bytes, f);
     b.saved_bytes = Scale(b.saved_bytes, f);
-    b.forward_transient_bytes = Scale(b.forward_transient_bytes, f);
-    b.backward_transient_bytes = Scale(b.backward_transient_bytes, f);
+    b.forward_transient_bytes = scale_transient(b.forward_transient_bytes);
+    b.backward_transient_bytes = scale_transient(b.backward_transient_bytes);
     b.forward_seconds *= f;
     b.backward_seconds *= f;
     b.recompute_seconds *= f;

@@ -27,7 +27,8 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
                                       const AnalyticTraceOptions& options = {});
 
 // Rescales a (profiled) trace to another micro-batch / sequence length: every activation byte
-// figure and every time scales linearly in tokens (micro_batch * seq_len); parameter bytes stay.
+// figure and every time scales linearly in tokens (micro_batch * seq_len); parameter bytes stay,
+// and so does QLoRA's dequantization transient (one weight copy, common/nf4_bytes.h).
 // Used for limit probes when no architecture-driven re-synthesis is possible.
 Trace ScaleTraceToWorkload(const Trace& trace, const Workload& workload);
 

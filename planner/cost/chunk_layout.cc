@@ -7,6 +7,7 @@
 
 #include "common/chunk_packing.h"
 #include "common/lora_shapes.h"
+#include "common/nf4_bytes.h"
 #include "common/param_shapes.h"
 
 namespace memplan {
@@ -30,7 +31,10 @@ std::optional<std::vector<LayoutParam>> MatchingArchParams(const Trace& trace) {
     want[p.group] -= p.numel * p.dtype_bytes;
   }
   std::vector<int64_t> got(want.size(), 0);
-  std::vector<LayoutParam> params = LayoutParamsFor(a, dtype);
+  // QLoRA packs NF4 parts and adapters ([QLoRA layout], common/nf4_bytes.h).
+  std::vector<LayoutParam> params = trace.training.kind == TrainingKind::kQlora
+                                        ? QloraLayoutParams(a, dtype, trace.training)
+                                        : LayoutParamsFor(a, dtype);
   for (const LayoutParam& p : params) {
     if (p.group < 0 || p.group >= static_cast<int>(got.size())) return std::nullopt;
     got[p.group] += p.numel * p.dtype_bytes;
@@ -39,8 +43,9 @@ std::optional<std::vector<LayoutParam>> MatchingArchParams(const Trace& trace) {
   return params;
 }
 
-// The agent's rule. Trainable bytes: every parameter for full fine-tuning; for LoRA the
-// stage's trainable share, spread over its chunks in proportion to their parameter bytes.
+// The agent's rule. Trainable bytes: every parameter for full fine-tuning; for QLoRA exactly the
+// adapters' slots; for LoRA the stage's trainable share, spread over its chunks in proportion to
+// their parameter bytes.
 absl::StatusOr<ChunkPacking> Pack(const std::vector<LayoutParam>& params, int64_t chunk_bytes) {
   ChunkPackingOptions options;
   options.chunk_bytes = chunk_bytes;
@@ -70,11 +75,15 @@ ChunkLayout AgentLayout(const Trace& trace, const std::vector<LayoutParam>& para
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamSlot& slot = packing->slots()[i];
     const size_t s = static_cast<size_t>(params[i].group);
-    const int64_t train =
-        stage_params[s] == stage_trainable[s]
-            ? slot.size_bytes
-            : static_cast<int64_t>(static_cast<__int128>(stage_trainable[s]) * slot.size_bytes /
+    int64_t train = 0;
+    if (trace.training.kind == TrainingKind::kQlora) {
+      train = IsLoraAdapterParam(params[i].name) ? slot.size_bytes : 0;
+    } else if (stage_params[s] == stage_trainable[s]) {
+      train = slot.size_bytes;
+    } else {
+      train = static_cast<int64_t>(static_cast<__int128>(stage_trainable[s]) * slot.size_bytes /
                                    std::max<int64_t>(stage_params[s], 1));
+    }
     layout.chunk_trainable_bytes[slot.chunk] += train;
     if (layout.stage_first_chunk[s] < 0) layout.stage_first_chunk[s] = slot.chunk;
     layout.stage_first_chunk[s] = std::min(layout.stage_first_chunk[s], slot.chunk);
@@ -106,7 +115,7 @@ std::vector<int64_t> StageParamBytes(const Trace& trace) {
 
 std::vector<int64_t> StageTrainableBytes(const Trace& trace) {
   std::vector<int64_t> bytes = StageParamBytes(trace);
-  if (trace.training.kind != TrainingKind::kLora) return bytes;
+  if (trace.training.kind == TrainingKind::kFull) return bytes;
   const int64_t n = static_cast<int64_t>(trace.blocks.size());
   const int64_t per_block =
       n > 0 ? trace.trainable_param_count * DTypeBytes(trace.param_dtype) / n : 0;

@@ -39,8 +39,8 @@ struct ChunkLayout {
 
 // Parameter bytes per stage (embedding, blocks, head) as the trace records them.
 std::vector<int64_t> StageParamBytes(const Trace& trace);
-// Trainable parameter bytes per stage: everything for full fine-tuning; for LoRA the adapters,
-// spread evenly over the blocks (embedding and head are frozen).
+// Trainable parameter bytes per stage: everything for full fine-tuning; for LoRA and QLoRA the
+// adapters, spread evenly over the blocks (embedding and head are frozen).
 std::vector<int64_t> StageTrainableBytes(const Trace& trace);
 
 // The agent's alignment of every parameter inside its chunk (ChunkManagerOptions).

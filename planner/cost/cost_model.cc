@@ -88,6 +88,11 @@ absl::StatusOr<CostModel> CostModel::Create(const Trace& trace, int64_t chunk_by
   if (options.world_size < 1 || options.grad_accum < 1) {
     return absl::InvalidArgumentError("world_size and grad_accum must be >= 1");
   }
+  if (options.local_world_size < 1 || options.local_world_size > options.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("local_world_size = ", options.local_world_size,
+                                                   " is out of range; allowed [1, world_size = ",
+                                                   options.world_size, "]"));
+  }
   // The agent runs adamw_bf16 on bf16 parameters only: a plan for another dtype would not run.
   if (const std::string problem = OptimizerDTypeProblem(options.optimizer, trace.param_dtype);
       !problem.empty()) {
@@ -285,9 +290,10 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   t.alloc_prefix.assign(c_count + 1, 0);
   t.opt_prefix.assign(c_count + 1, 0);
   t.host_prefix.assign(c_count + 1, 0);
+  t.host_transfer_prefix.assign(c_count + 1, 0);
   t.gpu_opt_prefix.assign(c_count + 1, 0);
   t.cpu_opt_prefix.assign(c_count + 1, 0);
-  int64_t max_train = 0;
+  int64_t max_train = 0, max_fill = 0, second_fill = 0;
   t.persistent_prefix.assign(c_count + 1, 0);
   if (adapters.has_value()) {
     t.adapters_persistent = true;
@@ -303,32 +309,59 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
     const int64_t train_params = train / dtype_bytes_;
     // The agent allocates a persistent chunk at its exact size (no tail padding).
     const int64_t alloc = fill;
-    const OffloadedChunkHostBytes offloaded =
-        OffloadedChunkHost(opt, dtype_bytes_, options_.grad_accum, fill);
+    // This rank's shard of the chunk ([Sharded chunks] in agent/chunks/chunk_manager.cc: every
+    // host array holds ShardElems() elements, padding included); the whole chunk when W = 1.
+    const OffloadedChunkHostBytes offloaded = OffloadedShardHost(
+        opt, dtype_bytes_, options_.grad_accum, fill, options_.world_size);
     const double state_share =
         full_ft || fill == 0 ? 1.0 : static_cast<double>(train) / static_cast<double>(fill);
+    // [LoRA managers]: a frozen base chunk holds its parameters only.
+    const OffloadedChunkHostBytes frozen =
+        FrozenChunkHost(ShardElems(fill / dtype_bytes_, options_.world_size) * dtype_bytes_);
     const int64_t host =
         adapters.has_value()
-            ? static_cast<int64_t>(std::ceil(static_cast<double>(FrozenChunkHost(fill).total()) / w))
-            : static_cast<int64_t>(std::ceil((static_cast<double>(offloaded.transfer_bytes) +
-                                              offloaded.state_bytes * state_share) /
-                                             w));
-    const int64_t state_elems = adapters.has_value() ? 0 : full_ft ? fill / dtype_bytes_ : train_params;
+            ? frozen.total()
+            : offloaded.transfer_bytes +
+                  (full_ft ? offloaded.state_bytes
+                           : static_cast<int64_t>(std::ceil(offloaded.state_bytes * state_share)));
+    const int64_t state_elems = adapters.has_value() ? 0
+                                : full_ft            ? fill / dtype_bytes_
+                                                     : train_params;
     t.fill_prefix[c + 1] = t.fill_prefix[c] + fill;
     t.train_prefix[c + 1] = t.train_prefix[c] + train;
     t.alloc_prefix[c + 1] = t.alloc_prefix[c] + alloc;
     t.opt_prefix[c + 1] = t.opt_prefix[c] + state_elems * gpu_opt_bpe;
     t.host_prefix[c + 1] = t.host_prefix[c] + host;
+    t.host_transfer_prefix[c + 1] =
+        t.host_transfer_prefix[c] +
+        (adapters.has_value() ? frozen.transfer_bytes : offloaded.transfer_bytes);
     t.gpu_opt_prefix[c + 1] =
         t.gpu_opt_prefix[c] + static_cast<double>(train_params * touch_bpp) / hbm;
     t.cpu_opt_prefix[c + 1] = t.cpu_opt_prefix[c] + static_cast<double>(train_params) / w /
                                                         hardware_.cpu_adam_params_per_second;
     max_train = std::max(max_train, train);
+    if (fill > max_fill) {
+      second_fill = max_fill;
+      max_fill = fill;
+    } else {
+      second_fill = std::max(second_fill, fill);
+    }
     t.persistent_prefix[c + 1] = t.alloc_prefix[c + 1] + t.opt_prefix[c + 1];
   }
   // Offloaded chunks' grads are produced in a chunk-sized staging buffer and copied out while
   // the next one fills: two of them.
   t.grad_staging_bytes = 2 * max_train;
+  if (options_.world_size > 1 && !adapters.has_value()) {
+    // Sharded ([Sharded chunks]): a chunk's grads collect in an fp32 tensor over the padded
+    // chunk until it is reduce-scattered (two chunks in flight, as above: the two largest), plus
+    // the fp32 shard the collective writes and its model-dtype rounding (CUDA); on CUDA the
+    // all-gather's input, one shard per gather in flight, is held as long (charged as two).
+    const int w = options_.world_size;
+    const int64_t shard = ShardElems(max_fill / dtype_bytes_, w);
+    t.grad_staging_bytes = (PaddedElems(max_fill / dtype_bytes_, w) +
+                            PaddedElems(second_fill / dtype_bytes_, w)) * 4 +
+                           shard * (4 + dtype_bytes_) + 2 * shard * dtype_bytes_;
+  }
   // The GPU optimizer updates one persistent chunk at a time; when it runs on an fp32 master
   // (adamw, sgd on bf16) that chunk's grads are first copied to fp32.
   t.optimizer_step_extra_bytes =
@@ -340,7 +373,10 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   t.oversized_suffix.assign(c_count + 1, 0);
   for (int32_t c = c_count - 1; c >= 0; --c) {
     const bool big = t.regular_prefix[c + 1] == t.regular_prefix[c];
-    const int64_t bytes = t.layout.chunk_param_bytes[c];
+    // The agent pads every buffer to a multiple of the world size (the all-gather's output).
+    const int64_t bytes =
+        PaddedElems(t.layout.chunk_param_bytes[c] / dtype_bytes_, options_.world_size) *
+        dtype_bytes_;
     t.oversized_suffix[c] = t.oversized_suffix[c + 1] + (big ? bytes : 0);
     if (!big) t.shared_buffer_bytes = std::max(t.shared_buffer_bytes, bytes);
   }
@@ -522,6 +558,8 @@ int64_t CostModel::StaticRawBytes(int32_t n_persist, int32_t n_buffer) const {
 }
 
 int64_t CostModel::BufferBytes(int32_t n_persist, int32_t n_buffer) const {
+  // The agent allocates no buffer when every chunk is persistent, whatever n_buffer says.
+  if (n_persist >= num_chunks_) return 0;
   return int64_t{n_buffer} * chunks_->shared_buffer_bytes +
          chunks_->oversized_suffix[std::clamp(n_persist, 0, num_chunks_)];
 }
@@ -553,6 +591,29 @@ int64_t CostModel::HostBytes(int32_t n_persist, const ModeCounts& counts) const 
   const int32_t e = std::clamp(s + counts.n_hs_offload, s, num_blocks_);
   const int64_t acts = saved_prefix_[s] + (input_prefix_[e] - input_prefix_[s]);
   return chunks_->host_prefix[num_chunks_] - chunks_->host_prefix[n_persist] + acts;
+}
+
+RankMemory CostModel::RankChunkMemory(int32_t n_persist, int32_t n_buffer,
+                                      HostMemoryKind host_memory, int64_t host_bytes) const {
+  const ChunkTables& t = *chunks_;
+  n_persist = std::clamp(n_persist, 0, num_chunks_);
+  RankMemory r;
+  r.world_size = options_.world_size;
+  r.local_world_size = options_.local_world_size;
+  r.persistent_device_bytes = t.alloc_prefix[n_persist];
+  r.persistent_state_device_bytes = t.opt_prefix[n_persist];
+  r.buffer_device_bytes = BufferBytes(n_persist, n_buffer);
+  const int64_t transfer = t.host_transfer_prefix[num_chunks_] - t.host_transfer_prefix[n_persist];
+  const int64_t state = t.host_prefix[num_chunks_] - t.host_prefix[n_persist] - transfer;
+  // The optimizer state is always pageable; the transfer buffers follow the plan.
+  if (host_memory == HostMemoryKind::kPinned) {
+    r.chunk_host_pinned_bytes = transfer;
+    r.chunk_host_pageable_bytes = state;
+  } else {
+    r.chunk_host_pageable_bytes = transfer + state;
+  }
+  r.node_host_bytes = host_bytes * options_.local_world_size;
+  return r;
 }
 
 int64_t CostModel::PhaseTotal(int phase, const Modes& m) const {
@@ -1068,6 +1129,7 @@ Prediction CostModel::Assemble(const ResidencyPlan& plan, const Modes& m, bool f
   } else {
     pred.host_pageable_bytes = host;
   }
+  pred.rank_memory = RankChunkMemory(plan.n_persist, plan.n_buffer, plan.host_memory, host);
 
   // Every time is scaled by the step-time calibration (a common factor leaves the search's
   // ranking unchanged, so the search itself runs on the model's own times).

@@ -21,6 +21,9 @@ namespace memplan {
 struct CostOptions {
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   int32_t world_size = 1;
+  // Ranks per node (in [1, world_size]): they share the node's RAM; only
+  // RankMemory::node_host_bytes depends on it (the search's host limit is per rank).
+  int32_t local_world_size = 1;
   int32_t grad_accum = 1;
   // The CPU optimizer of offloaded chunks starts on each chunk as soon as its grads are final,
   // overlapping the rest of backward; false (gradient clipping) runs it after backward.
@@ -135,8 +138,14 @@ class CostModel {
   // What exact + Scaled(dynamic) may take on a card of `capacity_bytes`: the capacity less the
   // residual and the CUDA context (may be negative).
   int64_t Room(int64_t capacity_bytes) const;
-  // Host bytes (pinned or pageable, per GPU) for offloaded chunk state and activations.
+  // Host bytes (pinned or pageable, per rank) for offloaded chunk state and activations.
+  // Sharded (world_size W > 1): each rank's shards, ShardElems() of every offloaded chunk.
   int64_t HostBytes(int32_t n_persist, const ModeCounts& counts) const;
+  // What one rank's chunk manager allocates for a plan (its ChunkMemoryStats, byte for byte;
+  // RankMemory in common/types.h); `host_bytes` is HostBytes() of the plan, activations
+  // included, for node_host_bytes.
+  RankMemory RankChunkMemory(int32_t n_persist, int32_t n_buffer, HostMemoryKind host_memory,
+                             int64_t host_bytes) const;
   // Times for arranged modes. lower_bound charges persistent grads a reduce-scatter instead of
   // an all-reduce (W > 1), which makes forward + backward time monotone non-increasing in
   // n_persist and never above the real time (search bounds).
@@ -223,6 +232,7 @@ class CostModel {
     std::vector<int32_t> window_span_suffix_max;
     // Chunk prefix sums (size C + 1).
     std::vector<int64_t> fill_prefix, train_prefix, alloc_prefix, opt_prefix, host_prefix;
+    std::vector<int64_t> host_transfer_prefix;  // of host_prefix: params + grad staging
     std::vector<int64_t> persistent_prefix;  // alloc + opt
     std::vector<double> gpu_opt_prefix, cpu_opt_prefix;
     int64_t grad_staging_bytes = 0;

@@ -62,6 +62,8 @@ std::string TraceMatchKey(const memplan::v1::Trace& trace) {
   if (key.workload().world_size() == 0) key.mutable_workload()->set_world_size(1);
   // A trace describes one micro-batch; accumulation does not change it.
   key.mutable_workload()->clear_grad_accum();
+  // Nor does how the ranks are spread over nodes (it only divides the host memory).
+  key.mutable_workload()->clear_local_world_size();
   key.set_param_dtype(trace.param_dtype());
   memplan::v1::TrainingMethod& training = *key.mutable_training();
   training = trace.training();

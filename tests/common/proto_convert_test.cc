@@ -113,6 +113,22 @@ TEST(ProtoConvertTest, WorkloadZeroWorldSizeAndAccumMeanOne) {
   ExpectSameProto(WorkloadFromProto(ToProto(Workload{5, 77, 4, 2})), Workload{5, 77, 4, 2});
 }
 
+TEST(ProtoConvertTest, QloraAndTheDequantizationRateRoundTrip) {
+  TrainingMethod t;
+  t.kind = TrainingKind::kQlora;
+  t.lora_rank = 16;
+  t.lora_target_modules = {"q_proj", "down_proj"};
+  const v1::TrainingMethod proto = ToProto(t);
+  EXPECT_EQ(proto.kind(), v1::TrainingMethod::QLORA);
+  auto back = TrainingMethodFromProto(proto, "training.");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->kind, TrainingKind::kQlora);
+  EXPECT_EQ(back->lora_target_modules, t.lora_target_modules);
+  HardwareSpec hw = *FindHardwarePreset("h100-80gb");
+  hw.nf4_dequant_bytes_per_second = 2.5e12;
+  EXPECT_EQ(HardwareSpecFromProto(ToProto(hw)).nf4_dequant_bytes_per_second, 2.5e12);
+}
+
 TEST(ProtoConvertTest, TraceRoundTripsEveryField) {
   const Trace t = FullTrace();
   const v1::Trace proto = ToProto(t);

@@ -253,6 +253,25 @@ TEST(CliArgsTest, LoraTargetsAllExpands) {
   EXPECT_EQ(inv->plan.training.lora_target_modules.size(), 7u);
 }
 
+TEST(CliArgsTest, QloraIsLoraOnAnNf4Base) {
+  // Either order of --qlora and --lora-rank.
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"plan", "--arch", "a", "--gpu", "g", "--qlora", "--lora-rank",
+                                 "16", "--lora-targets", "all"},
+        std::vector<std::string>{"plan", "--arch", "a", "--gpu", "g", "--lora-rank", "16",
+                                 "--lora-targets", "all", "--qlora"}}) {
+    auto inv = Parse(args);
+    ASSERT_TRUE(inv.ok()) << inv.status();
+    EXPECT_EQ(inv->plan.training.kind, TrainingKind::kQlora);
+    EXPECT_EQ(inv->plan.training.lora_rank, 16);
+    EXPECT_EQ(inv->plan.training.lora_target_modules.size(), 7u);
+  }
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--qlora"}),
+              HasSubstr("--qlora: needs --lora-rank and --lora-targets"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--qlora", "--lora-rank", "8"}),
+              HasSubstr("--lora-rank: needs --lora-targets"));
+}
+
 TEST(CliArgsTest, HelpOnEveryCommand) {
   const std::vector<std::vector<std::string>> lines = {
       {"--help"},
@@ -291,7 +310,7 @@ TEST(CliArgsTest, HelpTextCoversEveryPlanFlag) {
                            "--seq",          "--world-size",
                            "--grad-accum",   "--dtype",
                            "--optimizer",    "--lora-rank",
-                           "--lora-targets", "--margin",
+                           "--lora-targets", "--qlora",        "--margin",
                            "--chunk-mib",    "--n-persist",
                            "--n-buffer",     "--n-swap",
                            "--n-ckpt",       "--n-hs-offload",

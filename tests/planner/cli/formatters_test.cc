@@ -115,6 +115,26 @@ TEST(FormattersTest, PlanResponseShowsEverySection) {
   EXPECT_THAT(text, Not(HasSubstr("Why")));
 }
 
+TEST(FormattersTest, ShardedPlanShowsPerRankAndNodeMemory) {
+  v1::PlanResponse r = SampleResponse();
+  EXPECT_THAT(FormatPlanResponse(r), Not(HasSubstr("Per rank")));  // one rank: nothing to add
+  v1::RankMemory* m = r.mutable_prediction()->mutable_rank_memory();
+  m->set_world_size(8);
+  m->set_local_world_size(8);
+  m->set_persistent_device_bytes(3 * kGiB);
+  m->set_persistent_state_device_bytes(12 * kGiB);
+  m->set_buffer_device_bytes(kGiB);
+  m->set_chunk_host_pinned_bytes(18 * kGiB);
+  m->set_chunk_host_pageable_bytes(72 * kGiB);
+  m->set_node_host_bytes(760 * kGiB);
+  const std::string text = FormatPlanResponse(r);
+  EXPECT_THAT(text, HasSubstr("Per rank (chunks)  device 3.00 GiB persistent + 12.00 GiB their "
+                              "state + 1.00 GiB buffers; host 18.00 GiB pinned + 72.00 GiB "
+                              "pageable"))
+      << text;
+  EXPECT_THAT(text, HasSubstr("Node host memory   760.00 GiB for 8 local ranks of 8")) << text;
+}
+
 TEST(FormattersTest, SkippedLimitsAreNotShownAsNoFit) {
   v1::PlanResponse r = SampleResponse();
   r.set_max_micro_batch(0);

@@ -100,6 +100,7 @@ TEST(PlanEngineTest, SmallModelFitsWithoutOffload) {
 
 TEST(PlanEngineTest, BigModelOffloadsAndExplains) {
   PlanInputs in = Inputs("llama-3.1-70b", "h100-80gb", 1, 4096, 8);
+  in.workload.local_world_size = 1;  // one rank per node: each has the preset's 256 GiB
   auto out = MakePlan(in);
   ASSERT_TRUE(out.ok()) << out.status();
   ASSERT_TRUE(out->fits) << out->reason;
@@ -138,6 +139,56 @@ TEST(PlanEngineTest, HostMemoryCanBeTheBlocker) {
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_FALSE(out->fits);
   EXPECT_NE(out->reason.find("host memory"), std::string::npos) << out->reason;
+}
+
+// Issue 10's target: a 45 B Llama-70B-shaped model (the 70B preset cut to 50 layers, 44.9 B
+// parameters). One rank on a 126 GiB host: DOES NOT FIT (AdamW state alone is ~754 GiB of host
+// memory). Eight ranks of one host with 1 TiB: FITS, each rank holding 1/8 of every offloaded
+// chunk. Eight ranks on the 126 GiB host: still DOES NOT FIT, because the ranks share the node's
+// RAM (host_memory_bytes / local_world_size each).
+TEST(PlanEngineTest, FortyFiveBillionFitsEightRanksOfATebibyteHost) {
+  PlanInputs in = Inputs("llama-3.1-70b", "h100-80gb", 1, 2048);
+  in.arch.num_layers = 50;
+  in.skip_limits = true;
+  in.max_alternatives = 0;
+  in.hardware.host_memory_bytes = 126 * kGiB;
+  auto one = MakePlan(in);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_FALSE(one->fits);
+  EXPECT_NE(one->reason.find("host memory"), std::string::npos) << one->reason;
+  EXPECT_NE(one->reason.find("126.0 GiB of RAM per GPU"), std::string::npos) << one->reason;
+  std::printf("1 rank, 126 GiB: %s\n", one->reason.c_str());
+
+  in.workload.world_size = 8;
+  in.workload.local_world_size = 8;
+  auto shared = MakePlan(in);
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  EXPECT_FALSE(shared->fits);
+  EXPECT_NE(shared->reason.find("15.8 GiB of RAM per rank (126.0 GiB shared by 8 local ranks)"),
+            std::string::npos)
+      << shared->reason;
+
+  in.hardware.host_memory_bytes = 1024 * kGiB;
+  auto eight = MakePlan(in);
+  ASSERT_TRUE(eight.ok()) << eight.status();
+  ASSERT_TRUE(eight->fits) << eight->reason;
+  EXPECT_EQ(eight->plan.world_size, 8);
+  const RankMemory& r = eight->prediction.rank_memory;
+  EXPECT_EQ(r.world_size, 8);
+  EXPECT_EQ(r.local_world_size, 8);
+  const int64_t rank_host = eight->prediction.host_pinned_bytes +
+                            eight->prediction.host_pageable_bytes;
+  EXPECT_EQ(r.node_host_bytes, 8 * rank_host);
+  EXPECT_LE(r.node_host_bytes, in.hardware.host_memory_bytes);
+  EXPECT_LE(rank_host, in.hardware.host_memory_bytes / 8);
+  EXPECT_LE(r.chunk_host_pinned_bytes + r.chunk_host_pageable_bytes, rank_host);
+  EXPECT_LE(eight->prediction.peak_bytes, eight->capacity_bytes);
+  std::printf("45 B, 8 ranks, 1 TiB: %d/%d chunks persistent, peak %.1f GiB, per rank host %.1f "
+              "GiB, node %.1f GiB\n",
+              eight->plan.n_persist, eight->plan.n_chunks,
+              static_cast<double>(eight->prediction.peak_bytes) / kGiB,
+              static_cast<double>(rank_host) / kGiB,
+              static_cast<double>(r.node_host_bytes) / kGiB);
 }
 
 TEST(PlanEngineTest, LimitsAreTight) {

@@ -1,0 +1,165 @@
+// QLoRA in the cost model: the NF4 base's bytes (common/nf4_bytes.h), the chunk layout of NF4
+// parts and adapters, the dequantization transient and time, and the resulting peaks.
+#include <algorithm>
+#include <numeric>
+
+#include "common/chunk_packing.h"
+#include "common/nf4_bytes.h"
+#include "common/presets.h"
+#include "gtest/gtest.h"
+#include "planner/cost/analytic_trace.h"
+#include "planner/cost/chunk_layout.h"
+#include "planner/cost/cost_model.h"
+
+namespace memplan {
+namespace {
+
+ModelSpec SmallSpec() {
+  ModelSpec m;
+  m.name = "small";
+  m.hidden_size = 64;
+  m.num_layers = 3;
+  m.num_heads = 4;
+  m.num_kv_heads = 2;
+  m.intermediate_size = 176;
+  m.vocab_size = 96;
+  m.max_position_embeddings = 4096;
+  return m;
+}
+
+TrainingMethod Method(TrainingKind kind, int64_t rank = 16) {
+  TrainingMethod t;
+  t.kind = kind;
+  if (kind != TrainingKind::kFull) {
+    t.lora_rank = rank;
+    t.lora_target_modules = {"q_proj", "k_proj", "v_proj", "o_proj",
+                             "gate_proj", "up_proj", "down_proj"};
+  }
+  return t;
+}
+
+Trace Synth(const ModelSpec& arch, TrainingKind kind, int64_t batch, int64_t seq,
+            const HardwareSpec& hw = *FindHardwarePreset("h200")) {
+  Workload w;
+  w.micro_batch = batch;
+  w.seq_len = seq;
+  absl::StatusOr<Trace> t = SynthesizeTrace(arch, w, DType::kBFloat16, Method(kind), hw);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return *std::move(t);
+}
+
+TEST(QloraCostTest, BlockBytesAreTheHeaderFormula) {
+  const ModelSpec m = SmallSpec();
+  const int64_t h = 64, hq = 64, hkv = 32, inter = 176, r = 16;
+  // NF4 of each projection (common/nf4_bytes.h): ceil(n/2) data + ceil(n/64) codes + 4 per 256
+  // blocks; norms in bf16; adapters r*(in+out) in bf16.
+  auto nf4 = [](int64_t n) {
+    const int64_t blocks = (n + 63) / 64;
+    return (n + 1) / 2 + blocks + 4 * ((blocks + 255) / 256);
+  };
+  const int64_t base = nf4(h * hq) + 2 * nf4(h * hkv) + nf4(hq * h) + 3 * nf4(h * inter) + 2 * h * 2;
+  const int64_t adapters =
+      r * ((h + hq) + 2 * (h + hkv) + (hq + h) + 2 * (h + inter) + (inter + h));
+  EXPECT_EQ(QloraBlockBaseBytes(m, 2), base);
+  const Trace t = Synth(m, TrainingKind::kQlora, 1, 128);
+  EXPECT_EQ(t.blocks[0].param_bytes, base + adapters * 2);
+  EXPECT_EQ(t.trainable_param_count, 3 * adapters);
+  // Embedding and head stay in bf16.
+  EXPECT_EQ(t.embedding.param_bytes, 96 * 64 * 2);
+  EXPECT_EQ(t.head.param_bytes, (64 + 96 * 64) * 2);
+
+  // The layout is the agent's packing of [QLoRA layout]; only the adapters' slots train.
+  ASSERT_TRUE(ArchMatchesTrace(t));
+  const int64_t chunk = 64 << 10;
+  const ChunkLayout layout = LayoutChunks(t, chunk);
+  const std::vector<LayoutParam> params = QloraLayoutParams(m, 2, t.training);
+  ChunkPackingOptions options;
+  options.chunk_bytes = chunk;
+  options.alignment_bytes = kChunkAlignmentBytes;
+  absl::StatusOr<ChunkPacking> packing = ChunkPacking::Build(params, options);
+  ASSERT_TRUE(packing.ok()) << packing.status();
+  EXPECT_EQ(layout.fingerprint, packing->fingerprint());
+  ASSERT_EQ(layout.num_chunks(), packing->num_chunks());
+  int64_t trainable = 0;
+  for (int c = 0; c < layout.num_chunks(); ++c) {
+    EXPECT_EQ(layout.chunk_param_bytes[c], packing->chunks()[c].size_bytes) << c;
+    trainable += layout.chunk_trainable_bytes[c];
+  }
+  EXPECT_EQ(trainable, 3 * adapters * 2);
+  int64_t adapter_slots = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (IsLoraAdapterParam(params[i].name)) adapter_slots += packing->slots()[i].size_bytes;
+  }
+  EXPECT_EQ(adapter_slots, 3 * adapters * 2);
+  // Another method, another layout: a QLoRA plan cannot pass for a LoRA or full one.
+  EXPECT_NE(layout.fingerprint, LayoutChunks(Synth(m, TrainingKind::kFull, 1, 128), chunk).fingerprint);
+}
+
+TEST(QloraCostTest, DequantizationTransientAndTimeAreCharged) {
+  const ModelSpec m = *FindModelPreset("llama-3.1-8b");
+  const Trace lora = Synth(m, TrainingKind::kLora, 1, 2048);
+  const Trace qlora = Synth(m, TrainingKind::kQlora, 1, 2048);
+  const DequantTransient dq = QloraDequantTransient(m, 2);
+  EXPECT_EQ(dq.projection, "mlp.gate_proj");
+  EXPECT_EQ(dq.bytes, int64_t{14336} * 4096 * 2);
+  // The same activations as LoRA, plus one bf16 copy of the largest projection in forward
+  // (and recompute) and backward.
+  EXPECT_EQ(qlora.blocks[0].saved_bytes, lora.blocks[0].saved_bytes);
+  EXPECT_EQ(qlora.blocks[0].forward_transient_bytes,
+            lora.blocks[0].forward_transient_bytes + dq.bytes);
+  EXPECT_EQ(qlora.blocks[0].backward_transient_bytes,
+            lora.blocks[0].backward_transient_bytes + dq.bytes);
+  // Each pass reads the NF4 projections and writes their bf16 copies at 0.7 x HBM.
+  const HardwareSpec h200 = *FindHardwarePreset("h200");
+  const double traffic = static_cast<double>(QloraBlockDequantTrafficBytes(m, 2));
+  const double seconds = traffic / (h200.hbm_bytes_per_second * 0.7);
+  EXPECT_NEAR(qlora.blocks[0].forward_seconds - lora.blocks[0].forward_seconds, seconds,
+              1e-9 * seconds + 1e-12);
+  EXPECT_NEAR(qlora.blocks[0].backward_seconds - lora.blocks[0].backward_seconds, seconds,
+              1e-9 * seconds + 1e-12);
+  EXPECT_EQ(qlora.blocks[0].recompute_seconds, qlora.blocks[0].forward_seconds);
+  // A measured dequantization rate replaces the HBM estimate.
+  HardwareSpec measured = h200;
+  measured.nf4_dequant_bytes_per_second = 1e12;
+  const Trace q2 = Synth(m, TrainingKind::kQlora, 1, 2048, measured);
+  EXPECT_NEAR(q2.blocks[0].forward_seconds - lora.blocks[0].forward_seconds, traffic / 1e12,
+              1e-9 * traffic / 1e12);
+  // The base: about 4.1 bits per projection weight (0.5 B + 1/64 B + 4/16384 B).
+  const double per_weight = static_cast<double>(QloraBlockBaseBytes(m, 2) - 2 * 4096 * 2) /
+                            static_cast<double>(4096 * 4096 * 2 + 4096 * 1024 * 2 + 3 * 4096 * 14336);
+  EXPECT_NEAR(per_weight, 0.5 + 1.0 / 64 + 4.0 / 16384, 1e-6);
+}
+
+TEST(QloraCostTest, ScalingKeepsTheDequantizationTransient) {
+  const ModelSpec m = *FindModelPreset("llama-3.2-1b");
+  const Trace a = Synth(m, TrainingKind::kQlora, 1, 1024);
+  const Trace b = Synth(m, TrainingKind::kQlora, 2, 2048);
+  Workload w = b.workload;
+  const Trace scaled = ScaleTraceToWorkload(a, w);
+  EXPECT_EQ(scaled.blocks[0].forward_transient_bytes, b.blocks[0].forward_transient_bytes);
+  EXPECT_EQ(scaled.blocks[0].backward_transient_bytes, b.blocks[0].backward_transient_bytes);
+}
+
+int64_t AllPersistentPeak(const Trace& trace) {
+  const HardwareSpec hw = *FindHardwarePreset("h200");
+  CostOptions options;
+  absl::StatusOr<CostModel> model = CostModel::Create(trace, int64_t{256} << 20, hw, options);
+  EXPECT_TRUE(model.ok()) << model.status();
+  const ResidencyPlan plan =
+      model->MakeResidencyPlan(model->num_chunks(), 0, ModeCounts{}, HostMemoryKind::kPinned);
+  return model->Predict(plan).peak_bytes;
+}
+
+TEST(QloraCostTest, PeakBelowLoraBelowFull) {
+  const ModelSpec m = *FindModelPreset("llama-3.1-8b");
+  const int64_t full = AllPersistentPeak(Synth(m, TrainingKind::kFull, 1, 2048));
+  const int64_t lora = AllPersistentPeak(Synth(m, TrainingKind::kLora, 1, 2048));
+  const int64_t qlora = AllPersistentPeak(Synth(m, TrainingKind::kQlora, 1, 2048));
+  EXPECT_LT(qlora, lora);
+  EXPECT_LT(lora, full);
+  // The projections shrink from 2 bytes to ~0.52 per weight: ~10.3 GB less than LoRA.
+  EXPECT_GT(lora - qlora, int64_t{9} << 30);
+}
+
+}  // namespace
+}  // namespace memplan
