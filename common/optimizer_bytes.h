@@ -69,6 +69,14 @@ constexpr OffloadedChunkHostBytes OffloadedChunkHost(OptimizerKind kind, int64_t
   return b;
 }
 
+// Host memory of one offloaded chunk of a frozen base (LoRA): its parameters only (the upload
+// source, pinned when the host memory kind is pinned); no grad staging, master or state.
+constexpr OffloadedChunkHostBytes FrozenChunkHost(int64_t chunk_bytes) {
+  OffloadedChunkHostBytes b;
+  b.transfer_bytes = chunk_bytes;
+  return b;
+}
+
 // [Sharded chunks] (agent/chunks/chunk_manager.cc): with W ranks a non-persistent chunk of
 // `elems` elements is padded to a multiple of W and each rank holds ShardElems() of it; the
 // all-gather target (a device buffer) holds PaddedElems().

@@ -25,6 +25,7 @@
 #include "agent/dist/process_group.h"
 #include "agent/io/checkpoint.h"
 #include "agent/io/hf_checkpoint.h"
+#include "agent/io/peft_adapter.h"
 #include "agent/io/random_access_file.h"
 #include "agent/io/synthetic_tokens.h"
 #include "agent/io/token_batcher.h"
@@ -287,6 +288,7 @@ absl::StatusOr<PlanAnswer> AskPlanner(PlannerClient& client, const TrainConfig& 
   query.param_dtype = dtype;
   // With --planner there is no plan file: the flag (validated by ParseTrainArgs) or adamw.
   query.optimizer = c.optimizer.value_or(OptimizerKind::kAdamW);
+  query.training = LoraTrainingMethod(model_options.lora);
   query.safety_margin = loop.safety_margin;
   ASSIGN_OR_RETURN(PlanAnswer answer, client.Plan(query));
   std::printf("plan_id %s\n", answer.plan_id.c_str());
@@ -475,6 +477,15 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
     plan_optimizer = *parsed;
   }
   ASSIGN_OR_RETURN(const OptimizerKind optimizer, ResolveOptimizer(c, plan_optimizer));
+  if (!c.plan_file.empty()) {
+    // A plan priced for another training method (full vs LoRA, rank, targets) is refused.
+    auto training = ParsePlanTraining(plan_text);
+    if (!training.ok()) {
+      return absl::InvalidArgumentError("--plan-file " + c.plan_file + ": " +
+                                        std::string(training.status().message()));
+    }
+    RETURN_IF_ERROR(CheckPlanTraining(c, *training));
+  }
   const DType dtype = c.dtype.value_or(
       device.is_cuda() || optimizer == OptimizerKind::kAdamWBf16States ? DType::kBFloat16
                                                                        : DType::kFloat32);
@@ -499,6 +510,10 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
   model_options.dtype = dtype;
   model_options.device = device;
   model_options.seed = c.seed;
+  if (c.lora.enabled()) {
+    RETURN_IF_ERROR(ValidateLoraOptions(c.lora, spec, "--lora-"));
+    model_options.lora = c.lora;
+  }
   std::optional<ResidencyPlan> file_plan;
   std::unique_ptr<PlannerClient> client;
   PlanAnswer answer;
@@ -507,6 +522,13 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
         c.n_ckpt || c.n_swap || c.n_hs_offload || c.host_memory || c.plain) {
       return absl::InvalidArgumentError(
           "--planner decides the plan: drop --plan-file, --plain and the plan knob flags");
+    }
+    if (loop.profile && c.lora.enabled()) {
+      // The profiler measures a full fine-tune's trace (every parameter trains); submitted for a
+      // LoRA run it would price the wrong method.
+      return absl::InvalidArgumentError(
+          "--profile: profiling a LoRA run is not built yet; drop --profile (the planner plans "
+          "LoRA from the architecture)");
     }
     PlannerClientOptions client_options;
     client_options.retries = loop.retries;
@@ -552,6 +574,19 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
         .Field("dir", c.model_dir)
         .Field("tensors", report.tensors_loaded)
         .Field("bytes", report.bytes_read);
+  }
+  if (!c.load_adapter_dir.empty()) {
+    ASSIGN_OR_RETURN(io::PeftAdapter adapter, io::ReadPeftAdapter(c.load_adapter_dir));
+    if (LoraTrainingMethod(adapter.lora).lora_target_modules !=
+            LoraTrainingMethod(c.lora).lora_target_modules ||
+        adapter.lora.rank != c.lora.rank || adapter.lora.alpha != c.lora.alpha) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--load-adapter ", c.load_adapter_dir, ": r ", adapter.lora.rank, ", lora_alpha ",
+          adapter.lora.alpha, " and target_modules must equal --lora-rank, --lora-alpha and "
+          "--lora-targets"));
+    }
+    RETURN_IF_ERROR(io::CopyParamsByName(adapter.tensors, model->TrainableParams()));
+    MEMPLAN_LOG(kInfo, "loaded adapter").Field("dir", c.load_adapter_dir);
   }
 
   // Trainer.
@@ -624,7 +659,16 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
         .Field("device", device.str())
         .Field("managed", plan.managed)
         .Field("block_modes", ModesString(plan.block_modes));
-    if (ChunkManager* chunks = trainer->chunk_manager()) {
+    // LoRA: the plan's chunks are the frozen base's; the adapters' manager is reported apart.
+    if (ChunkManager* adapters = trainer->base_chunk_manager() ? trainer->chunk_manager() : nullptr) {
+      const ChunkMemoryStats a = adapters->MemoryStats();
+      record.Field("lora_rank", c.lora.rank)
+          .Field("adapter_chunks", a.n_chunks)
+          .Field("adapter_device_bytes", a.persistent_device_bytes)
+          .Field("adapter_state_device_bytes", a.persistent_state_device_bytes);
+    }
+    if (ChunkManager* chunks = trainer->base_chunk_manager() ? trainer->base_chunk_manager()
+                                                             : trainer->chunk_manager()) {
       const ChunkMemoryStats s = chunks->MemoryStats();
       record.Field("chunk_bytes", plan.chunk_bytes)
           .Field("n_chunks", s.n_chunks)
@@ -652,7 +696,16 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
                    io::TokenBatcher::Create(tokens, batcher_options));
   int64_t data_position = 0;
   if (!c.resume_dir.empty()) {
-    ASSIGN_OR_RETURN(io::Checkpoint checkpoint, io::LoadCheckpoint(c.resume_dir));
+    if (c.lora.enabled() != io::IsLoraCheckpoint(c.resume_dir)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--resume ", c.resume_dir, c.lora.enabled()
+                                         ? " is not a LoRA checkpoint (no adapter_config.json)"
+                                         : " is a LoRA checkpoint: resume it with --lora-rank "
+                                           "and --lora-targets"));
+    }
+    ASSIGN_OR_RETURN(io::Checkpoint checkpoint, c.lora.enabled()
+                                                    ? io::LoadLoraCheckpoint(c.resume_dir)
+                                                    : io::LoadCheckpoint(c.resume_dir));
     RETURN_IF_ERROR(trainer->RestoreCheckpoint(checkpoint));
     data_position = checkpoint.trainer.data_position;
     MEMPLAN_LOG(kInfo, "resumed")
@@ -706,6 +759,11 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
     for (int i = 0; i < c.grad_accum; ++i) {
       ASSIGN_OR_RETURN(MicroBatch batch, NextBatch(*batcher, data_position++));
       micro_batches.push_back(std::move(batch));
+    }
+    if (c.lora.dropout > 0) {
+      // LoRA dropout draws from the default generators: seeding them from (--seed, step) makes
+      // the masks a function of the step, so a resumed run draws what the straight run drew.
+      torch::manual_seed(c.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(trainer->step()));
     }
     absl::StatusOr<StepStats> step;
     try {
@@ -801,6 +859,22 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
   }
   if (!c.save_dir.empty() && (c.save_every == 0 || trainer->step() % c.save_every != 0)) {
     RETURN_IF_ERROR(save());
+  }
+  if (!c.save_adapter_dir.empty() && lead) {
+    RETURN_IF_ERROR(io::SavePeftAdapter(c.save_adapter_dir, c.lora,
+                                        c.model_dir.empty() ? c.arch : c.model_dir,
+                                        trainer->Params()));
+    MEMPLAN_LOG(kInfo, "saved adapter").Field("dir", c.save_adapter_dir);
+  }
+  if (!c.merge_export_dir.empty() && lead) {
+    ASSIGN_OR_RETURN(std::vector<NamedParam> merged,
+                     io::MergeLora(trainer->BaseParams(), trainer->Params(), c.lora));
+    io::TrainerState state;
+    state.step = trainer->step();
+    state.model = spec;
+    state.param_dtype = dtype;
+    RETURN_IF_ERROR(io::SaveCheckpoint(c.merge_export_dir, state, merged, {}));
+    MEMPLAN_LOG(kInfo, "merged export").Field("dir", c.merge_export_dir);
   }
   if (!lead) return absl::OkStatus();
   auto summary = MEMPLAN_LOG(kInfo, "done");

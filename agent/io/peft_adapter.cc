@@ -179,4 +179,51 @@ absl::StatusOr<std::vector<NamedParam>> MergeLora(const std::vector<NamedParam>&
   return out;
 }
 
+absl::Status SaveLoraCheckpoint(const std::string& dir, const TrainerState& trainer,
+                                const LoraOptions& lora, const std::string& base_model,
+                                const std::vector<NamedParam>& adapters,
+                                const std::vector<NamedParam>& optimizer_state) {
+  RETURN_IF_ERROR(ValidateOptimizerState(adapters, optimizer_state));
+  RETURN_IF_ERROR(SavePeftAdapter(dir, lora, base_model, adapters));
+  const std::string optimizer_path = JoinPath(dir, kCheckpointOptimizerFile);
+  RETURN_IF_ERROR(SaveSafetensorsFile(
+      optimizer_path, optimizer_state,
+      SafetensorsMetadata{{"format", kCheckpointFormat}, {"step", absl::StrCat(trainer.step)}}));
+  CheckpointManifest manifest;
+  manifest.trainer = trainer;
+  for (const char* name : {kPeftConfigFile, kPeftWeightsFile, kCheckpointOptimizerFile}) {
+    ASSIGN_OR_RETURN(manifest.file_size_bytes[name], FileSizeBytes(JoinPath(dir, name)));
+  }
+  return WriteFileDurably(JoinPath(dir, kCheckpointTrainerFile),
+                          EncodeCheckpointManifest(manifest));
+}
+
+bool IsLoraCheckpoint(const std::string& dir) {
+  return IsRegularFile(JoinPath(dir, kPeftConfigFile));
+}
+
+absl::StatusOr<Checkpoint> LoadLoraCheckpoint(const std::string& dir) {
+  const std::string manifest_path = JoinPath(dir, kCheckpointTrainerFile);
+  std::ifstream in(manifest_path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(manifest_path, ": cannot open"));
+  std::stringstream text;
+  text << in.rdbuf();
+  ASSIGN_OR_RETURN(CheckpointManifest manifest, DecodeCheckpointManifest(text.str()));
+  for (const auto& [name, size] : manifest.file_size_bytes) {
+    ASSIGN_OR_RETURN(const int64_t actual, FileSizeBytes(JoinPath(dir, name)));
+    if (actual != size) {
+      return absl::DataLossError(absl::StrCat(JoinPath(dir, name), " has ", actual,
+                                              " bytes, trainer.json recorded ", size));
+    }
+  }
+  ASSIGN_OR_RETURN(PeftAdapter adapter, ReadPeftAdapter(dir));
+  Checkpoint checkpoint;
+  checkpoint.trainer = manifest.trainer;
+  checkpoint.params = std::move(adapter.tensors);
+  ASSIGN_OR_RETURN(checkpoint.optimizer_state,
+                   ReadSafetensorsFile(JoinPath(dir, kCheckpointOptimizerFile)));
+  RETURN_IF_ERROR(ValidateOptimizerState(checkpoint.params, checkpoint.optimizer_state));
+  return checkpoint;
+}
+
 }  // namespace memplan::io

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "agent/core/torch_pch.h"
+#include "agent/io/checkpoint.h"
 #include "agent/model/lora_options.h"
 #include "agent/model/param_residency.h"
 
@@ -45,5 +46,18 @@ absl::StatusOr<PeftAdapter> ReadPeftAdapter(const std::string& dir);
 absl::StatusOr<std::vector<NamedParam>> MergeLora(const std::vector<NamedParam>& base,
                                                   const std::vector<NamedParam>& adapters,
                                                   const LoraOptions& lora);
+
+// [LoRA checkpoints] A resumable LoRA run: the PEFT adapter files (so the checkpoint is also an
+// adapter peft loads), optimizer.safetensors with the adapters' state in the checkpoint naming
+// (agent/io/checkpoint.h) and trainer.json; the frozen base is not written (the run reloads it
+// from its --model or --arch). Files are written in place, trainer.json last.
+absl::Status SaveLoraCheckpoint(const std::string& dir, const TrainerState& trainer,
+                                const LoraOptions& lora, const std::string& base_model,
+                                const std::vector<NamedParam>& adapters,
+                                const std::vector<NamedParam>& optimizer_state);
+// True when `dir` holds an adapter_config.json (a LoRA checkpoint or a bare adapter).
+bool IsLoraCheckpoint(const std::string& dir);
+// params = the adapters (memplan names); the optimizer state is checked against them.
+absl::StatusOr<Checkpoint> LoadLoraCheckpoint(const std::string& dir);
 
 }  // namespace memplan::io

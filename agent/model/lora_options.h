@@ -11,14 +11,14 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/lora_shapes.h"
 #include "common/types.h"
 
 namespace memplan {
 
 // The projections an adapter can wrap, in Hugging Face's module order inside a block (the order
-// of PEFT's named_parameters(), and of LlamaModel::AdapterGroups()).
-inline constexpr std::array<const char*, 7> kLoraModuleNames = {
-    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+// of PEFT's named_parameters(), of LlamaModel::AdapterGroups() and of [LoRA adapter order]).
+inline constexpr const auto& kLoraModuleNames = kLoraModules;
 
 struct LoraOptions {
   int64_t rank = 0;    // 0: no adapters (full fine-tune)

@@ -5,11 +5,13 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/optimizer_bytes.h"
 #include "common/status.h"
@@ -82,6 +84,15 @@ Workload:
                            torch.optim.AdamW(fused=True) on bf16 parameters); sgd: no momentum
                            (+ fp32 master for bf16/fp16 models in managed runs)
   --device cpu|cuda|cuda:N|auto (auto)   --seed N (0)
+LoRA (adapters on a frozen base, as PEFT's LoraConfig):
+  --lora-rank R            adapter rank, 1 to the hidden size (0 = full fine-tune, the default)
+  --lora-alpha A (16)      the update is scaled by A / R; A > 0
+  --lora-dropout P (0)     dropout on the adapters' input, 0 <= P < 1
+  --lora-targets LIST|all  q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj (required)
+  --load-adapter DIR       start from a PEFT adapter (adapter_config.json +
+                           adapter_model.safetensors); its r, lora_alpha and targets must match
+  --save-adapter DIR       write the trained adapter in PEFT's format at the end
+  --merge-export DIR       write a Hugging Face checkpoint with W + B A * A/R at the end
   --plain                  no plan: plain autograd, no per-group Functions (the baseline)
 Residency plan (any chunk knob or --plan-file runs the chunk manager):
   --plan-file FILE         JSON plan (`memplan plan --json` output or a bare plan)
@@ -150,6 +161,7 @@ absl::StatusOr<std::vector<BlockMode>> BlockModesFromCounts(int num_blocks, int 
 
 absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args) {
   TrainConfig c;
+  bool lora_tuned = false;  // --lora-alpha or --lora-dropout given
   auto set_int = [](int64_t* out, int64_t lo, int64_t hi) {
     return [out, lo, hi](absl::string_view flag, const std::string& v) -> absl::Status {
       ASSIGN_OR_RETURN(*out, ParseInt(flag, v, lo, hi));
@@ -267,6 +279,31 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
       {"log-every", set_int(&c.log_every, 1, int64_t{1} << 40)},
       {"memory-timeline", set_string(&c.memory_timeline)},
       {"metrics", set_string(&c.metrics_address)},
+      {"lora-rank", set_int(&c.lora.rank, 1, int64_t{1} << 16)},
+      {"lora-alpha",
+       [&c, &lora_tuned](absl::string_view flag, const std::string& v) -> absl::Status {
+         ASSIGN_OR_RETURN(c.lora.alpha, ParseDouble(flag, v, 0, 1e12));
+         if (c.lora.alpha <= 0) return FlagError(flag, "must be > 0");
+         lora_tuned = true;
+         return absl::OkStatus();
+       }},
+      {"lora-dropout",
+       [&c, &lora_tuned](absl::string_view flag, const std::string& v) -> absl::Status {
+         lora_tuned = true;
+         ASSIGN_OR_RETURN(c.lora.dropout, ParseDouble(flag, v, 0, 1));
+         if (c.lora.dropout >= 1) return FlagError(flag, "must be in [0, 1)");
+         return absl::OkStatus();
+       }},
+      {"lora-targets",
+       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
+         auto targets = ParseLoraTargetList(absl::StrCat("--", flag), v);
+         if (!targets.ok()) return targets.status();
+         c.lora.targets = *std::move(targets);
+         return absl::OkStatus();
+       }},
+      {"load-adapter", set_string(&c.load_adapter_dir)},
+      {"save-adapter", set_string(&c.save_adapter_dir)},
+      {"merge-export", set_string(&c.merge_export_dir)},
       {"allocator-conf",
        [&c](absl::string_view, const std::string& v) -> absl::Status {
          c.allocator_conf = v;
@@ -317,6 +354,18 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
   }
   if (c.optimizer.has_value()) {
     RETURN_IF_ERROR(ResolveOptimizer(c, std::nullopt).status());
+  }
+  if (!c.lora.enabled()) {
+    for (const auto& [flag, set] :
+         std::vector<std::pair<const char*, bool>>{{"lora-targets", !c.lora.targets.empty()},
+                                                   {"load-adapter", !c.load_adapter_dir.empty()},
+                                                   {"save-adapter", !c.save_adapter_dir.empty()},
+                                                   {"merge-export", !c.merge_export_dir.empty()}}) {
+      if (set) return FlagError(flag, "needs --lora-rank (a LoRA run)");
+    }
+    if (lora_tuned) return FlagError("lora-alpha/--lora-dropout", "needs --lora-rank");
+  } else if (c.lora.targets.empty()) {
+    return FlagError("lora-rank", "needs --lora-targets (e.g. q_proj,v_proj or all)");
   }
   return c;
 }
@@ -386,6 +435,65 @@ absl::StatusOr<std::optional<OptimizerKind>> ParsePlanOptimizer(absl::string_vie
     object = Field(*object, "plan");
   }
   return std::nullopt;
+}
+
+absl::StatusOr<std::optional<TrainingMethod>> ParsePlanTraining(absl::string_view json) {
+  const Json root = Json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) return absl::InvalidArgumentError("not valid JSON");
+  const Json* holder = &root;
+  for (int depth = 0; depth < 8 && holder != nullptr && holder->is_object(); ++depth) {
+    for (const Json* h : {holder, Field(*holder, "request")}) {
+      if (h == nullptr || !h->is_object()) continue;
+      const Json* t = Field(*h, "training");
+      if (t == nullptr || !t->is_object()) continue;
+      TrainingMethod method;
+      const Json* kind = Field(*t, "kind");
+      std::string k = kind != nullptr && kind->is_string() ? kind->get<std::string>() : "full";
+      k = absl::AsciiStrToLower(k);
+      if (absl::StartsWith(k, "training_kind_")) k = k.substr(14);
+      if (k == "lora") {
+        method.kind = TrainingKind::kLora;
+      } else if (k == "qlora") {
+        method.kind = TrainingKind::kQlora;
+      } else if (k != "full" && k != "unspecified") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("plan file: training kind \"", k, "\" is not full, lora or qlora"));
+      }
+      if (const Json* r = Field(*t, "lora_rank"); r != nullptr) {
+        if (r->is_number_integer()) {
+          method.lora_rank = r->get<int64_t>();
+        } else if (r->is_string() && !absl::SimpleAtoi(r->get<std::string>(), &method.lora_rank)) {
+          return absl::InvalidArgumentError("plan file: training.lora_rank is not an integer");
+        }
+      }
+      if (const Json* m = Field(*t, "lora_target_modules"); m != nullptr && m->is_array()) {
+        for (const Json& name : *m) {
+          if (name.is_string()) method.lora_target_modules.push_back(name.get<std::string>());
+        }
+      }
+      return std::optional<TrainingMethod>(method);
+    }
+    holder = Field(*holder, "plan");
+  }
+  return std::optional<TrainingMethod>();
+}
+
+absl::Status CheckPlanTraining(const TrainConfig& config,
+                               const std::optional<TrainingMethod>& plan_training) {
+  if (!plan_training.has_value()) return absl::OkStatus();
+  auto describe = [](const TrainingMethod& m) {
+    if (m.kind == TrainingKind::kFull) return std::string("a full fine-tune");
+    std::vector<std::string> modules = m.lora_target_modules;
+    std::sort(modules.begin(), modules.end());
+    return absl::StrCat(m.kind == TrainingKind::kQlora ? "QLoRA" : "LoRA", " rank ", m.lora_rank,
+                        " on ", absl::StrJoin(modules, ","));
+  };
+  const TrainingMethod run = LoraTrainingMethod(config.lora);
+  if (describe(run) == describe(*plan_training)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "--plan-file ", config.plan_file, " was made for ", describe(*plan_training),
+      ", this run is ", describe(run), " (--lora-rank/--lora-targets): its memory figures are "
+      "not this run's; plan again for this method"));
 }
 
 absl::StatusOr<OptimizerKind> ResolveOptimizer(const TrainConfig& config,

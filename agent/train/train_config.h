@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "agent/model/lora_options.h"
 #include "common/types.h"
 
 namespace memplan {
@@ -33,6 +34,12 @@ struct TrainConfig {
   double weight_decay = 0.01;
   std::optional<DType> dtype;   // default: bf16 on CUDA, fp32 on CPU; bf16 with adamw_bf16
   std::optional<OptimizerKind> optimizer;  // default: the plan file's, else adamw
+  // LoRA (--lora-rank > 0): adapters on the frozen base; PEFT-format adapter in and out, and a
+  // merged Hugging Face export.
+  LoraOptions lora;
+  std::string load_adapter_dir;
+  std::string save_adapter_dir;
+  std::string merge_export_dir;
   std::string device = "auto";  // cpu | cuda | cuda:N | auto
   bool plain = false;           // unmanaged, all NONE: plain autograd without per-group Functions
   uint64_t seed = 0;
@@ -106,6 +113,16 @@ absl::Status CheckPlanLayout(const ResidencyPlan& plan, const std::string& sourc
 // "plan" descent, or in a "request" object there, e.g. a stored plan's PlanRequest); nullopt when
 // the file names none (PlanResponse JSON does not).
 absl::StatusOr<std::optional<OptimizerKind>> ParsePlanOptimizer(absl::string_view json);
+
+// The training method a plan file was made for: a "training" object ({"kind": "lora" | "full",
+// "lora_rank", "lora_target_modules"}) found like ParsePlanOptimizer's key; nullopt when none.
+absl::StatusOr<std::optional<TrainingMethod>> ParsePlanTraining(absl::string_view json);
+
+// FAILED_PRECONDITION naming the flags when the plan file was made for another training method
+// (full vs LoRA, another rank or target set): its memory figures are not this run's. A file that
+// names no method is accepted.
+absl::Status CheckPlanTraining(const TrainConfig& config,
+                               const std::optional<TrainingMethod>& plan_training);
 
 // --optimizer, else the plan file's, else adamw. INVALID_ARGUMENT naming --optimizer when the flag
 // and the plan file disagree, or naming --optimizer and --dtype when the dtype does not fit

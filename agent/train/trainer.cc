@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "agent/io/peft_adapter.h"
 #include "common/optimizer_bytes.h"
 #include "common/status.h"
 
@@ -452,7 +453,11 @@ absl::Status Trainer::SaveCheckpoint(const std::string& dir, io::TrainerState st
   try {
     ASSIGN_OR_RETURN(std::vector<NamedParam> optimizer_state, OptimizerState());
     std::vector<NamedParam> params = Params();
-    if (!distributed() || options_.communicator->rank() == 0) {
+    if (model_->has_lora()) {
+      // [LoRA checkpoints] (agent/io/peft_adapter.h): adapters and their state only.
+      written = io::SaveLoraCheckpoint(dir, state, model_->options().lora, model_->spec().name,
+                                       params, optimizer_state);
+    } else if (!distributed() || options_.communicator->rank() == 0) {
       written = io::SaveCheckpoint(dir, state, params, optimizer_state);
     }
   } catch (const c10::Error& e) {

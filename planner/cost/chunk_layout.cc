@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/chunk_packing.h"
+#include "common/lora_shapes.h"
 #include "common/nf4_bytes.h"
 #include "common/param_shapes.h"
 
@@ -22,7 +23,13 @@ std::optional<std::vector<LayoutParam>> MatchingArchParams(const Trace& trace) {
     return std::nullopt;
   }
   const int64_t dtype = DTypeBytes(trace.param_dtype);
-  const std::vector<int64_t> want = StageParamBytes(trace);
+  std::vector<int64_t> want = StageParamBytes(trace);
+  // A LoRA trace's blocks count their adapters too; the agent packs those in chunks of their
+  // own ([LoRA managers], common/lora_shapes.h), so the base list matches the rest.
+  for (const LayoutParam& p : LoraLayoutParams(a, trace.training, dtype)) {
+    if (p.group < 0 || p.group >= static_cast<int>(want.size())) return std::nullopt;
+    want[p.group] -= p.numel * p.dtype_bytes;
+  }
   std::vector<int64_t> got(want.size(), 0);
   // QLoRA packs NF4 parts and adapters ([QLoRA layout], common/nf4_bytes.h).
   std::vector<LayoutParam> params = trace.training.kind == TrainingKind::kQlora

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/lora_shapes.h"
 #include "common/optimizer_bytes.h"
 
 namespace memplan {
@@ -271,6 +273,17 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   // Full fine-tuning: the agent's state spans each chunk exactly (alignment gaps included). With
   // LoRA only the trainable share holds state.
   const bool full_ft = StageTrainableBytes(trace_) == StageParamBytes(trace_);
+  // [LoRA managers] (agent/train/trainer.cc) for a trace of a known architecture: the base chunks
+  // are frozen (parameters only: no grads, staging or state, FrozenChunkHost() on the host) and
+  // the adapters live in chunks of their own, all persistent (common/lora_shapes.h): a constant
+  // on the device that every n_persist carries.
+  std::optional<LoraAdapterBytes> adapters;
+  if (trace_.training.kind == TrainingKind::kLora && ArchMatchesTrace(trace_)) {
+    absl::StatusOr<LoraAdapterBytes> a = PersistentLoraAdapterBytes(
+        trace_.arch, trace_.training, dtype_bytes_,
+        ChunkPackingOptions{t.layout.chunk_bytes, kChunkAlignmentBytes}, opt);
+    if (a.ok()) adapters = *a;
+  }
   const double hbm = hardware_.hbm_bytes_per_second * options_.hbm_efficiency;
   t.fill_prefix.assign(c_count + 1, 0);
   t.train_prefix.assign(c_count + 1, 0);
@@ -282,9 +295,17 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   t.cpu_opt_prefix.assign(c_count + 1, 0);
   int64_t max_train = 0, max_fill = 0, second_fill = 0;
   t.persistent_prefix.assign(c_count + 1, 0);
+  if (adapters.has_value()) {
+    t.adapters_persistent = true;
+    t.alloc_prefix[0] = adapters->chunk_bytes;
+    t.opt_prefix[0] = adapters->state_bytes;
+    t.train_prefix[0] = adapters->grad_bytes;
+    t.persistent_prefix[0] = t.alloc_prefix[0] + t.opt_prefix[0];
+    t.gpu_opt_prefix[0] = static_cast<double>(adapters->params * touch_bpp) / hbm;
+  }
   for (int32_t c = 0; c < c_count; ++c) {
     const int64_t fill = t.layout.chunk_param_bytes[c];
-    const int64_t train = t.layout.chunk_trainable_bytes[c];
+    const int64_t train = adapters.has_value() ? 0 : t.layout.chunk_trainable_bytes[c];
     const int64_t train_params = train / dtype_bytes_;
     // The agent allocates a persistent chunk at its exact size (no tail padding).
     const int64_t alloc = fill;
@@ -294,17 +315,26 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
         opt, dtype_bytes_, options_.grad_accum, fill, options_.world_size);
     const double state_share =
         full_ft || fill == 0 ? 1.0 : static_cast<double>(train) / static_cast<double>(fill);
+    // [LoRA managers]: a frozen base chunk holds its parameters only.
+    const OffloadedChunkHostBytes frozen =
+        FrozenChunkHost(ShardElems(fill / dtype_bytes_, options_.world_size) * dtype_bytes_);
     const int64_t host =
-        offloaded.transfer_bytes +
-        (full_ft ? offloaded.state_bytes
-                 : static_cast<int64_t>(std::ceil(offloaded.state_bytes * state_share)));
-    const int64_t state_elems = full_ft ? fill / dtype_bytes_ : train_params;
+        adapters.has_value()
+            ? frozen.total()
+            : offloaded.transfer_bytes +
+                  (full_ft ? offloaded.state_bytes
+                           : static_cast<int64_t>(std::ceil(offloaded.state_bytes * state_share)));
+    const int64_t state_elems = adapters.has_value() ? 0
+                                : full_ft            ? fill / dtype_bytes_
+                                                     : train_params;
     t.fill_prefix[c + 1] = t.fill_prefix[c] + fill;
     t.train_prefix[c + 1] = t.train_prefix[c] + train;
     t.alloc_prefix[c + 1] = t.alloc_prefix[c] + alloc;
     t.opt_prefix[c + 1] = t.opt_prefix[c] + state_elems * gpu_opt_bpe;
     t.host_prefix[c + 1] = t.host_prefix[c] + host;
-    t.host_transfer_prefix[c + 1] = t.host_transfer_prefix[c] + offloaded.transfer_bytes;
+    t.host_transfer_prefix[c + 1] =
+        t.host_transfer_prefix[c] +
+        (adapters.has_value() ? frozen.transfer_bytes : offloaded.transfer_bytes);
     t.gpu_opt_prefix[c + 1] =
         t.gpu_opt_prefix[c] + static_cast<double>(train_params * touch_bpp) / hbm;
     t.cpu_opt_prefix[c + 1] = t.cpu_opt_prefix[c] + static_cast<double>(train_params) / w /
@@ -321,7 +351,7 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   // Offloaded chunks' grads are produced in a chunk-sized staging buffer and copied out while
   // the next one fills: two of them.
   t.grad_staging_bytes = 2 * max_train;
-  if (options_.world_size > 1) {
+  if (options_.world_size > 1 && !adapters.has_value()) {
     // Sharded ([Sharded chunks]): a chunk's grads collect in an fp32 tensor over the padded
     // chunk until it is reduce-scattered (two chunks in flight, as above: the two largest), plus
     // the fp32 shard the collective writes and its model-dtype rounding (CUDA); on CUDA the
@@ -335,7 +365,8 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   // The GPU optimizer updates one persistent chunk at a time; when it runs on an fp32 master
   // (adamw, sgd on bf16) that chunk's grads are first copied to fp32.
   t.optimizer_step_extra_bytes =
-      max_train / dtype_bytes_ * StepGradCopyBytesPerElem(opt, dtype_bytes_);
+      adapters.has_value() ? adapters->step_extra_bytes
+                           : max_train / dtype_bytes_ * StepGradCopyBytesPerElem(opt, dtype_bytes_);
   // The agent's buffers: shared ones sized for the largest regular chunk of the layout, and one
   // of its own for each non-persistent oversized chunk.
   t.shared_buffer_bytes = 0;
@@ -485,7 +516,8 @@ int64_t CostModel::GradPhaseRawBytes(int32_t n_persist) const {
   // Persistent grads are produced during backward (nothing holds them before the first block's
   // backward); they are all alive when the embedding's backward ends, next to its transient,
   // and in the optimizer step, next to the fp32 copy of one chunk's grads (mixed precision).
-  const int64_t step_extra = n_persist > 0 ? chunks_->optimizer_step_extra_bytes : 0;
+  const bool updates_on_device = n_persist > 0 || chunks_->adapters_persistent;
+  const int64_t step_extra = updates_on_device ? chunks_->optimizer_step_extra_bytes : 0;
   return chunks_->train_prefix[n_persist] + std::max(emb_retained_ + emb_extra_, step_extra);
 }
 
@@ -1071,7 +1103,7 @@ Prediction CostModel::Assemble(const ResidencyPlan& plan, const Modes& m, bool f
   b.grads_bytes = staging + (grads_peak ? chunks_->train_prefix[plan.n_persist] : 0);
   b.optimizer_state_bytes = chunks_->opt_prefix[plan.n_persist];
   // At the grad phase: the embedding's backward, or the optimizer step's fp32 grad copy.
-  const bool step_copy = grads_peak && plan.n_persist > 0 &&
+  const bool step_copy = grads_peak && (plan.n_persist > 0 || chunks_->adapters_persistent) &&
                          chunks_->optimizer_step_extra_bytes > emb_retained_ + emb_extra_;
   b.activations_bytes = grads_peak ? (step_copy ? 0 : emb_retained_) : dyn.activations;
   b.checkpoint_chain_bytes = grads_peak ? 0 : dyn.checkpoint_chain;

@@ -236,6 +236,9 @@ class CostModel {
     std::vector<int64_t> persistent_prefix;  // alloc + opt
     std::vector<double> gpu_opt_prefix, cpu_opt_prefix;
     int64_t grad_staging_bytes = 0;
+    // LoRA of a known architecture: the adapters' chunks, grads and state are in every
+    // persistent prefix (index 0 included) and updated on the device ([LoRA managers]).
+    bool adapters_persistent = false;
     int64_t optimizer_step_extra_bytes = 0;  // fp32 copy of one chunk's grads (mixed precision)
     int64_t shared_buffer_bytes = 0;          // largest regular chunk of the layout
     std::vector<int64_t> oversized_suffix;    // size C + 1: oversized chunk bytes in [c, C)

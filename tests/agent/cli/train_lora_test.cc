@@ -1,0 +1,180 @@
+// `memplan-agent train --lora-*`: a LoRA run with dropout saved and resumed equals one that never
+// stopped (the adapter files byte for byte), a LoRA checkpoint is refused without the LoRA flags, and bad LoRA
+// flags fail naming the flag and the allowed range.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/agent/subprocess.h"
+
+namespace memplan {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Exit {
+  int code = -1;
+  std::string err;
+};
+
+Exit RunAgent(const std::vector<std::string>& args, const std::string& base) {
+  const testing::Child child = testing::Spawn(args, {}, base);
+  int status = 0;
+  EXPECT_EQ(waitpid(child.pid, &status, 0), child.pid);
+  Exit e;
+  e.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  e.err = testing::ReadFile(child.err_path) + testing::ReadFile(child.out_path);
+  std::remove(child.out_path.c_str());
+  std::remove(child.err_path.c_str());
+  return e;
+}
+
+std::vector<double> StepLosses(const std::string& log) {
+  std::vector<double> losses;
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    if (line.find("msg=\"step\"") == absl::string_view::npos) continue;
+    for (absl::string_view field : absl::StrSplit(line, ' ')) {
+      double v = 0;
+      if (absl::ConsumePrefix(&field, "loss=") && absl::SimpleAtod(field, &v)) losses.push_back(v);
+    }
+  }
+  return losses;
+}
+
+std::vector<std::string> LoraArgs(const std::string& data, int steps) {
+  return {MEMPLAN_AGENT_BINARY,
+          "train",
+          "--arch",
+          "llama-tiny",
+          "--device",
+          "cpu",
+          "--data",
+          data,
+          "--batch",
+          "2",
+          "--seq",
+          "32",
+          "--steps",
+          std::to_string(steps),
+          "--lr",
+          "1e-2",
+          "--lora-rank",
+          "4",
+          "--lora-alpha",
+          "8",
+          "--lora-dropout",
+          "0.1",
+          "--lora-targets",
+          "q_proj,v_proj,down_proj",
+          "--chunk-mib",
+          "1",
+          "--n-persist",
+          "1",
+          "--n-ckpt",
+          "1",
+          "--host-memory",
+          "pageable",
+          "--cpu-threads",
+          "1"};
+}
+
+std::vector<std::string> With(std::vector<std::string> args, const std::vector<std::string>& more) {
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+class TrainLoraTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    base_ = absl::StrCat(::testing::TempDir(), "/train_lora_", getpid());
+    data_ = base_ + ".tokens";
+    const Exit made = RunAgent(
+        {MEMPLAN_MAKE_TOKENS_BINARY, "--out=" + data_, "--tokens=8192", "--vocab=2048", "--seed=5"},
+        base_ + ".make");
+    ASSERT_EQ(made.code, 0) << made.err;
+  }
+  // This binary does not link Torch, so std::filesystem is safe here.
+  void TearDown() override {
+    for (const char* suffix : {".straight", ".ckpt", ".resumed", ".tokens"}) {
+      std::filesystem::remove_all(base_ + suffix);
+    }
+  }
+  std::string base_, data_;
+};
+
+TEST_F(TrainLoraTest, ResumedRunEqualsTheStraightOneByteForByte) {
+  const Exit straight =
+      RunAgent(With(LoraArgs(data_, 4), {"--save-adapter", base_ + ".straight"}), base_ + ".s");
+  ASSERT_EQ(straight.code, 0) << straight.err;
+  const Exit first = RunAgent(With(LoraArgs(data_, 2), {"--save", base_ + ".ckpt"}), base_ + ".f");
+  ASSERT_EQ(first.code, 0) << first.err;
+  const Exit second = RunAgent(
+      With(LoraArgs(data_, 4), {"--resume", base_ + ".ckpt", "--save-adapter", base_ + ".resumed"}),
+      base_ + ".r");
+  ASSERT_EQ(second.code, 0) << second.err;
+  const std::vector<double> all = StepLosses(straight.err);
+  std::vector<double> parts = StepLosses(first.err);
+  for (double l : StepLosses(second.err)) parts.push_back(l);
+  ASSERT_EQ(all.size(), 4u);
+  EXPECT_EQ(all, parts);
+  const std::string want = testing::ReadFile(base_ + ".straight/adapter_model.safetensors");
+  EXPECT_GT(want.size(), 1000u);
+  EXPECT_TRUE(want == testing::ReadFile(base_ + ".resumed/adapter_model.safetensors"))
+      << "the resumed run's adapter differs from the straight run's";
+  EXPECT_THAT(testing::ReadFile(base_ + ".straight/adapter_config.json"),
+              HasSubstr("\"peft_type\": \"LORA\""));
+
+  // The checkpoint is a LoRA one: a full fine-tune cannot resume it.
+  const Exit full =
+      RunAgent({MEMPLAN_AGENT_BINARY, "train", "--arch", "llama-tiny", "--device", "cpu", "--data",
+                data_, "--batch", "2", "--seq", "32", "--steps", "3", "--resume", base_ + ".ckpt"},
+               base_ + ".full");
+  EXPECT_NE(full.code, 0);
+  EXPECT_THAT(full.err, HasSubstr("is a LoRA checkpoint: resume it with --lora-rank"));
+}
+
+TEST_F(TrainLoraTest, BadFlagsNameTheFlagAndTheRange) {
+  struct Case {
+    std::vector<std::string> extra;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"--lora-rank", "0", "--lora-targets", "all"}, "--lora-rank: 0 is outside [1, 65536]"},
+      {{"--lora-rank", "4", "--lora-targets", "all", "--lora-dropout", "1"},
+       "--lora-dropout: must be in [0, 1)"},
+      {{"--lora-rank", "4", "--lora-targets", "q_proj,qkv"},
+       "--lora-targets: unknown module 'qkv'"},
+      {{"--lora-rank", "4"}, "--lora-rank: needs --lora-targets"},
+      {{"--save-adapter", "x"}, "--save-adapter: needs --lora-rank"},
+      {{"--lora-rank", "100000", "--lora-targets", "all"}, "--lora-rank: 100000 is outside"},
+      {{"--lora-rank", "4096", "--lora-targets", "all"},
+       "--lora-rank = 4096; allowed: 1 to hidden_size"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {MEMPLAN_AGENT_BINARY,
+                                     "train",
+                                     "--arch",
+                                     "llama-tiny",
+                                     "--device",
+                                     "cpu",
+                                     "--data",
+                                     data_,
+                                     "--steps",
+                                     "1"};
+    args.insert(args.end(), c.extra.begin(), c.extra.end());
+    const Exit e = RunAgent(args, base_ + ".bad");
+    EXPECT_NE(e.code, 0) << c.message;
+    EXPECT_THAT(e.err, HasSubstr(c.message));
+  }
+}
+
+}  // namespace
+}  // namespace memplan
