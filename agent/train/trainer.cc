@@ -109,6 +109,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
     return absl::InvalidArgumentError(absl::StrCat("trainer: ", problem, "; the model is ",
                                                    std::string(DTypeName(model->options().dtype))));
   }
+  if (o.optimizer == OptimizerKind::kAdamW8bit && !o.managed) {
+    return absl::InvalidArgumentError(
+        "trainer: optimizer adamw8bit runs in the chunk manager (a managed run: a plan, "
+        "--chunk-mib or --n-persist); the unmanaged path has no 8-bit state");
+  }
   trainer->params_ = model->Params();
   try {
     if (NeedsOffloader(o.block_modes)) {
@@ -157,6 +162,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
             trainer->param_steps_.push_back(0);
           }
           break;
+        case OptimizerKind::kAdamW8bit:
+          break;  // refused above
       }
     }
   } catch (const c10::Error& e) {
@@ -349,6 +356,7 @@ absl::StatusOr<std::vector<NamedParam>> Trainer::OptimizerState() {
       case OptimizerKind::kAdamW:
         return io::ExportAdamWState(static_cast<torch::optim::AdamW&>(*optimizer_), params_);
       case OptimizerKind::kSgd:
+      case OptimizerKind::kAdamW8bit:  // managed only
         return std::vector<NamedParam>();  // no momentum: no state
       case OptimizerKind::kAdamWBf16States: {
         std::vector<NamedParam> out;
@@ -412,6 +420,7 @@ absl::Status Trainer::ImportOptimizerState(const std::vector<NamedParam>& state)
     case OptimizerKind::kAdamW:
       return io::ImportAdamWState(state, params_, static_cast<torch::optim::AdamW&>(*optimizer_));
     case OptimizerKind::kSgd:
+    case OptimizerKind::kAdamW8bit:  // managed only
       return absl::OkStatus();  // no state (a managed bf16 run's fp32 masters are not used here)
     case OptimizerKind::kAdamWBf16States:
       break;
