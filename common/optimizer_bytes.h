@@ -7,6 +7,20 @@
 //   adamw_bf16  pure low-precision AdamW (torch.optim.AdamW(fused=True) on bf16 parameters):
 //               exp_avg + exp_avg_sq in the parameter dtype, no master; requires bf16 parameters.
 //   sgd         torch SGD (no momentum): no state; an fp32 master when the parameters are narrower.
+//   adamw8bit   bitsandbytes' AdamW8bit: exp_avg / exp_avg_sq as uint8 codes of the dynamic maps
+//               with one fp32 absmax per 256-element block of each parameter per moment
+//               ([8-bit optimizer state]); no master: the update runs in fp32 and is rounded into
+//               the parameter dtype, as bitsandbytes does.
+//
+// [8-bit optimizer state]
+// Blocks are bitsandbytes' per tensor: elements [256 k, 256 (k + 1)) of each parameter (the last
+// one partial), whatever the chunk layout, so the numerics do not depend on the chunking. Every
+// tensor is quantized, small ones included (bitsandbytes' min_8bit_size = 0): the bytes then stay
+// a function of the chunk size alone. Absmax values are stored per chunk (or rank's shard) in
+// slots, one per 256 bytes of parameters: a parameter starts at a multiple of the 256-byte
+// alignment, so block starts fall on distinct slots (ceil((start - shard start) / slot elems));
+// with world size W > 1 a block cut by a shard boundary is two blocks, one per rank, each with its
+// absmax (what makes W ranks differ from one, only in those blocks).
 #pragma once
 
 #include <cstdint>
@@ -17,7 +31,23 @@ namespace memplan {
 
 // The update runs on an fp32 master copy (parameters narrower than fp32, adamw and sgd).
 constexpr bool OptimizerKeepsMaster(OptimizerKind kind, int64_t dtype_bytes) {
-  return kind != OptimizerKind::kAdamWBf16States && dtype_bytes != 4;
+  return kind != OptimizerKind::kAdamWBf16States && kind != OptimizerKind::kAdamW8bit &&
+         dtype_bytes != 4;
+}
+
+// [8-bit optimizer state] constants.
+inline constexpr int64_t kQuantBlockElems = 256;  // elements per absmax block of a parameter
+inline constexpr int64_t kQuantSlotBytes = 256;   // parameter bytes per absmax slot; also the
+                                                  // chunk alignment adamw8bit requires
+constexpr int64_t QuantSlotElems(int64_t dtype_bytes) { return kQuantSlotBytes / dtype_bytes; }
+// Absmax slots (per moment) of `elems` consecutive chunk elements: every start offset in
+// [0, elems) that rounds up to a slot, ceil((elems - 1) / g) + 1.
+constexpr int64_t QuantAbsmaxSlots(int64_t elems, int64_t dtype_bytes) {
+  return elems <= 0 ? 0 : (elems - 1 + QuantSlotElems(dtype_bytes) - 1) / QuantSlotElems(dtype_bytes) + 1;
+}
+// Bytes of the absmax arrays of `elems` chunk elements (both moments); 0 for other optimizers.
+constexpr int64_t QuantAbsmaxBytes(OptimizerKind kind, int64_t dtype_bytes, int64_t elems) {
+  return kind == OptimizerKind::kAdamW8bit ? 2 * 4 * QuantAbsmaxSlots(elems, dtype_bytes) : 0;
 }
 
 // Moment tensors per parameter (exp_avg, exp_avg_sq) and the bytes of one element of each.
@@ -25,14 +55,22 @@ constexpr int64_t OptimizerMoments(OptimizerKind kind) {
   return kind == OptimizerKind::kSgd ? 0 : 2;
 }
 constexpr int64_t OptimizerMomentElemBytes(OptimizerKind kind, int64_t dtype_bytes) {
-  return kind == OptimizerKind::kAdamWBf16States ? dtype_bytes : 4;
+  return kind == OptimizerKind::kAdamW8bit         ? 1
+         : kind == OptimizerKind::kAdamWBf16States ? dtype_bytes
+                                                   : 4;
 }
 
 // Device bytes per element of a persistent chunk's optimizer state (master + moments, allocated
-// flat over the chunk's whole span); gradients come on top.
+// flat over the chunk's whole span); gradients come on top. adamw8bit adds its absmax arrays per
+// chunk: PersistentStateBytes() is the whole figure.
 constexpr int64_t PersistentStateBytesPerElem(OptimizerKind kind, int64_t dtype_bytes) {
   return (OptimizerKeepsMaster(kind, dtype_bytes) ? 4 : 0) +
          OptimizerMoments(kind) * OptimizerMomentElemBytes(kind, dtype_bytes);
+}
+// Device bytes of a persistent chunk of `elems` elements: per-element state + absmax arrays.
+constexpr int64_t PersistentStateBytes(OptimizerKind kind, int64_t dtype_bytes, int64_t elems) {
+  return elems * PersistentStateBytesPerElem(kind, dtype_bytes) +
+         QuantAbsmaxBytes(kind, dtype_bytes, elems);
 }
 
 // Transient device bytes per element of the persistent chunk being updated: the fp32 copy of its
@@ -53,8 +91,12 @@ struct OffloadedChunkHostBytes {
 // narrower staging copy or micro-batches are summed (adamw, sgd); for adamw_bf16 the sum is kept
 // in the parameter dtype (as torch accumulates .grad) and only exists with grad_accum > 1 (with
 // one micro-batch the staging copy is the grad).
+// adamw8bit sums like adamw_bf16 (the parameter dtype, as torch accumulates .grad before
+// bitsandbytes reads it).
 constexpr int64_t GradSumElemBytes(OptimizerKind kind, int64_t dtype_bytes, int grad_accum) {
-  if (kind == OptimizerKind::kAdamWBf16States) return grad_accum > 1 ? dtype_bytes : 0;
+  if (kind == OptimizerKind::kAdamWBf16States || kind == OptimizerKind::kAdamW8bit) {
+    return grad_accum > 1 ? dtype_bytes : 0;
+  }
   return OptimizerKeepsMaster(kind, dtype_bytes) || grad_accum > 1 ? 4 : 0;
 }
 
@@ -65,7 +107,8 @@ constexpr OffloadedChunkHostBytes OffloadedChunkHost(OptimizerKind kind, int64_t
   b.transfer_bytes = 2 * chunk_bytes;
   b.state_bytes = elems * ((OptimizerKeepsMaster(kind, dtype_bytes) ? 4 : 0) +
                            GradSumElemBytes(kind, dtype_bytes, grad_accum) +
-                           OptimizerMoments(kind) * OptimizerMomentElemBytes(kind, dtype_bytes));
+                           OptimizerMoments(kind) * OptimizerMomentElemBytes(kind, dtype_bytes)) +
+                  QuantAbsmaxBytes(kind, dtype_bytes, elems);
   return b;
 }
 
@@ -103,7 +146,17 @@ constexpr OffloadedChunkHostBytes OffloadedShardHost(OptimizerKind kind, int64_t
 //   adamw update: param r/w, grad read, two moments r/w (fused kernel, one pass);
 //   sgd update: grad.add_(param, weight_decay) (3 x) then param.add_(grad, -lr) (3 x), charged
 //     with weight decay on (the default).
+//   adamw8bit (LibTorch ops, agent/chunks/adamw8bit_torch.cc, one pass per op), per moment:
+//     dequantize 29 (codes widened to int64 1 + 8, map gather 8 + 4, scaled by the absmax 8),
+//     quantize 43 (|x| 8, block max 4, x / absmax 8, select 8, bucketize 4 + 4, narrowed to
+//     uint8 4 + 1, stored 2); the update on fp32: moments 20 + 24, denominator 24, decay 8,
+//     addcdiv 16; for narrower parameters the grad and parameter widened (E + 4 each) and the
+//     parameter rounded back (4 + E). bf16: 254 B, about 18x adamw_bf16's fused pass.
 constexpr int64_t GpuOptimizerTouchBytesPerElem(OptimizerKind kind, int64_t dtype_bytes) {
+  if (kind == OptimizerKind::kAdamW8bit) {
+    const int64_t widen = dtype_bytes == 4 ? 0 : 3 * (dtype_bytes + 4);
+    return 2 * (29 + 43) + 20 + 24 + 24 + 8 + 16 + widen;
+  }
   const bool master = OptimizerKeepsMaster(kind, dtype_bytes);
   const int64_t w = master ? 4 : dtype_bytes;  // width the update runs in
   const int64_t convert = master ? 2 * (dtype_bytes + 4) : 0;
@@ -111,12 +164,24 @@ constexpr int64_t GpuOptimizerTouchBytesPerElem(OptimizerKind kind, int64_t dtyp
   return convert + 3 * w + 2 * 2 * OptimizerMomentElemBytes(kind, dtype_bytes);
 }
 
-// The optimizer's dtype requirement; empty when `dtype` is accepted. adamw_bf16 needs bf16.
+// The optimizer's dtype requirement; empty when `dtype` is accepted. adamw_bf16 needs bf16;
+// adamw8bit runs on fp32 and bf16 parameters.
 constexpr const char* OptimizerDTypeProblem(OptimizerKind kind, DType dtype) {
+  if (kind == OptimizerKind::kAdamW8bit && dtype == DType::kFloat16) {
+    return "optimizer adamw8bit updates fp32 or bf16 parameters (--dtype fp32 or bf16)";
+  }
   return kind == OptimizerKind::kAdamWBf16States && dtype != DType::kBFloat16
              ? "optimizer adamw_bf16 keeps bf16 parameters and states without an fp32 master: it "
                "needs a bf16 model (--optimizer adamw_bf16 with --dtype bf16)"
              : "";
+}
+
+// CPU optimizer time of one element relative to adamw's (the hardware profile's
+// cpu_adam_params_per_second is measured with adamw). adamw8bit dequantizes and requantizes both
+// moments around the same update: measured with memplan-cpu-adam-bench (docs/cost-model.md).
+inline constexpr double kAdamW8bitCpuTimeFactor = 2.0;
+constexpr double CpuOptimizerTimeFactor(OptimizerKind kind) {
+  return kind == OptimizerKind::kAdamW8bit ? kAdamW8bitCpuTimeFactor : 1.0;
 }
 
 }  // namespace memplan

@@ -39,6 +39,7 @@ std::string_view OptimizerName(OptimizerKind kind) {
     case OptimizerKind::kAdamW: return "adamw";
     case OptimizerKind::kAdamWBf16States: return "adamw_bf16";
     case OptimizerKind::kSgd: return "sgd";
+    case OptimizerKind::kAdamW8bit: return "adamw8bit";
   }
   return "adamw";
 }
@@ -47,9 +48,10 @@ std::optional<OptimizerKind> ParseOptimizer(std::string_view name) {
   if (name == "adamw") return OptimizerKind::kAdamW;
   if (name == "adamw_bf16") return OptimizerKind::kAdamWBf16States;
   if (name == "sgd") return OptimizerKind::kSgd;
+  if (name == "adamw8bit") return OptimizerKind::kAdamW8bit;
   return std::nullopt;
 }
 
-std::string_view OptimizerAllowList() { return "adamw, adamw_bf16, sgd"; }
+std::string_view OptimizerAllowList() { return "adamw, adamw_bf16, sgd, adamw8bit"; }
 
 }  // namespace memplan

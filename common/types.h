@@ -15,7 +15,7 @@ namespace memplan {
 enum class DType { kFloat32, kBFloat16, kFloat16 };
 enum class BlockMode { kNone, kCkpt, kSwap, kHsOffload };
 enum class HostMemoryKind { kPinned, kPageable };
-enum class OptimizerKind { kAdamW, kAdamWBf16States, kSgd };
+enum class OptimizerKind { kAdamW, kAdamWBf16States, kSgd, kAdamW8bit };
 // kQlora: LoRA adapters on a frozen base whose projection weights are 4-bit NF4
 // (common/nf4_bytes.h).
 enum class TrainingKind { kFull, kLora, kQlora };
@@ -25,9 +25,9 @@ std::string_view DTypeName(DType dtype);           // "fp32", "bf16", "fp16"
 std::optional<DType> ParseDType(std::string_view name);
 std::string_view BlockModeName(BlockMode mode);    // "none", "ckpt", "swap", "hs_offload"
 std::string_view HostMemoryKindName(HostMemoryKind kind);  // "pinned", "pageable"
-std::string_view OptimizerName(OptimizerKind kind);        // "adamw", "adamw_bf16", "sgd"
+std::string_view OptimizerName(OptimizerKind kind);  // "adamw", "adamw_bf16", "sgd", "adamw8bit"
 std::optional<OptimizerKind> ParseOptimizer(std::string_view name);
-// "adamw, adamw_bf16, sgd": the allow-list, for error messages.
+// "adamw, adamw_bf16, sgd, adamw8bit": the allow-list, for error messages.
 std::string_view OptimizerAllowList();
 
 // Rotary-embedding frequency scaling, as Hugging Face's `rope_parameters` (transformers 5.x) or

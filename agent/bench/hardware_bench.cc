@@ -110,6 +110,41 @@ double CpuAdamParamsPerSecond(const HardwareBenchOptions& options, int threads) 
   return static_cast<double>(n) / best;
 }
 
+// The adamw8bit pass of the same chunk (bf16 grads and parameters, uint8 moments with their
+// absmax slots, no master), for the ratio the cost model prices it by (kAdamW8bitCpuTimeFactor,
+// common/optimizer_bytes.h).
+double CpuAdamW8bitParamsPerSecond(const HardwareBenchOptions& options, int threads) {
+  const int64_t n = options.adam_params;
+  std::vector<uint16_t> grad16(n, 0x3c24), param16(n, 0x3f00);  // bf16 0.01, 0.5
+  std::vector<uint8_t> exp_avg(n, 0), exp_avg_sq(n, 0);
+  std::vector<float> absmax((n + 255) / 256 * 2, 0.0f), absmax_sq(absmax.size(), 0.0f);
+  constexpr int64_t kRange = int64_t{1} << 18;
+  ThreadPool pool(threads);
+  double best = 1e30;
+  for (int rep = 0; rep <= options.adam_repetitions; ++rep) {
+    const AdamWStepScalars s = MakeAdamWStepScalars(AdamWOptions{}, rep + 1);
+    TaskTracker tracker;
+    const auto start = Clock::now();
+    for (int64_t begin = 0; begin < n; begin += kRange) {
+      const int64_t len = std::min(kRange, n - begin);
+      tracker.Add();
+      pool.Schedule([&, begin, len] {
+        QuantBlocks blocks;  // bf16: two slots per 256-element block
+        blocks.first_slot_gap = 2;
+        blocks.slot_stride = 2;
+        AdamW8bitUpdateBf16(s, 1.0f, len, blocks, param16.data() + begin, grad16.data() + begin,
+                            exp_avg.data() + begin, exp_avg_sq.data() + begin,
+                            absmax.data() + begin / 128, absmax_sq.data() + begin / 128,
+                            &TorchSqrt);
+        tracker.Done();
+      });
+    }
+    tracker.Wait();
+    if (rep > 0) best = std::min(best, SecondsSince(start));
+  }
+  return static_cast<double>(n) / best;
+}
+
 // ---------------------------------------------------------------- GPU figures
 
 #ifdef MEMPLAN_BENCH_CUDA
@@ -414,6 +449,11 @@ HardwareBenchResult MeasureHardware(const HardwareBenchOptions& options) {
     rec.Add("cpu_adamw", spec.cpu_adam_params_per_second / 1e6, "Mparams/s",
             absl::StrCat(threads, " threads, bf16 grads -> fp32 AdamW -> bf16 params, ",
                          options.adam_params >> 20, "M params"));
+    const double q8 = CpuAdamW8bitParamsPerSecond(options, threads);
+    rec.Add("cpu_adamw8bit", q8 / 1e6, "Mparams/s",
+            absl::StrFormat("%d threads, bf16 -> 8-bit states; time x%.2f of cpu_adamw (the cost "
+                            "model uses kAdamW8bitCpuTimeFactor)",
+                            threads, spec.cpu_adam_params_per_second / q8));
   }
 
   result.gpu_status = MeasureGpu(options, rec, spec);

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/chunk_packing.h"
+#include "agent/chunks/adamw8bit_torch.h"
 #include "agent/chunks/cpu_adamw.h"
 #include "agent/chunks/host_buffer.h"
 #include "agent/chunks/thread_pool.h"
@@ -102,6 +103,9 @@ struct Param {
   torch::Tensor exp_avg;  // moments: fp32 (adamw) or the model dtype (adamw_bf16); none for sgd
   torch::Tensor exp_avg_sq;
   torch::Tensor fused_step;  // the step counter at::_fused_adamw_ keeps on the device
+  // adamw8bit: the absmax of each of its 256-element blocks, strided views into the chunk's slots
+  // ([8-bit optimizer state]); the moments above are then uint8 codes.
+  torch::Tensor exp_avg_absmax, exp_avg_sq_absmax;
 };
 
 struct Chunk {
@@ -119,6 +123,7 @@ struct Chunk {
   torch::Tensor device;      // persistent: the flat parameter storage
   // Persistent: flat optimizer state over the chunk's span (common/optimizer_bytes.h).
   torch::Tensor device_master, device_exp_avg, device_exp_avg_sq;
+  torch::Tensor device_exp_avg_absmax, device_exp_avg_sq_absmax;  // adamw8bit slots
   // Non-persistent: host arrays laid out like the chunk (element offsets of the layout), sized by
   // OffloadedChunkHost() (common/optimizer_bytes.h).
   HostBuffer param_host;  // model dtype; upload source (and the updated parameter without master)
@@ -127,6 +132,8 @@ struct Chunk {
   HostBuffer grad_accum;  // grad sum over micro-batches (GradSumElemBytes), unless grad_stage is it
   HostBuffer exp_avg;     // moments in OptimizerMomentElemBytes
   HostBuffer exp_avg_sq;
+  HostBuffer exp_avg_absmax;  // adamw8bit: QuantAbsmaxSlots() fp32 slots of this shard
+  HostBuffer exp_avg_sq_absmax;
   int home = -1;              // device buffer slot, see [Fixed buffer slots]
   bool materialized = false;  // parameters currently view the home buffer
   int micro_batches = 0;      // micro-batches whose grads arrived in this step
@@ -161,6 +168,7 @@ struct RangeWork {
   bool accumulate = false;
   bool first = false;  // first micro-batch with a grad: copy instead of add
   bool update = false;
+  int64_t from = 0;  // the range's first element within its parameter (adamw8bit's block phase)
   int64_t step = 0;         // the parameter's update count after this update
   AdamWStepScalars scalars;  // adamw
 };
@@ -234,10 +242,17 @@ class ChunkManager::Impl {
   // adamw_bf16: parameters, grads and moments in the model dtype, at::_fused_adamw_ on them.
   bool pure() const { return optimizer() == OptimizerKind::kAdamWBf16States; }
   bool has_moments() const { return OptimizerMoments(optimizer()) > 0; }
-  torch::ScalarType moment_dtype() const { return pure() ? dtype_ : torch::kFloat32; }
+  // adamw8bit: uint8 moments with absmax slots, no master ([8-bit optimizer state]).
+  bool quantized() const { return optimizer() == OptimizerKind::kAdamW8bit; }
+  torch::ScalarType moment_dtype() const {
+    return quantized() ? torch::kUInt8 : pure() ? dtype_ : torch::kFloat32;
+  }
   // The dtype of an offloaded chunk's grad as the update reads it (HostGrad()).
-  // adamw / sgd: fp32 (the fp32 sum, or the staging copy of an fp32 model).
-  torch::ScalarType host_grad_dtype() const { return pure() ? dtype_ : torch::kFloat32; }
+  // adamw / sgd: fp32 (the fp32 sum, or the staging copy of an fp32 model); adamw_bf16 and
+  // adamw8bit: the model dtype (summed as torch sums .grad).
+  torch::ScalarType host_grad_dtype() const {
+    return pure() || quantized() ? dtype_ : torch::kFloat32;
+  }
   torch::TensorOptions DeviceOptions() const {
     return torch::TensorOptions().dtype(dtype_).device(options_.device);
   }
@@ -268,7 +283,13 @@ class ChunkManager::Impl {
   void ReduceGradShard(int c);
   absl::Status AllReducePersistentGrads();
   absl::StatusOr<double> ShardedSquaredNorm();
-  torch::Tensor GatherHost(const void* data, torch::ScalarType dtype, const Chunk& chunk);
+  torch::Tensor GatherHost(const void* data, torch::ScalarType dtype, const Chunk& chunk,
+                           int64_t elems = -1);
+  // adamw8bit ([8-bit optimizer state]).
+  int64_t slot_elems() const { return QuantSlotElems(elem_size()); }
+  void OptimizerState8bit(std::vector<NamedParam>& out);
+  absl::Status LoadState8bit(const std::map<std::string, torch::Tensor>& by_key, Param& p,
+                             bool fresh);
   // A failed collective inside a hook: remembered for Step() and thrown (c10::Error) so that
   // autograd unwinds.
   void FailCollective(const absl::Status& status);
@@ -308,6 +329,7 @@ class ChunkManager::Impl {
   // Upload accounting: finished durations are folded into upload_stats_; pairs of timing events
   // (start, end) whose copies may still run wait in timed_uploads_.
   ChunkUploadStats upload_stats_;
+  QuantMapTensors quant_maps_;  // adamw8bit: the maps on the device, for persistent chunks
   std::vector<std::pair<EventPtr, EventPtr>> timed_uploads_;
   void FoldTimedUploads(bool wait);
 #ifdef MEMPLAN_CHUNKS_CUDA
@@ -386,6 +408,7 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
 
   placeholder_ = torch::zeros({}, DeviceOptions());
   try {
+    if (quantized() && !options_.profile_only) quant_maps_ = MakeQuantMapTensors(options_.device);
     torch::NoGradGuard no_grad;
     for (int c = 0; c < layout_.num_chunks(); ++c) {
       Chunk& chunk = chunks_[c];
@@ -408,6 +431,11 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
           chunk.device_exp_avg = torch::zeros({chunk.span_elems}, moments);
           chunk.device_exp_avg_sq = torch::zeros({chunk.span_elems}, moments);
         }
+        if (quantized()) {
+          const int64_t slots = QuantAbsmaxSlots(chunk.span_elems, elem_bytes);
+          chunk.device_exp_avg_absmax = torch::zeros({slots}, fp32);
+          chunk.device_exp_avg_sq_absmax = torch::zeros({slots}, fp32);
+        }
         for (int i : chunk.params) {
           Param& p = params_[i];
           auto view = [&p](const torch::Tensor& flat) {
@@ -418,11 +446,25 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
             p.exp_avg = view(chunk.device_exp_avg);
             p.exp_avg_sq = view(chunk.device_exp_avg_sq);
           }
+          if (quantized()) {
+            // Block k of the parameter starts at chunk element offset + 256 k: slot
+            // (offset + 256 k) / slot_elems, a multiple of the alignment.
+            const int64_t blocks = (p.numel + kQuantBlockElems - 1) / kQuantBlockElems;
+            const int64_t first = p.offset_elems / slot_elems();
+            const int64_t stride = kQuantBlockElems / slot_elems();
+            auto slots = [&](const torch::Tensor& flat) {
+              return flat.slice(0, first, first + (blocks - 1) * stride + 1, stride);
+            };
+            p.exp_avg_absmax = slots(chunk.device_exp_avg_absmax);
+            p.exp_avg_sq_absmax = slots(chunk.device_exp_avg_sq_absmax);
+          }
           // at::_fused_adamw_ reads the step from a tensor on the parameters' device.
-          if (has_moments() && (cuda() || pure())) p.fused_step = torch::zeros({}, fp32);
+          if (has_moments() && !quantized() && (cuda() || pure())) {
+            p.fused_step = torch::zeros({}, fp32);
+          }
         }
         stats_.persistent_state_device_bytes +=
-            chunk.span_elems * PersistentStateBytesPerElem(optimizer(), elem_bytes);
+            PersistentStateBytes(optimizer(), elem_bytes, chunk.span_elems);
         continue;
       }
       const int64_t shard_bytes = chunk.shard_elems * elem_bytes;
@@ -450,11 +492,17 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
         chunk.exp_avg = HostBuffer::AllocatePageable(span * moment);
         chunk.exp_avg_sq = HostBuffer::AllocatePageable(span * moment);
       }
+      if (quantized()) {
+        const int64_t slot_bytes = QuantAbsmaxBytes(optimizer(), elem_bytes, span) / 2;
+        chunk.exp_avg_absmax = HostBuffer::AllocatePageable(slot_bytes);
+        chunk.exp_avg_sq_absmax = HostBuffer::AllocatePageable(slot_bytes);
+      }
       for (const HostBuffer* b : {&chunk.param_host, &chunk.grad_stage}) {
         (b->pinned() ? stats_.host_pinned_bytes : stats_.host_pageable_bytes) += b->size_bytes();
       }
-      for (const HostBuffer* b :
-           {&chunk.master, &chunk.grad_accum, &chunk.exp_avg, &chunk.exp_avg_sq}) {
+      for (const HostBuffer* b : {&chunk.master, &chunk.grad_accum, &chunk.exp_avg,
+                                  &chunk.exp_avg_sq, &chunk.exp_avg_absmax,
+                                  &chunk.exp_avg_sq_absmax}) {
         stats_.host_pageable_bytes += b->size_bytes();
       }
       for (int i : chunk.params) {
@@ -812,11 +860,16 @@ void ChunkManager::Impl::ScheduleChunkWork(int c, bool accumulate, bool update, 
     }
     if (!base.accumulate && !base.update) continue;
     const OwnedRange owned = Owned(p, chunk);  // the whole parameter unless sharded
-    for (int64_t off = 0; off < owned.len; off += kTaskElems) {
+    // adamw8bit: tasks end on the parameter's block boundaries (kTaskElems is a multiple of 256
+    // and the pieces are cut at parameter offsets that are multiples of it).
+    const int64_t phase = quantized() ? owned.from % kTaskElems : 0;
+    for (int64_t off = 0; off < owned.len;) {
       RangeWork w = base;
       w.begin = owned.at + off;
-      w.len = std::min(kTaskElems, owned.len - off);
+      w.from = owned.from + off;
+      w.len = std::min(kTaskElems - (off == 0 ? phase : 0), owned.len - off);
       work.push_back(w);
+      off += w.len;
     }
   }
   if (update) chunk.update_started = true;
@@ -831,6 +884,9 @@ void ChunkManager::Impl::ScheduleChunkWork(int c, bool accumulate, bool update, 
   const OptimizerKind kind = optimizer();
   const bool narrow = dtype_ != torch::kFloat32;  // bf16 staging copy and upload copy
   const bool keeps_master = master();
+  const int64_t slot = slot_elems();
+  float* exp_avg_absmax = chunk.exp_avg_absmax.as<float>();
+  float* exp_avg_sq_absmax = chunk.exp_avg_sq_absmax.as<float>();
   const AdamWOptions adamw = options_.adamw;
   const SgdStepScalars sgd = MakeSgdStepScalars(adamw.lr, adamw.weight_decay);
   char* stage = static_cast<char*>(chunk.grad_stage.data());
@@ -849,7 +905,8 @@ void ChunkManager::Impl::ScheduleChunkWork(int c, bool accumulate, bool update, 
       if (copied) copied->synchronize();
       if (w.accumulate) {
         const uint16_t* in16 = reinterpret_cast<const uint16_t*>(stage) + w.begin;
-        if (kind == OptimizerKind::kAdamWBf16States) {
+        if (kind == OptimizerKind::kAdamWBf16States ||
+            (kind == OptimizerKind::kAdamW8bit && narrow)) {
           // bf16 sum rounded after every add, as torch accumulates a bf16 .grad.
           AccumulateGradBf16Rounded(w.first, w.len, in16, accum16 + w.begin);
         } else if (narrow) {
@@ -873,6 +930,29 @@ void ChunkManager::Impl::ScheduleChunkWork(int c, bool accumulate, bool update, 
         case OptimizerKind::kSgd:
           SgdUpdate(sgd, grad_scale, w.len, master32 + w.begin, grad32 + w.begin);
           break;
+        case OptimizerKind::kAdamW8bit: {
+          // [8-bit optimizer state]: a block starting at shard element e has slot ceil(e / g);
+          // the range's first block is the rest of the parameter block it starts in.
+          QuantBlocks blocks;
+          blocks.first_block_elems = kQuantBlockElems - w.from % kQuantBlockElems;
+          const int64_t first_slot = (w.begin + slot - 1) / slot;
+          blocks.first_slot_gap =
+              (w.begin + blocks.first_block_elems + slot - 1) / slot - first_slot;
+          blocks.slot_stride = kQuantBlockElems / slot;
+          uint8_t* m = static_cast<uint8_t*>(exp_avg) + w.begin;
+          uint8_t* v = static_cast<uint8_t*>(exp_avg_sq) + w.begin;
+          if (narrow) {
+            AdamW8bitUpdateBf16(w.scalars, grad_scale, w.len, blocks, param16 + w.begin,
+                                static_cast<const uint16_t*>(grad) + w.begin, m, v,
+                                exp_avg_absmax + first_slot, exp_avg_sq_absmax + first_slot,
+                                &TorchSqrt);
+          } else {
+            AdamW8bitUpdate(w.scalars, grad_scale, w.len, blocks, master32 + w.begin,
+                            grad32 + w.begin, m, v, exp_avg_absmax + first_slot,
+                            exp_avg_sq_absmax + first_slot, &TorchSqrt);
+          }
+          break;
+        }
         case OptimizerKind::kAdamWBf16States:
           // torch's own fused kernel on host views of the range: the same function as the
           // persistent chunks' update and torch.optim.AdamW(fused=True) on bf16 parameters.
@@ -1082,11 +1162,12 @@ absl::StatusOr<double> ChunkManager::Impl::ShardedSquaredNorm() {
 }
 
 torch::Tensor ChunkManager::Impl::GatherHost(const void* data, torch::ScalarType dtype,
-                                             const Chunk& chunk) {
-  torch::Tensor shard = torch::from_blob(const_cast<void*>(data), {chunk.shard_elems},
+                                             const Chunk& chunk, int64_t elems) {
+  if (elems < 0) elems = chunk.shard_elems;
+  torch::Tensor shard = torch::from_blob(const_cast<void*>(data), {elems},
                                          torch::TensorOptions().dtype(dtype))
                             .to(comm_->device(), /*non_blocking=*/false, /*copy=*/true);
-  torch::Tensor full = torch::empty({chunk.padded_elems}, shard.options());
+  torch::Tensor full = torch::empty({elems * world_}, shard.options());
   const absl::Status s = comm_->AllGather(full, shard)->Wait();
   if (!s.ok()) FailCollective(s);
   return full.to(torch::kCPU);
@@ -1256,6 +1337,12 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
       }
       torch::Tensor grad = p.tensor.grad();
       ++p.step;
+      if (quantized()) {
+        AdamW8bitTorchUpdate(options_.adamw, p.step, clip_coef, quant_maps_, p.tensor.detach(),
+                             grad, p.exp_avg, p.exp_avg_sq, p.exp_avg_absmax,
+                             p.exp_avg_sq_absmax);
+        continue;
+      }
       torch::Tensor target = master() ? p.master : p.tensor.detach();
       updated.push_back(&p);
       if (optimizer() == OptimizerKind::kAdamWBf16States) {
@@ -1387,6 +1474,11 @@ std::vector<NamedParam> ChunkManager::Impl::Grads() {
 
 std::vector<NamedParam> ChunkManager::Impl::OptimizerState() {
   WaitAll();
+  if (quantized()) {
+    std::vector<NamedParam> out;
+    OptimizerState8bit(out);
+    return out;
+  }
   // Sharded: the state arrays of every offloaded chunk with an updated parameter, gathered.
   std::map<const void*, torch::Tensor> gathered;
   if (sharded()) {
@@ -1432,6 +1524,150 @@ std::vector<NamedParam> ChunkManager::Impl::OptimizerState() {
   }
   if (!out.empty()) out.push_back({"step", torch::tensor(step, torch::kInt64)});
   return out;
+}
+
+// [8-bit optimizer state] in checkpoints: per parameter "<name>.exp_avg.q8" and
+// "<name>.exp_avg_sq.q8" (uint8 codes, the parameter's shape) and "<name>.exp_avg.absmax",
+// "<name>.exp_avg_sq.absmax" (fp32, one per 256-element block of the parameter): bitsandbytes'
+// own state1/state2/absmax1/absmax2, independent of the chunk layout and world size.
+void ChunkManager::Impl::OptimizerState8bit(std::vector<NamedParam>& out) {
+  const int64_t g = slot_elems();
+  const int64_t slots_per_shard_block = kQuantBlockElems / g;
+  struct Gathered {
+    torch::Tensor codes[2];
+    torch::Tensor slots[2];  // every rank's slots, rank after rank
+    int64_t slots_per_rank = 0;
+  };
+  std::map<int, Gathered> gathered;
+  if (sharded()) {
+    for (int c = n_persist_; c < static_cast<int>(chunks_.size()); ++c) {
+      Chunk& chunk = chunks_[c];
+      bool any = false;
+      for (int i : chunk.params) any = any || params_[i].step > 0;
+      if (!any) continue;
+      Gathered& all = gathered[c];
+      all.slots_per_rank = QuantAbsmaxSlots(chunk.shard_elems, elem_size());
+      all.codes[0] = GatherHost(chunk.exp_avg.data(), torch::kUInt8, chunk);
+      all.codes[1] = GatherHost(chunk.exp_avg_sq.data(), torch::kUInt8, chunk);
+      all.slots[0] = GatherHost(chunk.exp_avg_absmax.data(), torch::kFloat32, chunk,
+                                all.slots_per_rank);
+      all.slots[1] = GatherHost(chunk.exp_avg_sq_absmax.data(), torch::kFloat32, chunk,
+                                all.slots_per_rank);
+    }
+  }
+  const float* maps[2] = {kSignedDynamicMap, kUnsignedDynamicMap};
+  const char* names[2] = {".exp_avg", ".exp_avg_sq"};
+  int64_t step = 0;
+  for (Param& p : params_) {
+    if (p.step == 0) continue;
+    step = std::max(step, p.step);
+    Chunk& chunk = chunks_[p.chunk];
+    const int64_t blocks = (p.numel + kQuantBlockElems - 1) / kQuantBlockElems;
+    for (int k = 0; k < 2; ++k) {
+      torch::Tensor codes, absmax;
+      if (chunk.persistent) {
+        codes = (k == 0 ? p.exp_avg : p.exp_avg_sq).to(torch::kCPU, false, /*copy=*/true);
+        absmax = (k == 0 ? p.exp_avg_absmax : p.exp_avg_sq_absmax)
+                     .to(torch::kCPU, false, /*copy=*/true)
+                     .contiguous();
+      } else if (!sharded()) {
+        const HostBuffer& c = k == 0 ? chunk.exp_avg : chunk.exp_avg_sq;
+        const HostBuffer& a = k == 0 ? chunk.exp_avg_absmax : chunk.exp_avg_sq_absmax;
+        codes = HostView(c.data(), p.offset_elems, p.shape, p.numel, torch::kUInt8).clone();
+        absmax = torch::from_blob(static_cast<float*>(a.data()) + p.offset_elems / g, {blocks},
+                                  {slots_per_shard_block}, torch::kFloat32)
+                     .clone();
+      } else {
+        // Each block from its owner's slot; a block cut by shard boundaries has one absmax per
+        // piece: the largest one becomes the block's, and the other pieces' codes are
+        // requantized to it (the only inexact step, on those blocks only).
+        const Gathered& all = gathered[p.chunk];
+        codes = all.codes[k].narrow(0, p.offset_elems, p.numel).clone();
+        absmax = torch::empty({blocks}, torch::kFloat32);
+        const float* slots = all.slots[k].data_ptr<float>();
+        uint8_t* code = codes.data_ptr<uint8_t>();
+        for (int64_t b = 0; b < blocks; ++b) {
+          const int64_t begin = p.offset_elems + b * kQuantBlockElems;  // chunk elements
+          const int64_t end = std::min(begin + kQuantBlockElems, p.offset_elems + p.numel);
+          std::vector<std::pair<int64_t, float>> pieces;  // (start, absmax)
+          for (int64_t at = begin; at < end;) {
+            const int64_t rank = at / chunk.shard_elems;
+            const int64_t local = at - rank * chunk.shard_elems;
+            pieces.emplace_back(at, slots[rank * all.slots_per_rank + (local + g - 1) / g]);
+            at = (rank + 1) * chunk.shard_elems;
+          }
+          float block_max = 0;
+          for (const auto& [at, a] : pieces) block_max = std::max(block_max, a);
+          for (size_t i = 0; i < pieces.size() && pieces.size() > 1; ++i) {
+            const auto [at, a] = pieces[i];
+            if (a == block_max) continue;
+            const int64_t piece_end = i + 1 < pieces.size() ? pieces[i + 1].first : end;
+            for (int64_t e = at; e < piece_end; ++e) {
+              uint8_t& c = code[e - p.offset_elems];
+              const float value = maps[k][c] * a;
+              c = NearestCode8bit(maps[k], block_max > 0 ? value / block_max : 0.0f);
+            }
+          }
+          absmax.data_ptr<float>()[b] = block_max;
+        }
+      }
+      out.push_back({p.name + names[k] + ".q8", codes.view(p.shape)});
+      out.push_back({p.name + names[k] + ".absmax", absmax});
+    }
+  }
+  if (!out.empty()) out.push_back({"step", torch::tensor(step, torch::kInt64)});
+}
+
+absl::Status ChunkManager::Impl::LoadState8bit(const std::map<std::string, torch::Tensor>& by_key,
+                                               Param& p, bool fresh) {
+  const int64_t g = slot_elems();
+  const int64_t blocks = (p.numel + kQuantBlockElems - 1) / kQuantBlockElems;
+  const char* names[2] = {".exp_avg", ".exp_avg_sq"};
+  Chunk& chunk = chunks_[p.chunk];
+  for (int k = 0; k < 2; ++k) {
+    torch::Tensor codes = torch::zeros(p.shape, torch::kUInt8);
+    torch::Tensor absmax = torch::zeros({blocks}, torch::kFloat32);
+    if (!fresh) {
+      const std::string q8 = p.name + names[k] + ".q8";
+      const std::string am = p.name + names[k] + ".absmax";
+      auto c = by_key.find(q8);
+      auto a = by_key.find(am);
+      if (c == by_key.end() || a == by_key.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("state: missing ", c == by_key.end() ? q8 : am));
+      }
+      if (c->second.scalar_type() != torch::kUInt8 || c->second.sizes().vec() != p.shape) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("state: ", q8, " must be uint8 codes of the parameter's shape"));
+      }
+      if (a->second.numel() != blocks || !c10::isFloatingType(a->second.scalar_type())) {
+        return absl::InvalidArgumentError(absl::StrCat("state: ", am, " must hold ", blocks,
+                                                       " fp32 values (one per 256 elements)"));
+      }
+      codes = c->second.detach().to(torch::kCPU);
+      absmax = a->second.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+    }
+    if (chunk.persistent) {
+      (k == 0 ? p.exp_avg : p.exp_avg_sq).copy_(codes);
+      (k == 0 ? p.exp_avg_absmax : p.exp_avg_sq_absmax).copy_(absmax);
+      continue;
+    }
+    const OwnedRange r = Owned(p, chunk);
+    if (r.len == 0) continue;
+    HostFlat((k == 0 ? chunk.exp_avg : chunk.exp_avg_sq).data(), r.at, r.len, torch::kUInt8)
+        .copy_(codes.reshape({-1}).narrow(0, r.from, r.len));
+    // Every block piece this shard holds takes its block's absmax (a cut block's pieces share
+    // it, which reads back the same values).
+    float* slots = (k == 0 ? chunk.exp_avg_absmax : chunk.exp_avg_sq_absmax).as<float>();
+    const float* values = absmax.data_ptr<float>();
+    for (int64_t from = r.from; from < r.from + r.len;) {
+      const int64_t b = from / kQuantBlockElems;
+      const int64_t local = r.at + (from - r.from);
+      slots[(local + g - 1) / g] = values[b];
+      from = (b + 1) * kQuantBlockElems;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ChunkManager::Impl::LoadParamsAndState(const std::vector<NamedParam>& values,
@@ -1496,6 +1732,13 @@ absl::Status ChunkManager::Impl::LoadParamsAndState(const std::vector<NamedParam
       const int64_t step = step_it->second.item<int64_t>();
       for (Param& p : params_) {
         Chunk& chunk = chunks_[p.chunk];
+        if (quantized()) {
+          const bool fresh = by_key.count(p.name + ".exp_avg.q8") == 0 &&
+                             by_key.count(p.name + ".exp_avg_sq.q8") == 0;
+          RETURN_IF_ERROR(LoadState8bit(by_key, p, fresh));
+          p.step = fresh ? 0 : step;
+          continue;
+        }
         // A parameter without state has not been updated yet: fresh state, step 0 (sgd keeps a
         // state only as the fp32 master of a bf16 model).
         const bool fresh =
@@ -1654,6 +1897,13 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("alignment_bytes: must be a positive multiple of the element size (",
                      elem_bytes, "), got ", options.alignment_bytes));
+  }
+  if (options.optimizer == OptimizerKind::kAdamW8bit &&
+      options.alignment_bytes % kQuantSlotBytes != 0) {
+    // Block starts must fall on distinct absmax slots ([8-bit optimizer state]).
+    return absl::InvalidArgumentError(
+        absl::StrCat("alignment_bytes: adamw8bit needs a multiple of ", kQuantSlotBytes,
+                     ", got ", options.alignment_bytes));
   }
   ASSIGN_OR_RETURN(ChunkPacking layout, LayoutOf(groups, options));
   if (layout.slots().size() != params.size()) {

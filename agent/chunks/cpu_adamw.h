@@ -64,9 +64,56 @@ struct SgdStepScalars {
   float neg_lr = 0;        // -lr
 };
 SgdStepScalars MakeSgdStepScalars(double lr, double weight_decay);
+
 // One SGD update of n fp32 elements in place; the gradient is first multiplied by grad_scale (the
 // clip coefficient) and is not modified.
 void SgdUpdate(const SgdStepScalars& s, float grad_scale, int64_t n, float* param,
                const float* grad);
+
+// 8-bit AdamW as bitsandbytes' AdamW8bit defines it (optimizer_update_8bit_blockwise, "adam"):
+// per block of <= 256 elements (common/optimizer_bytes.h, [8-bit optimizer state]) the uint8
+// codes are dequantized (map[code] * absmax, fp32), the fp32 AdamW update runs (AdamWUpdate's
+// operations, the order of bitsandbytes' CPU backend), and both moments are quantized again with
+// the block's new absmax (max |x|; code = the number of midpoints between consecutive map
+// entries below x * (1 / absmax): the nearest entry, ties to the lower one, as bitsandbytes'
+// default backend scales and buckets; an all-zero block keeps absmax 0).
+// The maps are bitsandbytes' create_dynamic_map(signed=True) for exp_avg and (signed=False) for
+// exp_avg_sq. bitsandbytes' native CPU quantizer (libbitsandbytes_cpu) differs: it divides, and
+// its approximate binary search sends values below about 1e-5 of the absmax to the +-2.1e-5
+// entries instead of the nearest one (tests/parity/adamw8bit_parity_test.py measures both).
+extern const float kSignedDynamicMap[256];
+extern const float kUnsignedDynamicMap[256];
+
+// The code of a value already divided by its block's absmax (in [-1, 1]): the nearest entry of
+// `map` (kSignedDynamicMap or kUnsignedDynamicMap), ties to the lower code.
+uint8_t NearestCode8bit(const float* map, float normed);
+// Quantizes n (1..256) values as one block; returns the absmax.
+float QuantizeBlock8bit(const float* map, int64_t n, const float* in, uint8_t* codes);
+// out[i] = map[codes[i]] * absmax.
+void DequantizeBlock8bit(const float* map, float absmax, int64_t n, const uint8_t* codes,
+                         float* out);
+
+// Where the absmax of each block of a range lives: block 0 (first_block_elems <= 256 elements,
+// the rest of a parameter block) at index 0, block b >= 1 (256 elements, the last one possibly
+// shorter) at first_slot_gap + (b - 1) * slot_stride of the absmax arrays.
+struct QuantBlocks {
+  int64_t first_block_elems = 256;
+  int64_t first_slot_gap = 1;
+  int64_t slot_stride = 1;
+};
+
+// 8-bit AdamW update of n elements in place: fp32 parameters and grads. The grad is multiplied by
+// grad_scale first (the clip coefficient), as in AdamWUpdate.
+void AdamW8bitUpdate(const AdamWStepScalars& s, float grad_scale, int64_t n,
+                     const QuantBlocks& blocks, float* param, const float* grad,
+                     uint8_t* exp_avg, uint8_t* exp_avg_sq, float* exp_avg_absmax,
+                     float* exp_avg_sq_absmax, VectorSqrtFn sqrt_fn = nullptr);
+// The same for bf16 parameters and grads (raw bits), without a master: the grad is widened
+// (grad_scale != 1: the product rounded to bf16 first, as clip_grad_norm_ scales a bf16 grad),
+// the update runs in fp32 and the parameter is rounded back to bf16 (nearest even).
+void AdamW8bitUpdateBf16(const AdamWStepScalars& s, float grad_scale, int64_t n,
+                         const QuantBlocks& blocks, uint16_t* param, const uint16_t* grad,
+                         uint8_t* exp_avg, uint8_t* exp_avg_sq, float* exp_avg_absmax,
+                         float* exp_avg_sq_absmax, VectorSqrtFn sqrt_fn = nullptr);
 
 }  // namespace memplan

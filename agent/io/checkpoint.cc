@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "agent/io/file_system.h"
@@ -173,6 +174,7 @@ absl::Status ValidateOptimizerState(const std::vector<NamedParam>& params,
   for (const NamedParam& p : params) param_by_name.emplace(p.name, &p.param);
   std::set<std::string> seen;
   std::map<std::string, int> moments;  // param -> count of exp_avg / exp_avg_sq entries
+  std::map<std::string, int> quantized;  // param -> count of 8-bit code and absmax entries
   bool has_step = false;
   for (const NamedParam& s : optimizer_state) {
     if (!s.param.defined()) {
@@ -188,6 +190,37 @@ absl::Status ValidateOptimizerState(const std::vector<NamedParam>& params,
         return absl::InvalidArgumentError("optimizer state \"step\" must be an integer scalar");
       }
       has_step = true;
+      continue;
+    }
+    // adamw8bit (common/optimizer_bytes.h, [8-bit optimizer state]): "<param>.<moment>.q8"
+    // (uint8 codes, the parameter's shape) and "<param>.<moment>.absmax" (fp32, one value per
+    // 256 elements of the parameter).
+    const bool codes = absl::EndsWith(s.name, ".q8");
+    if (codes || absl::EndsWith(s.name, ".absmax")) {
+      const std::string base = s.name.substr(0, s.name.rfind('.'));
+      const size_t at = base.rfind('.');
+      const std::string param = at == std::string::npos ? "" : base.substr(0, at);
+      const std::string moment = at == std::string::npos ? base : base.substr(at + 1);
+      auto it = param_by_name.find(param);
+      if ((moment != "exp_avg" && moment != "exp_avg_sq") || it == param_by_name.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("optimizer state \"", s.name,
+                         "\" is not \"<param>.{exp_avg,exp_avg_sq}.{q8,absmax}\" of a known "
+                         "parameter"));
+      }
+      const int64_t blocks = (it->second->numel() + 255) / 256;
+      const bool ok = codes ? s.param.scalar_type() == torch::kUInt8 &&
+                                  s.param.sizes() == it->second->sizes()
+                            : s.param.scalar_type() == torch::kFloat32 && s.param.dim() == 1 &&
+                                  s.param.numel() == blocks;
+      if (!ok) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "optimizer state \"", s.name, "\" is ", std::string(c10::toString(s.param.scalar_type())),
+            " ", ShapeString(s.param.sizes()), "; expected ",
+            codes ? absl::StrCat("uint8 ", ShapeString(it->second->sizes()))
+                  : absl::StrCat("float32 [", blocks, "] (one absmax per 256 elements)")));
+      }
+      ++quantized[param];
       continue;
     }
     const size_t dot = s.name.rfind('.');
@@ -213,6 +246,13 @@ absl::Status ValidateOptimizerState(const std::vector<NamedParam>& params,
     if (count != 2) {
       return absl::InvalidArgumentError(
           absl::StrCat("optimizer state of \"", param, "\" has only one of exp_avg / exp_avg_sq"));
+    }
+  }
+  for (const auto& [param, count] : quantized) {
+    if (count != 4 || moments.count(param) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer state of \"", param,
+          "\" needs exp_avg.q8, exp_avg.absmax, exp_avg_sq.q8 and exp_avg_sq.absmax only"));
     }
   }
   if (!optimizer_state.empty() && !has_step) {

@@ -78,10 +78,12 @@ Workload:
   --batch N (1)  --seq N (128)  --steps N (10)  --grad-accum N (1)
   --lr X (1e-4)  --clip X (1.0; 0 = off)  --weight-decay X (0.01)
   --dtype fp32|bf16|fp16   (default bf16 on CUDA, fp32 on CPU; bf16 with adamw_bf16)
-  --optimizer adamw|adamw_bf16|sgd   (adamw, or the plan file's)
+  --optimizer adamw|adamw_bf16|sgd|adamw8bit   (adamw, or the plan file's)
                            adamw: fp32 moments (+ fp32 master for bf16/fp16 models);
                            adamw_bf16: bf16 parameters and moments, no master (--dtype bf16,
-                           torch.optim.AdamW(fused=True) on bf16 parameters); sgd: no momentum
+                           torch.optim.AdamW(fused=True) on bf16 parameters); adamw8bit:
+                           bitsandbytes-style AdamW8bit (uint8 block-wise moments, no master;
+                           fp32 or bf16, managed runs); sgd: no momentum
                            (+ fp32 master for bf16/fp16 models in managed runs)
   --device cpu|cuda|cuda:N|auto (auto)   --seed N (0)
 LoRA (adapters on a frozen base, as PEFT's LoraConfig):
@@ -347,6 +349,10 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
   if (c.plain && (c.chunk_bytes || c.n_persist || c.n_buffer || c.block_modes || c.n_ckpt ||
                   c.n_swap || c.n_hs_offload || !c.plan_file.empty())) {
     return absl::InvalidArgumentError("--plain runs without a plan; drop the plan flags");
+  }
+  if (c.plain && c.optimizer == OptimizerKind::kAdamW8bit) {
+    return absl::InvalidArgumentError(
+        "--optimizer adamw8bit keeps its 8-bit state in the chunk manager; drop --plain");
   }
   if (c.block_modes.has_value() && (c.n_ckpt || c.n_swap || c.n_hs_offload)) {
     return absl::InvalidArgumentError(
@@ -644,6 +650,8 @@ absl::StatusOr<RunPlan> ResolveRunPlan(const TrainConfig& c, int num_blocks,
   }
   if (world_size > 1) run.managed = true;
   if (c.chunk_bytes || c.n_persist || c.n_buffer) run.managed = true;
+  // adamw8bit's state lives in the chunk manager only.
+  if (c.optimizer == OptimizerKind::kAdamW8bit) run.managed = true;
   if (c.chunk_bytes) run.chunk_bytes = *c.chunk_bytes;
   if (c.n_persist) run.n_persist = *c.n_persist;
   if (c.n_buffer) run.n_buffer = *c.n_buffer;

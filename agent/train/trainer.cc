@@ -144,6 +144,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
     return absl::InvalidArgumentError(
         "trainer: LoRA runs on one process for now (its frozen base is not sharded)");
   }
+  if (o.optimizer == OptimizerKind::kAdamW8bit && !o.managed) {
+    return absl::InvalidArgumentError(
+        "trainer: optimizer adamw8bit runs in the chunk manager (a managed run: a plan, "
+        "--chunk-mib or --n-persist); the unmanaged path has no 8-bit state");
+  }
   trainer->params_ = model->TrainableParams();
   try {
     if (NeedsOffloader(o.block_modes)) {
@@ -213,6 +218,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
             trainer->param_steps_.push_back(0);
           }
           break;
+        case OptimizerKind::kAdamW8bit:
+          break;  // refused above
       }
     }
   } catch (const c10::Error& e) {
@@ -415,6 +422,7 @@ absl::StatusOr<std::vector<NamedParam>> Trainer::OptimizerState() {
       case OptimizerKind::kAdamW:
         return io::ExportAdamWState(static_cast<torch::optim::AdamW&>(*optimizer_), params_);
       case OptimizerKind::kSgd:
+      case OptimizerKind::kAdamW8bit:  // managed only
         return std::vector<NamedParam>();  // no momentum: no state
       case OptimizerKind::kAdamWBf16States: {
         std::vector<NamedParam> out;
@@ -482,6 +490,7 @@ absl::Status Trainer::ImportOptimizerState(const std::vector<NamedParam>& state)
     case OptimizerKind::kAdamW:
       return io::ImportAdamWState(state, params_, static_cast<torch::optim::AdamW&>(*optimizer_));
     case OptimizerKind::kSgd:
+    case OptimizerKind::kAdamW8bit:  // managed only
       return absl::OkStatus();  // no state (a managed bf16 run's fp32 masters are not used here)
     case OptimizerKind::kAdamWBf16States:
       break;

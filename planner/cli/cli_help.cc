@@ -62,7 +62,8 @@ Workload:
   --grad-clipping        gradients are clipped by global norm (offloaded chunks then update
                          after backward instead of overlapping it)
   --dtype fp32|bf16|fp16 parameter dtype (default bf16)
-  --optimizer NAME       adamw (fp32 states, default), adamw_bf16, sgd
+  --optimizer NAME       adamw (fp32 states, default), adamw_bf16, adamw8bit (bitsandbytes-style
+                         8-bit block-wise states), sgd
   --lora-rank N          train LoRA adapters of this rank instead of a full fine-tune
   --lora-targets LIST    comma-separated modules: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,
                          down_proj, or 'all' (required with --lora-rank)

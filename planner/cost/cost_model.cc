@@ -263,7 +263,6 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   // What the agent holds and moves per optimizer: common/optimizer_bytes.h, the definition the
   // ChunkManager allocates by.
   const OptimizerKind opt = options_.optimizer;
-  const int64_t gpu_opt_bpe = PersistentStateBytesPerElem(opt, dtype_bytes_);
   // Gradient clipping reads every persistent grad for its norm and scales it in place (read and
   // write); without clipping the agent still takes the norm when there is one micro-batch.
   const int64_t norm_bpp = trace_.workload.grad_clipping       ? 3 * dtype_bytes_
@@ -330,14 +329,15 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
     t.fill_prefix[c + 1] = t.fill_prefix[c] + fill;
     t.train_prefix[c + 1] = t.train_prefix[c] + train;
     t.alloc_prefix[c + 1] = t.alloc_prefix[c] + alloc;
-    t.opt_prefix[c + 1] = t.opt_prefix[c] + state_elems * gpu_opt_bpe;
+    t.opt_prefix[c + 1] = t.opt_prefix[c] + PersistentStateBytes(opt, dtype_bytes_, state_elems);
     t.host_prefix[c + 1] = t.host_prefix[c] + host;
     t.host_transfer_prefix[c + 1] =
         t.host_transfer_prefix[c] +
         (adapters.has_value() ? frozen.transfer_bytes : offloaded.transfer_bytes);
     t.gpu_opt_prefix[c + 1] =
         t.gpu_opt_prefix[c] + static_cast<double>(train_params * touch_bpp) / hbm;
-    t.cpu_opt_prefix[c + 1] = t.cpu_opt_prefix[c] + static_cast<double>(train_params) / w /
+    t.cpu_opt_prefix[c + 1] = t.cpu_opt_prefix[c] + static_cast<double>(train_params) / w *
+                                                        CpuOptimizerTimeFactor(opt) /
                                                         hardware_.cpu_adam_params_per_second;
     max_train = std::max(max_train, train);
     if (fill > max_fill) {

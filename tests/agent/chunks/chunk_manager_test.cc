@@ -2,12 +2,19 @@
 // clip_grad_norm_): bit-exact in fp32 on CPU; bf16 and memory on a GPU when there is one.
 #include "agent/chunks/chunk_manager.h"
 
+#include <condition_variable>
 #include <functional>
+#include <mutex>
+#include <thread>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "agent/chunks/cpu_adamw.h"
+#include "agent/chunks/torch_sqrt.h"
+#include "agent/dist/communicator.h"
 #include "common/chunk_packing.h"
 #include "common/optimizer_bytes.h"
 #include "agent/core/torch_pch.h"
@@ -438,6 +445,401 @@ INSTANTIATE_TEST_SUITE_P(
         OptimizerCase{OptimizerKind::kSgd, true, 1, 1, false, 0.05, 1, false}),
     OptimizerCaseName);
 
+// adamw8bit: every parameter updated as bitsandbytes' AdamW8bit updates one tensor (the CPU
+// kernel on the whole tensor, itself checked against a reference in adamw8bit_test.cc), whether
+// its chunk is persistent (LibTorch ops on the device) or offloaded (CPU workers, in tasks), with
+// accumulation, clipping and overlapped updates; the exported state is the reference's.
+struct Q8Case {
+  bool bf16;
+  int n_persist;
+  int n_buffer;
+  bool tied;
+  double max_grad_norm;
+  int grad_accum;
+  bool overlap;
+};
+
+std::string Q8CaseName(const ::testing::TestParamInfo<Q8Case>& info) {
+  const Q8Case& c = info.param;
+  return std::string(c.bf16 ? "bf16" : "fp32") + "_persist" + std::to_string(c.n_persist) +
+         "_buf" + std::to_string(c.n_buffer) + (c.tied ? "_tied" : "") +
+         (c.max_grad_norm > 0 ? "_clip" : "") + "_accum" + std::to_string(c.grad_accum) +
+         (c.overlap ? "_overlap" : "");
+}
+
+struct Q8State {
+  torch::Tensor codes[2];  // exp_avg, exp_avg_sq
+  torch::Tensor absmax[2];
+};
+
+// The reference: one tensor, blocks from its element 0.
+void Q8Reference(const AdamWOptions& o, int64_t step, float grad_scale, torch::Tensor param,
+                 const torch::Tensor& grad, Q8State& st) {
+  const torch::Tensor g = grad.contiguous();
+  const int64_t n = param.numel();
+  const AdamWStepScalars s = MakeAdamWStepScalars(o, step);
+  if (param.scalar_type() == torch::kBFloat16) {
+    AdamW8bitUpdateBf16(s, grad_scale, n, QuantBlocks{},
+                        reinterpret_cast<uint16_t*>(param.data_ptr<at::BFloat16>()),
+                        reinterpret_cast<const uint16_t*>(g.data_ptr<at::BFloat16>()),
+                        st.codes[0].data_ptr<uint8_t>(), st.codes[1].data_ptr<uint8_t>(),
+                        st.absmax[0].data_ptr<float>(), st.absmax[1].data_ptr<float>(),
+                        &TorchSqrt);
+  } else {
+    AdamW8bitUpdate(s, grad_scale, n, QuantBlocks{}, param.data_ptr<float>(), g.data_ptr<float>(),
+                    st.codes[0].data_ptr<uint8_t>(), st.codes[1].data_ptr<uint8_t>(),
+                    st.absmax[0].data_ptr<float>(), st.absmax[1].data_ptr<float>(), &TorchSqrt);
+  }
+}
+
+// Hidden 40, vocabulary 50: 1600-element block weights (6.25 absmax blocks), a 2000-element
+// embedding; one block's group per chunk, so several chunks of each residency.
+ChunkManagerOptions Q8Options(const Q8Case& c) {
+  ChunkManagerOptions options = CpuOptions(c.n_persist, c.n_buffer);
+  options.optimizer = OptimizerKind::kAdamW8bit;
+  options.grad_accum = c.grad_accum;
+  options.max_grad_norm = c.overlap ? c.max_grad_norm : -1;
+  options.chunk_bytes = c.bf16 ? 4000 : 8000;
+  return options;
+}
+
+class ChunkManagerAdamW8bitTest : public ::testing::TestWithParam<Q8Case> {};
+
+TEST_P(ChunkManagerAdamW8bitTest, EqualsThePerTensorReference) {
+  const Q8Case c = GetParam();
+  const auto dtype = c.bf16 ? torch::kBFloat16 : torch::kFloat32;
+  const ToyModel reference = ToyModel::Make(4, c.tied, 40, 50, 42, dtype);
+  const ToyModel managed = reference.Clone();
+  const ChunkManagerOptions options = Q8Options(c);
+  auto manager_or = ChunkManager::Create(managed.Groups(), options);
+  ASSERT_TRUE(manager_or.ok()) << manager_or.status();
+  ChunkManager& manager = **manager_or;
+  ASSERT_GE(manager.MemoryStats().n_chunks, 4);
+  ASSERT_LT(manager.MemoryStats().n_persist, manager.MemoryStats().n_chunks);
+
+  std::map<std::string, torch::Tensor> ref_by_name = reference.ByName();
+  std::vector<torch::Tensor> ref_params;
+  std::vector<std::string> names;
+  std::vector<Q8State> states;
+  for (const NamedParam& p : manager.ParamOrder()) {
+    ref_params.push_back(ref_by_name.at(p.name));
+    names.push_back(p.name);
+    const int64_t blocks = (p.param.numel() + 255) / 256;
+    Q8State st;
+    for (int k = 0; k < 2; ++k) {
+      st.codes[k] = torch::zeros({p.param.numel()}, torch::kUInt8);
+      st.absmax[k] = torch::zeros({blocks});
+    }
+    states.push_back(st);
+  }
+  for (int step = 1; step <= 3; ++step) {
+    for (int micro = 0; micro < c.grad_accum; ++micro) {
+      const Batch batch = MakeBatch(50, 3000 + step * 10 + micro, torch::kCPU);
+      torch::Tensor ref_loss =
+          RunMicroBatch(reference, nullptr, false, batch.tokens, batch.targets);
+      torch::Tensor loss = RunMicroBatch(managed, &manager, false, batch.tokens, batch.targets);
+      ASSERT_TRUE(torch::equal(loss, ref_loss)) << "step " << step << " micro " << micro;
+    }
+    {
+      torch::NoGradGuard no_grad;
+      float grad_scale = 1.0f;
+      if (c.max_grad_norm > 0) {
+        std::vector<torch::Tensor> norms;
+        for (const torch::Tensor& p : ref_params) norms.push_back(p.grad().norm(2.0));
+        const torch::Tensor total = torch::stack(norms).norm(2.0);
+        grad_scale =
+            torch::clamp(c.max_grad_norm / (total + 1e-6), std::nullopt, 1.0).item<float>();
+        EXPECT_LT(grad_scale, 1.0f) << "the case should actually clip";
+      }
+      for (size_t i = 0; i < ref_params.size(); ++i) {
+        Q8Reference(options.adamw, step, grad_scale, ref_params[i].detach(), ref_params[i].grad(),
+                    states[i]);
+        ref_params[i].mutable_grad().reset();
+      }
+    }
+    ASSERT_TRUE(manager.Step(c.max_grad_norm).ok());
+    for (const NamedParam& p : manager.Params()) {
+      ASSERT_EQ(p.param.scalar_type(), dtype);
+      ASSERT_TRUE(torch::equal(p.param, ref_by_name.at(p.name).detach()))
+          << p.name << " after step " << step << ", max abs diff "
+          << (p.param.to(torch::kFloat32) - ref_by_name.at(p.name).detach().to(torch::kFloat32))
+                 .abs()
+                 .max()
+                 .item<double>();
+    }
+  }
+  std::map<std::string, torch::Tensor> state;
+  for (const NamedParam& s : manager.OptimizerState()) state[s.name] = s.param;
+  EXPECT_EQ(state.at("step").item<int64_t>(), 3);
+  for (size_t i = 0; i < names.size(); ++i) {
+    const char* moment[2] = {".exp_avg", ".exp_avg_sq"};
+    for (int k = 0; k < 2; ++k) {
+      const torch::Tensor& codes = state.at(names[i] + moment[k] + ".q8");
+      ASSERT_EQ(codes.scalar_type(), torch::kUInt8);
+      EXPECT_EQ(codes.sizes(), ref_by_name.at(names[i]).sizes());
+      EXPECT_TRUE(torch::equal(codes.reshape({-1}), states[i].codes[k])) << names[i] << k;
+      EXPECT_TRUE(torch::equal(state.at(names[i] + moment[k] + ".absmax"), states[i].absmax[k]))
+          << names[i] << k;
+    }
+    EXPECT_EQ(state.count(names[i] + ".exp_avg"), 0u);
+    EXPECT_EQ(state.count(names[i] + ".master"), 0u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AdamW8bit, ChunkManagerAdamW8bitTest,
+    ::testing::Values(
+        // bf16, n_persist, n_buffer, tied, max_grad_norm, grad_accum, overlap
+        Q8Case{false, 0, 1, false, 0, 1, true}, Q8Case{false, 2, 2, true, 0.05, 2, false},
+        Q8Case{false, 3, 2, false, 0, 2, true}, Q8Case{true, 1, 2, true, 0, 2, true},
+        Q8Case{true, 2, 1, false, 0.05, 1, false}, Q8Case{true, 0, 2, true, 0.05, 2, false}),
+    Q8CaseName);
+
+// Checkpoint: the state exported by one residency, loaded by another (other initial values),
+// continues training bit for bit.
+TEST(ChunkManagerTest, AdamW8bitCheckpointRoundTrip) {
+  for (const bool bf16 : {false, true}) {
+    const auto dtype = bf16 ? torch::kBFloat16 : torch::kFloat32;
+    const ToyModel a_model = ToyModel::Make(4, true, 40, 50, 11, dtype);
+    const ToyModel b_model = ToyModel::Make(4, true, 40, 50, 99, dtype);
+    auto a = ChunkManager::Create(a_model.Groups(), Q8Options({bf16, 0, 2, true, 0, 1, false}));
+    auto b = ChunkManager::Create(b_model.Groups(), Q8Options({bf16, 2, 1, true, 0, 1, false}));
+    ASSERT_TRUE(a.ok() && b.ok());
+    for (int step = 0; step < 2; ++step) {
+      const Batch batch = MakeBatch(50, 60 + step, torch::kCPU);
+      RunMicroBatch(a_model, a->get(), false, batch.tokens, batch.targets);
+      ASSERT_TRUE((*a)->Step(0.5).ok());
+    }
+    const std::vector<NamedParam> state = (*a)->OptimizerState();
+    ASSERT_TRUE((*b)->LoadParamsAndState((*a)->Params(), state).ok());
+    std::map<std::string, torch::Tensor> by_name;
+    for (const NamedParam& s : (*b)->OptimizerState()) by_name[s.name] = s.param;
+    for (const NamedParam& s : state) {
+      EXPECT_TRUE(torch::equal(by_name.at(s.name), s.param)) << s.name << " read back";
+    }
+    for (int step = 0; step < 2; ++step) {
+      const Batch batch = MakeBatch(50, 80 + step, torch::kCPU);
+      torch::Tensor la = RunMicroBatch(a_model, a->get(), false, batch.tokens, batch.targets);
+      torch::Tensor lb = RunMicroBatch(b_model, b->get(), false, batch.tokens, batch.targets);
+      EXPECT_TRUE(torch::equal(la, lb));
+      ASSERT_TRUE((*a)->Step(0.5).ok());
+      ASSERT_TRUE((*b)->Step(0.5).ok());
+    }
+    const auto pa = (*a)->Params();
+    const auto pb = (*b)->Params();
+    for (size_t i = 0; i < pa.size(); ++i) {
+      EXPECT_TRUE(torch::equal(pa[i].param, pb[i].param)) << pa[i].name;
+    }
+    // A state with a code tensor of the wrong type is refused, naming it.
+    std::vector<NamedParam> bad = state;
+    for (NamedParam& s : bad) {
+      if (absl::EndsWith(s.name, ".q8")) {
+        s.param = s.param.to(torch::kFloat32);
+        const absl::Status status = (*b)->LoadParamsAndState((*a)->Params(), bad);
+        EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_NE(status.message().find(s.name), absl::string_view::npos) << status;
+        break;
+      }
+    }
+  }
+}
+
+// Ranks as threads of one process: each collective blocks until every rank has called it, then
+// every rank computes its result from all inputs (in rank order, so sums are deterministic).
+class ThreadHub {
+ public:
+  explicit ThreadHub(int world) : world_(world), inputs_(world) {}
+  std::vector<torch::Tensor> Exchange(int rank, const torch::Tensor& input) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int64_t round = round_;
+    inputs_[rank] = input.to(torch::kCPU, false, /*copy=*/true);
+    if (++arrived_ == world_) {
+      result_ = inputs_;
+      arrived_ = 0;
+      ++round_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return round_ != round; });
+    }
+    return result_;  // no rank can start the next round before this one has read it
+  }
+  int world() const { return world_; }
+
+ private:
+  const int world_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<torch::Tensor> inputs_, result_;
+  int arrived_ = 0;
+  int64_t round_ = 0;
+};
+
+class ThreadCommunicator : public Communicator {
+ public:
+  ThreadCommunicator(ThreadHub& hub, int rank) : hub_(hub), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int world_size() const override { return hub_.world(); }
+  torch::Device device() const override { return torch::kCPU; }
+  std::unique_ptr<PendingCollective> AllGather(torch::Tensor output,
+                                               torch::Tensor input) override {
+    output.copy_(torch::cat(hub_.Exchange(rank_, input.reshape({-1}))));
+    return std::make_unique<Done>();
+  }
+  std::unique_ptr<PendingCollective> ReduceScatterSum(torch::Tensor output,
+                                                      torch::Tensor input) override {
+    output.copy_(Sum(hub_.Exchange(rank_, input.reshape({-1})))
+                     .narrow(0, rank_ * output.numel(), output.numel())
+                     .view(output.sizes()));
+    return std::make_unique<Done>();
+  }
+  std::unique_ptr<PendingCollective> AllReduceSum(torch::Tensor tensor) override {
+    tensor.copy_(Sum(hub_.Exchange(rank_, tensor)).view(tensor.sizes()));
+    return std::make_unique<Done>();
+  }
+
+ private:
+  struct Done : PendingCollective {
+    absl::Status Wait() override { return absl::OkStatus(); }
+  };
+  static torch::Tensor Sum(const std::vector<torch::Tensor>& all) {
+    torch::Tensor sum = all[0].clone();
+    for (size_t r = 1; r < all.size(); ++r) sum.add_(all[r]);
+    return sum;
+  }
+  ThreadHub& hub_;
+  const int rank_;
+};
+
+template <typename Fn>
+void RunRanks(int world, Fn fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) threads.emplace_back([&fn, r] { fn(r); });
+  for (std::thread& t : threads) t.join();
+}
+
+// adamw8bit sharded over 2 ranks ([Sharded chunks], [8-bit optimizer state]): every rank sees the
+// same batch, so the reduced gradients are exactly one process's, and the only difference from
+// one rank is the blocks a shard boundary cuts (each piece has its own absmax). After one step the
+// elements of every other block are bit-identical to one rank's and the cut ones close; the
+// state exported by the ranks loads into one rank and back without a change.
+TEST(ChunkManagerTest, AdamW8bitTwoRanksEqualOneOutsideCutBlocks) {
+  constexpr int kWorld = 2;
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    const auto dtype = bf16 ? torch::kBFloat16 : torch::kFloat32;
+    const Q8Case c{bf16, 1, 2, true, 0, 1, false};
+    const ChunkManagerOptions options = Q8Options(c);
+    const ToyModel single = ToyModel::Make(4, true, 40, 50, 21, dtype);
+    std::vector<ToyModel> ranks;
+    for (int r = 0; r < kWorld; ++r) ranks.push_back(single.Clone());
+    std::vector<Batch> batches;
+    for (int step = 0; step < 3; ++step) batches.push_back(MakeBatch(50, 400 + step, torch::kCPU));
+
+    // Which elements sit in a block cut by a shard boundary.
+    auto layout = ChunkManager::LayoutOf(single.Groups(), options);
+    ASSERT_TRUE(layout.ok());
+    const int64_t elem = bf16 ? 2 : 4;
+    std::map<std::string, torch::Tensor> cut;  // bool per element
+    int64_t cut_elems = 0, total = 0;
+    for (size_t i = 0; i < layout->slots().size(); ++i) {
+      const ParamSlot& slot = layout->slots()[i];
+      const LayoutParam& lp = layout->params()[i];
+      torch::Tensor mask = torch::zeros({lp.numel}, torch::kBool);
+      if (slot.chunk >= options.n_persist) {
+        const int64_t span = layout->chunks()[slot.chunk].size_bytes / elem;
+        const int64_t shard = (span + kWorld - 1) / kWorld;
+        const int64_t o = slot.offset_bytes / elem;
+        for (int64_t b = 0; b * 256 < lp.numel; ++b) {
+          const int64_t begin = o + b * 256, end = std::min(begin + 256, o + lp.numel);
+          for (int j = 1; j < kWorld; ++j) {
+            if (begin < j * shard && j * shard < end) {
+              mask.narrow(0, b * 256, end - begin).fill_(true);
+            }
+          }
+        }
+      }
+      cut_elems += mask.sum().item<int64_t>();
+      total += lp.numel;
+      cut[lp.name] = mask;
+    }
+    ASSERT_GT(cut_elems, 0) << "the layout should cut some block";
+    ASSERT_LT(cut_elems, total / 4);
+
+    auto one = ChunkManager::Create(single.Groups(), options);
+    ASSERT_TRUE(one.ok()) << one.status();
+    ThreadHub hub(kWorld);
+    std::vector<std::unique_ptr<ThreadCommunicator>> comms;
+    std::vector<std::unique_ptr<ChunkManager>> managers(kWorld);
+    for (int r = 0; r < kWorld; ++r) comms.push_back(std::make_unique<ThreadCommunicator>(hub, r));
+    for (int r = 0; r < kWorld; ++r) {
+      auto m = ChunkManager::Create(ranks[r].Groups(), options, comms[r].get());
+      ASSERT_TRUE(m.ok()) << m.status();
+      managers[r] = std::move(m).value();
+    }
+    std::vector<std::vector<NamedParam>> rank_params(kWorld), rank_state(kWorld);
+    std::vector<absl::Status> steps(kWorld);
+    for (int step = 0; step < 3; ++step) {
+      const Batch& batch = batches[step];
+      RunMicroBatch(single, one->get(), false, batch.tokens, batch.targets);
+      ASSERT_TRUE((*one)->Step(0).ok());
+      RunRanks(kWorld, [&](int r) {
+        RunMicroBatch(ranks[r], managers[r].get(), false, batch.tokens, batch.targets);
+        steps[r] = managers[r]->Step(0);
+        rank_params[r] = managers[r]->Params();
+        rank_state[r] = managers[r]->OptimizerState();
+      });
+      for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(steps[r].ok()) << steps[r];
+      const std::vector<NamedParam> want = (*one)->Params();
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_TRUE(torch::equal(rank_params[0][i].param, rank_params[1][i].param));
+        const torch::Tensor got = rank_params[0][i].param.to(torch::kFloat32).reshape({-1});
+        const torch::Tensor exp = want[i].param.to(torch::kFloat32).reshape({-1});
+        const torch::Tensor& mask = cut.at(want[i].name);
+        if (step == 0) {
+          // Identical inputs: everything outside the cut blocks is bit for bit one rank's.
+          EXPECT_TRUE(torch::equal(got.masked_select(~mask), exp.masked_select(~mask)))
+              << want[i].name;
+        }
+        // The cut blocks (and, from step 2 on, everything through the forward) stay close:
+        // an AdamW step moves an element by about lr.
+        EXPECT_LE((got - exp).abs().max().item<double>(), 0.5 * options.adamw.lr * (step + 1))
+            << want[i].name << " step " << step;
+      }
+    }
+    // Sharded export -> one rank -> export: unchanged; one rank's state -> the ranks -> export:
+    // unchanged (a cut block's pieces take the block's absmax and merge back exactly).
+    auto fresh = ChunkManager::Create(single.Clone().Groups(), options);
+    ASSERT_TRUE(fresh.ok());
+    ASSERT_TRUE((*fresh)->LoadParamsAndState(rank_params[0], rank_state[0]).ok());
+    std::map<std::string, torch::Tensor> back;
+    for (const NamedParam& s : (*fresh)->OptimizerState()) back[s.name] = s.param;
+    for (const NamedParam& s : rank_state[0]) {
+      EXPECT_TRUE(torch::equal(back.at(s.name), s.param)) << s.name;
+    }
+    for (int r = 1; r < kWorld; ++r) {
+      for (size_t i = 0; i < rank_state[0].size(); ++i) {
+        EXPECT_TRUE(torch::equal(rank_state[r][i].param, rank_state[0][i].param));
+      }
+    }
+    const std::vector<NamedParam> one_state = (*one)->OptimizerState();
+    const std::vector<NamedParam> one_params = (*one)->Params();
+    std::vector<absl::Status> loaded(kWorld);
+    std::vector<std::vector<NamedParam>> reexported(kWorld);
+    RunRanks(kWorld, [&](int r) {
+      loaded[r] = managers[r]->LoadParamsAndState(one_params, one_state);
+      reexported[r] = managers[r]->OptimizerState();
+    });
+    for (int r = 0; r < kWorld; ++r) {
+      ASSERT_TRUE(loaded[r].ok()) << loaded[r];
+      ASSERT_EQ(reexported[r].size(), one_state.size());
+      for (size_t i = 0; i < one_state.size(); ++i) {
+        EXPECT_EQ(reexported[r][i].name, one_state[i].name);
+        EXPECT_TRUE(torch::equal(reexported[r][i].param, one_state[i].param)) << one_state[i].name;
+      }
+    }
+  }
+}
+
 TEST(ChunkManagerTest, ReleasedParametersArePlaceholdersOfTheSameShape) {
   const ToyModel model = ToyModel::Make(4, /*tied=*/true, 16, 32, 3, torch::kFloat32);
   std::map<std::string, std::vector<int64_t>> shapes;
@@ -466,8 +868,8 @@ TEST(ChunkManagerTest, ReleasedParametersArePlaceholdersOfTheSameShape) {
 }
 
 TEST(ChunkManagerTest, HostMemoryIsExactlyTheLayout) {
-  for (OptimizerKind kind :
-       {OptimizerKind::kAdamW, OptimizerKind::kAdamWBf16States, OptimizerKind::kSgd}) {
+  for (OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kAdamWBf16States,
+                            OptimizerKind::kSgd, OptimizerKind::kAdamW8bit}) {
   for (bool bf16 : {false, true}) {
     if (kind == OptimizerKind::kAdamWBf16States && !bf16) continue;
     for (int grad_accum : {1, 2}) {
@@ -495,9 +897,13 @@ TEST(ChunkManagerTest, HostMemoryIsExactlyTheLayout) {
       ASSERT_EQ(stats.n_chunks, layout->num_chunks());
       EXPECT_EQ(stats.layout_bytes, layout->TotalBytes());
       int64_t offloaded = 0;
+      int64_t absmax_host = 0, absmax_device = 0;  // adamw8bit: one fp32 slot per 256 bytes
       for (int c = 0; c < layout->num_chunks(); ++c) {
         EXPECT_EQ(stats.chunk_bytes[c], layout->chunks()[c].size_bytes);
         if (c >= 2) offloaded += layout->chunks()[c].size_bytes;
+        const int64_t n = layout->chunks()[c].size_bytes / elem, g = 256 / elem;
+        const int64_t slots = kind == OptimizerKind::kAdamW8bit ? (n - 1 + g - 1) / g + 1 : 0;
+        (c >= 2 ? absmax_host : absmax_device) += 2 * 4 * slots;
       }
       EXPECT_EQ(stats.persistent_device_bytes, layout->RangeBytes(0, 2));
       int64_t own_buffers = 0;  // oversized non-persistent chunks have a buffer each
@@ -523,8 +929,11 @@ TEST(ChunkManagerTest, HostMemoryIsExactlyTheLayout) {
         case OptimizerKind::kSgd:  // fp32 master and grad sum for bf16
           per_elem = 4 * (bf16 ? 2 : (grad_accum > 1 ? 1 : 0));
           break;
+        case OptimizerKind::kAdamW8bit:  // uint8 codes, grad sum in the model dtype
+          per_elem = 2 + (grad_accum > 1 ? elem : 0);
+          break;
       }
-      const int64_t expected = 2 * offloaded + per_elem * (offloaded / elem);
+      const int64_t expected = 2 * offloaded + per_elem * (offloaded / elem) + absmax_host;
       const std::string what = absl::StrCat(std::string(OptimizerName(kind)), " bf16=", bf16,
                                             " accum=", grad_accum);
       EXPECT_EQ(stats.host_pinned_bytes, 0);
@@ -534,13 +943,18 @@ TEST(ChunkManagerTest, HostMemoryIsExactlyTheLayout) {
       for (int c = 0; c < layout->num_chunks(); ++c) {
         const int64_t bytes = layout->chunks()[c].size_bytes;
         if (c < 2) {
-          planner_state += bytes / elem * PersistentStateBytesPerElem(kind, elem);
+          planner_state += PersistentStateBytes(kind, elem, bytes / elem);
         } else {
           planner_host += OffloadedChunkHost(kind, elem, grad_accum, bytes).total();
         }
       }
       EXPECT_EQ(stats.host_pageable_bytes, planner_host) << what;
       EXPECT_EQ(stats.persistent_state_device_bytes, planner_state) << what;
+      if (kind == OptimizerKind::kAdamW8bit) {
+        EXPECT_EQ(stats.persistent_state_device_bytes,
+                  2 * layout->RangeBytes(0, 2) / elem + absmax_device)
+            << what;
+      }
     }
   }
   }

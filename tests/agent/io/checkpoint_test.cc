@@ -109,6 +109,47 @@ TEST(CheckpointTest, SaveLoadRoundTrip) {
   }
 }
 
+// adamw8bit's state ([8-bit optimizer state], common/optimizer_bytes.h): uint8 codes of the
+// parameter's shape and fp32 absmax per 256 elements, saved and loaded as they are; wrong
+// shapes, dtypes and a missing piece are refused, naming the entry.
+TEST(CheckpointTest, SavesAndValidatesEightBitState) {
+  const std::string dir = NewDir("eight_bit") + "/ckpt";
+  const std::vector<NamedParam> params = Params(4);
+  std::vector<NamedParam> state;
+  for (size_t i = 0; i + 1 < params.size(); ++i) {
+    const torch::Tensor& p = params[i].param;
+    const int64_t blocks = (p.numel() + 255) / 256;
+    for (const char* moment : {".exp_avg", ".exp_avg_sq"}) {
+      state.push_back({params[i].name + moment + ".q8",
+                       torch::randint(256, p.sizes(), torch::kUInt8)});
+      state.push_back({params[i].name + moment + ".absmax", torch::rand({blocks})});
+    }
+  }
+  state.push_back({"step", torch::tensor(int64_t{7})});
+  ASSERT_TRUE(SaveCheckpoint(dir, Trainer(7), params, state).ok());
+  absl::StatusOr<Checkpoint> ckpt = LoadCheckpoint(dir);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  ASSERT_EQ(ckpt->optimizer_state.size(), state.size());
+  for (size_t i = 0; i < state.size(); ++i) {
+    EXPECT_EQ(ckpt->optimizer_state[i].name, state[i].name);
+    EXPECT_TRUE(torch::equal(ckpt->optimizer_state[i].param, state[i].param)) << state[i].name;
+  }
+  auto refused = [&](std::vector<NamedParam> bad, const std::string& name) {
+    const absl::Status s = ValidateOptimizerState(params, bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_NE(s.message().find(name), absl::string_view::npos) << s;
+  };
+  std::vector<NamedParam> bad = state;
+  bad[0].param = bad[0].param.to(torch::kFloat32);  // codes must be uint8
+  refused(bad, state[0].name);
+  bad = state;
+  bad[1].param = torch::rand({bad[1].param.numel() + 1});  // one absmax per 256 elements
+  refused(bad, state[1].name);
+  bad = state;
+  bad.erase(bad.begin() + 1);  // exp_avg.absmax missing
+  refused(bad, params[0].name);
+}
+
 TEST(CheckpointTest, ReplacesAnExistingCheckpointAtomically) {
   const std::string root = NewDir("replace");
   const std::string dir = root + "/ckpt";

@@ -119,6 +119,16 @@ TEST(ParseTrainArgsTest, OptimizerFlag) {
   EXPECT_THAT(wrong_dtype.message(), HasSubstr("--optimizer adamw_bf16"));
   EXPECT_THAT(wrong_dtype.message(), HasSubstr("--dtype"));
   EXPECT_THAT(TrainUsage(), HasSubstr("--optimizer adamw|adamw_bf16|sgd"));
+  // adamw8bit: fp32 or bf16, in the chunk manager only (--plain is refused, the run is managed).
+  EXPECT_EQ(parse({"--optimizer", "adamw8bit", "--dtype", "bf16"})->optimizer,
+            OptimizerKind::kAdamW8bit);
+  EXPECT_EQ(parse({"--optimizer", "adamw8bit", "--dtype", "fp16"}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const absl::Status plain = parse({"--optimizer", "adamw8bit", "--plain"}).status();
+  EXPECT_THAT(plain.message(), HasSubstr("--plain"));
+  auto run = ResolveRunPlan(*parse({"--optimizer", "adamw8bit"}), 3, std::nullopt);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_TRUE(run->managed);
 }
 
 TEST(ParsePlanOptimizerTest, FlagAndPlanFileMustAgree) {

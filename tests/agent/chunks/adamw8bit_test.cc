@@ -1,0 +1,284 @@
+// 8-bit AdamW (agent/chunks/cpu_adamw.h, agent/chunks/adamw8bit_torch.h) against a reference
+// written here from bitsandbytes' definitions: the dynamic maps from create_dynamic_map's
+// formula, quantization by counting the midpoints below each value (all of them, no search), the
+// update as torch ops on whole tensors. The CPU kernel and the LibTorch path must both give the reference's bits on the CPU.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "agent/chunks/adamw8bit_torch.h"
+#include "agent/chunks/cpu_adamw.h"
+#include "agent/chunks/torch_sqrt.h"
+#include "agent/core/torch_pch.h"
+#include "common/optimizer_bytes.h"
+#include "gtest/gtest.h"
+
+namespace memplan {
+namespace {
+
+// create_dynamic_map(signed, max_exponent_bits=7, total_bits=8) in double precision: for
+// exponent i = 0..6, the midpoints of linspace(0.1, 1, n_i + 1) scaled by 10^(i - 6), n_i =
+// 2^i (signed, both signs) or 2^(i+1) (unsigned); plus 0 and 1; sorted.
+std::vector<double> DynamicMapDefinition(bool is_signed) {
+  std::vector<double> data;
+  for (int i = 0; i < 7; ++i) {
+    const int items = is_signed ? (1 << i) + 1 : (1 << (i + 1)) + 1;
+    for (int k = 0; k + 1 < items; ++k) {
+      const double lo = 0.1 + 0.9 * k / (items - 1), hi = 0.1 + 0.9 * (k + 1) / (items - 1);
+      const double v = std::pow(10.0, i - 6) * (lo + hi) / 2;
+      data.push_back(v);
+      if (is_signed) data.push_back(-v);
+    }
+  }
+  data.push_back(0);
+  data.push_back(1);
+  std::sort(data.begin(), data.end());
+  return data;
+}
+
+TEST(AdamW8bitMapsTest, FollowTheDynamicMapDefinition) {
+  for (const bool is_signed : {true, false}) {
+    const float* map = is_signed ? kSignedDynamicMap : kUnsignedDynamicMap;
+    const std::vector<double> want = DynamicMapDefinition(is_signed);
+    ASSERT_EQ(want.size(), 256u);
+    // The definition to fp32 rounding (bitsandbytes computes it in fp32 steps).
+    for (int i = 0; i < 256; ++i) {
+      EXPECT_NEAR(map[i], want[i], 1e-7 * std::max(1.0, std::fabs(want[i]))) << i;
+      if (i > 0) {
+        EXPECT_LT(map[i - 1], map[i]) << "sorted, distinct entries";
+      }
+    }
+    EXPECT_EQ(map[255], 1.0f);
+  }
+}
+
+// ---------------------------------------------------------------- the reference
+
+torch::Tensor MapTensor(bool is_signed) {
+  return torch::from_blob(const_cast<float*>(is_signed ? kSignedDynamicMap : kUnsignedDynamicMap),
+                          {256}, torch::kFloat32)
+      .clone();
+}
+
+struct RefQuantized {
+  torch::Tensor codes;   // uint8 [n]
+  torch::Tensor absmax;  // fp32 [ceil(n / 256)]
+};
+
+// Block by block: absmax, the scaled values, bucketed by the midpoints of consecutive entries (a
+// value on a midpoint goes to the lower code), as bitsandbytes' default backend quantizes.
+RefQuantized RefQuantize(const torch::Tensor& x, const torch::Tensor& map) {
+  const int64_t n = x.numel();
+  RefQuantized q{torch::empty({n}, torch::kUInt8),
+                 torch::empty({(n + 255) / 256}, torch::kFloat32)};
+  for (int64_t b = 0; b * 256 < n; ++b) {
+    const torch::Tensor xb = x.narrow(0, b * 256, std::min<int64_t>(256, n - b * 256));
+    const torch::Tensor a = xb.abs().max();
+    // bitsandbytes' default backend: x * (1 / max(absmax, 1e-38)), clamped to [-1, 1].
+    const torch::Tensor normed = (xb * (1.0 / a.clamp_min(1e-38))).clamp(-1, 1);
+    // Count midpoints strictly below each value.
+    const torch::Tensor mids = (map.slice(0, 0, 255) + map.slice(0, 1, 256)) / 2;
+    q.codes.narrow(0, b * 256, xb.numel())
+        .copy_((mids.unsqueeze(0) < normed.unsqueeze(1)).sum(1).to(torch::kUInt8));
+    q.absmax[b] = a;
+  }
+  return q;
+}
+
+torch::Tensor RefDequantize(const RefQuantized& q, const torch::Tensor& map) {
+  const int64_t n = q.codes.numel();
+  torch::Tensor out = map.index({q.codes.to(torch::kLong)});
+  for (int64_t b = 0; b * 256 < n; ++b) {
+    out.narrow(0, b * 256, std::min<int64_t>(256, n - b * 256)).mul_(q.absmax[b]);
+  }
+  return out;
+}
+
+// bitsandbytes' optimizer_update_8bit_blockwise ("adam", CPU) after clip_grad_norm_'s grad.mul_.
+void RefStep(const AdamWOptions& o, int64_t step, float clip, torch::Tensor param,
+             torch::Tensor grad, RefQuantized& m8, RefQuantized& v8) {
+  const torch::Tensor signed_map = MapTensor(true), unsigned_map = MapTensor(false);
+  torch::Tensor g = clip != 1.0f ? grad * static_cast<double>(clip) : grad;
+  g = g.to(torch::kFloat32);
+  torch::Tensor m = RefDequantize(m8, signed_map);
+  torch::Tensor v = RefDequantize(v8, unsigned_map);
+  m.mul_(o.beta1).add_(g, 1 - o.beta1);
+  v.mul_(o.beta2).addcmul_(g, g, 1 - o.beta2);
+  const double c1 = 1 - std::pow(o.beta1, static_cast<double>(step));
+  const double c2 = std::sqrt(1 - std::pow(o.beta2, static_cast<double>(step)));
+  const torch::Tensor denom = (v.sqrt() / c2).add_(o.eps);
+  torch::Tensor p = param.to(torch::kFloat32);
+  if (o.weight_decay > 0) p.mul_(1 - o.lr * o.weight_decay);
+  p.addcdiv_(m, denom, -o.lr / c1);
+  param.copy_(p);
+  m8 = RefQuantize(m, signed_map);
+  v8 = RefQuantize(v, unsigned_map);
+}
+
+// ---------------------------------------------------------------- the cases
+
+struct Case {
+  bool bf16;
+  AdamWOptions options;
+  float clip;
+};
+
+class AdamW8bitTest : public ::testing::TestWithParam<Case> {};
+
+// Whole tensors from element 0, like bitsandbytes: several sizes, including a partial block, a
+// tensor below bitsandbytes' min_8bit_size and ones above it that are not multiples of 256.
+TEST_P(AdamW8bitTest, KernelAndTorchPathEqualTheReference) {
+  const Case c = GetParam();
+  const auto dtype = c.bf16 ? torch::kBFloat16 : torch::kFloat32;
+  torch::manual_seed(7);
+  for (const int64_t n : {int64_t{1}, int64_t{200}, int64_t{256}, int64_t{1000}, int64_t{4096},
+                          int64_t{5000}, int64_t{70001}}) {
+    const int64_t blocks = (n + 255) / 256;
+    torch::Tensor init = torch::randn({n}).to(dtype);
+    torch::Tensor ref = init.clone(), kernel = init.clone(), via_torch = init.clone();
+    RefQuantized ref_m{torch::zeros({n}, torch::kUInt8), torch::zeros({blocks})};
+    RefQuantized ref_v = ref_m;
+    ref_v.codes = ref_m.codes.clone();
+    ref_v.absmax = ref_m.absmax.clone();
+    std::vector<torch::Tensor> k_state = {torch::zeros({n}, torch::kUInt8),
+                                          torch::zeros({n}, torch::kUInt8),
+                                          torch::zeros({blocks}), torch::zeros({blocks})};
+    std::vector<torch::Tensor> t_state;
+    for (const torch::Tensor& t : k_state) t_state.push_back(t.clone());
+    const QuantMapTensors maps = MakeQuantMapTensors(torch::kCPU);
+    for (int64_t step = 1; step <= 5; ++step) {
+      // Mixed scales: moments whose blocks span several decades.
+      torch::Tensor grad = (torch::randn({n}) * torch::exp(torch::randn({n}) * 2) *
+                            (step % 2 ? 0.01 : 1.0))
+                               .to(dtype);
+      if (n > 300) grad.narrow(0, 256, 20).zero_();  // zero grads inside a block
+      RefStep(c.options, step, c.clip, ref, grad, ref_m, ref_v);
+      const AdamWStepScalars s = MakeAdamWStepScalars(c.options, step);
+      QuantBlocks whole;  // one tensor from element 0: consecutive absmax entries
+      if (c.bf16) {
+        AdamW8bitUpdateBf16(s, c.clip, n, whole,
+                            reinterpret_cast<uint16_t*>(kernel.data_ptr<at::BFloat16>()),
+                            reinterpret_cast<const uint16_t*>(grad.data_ptr<at::BFloat16>()),
+                            k_state[0].data_ptr<uint8_t>(), k_state[1].data_ptr<uint8_t>(),
+                            k_state[2].data_ptr<float>(), k_state[3].data_ptr<float>(),
+                            &TorchSqrt);
+      } else {
+        AdamW8bitUpdate(s, c.clip, n, whole, kernel.data_ptr<float>(), grad.data_ptr<float>(),
+                        k_state[0].data_ptr<uint8_t>(), k_state[1].data_ptr<uint8_t>(),
+                        k_state[2].data_ptr<float>(), k_state[3].data_ptr<float>(), &TorchSqrt);
+      }
+      const torch::Tensor coef =
+          c.clip != 1.0f ? torch::full({}, c.clip, torch::kFloat32) : torch::Tensor();
+      AdamW8bitTorchUpdate(c.options, step, coef, maps, via_torch, grad, t_state[0], t_state[1],
+                           t_state[2], t_state[3]);
+      const std::string at = "n=" + std::to_string(n) + " step " + std::to_string(step);
+      ASSERT_TRUE(torch::equal(kernel, ref))
+          << at << " max diff "
+          << (kernel.to(torch::kFloat32) - ref.to(torch::kFloat32)).abs().max().item<float>();
+      ASSERT_TRUE(torch::equal(k_state[0], ref_m.codes)) << at;
+      ASSERT_TRUE(torch::equal(k_state[1], ref_v.codes)) << at;
+      ASSERT_TRUE(torch::equal(k_state[2], ref_m.absmax)) << at;
+      ASSERT_TRUE(torch::equal(k_state[3], ref_v.absmax)) << at;
+      ASSERT_TRUE(torch::equal(via_torch, ref)) << at;
+      for (int k = 0; k < 4; ++k) ASSERT_TRUE(torch::equal(t_state[k], k_state[k])) << at << k;
+    }
+    // The 8-bit state tracks the fp32 moments it stands for.
+    EXPECT_GT(ref_v.absmax.min().item<float>(), 0) << n;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Options, AdamW8bitTest,
+                         ::testing::Values(Case{false, AdamWOptions{}, 1.0f},
+                                           Case{false, AdamWOptions{3e-3, 0.9, 0.95, 1e-8, 0.1},
+                                                0.37f},
+                                           Case{true, AdamWOptions{1e-2, 0.8, 0.99, 1e-6, 0.0},
+                                                1.0f},
+                                           Case{true, AdamWOptions{1e-3, 0.9, 0.999, 1e-8, 0.01},
+                                                0.37f}));
+
+// A range that starts inside a parameter block (a shard's first elements) and absmax slots with
+// gaps, as the chunk manager lays them out: equal to updating the pieces as separate tensors.
+TEST(AdamW8bitKernelTest, BlockPhaseAndSlotStrides) {
+  torch::manual_seed(3);
+  const AdamWOptions o{1e-2, 0.9, 0.99, 1e-8, 0.05};
+  const int64_t head = 100, n = 100 + 3 * 256 + 17;  // a 100-element piece, then 4 blocks
+  torch::Tensor p = torch::randn({n}), grad = torch::randn({n});
+  torch::Tensor q = p.clone();
+  std::vector<uint8_t> m(n, 0), v(n, 0), qm(n, 0), qv(n, 0);
+  // Slots: 0 for the piece, then every 4th slot from slot 3 (fp32: 64-element slots).
+  std::vector<float> ma(3 + 4 * 4, 0.0f), va(ma.size(), 0.0f);
+  std::vector<float> qma(5, 0.0f), qva(5, 0.0f);
+  for (int64_t step = 1; step <= 3; ++step) {
+    const AdamWStepScalars s = MakeAdamWStepScalars(o, step);
+    QuantBlocks blocks;
+    blocks.first_block_elems = head;
+    blocks.first_slot_gap = 3;
+    blocks.slot_stride = 4;
+    AdamW8bitUpdate(s, 1.0f, n, blocks, p.data_ptr<float>(), grad.data_ptr<float>(), m.data(),
+                    v.data(), ma.data(), va.data(), &TorchSqrt);
+    QuantBlocks piece{head, 1, 1}, rest{256, 1, 1};
+    AdamW8bitUpdate(s, 1.0f, head, piece, q.data_ptr<float>(), grad.data_ptr<float>(),
+                    qm.data(), qv.data(), qma.data(), qva.data(), &TorchSqrt);
+    AdamW8bitUpdate(s, 1.0f, n - head, rest, q.data_ptr<float>() + head,
+                    grad.data_ptr<float>() + head, qm.data() + head, qv.data() + head,
+                    qma.data() + 1, qva.data() + 1, &TorchSqrt);
+    ASSERT_TRUE(torch::equal(p, q)) << step;
+    ASSERT_EQ(m, qm);
+    ASSERT_EQ(v, qv);
+    for (int b = 0; b < 5; ++b) {
+      const int slot = b == 0 ? 0 : 3 + (b - 1) * 4;
+      ASSERT_EQ(ma[slot], qma[b]) << b;
+      ASSERT_EQ(va[slot], qva[b]) << b;
+    }
+  }
+}
+
+TEST(AdamW8bitKernelTest, QuantizeEdgeCases) {
+  // The extremes code exactly; an all-zero block keeps absmax 0 and reads back zeros.
+  const float x[4] = {-2.0f, 2.0f, 0.0f, 0.5f};
+  uint8_t codes[4];
+  EXPECT_EQ(QuantizeBlock8bit(kSignedDynamicMap, 4, x, codes), 2.0f);
+  EXPECT_EQ(codes[0], 0);  // the most negative entry, -0.99297 (the map has no -1)
+  EXPECT_EQ(codes[1], 255);
+  EXPECT_EQ(kSignedDynamicMap[codes[2]], 0.0f);
+  float back[4];
+  DequantizeBlock8bit(kSignedDynamicMap, 2.0f, 4, codes, back);
+  EXPECT_EQ(back[0], 2.0f * kSignedDynamicMap[0]);
+  EXPECT_EQ(back[1], 2.0f);
+  EXPECT_EQ(back[2], 0.0f);
+  EXPECT_NEAR(back[3], 0.5f, 0.5f * 0.02f);
+  const float zeros[3] = {0, 0, 0};
+  EXPECT_EQ(QuantizeBlock8bit(kUnsignedDynamicMap, 3, zeros, codes), 0.0f);
+  DequantizeBlock8bit(kUnsignedDynamicMap, 0.0f, 3, codes, back);
+  EXPECT_EQ(back[0], 0.0f);
+  // Unsigned map: zero is entry 0.
+  const float sq[2] = {0.0f, 4.0f};
+  QuantizeBlock8bit(kUnsignedDynamicMap, 2, sq, codes);
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 255);
+  // Ties go to the lower code.
+  const float mid = (kSignedDynamicMap[200] + kSignedDynamicMap[201]) / 2;
+  EXPECT_EQ(NearestCode8bit(kSignedDynamicMap, mid), 200);
+}
+
+TEST(AdamW8bitBytesTest, StateBytesPerParameter) {
+  // bf16: 2 code bytes + 2 x 4 absmax bytes per 128 elements (+ one slot per chunk).
+  const int64_t elems = int64_t{1} << 20;
+  EXPECT_EQ(QuantAbsmaxSlots(elems, 2), elems / 128 + 1);
+  EXPECT_EQ(PersistentStateBytes(OptimizerKind::kAdamW8bit, 2, elems),
+            2 * elems + 8 * (elems / 128 + 1));
+  EXPECT_EQ(OffloadedChunkHost(OptimizerKind::kAdamW8bit, 2, 1, 2 * elems).state_bytes,
+            2 * elems + 8 * (elems / 128 + 1));
+  // Against fp32 AdamW with a master on the same bf16 model: 12 bytes per element.
+  EXPECT_LT(PersistentStateBytes(OptimizerKind::kAdamW8bit, 2, elems),
+            0.3 * PersistentStateBytes(OptimizerKind::kAdamW, 2, elems));
+  EXPECT_FALSE(OptimizerKeepsMaster(OptimizerKind::kAdamW8bit, 2));
+  // fp32: 64-element slots; a block may start at any of elems - 1 offsets of a shard.
+  EXPECT_EQ(QuantAbsmaxSlots(1, 4), 1);
+  EXPECT_EQ(QuantAbsmaxSlots(64, 4), 2);
+  EXPECT_EQ(QuantAbsmaxSlots(65, 4), 2);
+  EXPECT_EQ(QuantAbsmaxSlots(66, 4), 3);
+}
+
+}  // namespace
+}  // namespace memplan
