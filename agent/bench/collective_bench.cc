@@ -136,13 +136,10 @@ class CollectiveGroup {
 
   c10d::Backend& backend() { return *backend_; }
   const torch::Device& device() const { return device_; }
-  std::chrono::milliseconds timeout() const {
-    return std::chrono::milliseconds(int64_t{options_.timeout_seconds} * 1000);
-  }
-
   // Gloo: waits for `work`. NCCL: orders the current stream after it (SyncDevice waits). No
   // timeout argument: with one, WorkNCCL::wait polls the host every millisecond, which would
-  // break the back-to-back ops apart; the backends' own timeout (options) still applies.
+  // break the back-to-back ops apart; options.timeout_seconds still bounds every collective, as
+  // the backend's own timeout (ProcessGroup::Join sets it from CollectiveDistOptions).
   void Finish(const c10::intrusive_ptr<c10d::Work>& work) { work->wait(); }
   void SyncDevice() {
     if (device_.is_cuda()) torch::cuda::synchronize(device_.index());

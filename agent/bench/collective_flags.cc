@@ -114,34 +114,43 @@ absl::StatusOr<CollectiveFlags> TakeCollectiveFlags(std::vector<std::string>* ar
     }
     given[name] = *value;
   }
+  // torchrun's variables with the flags standing in for them, through agent/dist's one parser.
+  static const std::map<std::string, std::string> kFlagOf = {{"WORLD_SIZE", "--world-size"},
+                                                             {"RANK", "--rank"},
+                                                             {"MASTER_ADDR", "--master-addr"},
+                                                             {"MASTER_PORT", "--master-port"}};
+  auto flag_value = [&given](const std::string& variable) -> const std::string* {
+    const auto flag = kFlagOf.find(variable);
+    if (flag == kFlagOf.end()) return nullptr;
+    const auto it = given.find(flag->second);
+    return it == given.end() ? nullptr : &it->second;
+  };
+  const EnvLookup lookup = [&](const std::string& variable) -> std::optional<std::string> {
+    if (const std::string* v = flag_value(variable)) return *v;
+    return env ? env(variable) : std::nullopt;
+  };
+  const DistSettingLabel label = [&](const std::string& variable) -> std::string {
+    if (flag_value(variable) != nullptr) return kFlagOf.at(variable);
+    const auto flag = kFlagOf.find(variable);
+    if ((env && env(variable).has_value()) || flag == kFlagOf.end()) {
+      return absl::StrCat(variable, " (environment)");
+    }
+    return absl::StrCat(flag->second, " (or ", variable, ")");  // missing: either would do
+  };
+  absl::StatusOr<DistOptions> dist = DistOptionsFromSettings(lookup, label);
+  if (!dist.ok()) return dist.status();
   const Settings settings(std::move(given), env);
 
   CollectiveFlags out;
   CollectiveBenchOptions& o = out.options;
-  if (auto s = settings.Get("--world-size", "WORLD_SIZE")) {
-    auto v = IntIn(*s, 1, kMaxCollectiveWorldSize);
-    if (!v.ok()) return v.status();
-    o.world_size = static_cast<int>(*v);
-  }
+  o.world_size = dist->world_size;
+  o.rank = dist->rank;
+  o.master_addr = dist->master_addr;
+  o.master_port = dist->master_port;
+  // torchrun serves the store itself unless told not to share it; then every rank is a client.
+  o.store_already_served = dist->store_already_served;
+  if (lookup("LOCAL_RANK").has_value()) out.local_rank = dist->local_rank;
   const std::string world = absl::StrCat(" (world size ", o.world_size, ")");
-  if (auto s = settings.Get("--rank", "RANK")) {
-    auto v = IntIn(*s, 0, o.world_size - 1, world);
-    if (!v.ok()) return v.status();
-    o.rank = static_cast<int>(*v);
-  } else if (o.world_size > 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--rank (or RANK) is required with world size ",
-                                                   o.world_size, ": an integer in [0, ",
-                                                   o.world_size - 1, "]"));
-  }
-  if (auto s = settings.Get("--master-addr", "MASTER_ADDR")) {
-    if (absl::StripAsciiWhitespace(s->value).empty()) return BadValue(*s, "a host name or address");
-    o.master_addr = std::string(absl::StripAsciiWhitespace(s->value));
-  }
-  if (auto s = settings.Get("--master-port", "MASTER_PORT")) {
-    auto v = IntIn(*s, 1, 65535);
-    if (!v.ok()) return v.status();
-    o.master_port = static_cast<int>(*v);
-  }
   if (auto s = settings.Get("--collective-backend")) {
     const std::string b = absl::AsciiStrToLower(absl::StripAsciiWhitespace(s->value));
     if (b == "nccl") {
@@ -171,15 +180,6 @@ absl::StatusOr<CollectiveFlags> TakeCollectiveFlags(std::vector<std::string>* ar
     auto v = IntIn(*s, 1, 86400, " seconds");
     if (!v.ok()) return v.status();
     o.timeout_seconds = static_cast<int>(*v);
-  }
-  // torchrun serves the store itself unless told not to share it; then every rank is a client.
-  if (auto s = settings.Get("", "TORCHELASTIC_USE_AGENT_STORE")) {
-    o.store_already_served = absl::StripAsciiWhitespace(s->value) == "True";
-  }
-  if (auto s = settings.Get("", "LOCAL_RANK")) {
-    auto v = IntIn(*s, 0, 1023);
-    if (!v.ok()) return v.status();
-    out.local_rank = static_cast<int>(*v);
   }
   *args = std::move(rest);
   return out;

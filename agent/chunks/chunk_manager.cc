@@ -60,8 +60,10 @@
 //   the tensor is reduce-scattered in fp32, divided by W (the mean over ranks: each rank's loss
 //   is weighted by its share of the targets) and this rank's shard goes, rounded once to the
 //   model dtype, to host staging, from where the CPU workers accumulate and update it as in the
-//   unsharded case. One reduce-scatter per chunk and micro-batch (accumulating locally until the
-//   last micro-batch is not done: the flat tensors of every chunk would stay on the device).
+//   unsharded case. One reduce-scatter per chunk and micro-batch, unless
+//   accumulate_sharded_grads_on_device: then the flat tensor keeps adding the micro-batches'
+//   grads (in fp32, on the device) and is reduce-scattered once, after the last micro-batch;
+//   every offloaded chunk's flat tensor stays on the device until then.
 // * Persistent chunks stay replicated: their grads are all-reduced in fp32 (and divided by W) once
 //   per step, in Grads() or Step(), whichever comes first.
 // * Clipping: the squared norms of this rank's shards are all-reduced; the persistent chunks'
@@ -1059,6 +1061,12 @@ void ChunkManager::Impl::PostBackwardSharded(int group) {
       overrun_ = true;
       chunk.grad_flat = torch::Tensor();
       for (int i : chunk.params) params_[i].in_flat = false;
+      continue;
+    }
+    if (options_.accumulate_sharded_grads_on_device &&
+        chunk.micro_batches + 1 < options_.grad_accum) {
+      // Keep grad_flat and the params' in_flat: the next micro-batch adds to them.
+      ++chunk.micro_batches;
       continue;
     }
     chunk.tasks->Wait();  // the staging area is reused

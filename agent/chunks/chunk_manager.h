@@ -40,6 +40,11 @@ struct ChunkManagerOptions {
   int cpu_threads = 4;  // CPU optimizer worker threads
   int grad_accum = 1;   // micro-batches per Step(): the CPU update of a chunk starts once
                         // the last micro-batch's grads of that chunk have arrived
+  // Sharded with grad_accum > 1: keep each offloaded chunk's fp32 grads on the device across
+  // the step's micro-batches and reduce-scatter them once, after the last one (one collective
+  // per chunk and step instead of one per micro-batch), at the cost of every offloaded chunk's
+  // padded fp32 grads staying on the device until then ([Sharded chunks]).
+  bool accumulate_sharded_grads_on_device = false;
   // The max_grad_norm the trainer passes to Step(). 0 (no clipping) lets the CPU update of each
   // offloaded chunk start during backward; > 0 needs the global norm, so updates wait for Step();
   // < 0 = unknown: behave as > 0. Step() with a different value is honoured, except that

@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "agent/chunks/chunk_manager.h"
+#include "agent/cli/plan_share.h"
 #include "agent/client/planner_client.h"
 #include "agent/dist/process_group.h"
 #include "agent/io/checkpoint.h"
@@ -253,7 +254,7 @@ absl::StatusOr<std::string> ProfileAndSubmit(PlannerClient& client, const TrainC
 absl::StatusOr<PlanAnswer> AskPlanner(PlannerClient& client, const TrainConfig& c,
                                       const PlannerLoopOptions& loop, const ModelSpec& spec,
                                       DType dtype, const LlamaModelOptions& model_options,
-                                      int world_size) {
+                                      int world_size, int local_world_size) {
   PlanQuery query;
   const std::string hardware_name =
       loop.hardware_profile_id.empty() ? loop.hardware_preset : loop.hardware_profile_id;
@@ -285,6 +286,9 @@ absl::StatusOr<PlanAnswer> AskPlanner(PlannerClient& client, const TrainConfig& 
   query.workload.grad_accum = c.grad_accum;
   query.workload.grad_clipping = c.clip > 0;
   query.workload.world_size = world_size;
+  // The ranks of one node share its RAM: the planner prices each rank's shards against the
+  // node's memory divided by them.
+  query.workload.local_world_size = local_world_size;
   query.param_dtype = dtype;
   // With --planner there is no plan file: the flag (validated by ParseTrainArgs) or adamw.
   query.optimizer = c.optimizer.value_or(OptimizerKind::kAdamW);
@@ -534,7 +538,18 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
     client_options.retries = loop.retries;
     client_options.security = loop.security;
     ASSIGN_OR_RETURN(client, PlannerClient::Create(loop.address, client_options));
-    ASSIGN_OR_RETURN(answer, AskPlanner(*client, c, loop, spec, dtype, model_options, world_size));
+    // Sharded: rank 0 asks, every rank trains under its answer (one stored plan per job).
+    absl::StatusOr<PlanAnswer> asked = absl::UnavailableError("not asked: rank 0 asks");
+    if (lead) {
+      asked = AskPlanner(*client, c, loop, spec, dtype, model_options, world_size,
+                         dist_in.local_world_size);
+    }
+    if (group != nullptr) asked = ShareRankZeroAnswer(*group, asked);
+    ASSIGN_OR_RETURN(answer, std::move(asked));
+    if (!lead) {
+      std::printf("plan_id %s (rank 0's)\nplan: %s\n", answer.plan_id.c_str(),
+                  PlanLine(answer.plan).c_str());
+    }
     file_plan = answer.plan;
     // The profiling pass ran the whole model unmanaged; its cached segments are not the plan's.
     PrintDeviceMemory(device, "after profiling");
@@ -681,6 +696,21 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
           .Field("host_pageable_bytes", s.host_pageable_bytes);
       if (s.pinned_fallback) record.Field("pinned_fallback", s.pinned_fallback_reason);
     }
+  }
+  if (ChunkManager* chunks = trainer->chunk_manager(); chunks != nullptr && !loop.address.empty()) {
+    // The planner's per-rank figures are what this rank's chunk manager allocates (pinned and
+    // pageable compared as one total: on the CPU pinned memory falls back to pageable).
+    const ChunkMemoryStats s = chunks->MemoryStats();
+    const RankMemory& m = answer.prediction.rank_memory;
+    std::printf(
+        "rank %d chunk memory (allocated / planned): host %lld / %lld bytes, device %lld / %lld "
+        "bytes\n",
+        dist_in.rank, static_cast<long long>(s.host_pinned_bytes + s.host_pageable_bytes),
+        static_cast<long long>(m.chunk_host_pinned_bytes + m.chunk_host_pageable_bytes),
+        static_cast<long long>(s.persistent_device_bytes + s.persistent_state_device_bytes +
+                               s.buffer_device_bytes),
+        static_cast<long long>(m.persistent_device_bytes + m.persistent_state_device_bytes +
+                               m.buffer_device_bytes));
   }
 
   // Data and resume.

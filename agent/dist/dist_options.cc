@@ -17,14 +17,16 @@ absl::Status IntInRange(absl::string_view field, int64_t value, int64_t lo, int6
 }
 
 // The integer value of `name` in [lo, hi], or nullopt when it is not set.
-absl::StatusOr<std::optional<int>> EnvInt(const EnvLookup& env, const std::string& name, int lo,
-                                          int hi) {
+absl::StatusOr<std::optional<int>> EnvInt(const EnvLookup& env, const DistSettingLabel& label,
+                                          const std::string& name, int lo, int hi,
+                                          absl::string_view context = "") {
   std::optional<std::string> text = env(name);
   if (!text.has_value()) return std::optional<int>();
   int v = 0;
   if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &v) || v < lo || v > hi) {
-    return absl::InvalidArgumentError(absl::StrCat(name, " (environment) must be an integer in [",
-                                                   lo, ", ", hi, "]; got \"", *text, "\""));
+    return absl::InvalidArgumentError(absl::StrCat(label(name), " must be an integer in [", lo,
+                                                   ", ", hi, "]", context, "; got \"", *text,
+                                                   "\""));
   }
   return std::optional<int>(v);
 }
@@ -56,29 +58,42 @@ absl::Status ValidateDistOptions(const DistOptions& o) {
 }
 
 absl::StatusOr<DistOptions> DistOptionsFromEnvironment(const EnvLookup& env) {
+  return DistOptionsFromSettings(
+      env, [](const std::string& variable) { return variable + " (environment)"; });
+}
+
+absl::StatusOr<DistOptions> DistOptionsFromSettings(const EnvLookup& env,
+                                                    const DistSettingLabel& label) {
   DistOptions o;
-  ASSIGN_OR_RETURN(std::optional<int> world, EnvInt(env, "WORLD_SIZE", 1, kMaxDistWorldSize));
+  ASSIGN_OR_RETURN(std::optional<int> world,
+                   EnvInt(env, label, "WORLD_SIZE", 1, kMaxDistWorldSize));
   o.world_size = world.value_or(1);
-  ASSIGN_OR_RETURN(std::optional<int> rank, EnvInt(env, "RANK", 0, o.world_size - 1));
+  const std::string in_world = absl::StrCat(" (world size ", o.world_size, ")");
+  ASSIGN_OR_RETURN(std::optional<int> rank,
+                   EnvInt(env, label, "RANK", 0, o.world_size - 1, in_world));
   if (!rank.has_value() && o.world_size > 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("RANK (environment) is required with WORLD_SIZE ", o.world_size,
+        absl::StrCat(label("RANK"), " is required with world size ", o.world_size,
                      ": an integer in [0, ", o.world_size - 1, "]"));
   }
   o.rank = rank.value_or(0);
   ASSIGN_OR_RETURN(std::optional<int> local_world,
-                   EnvInt(env, "LOCAL_WORLD_SIZE", 1, o.world_size));
+                   EnvInt(env, label, "LOCAL_WORLD_SIZE", 1, o.world_size, in_world));
   o.local_world_size = local_world.value_or(o.world_size);
-  ASSIGN_OR_RETURN(std::optional<int> local_rank,
-                   EnvInt(env, "LOCAL_RANK", 0, o.local_world_size - 1));
+  ASSIGN_OR_RETURN(
+      std::optional<int> local_rank,
+      EnvInt(env, label, "LOCAL_RANK", 0, o.local_world_size - 1,
+             absl::StrCat(" (local world size ", o.local_world_size, ")")));
   o.local_rank = local_rank.value_or(o.rank % o.local_world_size);
   if (std::optional<std::string> addr = env("MASTER_ADDR"); addr.has_value()) {
     o.master_addr = std::string(absl::StripAsciiWhitespace(*addr));
     if (o.master_addr.empty()) {
-      return absl::InvalidArgumentError("MASTER_ADDR (environment) is empty");
+      return absl::InvalidArgumentError(
+          absl::StrCat(label("MASTER_ADDR"), " must be a host name or address; got \"", *addr,
+                       "\""));
     }
   }
-  ASSIGN_OR_RETURN(std::optional<int> port, EnvInt(env, "MASTER_PORT", 1, 65535));
+  ASSIGN_OR_RETURN(std::optional<int> port, EnvInt(env, label, "MASTER_PORT", 1, 65535));
   o.master_port = port.value_or(o.master_port);
   if (std::optional<std::string> agent = env("TORCHELASTIC_USE_AGENT_STORE"); agent.has_value()) {
     o.store_already_served = absl::StripAsciiWhitespace(*agent) == "True";

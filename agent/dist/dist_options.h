@@ -54,4 +54,14 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string& na
 // TORCHELASTIC_USE_AGENT_STORE. INVALID_ARGUMENT names the variable, its range and the value.
 absl::StatusOr<DistOptions> DistOptionsFromEnvironment(const EnvLookup& env);
 
+// How an error names the setting behind a torchrun variable (given its name, e.g. "RANK"): the
+// environment's "RANK (environment)", or a command-line flag that stands in for it.
+using DistSettingLabel = std::function<std::string(const std::string& variable)>;
+
+// The one parser behind DistOptionsFromEnvironment, for callers whose values come from flags
+// and the environment together (`lookup` answers each variable by name; `label` names it in
+// errors, also when it is missing).
+absl::StatusOr<DistOptions> DistOptionsFromSettings(const EnvLookup& lookup,
+                                                    const DistSettingLabel& label);
+
 }  // namespace memplan

@@ -48,6 +48,20 @@ TEST(ValidateWorkloadTest, RejectsNegativeBatch) {
   EXPECT_THAT(ValidateWorkload(w, "workload.").message(), HasSubstr("workload.micro_batch = -1"));
 }
 
+TEST(ValidateWorkloadTest, LocalWorldSizeIsZeroOrAtMostTheWorldSize) {
+  Workload w;
+  w.world_size = 8;
+  w.local_world_size = 0;  // one node
+  EXPECT_TRUE(ValidateWorkload(w, "workload.").ok());
+  EXPECT_EQ(LocalRanks(w), 8);
+  w.local_world_size = 4;  // two nodes of four
+  EXPECT_TRUE(ValidateWorkload(w, "workload.").ok());
+  EXPECT_EQ(LocalRanks(w), 4);
+  w.local_world_size = 9;
+  EXPECT_THAT(ValidateWorkload(w, "workload.").message(),
+              HasSubstr("workload.local_world_size = 9 is out of range; allowed [0, 8]"));
+}
+
 TEST(ValidateHardwareSpecTest, CapacityBelowContextIsRejected) {
   HardwareSpec h = *FindHardwarePreset("h100-80gb");
   h.cuda_context_bytes = h.gpu_memory_bytes + 1;

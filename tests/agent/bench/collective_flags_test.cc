@@ -169,7 +169,8 @@ TEST(CollectiveFlagsTest, OtherValuesNameTheFlagAndWhatItTakes) {
             "--collective-timeout must be an integer in [1, 86400] seconds; got \"0\"");
   EXPECT_EQ(Error({"--master-addr", ""}), "--master-addr must be a host name or address; got \"\"");
   EXPECT_EQ(Error({}, {{"LOCAL_RANK", "x"}}),
-            "LOCAL_RANK (environment) must be an integer in [0, 1023]; got \"x\"");
+            "LOCAL_RANK (environment) must be an integer in [0, 0] (local world size 1); got "
+            "\"x\"");
   EXPECT_EQ(Error({"--world-size"}), "--world-size needs a value");
 }
 

@@ -214,7 +214,7 @@ TEST(TrainDistributedTest, WhatSeveralRanksDoNotRunYetIsRefusedNamingTheFlag) {
   const Exit bad_env = Wait(testing::Spawn(TrainArgs(2), {"WORLD_SIZE=2"}, base + ".env"));
   ASSERT_TRUE(WIFEXITED(bad_env.status));
   EXPECT_EQ(WEXITSTATUS(bad_env.status), 2);
-  EXPECT_THAT(bad_env.err, HasSubstr("RANK (environment) is required with WORLD_SIZE 2"));
+  EXPECT_THAT(bad_env.err, HasSubstr("RANK (environment) is required with world size 2"));
 }
 
 }  // namespace

@@ -110,10 +110,12 @@ TEST_F(TrainWithPlannerTest, TrainsUnderThePlannersPlanAndExplainsTheSkippedRepo
   EXPECT_FALSE(receipt->measurement_id.empty());
 }
 
-// Under torchrun's variables each rank asks for a world of two: the cost model then prices the
-// collectives, so the prediction differs from the one-rank query's, and the plan it answers is
-// stamped world_size 2 (the agent refuses a plan for another world size); both ranks train under
-// it and only rank 0 reports.
+// Under torchrun's variables rank 0 asks for a world of two (and the node's two local ranks):
+// the cost model then prices the collectives, so the prediction differs from the one-rank
+// query's, and the plan it answers is stamped world_size 2 (the agent refuses a plan for another
+// world size). Rank 1 does not ask: it gets rank 0's answer through the process group (same
+// plan id); both train under it, each allocates exactly the planner's per-rank chunk bytes, and
+// only rank 0 reports.
 TEST_F(TrainWithPlannerTest, TwoRanksAskTheirWorldSizeAndTrain) {
   const auto [status, single] = Train({});
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << single;
@@ -167,6 +169,61 @@ TEST_F(TrainWithPlannerTest, TwoRanksAskTheirWorldSizeAndTrain) {
   EXPECT_THAT(out[0], HasSubstr("report skipped: cpu: no device peak"));
   EXPECT_THAT(out[1], Not(HasSubstr("trained 2 steps")));
   EXPECT_THAT(out[1], Not(HasSubstr("predicted vs measured")));
+  const std::string plan_id = LineValue(out[0], "plan_id");
+  ASSERT_FALSE(plan_id.empty()) << out[0];
+  EXPECT_THAT(out[1], HasSubstr(absl::StrCat("plan_id ", plan_id, " (rank 0's)"))) << out[1];
+  EXPECT_THAT(out[1], Not(HasSubstr(absl::StrCat("planner ", daemon_->address())))) << out[1];
+  EXPECT_EQ(LineValue(out[0], "plan:"), LineValue(out[1], "plan:"));
+  for (int r = 0; r < 2; ++r) {
+    // "rank R chunk memory (allocated / planned): host A / P bytes, device A / P bytes"
+    const std::string line = LineValue(out[r], absl::StrCat("rank ", r, " chunk memory"));
+    ASSERT_FALSE(line.empty()) << out[r];
+    long long host = -1, host_planned = -2, device = -1, device_planned = -2;
+    ASSERT_EQ(std::sscanf(line.c_str(), "(allocated / planned): host %lld / %lld bytes, device %lld "
+                                        "/ %lld bytes",
+                          &host, &host_planned, &device, &device_planned),
+              4)
+        << line;
+    EXPECT_EQ(host, host_planned) << line;
+    EXPECT_EQ(device, device_planned) << line;
+  }
+}
+
+// Rank 0's failure to get a plan (here: the planner answers DOES NOT FIT for a 70B model on a
+// node whose 256 GiB two ranks share) reaches rank 1 through the process group: both exit
+// non-zero at once, rank 0 with the planner's reason and rank 1 naming rank 0, instead of rank 1
+// waiting out a collective timeout.
+TEST_F(TrainWithPlannerTest, RankZerosPlannerFailureStopsEveryRank) {
+  const int port = testing::FreeLoopbackPort();
+  ASSERT_GT(port, 0);
+  const std::vector<std::string> args = {
+      MEMPLAN_AGENT_BINARY, "train",  "--planner", daemon_->address(), "--arch", "llama-3.1-70b",
+      "--synthetic-data",   "--steps", "2",        "--batch",          "1",      "--seq",
+      "4096",               "--device", "cpu",     "--planner-retries", "0"};
+  std::vector<testing::Child> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(testing::Spawn(
+        args,
+        {"WORLD_SIZE=2", absl::StrCat("RANK=", r), absl::StrCat("LOCAL_RANK=", r),
+         "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", port)},
+        absl::StrCat(db_path_, ".fail.rank", r)));
+    ASSERT_GT(ranks.back().pid, 0);
+  }
+  std::string out[2];
+  for (int r = 0; r < 2; ++r) {
+    int rank_status = 0;
+    ASSERT_EQ(waitpid(ranks[r].pid, &rank_status, 0), ranks[r].pid);
+    out[r] = testing::ReadFile(ranks[r].out_path) + testing::ReadFile(ranks[r].err_path);
+    std::remove(ranks[r].out_path.c_str());
+    std::remove(ranks[r].err_path.c_str());
+    if (absl::StrContains(out[r], "no Gloo process group")) GTEST_SKIP() << out[r];
+    ASSERT_TRUE(WIFEXITED(rank_status));
+    EXPECT_NE(WEXITSTATUS(rank_status), 0) << out[r];
+  }
+  EXPECT_THAT(out[0], HasSubstr("the planner found no plan that fits")) << out[0];
+  EXPECT_THAT(out[0], HasSubstr("shared by 2 local ranks")) << out[0];
+  EXPECT_THAT(out[1], HasSubstr("rank 1: rank 0 got no plan from the planner")) << out[1];
+  EXPECT_THAT(out[1], Not(HasSubstr("plan_id"))) << out[1];
 }
 
 // --metrics starts the live endpoint inside the agent (prometheus-cpp's civetweb server did not:

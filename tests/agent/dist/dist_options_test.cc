@@ -62,14 +62,14 @@ TEST(DistOptionsTest, BadValuesNameTheVariable) {
     std::string message;
   };
   const Case cases[] = {
-      {{{"WORLD_SIZE", "2"}}, "RANK (environment) is required with WORLD_SIZE 2"},
+      {{{"WORLD_SIZE", "2"}}, "RANK (environment) is required with world size 2"},
       {{{"WORLD_SIZE", "2"}, {"RANK", "2"}},
-       "RANK (environment) must be an integer in [0, 1]; got \"2\""},
+       "RANK (environment) must be an integer in [0, 1] (world size 2); got \"2\""},
       {{{"WORLD_SIZE", "0"}}, "WORLD_SIZE (environment) must be an integer in [1, 256]"},
       {{{"MASTER_PORT", "70000"}}, "MASTER_PORT (environment) must be an integer in [1, 65535]"},
       {{{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"LOCAL_WORLD_SIZE", "2"}, {"LOCAL_RANK", "2"}},
        "LOCAL_RANK (environment) must be an integer in [0, 1]"},
-      {{{"MASTER_ADDR", " "}}, "MASTER_ADDR (environment) is empty"},
+      {{{"MASTER_ADDR", " "}}, "MASTER_ADDR (environment) must be a host name or address"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<DistOptions> o = DistOptionsFromEnvironment(Env(c.env));

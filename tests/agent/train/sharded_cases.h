@@ -23,6 +23,9 @@ struct ShardCase {
   bool bf16 = false;  // bf16 parameters (fp32 master and moments), else fp32
   // Every target of the last rank's rows in the first micro-batch ignored: that rank scores none.
   bool last_rank_unscored = false;
+  // ChunkManagerOptions::accumulate_sharded_grads_on_device: one reduce-scatter per offloaded
+  // chunk and step instead of one per micro-batch.
+  bool grads_on_device = false;
 };
 
 // Each block mode on every block with persistent and offloaded chunks, then all four modes mixed
@@ -48,6 +51,26 @@ inline std::vector<ShardCase> ShardCases() {
        2,
        2,
        0.5,
+       false,
+       false,
+       true},
+      {"accum3_on_device",
+       {M::kCkpt, M::kNone, M::kSwap, M::kNone},
+       1,
+       2,
+       3,
+       0.5,
+       false,
+       false,
+       false,
+       true},
+      {"accum3_on_device_tied_noclip",
+       {M::kHsOffload, M::kNone, M::kCkpt, M::kNone},
+       0,
+       2,
+       3,
+       0.0,
+       true,
        false,
        false,
        true},
@@ -78,6 +101,7 @@ inline TrainerOptions ShardCaseOptions(const ShardCase& c, int n_blocks) {
   o.chunks.n_buffer = c.n_buffer;
   o.chunks.host_memory = HostMemoryKind::kPageable;
   o.chunks.cpu_threads = 2;
+  o.chunks.accumulate_sharded_grads_on_device = c.grads_on_device;
   return o;
 }
 

@@ -1,8 +1,10 @@
 // One rank of the sharded-step tests (sharded_trainer_test.cc starts world_size of these with
 // torchrun's variables on a loopback port): joins the Gloo group, runs one optimizer step of every
 // ShardCase on its rows of the global batch, and saves [loss, grad norm, grads..., params...
-// (ParamOrder), memory] per case to PREFIX.CASE.rankR.pt; memory is int64 [host bytes (pinned +
-// pageable), n_persist, every chunk's bytes...] from ChunkManager::MemoryStats().
+// (ParamOrder), collectives, memory] per case to PREFIX.CASE.rankR.pt; collectives is int64
+// [all-gathers, reduce-scatters, all-reduces] the trainer and its chunk manager issued (creation
+// to the gathers after the step included); memory is int64 [host bytes (pinned + pageable),
+// n_persist, every chunk's bytes...] from ChunkManager::MemoryStats().
 //   sharded_step_worker PREFIX [KILL_RANK [kill|stop|vanish [TIMEOUT_SECONDS]]]
 // With KILL_RANK, that rank kills itself (SIGKILL; "stop": SIGSTOP, a hung rank) in the middle of
 // the first case's backward, and the others must fail, naming it; "vanish": it runs every case
@@ -16,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/dist/counting_communicator.h"
 #include "agent/dist/process_group.h"
 #include "tests/agent/train/sharded_cases.h"
 
@@ -64,7 +67,8 @@ int Run(const std::string& prefix, int kill_rank, int signal, int timeout_second
     std::unique_ptr<LlamaModel> model = testing::MakeShardCaseModel(c);
     if (!model) return Fail(rank, absl::InternalError("model creation failed"));
     TrainerOptions options = testing::ShardCaseOptions(c, model->num_blocks());
-    options.communicator = group->get();
+    CountingCommunicator counting(group->get());
+    options.communicator = &counting;
     KillAt kill(/*group=*/2, signal);
     if (rank == kill_rank && signal != 0) options.observer = &kill;
     absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(model.get(), options);
@@ -89,6 +93,10 @@ int Run(const std::string& prefix, int kill_rank, int signal, int timeout_second
     } catch (const c10::Error& e) {
       return Fail(rank, absl::InternalError(e.what_without_backtrace()));
     }
+    const CollectiveCounts& n = counting.counts();
+    out.push_back(torch::tensor(std::vector<int64_t>{n.all_gathers, n.reduce_scatters,
+                                                     n.all_reduces},
+                                torch::kInt64));
     const ChunkMemoryStats stats = (*trainer)->chunk_manager()->MemoryStats();
     std::vector<int64_t> memory = {stats.host_pinned_bytes + stats.host_pageable_bytes,
                                    stats.n_persist};

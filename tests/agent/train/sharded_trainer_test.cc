@@ -14,6 +14,8 @@
 //   parameter, 2^-7 of it, for the rounding of the fp32 master). Elements with tiny gradients may
 //   move by up to a step; all others agree to about 1e-6;
 // * every rank holds bit-identical results;
+// * the reduce-scatters issued: one per offloaded chunk and micro-batch, or one per offloaded
+//   chunk and step when grads accumulate on the device (accumulate_sharded_grads_on_device);
 // * each rank's host memory is, byte for byte, common/optimizer_bytes.h's OffloadedChunkHost() of
 //   its shards (ceil(S / W) elements of every offloaded chunk of S elements): 1/W of the
 //   unsharded run's, up to the padding.
@@ -156,7 +158,7 @@ TEST_P(ShardedTrainerTest, OneStepEqualsOneProcessOnTheConcatenatedBatch) {
       std::vector<torch::Tensor> got;
       torch::load(got, path);
       std::remove(path.c_str());
-      ASSERT_EQ(got.size(), 3 + n_grads + n_params);
+      ASSERT_EQ(got.size(), 4 + n_grads + n_params);
       const double loss_rtol = c.bf16 ? 1e-2 : 1e-5;
       const double norm_rtol = c.bf16 ? 2e-2 : 1e-5;
       const double grad_tol = c.bf16 ? 5e-2 : 1e-5;
@@ -236,6 +238,11 @@ TEST_P(ShardedTrainerTest, OneStepEqualsOneProcessOnTheConcatenatedBatch) {
       EXPECT_EQ(memory[0].item<int64_t>(), expected_host);
       EXPECT_EQ(ref.host_bytes, unsharded_host);  // the one-process run, same formula
       EXPECT_LE(expected_host * world_size, unsharded_host + world_size * 64 * 8);
+      // Reduce-scatters: one per offloaded chunk and micro-batch, or one per offloaded chunk
+      // when the grads accumulate on the device (every chunk here has grads).
+      const int64_t offloaded = memory.numel() - 2 - n_persist;
+      const int64_t reduce_scatters = got[got.size() - 2][1].item<int64_t>();
+      EXPECT_EQ(reduce_scatters, offloaded * (c.grads_on_device ? 1 : c.grad_accum));
       if (r == 0) {
         rank0 = got;
       } else {

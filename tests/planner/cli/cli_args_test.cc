@@ -35,6 +35,8 @@ TEST(CliArgsTest, PlanWithEveryFlag) {
                     "8192",
                     "--world-size",
                     "4",
+                    "--local-world-size",
+                    "2",
                     "--grad-accum",
                     "8",
                     "--dtype",
@@ -72,6 +74,8 @@ TEST(CliArgsTest, PlanWithEveryFlag) {
   EXPECT_EQ(p.micro_batch, 2);
   EXPECT_EQ(p.seq_len, 8192);
   EXPECT_EQ(p.world_size, 4);
+  EXPECT_EQ(p.local_world_size, 2);
+  EXPECT_EQ(PlanWorkload(p).local_world_size, 2);
   EXPECT_EQ(p.grad_accum, 8);
   EXPECT_EQ(p.param_dtype, DType::kFloat16);
   EXPECT_EQ(p.optimizer, "adamw_bf16");
