@@ -23,13 +23,13 @@ baseline() {  # NAME ARGS...: transformers (+ PEFT) on the full card, one JSON l
 }
 
 if has lora; then
-  MEMPLAN_LOOP_CONFIGS="llama-3.1-8b 1 4096 0.05 $budget --lora-rank 16 --lora-alpha 32 --lora-targets all" \
+  MEMPLAN_LOOP_PROFILE= MEMPLAN_LOOP_CONFIGS="llama-3.1-8b 1 4096 0.05 $budget --lora-rank 16 --lora-alpha 32 --lora-targets all" \
     bash "$here/gpu-loop.sh" "$out/lora" "$build" "$hw"
   baseline lora-8b --preset llama-3.1-8b --batch 1 --seq 4096 --steps 8 --warmup 3 \
     --lora-rank 16 --lora-alpha 32
 fi
 if has qlora; then
-  MEMPLAN_LOOP_CONFIGS="qwen2.5-32b 1 2048 0.05 $budget --lora-rank 16 --lora-alpha 32 --lora-targets all --qlora" \
+  MEMPLAN_LOOP_PROFILE= MEMPLAN_LOOP_CONFIGS="qwen2.5-32b 1 2048 0.05 $budget --lora-rank 16 --lora-alpha 32 --lora-targets all --qlora" \
     bash "$here/gpu-loop.sh" "$out/qlora" "$build" "$hw"
   baseline qlora-32b --preset qwen2.5-32b --batch 1 --seq 2048 --steps 6 --warmup 2 \
     --lora-rank 16 --lora-alpha 32 --qlora

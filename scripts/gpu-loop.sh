@@ -8,6 +8,8 @@
 # --lora-targets all); "-" for MARGIN or BUDGET_GIB leaves it at its default. BUDGET_GIB plans for the benchmarked card cut to that much memory: a copy of
 # the measured profile with that gpu_memory_bytes, stored under a name of its own
 # (HARDWARE_NAME-cut-i), so the plan's first prediction is uncalibrated.
+# MEMPLAN_LOOP_PROFILE (default --profile): how the model is traced; empty = the planner's
+# analytic trace of the architecture.
 # MEMPLAN_LOOP_TRAIN_FLAGS: extra flags for every `memplan-agent train` (e.g. --allocator-conf=).
 # Per workload i it writes the memory timeline of every step (timeline-i.tsv) and the stored plan
 # with its prediction breakdown and measurement (plan-i.json).
@@ -21,6 +23,7 @@ threads=$(nproc)
 configs=${MEMPLAN_LOOP_CONFIGS:-llama-3.2-1b 4 2048;llama-3.2-1b 2 4096;llama-3.2-3b 1 4096;qwen2.5-1.5b 4 2048}
 IFS=';' read -ra workloads <<<"$configs"
 extra=(${MEMPLAN_LOOP_TRAIN_FLAGS:-})
+profile=(${MEMPLAN_LOOP_PROFILE---profile})
 i=0
 for cfg in "${workloads[@]}"; do
   set -- $cfg
@@ -44,7 +47,7 @@ PY
   fi
   echo "=== $i: $1 ${2}x$3 ${4:+margin $4} ${5:+budget $5 GiB} ${own[*]}" | tee -a "$out/loop.txt"
   SECONDS=0
-  "$agent" train --planner "$addr" "${card[@]}" --profile --arch "$1" --batch "$2" --seq "$3" \
+  "$agent" train --planner "$addr" "${card[@]}" "${profile[@]}" --arch "$1" --batch "$2" --seq "$3" \
     "${margin[@]}" --steps 5 --synthetic-data --device cuda --cpu-threads "$threads" \
     --memory-timeline "$out/timeline-$i.tsv" "${extra[@]}" "${own[@]}" 2>&1 \
     | grep -v "^ts=" | tee "$out/run-$i.txt" >>"$out/loop.txt"
