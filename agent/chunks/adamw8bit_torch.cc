@@ -4,6 +4,13 @@
 
 #include "common/optimizer_bytes.h"
 
+#ifdef MEMPLAN_ADAMW8BIT_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "agent/chunks/adamw8bit_kernel.h"
+#endif
+
 namespace memplan {
 namespace {
 
@@ -17,7 +24,71 @@ torch::Tensor AsBlocks(const torch::Tensor& flat) {
   return torch::constant_pad_nd(flat, {0, padded - n}, 0).view({-1, kQuantBlockElems});
 }
 
+#ifdef MEMPLAN_ADAMW8BIT_CUDA
+// The fused kernel, when the tensors are what it takes; false leaves the update to the ops.
+bool FusedCudaUpdate(const AdamWOptions& o, int64_t step, const torch::Tensor& clip_coef,
+                     const QuantMapTensors& maps, torch::Tensor& param, const torch::Tensor& grad,
+                     torch::Tensor& exp_avg_codes, torch::Tensor& exp_avg_sq_codes,
+                     torch::Tensor& exp_avg_absmax, torch::Tensor& exp_avg_sq_absmax) {
+  const auto dtype = param.scalar_type();
+  const int64_t n = param.numel();
+  const int64_t blocks = Blocks(n);
+  auto codes_ok = [&](const torch::Tensor& c) {
+    return c.scalar_type() == torch::kUInt8 && c.numel() == n && c.is_contiguous() &&
+           c.device() == param.device();
+  };
+  auto absmax_ok = [&](const torch::Tensor& a) {
+    return a.scalar_type() == torch::kFloat32 && a.dim() == 1 && a.size(0) == blocks &&
+           a.device() == param.device() && a.stride(0) == exp_avg_absmax.stride(0);
+  };
+  if (!param.is_cuda() || (dtype != torch::kFloat32 && dtype != torch::kBFloat16) ||
+      !param.is_contiguous() || grad.scalar_type() != dtype || !grad.is_contiguous() ||
+      grad.device() != param.device() || !codes_ok(exp_avg_codes) ||
+      !codes_ok(exp_avg_sq_codes) || !absmax_ok(exp_avg_absmax) ||
+      !absmax_ok(exp_avg_sq_absmax) || maps.exp_avg.device() != param.device()) {
+    return false;
+  }
+  c10::cuda::CUDAGuard guard(param.device());
+  torch::Tensor clip;
+  if (clip_coef.defined()) clip = clip_coef.to(param.device(), torch::kFloat32).contiguous();
+  chunks_cuda::AdamW8bitKernelArgs a;
+  a.param = param.data_ptr();
+  a.grad = grad.data_ptr();
+  a.param_bf16 = dtype == torch::kBFloat16;
+  a.clip_coef = clip.defined() ? clip.data_ptr<float>() : nullptr;
+  a.exp_avg_codes = exp_avg_codes.data_ptr<uint8_t>();
+  a.exp_avg_sq_codes = exp_avg_sq_codes.data_ptr<uint8_t>();
+  a.exp_avg_absmax = exp_avg_absmax.data_ptr<float>();
+  a.exp_avg_sq_absmax = exp_avg_sq_absmax.data_ptr<float>();
+  a.absmax_stride = blocks > 1 ? exp_avg_absmax.stride(0) : 1;
+  a.signed_map = maps.exp_avg.data_ptr<float>();
+  a.unsigned_map = maps.exp_avg_sq.data_ptr<float>();
+  a.numel = n;
+  // The scalars as the ops below pass them (double arithmetic, then fp32 in the kernels).
+  const double step_d = static_cast<double>(step);
+  a.beta1 = static_cast<float>(o.beta1);
+  a.one_minus_beta1 = static_cast<float>(1 - o.beta1);
+  a.beta2 = static_cast<float>(o.beta2);
+  a.one_minus_beta2 = static_cast<float>(1 - o.beta2);
+  a.bias_correction2_sqrt = static_cast<float>(std::sqrt(1 - std::pow(o.beta2, step_d)));
+  a.eps = static_cast<float>(o.eps);
+  a.decay = o.weight_decay != 0 ? static_cast<float>(1 - o.lr * o.weight_decay) : 1.f;
+  a.step_size = static_cast<float>(-o.lr / (1 - std::pow(o.beta1, step_d)));
+  const int err = chunks_cuda::LaunchAdamW8bitUpdate(a, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == 0, "adamw8bit CUDA kernel launch failed (cudaError ", err, ")");
+  return true;
+}
+#endif
+
 }  // namespace
+
+bool AdamW8bitFusedKernelBuilt() {
+#ifdef MEMPLAN_ADAMW8BIT_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
 
 QuantMapTensors MakeQuantMapTensors(const torch::Device& device) {
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
@@ -62,8 +133,16 @@ void AdamW8bitTorchUpdate(const AdamWOptions& o, int64_t step, const torch::Tens
                           const QuantMapTensors& maps, torch::Tensor param,
                           const torch::Tensor& grad, torch::Tensor exp_avg_codes,
                           torch::Tensor exp_avg_sq_codes, torch::Tensor exp_avg_absmax,
-                          torch::Tensor exp_avg_sq_absmax) {
+                          torch::Tensor exp_avg_sq_absmax, bool torch_ops) {
   torch::NoGradGuard no_grad;
+#ifdef MEMPLAN_ADAMW8BIT_CUDA
+  if (!torch_ops && FusedCudaUpdate(o, step, clip_coef, maps, param, grad, exp_avg_codes,
+                                    exp_avg_sq_codes, exp_avg_absmax, exp_avg_sq_absmax)) {
+    return;
+  }
+#else
+  (void)torch_ops;
+#endif
   // bitsandbytes' CPU/default sequence: the grad and parameter in fp32, then the torch ops of
   // AdamW with double scalars.
   torch::Tensor g = grad.detach().reshape({-1});

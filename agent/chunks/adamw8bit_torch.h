@@ -33,10 +33,17 @@ void QuantizeBlockwise8bit(const torch::Tensor& values, const torch::Tensor& mid
 // dequantized, updated with AdamW (step = the update count after this one), the fp32 result is
 // rounded into the parameter and the moments are quantized again. codes are the parameter's
 // numel uint8 elements, absmax its ceil(numel / 256) blocks.
+// On a CUDA device with the fused kernel built (adamw8bit_kernel.h) and contiguous fp32/bf16
+// tensors, one kernel does it all (same operations and rounding order; results can differ from
+// the ops path in the last bit where torch's CUDA ops contract or reorder, and a code by one at a
+// midpoint tie then); otherwise, or with `torch_ops` set, the LibTorch ops below.
 void AdamW8bitTorchUpdate(const AdamWOptions& options, int64_t step,
                           const torch::Tensor& clip_coef, const QuantMapTensors& maps,
                           torch::Tensor param, const torch::Tensor& grad,
                           torch::Tensor exp_avg_codes, torch::Tensor exp_avg_sq_codes,
-                          torch::Tensor exp_avg_absmax, torch::Tensor exp_avg_sq_absmax);
+                          torch::Tensor exp_avg_absmax, torch::Tensor exp_avg_sq_absmax,
+                          bool torch_ops = false);
+// Whether this build has the fused CUDA kernel.
+bool AdamW8bitFusedKernelBuilt();
 
 }  // namespace memplan

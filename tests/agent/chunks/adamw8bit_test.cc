@@ -196,6 +196,61 @@ INSTANTIATE_TEST_SUITE_P(Options, AdamW8bitTest,
                                            Case{true, AdamWOptions{1e-3, 0.9, 0.999, 1e-8, 0.01},
                                                 0.37f}));
 
+// The fused CUDA kernel (persistent chunks on a GPU) against the reference run on the CPU, with
+// absmax entries strided as the chunk manager lays them out. The kernel does each operation in
+// the reference's order with fp32 rounding, but torch's CPU ops may contract a product into an
+// FMA: allowed are parameters within 2 ulp of their dtype, absmax within 1e-6 relative, and codes
+// off by one on at most 0.1 % of the elements (a value at a midpoint tie). Skips without CUDA.
+TEST_P(AdamW8bitTest, FusedCudaKernelMatchesTheReference) {
+  if (!torch::cuda::is_available() || !AdamW8bitFusedKernelBuilt()) {
+    GTEST_SKIP() << "no CUDA device or no fused kernel in this build";
+  }
+  const Case c = GetParam();
+  const auto dtype = c.bf16 ? torch::kBFloat16 : torch::kFloat32;
+  const double ulp = c.bf16 ? 1.0 / 128 : 1.0 / (1 << 23);
+  const torch::Device cuda(torch::kCUDA);
+  torch::manual_seed(11);
+  const QuantMapTensors maps = MakeQuantMapTensors(cuda);
+  for (const int64_t n : {int64_t{1}, int64_t{1000}, int64_t{70001}, int64_t{1} << 20}) {
+    const int64_t blocks = (n + 255) / 256;
+    torch::Tensor ref = torch::randn({n}).to(dtype);
+    torch::Tensor dev = ref.to(cuda);
+    RefQuantized ref_m{torch::zeros({n}, torch::kUInt8), torch::zeros({blocks})};
+    RefQuantized ref_v{torch::zeros({n}, torch::kUInt8), torch::zeros({blocks})};
+    torch::Tensor m8 = torch::zeros({n}, torch::dtype(torch::kUInt8).device(cuda));
+    torch::Tensor v8 = m8.clone();
+    torch::Tensor slots_m = torch::zeros({2 * blocks}, torch::dtype(torch::kFloat32).device(cuda));
+    torch::Tensor slots_v = slots_m.clone();
+    torch::Tensor am = slots_m.slice(0, 0, 2 * blocks, 2), av = slots_v.slice(0, 0, 2 * blocks, 2);
+    for (int64_t step = 1; step <= 5; ++step) {
+      torch::Tensor grad = (torch::randn({n}) * torch::exp(torch::randn({n}) * 2)).to(dtype);
+      RefStep(c.options, step, c.clip, ref, grad, ref_m, ref_v);
+      const torch::Tensor coef =
+          c.clip != 1.0f ? torch::full({}, c.clip, torch::dtype(torch::kFloat32).device(cuda))
+                         : torch::Tensor();
+      AdamW8bitTorchUpdate(c.options, step, coef, maps, dev, grad.to(cuda), m8, v8, am, av);
+      const std::string at = "n=" + std::to_string(n) + " step " + std::to_string(step);
+      const torch::Tensor p32 = dev.cpu().to(torch::kFloat32), r32 = ref.to(torch::kFloat32);
+      const torch::Tensor bound = r32.abs().clamp_min(1e-30) * (2 * ulp);
+      ASSERT_TRUE(((p32 - r32).abs() <= bound).all().item<bool>())
+          << at << " max diff " << (p32 - r32).abs().max().item<float>();
+      for (const auto& [codes, want] : {std::pair{m8, ref_m.codes}, std::pair{v8, ref_v.codes}}) {
+        const torch::Tensor diff = (codes.cpu().to(torch::kInt32) - want.to(torch::kInt32)).abs();
+        ASSERT_LE(diff.max().item<int>(), 1) << at;
+        ASSERT_LE(diff.sum().item<int64_t>(), std::max<int64_t>(1, n / 1000)) << at;
+      }
+      ASSERT_TRUE(torch::allclose(am.cpu(), ref_m.absmax, 1e-6, 0)) << at;
+      ASSERT_TRUE(torch::allclose(av.cpu(), ref_v.absmax, 1e-6, 0)) << at;
+      // Keep the two runs on the same state, so that differences do not compound.
+      dev.copy_(ref);
+      m8.copy_(ref_m.codes);
+      v8.copy_(ref_v.codes);
+      am.copy_(ref_m.absmax);
+      av.copy_(ref_v.absmax);
+    }
+  }
+}
+
 // A range that starts inside a parameter block (a shard's first elements) and absmax slots with
 // gaps, as the chunk manager lays them out: equal to updating the pieces as separate tensors.
 TEST(AdamW8bitKernelTest, BlockPhaseAndSlotStrides) {
