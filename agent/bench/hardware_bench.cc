@@ -20,7 +20,9 @@
 #include "agent/chunks/thread_pool.h"
 #include "agent/chunks/torch_sqrt.h"
 #include "agent/core/torch_pch.h"
+#include "agent/quant/nf4.h"
 #include "common/log.h"
+#include "common/nf4_bytes.h"
 #include "common/validate.h"
 
 #if __has_include(<cuda_runtime_api.h>)
@@ -324,6 +326,22 @@ absl::Status MeasureGpu(const HardwareBenchOptions& options, Recorder& rec, Hard
     }
     rec.Add("hbm_copy", spec.hbm_bytes_per_second / 1e9, "GB/s",
             absl::StrCat("read+write of ", hbm_bytes >> 20, " MiB"));
+
+    // NF4 -> bf16 dequantization of QLoRA's base (agent/quant, the path DequantizeNf4 takes on
+    // this build), on an MLP projection of Llama-3.1-8B's shape: NF4 bytes read + bf16 written.
+    {
+      const torch::Tensor w =
+          torch::randn({14336, 4096}, torch::TensorOptions().dtype(torch::kBFloat16).device(device));
+      absl::StatusOr<quant::Nf4Tensor> q = quant::QuantizeNf4(w);
+      if (q.ok()) {
+        const int64_t bytes = Nf4Parts(w.numel()).total() + w.numel() * 2;
+        spec.nf4_dequant_bytes_per_second =
+            BestRate(reps, bytes, [&] { quant::DequantizeNf4(*q, torch::kBFloat16); });
+        rec.Add("nf4_dequant", spec.nf4_dequant_bytes_per_second / 1e9, "GB/s",
+                quant::Nf4CudaKernelBuilt() ? "CUDA kernel, 14336x4096 to bf16"
+                                            : "LibTorch ops, 14336x4096 to bf16");
+      }
+    }
 
     // Dense matmul, n shrunk until three n x n fp32 matrices take at most a quarter of free memory.
     cudaMemGetInfo(&free_bytes, &total_bytes);

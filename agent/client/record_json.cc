@@ -111,7 +111,8 @@ Json ToJson(const HardwareSpec& h) {
               {"cpu_adam_params_per_second", h.cpu_adam_params_per_second},
               {"host_memory_bytes", h.host_memory_bytes},
               {"pinned_limit_bytes", h.pinned_limit_bytes},
-              {"measured", h.measured}};
+              {"measured", h.measured},
+              {"nf4_dequant_bytes_per_second", h.nf4_dequant_bytes_per_second}};
 }
 
 Json ToJson(const Workload& w) {
@@ -352,6 +353,7 @@ void Read(const Json& j, const std::string& path, absl::Status* s, HardwareSpec*
   r.Get("host_memory_bytes", &h->host_memory_bytes);
   r.Get("pinned_limit_bytes", &h->pinned_limit_bytes);
   r.Get("measured", &h->measured);
+  r.Get("nf4_dequant_bytes_per_second", &h->nf4_dequant_bytes_per_second);
 }
 
 void Read(const Json& j, const std::string& path, absl::Status* s, Workload* w) {

@@ -295,13 +295,14 @@ absl::StatusOr<torch::Tensor> DequantizeNf4Kernel(const Nf4Tensor& q,
   const c10::cuda::CUDAGuard guard(q.device());
   torch::Tensor out =
       torch::empty(q.shape, torch::TensorOptions().dtype(out_dtype).device(q.device()));
-  // One copy of the 1 KiB map per device, kept for the process.
+  // One copy of the 1 KiB map per device, kept for the process (never destroyed: at exit the
+  // CUDA allocator may be gone before static destructors run).
   static std::mutex mu;
-  static std::map<int, torch::Tensor> maps;
+  static auto* maps = new std::map<int, torch::Tensor>();
   torch::Tensor map;
   {
     std::lock_guard<std::mutex> lock(mu);
-    torch::Tensor& m = maps[q.device().index()];
+    torch::Tensor& m = (*maps)[q.device().index()];
     if (!m.defined()) m = DynamicMap8Bit().to(q.device());
     map = m;
   }

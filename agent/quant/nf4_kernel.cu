@@ -40,8 +40,12 @@ template <typename T>
 __global__ void DequantVec8(const uint32_t* __restrict__ data, const uint8_t* __restrict__ code,
                             const float* __restrict__ scale, const float* __restrict__ map,
                             float offset, int64_t groups, int64_t blocksize, T* __restrict__ out) {
+  // Both tables in shared memory: lanes index them with different codes, which the constant
+  // cache would serialise.
   __shared__ float smap[256];
+  __shared__ float snf4[16];
   for (int i = threadIdx.x; i < 256; i += blockDim.x) smap[i] = map[i];
+  if (threadIdx.x < 16) snf4[threadIdx.x] = kNf4[threadIdx.x];
   __syncthreads();
   for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < groups;
        g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -51,8 +55,8 @@ __global__ void DequantVec8(const uint32_t* __restrict__ data, const uint8_t* __
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
       const uint32_t byte = (w >> (8 * b)) & 0xFFu;
-      v[2 * b] = FromFloat<T>(__fmul_rn(kNf4[byte >> 4], am));
-      v[2 * b + 1] = FromFloat<T>(__fmul_rn(kNf4[byte & 0xFu], am));
+      v[2 * b] = FromFloat<T>(__fmul_rn(snf4[byte >> 4], am));
+      v[2 * b + 1] = FromFloat<T>(__fmul_rn(snf4[byte & 0xFu], am));
     }
     uint4* dst = reinterpret_cast<uint4*>(out + g * 8);
     const uint4* src = reinterpret_cast<const uint4*>(v);
