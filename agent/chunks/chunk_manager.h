@@ -1,9 +1,10 @@
 // ChunkManager: packs a model's parameters into fixed-size chunks (common/chunk_packing.h),
 // keeps the first n_persist chunks on the device and the rest in host memory, streams
 // non-persistent chunks through n_buffer device buffers around each group's forward/backward, and
-// runs the optimizer step (adamw, adamw_bf16 or sgd; on the device for persistent chunks,
-// multi-threaded CPU for the others). With a communicator of world size W > 1, ZeRO-3 over chunks
-// ([Sharded chunks] in chunk_manager.cc): each rank holds 1/W of every non-persistent chunk.
+// runs the optimizer step (adamw, adamw_bf16, adamw8bit or sgd; on the device for persistent
+// chunks, multi-threaded CPU for the others). With a communicator of world size W > 1, ZeRO-3
+// over chunks ([Sharded chunks] in chunk_manager.cc): each rank holds 1/W of every
+// non-persistent chunk.
 #pragma once
 
 #include <cstdint>
@@ -33,8 +34,9 @@ struct ChunkManagerOptions {
   bool pageable_fallback = true;  // pinning failed (no CUDA, memlock): use pageable, else error
   torch::Device device = torch::kCPU;
   // adamw (fp32 moments, fp32 master for bf16 models), adamw_bf16 (bf16 parameters and moments,
-  // no master: bf16 models only) or sgd (no state; fp32 master for bf16 models). What each holds
-  // is common/optimizer_bytes.h.
+  // no master: bf16 models only), adamw8bit (bitsandbytes' AdamW8bit: uint8 moments with an
+  // absmax per 256-element block, no master; needs alignment_bytes % 256 == 0) or sgd (no state;
+  // fp32 master for bf16 models). What each holds is common/optimizer_bytes.h.
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   AdamWOptions adamw;  // sgd uses its lr and weight_decay
   int cpu_threads = 4;  // CPU optimizer worker threads
@@ -164,10 +166,13 @@ class ChunkManager : public ParamResidency {
   // Sharded, Grads() also sums the persistent chunks' grads over the ranks (Step() then does not):
   // call it after the step's last micro-batch only.
   // Accumulated gradients of the current step as CPU tensors (offloaded chunks: fp32 for adamw and
-  // sgd, the model dtype for adamw_bf16).
+  // sgd, the model dtype for adamw_bf16 and adamw8bit).
   std::vector<NamedParam> Grads();
   // "<name>.exp_avg", "<name>.exp_avg_sq" (fp32 for adamw, the model dtype for adamw_bf16, none
-  // for sgd), "<name>.master" (fp32, when the optimizer keeps one) and "step" (int64 scalar), as
+  // for sgd; adamw8bit: "<name>.exp_avg.q8" / ".exp_avg_sq.q8" uint8 codes of the parameter's
+  // shape and "<name>.exp_avg.absmax" / ".exp_avg_sq.absmax" fp32 per 256 elements, see
+  // [8-bit optimizer state]), "<name>.master" (fp32, when the optimizer keeps one) and "step"
+  // (int64 scalar), as
   // CPU tensors; parameters never updated are left out (like torch's AdamW, which has no state
   // for them), and an empty vector before the first step (always for sgd on an fp32 model).
   std::vector<NamedParam> OptimizerState();

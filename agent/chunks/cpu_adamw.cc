@@ -9,6 +9,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "common/optimizer_bytes.h"
 
@@ -311,11 +312,13 @@ alignas(64) extern const float kUnsignedDynamicMap[256] = {
 
 namespace {
 
-// The midpoints between consecutive entries, (map[i] + map[i + 1]) / 2 in fp32.
+// The midpoints between consecutive entries, (map[i] + map[i + 1]) / 2 in fp32, and +inf last so
+// that a branch-free binary search sees 256 entries.
 struct Midpoints {
-  float at[255];
+  alignas(64) float at[256];
   explicit Midpoints(const float* map) {
     for (int i = 0; i < 255; ++i) at[i] = (map[i] + map[i + 1]) / 2;
+    at[255] = std::numeric_limits<float>::infinity();
   }
 };
 
@@ -325,9 +328,12 @@ const float* MidpointsOf(const float* map) {
 }
 
 // The number of midpoints below x: the nearest entry, a value on a midpoint going to the lower
-// one (torch.bucketize(x, midpoints), bitsandbytes' default backend).
+// one (torch.bucketize(x, midpoints), bitsandbytes' default backend). Eight branch-free halvings
+// (x is finite, so the +inf sentinel is never below it).
 inline uint8_t NearestCode(const float* mids, float x) {
-  return static_cast<uint8_t>(std::lower_bound(mids, mids + 255, x) - mids);
+  int idx = 0;
+  for (int half = 128; half > 0; half >>= 1) idx += mids[idx + half - 1] < x ? half : 0;
+  return static_cast<uint8_t>(idx);
 }
 
 }  // namespace

@@ -215,8 +215,9 @@ absl::Status ValidateOptimizerState(const std::vector<NamedParam>& params,
                                   s.param.numel() == blocks;
       if (!ok) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "optimizer state \"", s.name, "\" is ", std::string(c10::toString(s.param.scalar_type())),
-            " ", ShapeString(s.param.sizes()), "; expected ",
+            "optimizer state \"", s.name, "\" is ",
+            std::string(c10::toString(s.param.scalar_type())), " ", ShapeString(s.param.sizes()),
+            "; expected ",
             codes ? absl::StrCat("uint8 ", ShapeString(it->second->sizes()))
                   : absl::StrCat("float32 [", blocks, "] (one absmax per 256 elements)")));
       }

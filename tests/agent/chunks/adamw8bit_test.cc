@@ -1,7 +1,8 @@
 // 8-bit AdamW (agent/chunks/cpu_adamw.h, agent/chunks/adamw8bit_torch.h) against a reference
 // written here from bitsandbytes' definitions: the dynamic maps from create_dynamic_map's
 // formula, quantization by counting the midpoints below each value (all of them, no search), the
-// update as torch ops on whole tensors. The CPU kernel and the LibTorch path must both give the reference's bits on the CPU.
+// update as torch ops on whole tensors. The CPU kernel and the LibTorch path must both give the
+// reference's bits on the CPU.
 #include <algorithm>
 #include <cmath>
 #include <vector>

@@ -1056,6 +1056,13 @@ TEST(ChunkManagerTest, RejectsBadOptions) {
   options.alignment_bytes = 6;
   EXPECT_EQ(ChunkManager::Create(model.Groups(), options).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // adamw8bit's absmax slots need parameters on 256-byte boundaries.
+  options = CpuOptions(0, 1);
+  options.optimizer = OptimizerKind::kAdamW8bit;
+  options.alignment_bytes = 128;
+  status = ChunkManager::Create(model.Groups(), options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("alignment_bytes"), absl::string_view::npos) << status;
 }
 
 TEST(ChunkManagerTest, StepRefusesToClipAfterOverlappedUpdates) {
