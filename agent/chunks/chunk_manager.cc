@@ -119,7 +119,7 @@ struct Chunk {
   int64_t shard_begin = 0;
   int64_t shard_elems = 0;
   int64_t padded_elems = 0;
-  torch::Tensor grad_flat;   // sharded: the micro-batch's grads of the chunk on the device
+  torch::Tensor grad_flat;  // sharded: the micro-batch's grads of the chunk on the device
   std::vector<int> params;
   int completion_group = 0;  // smallest first_group of its params
   torch::Tensor device;      // persistent: the flat parameter storage

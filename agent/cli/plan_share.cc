@@ -25,9 +25,8 @@ absl::StatusOr<PlanAnswer> ShareRankZeroAnswer(Communicator& comm,
     const int64_t n = length.cpu().item<int64_t>();
     if (n == 0) {
       if (root) return rank0_answer.status();
-      return absl::FailedPreconditionError(
-          absl::StrCat("rank ", comm.rank(),
-                       ": rank 0 got no plan from the planner (its output says why)"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", comm.rank(), ": rank 0 got no plan from the planner (its output says why)"));
     }
     torch::Tensor bytes = torch::zeros({n}, torch::kInt32);
     if (root) {
@@ -43,8 +42,8 @@ absl::StatusOr<PlanAnswer> ShareRankZeroAnswer(Communicator& comm,
     for (int64_t i = 0; i < n; ++i) text[i] = static_cast<char>(in[i]);
     absl::StatusOr<PlanAnswer> answer = PlanAnswerFromJson(text);
     if (!answer.ok()) {
-      return absl::InternalError(absl::StrCat("rank ", comm.rank(), ": rank 0's plan: ",
-                                              answer.status().message()));
+      return absl::InternalError(
+          absl::StrCat("rank ", comm.rank(), ": rank 0's plan: ", answer.status().message()));
     }
     return answer;
   } catch (const c10::Error& e) {

@@ -24,8 +24,7 @@ class CountingCommunicator final : public Communicator {
   int rank() const override { return inner_->rank(); }
   int world_size() const override { return inner_->world_size(); }
   torch::Device device() const override { return inner_->device(); }
-  std::unique_ptr<PendingCollective> AllGather(torch::Tensor output,
-                                               torch::Tensor input) override {
+  std::unique_ptr<PendingCollective> AllGather(torch::Tensor output, torch::Tensor input) override {
     ++counts_.all_gathers;
     return inner_->AllGather(std::move(output), std::move(input));
   }

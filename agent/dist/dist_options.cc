@@ -72,25 +72,23 @@ absl::StatusOr<DistOptions> DistOptionsFromSettings(const EnvLookup& env,
   ASSIGN_OR_RETURN(std::optional<int> rank,
                    EnvInt(env, label, "RANK", 0, o.world_size - 1, in_world));
   if (!rank.has_value() && o.world_size > 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(label("RANK"), " is required with world size ", o.world_size,
-                     ": an integer in [0, ", o.world_size - 1, "]"));
+    return absl::InvalidArgumentError(absl::StrCat(label("RANK"), " is required with world size ",
+                                                   o.world_size, ": an integer in [0, ",
+                                                   o.world_size - 1, "]"));
   }
   o.rank = rank.value_or(0);
   ASSIGN_OR_RETURN(std::optional<int> local_world,
                    EnvInt(env, label, "LOCAL_WORLD_SIZE", 1, o.world_size, in_world));
   o.local_world_size = local_world.value_or(o.world_size);
-  ASSIGN_OR_RETURN(
-      std::optional<int> local_rank,
-      EnvInt(env, label, "LOCAL_RANK", 0, o.local_world_size - 1,
-             absl::StrCat(" (local world size ", o.local_world_size, ")")));
+  ASSIGN_OR_RETURN(std::optional<int> local_rank,
+                   EnvInt(env, label, "LOCAL_RANK", 0, o.local_world_size - 1,
+                          absl::StrCat(" (local world size ", o.local_world_size, ")")));
   o.local_rank = local_rank.value_or(o.rank % o.local_world_size);
   if (std::optional<std::string> addr = env("MASTER_ADDR"); addr.has_value()) {
     o.master_addr = std::string(absl::StripAsciiWhitespace(*addr));
     if (o.master_addr.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(label("MASTER_ADDR"), " must be a host name or address; got \"", *addr,
-                       "\""));
+      return absl::InvalidArgumentError(absl::StrCat(
+          label("MASTER_ADDR"), " must be a host name or address; got \"", *addr, "\""));
     }
   }
   ASSIGN_OR_RETURN(std::optional<int> port, EnvInt(env, label, "MASTER_PORT", 1, 65535));

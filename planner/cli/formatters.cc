@@ -228,8 +228,8 @@ std::string FormatPlanResponse(const v1::PlanResponse& r) {
                        FormatGiB(rm.chunk_host_pinned_bytes()), " pinned + ",
                        FormatGiB(rm.chunk_host_pageable_bytes()), " pageable"));
       predictions.Add("Node host memory",
-                      absl::StrCat(FormatGiB(rm.node_host_bytes()), " for ",
-                                   rm.local_world_size(), " local ranks of ", rm.world_size()));
+                      absl::StrCat(FormatGiB(rm.node_host_bytes()), " for ", rm.local_world_size(),
+                                   " local ranks of ", rm.world_size()));
     }
     predictions.Add("Time / iteration",
                     absl::StrCat(FormatSeconds(p.iteration_seconds()), "  (forward ",

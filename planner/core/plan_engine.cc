@@ -574,8 +574,7 @@ absl::StatusOr<PlanOutcome> MakePlan(const PlanInputs& in) {
         if (r.found) {
           knob_reason = absl::StrCat(
               "does not fit with ", FixedName(k, in.fixed), ": host memory, not GPU memory; no ",
-              "plan honouring the fixed knobs keeps the host side within ",
-              HostLimitText(in),
+              "plan honouring the fixed knobs keeps the host side within ", HostLimitText(in),
               in.hardware.pinned_limit_bytes > 0
                   ? absl::StrCat(" (pinned limit ", GiB(in.hardware.pinned_limit_bytes), ")")
                   : std::string(),

@@ -89,9 +89,9 @@ absl::StatusOr<CostModel> CostModel::Create(const Trace& trace, int64_t chunk_by
     return absl::InvalidArgumentError("world_size and grad_accum must be >= 1");
   }
   if (options.local_world_size < 1 || options.local_world_size > options.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("local_world_size = ", options.local_world_size,
-                                                   " is out of range; allowed [1, world_size = ",
-                                                   options.world_size, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("local_world_size = ", options.local_world_size,
+                     " is out of range; allowed [1, world_size = ", options.world_size, "]"));
   }
   // The agent runs adamw_bf16 on bf16 parameters only: a plan for another dtype would not run.
   if (const std::string problem = OptimizerDTypeProblem(options.optimizer, trace.param_dtype);
@@ -310,8 +310,8 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
     const int64_t alloc = fill;
     // This rank's shard of the chunk ([Sharded chunks] in agent/chunks/chunk_manager.cc: every
     // host array holds ShardElems() elements, padding included); the whole chunk when W = 1.
-    const OffloadedChunkHostBytes offloaded = OffloadedShardHost(
-        opt, dtype_bytes_, options_.grad_accum, fill, options_.world_size);
+    const OffloadedChunkHostBytes offloaded =
+        OffloadedShardHost(opt, dtype_bytes_, options_.grad_accum, fill, options_.world_size);
     const double state_share =
         full_ft || fill == 0 ? 1.0 : static_cast<double>(train) / static_cast<double>(fill);
     // [LoRA managers]: a frozen base chunk holds its parameters only.
@@ -358,9 +358,9 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
     // all-gather's input, one shard per gather in flight, is held as long (charged as two).
     const int w = options_.world_size;
     const int64_t shard = ShardElems(max_fill / dtype_bytes_, w);
-    t.grad_staging_bytes = (PaddedElems(max_fill / dtype_bytes_, w) +
-                            PaddedElems(second_fill / dtype_bytes_, w)) * 4 +
-                           shard * (4 + dtype_bytes_) + 2 * shard * dtype_bytes_;
+    t.grad_staging_bytes =
+        (PaddedElems(max_fill / dtype_bytes_, w) + PaddedElems(second_fill / dtype_bytes_, w)) * 4 +
+        shard * (4 + dtype_bytes_) + 2 * shard * dtype_bytes_;
   }
   // The GPU optimizer updates one persistent chunk at a time; when it runs on an fp32 master
   // (adamw, sgd on bf16) that chunk's grads are first copied to fp32.

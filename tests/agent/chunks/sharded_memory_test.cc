@@ -112,8 +112,14 @@ TEST(ShardedMemoryTest, OneProcessAllocatesWhatThePlannerPrices) {
     auto manager = ChunkManager::Create((*model)->ParamGroups(), options);
     ASSERT_TRUE(manager.ok()) << manager.status();
     const ChunkMemoryStats s = (*manager)->MemoryStats();
-    Row row{s.persistent_device_bytes, s.persistent_state_device_bytes, s.buffer_device_bytes,
-            s.host_pinned_bytes, s.host_pageable_bytes, s.n_buffer, s.n_persist, s.world_size,
+    Row row{s.persistent_device_bytes,
+            s.persistent_state_device_bytes,
+            s.buffer_device_bytes,
+            s.host_pinned_bytes,
+            s.host_pageable_bytes,
+            s.n_buffer,
+            s.n_persist,
+            s.world_size,
             s.layout_fingerprint};
     ExpectPlannerPrices(c, 1, row);
   }

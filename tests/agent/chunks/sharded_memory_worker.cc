@@ -63,8 +63,8 @@ int Run(const std::string& path) {
     const ChunkMemoryStats s = (*manager)->MemoryStats();
     out << c.name << ' ' << s.persistent_device_bytes << ' ' << s.persistent_state_device_bytes
         << ' ' << s.buffer_device_bytes << ' ' << s.host_pinned_bytes << ' '
-        << s.host_pageable_bytes << ' ' << s.n_buffer << ' ' << s.n_persist << ' '
-        << s.world_size << ' ' << s.layout_fingerprint << '\n';
+        << s.host_pageable_bytes << ' ' << s.n_buffer << ' ' << s.n_persist << ' ' << s.world_size
+        << ' ' << s.layout_fingerprint << '\n';
   }
   out.close();
   return out ? 0 : Fail(rank, absl::InternalError("writing " + path));

@@ -179,8 +179,9 @@ TEST_F(TrainWithPlannerTest, TwoRanksAskTheirWorldSizeAndTrain) {
     const std::string line = LineValue(out[r], absl::StrCat("rank ", r, " chunk memory"));
     ASSERT_FALSE(line.empty()) << out[r];
     long long host = -1, host_planned = -2, device = -1, device_planned = -2;
-    ASSERT_EQ(std::sscanf(line.c_str(), "(allocated / planned): host %lld / %lld bytes, device %lld "
-                                        "/ %lld bytes",
+    ASSERT_EQ(std::sscanf(line.c_str(),
+                          "(allocated / planned): host %lld / %lld bytes, device %lld "
+                          "/ %lld bytes",
                           &host, &host_planned, &device, &device_planned),
               4)
         << line;
@@ -196,10 +197,23 @@ TEST_F(TrainWithPlannerTest, TwoRanksAskTheirWorldSizeAndTrain) {
 TEST_F(TrainWithPlannerTest, RankZerosPlannerFailureStopsEveryRank) {
   const int port = testing::FreeLoopbackPort();
   ASSERT_GT(port, 0);
-  const std::vector<std::string> args = {
-      MEMPLAN_AGENT_BINARY, "train",  "--planner", daemon_->address(), "--arch", "llama-3.1-70b",
-      "--synthetic-data",   "--steps", "2",        "--batch",          "1",      "--seq",
-      "4096",               "--device", "cpu",     "--planner-retries", "0"};
+  const std::vector<std::string> args = {MEMPLAN_AGENT_BINARY,
+                                         "train",
+                                         "--planner",
+                                         daemon_->address(),
+                                         "--arch",
+                                         "llama-3.1-70b",
+                                         "--synthetic-data",
+                                         "--steps",
+                                         "2",
+                                         "--batch",
+                                         "1",
+                                         "--seq",
+                                         "4096",
+                                         "--device",
+                                         "cpu",
+                                         "--planner-retries",
+                                         "0"};
   std::vector<testing::Child> ranks;
   for (int r = 0; r < 2; ++r) {
     ranks.push_back(testing::Spawn(

@@ -94,9 +94,8 @@ int Run(const std::string& prefix, int kill_rank, int signal, int timeout_second
       return Fail(rank, absl::InternalError(e.what_without_backtrace()));
     }
     const CollectiveCounts& n = counting.counts();
-    out.push_back(torch::tensor(std::vector<int64_t>{n.all_gathers, n.reduce_scatters,
-                                                     n.all_reduces},
-                                torch::kInt64));
+    out.push_back(torch::tensor(
+        std::vector<int64_t>{n.all_gathers, n.reduce_scatters, n.all_reduces}, torch::kInt64));
     const ChunkMemoryStats stats = (*trainer)->chunk_manager()->MemoryStats();
     std::vector<int64_t> memory = {stats.host_pinned_bytes + stats.host_pageable_bytes,
                                    stats.n_persist};

@@ -176,19 +176,19 @@ TEST(PlanEngineTest, FortyFiveBillionFitsEightRanksOfATebibyteHost) {
   const RankMemory& r = eight->prediction.rank_memory;
   EXPECT_EQ(r.world_size, 8);
   EXPECT_EQ(r.local_world_size, 8);
-  const int64_t rank_host = eight->prediction.host_pinned_bytes +
-                            eight->prediction.host_pageable_bytes;
+  const int64_t rank_host =
+      eight->prediction.host_pinned_bytes + eight->prediction.host_pageable_bytes;
   EXPECT_EQ(r.node_host_bytes, 8 * rank_host);
   EXPECT_LE(r.node_host_bytes, in.hardware.host_memory_bytes);
   EXPECT_LE(rank_host, in.hardware.host_memory_bytes / 8);
   EXPECT_LE(r.chunk_host_pinned_bytes + r.chunk_host_pageable_bytes, rank_host);
   EXPECT_LE(eight->prediction.peak_bytes, eight->capacity_bytes);
-  std::printf("45 B, 8 ranks, 1 TiB: %d/%d chunks persistent, peak %.1f GiB, per rank host %.1f "
-              "GiB, node %.1f GiB\n",
-              eight->plan.n_persist, eight->plan.n_chunks,
-              static_cast<double>(eight->prediction.peak_bytes) / kGiB,
-              static_cast<double>(rank_host) / kGiB,
-              static_cast<double>(r.node_host_bytes) / kGiB);
+  std::printf(
+      "45 B, 8 ranks, 1 TiB: %d/%d chunks persistent, peak %.1f GiB, per rank host %.1f "
+      "GiB, node %.1f GiB\n",
+      eight->plan.n_persist, eight->plan.n_chunks,
+      static_cast<double>(eight->prediction.peak_bytes) / kGiB,
+      static_cast<double>(rank_host) / kGiB, static_cast<double>(r.node_host_bytes) / kGiB);
 }
 
 TEST(PlanEngineTest, LimitsAreTight) {
