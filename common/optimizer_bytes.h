@@ -147,14 +147,20 @@ constexpr OffloadedChunkHostBytes OffloadedShardHost(OptimizerKind kind, int64_t
 //   adamw update: param r/w, grad read, two moments r/w (fused kernel, one pass);
 //   sgd update: grad.add_(param, weight_decay) (3 x) then param.add_(grad, -lr) (3 x), charged
 //     with weight decay on (the default).
-//   adamw8bit (LibTorch ops, agent/chunks/adamw8bit_torch.cc, one pass per op), per moment:
+//   adamw8bit: the fused CUDA kernel that a CUDA build runs: grad read, parameter r/w, both
+//     moments' codes r/w (3 E + 4). Without it (fused_8bit_kernel false: a build without nvcc)
+//     LibTorch ops, agent/chunks/adamw8bit_torch.cc, one pass per op, per moment:
 //     dequantize 29 (codes widened to int64 1 + 8, map gather 8 + 4, scaled by the absmax 8),
 //     quantize 43 (|x| 8, block max 4, x / absmax 8, select 8, bucketize 4 + 4, narrowed to
 //     uint8 4 + 1, stored 2); the update on fp32: moments 20 + 24, denominator 24, decay 8,
 //     addcdiv 16; for narrower parameters the grad and parameter widened (E + 4 each) and the
 //     parameter rounded back (4 + E). bf16: 254 B, about 18x adamw_bf16's fused pass.
-constexpr int64_t GpuOptimizerTouchBytesPerElem(OptimizerKind kind, int64_t dtype_bytes) {
+constexpr int64_t GpuOptimizerTouchBytesPerElem(OptimizerKind kind, int64_t dtype_bytes,
+                                                bool fused_8bit_kernel = true) {
   if (kind == OptimizerKind::kAdamW8bit) {
+    // The fused kernel (agent/chunks/adamw8bit_kernel.cu): grad read, parameter read and
+    // written, both moments' codes read and written; absmax (4 B per 256 elements) left out.
+    if (fused_8bit_kernel) return 3 * dtype_bytes + 2 * 2;
     const int64_t widen = dtype_bytes == 4 ? 0 : 3 * (dtype_bytes + 4);
     return 2 * (29 + 43) + 20 + 24 + 24 + 8 + 16 + widen;
   }
@@ -177,14 +183,22 @@ constexpr const char* OptimizerDTypeProblem(OptimizerKind kind, DType dtype) {
              : "";
 }
 
-// CPU optimizer time of one element relative to adamw's (the hardware profile's
-// cpu_adam_params_per_second is measured with adamw's bf16 pass). adamw8bit dequantizes and
-// requantizes both moments around the same update: 2.3x to 3.2x measured with
-// memplan-cpu-adam-bench on bf16 (docs/benchmarks.md, "CPU AdamW"); memplan-agent bench prints
-// the ratio on the target host (cpu_adamw8bit).
+// CPU optimizer time of one element relative to adamw's, for a profile that did not measure the
+// optimizer itself. adamw8bit dequantizes and requantizes both moments around the same update:
+// 2.3x to 3.2x measured with memplan-cpu-adam-bench on bf16 on this project's CI machine, 4.2x to
+// 4.4x on the H100 host (docs/benchmarks.md).
 inline constexpr double kAdamW8bitCpuTimeFactor = 3.0;
 constexpr double CpuOptimizerTimeFactor(OptimizerKind kind) {
   return kind == OptimizerKind::kAdamW8bit ? kAdamW8bitCpuTimeFactor : 1.0;
+}
+// Offloaded-chunk updates per second: the profile's measured rate of that optimizer
+// (memplan-agent bench measures adamw's bf16 pass and adamw8bit's), else adamw's scaled by
+// CpuOptimizerTimeFactor.
+constexpr double CpuOptimizerParamsPerSecond(OptimizerKind kind, const HardwareSpec& hardware) {
+  if (kind == OptimizerKind::kAdamW8bit && hardware.cpu_adamw8bit_params_per_second > 0) {
+    return hardware.cpu_adamw8bit_params_per_second;
+  }
+  return hardware.cpu_adam_params_per_second / CpuOptimizerTimeFactor(kind);
 }
 
 }  // namespace memplan

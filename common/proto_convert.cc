@@ -184,6 +184,7 @@ v1::HardwareProfile ToProto(const HardwareSpec& spec) {
   out.set_pinned_limit_bytes(spec.pinned_limit_bytes);
   out.set_measured(spec.measured);
   out.set_nf4_dequant_bytes_per_second(spec.nf4_dequant_bytes_per_second);
+  out.set_cpu_adamw8bit_params_per_second(spec.cpu_adamw8bit_params_per_second);
   return out;
 }
 
@@ -398,6 +399,7 @@ HardwareSpec HardwareSpecFromProto(const v1::HardwareProfile& profile) {
   out.pinned_limit_bytes = profile.pinned_limit_bytes();
   out.measured = profile.measured();
   out.nf4_dequant_bytes_per_second = profile.nf4_dequant_bytes_per_second();
+  out.cpu_adamw8bit_params_per_second = profile.cpu_adamw8bit_params_per_second();
   return out;
 }
 

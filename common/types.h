@@ -95,6 +95,8 @@ struct HardwareSpec {
   bool measured = false;
   // NF4 dequantization rate (bytes read + written per second, agent/quant); 0 = not measured.
   double nf4_dequant_bytes_per_second = 0;
+  // The offloaded-chunk update with adamw8bit; 0 = not measured (kAdamW8bitCpuTimeFactor).
+  double cpu_adamw8bit_params_per_second = 0;
 };
 
 struct Workload {

@@ -112,7 +112,8 @@ Json ToJson(const HardwareSpec& h) {
               {"host_memory_bytes", h.host_memory_bytes},
               {"pinned_limit_bytes", h.pinned_limit_bytes},
               {"measured", h.measured},
-              {"nf4_dequant_bytes_per_second", h.nf4_dequant_bytes_per_second}};
+              {"nf4_dequant_bytes_per_second", h.nf4_dequant_bytes_per_second},
+              {"cpu_adamw8bit_params_per_second", h.cpu_adamw8bit_params_per_second}};
 }
 
 Json ToJson(const Workload& w) {
@@ -354,6 +355,7 @@ void Read(const Json& j, const std::string& path, absl::Status* s, HardwareSpec*
   r.Get("pinned_limit_bytes", &h->pinned_limit_bytes);
   r.Get("measured", &h->measured);
   r.Get("nf4_dequant_bytes_per_second", &h->nf4_dequant_bytes_per_second);
+  r.Get("cpu_adamw8bit_params_per_second", &h->cpu_adamw8bit_params_per_second);
 }
 
 void Read(const Json& j, const std::string& path, absl::Status* s, Workload* w) {

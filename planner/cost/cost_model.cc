@@ -336,9 +336,9 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
         (adapters.has_value() ? frozen.transfer_bytes : offloaded.transfer_bytes);
     t.gpu_opt_prefix[c + 1] =
         t.gpu_opt_prefix[c] + static_cast<double>(train_params * touch_bpp) / hbm;
-    t.cpu_opt_prefix[c + 1] = t.cpu_opt_prefix[c] + static_cast<double>(train_params) / w *
-                                                        CpuOptimizerTimeFactor(opt) /
-                                                        hardware_.cpu_adam_params_per_second;
+    t.cpu_opt_prefix[c + 1] =
+        t.cpu_opt_prefix[c] + static_cast<double>(train_params) / w / CpuOptimizerParamsPerSecond(
+                                                                          opt, hardware_);
     max_train = std::max(max_train, train);
     if (fill > max_fill) {
       second_fill = max_fill;

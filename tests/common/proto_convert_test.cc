@@ -127,6 +127,8 @@ TEST(ProtoConvertTest, QloraAndTheDequantizationRateRoundTrip) {
   HardwareSpec hw = *FindHardwarePreset("h100-80gb");
   hw.nf4_dequant_bytes_per_second = 2.5e12;
   EXPECT_EQ(HardwareSpecFromProto(ToProto(hw)).nf4_dequant_bytes_per_second, 2.5e12);
+  hw.cpu_adamw8bit_params_per_second = 3.3e8;
+  EXPECT_EQ(HardwareSpecFromProto(ToProto(hw)).cpu_adamw8bit_params_per_second, 3.3e8);
 }
 
 TEST(ProtoConvertTest, TraceRoundTripsEveryField) {
