@@ -120,6 +120,10 @@ struct Chunk {
   int64_t shard_elems = 0;
   int64_t padded_elems = 0;
   torch::Tensor grad_flat;  // sharded: the micro-batch's grads of the chunk on the device
+  // Sharded, when one reduce-scatter carries the step's whole gradient (one micro-batch, or the
+  // sum kept on the device): the squared L2 norm of this rank's shard as the update will read it,
+  // float64 on the device, so that clipping needs no pass over host memory.
+  torch::Tensor shard_squares;
   std::vector<int> params;
   int completion_group = 0;  // smallest first_group of its params
   torch::Tensor device;      // persistent: the flat parameter storage
@@ -1090,6 +1094,15 @@ void ChunkManager::Impl::ReduceGradShard(int c) {
   const absl::Status s = comm_->ReduceScatterSum(shard, chunk.grad_flat)->Wait();
   if (s.ok()) {
     shard.div_(world_);
+    const bool whole_step =
+        (options_.grad_accum == 1 || options_.accumulate_sharded_grads_on_device) &&
+        chunk.micro_batches + 1 >= options_.grad_accum;
+    if (whole_step) {
+      // The host grad will hold the shard rounded to the model dtype (padding and parameters
+      // without a grad are zeros): its squares, summed where the shard already is.
+      torch::Tensor rounded = dtype_ == torch::kFloat32 ? shard : shard.to(dtype_);
+      chunk.shard_squares = rounded.to(torch::kFloat64).pow(2).sum();
+    }
     if (cuda()) {
 #ifdef MEMPLAN_CHUNKS_CUDA
       torch::Tensor narrow = shard.to(dtype_);
@@ -1138,10 +1151,18 @@ absl::Status ChunkManager::Impl::AllReducePersistentGrads() {
 }
 
 absl::StatusOr<double> ChunkManager::Impl::ShardedSquaredNorm() {
+  // Chunks whose squares were summed on the device at their reduce-scatter add those; the others
+  // (several micro-batches summed on the host) are read from host memory.
   double local = 0;
+  std::vector<torch::Tensor> on_device;
+  for (const Chunk& chunk : chunks_) {
+    if (!chunk.persistent && chunk.shard_squares.defined()) {
+      on_device.push_back(chunk.shard_squares.reshape({1}));
+    }
+  }
   for (Param& p : params_) {
     Chunk& chunk = chunks_[p.chunk];
-    if (chunk.persistent || !p.grad_in_step) continue;
+    if (chunk.persistent || !p.grad_in_step || chunk.shard_squares.defined()) continue;
     const OwnedRange r = Owned(p, chunk);
     if (r.len == 0) continue;
     local += HostFlat(HostGrad(chunk), r.at, r.len, host_grad_dtype())
@@ -1152,6 +1173,7 @@ absl::StatusOr<double> ChunkManager::Impl::ShardedSquaredNorm() {
   }
   torch::Tensor total = torch::full(
       {1}, local, torch::TensorOptions().dtype(torch::kFloat64).device(comm_->device()));
+  if (!on_device.empty()) total.add_(torch::cat(on_device).sum().to(comm_->device()));
   const absl::Status s = comm_->AllReduceSum(total)->Wait();
   if (!s.ok()) {
     if (comm_status_.ok()) comm_status_ = s;
@@ -1212,6 +1234,7 @@ void ChunkManager::Impl::ResetStep() {
   persistent_reduced_ = false;
   for (Chunk& chunk : chunks_) {
     chunk.grad_flat = torch::Tensor();
+    chunk.shard_squares = torch::Tensor();
     chunk.micro_batches = 0;
     chunk.update_started = false;
     chunk.grads_copied = nullptr;
