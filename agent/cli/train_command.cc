@@ -1,5 +1,6 @@
 #include "agent/cli/train_command.h"
 
+#include <ATen/Parallel.h>
 #include <c10/core/AllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -460,6 +461,11 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
   }
   const int world_size = dist_in.world_size;
   const bool lead = dist_in.rank == 0;  // logs steps and talks to the planner
+  if (world_size > 1 && at::get_num_threads() < c.cpu_threads) {
+    // torchrun sets OMP_NUM_THREADS=1 for every rank; a rank's CPU share is --cpu-threads (its
+    // torch CPU ops ran single-threaded: 3x slower steps measured on 2 H200s, docs/benchmarks.md).
+    at::set_num_threads(c.cpu_threads);
+  }
 
   // Optimizer: --optimizer, else the plan file's, else adamw; a plan file made for another
   // optimizer is refused (its memory figures are not this run's).
@@ -871,6 +877,8 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
           .Field("loss", stats.loss)
           .Field("grad_norm", stats.grad_norm)
           .Field("seconds", stats.seconds)
+          .Field("fb_seconds", stats.forward_backward_seconds)
+          .Field("opt_seconds", stats.optimizer_seconds)
           .Field("tokens_per_second", stats.tokens_per_second * world_size)
           .Field("peak_allocated_bytes", stats.peak_allocated_bytes)
           .Field("peak_reserved_bytes", stats.peak_reserved_bytes)
@@ -905,6 +913,14 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
     state.param_dtype = dtype;
     RETURN_IF_ERROR(io::SaveCheckpoint(c.merge_export_dir, state, merged, {}));
     MEMPLAN_LOG(kInfo, "merged export").Field("dir", c.merge_export_dir);
+  }
+  if (world_size > 1) {
+    // Every rank's own steady peaks (the summary below and the measurement are rank 0's): what a
+    // per-rank plan is checked against.
+    std::printf("rank %d steady peak: allocated %lld reserved %lld device_used %lld bytes\n",
+                dist_in.rank, static_cast<long long>(steady_allocated),
+                static_cast<long long>(steady_reserved), static_cast<long long>(steady_device));
+    std::fflush(stdout);
   }
   if (!lead) return absl::OkStatus();
   auto summary = MEMPLAN_LOG(kInfo, "done");

@@ -375,12 +375,16 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<MicroBatch>& micro_bat
   const auto start = std::chrono::steady_clock::now();
   StepStats stats;
   ASSIGN_OR_RETURN(stats.loss, ForwardBackward(micro_batches));
+  const auto backward_done = std::chrono::steady_clock::now();
   if (chunk_manager_) {
     stats.offloaded_updates_in_backward = chunk_manager_->UpdatesStartedBeforeStep();
   }
   ASSIGN_OR_RETURN(stats.grad_norm, OptimizerStep());
   if (cuda) torch::cuda::synchronize(index);
-  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto end = std::chrono::steady_clock::now();
+  stats.seconds = std::chrono::duration<double>(end - start).count();
+  stats.forward_backward_seconds = std::chrono::duration<double>(backward_done - start).count();
+  stats.optimizer_seconds = std::chrono::duration<double>(end - backward_done).count();
   stats.step = step_;
   for (const MicroBatch& b : micro_batches) stats.tokens += b.input_ids.numel();
   stats.tokens_per_second = stats.seconds > 0 ? stats.tokens / stats.seconds : 0;

@@ -64,6 +64,10 @@ struct StepStats {
   double grad_norm = 0;  // global L2 norm before clipping (0 when clipping is off)
   int64_t tokens = 0;    // input tokens of all micro-batches
   double seconds = 0;
+  // Host wall time until ForwardBackward returned (GPU work may still be queued) and the rest of
+  // the step (OptimizerStep and the final device synchronization): where a slow step spends it.
+  double forward_backward_seconds = 0;
+  double optimizer_seconds = 0;
   double tokens_per_second = 0;
   int64_t peak_allocated_bytes = 0;  // CUDA caching allocator peaks during the step (0 on CPU)
   int64_t peak_reserved_bytes = 0;
