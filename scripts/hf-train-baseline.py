@@ -9,7 +9,7 @@ input_ids. Prints one JSON line: steady tokens/s (median over the steps after --
 caching allocator's peak allocated / reserved bytes over those steps.
 
   hf-train-baseline.py --preset llama-3.2-1b --batch 4 --seq 2048 [--steps 15] [--warmup 3]
-                       [--no-checkpointing] [--config config.json] [--fsdp2-offload]
+                       [--no-checkpointing] [--config config.json] [--fsdp2-offload | --fsdp2]
                        [--lora-rank R [--lora-alpha A] [--lora-targets all|q_proj,v_proj,...]]
                        [--qlora] [--optim adamw|adamw8bit]
 
@@ -28,6 +28,10 @@ weights are made on the GPU and quantized there, so a 32B model never exists who
 the root with CPUOffloadPolicy(pin_memory=True) and MixedPrecisionPolicy(bf16 parameters, fp32
 reductions), fp32 parameters and torch.optim.AdamW on the host, gradient checkpointing as above:
 the peer baseline for training a model larger than the card's share on one GPU.
+--fsdp2: the same without CPUOffloadPolicy (fp32 parameters, grads and AdamW state sharded on the
+GPUs). Under torchrun (`torchrun --nproc-per-node N hf-train-baseline.py --fsdp2 ...`) both run one
+rank per GPU, --batch rows per rank; tokens/s counts every rank's tokens and the peaks are the
+largest rank's.
 """
 
 import argparse
@@ -130,6 +134,7 @@ def main():
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--no-checkpointing", action="store_true")
     p.add_argument("--fsdp2-offload", action="store_true")
+    p.add_argument("--fsdp2", action="store_true", help="FSDP2 without CPU offload")
     p.add_argument("--lora-rank", type=int, default=0)
     p.add_argument("--lora-alpha", type=float, default=None, help="default: 2 x rank")
     p.add_argument("--lora-targets", default="all")
@@ -140,7 +145,8 @@ def main():
         p.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
     if args.qlora and args.lora_rank <= 0:
         p.error("--qlora needs --lora-rank > 0")
-    if (args.lora_rank > 0 or args.optim != "adamw") and args.fsdp2_offload:
+    fsdp2 = args.fsdp2 or args.fsdp2_offload
+    if (args.lora_rank > 0 or args.optim != "adamw") and fsdp2:
         p.error("--lora-rank/--optim adamw8bit are for the transformers runner, not --fsdp2-offload")
 
     if args.config:
@@ -150,20 +156,27 @@ def main():
         config = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
     config.use_cache = False
     torch.manual_seed(0)
-    if args.fsdp2_offload:
+    rank, world = 0, 1
+    if fsdp2:
         import os
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+        # Under torchrun: one rank per GPU from its variables; alone: one rank on GPU 0.
+        rank = int(os.environ.get("RANK", 0))
+        world = int(os.environ.get("WORLD_SIZE", 1))
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29533")
-        torch.cuda.set_device(0)
-        torch.distributed.init_process_group("nccl", rank=0, world_size=1)
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        torch.distributed.init_process_group("nccl", rank=rank, world_size=world)
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).train()
         if not args.no_checkpointing:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
         policy = dict(mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                                                     reduce_dtype=torch.float32),
-                      offload_policy=CPUOffloadPolicy(pin_memory=True))
+                                                     reduce_dtype=torch.float32))
+        if args.fsdp2_offload:
+            policy["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
+        else:
+            model = model.to("cuda")
         for layer in model.model.layers:
             fully_shard(layer, **policy)
         fully_shard(model, **policy)
@@ -196,7 +209,7 @@ def main():
     params = sum(p.numel() for p in model.parameters())
     trainable_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
 
-    g = torch.Generator(device="cuda").manual_seed(1)
+    g = torch.Generator(device="cuda").manual_seed(1 + rank)
     batches = [torch.randint(0, config.vocab_size, (args.batch, args.seq), device="cuda",
                              generator=g) for _ in range(2)]
     times, losses = [], []
@@ -217,9 +230,18 @@ def main():
         losses.append(loss.item())
         print(f"step {step + 1} loss {losses[-1]:.4f} {times[-1]:.3f} s", flush=True)
     steady = times[args.warmup:]
-    tokens = args.batch * args.seq
+    tokens = args.batch * args.seq * world
+    peaks = torch.tensor([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()],
+                         dtype=torch.float64, device="cuda")
+    if world > 1:  # the largest rank's peaks, the figure a per-rank budget must hold
+        torch.distributed.all_reduce(peaks, op=torch.distributed.ReduceOp.MAX)
+    if rank != 0:
+        torch.distributed.destroy_process_group()
+        return
     print(json.dumps({
-        "runner": "fsdp2-cpu-offload" if args.fsdp2_offload else "transformers",
+        "runner": ("fsdp2-cpu-offload" if args.fsdp2_offload else
+                   "fsdp2" if args.fsdp2 else "transformers"),
+        "world_size": world,
         "transformers": transformers.__version__,
         "torch": torch.__version__, "preset": args.config or args.preset, "params": params,
         "trainable_params": trainable_params, "lora_rank": args.lora_rank, "qlora": args.qlora,
@@ -227,8 +249,8 @@ def main():
         "batch": args.batch, "seq": args.seq, "checkpointing": not args.no_checkpointing,
         "median_step_s": statistics.median(steady),
         "tokens_per_s": tokens / statistics.median(steady),
-        "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
-        "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
+        "peak_allocated_gib": peaks[0].item() / 2**30,
+        "peak_reserved_gib": peaks[1].item() / 2**30,
         "alloc_conf": __import__("os").environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         "last_loss": losses[-1]}))
 

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# On a host with several GPUs: sharded training measured (docs/benchmarks.md, "Sharded training on
+# two GPUs"). Every part runs `memplan-agent` under torchrun, one rank per GPU, NCCL.
+#   scripts/gpu-multi.sh OUT_DIR BUILD_DIR [HARDWARE_NAME] [PART ...]
+# PARTs (default: all, in this order; MEMPLAN_MULTI_FSDP2_MODES picks fsdp2's modes):
+#   bench    memplan-agent bench on every GPU at once (NCCL all-gather / reduce-scatter bus
+#            bandwidth), the profile stored in a fresh planner as HARDWARE_NAME
+#   equal    one bf16 run on 1 GPU with --batch 2B against N ranks with --batch B each (the same
+#            global batch, model and data): losses and grad norms of every step, for an
+#            offloaded-and-sharded plan and an all-persistent (all-reduce) plan
+#   scale8b  llama-3.1-8b 1x4096 per rank, planned by the planner (analytic trace), 1 GPU vs N
+#   scale3b  llama-3.2-3b 2x4096 per rank (fits one GPU), 1 GPU vs N
+#   fsdp2    PyTorch FSDP2 (fully_shard, with and without CPUOffloadPolicy) on N GPUs, 8B 1x4096
+# Each part is bounded by `timeout`; a part that fails leaves its log and the next one runs.
+set -uo pipefail
+out=${1:?out dir}; build=${2:?build dir}; hw=${3:-h100x2}
+shift $(($# < 3 ? $# : 3))
+parts=("$@"); ((${#parts[@]})) || parts=(bench scale8b scale3b equal fsdp2)
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$out"
+# NVLink multicast stays off on shared hosts (device tool, KINDS.md).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+ngpu=${MEMPLAN_MULTI_GPUS:-$(nvidia-smi -L | wc -l)}
+cores=$(nproc)
+agent=$build/agent/cli/memplan-agent
+has() { local p; for p in "${parts[@]}"; do [[ $p == "$1" ]] && return 0; done; return 1; }
+say() { echo "=== [+${SECONDS}s] $*" | tee -a "$out/multi.txt"; }
+ranks() {  # N CMD...: N ranks of CMD under torchrun (one node)
+  local n=$1; shift
+  torchrun --standalone --nproc-per-node "$n" --no-python "$@"
+}
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee -a "$out/multi.txt"
+nvidia-smi topo -m 2>&1 | head -8 | tee -a "$out/multi.txt"
+source "$here/start-planner.sh" "$out" "$build"
+
+if has bench; then
+  say "bench: $ngpu ranks"
+  timeout 240 bash -c "$(declare -f ranks); ranks $ngpu $agent bench --name $hw --planner $addr --out $out/hw.json" \
+    >"$out/bench.txt" 2>&1
+  echo "exit $?" >>"$out/bench.txt"
+  grep -Ei "nccl|allgather|all-gather|reduce|profile_id|exit" "$out/bench.txt" | tee -a "$out/multi.txt"
+fi
+
+train() {  # NAME N_RANKS ARGS...: memplan-agent train on N ranks (1 = a plain process on GPU 0)
+  local name=$1 n=$2; shift 2
+  say "train $name: $n rank(s): $*"
+  if ((n == 1)); then
+    CUDA_VISIBLE_DEVICES=0 timeout 300 "$agent" train "$@" >"$out/$name.log" 2>&1
+  else
+    timeout 300 bash -c "$(declare -f ranks); ranks $n $agent train $(printf '%q ' "$@")" \
+      >"$out/$name.log" 2>&1
+  fi
+  echo "exit $?" >>"$out/$name.log"
+  grep -E "msg=step|msg=done|^predicted|^measured|^plan |rank [0-9]+ (steady|chunk)|exit|rror" \
+    "$out/$name.log" | sed 's/^ts=[^ ]* //' | tail -14 | tee -a "$out/multi.txt"
+}
+
+
+scale() {  # NAME ARCH BATCH SEQ: the planner's plan for one GPU and for N ranks
+  local name=$1 arch=$2 batch=$3 seq=$4
+  local args=(--planner "$addr" --hardware "$hw" --arch "$arch" --batch "$batch" --seq "$seq"
+              --steps 6 --synthetic-data --device cuda)
+  train "$name-1" 1 "${args[@]}" --cpu-threads "$cores"
+  train "$name-n" "$ngpu" "${args[@]}" --cpu-threads $((cores / ngpu))
+}
+has scale8b && scale scale8b llama-3.1-8b 1 4096
+has scale3b && scale scale3b llama-3.2-3b 2 4096
+
+if has equal; then
+  common=(--arch llama-3.2-1b --seq 1024 --steps 4 --log-every 1 --synthetic-data --device cuda
+          --lr 1e-4 --clip 1.0 --chunk-mib 64 --n-buffer 4 --n-ckpt 8)
+  per=$((cores / ngpu))
+  train equal-offl-1 1 "${common[@]}" --batch $((2 * ngpu)) --n-persist 4 --cpu-threads "$per"
+  train equal-offl-n "$ngpu" "${common[@]}" --batch 2 --n-persist 4 --cpu-threads "$per"
+  train equal-pers-1 1 "${common[@]}" --batch $((2 * ngpu)) --n-persist 1000 --cpu-threads "$per"
+  train equal-pers-n "$ngpu" "${common[@]}" --batch 2 --n-persist 1000 --cpu-threads "$per"
+fi
+
+if has fsdp2; then
+  for mode in ${MEMPLAN_MULTI_FSDP2_MODES:-fsdp2 fsdp2-offload}; do
+    say "transformers + $mode: $ngpu ranks, llama-3.1-8b 1x4096 per rank"
+    steps=(--steps 6 --warmup 2); [[ $mode == fsdp2-offload ]] && steps=(--steps 4 --warmup 1)
+    timeout 300 torchrun --standalone --nproc-per-node "$ngpu" "$here/hf-train-baseline.py" \
+      --preset llama-3.1-8b --batch 1 --seq 4096 "${steps[@]}" "--$mode" >"$out/hf-$mode.log" 2>&1
+    echo "exit $?" >>"$out/hf-$mode.log"
+    grep -E '^\{|exit|Error' "$out/hf-$mode.log" | tail -3 | tee -a "$out/multi.txt"
+  done
+fi
+"$build/planner/cli/memplan" --planner "$addr" plans list >"$out/plans.txt" 2>&1
+say "done"
