@@ -65,7 +65,10 @@
 //   grads (in fp32, on the device) and is reduce-scattered once, after the last micro-batch;
 //   every offloaded chunk's flat tensor stays on the device until then.
 // * Persistent chunks stay replicated: their grads are all-reduced in fp32 (and divided by W) once
-//   per step, in Grads() or Step(), whichever comes first.
+//   per step. A chunk's all-reduce starts in backward, right after the group that completes the
+//   chunk in the step's last micro-batch, and runs beside the rest of backward (as the planner
+//   prices it); one is left in flight at a time (its fp32 copy is the memory the planner charges),
+//   and Grads() or Step() finishes the last one and reduces any chunk that did not complete.
 // * Clipping: the squared norms of this rank's shards are all-reduced; the persistent chunks'
 //   (equal on every rank) are added once.
 // Every rank issues the same collectives in the same order because every decision (which chunk
@@ -143,6 +146,8 @@ struct Chunk {
   int home = -1;              // device buffer slot, see [Fixed buffer slots]
   bool materialized = false;  // parameters currently view the home buffer
   int micro_batches = 0;      // micro-batches whose grads arrived in this step
+  // Sharded, persistent: this step's grads are all-reduced (started in backward, or in Step).
+  bool grads_reduced = false;
   bool update_started = false;
   EventPtr grads_copied;  // the device-to-host copy of this micro-batch's grads
   EventPtr uploaded;      // the last upload from param_host
@@ -225,6 +230,7 @@ class ChunkManager::Impl {
     for (const Chunk& chunk : chunks_) n += chunk.update_started ? 1 : 0;
     return n;
   }
+  int PersistentReducesInBackward() const { return reduces_in_backward_; }
 
  private:
   bool cuda() const { return options_.device.is_cuda(); }
@@ -287,6 +293,9 @@ class ChunkManager::Impl {
   void WaitGather(DeviceBuffer& buffer);
   void PostBackwardSharded(int group);
   void ReduceGradShard(int c);
+  // [Persistent all-reduce in backward]
+  absl::Status StartPersistentReduce(int c);
+  absl::Status FinishPersistentReduce();
   absl::Status AllReducePersistentGrads();
   absl::StatusOr<double> ShardedSquaredNorm();
   torch::Tensor GatherHost(const void* data, torch::ScalarType dtype, const Chunk& chunk,
@@ -315,6 +324,15 @@ class ChunkManager::Impl {
   int rank_ = 0;
   absl::Status comm_status_;         // the first failed collective
   bool persistent_reduced_ = false;  // this step's persistent grads are all-reduced already
+  // [Persistent all-reduce in backward]: the one in flight, its fp32 flat copy and the grads it
+  // goes back into.
+  struct PendingReduce {
+    std::unique_ptr<PendingCollective> work;
+    torch::Tensor flat;
+    std::vector<torch::Tensor> grads;
+  };
+  std::optional<PendingReduce> pending_reduce_;
+  int reduces_in_backward_ = 0;  // persistent all-reduces started in backward this step
   torch::ScalarType dtype_ = torch::kFloat32;
   std::vector<Param> params_;                     // canonical order
   std::vector<std::vector<int>> group_params_;    // per group, indices into params_
@@ -1035,11 +1053,14 @@ void ChunkManager::Impl::StartGather(int c, DeviceBuffer& buffer) {
 }
 
 void ChunkManager::Impl::PostBackwardSharded(int group) {
-  std::set<int> touched;
+  std::set<int> touched, persistent_touched;
   for (int i : group_stage_[group]) {
     Param& p = params_[i];
     Chunk& chunk = chunks_[p.chunk];
-    if (chunk.persistent) continue;
+    if (chunk.persistent) {
+      persistent_touched.insert(p.chunk);
+      continue;
+    }
     touched.insert(p.chunk);
     torch::Tensor grad = p.tensor.grad();
     if (!grad.defined()) continue;
@@ -1080,6 +1101,60 @@ void ChunkManager::Impl::PostBackwardSharded(int group) {
         chunk.micro_batches >= options_.grad_accum && options_.max_grad_norm == 0;
     ScheduleChunkWork(c, /*accumulate=*/true, update_now, 1.0f);
   }
+  // [Persistent all-reduce in backward] A persistent chunk whose last group ran in the step's
+  // last micro-batch has its final grads: its all-reduce starts now, beside the rest of backward.
+  for (int c : persistent_touched) {
+    Chunk& chunk = chunks_[c];
+    if (chunk.completion_group != group || chunk.grads_reduced) continue;
+    if (++chunk.micro_batches < options_.grad_accum) continue;
+    const absl::Status s = StartPersistentReduce(c);
+    if (!s.ok()) FailCollective(s);
+    ++reduces_in_backward_;
+  }
+}
+
+absl::Status ChunkManager::Impl::StartPersistentReduce(int c) {
+  // The previous one finishes first: one fp32 copy in flight besides the one being made.
+  RETURN_IF_ERROR(FinishPersistentReduce());
+  Chunk& chunk = chunks_[c];
+  chunk.grads_reduced = true;
+  PendingReduce pending;
+  int64_t numel = 0;
+  for (int i : chunk.params) {
+    if (params_[i].tensor.grad().defined()) {
+      pending.grads.push_back(params_[i].tensor.grad());
+      numel += pending.grads.back().numel();
+    }
+  }
+  if (pending.grads.empty()) return absl::OkStatus();
+  // Reduced in fp32 whatever the model dtype, each grad widened straight into its slice.
+  pending.flat = torch::empty({numel}, DeviceOptions().dtype(torch::kFloat32));
+  int64_t at = 0;
+  for (const torch::Tensor& g : pending.grads) {
+    pending.flat.narrow(0, at, g.numel()).copy_(g.reshape({-1}));
+    at += g.numel();
+  }
+  pending.work = comm_->AllReduceSum(pending.flat);
+  pending_reduce_ = std::move(pending);
+  return absl::OkStatus();
+}
+
+absl::Status ChunkManager::Impl::FinishPersistentReduce() {
+  if (!pending_reduce_.has_value()) return absl::OkStatus();
+  PendingReduce pending = std::move(*pending_reduce_);
+  pending_reduce_.reset();
+  const absl::Status s = pending.work->Wait();  // CUDA: the compute stream waits for it
+  if (!s.ok()) {
+    if (comm_status_.ok()) comm_status_ = s;
+    return s;
+  }
+  pending.flat.div_(world_);
+  int64_t at = 0;
+  for (torch::Tensor& g : pending.grads) {
+    g.copy_(pending.flat.narrow(0, at, g.numel()).view(g.sizes()));
+    at += g.numel();
+  }
+  return absl::OkStatus();
 }
 
 void ChunkManager::Impl::ReduceGradShard(int c) {
@@ -1127,27 +1202,14 @@ void ChunkManager::Impl::ReduceGradShard(int c) {
 absl::Status ChunkManager::Impl::AllReducePersistentGrads() {
   if (persistent_reduced_) return absl::OkStatus();
   persistent_reduced_ = true;
+  // The chunks that completed in backward are in flight or done; the others (grads that arrived
+  // in fewer micro-batches than grad_accum, or Grads() called mid-step) are reduced here, in
+  // chunk order on every rank.
   for (int c = 0; c < n_persist_; ++c) {
-    std::vector<torch::Tensor> grads, flat_parts;
-    for (int i : chunks_[c].params) {
-      if (params_[i].tensor.grad().defined()) grads.push_back(params_[i].tensor.grad());
-    }
-    if (grads.empty()) continue;
-    for (const torch::Tensor& g : grads) flat_parts.push_back(g.reshape({-1}));
-    torch::Tensor flat = torch::cat(flat_parts).to(torch::kFloat32);  // reduced in fp32
-    const absl::Status s = comm_->AllReduceSum(flat)->Wait();
-    if (!s.ok()) {
-      if (comm_status_.ok()) comm_status_ = s;
-      return s;
-    }
-    flat.div_(world_);
-    int64_t at = 0;
-    for (torch::Tensor& g : grads) {
-      g.copy_(flat.narrow(0, at, g.numel()).view(g.sizes()));
-      at += g.numel();
-    }
+    if (chunks_[c].grads_reduced) continue;
+    RETURN_IF_ERROR(StartPersistentReduce(c));
   }
-  return absl::OkStatus();
+  return FinishPersistentReduce();
 }
 
 absl::StatusOr<double> ChunkManager::Impl::ShardedSquaredNorm() {
@@ -1232,10 +1294,16 @@ void ChunkManager::Impl::ResetStep() {
     p.grad_norm = torch::Tensor();
   }
   persistent_reduced_ = false;
+  if (pending_reduce_.has_value()) {
+    (void)pending_reduce_->work->Wait();  // the collective must not outlive its tensors
+    pending_reduce_.reset();
+  }
+  reduces_in_backward_ = 0;
   for (Chunk& chunk : chunks_) {
     chunk.grad_flat = torch::Tensor();
     chunk.shard_squares = torch::Tensor();
     chunk.micro_batches = 0;
+    chunk.grads_reduced = false;
     chunk.update_started = false;
     chunk.grads_copied = nullptr;
   }
@@ -1979,6 +2047,9 @@ absl::Status ChunkManager::Step(double max_grad_norm) { return impl_->Step(max_g
 void ChunkManager::ZeroGrad() { impl_->ZeroGrad(); }
 double ChunkManager::LastGradNorm() const { return impl_->LastGradNorm(); }
 int ChunkManager::UpdatesStartedBeforeStep() const { return impl_->UpdatesStartedBeforeStep(); }
+int ChunkManager::PersistentReducesInBackward() const {
+  return impl_->PersistentReducesInBackward();
+}
 std::vector<NamedParam> ChunkManager::ParamOrder() const { return impl_->ParamOrder(); }
 std::vector<NamedParam> ChunkManager::Params() { return impl_->Params(); }
 std::vector<NamedParam> ChunkManager::Grads() { return impl_->Grads(); }

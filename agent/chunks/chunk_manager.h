@@ -155,6 +155,9 @@ class ChunkManager : public ParamResidency {
   // Offloaded chunks whose CPU update has already started in this step (during backward, when
   // max_grad_norm is 0); Step() resets it. What shows the optimizer overlapping backward.
   int UpdatesStartedBeforeStep() const;
+  // Sharded: persistent chunks whose grads' all-reduce started during backward in this step (after
+  // the group that completes them, in the last micro-batch); Step() resets it.
+  int PersistentReducesInBackward() const;
 
   // Unique parameters in canonical order (first appearance in the groups); the order the
   // reference path must pass to clip_grad_norm_ and AdamW for bit-identical results.

@@ -16,6 +16,7 @@
 // * every rank holds bit-identical results;
 // * the reduce-scatters issued: one per offloaded chunk and micro-batch, or one per offloaded
 //   chunk and step when grads accumulate on the device (accumulate_sharded_grads_on_device);
+// * every persistent chunk's all-reduce started during backward (before Grads() or Step());
 // * each rank's host memory is, byte for byte, common/optimizer_bytes.h's OffloadedChunkHost() of
 //   its shards (ceil(S / W) elements of every offloaded chunk of S elements): 1/W of the
 //   unsharded run's, up to the padding.
@@ -243,6 +244,9 @@ TEST_P(ShardedTrainerTest, OneStepEqualsOneProcessOnTheConcatenatedBatch) {
       const int64_t offloaded = memory.numel() - 2 - n_persist;
       const int64_t reduce_scatters = got[got.size() - 2][1].item<int64_t>();
       EXPECT_EQ(reduce_scatters, offloaded * (c.grads_on_device ? 1 : c.grad_accum));
+      // Every persistent chunk's all-reduce started in backward, after the group completing it
+      // in the last micro-batch, not in Step(): the overlap the planner prices.
+      EXPECT_EQ(got[got.size() - 2][3].item<int64_t>(), n_persist);
       if (r == 0) {
         rank0 = got;
       } else {
