@@ -292,7 +292,7 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   t.host_transfer_prefix.assign(c_count + 1, 0);
   t.gpu_opt_prefix.assign(c_count + 1, 0);
   t.cpu_opt_prefix.assign(c_count + 1, 0);
-  int64_t max_train = 0, max_fill = 0, second_fill = 0;
+  int64_t max_train = 0, second_train = 0, max_fill = 0, second_fill = 0;
   t.persistent_prefix.assign(c_count + 1, 0);
   if (adapters.has_value()) {
     t.adapters_persistent = true;
@@ -339,7 +339,12 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
     t.cpu_opt_prefix[c + 1] =
         t.cpu_opt_prefix[c] + static_cast<double>(train_params) / w / CpuOptimizerParamsPerSecond(
                                                                           opt, hardware_);
-    max_train = std::max(max_train, train);
+    if (train > max_train) {
+      second_train = max_train;
+      max_train = train;
+    } else {
+      second_train = std::max(second_train, train);
+    }
     if (fill > max_fill) {
       second_fill = max_fill;
       max_fill = fill;
@@ -362,6 +367,12 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
         (PaddedElems(max_fill / dtype_bytes_, w) + PaddedElems(second_fill / dtype_bytes_, w)) * 4 +
         shard * (4 + dtype_bytes_) + 2 * shard * dtype_bytes_;
   }
+  // [Persistent all-reduce in backward] (agent/chunks/chunk_manager.cc): a persistent chunk's
+  // grads are copied into an fp32 tensor and all-reduced beside the rest of backward, one left in
+  // flight while the next is copied: the two largest chunks' trainable elements in fp32.
+  t.persistent_reduce_bytes = options_.world_size > 1 && !adapters.has_value()
+                                  ? (max_train + second_train) / dtype_bytes_ * 4
+                                  : 0;
   // The GPU optimizer updates one persistent chunk at a time; when it runs on an fp32 master
   // (adamw, sgd on bf16) that chunk's grads are first copied to fp32.
   t.optimizer_step_extra_bytes =
@@ -554,7 +565,12 @@ int32_t CostModel::MinPersistForHost(int64_t host_limit_bytes, const ModeCounts&
 
 int64_t CostModel::StaticRawBytes(int32_t n_persist, int32_t n_buffer) const {
   return chunks_->persistent_prefix[n_persist] + BufferBytes(n_persist, n_buffer) +
-         (n_persist < num_chunks_ ? chunks_->grad_staging_bytes : 0);
+         GradStagingBytes(n_persist);
+}
+
+int64_t CostModel::GradStagingBytes(int32_t n_persist) const {
+  return (n_persist < num_chunks_ ? chunks_->grad_staging_bytes : 0) +
+         (n_persist > 0 ? chunks_->persistent_reduce_bytes : 0);
 }
 
 int64_t CostModel::BufferBytes(int32_t n_persist, int32_t n_buffer) const {
@@ -814,8 +830,7 @@ double CostModel::BackwardWindow(int32_t s, const PlanPoint& p, const Modes& m) 
   if (w > 1) {
     const double frac = (w - 1) / w;
     nccl = refetch * frac / hardware_.nccl_allgather_bytes_per_second +
-           gradoff * frac / hardware_.nccl_reduce_scatter_bytes_per_second +
-           (p.lower_bound ? 1.0 : 2.0) * ptrain * frac /
+           (gradoff + (p.lower_bound ? 1.0 : 2.0) * ptrain) * frac * ReduceWidening() /
                hardware_.nccl_reduce_scatter_bytes_per_second;
   }
   return std::max({comp, Link(refetch / w + act_in, gradoff / w, p.kind), nccl});
@@ -840,9 +855,8 @@ double CostModel::BackwardEdges(const PlanPoint& p) const {
       static_cast<double>(ChunkSum(chunks_->train_prefix, lo, std::min(hi, p.n_persist)));
   double post = Link(0, gradoff / w, p.kind);
   if (w > 1) {
-    post = std::max(post, gradoff * frac / hardware_.nccl_reduce_scatter_bytes_per_second +
-                              (p.lower_bound ? 1.0 : 2.0) * ptrain * frac /
-                                  hardware_.nccl_reduce_scatter_bytes_per_second);
+    post = std::max(post, (gradoff + (p.lower_bound ? 1.0 : 2.0) * ptrain) * frac *
+                              ReduceWidening() / hardware_.nccl_reduce_scatter_bytes_per_second);
   }
   return pre + post;
 }
@@ -901,8 +915,8 @@ double CostModel::BackwardWindowPure(int32_t s, int key, int kind) const {
   if (w > 1) {
     const double frac = (w - 1) / w;
     nccl = refetch * frac / hardware_.nccl_allgather_bytes_per_second +
-           gradoff * frac / hardware_.nccl_reduce_scatter_bytes_per_second +
-           ptrain * frac / hardware_.nccl_reduce_scatter_bytes_per_second;
+           (gradoff + ptrain) * frac * ReduceWidening() /
+               hardware_.nccl_reduce_scatter_bytes_per_second;
   }
   return std::max({comp, Link(refetch / w + act_in, gradoff / w, kind), nccl});
 }
@@ -1097,7 +1111,7 @@ Prediction CostModel::Assemble(const ResidencyPlan& plan, const Modes& m, bool f
   // end of backward when the persistent grads outweigh it.
   const int64_t grad_phase = GradPhaseRawBytes(plan.n_persist);
   const bool grads_peak = grad_phase > dyn.total;
-  const int64_t staging = plan.n_persist < num_chunks_ ? chunks_->grad_staging_bytes : 0;
+  const int64_t staging = GradStagingBytes(plan.n_persist);
   b.persistent_chunks_bytes = chunks_->alloc_prefix[plan.n_persist];
   b.buffers_bytes = BufferBytes(plan.n_persist, plan.n_buffer);
   b.grads_bytes = staging + (grads_peak ? chunks_->train_prefix[plan.n_persist] : 0);

@@ -107,6 +107,12 @@ class CostModel {
   // state, chunk buffers, grad staging for offloaded chunks. The steady peak is
   //   StaticRawBytes + max(DynamicRawBytes(modes), GradPhaseRawBytes(n_persist)).
   int64_t StaticRawBytes(int32_t n_persist, int32_t n_buffer) const;
+  // Grad bytes besides the persistent grads themselves: offloaded chunks' staging, and with
+  // W > 1 the persistent all-reduce's fp32 copies in flight.
+  int64_t GradStagingBytes(int32_t n_persist) const;
+  // Grads are reduced over the ranks in fp32 whatever the model dtype ([Sharded chunks]): the
+  // bytes a reduction moves per byte of model-dtype grads.
+  double ReduceWidening() const { return 4.0 / static_cast<double>(dtype_bytes_); }
   // Persistent chunks + their optimizer state only (a lower bound of StaticRawBytes).
   int64_t PersistentRawBytes(int32_t n_persist) const;
   // End of backward / optimizer step: every persistent chunk's grads exist, activations are gone.
@@ -236,6 +242,9 @@ class CostModel {
     std::vector<int64_t> persistent_prefix;  // alloc + opt
     std::vector<double> gpu_opt_prefix, cpu_opt_prefix;
     int64_t grad_staging_bytes = 0;
+    // Sharded (W > 1) with persistent chunks: the fp32 copies of persistent grads whose
+    // all-reduce is in flight during backward (two chunks: one reduced, one being copied).
+    int64_t persistent_reduce_bytes = 0;
     // LoRA of a known architecture: the adapters' chunks, grads and state are in every
     // persistent prefix (index 0 included) and updated on the device ([LoRA managers]).
     bool adapters_persistent = false;
