@@ -1,5 +1,6 @@
 #include "planner/cost/cost_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -268,6 +269,46 @@ TEST(CostModelTest, ValidatePlanNamesTheField) {
 
 namespace memplan {
 namespace {
+
+// [Persistent all-reduce in backward] (agent/chunks/chunk_manager.cc): with W ranks an
+// all-persistent plan holds what one rank holds plus the fp32 copies of the two largest chunks'
+// grads whose all-reduce is in flight, and the reductions move fp32 (twice a bf16 model's grad
+// bytes): with a slow interconnect backward takes the reduce traffic's time.
+TEST(StepTimeTest, ShardedPersistentGradsReduceInFp32BesideBackward) {
+  const ModelSpec arch = *FindModelPreset("llama-3.2-1b");
+  HardwareSpec hw = *FindHardwarePreset("h200");
+  hw.nccl_allgather_bytes_per_second = 1e9;
+  hw.nccl_reduce_scatter_bytes_per_second = 1e9;  // slow enough that traffic sets backward
+  Workload workload;
+  workload.micro_batch = 1;
+  workload.seq_len = 512;
+  auto trace = SynthesizeTrace(arch, workload, DType::kBFloat16, TrainingMethod(), hw);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  CostOptions one;
+  CostOptions two;
+  two.world_size = 2;
+  auto cm1 = CostModel::Create(*trace, int64_t{64} << 20, hw, one);
+  auto cm2 = CostModel::Create(*trace, int64_t{64} << 20, hw, two);
+  ASSERT_TRUE(cm1.ok() && cm2.ok());
+  const int32_t chunks = cm2->num_chunks();
+  std::vector<int64_t> train = cm2->layout().chunk_trainable_bytes;
+  std::sort(train.rbegin(), train.rend());
+  ASSERT_GE(train.size(), 2u);
+  const int64_t in_flight = (train[0] + train[1]) / 2 * 4;  // bf16 elements as fp32
+  const ResidencyPlan plan =
+      cm2->MakeResidencyPlan(chunks, chunks, ModeCounts{}, HostMemoryKind::kPinned);
+  const Prediction p1 = cm1->Predict(plan);
+  const Prediction p2 = cm2->Predict(plan);
+  EXPECT_EQ(p2.breakdown.grads_bytes - p1.breakdown.grads_bytes, in_flight);
+  EXPECT_EQ(p2.peak_bytes - p1.peak_bytes, in_flight);
+  // Every trainable byte is all-reduced once in backward: 2 (W-1)/W x 2 x its bf16 bytes over the
+  // link, at least that long.
+  int64_t total_train = 0;
+  for (int64_t b : cm2->layout().chunk_trainable_bytes) total_train += b;
+  const double traffic_seconds = 2.0 * 0.5 * 2.0 * static_cast<double>(total_train) / 1e9;
+  EXPECT_GE(p2.backward_seconds, 0.9 * traffic_seconds);
+  EXPECT_GT(p2.backward_seconds, p1.backward_seconds + 0.5 * traffic_seconds);
+}
 
 TEST(StepTimeTest, ClippingRunsTheCpuOptimizerAfterBackward) {
   StepTime t;
