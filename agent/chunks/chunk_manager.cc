@@ -220,6 +220,8 @@ class ChunkManager::Impl {
   std::vector<NamedParam> OptimizerState();
   absl::Status LoadParamsAndState(const std::vector<NamedParam>& values,
                                   const std::vector<NamedParam>& state);
+  absl::StatusOr<std::vector<ChunkManager::FlatPiece>> LocalPieces();
+  absl::Status LoadRanges(const ChunkManager::RangeReader& read, bool with_state);
   ChunkMemoryStats MemoryStats() const { return stats_; }
   ChunkUploadStats UploadStats();
   void ResetUploadStats();
@@ -243,6 +245,18 @@ class ChunkManager::Impl {
     if (hi <= lo) return OwnedRange{};
     return OwnedRange{lo - p.offset_elems, lo - chunk.shard_begin, hi - lo};
   }
+  // The elements of p this rank stores: the whole parameter in a persistent chunk (replicated),
+  // else its part of this rank's shard.
+  OwnedRange Stored(const Param& p) const {
+    const Chunk& chunk = chunks_[p.chunk];
+    return chunk.persistent ? OwnedRange{0, 0, p.numel} : Owned(p, chunk);
+  }
+  // [Loading] `flat` holds p's elements Stored(p) (any dtype): into the parameter (and master).
+  void InstallParam(Param& p, const torch::Tensor& flat);
+  // The same for its optimizer state (undefined m / v: fresh zeros; undefined master: kept) and
+  // step count.
+  void InstallState(Param& p, const torch::Tensor& m, const torch::Tensor& v,
+                    const torch::Tensor& saved_master, int64_t step);
   // A flat view of `len` elements at element `at` of a host array.
   torch::Tensor HostFlat(void* data, int64_t at, int64_t len, torch::ScalarType dtype) const {
     return HostView(data, at, {len}, len, dtype);
@@ -1790,17 +1804,8 @@ absl::Status ChunkManager::Impl::LoadParamsAndState(const std::vector<NamedParam
             absl::StrCat("params: ", v.name, " has the wrong shape for this model"));
       }
       seen[it->second] = true;
-      torch::Tensor value = v.param.detach().to(torch::kCPU);
-      Chunk& chunk = chunks_[p.chunk];
-      if (chunk.persistent) {
-        p.tensor.detach().copy_(value);
-        if (master() && p.master.defined()) p.master.copy_(value);
-      } else if (const OwnedRange r = Owned(p, chunk); r.len > 0) {
-        const torch::Tensor owned = value.reshape({-1}).narrow(0, r.from, r.len);
-        HostFlat(chunk.param_host.data(), r.at, r.len, dtype_).copy_(owned);
-        if (master() && !stateless()) {
-          HostFlat(chunk.master.data(), r.at, r.len, torch::kFloat32).copy_(owned);
-        }
+      if (const OwnedRange r = Stored(p); r.len > 0) {
+        InstallParam(p, v.param.detach().to(torch::kCPU).reshape({-1}).narrow(0, r.from, r.len));
       }
     }
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -1830,7 +1835,6 @@ absl::Status ChunkManager::Impl::LoadParamsAndState(const std::vector<NamedParam
       }
       const int64_t step = step_it->second.item<int64_t>();
       for (Param& p : params_) {
-        Chunk& chunk = chunks_[p.chunk];
         if (quantized()) {
           const bool fresh = by_key.count(p.name + ".exp_avg.q8") == 0 &&
                              by_key.count(p.name + ".exp_avg_sq.q8") == 0;
@@ -1848,34 +1852,165 @@ absl::Status ChunkManager::Impl::LoadParamsAndState(const std::vector<NamedParam
         ASSIGN_OR_RETURN(torch::Tensor v,
                          find(p.name + ".exp_avg_sq", p, !fresh && has_moments()));
         ASSIGN_OR_RETURN(torch::Tensor saved_master, find(p.name + ".master", p, false));
-        if (fresh || !m.defined()) {
-          m = torch::zeros(p.shape);
-          v = torch::zeros(p.shape);
-        }
-        if (chunk.persistent) {
-          if (has_moments()) {
-            p.exp_avg.copy_(m);
-            p.exp_avg_sq.copy_(v);
-          }
-          if (saved_master.defined() && master()) p.master.copy_(saved_master);
-        } else if (const OwnedRange r = Owned(p, chunk); r.len > 0) {
-          auto owned = [&r](const torch::Tensor& t) {
-            return t.reshape({-1}).narrow(0, r.from, r.len);
-          };
-          if (has_moments()) {
-            HostFlat(chunk.exp_avg.data(), r.at, r.len, moment_dtype()).copy_(owned(m));
-            HostFlat(chunk.exp_avg_sq.data(), r.at, r.len, moment_dtype()).copy_(owned(v));
-          }
-          if (saved_master.defined() && master()) {
-            HostFlat(chunk.master.data(), r.at, r.len, torch::kFloat32).copy_(owned(saved_master));
-          }
-        }
-        p.step = fresh ? 0 : step;
-        if (p.fused_step.defined()) p.fused_step.fill_(static_cast<double>(p.step));
+        if (fresh) m = v = torch::Tensor();
+        const OwnedRange r = Stored(p);
+        auto stored = [&r](const torch::Tensor& t) {
+          return t.defined() ? t.reshape({-1}).narrow(0, r.from, r.len) : t;
+        };
+        InstallState(p, stored(m), stored(v), stored(saved_master), fresh ? 0 : step);
       }
     }
   } catch (const c10::Error& e) {
     return TorchError(e, "loading parameters");
+  }
+  InvalidateBuffers();
+  return absl::OkStatus();
+}
+
+void ChunkManager::Impl::InstallParam(Param& p, const torch::Tensor& flat) {
+  Chunk& chunk = chunks_[p.chunk];
+  if (chunk.persistent) {
+    p.tensor.detach().copy_(flat.view(p.shape));
+    if (master() && p.master.defined()) p.master.copy_(flat.view(p.shape));
+    return;
+  }
+  const OwnedRange r = Owned(p, chunk);
+  HostFlat(chunk.param_host.data(), r.at, r.len, dtype_).copy_(flat);
+  if (master() && !stateless()) HostFlat(chunk.master.data(), r.at, r.len, torch::kFloat32).copy_(flat);
+}
+
+void ChunkManager::Impl::InstallState(Param& p, const torch::Tensor& m, const torch::Tensor& v,
+                                      const torch::Tensor& saved_master, int64_t step) {
+  Chunk& chunk = chunks_[p.chunk];
+  const OwnedRange r = Stored(p);
+  auto or_zeros = [&r](const torch::Tensor& t) {
+    return t.defined() ? t : torch::zeros({r.len}, torch::kFloat32);
+  };
+  if (chunk.persistent) {
+    if (has_moments()) {
+      p.exp_avg.copy_(or_zeros(m).view(p.shape));
+      p.exp_avg_sq.copy_(or_zeros(v).view(p.shape));
+    }
+    if (saved_master.defined() && master()) p.master.copy_(saved_master.view(p.shape));
+  } else if (r.len > 0) {
+    if (has_moments()) {
+      HostFlat(chunk.exp_avg.data(), r.at, r.len, moment_dtype()).copy_(or_zeros(m));
+      HostFlat(chunk.exp_avg_sq.data(), r.at, r.len, moment_dtype()).copy_(or_zeros(v));
+    }
+    if (saved_master.defined() && master()) {
+      HostFlat(chunk.master.data(), r.at, r.len, torch::kFloat32).copy_(saved_master);
+    }
+  }
+  p.step = step;
+  if (p.fused_step.defined()) p.fused_step.fill_(static_cast<double>(p.step));
+}
+
+// [Per-rank checkpoint pieces] A persistent parameter is replicated: rank r writes elements
+// [n r / W, n (r + 1) / W) of it. An offloaded one: exactly this rank's shard of it. Loading reads
+// whatever this rank stores (Stored()) from the pieces of any world size.
+absl::StatusOr<std::vector<ChunkManager::FlatPiece>> ChunkManager::Impl::LocalPieces() {
+  if (quantized() || stateless()) {
+    return absl::UnimplementedError(
+        "per-rank checkpoint pieces: not for adamw8bit state or a frozen/profile_only manager");
+  }
+  WaitAll();
+  const int rank = comm_ != nullptr ? comm_->rank() : 0;
+  std::vector<ChunkManager::FlatPiece> out;
+  int64_t step = 0;
+  try {
+    for (Param& p : params_) {
+      Chunk& chunk = chunks_[p.chunk];
+      OwnedRange r = Owned(p, chunk);
+      if (chunk.persistent) {
+        r.from = p.numel * rank / world_;
+        r.len = p.numel * (rank + 1) / world_ - r.from;
+      }
+      if (r.len == 0) continue;
+      auto add = [&](const std::string& name, const torch::Tensor& device_tensor, void* host,
+                     torch::ScalarType host_dtype) {
+        torch::Tensor flat =
+            chunk.persistent
+                ? device_tensor.detach().reshape({-1}).narrow(0, r.from, r.len).to(
+                      torch::kCPU, /*non_blocking=*/false, /*copy=*/true)
+                : HostFlat(host, r.at, r.len, host_dtype).clone();
+        out.push_back({name, r.from, flat.contiguous()});
+      };
+      add(p.name, p.tensor, chunk.param_host.data(), dtype_);
+      if (p.step == 0) continue;  // no state before the first update (like torch's AdamW)
+      step = std::max(step, p.step);
+      if (has_moments()) {
+        add(p.name + ".exp_avg", p.exp_avg, chunk.exp_avg.data(), moment_dtype());
+        add(p.name + ".exp_avg_sq", p.exp_avg_sq, chunk.exp_avg_sq.data(), moment_dtype());
+      }
+      if (master()) add(p.name + ".master", p.master, chunk.master.data(), torch::kFloat32);
+    }
+  } catch (const c10::Error& e) {
+    return TorchError(e, "checkpoint pieces");
+  }
+  if (step > 0 && rank == 0) out.push_back({"step", 0, torch::tensor({step}, torch::kInt64)});
+  return out;
+}
+
+absl::Status ChunkManager::Impl::LoadRanges(const ChunkManager::RangeReader& read,
+                                            bool with_state) {
+  if (stateless() && with_state) {
+    return absl::FailedPreconditionError(
+        "state: this chunk manager was created frozen or profile_only (no optimizer state)");
+  }
+  if (quantized() && with_state) {
+    return absl::UnimplementedError("per-rank checkpoint pieces: not for adamw8bit state");
+  }
+  torch::NoGradGuard no_grad;
+  WaitAll();
+  // The tensor's part this rank stores, or NOT_FOUND; any other failure is returned as is.
+  auto part = [&](const std::string& name, const OwnedRange& r) -> absl::StatusOr<torch::Tensor> {
+    ASSIGN_OR_RETURN(torch::Tensor t, read(name, r.from, r.len));
+    if (t.numel() != r.len) {
+      return absl::DataLossError(absl::StrCat(name, ": read ", t.numel(), " elements of [",
+                                              r.from, ", ", r.from + r.len, ")"));
+    }
+    return t.reshape({-1});
+  };
+  try {
+    int64_t step = 0;
+    if (with_state) {
+      absl::StatusOr<torch::Tensor> s = read("step", 0, 1);
+      if (s.ok()) {
+        step = s->item<int64_t>();
+      } else if (!absl::IsNotFound(s.status())) {
+        return s.status();
+      }
+    }
+    for (Param& p : params_) {
+      const OwnedRange r = Stored(p);
+      if (r.len == 0) continue;
+      ASSIGN_OR_RETURN(torch::Tensor values, part(p.name, r));
+      InstallParam(p, values);
+      if (!with_state) continue;
+      torch::Tensor m, v, saved_master;
+      absl::StatusOr<torch::Tensor> got = part(p.name + ".exp_avg", r);
+      const bool fresh = absl::IsNotFound(got.status()) && has_moments();
+      if (has_moments() && !fresh) {
+        RETURN_IF_ERROR(got.status());
+        m = *got;
+        ASSIGN_OR_RETURN(v, part(p.name + ".exp_avg_sq", r));
+      }
+      if (master() && !fresh) {
+        absl::StatusOr<torch::Tensor> saved = part(p.name + ".master", r);
+        if (saved.ok()) {
+          saved_master = *saved;
+        } else if (!absl::IsNotFound(saved.status())) {
+          return saved.status();
+        }
+      }
+      if (!has_moments() && !saved_master.defined()) {
+        InstallState(p, m, v, saved_master, 0);  // sgd without a saved master: fresh
+        continue;
+      }
+      InstallState(p, m, v, saved_master, fresh ? 0 : step);
+    }
+  } catch (const c10::Error& e) {
+    return TorchError(e, "loading checkpoint pieces");
   }
   InvalidateBuffers();
   return absl::OkStatus();
@@ -2047,6 +2182,12 @@ absl::Status ChunkManager::Step(double max_grad_norm) { return impl_->Step(max_g
 void ChunkManager::ZeroGrad() { impl_->ZeroGrad(); }
 double ChunkManager::LastGradNorm() const { return impl_->LastGradNorm(); }
 int ChunkManager::UpdatesStartedBeforeStep() const { return impl_->UpdatesStartedBeforeStep(); }
+absl::StatusOr<std::vector<ChunkManager::FlatPiece>> ChunkManager::LocalPieces() {
+  return impl_->LocalPieces();
+}
+absl::Status ChunkManager::LoadRanges(const RangeReader& read, bool with_state) {
+  return impl_->LoadRanges(read, with_state);
+}
 int ChunkManager::PersistentReducesInBackward() const {
   return impl_->PersistentReducesInBackward();
 }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -184,6 +185,29 @@ class ChunkManager : public ParamResidency {
   // without moments starts fresh).
   absl::Status LoadParamsAndState(const std::vector<NamedParam>& params,
                                   const std::vector<NamedParam>& state);
+
+  // [Per-rank checkpoint pieces] What this rank stores of each tensor, without a collective:
+  // flat element ranges of the parameters and, after the first update, of their optimizer state
+  // ("<name>", "<name>.exp_avg", "<name>.exp_avg_sq", "<name>.master" as in OptimizerState(),
+  // plus "step" on rank 0). An offloaded parameter's range is this rank's shard of it; a
+  // persistent (replicated) one is split evenly over the ranks. Over all ranks the pieces of a
+  // tensor tile it exactly once. Not for adamw8bit (block-quantized state) or stateless managers:
+  // UNIMPLEMENTED.
+  struct FlatPiece {
+    std::string name;
+    int64_t begin = 0;      // first element (of the flattened tensor)
+    torch::Tensor values;   // 1-D, contiguous, CPU
+  };
+  absl::StatusOr<std::vector<FlatPiece>> LocalPieces();
+  // Reads elements [begin, begin + len) of a flattened tensor by name (any floating dtype; "step"
+  // as int64); NOT_FOUND when the tensor is absent.
+  using RangeReader = std::function<absl::StatusOr<torch::Tensor>(const std::string& name,
+                                                                  int64_t begin, int64_t len)>;
+  // Loads this rank's parameters and, when `with_state`, optimizer state through `read`, reading
+  // only what this rank stores (its shards; whole persistent parameters): the counterpart of
+  // LocalPieces() for any world size and layout. A parameter without "<name>.exp_avg" starts
+  // fresh (step 0).
+  absl::Status LoadRanges(const RangeReader& read, bool with_state);
 
   ChunkMemoryStats MemoryStats() const;
   // Uploads since creation or the last ResetUploadStats(); waits for the uploads still in flight.

@@ -739,11 +739,20 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
                                          : " is a LoRA checkpoint: resume it with --lora-rank "
                                            "and --lora-targets"));
     }
-    ASSIGN_OR_RETURN(io::Checkpoint checkpoint, c.lora.enabled()
-                                                    ? io::LoadLoraCheckpoint(c.resume_dir)
-                                                    : io::LoadCheckpoint(c.resume_dir));
-    RETURN_IF_ERROR(trainer->RestoreCheckpoint(checkpoint));
-    data_position = checkpoint.trainer.data_position;
+    if (!c.lora.enabled() && trainer->chunk_manager() != nullptr &&
+        io::IsPerRankCheckpoint(c.resume_dir)) {
+      // [Per-rank checkpoints]: each rank reads only the ranges it stores.
+      ASSIGN_OR_RETURN(std::unique_ptr<io::CheckpointPieces> pieces,
+                       io::CheckpointPieces::Open(c.resume_dir));
+      RETURN_IF_ERROR(trainer->RestoreFromPieces(*pieces));
+      data_position = pieces->trainer().data_position;
+    } else {
+      ASSIGN_OR_RETURN(io::Checkpoint checkpoint, c.lora.enabled()
+                                                      ? io::LoadLoraCheckpoint(c.resume_dir)
+                                                      : io::LoadCheckpoint(c.resume_dir));
+      RETURN_IF_ERROR(trainer->RestoreCheckpoint(checkpoint));
+      data_position = checkpoint.trainer.data_position;
+    }
     MEMPLAN_LOG(kInfo, "resumed")
         .Field("dir", c.resume_dir)
         .Field("step", trainer->step())

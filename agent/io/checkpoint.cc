@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -16,6 +17,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "agent/io/safetensors_reader.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "agent/io/file_system.h"
 #include "common/param_shapes.h"
@@ -140,12 +144,68 @@ absl::Status Publish(const std::string& staged, const std::string& dir) {
   return RemoveAll(aside);
 }
 
+// `target` may be replaced by a checkpoint: absent, an empty directory or a checkpoint (it has
+// trainer.json); its parent is created.
+absl::Status CheckReplaceable(const std::string& target) {
+  if (PathExists(target)) {
+    absl::StatusOr<std::vector<std::string>> entries = ListDirectory(target);
+    if (!IsDirectory(target) || !entries.ok() ||
+        (!entries->empty() && !PathExists(JoinPath(target, kCheckpointTrainerFile)))) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          target, " exists and is not a checkpoint directory; refusing to replace it"));
+    }
+  }
+  return CreateDirectories(Dirname(target));
+}
+
+// config.json and trainer.json (listing `files` of `staged` with their sizes), then the
+// directory synced: the last step before publishing.
+absl::Status WriteManifest(const std::string& staged, const TrainerState& trainer,
+                           const std::vector<std::string>& files) {
+  const std::string config_path = JoinPath(staged, kCheckpointConfigFile);
+  RETURN_IF_ERROR(
+      WriteFileDurably(config_path, ToHfConfigJson(trainer.model, trainer.param_dtype)));
+  CheckpointManifest manifest;
+  manifest.trainer = trainer;
+  for (const std::string& name : files) {
+    ASSIGN_OR_RETURN(manifest.file_size_bytes[name], FileSizeBytes(JoinPath(staged, name)));
+  }
+  ASSIGN_OR_RETURN(manifest.file_size_bytes[kCheckpointConfigFile], FileSizeBytes(config_path));
+  RETURN_IF_ERROR(WriteFileDurably(JoinPath(staged, kCheckpointTrainerFile),
+                                   EncodeCheckpointManifest(manifest)));
+  return SyncDirectory(staged);
+}
+
+// Per-rank files are the manifest's "rank-*.safetensors" entries.
+bool IsShardFileName(const std::string& name) {
+  return absl::StartsWith(name, "rank-") && absl::EndsWith(name, ".safetensors");
+}
+
+absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
+  const std::string trainer_path = JoinPath(dir, kCheckpointTrainerFile);
+  ASSIGN_OR_RETURN(std::string text, ReadSmallFile(trainer_path, kMaxTrainerFileBytes));
+  absl::StatusOr<CheckpointManifest> manifest = DecodeCheckpointManifest(text);
+  if (!manifest.ok()) {
+    return absl::Status(manifest.status().code(),
+                        absl::StrCat(dir, ": ", manifest.status().message()));
+  }
+  for (const auto& [name, size] : manifest->file_size_bytes) {
+    const std::string path = JoinPath(dir, name);
+    absl::StatusOr<int64_t> actual = FileSizeBytes(path);
+    if (!actual.ok()) return absl::DataLossError(std::string(actual.status().message()));
+    if (*actual != size) {
+      return absl::DataLossError(
+          absl::StrCat(path, " has ", *actual, " bytes; trainer.json records ", size));
+    }
+  }
+  return manifest;
+}
+
 absl::Status WriteStaged(const std::string& staged, const TrainerState& trainer,
                          const std::vector<NamedParam>& params,
                          const std::vector<NamedParam>& optimizer_state) {
   const std::string params_path = JoinPath(staged, kCheckpointParamsFile);
   const std::string optimizer_path = JoinPath(staged, kCheckpointOptimizerFile);
-  const std::string config_path = JoinPath(staged, kCheckpointConfigFile);
   // "format": "pt" is what Hugging Face tools expect of a model file.
   const SafetensorsMetadata params_metadata = {{"format", "pt"},
                                                {"memplan_format", kCheckpointFormat},
@@ -154,16 +214,7 @@ absl::Status WriteStaged(const std::string& staged, const TrainerState& trainer,
                                         {"step", absl::StrCat(trainer.step)}};
   RETURN_IF_ERROR(SaveSafetensorsFile(params_path, params, params_metadata));
   RETURN_IF_ERROR(SaveSafetensorsFile(optimizer_path, optimizer_state, metadata));
-  RETURN_IF_ERROR(
-      WriteFileDurably(config_path, ToHfConfigJson(trainer.model, trainer.param_dtype)));
-  CheckpointManifest manifest;
-  manifest.trainer = trainer;
-  for (const std::string& path : {params_path, optimizer_path, config_path}) {
-    ASSIGN_OR_RETURN(manifest.file_size_bytes[Basename(path)], FileSizeBytes(path));
-  }
-  RETURN_IF_ERROR(WriteFileDurably(JoinPath(staged, kCheckpointTrainerFile),
-                                   EncodeCheckpointManifest(manifest)));
-  return SyncDirectory(staged);
+  return WriteManifest(staged, trainer, {kCheckpointParamsFile, kCheckpointOptimizerFile});
 }
 
 }  // namespace
@@ -272,15 +323,7 @@ absl::Status SaveCheckpoint(const std::string& dir, const TrainerState& trainer,
 
   if (dir.empty()) return absl::InvalidArgumentError("empty checkpoint path");
   const std::string target = AbsolutePath(dir);
-  if (PathExists(target)) {
-    absl::StatusOr<std::vector<std::string>> entries = ListDirectory(target);
-    if (!IsDirectory(target) || !entries.ok() ||
-        (!entries->empty() && !PathExists(JoinPath(target, kCheckpointTrainerFile)))) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          target, " exists and is not a checkpoint directory; refusing to replace it"));
-    }
-  }
-  RETURN_IF_ERROR(CreateDirectories(Dirname(target)));
+  RETURN_IF_ERROR(CheckReplaceable(target));
   const std::string staged = TempSibling(target, "tmp");
   if (::mkdir(staged.c_str(), 0755) != 0) return Errno("mkdir", staged);
   absl::Status status = WriteStaged(staged, trainer, ordered, optimizer_state);
@@ -299,50 +342,269 @@ absl::Status SaveCheckpoint(const std::string& dir, const TrainerState& trainer,
 }
 
 absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir) {
+  ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadManifest(dir));
   const std::string trainer_path = JoinPath(dir, kCheckpointTrainerFile);
-  ASSIGN_OR_RETURN(std::string text, ReadSmallFile(trainer_path, kMaxTrainerFileBytes));
-  absl::StatusOr<CheckpointManifest> manifest = DecodeCheckpointManifest(text);
-  if (!manifest.ok()) {
-    return absl::Status(manifest.status().code(),
-                        absl::StrCat(dir, ": ", manifest.status().message()));
-  }
-  // Checkpoints before the Hugging Face layout kept the parameters in params.safetensors.
-  const char* params_file = manifest->file_size_bytes.count(kCheckpointParamsFile) > 0
-                                ? kCheckpointParamsFile
-                                : kLegacyCheckpointParamsFile;
-  for (const char* required : {params_file, kCheckpointOptimizerFile}) {
-    if (manifest->file_size_bytes.count(required) == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(trainer_path, ": \"files\" does not list ", required));
-    }
-  }
-  for (const auto& [name, size] : manifest->file_size_bytes) {
-    const std::string path = JoinPath(dir, name);
-    absl::StatusOr<int64_t> actual = FileSizeBytes(path);
-    if (!actual.ok()) return absl::DataLossError(std::string(actual.status().message()));
-    if (*actual != size) {
-      return absl::DataLossError(
-          absl::StrCat(path, " has ", *actual, " bytes; trainer.json records ", size));
-    }
-  }
-
   Checkpoint ckpt;
-  ckpt.trainer = manifest->trainer;
-  ASSIGN_OR_RETURN(std::vector<NamedParam> params,
-                   ReadSafetensorsFile(JoinPath(dir, params_file)));
+  ckpt.trainer = manifest.trainer;
+  bool per_rank = false;
+  for (const auto& [name, size] : manifest.file_size_bytes) per_rank |= IsShardFileName(name);
+  std::vector<NamedParam> params;
+  std::string params_where, state_where;
+  if (per_rank) {
+    // Whole tensors assembled from every rank's pieces.
+    ASSIGN_OR_RETURN(std::unique_ptr<CheckpointPieces> pieces, CheckpointPieces::Open(dir));
+    params_where = state_where = dir + " (per-rank files)";
+    for (const ParamShape& shape : HfParamShapes(ckpt.trainer.model)) {
+      absl::StatusOr<torch::Tensor> t = pieces->Read(shape.name, 0, shape.numel());
+      if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat(params_where, ": ", t.status().message()));
+      params.push_back({shape.name, t->view(shape.shape)});
+      for (const char* suffix : {".exp_avg", ".exp_avg_sq", ".master"}) {
+        const std::string key = shape.name + suffix;
+        if (!pieces->Has(key)) continue;
+        ASSIGN_OR_RETURN(torch::Tensor state, pieces->Read(key, 0, shape.numel()));
+        ckpt.optimizer_state.push_back({key, state.view(shape.shape)});
+      }
+    }
+    if (pieces->Has("step")) {
+      ASSIGN_OR_RETURN(torch::Tensor step, pieces->Read("step", 0, 1));
+      ckpt.optimizer_state.push_back({"step", step.reshape({})});
+    }
+  } else {
+    // Checkpoints before the Hugging Face layout kept the parameters in params.safetensors.
+    const char* params_file = manifest.file_size_bytes.count(kCheckpointParamsFile) > 0
+                                  ? kCheckpointParamsFile
+                                  : kLegacyCheckpointParamsFile;
+    for (const char* required : {params_file, kCheckpointOptimizerFile}) {
+      if (manifest.file_size_bytes.count(required) == 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(trainer_path, ": \"files\" does not list ", required));
+      }
+    }
+    params_where = absl::StrCat(dir, "/", params_file);
+    state_where = absl::StrCat(dir, "/", kCheckpointOptimizerFile);
+    ASSIGN_OR_RETURN(params, ReadSafetensorsFile(JoinPath(dir, params_file)));
+    ASSIGN_OR_RETURN(ckpt.optimizer_state,
+                     ReadSafetensorsFile(JoinPath(dir, kCheckpointOptimizerFile)));
+  }
   absl::StatusOr<std::vector<NamedParam>> ordered = CheckParamsAgainstModel(ckpt.trainer, params);
   if (!ordered.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(dir, "/", params_file, ": ", ordered.status().message()));
+        absl::StrCat(params_where, ": ", ordered.status().message()));
   }
   ckpt.params = *std::move(ordered);
-  ASSIGN_OR_RETURN(ckpt.optimizer_state,
-                   ReadSafetensorsFile(JoinPath(dir, kCheckpointOptimizerFile)));
   if (absl::Status s = ValidateOptimizerState(ckpt.params, ckpt.optimizer_state); !s.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(dir, "/", kCheckpointOptimizerFile, ": ", s.message()));
+    return absl::InvalidArgumentError(absl::StrCat(state_where, ": ", s.message()));
   }
   return ckpt;
+}
+
+// [Per-rank checkpoints]
+
+std::string CheckpointShardFile(int rank, int world_size) {
+  return absl::StrFormat("rank-%05d-of-%05d.safetensors", rank, world_size);
+}
+
+std::string ShardedCheckpointStaging(const std::string& dir, int64_t step, int world_size) {
+  const std::string target = AbsolutePath(dir);
+  return JoinPath(Dirname(target),
+                  absl::StrCat(".", Basename(target), ".staged-step", step, "-w", world_size));
+}
+
+absl::Status BeginShardedCheckpoint(const std::string& dir, const std::string& staged) {
+  if (dir.empty()) return absl::InvalidArgumentError("empty checkpoint path");
+  RETURN_IF_ERROR(CheckReplaceable(AbsolutePath(dir)));
+  if (PathExists(staged)) RETURN_IF_ERROR(RemoveAll(staged));  // a failed attempt's
+  if (::mkdir(staged.c_str(), 0755) != 0) return Errno("mkdir", staged);
+  return absl::OkStatus();
+}
+
+absl::Status WriteCheckpointShard(const std::string& staged, int rank, int world_size,
+                                  const std::vector<TensorPiece>& pieces) {
+  std::vector<NamedParam> named;
+  named.reserve(pieces.size());
+  for (const TensorPiece& piece : pieces) {
+    named.push_back({absl::StrCat(piece.name, "@", piece.begin), piece.values.reshape({-1})});
+  }
+  const SafetensorsMetadata metadata = {{"format", kCheckpointFormat},
+                                        {"rank", absl::StrCat(rank)},
+                                        {"world_size", absl::StrCat(world_size)}};
+  return SaveSafetensorsFile(JoinPath(staged, CheckpointShardFile(rank, world_size)), named,
+                             metadata);
+}
+
+namespace {
+
+// The pieces of a per-rank checkpoint's files, by tensor.
+struct PieceIndex {
+  struct Piece {
+    int64_t begin = 0;
+    int64_t len = 0;
+    const SafetensorsReader* reader = nullptr;
+    const SafetensorsTensorInfo* info = nullptr;
+  };
+  struct Entry {
+    SafetensorsDType dtype = SafetensorsDType::kF32;
+    int64_t numel = 0;
+    std::vector<Piece> pieces;  // by begin, tiling [0, numel)
+  };
+  TrainerState trainer;
+  int world_size = 0;
+  std::vector<std::unique_ptr<SafetensorsReader>> readers;
+  std::map<std::string, Entry> tensors;
+
+  // Indexes the pieces of `files` (in `dir`) and checks that they tile every tensor once.
+  absl::Status Index(const std::string& dir, const std::vector<std::string>& files) {
+    for (const std::string& file : files) {
+      ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsReader> reader,
+                       SafetensorsReader::Open(JoinPath(dir, file)));
+      for (const SafetensorsTensorInfo& info : reader->header().tensors) {
+        const size_t at = info.name.rfind('@');
+        int64_t begin = -1;
+        if (at == std::string::npos || !absl::SimpleAtoi(info.name.substr(at + 1), &begin) ||
+            begin < 0 || info.shape.size() != 1) {
+          return absl::DataLossError(absl::StrCat(reader->name(), ": \"", info.name,
+                                                  "\" is not a 1-D piece named <tensor>@<begin>"));
+        }
+        Entry& entry = tensors[info.name.substr(0, at)];
+        if (!entry.pieces.empty() && entry.dtype != info.dtype) {
+          return absl::DataLossError(absl::StrCat(reader->name(), ": \"", info.name,
+                                                  "\" has another dtype than its other pieces"));
+        }
+        entry.dtype = info.dtype;
+        entry.pieces.push_back({begin, info.shape[0], reader.get(), &info});
+      }
+      readers.push_back(std::move(reader));
+    }
+    for (auto& [name, entry] : tensors) {
+      std::sort(entry.pieces.begin(), entry.pieces.end(),
+                [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
+      for (const Piece& piece : entry.pieces) {
+        if (piece.begin != entry.numel) {
+          return absl::DataLossError(absl::StrCat(
+              dir, ": the pieces of ", name, piece.begin < entry.numel ? " overlap" : " leave a gap",
+              " at element ", std::min(piece.begin, entry.numel)));
+        }
+        entry.numel += piece.len;
+      }
+    }
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+struct CheckpointPieces::Impl : PieceIndex {};
+
+CheckpointPieces::CheckpointPieces(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CheckpointPieces::~CheckpointPieces() = default;
+
+absl::StatusOr<std::unique_ptr<CheckpointPieces>> CheckpointPieces::Open(const std::string& dir) {
+  ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadManifest(dir));
+  auto impl = std::make_unique<Impl>();
+  impl->trainer = manifest.trainer;
+  std::vector<std::string> files;
+  for (const auto& [name, size] : manifest.file_size_bytes) {
+    if (IsShardFileName(name)) files.push_back(name);
+  }
+  if (files.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir, ": trainer.json lists no per-rank files (rank-*.safetensors)"));
+  }
+  impl->world_size = static_cast<int>(files.size());
+  RETURN_IF_ERROR(impl->Index(dir, files));
+  return std::unique_ptr<CheckpointPieces>(new CheckpointPieces(std::move(impl)));
+}
+
+const TrainerState& CheckpointPieces::trainer() const { return impl_->trainer; }
+int CheckpointPieces::world_size() const { return impl_->world_size; }
+bool CheckpointPieces::Has(const std::string& name) const { return impl_->tensors.count(name) > 0; }
+int64_t CheckpointPieces::Numel(const std::string& name) const {
+  auto it = impl_->tensors.find(name);
+  return it == impl_->tensors.end() ? -1 : it->second.numel;
+}
+
+absl::StatusOr<torch::Tensor> CheckpointPieces::Read(const std::string& name, int64_t begin,
+                                                     int64_t len) const {
+  auto it = impl_->tensors.find(name);
+  if (it == impl_->tensors.end()) {
+    return absl::NotFoundError(absl::StrCat("no tensor ", name, " in the checkpoint"));
+  }
+  const PieceIndex::Entry& entry = it->second;
+  if (begin < 0 || len < 0 || begin + len > entry.numel) {
+    return absl::OutOfRangeError(absl::StrCat(name, ": elements [", begin, ", ", begin + len,
+                                              ") of ", entry.numel));
+  }
+  torch::Tensor out = torch::empty({len}, torch::TensorOptions().dtype(TorchDTypeOf(entry.dtype)));
+  const int64_t elem = static_cast<int64_t>(out.element_size());
+  char* dst = static_cast<char*>(out.data_ptr());
+  for (const PieceIndex::Piece& piece : entry.pieces) {
+    const int64_t lo = std::max(begin, piece.begin);
+    const int64_t hi = std::min(begin + len, piece.begin + piece.len);
+    if (lo >= hi) continue;
+    RETURN_IF_ERROR(piece.reader->ReadTensorBytesAt(*piece.info, (lo - piece.begin) * elem,
+                                                    dst + (lo - begin) * elem, (hi - lo) * elem));
+  }
+  return out;
+}
+
+bool IsPerRankCheckpoint(const std::string& dir) {
+  absl::StatusOr<std::string> text =
+      ReadSmallFile(JoinPath(dir, kCheckpointTrainerFile), kMaxTrainerFileBytes);
+  if (!text.ok()) return false;
+  absl::StatusOr<CheckpointManifest> manifest = DecodeCheckpointManifest(*text);
+  if (!manifest.ok()) return false;
+  for (const auto& [name, size] : manifest->file_size_bytes) {
+    if (IsShardFileName(name)) return true;
+  }
+  return false;
+}
+
+absl::Status FinishShardedCheckpoint(const std::string& staged, const std::string& dir,
+                                     const TrainerState& trainer, int world_size) {
+  RETURN_IF_ERROR(ValidateModelSpec(trainer.model, "trainer.model."));
+  std::vector<std::string> files;
+  for (int r = 0; r < world_size; ++r) files.push_back(CheckpointShardFile(r, world_size));
+  // Every parameter tiled exactly, in the model dtype; state only for known parameters.
+  PieceIndex index;
+  RETURN_IF_ERROR(index.Index(staged, files));
+  ASSIGN_OR_RETURN(SafetensorsDType dtype,
+                   SafetensorsDTypeOf(TorchDTypeOfParam(trainer.param_dtype)));
+  std::map<std::string, int64_t> numel;
+  for (const ParamShape& shape : HfParamShapes(trainer.model)) {
+    numel[shape.name] = shape.numel();
+    auto it = index.tensors.find(shape.name);
+    if (it == index.tensors.end() || it->second.numel != shape.numel() ||
+        it->second.dtype != dtype) {
+      return absl::InternalError(absl::StrCat(
+          "per-rank checkpoint: parameter ", shape.name, " is ",
+          it == index.tensors.end() ? "missing" : "not tiled in the model dtype", " (",
+          shape.numel(), " elements expected)"));
+    }
+  }
+  for (const auto& [name, entry] : index.tensors) {
+    if (numel.count(name) > 0 || name == "step") continue;
+    // "<param>.exp_avg_sq" ends in ".exp_avg_sq": strip one known suffix.
+    std::string param;
+    for (const char* suffix : {".exp_avg_sq", ".exp_avg", ".master"}) {
+      if (absl::EndsWith(name, suffix)) param = name.substr(0, name.size() - std::strlen(suffix));
+      if (!param.empty()) break;
+    }
+    if (param.empty() || numel.count(param) == 0 || numel[param] != entry.numel) {
+      return absl::InternalError(
+          absl::StrCat("per-rank checkpoint: ", name, " is not the state of a parameter"));
+    }
+  }
+  index.readers.clear();  // close before the rename
+  RETURN_IF_ERROR(WriteManifest(staged, trainer, files));
+  const std::string target = AbsolutePath(dir);
+  RETURN_IF_ERROR(Publish(staged, target));
+  RETURN_IF_ERROR(SyncDirectory(Dirname(target)));
+  MEMPLAN_LOG(kInfo, "checkpoint saved")
+      .Field("dir", target)
+      .Field("step", trainer.step)
+      .Field("ranks", world_size)
+      .Field("tensors", index.tensors.size());
+  return absl::OkStatus();
 }
 
 absl::Status CopyParamsByName(const std::vector<NamedParam>& source,

@@ -6,6 +6,7 @@
 // residency plan: a run may resume under a different plan.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,7 @@ absl::Status SaveCheckpoint(const std::string& dir, const TrainerState& trainer,
 
 // Reads and validates everything: trainer.json, the file sizes it records, both safetensors
 // files, the parameter set against the model spec and the optimizer state against the params.
+// A per-rank checkpoint (below) is assembled into whole tensors.
 absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir);
 
 // Optimizer state rules: names are "step" (an integer scalar, required when any other entry
@@ -56,6 +58,57 @@ absl::Status ValidateOptimizerState(const std::vector<NamedParam>& params,
 // the same shape and every source entry must be used. Validates before writing anything.
 absl::Status CopyParamsByName(const std::vector<NamedParam>& source,
                               const std::vector<NamedParam>& targets);
+
+// [Per-rank checkpoints] A checkpoint saved by W ranks without gathering: besides trainer.json
+// and config.json, one file per rank, rank-RRRRR-of-WWWWW.safetensors, holding 1-D pieces
+// "<tensor>@<first element>" of the flattened parameters and optimizer state (the names above)
+// that the rank stores; over the files every tensor is tiled exactly once. trainer.json lists
+// every file with its size. Resumable by any world size, layout or plan: LoadCheckpoint()
+// assembles whole tensors, CheckpointPieces reads just the ranges a rank stores.
+struct TensorPiece {
+  std::string name;
+  int64_t begin = 0;     // first element of the flattened tensor
+  torch::Tensor values;  // 1-D, CPU
+};
+std::string CheckpointShardFile(int rank, int world_size);
+// The staging directory every rank writes into: a hidden sibling of `dir` named after the step
+// and world size (the same on every rank; a failed attempt's leftovers are replaced).
+std::string ShardedCheckpointStaging(const std::string& dir, int64_t step, int world_size);
+// Rank 0, before any rank writes: refuses a `dir` that is neither absent, empty nor a
+// checkpoint (FAILED_PRECONDITION), and makes `staged` afresh.
+absl::Status BeginShardedCheckpoint(const std::string& dir, const std::string& staged);
+// Every rank: its pieces into `staged`, fsynced.
+absl::Status WriteCheckpointShard(const std::string& staged, int rank, int world_size,
+                                  const std::vector<TensorPiece>& pieces);
+// Rank 0, after every rank wrote: checks that the pieces tile every parameter of trainer.model
+// exactly (names, element counts, dtypes), writes config.json and trainer.json, and publishes
+// `staged` as `dir` atomically (the previous checkpoint stays whole until the rename).
+absl::Status FinishShardedCheckpoint(const std::string& staged, const std::string& dir,
+                                     const TrainerState& trainer, int world_size);
+
+// Reads a per-rank checkpoint's pieces by element range (positional reads of only the bytes
+// asked for). Thread-compatible.
+class CheckpointPieces {
+ public:
+  // Opens every shard file trainer.json lists (sizes checked) and indexes their pieces; DATA_LOSS
+  // when a tensor's pieces overlap, leave a gap or disagree on the dtype.
+  static absl::StatusOr<std::unique_ptr<CheckpointPieces>> Open(const std::string& dir);
+  ~CheckpointPieces();
+  const TrainerState& trainer() const;
+  int world_size() const;  // of the run that saved it
+  bool Has(const std::string& name) const;
+  int64_t Numel(const std::string& name) const;  // -1 when absent
+  // Elements [begin, begin + len) of `name`, in its stored dtype. NOT_FOUND when absent,
+  // OUT_OF_RANGE when the range leaves it.
+  absl::StatusOr<torch::Tensor> Read(const std::string& name, int64_t begin, int64_t len) const;
+
+ private:
+  struct Impl;
+  explicit CheckpointPieces(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+// Whether `dir`'s trainer.json lists per-rank files (false for any other or unreadable dir).
+bool IsPerRankCheckpoint(const std::string& dir);
 
 // torch::optim::AdamW state in the checkpoint naming, for the reference (unmanaged) path. Params
 // without state yet are omitted; "step" is the common step (INTERNAL if params disagree).

@@ -54,6 +54,20 @@ absl::Status SafetensorsReader::ReadTensorBytes(const SafetensorsTensorInfo& ten
   return file_->ReadAt(header_.data_offset_bytes + tensor.begin_bytes, tensor.size_bytes(), dst);
 }
 
+absl::Status SafetensorsReader::ReadTensorBytesAt(const SafetensorsTensorInfo& tensor,
+                                                  int64_t offset_bytes, void* dst,
+                                                  int64_t dst_bytes) const {
+  if (offset_bytes < 0 || dst_bytes < 0 || offset_bytes > tensor.size_bytes() ||
+      dst_bytes > tensor.size_bytes() - offset_bytes) {
+    return absl::OutOfRangeError(absl::StrCat(name(), ": bytes [", offset_bytes, ", ",
+                                              offset_bytes + dst_bytes, ") of tensor \"",
+                                              tensor.name, "\" (", tensor.size_bytes(),
+                                              " bytes)"));
+  }
+  return file_->ReadAt(header_.data_offset_bytes + tensor.begin_bytes + offset_bytes, dst_bytes,
+                       dst);
+}
+
 absl::Status SafetensorsReader::ReadTensorBytes(std::string_view tensor_name, void* dst,
                                                 int64_t dst_bytes) const {
   const SafetensorsTensorInfo* tensor = header_.Find(tensor_name);

@@ -30,6 +30,10 @@ class SafetensorsReader {
                                int64_t dst_bytes) const;
   // Same, by name (NOT_FOUND when absent).
   absl::Status ReadTensorBytes(std::string_view tensor_name, void* dst, int64_t dst_bytes) const;
+  // Bytes [offset, offset + dst_bytes) of the tensor's data (one positional read): a part of a
+  // tensor without reading the rest. OUT_OF_RANGE when the range leaves the tensor.
+  absl::Status ReadTensorBytesAt(const SafetensorsTensorInfo& tensor, int64_t offset_bytes,
+                                 void* dst, int64_t dst_bytes) const;
 
  private:
   SafetensorsReader(std::unique_ptr<RandomAccessFile> file, SafetensorsHeader header)

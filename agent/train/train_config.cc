@@ -117,8 +117,10 @@ Several ranks (torchrun --nproc-per-node N --no-python memplan-agent train ...):
   WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment;
   one process per GPU (LOCAL_RANK), NCCL on CUDA and Gloo on the CPU. Every rank reads its own
   --batch rows (the global batch is WORLD_SIZE x --batch), the chunks are sharded over the ranks
-  (ZeRO-3), and rank 0 logs. --save gathers the shards and rank 0 writes one checkpoint that any
-  world size resumes (every rank reads it). Not yet with --memory-timeline, --profile.
+  (ZeRO-3), and rank 0 logs. --save: every rank writes the pieces it stores into one checkpoint
+  directory (rank-R-of-W.safetensors, nothing gathered; LoRA and adamw8bit runs gather to rank 0);
+  --resume reads any world size's checkpoint, each rank only the ranges it stores.
+  Not yet with --memory-timeline, --profile.
 )";
 }
 

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/io/peft_adapter.h"
 #include "common/optimizer_bytes.h"
+#include "common/param_shapes.h"
 #include "common/status.h"
 
 namespace memplan {
@@ -458,8 +459,35 @@ absl::Status Trainer::SaveCheckpoint(const std::string& dir, io::TrainerState st
   state.optimizer.weight_decay = options_.adamw.weight_decay;
   state.model = model_->spec();
   state.param_dtype = model_->options().dtype;
-  // [Data parallel checkpoints] With a communicator the state and the parameters are gathered
-  // from every rank's shards (collectives) and rank 0 writes the one layout-independent
+  if (UsesPerRankCheckpoints()) {
+    // [Per-rank checkpoints] Rank 0 prepares the staging directory, every rank writes its own
+    // pieces, rank 0 checks the tiling and publishes; every phase is agreed across the ranks.
+    Communicator& comm = *options_.communicator;
+    const int rank = comm.rank(), world = comm.world_size();
+    const std::string staged = io::ShardedCheckpointStaging(dir, state.step, world);
+    RETURN_IF_ERROR(AgreeAcrossRanks(
+        rank == 0 ? io::BeginShardedCheckpoint(dir, staged) : absl::OkStatus(),
+        "preparing the checkpoint directory"));
+    absl::Status written;
+    absl::StatusOr<std::vector<ChunkManager::FlatPiece>> pieces = chunk_manager_->LocalPieces();
+    if (pieces.ok()) {
+      std::vector<io::TensorPiece> out;
+      out.reserve(pieces->size());
+      for (ChunkManager::FlatPiece& piece : *pieces) {
+        out.push_back({std::move(piece.name), piece.begin, std::move(piece.values)});
+      }
+      pieces->clear();
+      written = io::WriteCheckpointShard(staged, rank, world, out);
+    } else {
+      written = pieces.status();
+    }
+    RETURN_IF_ERROR(AgreeAcrossRanks(written, "writing its checkpoint file"));
+    return AgreeAcrossRanks(
+        rank == 0 ? io::FinishShardedCheckpoint(staged, dir, state, world) : absl::OkStatus(),
+        "publishing the checkpoint");
+  }
+  // [Data parallel checkpoints] Otherwise, with a communicator the state and the parameters are
+  // gathered from every rank's shards (collectives) and rank 0 writes the one layout-independent
   // checkpoint; every rank then learns whether the write succeeded. Any world size resumes it.
   absl::Status written;
   try {
@@ -476,16 +504,68 @@ absl::Status Trainer::SaveCheckpoint(const std::string& dir, io::TrainerState st
     return FromTorch(e, "trainer: saving checkpoint failed");
   }
   if (!distributed()) return written;
+  return AgreeAcrossRanks(written, "writing the checkpoint");
+}
+
+absl::Status Trainer::AgreeAcrossRanks(const absl::Status& mine, absl::string_view what) {
   Communicator& comm = *options_.communicator;
   torch::Tensor failed =
-      torch::full({1}, written.ok() ? 0.0 : 1.0,
+      torch::full({1}, mine.ok() ? 0.0 : 1.0,
                   torch::TensorOptions().dtype(torch::kFloat64).device(comm.device()));
   RETURN_IF_ERROR(comm.AllReduceSum(failed)->Wait());
-  if (!written.ok()) return written;
+  if (!mine.ok()) return mine;
   if (failed.cpu().item<double>() > 0) {
-    return absl::InternalError(
-        absl::StrCat("trainer: rank 0 could not write the checkpoint ", dir, " (see its log)"));
+    return absl::InternalError(absl::StrCat("trainer: another rank failed ", what,
+                                            " (see its log); the checkpoint was not replaced"));
   }
+  return absl::OkStatus();
+}
+
+bool Trainer::UsesPerRankCheckpoints() const {
+  return distributed() && chunk_manager_ != nullptr && !model_->has_lora() &&
+         options_.optimizer != OptimizerKind::kAdamW8bit;
+}
+
+absl::Status Trainer::CheckResumable(const io::TrainerState& saved) const {
+  if (saved.param_dtype != model_->options().dtype) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint dtype ", std::string(DTypeName(saved.param_dtype)),
+        " differs from the model dtype ", std::string(DTypeName(model_->options().dtype))));
+  }
+  if (saved.optimizer.kind != OptimizerName(options_.optimizer)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint optimizer ", saved.optimizer.kind, " differs from --optimizer ",
+        std::string(OptimizerName(options_.optimizer)),
+        ": its state cannot be converted; resume with --optimizer ", saved.optimizer.kind));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::RestoreFromPieces(const io::CheckpointPieces& pieces) {
+  RETURN_IF_ERROR(CheckResumable(pieces.trainer()));
+  if (chunk_manager_ == nullptr || model_->has_lora()) {
+    return absl::FailedPreconditionError(
+        "per-rank checkpoint pieces are read by a managed full fine-tune; load the assembled "
+        "checkpoint (RestoreCheckpoint) otherwise");
+  }
+  // Every parameter (and any state saved for it) has this model's element count.
+  for (const ParamShape& shape : HfParamShapes(model_->spec())) {
+    for (const char* suffix : {"", ".exp_avg", ".exp_avg_sq", ".master"}) {
+      const std::string name = shape.name + suffix;
+      const int64_t n = pieces.Numel(name);
+      if ((n < 0 && *suffix == '\0') || (n >= 0 && n != shape.numel())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "checkpoint: ", name, n < 0 ? " is missing" : absl::StrCat(" has ", n, " elements"),
+            "; this model's ", shape.name, " has ", shape.numel()));
+      }
+    }
+  }
+  RETURN_IF_ERROR(chunk_manager_->LoadRanges(
+      [&pieces](const std::string& name, int64_t begin, int64_t len) {
+        return pieces.Read(name, begin, len);
+      },
+      /*with_state=*/true));
+  step_ = pieces.trainer().step;
   return absl::OkStatus();
 }
 
@@ -520,18 +600,7 @@ absl::Status Trainer::ImportOptimizerState(const std::vector<NamedParam>& state)
 }
 
 absl::Status Trainer::RestoreCheckpoint(const io::Checkpoint& checkpoint) {
-  if (checkpoint.trainer.param_dtype != model_->options().dtype) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint dtype ", std::string(DTypeName(checkpoint.trainer.param_dtype)),
-        " differs from the model dtype ", std::string(DTypeName(model_->options().dtype))));
-  }
-  if (checkpoint.trainer.optimizer.kind != OptimizerName(options_.optimizer)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint optimizer ", checkpoint.trainer.optimizer.kind, " differs from --optimizer ",
-        std::string(OptimizerName(options_.optimizer)),
-        ": its state cannot be converted; resume with --optimizer ",
-        checkpoint.trainer.optimizer.kind));
-  }
+  RETURN_IF_ERROR(CheckResumable(checkpoint.trainer));
   try {
     if (chunk_manager_) {
       RETURN_IF_ERROR(

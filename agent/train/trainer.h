@@ -107,11 +107,19 @@ class Trainer {
 
   // Writes a layout-independent checkpoint; `state` supplies data position, seeds, workload;
   // step, optimizer hyper-parameters, model spec and dtype are filled in here. With a
-  // communicator every rank calls it (it gathers the shards) and rank 0 writes.
+  // communicator every rank calls it: a managed full fine-tune (adamw, adamw_bf16, sgd) writes a
+  // per-rank checkpoint, each rank its own pieces, nothing gathered ([Per-rank checkpoints],
+  // agent/io/checkpoint.h); LoRA and adamw8bit runs gather the shards and rank 0 writes. Every
+  // rank returns the same verdict.
   absl::Status SaveCheckpoint(const std::string& dir, io::TrainerState state);
   // Restores parameters, optimizer state and the step count from a checkpoint written under any
   // plan (managed or not). The model spec, dtype and optimizer kind must match.
   absl::Status RestoreCheckpoint(const io::Checkpoint& checkpoint);
+  // The same from a per-rank checkpoint of any world size, reading only what this rank stores
+  // (managed runs; others load the assembled checkpoint with RestoreCheckpoint).
+  absl::Status RestoreFromPieces(const io::CheckpointPieces& pieces);
+  // Whether SaveCheckpoint writes a per-rank checkpoint, and RestoreFromPieces can read one.
+  bool UsesPerRankCheckpoints() const;
 
   int64_t step() const { return step_; }
   const TrainerOptions& options() const { return options_; }
@@ -131,6 +139,10 @@ class Trainer {
   absl::StatusOr<std::vector<double>> LossWeights(const std::vector<MicroBatch>& micro_batches);
   void FusedBf16AdamWStep();  // unmanaged adamw_bf16
   absl::Status ImportOptimizerState(const std::vector<NamedParam>& state);  // unmanaged
+  // The checkpoint's dtype and optimizer are this run's (FAILED_PRECONDITION naming both).
+  absl::Status CheckResumable(const io::TrainerState& saved) const;
+  // [Data parallel checkpoints] Every rank's `mine`, agreed: an error if any rank failed.
+  absl::Status AgreeAcrossRanks(const absl::Status& mine, absl::string_view what);
 
   LlamaModel* model_;
   TrainerOptions options_;

@@ -159,7 +159,8 @@ std::vector<std::string> With(std::vector<std::string> args, const std::vector<s
 
 // The resume matrix on a global batch of 6 rows: 2 ranks x 3 rows save after 2 steps and
 // 3 ranks x 2 rows resume; 3 ranks save and 1 process x 6 rows resumes. The third step's loss is
-// the uninterrupted run's (the checkpoint is layout-independent: gathered, written by rank 0).
+// the uninterrupted run's (the checkpoint is layout-independent: every rank writes the pieces it
+// stores, and a resuming rank reads the ranges it stores from any number of files).
 TEST(TrainDistributedTest, CheckpointsResumeOnAnotherNumberOfRanks) {
   const std::string base = absl::StrCat(::testing::TempDir(), "/train_distributed_ckpt_", getpid());
   // One token file for every run: the same samples whatever --steps says.
@@ -194,6 +195,17 @@ TEST(TrainDistributedTest, CheckpointsResumeOnAnotherNumberOfRanks) {
   }
   EXPECT_NEAR(two_to_three[0], straight[2], 1e-4 * straight[2]);
   EXPECT_NEAR(three_to_one[0], straight[2], 1e-4 * straight[2]);
+  // [Per-rank checkpoints]: each rank wrote its own file; nothing was gathered into a whole-model
+  // file.
+  for (const auto& [dir, world] : {std::pair{from_two, 2}, std::pair{from_three, 3}}) {
+    for (int r = 0; r < world; ++r) {
+      EXPECT_TRUE(std::filesystem::exists(
+          absl::StrCat(dir, "/rank-0000", r, "-of-0000", world, ".safetensors")))
+          << dir << " rank " << r;
+    }
+    EXPECT_FALSE(std::filesystem::exists(dir + "/model.safetensors")) << dir;
+    EXPECT_TRUE(std::filesystem::exists(dir + "/trainer.json")) << dir;
+  }
   // This binary does not link Torch, so std::filesystem is safe here (docs/agent.md, gotchas).
   for (const std::string& dir : {from_two, from_three}) std::filesystem::remove_all(dir);
   std::remove(data.c_str());

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include "agent/io/file_system.h"
@@ -341,6 +342,139 @@ TEST(AdamWStateTest, ResumeThroughACheckpointIsBitExact) {
   torch::optim::AdamW empty_opt(
       std::vector<torch::Tensor>{torch::zeros({1}, torch::requires_grad())}, options);
   EXPECT_FALSE(ImportAdamWState(ckpt->optimizer_state, resumed, empty_opt).ok());
+}
+
+}  // namespace
+}  // namespace memplan::io
+
+namespace memplan::io {
+namespace {
+
+// [Per-rank checkpoints] Splits every tensor of (params, state) over `world` ranks at uneven cut
+// points, as ranks would write them, and returns each rank's pieces.
+std::vector<std::vector<TensorPiece>> SplitOverRanks(const std::vector<NamedParam>& params,
+                                                     const std::vector<NamedParam>& state,
+                                                     int world) {
+  std::vector<std::vector<TensorPiece>> out(world);
+  auto split = [&](const std::string& name, const torch::Tensor& t) {
+    const torch::Tensor flat = t.detach().reshape({-1});
+    const int64_t n = flat.numel();
+    for (int r = 0; r < world; ++r) {
+      // Rank r gets [n r^2 / W^2, n (r+1)^2 / W^2): unequal pieces, some of them empty.
+      const int64_t lo = n * r * r / (world * world), hi = n * (r + 1) * (r + 1) / (world * world);
+      if (hi > lo) out[r].push_back({name, lo, flat.narrow(0, lo, hi - lo).clone()});
+    }
+  };
+  for (size_t i = 0; i + 1 < params.size(); ++i) split(params[i].name, params[i].param);
+  for (const NamedParam& s : state) {
+    if (s.name == "step") {
+      out[0].push_back({"step", 0, s.param.reshape({1})});
+    } else {
+      split(s.name, s.param);
+    }
+  }
+  return out;
+}
+
+TrainerState ShardedTrainer(int64_t step, int world) {
+  TrainerState t = Trainer(step);
+  t.workload.world_size = world;
+  return t;
+}
+
+absl::Status SaveOverRanks(const std::string& dir, const TrainerState& trainer,
+                           const std::vector<std::vector<TensorPiece>>& pieces) {
+  const int world = static_cast<int>(pieces.size());
+  const std::string staged = ShardedCheckpointStaging(dir, trainer.step, world);
+  if (absl::Status s = BeginShardedCheckpoint(dir, staged); !s.ok()) return s;
+  for (int r = 0; r < world; ++r) {
+    if (absl::Status s = WriteCheckpointShard(staged, r, world, pieces[r]); !s.ok()) return s;
+  }
+  return FinishShardedCheckpoint(staged, dir, trainer, world);
+}
+
+TEST(PerRankCheckpointTest, PiecesOfThreeRanksLoadWholeAndByRange) {
+  const std::string dir = JoinPath(NewDir("per_rank"), "ckpt");
+  const std::vector<NamedParam> params = Params(11);
+  const std::vector<NamedParam> state = State(params, 7);
+  ASSERT_TRUE(SaveOverRanks(dir, ShardedTrainer(7, 3), SplitOverRanks(params, state, 3)).ok());
+  // No gathered file: trainer.json, config.json and one file per rank.
+  EXPECT_THAT(Listing(dir), ::testing::UnorderedElementsAre(
+                                "config.json", "trainer.json", "rank-00000-of-00003.safetensors",
+                                "rank-00001-of-00003.safetensors",
+                                "rank-00002-of-00003.safetensors"));
+  EXPECT_TRUE(IsPerRankCheckpoint(dir));
+
+  // Assembled: the same checkpoint a single writer would have saved.
+  absl::StatusOr<Checkpoint> loaded = LoadCheckpoint(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->trainer.step, 7);
+  ASSERT_EQ(loaded->params.size(), params.size() - 1);
+  for (size_t i = 0; i + 1 < params.size(); ++i) {
+    EXPECT_EQ(loaded->params[i].name, params[i].name);
+    EXPECT_TRUE(torch::equal(loaded->params[i].param, params[i].param.detach()));
+  }
+  std::map<std::string, torch::Tensor> by_name;
+  for (const NamedParam& s : loaded->optimizer_state) by_name[s.name] = s.param;
+  ASSERT_EQ(by_name.size(), state.size());
+  for (const NamedParam& s : state) EXPECT_TRUE(torch::equal(by_name[s.name], s.param)) << s.name;
+
+  // By range: across piece boundaries, and out of range.
+  absl::StatusOr<std::unique_ptr<CheckpointPieces>> pieces = CheckpointPieces::Open(dir);
+  ASSERT_TRUE(pieces.ok()) << pieces.status();
+  EXPECT_EQ((*pieces)->world_size(), 3);
+  const NamedParam& emb = params.front();
+  const int64_t n = emb.param.numel();
+  EXPECT_EQ((*pieces)->Numel(emb.name), n);
+  absl::StatusOr<torch::Tensor> mid = (*pieces)->Read(emb.name, n / 10, n / 2);
+  ASSERT_TRUE(mid.ok()) << mid.status();
+  EXPECT_TRUE(torch::equal(*mid, emb.param.detach().reshape({-1}).narrow(0, n / 10, n / 2)));
+  EXPECT_EQ((*pieces)->Read(emb.name, n - 1, 2).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ((*pieces)->Read("nope", 0, 1).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(PerRankCheckpointTest, RefusesPiecesThatDoNotTileTheModel) {
+  const std::vector<NamedParam> params = Params(12);
+  const std::vector<NamedParam> state = State(params, 2);
+  // A rank's file lost: a gap in every tensor; Finish refuses to publish.
+  std::vector<std::vector<TensorPiece>> pieces = SplitOverRanks(params, state, 2);
+  pieces[1].clear();
+  const std::string dir = JoinPath(NewDir("per_rank_gap"), "ckpt");
+  absl::Status s = SaveOverRanks(dir, ShardedTrainer(2, 2), pieces);
+  EXPECT_FALSE(s.ok());
+  EXPECT_FALSE(PathExists(dir));
+  // Overlapping pieces: the same range written by two ranks.
+  pieces = SplitOverRanks(params, state, 2);
+  pieces[1].push_back(pieces[0].front());
+  s = SaveOverRanks(dir, ShardedTrainer(2, 2), pieces);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("overlap"));
+  // State of an unknown tensor.
+  pieces = SplitOverRanks(params, state, 2);
+  pieces[0].push_back({"model.nope.exp_avg", 0, torch::zeros({3})});
+  s = SaveOverRanks(dir, ShardedTrainer(2, 2), pieces);
+  EXPECT_THAT(s.message(), HasSubstr("model.nope.exp_avg"));
+  EXPECT_FALSE(PathExists(dir));
+}
+
+TEST(PerRankCheckpointTest, ReplacesAnEarlierCheckpointAndDetectsATruncatedFile) {
+  const std::string dir = JoinPath(NewDir("per_rank_replace"), "ckpt");
+  const std::vector<NamedParam> first = Params(13);
+  ASSERT_TRUE(SaveOverRanks(dir, ShardedTrainer(1, 2), SplitOverRanks(first, State(first, 1), 2))
+                  .ok());
+  const std::vector<NamedParam> second = Params(14);
+  ASSERT_TRUE(
+      SaveOverRanks(dir, ShardedTrainer(2, 3), SplitOverRanks(second, State(second, 2), 3)).ok());
+  absl::StatusOr<Checkpoint> loaded = LoadCheckpoint(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->trainer.step, 2);
+  EXPECT_TRUE(torch::equal(loaded->params[1].param, second[1].param.detach()));
+  EXPECT_EQ(Listing(dir).size(), 5u);  // the 2-rank files are gone with the old checkpoint
+  // A rank file cut short: trainer.json's size check catches it.
+  const std::string file = JoinPath(dir, CheckpointShardFile(1, 3));
+  ASSERT_EQ(::truncate(file.c_str(), 100), 0);
+  EXPECT_EQ(LoadCheckpoint(dir).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(CheckpointPieces::Open(dir).status().code(), absl::StatusCode::kDataLoss);
 }
 
 }  // namespace
