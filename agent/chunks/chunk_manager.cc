@@ -233,6 +233,7 @@ class ChunkManager::Impl {
     return n;
   }
   int PersistentReducesInBackward() const { return reduces_in_backward_; }
+  int ShardReducesBesideBackward() const { return reduces_beside_backward_; }
 
  private:
   bool cuda() const { return options_.device.is_cuda(); }
@@ -306,7 +307,21 @@ class ChunkManager::Impl {
   void StartGather(int c, DeviceBuffer& buffer);
   void WaitGather(DeviceBuffer& buffer);
   void PostBackwardSharded(int group);
-  void ReduceGradShard(int c);
+  // [Reduce-scatter in backward]: a chunk's grads are reduce-scattered while the next group's
+  // backward runs; finishing divides by W, stages the shard to the host and schedules the CPU
+  // work. Finished at the next group's hook, by WaitAll(), or when a third would start.
+  struct PendingShardReduce {
+    int chunk = -1;
+    std::unique_ptr<PendingCollective> work;
+    torch::Tensor grad_flat;  // the input, alive until the collective is done
+    torch::Tensor shard;      // the output (the host staging itself for an fp32 CPU model)
+    bool in_place = false;
+    bool whole_step = false;  // the step's whole grad: its squares are summed on finishing
+    bool update_now = false;  // the update may start once the shard is staged
+  };
+  void StartShardReduce(int c, bool whole_step, bool update_now);
+  absl::Status FinishShardReduce(PendingShardReduce& r);
+  absl::Status FinishShardReduces();
   // [Persistent all-reduce in backward]
   absl::Status StartPersistentReduce(int c);
   absl::Status FinishPersistentReduce();
@@ -346,7 +361,9 @@ class ChunkManager::Impl {
     std::vector<torch::Tensor> grads;
   };
   std::optional<PendingReduce> pending_reduce_;
+  std::vector<PendingShardReduce> pending_shard_reduces_;
   int reduces_in_backward_ = 0;  // persistent all-reduces started in backward this step
+  int reduces_beside_backward_ = 0;  // reduce-scatters finished at a later group's hook
   torch::ScalarType dtype_ = torch::kFloat32;
   std::vector<Param> params_;                     // canonical order
   std::vector<std::vector<int>> group_params_;    // per group, indices into params_
@@ -1067,6 +1084,10 @@ void ChunkManager::Impl::StartGather(int c, DeviceBuffer& buffer) {
 }
 
 void ChunkManager::Impl::PostBackwardSharded(int group) {
+  // [Reduce-scatter in backward] The previous group's reduce-scatters ran beside this group's
+  // backward: finish them before this group's grads are read.
+  reduces_beside_backward_ += static_cast<int>(pending_shard_reduces_.size());
+  if (const absl::Status s = FinishShardReduces(); !s.ok()) FailCollective(s);
   std::set<int> touched, persistent_touched;
   for (int i : group_stage_[group]) {
     Param& p = params_[i];
@@ -1109,11 +1130,13 @@ void ChunkManager::Impl::PostBackwardSharded(int group) {
       continue;
     }
     chunk.tasks->Wait();  // the staging area is reused
-    ReduceGradShard(c);
+    const bool whole_step =
+        (options_.grad_accum == 1 || options_.accumulate_sharded_grads_on_device) &&
+        chunk.micro_batches + 1 >= options_.grad_accum;
     ++chunk.micro_batches;
     const bool update_now =
         chunk.micro_batches >= options_.grad_accum && options_.max_grad_norm == 0;
-    ScheduleChunkWork(c, /*accumulate=*/true, update_now, 1.0f);
+    StartShardReduce(c, whole_step, update_now);
   }
   // [Persistent all-reduce in backward] A persistent chunk whose last group ran in the step's
   // last micro-batch has its final grads: its all-reduce starts now, beside the rest of backward.
@@ -1171,46 +1194,77 @@ absl::Status ChunkManager::Impl::FinishPersistentReduce() {
   return absl::OkStatus();
 }
 
-void ChunkManager::Impl::ReduceGradShard(int c) {
-  Chunk& chunk = chunks_[c];
-  torch::Tensor stage = HostFlat(chunk.grad_stage.data(), 0, chunk.shard_elems, dtype_);
-  // grad_flat is fp32: the sum over the ranks runs in fp32 and the mean is rounded once into the
-  // staging area's model dtype (an fp32 model on the CPU reduces straight into it).
-  const bool in_place = !cuda() && dtype_ == torch::kFloat32;
-  torch::Tensor shard =
-      in_place ? stage : torch::empty({chunk.shard_elems}, chunk.grad_flat.options());
-  // CUDA: the compute stream waits for the collective.
-  const absl::Status s = comm_->ReduceScatterSum(shard, chunk.grad_flat)->Wait();
-  if (s.ok()) {
-    shard.div_(world_);
-    const bool whole_step =
-        (options_.grad_accum == 1 || options_.accumulate_sharded_grads_on_device) &&
-        chunk.micro_batches + 1 >= options_.grad_accum;
-    if (whole_step) {
-      // The host grad will hold the shard rounded to the model dtype (padding and parameters
-      // without a grad are zeros): its squares, summed where the shard already is.
-      torch::Tensor rounded = dtype_ == torch::kFloat32 ? shard : shard.to(dtype_);
-      chunk.shard_squares = rounded.to(torch::kFloat64).pow(2).sum();
-    }
-    if (cuda()) {
-#ifdef MEMPLAN_CHUNKS_CUDA
-      torch::Tensor narrow = shard.to(dtype_);
-      RecordOnCompute()->block(*offload_stream_);
-      {
-        c10::cuda::CUDAStreamGuard guard(*offload_stream_);
-        stage.copy_(narrow, /*non_blocking=*/true);
-      }
-      c10::cuda::CUDACachingAllocator::recordStream(narrow.storage().data_ptr(), *offload_stream_);
-      chunk.grads_copied = std::make_shared<Event>();
-      chunk.grads_copied->record(*offload_stream_);
-#endif
-    } else if (!in_place) {
-      stage.copy_(shard);
-    }
+void ChunkManager::Impl::StartShardReduce(int c, bool whole_step, bool update_now) {
+  // Two in flight at most (the planner's two fp32 padded chunks of grads): the oldest finishes.
+  if (pending_shard_reduces_.size() >= 2) {
+    const absl::Status s = FinishShardReduce(pending_shard_reduces_.front());
+    pending_shard_reduces_.erase(pending_shard_reduces_.begin());
+    if (!s.ok()) FailCollective(s);
   }
+  Chunk& chunk = chunks_[c];
+  PendingShardReduce r;
+  r.chunk = c;
+  r.whole_step = whole_step;
+  r.update_now = update_now;
+  // The flat grads go with the collective; the next micro-batch starts a new one.
+  r.grad_flat = std::move(chunk.grad_flat);
   chunk.grad_flat = torch::Tensor();
   for (int i : chunk.params) params_[i].in_flat = false;
-  if (!s.ok()) FailCollective(s);
+  // grad_flat is fp32: the sum over the ranks runs in fp32 and the mean is rounded once into the
+  // staging area's model dtype (an fp32 model on the CPU reduces straight into it).
+  r.in_place = !cuda() && dtype_ == torch::kFloat32;
+  r.shard = r.in_place ? HostFlat(chunk.grad_stage.data(), 0, chunk.shard_elems, dtype_)
+                       : torch::empty({chunk.shard_elems}, r.grad_flat.options());
+  r.work = comm_->ReduceScatterSum(r.shard, r.grad_flat);
+  pending_shard_reduces_.push_back(std::move(r));
+}
+
+absl::Status ChunkManager::Impl::FinishShardReduce(PendingShardReduce& r) {
+  Chunk& chunk = chunks_[r.chunk];
+  const absl::Status s = r.work->Wait();  // CUDA: the current (compute) stream waits for it
+  r.work.reset();
+  r.grad_flat = torch::Tensor();
+  if (!s.ok()) {
+    if (comm_status_.ok()) comm_status_ = s;
+    return s;
+  }
+  torch::Tensor& shard = r.shard;
+  shard.div_(world_);
+  if (r.whole_step) {
+    // The host grad will hold the shard rounded to the model dtype (padding and parameters
+    // without a grad are zeros): its squares, summed where the shard already is.
+    torch::Tensor rounded = dtype_ == torch::kFloat32 ? shard : shard.to(dtype_);
+    chunk.shard_squares = rounded.to(torch::kFloat64).pow(2).sum();
+  }
+  torch::Tensor stage = HostFlat(chunk.grad_stage.data(), 0, chunk.shard_elems, dtype_);
+  if (cuda()) {
+#ifdef MEMPLAN_CHUNKS_CUDA
+    torch::Tensor narrow = shard.to(dtype_);
+    RecordOnCompute()->block(*offload_stream_);
+    {
+      c10::cuda::CUDAStreamGuard guard(*offload_stream_);
+      stage.copy_(narrow, /*non_blocking=*/true);
+    }
+    c10::cuda::CUDACachingAllocator::recordStream(narrow.storage().data_ptr(), *offload_stream_);
+    chunk.grads_copied = std::make_shared<Event>();
+    chunk.grads_copied->record(*offload_stream_);
+#endif
+  } else if (!r.in_place) {
+    stage.copy_(shard);
+  }
+  r.shard = torch::Tensor();
+  ScheduleChunkWork(r.chunk, /*accumulate=*/true, r.update_now, 1.0f);
+  return absl::OkStatus();
+}
+
+absl::Status ChunkManager::Impl::FinishShardReduces() {
+  absl::Status first;
+  for (PendingShardReduce& r : pending_shard_reduces_) {
+    const absl::Status s = FinishShardReduce(r);
+    if (first.ok()) first = s;
+  }
+  pending_shard_reduces_.clear();
+  return first;
 }
 
 absl::Status ChunkManager::Impl::AllReducePersistentGrads() {
@@ -1280,6 +1334,7 @@ torch::Tensor ChunkManager::Impl::GatherHost(const void* data, torch::ScalarType
 }
 
 void ChunkManager::Impl::WaitAll() {
+  if (const absl::Status s = FinishShardReduces(); !s.ok() && comm_status_.ok()) comm_status_ = s;
   for (DeviceBuffer& buffer : buffers_) (void)FinishGather(buffer);
 #ifdef MEMPLAN_CHUNKS_CUDA
   if (cuda()) {
@@ -1312,7 +1367,12 @@ void ChunkManager::Impl::ResetStep() {
     (void)pending_reduce_->work->Wait();  // the collective must not outlive its tensors
     pending_reduce_.reset();
   }
+  for (PendingShardReduce& r : pending_shard_reduces_) {
+    if (r.work) (void)r.work->Wait();
+  }
+  pending_shard_reduces_.clear();
   reduces_in_backward_ = 0;
+  reduces_beside_backward_ = 0;
   for (Chunk& chunk : chunks_) {
     chunk.grad_flat = torch::Tensor();
     chunk.shard_squares = torch::Tensor();
@@ -2187,6 +2247,9 @@ absl::StatusOr<std::vector<ChunkManager::FlatPiece>> ChunkManager::LocalPieces()
 }
 absl::Status ChunkManager::LoadRanges(const RangeReader& read, bool with_state) {
   return impl_->LoadRanges(read, with_state);
+}
+int ChunkManager::ShardReducesBesideBackward() const {
+  return impl_->ShardReducesBesideBackward();
 }
 int ChunkManager::PersistentReducesInBackward() const {
   return impl_->PersistentReducesInBackward();

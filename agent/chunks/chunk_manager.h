@@ -159,6 +159,9 @@ class ChunkManager : public ParamResidency {
   // Sharded: persistent chunks whose grads' all-reduce started during backward in this step (after
   // the group that completes them, in the last micro-batch); Step() resets it.
   int PersistentReducesInBackward() const;
+  // Sharded: offloaded chunks' reduce-scatters of this step that ran beside a later group's
+  // backward (finished at that group's hook, not where they were issued); Step() resets it.
+  int ShardReducesBesideBackward() const;
 
   // Unique parameters in canonical order (first appearance in the groups); the order the
   // reference path must pass to clip_grad_norm_ and AdamW for bit-identical results.

@@ -79,6 +79,7 @@ int Run(const std::string& prefix, int kill_rank, int signal, int timeout_second
     if (!loss.ok()) return Fail(rank, loss.status());
     // Before Grads() or Step(): the persistent all-reduces already started by backward.
     const int64_t reduces_in_backward = (*trainer)->chunk_manager()->PersistentReducesInBackward();
+    const int64_t reduces_beside = (*trainer)->chunk_manager()->ShardReducesBesideBackward();
     std::vector<NamedParam> grads;
     try {
       grads = (*trainer)->Grads();
@@ -97,7 +98,8 @@ int Run(const std::string& prefix, int kill_rank, int signal, int timeout_second
     }
     const CollectiveCounts& n = counting.counts();
     out.push_back(torch::tensor(
-        std::vector<int64_t>{n.all_gathers, n.reduce_scatters, n.all_reduces, reduces_in_backward},
+        std::vector<int64_t>{n.all_gathers, n.reduce_scatters, n.all_reduces, reduces_in_backward,
+                             reduces_beside},
         torch::kInt64));
     const ChunkMemoryStats stats = (*trainer)->chunk_manager()->MemoryStats();
     std::vector<int64_t> memory = {stats.host_pinned_bytes + stats.host_pageable_bytes,

@@ -247,6 +247,14 @@ TEST_P(ShardedTrainerTest, OneStepEqualsOneProcessOnTheConcatenatedBatch) {
       // Every persistent chunk's all-reduce started in backward, after the group completing it
       // in the last micro-batch, not in Step(): the overlap the planner prices.
       EXPECT_EQ(got[got.size() - 2][3].item<int64_t>(), n_persist);
+      // The offloaded chunks' reduce-scatters run beside the backward of the groups after the one
+      // that issued them (all but those of the last group, finished before the step).
+      const int64_t beside = got[got.size() - 2][4].item<int64_t>();
+      std::printf("%s W%d: %lld of %lld reduce-scatters beside backward\n", c.name.c_str(),
+                  world_size, static_cast<long long>(beside),
+                  static_cast<long long>(reduce_scatters));
+      EXPECT_LE(beside, reduce_scatters);
+      EXPECT_GE(2 * beside, reduce_scatters);  // 9 of 10 to 10 of 10 in these cases
       if (r == 0) {
         rank0 = got;
       } else {
