@@ -60,7 +60,9 @@
 //   the tensor is reduce-scattered in fp32, divided by W (the mean over ranks: each rank's loss
 //   is weighted by its share of the targets) and this rank's shard goes, rounded once to the
 //   model dtype, to host staging, from where the CPU workers accumulate and update it as in the
-//   unsharded case. One reduce-scatter per chunk and micro-batch, unless
+//   unsharded case. The reduce-scatter runs beside the next group's backward ([Reduce-scatter in
+//   backward]: finished at that group's hook, when a third would start, or in WaitAll()).
+//   One reduce-scatter per chunk and micro-batch, unless
 //   accumulate_sharded_grads_on_device: then the flat tensor keeps adding the micro-batches'
 //   grads (in fp32, on the device) and is reduce-scattered once, after the last micro-batch;
 //   every offloaded chunk's flat tensor stays on the device until then.
