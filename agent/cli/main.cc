@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "agent/cli/bench_command.h"
+#include "agent/cli/export_command.h"
 #include "agent/cli/profile_command.h"
 #include "agent/cli/train_command.h"
 #include "agent/train/train_config.h"
@@ -19,6 +20,7 @@ commands:
            comes from the planner and the measurement goes back to it (memplan-agent train --help)
   profile  profile a preset model at a workload and write/submit the trace
   bench    benchmark this host's GPU and CPU and write/submit the hardware profile
+  export   rewrite a checkpoint (per-rank ones included) as one Hugging Face-loadable directory
 )";
 
 int Train(std::vector<std::string> args) {
@@ -79,6 +81,7 @@ int main(int argc, char** argv) {
   if (command == "train") return Train(std::move(args));
   if (command == "profile") return memplan::RunProfileCommand(args);
   if (command == "bench") return memplan::RunBenchCommand(args);
+  if (command == "export") return memplan::RunExportCommand(args);
   std::fprintf(stderr, "memplan-agent: unknown command \"%s\"\n%s", command.c_str(), kUsage);
   return 2;
 }

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -188,6 +189,23 @@ TEST(TrainDistributedTest, CheckpointsResumeOnAnotherNumberOfRanks) {
   const std::vector<double> three_to_one =
       StepLosses(RunRanks(With(TrainArgs(6, 3, data), {"--resume", from_three}), 1, base + ".one"));
   ASSERT_EQ(three_to_one.size(), 1u);
+  // `memplan-agent export` assembles the 3 ranks' files into one Hugging Face-loadable
+  // directory; a plain run (--plain: no chunk manager) resumed from it takes the same third step.
+  const std::string exported = base + ".exported";
+  const Exit export_run = Wait(
+      testing::Spawn({MEMPLAN_AGENT_BINARY, "export", from_three, exported}, {}, base + ".export"));
+  ASSERT_TRUE(WIFEXITED(export_run.status) && WEXITSTATUS(export_run.status) == 0)
+      << export_run.err;
+  EXPECT_TRUE(std::filesystem::exists(exported + "/model.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(exported + "/config.json"));
+  std::vector<std::string> plain = TrainArgs(6, 3, data);
+  for (const char* knob : {"--chunk-mib", "--n-persist", "--n-ckpt", "--host-memory"}) {
+    auto it = std::find(plain.begin(), plain.end(), knob);
+    if (it != plain.end()) plain.erase(it, it + 2);
+  }
+  const std::vector<double> exported_to_plain = StepLosses(
+      RunRanks(With(plain, {"--plain", "--resume", exported}), 1, base + ".plain"));
+  ASSERT_EQ(exported_to_plain.size(), 1u);
 
   for (size_t i = 0; i < 2; ++i) {
     EXPECT_NEAR(two[i], straight[i], 1e-4 * straight[i]) << "step " << i + 1;
@@ -195,6 +213,7 @@ TEST(TrainDistributedTest, CheckpointsResumeOnAnotherNumberOfRanks) {
   }
   EXPECT_NEAR(two_to_three[0], straight[2], 1e-4 * straight[2]);
   EXPECT_NEAR(three_to_one[0], straight[2], 1e-4 * straight[2]);
+  EXPECT_NEAR(exported_to_plain[0], straight[2], 1e-4 * straight[2]);
   // [Per-rank checkpoints]: each rank wrote its own file; nothing was gathered into a whole-model
   // file.
   for (const auto& [dir, world] : {std::pair{from_two, 2}, std::pair{from_three, 3}}) {
@@ -207,7 +226,7 @@ TEST(TrainDistributedTest, CheckpointsResumeOnAnotherNumberOfRanks) {
     EXPECT_TRUE(std::filesystem::exists(dir + "/trainer.json")) << dir;
   }
   // This binary does not link Torch, so std::filesystem is safe here (docs/agent.md, gotchas).
-  for (const std::string& dir : {from_two, from_three}) std::filesystem::remove_all(dir);
+  for (const std::string& dir : {from_two, from_three, exported}) std::filesystem::remove_all(dir);
   std::remove(data.c_str());
 }
 
