@@ -1988,14 +1988,13 @@ absl::StatusOr<std::vector<ChunkManager::FlatPiece>> ChunkManager::Impl::LocalPi
         r.len = p.numel * (rank + 1) / world_ - r.from;
       }
       if (r.len == 0) continue;
+      // Views, not copies: the writer stages one piece at a time to host memory.
       auto add = [&](const std::string& name, const torch::Tensor& device_tensor, void* host,
                      torch::ScalarType host_dtype) {
-        torch::Tensor flat =
-            chunk.persistent
-                ? device_tensor.detach().reshape({-1}).narrow(0, r.from, r.len).to(
-                      torch::kCPU, /*non_blocking=*/false, /*copy=*/true)
-                : HostFlat(host, r.at, r.len, host_dtype).clone();
-        out.push_back({name, r.from, flat.contiguous()});
+        torch::Tensor flat = chunk.persistent
+                                 ? device_tensor.detach().reshape({-1}).narrow(0, r.from, r.len)
+                                 : HostFlat(host, r.at, r.len, host_dtype);
+        out.push_back({name, r.from, flat});
       };
       add(p.name, p.tensor, chunk.param_host.data(), dtype_);
       if (p.step == 0) continue;  // no state before the first update (like torch's AdamW)
