@@ -136,6 +136,10 @@ class ProcessGroup::Impl {
 
   ~Impl() {
     StopHeartbeat();
+    // After a failure the backend goes first: a survivor still blocked in a collective with this
+    // rank then fails at once instead of at its timeout, while rank 0 keeps the store up for it
+    // to name the rank that is gone ([Leaving]).
+    if (failed_) ShutdownBackend();
     if (store_) {
       try {
         store_->set(absl::StrCat("left/", options_.rank), Bytes("1"));
@@ -144,15 +148,18 @@ class ProcessGroup::Impl {
         // Leaving is best effort: a rank that died already was named by the collectives.
       }
     }
-    if (backend_) {
-      try {
-        backend_->shutdown();
-      } catch (...) {
-      }
-    }
-    backend_.reset();
+    ShutdownBackend();
     heartbeat_store_.reset();
     store_.reset();
+  }
+
+  void ShutdownBackend() {
+    if (!backend_) return;
+    try {
+      backend_->shutdown();
+    } catch (...) {
+    }
+    backend_.reset();
   }
 
   absl::Status Connect() {
@@ -233,12 +240,13 @@ class ProcessGroup::Impl {
   }
 
   // [Leaving] Rank 0 serves the store, so it stays until every rank has marked itself done — but
-  // not for a rank without the mark whose heartbeat stopped (it died after its last collective),
-  // never beyond the timeout, and after a failure only six heartbeats (long enough for the
-  // survivors to read the heartbeats). Runs after this rank's heartbeat thread stopped.
+  // not for a rank without the mark whose heartbeat stopped (it died, or hangs), and never beyond
+  // the timeout. Also after a failure: a survivor may notice the failure later than rank 0 (its
+  // pending collective is waited for at the next group), and it needs the store to name the rank
+  // that is gone. Runs after this rank's heartbeat thread stopped.
   void WaitForTheOthersToLeave() {
     using Clock = std::chrono::steady_clock;
-    const auto deadline = Clock::now() + (failed_ ? 6 * heartbeat() : timeout());
+    const auto deadline = Clock::now() + timeout();
     std::vector<int64_t> last(options_.world_size, -1);
     for (bool first = true;; first = false) {
       bool waiting = false;  // for a rank without the mark whose heartbeat still moves
