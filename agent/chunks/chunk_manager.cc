@@ -222,7 +222,7 @@ class ChunkManager::Impl {
   std::vector<NamedParam> OptimizerState();
   absl::Status LoadParamsAndState(const std::vector<NamedParam>& values,
                                   const std::vector<NamedParam>& state);
-  absl::StatusOr<std::vector<ChunkManager::FlatPiece>> LocalPieces();
+  absl::StatusOr<std::vector<TensorPiece>> LocalPieces();
   absl::Status LoadRanges(const ChunkManager::RangeReader& read, bool with_state);
   ChunkMemoryStats MemoryStats() const { return stats_; }
   ChunkUploadStats UploadStats();
@@ -354,6 +354,11 @@ class ChunkManager::Impl {
   int world_ = 1;
   int rank_ = 0;
   absl::Status comm_status_;         // the first failed collective
+  // Keeps `s` as comm_status_ when it is the first failure; returns it.
+  absl::Status NoteCollective(const absl::Status& s) {
+    if (!s.ok() && comm_status_.ok()) comm_status_ = s;
+    return s;
+  }
   bool persistent_reduced_ = false;  // this step's persistent grads are all-reduced already
   // [Persistent all-reduce in backward]: the one in flight, its fp32 flat copy and the grads it
   // goes back into.
@@ -1041,7 +1046,7 @@ void ChunkManager::Impl::ScheduleChunkWork(int c, bool accumulate, bool update, 
 // [Sharded chunks]: the collectives.
 
 void ChunkManager::Impl::FailCollective(const absl::Status& status) {
-  if (comm_status_.ok()) comm_status_ = status;
+  (void)NoteCollective(status);
   TORCH_CHECK(false, std::string(status.message()));
 }
 
@@ -1050,8 +1055,7 @@ absl::Status ChunkManager::Impl::FinishGather(DeviceBuffer& buffer) {
   const absl::Status s = buffer.gather->Wait();
   buffer.gather.reset();
   buffer.gather_src = torch::Tensor();
-  if (!s.ok() && comm_status_.ok()) comm_status_ = s;
-  return s;
+  return NoteCollective(s);
 }
 
 void ChunkManager::Impl::WaitGather(DeviceBuffer& buffer) {
@@ -1182,11 +1186,8 @@ absl::Status ChunkManager::Impl::FinishPersistentReduce() {
   if (!pending_reduce_.has_value()) return absl::OkStatus();
   PendingReduce pending = std::move(*pending_reduce_);
   pending_reduce_.reset();
-  const absl::Status s = pending.work->Wait();  // CUDA: the compute stream waits for it
-  if (!s.ok()) {
-    if (comm_status_.ok()) comm_status_ = s;
-    return s;
-  }
+  // CUDA: the compute stream waits for it.
+  RETURN_IF_ERROR(NoteCollective(pending.work->Wait()));
   pending.flat.div_(world_);
   int64_t at = 0;
   for (torch::Tensor& g : pending.grads) {
@@ -1223,13 +1224,8 @@ void ChunkManager::Impl::StartShardReduce(int c, bool whole_step, bool update_no
 
 absl::Status ChunkManager::Impl::FinishShardReduce(PendingShardReduce& r) {
   Chunk& chunk = chunks_[r.chunk];
-  const absl::Status s = r.work->Wait();  // CUDA: the current (compute) stream waits for it
-  r.work.reset();
-  r.grad_flat = torch::Tensor();
-  if (!s.ok()) {
-    if (comm_status_.ok()) comm_status_ = s;
-    return s;
-  }
+  // CUDA: the current (compute) stream waits for it.
+  RETURN_IF_ERROR(NoteCollective(r.work->Wait()));
   torch::Tensor& shard = r.shard;
   shard.div_(world_);
   if (r.whole_step) {
@@ -1254,7 +1250,6 @@ absl::Status ChunkManager::Impl::FinishShardReduce(PendingShardReduce& r) {
   } else if (!r.in_place) {
     stage.copy_(shard);
   }
-  r.shard = torch::Tensor();
   ScheduleChunkWork(r.chunk, /*accumulate=*/true, r.update_now, 1.0f);
   return absl::OkStatus();
 }
@@ -1306,11 +1301,7 @@ absl::StatusOr<double> ChunkManager::Impl::ShardedSquaredNorm() {
   torch::Tensor total = torch::full(
       {1}, local, torch::TensorOptions().dtype(torch::kFloat64).device(comm_->device()));
   if (!on_device.empty()) total.add_(torch::cat(on_device).sum().to(comm_->device()));
-  const absl::Status s = comm_->AllReduceSum(total)->Wait();
-  if (!s.ok()) {
-    if (comm_status_.ok()) comm_status_ = s;
-    return s;
-  }
+  RETURN_IF_ERROR(NoteCollective(comm_->AllReduceSum(total)->Wait()));
   double squares = total.cpu().item<double>();
   // Persistent grads are replicated (all-reduced already): every rank adds the same, once.
   std::vector<torch::Tensor> persistent;
@@ -1336,7 +1327,7 @@ torch::Tensor ChunkManager::Impl::GatherHost(const void* data, torch::ScalarType
 }
 
 void ChunkManager::Impl::WaitAll() {
-  if (const absl::Status s = FinishShardReduces(); !s.ok() && comm_status_.ok()) comm_status_ = s;
+  (void)FinishShardReduces();  // a failure is kept in comm_status_
   for (DeviceBuffer& buffer : buffers_) (void)FinishGather(buffer);
 #ifdef MEMPLAN_CHUNKS_CUDA
   if (cuda()) {
@@ -1970,14 +1961,14 @@ void ChunkManager::Impl::InstallState(Param& p, const torch::Tensor& m, const to
 // [Per-rank checkpoint pieces] A persistent parameter is replicated: rank r writes elements
 // [n r / W, n (r + 1) / W) of it. An offloaded one: exactly this rank's shard of it. Loading reads
 // whatever this rank stores (Stored()) from the pieces of any world size.
-absl::StatusOr<std::vector<ChunkManager::FlatPiece>> ChunkManager::Impl::LocalPieces() {
+absl::StatusOr<std::vector<TensorPiece>> ChunkManager::Impl::LocalPieces() {
   if (quantized() || stateless()) {
     return absl::UnimplementedError(
         "per-rank checkpoint pieces: not for adamw8bit state or a frozen/profile_only manager");
   }
   WaitAll();
   const int rank = comm_ != nullptr ? comm_->rank() : 0;
-  std::vector<ChunkManager::FlatPiece> out;
+  std::vector<TensorPiece> out;
   int64_t step = 0;
   try {
     for (Param& p : params_) {
@@ -2023,14 +2014,18 @@ absl::Status ChunkManager::Impl::LoadRanges(const ChunkManager::RangeReader& rea
   }
   torch::NoGradGuard no_grad;
   WaitAll();
-  // The tensor's part this rank stores, or NOT_FOUND; any other failure is returned as is.
-  auto part = [&](const std::string& name, const OwnedRange& r) -> absl::StatusOr<torch::Tensor> {
-    ASSIGN_OR_RETURN(torch::Tensor t, read(name, r.from, r.len));
-    if (t.numel() != r.len) {
-      return absl::DataLossError(absl::StrCat(name, ": read ", t.numel(), " elements of [",
+  // The tensor's part this rank stores; NOT_FOUND when the tensor is absent (or, `optional`, an
+  // undefined tensor); any other failure is returned as is.
+  auto part = [&](const std::string& name, const OwnedRange& r,
+                  bool optional = false) -> absl::StatusOr<torch::Tensor> {
+    absl::StatusOr<torch::Tensor> t = read(name, r.from, r.len);
+    if (optional && absl::IsNotFound(t.status())) return torch::Tensor();
+    RETURN_IF_ERROR(t.status());
+    if (t->numel() != r.len) {
+      return absl::DataLossError(absl::StrCat(name, ": read ", t->numel(), " elements of [",
                                               r.from, ", ", r.from + r.len, ")"));
     }
-    return t.reshape({-1});
+    return t->reshape({-1});
   };
   try {
     int64_t step = 0;
@@ -2048,26 +2043,18 @@ absl::Status ChunkManager::Impl::LoadRanges(const ChunkManager::RangeReader& rea
       ASSIGN_OR_RETURN(torch::Tensor values, part(p.name, r));
       InstallParam(p, values);
       if (!with_state) continue;
+      // As LoadParamsAndState: a parameter without moments (sgd: without a master) is fresh.
       torch::Tensor m, v, saved_master;
-      absl::StatusOr<torch::Tensor> got = part(p.name + ".exp_avg", r);
-      const bool fresh = absl::IsNotFound(got.status()) && has_moments();
-      if (has_moments() && !fresh) {
-        RETURN_IF_ERROR(got.status());
-        m = *got;
-        ASSIGN_OR_RETURN(v, part(p.name + ".exp_avg_sq", r));
-      }
-      if (master() && !fresh) {
-        absl::StatusOr<torch::Tensor> saved = part(p.name + ".master", r);
-        if (saved.ok()) {
-          saved_master = *saved;
-        } else if (!absl::IsNotFound(saved.status())) {
-          return saved.status();
+      if (has_moments()) {
+        ASSIGN_OR_RETURN(m, part(p.name + ".exp_avg", r, /*optional=*/true));
+        if (m.defined()) {
+          ASSIGN_OR_RETURN(v, part(p.name + ".exp_avg_sq", r));
         }
       }
-      if (!has_moments() && !saved_master.defined()) {
-        InstallState(p, m, v, saved_master, 0);  // sgd without a saved master: fresh
-        continue;
+      if (master()) {
+        ASSIGN_OR_RETURN(saved_master, part(p.name + ".master", r, /*optional=*/true));
       }
+      const bool fresh = has_moments() ? !m.defined() : !saved_master.defined();
       InstallState(p, m, v, saved_master, fresh ? 0 : step);
     }
   } catch (const c10::Error& e) {
@@ -2243,7 +2230,7 @@ absl::Status ChunkManager::Step(double max_grad_norm) { return impl_->Step(max_g
 void ChunkManager::ZeroGrad() { impl_->ZeroGrad(); }
 double ChunkManager::LastGradNorm() const { return impl_->LastGradNorm(); }
 int ChunkManager::UpdatesStartedBeforeStep() const { return impl_->UpdatesStartedBeforeStep(); }
-absl::StatusOr<std::vector<ChunkManager::FlatPiece>> ChunkManager::LocalPieces() {
+absl::StatusOr<std::vector<TensorPiece>> ChunkManager::LocalPieces() {
   return impl_->LocalPieces();
 }
 absl::Status ChunkManager::LoadRanges(const RangeReader& read, bool with_state) {

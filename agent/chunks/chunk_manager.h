@@ -195,16 +195,10 @@ class ChunkManager : public ParamResidency {
   // plus "step" on rank 0). An offloaded parameter's range is this rank's shard of it; a
   // persistent (replicated) one is split evenly over the ranks. Over all ranks the pieces of a
   // tensor tile it exactly once. Not for adamw8bit (block-quantized state) or stateless managers:
-  // UNIMPLEMENTED.
-  // The values are views of the manager's own storage (host arrays, or the device tensors of
-  // persistent chunks), valid until it next trains or loads: written one at a time, they add one
-  // piece to host memory, not the rank's share.
-  struct FlatPiece {
-    std::string name;
-    int64_t begin = 0;      // first element (of the flattened tensor)
-    torch::Tensor values;   // 1-D, contiguous view
-  };
-  absl::StatusOr<std::vector<FlatPiece>> LocalPieces();
+  // UNIMPLEMENTED. The values are contiguous views of the manager's own storage (host arrays, or
+  // the device tensors of persistent chunks), valid until it next trains or loads: written one at
+  // a time, they add one piece to host memory, not the rank's share.
+  absl::StatusOr<std::vector<TensorPiece>> LocalPieces();
   // Reads elements [begin, begin + len) of a flattened tensor by name (any floating dtype; "step"
   // as int64); NOT_FOUND when the tensor is absent.
   using RangeReader = std::function<absl::StatusOr<torch::Tensor>(const std::string& name,

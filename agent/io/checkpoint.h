@@ -65,11 +65,6 @@ absl::Status CopyParamsByName(const std::vector<NamedParam>& source,
 // that the rank stores; over the files every tensor is tiled exactly once. trainer.json lists
 // every file with its size. Resumable by any world size, layout or plan: LoadCheckpoint()
 // assembles whole tensors, CheckpointPieces reads just the ranges a rank stores.
-struct TensorPiece {
-  std::string name;
-  int64_t begin = 0;     // first element of the flattened tensor
-  torch::Tensor values;  // 1-D, CPU
-};
 std::string CheckpointShardFile(int rank, int world_size);
 // The staging directory every rank writes into: a hidden sibling of `dir` named after the step
 // and world size (the same on every rank; a failed attempt's leftovers are replaced).
@@ -77,7 +72,8 @@ std::string ShardedCheckpointStaging(const std::string& dir, int64_t step, int w
 // Rank 0, before any rank writes: refuses a `dir` that is neither absent, empty nor a
 // checkpoint (FAILED_PRECONDITION), and makes `staged` afresh.
 absl::Status BeginShardedCheckpoint(const std::string& dir, const std::string& staged);
-// Every rank: its pieces into `staged`, fsynced.
+// Every rank: its pieces (TensorPiece, agent/model/param_residency.h; any device, staged to the
+// host one at a time) into `staged`, fsynced.
 absl::Status WriteCheckpointShard(const std::string& staged, int rank, int world_size,
                                   const std::vector<TensorPiece>& pieces);
 // Rank 0, after every rank wrote: checks that the pieces tile every parameter of trainer.model

@@ -17,6 +17,15 @@ struct NamedParam {
   torch::Tensor param;
 };
 
+// A flat element range of a named tensor: elements [begin, begin + values.numel()) of the
+// flattened tensor. What a rank stores of a parameter or its optimizer state ([Per-rank
+// checkpoints], agent/io/checkpoint.h; ChunkManager::LocalPieces).
+struct TensorPiece {
+  std::string name;
+  int64_t begin = 0;
+  torch::Tensor values;  // 1-D
+};
+
 // One list per group, in execution order. A tied LM head lists the embedding weight in the last
 // group too (the same tensor object as in group 0).
 using ParamGroups = std::vector<std::vector<NamedParam>>;

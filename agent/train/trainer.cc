@@ -468,19 +468,9 @@ absl::Status Trainer::SaveCheckpoint(const std::string& dir, io::TrainerState st
     RETURN_IF_ERROR(AgreeAcrossRanks(
         rank == 0 ? io::BeginShardedCheckpoint(dir, staged) : absl::OkStatus(),
         "preparing the checkpoint directory"));
-    absl::Status written;
-    absl::StatusOr<std::vector<ChunkManager::FlatPiece>> pieces = chunk_manager_->LocalPieces();
-    if (pieces.ok()) {
-      std::vector<io::TensorPiece> out;
-      out.reserve(pieces->size());
-      for (ChunkManager::FlatPiece& piece : *pieces) {
-        out.push_back({std::move(piece.name), piece.begin, std::move(piece.values)});
-      }
-      pieces->clear();
-      written = io::WriteCheckpointShard(staged, rank, world, out);
-    } else {
-      written = pieces.status();
-    }
+    absl::StatusOr<std::vector<TensorPiece>> pieces = chunk_manager_->LocalPieces();
+    const absl::Status written =
+        pieces.ok() ? io::WriteCheckpointShard(staged, rank, world, *pieces) : pieces.status();
     RETURN_IF_ERROR(AgreeAcrossRanks(written, "writing its checkpoint file"));
     return AgreeAcrossRanks(
         rank == 0 ? io::FinishShardedCheckpoint(staged, dir, state, world) : absl::OkStatus(),
