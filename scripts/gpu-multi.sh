@@ -11,6 +11,8 @@
 #   scale8b  llama-3.1-8b 1x4096 per rank, planned by the planner (analytic trace), 1 GPU vs N
 #   scale3b  llama-3.2-3b 2x4096 per rank (fits one GPU), 1 GPU vs N
 #   fsdp2    PyTorch FSDP2 (fully_shard, with and without CPUOffloadPolicy) on N GPUs, 8B 1x4096
+#   big      MEMPLAN_MULTI_BIG (default qwen2.5-32b) 1x2048: the planner's verdict for one GPU of
+#            this host (host memory binds) and N ranks training under the planner's plan
 # Each part is bounded by `timeout`; a part that fails leaves its log and the next one runs.
 set -uo pipefail
 out=${1:?out dir}; build=${2:?build dir}; hw=${3:-h100x2}
@@ -51,7 +53,7 @@ train() {  # NAME N_RANKS ARGS...: memplan-agent train on N ranks (1 = a plain p
       >"$out/$name.log" 2>&1
   fi
   echo "exit $?" >>"$out/$name.log"
-  grep -E "msg=step|msg=done|^predicted|^measured|^plan |rank [0-9]+ (steady|chunk)|exit|rror" \
+  grep -E "msg=step|msg=done|msg=\"load peak\"|^predicted|^measured|^plan |rank [0-9]+ (steady|chunk)|exit|rror" \
     "$out/$name.log" | sed 's/^ts=[^ ]* //' | tail -14 | tee -a "$out/multi.txt"
 }
 
@@ -85,6 +87,18 @@ if has fsdp2; then
     echo "exit $?" >>"$out/hf-$mode.log"
     grep -E '^\{|exit|Error' "$out/hf-$mode.log" | tail -3 | tee -a "$out/multi.txt"
   done
+fi
+if has big; then
+  big=${MEMPLAN_MULTI_BIG:-qwen2.5-32b}
+  for w in 1 "$ngpu"; do
+    say "planner: $big 1x2048 on $w rank(s) of this host"
+    "$build/planner/cli/memplan" --planner "$addr" plan --arch "$big" --gpu "$hw" --batch 1 \
+      --seq 2048 --world-size "$w" --skip-limits 2>&1 | grep -E "^(Verdict|Why|Knobs|Host|Per rank)" \
+      | tee -a "$out/multi.txt"
+  done
+  train "big-n" "$ngpu" --planner "$addr" --hardware "$hw" --arch "$big" --batch 1 --seq 2048 \
+    --steps 3 --synthetic-data --device cuda --cpu-threads $((cores / ngpu))
+  grep -E "load peak" "$out/big-n.log" | sed 's/^ts=[^ ]* //' | tee -a "$out/multi.txt"
 fi
 "$build/planner/cli/memplan" --planner "$addr" plans list >"$out/plans.txt" 2>&1
 say "done"

@@ -4,6 +4,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <deque>
+#include <future>
 #include <limits>
 #include <map>
 #include <memory>
@@ -15,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/chunk_packing.h"
 #include "agent/chunks/adamw8bit_torch.h"
@@ -223,7 +226,8 @@ class ChunkManager::Impl {
   absl::Status LoadParamsAndState(const std::vector<NamedParam>& values,
                                   const std::vector<NamedParam>& state);
   absl::StatusOr<std::vector<TensorPiece>> LocalPieces();
-  absl::Status LoadRanges(const ChunkManager::RangeReader& read, bool with_state);
+  absl::Status LoadRanges(const ChunkManager::RangeReader& read, bool with_state,
+                          int parallel_reads);
   ChunkMemoryStats MemoryStats() const { return stats_; }
   ChunkUploadStats UploadStats();
   void ResetUploadStats();
@@ -479,7 +483,7 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
         for (int i : chunk.params) {
           Param& p = params_[i];
           torch::Tensor view = chunk.device.narrow(0, p.offset_elems, p.numel).view(p.shape);
-          view.copy_(p.tensor.detach());
+          if (!options_.deferred_values) view.copy_(p.tensor.detach());
           p.tensor.set_data(view);
         }
         stats_.persistent_device_bytes += chunk.span_elems * elem_bytes;
@@ -536,8 +540,10 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
             chunk.param_host.size_bytes();
         for (int i : chunk.params) {
           Param& p = params_[i];
-          HostView(chunk.param_host.data(), p.offset_elems, p.shape, p.numel, dtype_)
-              .copy_(p.tensor.detach().to(torch::kCPU));
+          torch::Tensor host =
+              HostView(chunk.param_host.data(), p.offset_elems, p.shape, p.numel, dtype_);
+          options_.deferred_values ? host.zero_()
+                                    : host.copy_(p.tensor.detach().to(torch::kCPU));
           p.tensor.set_data(placeholder_.expand(p.shape));
         }
         continue;
@@ -570,7 +576,11 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
       for (int i : chunk.params) {
         Param& p = params_[i];
         const OwnedRange r = Owned(p, chunk);
-        if (r.len > 0) {
+        if (r.len > 0 && options_.deferred_values) {
+          // [Sharded loading] no values yet: zeros until LoadRanges fills this rank's part.
+          HostFlat(chunk.param_host.data(), r.at, r.len, dtype_).zero_();
+          if (master()) HostFlat(chunk.master.data(), r.at, r.len, torch::kFloat32).zero_();
+        } else if (r.len > 0) {
           torch::Tensor value =
               p.tensor.detach().to(torch::kCPU).reshape({-1}).narrow(0, r.from, r.len);
           HostFlat(chunk.param_host.data(), r.at, r.len, dtype_).copy_(value);
@@ -2004,7 +2014,7 @@ absl::StatusOr<std::vector<TensorPiece>> ChunkManager::Impl::LocalPieces() {
 }
 
 absl::Status ChunkManager::Impl::LoadRanges(const ChunkManager::RangeReader& read,
-                                            bool with_state) {
+                                            bool with_state, int parallel_reads) {
   if (stateless() && with_state) {
     return absl::FailedPreconditionError(
         "state: this chunk manager was created frozen or profile_only (no optimizer state)");
@@ -2037,11 +2047,34 @@ absl::Status ChunkManager::Impl::LoadRanges(const ChunkManager::RangeReader& rea
         return s.status();
       }
     }
+    // Parameter values are read up to `parallel_reads` at a time on worker threads (drawing an
+    // initial value is serial per parameter) and installed in order on this thread.
+    std::deque<std::future<absl::StatusOr<torch::Tensor>>> ahead;
+    absl::Cleanup no_worker_outlives_this_call = [&ahead] {
+      for (auto& f : ahead) f.wait();
+    };
+    size_t next_read = 0;
+    auto read_ahead = [&] {
+      while (next_read < params_.size() &&
+             static_cast<int>(ahead.size()) < std::max(parallel_reads, 1)) {
+        const Param& q = params_[next_read++];
+        const OwnedRange rq = Stored(q);
+        ahead.push_back(std::async(
+            parallel_reads > 1 ? std::launch::async : std::launch::deferred,
+            [&part, name = q.name, rq]() -> absl::StatusOr<torch::Tensor> {
+              if (rq.len == 0) return torch::Tensor();
+              return part(name, rq);
+            }));
+      }
+    };
     for (Param& p : params_) {
+      read_ahead();
+      absl::StatusOr<torch::Tensor> read_values = ahead.front().get();
+      ahead.pop_front();
       const OwnedRange r = Stored(p);
       if (r.len == 0) continue;
-      ASSIGN_OR_RETURN(torch::Tensor values, part(p.name, r));
-      InstallParam(p, values);
+      RETURN_IF_ERROR(read_values.status());
+      InstallParam(p, *read_values);
       if (!with_state) continue;
       // As LoadParamsAndState: a parameter without moments (sgd: without a master) is fresh.
       torch::Tensor m, v, saved_master;
@@ -2233,8 +2266,9 @@ int ChunkManager::UpdatesStartedBeforeStep() const { return impl_->UpdatesStarte
 absl::StatusOr<std::vector<TensorPiece>> ChunkManager::LocalPieces() {
   return impl_->LocalPieces();
 }
-absl::Status ChunkManager::LoadRanges(const RangeReader& read, bool with_state) {
-  return impl_->LoadRanges(read, with_state);
+absl::Status ChunkManager::LoadRanges(const RangeReader& read, bool with_state,
+                                      int parallel_reads) {
+  return impl_->LoadRanges(read, with_state, parallel_reads);
 }
 int ChunkManager::ShardReducesBesideBackward() const {
   return impl_->ShardReducesBesideBackward();

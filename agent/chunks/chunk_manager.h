@@ -32,6 +32,10 @@ struct ChunkManagerOptions {
                                   // minimum a group needs, with a warning, see MinBuffers());
                                   // oversized chunks get one of their own on top
   HostMemoryKind host_memory = HostMemoryKind::kPinned;
+  // [Sharded loading] The parameters carry shapes but no values yet (LlamaModelOptions::
+  // deferred_values): nothing is copied from them; what this rank stores starts at zero and the
+  // caller fills it with LoadRanges.
+  bool deferred_values = false;
   bool pageable_fallback = true;  // pinning failed (no CUDA, memlock): use pageable, else error
   torch::Device device = torch::kCPU;
   // adamw (fp32 moments, fp32 master for bf16 models), adamw_bf16 (bf16 parameters and moments,
@@ -125,6 +129,9 @@ class ChunkManager : public ParamResidency {
   // world size > 1 shards ([Sharded chunks]): every rank must create its manager from the same
   // model values and options, and call the hooks, Step, Params, Grads and OptimizerState in the
   // same order (they run collectives). Its device must be options.device's kind.
+  // [Sharded loading] With options.deferred_values the parameters have no values: the manager
+  // allocates only what this rank stores (zeros) and the caller fills it with LoadRanges, so no
+  // rank ever holds the whole model.
   static absl::StatusOr<std::unique_ptr<ChunkManager>> Create(const ParamGroups& groups,
                                                               const ChunkManagerOptions& options,
                                                               Communicator* communicator = nullptr);
@@ -207,7 +214,10 @@ class ChunkManager : public ParamResidency {
   // only what this rank stores (its shards; whole persistent parameters): the counterpart of
   // LocalPieces() for any world size and layout. A parameter without "<name>.exp_avg" starts
   // fresh (step 0).
-  absl::Status LoadRanges(const RangeReader& read, bool with_state);
+  // `parallel_reads` > 1: that many parameters' values are read at once on worker threads (`read`
+  // must then be thread-safe), so up to that many are in host memory at a time; installing stays
+  // in order on the calling thread.
+  absl::Status LoadRanges(const RangeReader& read, bool with_state, int parallel_reads = 1);
 
   ChunkMemoryStats MemoryStats() const;
   // Uploads since creation or the last ResetUploadStats(); waits for the uploads still in flight.

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -146,6 +147,26 @@ void ReleaseCachedAndResetPeaks(const torch::Device& device) {
 }
 
 // One line per setup stage: where device memory goes before the first step (CUDA only).
+// This process's resident set now and at its peak (VmRSS, VmHWM of /proc/self/status), bytes;
+// zeros where the file is unreadable.
+struct HostMemory {
+  int64_t rss = 0;
+  int64_t peak_rss = 0;
+};
+HostMemory ReadHostMemory() {
+  HostMemory m;
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return m;
+  char line[256];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    long long kib = 0;
+    if (std::sscanf(line, "VmRSS: %lld kB", &kib) == 1) m.rss = kib * 1024;
+    if (std::sscanf(line, "VmHWM: %lld kB", &kib) == 1) m.peak_rss = kib * 1024;
+  }
+  std::fclose(f);
+  return m;
+}
+
 void PrintDeviceMemory(const torch::Device& device, const char* stage) {
   if (!device.is_cuda()) return;
   const AllocatorStats stats = ReadAllocatorStats(device);
@@ -583,18 +604,32 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
   ASSIGN_OR_RETURN(const RunPlan plan,
                    ResolveRunPlan(c, static_cast<int>(spec.num_layers), file_plan, world_size));
 
-  // Model: a managed run creates parameters on the CPU and lets the ChunkManager place them.
+  // Model. [Sharded loading] A managed full fine-tune creates its parameters without values
+  // (deferred_values: shapes only): the ChunkManager allocates what this rank stores and it is filled below from the
+  // checkpoint's byte ranges (or the initial values), so no rank ever holds the whole model, on
+  // one rank or many. LoRA (its base is quantised or frozen whole) creates the model on the CPU
+  // for the managers to take; an unmanaged run creates it on the device.
+  const bool sharded_load = plan.managed && !c.lora.enabled();
+  const HostMemory before_model = ReadHostMemory();
   if (plan.managed) model_options.param_device = torch::Device(torch::kCPU);
+  model_options.deferred_values = sharded_load;
   ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LlamaModel::Create(model_options));
   PrintDeviceMemory(device, "after creating the model");
+  std::unique_ptr<io::HfCheckpoint> checkpoint;
+  io::HfCheckpoint::Matched matched;
   if (!c.model_dir.empty()) {
-    ASSIGN_OR_RETURN(
-        io::HfLoadReport report,
-        io::LoadHfCheckpoint(c.model_dir, io::FlattenParamGroups(model->ParamGroups())));
-    MEMPLAN_LOG(kInfo, "loaded checkpoint")
-        .Field("dir", c.model_dir)
-        .Field("tensors", report.tensors_loaded)
-        .Field("bytes", report.bytes_read);
+    ASSIGN_OR_RETURN(checkpoint, io::HfCheckpoint::Open(c.model_dir));
+    const std::vector<NamedParam> names = io::FlattenParamGroups(model->ParamGroups());
+    if (sharded_load) {
+      // Checked now (names, shapes, dtypes), read once the chunks exist.
+      ASSIGN_OR_RETURN(matched, checkpoint->Match(names, {}));
+    } else {
+      ASSIGN_OR_RETURN(io::HfLoadReport report, checkpoint->LoadInto(names, {}));
+      MEMPLAN_LOG(kInfo, "loaded checkpoint")
+          .Field("dir", c.model_dir)
+          .Field("tensors", report.tensors_loaded)
+          .Field("bytes", report.bytes_read);
+    }
   }
   if (!c.load_adapter_dir.empty()) {
     ASSIGN_OR_RETURN(io::PeftAdapter adapter, io::ReadPeftAdapter(c.load_adapter_dir));
@@ -662,6 +697,61 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
     options.observer = timeline.get();
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(model.get(), options));
+  if (sharded_load && c.resume_dir.empty()) {
+    // [Sharded loading] Each rank reads what it stores: its shard of every offloaded chunk and
+    // the whole persistent chunks, from the checkpoint's byte ranges or drawn as Create would.
+    // (A resumed run is filled by the checkpoint it resumes from, below.)
+    const torch::ScalarType param_dtype = model->Params().front().param.scalar_type();
+    std::atomic<int64_t> bytes_read{0};
+    ChunkManager::RangeReader read;
+    if (checkpoint != nullptr) {
+      read = [&](const std::string& name, int64_t begin,
+                 int64_t len) -> absl::StatusOr<torch::Tensor> {
+        auto it = matched.source_of.find(name);
+        if (it == matched.source_of.end()) {
+          return absl::NotFoundError(absl::StrCat(c.model_dir, ": nothing loads \"", name, "\""));
+        }
+        ASSIGN_OR_RETURN(torch::Tensor part,
+                         checkpoint->ReadRange(it->second, begin, len, param_dtype));
+        const io::SafetensorsTensorInfo* info = checkpoint->Find(it->second);
+        int64_t numel = 1;
+        for (int64_t d : info->shape) numel *= d;
+        bytes_read += len * (info->size_bytes() / std::max<int64_t>(numel, 1));
+        return part;
+      };
+    } else {
+      read = [&](const std::string& name, int64_t begin, int64_t len) {
+        return model->InitialValues(name, begin, len);
+      };
+    }
+    RETURN_IF_ERROR(trainer->LoadParamRanges(read));
+    if (checkpoint != nullptr) {
+      MEMPLAN_LOG(kInfo, "loaded checkpoint")
+          .Field("dir", c.model_dir)
+          .Field("tensors", matched.loads.size())
+          .Field("bytes", bytes_read.load())
+          .Field("rank", dist_in.rank);
+    }
+  }
+  {
+    // The load-time peak of this rank: host (resident set) and device, before the first step.
+    const HostMemory loaded = ReadHostMemory();
+    int64_t allocated = 0, reserved = 0;
+    DevicePeaks(device, &allocated, &reserved);
+    auto record = MEMPLAN_LOG(kInfo, "load peak");
+    record.Field("rank", dist_in.rank)
+        .Field("host_peak_rss_bytes", loaded.peak_rss)
+        .Field("host_rss_before_model_bytes", before_model.rss)
+        .Field("host_rss_bytes", loaded.rss)
+        .Field("device_peak_reserved_bytes", reserved)
+        .Field("sharded_load", sharded_load);
+    if (const ChunkManager* m = trainer->chunk_manager(); m != nullptr && sharded_load) {
+      const ChunkMemoryStats stats = m->MemoryStats();
+      record.Field("chunk_host_bytes", stats.host_pinned_bytes + stats.host_pageable_bytes)
+          .Field("chunk_device_bytes", stats.buffer_device_bytes + stats.persistent_device_bytes +
+                                           stats.persistent_state_device_bytes);
+    }
+  }
   PrintDeviceMemory(device, "after applying the plan");
   // The timeline file is written once: after the last step, or on the way out when a step (or
   // anything else) stops the run early, so a failed step still shows its curve.

@@ -125,8 +125,8 @@ absl::StatusOr<torch::Tensor> HfCheckpoint::Read(const std::string& name) const 
   return ReadTensor(*it->second.reader, *it->second.info);
 }
 
-absl::StatusOr<HfLoadReport> HfCheckpoint::LoadInto(const std::vector<NamedParam>& params,
-                                                    const HfLoadOptions& options) const {
+absl::StatusOr<HfCheckpoint::Matched> HfCheckpoint::Match(const std::vector<NamedParam>& params,
+                                                        const HfLoadOptions& options) const {
   // Group names by tensor identity, in first-listing order.
   struct Target {
     torch::Tensor param;
@@ -224,12 +224,32 @@ absl::StatusOr<HfLoadReport> HfCheckpoint::LoadInto(const std::vector<NamedParam
     return absl::InvalidArgumentError(absl::StrCat(
         dir_, ": checkpoint does not match the model's parameters; ", absl::StrJoin(parts, "; ")));
   }
-
+  Matched matched;
+  matched.skipped = std::move(report.skipped);
   for (const auto& [index, name] : plan) {
+    matched.loads.emplace_back(targets[index].param, name);
+    for (const std::string& alias : targets[index].names) matched.source_of[alias] = name;
+  }
+  if (!matched.skipped.empty()) {
+    MEMPLAN_LOG(kInfo, "checkpoint tensors not loaded")
+        .Field("dir", dir_)
+        .Field("count", matched.skipped.size())
+        .Field("names", Summarise(matched.skipped));
+  }
+  return matched;
+}
+
+absl::StatusOr<HfLoadReport> HfCheckpoint::LoadInto(const std::vector<NamedParam>& params,
+                                                    const HfLoadOptions& options) const {
+  ASSIGN_OR_RETURN(Matched matched, Match(params, options));
+  HfLoadReport report;
+  report.skipped = std::move(matched.skipped);
+  for (const auto& [param, name] : matched.loads) {
     ASSIGN_OR_RETURN(torch::Tensor value, Read(name));
     try {
       torch::NoGradGuard no_grad;
-      targets[index].param.copy_(value);
+      torch::Tensor target = param;
+      target.copy_(value);
     } catch (const c10::Error& e) {
       return absl::InternalError(
           absl::StrCat("copying \"", name, "\" into the parameter: ", e.what_without_backtrace()));
@@ -237,13 +257,34 @@ absl::StatusOr<HfLoadReport> HfCheckpoint::LoadInto(const std::vector<NamedParam
     ++report.tensors_loaded;
     report.bytes_read += tensors_.at(name).info->size_bytes();
   }
-  if (!report.skipped.empty()) {
-    MEMPLAN_LOG(kInfo, "checkpoint tensors not loaded")
-        .Field("dir", dir_)
-        .Field("count", report.skipped.size())
-        .Field("names", Summarise(report.skipped));
-  }
   return report;
+}
+
+absl::StatusOr<torch::Tensor> HfCheckpoint::ReadRange(const std::string& name, int64_t begin,
+                                                      int64_t len,
+                                                      torch::ScalarType dtype) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) {
+    return absl::NotFoundError(absl::StrCat(dir_, ": no tensor \"", name, "\""));
+  }
+  const SafetensorsTensorInfo& info = *it->second.info;
+  int64_t numel = 1;
+  for (int64_t d : info.shape) numel *= d;
+  if (begin < 0 || len < 0 || begin + len > numel) {
+    return absl::OutOfRangeError(absl::StrCat(dir_, ": elements [", begin, ", ", begin + len,
+                                              ") of \"", name, "\", which has ", numel));
+  }
+  const torch::ScalarType stored = TorchDTypeOf(info.dtype);
+  const int64_t elem = static_cast<int64_t>(torch::elementSize(stored));
+  try {
+    torch::Tensor raw = torch::empty({len}, torch::TensorOptions().dtype(stored));
+    RETURN_IF_ERROR(it->second.reader->ReadTensorBytesAt(info, begin * elem, raw.data_ptr(),
+                                                         len * elem));
+    return stored == dtype ? raw : raw.to(dtype);
+  } catch (const c10::Error& e) {
+    return absl::ResourceExhaustedError(absl::StrCat(dir_, ": reading part of \"", name,
+                                                     "\": ", e.what_without_backtrace()));
+  }
 }
 
 absl::StatusOr<HfLoadReport> LoadHfCheckpoint(const std::string& dir,

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -53,6 +54,22 @@ class HfCheckpoint {
   // loaded once, from the first of its names the checkpoint has.
   absl::StatusOr<HfLoadReport> LoadInto(const std::vector<NamedParam>& params,
                                         const HfLoadOptions& options) const;
+
+  // LoadInto's checks without reading anything: which checkpoint tensor each parameter loads
+  // from. [Sharded loading] A rank that stores only parts of the model matches once and then
+  // reads its ranges with ReadRange.
+  struct Matched {
+    std::vector<std::pair<torch::Tensor, std::string>> loads;  // (parameter, tensor), once each
+    std::map<std::string, std::string> source_of;  // every parameter name (aliases too) -> tensor
+    std::vector<std::string> skipped;              // checkpoint tensors no parameter claims
+  };
+  absl::StatusOr<Matched> Match(const std::vector<NamedParam>& params,
+                                const HfLoadOptions& options) const;
+  // Elements [begin, begin + len) of the flattened tensor `name`, converted to `dtype`: one
+  // positional read of exactly those bytes, the rest of the file untouched. NOT_FOUND when
+  // absent, OUT_OF_RANGE when the range leaves the tensor.
+  absl::StatusOr<torch::Tensor> ReadRange(const std::string& name, int64_t begin, int64_t len,
+                                          torch::ScalarType dtype) const;
 
  private:
   struct Location {

@@ -257,41 +257,63 @@ void LlamaModel::InitParams() {
     std::vector<int64_t> sizes;
   };
   std::vector<Draw> draws;
-  // A meta model has shapes and dtypes only: nothing is drawn (a 70B layout costs no memory).
+  // A meta model has shapes and dtypes only: nothing is drawn (a 70B layout costs no memory);
+  // InitialValues() draws any part of any parameter later, as the draws below would have.
   const bool meta = device_opts.device().is_meta();
-  auto normal = [&](torch::Tensor* slot, std::vector<int64_t> sizes) {
+  std::vector<std::pair<torch::Tensor*, InitRecipe>> recipes;
+  // deferred_values: every parameter's elements alias this one zero (stride 0, not a view).
+  const torch::Tensor deferred_zero =
+      options_.deferred_values && !meta ? torch::zeros({1}, device_opts) : torch::Tensor();
+  auto make = [&](torch::Tensor* slot, InitRecipe recipe) {
     if (meta) {
-      *slot = torch::empty(sizes, device_opts).requires_grad_(base_trainable);
-      return;
+      *slot = torch::empty(recipe.sizes, device_opts).requires_grad_(base_trainable);
+    } else if (deferred_zero.defined()) {
+      torch::Tensor t = torch::empty({0}, device_opts);
+      t.set_(deferred_zero.storage(), 0, recipe.sizes,
+             std::vector<int64_t>(recipe.sizes.size(), 0));
+      *slot = t.requires_grad_(base_trainable);
+    } else if (recipe.kind == InitRecipe::kNormal) {
+      draws.push_back({slot, recipe.sizes});
+    } else {
+      *slot = finish(recipe.kind == InitRecipe::kOnes ? torch::ones(recipe.sizes)
+                                                      : torch::zeros(recipe.sizes));
     }
-    draws.push_back({slot, std::move(sizes)});
+    recipes.emplace_back(slot, std::move(recipe));
   };
-  auto ones = [&](std::vector<int64_t> sizes) { return finish(torch::ones(sizes)); };
-  auto zeros = [&](std::vector<int64_t> sizes) { return finish(torch::zeros(sizes)); };
+  int64_t normal_draws = 0;
+  auto normal = [&](torch::Tensor* slot, std::vector<int64_t> sizes) {
+    make(slot, {InitRecipe::kNormal, std::move(sizes), normal_draws++});
+  };
+  auto ones = [&](torch::Tensor* slot, std::vector<int64_t> sizes) {
+    make(slot, {InitRecipe::kOnes, std::move(sizes), -1});
+  };
+  auto zeros = [&](torch::Tensor* slot, std::vector<int64_t> sizes) {
+    make(slot, {InitRecipe::kZeros, std::move(sizes), -1});
+  };
 
   normal(&embed_tokens_, {s.vocab_size, s.hidden_size});
   for (int64_t i = 0; i < s.num_layers; ++i) {
     auto b = std::make_unique<BlockParams>();
     b->index = static_cast<int>(i);
     normal(&b->q_proj, {s.num_heads * d, s.hidden_size});
-    if (s.qkv_bias) b->q_bias = zeros({s.num_heads * d});
+    if (s.qkv_bias) zeros(&b->q_bias, {s.num_heads * d});
     normal(&b->k_proj, {s.num_kv_heads * d, s.hidden_size});
-    if (s.qkv_bias) b->k_bias = zeros({s.num_kv_heads * d});
+    if (s.qkv_bias) zeros(&b->k_bias, {s.num_kv_heads * d});
     normal(&b->v_proj, {s.num_kv_heads * d, s.hidden_size});
-    if (s.qkv_bias) b->v_bias = zeros({s.num_kv_heads * d});
+    if (s.qkv_bias) zeros(&b->v_bias, {s.num_kv_heads * d});
     normal(&b->o_proj, {s.hidden_size, s.num_heads * d});
     if (s.qk_norm) {
-      b->q_norm = ones({d});
-      b->k_norm = ones({d});
+      ones(&b->q_norm, {d});
+      ones(&b->k_norm, {d});
     }
     normal(&b->gate_proj, {s.intermediate_size, s.hidden_size});
     normal(&b->up_proj, {s.intermediate_size, s.hidden_size});
     normal(&b->down_proj, {s.hidden_size, s.intermediate_size});
-    b->input_layernorm = ones({s.hidden_size});
-    b->post_attention_layernorm = ones({s.hidden_size});
+    ones(&b->input_layernorm, {s.hidden_size});
+    ones(&b->post_attention_layernorm, {s.hidden_size});
     blocks_.push_back(std::move(b));
   }
-  norm_ = ones({s.hidden_size});
+  ones(&norm_, {s.hidden_size});
   if (!s.tie_word_embeddings) normal(&lm_head_, {s.vocab_size, s.hidden_size});
 
   // Workers take the draws in order; an exception (out of memory) is re-thrown on this thread.
@@ -301,10 +323,7 @@ void LlamaModel::InitParams() {
   auto work = [&]() {
     for (size_t k = next++; k < draws.size(); k = next++) {
       try {
-        auto gen = at::make_generator<at::CPUGeneratorImpl>(
-            options_.seed * 0x9E3779B97F4A7C15ull + k + 1);
-        *draws[k].slot =
-            finish(at::empty(draws[k].sizes, torch::kFloat32).normal_(0.0, 0.02, gen));
+        *draws[k].slot = finish(DrawNormal(draws[k].sizes, static_cast<int64_t>(k)));
       } catch (...) {
         std::lock_guard<std::mutex> lock(error_mu);
         if (!error) error = std::current_exception();
@@ -318,7 +337,47 @@ void LlamaModel::InitParams() {
   work();
   for (std::thread& t : pool) t.join();
   if (error) std::rethrow_exception(error);
+  // Recipes by parameter name (the slots' tensors are the parameters Params() names).
+  std::unordered_map<const void*, const InitRecipe*> by_tensor;
+  for (const auto& [slot, recipe] : recipes) by_tensor[slot->unsafeGetTensorImpl()] = &recipe;
+  for (const NamedParam& p : Params()) {
+    auto it = by_tensor.find(p.param.unsafeGetTensorImpl());
+    if (it != by_tensor.end()) init_recipes_[p.name] = *it->second;
+  }
   if (options_.lora.enabled()) InitAdapters();
+}
+
+torch::Tensor LlamaModel::DrawNormal(const std::vector<int64_t>& sizes, int64_t k) const {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(options_.seed * 0x9E3779B97F4A7C15ull +
+                                                      static_cast<uint64_t>(k) + 1);
+  return at::empty(sizes, torch::kFloat32).normal_(0.0, 0.02, gen);
+}
+
+absl::StatusOr<torch::Tensor> LlamaModel::InitialValues(const std::string& name, int64_t begin,
+                                                        int64_t len) const {
+  auto it = init_recipes_.find(name);
+  if (it == init_recipes_.end()) {
+    return absl::NotFoundError(absl::StrCat("model: no base parameter \"", name, "\""));
+  }
+  const InitRecipe& r = it->second;
+  int64_t numel = 1;
+  for (int64_t d : r.sizes) numel *= d;
+  if (begin < 0 || len < 0 || begin + len > numel) {
+    return absl::OutOfRangeError(absl::StrCat("model: elements [", begin, ", ", begin + len,
+                                              ") of \"", name, "\", which has ", numel));
+  }
+  try {
+    // The whole parameter is drawn (a generator cannot skip ahead) and only the range kept; the
+    // value is rounded to the model dtype exactly as Create rounds it.
+    torch::Tensor full = r.kind == InitRecipe::kNormal ? DrawNormal(r.sizes, r.draw)
+                         : r.kind == InitRecipe::kOnes ? torch::ones({numel})
+                                                       : torch::zeros({numel});
+    return full.reshape({-1}).narrow(0, begin, len).to(ToScalarType(options_.dtype),
+                                                        /*non_blocking=*/false, /*copy=*/true);
+  } catch (const c10::Error& e) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "model: drawing the initial value of \"", name, "\": ", e.what_without_backtrace()));
+  }
 }
 
 // [LoRA] A is U(-1/sqrt(in), 1/sqrt(in)), what kaiming_uniform_(a = sqrt(5)) draws for a [r, in]

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -30,6 +31,11 @@ struct LlamaModelOptions {
   // lets the ChunkManager place them, so the device never holds the whole model. kMeta: shapes
   // and dtypes only, no values (ParamGroups() and layouts of models too large to materialise).
   std::optional<torch::Device> param_device;
+  // [Sharded loading] Parameters on param_device with their shapes and dtype but no memory of
+  // their own (every element aliases one zero): a ChunkManager created with deferred_values swaps
+  // in the storage of what its rank stores, filled from InitialValues() or a checkpoint. Unlike
+  // kMeta, such parameters accept set_data.
+  bool deferred_values = false;
   uint64_t seed = 0;  // random init: normal(0, 0.02) for matrices, zeros for biases, ones for norms
   // Tokens per chunk of the LM head + loss ([Chunked head], common/head_chunking.h); a micro-batch
   // of more tokens runs chunked. 0: HeadChunkRows(vocab) and HeadIsChunked(), what the planner
@@ -68,6 +74,12 @@ class LlamaModel {
   memplan::ParamGroups AdapterGroups() const;
   // What the optimizer updates: the adapters with LoRA (AdapterGroups() flattened), else Params().
   std::vector<NamedParam> TrainableParams() const;
+  // Elements [begin, begin + len) of the flattened initial value of base parameter `name` (one
+  // of Params()), in the model dtype on the CPU: exactly what Create gives it, for a model created
+  // on kMeta or with deferred_values too. [Sharded loading] a rank fills only what it stores; the parameter is drawn whole
+  // and dropped, so at most one parameter is ever materialised. NOT_FOUND for another name.
+  absl::StatusOr<torch::Tensor> InitialValues(const std::string& name, int64_t begin,
+                                              int64_t len) const;
 
   // Reference: plain autograd, all activations kept. Mean cross-entropy of the logits at position t
   // against targets[t] (-100 ignored), computed in fp32: targets are already shifted, as the token
@@ -97,8 +109,18 @@ class LlamaModel {
     torch::Tensor sin;
   };
 
+  // How Create initialises one base parameter: normal(0, 0.02) from generator `draw`, or
+  // constant.
+  struct InitRecipe {
+    enum Kind { kNormal, kOnes, kZeros } kind;
+    std::vector<int64_t> sizes;
+    int64_t draw;  // kNormal: index of its generator (seeded by options.seed and draw)
+  };
+
   explicit LlamaModel(const LlamaModelOptions& options);
   void InitParams();
+  // fp32 normal(0, 0.02) draw number k of `sizes`.
+  torch::Tensor DrawNormal(const std::vector<int64_t>& sizes, int64_t k) const;
   void InitAdapters();
   Rope MakeRope(int64_t seq_len) const;
   torch::Tensor Embed(const torch::Tensor& input_ids, const torch::Tensor& weight) const;
@@ -109,6 +131,7 @@ class LlamaModel {
                          const torch::Tensor& head_weight) const;
 
   LlamaModelOptions options_;
+  std::map<std::string, InitRecipe> init_recipes_;  // by Params() name
   torch::Tensor embed_tokens_;
   std::vector<std::unique_ptr<BlockParams>> blocks_;
   torch::Tensor norm_;

@@ -164,6 +164,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
       // The manager starts an offloaded chunk's CPU update during backward only when it knows
       // nothing will be clipped; the trainer's clipping setting is that knowledge.
       o.chunks.max_grad_norm = o.max_grad_norm;
+      o.chunks.deferred_values = model->options().deferred_values;
       if (model->has_lora()) {
         // [LoRA managers]
         ChunkManagerOptions base = o.chunks;
@@ -557,6 +558,15 @@ absl::Status Trainer::RestoreFromPieces(const io::CheckpointPieces& pieces) {
       /*with_state=*/true));
   step_ = pieces.trainer().step;
   return absl::OkStatus();
+}
+
+absl::Status Trainer::LoadParamRanges(const ChunkManager::RangeReader& read) {
+  if (chunk_manager_ == nullptr || model_->has_lora()) {
+    return absl::FailedPreconditionError(
+        "loading parameter ranges: only a managed full fine-tune stores parts of the model");
+  }
+  return chunk_manager_->LoadRanges(read, /*with_state=*/false,
+                                    std::max(options_.chunks.cpu_threads, 1));
 }
 
 absl::Status Trainer::ImportOptimizerState(const std::vector<NamedParam>& state) {

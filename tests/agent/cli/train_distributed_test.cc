@@ -6,14 +6,19 @@
 #include <sys/wait.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -124,10 +129,10 @@ TEST(TrainDistributedTest, TwoRanksTrainLikeOneProcessOnTheWholeBatch) {
   EXPECT_GT(std::abs(expected[2] - expected[0]), 1e-3);
 }
 
-// Runs `args` as world_size ranks at once on a fresh loopback port; returns rank 0's stderr, or
-// fails the test when a rank exits non-zero.
-std::string RunRanks(const std::vector<std::string>& args, int world_size,
-                     const std::string& base) {
+// Runs `args` as world_size ranks at once on a fresh loopback port; returns every rank's stderr,
+// and fails the test when a rank exits non-zero.
+std::vector<std::string> RunEveryRank(const std::vector<std::string>& args, int world_size,
+                                      const std::string& base) {
   const int port = testing::FreeLoopbackPort();
   EXPECT_GT(port, 0);
   std::vector<testing::Child> ranks;
@@ -143,14 +148,20 @@ std::string RunRanks(const std::vector<std::string>& args, int world_size,
     }
     ranks.push_back(testing::Spawn(args, env, absl::StrCat(base, ".rank", r)));
   }
-  std::string lead;
+  std::vector<std::string> logs;
   for (int r = 0; r < world_size; ++r) {
     const Exit e = Wait(ranks[r]);
     EXPECT_TRUE(WIFEXITED(e.status) && WEXITSTATUS(e.status) == 0) << "rank " << r << ":\n"
                                                                    << e.err;
-    if (r == 0) lead = e.err;
+    logs.push_back(e.err);
   }
-  return lead;
+  return logs;
+}
+
+// RunEveryRank, rank 0's stderr.
+std::string RunRanks(const std::vector<std::string>& args, int world_size,
+                     const std::string& base) {
+  return RunEveryRank(args, world_size, base)[0];
 }
 
 std::vector<std::string> With(std::vector<std::string> args, const std::vector<std::string>& more) {
@@ -228,6 +239,144 @@ TEST(TrainDistributedTest, CheckpointsResumeOnAnotherNumberOfRanks) {
   // This binary does not link Torch, so std::filesystem is safe here (docs/agent.md, gotchas).
   for (const std::string& dir : {from_two, from_three, exported}) std::filesystem::remove_all(dir);
   std::remove(data.c_str());
+}
+
+// The integer field `key` of the first log line with msg="`msg`", or -1.
+int64_t LogField(const std::string& log, const std::string& msg, const std::string& key) {
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    if (line.find(absl::StrCat("msg=\"", msg, "\"")) == absl::string_view::npos) continue;
+    for (absl::string_view field : absl::StrSplit(line, ' ')) {
+      int64_t v = 0;
+      if (absl::ConsumePrefix(&field, key + "=") && absl::SimpleAtoi(field, &v)) return v;
+    }
+  }
+  return -1;
+}
+
+// A Hugging Face Llama checkpoint written without Torch: config.json and one model.safetensors of
+// bf16 values (matrices uniform in +-0.03 from a fixed xorshift stream, norms 1).
+struct CheckpointShape {
+  int64_t hidden = 1024, intermediate = 2816, layers = 8, heads = 16, kv_heads = 4, vocab = 32000;
+};
+
+int64_t WriteHfCheckpoint(const std::string& dir, const CheckpointShape& m,
+                          int64_t* largest_numel) {
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << absl::StrFormat(
+      R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": %d,
+  "num_hidden_layers": %d, "num_attention_heads": %d, "num_key_value_heads": %d,
+  "intermediate_size": %d, "vocab_size": %d, "tie_word_embeddings": false, "rope_theta": 10000.0,
+  "rms_norm_eps": 1e-5, "max_position_embeddings": 2048, "torch_dtype": "bfloat16"})",
+      m.hidden, m.layers, m.heads, m.kv_heads, m.intermediate, m.vocab);
+  const int64_t d = m.hidden / m.heads;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> tensors = {
+      {"model.embed_tokens.weight", {m.vocab, m.hidden}}};
+  for (int64_t i = 0; i < m.layers; ++i) {
+    const std::string l = absl::StrCat("model.layers.", i, ".");
+    tensors.push_back({l + "self_attn.q_proj.weight", {m.heads * d, m.hidden}});
+    tensors.push_back({l + "self_attn.k_proj.weight", {m.kv_heads * d, m.hidden}});
+    tensors.push_back({l + "self_attn.v_proj.weight", {m.kv_heads * d, m.hidden}});
+    tensors.push_back({l + "self_attn.o_proj.weight", {m.hidden, m.heads * d}});
+    tensors.push_back({l + "mlp.gate_proj.weight", {m.intermediate, m.hidden}});
+    tensors.push_back({l + "mlp.up_proj.weight", {m.intermediate, m.hidden}});
+    tensors.push_back({l + "mlp.down_proj.weight", {m.hidden, m.intermediate}});
+    tensors.push_back({l + "input_layernorm.weight", {m.hidden}});
+    tensors.push_back({l + "post_attention_layernorm.weight", {m.hidden}});
+  }
+  tensors.push_back({"model.norm.weight", {m.hidden}});
+  tensors.push_back({"lm_head.weight", {m.vocab, m.hidden}});
+  std::string header = "{";
+  int64_t offset = 0, total = 0;
+  *largest_numel = 0;
+  for (const auto& [name, shape] : tensors) {
+    const int64_t n = shape.size() == 1 ? shape[0] : shape[0] * shape[1];
+    absl::StrAppend(&header, offset == 0 ? "" : ",", "\"", name, "\":{\"dtype\":\"BF16\",\"shape\":[",
+                    absl::StrJoin(shape, ","), "],\"data_offsets\":[", offset, ",", offset + 2 * n,
+                    "]}");
+    offset += 2 * n;
+    total += n;
+    *largest_numel = std::max(*largest_numel, n);
+  }
+  header += "}";
+  while (header.size() % 8 != 0) header += ' ';
+  std::ofstream out(dir + "/model.safetensors", std::ios::binary);
+  const uint64_t header_len = header.size();
+  out.write(reinterpret_cast<const char*>(&header_len), 8);
+  out << header;
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  std::vector<uint16_t> values;
+  for (const auto& [name, shape] : tensors) {
+    values.assign(shape.size() == 1 ? shape[0] : shape[0] * shape[1], 0x3F80);  // bf16 1.0
+    if (shape.size() == 2) {
+      for (uint16_t& v : values) {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        const float x = (static_cast<float>(state >> 40) / 16777216.0f - 0.5f) * 0.06f;
+        uint32_t bits;
+        std::memcpy(&bits, &x, 4);
+        v = static_cast<uint16_t>(bits >> 16);
+      }
+    }
+    out.write(reinterpret_cast<const char*>(values.data()),
+              static_cast<std::streamsize>(values.size() * 2));
+  }
+  return total;
+}
+
+// [Sharded loading] Four ranks load a 155 M-parameter checkpoint (620 MB in fp32) with every chunk
+// offloaded: each reads only its shards' byte ranges, so its resident set grows by what it stores
+// (its quarter of the parameters and their optimizer state, the chunk buffers) plus at most one
+// parameter in flight, never by the whole model; the first loss is the loss of one process that
+// loads the whole checkpoint (--plain).
+TEST(TrainDistributedTest, ShardedLoadingReadsOnlyEachRanksPartOfTheCheckpoint) {
+  const std::string base = absl::StrCat(::testing::TempDir(), "/train_distributed_load_", getpid());
+  const std::string model = base + ".model";
+  int64_t largest = 0;
+  const int64_t params = WriteHfCheckpoint(model, CheckpointShape{}, &largest);
+  const int64_t model_bytes = 4 * params;  // fp32 on the CPU
+  auto args = [&](int batch) {
+    return std::vector<std::string>{MEMPLAN_AGENT_BINARY, "train", "--model", model, "--device",
+                                    "cpu", "--batch", std::to_string(batch), "--seq", "32",
+                                    "--steps", "1", "--synthetic-data", "--cpu-threads", "1"};
+  };
+  const std::vector<double> whole =
+      StepLosses(RunRanks(With(args(4), {"--plain"}), 1, base + ".plain"));
+  ASSERT_EQ(whole.size(), 1u);
+  constexpr int kWorld = 4;
+  const std::vector<std::string> logs =
+      RunEveryRank(With(args(1), {"--chunk-mib", "32", "--n-persist", "0", "--host-memory",
+                                  "pageable"}),
+                   kWorld, base + ".sharded");
+  if (absl::StrContains(logs[0], "no Gloo process group")) GTEST_SKIP() << logs[0];
+  const std::vector<double> sharded = StepLosses(logs[0]);
+  ASSERT_EQ(sharded.size(), 1u) << logs[0];
+  EXPECT_NEAR(sharded[0], whole[0], 1e-4 * whole[0]);
+  for (int r = 0; r < kWorld; ++r) {
+    const std::string& log = logs[r];
+    const int64_t peak = LogField(log, "load peak", "host_peak_rss_bytes");
+    const int64_t before = LogField(log, "load peak", "host_rss_before_model_bytes");
+    const int64_t stored = LogField(log, "load peak", "chunk_host_bytes");
+    const int64_t buffers = LogField(log, "load peak", "chunk_device_bytes");  // the CPU's here
+    ASSERT_TRUE(peak > 0 && before > 0 && stored > 0 && buffers >= 0) << log;
+    // What this rank stores is its quarter of 4 arrays (parameters, grad staging, two moments).
+    EXPECT_NEAR(static_cast<double>(stored), 4.0 * model_bytes / kWorld, 0.02 * model_bytes);
+    const int64_t grew = peak - before;
+    // One parameter in flight: read in bf16 and widened (6 bytes per element), and slack for the
+    // process group's and the allocator's own growth.
+    const int64_t allowed = stored + buffers + 6 * largest + (int64_t{96} << 20);
+    std::printf("rank %d: resident set grew %.1f MiB while loading; stores %.1f MiB + buffers "
+                "%.1f MiB (the whole model: %.1f MiB)\n",
+                r, grew / 1048576.0, stored / 1048576.0, buffers / 1048576.0,
+                model_bytes / 1048576.0);
+    EXPECT_LE(grew, allowed) << "rank " << r << " held more than its part:\n" << log;
+    // The bound is meaningful: holding the whole model as well would break it.
+    EXPECT_GT(stored + buffers + model_bytes, allowed);
+    const int64_t read = LogField(log, "loaded checkpoint", "bytes");
+    // Its quarter of the file's bytes (bf16), nothing more.
+    EXPECT_NEAR(static_cast<double>(read), 2.0 * params / kWorld, 0.02 * 2.0 * params) << log;
+  }
+  std::filesystem::remove_all(model);
 }
 
 TEST(TrainDistributedTest, WhatSeveralRanksDoNotRunYetIsRefusedNamingTheFlag) {

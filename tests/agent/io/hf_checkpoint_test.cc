@@ -115,6 +115,29 @@ TEST_F(HfCheckpointTest, LoadsShardedCheckpoint) {
   absl::StatusOr<HfLoadReport> report = (*ckpt)->LoadInto(params, {});
   ASSERT_TRUE(report.ok()) << report.status();
   ExpectLoaded(params);
+
+  // [Sharded loading] Match names every parameter's source (the tied head's alias too) without
+  // reading; ReadRange reads any part of a tensor from either shard, converted.
+  absl::StatusOr<HfCheckpoint::Matched> matched = (*ckpt)->Match(ModelParams(spec_), {});
+  ASSERT_TRUE(matched.ok()) << matched.status();
+  EXPECT_EQ(matched->loads.size(), tensors_.size());
+  EXPECT_EQ(matched->source_of.at("lm_head.weight"), "model.embed_tokens.weight");
+  for (const NamedParam& t : tensors_) {
+    const torch::Tensor flat = t.param.reshape({-1});
+    const int64_t n = flat.numel();
+    for (const auto& [begin, len] :
+         std::vector<std::pair<int64_t, int64_t>>{{0, n}, {n / 3, n / 2}, {n - 1, 1}}) {
+      absl::StatusOr<torch::Tensor> part =
+          (*ckpt)->ReadRange(t.name, begin, len, torch::kFloat32);
+      ASSERT_TRUE(part.ok()) << t.name << ": " << part.status();
+      EXPECT_EQ(part->scalar_type(), torch::kFloat32);
+      EXPECT_TRUE(torch::equal(*part, flat.narrow(0, begin, len).to(torch::kFloat32))) << t.name;
+    }
+    EXPECT_EQ((*ckpt)->ReadRange(t.name, n - 1, 2, torch::kFloat32).status().code(),
+              absl::StatusCode::kOutOfRange);
+  }
+  EXPECT_EQ((*ckpt)->ReadRange("nope", 0, 1, torch::kFloat32).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST_F(HfCheckpointTest, ShardIndexDisagreementsAreErrors) {

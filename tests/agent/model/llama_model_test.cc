@@ -134,6 +134,56 @@ TEST(LlamaModelTest, InitIsDeterministicAndHasTheDocumentedStatistics) {
   }
 }
 
+// [Sharded loading] InitialValues gives any range of any parameter exactly as Create draws it,
+// from a model created on kMeta (no values) as from a materialised one, in the model dtype.
+TEST(LlamaModelTest, InitialValuesAreCreatesValuesForAnyRange) {
+  for (const std::string family : {"llama", "qwen2", "qwen3"}) {
+    for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      SCOPED_TRACE(family + " " + std::string(DTypeName(dtype)));
+      LlamaModelOptions options;
+      options.spec = TinySpec(family);
+      options.seed = 5;
+      options.dtype = dtype;
+      auto real = LlamaModel::Create(options);
+      options.deferred_values = true;
+      auto deferred = LlamaModel::Create(options);
+      options.param_device = torch::kMeta;
+      auto meta = LlamaModel::Create(options);
+      ASSERT_TRUE(real.ok() && meta.ok() && deferred.ok());
+      // Deferred parameters have their shapes and no memory of their own.
+      const std::vector<NamedParam> deferred_params = (*deferred)->Params();
+      ASSERT_EQ(deferred_params.size(), (*real)->Params().size());
+      for (size_t i = 0; i < deferred_params.size(); ++i) {
+        const torch::Tensor& t = deferred_params[i].param;
+        EXPECT_EQ(t.storage().nbytes(), static_cast<size_t>(t.element_size())) << i;
+        EXPECT_EQ(t.sizes(), (*real)->Params()[i].param.sizes()) << i;
+        EXPECT_EQ(t.scalar_type(), (*real)->Params()[i].param.scalar_type()) << i;
+      }
+      const std::vector<NamedParam> params = (*real)->Params();
+      ASSERT_EQ(params.size(), (*meta)->Params().size());
+      for (const NamedParam& p : params) {
+        EXPECT_TRUE((*meta)->Params()[&p - params.data()].param.is_meta());
+        const torch::Tensor flat = p.param.detach().reshape({-1});
+        const int64_t n = flat.numel();
+        for (const auto& [begin, len] : std::vector<std::pair<int64_t, int64_t>>{
+                 {0, n}, {n / 3, n / 2}, {n - 1, 1}, {0, 0}}) {
+          for (LlamaModel* m : {real->get(), meta->get(), deferred->get()}) {
+            absl::StatusOr<torch::Tensor> got = m->InitialValues(p.name, begin, len);
+            ASSERT_TRUE(got.ok()) << p.name << ": " << got.status();
+            EXPECT_EQ(got->scalar_type(), flat.scalar_type());
+            EXPECT_TRUE(torch::equal(*got, flat.narrow(0, begin, len))) << p.name;
+          }
+        }
+      }
+      EXPECT_EQ((*meta)->InitialValues("no.such.weight", 0, 1).status().code(),
+                absl::StatusCode::kNotFound);
+      const int64_t n = params[0].param.numel();
+      EXPECT_EQ((*meta)->InitialValues(params[0].name, n - 1, 2).status().code(),
+                absl::StatusCode::kOutOfRange);
+    }
+  }
+}
+
 TEST(LlamaModelTest, RejectsInvalidSpec) {
   ModelSpec spec = TinySpec();
   spec.num_kv_heads = 3;

@@ -77,12 +77,15 @@ inline std::vector<ShardCase> ShardCases() {
   };
 }
 
-inline std::unique_ptr<LlamaModel> MakeShardCaseModel(const ShardCase& c) {
+// `deferred`: no values, as `memplan-agent train` creates a managed model ([Sharded loading]);
+// the trainer then fills what its rank stores from LlamaModel::InitialValues.
+inline std::unique_ptr<LlamaModel> MakeShardCaseModel(const ShardCase& c, bool deferred = false) {
   LlamaModelOptions options;
   options.spec = TinySpec(c.tied);
   options.dtype = c.bf16 ? DType::kBFloat16 : DType::kFloat32;
   options.seed = 7;
   options.param_device = torch::kCPU;
+  options.deferred_values = deferred;
   auto model = LlamaModel::Create(options);
   return model.ok() ? std::move(model).value() : nullptr;
 }

@@ -64,7 +64,10 @@ int Run(const std::string& prefix, int kill_rank, int signal, int timeout_second
   const int rank = (*group)->rank();
   const int world = (*group)->world_size();
   for (const testing::ShardCase& c : testing::ShardCases()) {
-    std::unique_ptr<LlamaModel> model = testing::MakeShardCaseModel(c);
+    // Every rank loads as `memplan-agent train` does: a model without values, and only what it
+    // stores drawn into its chunks; the reference (one process, in the test) materialises the
+    // whole model.
+    std::unique_ptr<LlamaModel> model = testing::MakeShardCaseModel(c, /*deferred=*/true);
     if (!model) return Fail(rank, absl::InternalError("model creation failed"));
     TrainerOptions options = testing::ShardCaseOptions(c, model->num_blocks());
     CountingCommunicator counting(group->get());
@@ -73,6 +76,13 @@ int Run(const std::string& prefix, int kill_rank, int signal, int timeout_second
     if (rank == kill_rank && signal != 0) options.observer = &kill;
     absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(model.get(), options);
     if (!trainer.ok()) return Fail(rank, trainer.status());
+    if (absl::Status s = (*trainer)->LoadParamRanges(
+            [&model](const std::string& name, int64_t begin, int64_t len) {
+              return model->InitialValues(name, begin, len);
+            });
+        !s.ok()) {
+      return Fail(rank, s);
+    }
     const std::vector<MicroBatch> batches =
         testing::RankBatches(testing::GlobalBatches(c, world, model->spec().vocab_size), rank);
     absl::StatusOr<double> loss = (*trainer)->ForwardBackward(batches);
