@@ -166,7 +166,9 @@ def main():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29533")
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        torch.distributed.init_process_group("nccl", rank=rank, world_size=world)
+        # CPU offload keeps sharded grads on the host: clipping's norm reduces them over Gloo.
+        backend = "cpu:gloo,cuda:nccl" if args.fsdp2_offload else "nccl"
+        torch.distributed.init_process_group(backend, rank=rank, world_size=world)
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).train()
         if not args.no_checkpointing:
             model.gradient_checkpointing_enable(

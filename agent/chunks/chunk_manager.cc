@@ -2053,10 +2053,19 @@ absl::Status ChunkManager::Impl::LoadRanges(const ChunkManager::RangeReader& rea
     absl::Cleanup no_worker_outlives_this_call = [&ahead] {
       for (auto& f : ahead) f.wait();
     };
+    // At most kReadAheadBytes of whole parameters (what drawing an initial value materialises)
+    // in flight beyond the first: the planner's host reserve counts on it ([Host reserve]).
+    constexpr int64_t kReadAheadBytes = int64_t{1} << 30;
+    std::deque<int64_t> ahead_bytes;
+    int64_t in_flight = 0;
     size_t next_read = 0;
     auto read_ahead = [&] {
       while (next_read < params_.size() &&
              static_cast<int>(ahead.size()) < std::max(parallel_reads, 1)) {
+        const int64_t bytes = params_[next_read].numel * 4;
+        if (!ahead.empty() && in_flight + bytes > kReadAheadBytes) break;
+        in_flight += bytes;
+        ahead_bytes.push_back(bytes);
         const Param& q = params_[next_read++];
         const OwnedRange rq = Stored(q);
         ahead.push_back(std::async(
@@ -2071,6 +2080,8 @@ absl::Status ChunkManager::Impl::LoadRanges(const ChunkManager::RangeReader& rea
       read_ahead();
       absl::StatusOr<torch::Tensor> read_values = ahead.front().get();
       ahead.pop_front();
+      in_flight -= ahead_bytes.front();
+      ahead_bytes.pop_front();
       const OwnedRange r = Stored(p);
       if (r.len == 0) continue;
       RETURN_IF_ERROR(read_values.status());

@@ -214,9 +214,9 @@ class ChunkManager : public ParamResidency {
   // only what this rank stores (its shards; whole persistent parameters): the counterpart of
   // LocalPieces() for any world size and layout. A parameter without "<name>.exp_avg" starts
   // fresh (step 0).
-  // `parallel_reads` > 1: that many parameters' values are read at once on worker threads (`read`
-  // must then be thread-safe), so up to that many are in host memory at a time; installing stays
-  // in order on the calling thread.
+  // `parallel_reads` > 1: up to that many parameters' values are read at once on worker threads
+  // (`read` must then be thread-safe), together at most 1 GiB of whole fp32 parameters beyond the
+  // first; installing stays in order on the calling thread.
   absl::Status LoadRanges(const RangeReader& read, bool with_state, int parallel_reads = 1);
 
   ChunkMemoryStats MemoryStats() const;

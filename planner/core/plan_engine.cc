@@ -53,18 +53,37 @@ CostOptions MakeCostOptions(const PlanInputs& in, bool time_tables) {
   return o;
 }
 
-// The host memory one rank may use: the node's RAM shared evenly by its local ranks (every rank
-// of a sharded plan allocates the same bytes: shards are padded to one size).
-int64_t HostBytesPerRank(const PlanInputs& in) {
-  return in.hardware.host_memory_bytes / LocalRanks(in.workload);
+// [Host reserve] Not all of a node's RAM is the plan's: the operating system and page cache keep
+// 5 % of it (at least 4 GiB), and every agent process needs its own runtime beside its chunks
+// (Torch, CUDA and NCCL: 0.5-0.9 GB resident before the model on the GPU hosts measured) and the
+// parameters in flight while loading (agent/chunks: at most 1 GiB of them): 2 GiB per local rank.
+// A plan that filled the RAM exactly got its ranks OOM-killed while loading (docs/benchmarks.md,
+// qwen2.5-32b on 4 H200s).
+constexpr int64_t kHostRuntimeBytesPerRank = int64_t{2} << 30;
+int64_t HostReserveBytes(const PlanInputs& in) {
+  const int64_t ram = in.hardware.host_memory_bytes;
+  return std::max<int64_t>(ram / 20, int64_t{4} << 30) +
+         kHostRuntimeBytesPerRank * LocalRanks(in.workload);
 }
 
-// "X GiB of RAM per GPU", naming the node's RAM when several ranks share it.
+// The host memory one rank may use: the node's RAM less the reserve, shared evenly by its local
+// ranks (every rank of a sharded plan allocates the same bytes: shards are padded to one size).
+int64_t HostBytesPerRank(const PlanInputs& in) {
+  return std::max<int64_t>(in.hardware.host_memory_bytes - HostReserveBytes(in), 0) /
+         LocalRanks(in.workload);
+}
+
+// "X GiB of RAM per GPU (of N GiB, the rest held back for the system)", naming the node's RAM.
 std::string HostLimitText(const PlanInputs& in) {
   const int32_t local = LocalRanks(in.workload);
-  if (local == 1) return absl::StrCat(GiB(in.hardware.host_memory_bytes), " of RAM per GPU");
+  const std::string held = absl::StrCat(GiB(HostReserveBytes(in)), " held back for the system");
+  if (local == 1) {
+    return absl::StrCat(GiB(HostBytesPerRank(in)), " of RAM per GPU (",
+                        GiB(in.hardware.host_memory_bytes), ", ", held, ")");
+  }
   return absl::StrCat(GiB(HostBytesPerRank(in)), " of RAM per rank (",
-                      GiB(in.hardware.host_memory_bytes), " shared by ", local, " local ranks)");
+                      GiB(in.hardware.host_memory_bytes), " shared by ", local, " local ranks, ",
+                      held, ")");
 }
 
 int64_t UsableBytes(int64_t gpu_memory_bytes, double margin) {

@@ -156,7 +156,11 @@ TEST(PlanEngineTest, FortyFiveBillionFitsEightRanksOfATebibyteHost) {
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_FALSE(one->fits);
   EXPECT_NE(one->reason.find("host memory"), std::string::npos) << one->reason;
-  EXPECT_NE(one->reason.find("126.0 GiB of RAM per GPU"), std::string::npos) << one->reason;
+  // [Host reserve] 5 % of 126 GiB (6.3) for the system and 2 GiB for the one rank's runtime.
+  EXPECT_NE(one->reason.find("117.7 GiB of RAM per GPU (126.0 GiB, 8.3 GiB held back for the "
+                             "system)"),
+            std::string::npos)
+      << one->reason;
   std::printf("1 rank, 126 GiB: %s\n", one->reason.c_str());
 
   in.workload.world_size = 8;
@@ -164,7 +168,9 @@ TEST(PlanEngineTest, FortyFiveBillionFitsEightRanksOfATebibyteHost) {
   auto shared = MakePlan(in);
   ASSERT_TRUE(shared.ok()) << shared.status();
   EXPECT_FALSE(shared->fits);
-  EXPECT_NE(shared->reason.find("15.8 GiB of RAM per rank (126.0 GiB shared by 8 local ranks)"),
+  // 126 GiB less 6.3 GiB and 8 x 2 GiB, over 8 ranks.
+  EXPECT_NE(shared->reason.find("13.0 GiB of RAM per rank (126.0 GiB shared by 8 local ranks, "
+                                "22.3 GiB held back for the system)"),
             std::string::npos)
       << shared->reason;
 
