@@ -2049,14 +2049,17 @@ absl::Status ChunkManager::Impl::LoadRanges(const ChunkManager::RangeReader& rea
     }
     // Parameter values are read up to `parallel_reads` at a time on worker threads (drawing an
     // initial value is serial per parameter) and installed in order on this thread.
-    std::deque<std::future<absl::StatusOr<torch::Tensor>>> ahead;
-    absl::Cleanup no_worker_outlives_this_call = [&ahead] {
-      for (auto& f : ahead) f.wait();
-    };
     // At most kReadAheadBytes of whole parameters (what drawing an initial value materialises)
     // in flight beyond the first: the planner's host reserve counts on it ([Host reserve]).
     constexpr int64_t kReadAheadBytes = int64_t{1} << 30;
-    std::deque<int64_t> ahead_bytes;
+    struct Ahead {
+      std::future<absl::StatusOr<torch::Tensor>> values;
+      int64_t bytes;
+    };
+    std::deque<Ahead> ahead;
+    absl::Cleanup no_worker_outlives_this_call = [&ahead] {
+      for (Ahead& a : ahead) a.values.wait();
+    };
     int64_t in_flight = 0;
     size_t next_read = 0;
     auto read_ahead = [&] {
@@ -2065,23 +2068,21 @@ absl::Status ChunkManager::Impl::LoadRanges(const ChunkManager::RangeReader& rea
         const int64_t bytes = params_[next_read].numel * 4;
         if (!ahead.empty() && in_flight + bytes > kReadAheadBytes) break;
         in_flight += bytes;
-        ahead_bytes.push_back(bytes);
         const Param& q = params_[next_read++];
         const OwnedRange rq = Stored(q);
-        ahead.push_back(std::async(
-            parallel_reads > 1 ? std::launch::async : std::launch::deferred,
-            [&part, name = q.name, rq]() -> absl::StatusOr<torch::Tensor> {
-              if (rq.len == 0) return torch::Tensor();
-              return part(name, rq);
-            }));
+        ahead.push_back({std::async(parallel_reads > 1 ? std::launch::async : std::launch::deferred,
+                                    [&part, name = q.name, rq]() -> absl::StatusOr<torch::Tensor> {
+                                      if (rq.len == 0) return torch::Tensor();
+                                      return part(name, rq);
+                                    }),
+                         bytes});
       }
     };
     for (Param& p : params_) {
       read_ahead();
-      absl::StatusOr<torch::Tensor> read_values = ahead.front().get();
+      absl::StatusOr<torch::Tensor> read_values = ahead.front().values.get();
+      in_flight -= ahead.front().bytes;
       ahead.pop_front();
-      in_flight -= ahead_bytes.front();
-      ahead_bytes.pop_front();
       const OwnedRange r = Stored(p);
       if (r.len == 0) continue;
       RETURN_IF_ERROR(read_values.status());

@@ -30,6 +30,7 @@
 #include "agent/io/hf_checkpoint.h"
 #include "agent/io/peft_adapter.h"
 #include "agent/io/random_access_file.h"
+#include "agent/io/safetensors_torch.h"
 #include "agent/io/synthetic_tokens.h"
 #include "agent/io/token_batcher.h"
 #include "agent/io/token_file.h"
@@ -146,7 +147,6 @@ void ReleaseCachedAndResetPeaks(const torch::Device& device) {
   c10::cuda::CUDACachingAllocator::resetPeakStats(CudaIndex(device));
 }
 
-// One line per setup stage: where device memory goes before the first step (CUDA only).
 // This process's resident set now and at its peak (VmRSS, VmHWM of /proc/self/status), bytes;
 // zeros where the file is unreadable.
 struct HostMemory {
@@ -167,6 +167,7 @@ HostMemory ReadHostMemory() {
   return m;
 }
 
+// One line per setup stage: where device memory goes before the first step (CUDA only).
 void PrintDeviceMemory(const torch::Device& device, const char* stage) {
   if (!device.is_cuda()) return;
   const AllocatorStats stats = ReadAllocatorStats(device);
@@ -605,9 +606,9 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
                    ResolveRunPlan(c, static_cast<int>(spec.num_layers), file_plan, world_size));
 
   // Model. [Sharded loading] A managed full fine-tune creates its parameters without values
-  // (deferred_values: shapes only): the ChunkManager allocates what this rank stores and it is filled below from the
-  // checkpoint's byte ranges (or the initial values), so no rank ever holds the whole model, on
-  // one rank or many. LoRA (its base is quantised or frozen whole) creates the model on the CPU
+  // (deferred_values: shapes only): the ChunkManager allocates what this rank stores and it is
+  // filled below from the checkpoint's byte ranges (or the initial values), so no rank ever holds
+  // the whole model, on one rank or many. LoRA (its base is quantised or frozen whole) creates the model on the CPU
   // for the managers to take; an unmanaged run creates it on the device.
   const bool sharded_load = plan.managed && !c.lora.enabled();
   const HostMemory before_model = ReadHostMemory();
@@ -713,10 +714,9 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
         }
         ASSIGN_OR_RETURN(torch::Tensor part,
                          checkpoint->ReadRange(it->second, begin, len, param_dtype));
-        const io::SafetensorsTensorInfo* info = checkpoint->Find(it->second);
-        int64_t numel = 1;
-        for (int64_t d : info->shape) numel *= d;
-        bytes_read += len * (info->size_bytes() / std::max<int64_t>(numel, 1));
+        // ReadRange reads exactly len elements of the stored dtype.
+        bytes_read += len * static_cast<int64_t>(torch::elementSize(
+                                io::TorchDTypeOf(checkpoint->Find(it->second)->dtype)));
         return part;
       };
     } else {

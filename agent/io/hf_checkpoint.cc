@@ -268,11 +268,9 @@ absl::StatusOr<torch::Tensor> HfCheckpoint::ReadRange(const std::string& name, i
     return absl::NotFoundError(absl::StrCat(dir_, ": no tensor \"", name, "\""));
   }
   const SafetensorsTensorInfo& info = *it->second.info;
-  int64_t numel = 1;
-  for (int64_t d : info.shape) numel *= d;
-  if (begin < 0 || len < 0 || begin + len > numel) {
+  if (begin < 0 || len < 0 || begin + len > info.numel()) {
     return absl::OutOfRangeError(absl::StrCat(dir_, ": elements [", begin, ", ", begin + len,
-                                              ") of \"", name, "\", which has ", numel));
+                                              ") of \"", name, "\", which has ", info.numel()));
   }
   const torch::ScalarType stored = TorchDTypeOf(info.dtype);
   const int64_t elem = static_cast<int64_t>(torch::elementSize(stored));

@@ -76,8 +76,8 @@ class LlamaModel {
   std::vector<NamedParam> TrainableParams() const;
   // Elements [begin, begin + len) of the flattened initial value of base parameter `name` (one
   // of Params()), in the model dtype on the CPU: exactly what Create gives it, for a model created
-  // on kMeta or with deferred_values too. [Sharded loading] a rank fills only what it stores; the parameter is drawn whole
-  // and dropped, so at most one parameter is ever materialised. NOT_FOUND for another name.
+  // on kMeta or with deferred_values too. [Sharded loading] a rank fills only what it stores; the
+  // parameter is drawn whole and dropped. NOT_FOUND for another name.
   absl::StatusOr<torch::Tensor> InitialValues(const std::string& name, int64_t begin,
                                               int64_t len) const;
 
