@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "agent/chunks/chunk_manager.h"
 #include "agent/cli/plan_share.h"
 #include "agent/client/planner_client.h"
@@ -993,6 +994,11 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
     std::printf("memory timeline of steps 1-%lld: %s (%zu events)\n",
                 static_cast<long long>(trainer->step()), c.memory_timeline.c_str(),
                 timeline->events().size());
+    if (device.is_cuda()) {
+      for (absl::string_view line : absl::StrSplit(SegmentsByStream(device), '\n', absl::SkipEmpty())) {
+        std::printf("allocator pool %.*s\n", static_cast<int>(line.size()), line.data());
+      }
+    }
   }
   if (!c.save_dir.empty() && (c.save_every == 0 || trainer->step() % c.save_every != 0)) {
     RETURN_IF_ERROR(save());

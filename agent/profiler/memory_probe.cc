@@ -1,10 +1,16 @@
 #include "agent/profiler/memory_probe.h"
 
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <mutex>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_format.h"
 
 #include "common/log.h"
 
@@ -21,6 +27,15 @@ class CudaMemoryProbe final : public MemoryProbe {
   int64_t PeakAllocatedBytes() override { return Stats().allocated_bytes[kAggregate].peak; }
   void ResetPeak() override { c10::cuda::CUDACachingAllocator::resetPeakStats(device_); }
   int64_t ReservedBytes() override { return Stats().reserved_bytes[kAggregate].current; }
+  Detail AllocatorDetail() override {
+    const auto stats = Stats();
+    Detail d;
+    d.active = stats.active_bytes[kAggregate].current;
+    d.peak_active = stats.active_bytes[kAggregate].peak;
+    d.inactive_split = stats.inactive_split_bytes[kAggregate].current;
+    d.device_allocs = stats.num_device_alloc;
+    return d;
+  }
   void Synchronize() override { torch::cuda::synchronize(device_); }
   std::string source() const override { return "cuda_caching_allocator"; }
 
@@ -75,6 +90,12 @@ class CpuMemoryProbe final : public MemoryProbe {
   int64_t PeakAllocatedBytes() override { return reporter_->peak(); }
   void ResetPeak() override { reporter_->ResetPeak(); }
   int64_t ReservedBytes() override { return reporter_->current(); }
+  Detail AllocatorDetail() override {
+    Detail d;
+    d.active = reporter_->current();
+    d.peak_active = reporter_->peak();
+    return d;
+  }
   void Synchronize() override {}
   std::string source() const override { return "cpu_allocator_reports"; }
 
@@ -101,6 +122,42 @@ AllocatorStats ReadAllocatorStats(const torch::Device& device) {
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(CudaIndex(device));
   const auto aggregate = static_cast<size_t>(StatType::AGGREGATE);
   return {stats.allocated_bytes[aggregate], stats.reserved_bytes[aggregate]};
+}
+
+}  // namespace memplan
+
+namespace memplan {
+
+std::string SegmentsByStream(const torch::Device& device) {
+  struct Pool {
+    int64_t reserved = 0, allocated = 0, active = 0, segments = 0;
+  };
+  std::map<std::pair<void*, bool>, Pool> pools;
+  const auto snapshot = c10::cuda::CUDACachingAllocator::snapshot({0, 0}, /*include_traces=*/false);
+  const c10::DeviceIndex index = CudaIndex(device);
+  for (const auto& seg : snapshot.segments) {
+    if (seg.device != index) continue;
+    Pool& p = pools[{seg.stream, seg.is_large}];
+    p.reserved += static_cast<int64_t>(seg.total_size);
+    p.allocated += static_cast<int64_t>(seg.allocated_size);
+    p.active += static_cast<int64_t>(seg.active_size);
+    ++p.segments;
+  }
+  std::vector<std::pair<std::pair<void*, bool>, Pool>> sorted(pools.begin(), pools.end());
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto& a, const auto& b) { return a.second.reserved > b.second.reserved; });
+  const void* current = c10::cuda::getCurrentCUDAStream(index).stream();
+  std::string out;
+  constexpr double kMiB = 1 << 20;
+  for (const auto& [key, p] : sorted) {
+    absl::StrAppendFormat(&out,
+                          "stream %p%s %s pool: reserved %.0f MiB, allocated %.0f MiB, active "
+                          "%.0f MiB, %lld segments\n",
+                          key.first, key.first == current ? " (current)" : "",
+                          key.second ? "large" : "small", p.reserved / kMiB, p.allocated / kMiB,
+                          p.active / kMiB, static_cast<long long>(p.segments));
+  }
+  return out;
 }
 
 }  // namespace memplan

@@ -30,6 +30,15 @@ class MemoryProbe {
   virtual void ResetPeak() = 0;
   // Bytes the allocator holds from the device (CUDA caching allocator); CPU: AllocatedBytes().
   virtual int64_t ReservedBytes() = 0;
+  // Allocator detail (CUDA; CPU: active = allocated, the rest 0). Active bytes are allocated bytes
+  // plus freed blocks still waiting for another stream's work (record_stream) before reuse.
+  struct Detail {
+    int64_t active = 0;
+    int64_t peak_active = 0;     // since the last ResetPeak()
+    int64_t inactive_split = 0;  // free pieces of partly used segments (fragmentation)
+    int64_t device_allocs = 0;   // segment allocations / expansions so far
+  };
+  virtual Detail AllocatorDetail() = 0;
   // Waits for queued device work (CUDA); no-op on CPU.
   virtual void Synchronize() = 0;
   // "cuda_caching_allocator" or "cpu_allocator_reports".
@@ -45,5 +54,10 @@ struct AllocatorStats {
   c10::CachingAllocator::Stat allocated, reserved;
 };
 AllocatorStats ReadAllocatorStats(const torch::Device& device);
+
+// One line per (stream, pool) of the caching allocator's segments on `device`: reserved,
+// allocated, active (allocated + waiting on other streams) and segment count, largest first;
+// which streams' pools hold the reserved memory (the compute stream's pool is not shared).
+std::string SegmentsByStream(const torch::Device& device);
 
 }  // namespace memplan

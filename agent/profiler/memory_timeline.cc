@@ -35,6 +35,11 @@ void MemoryTimeline::Record(const char* event, int group) {
   e.allocated = probe_->AllocatedBytes();
   e.reserved = probe_->ReservedBytes();
   e.peak_since = probe_->PeakAllocatedBytes();
+  const MemoryProbe::Detail detail = probe_->AllocatorDetail();
+  e.active = detail.active;
+  e.peak_active_since = detail.peak_active;
+  e.inactive_split = detail.inactive_split;
+  e.device_allocs = detail.device_allocs;
   probe_->ResetPeak();
   step_peak_allocated_ = std::max(step_peak_allocated_, e.peak_since);
   step_peak_reserved_ = std::max(step_peak_reserved_, e.reserved);
@@ -42,10 +47,13 @@ void MemoryTimeline::Record(const char* event, int group) {
 }
 
 absl::Status MemoryTimeline::WriteTsv(const std::string& path) const {
-  std::string text = "step\tevent\tgroup\tallocated\treserved\tpeak_since_previous\n";
+  std::string text =
+      "step\tevent\tgroup\tallocated\treserved\tpeak_since_previous\tactive\t"
+      "peak_active_since_previous\tinactive_split\tdevice_allocs\n";
   for (const MemoryEvent& e : events_) {
     absl::StrAppend(&text, e.step, "\t", e.event, "\t", e.group, "\t", e.allocated, "\t",
-                    e.reserved, "\t", e.peak_since, "\n");
+                    e.reserved, "\t", e.peak_since, "\t", e.active, "\t", e.peak_active_since,
+                    "\t", e.inactive_split, "\t", e.device_allocs, "\n");
   }
   const std::string tmp = path + ".tmp";
   if (absl::Status s = io::WriteFileDurably(tmp, text); !s.ok()) return s;

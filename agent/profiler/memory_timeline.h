@@ -22,6 +22,13 @@ struct MemoryEvent {
   int64_t allocated = 0;    // live tensor bytes at the event
   int64_t reserved = 0;     // bytes held by the allocator at the event
   int64_t peak_since = 0;   // allocated peak between the previous event and this one
+  // The allocator's detail at the event (MemoryProbe::Detail): active bytes (allocated plus freed
+  // blocks waiting for another stream), their peak since the previous event, free pieces of
+  // split segments, and the count of segment allocations/expansions so far.
+  int64_t active = 0;
+  int64_t peak_active_since = 0;
+  int64_t inactive_split = 0;
+  int64_t device_allocs = 0;
 };
 
 // Not thread-safe (like every ParamResidency); the probe must outlive the timeline.

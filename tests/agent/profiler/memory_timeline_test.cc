@@ -122,7 +122,9 @@ TEST(MemoryTimelineTest, RecordsEveryGroupHookOfTheStepWithoutChangingTraining) 
   std::vector<std::string> lines;
   while (std::getline(in, line)) lines.push_back(line);
   ASSERT_EQ(lines.size(), ev.size() + 1);
-  EXPECT_EQ(lines[0], "step\tevent\tgroup\tallocated\treserved\tpeak_since_previous");
+  EXPECT_EQ(lines[0],
+            "step\tevent\tgroup\tallocated\treserved\tpeak_since_previous\tactive\t"
+            "peak_active_since_previous\tinactive_split\tdevice_allocs");
   EXPECT_EQ(lines[1].rfind("2\tstep_begin\t-1\t", 0), 0u) << lines[1];
   ::unlink(path.c_str());
 }
