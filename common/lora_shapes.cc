@@ -68,7 +68,8 @@ absl::StatusOr<LoraAdapterBytes> PersistentLoraAdapterBytes(const ModelSpec& mod
         c.size_bytes / dtype_bytes * PersistentStateBytesPerElem(optimizer, dtype_bytes);
     largest = std::max(largest, c.size_bytes);
   }
-  b.step_extra_bytes = largest / dtype_bytes * StepGradCopyBytesPerElem(optimizer, dtype_bytes);
+  b.step_extra_bytes = StepGradCopyElems(largest / dtype_bytes, packing.chunk_bytes, dtype_bytes) *
+                       StepGradCopyBytesPerElem(optimizer, dtype_bytes);
   b.num_chunks = layout->num_chunks();
   return b;
 }

@@ -80,6 +80,18 @@ constexpr int64_t StepGradCopyBytesPerElem(OptimizerKind kind, int64_t dtype_byt
   return OptimizerKeepsMaster(kind, dtype_bytes) ? 4 : 0;
 }
 
+// [Sliced grad copy] The GPU update of persistent chunks converts grads to fp32 in slices of at
+// most one regular chunk's elements (chunk_bytes / dtype_bytes): an oversized chunk (a vocabulary
+// embedding of hundreds of millions of elements) is updated slice by slice, so the transient is
+// one chunk-sized fp32 tensor of the same size every time, which the caching allocator reuses,
+// instead of a single multi-GiB block that it must map above every hole of the step. Elements of
+// the largest transient for a largest chunk of `largest_elems` trainable elements.
+constexpr int64_t StepGradCopyElems(int64_t largest_elems, int64_t chunk_bytes,
+                                    int64_t dtype_bytes) {
+  const int64_t slice = chunk_bytes / dtype_bytes;
+  return slice > 0 && slice < largest_elems ? slice : largest_elems;
+}
+
 // Host memory of one offloaded chunk of `chunk_bytes` (model dtype, alignment gaps included).
 struct OffloadedChunkHostBytes {
   int64_t transfer_bytes = 0;  // parameters (upload source) + grad staging, in the model dtype;

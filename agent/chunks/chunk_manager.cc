@@ -1481,11 +1481,18 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
     }
 
     // Persistent chunks: on the device, one fused call per chunk, so that the fp32 copies of a
-    // mixed-precision model's grads exist for one chunk at a time (not for the whole model).
+    // mixed-precision model's grads exist for one chunk at a time (not for the whole model); a
+    // parameter larger than a regular chunk is updated in slices of a chunk's elements
+    // ([Sliced grad copy], common/optimizer_bytes.h), so the fp32 transient never exceeds one
+    // regular chunk's and the caching allocator reuses the same block for every slice.
+    const int64_t slice_elems =
+        StepGradCopyElems(std::numeric_limits<int64_t>::max(), options_.chunk_bytes, elem_size());
     std::vector<torch::Tensor> targets, grads, exp_avgs, exp_avg_sqs, steps;
     std::vector<Param*> updated;
     int batch_chunk = -1;
+    int64_t batch_elems = 0;
     auto flush = [&]() {
+      batch_elems = 0;
       if (targets.empty()) return;
       const AdamWOptions& o = options_.adamw;
       at::_fused_adamw_(targets, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps,
@@ -1497,13 +1504,19 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
       exp_avg_sqs.clear();
       steps.clear();
     };
-    auto batch = [&](const torch::Tensor& target, const torch::Tensor& grad, Param& p) {
+    auto batch_views = [&](const torch::Tensor& target, const torch::Tensor& grad,
+                           const torch::Tensor& exp_avg, const torch::Tensor& exp_avg_sq,
+                           Param& p) {
       targets.push_back(target);
       grads.push_back(grad);
-      exp_avgs.push_back(p.exp_avg);
-      exp_avg_sqs.push_back(p.exp_avg_sq);
-      p.fused_step.fill_(static_cast<double>(p.step));  // the fused kernel reads, not bumps
+      exp_avgs.push_back(exp_avg);
+      exp_avg_sqs.push_back(exp_avg_sq);
       steps.push_back(p.fused_step);
+      batch_elems += target.numel();
+    };
+    auto batch = [&](const torch::Tensor& target, const torch::Tensor& grad, Param& p) {
+      p.fused_step.fill_(static_cast<double>(p.step));  // the fused kernel reads, not bumps
+      batch_views(target, grad, p.exp_avg, p.exp_avg_sq, p);
     };
     for (Param& p : params_) {
       if (!chunks_[p.chunk].persistent || !p.tensor.grad().defined()) continue;
@@ -1538,7 +1551,23 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
       }
       if (cuda()) {
         if (clip_coef.defined()) grad.mul_(clip_coef);
-        batch(target, master() ? grad.to(torch::kFloat32) : grad, p);
+        const bool sliceable = grad.is_contiguous() && target.is_contiguous() &&
+                               p.exp_avg.is_contiguous() && p.exp_avg_sq.is_contiguous();
+        if (!master() || !sliceable) {
+          batch(target, master() ? grad.to(torch::kFloat32) : grad, p);
+          continue;
+        }
+        // [Sliced grad copy]: fp32 copies of at most slice_elems elements per fused call.
+        p.fused_step.fill_(static_cast<double>(p.step));
+        const torch::Tensor g = grad.view(-1), t = target.view(-1);
+        const torch::Tensor m = p.exp_avg.view(-1), v = p.exp_avg_sq.view(-1);
+        for (int64_t off = 0; off < p.numel;) {
+          if (batch_elems >= slice_elems) flush();
+          const int64_t len = std::min(p.numel - off, slice_elems - batch_elems);
+          batch_views(t.narrow(0, off, len), g.narrow(0, off, len).to(torch::kFloat32),
+                      m.narrow(0, off, len), v.narrow(0, off, len), p);
+          off += len;
+        }
       } else {
         // The CPU kernel multiplies by the clip coefficient itself (same fp32 product as
         // grad.mul_(coef)) and reproduces torch's AdamW rounding exactly.

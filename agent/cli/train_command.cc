@@ -196,6 +196,44 @@ void ConfigureAllocator(const TrainConfig& c, const torch::Device& device) {
       .Field("settings", conf.empty() ? std::string("(pytorch default or environment)") : conf);
 }
 
+// --memory-limit: caps the caching allocator's reserved bytes (setMemoryFraction of the device's
+// total), so that what the run holds is what the plan said; at the cap the allocator frees its
+// cached blocks (on a device synchronisation) and retries before it fails. Called once the plan is
+// known, before the model reaches the device.
+absl::Status ApplyMemoryLimit(const TrainConfig& c, const torch::Device& device,
+                              const PlanAnswer* answer) {
+  if (c.memory_limit_bytes == 0) return absl::OkStatus();
+  int64_t limit = c.memory_limit_bytes;
+  if (limit < 0) {
+    if (answer == nullptr) {
+      return absl::InvalidArgumentError(
+          "--memory-limit plan: needs --planner (the predicted reserved peak comes from it); give "
+          "a size in MiB instead");
+    }
+    limit = answer->prediction.peak_bytes - answer->prediction.breakdown.cuda_context_bytes;
+  }
+  if (!device.is_cuda()) {
+    std::printf("note: --memory-limit applies to CUDA devices only; ignored on %s\n",
+                device.str().c_str());
+    return absl::OkStatus();
+  }
+  size_t free_bytes = 0, total_bytes = 0;
+  {
+    c10::cuda::CUDAGuard guard(CudaIndex(device));
+    C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  }
+  if (limit <= 0 || limit > static_cast<int64_t>(total_bytes)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--memory-limit: %.0f MiB is outside 1 MiB .. the device's %.0f MiB", MiB(limit),
+        MiB(static_cast<int64_t>(total_bytes))));
+  }
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(
+      static_cast<double>(limit) / static_cast<double>(total_bytes), CudaIndex(device));
+  std::printf("allocator limit: %.0f MiB reserved%s\n", MiB(limit),
+              c.memory_limit_bytes < 0 ? " (the plan's predicted reserved peak)" : "");
+  return absl::OkStatus();
+}
+
 std::string PlanLine(const ResidencyPlan& p) {
   std::vector<std::string> modes;
   for (BlockMode m : p.block_modes) modes.emplace_back(BlockModeName(m));
@@ -605,6 +643,7 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
   }
   ASSIGN_OR_RETURN(const RunPlan plan,
                    ResolveRunPlan(c, static_cast<int>(spec.num_layers), file_plan, world_size));
+  RETURN_IF_ERROR(ApplyMemoryLimit(c, device, loop.address.empty() ? nullptr : &answer));
 
   // Model. [Sharded loading] A managed full fine-tune creates its parameters without values
   // (deferred_values: shapes only): the ChunkManager allocates what this rank stores and it is
@@ -995,10 +1034,18 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
                 static_cast<long long>(trainer->step()), c.memory_timeline.c_str(),
                 timeline->events().size());
     if (device.is_cuda()) {
-      for (absl::string_view line : absl::StrSplit(SegmentsByStream(device), '\n', absl::SkipEmpty())) {
+      for (absl::string_view line :
+           absl::StrSplit(SegmentsByStream(device), '\n', absl::SkipEmpty())) {
         std::printf("allocator pool %.*s\n", static_cast<int>(line.size()), line.data());
       }
     }
+  }
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(CudaIndex(device));
+    std::printf("allocator retries %lld (cached blocks freed to satisfy an allocation), "
+                "device allocations %lld\n",
+                static_cast<long long>(stats.num_alloc_retries),
+                static_cast<long long>(stats.num_device_alloc));
   }
   if (!c.save_dir.empty() && (c.save_every == 0 || trainer->step() % c.save_every != 0)) {
     RETURN_IF_ERROR(save());

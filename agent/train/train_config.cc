@@ -110,6 +110,11 @@ Diagnostics and device memory:
                            tokens/s, device memory and peaks, chunk bytes moved host to device,
                            with the planner's prediction for the plan; port 0 picks a free port,
                            printed as "metrics on HOST:PORT")
+  --memory-limit off|plan|MIB
+                           hold the CUDA caching allocator's reserved bytes to a cap: "plan" is
+                           the planner's predicted reserved peak (--planner), MIB a figure; at
+                           the cap the allocator returns cached free blocks and retries before
+                           it fails (default off; the retries are counted at the end)
   --allocator-conf STR     CUDA caching-allocator settings, PYTORCH_CUDA_ALLOC_CONF syntax
                            (default expandable_segments:True unless that variable is set;
                            "" = PyTorch's own default)
@@ -308,6 +313,22 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
       {"load-adapter", set_string(&c.load_adapter_dir)},
       {"save-adapter", set_string(&c.save_adapter_dir)},
       {"merge-export", set_string(&c.merge_export_dir)},
+      {"memory-limit",
+       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
+         if (v == "off") {
+           c.memory_limit_bytes = 0;
+         } else if (v == "plan") {
+           c.memory_limit_bytes = -1;
+         } else {
+           int64_t mib = 0;
+           if (!absl::SimpleAtoi(v, &mib) || mib < 1 || mib > (int64_t{1} << 30)) {
+             return absl::InvalidArgumentError(absl::StrCat(
+                 "--", flag, " ", v, ": expected off, plan or a size in MiB (1 to 2^30)"));
+           }
+           c.memory_limit_bytes = mib << 20;
+         }
+         return absl::OkStatus();
+       }},
       {"allocator-conf",
        [&c](absl::string_view, const std::string& v) -> absl::Status {
          c.allocator_conf = v;

@@ -62,6 +62,10 @@ struct TrainConfig {
   int64_t log_every = 1;
   // Diagnostics: per-group device memory of every step, as TSV (agent/profiler/memory_timeline.h).
   std::string memory_timeline;
+  // Cap on the CUDA caching allocator's reserved bytes (setMemoryFraction): 0 = none; -1 = the
+  // plan's predicted reserved peak (its peak less the CUDA context; needs --planner). At the cap
+  // the allocator gives its cached free blocks back and retries before it reports out of memory.
+  int64_t memory_limit_bytes = 0;
   // Live Prometheus metrics on HOST:PORT while training (agent/metrics); empty: off.
   std::string metrics_address;
   // CUDA caching-allocator settings (PYTORCH_CUDA_ALLOC_CONF syntax), applied before the first

@@ -374,10 +374,13 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
                                   ? (max_train + second_train) / dtype_bytes_ * 4
                                   : 0;
   // The GPU optimizer updates one persistent chunk at a time; when it runs on an fp32 master
-  // (adamw, sgd on bf16) that chunk's grads are first copied to fp32.
+  // (adamw, sgd on bf16) that chunk's grads are first copied to fp32, at most one regular chunk's
+  // elements at a time ([Sliced grad copy], common/optimizer_bytes.h).
   t.optimizer_step_extra_bytes =
-      adapters.has_value() ? adapters->step_extra_bytes
-                           : max_train / dtype_bytes_ * StepGradCopyBytesPerElem(opt, dtype_bytes_);
+      adapters.has_value()
+          ? adapters->step_extra_bytes
+          : StepGradCopyElems(max_train / dtype_bytes_, t.layout.chunk_bytes, dtype_bytes_) *
+                StepGradCopyBytesPerElem(opt, dtype_bytes_);
   // The agent's buffers: shared ones sized for the largest regular chunk of the layout, and one
   // of its own for each non-persistent oversized chunk.
   t.shared_buffer_bytes = 0;

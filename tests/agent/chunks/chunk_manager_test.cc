@@ -1181,6 +1181,10 @@ TEST(ChunkManagerGpuTest, Bf16TrainingTracksTheFp32Reference) {
   // (fused GPU AdamW).
   const ToyModel offloaded = ToyModel::Make(4, true, 64, 128, 21, bf16);
   const ToyModel persistent = ToyModel::Make(4, true, 64, 128, 21, bf16);
+  // And persistent with 4 KiB chunks: the 8 192-element embedding and every matrix larger than
+  // 2 048 elements are updated in slices ([Sliced grad copy]); the result must be bit for bit the
+  // unsliced update's.
+  const ToyModel sliced = ToyModel::Make(4, true, 64, 128, 21, bf16);
   ChunkManagerOptions options = CpuOptions(0, 2);
   options.adamw.lr = 1e-3;
   options.chunk_bytes = 40000;
@@ -1193,6 +1197,10 @@ TEST(ChunkManagerGpuTest, Bf16TrainingTracksTheFp32Reference) {
   options.n_persist = 1000;
   auto gpu_manager = ChunkManager::Create(persistent.Groups(), options);
   ASSERT_TRUE(gpu_manager.ok()) << gpu_manager.status();
+  ChunkManagerOptions small = options;
+  small.chunk_bytes = 4096;
+  auto sliced_manager = ChunkManager::Create(sliced.Groups(), small);
+  ASSERT_TRUE(sliced_manager.ok()) << sliced_manager.status();
 
   std::map<std::string, torch::Tensor> ref_by_name = reference.ByName();
   std::vector<torch::Tensor> ref_params;
@@ -1216,6 +1224,8 @@ TEST(ChunkManagerGpuTest, Bf16TrainingTracksTheFp32Reference) {
       EXPECT_NEAR(loss, ref_loss, 0.02 * std::abs(ref_loss)) << "step " << step;
       ASSERT_TRUE((*manager)->Step(0).ok());
     }
+    RunMicroBatch(sliced, sliced_manager->get(), false, batch.tokens, batch.targets);
+    ASSERT_TRUE((*sliced_manager)->Step(0).ok());
     optimizer.step();
     optimizer.zero_grad();
   }
@@ -1223,6 +1233,11 @@ TEST(ChunkManagerGpuTest, Bf16TrainingTracksTheFp32Reference) {
   // each weight by at most ~2 lr per step relative to fp32, plus the final bf16 rounding.
   const auto cpu_params = (*cpu_manager)->Params();
   const auto gpu_params = (*gpu_manager)->Params();
+  std::map<std::string, torch::Tensor> sliced_by_name;
+  for (const NamedParam& p : (*sliced_manager)->Params()) sliced_by_name[p.name] = p.param;
+  for (const NamedParam& p : gpu_params) {
+    EXPECT_TRUE(torch::equal(sliced_by_name.at(p.name).cpu(), p.param.cpu())) << p.name;
+  }
   std::map<std::string, torch::Tensor> cpu_state, gpu_state;
   for (const NamedParam& s : (*cpu_manager)->OptimizerState()) cpu_state[s.name] = s.param;
   for (const NamedParam& s : (*gpu_manager)->OptimizerState()) gpu_state[s.name] = s.param;
