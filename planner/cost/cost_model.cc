@@ -381,6 +381,8 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
           ? adapters->step_extra_bytes
           : StepGradCopyElems(max_train / dtype_bytes_, t.layout.chunk_bytes, dtype_bytes_) *
                 StepGradCopyBytesPerElem(opt, dtype_bytes_);
+  t.tied_grad_bytes =
+      tied_ ? t.train_prefix[t.fwd_owned_begin[1]] - t.train_prefix[t.fwd_owned_begin[0]] : 0;
   // The agent's buffers: shared ones sized for the largest regular chunk of the layout, and one
   // of its own for each non-persistent oversized chunk.
   t.shared_buffer_bytes = 0;
@@ -533,6 +535,40 @@ int64_t CostModel::GradPhaseRawBytes(int32_t n_persist) const {
   const bool updates_on_device = n_persist > 0 || chunks_->adapters_persistent;
   const int64_t step_extra = updates_on_device ? chunks_->optimizer_step_extra_bytes : 0;
   return chunks_->train_prefix[n_persist] + std::max(emb_retained_ + emb_extra_, step_extra);
+}
+
+int64_t CostModel::GradsLiveInBackward(int32_t j, int32_t n_persist) const {
+  // Chunks first used by a stage after block j's (stage j + 1) hold only later blocks' (or the
+  // head's) parameters, whose grads are done; a chunk that block j shares with its successor is
+  // left out (at most one chunk).
+  const int32_t begin = chunks_->fwd_owned_begin[j + 2];
+  int64_t live = chunks_->tied_grad_bytes;
+  if (n_persist > begin) live += chunks_->train_prefix[n_persist] - chunks_->train_prefix[begin];
+  return live;
+}
+
+int64_t CostModel::BackwardGradsImpl(const Modes& m, int32_t n_persist, int* phase) const {
+  int64_t best = 0;
+  if (phase != nullptr) *phase = -1;
+  for (int32_t j = 0; j < num_blocks_; ++j) {
+    const int64_t v = PhaseTotal(j, m) + GradsLiveInBackward(j, n_persist);
+    if (v > best) {
+      best = v;
+      if (phase != nullptr) *phase = j;
+    }
+  }
+  return best;
+}
+
+int64_t CostModel::BackwardGradsRawBytes(const ModeCounts& counts, int32_t n_persist) const {
+  Modes m;
+  m.counts = counts;
+  return BackwardGradsImpl(m, n_persist, nullptr);
+}
+
+int64_t CostModel::StepDynamicRawBytes(const ModeCounts& counts, int64_t dyn,
+                                       int32_t n_persist) const {
+  return std::max({dyn, GradPhaseRawBytes(n_persist), BackwardGradsRawBytes(counts, n_persist)});
 }
 
 int32_t CostModel::MaxPersistForGradPhase(int64_t room_bytes, int32_t max_persist) const {
@@ -1110,28 +1146,35 @@ Prediction CostModel::Assemble(const ResidencyPlan& plan, const Modes& m, bool f
 
   Prediction pred;
   MemoryBreakdown& b = pred.breakdown;
-  // The breakdown describes the moment of the peak: the activation walk's worst phase, or the
-  // end of backward when the persistent grads outweigh it.
+  // The breakdown describes the moment of the peak: the activation walk's worst phase, a block's
+  // backward next to the grads already produced ([Grads beside backward]), or the end of
+  // backward when the persistent grads outweigh both.
   const int64_t grad_phase = GradPhaseRawBytes(plan.n_persist);
-  const bool grads_peak = grad_phase > dyn.total;
+  int bwd_block = -1;
+  const int64_t bwd_grads = BackwardGradsImpl(m, plan.n_persist, &bwd_block);
+  const bool grads_peak = grad_phase > std::max(dyn.total, bwd_grads);
+  const bool bwd_peak = !grads_peak && bwd_grads > dyn.total;
+  const DynamicParts phase = bwd_peak ? PhaseParts(bwd_block, m) : dyn;
   const int64_t staging = GradStagingBytes(plan.n_persist);
   b.persistent_chunks_bytes = chunks_->alloc_prefix[plan.n_persist];
   b.buffers_bytes = BufferBytes(plan.n_persist, plan.n_buffer);
-  b.grads_bytes = staging + (grads_peak ? chunks_->train_prefix[plan.n_persist] : 0);
+  b.grads_bytes = staging + (grads_peak ? chunks_->train_prefix[plan.n_persist]
+                             : bwd_peak ? GradsLiveInBackward(bwd_block, plan.n_persist)
+                                        : 0);
   b.optimizer_state_bytes = chunks_->opt_prefix[plan.n_persist];
   // At the grad phase: the embedding's backward, or the optimizer step's fp32 grad copy.
   const bool step_copy = grads_peak && (plan.n_persist > 0 || chunks_->adapters_persistent) &&
                          chunks_->optimizer_step_extra_bytes > emb_retained_ + emb_extra_;
-  b.activations_bytes = grads_peak ? (step_copy ? 0 : emb_retained_) : dyn.activations;
-  b.checkpoint_chain_bytes = grads_peak ? 0 : dyn.checkpoint_chain;
+  b.activations_bytes = grads_peak ? (step_copy ? 0 : emb_retained_) : phase.activations;
+  b.checkpoint_chain_bytes = grads_peak ? 0 : phase.checkpoint_chain;
   b.transient_bytes = grads_peak ? (step_copy ? chunks_->optimizer_step_extra_bytes : emb_extra_)
-                                 : dyn.transient;
+                                 : phase.transient;
   b.cuda_context_bytes = hardware_.cuda_context_bytes;
   b.fragmentation_factor = options_.fragmentation_factor;
   b.calibration_residual_bytes = options_.residual_bytes;
-  b.head_bytes = grads_peak ? 0 : dyn.head;
+  b.head_bytes = grads_peak ? 0 : phase.head;
   b.exact_bytes = StaticRawBytes(plan.n_persist, plan.n_buffer);
-  pred.peak_bytes = Peak(b.exact_bytes, std::max(dyn.total, grad_phase));
+  pred.peak_bytes = Peak(b.exact_bytes, std::max({dyn.total, grad_phase, bwd_grads}));
   pred.load_peak_bytes = Peak(LoadRawBytes(plan.n_persist, plan.n_buffer), 0);
 
   int64_t host = 0;

@@ -105,7 +105,7 @@ class CostModel {
   int32_t MinBuffers(int32_t n_persist) const;
   // Raw (pre-calibration) bytes held for the whole step: persistent chunks with their optimizer
   // state, chunk buffers, grad staging for offloaded chunks. The steady peak is
-  //   StaticRawBytes + max(DynamicRawBytes(modes), GradPhaseRawBytes(n_persist)).
+  //   StaticRawBytes + StepDynamicRawBytes(modes, n_persist).
   int64_t StaticRawBytes(int32_t n_persist, int32_t n_buffer) const;
   // Grad bytes besides the persistent grads themselves: offloaded chunks' staging, and with
   // W > 1 the persistent all-reduce's fp32 copies in flight.
@@ -117,6 +117,15 @@ class CostModel {
   int64_t PersistentRawBytes(int32_t n_persist) const;
   // End of backward / optimizer step: every persistent chunk's grads exist, activations are gone.
   int64_t GradPhaseRawBytes(int32_t n_persist) const;
+  // [Grads beside backward] The largest backward phase of a block next to the grads already
+  // produced when it runs: the tied embedding's (written by the head's backward, staged or updated
+  // only after the embedding's own backward) and the persistent chunks' of later blocks (kept
+  // until the optimizer step). Non-decreasing in n_persist.
+  int64_t BackwardGradsRawBytes(const ModeCounts& counts, int32_t n_persist) const;
+  // Every dynamic phase of the step: max(DynamicRawBytes, GradPhaseRawBytes,
+  // BackwardGradsRawBytes) — what the steady peak adds to StaticRawBytes. `dyn` is
+  // DynamicRawBytes(counts), when the caller has it.
+  int64_t StepDynamicRawBytes(const ModeCounts& counts, int64_t dyn, int32_t n_persist) const;
   // Largest n_persist in [0, max_persist] whose persistent bytes plus the calibrated grad phase
   // fit `room` (capacity less residual and context, see Room()), or -1.
   int32_t MaxPersistForGradPhase(int64_t room_bytes, int32_t max_persist) const;
@@ -204,6 +213,10 @@ class CostModel {
   DynamicParts DynamicImpl(const Modes& m, bool fast) const;
   DynamicParts PhaseParts(int phase, const Modes& m) const;  // -1 emb, 0..N-1 block, N head
   int64_t PhaseTotal(int phase, const Modes& m) const;
+  // Grads live while block j runs backward ([Grads beside backward]).
+  int64_t GradsLiveInBackward(int32_t j, int32_t n_persist) const;
+  // BackwardGradsRawBytes for any Modes; *phase (if given) gets the block of the maximum.
+  int64_t BackwardGradsImpl(const Modes& m, int32_t n_persist, int* phase) const;
   Prediction Assemble(const ResidencyPlan& plan, const Modes& m, bool fast) const;
   int32_t RangeMaxIndex(int mode, int32_t lo, int32_t hi) const;  // argmax V_mode on [lo, hi)
   int64_t ModeValue(int mode, int32_t j) const;
@@ -249,6 +262,9 @@ class CostModel {
     // persistent prefix (index 0 included) and updated on the device ([LoRA managers]).
     bool adapters_persistent = false;
     int64_t optimizer_step_extra_bytes = 0;  // fp32 copy of one chunk's grads (mixed precision)
+    // Trainable bytes of the embedding's chunks when the head shares its weight: their grads
+    // exist from the head's backward to the end of backward ([Grads beside backward]).
+    int64_t tied_grad_bytes = 0;
     int64_t shared_buffer_bytes = 0;          // largest regular chunk of the layout
     std::vector<int64_t> oversized_suffix;    // size C + 1: oversized chunk bytes in [c, C)
     std::vector<int32_t> regular_prefix;      // size C + 1: regular chunks in [0, c)

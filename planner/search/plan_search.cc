@@ -295,7 +295,7 @@ class Runner {
   // grows with buffers). Returns whether it is feasible.
   bool EvalPersist(const ModeCounts& m, int64_t dyn, int32_t np) {
     ++*evaluated_;
-    const int64_t budget = room_ - model_.Scaled(std::max(dyn, model_.GradPhaseRawBytes(np)));
+    const int64_t budget = room_ - model_.Scaled(model_.StepDynamicRawBytes(m, dyn, np));
     int32_t nb = 0;
     if (np < c_) {
       const int64_t room = budget - model_.StaticRawBytes(np, 0);
@@ -425,12 +425,12 @@ SearchResult PlanSearch::FindLeanest(const SearchConstraints& constraints) const
     const std::vector<int64_t> statics = StaticProfile(model, f.n_buffer, c);
     auto static_at = [&](int32_t np) { return statics[std::min(np, c)]; };
     // Required bytes with np persistent chunks and the fewest buffers; -1 when not allowed.
-    auto required = [&](int32_t np, int64_t dyn) -> int64_t {
+    auto required = [&](int32_t np, const ModeCounts& m, int64_t dyn) -> int64_t {
       if (np < np_min || np > np_max) return -1;
       const int32_t nb = np >= c ? 0 : (f.n_buffer ? *f.n_buffer : model.MinBuffers(np));
       if (np < c && (nb < model.MinBuffers(np) || nb > c - np)) return -1;
       if (np >= c && f.n_buffer && *f.n_buffer != 0) return -1;
-      return std::max(model.Peak(static_at(np), std::max(dyn, model.GradPhaseRawBytes(np))),
+      return std::max(model.Peak(static_at(np), model.StepDynamicRawBytes(m, dyn, np)),
                       model.Peak(model.LoadRawBytes(np, nb), 0));
     };
     // With a fixed buffer count, the first n_persist at which that many buffers suffice.
@@ -484,7 +484,7 @@ SearchResult PlanSearch::FindLeanest(const SearchConstraints& constraints) const
           const ModeCounts m{s, h, k};
           const int64_t dyn = model.DynamicRawBytes(m);
           const int64_t bound =
-              std::max(model.Peak(static_floor, std::max(dyn, model.GradPhaseRawBytes(np_floor))),
+              std::max(model.Peak(static_floor, model.StepDynamicRawBytes(m, dyn, np_floor)),
                        model.Peak(model.LoadRawBytes(np_floor, 0), 0));
           if (bound >= best_required) break;
           result.plans_evaluated += 2;
@@ -497,7 +497,7 @@ SearchResult PlanSearch::FindLeanest(const SearchConstraints& constraints) const
           }
           candidates.push_back(c);
           for (int32_t np : candidates) {
-            const int64_t r = required(np, dyn);
+            const int64_t r = required(np, m, dyn);
             if (r < 0 || r >= best_required) continue;
             best_required = r;
             best.found = true;
