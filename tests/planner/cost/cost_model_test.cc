@@ -45,6 +45,11 @@ void ExpectSamePrediction(const Prediction& a, const Prediction& b) {
   ExpectNear(a.tokens_per_second, b.tokens_per_second, "tokens/s");
 }
 
+// A uniform draw in [lo, hi] as an int32 (block, chunk and mode counts of the random cases).
+int32_t UniformInt32(std::mt19937_64& rng, int64_t lo, int64_t hi) {
+  return static_cast<int32_t>(std::uniform_int_distribution<int64_t>(lo, hi)(rng));
+}
+
 struct RandomCase {
   Trace trace;
   HardwareSpec hardware;
@@ -81,7 +86,7 @@ TEST(CostModelTest, FastPredictionMatchesReferenceWalk) {
     const int32_t n = model.num_blocks(), chunks = model.num_chunks();
     for (int p = 0; p < 20; ++p) {
       auto uni = [&](int64_t lo, int64_t hi) {
-        return static_cast<int32_t>(std::uniform_int_distribution<int64_t>(lo, hi)(rng));
+        return UniformInt32(rng, lo, hi);
       };
       ModeCounts m;
       m.n_swap = uni(0, n);
@@ -139,7 +144,7 @@ TEST(CostModelTest, BackwardPhasesCarryTheGradsAlreadyProduced) {
     const CostModel model = MustCreate(c.trace, c.chunk_bytes, c.hardware, c.options);
     const int32_t n = model.num_blocks(), chunks = model.num_chunks();
     auto uni = [&](int64_t lo, int64_t hi) {
-      return static_cast<int32_t>(std::uniform_int_distribution<int64_t>(lo, hi)(rng));
+      return UniformInt32(rng, lo, hi);
     };
     ModeCounts m;
     m.n_hs_offload = uni(0, n);
@@ -189,7 +194,7 @@ TEST(CostModelTest, MonotonicityPropertiesUsedBySearch) {
     const CostModel model = MustCreate(c.trace, c.chunk_bytes, c.hardware, c.options);
     const int32_t n = model.num_blocks(), chunks = model.num_chunks();
     auto uni = [&](int64_t lo, int64_t hi) {
-      return static_cast<int32_t>(std::uniform_int_distribution<int64_t>(lo, hi)(rng));
+      return UniformInt32(rng, lo, hi);
     };
     const HostMemoryKind kind = uni(0, 1) ? HostMemoryKind::kPinned : HostMemoryKind::kPageable;
     ModeCounts m{uni(0, n), 0, 0};
