@@ -78,6 +78,23 @@
 //   (equal on every rank) are added once.
 // Every rank issues the same collectives in the same order because every decision (which chunk
 // goes where, when a chunk is complete) depends only on the layout and the call sequence.
+//
+// [Sharded persistent state]
+// With options.shard_persistent_state (ZeRO-2 over the persistent chunks) a persistent chunk's
+// parameters stay replicated in one flat device tensor, padded to P elements like an offloaded
+// chunk, but its optimizer state (fp32 master, moments) covers only this rank's shard
+// [r P / W, (r + 1) P / W): 1/W of the replicated state's bytes.
+// * Backward: when the chunk's grads are final (its completion group, last micro-batch) they are
+//   copied into an fp32 flat tensor of P elements at their layout offsets, the parameters' .grad
+//   are dropped, and the tensor is reduce-scattered beside the rest of backward (one in flight
+//   while the next is copied, as the replicated all-reduce). Finishing divides by W and keeps the
+//   shard rounded to the model dtype (what the replicated path's .grad holds after its
+//   all-reduce), with its squared norm summed on the device for clipping.
+// * Step: each rank updates its shard (the same kernels as replicated persistent chunks, on the
+//   parameters' owned ranges), writes the shard back into the flat parameters and all-gathers
+//   them, chunk by chunk, the gathers running beside the next chunks' updates.
+// Checkpoint pieces, OptimizerState() and loading read the state from the shards, so a
+// checkpoint is the same whatever the layout, world size or plan.
 
 namespace memplan {
 namespace {
@@ -153,6 +170,10 @@ struct Chunk {
   int micro_batches = 0;      // micro-batches whose grads arrived in this step
   // Sharded, persistent: this step's grads are all-reduced (started in backward, or in Step).
   bool grads_reduced = false;
+  // [Sharded persistent state]: a persistent chunk whose state is sharded; this step's reduced
+  // grads of its shard (model dtype, on the device) once the reduce-scatter finished.
+  bool state_sharded = false;
+  torch::Tensor grad_shard;
   bool update_started = false;
   EventPtr grads_copied;  // the device-to-host copy of this micro-batch's grads
   EventPtr uploaded;      // the last upload from param_host
@@ -258,6 +279,12 @@ class ChunkManager::Impl {
     const Chunk& chunk = chunks_[p.chunk];
     return chunk.persistent ? OwnedRange{0, 0, p.numel} : Owned(p, chunk);
   }
+  // The elements of p's optimizer state this rank stores: Stored(p), except in a persistent chunk
+  // whose state is sharded ([Sharded persistent state]): its part of the shard.
+  OwnedRange StateStored(const Param& p) const {
+    const Chunk& chunk = chunks_[p.chunk];
+    return chunk.state_sharded ? Owned(p, chunk) : Stored(p);
+  }
   // [Loading] `flat` holds p's elements Stored(p) (any dtype): into the parameter (and master).
   void InstallParam(Param& p, const torch::Tensor& flat);
   // The same for its optimizer state (undefined m / v: fresh zeros; undefined master: kept) and
@@ -331,6 +358,10 @@ class ChunkManager::Impl {
   // [Persistent all-reduce in backward]
   absl::Status StartPersistentReduce(int c);
   absl::Status FinishPersistentReduce();
+  // [Sharded persistent state]: the step's updates of the shards and the all-gathers after them.
+  absl::Status UpdateShardedPersistent(const torch::Tensor& clip_coef, float grad_scale);
+  // A device tensor of `elems` elements per rank, all-gathered, on the CPU (a collective).
+  torch::Tensor GatherDevice(const torch::Tensor& shard);
   absl::Status AllReducePersistentGrads();
   absl::StatusOr<double> ShardedSquaredNorm();
   torch::Tensor GatherHost(const void* data, torch::ScalarType dtype, const Chunk& chunk,
@@ -370,6 +401,9 @@ class ChunkManager::Impl {
     std::unique_ptr<PendingCollective> work;
     torch::Tensor flat;
     std::vector<torch::Tensor> grads;
+    // [Sharded persistent state]: a reduce-scatter of chunk `chunk` into `shard` instead.
+    int chunk = -1;
+    torch::Tensor shard;
   };
   std::optional<PendingReduce> pending_reduce_;
   std::vector<PendingShardReduce> pending_shard_reduces_;
@@ -458,7 +492,9 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
     chunk.span_elems = info.size_bytes / elem_bytes;
     chunk.shard_elems = chunk.span_elems;
     chunk.padded_elems = chunk.span_elems;
-    if (sharded() && !chunk.persistent) {
+    chunk.state_sharded = sharded() && chunk.persistent && options_.shard_persistent_state &&
+                          !stateless();
+    if (sharded() && (!chunk.persistent || chunk.state_sharded)) {
       chunk.shard_elems = ShardElems(chunk.span_elems, world_);
       chunk.shard_begin = rank_ * chunk.shard_elems;
       chunk.padded_elems = PaddedElems(chunk.span_elems, world_);
@@ -479,23 +515,29 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
     for (int c = 0; c < layout_.num_chunks(); ++c) {
       Chunk& chunk = chunks_[c];
       if (chunk.persistent) {
-        chunk.device = torch::zeros({chunk.span_elems}, DeviceOptions());
+        // [Sharded persistent state]: padded, the all-gather's output.
+        chunk.device = torch::zeros({chunk.padded_elems}, DeviceOptions());
         for (int i : chunk.params) {
           Param& p = params_[i];
           torch::Tensor view = chunk.device.narrow(0, p.offset_elems, p.numel).view(p.shape);
           if (!options_.deferred_values) view.copy_(p.tensor.detach());
           p.tensor.set_data(view);
         }
-        stats_.persistent_device_bytes += chunk.span_elems * elem_bytes;
+        stats_.persistent_device_bytes += chunk.padded_elems * elem_bytes;
         if (stateless()) continue;
         // Flat state over the whole span (alignment gaps included), exactly
         // PersistentStateBytesPerElem() per element; parameters' state are views into it.
+        // [Sharded persistent state]: over this rank's shard of the padded span only.
         const auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(options_.device);
         const auto moments = fp32.dtype(moment_dtype());
-        if (master()) chunk.device_master = chunk.device.to(torch::kFloat32);
+        const int64_t state_elems = chunk.state_sharded ? chunk.shard_elems : chunk.span_elems;
+        if (master()) {
+          chunk.device_master =
+              chunk.device.narrow(0, chunk.shard_begin, state_elems).to(torch::kFloat32);
+        }
         if (has_moments()) {
-          chunk.device_exp_avg = torch::zeros({chunk.span_elems}, moments);
-          chunk.device_exp_avg_sq = torch::zeros({chunk.span_elems}, moments);
+          chunk.device_exp_avg = torch::zeros({state_elems}, moments);
+          chunk.device_exp_avg_sq = torch::zeros({state_elems}, moments);
         }
         if (quantized()) {
           const int64_t slots = QuantAbsmaxSlots(chunk.span_elems, elem_bytes);
@@ -504,7 +546,13 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
         }
         for (int i : chunk.params) {
           Param& p = params_[i];
-          auto view = [&p](const torch::Tensor& flat) {
+          // Sharded state: a flat view of the parameter's part of the shard (none when this rank
+          // stores none of it).
+          const OwnedRange owned = chunk.state_sharded ? Owned(p, chunk) : OwnedRange{};
+          auto view = [&p, &chunk, owned](const torch::Tensor& flat) {
+            if (chunk.state_sharded) {
+              return owned.len > 0 ? flat.narrow(0, owned.at, owned.len) : torch::Tensor();
+            }
             return flat.narrow(0, p.offset_elems, p.numel).view(p.shape);
           };
           if (master()) p.master = view(chunk.device_master);
@@ -530,7 +578,7 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
           }
         }
         stats_.persistent_state_device_bytes +=
-            PersistentStateBytes(optimizer(), elem_bytes, chunk.span_elems);
+            PersistentStateBytes(optimizer(), elem_bytes, state_elems);
         continue;
       }
       const int64_t shard_bytes = chunk.shard_elems * elem_bytes;
@@ -1172,6 +1220,26 @@ absl::Status ChunkManager::Impl::StartPersistentReduce(int c) {
   Chunk& chunk = chunks_[c];
   chunk.grads_reduced = true;
   PendingReduce pending;
+  if (chunk.state_sharded) {
+    // [Sharded persistent state]: the grads at their layout offsets in an fp32 flat tensor over
+    // the padded chunk, reduce-scattered; the parameters' own grads are not needed any more.
+    bool any = false;
+    for (int i : chunk.params) any = any || params_[i].tensor.grad().defined();
+    if (!any) return absl::OkStatus();
+    pending.chunk = c;
+    pending.flat = torch::zeros({chunk.padded_elems}, DeviceOptions().dtype(torch::kFloat32));
+    for (int i : chunk.params) {
+      Param& p = params_[i];
+      if (!p.tensor.grad().defined()) continue;
+      pending.flat.narrow(0, p.offset_elems, p.numel).copy_(p.tensor.grad().reshape({-1}));
+      p.tensor.mutable_grad().reset();
+      p.grad_in_step = true;
+    }
+    pending.shard = torch::empty({chunk.shard_elems}, pending.flat.options());
+    pending.work = comm_->ReduceScatterSum(pending.shard, pending.flat);
+    pending_reduce_ = std::move(pending);
+    return absl::OkStatus();
+  }
   int64_t numel = 0;
   for (int i : chunk.params) {
     if (params_[i].tensor.grad().defined()) {
@@ -1198,6 +1266,14 @@ absl::Status ChunkManager::Impl::FinishPersistentReduce() {
   pending_reduce_.reset();
   // CUDA: the compute stream waits for it.
   RETURN_IF_ERROR(NoteCollective(pending.work->Wait()));
+  if (pending.chunk >= 0) {
+    // [Sharded persistent state]: the mean, rounded once to the model dtype, and its squares.
+    Chunk& chunk = chunks_[pending.chunk];
+    pending.shard.div_(world_);
+    chunk.grad_shard = dtype_ == torch::kFloat32 ? pending.shard : pending.shard.to(dtype_);
+    chunk.shard_squares = chunk.grad_shard.to(torch::kFloat64).pow(2).sum();
+    return absl::OkStatus();
+  }
   pending.flat.div_(world_);
   int64_t at = 0;
   for (torch::Tensor& g : pending.grads) {
@@ -1293,7 +1369,7 @@ absl::StatusOr<double> ChunkManager::Impl::ShardedSquaredNorm() {
   double local = 0;
   std::vector<torch::Tensor> on_device;
   for (const Chunk& chunk : chunks_) {
-    if (!chunk.persistent && chunk.shard_squares.defined()) {
+    if ((!chunk.persistent || chunk.state_sharded) && chunk.shard_squares.defined()) {
       on_device.push_back(chunk.shard_squares.reshape({1}));
     }
   }
@@ -1316,12 +1392,99 @@ absl::StatusOr<double> ChunkManager::Impl::ShardedSquaredNorm() {
   // Persistent grads are replicated (all-reduced already): every rank adds the same, once.
   std::vector<torch::Tensor> persistent;
   for (Param& p : params_) {
-    if (chunks_[p.chunk].persistent && p.tensor.grad().defined()) {
+    const Chunk& chunk = chunks_[p.chunk];
+    if (chunk.persistent && !chunk.state_sharded && p.tensor.grad().defined()) {
       persistent.push_back(p.tensor.grad().to(torch::kFloat64).pow(2).sum());
     }
   }
   if (!persistent.empty()) squares += torch::stack(persistent).sum().item<double>();
   return squares;
+}
+
+absl::Status ChunkManager::Impl::UpdateShardedPersistent(const torch::Tensor& clip_coef,
+                                                        float grad_scale) {
+  // [Sharded persistent state] The same arithmetic as the replicated persistent chunks' update
+  // (clip the model-dtype grad, widen it for a master, AdamW / SGD per parameter), on the owned
+  // ranges of this rank's shard; then the shard goes back into the flat parameters and is
+  // all-gathered. Two gathers in flight at most: each holds a copy of its shard.
+  struct Gather {
+    std::unique_ptr<PendingCollective> work;
+    torch::Tensor src;
+  };
+  std::deque<Gather> gathers;
+  absl::Status status;
+  auto finish_oldest = [&] {
+    const absl::Status s = NoteCollective(gathers.front().work->Wait());
+    if (status.ok()) status = s;
+    gathers.pop_front();
+  };
+  const AdamWOptions& o = options_.adamw;
+  for (int c = 0; c < n_persist_ && status.ok(); ++c) {
+    Chunk& chunk = chunks_[c];
+    if (!chunk.state_sharded || !chunk.grad_shard.defined()) continue;
+    // Where the clip applies, as in the replicated update: AdamW on the device (and adamw_bf16)
+    // scales the model-dtype grad before widening it, SGD the widened copy, the CPU AdamW kernel
+    // scales by grad_scale itself.
+    const bool sgd = optimizer() == OptimizerKind::kSgd;
+    torch::Tensor g = chunk.grad_shard;
+    if (clip_coef.defined() && !sgd && (cuda() || pure())) g.mul_(clip_coef);
+    // The grad as the update reads it: fp32 with a master, else the model dtype.
+    const torch::Tensor g_read = master() ? g.to(torch::kFloat32) : g;
+    if (clip_coef.defined() && sgd) g_read.mul_(clip_coef);
+    std::vector<torch::Tensor> targets, grads, exp_avgs, exp_avg_sqs, steps;
+    for (int i : chunk.params) {
+      Param& p = params_[i];
+      if (!p.grad_in_step) continue;
+      ++p.step;  // on every rank, whether or not it stores part of p
+      const OwnedRange r = Owned(p, chunk);
+      if (r.len == 0) continue;
+      const torch::Tensor target =
+          master() ? p.master : chunk.device.narrow(0, chunk.shard_begin + r.at, r.len);
+      const torch::Tensor grad = g_read.narrow(0, r.at, r.len);
+      if (sgd) {
+        torch::Tensor d = grad;
+        if (o.weight_decay != 0) d = d.add(target, o.weight_decay);
+        target.add_(d, -1 * o.lr);
+        continue;
+      }
+      if (cuda() || pure()) {
+        p.fused_step.fill_(static_cast<double>(p.step));
+        targets.push_back(target);
+        grads.push_back(grad);
+        exp_avgs.push_back(p.exp_avg);
+        exp_avg_sqs.push_back(p.exp_avg_sq);
+        steps.push_back(p.fused_step);
+        continue;
+      }
+      // CPU, fp32 grads: the kernel applies the clip coefficient itself.
+      const torch::Tensor g32 = grad.to(torch::kFloat32).contiguous();
+      AdamWUpdate(MakeAdamWStepScalars(o, p.step), grad_scale, r.len, target.data_ptr<float>(),
+                  g32.data_ptr<float>(), p.exp_avg.data_ptr<float>(),
+                  p.exp_avg_sq.data_ptr<float>(), &TorchSqrt);
+    }
+    if (!targets.empty()) {
+      at::_fused_adamw_(targets, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, o.lr,
+                        o.beta1, o.beta2, o.weight_decay, o.eps, /*amsgrad=*/false,
+                        /*maximize=*/false);
+    }
+    torch::Tensor shard = chunk.device.narrow(0, chunk.shard_begin, chunk.shard_elems);
+    if (master()) shard.copy_(chunk.device_master);
+    if (gathers.size() >= 2) finish_oldest();
+    Gather gather;
+    gather.src = shard.clone();
+    gather.work = comm_->AllGather(chunk.device, gather.src);
+    gathers.push_back(std::move(gather));
+  }
+  while (!gathers.empty()) finish_oldest();
+  return status;
+}
+
+torch::Tensor ChunkManager::Impl::GatherDevice(const torch::Tensor& shard) {
+  torch::Tensor src = shard.contiguous().to(comm_->device());
+  torch::Tensor full = torch::empty({src.numel() * world_}, src.options());
+  const absl::Status s = comm_->AllGather(full, src)->Wait();
+  if (!s.ok()) FailCollective(s);
+  return full.to(torch::kCPU);
 }
 
 torch::Tensor ChunkManager::Impl::GatherHost(const void* data, torch::ScalarType dtype,
@@ -1378,6 +1541,7 @@ void ChunkManager::Impl::ResetStep() {
   reduces_beside_backward_ = 0;
   for (Chunk& chunk : chunks_) {
     chunk.grad_flat = torch::Tensor();
+    chunk.grad_shard = torch::Tensor();
     chunk.shard_squares = torch::Tensor();
     chunk.micro_batches = 0;
     chunk.grads_reduced = false;
@@ -1519,7 +1683,8 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
       batch_views(target, grad, p.exp_avg, p.exp_avg_sq, p);
     };
     for (Param& p : params_) {
-      if (!chunks_[p.chunk].persistent || !p.tensor.grad().defined()) continue;
+      const Chunk& owner = chunks_[p.chunk];
+      if (!owner.persistent || owner.state_sharded || !p.tensor.grad().defined()) continue;
       if (p.chunk != batch_chunk) {
         flush();
         batch_chunk = p.chunk;
@@ -1580,6 +1745,13 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
     flush();
     if (master()) {
       for (Param* p : updated) p->tensor.detach().copy_(p->master);
+    }
+    if (sharded() && options_.shard_persistent_state) {
+      if (const absl::Status s = UpdateShardedPersistent(clip_coef, grad_scale); !s.ok()) {
+        InvalidateBuffers();
+        ResetStep();
+        return s;
+      }
     }
 
     // Offloaded chunks not updated during backward: on the CPU pool, all chunks at once.
@@ -1651,6 +1823,10 @@ std::vector<NamedParam> ChunkManager::Impl::Grads() {
   if (sharded()) {
     // The replicated chunks' grads are summed over the ranks now (Step() does not repeat it).
     if (const absl::Status s = AllReducePersistentGrads(); !s.ok()) FailCollective(s);
+    // [Sharded persistent state]: the reduced shards, gathered.
+    for (int c = 0; c < n_persist_; ++c) {
+      if (chunks_[c].grad_shard.defined()) gathered[c] = GatherDevice(chunks_[c].grad_shard);
+    }
     for (int c = n_persist_; c < static_cast<int>(chunks_.size()); ++c) {
       bool any = false;
       for (int i : chunks_[c].params) any = any || params_[i].grad_in_step;
@@ -1660,7 +1836,12 @@ std::vector<NamedParam> ChunkManager::Impl::Grads() {
   std::vector<NamedParam> out;
   for (Param& p : params_) {
     Chunk& chunk = chunks_[p.chunk];
-    if (chunk.persistent) {
+    if (chunk.state_sharded) {
+      if (p.grad_in_step) {
+        out.push_back(
+            {p.name, gathered[p.chunk].narrow(0, p.offset_elems, p.numel).view(p.shape).clone()});
+      }
+    } else if (chunk.persistent) {
       if (p.tensor.grad().defined()) {
         out.push_back({p.name, p.tensor.grad().to(torch::kCPU, false, /*copy=*/true)});
       }
@@ -1687,6 +1868,17 @@ std::vector<NamedParam> ChunkManager::Impl::OptimizerState() {
   // Sharded: the state arrays of every offloaded chunk with an updated parameter, gathered.
   std::map<const void*, torch::Tensor> gathered;
   if (sharded()) {
+    // [Sharded persistent state]: the device shards of the persistent chunks, gathered.
+    for (int c = 0; c < n_persist_; ++c) {
+      Chunk& chunk = chunks_[c];
+      bool any = false;
+      for (int i : chunk.params) any = any || params_[i].step > 0;
+      if (!chunk.state_sharded || !any) continue;
+      for (const torch::Tensor* t :
+           {&chunk.device_exp_avg, &chunk.device_exp_avg_sq, &chunk.device_master}) {
+        if (t->defined()) gathered[t->data_ptr()] = GatherDevice(*t);
+      }
+    }
     for (int c = n_persist_; c < static_cast<int>(chunks_.size()); ++c) {
       Chunk& chunk = chunks_[c];
       bool any = false;
@@ -1714,17 +1906,24 @@ std::vector<NamedParam> ChunkManager::Impl::OptimizerState() {
       }
       return HostView(buffer.data(), p.offset_elems, p.shape, p.numel, dtype).clone();
     };
-    auto device = [](const torch::Tensor& t) { return t.to(torch::kCPU, false, /*copy=*/true); };
+    auto device = [&](const torch::Tensor& t, const torch::Tensor& flat) {
+      if (chunk.state_sharded) {
+        return gathered[flat.data_ptr()].narrow(0, p.offset_elems, p.numel).view(p.shape).clone();
+      }
+      return t.to(torch::kCPU, false, /*copy=*/true);
+    };
     if (has_moments()) {
-      out.push_back({p.name + ".exp_avg", chunk.persistent ? device(p.exp_avg)
-                                                           : host(chunk.exp_avg, moment_dtype())});
+      out.push_back({p.name + ".exp_avg", chunk.persistent
+                                              ? device(p.exp_avg, chunk.device_exp_avg)
+                                              : host(chunk.exp_avg, moment_dtype())});
       out.push_back({p.name + ".exp_avg_sq", chunk.persistent
-                                                 ? device(p.exp_avg_sq)
+                                                 ? device(p.exp_avg_sq, chunk.device_exp_avg_sq)
                                                  : host(chunk.exp_avg_sq, moment_dtype())});
     }
     if (master()) {
-      out.push_back({p.name + ".master", chunk.persistent ? device(p.master)
-                                                          : host(chunk.master, torch::kFloat32)});
+      out.push_back({p.name + ".master", chunk.persistent
+                                             ? device(p.master, chunk.device_master)
+                                             : host(chunk.master, torch::kFloat32)});
     }
   }
   if (!out.empty()) out.push_back({"step", torch::tensor(step, torch::kInt64)});
@@ -1945,7 +2144,7 @@ absl::Status ChunkManager::Impl::LoadParamsAndState(const std::vector<NamedParam
                          find(p.name + ".exp_avg_sq", p, !fresh && has_moments()));
         ASSIGN_OR_RETURN(torch::Tensor saved_master, find(p.name + ".master", p, false));
         if (fresh) m = v = torch::Tensor();
-        const OwnedRange r = Stored(p);
+        const OwnedRange r = StateStored(p);
         auto stored = [&r](const torch::Tensor& t) {
           return t.defined() ? t.reshape({-1}).narrow(0, r.from, r.len) : t;
         };
@@ -1963,7 +2162,11 @@ void ChunkManager::Impl::InstallParam(Param& p, const torch::Tensor& flat) {
   Chunk& chunk = chunks_[p.chunk];
   if (chunk.persistent) {
     p.tensor.detach().copy_(flat.view(p.shape));
-    if (master() && p.master.defined()) p.master.copy_(flat.view(p.shape));
+    if (master() && p.master.defined()) {
+      // [Sharded persistent state]: the master holds this rank's part only.
+      const OwnedRange r = StateStored(p);
+      p.master.copy_(flat.reshape({-1}).narrow(0, r.from, r.len).view_as(p.master));
+    }
     return;
   }
   const OwnedRange r = Owned(p, chunk);
@@ -1974,17 +2177,18 @@ void ChunkManager::Impl::InstallParam(Param& p, const torch::Tensor& flat) {
 void ChunkManager::Impl::InstallState(Param& p, const torch::Tensor& m, const torch::Tensor& v,
                                       const torch::Tensor& saved_master, int64_t step) {
   Chunk& chunk = chunks_[p.chunk];
-  const OwnedRange r = Stored(p);
+  const OwnedRange r = StateStored(p);
   auto or_zeros = [&r](const torch::Tensor& t) {
     return t.defined() ? t : torch::zeros({r.len}, torch::kFloat32);
   };
-  if (chunk.persistent) {
+  if (chunk.persistent && r.len > 0) {
+    // Replicated: whole parameters; sharded state ([Sharded persistent state]): flat parts.
     if (has_moments()) {
-      p.exp_avg.copy_(or_zeros(m).view(p.shape));
-      p.exp_avg_sq.copy_(or_zeros(v).view(p.shape));
+      p.exp_avg.copy_(or_zeros(m).view_as(p.exp_avg));
+      p.exp_avg_sq.copy_(or_zeros(v).view_as(p.exp_avg_sq));
     }
-    if (saved_master.defined() && master()) p.master.copy_(saved_master.view(p.shape));
-  } else if (r.len > 0) {
+    if (saved_master.defined() && master()) p.master.copy_(saved_master.view_as(p.master));
+  } else if (!chunk.persistent && r.len > 0) {
     if (has_moments()) {
       HostFlat(chunk.exp_avg.data(), r.at, r.len, moment_dtype()).copy_(or_zeros(m));
       HostFlat(chunk.exp_avg_sq.data(), r.at, r.len, moment_dtype()).copy_(or_zeros(v));
@@ -2017,16 +2221,23 @@ absl::StatusOr<std::vector<TensorPiece>> ChunkManager::Impl::LocalPieces() {
         r.from = p.numel * rank / world_;
         r.len = p.numel * (rank + 1) / world_ - r.from;
       }
-      if (r.len == 0) continue;
+      // A sharded state's part does not follow the parameter's slice.
+      if (r.len == 0 && !chunk.state_sharded) continue;
       // Views, not copies: the writer stages one piece at a time to host memory.
       auto add = [&](const std::string& name, const torch::Tensor& device_tensor, void* host,
                      torch::ScalarType host_dtype) {
+        if (chunk.state_sharded && name != p.name) {
+          // [Sharded persistent state]: the state's part of this rank's shard, a flat view.
+          const OwnedRange owned = Owned(p, chunk);
+          if (owned.len > 0) out.push_back({name, owned.from, device_tensor.detach()});
+          return;
+        }
         torch::Tensor flat = chunk.persistent
                                  ? device_tensor.detach().reshape({-1}).narrow(0, r.from, r.len)
                                  : HostFlat(host, r.at, r.len, host_dtype);
         out.push_back({name, r.from, flat});
       };
-      add(p.name, p.tensor, chunk.param_host.data(), dtype_);
+      if (r.len > 0) add(p.name, p.tensor, chunk.param_host.data(), dtype_);
       if (p.step == 0) continue;  // no state before the first update (like torch's AdamW)
       step = std::max(step, p.step);
       if (has_moments()) {
@@ -2118,17 +2329,23 @@ absl::Status ChunkManager::Impl::LoadRanges(const ChunkManager::RangeReader& rea
       InstallParam(p, *read_values);
       if (!with_state) continue;
       // As LoadParamsAndState: a parameter without moments (sgd: without a master) is fresh.
+      // [Sharded persistent state]: the state's part may be smaller than the parameter's, even
+      // empty; whether the state exists is then asked with one element (every rank must agree on
+      // the step count).
+      const OwnedRange rs = StateStored(p);
+      const OwnedRange ask = rs.len > 0 ? rs : OwnedRange{0, 0, std::min<int64_t>(p.numel, 1)};
       torch::Tensor m, v, saved_master;
       if (has_moments()) {
-        ASSIGN_OR_RETURN(m, part(p.name + ".exp_avg", r, /*optional=*/true));
+        ASSIGN_OR_RETURN(m, part(p.name + ".exp_avg", ask, /*optional=*/true));
         if (m.defined()) {
-          ASSIGN_OR_RETURN(v, part(p.name + ".exp_avg_sq", r));
+          ASSIGN_OR_RETURN(v, part(p.name + ".exp_avg_sq", ask));
         }
       }
       if (master()) {
-        ASSIGN_OR_RETURN(saved_master, part(p.name + ".master", r, /*optional=*/true));
+        ASSIGN_OR_RETURN(saved_master, part(p.name + ".master", ask, /*optional=*/true));
       }
       const bool fresh = has_moments() ? !m.defined() : !saved_master.defined();
+      if (rs.len == 0) m = v = saved_master = torch::Tensor();
       InstallState(p, m, v, saved_master, fresh ? 0 : step);
     }
   } catch (const c10::Error& e) {
@@ -2190,6 +2407,11 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
     if (options.frozen) {
       return absl::InvalidArgumentError(
           "frozen: a frozen base is not sharded yet; it runs on one rank (world size 1)");
+    }
+    if (options.shard_persistent_state && options.optimizer == OptimizerKind::kAdamW8bit) {
+      return absl::InvalidArgumentError(
+          "shard_persistent_state: not with optimizer adamw8bit (its 256-element blocks would "
+          "straddle shards); use adamw, adamw_bf16 or sgd, or keep the persistent state replicated");
     }
   }
 

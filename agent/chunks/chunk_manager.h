@@ -57,6 +57,13 @@ struct ChunkManagerOptions {
   // < 0 = unknown: behave as > 0. Step() with a different value is honoured, except that
   // clipping cannot be applied after updates started (Step() then fails).
   double max_grad_norm = -1;
+  // Sharded (world size W > 1): persistent chunks keep their parameters replicated on every rank
+  // but their optimizer state sharded ([Sharded persistent state] in chunk_manager.cc, ZeRO-2
+  // over the persistent chunks): each rank holds 1/W of every persistent chunk's master and
+  // moments, its grads are reduce-scattered (not all-reduced) in backward, each rank updates its
+  // shard and the updated parameters are all-gathered. adamw, adamw_bf16 and sgd (not adamw8bit).
+  // Ignored with W = 1 and for frozen or profile_only managers.
+  bool shard_persistent_state = false;
   // On-demand profiling (agent/profiler): the manager only moves parameters. No optimizer state
   // and no gradient staging are allocated (host or device), every gradient is dropped in the
   // PostBackward of the group after which it is final, and Step() fails. What a model larger than

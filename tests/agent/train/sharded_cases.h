@@ -26,6 +26,9 @@ struct ShardCase {
   // ChunkManagerOptions::accumulate_sharded_grads_on_device: one reduce-scatter per offloaded
   // chunk and step instead of one per micro-batch.
   bool grads_on_device = false;
+  // ChunkManagerOptions::shard_persistent_state: persistent chunks' optimizer state sharded,
+  // their grads reduce-scattered ([Sharded persistent state]).
+  bool shard_state = false;
 };
 
 // Each block mode on every block with persistent and offloaded chunks, then all four modes mixed
@@ -74,6 +77,42 @@ inline std::vector<ShardCase> ShardCases() {
        false,
        false,
        true},
+      // [Sharded persistent state]: persistent and offloaded chunks side by side, accumulation
+      // and clipping; every chunk persistent with a tied head, bf16 (fp32 master) and clipping;
+      // every chunk persistent, fp32, no clipping.
+      {"state_sharded_mixed",
+       {M::kCkpt, M::kNone, M::kHsOffload, M::kSwap},
+       3,
+       2,
+       2,
+       0.5,
+       false,
+       false,
+       false,
+       false,
+       true},
+      {"state_sharded_bf16_tied",
+       {M::kNone, M::kCkpt, M::kNone, M::kHsOffload},
+       6,
+       2,
+       1,
+       0.5,
+       true,
+       true,
+       false,
+       false,
+       true},
+      {"state_sharded_all_persistent",
+       {M::kNone, M::kNone, M::kCkpt, M::kNone},
+       6,
+       2,
+       1,
+       0.0,
+       false,
+       false,
+       false,
+       false,
+       true},
   };
 }
 
@@ -105,6 +144,7 @@ inline TrainerOptions ShardCaseOptions(const ShardCase& c, int n_blocks) {
   o.chunks.host_memory = HostMemoryKind::kPageable;
   o.chunks.cpu_threads = 2;
   o.chunks.accumulate_sharded_grads_on_device = c.grads_on_device;
+  o.chunks.shard_persistent_state = c.shard_state;
   return o;
 }
 

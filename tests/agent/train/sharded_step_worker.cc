@@ -4,7 +4,8 @@
 // (ParamOrder), collectives, memory] per case to PREFIX.CASE.rankR.pt; collectives is int64
 // [all-gathers, reduce-scatters, all-reduces] the trainer and its chunk manager issued (creation
 // to the gathers after the step included); memory is int64 [host bytes (pinned + pageable),
-// n_persist, every chunk's bytes...] from ChunkManager::MemoryStats().
+// n_persist, every chunk's bytes...] from ChunkManager::MemoryStats(), then int64
+// [persistent_device_bytes, persistent_state_device_bytes].
 //   sharded_step_worker PREFIX [KILL_RANK [kill|stop|vanish [TIMEOUT_SECONDS]]]
 // With KILL_RANK, that rank kills itself (SIGKILL; "stop": SIGSTOP, a hung rank) in the middle of
 // the first case's backward, and the others must fail, naming it; "vanish": it runs every case
@@ -116,6 +117,9 @@ int Run(const std::string& prefix, int kill_rank, int signal, int timeout_second
                                    stats.n_persist};
     memory.insert(memory.end(), stats.chunk_bytes.begin(), stats.chunk_bytes.end());
     out.push_back(torch::tensor(memory, torch::kInt64));
+    out.push_back(torch::tensor(
+        std::vector<int64_t>{stats.persistent_device_bytes, stats.persistent_state_device_bytes},
+        torch::kInt64));
     torch::save(out, prefix + "." + c.name + ".rank" + std::to_string(rank) + ".pt");
   }
   if (rank == kill_rank && signal == 0) std::_Exit(0);  // "vanish": the group is not left

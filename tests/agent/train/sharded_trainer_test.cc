@@ -17,6 +17,9 @@
 // * the reduce-scatters issued: one per offloaded chunk and micro-batch, or one per offloaded
 //   chunk and step when grads accumulate on the device (accumulate_sharded_grads_on_device);
 // * every persistent chunk's all-reduce started during backward (before Grads() or Step());
+// * [Sharded persistent state] cases: the persistent chunks' grads reduce-scattered in backward
+//   instead, and each rank's device state for them is 1/W of the replicated one (byte for byte
+//   common/optimizer_bytes.h's PersistentStateBytes() of its shards);
 // * each rank's host memory is, byte for byte, common/optimizer_bytes.h's OffloadedChunkHost() of
 //   its shards (ceil(S / W) elements of every offloaded chunk of S elements): 1/W of the
 //   unsharded run's, up to the padding.
@@ -159,7 +162,7 @@ TEST_P(ShardedTrainerTest, OneStepEqualsOneProcessOnTheConcatenatedBatch) {
       std::vector<torch::Tensor> got;
       torch::load(got, path);
       std::remove(path.c_str());
-      ASSERT_EQ(got.size(), 4 + n_grads + n_params);
+      ASSERT_EQ(got.size(), 5 + n_grads + n_params);
       const double loss_rtol = c.bf16 ? 1e-2 : 1e-5;
       const double norm_rtol = c.bf16 ? 2e-2 : 1e-5;
       const double grad_tol = c.bf16 ? 5e-2 : 1e-5;
@@ -222,7 +225,8 @@ TEST_P(ShardedTrainerTest, OneStepEqualsOneProcessOnTheConcatenatedBatch) {
             << "param " << name << ": max excess " << (diff - bound).max().item<double>()
             << ", max diff " << diff.max().item<double>();
       }
-      const torch::Tensor memory = got.back();
+      const torch::Tensor memory = got[got.size() - 2];
+      const torch::Tensor counts = got[got.size() - 3];
       const int n_persist = static_cast<int>(memory[1].item<int64_t>());
       int64_t expected_host = 0, unsharded_host = 0;
       for (int64_t k = 2 + n_persist; k < memory.numel(); ++k) {
@@ -235,26 +239,50 @@ TEST_P(ShardedTrainerTest, OneStepEqualsOneProcessOnTheConcatenatedBatch) {
             OffloadedChunkHost(OptimizerKind::kAdamW, elem, c.grad_accum, chunk_elems * elem)
                 .total();
       }
-      EXPECT_GT(expected_host, 0);
+      if (memory.numel() > 2 + n_persist) {  // offloaded chunks
+        EXPECT_GT(expected_host, 0);
+      }
       EXPECT_EQ(memory[0].item<int64_t>(), expected_host);
       EXPECT_EQ(ref.host_bytes, unsharded_host);  // the one-process run, same formula
       EXPECT_LE(expected_host * world_size, unsharded_host + world_size * 64 * 8);
       // Reduce-scatters: one per offloaded chunk and micro-batch, or one per offloaded chunk
       // when the grads accumulate on the device (every chunk here has grads).
       const int64_t offloaded = memory.numel() - 2 - n_persist;
-      const int64_t reduce_scatters = got[got.size() - 2][1].item<int64_t>();
-      EXPECT_EQ(reduce_scatters, offloaded * (c.grads_on_device ? 1 : c.grad_accum));
-      // Every persistent chunk's all-reduce started in backward, after the group completing it
-      // in the last micro-batch, not in Step(): the overlap the planner prices.
-      EXPECT_EQ(got[got.size() - 2][3].item<int64_t>(), n_persist);
+      const int64_t offloaded_scatters = offloaded * (c.grads_on_device ? 1 : c.grad_accum);
+      const int64_t reduce_scatters = counts[1].item<int64_t>();
+      // [Sharded persistent state]: one more per persistent chunk and step, and no all-reduce of
+      // grads (the remaining all-reduces: the clipping norm's, one per step, and the trainer's).
+      EXPECT_EQ(reduce_scatters, offloaded_scatters + (c.shard_state ? n_persist : 0));
+      // Every persistent chunk's all-reduce (or reduce-scatter) started in backward, after the
+      // group completing it in the last micro-batch, not in Step(): the overlap the planner prices.
+      EXPECT_EQ(counts[3].item<int64_t>(), n_persist);
       // The offloaded chunks' reduce-scatters run beside the backward of the groups after the one
       // that issued them (all but those of the last group, finished before the step).
-      const int64_t beside = got[got.size() - 2][4].item<int64_t>();
+      const int64_t beside = counts[4].item<int64_t>();
       std::printf("%s W%d: %lld of %lld reduce-scatters beside backward\n", c.name.c_str(),
                   world_size, static_cast<long long>(beside),
-                  static_cast<long long>(reduce_scatters));
-      EXPECT_LE(beside, reduce_scatters);
-      EXPECT_GE(2 * beside, reduce_scatters);  // 9 of 10 to 10 of 10 in these cases
+                  static_cast<long long>(offloaded_scatters));
+      EXPECT_LE(beside, offloaded_scatters);
+      EXPECT_GE(2 * beside, offloaded_scatters);  // 9 of 10 to 10 of 10 in these cases
+      // Device bytes of the persistent chunks, as common/optimizer_bytes.h defines them: the
+      // parameters replicated (padded to a multiple of W when the state is sharded) and the
+      // state over the span, or over this rank's shard of it: 1/W of the replicated state.
+      int64_t persistent_params = 0, persistent_state = 0, replicated_state = 0;
+      for (int64_t k = 2; k < 2 + n_persist; ++k) {
+        const int64_t elem = c.bf16 ? 2 : 4;
+        const int64_t span = memory[k].item<int64_t>() / elem;
+        const int64_t shard = (span + world_size - 1) / world_size;
+        persistent_params += (c.shard_state ? shard * world_size : span) * elem;
+        persistent_state +=
+            PersistentStateBytes(OptimizerKind::kAdamW, elem, c.shard_state ? shard : span);
+        replicated_state += PersistentStateBytes(OptimizerKind::kAdamW, elem, span);
+      }
+      EXPECT_EQ(got.back()[0].item<int64_t>(), persistent_params);
+      EXPECT_EQ(got.back()[1].item<int64_t>(), persistent_state);
+      if (c.shard_state) {
+        EXPECT_LE(persistent_state * world_size,
+                  replicated_state + n_persist * world_size * 16);
+      }
       if (r == 0) {
         rank0 = got;
       } else {
