@@ -263,6 +263,7 @@ v1::FixedKnobs ToProto(const FixedKnobs& knobs) {
   if (knobs.n_checkpoint) out.set_n_checkpoint(*knobs.n_checkpoint);
   if (knobs.n_hs_offload) out.set_n_hs_offload(*knobs.n_hs_offload);
   if (knobs.host_memory) out.set_host_memory(ToProto(*knobs.host_memory));
+  if (knobs.shard_persistent_state) out.set_shard_persistent_state(*knobs.shard_persistent_state);
   return out;
 }
 
@@ -278,6 +279,7 @@ v1::ResidencyPlan ToProto(const ResidencyPlan& plan) {
   out.set_host_memory(ToProto(plan.host_memory));
   for (BlockMode mode : plan.block_modes) out.add_block_modes(ToProto(mode));
   out.set_world_size(plan.world_size);
+  out.set_shard_persistent_state(plan.shard_persistent_state);
   out.set_layout_fingerprint(plan.layout_fingerprint);
   return out;
 }
@@ -488,6 +490,9 @@ absl::StatusOr<FixedKnobs> FixedKnobsFromProto(const v1::FixedKnobs& knobs,
     ASSIGN_OR_RETURN(out.host_memory, HostMemoryKindFromProto(knobs.host_memory(),
                                                               absl::StrCat(prefix, "host_memory")));
   }
+  if (knobs.has_shard_persistent_state()) {
+    out.shard_persistent_state = knobs.shard_persistent_state();
+  }
   return out;
 }
 
@@ -511,6 +516,7 @@ absl::StatusOr<ResidencyPlan> ResidencyPlanFromProto(const v1::ResidencyPlan& pl
     out.block_modes.push_back(mode);
   }
   out.world_size = plan.world_size() == 0 ? 1 : plan.world_size();
+  out.shard_persistent_state = plan.shard_persistent_state();
   out.layout_fingerprint = plan.layout_fingerprint();
   return out;
 }

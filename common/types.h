@@ -169,6 +169,7 @@ struct FixedKnobs {
   std::optional<int32_t> n_checkpoint;
   std::optional<int32_t> n_hs_offload;
   std::optional<HostMemoryKind> host_memory;
+  std::optional<bool> shard_persistent_state;
 };
 
 struct ResidencyPlan {
@@ -185,6 +186,9 @@ struct ResidencyPlan {
   // [Layout fingerprint] (common/chunk_packing.h) of the chunk layout n_chunks and n_persist refer
   // to; empty when unknown (older planners, hand-written plans, traces without a parameter list).
   std::string layout_fingerprint;
+  // world_size > 1: persistent chunks' optimizer state sharded over the ranks, their parameters
+  // replicated ([Sharded persistent state] in agent/chunks/chunk_manager.cc); false: replicated.
+  bool shard_persistent_state = false;
 };
 
 struct MemoryBreakdown {

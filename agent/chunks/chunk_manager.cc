@@ -19,12 +19,12 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
-#include "common/chunk_packing.h"
 #include "agent/chunks/adamw8bit_torch.h"
 #include "agent/chunks/cpu_adamw.h"
 #include "agent/chunks/host_buffer.h"
 #include "agent/chunks/thread_pool.h"
 #include "agent/chunks/torch_sqrt.h"
+#include "common/chunk_packing.h"
 #include "common/log.h"
 #include "common/optimizer_bytes.h"
 #include "common/status.h"
@@ -126,7 +126,7 @@ struct Param {
   bool grad_this_micro = false;
   torch::Tensor grad_norm;  // L2 norm of the final grad, computed where the grad lives
   // Persistent chunks: optimizer state on the device (views into the chunk's flat state).
-  torch::Tensor master;  // fp32 copy when OptimizerKeepsMaster()
+  torch::Tensor master;   // fp32 copy when OptimizerKeepsMaster()
   torch::Tensor exp_avg;  // moments: fp32 (adamw) or the model dtype (adamw_bf16); none for sgd
   torch::Tensor exp_avg_sq;
   torch::Tensor fused_step;  // the step counter at::_fused_adamw_ keeps on the device
@@ -206,7 +206,7 @@ struct RangeWork {
   bool first = false;  // first micro-batch with a grad: copy instead of add
   bool update = false;
   int64_t from = 0;  // the range's first element within its parameter (adamw8bit's block phase)
-  int64_t step = 0;         // the parameter's update count after this update
+  int64_t step = 0;  // the parameter's update count after this update
   AdamWStepScalars scalars;  // adamw
 };
 
@@ -388,7 +388,7 @@ class ChunkManager::Impl {
   Communicator* comm_ = nullptr;  // set only when world_ > 1
   int world_ = 1;
   int rank_ = 0;
-  absl::Status comm_status_;         // the first failed collective
+  absl::Status comm_status_;  // the first failed collective
   // Keeps `s` as comm_status_ when it is the first failure; returns it.
   absl::Status NoteCollective(const absl::Status& s) {
     if (!s.ok() && comm_status_.ok()) comm_status_ = s;
@@ -407,7 +407,7 @@ class ChunkManager::Impl {
   };
   std::optional<PendingReduce> pending_reduce_;
   std::vector<PendingShardReduce> pending_shard_reduces_;
-  int reduces_in_backward_ = 0;  // persistent all-reduces started in backward this step
+  int reduces_in_backward_ = 0;      // persistent all-reduces started in backward this step
   int reduces_beside_backward_ = 0;  // reduce-scatters finished at a later group's hook
   torch::ScalarType dtype_ = torch::kFloat32;
   std::vector<Param> params_;                     // canonical order
@@ -492,8 +492,8 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
     chunk.span_elems = info.size_bytes / elem_bytes;
     chunk.shard_elems = chunk.span_elems;
     chunk.padded_elems = chunk.span_elems;
-    chunk.state_sharded = sharded() && chunk.persistent && options_.shard_persistent_state &&
-                          !stateless();
+    chunk.state_sharded =
+        sharded() && chunk.persistent && options_.shard_persistent_state && !stateless();
     if (sharded() && (!chunk.persistent || chunk.state_sharded)) {
       chunk.shard_elems = ShardElems(chunk.span_elems, world_);
       chunk.shard_begin = rank_ * chunk.shard_elems;
@@ -590,8 +590,7 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
           Param& p = params_[i];
           torch::Tensor host =
               HostView(chunk.param_host.data(), p.offset_elems, p.shape, p.numel, dtype_);
-          options_.deferred_values ? host.zero_()
-                                    : host.copy_(p.tensor.detach().to(torch::kCPU));
+          options_.deferred_values ? host.zero_() : host.copy_(p.tensor.detach().to(torch::kCPU));
           p.tensor.set_data(placeholder_.expand(p.shape));
         }
         continue;
@@ -616,9 +615,9 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
       for (const HostBuffer* b : {&chunk.param_host, &chunk.grad_stage}) {
         (b->pinned() ? stats_.host_pinned_bytes : stats_.host_pageable_bytes) += b->size_bytes();
       }
-      for (const HostBuffer* b : {&chunk.master, &chunk.grad_accum, &chunk.exp_avg,
-                                  &chunk.exp_avg_sq, &chunk.exp_avg_absmax,
-                                  &chunk.exp_avg_sq_absmax}) {
+      for (const HostBuffer* b :
+           {&chunk.master, &chunk.grad_accum, &chunk.exp_avg, &chunk.exp_avg_sq,
+            &chunk.exp_avg_absmax, &chunk.exp_avg_sq_absmax}) {
         stats_.host_pageable_bytes += b->size_bytes();
       }
       for (int i : chunk.params) {
@@ -1402,7 +1401,7 @@ absl::StatusOr<double> ChunkManager::Impl::ShardedSquaredNorm() {
 }
 
 absl::Status ChunkManager::Impl::UpdateShardedPersistent(const torch::Tensor& clip_coef,
-                                                        float grad_scale) {
+                                                         float grad_scale) {
   // [Sharded persistent state] The same arithmetic as the replicated persistent chunks' update
   // (clip the model-dtype grad, widen it for a master, AdamW / SGD per parameter), on the owned
   // ranges of this rank's shard; then the shard goes back into the flat parameters and is
@@ -1490,9 +1489,9 @@ torch::Tensor ChunkManager::Impl::GatherDevice(const torch::Tensor& shard) {
 torch::Tensor ChunkManager::Impl::GatherHost(const void* data, torch::ScalarType dtype,
                                              const Chunk& chunk, int64_t elems) {
   if (elems < 0) elems = chunk.shard_elems;
-  torch::Tensor shard = torch::from_blob(const_cast<void*>(data), {elems},
-                                         torch::TensorOptions().dtype(dtype))
-                            .to(comm_->device(), /*non_blocking=*/false, /*copy=*/true);
+  torch::Tensor shard =
+      torch::from_blob(const_cast<void*>(data), {elems}, torch::TensorOptions().dtype(dtype))
+          .to(comm_->device(), /*non_blocking=*/false, /*copy=*/true);
   torch::Tensor full = torch::empty({elems * world_}, shard.options());
   const absl::Status s = comm_->AllGather(full, shard)->Wait();
   if (!s.ok()) FailCollective(s);
@@ -1659,8 +1658,8 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
       batch_elems = 0;
       if (targets.empty()) return;
       const AdamWOptions& o = options_.adamw;
-      at::_fused_adamw_(targets, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps,
-                        o.lr, o.beta1, o.beta2, o.weight_decay, o.eps, /*amsgrad=*/false,
+      at::_fused_adamw_(targets, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, o.lr,
+                        o.beta1, o.beta2, o.weight_decay, o.eps, /*amsgrad=*/false,
                         /*maximize=*/false);
       targets.clear();
       grads.clear();
@@ -1693,8 +1692,7 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
       ++p.step;
       if (quantized()) {
         AdamW8bitTorchUpdate(options_.adamw, p.step, clip_coef, quant_maps_, p.tensor.detach(),
-                             grad, p.exp_avg, p.exp_avg_sq, p.exp_avg_absmax,
-                             p.exp_avg_sq_absmax);
+                             grad, p.exp_avg, p.exp_avg_sq, p.exp_avg_absmax, p.exp_avg_sq_absmax);
         continue;
       }
       torch::Tensor target = master() ? p.master : p.tensor.detach();
@@ -1851,8 +1849,7 @@ std::vector<NamedParam> ChunkManager::Impl::Grads() {
     } else if (p.grad_in_step) {
       out.push_back(
           {p.name,
-           HostView(HostGrad(chunk), p.offset_elems, p.shape, p.numel, host_grad_dtype())
-               .clone()});
+           HostView(HostGrad(chunk), p.offset_elems, p.shape, p.numel, host_grad_dtype()).clone()});
     }
   }
   return out;
@@ -1913,17 +1910,15 @@ std::vector<NamedParam> ChunkManager::Impl::OptimizerState() {
       return t.to(torch::kCPU, false, /*copy=*/true);
     };
     if (has_moments()) {
-      out.push_back({p.name + ".exp_avg", chunk.persistent
-                                              ? device(p.exp_avg, chunk.device_exp_avg)
-                                              : host(chunk.exp_avg, moment_dtype())});
+      out.push_back({p.name + ".exp_avg", chunk.persistent ? device(p.exp_avg, chunk.device_exp_avg)
+                                                           : host(chunk.exp_avg, moment_dtype())});
       out.push_back({p.name + ".exp_avg_sq", chunk.persistent
                                                  ? device(p.exp_avg_sq, chunk.device_exp_avg_sq)
                                                  : host(chunk.exp_avg_sq, moment_dtype())});
     }
     if (master()) {
-      out.push_back({p.name + ".master", chunk.persistent
-                                             ? device(p.master, chunk.device_master)
-                                             : host(chunk.master, torch::kFloat32)});
+      out.push_back({p.name + ".master", chunk.persistent ? device(p.master, chunk.device_master)
+                                                          : host(chunk.master, torch::kFloat32)});
     }
   }
   if (!out.empty()) out.push_back({"step", torch::tensor(step, torch::kInt64)});
@@ -1953,10 +1948,10 @@ void ChunkManager::Impl::OptimizerState8bit(std::vector<NamedParam>& out) {
       all.slots_per_rank = QuantAbsmaxSlots(chunk.shard_elems, elem_size());
       all.codes[0] = GatherHost(chunk.exp_avg.data(), torch::kUInt8, chunk);
       all.codes[1] = GatherHost(chunk.exp_avg_sq.data(), torch::kUInt8, chunk);
-      all.slots[0] = GatherHost(chunk.exp_avg_absmax.data(), torch::kFloat32, chunk,
-                                all.slots_per_rank);
-      all.slots[1] = GatherHost(chunk.exp_avg_sq_absmax.data(), torch::kFloat32, chunk,
-                                all.slots_per_rank);
+      all.slots[0] =
+          GatherHost(chunk.exp_avg_absmax.data(), torch::kFloat32, chunk, all.slots_per_rank);
+      all.slots[1] =
+          GatherHost(chunk.exp_avg_sq_absmax.data(), torch::kFloat32, chunk, all.slots_per_rank);
     }
   }
   const float* maps[2] = {kSignedDynamicMap, kUnsignedDynamicMap};
@@ -2135,13 +2130,11 @@ absl::Status ChunkManager::Impl::LoadParamsAndState(const std::vector<NamedParam
         }
         // A parameter without state has not been updated yet: fresh state, step 0 (sgd keeps a
         // state only as the fp32 master of a bf16 model).
-        const bool fresh =
-            has_moments() ? by_key.count(p.name + ".exp_avg") == 0 &&
-                                by_key.count(p.name + ".exp_avg_sq") == 0
-                          : by_key.count(p.name + ".master") == 0;
+        const bool fresh = has_moments() ? by_key.count(p.name + ".exp_avg") == 0 &&
+                                               by_key.count(p.name + ".exp_avg_sq") == 0
+                                         : by_key.count(p.name + ".master") == 0;
         ASSIGN_OR_RETURN(torch::Tensor m, find(p.name + ".exp_avg", p, !fresh && has_moments()));
-        ASSIGN_OR_RETURN(torch::Tensor v,
-                         find(p.name + ".exp_avg_sq", p, !fresh && has_moments()));
+        ASSIGN_OR_RETURN(torch::Tensor v, find(p.name + ".exp_avg_sq", p, !fresh && has_moments()));
         ASSIGN_OR_RETURN(torch::Tensor saved_master, find(p.name + ".master", p, false));
         if (fresh) m = v = torch::Tensor();
         const OwnedRange r = StateStored(p);
@@ -2171,7 +2164,8 @@ void ChunkManager::Impl::InstallParam(Param& p, const torch::Tensor& flat) {
   }
   const OwnedRange r = Owned(p, chunk);
   HostFlat(chunk.param_host.data(), r.at, r.len, dtype_).copy_(flat);
-  if (master() && !stateless()) HostFlat(chunk.master.data(), r.at, r.len, torch::kFloat32).copy_(flat);
+  if (master() && !stateless())
+    HostFlat(chunk.master.data(), r.at, r.len, torch::kFloat32).copy_(flat);
 }
 
 void ChunkManager::Impl::InstallState(Param& p, const torch::Tensor& m, const torch::Tensor& v,
@@ -2253,8 +2247,8 @@ absl::StatusOr<std::vector<TensorPiece>> ChunkManager::Impl::LocalPieces() {
   return out;
 }
 
-absl::Status ChunkManager::Impl::LoadRanges(const ChunkManager::RangeReader& read,
-                                            bool with_state, int parallel_reads) {
+absl::Status ChunkManager::Impl::LoadRanges(const ChunkManager::RangeReader& read, bool with_state,
+                                            int parallel_reads) {
   if (stateless() && with_state) {
     return absl::FailedPreconditionError(
         "state: this chunk manager was created frozen or profile_only (no optimizer state)");
@@ -2272,8 +2266,8 @@ absl::Status ChunkManager::Impl::LoadRanges(const ChunkManager::RangeReader& rea
     if (optional && absl::IsNotFound(t.status())) return torch::Tensor();
     RETURN_IF_ERROR(t.status());
     if (t->numel() != r.len) {
-      return absl::DataLossError(absl::StrCat(name, ": read ", t->numel(), " elements of [",
-                                              r.from, ", ", r.from + r.len, ")"));
+      return absl::DataLossError(absl::StrCat(name, ": read ", t->numel(), " elements of [", r.from,
+                                              ", ", r.from + r.len, ")"));
     }
     return t->reshape({-1});
   };
@@ -2411,7 +2405,8 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
     if (options.shard_persistent_state && options.optimizer == OptimizerKind::kAdamW8bit) {
       return absl::InvalidArgumentError(
           "shard_persistent_state: not with optimizer adamw8bit (its 256-element blocks would "
-          "straddle shards); use adamw, adamw_bf16 or sgd, or keep the persistent state replicated");
+          "straddle shards); use adamw, adamw_bf16 or sgd, or keep the persistent state "
+          "replicated");
     }
   }
 
@@ -2462,8 +2457,8 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
     }
   }
   if (!params.empty() && !options.profile_only && !options.frozen) {
-    const DType dtype = params[0].tensor.scalar_type() == torch::kBFloat16 ? DType::kBFloat16
-                                                                          : DType::kFloat32;
+    const DType dtype =
+        params[0].tensor.scalar_type() == torch::kBFloat16 ? DType::kBFloat16 : DType::kFloat32;
     if (const std::string problem = OptimizerDTypeProblem(options.optimizer, dtype);
         !problem.empty()) {
       return absl::InvalidArgumentError(
@@ -2480,14 +2475,13 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
       options.alignment_bytes % kQuantSlotBytes != 0) {
     // Block starts must fall on distinct absmax slots ([8-bit optimizer state]).
     return absl::InvalidArgumentError(
-        absl::StrCat("alignment_bytes: adamw8bit needs a multiple of ", kQuantSlotBytes,
-                     ", got ", options.alignment_bytes));
+        absl::StrCat("alignment_bytes: adamw8bit needs a multiple of ", kQuantSlotBytes, ", got ",
+                     options.alignment_bytes));
   }
   ASSIGN_OR_RETURN(ChunkPacking layout, LayoutOf(groups, options));
   if (layout.slots().size() != params.size()) {
-    return absl::InternalError(absl::StrCat("chunk layout: LayoutOf lists ",
-                                            layout.slots().size(), " parameters, Create ",
-                                            params.size()));
+    return absl::InternalError(absl::StrCat("chunk layout: LayoutOf lists ", layout.slots().size(),
+                                            " parameters, Create ", params.size()));
   }
   for (size_t i = 0; i < params.size(); ++i) {
     params[i].chunk = layout.slots()[i].chunk;
@@ -2499,7 +2493,7 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
 }
 
 absl::StatusOr<ChunkPacking> ChunkManager::LayoutOf(const ParamGroups& groups,
-                                                   const ChunkManagerOptions& options) {
+                                                    const ChunkManagerOptions& options) {
   // Unique tensors in order of first use, the same walk as Create()'s.
   std::vector<LayoutParam> params;
   std::unordered_set<const void*> seen;
@@ -2533,9 +2527,7 @@ absl::Status ChunkManager::LoadRanges(const RangeReader& read, bool with_state,
                                       int parallel_reads) {
   return impl_->LoadRanges(read, with_state, parallel_reads);
 }
-int ChunkManager::ShardReducesBesideBackward() const {
-  return impl_->ShardReducesBesideBackward();
-}
+int ChunkManager::ShardReducesBesideBackward() const { return impl_->ShardReducesBesideBackward(); }
 int ChunkManager::PersistentReducesInBackward() const {
   return impl_->PersistentReducesInBackward();
 }

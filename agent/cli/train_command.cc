@@ -239,9 +239,12 @@ std::string PlanLine(const ResidencyPlan& p) {
   for (BlockMode m : p.block_modes) modes.emplace_back(BlockModeName(m));
   return absl::StrFormat(
       "chunk_bytes=%d n_chunks=%d n_persist=%d n_buffer=%d n_swap=%d n_ckpt=%d n_hs_offload=%d "
-      "host_memory=%s block_modes=%s",
+      "host_memory=%s block_modes=%s%s",
       p.chunk_bytes, p.n_chunks, p.n_persist, p.n_buffer, p.n_swap, p.n_checkpoint, p.n_hs_offload,
-      std::string(HostMemoryKindName(p.host_memory)), absl::StrJoin(modes, ","));
+      std::string(HostMemoryKindName(p.host_memory)), absl::StrJoin(modes, ","),
+      p.world_size > 1 ? (p.shard_persistent_state ? " persistent_state=sharded"
+                                                   : " persistent_state=replicated")
+                       : "");
 }
 
 // Profiles a throw-away copy of the model (all parameters on the device, every block NONE and
@@ -590,7 +593,8 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
   PlanAnswer answer;
   if (!loop.address.empty()) {
     if (!c.plan_file.empty() || c.chunk_bytes || c.n_persist || c.n_buffer || c.block_modes ||
-        c.n_ckpt || c.n_swap || c.n_hs_offload || c.host_memory || c.plain) {
+        c.n_ckpt || c.n_swap || c.n_hs_offload || c.host_memory || c.plain ||
+        c.shard_persistent_state) {
       return absl::InvalidArgumentError(
           "--planner decides the plan: drop --plan-file, --plain and the plan knob flags");
     }
@@ -700,6 +704,7 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
   options.chunks.n_persist = plan.n_persist;
   options.chunks.n_buffer = plan.n_buffer;
   options.chunks.host_memory = plan.host_memory;
+  options.chunks.shard_persistent_state = plan.shard_persistent_state;
   options.chunks.cpu_threads = c.cpu_threads;
   options.offload.host_memory = plan.host_memory;
   options.offload.max_in_flight_groups = c.offload_in_flight;

@@ -163,7 +163,8 @@ Json ToJson(const ResidencyPlan& p) {
               {"host_memory", HostMemoryKindName(p.host_memory)},
               {"block_modes", std::move(modes)},
               {"world_size", p.world_size},
-              {"layout_fingerprint", p.layout_fingerprint}};
+              {"layout_fingerprint", p.layout_fingerprint},
+              {"shard_persistent_state", p.shard_persistent_state}};
 }
 
 Json ToJson(const MemoryBreakdown& b) {
@@ -414,6 +415,7 @@ void Read(const Json& j, const std::string& path, absl::Status* s, ResidencyPlan
   r.GetEnum("host_memory", kHostKinds, &HostMemoryKindName, &p->host_memory);
   r.Get("world_size", &p->world_size);
   r.Get("layout_fingerprint", &p->layout_fingerprint);
+  r.Get("shard_persistent_state", &p->shard_persistent_state);
   if (const Json* modes = r.Find("block_modes"); modes != nullptr) {
     if (!modes->is_array()) return r.Fail("block_modes", "must be a list");
     for (size_t i = 0; i < modes->size(); ++i) {

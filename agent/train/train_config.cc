@@ -101,6 +101,9 @@ Residency plan (any chunk knob or --plan-file runs the chunk manager):
   --chunk-mib N  --n-persist N  --n-buffer N  --host-memory pinned|pageable
   --block-modes LIST       one per block, e.g. ckpt,ckpt,swap,none
   --n-ckpt N  --n-swap N  --n-hs-offload N   counts (offload blocks first, NONE last)
+  --persistent-state sharded|replicated   several ranks: the persistent chunks' optimizer
+                           state sharded 1/W per rank (grads reduce-scattered, parameters
+                           all-gathered after the update) or replicated (grads all-reduced)
   --offload-in-flight N (2)  --cpu-threads N (4)
 Checkpoints and output:
   --save DIR  --save-every N (0 = at the end)  --resume DIR  --log-every N (1)
@@ -279,6 +282,14 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
          }
          return absl::OkStatus();
        }},
+      {"persistent-state",
+       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
+         if (v != "sharded" && v != "replicated") {
+           return FlagError(flag, "\"" + v + "\" is not sharded or replicated");
+         }
+         c.shard_persistent_state = v == "sharded";
+         return absl::OkStatus();
+       }},
       {"plan-file", set_string(&c.plan_file)},
       {"offload-in-flight", set_int32(&c.offload_in_flight, 1, 1024)},
       {"cpu-threads", set_int32(&c.cpu_threads, 1, 1024)},
@@ -370,7 +381,8 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
     return absl::InvalidArgumentError("give exactly one of --data FILE or --synthetic-data");
   }
   if (c.plain && (c.chunk_bytes || c.n_persist || c.n_buffer || c.block_modes || c.n_ckpt ||
-                  c.n_swap || c.n_hs_offload || !c.plan_file.empty())) {
+                  c.n_swap || c.n_hs_offload || c.shard_persistent_state ||
+                  !c.plan_file.empty())) {
     return absl::InvalidArgumentError("--plain runs without a plan; drop the plan flags");
   }
   if (c.plain && c.optimizer == OptimizerKind::kAdamW8bit) {
@@ -580,6 +592,13 @@ absl::StatusOr<ResidencyPlan> ParsePlanJson(absl::string_view text) {
   ASSIGN_OR_RETURN(int64_t n_checkpoint, JsonInt(*object, "n_checkpoint", 0, kMaxCount));
   ASSIGN_OR_RETURN(int64_t n_hs_offload, JsonInt(*object, "n_hs_offload", 0, kMaxCount));
   ASSIGN_OR_RETURN(int64_t world_size, JsonInt(*object, "world_size", 0, kMaxCount));
+  if (const Json* shard = Field(*object, "shard_persistent_state");
+      shard != nullptr && !shard->is_null()) {
+    if (!shard->is_boolean()) {
+      return absl::InvalidArgumentError("plan.shard_persistent_state must be true or false");
+    }
+    plan.shard_persistent_state = shard->get<bool>();
+  }
   plan.n_chunks = static_cast<int32_t>(n_chunks);
   plan.n_persist = static_cast<int32_t>(n_persist);
   plan.n_buffer = static_cast<int32_t>(n_buffer);
@@ -670,6 +689,7 @@ absl::StatusOr<RunPlan> ResolveRunPlan(const TrainConfig& c, int num_blocks,
     run.n_persist = file->n_persist;
     if (file->n_buffer > 0) run.n_buffer = file->n_buffer;
     run.host_memory = file->host_memory;
+    run.shard_persistent_state = file->shard_persistent_state;
   }
   if (world_size > 1) run.managed = true;
   if (c.chunk_bytes || c.n_persist || c.n_buffer) run.managed = true;
@@ -679,6 +699,12 @@ absl::StatusOr<RunPlan> ResolveRunPlan(const TrainConfig& c, int num_blocks,
   if (c.n_persist) run.n_persist = *c.n_persist;
   if (c.n_buffer) run.n_buffer = *c.n_buffer;
   if (c.host_memory) run.host_memory = *c.host_memory;
+  if (c.shard_persistent_state) run.shard_persistent_state = *c.shard_persistent_state;
+  if (c.shard_persistent_state.value_or(false) && world_size <= 1) {
+    return absl::InvalidArgumentError(
+        "--persistent-state sharded: this run has one rank (WORLD_SIZE unset or 1), nothing to "
+        "shard the optimizer state over; launch several ranks (torchrun) or drop the flag");
+  }
 
   if (c.block_modes.has_value()) {
     run.block_modes = *c.block_modes;

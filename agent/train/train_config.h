@@ -52,6 +52,8 @@ struct TrainConfig {
   std::optional<int> n_swap;
   std::optional<int> n_hs_offload;
   std::optional<HostMemoryKind> host_memory;
+  // --persistent-state sharded|replicated: several ranks ([Sharded persistent state]).
+  std::optional<bool> shard_persistent_state;
   std::string plan_file;
   int offload_in_flight = 2;
   int cpu_threads = 4;
@@ -83,6 +85,9 @@ struct RunPlan {
   int n_buffer = 2;
   HostMemoryKind host_memory = HostMemoryKind::kPinned;
   std::vector<BlockMode> block_modes;  // one per block
+  // Several ranks: persistent chunks' optimizer state sharded, parameters replicated
+  // (ChunkManagerOptions::shard_persistent_state).
+  bool shard_persistent_state = false;
 };
 
 // Parses the arguments after `train`. INVALID_ARGUMENT names the flag.

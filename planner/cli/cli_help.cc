@@ -78,6 +78,10 @@ Fixed knobs (each one is a constraint; the rest is searched):
   --n-ckpt N             blocks that recompute activations in backward
   --n-hs-offload N       blocks that checkpoint and offload their input to the host
   --host-memory pinned|pageable
+  --persistent-state sharded|replicated
+                         several ranks: the persistent chunks' optimizer state sharded 1/W per
+                         rank (grads reduce-scattered, parameters all-gathered after the update)
+                         or replicated (grads all-reduced); searched when not given
 Output:
   --max-alternatives N   alternatives on the memory/speed frontier, 1 to 32 (planner default 5)
   --skip-limits          skip max batch / max sequence / min GPU memory (faster)

@@ -158,7 +158,11 @@ std::string FormatKnobs(const v1::ResidencyPlan& plan) {
                       plan.n_persist(), ", buffer ", plan.n_buffer(), ", swap ", plan.n_swap(),
                       ", ckpt ", plan.n_checkpoint(), ", hs_offload ", plan.n_hs_offload(),
                       ", host ", HostMemoryLabel(plan.host_memory()),
-                      plan.world_size() > 1 ? absl::StrCat(", world ", plan.world_size()) : "");
+                      plan.world_size() > 1
+                          ? absl::StrCat(", world ", plan.world_size(),
+                                         plan.shard_persistent_state() ? ", state sharded"
+                                                                       : ", state replicated")
+                          : "");
 }
 
 std::string FormatPlanResponse(const v1::PlanResponse& r) {

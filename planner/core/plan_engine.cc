@@ -163,6 +163,20 @@ absl::Status ValidateInputs(const PlanInputs& in) {
   if (f.chunk_bytes && (*f.chunk_bytes < kMinChunkBytes || *f.chunk_bytes > kMaxChunkBytes)) {
     return OutOfRange("fixed.chunk_bytes", *f.chunk_bytes, kMinChunkBytes, kMaxChunkBytes);
   }
+  if (f.shard_persistent_state && *f.shard_persistent_state) {
+    // [Sharded persistent state] shards over ranks, and only full fine-tuning's state.
+    if (in.workload.world_size <= 1) {
+      return Invalid(absl::StrCat(
+          "fixed.shard_persistent_state = true needs workload.world_size > 1 (got ",
+          in.workload.world_size, "): one rank has nothing to shard the optimizer state over"));
+    }
+    if (in.training.kind != TrainingKind::kFull || in.optimizer == OptimizerKind::kAdamW8bit) {
+      return Invalid(
+          "fixed.shard_persistent_state = true needs full fine-tuning with adamw, adamw_bf16 or "
+          "sgd (LoRA adapters are not sharded; adamw8bit's 256-element blocks would straddle "
+          "shards)");
+    }
+  }
   const int64_t n = in.profiled_trace ? static_cast<int64_t>(in.profiled_trace->blocks.size())
                                       : in.arch.num_layers;
   int64_t mode_sum = 0;
@@ -284,7 +298,11 @@ std::string DescribePlan(const ResidencyPlan& p) {
                       " chunks persistent, ", p.n_buffer, " buffers, ", p.n_checkpoint,
                       " checkpointed, ", p.n_swap, " swapped, ", p.n_hs_offload,
                       " hidden-state offloaded, ", std::string(HostMemoryKindName(p.host_memory)),
-                      " host memory");
+                      " host memory",
+                      p.world_size > 1 ? (p.shard_persistent_state
+                                              ? ", persistent chunks' optimizer state sharded"
+                                              : ", persistent chunks' optimizer state replicated")
+                                       : "");
 }
 
 std::string DescribeTime(const Prediction& p) {
@@ -698,6 +716,7 @@ absl::StatusOr<PlanOutcome> MakePlan(const PlanInputs& in) {
   for (int i = 0; i < search.num_models(); ++i) {
     if (search.model(i).chunk_bytes() == out.plan.chunk_bytes) {
       out.trace_used = WithChunkLayout(trace, search.model(i).layout());
+      break;
     }
   }
 
@@ -729,8 +748,10 @@ absl::StatusOr<Prediction> PredictPlan(const PlanInputs& inputs, const Residency
     return OutOfRange("plan.chunk_bytes", plan.chunk_bytes, kMinChunkBytes, kMaxChunkBytes);
   }
   ASSIGN_OR_RETURN(Trace trace, TraceFor(inputs, inputs.workload));
-  ASSIGN_OR_RETURN(CostModel model, CostModel::Create(trace, plan.chunk_bytes, inputs.hardware,
-                                                      MakeCostOptions(inputs, true)));
+  CostOptions options = MakeCostOptions(inputs, true);
+  options.shard_persistent_state = plan.shard_persistent_state;
+  ASSIGN_OR_RETURN(CostModel model,
+                   CostModel::Create(trace, plan.chunk_bytes, inputs.hardware, options));
   RETURN_IF_ERROR(model.ValidatePlan(plan));
   return model.Predict(plan);
 }

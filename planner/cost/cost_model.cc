@@ -248,8 +248,8 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   // Regular chunks (shared buffers) by prefix; oversized ones have buffers of their own.
   t.regular_prefix.assign(c_count + 1, 0);
   for (int32_t c = 0; c < c_count; ++c) {
-    const bool big = c < static_cast<int32_t>(t.layout.chunk_oversized.size()) &&
-                     t.layout.chunk_oversized[c];
+    const bool big =
+        c < static_cast<int32_t>(t.layout.chunk_oversized.size()) && t.layout.chunk_oversized[c];
     t.regular_prefix[c + 1] = t.regular_prefix[c] + (big ? 0 : 1);
   }
   t.window_span_suffix_max.assign(n + 4, 0);
@@ -265,7 +265,7 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   const OptimizerKind opt = options_.optimizer;
   // Gradient clipping reads every persistent grad for its norm and scales it in place (read and
   // write); without clipping the agent still takes the norm when there is one micro-batch.
-  const int64_t norm_bpp = trace_.workload.grad_clipping       ? 3 * dtype_bytes_
+  const int64_t norm_bpp = trace_.workload.grad_clipping     ? 3 * dtype_bytes_
                            : trace_.workload.grad_accum <= 1 ? dtype_bytes_
                                                              : 0;
   const int64_t touch_bpp = GpuOptimizerTouchBytesPerElem(opt, dtype_bytes_) + norm_bpp;
@@ -292,6 +292,11 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   t.host_transfer_prefix.assign(c_count + 1, 0);
   t.gpu_opt_prefix.assign(c_count + 1, 0);
   t.cpu_opt_prefix.assign(c_count + 1, 0);
+  t.gather_prefix.assign(c_count + 1, 0);
+  t.pgrad_prefix.assign(c_count + 1, 0);
+  const int32_t w_ranks = options_.world_size;
+  t.shard_state = options_.shard_persistent_state && w_ranks > 1 && !adapters.has_value() &&
+                  full_ft && opt != OptimizerKind::kAdamW8bit;
   int64_t max_train = 0, second_train = 0, max_fill = 0, second_fill = 0;
   t.persistent_prefix.assign(c_count + 1, 0);
   if (adapters.has_value()) {
@@ -299,6 +304,7 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
     t.alloc_prefix[0] = adapters->chunk_bytes;
     t.opt_prefix[0] = adapters->state_bytes;
     t.train_prefix[0] = adapters->grad_bytes;
+    t.pgrad_prefix[0] = adapters->grad_bytes;
     t.persistent_prefix[0] = t.alloc_prefix[0] + t.opt_prefix[0];
     t.gpu_opt_prefix[0] = static_cast<double>(adapters->params * touch_bpp) / hbm;
   }
@@ -306,8 +312,10 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
     const int64_t fill = t.layout.chunk_param_bytes[c];
     const int64_t train = adapters.has_value() ? 0 : t.layout.chunk_trainable_bytes[c];
     const int64_t train_params = train / dtype_bytes_;
-    // The agent allocates a persistent chunk at its exact size (no tail padding).
-    const int64_t alloc = fill;
+    // The agent allocates a persistent chunk at its exact size (no tail padding); with sharded
+    // state padded to a multiple of W elements, the all-gather's output.
+    const int64_t alloc =
+        t.shard_state ? PaddedElems(fill / dtype_bytes_, w_ranks) * dtype_bytes_ : fill;
     // This rank's shard of the chunk ([Sharded chunks] in agent/chunks/chunk_manager.cc: every
     // host array holds ShardElems() elements, padding included); the whole chunk when W = 1.
     const OffloadedChunkHostBytes offloaded =
@@ -324,6 +332,7 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
                   (full_ft ? offloaded.state_bytes
                            : static_cast<int64_t>(std::ceil(offloaded.state_bytes * state_share)));
     const int64_t state_elems = adapters.has_value() ? 0
+                                : t.shard_state      ? ShardElems(fill / dtype_bytes_, w_ranks)
                                 : full_ft            ? fill / dtype_bytes_
                                                      : train_params;
     t.fill_prefix[c + 1] = t.fill_prefix[c] + fill;
@@ -334,11 +343,18 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
     t.host_transfer_prefix[c + 1] =
         t.host_transfer_prefix[c] +
         (adapters.has_value() ? frozen.transfer_bytes : offloaded.transfer_bytes);
+    // [Sharded persistent state]: each rank updates its shard, holds its shard of the grads
+    // (model dtype) from the reduce-scatter to the step and all-gathers the updated chunk.
+    const int64_t updated_params = t.shard_state ? ShardElems(train_params, w_ranks) : train_params;
+    t.pgrad_prefix[c + 1] = t.pgrad_prefix[c] + updated_params * dtype_bytes_;
     t.gpu_opt_prefix[c + 1] =
-        t.gpu_opt_prefix[c] + static_cast<double>(train_params * touch_bpp) / hbm;
-    t.cpu_opt_prefix[c + 1] =
-        t.cpu_opt_prefix[c] + static_cast<double>(train_params) / w / CpuOptimizerParamsPerSecond(
-                                                                          opt, hardware_);
+        t.gpu_opt_prefix[c] + static_cast<double>(updated_params * touch_bpp) / hbm;
+    t.gather_prefix[c + 1] =
+        t.gather_prefix[c] + (t.shard_state ? static_cast<double>(alloc) * (w_ranks - 1) / w_ranks /
+                                                  hardware_.nccl_allgather_bytes_per_second
+                                            : 0.0);
+    t.cpu_opt_prefix[c + 1] = t.cpu_opt_prefix[c] + static_cast<double>(train_params) / w /
+                                                        CpuOptimizerParamsPerSecond(opt, hardware_);
     if (train > max_train) {
       second_train = max_train;
       max_train = train;
@@ -373,6 +389,14 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   t.persistent_reduce_bytes = options_.world_size > 1 && !adapters.has_value()
                                   ? (max_train + second_train) / dtype_bytes_ * 4
                                   : 0;
+  if (t.shard_state) {
+    // [Sharded persistent state]: the fp32 flat tensor over the padded chunk (one in flight, the
+    // next being filled) and the fp32 shard each collective writes.
+    t.persistent_reduce_bytes = (PaddedElems(max_fill / dtype_bytes_, w_ranks) +
+                                 PaddedElems(second_fill / dtype_bytes_, w_ranks)) *
+                                    4 +
+                                2 * ShardElems(max_fill / dtype_bytes_, w_ranks) * 4;
+  }
   // The GPU optimizer updates one persistent chunk at a time; when it runs on an fp32 master
   // (adamw, sgd on bf16) that chunk's grads are first copied to fp32, at most one regular chunk's
   // elements at a time ([Sliced grad copy], common/optimizer_bytes.h).
@@ -381,6 +405,13 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
           ? adapters->step_extra_bytes
           : StepGradCopyElems(max_train / dtype_bytes_, t.layout.chunk_bytes, dtype_bytes_) *
                 StepGradCopyBytesPerElem(opt, dtype_bytes_);
+  if (t.shard_state) {
+    // [Sharded persistent state]: a chunk's whole grad shard widened at once, and the copies of
+    // the shards whose all-gathers are in flight (two).
+    t.optimizer_step_extra_bytes = ShardElems(max_train / dtype_bytes_, w_ranks) *
+                                       StepGradCopyBytesPerElem(opt, dtype_bytes_) +
+                                   2 * ShardElems(max_fill / dtype_bytes_, w_ranks) * dtype_bytes_;
+  }
   t.tied_grad_bytes =
       tied_ ? t.train_prefix[t.fwd_owned_begin[1]] - t.train_prefix[t.fwd_owned_begin[0]] : 0;
   // The agent's buffers: shared ones sized for the largest regular chunk of the layout, and one
@@ -534,7 +565,7 @@ int64_t CostModel::GradPhaseRawBytes(int32_t n_persist) const {
   // and in the optimizer step, next to the fp32 copy of one chunk's grads (mixed precision).
   const bool updates_on_device = n_persist > 0 || chunks_->adapters_persistent;
   const int64_t step_extra = updates_on_device ? chunks_->optimizer_step_extra_bytes : 0;
-  return chunks_->train_prefix[n_persist] + std::max(emb_retained_ + emb_extra_, step_extra);
+  return chunks_->pgrad_prefix[n_persist] + std::max(emb_retained_ + emb_extra_, step_extra);
 }
 
 int64_t CostModel::GradsLiveInBackward(int32_t j, int32_t n_persist) const {
@@ -543,7 +574,7 @@ int64_t CostModel::GradsLiveInBackward(int32_t j, int32_t n_persist) const {
   // left out (at most one chunk).
   const int32_t begin = chunks_->fwd_owned_begin[j + 2];
   int64_t live = chunks_->tied_grad_bytes;
-  if (n_persist > begin) live += chunks_->train_prefix[n_persist] - chunks_->train_prefix[begin];
+  if (n_persist > begin) live += chunks_->pgrad_prefix[n_persist] - chunks_->pgrad_prefix[begin];
   return live;
 }
 
@@ -869,8 +900,8 @@ double CostModel::BackwardWindow(int32_t s, const PlanPoint& p, const Modes& m) 
   if (w > 1) {
     const double frac = (w - 1) / w;
     nccl = refetch * frac / hardware_.nccl_allgather_bytes_per_second +
-           (gradoff + (p.lower_bound ? 1.0 : 2.0) * ptrain) * frac * ReduceWidening() /
-               hardware_.nccl_reduce_scatter_bytes_per_second;
+           (gradoff + (p.lower_bound ? 1.0 : PersistentReduceFactor()) * ptrain) * frac *
+               ReduceWidening() / hardware_.nccl_reduce_scatter_bytes_per_second;
   }
   return std::max({comp, Link(refetch / w + act_in, gradoff / w, p.kind), nccl});
 }
@@ -894,8 +925,9 @@ double CostModel::BackwardEdges(const PlanPoint& p) const {
       static_cast<double>(ChunkSum(chunks_->train_prefix, lo, std::min(hi, p.n_persist)));
   double post = Link(0, gradoff / w, p.kind);
   if (w > 1) {
-    post = std::max(post, (gradoff + (p.lower_bound ? 1.0 : 2.0) * ptrain) * frac *
-                              ReduceWidening() / hardware_.nccl_reduce_scatter_bytes_per_second);
+    post = std::max(post, (gradoff + (p.lower_bound ? 1.0 : PersistentReduceFactor()) * ptrain) *
+                              frac * ReduceWidening() /
+                              hardware_.nccl_reduce_scatter_bytes_per_second);
   }
   return pre + post;
 }
@@ -949,7 +981,9 @@ double CostModel::BackwardWindowPure(int32_t s, int key, int kind) const {
   const double gradoff = fst == 2 ? owned_train : 0.0;
   // Persistent grads are all-reduced (twice the reduce-scatter traffic); the lower-bound
   // variant charges them a reduce-scatter only, which keeps it monotone in n_persist.
-  const double ptrain = fst == 0 ? 2 * owned_train : fst == 1 ? owned_train : 0.0;
+  const double ptrain = fst == 0   ? PersistentReduceFactor() * owned_train
+                        : fst == 1 ? owned_train
+                                   : 0.0;
   double nccl = 0;
   if (w > 1) {
     const double frac = (w - 1) / w;
@@ -1049,7 +1083,9 @@ StepTime CostModel::TimeImpl(const PlanPoint& p, const Modes& m, bool fast) cons
         [&](int32_t s) { return BackwardWindow(s, p, m); }, bwd_prefix_[p.kind]);
   }
   t.backward_seconds += BackwardEdges(p);
-  t.gpu_optimizer_seconds = chunks_->gpu_opt_prefix[p.n_persist];
+  // [Sharded persistent state]: the all-gathers run beside the next chunks' updates.
+  t.gpu_optimizer_seconds =
+      std::max(chunks_->gpu_opt_prefix[p.n_persist], chunks_->gather_prefix[p.n_persist]);
   t.cpu_optimizer_seconds =
       chunks_->cpu_opt_prefix[num_chunks_] - chunks_->cpu_opt_prefix[p.n_persist];
   t.fixed_seconds = p.n_persist < num_chunks_ ? options_.offload_step_overhead_seconds : 0.0;
@@ -1073,6 +1109,13 @@ StepTime CostModel::Time(int32_t n_persist, int32_t n_buffer, const ModeCounts& 
 
 absl::Status CostModel::ValidatePlan(const ResidencyPlan& plan) const {
   auto bad = [](const std::string& msg) { return absl::InvalidArgumentError(msg); };
+  if (options_.world_size > 1 && plan.shard_persistent_state != chunks_->shard_state) {
+    return bad(absl::StrCat(
+        "plan.shard_persistent_state = ", plan.shard_persistent_state ? "true" : "false",
+        " but this model ", chunks_->shard_state ? "shards" : "replicates",
+        " the persistent chunks' state (sharding needs world_size > 1 and full fine-tuning with "
+        "adamw, adamw_bf16 or sgd)"));
+  }
   if (plan.chunk_bytes != chunks_->layout.chunk_bytes) {
     return bad(absl::StrCat("plan.chunk_bytes = ", plan.chunk_bytes, " does not match the layout (",
                             chunks_->layout.chunk_bytes, ")"));
@@ -1133,6 +1176,7 @@ ResidencyPlan CostModel::MakeResidencyPlan(int32_t n_persist, int32_t n_buffer,
   plan.host_memory = host_memory;
   plan.block_modes = ArrangeBlockModes(num_blocks_, counts);
   plan.world_size = options_.world_size;
+  plan.shard_persistent_state = chunks_->shard_state;
   return plan;
 }
 
@@ -1158,7 +1202,7 @@ Prediction CostModel::Assemble(const ResidencyPlan& plan, const Modes& m, bool f
   const int64_t staging = GradStagingBytes(plan.n_persist);
   b.persistent_chunks_bytes = chunks_->alloc_prefix[plan.n_persist];
   b.buffers_bytes = BufferBytes(plan.n_persist, plan.n_buffer);
-  b.grads_bytes = staging + (grads_peak ? chunks_->train_prefix[plan.n_persist]
+  b.grads_bytes = staging + (grads_peak ? chunks_->pgrad_prefix[plan.n_persist]
                              : bwd_peak ? GradsLiveInBackward(bwd_block, plan.n_persist)
                                         : 0);
   b.optimizer_state_bytes = chunks_->opt_prefix[plan.n_persist];
@@ -1167,8 +1211,8 @@ Prediction CostModel::Assemble(const ResidencyPlan& plan, const Modes& m, bool f
                          chunks_->optimizer_step_extra_bytes > emb_retained_ + emb_extra_;
   b.activations_bytes = grads_peak ? (step_copy ? 0 : emb_retained_) : phase.activations;
   b.checkpoint_chain_bytes = grads_peak ? 0 : phase.checkpoint_chain;
-  b.transient_bytes = grads_peak ? (step_copy ? chunks_->optimizer_step_extra_bytes : emb_extra_)
-                                 : phase.transient;
+  b.transient_bytes =
+      grads_peak ? (step_copy ? chunks_->optimizer_step_extra_bytes : emb_extra_) : phase.transient;
   b.cuda_context_bytes = hardware_.cuda_context_bytes;
   b.fragmentation_factor = options_.fragmentation_factor;
   b.calibration_residual_bytes = options_.residual_bytes;

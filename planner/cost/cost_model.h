@@ -25,6 +25,11 @@ struct CostOptions {
   // RankMemory::node_host_bytes depends on it (the search's host limit is per rank).
   int32_t local_world_size = 1;
   int32_t grad_accum = 1;
+  // [Sharded persistent state] (agent/chunks/chunk_manager.cc), with world_size > 1 and full
+  // fine-tuning (not adamw8bit): persistent chunks' optimizer state 1/W per rank, their grads
+  // reduce-scattered in backward (half an all-reduce's traffic) and kept as a model-dtype shard,
+  // the update 1/W per rank and the parameters all-gathered after it.
+  bool shard_persistent_state = false;
   // The CPU optimizer of offloaded chunks starts on each chunk as soon as its grads are final,
   // overlapping the rest of backward; false (gradient clipping) runs it after backward.
   bool cpu_optimizer_overlaps = true;
@@ -58,11 +63,11 @@ ModeCounts CountModes(const std::vector<BlockMode>& modes);
 
 // Per micro-batch forward/backward times and per-step optimizer times.
 struct StepTime {
-  double forward_seconds = 0;        // T_fwd (eq. 3)
-  double backward_seconds = 0;       // T_bwd (eq. 4)
-  double gpu_optimizer_seconds = 0;  // persistent chunks, at HBM rate
-  double cpu_optimizer_seconds = 0;  // non-persistent chunks, at the CPU Adam rate
-  double fixed_seconds = 0;          // per-step overhead of offloading (not overlapped)
+  double forward_seconds = 0;          // T_fwd (eq. 3)
+  double backward_seconds = 0;         // T_bwd (eq. 4)
+  double gpu_optimizer_seconds = 0;    // persistent chunks, at HBM rate
+  double cpu_optimizer_seconds = 0;    // non-persistent chunks, at the CPU Adam rate
+  double fixed_seconds = 0;            // per-step overhead of offloading (not overlapped)
   bool cpu_optimizer_overlaps = true;  // CostOptions::cpu_optimizer_overlaps
   // One optimizer step over grad_accum micro-batches (eq. 2): the CPU optimizer overlaps the
   // last micro-batch's backward, or (clipping) runs beside the GPU optimizer after it.
@@ -113,6 +118,11 @@ class CostModel {
   // Grads are reduced over the ranks in fp32 whatever the model dtype ([Sharded chunks]): the
   // bytes a reduction moves per byte of model-dtype grads.
   double ReduceWidening() const { return 4.0 / static_cast<double>(dtype_bytes_); }
+  // A persistent chunk's grads cross the link twice when all-reduced, once when reduce-scattered
+  // ([Sharded persistent state]).
+  double PersistentReduceFactor() const { return chunks_->shard_state ? 1.0 : 2.0; }
+  // Whether this model's persistent chunks keep their optimizer state sharded.
+  bool ShardsPersistentState() const { return chunks_->shard_state; }
   // Persistent chunks + their optimizer state only (a lower bound of StaticRawBytes).
   int64_t PersistentRawBytes(int32_t n_persist) const;
   // End of backward / optimizer step: every persistent chunk's grads exist, activations are gone.
@@ -252,8 +262,14 @@ class CostModel {
     // Chunk prefix sums (size C + 1).
     std::vector<int64_t> fill_prefix, train_prefix, alloc_prefix, opt_prefix, host_prefix;
     std::vector<int64_t> host_transfer_prefix;  // of host_prefix: params + grad staging
-    std::vector<int64_t> persistent_prefix;  // alloc + opt
+    std::vector<int64_t> persistent_prefix;     // alloc + opt
+    // Persistent grads held from their chunk's reduction to the optimizer step: the trainable
+    // bytes, or with sharded state this rank's shard of them ([Sharded persistent state]).
+    std::vector<int64_t> pgrad_prefix;
     std::vector<double> gpu_opt_prefix, cpu_opt_prefix;
+    // [Sharded persistent state]: all-gathering the updated parameters after the step.
+    std::vector<double> gather_prefix;
+    bool shard_state = false;  // the option, in effect (W > 1, full fine-tuning, not adamw8bit)
     int64_t grad_staging_bytes = 0;
     // Sharded (W > 1) with persistent chunks: the fp32 copies of persistent grads whose
     // all-reduce is in flight during backward (two chunks: one reduced, one being copied).
@@ -265,9 +281,9 @@ class CostModel {
     // Trainable bytes of the embedding's chunks when the head shares its weight: their grads
     // exist from the head's backward to the end of backward ([Grads beside backward]).
     int64_t tied_grad_bytes = 0;
-    int64_t shared_buffer_bytes = 0;          // largest regular chunk of the layout
-    std::vector<int64_t> oversized_suffix;    // size C + 1: oversized chunk bytes in [c, C)
-    std::vector<int32_t> regular_prefix;      // size C + 1: regular chunks in [0, c)
+    int64_t shared_buffer_bytes = 0;        // largest regular chunk of the layout
+    std::vector<int64_t> oversized_suffix;  // size C + 1: oversized chunk bytes in [c, C)
+    std::vector<int32_t> regular_prefix;    // size C + 1: regular chunks in [0, c)
   };
   std::shared_ptr<const ChunkTables> chunks_;
 

@@ -367,15 +367,31 @@ absl::StatusOr<PlanSearch> PlanSearch::Create(const Trace& trace, const Hardware
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
   if (sizes.empty()) return absl::InvalidArgumentError("no chunk size candidates");
   std::vector<CostModel> models;
-  models.reserve(sizes.size());
+  models.reserve(2 * sizes.size());
   for (int64_t size : sizes) {
-    ASSIGN_OR_RETURN(CostModel model, CostModel::Create(trace, size, hardware, options));
+    CostOptions replicated = options;
+    replicated.shard_persistent_state = false;
+    ASSIGN_OR_RETURN(CostModel model, CostModel::Create(trace, size, hardware, replicated));
     models.push_back(std::move(model));
+    // Several ranks: each chunk size also with the persistent chunks' state sharded ([Sharded
+    // persistent state]), where the workload allows it (full fine-tuning, not adamw8bit).
+    if (options.world_size > 1) {
+      CostOptions sharded = options;
+      sharded.shard_persistent_state = true;
+      ASSIGN_OR_RETURN(CostModel shard_model, CostModel::Create(trace, size, hardware, sharded));
+      if (shard_model.ShardsPersistentState()) models.push_back(std::move(shard_model));
+    }
   }
   return PlanSearch(std::move(models));
 }
 
 namespace {
+
+// Whether the fixed knobs allow `model`'s chunk size and persistent-state sharding.
+bool Allows(const FixedKnobs& f, const CostModel& model) {
+  if (f.chunk_bytes && *f.chunk_bytes != model.chunk_bytes()) return false;
+  return !f.shard_persistent_state || *f.shard_persistent_state == model.ShardsPersistentState();
+}
 
 // Turns the search's best point into a plan and its full prediction.
 void FillFromIncumbent(const std::vector<CostModel>& models, const Incumbent& best,
@@ -397,7 +413,7 @@ SearchResult PlanSearch::Run(const SearchConstraints& constraints, bool any_fit)
   const FixedKnobs& f = constraints.fixed;
   for (int i = 0; i < num_models(); ++i) {
     const CostModel& model = models_[static_cast<size_t>(i)];
-    if (f.chunk_bytes && *f.chunk_bytes != model.chunk_bytes()) continue;
+    if (!Allows(f, model)) continue;
     const std::vector<HostMemoryKind> kinds = KindsToTry(constraints);
     for (HostMemoryKind kind : kinds) {
       Runner runner(model, i, kind, constraints, any_fit, &best, &result.plans_evaluated);
@@ -417,7 +433,7 @@ SearchResult PlanSearch::FindLeanest(const SearchConstraints& constraints) const
   Incumbent best;
   for (int i = 0; i < num_models(); ++i) {
     const CostModel& model = models_[static_cast<size_t>(i)];
-    if (f.chunk_bytes && *f.chunk_bytes != model.chunk_bytes()) continue;
+    if (!Allows(f, model)) continue;
     const int32_t n = model.num_blocks(), c = model.num_chunks();
     const int32_t np_min = f.n_persist ? *f.n_persist : 0;
     const int32_t np_max = f.n_persist ? std::min(*f.n_persist, c) : c;

@@ -34,7 +34,9 @@ struct SearchResult {
 
 class PlanSearch {
  public:
-  // One cost model per chunk-size candidate (deduplicated, each > 0).
+  // One cost model per chunk-size candidate (deduplicated, each > 0); with world_size > 1 a
+  // second one per size with the persistent chunks' optimizer state sharded
+  // (CostOptions::shard_persistent_state) where the workload allows it.
   static absl::StatusOr<PlanSearch> Create(const Trace& trace, const HardwareSpec& hardware,
                                            const CostOptions& options,
                                            const std::vector<int64_t>& chunk_candidates_bytes);

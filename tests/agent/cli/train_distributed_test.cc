@@ -170,7 +170,9 @@ std::vector<std::string> With(std::vector<std::string> args, const std::vector<s
 }
 
 // The resume matrix on a global batch of 6 rows: 2 ranks x 3 rows save after 2 steps and
-// 3 ranks x 2 rows resume; 3 ranks save and 1 process x 6 rows resumes. The third step's loss is
+// 3 ranks x 2 rows resume; 3 ranks save and 1 process x 6 rows resumes. The first two runs keep
+// the persistent chunk's optimizer state sharded ([Sharded persistent state]: 2 and 3 shards of
+// it), the others replicated. The third step's loss is
 // the uninterrupted run's (the checkpoint is layout-independent: every rank writes the pieces it
 // stores, and a resuming rank reads the ranges it stores from any number of files).
 TEST(TrainDistributedTest, CheckpointsResumeOnAnotherNumberOfRanks) {
@@ -187,10 +189,14 @@ TEST(TrainDistributedTest, CheckpointsResumeOnAnotherNumberOfRanks) {
 
   const std::string from_two = base + ".from2";
   const std::vector<double> two =
-      StepLosses(RunRanks(With(TrainArgs(3, 2, data), {"--save", from_two}), 2, base + ".two"));
+      StepLosses(RunRanks(With(TrainArgs(3, 2, data), {"--save", from_two, "--persistent-state",
+                                                       "sharded"}),
+                          2, base + ".two"));
   ASSERT_EQ(two.size(), 2u);
   const std::vector<double> two_to_three =
-      StepLosses(RunRanks(With(TrainArgs(2, 3, data), {"--resume", from_two}), 3, base + ".three"));
+      StepLosses(RunRanks(With(TrainArgs(2, 3, data), {"--resume", from_two, "--persistent-state",
+                                                       "sharded"}),
+                          3, base + ".three"));
   ASSERT_EQ(two_to_three.size(), 1u);
 
   const std::string from_three = base + ".from3";

@@ -322,3 +322,41 @@ TEST(ResolveRunPlanTest, SeveralRanksRunManagedAndRefusePlain) {
 
 }  // namespace
 }  // namespace memplan
+
+namespace memplan {
+namespace {
+
+// [Sharded persistent state]: the plan's choice reaches the run; --persistent-state overrides it
+// and needs several ranks.
+TEST(ResolveRunPlanTest, PersistentStateShardingFromThePlanOrTheFlag) {
+  auto plan = ParsePlanJson(R"({"plan": {"worldSize": 2, "shardPersistentState": true}})");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->shard_persistent_state);
+  EXPECT_THAT(ParsePlanJson(R"({"shard_persistent_state": "yes"})").status().message(),
+              HasSubstr("plan.shard_persistent_state must be true or false"));
+  auto run = ResolveRunPlan(TrainConfig{}, 3, *plan, 2);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_TRUE(run->shard_persistent_state);
+  auto parsed = ParseTrainArgs({"--arch", "llama-tiny", "--synthetic-data", "--persistent-state",
+                                "replicated"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  run = ResolveRunPlan(*parsed, 3, *plan, 2);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_FALSE(run->shard_persistent_state);
+  parsed = ParseTrainArgs({"--arch", "llama-tiny", "--synthetic-data", "--persistent-state",
+                           "sharded"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_THAT(ResolveRunPlan(*parsed, 3, std::nullopt, 1).status().message(),
+              HasSubstr("--persistent-state sharded: this run has one rank"));
+  run = ResolveRunPlan(*parsed, 3, std::nullopt, 3);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_TRUE(run->shard_persistent_state);
+  EXPECT_THAT(ParseTrainArgs({"--arch", "llama-tiny", "--synthetic-data", "--persistent-state",
+                              "half"})
+                  .status()
+                  .message(),
+              HasSubstr("is not sharded or replicated"));
+}
+
+}  // namespace
+}  // namespace memplan

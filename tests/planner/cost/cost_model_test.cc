@@ -4,8 +4,10 @@
 #include <cmath>
 #include <random>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "absl/strings/str_cat.h"
+#include "common/optimizer_bytes.h"
 #include "common/presets.h"
 #include "planner/core/plan_engine.h"
 #include "planner/cost/analytic_trace.h"
@@ -65,6 +67,7 @@ RandomCase MakeCase(std::mt19937_64& rng) {
   c.trace = RandomTrace(rng, static_cast<int32_t>(uni(1, 40)));
   c.hardware = RandomHardware(rng);
   c.options.world_size = uni(0, 2) == 0 ? static_cast<int32_t>(uni(2, 8)) : 1;
+  c.options.shard_persistent_state = uni(0, 1) == 1;  // in effect with W > 1, not adamw8bit
   c.options.grad_accum = static_cast<int32_t>(uni(1, 3));
   c.options.optimizer = static_cast<OptimizerKind>(uni(0, 3));  // adamw8bit included
   if (c.options.optimizer == OptimizerKind::kAdamWBf16States &&
@@ -365,6 +368,62 @@ TEST(StepTimeTest, ShardedPersistentGradsReduceInFp32BesideBackward) {
   const double traffic_seconds = 2.0 * 0.5 * 2.0 * static_cast<double>(total_train) / 1e9;
   EXPECT_GE(p2.backward_seconds, 0.9 * traffic_seconds);
   EXPECT_GT(p2.backward_seconds, p1.backward_seconds + 0.5 * traffic_seconds);
+}
+
+// [Sharded persistent state]: each rank holds 1/W of the persistent chunks' state and of their
+// grads after the reduce-scatter, which moves half an all-reduce's bytes; the update runs on 1/W
+// of the parameters and the parameters are all-gathered after it.
+TEST(StepTimeTest, ShardedPersistentStateHoldsAShardAndReducesOnce) {
+  const ModelSpec arch = *FindModelPreset("llama-3.2-1b");
+  HardwareSpec hw = *FindHardwarePreset("h200");
+  hw.nccl_allgather_bytes_per_second = 1e9;
+  hw.nccl_reduce_scatter_bytes_per_second = 1e9;  // slow enough that traffic sets backward
+  Workload workload;
+  workload.micro_batch = 1;
+  workload.seq_len = 512;
+  workload.world_size = 2;
+  auto trace = SynthesizeTrace(arch, workload, DType::kBFloat16, TrainingMethod(), hw);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  CostOptions replicated;
+  replicated.world_size = 2;
+  CostOptions sharded = replicated;
+  sharded.shard_persistent_state = true;
+  auto cmr = CostModel::Create(*trace, int64_t{64} << 20, hw, replicated);
+  auto cms = CostModel::Create(*trace, int64_t{64} << 20, hw, sharded);
+  ASSERT_TRUE(cmr.ok() && cms.ok());
+  EXPECT_FALSE(cmr->ShardsPersistentState());
+  EXPECT_TRUE(cms->ShardsPersistentState());
+  const int32_t chunks = cms->num_chunks();
+  const ResidencyPlan pr =
+      cmr->MakeResidencyPlan(chunks, 0, ModeCounts{}, HostMemoryKind::kPinned);
+  const ResidencyPlan ps =
+      cms->MakeResidencyPlan(chunks, 0, ModeCounts{}, HostMemoryKind::kPinned);
+  EXPECT_FALSE(pr.shard_persistent_state);
+  EXPECT_TRUE(ps.shard_persistent_state);
+  // A plan is priced by the model of its own choice.
+  EXPECT_THAT(cmr->ValidatePlan(ps).message(), ::testing::HasSubstr("plan.shard_persistent_state = true"));
+  const Prediction r = cmr->Predict(pr);
+  const Prediction s = cms->Predict(ps);
+  // What the agent allocates per rank (agent/chunks/chunk_manager.cc, [Sharded persistent
+  // state]): each chunk padded to a multiple of W elements, the state over one shard of it.
+  int64_t params = 0, state = 0, train = 0;
+  for (int64_t fill : cms->layout().chunk_param_bytes) {
+    params += PaddedElems(fill / 2, 2) * 2;
+    state += PersistentStateBytes(OptimizerKind::kAdamW, 2, ShardElems(fill / 2, 2));
+  }
+  for (int64_t b : cms->layout().chunk_trainable_bytes) train += b;
+  EXPECT_EQ(s.rank_memory.persistent_device_bytes, params);
+  EXPECT_EQ(s.rank_memory.persistent_state_device_bytes, state);
+  EXPECT_LE(2 * state, r.rank_memory.persistent_state_device_bytes + chunks * 2 * 16);
+  EXPECT_LT(s.peak_bytes, r.peak_bytes - state / 2);
+  // Backward: the grads cross the link once ((W-1)/W x fp32), not twice.
+  const double once = 0.5 * 2.0 * static_cast<double>(train) / 1e9;
+  EXPECT_GE(s.backward_seconds, 0.9 * once);
+  EXPECT_LT(s.backward_seconds, r.backward_seconds - 0.5 * once);
+  // Step: half the update, beside the all-gather of the bf16 parameters ((W-1)/W of them).
+  const double gather = 0.5 * static_cast<double>(params) / 1e9;
+  EXPECT_NEAR(s.optimizer_seconds, std::max(gather, r.optimizer_seconds / 2),
+              0.02 * r.optimizer_seconds + 1e-6);
 }
 
 TEST(StepTimeTest, ClippingRunsTheCpuOptimizerAfterBackward) {
