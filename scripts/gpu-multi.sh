@@ -11,8 +11,10 @@
 #   scale8b  llama-3.1-8b 1x4096 per rank, planned by the planner (analytic trace), 1 GPU vs N
 #   scale3b  llama-3.2-3b 2x4096 per rank (fits one GPU), 1 GPU vs N
 #   fsdp2    PyTorch FSDP2 (fully_shard, with and without CPUOffloadPolicy) on N GPUs, 8B 1x4096
-#   big      MEMPLAN_MULTI_BIG (default qwen2.5-32b) 1x2048: the planner's verdict for one GPU of
-#            this host (host memory binds) and N ranks training under the planner's plan
+#   big      MEMPLAN_MULTI_BIG (default qwen2.5-32b; a preset, or a config.json / its directory,
+#            e.g. scripts/configs/llama-23b) 1x2048: the planner's verdict for one GPU of this host
+#            (host memory binds) and N ranks training under the planner's plan
+# MEMPLAN_MULTI_TIMEOUT: seconds per training run (default 300).
 # Each part is bounded by `timeout`; a part that fails leaves its log and the next one runs.
 set -uo pipefail
 out=${1:?out dir}; build=${2:?build dir}; hw=${3:-h100x2}
@@ -47,9 +49,10 @@ train() {  # NAME N_RANKS ARGS...: memplan-agent train on N ranks (1 = a plain p
   local name=$1 n=$2; shift 2
   say "train $name: $n rank(s): $*"
   if ((n == 1)); then
-    CUDA_VISIBLE_DEVICES=0 timeout 300 "$agent" train "$@" >"$out/$name.log" 2>&1
+    CUDA_VISIBLE_DEVICES=0 timeout "${MEMPLAN_MULTI_TIMEOUT:-300}" "$agent" train "$@" \
+      >"$out/$name.log" 2>&1
   else
-    timeout 300 bash -c "$(declare -f ranks); ranks $n $agent train $(printf '%q ' "$@")" \
+    timeout "${MEMPLAN_MULTI_TIMEOUT:-300}" bash -c "$(declare -f ranks); ranks $n $agent train $(printf '%q ' "$@")" \
       >"$out/$name.log" 2>&1
   fi
   echo "exit $?" >>"$out/$name.log"
@@ -76,6 +79,9 @@ if has equal; then
   train equal-offl-n "$ngpu" "${common[@]}" --batch 2 --n-persist 4 --cpu-threads "$per"
   train equal-pers-1 1 "${common[@]}" --batch $((2 * ngpu)) --n-persist 1000 --cpu-threads "$per"
   train equal-pers-n "$ngpu" "${common[@]}" --batch 2 --n-persist 1000 --cpu-threads "$per"
+  # [Sharded persistent state]: the same all-persistent plan with the state sharded.
+  train equal-shard-n "$ngpu" "${common[@]}" --batch 2 --n-persist 1000 --cpu-threads "$per" \
+    --persistent-state sharded
 fi
 
 if has fsdp2; then
@@ -90,13 +96,15 @@ if has fsdp2; then
 fi
 if has big; then
   big=${MEMPLAN_MULTI_BIG:-qwen2.5-32b}
+  model=(--arch "$big")
+  [[ -e $big ]] && model=(--arch-file "$big")
   for w in 1 "$ngpu"; do
     say "planner: $big 1x2048 on $w rank(s) of this host"
-    "$build/planner/cli/memplan" --planner "$addr" plan --arch "$big" --gpu "$hw" --batch 1 \
+    "$build/planner/cli/memplan" --planner "$addr" plan "${model[@]}" --gpu "$hw" --batch 1 \
       --seq 2048 --world-size "$w" --skip-limits 2>&1 | grep -E "^(Verdict|Why|Knobs|Host|Per rank)" \
       | tee -a "$out/multi.txt"
   done
-  train "big-n" "$ngpu" --planner "$addr" --hardware "$hw" --arch "$big" --batch 1 --seq 2048 \
+  train "big-n" "$ngpu" --planner "$addr" --hardware "$hw" "${model[@]}" --batch 1 --seq 2048 \
     --steps 3 --synthetic-data --device cuda --cpu-threads $((cores / ngpu))
   grep -E "load peak" "$out/big-n.log" | sed 's/^ts=[^ ]* //' | tee -a "$out/multi.txt"
 fi

@@ -573,6 +573,13 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
           absl::StrCat("--arch ", c.arch, " is not a preset; known: ", ModelPresetNames()));
     }
     spec = *preset;
+  } else if (!c.arch_file.empty()) {
+    absl::StatusOr<ModelSpec> loaded = LoadHfConfigFile(c.arch_file);
+    if (!loaded.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--arch-file ", c.arch_file, ": ", loaded.status().message()));
+    }
+    spec = *std::move(loaded);
   } else {
     ASSIGN_OR_RETURN(spec, LoadHfConfigFile(c.model_dir + "/config.json"));
   }
@@ -1057,7 +1064,9 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
   }
   if (!c.save_adapter_dir.empty() && lead) {
     RETURN_IF_ERROR(io::SavePeftAdapter(c.save_adapter_dir, c.lora,
-                                        c.model_dir.empty() ? c.arch : c.model_dir,
+                                        !c.model_dir.empty()  ? c.model_dir
+                                        : !c.arch_file.empty() ? c.arch_file
+                                                               : c.arch,
                                         trainer->Params()));
     MEMPLAN_LOG(kInfo, "saved adapter").Field("dir", c.save_adapter_dir);
   }

@@ -71,6 +71,8 @@ std::string TrainUsage() {
 Model (one of):
   --arch PRESET            a model preset (random init), e.g. llama-3.2-1b
   --model DIR              a Hugging Face checkpoint directory (config.json + *.safetensors)
+  --arch-file CONFIG       a Hugging Face config.json (or its directory): that architecture,
+                           random init, as --arch
 Data (one of):
   --data FILE              token file (memplan header, or raw with --raw-token-bytes 2|4)
   --synthetic-data         a seeded learnable token stream (--synthetic-noise P, default 0.1)
@@ -211,6 +213,7 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
   const std::map<std::string, Handler> valued = {
       {"arch", set_string(&c.arch)},
       {"model", set_string(&c.model_dir)},
+      {"arch-file", set_string(&c.arch_file)},
       {"data", set_string(&c.data_file)},
       {"raw-token-bytes",
        [&c](absl::string_view flag, const std::string& v) -> absl::Status {
@@ -374,8 +377,9 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
     RETURN_IF_ERROR(it->second(name, *value));
   }
 
-  if (c.arch.empty() == c.model_dir.empty()) {
-    return absl::InvalidArgumentError("give exactly one of --arch PRESET or --model DIR");
+  if (int{!c.arch.empty()} + int{!c.model_dir.empty()} + int{!c.arch_file.empty()} != 1) {
+    return absl::InvalidArgumentError(
+        "give exactly one of --arch PRESET, --arch-file CONFIG or --model DIR");
   }
   if (c.data_file.empty() == !c.synthetic_data) {
     return absl::InvalidArgumentError("give exactly one of --data FILE or --synthetic-data");

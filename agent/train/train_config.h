@@ -19,6 +19,8 @@ struct TrainConfig {
   // Model: a preset (common/presets.h) with random init, or a Hugging Face checkpoint directory.
   std::string arch;
   std::string model_dir;
+  // --arch-file: a Hugging Face config.json (or a directory holding one), random init like --arch.
+  std::string arch_file;
   // Data: a token file (agent/io/token_file.h) or a synthetic stream.
   std::string data_file;
   int raw_token_bytes = 0;  // headerless token files: 2 or 4

@@ -360,3 +360,21 @@ TEST(ResolveRunPlanTest, PersistentStateShardingFromThePlanOrTheFlag) {
 
 }  // namespace
 }  // namespace memplan
+
+namespace memplan {
+namespace {
+
+TEST(ParseTrainArgsTest, ArchFileIsOneOfTheModelSources) {
+  auto parsed = ParseTrainArgs({"--arch-file", "/tmp/config.json", "--synthetic-data"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->arch_file, "/tmp/config.json");
+  EXPECT_THAT(ParseTrainArgs({"--arch-file", "c.json", "--arch", "llama-tiny", "--synthetic-data"})
+                  .status()
+                  .message(),
+              HasSubstr("give exactly one of --arch PRESET, --arch-file CONFIG or --model DIR"));
+  EXPECT_THAT(ParseTrainArgs({"--synthetic-data"}).status().message(),
+              HasSubstr("give exactly one of"));
+}
+
+}  // namespace
+}  // namespace memplan
