@@ -86,8 +86,11 @@
 // [r P / W, (r + 1) P / W): 1/W of the replicated state's bytes.
 // * Backward: when the chunk's grads are final (its completion group, last micro-batch) they are
 //   copied into an fp32 flat tensor of P elements at their layout offsets, the parameters' .grad
-//   are dropped, and the tensor is reduce-scattered beside the rest of backward (one in flight
-//   while the next is copied, as the replicated all-reduce). Finishing divides by W and keeps the
+//   are dropped, and the tensor is reduce-scattered beside the rest of backward ([State
+//   reduce-scatter per group]: every chunk the group completes is issued at its hook and waited
+//   for at the next group's, so the collectives run beside that group's backward instead of
+//   stalling the compute stream chunk by chunk; the fp32 flats of one group's chunks are in
+//   flight at a time, what the planner charges). Finishing divides by W and keeps the
 //   shard rounded to the model dtype (what the replicated path's .grad holds after its
 //   all-reduce), with its squared norm summed on the device for clipping.
 // * Step: each rank updates its shard (the same kernels as replicated persistent chunks, on the
@@ -358,6 +361,8 @@ class ChunkManager::Impl {
   // [Persistent all-reduce in backward]
   absl::Status StartPersistentReduce(int c);
   absl::Status FinishPersistentReduce();
+  // [State reduce-scatter per group]: waits for pending_state_reduces_ and keeps each shard.
+  absl::Status FinishStateReduces();
   // [Sharded persistent state]: the step's updates of the shards and the all-gathers after them.
   absl::Status UpdateShardedPersistent(const torch::Tensor& clip_coef, float grad_scale);
   // A device tensor of `elems` elements per rank, all-gathered, on the CPU (a collective).
@@ -406,6 +411,8 @@ class ChunkManager::Impl {
     torch::Tensor shard;
   };
   std::optional<PendingReduce> pending_reduce_;
+  // [Sharded persistent state]: the reduce-scatters of the chunks the last group completed.
+  std::vector<PendingReduce> pending_state_reduces_;
   std::vector<PendingShardReduce> pending_shard_reduces_;
   int reduces_in_backward_ = 0;      // persistent all-reduces started in backward this step
   int reduces_beside_backward_ = 0;  // reduce-scatters finished at a later group's hook
@@ -1151,6 +1158,9 @@ void ChunkManager::Impl::PostBackwardSharded(int group) {
   // backward: finish them before this group's grads are read.
   reduces_beside_backward_ += static_cast<int>(pending_shard_reduces_.size());
   if (const absl::Status s = FinishShardReduces(); !s.ok()) FailCollective(s);
+  // [State reduce-scatter per group] Likewise the persistent chunks' reduce-scatters of the
+  // previous group.
+  if (const absl::Status s = FinishStateReduces(); !s.ok()) FailCollective(s);
   std::set<int> touched, persistent_touched;
   for (int i : group_stage_[group]) {
     Param& p = params_[i];
@@ -1214,31 +1224,50 @@ void ChunkManager::Impl::PostBackwardSharded(int group) {
 }
 
 absl::Status ChunkManager::Impl::StartPersistentReduce(int c) {
-  // The previous one finishes first: one fp32 copy in flight besides the one being made.
-  RETURN_IF_ERROR(FinishPersistentReduce());
   Chunk& chunk = chunks_[c];
-  chunk.grads_reduced = true;
-  PendingReduce pending;
   if (chunk.state_sharded) {
     // [Sharded persistent state]: the grads at their layout offsets in an fp32 flat tensor over
-    // the padded chunk, reduce-scattered; the parameters' own grads are not needed any more.
+    // the padded chunk (alignment gaps and padding zeroed, nothing else written twice),
+    // reduce-scattered; the parameters' own grads are not needed any more. The chunks a group
+    // completes are all in flight together and finish at the next group's hook, beside that
+    // group's backward ([State reduce-scatter per group]).
+    chunk.grads_reduced = true;
     bool any = false;
     for (int i : chunk.params) any = any || params_[i].tensor.grad().defined();
     if (!any) return absl::OkStatus();
+    PendingReduce pending;
     pending.chunk = c;
-    pending.flat = torch::zeros({chunk.padded_elems}, DeviceOptions().dtype(torch::kFloat32));
-    for (int i : chunk.params) {
+    pending.flat = torch::empty({chunk.padded_elems}, DeviceOptions().dtype(torch::kFloat32));
+    std::vector<int> by_offset = chunk.params;
+    std::sort(by_offset.begin(), by_offset.end(), [this](int a, int b) {
+      return params_[a].offset_elems < params_[b].offset_elems;
+    });
+    int64_t covered = 0;  // elements written so far, from the start of the chunk
+    for (int i : by_offset) {
       Param& p = params_[i];
-      if (!p.tensor.grad().defined()) continue;
-      pending.flat.narrow(0, p.offset_elems, p.numel).copy_(p.tensor.grad().reshape({-1}));
-      p.tensor.mutable_grad().reset();
-      p.grad_in_step = true;
+      if (p.offset_elems > covered) pending.flat.narrow(0, covered, p.offset_elems - covered).zero_();
+      torch::Tensor dst = pending.flat.narrow(0, p.offset_elems, p.numel);
+      if (p.tensor.grad().defined()) {
+        dst.copy_(p.tensor.grad().reshape({-1}));
+        p.tensor.mutable_grad().reset();
+        p.grad_in_step = true;
+      } else {
+        dst.zero_();
+      }
+      covered = p.offset_elems + p.numel;
+    }
+    if (chunk.padded_elems > covered) {
+      pending.flat.narrow(0, covered, chunk.padded_elems - covered).zero_();
     }
     pending.shard = torch::empty({chunk.shard_elems}, pending.flat.options());
     pending.work = comm_->ReduceScatterSum(pending.shard, pending.flat);
-    pending_reduce_ = std::move(pending);
+    pending_state_reduces_.push_back(std::move(pending));
     return absl::OkStatus();
   }
+  // The previous one finishes first: one fp32 copy in flight besides the one being made.
+  RETURN_IF_ERROR(FinishPersistentReduce());
+  chunk.grads_reduced = true;
+  PendingReduce pending;
   int64_t numel = 0;
   for (int i : chunk.params) {
     if (params_[i].tensor.grad().defined()) {
@@ -1259,20 +1288,32 @@ absl::Status ChunkManager::Impl::StartPersistentReduce(int c) {
   return absl::OkStatus();
 }
 
-absl::Status ChunkManager::Impl::FinishPersistentReduce() {
-  if (!pending_reduce_.has_value()) return absl::OkStatus();
-  PendingReduce pending = std::move(*pending_reduce_);
-  pending_reduce_.reset();
-  // CUDA: the compute stream waits for it.
-  RETURN_IF_ERROR(NoteCollective(pending.work->Wait()));
-  if (pending.chunk >= 0) {
+absl::Status ChunkManager::Impl::FinishStateReduces() {
+  absl::Status first;
+  for (PendingReduce& pending : pending_state_reduces_) {
+    // CUDA: the compute stream waits for it.
+    const absl::Status s = NoteCollective(pending.work->Wait());
+    if (!s.ok()) {
+      if (first.ok()) first = s;
+      continue;
+    }
     // [Sharded persistent state]: the mean, rounded once to the model dtype, and its squares.
     Chunk& chunk = chunks_[pending.chunk];
     pending.shard.div_(world_);
     chunk.grad_shard = dtype_ == torch::kFloat32 ? pending.shard : pending.shard.to(dtype_);
     chunk.shard_squares = chunk.grad_shard.to(torch::kFloat64).pow(2).sum();
-    return absl::OkStatus();
   }
+  pending_state_reduces_.clear();
+  return first;
+}
+
+absl::Status ChunkManager::Impl::FinishPersistentReduce() {
+  RETURN_IF_ERROR(FinishStateReduces());
+  if (!pending_reduce_.has_value()) return absl::OkStatus();
+  PendingReduce pending = std::move(*pending_reduce_);
+  pending_reduce_.reset();
+  // CUDA: the compute stream waits for it.
+  RETURN_IF_ERROR(NoteCollective(pending.work->Wait()));
   pending.flat.div_(world_);
   int64_t at = 0;
   for (torch::Tensor& g : pending.grads) {
@@ -1532,6 +1573,8 @@ void ChunkManager::Impl::ResetStep() {
     (void)pending_reduce_->work->Wait();  // the collective must not outlive its tensors
     pending_reduce_.reset();
   }
+  for (PendingReduce& pending : pending_state_reduces_) (void)pending.work->Wait();
+  pending_state_reduces_.clear();
   for (PendingShardReduce& r : pending_shard_reduces_) {
     if (r.work) (void)r.work->Wait();
   }

@@ -390,12 +390,21 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
                                   ? (max_train + second_train) / dtype_bytes_ * 4
                                   : 0;
   if (t.shard_state) {
-    // [Sharded persistent state]: the fp32 flat tensor over the padded chunk (one in flight, the
-    // next being filled) and the fp32 shard each collective writes.
-    t.persistent_reduce_bytes = (PaddedElems(max_fill / dtype_bytes_, w_ranks) +
-                                 PaddedElems(second_fill / dtype_bytes_, w_ranks)) *
-                                    4 +
-                                2 * ShardElems(max_fill / dtype_bytes_, w_ranks) * 4;
+    // [Sharded persistent state], [State reduce-scatter per group] (agent/chunks/
+    // chunk_manager.cc): the chunks a group completes in backward (those its stage owns in
+    // forward) are reduce-scattered together and finished at the next group's hook: the fp32 flat
+    // tensors over their padded spans and the fp32 shards the collectives write, for the stage
+    // that owns the most.
+    int64_t worst = 0;
+    for (size_t s = 0; s + 1 < t.fwd_owned_begin.size(); ++s) {
+      int64_t bytes = 0;
+      for (int32_t c = t.fwd_owned_begin[s]; c < t.fwd_owned_begin[s + 1]; ++c) {
+        const int64_t elems = t.layout.chunk_param_bytes[c] / dtype_bytes_;
+        bytes += (PaddedElems(elems, w_ranks) + ShardElems(elems, w_ranks)) * 4;
+      }
+      worst = std::max(worst, bytes);
+    }
+    t.persistent_reduce_bytes = worst;
   }
   // The GPU optimizer updates one persistent chunk at a time; when it runs on an fp32 master
   // (adamw, sgd on bf16) that chunk's grads are first copied to fp32, at most one regular chunk's
