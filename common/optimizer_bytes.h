@@ -213,4 +213,53 @@ constexpr double CpuOptimizerParamsPerSecond(OptimizerKind kind, const HardwareS
   return hardware.cpu_adam_params_per_second / CpuOptimizerTimeFactor(kind);
 }
 
+// [Two CPU passes]
+// The chunk manager works on an offloaded chunk's grads in two passes on its CPU pool: when a
+// micro-batch's grads reach the host it adds them into the chunk's grad array (the accumulate
+// pass, beside the rest of backward); once the chunk may be updated (its last micro-batch without
+// clipping, after the global norm with it) the optimizer reads that array and updates the chunk
+// (the update pass). memplan-agent bench times each pass on arrays far beyond the last-level
+// cache (HardwareSpec::cpu_grad_accumulate_params_per_second, cpu_adam_update_params_per_second).
+// A profile without them prices the two as a single pass at the optimizer's whole-pass rate.
+// Bytes per element for a bf16 model with AdamW, a written cache line counted as read as well
+// (write-allocate): accumulate 2 (bf16 grad) + 4 + 4 (fp32 grad read, written) = 10; update 4
+// (fp32 grad) + 3 x 8 (master and both moments read and written) + 4 (bf16 param) = 32; the fused
+// pass the bench reports as cpu_adamw keeps a range's fp32 grad in cache between the two, 38.
+// The passes are memory-bound, so these ratios turn a whole-pass figure into the two passes
+// (presets) and the accumulate rate into a host read bandwidth (the norm pass).
+inline constexpr double kCpuAccumulateBytesPerParam = 10;
+inline constexpr double kCpuUpdateBytesPerParam = 32;
+inline constexpr double kCpuFusedPassBytesPerParam = 38;
+
+struct CpuPassRates {
+  // 0: the profile has no separate accumulate figure; nothing is charged beside backward and
+  // update_params_per_second is the whole pass.
+  double accumulate_params_per_second = 0;
+  double update_params_per_second = 0;
+};
+
+// The offloaded-chunk CPU rates of `kind` on `hardware` ([Two CPU passes]). The bench's passes
+// are adamw's on a bf16 model; the other optimizers accumulate at the same rate and update at
+// adamw's rate over CpuOptimizerTimeFactor, or adamw8bit at its measured update rate.
+constexpr CpuPassRates CpuOptimizerPassRates(OptimizerKind kind, const HardwareSpec& hardware) {
+  CpuPassRates r;
+  if (hardware.cpu_grad_accumulate_params_per_second <= 0 ||
+      hardware.cpu_adam_update_params_per_second <= 0) {
+    r.update_params_per_second = CpuOptimizerParamsPerSecond(kind, hardware);
+    return r;
+  }
+  r.accumulate_params_per_second = hardware.cpu_grad_accumulate_params_per_second;
+  r.update_params_per_second =
+      kind == OptimizerKind::kAdamW8bit && hardware.cpu_adamw8bit_params_per_second > 0
+          ? hardware.cpu_adamw8bit_params_per_second
+          : hardware.cpu_adam_update_params_per_second / CpuOptimizerTimeFactor(kind);
+  return r;
+}
+
+// Bytes per element of an offloaded chunk's grad array as the update reads it: fp32 when the
+// update runs on a master (or the model is fp32), else the parameter dtype.
+constexpr int64_t HostGradElemBytes(OptimizerKind kind, int64_t dtype_bytes) {
+  return OptimizerKeepsMaster(kind, dtype_bytes) ? 4 : dtype_bytes;
+}
+
 }  // namespace memplan

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_join.h"
+#include "common/optimizer_bytes.h"
 
 namespace memplan {
 namespace {
@@ -102,6 +103,12 @@ HardwareSpec Card(std::string name, int64_t memory_mib, double hbm_tbps, double 
   h.nccl_allgather_bytes_per_second = nccl_gbps * 1e9;
   h.nccl_reduce_scatter_bytes_per_second = nccl_gbps * 1e9;
   h.cpu_adam_params_per_second = cpu_adam_gparams * 1e9;
+  // [Two CPU passes] (common/optimizer_bytes.h): the whole pass split by the bytes each part
+  // moves, at the memory bandwidth the whole pass implies.
+  h.cpu_grad_accumulate_params_per_second =
+      h.cpu_adam_params_per_second * kCpuFusedPassBytesPerParam / kCpuAccumulateBytesPerParam;
+  h.cpu_adam_update_params_per_second =
+      h.cpu_adam_params_per_second * kCpuFusedPassBytesPerParam / kCpuUpdateBytesPerParam;
   h.host_memory_bytes = host_gib * kGiB;
   h.pinned_limit_bytes = 0;
   h.measured = false;

@@ -185,6 +185,8 @@ v1::HardwareProfile ToProto(const HardwareSpec& spec) {
   out.set_measured(spec.measured);
   out.set_nf4_dequant_bytes_per_second(spec.nf4_dequant_bytes_per_second);
   out.set_cpu_adamw8bit_params_per_second(spec.cpu_adamw8bit_params_per_second);
+  out.set_cpu_grad_accumulate_params_per_second(spec.cpu_grad_accumulate_params_per_second);
+  out.set_cpu_adam_update_params_per_second(spec.cpu_adam_update_params_per_second);
   return out;
 }
 
@@ -402,6 +404,8 @@ HardwareSpec HardwareSpecFromProto(const v1::HardwareProfile& profile) {
   out.measured = profile.measured();
   out.nf4_dequant_bytes_per_second = profile.nf4_dequant_bytes_per_second();
   out.cpu_adamw8bit_params_per_second = profile.cpu_adamw8bit_params_per_second();
+  out.cpu_grad_accumulate_params_per_second = profile.cpu_grad_accumulate_params_per_second();
+  out.cpu_adam_update_params_per_second = profile.cpu_adam_update_params_per_second();
   return out;
 }
 

@@ -97,6 +97,13 @@ struct HardwareSpec {
   double nf4_dequant_bytes_per_second = 0;
   // The offloaded-chunk update with adamw8bit; 0 = not measured (kAdamW8bitCpuTimeFactor).
   double cpu_adamw8bit_params_per_second = 0;
+  // [Two CPU passes] (common/optimizer_bytes.h): the offloaded-chunk work split the way the chunk
+  // manager runs it under clipping: one micro-batch's bf16 grads added into the fp32 grad array
+  // (beside backward), and the AdamW update over the fp32 master and moments from those grads,
+  // writing the bf16 params (after backward). 0 = not measured: the model then charges the single
+  // pass of cpu_adam_params_per_second.
+  double cpu_grad_accumulate_params_per_second = 0;
+  double cpu_adam_update_params_per_second = 0;
 };
 
 struct Workload {

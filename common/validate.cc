@@ -161,6 +161,8 @@ absl::Status ValidateHardwareSpec(const HardwareSpec& h, absl::string_view prefi
       {"cpu_adam_params_per_second", h.cpu_adam_params_per_second, true},
       {"nf4_dequant_bytes_per_second", h.nf4_dequant_bytes_per_second, false},
       {"cpu_adamw8bit_params_per_second", h.cpu_adamw8bit_params_per_second, false},
+      {"cpu_grad_accumulate_params_per_second", h.cpu_grad_accumulate_params_per_second, false},
+      {"cpu_adam_update_params_per_second", h.cpu_adam_update_params_per_second, false},
   };
   for (const Rate& r : rates) {
     if (auto s = CheckRate(prefix, r.field, r.value, r.required); !s.ok()) return s;

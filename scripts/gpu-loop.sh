@@ -11,8 +11,9 @@
 # MEMPLAN_LOOP_PROFILE (default --profile): how the model is traced; empty = the planner's
 # analytic trace of the architecture.
 # MEMPLAN_LOOP_TRAIN_FLAGS: extra flags for every `memplan-agent train` (e.g. --allocator-conf=).
-# Per workload i it writes the memory timeline of every step (timeline-i.tsv) and the stored plan
-# with its prediction breakdown and measurement (plan-i.json).
+# Per workload i it writes the memory timeline of every step (timeline-i.tsv), the agent's per-step
+# log lines (steps-i.txt: the `ts=` lines with fb_seconds and opt_seconds, left out of run-i.txt)
+# and the stored plan with its prediction breakdown and measurement (plan-i.json).
 set -uo pipefail
 out=${1:?out dir}; build=${2:?build dir}; hw=${3:-h200}
 mkdir -p "$out"
@@ -50,7 +51,8 @@ PY
   "$agent" train --planner "$addr" "${card[@]}" "${profile[@]}" --arch "$1" --batch "$2" --seq "$3" \
     "${margin[@]}" --steps 5 --synthetic-data --device cuda --cpu-threads "$threads" \
     --memory-timeline "$out/timeline-$i.tsv" "${extra[@]}" "${own[@]}" 2>&1 \
-    | grep -v "^ts=" | tee "$out/run-$i.txt" >>"$out/loop.txt"
+    | tee >(grep "^ts=" >"$out/steps-$i.txt") | grep -v "^ts=" | tee "$out/run-$i.txt" \
+    >>"$out/loop.txt"
   echo "wall ${SECONDS} s" | tee -a "$out/loop.txt"
   grep -E "^(plan|predicted|measured|reported|profiled|device memory)" "$out/run-$i.txt"
   plan_id=$(sed -n 's/^plan_id //p' "$out/run-$i.txt")

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "agent/chunks/cpu_adamw.h"
 #include "agent/chunks/thread_pool.h"
 #include "agent/chunks/torch_sqrt.h"
@@ -76,75 +77,130 @@ int64_t MemlockLimitBytes() {
   return static_cast<int64_t>(limit.rlim_cur);
 }
 
-// The ChunkManager's CPU update: AdamW over fixed-size ranges on a thread pool, with torch's
-// sqrt kernel (the bit-exact configuration it runs in training).
-// The offloaded-chunk update as the chunk manager runs it for a bf16 model with AdamW (fp32
-// master and states, agent/chunks/chunk_manager.cc): the bf16 gradients widened into the fp32
-// grad array, AdamW on the master, the master rounded into the bf16 parameters that go back to
-// the device. Parameters per second of that whole pass, which is what the cost model divides the
-// offloaded parameters by.
-double CpuAdamParamsPerSecond(const HardwareBenchOptions& options, int threads) {
-  const int64_t n = options.adam_params;
-  std::vector<float> param(n, 0.5f), grad(n, 0.01f), exp_avg(n, 0.0f), exp_avg_sq(n, 0.0f);
-  std::vector<uint16_t> grad16(n, 0x3c24), param16(n, 0);  // bf16 0.01, 0
-  constexpr int64_t kRange = int64_t{1} << 18;
-  ThreadPool pool(threads);
-  double best = 1e30;
-  // One extra pass first: page faults on the fresh arrays are not the optimizer's cost.
-  for (int rep = 0; rep <= options.adam_repetitions; ++rep) {
-    const AdamWStepScalars s = MakeAdamWStepScalars(AdamWOptions{}, rep + 1);
-    TaskTracker tracker;
+// ---------------------------------------------------------------- CPU passes
+
+// The figures of one CPU pass: elements per second of the median timed run, and the slowest and
+// fastest runs' rates.
+struct PassRate {
+  double params_per_second = 0;
+  double slowest = 0;
+  double fastest = 0;
+  int runs = 0;
+};
+
+// Runs `sweep(run)` once untimed (first touch of fresh pages is not the pass's cost), then again
+// until it has at least `options.adam_repetitions` timed runs and `options.adam_min_seconds` in
+// them.
+template <typename Sweep>
+PassRate TimePass(const HardwareBenchOptions& options, int64_t n, Sweep sweep) {
+  sweep(0);
+  std::vector<double> seconds;
+  double total = 0;
+  for (int run = 1; static_cast<int>(seconds.size()) < std::max(1, options.adam_repetitions) ||
+                    total < options.adam_min_seconds;
+       ++run) {
     const auto start = Clock::now();
-    for (int64_t begin = 0; begin < n; begin += kRange) {
-      const int64_t len = std::min(kRange, n - begin);
-      tracker.Add();
-      pool.Schedule([&, begin, len] {
-        AccumulateGradBf16(/*first=*/true, len, grad16.data() + begin, grad.data() + begin);
-        AdamWUpdate(s, 1.0f, len, param.data() + begin, grad.data() + begin, exp_avg.data() + begin,
-                    exp_avg_sq.data() + begin, &TorchSqrt);
-        RoundToBf16(len, param.data() + begin, param16.data() + begin);
-        tracker.Done();
-      });
-    }
-    tracker.Wait();
-    if (rep > 0) best = std::min(best, SecondsSince(start));
+    sweep(run);
+    seconds.push_back(SecondsSince(start));
+    total += seconds.back();
   }
-  return static_cast<double>(n) / best;
+  std::sort(seconds.begin(), seconds.end());
+  const size_t k = seconds.size();
+  const double median = k % 2 == 1 ? seconds[k / 2] : 0.5 * (seconds[k / 2 - 1] + seconds[k / 2]);
+  PassRate r;
+  r.params_per_second = static_cast<double>(n) / median;
+  r.slowest = static_cast<double>(n) / seconds.back();
+  r.fastest = static_cast<double>(n) / seconds.front();
+  r.runs = static_cast<int>(k);
+  return r;
+}
+
+std::string PassNote(const PassRate& r, int threads, int64_t n, absl::string_view what) {
+  return absl::StrFormat("%d threads, %s, %dM params, median of %d (%.0f-%.0f)", threads, what,
+                         n >> 20, r.runs, r.slowest / 1e6, r.fastest / 1e6);
+}
+
+// Schedules fn(begin, len) on the pool for every range of the chunk manager's task size
+// (agent/chunks/chunk_manager.cc, kTaskElems) and waits for all of them.
+constexpr int64_t kRange = int64_t{1} << 18;
+template <typename Fn>
+void OverRanges(ThreadPool& pool, int64_t n, Fn fn) {
+  TaskTracker tracker;
+  for (int64_t begin = 0; begin < n; begin += kRange) {
+    const int64_t len = std::min(kRange, n - begin);
+    tracker.Add();
+    pool.Schedule([&fn, &tracker, begin, len] {
+      fn(begin, len);
+      tracker.Done();
+    });
+  }
+  tracker.Wait();
+}
+
+// The offloaded chunks' CPU work for a bf16 model with AdamW (fp32 master and moments), on the
+// chunk manager's own kernels (agent/chunks/cpu_adamw.h) and task size, over arrays of
+// options.adam_params elements (256 MiB of fp32 each by default: no last-level cache holds them).
+struct AdamPasses {
+  PassRate whole;       // widen + AdamW + round per range: one micro-batch, no clipping
+  PassRate accumulate;  // [Two CPU passes] one micro-batch's grads into the fp32 grad array
+  PassRate update;      // [Two CPU passes] AdamW from that array, after the global norm
+};
+
+AdamPasses MeasureAdamPasses(const HardwareBenchOptions& options, ThreadPool& pool) {
+  const int64_t n = options.adam_params;
+  std::vector<float> master(n, 0.5f), grad(n, 0.01f), exp_avg(n, 0.0f), exp_avg_sq(n, 0.0f);
+  std::vector<uint16_t> grad16(n, 0x3c24), param16(n, 0);  // bf16 0.01, 0
+  auto update = [&](const AdamWStepScalars& s, float grad_scale, int64_t begin, int64_t len) {
+    AdamWUpdate(s, grad_scale, len, master.data() + begin, grad.data() + begin,
+                exp_avg.data() + begin, exp_avg_sq.data() + begin, &TorchSqrt);
+    RoundToBf16(len, master.data() + begin, param16.data() + begin);
+  };
+  AdamPasses r;
+  // What ScheduleChunkWork does when the grads are final and nothing is clipped: each task
+  // widens its range and updates it while the fp32 grads are still in cache.
+  r.whole = TimePass(options, n, [&](int run) {
+    const AdamWStepScalars s = MakeAdamWStepScalars(AdamWOptions{}, run + 1);
+    OverRanges(pool, n, [&](int64_t begin, int64_t len) {
+      AccumulateGradBf16(/*first=*/true, len, grad16.data() + begin, grad.data() + begin);
+      update(s, 1.0f, begin, len);
+    });
+  });
+  // PostBackward's accumulate (AccumulateGradBf16 over the staged bf16 grads) for the whole
+  // array. A later micro-batch adds; the first one copies, which moves the same cache lines
+  // (the stores read each line first), so the add stands for both.
+  r.accumulate = TimePass(options, n, [&](int) {
+    OverRanges(pool, n, [&](int64_t begin, int64_t len) {
+      AccumulateGradBf16(/*first=*/false, len, grad16.data() + begin, grad.data() + begin);
+    });
+  });
+  // Step()'s update under clipping: every range reads fp32 grads that the accumulate wrote long
+  // before (out of cache), scaled by a clip coefficient.
+  r.update = TimePass(options, n, [&](int run) {
+    const AdamWStepScalars s = MakeAdamWStepScalars(AdamWOptions{}, run + 1);
+    OverRanges(pool, n, [&](int64_t begin, int64_t len) { update(s, 0.5f, begin, len); });
+  });
+  return r;
 }
 
 // The adamw8bit pass of the same chunk (bf16 grads and parameters, uint8 moments with their
 // absmax slots, no master), for the ratio the cost model prices it by (kAdamW8bitCpuTimeFactor,
 // common/optimizer_bytes.h).
-double CpuAdamW8bitParamsPerSecond(const HardwareBenchOptions& options, int threads) {
+PassRate CpuAdamW8bitRate(const HardwareBenchOptions& options, ThreadPool& pool) {
   const int64_t n = options.adam_params;
   std::vector<uint16_t> grad16(n, 0x3c24), param16(n, 0x3f00);  // bf16 0.01, 0.5
   std::vector<uint8_t> exp_avg(n, 0), exp_avg_sq(n, 0);
   std::vector<float> absmax((n + 255) / 256 * 2, 0.0f), absmax_sq(absmax.size(), 0.0f);
-  constexpr int64_t kRange = int64_t{1} << 18;
-  ThreadPool pool(threads);
-  double best = 1e30;
-  for (int rep = 0; rep <= options.adam_repetitions; ++rep) {
-    const AdamWStepScalars s = MakeAdamWStepScalars(AdamWOptions{}, rep + 1);
-    TaskTracker tracker;
-    const auto start = Clock::now();
-    for (int64_t begin = 0; begin < n; begin += kRange) {
-      const int64_t len = std::min(kRange, n - begin);
-      tracker.Add();
-      pool.Schedule([&, begin, len] {
-        QuantBlocks blocks;  // bf16: two slots per 256-element block
-        blocks.first_slot_gap = 2;
-        blocks.slot_stride = 2;
-        AdamW8bitUpdateBf16(s, 1.0f, len, blocks, param16.data() + begin, grad16.data() + begin,
-                            exp_avg.data() + begin, exp_avg_sq.data() + begin,
-                            absmax.data() + begin / 128, absmax_sq.data() + begin / 128,
-                            &TorchSqrt);
-        tracker.Done();
-      });
-    }
-    tracker.Wait();
-    if (rep > 0) best = std::min(best, SecondsSince(start));
-  }
-  return static_cast<double>(n) / best;
+  return TimePass(options, n, [&](int run) {
+    const AdamWStepScalars s = MakeAdamWStepScalars(AdamWOptions{}, run + 1);
+    OverRanges(pool, n, [&](int64_t begin, int64_t len) {
+      QuantBlocks blocks;  // bf16: two slots per 256-element block
+      blocks.first_slot_gap = 2;
+      blocks.slot_stride = 2;
+      AdamW8bitUpdateBf16(s, 1.0f, len, blocks, param16.data() + begin, grad16.data() + begin,
+                          exp_avg.data() + begin, exp_avg_sq.data() + begin,
+                          absmax.data() + begin / 128, absmax_sq.data() + begin / 128, &TorchSqrt);
+    });
+  });
 }
 
 // ---------------------------------------------------------------- GPU figures
@@ -463,15 +519,24 @@ HardwareBenchResult MeasureHardware(const HardwareBenchOptions& options) {
                           ? options.adam_threads
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (options.adam_params > 0 && options.adam_repetitions > 0) {
-    spec.cpu_adam_params_per_second = CpuAdamParamsPerSecond(options, threads);
+    const int64_t n = options.adam_params;
+    ThreadPool pool(threads);
+    const AdamPasses adam = MeasureAdamPasses(options, pool);
+    spec.cpu_adam_params_per_second = adam.whole.params_per_second;
     rec.Add("cpu_adamw", spec.cpu_adam_params_per_second / 1e6, "Mparams/s",
-            absl::StrCat(threads, " threads, bf16 grads -> fp32 AdamW -> bf16 params, ",
-                         options.adam_params >> 20, "M params"));
-    spec.cpu_adamw8bit_params_per_second = CpuAdamW8bitParamsPerSecond(options, threads);
+            PassNote(adam.whole, threads, n, "bf16 grads -> fp32 AdamW -> bf16 params per range"));
+    spec.cpu_grad_accumulate_params_per_second = adam.accumulate.params_per_second;
+    rec.Add("cpu_grad_accumulate", spec.cpu_grad_accumulate_params_per_second / 1e6, "Mparams/s",
+            PassNote(adam.accumulate, threads, n, "bf16 grads added into fp32 grads"));
+    spec.cpu_adam_update_params_per_second = adam.update.params_per_second;
+    rec.Add("cpu_adam_update", spec.cpu_adam_update_params_per_second / 1e6, "Mparams/s",
+            PassNote(adam.update, threads, n, "fp32 grads -> fp32 AdamW -> bf16 params"));
+    const PassRate eight = CpuAdamW8bitRate(options, pool);
+    spec.cpu_adamw8bit_params_per_second = eight.params_per_second;
     rec.Add("cpu_adamw8bit", spec.cpu_adamw8bit_params_per_second / 1e6, "Mparams/s",
-            absl::StrFormat("%d threads, bf16 -> 8-bit states; time x%.2f of cpu_adamw", threads,
-                            spec.cpu_adam_params_per_second /
-                                spec.cpu_adamw8bit_params_per_second));
+            absl::StrFormat(
+                "%s; time x%.2f of cpu_adamw", PassNote(eight, threads, n, "bf16 -> 8-bit states"),
+                spec.cpu_adam_params_per_second / spec.cpu_adamw8bit_params_per_second));
   }
 
   result.gpu_status = MeasureGpu(options, rec, spec);

@@ -1,9 +1,10 @@
 // Hardware benchmark for the planner's HardwareSpec: host<->device bandwidth (pinned, pageable,
 // both directions at once) at chunk-sized transfers, HBM copy bandwidth, bf16/fp16/fp32 matmul
-// throughput, CUDA context overhead, GPU and host memory, memlock limit, the CPU AdamW rate of
-// agent/chunks and, with world size > 1, all-gather / reduce-scatter bus bandwidth between the
-// ranks (collective_bench.h). Without CUDA only the host figures are measured (and the GPU part
-// says why).
+// throughput, CUDA context overhead, GPU and host memory, memlock limit, the CPU optimizer rates
+// of agent/chunks (the fused pass and, apart, its accumulate and update passes: [Two CPU passes]
+// in common/optimizer_bytes.h) and, with world size > 1, all-gather / reduce-scatter bus bandwidth
+// between the ranks (collective_bench.h). Without CUDA only the host figures are measured (and the
+// GPU part says why).
 #pragma once
 
 #include <cstdint>
@@ -26,8 +27,12 @@ struct HardwareBenchOptions {
   int64_t hbm_copy_bytes = int64_t{1} << 30;    // device-to-device copy (shrunk to free memory)
   int64_t matmul_size = 8192;                   // n of the n x n x n products (shrunk to memory)
   int matmul_repetitions = 10;
-  int64_t adam_params = int64_t{32} << 20;  // fp32 parameters per CPU AdamW pass
+  // CPU optimizer passes (agent/chunks kernels): elements per array, 256 MiB of fp32 by default,
+  // beyond any last-level cache; each pass runs at least adam_repetitions times and at least
+  // adam_min_seconds in all, and reports its median run.
+  int64_t adam_params = int64_t{64} << 20;
   int adam_repetitions = 3;
+  double adam_min_seconds = 0.5;
   int adam_threads = 0;  // 0: one per hardware thread
   // world_size > 1: every rank runs MeasureHardware at once and, after its own figures, the
   // collectives with the others. Its message_bytes 0 means transfer_bytes; its device_index is

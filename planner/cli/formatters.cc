@@ -334,6 +334,12 @@ std::string FormatHardwareProfile(const v1::HardwareProfile& h) {
   kv.Add("NCCL all-gather", Rate(h.nccl_allgather_bytes_per_second()));
   kv.Add("NCCL reduce-scatter", Rate(h.nccl_reduce_scatter_bytes_per_second()));
   kv.Add("CPU Adam", absl::StrCat(FormatCount(h.cpu_adam_params_per_second()), " params/s"));
+  // [Two CPU passes] (common/optimizer_bytes.h); an older profile has neither figure.
+  kv.Add("CPU accumulate / update",
+         h.cpu_grad_accumulate_params_per_second() > 0 && h.cpu_adam_update_params_per_second() > 0
+             ? absl::StrCat(FormatCount(h.cpu_grad_accumulate_params_per_second()), " / ",
+                            FormatCount(h.cpu_adam_update_params_per_second()), " params/s")
+             : "not measured (one CPU Adam pass priced)");
   kv.Add("Host memory", FormatGiB(h.host_memory_bytes()));
   kv.Add("Pinned limit",
          h.pinned_limit_bytes() == 0 ? "unlimited" : FormatGiB(h.pinned_limit_bytes()));

@@ -29,11 +29,18 @@ int FloorLog2(int32_t x) { return 31 - __builtin_clz(static_cast<unsigned>(x)); 
 
 double StepTime::IterationSeconds(int32_t grad_accum) const {
   const double ga = std::max(1, grad_accum);
+  // A chunk's accumulate starts when its grads land; offloaded chunks are the last blocks', whose
+  // backward runs first, so the pass runs beside the micro-batch's backward and ends with it
+  // unless it is the longer of the two.
+  const double bwd = std::max(backward_seconds, cpu_accumulate_seconds);
+  // Written so that T_acc = T_norm = 0 (a profile without the two-pass figures) gives the
+  // single-pass formula bit for bit.
   const double tail =
       cpu_optimizer_overlaps
-          ? std::max(backward_seconds + gpu_optimizer_seconds, cpu_optimizer_seconds)
-          : backward_seconds + std::max(gpu_optimizer_seconds, cpu_optimizer_seconds);
-  return ga * forward_seconds + (ga - 1) * backward_seconds + tail + fixed_seconds;
+          ? std::max(backward_seconds + gpu_optimizer_seconds,
+                     cpu_accumulate_seconds + cpu_optimizer_seconds)
+          : bwd + cpu_norm_seconds + std::max(gpu_optimizer_seconds, cpu_optimizer_seconds);
+  return ga * forward_seconds + (ga - 1) * bwd + tail + fixed_seconds;
 }
 
 std::vector<BlockMode> ArrangeBlockModes(int32_t num_blocks, const ModeCounts& counts) {
@@ -292,6 +299,8 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   t.host_transfer_prefix.assign(c_count + 1, 0);
   t.gpu_opt_prefix.assign(c_count + 1, 0);
   t.cpu_opt_prefix.assign(c_count + 1, 0);
+  t.cpu_acc_prefix.assign(c_count + 1, 0);
+  const CpuPassRates cpu_rates = CpuOptimizerPassRates(opt, hardware_);
   t.gather_prefix.assign(c_count + 1, 0);
   t.pgrad_prefix.assign(c_count + 1, 0);
   const int32_t w_ranks = options_.world_size;
@@ -354,7 +363,12 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
                                                   hardware_.nccl_allgather_bytes_per_second
                                             : 0.0);
     t.cpu_opt_prefix[c + 1] = t.cpu_opt_prefix[c] + static_cast<double>(train_params) / w /
-                                                        CpuOptimizerParamsPerSecond(opt, hardware_);
+                                                        cpu_rates.update_params_per_second;
+    t.cpu_acc_prefix[c + 1] =
+        t.cpu_acc_prefix[c] +
+        (cpu_rates.accumulate_params_per_second > 0
+             ? static_cast<double>(train_params) / w / cpu_rates.accumulate_params_per_second
+             : 0.0);
     if (train > max_train) {
       second_train = max_train;
       max_train = train;
@@ -1097,6 +1111,16 @@ StepTime CostModel::TimeImpl(const PlanPoint& p, const Modes& m, bool fast) cons
       std::max(chunks_->gpu_opt_prefix[p.n_persist], chunks_->gather_prefix[p.n_persist]);
   t.cpu_optimizer_seconds =
       chunks_->cpu_opt_prefix[num_chunks_] - chunks_->cpu_opt_prefix[p.n_persist];
+  t.cpu_accumulate_seconds =
+      chunks_->cpu_acc_prefix[num_chunks_] - chunks_->cpu_acc_prefix[p.n_persist];
+  // Clipping with several micro-batches: the agent reads every offloaded grad array once on the
+  // host for the norm (with one micro-batch the norms come from the device grads). A read-only
+  // pass over HostGradElemBytes per element, at the bandwidth the accumulate pass reaches.
+  if (!options_.cpu_optimizer_overlaps && options_.grad_accum > 1) {
+    t.cpu_norm_seconds = t.cpu_accumulate_seconds *
+                         static_cast<double>(HostGradElemBytes(options_.optimizer, dtype_bytes_)) /
+                         kCpuAccumulateBytesPerParam;
+  }
   t.fixed_seconds = p.n_persist < num_chunks_ ? options_.offload_step_overhead_seconds : 0.0;
   return t;
 }
@@ -1252,6 +1276,8 @@ Prediction CostModel::Assemble(const ResidencyPlan& plan, const Modes& m, bool f
   pred.forward_seconds = tf * ga * time.forward_seconds;
   pred.backward_seconds = tf * ga * time.backward_seconds;
   pred.iteration_seconds = tf * time.IterationSeconds(options_.grad_accum);
+  // What the step adds to forward and backward compute: the optimizers' tail, the host norm and
+  // any accumulate time that backward does not cover.
   pred.optimizer_seconds = pred.iteration_seconds - pred.forward_seconds - pred.backward_seconds;
   const double tokens = static_cast<double>(trace_.workload.micro_batch) *
                         static_cast<double>(trace_.workload.seq_len) * ga;

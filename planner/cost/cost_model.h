@@ -63,14 +63,23 @@ ModeCounts CountModes(const std::vector<BlockMode>& modes);
 
 // Per micro-batch forward/backward times and per-step optimizer times.
 struct StepTime {
-  double forward_seconds = 0;          // T_fwd (eq. 3)
-  double backward_seconds = 0;         // T_bwd (eq. 4)
-  double gpu_optimizer_seconds = 0;    // persistent chunks, at HBM rate
-  double cpu_optimizer_seconds = 0;    // non-persistent chunks, at the CPU Adam rate
+  double forward_seconds = 0;        // T_fwd (eq. 3)
+  double backward_seconds = 0;       // T_bwd (eq. 4)
+  double gpu_optimizer_seconds = 0;  // persistent chunks, at HBM rate
+  // [Two CPU passes] (common/optimizer_bytes.h), non-persistent chunks: T_acc, one micro-batch's
+  // grads added on the host beside its backward (0 for a profile without the figure), and T_upd,
+  // the update pass (for such a profile, the whole pass).
+  double cpu_accumulate_seconds = 0;
+  double cpu_optimizer_seconds = 0;
+  // Clipping with several micro-batches: the host pass that reads the offloaded grads for the
+  // global norm, before any update can start.
+  double cpu_norm_seconds = 0;
   double fixed_seconds = 0;            // per-step overhead of offloading (not overlapped)
   bool cpu_optimizer_overlaps = true;  // CostOptions::cpu_optimizer_overlaps
-  // One optimizer step over grad_accum micro-batches (eq. 2): the CPU optimizer overlaps the
-  // last micro-batch's backward, or (clipping) runs beside the GPU optimizer after it.
+  // One optimizer step over grad_accum micro-batches (eq. 2, GA micro-batches):
+  //   overlapped: GA T_fwd + (GA-1) max(T_bwd, T_acc) + max(T_bwd + T_gpu, T_acc + T_upd)
+  //   clipping:   GA T_fwd + GA max(T_bwd, T_acc) + T_norm + max(T_gpu, T_upd)
+  // plus fixed_seconds.
   double IterationSeconds(int32_t grad_accum) const;
 };
 
@@ -266,7 +275,9 @@ class CostModel {
     // Persistent grads held from their chunk's reduction to the optimizer step: the trainable
     // bytes, or with sharded state this rank's shard of them ([Sharded persistent state]).
     std::vector<int64_t> pgrad_prefix;
-    std::vector<double> gpu_opt_prefix, cpu_opt_prefix;
+    std::vector<double> gpu_opt_prefix;
+    // [Two CPU passes]: the offloaded chunks' update (or whole) pass and accumulate pass.
+    std::vector<double> cpu_opt_prefix, cpu_acc_prefix;
     // [Sharded persistent state]: all-gathering the updated parameters after the step.
     std::vector<double> gather_prefix;
     bool shard_state = false;  // the option, in effect (W > 1, full fine-tuning, not adamw8bit)

@@ -18,6 +18,33 @@ TEST(OptimizerBytesTest, CpuRateIsTheMeasuredOneWhenTheProfileHasIt) {
   EXPECT_DOUBLE_EQ(CpuOptimizerParamsPerSecond(OptimizerKind::kAdamW, hw), 1.2e9);
 }
 
+// [Two CPU passes]: a profile with both figures prices them apart (adamw8bit updates at its own
+// figure, the others at adamw's over their time factor); with either missing, one whole pass.
+TEST(OptimizerBytesTest, TwoPassRatesFallBackToTheWholePass) {
+  HardwareSpec hw;
+  hw.cpu_adam_params_per_second = 1.2e9;
+  CpuPassRates r = CpuOptimizerPassRates(OptimizerKind::kAdamW, hw);
+  EXPECT_EQ(r.accumulate_params_per_second, 0);
+  EXPECT_DOUBLE_EQ(r.update_params_per_second, 1.2e9);
+  hw.cpu_grad_accumulate_params_per_second = 5e9;
+  EXPECT_EQ(CpuOptimizerPassRates(OptimizerKind::kAdamW, hw).accumulate_params_per_second, 0)
+      << "one figure alone is not used";
+  hw.cpu_adam_update_params_per_second = 1.5e9;
+  r = CpuOptimizerPassRates(OptimizerKind::kAdamW, hw);
+  EXPECT_DOUBLE_EQ(r.accumulate_params_per_second, 5e9);
+  EXPECT_DOUBLE_EQ(r.update_params_per_second, 1.5e9);
+  EXPECT_DOUBLE_EQ(CpuOptimizerPassRates(OptimizerKind::kAdamW8bit, hw).update_params_per_second,
+                   1.5e9 / kAdamW8bitCpuTimeFactor);
+  hw.cpu_adamw8bit_params_per_second = 3.3e8;
+  EXPECT_DOUBLE_EQ(CpuOptimizerPassRates(OptimizerKind::kAdamW8bit, hw).update_params_per_second,
+                   3.3e8);
+  EXPECT_DOUBLE_EQ(CpuOptimizerPassRates(OptimizerKind::kSgd, hw).update_params_per_second, 1.5e9);
+  EXPECT_EQ(HostGradElemBytes(OptimizerKind::kAdamW, 2), 4);
+  EXPECT_EQ(HostGradElemBytes(OptimizerKind::kAdamW, 4), 4);
+  EXPECT_EQ(HostGradElemBytes(OptimizerKind::kAdamWBf16States, 2), 2);
+  EXPECT_EQ(HostGradElemBytes(OptimizerKind::kAdamW8bit, 2), 2);
+}
+
 // The fused 8-bit kernel touches a parameter's grad, the parameter (read and write) and the two
 // moments' codes (read and write): 10 B per bf16 element, far below the LibTorch-ops path.
 TEST(OptimizerBytesTest, FusedEightBitKernelTouchBytes) {

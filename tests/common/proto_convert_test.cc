@@ -92,6 +92,9 @@ TEST(ProtoConvertTest, HardwareSpecRoundTripsForEveryPreset) {
     ExpectSameProto(back, h);
     EXPECT_EQ(back.gpu_memory_bytes, h.gpu_memory_bytes);
     EXPECT_EQ(back.cpu_adam_params_per_second, h.cpu_adam_params_per_second);
+    EXPECT_GT(back.cpu_grad_accumulate_params_per_second, 0);
+    EXPECT_EQ(back.cpu_grad_accumulate_params_per_second, h.cpu_grad_accumulate_params_per_second);
+    EXPECT_EQ(back.cpu_adam_update_params_per_second, h.cpu_adam_update_params_per_second);
     EXPECT_TRUE(back.measured);
   }
 }
@@ -129,6 +132,19 @@ TEST(ProtoConvertTest, QloraAndTheDequantizationRateRoundTrip) {
   EXPECT_EQ(HardwareSpecFromProto(ToProto(hw)).nf4_dequant_bytes_per_second, 2.5e12);
   hw.cpu_adamw8bit_params_per_second = 3.3e8;
   EXPECT_EQ(HardwareSpecFromProto(ToProto(hw)).cpu_adamw8bit_params_per_second, 3.3e8);
+  // [Two CPU passes]: fields 21 and 22; an old profile (neither set) reads back 0.
+  hw.cpu_grad_accumulate_params_per_second = 4.5e9;
+  hw.cpu_adam_update_params_per_second = 1.4e9;
+  const v1::HardwareProfile two = ToProto(hw);
+  EXPECT_EQ(two.cpu_grad_accumulate_params_per_second(), 4.5e9);
+  EXPECT_EQ(two.cpu_adam_update_params_per_second(), 1.4e9);
+  EXPECT_EQ(HardwareSpecFromProto(two).cpu_grad_accumulate_params_per_second, 4.5e9);
+  EXPECT_EQ(HardwareSpecFromProto(two).cpu_adam_update_params_per_second, 1.4e9);
+  v1::HardwareProfile old = two;
+  old.clear_cpu_grad_accumulate_params_per_second();
+  old.clear_cpu_adam_update_params_per_second();
+  EXPECT_EQ(HardwareSpecFromProto(old).cpu_grad_accumulate_params_per_second, 0);
+  EXPECT_EQ(HardwareSpecFromProto(old).cpu_adam_update_params_per_second, 0);
 }
 
 TEST(ProtoConvertTest, TraceRoundTripsEveryField) {

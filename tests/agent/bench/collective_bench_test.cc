@@ -127,6 +127,7 @@ TEST(CollectiveBenchTest, HardwareBenchAddsTheCollectiveRowsWithWorldSizeTwo) {
     HardwareBenchOptions o;
     o.adam_params = int64_t{1} << 18;
     o.adam_repetitions = 1;
+    o.adam_min_seconds = 0;
     o.adam_threads = 1;
     o.transfer_bytes = int64_t{2} << 20;  // also the collectives' message size
     o.transfer_repetitions = 1;
@@ -339,6 +340,7 @@ TEST(CollectiveBenchTest, WorldSizeOneMeasuresNothing) {
   HardwareBenchOptions o;
   o.adam_params = int64_t{1} << 16;
   o.adam_repetitions = 1;
+  o.adam_min_seconds = 0;
   o.adam_threads = 1;
   o.transfer_bytes = int64_t{1} << 20;
   o.transfer_repetitions = 1;

@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "agent/core/torch_pch.h"
 #include "common/validate.h"
 
@@ -15,6 +17,7 @@ HardwareBenchOptions SmallOptions(std::vector<std::string>* lines) {
   HardwareBenchOptions o;
   o.adam_params = int64_t{1} << 20;
   o.adam_repetitions = 1;
+  o.adam_min_seconds = 0.01;
   o.adam_threads = 2;
   o.transfer_bytes = int64_t{64} << 20;
   o.transfer_repetitions = 2;
@@ -43,6 +46,32 @@ TEST(HardwareBenchTest, HostFiguresAreAlwaysMeasured) {
   EXPECT_EQ(lines.size(), r.figures.size()) << "one progress line per figure";
   EXPECT_THAT(FormatBenchTable(r), HasSubstr("cpu_adamw"));
   EXPECT_GT(r.seconds, 0);
+}
+
+// [Two CPU passes] (common/optimizer_bytes.h): the accumulate and update passes the chunk manager
+// runs are measured on their own, land in the profile and have a row each, with the run count.
+TEST(HardwareBenchTest, TwoCpuPassesAreMeasuredApart) {
+  std::vector<std::string> lines;
+  HardwareBenchOptions o = SmallOptions(&lines);
+  o.adam_repetitions = 3;
+  const HardwareBenchResult r = MeasureHardware(o);
+  EXPECT_GT(r.spec.cpu_grad_accumulate_params_per_second, 0);
+  EXPECT_GT(r.spec.cpu_adam_update_params_per_second, 0);
+  EXPECT_TRUE(std::isfinite(r.spec.cpu_grad_accumulate_params_per_second));
+  EXPECT_TRUE(std::isfinite(r.spec.cpu_adam_update_params_per_second));
+  const BenchFigure* acc = Find(r, "cpu_grad_accumulate");
+  const BenchFigure* upd = Find(r, "cpu_adam_update");
+  ASSERT_NE(acc, nullptr);
+  ASSERT_NE(upd, nullptr);
+  EXPECT_DOUBLE_EQ(acc->value, r.spec.cpu_grad_accumulate_params_per_second / 1e6);
+  EXPECT_DOUBLE_EQ(upd->value, r.spec.cpu_adam_update_params_per_second / 1e6);
+  EXPECT_EQ(acc->unit, "Mparams/s");
+  // At least adam_repetitions timed runs, their median reported (the note says how many).
+  EXPECT_THAT(acc->note, ::testing::ContainsRegex("median of ([3-9]|[1-9][0-9]+) "));
+  EXPECT_THAT(upd->note, ::testing::ContainsRegex("median of ([3-9]|[1-9][0-9]+) "));
+  EXPECT_THAT(upd->note, HasSubstr("1M params"));
+  EXPECT_THAT(FormatBenchTable(r), HasSubstr("cpu_grad_accumulate"));
+  EXPECT_THAT(FormatBenchTable(r), HasSubstr("cpu_adam_update"));
 }
 
 TEST(HardwareBenchTest, WithoutCudaTheGpuPartIsAFailedPrecondition) {

@@ -264,6 +264,8 @@ TEST(RecordJsonTest, HardwareRoundTripsEveryField) {
   a.nccl_reduce_scatter_bytes_per_second = 1.25e11;
   a.pinned_limit_bytes = int64_t{1} << 36;
   a.measured = true;
+  a.cpu_grad_accumulate_params_per_second = 4.5e9;
+  a.cpu_adam_update_params_per_second = 1.4e9;
   absl::StatusOr<HardwareSpec> b = HardwareSpecFromJson(HardwareSpecToJson(a));
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(b->name, a.name);
@@ -281,6 +283,8 @@ TEST(RecordJsonTest, HardwareRoundTripsEveryField) {
   EXPECT_EQ(b->nccl_allgather_bytes_per_second, a.nccl_allgather_bytes_per_second);
   EXPECT_EQ(b->nccl_reduce_scatter_bytes_per_second, a.nccl_reduce_scatter_bytes_per_second);
   EXPECT_EQ(b->cpu_adam_params_per_second, a.cpu_adam_params_per_second);
+  EXPECT_EQ(b->cpu_grad_accumulate_params_per_second, a.cpu_grad_accumulate_params_per_second);
+  EXPECT_EQ(b->cpu_adam_update_params_per_second, a.cpu_adam_update_params_per_second);
   EXPECT_EQ(b->host_memory_bytes, a.host_memory_bytes);
   EXPECT_EQ(b->pinned_limit_bytes, a.pinned_limit_bytes);
   EXPECT_TRUE(b->measured);

@@ -263,6 +263,11 @@ TEST(FormattersTest, TraceAndHardwareProfile) {
   EXPECT_THAT(hw, HasSubstr("24.00 GiB"));
   EXPECT_THAT(hw, HasSubstr("25.0 GB/s"));
   EXPECT_THAT(hw, HasSubstr("unlimited"));
+  EXPECT_THAT(hw, HasSubstr("not measured (one CPU Adam pass priced)"));
+  h.set_cpu_grad_accumulate_params_per_second(4.5e9);
+  h.set_cpu_adam_update_params_per_second(1.25e9);
+  EXPECT_THAT(FormatHardwareProfile(h),
+              HasSubstr("CPU accumulate / update  4,500,000,000 / 1,250,000,000 params/s"));
 }
 
 }  // namespace

@@ -77,6 +77,14 @@ RandomCase MakeCase(std::mt19937_64& rng) {
   c.options.fragmentation_factor = 0.8 + 0.05 * static_cast<double>(uni(0, 8));
   c.options.residual_bytes = uni(-64, 64) * kMiB;
   c.chunk_bytes = uni(8, 96) * kMiB;
+  // Drawn last so that the cases above stay what they were: clipping, and half of the profiles
+  // with the [Two CPU passes] figures.
+  c.options.cpu_optimizer_overlaps = uni(0, 1) == 1;
+  if (uni(0, 1) == 1) {
+    const double whole = c.hardware.cpu_adam_params_per_second;
+    c.hardware.cpu_grad_accumulate_params_per_second = whole * (2.0 + 0.5 * uni(0, 4));
+    c.hardware.cpu_adam_update_params_per_second = whole * (1.0 + 0.1 * uni(0, 4));
+  }
   return c;
 }
 
@@ -236,6 +244,8 @@ TEST(CostModelTest, MonotonicityPropertiesUsedBySearch) {
       EXPECT_LE(b.forward_seconds, a.forward_seconds + 1e-12);
       EXPECT_LE(b.backward_seconds, a.backward_seconds + 1e-12);
       EXPECT_LE(b.cpu_optimizer_seconds, a.cpu_optimizer_seconds + 1e-12);
+      EXPECT_LE(b.cpu_accumulate_seconds, a.cpu_accumulate_seconds + 1e-12);
+      EXPECT_LE(b.cpu_norm_seconds, a.cpu_norm_seconds + 1e-12);
       EXPECT_GE(b.gpu_optimizer_seconds, a.gpu_optimizer_seconds - 1e-12);
       EXPECT_GE(model.PersistentRawBytes(np + 1), model.PersistentRawBytes(np));
       EXPECT_LE(model.HostBytes(np + 1, m), model.HostBytes(np, m));
@@ -440,6 +450,149 @@ TEST(StepTimeTest, ClippingRunsTheCpuOptimizerAfterBackward) {
   t.cpu_optimizer_overlaps = false;
   EXPECT_DOUBLE_EQ(t.IterationSeconds(1), 1.0 + 2.0 + 1.5 + 0.125);
   EXPECT_DOUBLE_EQ(t.IterationSeconds(2), 2.0 + 2.0 + 2.0 + 1.5 + 0.125);
+}
+
+// [Two CPU passes]: T_acc per micro-batch beside its backward; with clipping the host norm and
+// then T_upd beside the GPU update after backward, without it T_acc + T_upd against the last
+// backward and the GPU update.
+TEST(StepTimeTest, TwoCpuPassesBesideBackwardAndAfterIt) {
+  StepTime t;
+  t.forward_seconds = 1.0;
+  t.backward_seconds = 2.0;
+  t.gpu_optimizer_seconds = 0.25;
+  t.cpu_accumulate_seconds = 0.5;
+  t.cpu_optimizer_seconds = 1.5;
+  t.fixed_seconds = 0.125;
+  t.cpu_optimizer_overlaps = false;
+  // Clipped, accumulate hidden by backward: 1 + max(2, 0.5) + max(0.25, 1.5) + 0.125.
+  EXPECT_DOUBLE_EQ(t.IterationSeconds(1), 4.625);
+  // Clipped, two micro-batches whose accumulate (3 s) outlasts backward, 0.25 s of host norm:
+  // 2 x 1 + 2 x max(2, 3) + 0.25 + max(0.25, 1.5) + 0.125.
+  t.cpu_accumulate_seconds = 3.0;
+  t.cpu_norm_seconds = 0.25;
+  EXPECT_DOUBLE_EQ(t.IterationSeconds(2), 9.875);
+  // Unclipped: 2 x 1 + 1 x max(2, 3) + max(2 + 0.25, 3 + 1.5) + 0.125 (no host norm).
+  t.cpu_optimizer_overlaps = true;
+  EXPECT_DOUBLE_EQ(t.IterationSeconds(2), 9.625);
+  // Unclipped, one micro-batch: 1 + max(2 + 0.25, 0.5 + 1.5) + 0.125, then with T_acc = 1 s
+  // the CPU side (2.5 s) is the longer one.
+  t.cpu_accumulate_seconds = 0.5;
+  EXPECT_DOUBLE_EQ(t.IterationSeconds(1), 3.375);
+  t.cpu_accumulate_seconds = 1.0;
+  EXPECT_DOUBLE_EQ(t.IterationSeconds(1), 3.625);
+}
+
+// Offloaded trainable parameters of a plan with n_persist persistent chunks (full fine-tuning).
+double OffloadedParams(const CostModel& model, int32_t n_persist, int64_t dtype_bytes) {
+  double params = 0;
+  for (size_t c = static_cast<size_t>(n_persist); c < model.layout().chunk_trainable_bytes.size();
+       ++c) {
+    params += static_cast<double>(model.layout().chunk_trainable_bytes[c] / dtype_bytes);
+  }
+  return params;
+}
+
+// A profile with the two figures: T_acc and T_upd are the offloaded parameters at each rate, the
+// host norm (clipping, several micro-batches) a 4-byte read per element at the accumulate's bytes
+// per second; adamw8bit updates at its own measured rate.
+TEST(CostModelTest, TwoPassProfilePricesEachPass) {
+  std::mt19937_64 rng(29);
+  Trace trace = RandomTrace(rng, 10);
+  trace.param_dtype = DType::kBFloat16;
+  trace.training.kind = TrainingKind::kFull;
+  trace.trainable_param_count = trace.total_param_count;
+  HardwareSpec hw = RandomHardware(rng);
+  hw.cpu_adam_params_per_second = 1.0e9;
+  hw.cpu_grad_accumulate_params_per_second = 4.0e9;
+  hw.cpu_adam_update_params_per_second = 1.25e9;
+  hw.cpu_adamw8bit_params_per_second = 0.5e9;
+  CostOptions o;
+  o.grad_accum = 2;
+  o.cpu_optimizer_overlaps = false;
+  const CostModel model = MustCreate(trace, 32 * kMiB, hw, o);
+  const int32_t np = model.num_chunks() / 3;
+  const int32_t nb = model.MinBuffers(np);
+  const double p = OffloadedParams(model, np, 2);
+  ASSERT_GT(p, 0);
+  const StepTime t = model.Time(np, nb, ModeCounts{}, HostMemoryKind::kPinned);
+  ExpectNear(t.cpu_accumulate_seconds, p / 4.0e9, "T_acc");
+  ExpectNear(t.cpu_optimizer_seconds, p / 1.25e9, "T_upd");
+  ExpectNear(t.cpu_norm_seconds, p * 4 / (4.0e9 * 10), "T_norm");
+  const Prediction pred =
+      model.Predict(model.MakeResidencyPlan(np, nb, {}, HostMemoryKind::kPinned));
+  const double bwd = std::max(t.backward_seconds, p / 4.0e9);
+  ExpectNear(pred.iteration_seconds,
+             2 * t.forward_seconds + 2 * bwd + p * 4 / 4.0e10 +
+                 std::max(t.gpu_optimizer_seconds, p / 1.25e9) + t.fixed_seconds,
+             "clipped step");
+
+  // One micro-batch: the norms come from the device grads.
+  o.grad_accum = 1;
+  EXPECT_EQ(MustCreate(trace, 32 * kMiB, hw, o)
+                .Time(np, nb, {}, HostMemoryKind::kPinned)
+                .cpu_norm_seconds,
+            0);
+  // No clipping: no norm pass either.
+  o.grad_accum = 2;
+  o.cpu_optimizer_overlaps = true;
+  EXPECT_EQ(MustCreate(trace, 32 * kMiB, hw, o)
+                .Time(np, nb, {}, HostMemoryKind::kPinned)
+                .cpu_norm_seconds,
+            0);
+  // adamw8bit: the same accumulate, its own update rate; adamw_bf16 reads bf16 grads for the norm.
+  o.cpu_optimizer_overlaps = false;
+  o.optimizer = OptimizerKind::kAdamW8bit;
+  const StepTime q = MustCreate(trace, 32 * kMiB, hw, o).Time(np, nb, {}, HostMemoryKind::kPinned);
+  ExpectNear(q.cpu_accumulate_seconds, p / 4.0e9, "adamw8bit T_acc");
+  ExpectNear(q.cpu_optimizer_seconds, p / 0.5e9, "adamw8bit T_upd");
+  o.optimizer = OptimizerKind::kAdamWBf16States;
+  const StepTime b = MustCreate(trace, 32 * kMiB, hw, o).Time(np, nb, {}, HostMemoryKind::kPinned);
+  ExpectNear(b.cpu_norm_seconds, p * 2 / (4.0e9 * 10), "adamw_bf16 T_norm");
+}
+
+// A profile without the two figures (older agents) is priced as before they existed: one whole
+// pass per step, after backward when clipping, no accumulate or norm term. The previous formula
+// and prefix sums are spelled out here and must match bit for bit.
+TEST(CostModelTest, ProfilesWithoutTwoPassFiguresKeepThePreviousPrediction) {
+  std::mt19937_64 rng(31);
+  for (int iter = 0; iter < 60; ++iter) {
+    RandomCase c = MakeCase(rng);
+    c.trace.training.kind = TrainingKind::kFull;
+    c.trace.trainable_param_count = c.trace.total_param_count;
+    c.hardware.cpu_grad_accumulate_params_per_second = 0;
+    c.hardware.cpu_adam_update_params_per_second = 0;
+    c.options.shard_persistent_state = false;
+    c.options.time_factor = 0.75 + 0.125 * UniformInt32(rng, 0, 4);
+    const CostModel model = MustCreate(c.trace, c.chunk_bytes, c.hardware, c.options);
+    const int32_t chunks = model.num_chunks();
+    const int64_t dtype_bytes = DTypeBytes(c.trace.param_dtype);
+    const double rate = CpuOptimizerParamsPerSecond(c.options.optimizer, c.hardware);
+    std::vector<double> prefix(static_cast<size_t>(chunks) + 1, 0.0);
+    for (int32_t k = 0; k < chunks; ++k) {
+      prefix[k + 1] =
+          prefix[k] + static_cast<double>(model.layout().chunk_trainable_bytes[k] / dtype_bytes) /
+                          static_cast<double>(c.options.world_size) / rate;
+    }
+    for (int rep = 0; rep < 5; ++rep) {
+      const int32_t np = UniformInt32(rng, 0, chunks);
+      const int32_t nb = model.MinBuffers(np);
+      const ModeCounts m{0, 0, UniformInt32(rng, 0, model.num_blocks())};
+      const StepTime t = model.Time(np, nb, m, HostMemoryKind::kPinned);
+      EXPECT_EQ(t.cpu_accumulate_seconds, 0);
+      EXPECT_EQ(t.cpu_norm_seconds, 0);
+      EXPECT_EQ(t.cpu_optimizer_seconds, prefix[chunks] - prefix[np]);
+      const double ga = c.options.grad_accum;
+      const double tail =
+          c.options.cpu_optimizer_overlaps
+              ? std::max(t.backward_seconds + t.gpu_optimizer_seconds, t.cpu_optimizer_seconds)
+              : t.backward_seconds + std::max(t.gpu_optimizer_seconds, t.cpu_optimizer_seconds);
+      const double previous =
+          ga * t.forward_seconds + (ga - 1) * t.backward_seconds + tail + t.fixed_seconds;
+      const Prediction pred =
+          model.Predict(model.MakeResidencyPlan(np, nb, m, HostMemoryKind::kPinned));
+      EXPECT_EQ(pred.iteration_seconds, c.options.time_factor * previous);
+    }
+  }
 }
 
 }  // namespace
