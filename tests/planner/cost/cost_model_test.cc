@@ -344,15 +344,26 @@ namespace {
 // all-persistent plan holds what one rank holds plus the fp32 copies of the two largest chunks'
 // grads whose all-reduce is in flight, and the reductions move fp32 (twice a bf16 model's grad
 // bytes): with a slow interconnect backward takes the reduce traffic's time.
-TEST(StepTimeTest, ShardedPersistentGradsReduceInFp32BesideBackward) {
-  const ModelSpec arch = *FindModelPreset("llama-3.2-1b");
+// llama-3.2-1b 1x512 in bf16 on an H200 whose NCCL links are slow enough (1 GB/s) that the
+// reduce traffic sets backward's time.
+HardwareSpec SlowLinkH200() {
   HardwareSpec hw = *FindHardwarePreset("h200");
   hw.nccl_allgather_bytes_per_second = 1e9;
-  hw.nccl_reduce_scatter_bytes_per_second = 1e9;  // slow enough that traffic sets backward
+  hw.nccl_reduce_scatter_bytes_per_second = 1e9;
+  return hw;
+}
+absl::StatusOr<Trace> OneBTrace(const HardwareSpec& hw, int32_t world_size) {
   Workload workload;
   workload.micro_batch = 1;
   workload.seq_len = 512;
-  auto trace = SynthesizeTrace(arch, workload, DType::kBFloat16, TrainingMethod(), hw);
+  workload.world_size = world_size;
+  return SynthesizeTrace(*FindModelPreset("llama-3.2-1b"), workload, DType::kBFloat16,
+                         TrainingMethod(), hw);
+}
+
+TEST(StepTimeTest, ShardedPersistentGradsReduceInFp32BesideBackward) {
+  const HardwareSpec hw = SlowLinkH200();
+  auto trace = OneBTrace(hw, 1);
   ASSERT_TRUE(trace.ok()) << trace.status();
   CostOptions one;
   CostOptions two;
@@ -384,15 +395,8 @@ TEST(StepTimeTest, ShardedPersistentGradsReduceInFp32BesideBackward) {
 // grads after the reduce-scatter, which moves half an all-reduce's bytes; the update runs on 1/W
 // of the parameters and the parameters are all-gathered after it.
 TEST(StepTimeTest, ShardedPersistentStateHoldsAShardAndReducesOnce) {
-  const ModelSpec arch = *FindModelPreset("llama-3.2-1b");
-  HardwareSpec hw = *FindHardwarePreset("h200");
-  hw.nccl_allgather_bytes_per_second = 1e9;
-  hw.nccl_reduce_scatter_bytes_per_second = 1e9;  // slow enough that traffic sets backward
-  Workload workload;
-  workload.micro_batch = 1;
-  workload.seq_len = 512;
-  workload.world_size = 2;
-  auto trace = SynthesizeTrace(arch, workload, DType::kBFloat16, TrainingMethod(), hw);
+  const HardwareSpec hw = SlowLinkH200();
+  auto trace = OneBTrace(hw, 2);
   ASSERT_TRUE(trace.ok()) << trace.status();
   CostOptions replicated;
   replicated.world_size = 2;
