@@ -365,7 +365,8 @@ class ChunkManager::Impl {
   absl::Status FinishStateReduces();
   // [Sharded persistent state]: the step's updates of the shards and the all-gathers after them.
   absl::Status UpdateShardedPersistent(const torch::Tensor& clip_coef, float grad_scale);
-  // A device tensor of `elems` elements per rank, all-gathered, on the CPU (a collective).
+  // Every rank's `shard` (any device, the same size on each), concatenated in rank order, on the
+  // CPU (a collective). GatherHost gathers `elems` (default: the chunk's shard) of a host array.
   torch::Tensor GatherDevice(const torch::Tensor& shard);
   absl::Status AllReducePersistentGrads();
   absl::StatusOr<double> ShardedSquaredNorm();
@@ -1520,6 +1521,7 @@ absl::Status ChunkManager::Impl::UpdateShardedPersistent(const torch::Tensor& cl
 }
 
 torch::Tensor ChunkManager::Impl::GatherDevice(const torch::Tensor& shard) {
+  // Read only: a host array on a CPU communicator is gathered in place, without a copy.
   torch::Tensor src = shard.contiguous().to(comm_->device());
   torch::Tensor full = torch::empty({src.numel() * world_}, src.options());
   const absl::Status s = comm_->AllGather(full, src)->Wait();
@@ -1530,13 +1532,8 @@ torch::Tensor ChunkManager::Impl::GatherDevice(const torch::Tensor& shard) {
 torch::Tensor ChunkManager::Impl::GatherHost(const void* data, torch::ScalarType dtype,
                                              const Chunk& chunk, int64_t elems) {
   if (elems < 0) elems = chunk.shard_elems;
-  torch::Tensor shard =
-      torch::from_blob(const_cast<void*>(data), {elems}, torch::TensorOptions().dtype(dtype))
-          .to(comm_->device(), /*non_blocking=*/false, /*copy=*/true);
-  torch::Tensor full = torch::empty({elems * world_}, shard.options());
-  const absl::Status s = comm_->AllGather(full, shard)->Wait();
-  if (!s.ok()) FailCollective(s);
-  return full.to(torch::kCPU);
+  return GatherDevice(
+      torch::from_blob(const_cast<void*>(data), {elems}, torch::TensorOptions().dtype(dtype)));
 }
 
 void ChunkManager::Impl::WaitAll() {
