@@ -11,7 +11,7 @@ namespace memplan {
 
 std::vector<ParamShape> LoraParamShapes(const ModelSpec& m, const TrainingMethod& method) {
   std::vector<ParamShape> out;
-  if (method.kind != TrainingKind::kLora || method.lora_rank <= 0) return out;
+  if (method.kind == TrainingKind::kFull || method.lora_rank <= 0) return out;
   const int64_t d = m.HeadDim();
   const int64_t r = method.lora_rank;
   // (in, out) per module, kLoraModules order.

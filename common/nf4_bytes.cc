@@ -26,13 +26,7 @@ std::string_view QuantizedProjection(std::string_view name) {
 bool QloraQuantizes(std::string_view name) { return !QuantizedProjection(name).empty(); }
 
 std::vector<LayoutParam> QloraBaseLayoutParams(const ModelSpec& model, int64_t dtype_bytes) {
-  return QloraLayoutParams(model, dtype_bytes, TrainingMethod{});
-}
-
-std::vector<LayoutParam> QloraLayoutParams(const ModelSpec& model, int64_t dtype_bytes,
-                                           const TrainingMethod& training) {
   std::vector<LayoutParam> params;
-  const int64_t rank = training.lora_rank;
   for (const ParamShape& p : HfParamShapes(model)) {
     if (!QloraQuantizes(p.name)) {
       params.push_back({p.name, p.numel(), dtype_bytes, p.group});
@@ -44,22 +38,8 @@ std::vector<LayoutParam> QloraLayoutParams(const ModelSpec& model, int64_t dtype
         {p.name + std::string(kNf4AbsmaxCodeSuffix), parts.absmax_code_bytes, 1, p.group});
     params.push_back(
         {p.name + std::string(kNf4AbsmaxScaleSuffix), parts.absmax_scale_bytes / 4, 4, p.group});
-    // "...mlp.gate_proj" adapted when "gate_proj" is a target.
-    const std::string_view proj = QuantizedProjection(p.name);
-    const std::string_view module = proj.substr(proj.rfind('.') + 1);
-    bool adapted = false;
-    for (const std::string& t : training.lora_target_modules) adapted |= t == module;
-    if (!adapted || rank <= 0) continue;
-    const std::string stem = p.name.substr(0, p.name.size() - std::string_view(".weight").size());
-    const int64_t out = p.shape[0], in = p.shape[1];
-    params.push_back({stem + ".lora_A.weight", rank * in, dtype_bytes, p.group});
-    params.push_back({stem + ".lora_B.weight", out * rank, dtype_bytes, p.group});
   }
   return params;
-}
-
-bool IsLoraAdapterParam(std::string_view name) {
-  return name.ends_with(".lora_A.weight") || name.ends_with(".lora_B.weight");
 }
 
 int64_t QloraBlockBaseBytes(const ModelSpec& model, int64_t dtype_bytes) {

@@ -61,20 +61,13 @@ inline constexpr std::string_view kNf4AbsmaxScaleSuffix = ".nf4_absmax_scale";
 // embedding and the LM head stay in the model dtype. `name` is a Hugging Face parameter name.
 bool QloraQuantizes(std::string_view name);
 
-// The frozen base of a QLoRA model as the chunk packing's input: LayoutParamsFor(model,
-// dtype_bytes) in [Parameter order] with every quantized weight replaced by its three parts
-// (data and absmax codes 1 byte wide, scales 4 bytes wide), named with the suffixes above.
+// [QLoRA layout] The frozen base of a QLoRA model as the chunk packing's input:
+// LayoutParamsFor(model, dtype_bytes) in [Parameter order] with every quantized weight replaced
+// by its three parts (data and absmax codes 1 byte wide, scales 4 bytes wide), named with the
+// suffixes above. What the agent's frozen base manager packs (LlamaModel::ParamGroups with an NF4
+// base) and the planner charges; the adapters are packed in chunks of their own, as for LoRA
+// ([LoRA adapter order], common/lora_shapes.h).
 std::vector<LayoutParam> QloraBaseLayoutParams(const ModelSpec& model, int64_t dtype_bytes);
-
-// [QLoRA layout] The chunk packing's input for a QLoRA model: QloraBaseLayoutParams with, right
-// after each adapted projection's NF4 parts, its adapter "<weight name minus .weight>.lora_A.weight"
-// [rank, in] then ".lora_B.weight" [out, rank] in the model dtype (PEFT's order: an adapter follows
-// its base layer). The adapters are the only trainable tensors. `training.lora_target_modules`
-// names the adapted projections (q_proj ... down_proj).
-std::vector<LayoutParam> QloraLayoutParams(const ModelSpec& model, int64_t dtype_bytes,
-                                           const TrainingMethod& training);
-// Whether a layout name is a LoRA adapter matrix of the list above.
-bool IsLoraAdapterParam(std::string_view name);
 
 // Bytes of a block's frozen base under QLoRA: the NF4 parts of its projections plus its other
 // parameters in the model dtype (no alignment).

@@ -120,8 +120,10 @@ struct Param {
   torch::Tensor tensor;  // the model's parameter; identity is what ties aliases together
   std::vector<int64_t> shape;
   int64_t numel = 0;
+  // The parameter's own dtype: the storage dtype, except in [Byte chunks].
+  torch::ScalarType dtype = torch::kFloat32;
   int chunk = 0;
-  int64_t offset_elems = 0;  // into the chunk's arrays (offset_bytes / model element size)
+  int64_t offset_elems = 0;  // into the chunk's arrays (offset_bytes / storage element size)
   int first_group = 0;       // backward touches it last here: its grad is final after this group
   bool in_flat = false;      // sharded: its grad is in the chunk's grad_flat this micro-batch
   int64_t step = 0;          // updates applied (torch's AdamW keeps one count per parameter)
@@ -137,6 +139,19 @@ struct Param {
   // ([8-bit optimizer state]); the moments above are then uint8 codes.
   torch::Tensor exp_avg_absmax, exp_avg_sq_absmax;
 };
+
+// [Byte chunks] A frozen manager may hold parameters of several dtypes (QLoRA's base: NF4 codes
+// in uint8, their fp32 scales, norms in bf16). Its chunk arrays are then bytes: offsets and
+// spans count bytes (the layout's own units), and each parameter is a view of its slot
+// reinterpreted as its dtype (ParamView). Every slot starts at a multiple of alignment_bytes, so
+// the reinterpretation is always aligned. With one dtype the arrays have that dtype, as before.
+torch::ScalarType StorageDType(const std::vector<Param>& params) {
+  if (params.empty()) return torch::kFloat32;
+  for (const Param& p : params) {
+    if (p.dtype != params[0].dtype) return torch::kUInt8;
+  }
+  return params[0].dtype;
+}
 
 struct Chunk {
   bool persistent = false;
@@ -319,6 +334,23 @@ class ChunkManager::Impl {
   torch::TensorOptions DeviceOptions() const {
     return torch::TensorOptions().dtype(dtype_).device(options_.device);
   }
+  // p's slot in a flat parameter array of its chunk (device or host, in the storage dtype), as a
+  // tensor of p's dtype and shape: a reinterpreting view in [Byte chunks].
+  torch::Tensor ParamView(const torch::Tensor& flat, const Param& p) const {
+    if (p.dtype == dtype_) return flat.narrow(0, p.offset_elems, p.numel).view(p.shape);
+    const int64_t len = p.numel * static_cast<int64_t>(torch::elementSize(p.dtype)) / elem_size();
+    return flat.narrow(0, p.offset_elems, len).view(p.dtype).view(p.shape);
+  }
+  // The same over a host array.
+  torch::Tensor ParamHostView(void* data, const Param& p) const {
+    char* base = static_cast<char*>(data) + p.offset_elems * elem_size();
+    return torch::from_blob(base, {p.numel}, torch::TensorOptions().dtype(p.dtype)).view(p.shape);
+  }
+  // What a released parameter holds: a 0-dim zero of its dtype expanded to its shape.
+  torch::Tensor Placeholder(const Param& p) const {
+    return p.dtype == dtype_ ? placeholder_.expand(p.shape)
+                             : placeholder_.to(p.dtype).expand(p.shape);
+  }
   torch::Tensor HostView(void* data, int64_t offset_elems, const std::vector<int64_t>& shape,
                          int64_t numel, torch::ScalarType dtype) const {
     char* base = static_cast<char*>(data) + offset_elems * torch::elementSize(dtype);
@@ -469,7 +501,7 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
                                       std::vector<std::vector<int>> group_params) {
   params_ = std::move(params);
   group_params_ = std::move(group_params);
-  dtype_ = params_.empty() ? torch::kFloat32 : params_[0].tensor.scalar_type();
+  dtype_ = StorageDType(params_);
   for (size_t g = 0; g < groups.size(); ++g) {
     for (const NamedParam& named : groups[g]) {
       for (int i : group_params_[g]) {
@@ -527,7 +559,7 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
         chunk.device = torch::zeros({chunk.padded_elems}, DeviceOptions());
         for (int i : chunk.params) {
           Param& p = params_[i];
-          torch::Tensor view = chunk.device.narrow(0, p.offset_elems, p.numel).view(p.shape);
+          torch::Tensor view = ParamView(chunk.device, p);
           if (!options_.deferred_values) view.copy_(p.tensor.detach());
           p.tensor.set_data(view);
         }
@@ -596,10 +628,9 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
             chunk.param_host.size_bytes();
         for (int i : chunk.params) {
           Param& p = params_[i];
-          torch::Tensor host =
-              HostView(chunk.param_host.data(), p.offset_elems, p.shape, p.numel, dtype_);
+          torch::Tensor host = ParamHostView(chunk.param_host.data(), p);
           options_.deferred_values ? host.zero_() : host.copy_(p.tensor.detach().to(torch::kCPU));
-          p.tensor.set_data(placeholder_.expand(p.shape));
+          p.tensor.set_data(Placeholder(p));
         }
         continue;
       }
@@ -641,7 +672,7 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
           HostFlat(chunk.param_host.data(), r.at, r.len, dtype_).copy_(value);
           if (master()) HostFlat(chunk.master.data(), r.at, r.len, torch::kFloat32).copy_(value);
         }
-        p.tensor.set_data(placeholder_.expand(p.shape));
+        p.tensor.set_data(Placeholder(p));
       }
     }
   } catch (const c10::Error& e) {
@@ -858,7 +889,7 @@ void ChunkManager::Impl::Materialize(int c) {
   if (chunk.materialized) return;
   for (int i : chunk.params) {
     Param& p = params_[i];
-    p.tensor.set_data(buffer.storage.narrow(0, p.offset_elems, p.numel).view(p.shape));
+    p.tensor.set_data(ParamView(buffer.storage, p));
   }
   chunk.materialized = true;
 }
@@ -868,7 +899,7 @@ void ChunkManager::Impl::Dematerialize(int c) {
   if (!chunk.materialized) return;
   for (int i : chunk.params) {
     Param& p = params_[i];
-    p.tensor.set_data(placeholder_.expand(p.shape));
+    p.tensor.set_data(Placeholder(p));
   }
   chunk.materialized = false;
 }
@@ -1848,7 +1879,7 @@ std::vector<NamedParam> ChunkManager::Impl::Params() {
     } else if (sharded()) {
       value = gathered[p.chunk].narrow(0, p.offset_elems, p.numel).view(p.shape).clone();
     } else {
-      value = HostView(chunk.param_host.data(), p.offset_elems, p.shape, p.numel, dtype_).clone();
+      value = ParamHostView(chunk.param_host.data(), p).clone();
     }
     out.push_back({p.name, value});
   }
@@ -2202,6 +2233,10 @@ void ChunkManager::Impl::InstallParam(Param& p, const torch::Tensor& flat) {
     }
     return;
   }
+  if (p.dtype != dtype_) {  // [Byte chunks]: a frozen manager, one rank, whole parameters
+    ParamHostView(chunk.param_host.data(), p).copy_(flat.view(p.shape));
+    return;
+  }
   const OwnedRange r = Owned(p, chunk);
   HostFlat(chunk.param_host.data(), r.at, r.len, dtype_).copy_(flat);
   if (master() && !stateless())
@@ -2463,20 +2498,25 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
       auto [it, inserted] = index.emplace(key, static_cast<int>(params.size()));
       if (inserted) {
         const torch::ScalarType dtype = named.param.scalar_type();
-        if (dtype != torch::kFloat32 && dtype != torch::kBFloat16) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("groups: ", named.name, " is ", std::string(c10::toString(dtype)),
-                           "; the chunk manager supports float32 and bfloat16 parameters"));
+        // [Byte chunks] a frozen manager also holds uint8 parts (NF4 codes) beside other dtypes.
+        const bool byte_ok = options.frozen && dtype == torch::kUInt8;
+        if (dtype != torch::kFloat32 && dtype != torch::kBFloat16 && !byte_ok) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "groups: ", named.name, " is ", std::string(c10::toString(dtype)),
+              "; the chunk manager supports float32 and bfloat16 parameters",
+              options.frozen ? " (and uint8 in a frozen manager)" : ""));
         }
-        if (!params.empty() && dtype != params[0].tensor.scalar_type()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("groups: ", named.name, " has a different dtype from ", params[0].name));
+        if (!options.frozen && !params.empty() && dtype != params[0].tensor.scalar_type()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "groups: ", named.name, " has a different dtype from ", params[0].name,
+              " (mixed dtypes need a frozen manager)"));
         }
         Param p;
         p.name = named.name;
         p.tensor = named.param;
         p.shape = named.param.sizes().vec();
         p.numel = named.param.numel();
+        p.dtype = dtype;
         p.first_group = static_cast<int>(g);
         params.push_back(std::move(p));
       }
@@ -2486,8 +2526,7 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
       }
     }
   }
-  const int64_t elem_bytes =
-      params.empty() ? 4 : static_cast<int64_t>(torch::elementSize(params[0].tensor.scalar_type()));
+  const int64_t elem_bytes = static_cast<int64_t>(torch::elementSize(StorageDType(params)));
   if (options.frozen) {
     for (const Param& p : params) {
       if (p.tensor.requires_grad()) {

@@ -6,14 +6,18 @@
 #include <cmath>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "agent/blocks/activation_offloader.h"
 #include "agent/blocks/group_runner.h"
+#include "agent/quant/nf4_linear.h"
 #include "common/head_chunking.h"
+#include "common/nf4_bytes.h"
 #include "common/param_shapes.h"
 #include "common/validate.h"
 
@@ -27,29 +31,46 @@ struct LlamaModel::BlockParams {
   torch::Tensor input_layernorm, post_attention_layernorm;
   // [LoRA] adapters, indexed like kLoraModuleNames; undefined for projections not targeted.
   std::array<torch::Tensor, kLoraModuleNames.size()> lora_a, lora_b;
+  // [QLoRA] each projection's weight in NF4 (indexed like kLoraModuleNames) when the base is
+  // quantized; the projection's tensor above is then undefined. The three parts are parameters
+  // (frozen, chunk-managed); the offset is a number the model keeps.
+  std::array<std::optional<quant::Nf4Tensor>, kLoraModuleNames.size()> nf4;
 
-  // Hugging Face named_parameters() order.
+  // Hugging Face named_parameters() order; a quantized weight is listed as its three NF4 parts
+  // ("<weight name>.nf4_data", ".nf4_absmax_code", ".nf4_absmax_scale"), in its place.
   std::vector<NamedParam> Named() const {
     const std::string p = absl::StrCat("model.layers.", index, ".");
     std::vector<NamedParam> out;
     auto add = [&](const std::string& name, const torch::Tensor& t) {
       if (t.defined()) out.push_back({p + name, t});
     };
-    add("self_attn.q_proj.weight", q_proj);
+    auto weight = [&](size_t module, const torch::Tensor& t) {
+      const std::string name = ModulePath(module) + ".weight";
+      if (!nf4[module].has_value()) return add(name, t);
+      add(name + std::string(kNf4DataSuffix), nf4[module]->data);
+      add(name + std::string(kNf4AbsmaxCodeSuffix), nf4[module]->absmax_code);
+      add(name + std::string(kNf4AbsmaxScaleSuffix), nf4[module]->absmax_scale);
+    };
+    weight(0, q_proj);
     add("self_attn.q_proj.bias", q_bias);
-    add("self_attn.k_proj.weight", k_proj);
+    weight(1, k_proj);
     add("self_attn.k_proj.bias", k_bias);
-    add("self_attn.v_proj.weight", v_proj);
+    weight(2, v_proj);
     add("self_attn.v_proj.bias", v_bias);
-    add("self_attn.o_proj.weight", o_proj);
+    weight(3, o_proj);
     add("self_attn.q_norm.weight", q_norm);
     add("self_attn.k_norm.weight", k_norm);
-    add("mlp.gate_proj.weight", gate_proj);
-    add("mlp.up_proj.weight", up_proj);
-    add("mlp.down_proj.weight", down_proj);
+    weight(4, gate_proj);
+    weight(5, up_proj);
+    weight(6, down_proj);
     add("input_layernorm.weight", input_layernorm);
     add("post_attention_layernorm.weight", post_attention_layernorm);
     return out;
+  }
+
+  // The projection tensors' slots, kLoraModuleNames order.
+  std::array<torch::Tensor*, kLoraModuleNames.size()> Projections() {
+    return {&q_proj, &k_proj, &v_proj, &o_proj, &gate_proj, &up_proj, &down_proj};
   }
 
   static std::string ModulePath(size_t module) {
@@ -226,6 +247,15 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaModelO
   if (options.lora.enabled()) {
     if (absl::Status s = ValidateLoraOptions(options.lora, options.spec); !s.ok()) return s;
   }
+  if (options.lora.nf4_base && !options.lora.enabled()) {
+    return absl::InvalidArgumentError(
+        "lora.nf4_base (QLoRA) needs adapters: lora.rank must be >= 1");
+  }
+  if (options.lora.nf4_base && options.deferred_values) {
+    return absl::InvalidArgumentError(
+        "lora.nf4_base: the base is quantized when the model is created, so its values cannot be "
+        "deferred (deferred_values)");
+  }
   if (options.device.is_cuda() && !torch::cuda::is_available()) {
     return absl::FailedPreconditionError("model: device cuda requested but CUDA is not available");
   }
@@ -316,6 +346,16 @@ void LlamaModel::InitParams() {
   ones(&norm_, {s.hidden_size});
   if (!s.tie_word_embeddings) normal(&lm_head_, {s.vocab_size, s.hidden_size});
 
+  // [QLoRA] Each projection weight is quantized as soon as it is drawn (in the model dtype, as a
+  // bf16 checkpoint holds it), so the host never holds the unquantized base.
+  std::unordered_map<torch::Tensor*, std::optional<quant::Nf4Tensor>*> quantized;
+  if (options_.lora.nf4_base) {
+    for (auto& b : blocks_) {
+      const auto slots = b->Projections();
+      for (size_t m = 0; m < slots.size(); ++m) quantized[slots[m]] = &b->nf4[m];
+    }
+  }
+  std::mutex device_mu;  // one quantization at a time on a GPU: its transient stays one weight's
   // Workers take the draws in order; an exception (out of memory) is re-thrown on this thread.
   std::atomic<size_t> next{0};
   std::mutex error_mu;
@@ -323,7 +363,16 @@ void LlamaModel::InitParams() {
   auto work = [&]() {
     for (size_t k = next++; k < draws.size(); k = next++) {
       try {
-        *draws[k].slot = finish(DrawNormal(draws[k].sizes, static_cast<int64_t>(k)));
+        torch::Tensor value = DrawNormal(draws[k].sizes, static_cast<int64_t>(k));
+        auto q = quantized.find(draws[k].slot);
+        if (q == quantized.end()) {
+          *draws[k].slot = finish(value);
+          continue;
+        }
+        value = value.to(device_opts.dtype());
+        std::unique_lock<std::mutex> lock(device_mu, std::defer_lock);
+        if (!options_.device.is_cpu()) lock.lock();
+        *q->second = QuantizeBaseWeight(value);
       } catch (...) {
         std::lock_guard<std::mutex> lock(error_mu);
         if (!error) error = std::current_exception();
@@ -337,6 +386,19 @@ void LlamaModel::InitParams() {
   work();
   for (std::thread& t : pool) t.join();
   if (error) std::rethrow_exception(error);
+  if (meta) {
+    // [QLoRA] on kMeta: the NF4 parts' shapes and dtypes ([NF4 storage]), no values.
+    for (auto& [slot, nf4] : quantized) {
+      const std::vector<int64_t> shape = slot->sizes().vec();
+      const Nf4PartBytes parts = Nf4Parts(slot->numel());
+      const auto on = torch::TensorOptions().device(torch::kMeta);
+      *nf4 = quant::Nf4Tensor{torch::empty({parts.data_bytes}, on.dtype(torch::kUInt8)),
+                              torch::empty({parts.absmax_code_bytes}, on.dtype(torch::kUInt8)),
+                              torch::empty({parts.absmax_scale_bytes / 4}, on.dtype(torch::kFloat32)),
+                              0.0f, shape, kNf4Blocksize};
+    }
+  }
+  for (auto& [slot, nf4] : quantized) *slot = torch::Tensor();
   // Recipes by parameter name (the slots' tensors are the parameters Params() names).
   std::unordered_map<const void*, const InitRecipe*> by_tensor;
   for (const auto& [slot, recipe] : recipes) by_tensor[slot->unsafeGetTensorImpl()] = &recipe;
@@ -345,6 +407,101 @@ void LlamaModel::InitParams() {
     if (it != by_tensor.end()) init_recipes_[p.name] = *it->second;
   }
   if (options_.lora.enabled()) InitAdapters();
+}
+
+quant::Nf4Tensor LlamaModel::QuantizeBaseWeight(const torch::Tensor& value) const {
+  // On the compute device (bitsandbytes quantizes where the model runs); the parts then go where
+  // parameters are created.
+  absl::StatusOr<quant::Nf4Tensor> q = quant::QuantizeNf4(value.to(options_.device), kNf4Blocksize);
+  TORCH_CHECK(q.ok(), "quantizing a base weight: ", q.status().ToString());
+  return q->To(options_.param_device.value_or(options_.device));
+}
+
+std::vector<std::string> LlamaModel::QuantizedWeightNames() const {
+  std::vector<std::string> names;
+  for (const auto& b : blocks_) {
+    for (size_t m = 0; m < b->nf4.size(); ++m) {
+      if (b->nf4[m].has_value()) {
+        names.push_back(absl::StrCat("model.layers.", b->index, ".", BlockParams::ModulePath(m),
+                                     ".weight"));
+      }
+    }
+  }
+  return names;
+}
+
+namespace {
+
+// Block index and module (kLoraModuleNames index) of "model.layers.<b>.<path>.weight"; nullopt
+// when `name` is no projection weight of a block below `blocks`.
+std::optional<std::pair<int, size_t>> ProjectionOf(const std::string& name, int blocks) {
+  for (int b = 0; b < blocks; ++b) {
+    const std::string prefix = absl::StrCat("model.layers.", b, ".");
+    if (name.rfind(prefix, 0) != 0) continue;
+    for (size_t m = 0; m < kLoraModuleNames.size(); ++m) {
+      const std::string path = absl::StrCat(m < 4 ? "self_attn." : "mlp.", kLoraModuleNames[m]);
+      if (name == prefix + path + ".weight") return std::make_pair(b, m);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+absl::Status LlamaModel::LoadQuantizedWeight(const std::string& name, const torch::Tensor& value) {
+  const auto where = ProjectionOf(name, num_blocks());
+  if (!where || !blocks_[where->first]->nf4[where->second].has_value()) {
+    return absl::NotFoundError(absl::StrCat("model: \"", name, "\" is not a quantized weight"));
+  }
+  quant::Nf4Tensor& held = *blocks_[where->first]->nf4[where->second];
+  if (value.sizes().vec() != held.shape) {
+    return absl::InvalidArgumentError(absl::StrCat("model: \"", name, "\" has shape [",
+                                                   absl::StrJoin(value.sizes(), ", "),
+                                                   "], the model's is [",
+                                                   absl::StrJoin(held.shape, ", "), "]"));
+  }
+  try {
+    torch::NoGradGuard no_grad;
+    const quant::Nf4Tensor q = QuantizeBaseWeight(value.to(ToScalarType(options_.dtype)));
+    held.data.copy_(q.data);
+    held.absmax_code.copy_(q.absmax_code);
+    held.absmax_scale.copy_(q.absmax_scale);
+    held.absmax_offset = q.absmax_offset;
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: quantizing \"", name, "\": ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<NamedParam>> LlamaModel::DequantizedBase(
+    const std::vector<NamedParam>& base) const {
+  std::unordered_map<std::string, torch::Tensor> by_name;
+  for (const NamedParam& p : base) by_name.emplace(p.name, p.param);
+  std::vector<NamedParam> out;
+  for (const NamedParam& p : base) {
+    if (!p.name.ends_with(kNf4DataSuffix)) {
+      if (!p.name.ends_with(kNf4AbsmaxCodeSuffix) && !p.name.ends_with(kNf4AbsmaxScaleSuffix)) {
+        out.push_back(p);
+      }
+      continue;
+    }
+    const std::string weight = p.name.substr(0, p.name.size() - kNf4DataSuffix.size());
+    const auto where = ProjectionOf(weight, num_blocks());
+    auto code = by_name.find(weight + std::string(kNf4AbsmaxCodeSuffix));
+    auto scale = by_name.find(weight + std::string(kNf4AbsmaxScaleSuffix));
+    if (!where || !blocks_[where->first]->nf4[where->second].has_value() ||
+        code == by_name.end() || scale == by_name.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("base: \"", p.name, "\" without its NF4 parts or not this model's"));
+    }
+    const quant::Nf4Tensor& held = *blocks_[where->first]->nf4[where->second];
+    const quant::Nf4Tensor q{p.param, code->second, scale->second, held.absmax_offset, held.shape,
+                             held.blocksize};
+    if (absl::Status s = quant::ValidateNf4(q); !s.ok()) return s;
+    out.push_back({weight, quant::DequantizeNf4(q, ToScalarType(options_.dtype))});
+  }
+  return out;
 }
 
 torch::Tensor LlamaModel::DrawNormal(const std::vector<int64_t>& sizes, int64_t k) const {
@@ -434,11 +591,22 @@ memplan::ParamGroups LlamaModel::ParamGroups() const {
   if (lm_head_.defined()) by_name.emplace("lm_head.weight", lm_head_);
   memplan::ParamGroups groups(static_cast<size_t>(num_groups()));
   size_t listed = 0;
-  for (const ParamShape& shape : HfParamShapes(options_.spec)) {
-    auto it = by_name.find(shape.name);
-    TORCH_INTERNAL_ASSERT(it != by_name.end() && shape.group >= 0 && shape.group < num_groups(),
-                          "[Parameter order] lists ", shape.name, ", which the model lacks");
-    groups[static_cast<size_t>(shape.group)].push_back({shape.name, it->second});
+  // [QLoRA] a quantized weight's place holds its NF4 parts (QloraBaseLayoutParams, the list the
+  // planner packs for QLoRA).
+  std::vector<std::pair<std::string, int>> order;
+  if (options_.lora.nf4_base) {
+    for (const LayoutParam& p :
+         QloraBaseLayoutParams(options_.spec, torch::elementSize(ToScalarType(options_.dtype)))) {
+      order.emplace_back(p.name, p.group);
+    }
+  } else {
+    for (const ParamShape& p : HfParamShapes(options_.spec)) order.emplace_back(p.name, p.group);
+  }
+  for (const auto& [name, group] : order) {
+    auto it = by_name.find(name);
+    TORCH_INTERNAL_ASSERT(it != by_name.end() && group >= 0 && group < num_groups(),
+                          "[Parameter order] lists ", name, ", which the model lacks");
+    groups[static_cast<size_t>(group)].push_back({name, it->second});
     ++listed;
   }
   TORCH_INTERNAL_ASSERT(listed == by_name.size(), "the model has parameters that ",
@@ -595,7 +763,9 @@ torch::Tensor LlamaModel::Block(const BlockParams& p, const torch::Tensor& hidde
   const double scaling = has_lora() ? options_.lora.scaling() : 1.0;
   auto proj = [&](const torch::Tensor& in, size_t module, const torch::Tensor& w,
                   const torch::Tensor& b = torch::Tensor()) {
-    const torch::Tensor base = Linear(in, w, b);
+    // [QLoRA] the NF4 weight dequantized for this product only (agent/quant/nf4_linear.h).
+    const torch::Tensor base =
+        p.nf4[module].has_value() ? quant::Nf4Linear(in, *p.nf4[module], b) : Linear(in, w, b);
     if (!p.lora_a[module].defined()) return base;
     const torch::Tensor dropped = dropout > 0 ? at::dropout(in, dropout, /*train=*/true) : in;
     return base + Linear(Linear(dropped, p.lora_a[module]), p.lora_b[module]) * scaling;

@@ -14,6 +14,7 @@
 #include "agent/core/torch_pch.h"
 #include "agent/model/lora_options.h"
 #include "agent/model/param_residency.h"
+#include "agent/quant/nf4.h"
 #include "common/types.h"
 
 namespace memplan {
@@ -45,6 +46,9 @@ struct LlamaModelOptions {
   // no optimizer state) and each targeted projection of every block computes
   // base(x) + B(A(dropout(x))) * alpha / rank, as PEFT's LoraLayer. A is drawn kaiming-uniform
   // (a = sqrt(5), i.e. U(-1/sqrt(in), 1/sqrt(in))) from `seed`, B is zero. See [LoRA] in the .cc.
+  // lora.nf4_base (QLoRA): every block's projection weights are NF4 ([QLoRA quantized weights],
+  // common/nf4_bytes.h), quantized from their model-dtype values when created (on `device`) or
+  // loaded (LoadQuantizedWeight), and dequantized per product; ParamGroups() lists their parts.
   LoraOptions lora;
 };
 
@@ -63,10 +67,25 @@ class LlamaModel {
   // Groups in execution order: 0 = embedding, 1..N = blocks, N+1 = final norm (+ lm_head when
   // untied; a tied head lists model.embed_tokens.weight again, the same tensor); parameters in
   // [Parameter order] (common/param_shapes.h), the order the planner packs chunks in.
+  // QLoRA: each quantized weight is listed as its three NF4 parts in its place
+  // (QloraBaseLayoutParams, common/nf4_bytes.h).
   memplan::ParamGroups ParamGroups() const;
   // Every parameter once, in first-use order of ParamGroups() (the canonical optimizer order).
   std::vector<NamedParam> Params() const;
   bool has_lora() const { return options_.lora.enabled(); }
+  bool has_nf4_base() const { return options_.lora.nf4_base; }
+  // QLoRA: the Hugging Face names of the quantized weights (block order, kLoraModuleNames order);
+  // empty otherwise.
+  std::vector<std::string> QuantizedWeightNames() const;
+  // QLoRA: quantizes `value` (a checkpoint's weight, any floating dtype; converted to the model
+  // dtype first, as a bf16 checkpoint holds it) into the parts of weight `name`, in place. Before
+  // a ChunkManager takes the parameters. NOT_FOUND for a name QuantizedWeightNames() lacks,
+  // INVALID_ARGUMENT for a wrong shape.
+  absl::Status LoadQuantizedWeight(const std::string& name, const torch::Tensor& value);
+  // QLoRA: `base` (values of Params() by name, e.g. a frozen ChunkManager's Params()) with each
+  // weight's NF4 parts replaced by the weight dequantized in the model dtype under its Hugging
+  // Face name (what merging adapters into a checkpoint needs); other entries unchanged.
+  absl::StatusOr<std::vector<NamedParam>> DequantizedBase(const std::vector<NamedParam>& base) const;
   // LoRA adapters per group, num_groups() lists (embedding and head: empty); per block the
   // targeted projections in kLoraModuleNames order, lora_A then lora_B, named like PEFT's
   // parameters without its wrapper prefix: "model.layers.3.self_attn.q_proj.lora_A.weight".
@@ -121,6 +140,8 @@ class LlamaModel {
   void InitParams();
   // fp32 normal(0, 0.02) draw number k of `sizes`.
   torch::Tensor DrawNormal(const std::vector<int64_t>& sizes, int64_t k) const;
+  // [QLoRA] `value` in NF4, quantized on options.device, parts on the parameter device.
+  quant::Nf4Tensor QuantizeBaseWeight(const torch::Tensor& value) const;
   void InitAdapters();
   Rope MakeRope(int64_t seq_len) const;
   torch::Tensor Embed(const torch::Tensor& input_ids, const torch::Tensor& weight) const;

@@ -81,7 +81,7 @@ absl::Status ValidateLoraOptions(const LoraOptions& lora, const ModelSpec& spec,
 TrainingMethod LoraTrainingMethod(const LoraOptions& lora) {
   TrainingMethod method;
   if (!lora.enabled()) return method;
-  method.kind = TrainingKind::kLora;
+  method.kind = lora.nf4_base ? TrainingKind::kQlora : TrainingKind::kLora;
   method.lora_rank = lora.rank;
   // Canonical module order, so that equal sets give equal queries.
   for (const char* name : kLoraModuleNames) {

@@ -25,6 +25,9 @@ struct LoraOptions {
   double alpha = 16;   // the update is scaled by alpha / rank (PEFT's `scaling`, no rsLoRA)
   double dropout = 0;  // on the adapter's input only, [0, 1)
   std::vector<std::string> targets;  // subset of kLoraModuleNames, any order, no repeats
+  // QLoRA: the frozen base's projection weights in 4-bit NF4 ([QLoRA quantized weights],
+  // common/nf4_bytes.h), dequantized per use (agent/quant). Needs rank > 0.
+  bool nf4_base = false;
 
   bool enabled() const { return rank > 0; }
   double scaling() const { return alpha / static_cast<double>(rank); }
@@ -38,7 +41,7 @@ absl::StatusOr<std::vector<std::string>> ParseLoraTargetList(absl::string_view f
 // repeated, at least one); errors name `prefix` + the field and the allowed range.
 absl::Status ValidateLoraOptions(const LoraOptions& lora, const ModelSpec& spec,
                                  absl::string_view prefix = "lora.");
-// The planner's description of the same training method.
+// The planner's description of the same training method (kQlora with nf4_base).
 TrainingMethod LoraTrainingMethod(const LoraOptions& lora);
 
 }  // namespace memplan

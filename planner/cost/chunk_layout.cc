@@ -24,16 +24,16 @@ std::optional<std::vector<LayoutParam>> MatchingArchParams(const Trace& trace) {
   }
   const int64_t dtype = DTypeBytes(trace.param_dtype);
   std::vector<int64_t> want = StageParamBytes(trace);
-  // A LoRA trace's blocks count their adapters too; the agent packs those in chunks of their
-  // own ([LoRA managers], common/lora_shapes.h), so the base list matches the rest.
+  // A LoRA or QLoRA trace's blocks count their adapters too; the agent packs those in chunks of
+  // their own ([LoRA managers], common/lora_shapes.h), so the base list matches the rest.
   for (const LayoutParam& p : LoraLayoutParams(a, trace.training, dtype)) {
     if (p.group < 0 || p.group >= static_cast<int>(want.size())) return std::nullopt;
     want[p.group] -= p.numel * p.dtype_bytes;
   }
   std::vector<int64_t> got(want.size(), 0);
-  // QLoRA packs NF4 parts and adapters ([QLoRA layout], common/nf4_bytes.h).
+  // QLoRA's base holds NF4 parts in place of its projections ([QLoRA layout], common/nf4_bytes.h).
   std::vector<LayoutParam> params = trace.training.kind == TrainingKind::kQlora
-                                        ? QloraLayoutParams(a, dtype, trace.training)
+                                        ? QloraBaseLayoutParams(a, dtype)
                                         : LayoutParamsFor(a, dtype);
   for (const LayoutParam& p : params) {
     if (p.group < 0 || p.group >= static_cast<int>(got.size())) return std::nullopt;
@@ -43,9 +43,9 @@ std::optional<std::vector<LayoutParam>> MatchingArchParams(const Trace& trace) {
   return params;
 }
 
-// The agent's rule. Trainable bytes: every parameter for full fine-tuning; for QLoRA exactly the
-// adapters' slots; for LoRA the stage's trainable share, spread over its chunks in proportion to
-// their parameter bytes.
+// The agent's rule. Trainable bytes: every parameter for full fine-tuning; for LoRA and QLoRA the
+// stage's trainable share, spread over its chunks in proportion to their parameter bytes (the
+// cost model prices the adapters' own chunks instead where the architecture is known).
 absl::StatusOr<ChunkPacking> Pack(const std::vector<LayoutParam>& params, int64_t chunk_bytes) {
   ChunkPackingOptions options;
   options.chunk_bytes = chunk_bytes;
@@ -76,9 +76,7 @@ ChunkLayout AgentLayout(const Trace& trace, const std::vector<LayoutParam>& para
     const ParamSlot& slot = packing->slots()[i];
     const size_t s = static_cast<size_t>(params[i].group);
     int64_t train = 0;
-    if (trace.training.kind == TrainingKind::kQlora) {
-      train = IsLoraAdapterParam(params[i].name) ? slot.size_bytes : 0;
-    } else if (stage_params[s] == stage_trainable[s]) {
+    if (stage_params[s] == stage_trainable[s]) {
       train = slot.size_bytes;
     } else {
       train = static_cast<int64_t>(static_cast<__int128>(stage_trainable[s]) * slot.size_bytes /

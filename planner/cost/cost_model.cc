@@ -284,7 +284,7 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   // the adapters live in chunks of their own, all persistent (common/lora_shapes.h): a constant
   // on the device that every n_persist carries.
   std::optional<LoraAdapterBytes> adapters;
-  if (trace_.training.kind == TrainingKind::kLora && ArchMatchesTrace(trace_)) {
+  if (trace_.training.kind != TrainingKind::kFull && ArchMatchesTrace(trace_)) {
     absl::StatusOr<LoraAdapterBytes> a = PersistentLoraAdapterBytes(
         trace_.arch, trace_.training, dtype_bytes_,
         ChunkPackingOptions{t.layout.chunk_bytes, kChunkAlignmentBytes}, opt);
@@ -331,9 +331,12 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
         OffloadedShardHost(opt, dtype_bytes_, options_.grad_accum, fill, options_.world_size);
     const double state_share =
         full_ft || fill == 0 ? 1.0 : static_cast<double>(train) / static_cast<double>(fill);
-    // [LoRA managers]: a frozen base chunk holds its parameters only.
-    const OffloadedChunkHostBytes frozen =
-        FrozenChunkHost(ShardElems(fill / dtype_bytes_, options_.world_size) * dtype_bytes_);
+    // [LoRA managers]: a frozen base chunk holds its parameters only (QLoRA's NF4 chunks in
+    // bytes: [Byte chunks] in agent/chunks/chunk_manager.cc).
+    const OffloadedChunkHostBytes frozen = FrozenChunkHost(
+        options_.world_size == 1
+            ? fill
+            : ShardElems(fill / dtype_bytes_, options_.world_size) * dtype_bytes_);
     const int64_t host =
         adapters.has_value()
             ? frozen.total()

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "common/param_shapes.h"
 #include "common/presets.h"
 
@@ -34,36 +36,41 @@ TEST(Nf4BytesTest, QloraQuantizesTheBlockProjectionsOnly) {
   EXPECT_FALSE(QloraQuantizes("lm_head.weight"));
 }
 
-TEST(Nf4BytesTest, LayoutReplacesEachProjectionByItsPartsAndAdapters) {
+TEST(Nf4BytesTest, LayoutReplacesEachProjectionByItsParts) {
   const ModelSpec m = *FindModelPreset("qwen2.5-0.5b");  // q/k/v biases, tied head
-  TrainingMethod t;
-  t.kind = TrainingKind::kQlora;
-  t.lora_rank = 8;
-  t.lora_target_modules = {"q_proj", "down_proj"};
   const std::vector<LayoutParam> base = LayoutParamsFor(m, 2);
-  const std::vector<LayoutParam> q = QloraLayoutParams(m, 2, t);
-  // 7 projections per block become 3 parts each, 2 adapted ones add 2 matrices each.
-  EXPECT_EQ(q.size(), base.size() + m.num_layers * (7 * 2 + 2 * 2));
-  int64_t base_bytes = 0, adapter_bytes = 0;
+  const std::vector<LayoutParam> q = QloraBaseLayoutParams(m, 2);
+  // 7 projections per block become 3 parts each.
+  ASSERT_EQ(q.size(), base.size() + m.num_layers * 7 * 2);
+  int64_t block_bytes = 0;
   for (const LayoutParam& p : q) {
-    if (p.group != 1) continue;
-    (IsLoraAdapterParam(p.name) ? adapter_bytes : base_bytes) += p.numel * p.dtype_bytes;
+    if (p.group == 1) block_bytes += p.numel * p.dtype_bytes;
   }
-  EXPECT_EQ(base_bytes, QloraBlockBaseBytes(m, 2));
-  const int64_t h = 896, hq = 896, inter = 4864;
-  EXPECT_EQ(adapter_bytes, 2 * 8 * ((h + hq) + (inter + h)));
-  // PEFT's order: the adapter right after its projection.
-  for (size_t i = 0; i + 1 < q.size(); ++i) {
-    if (q[i].name == "model.layers.0.self_attn.q_proj.weight.nf4_absmax_scale") {
-      EXPECT_EQ(q[i + 1].name, "model.layers.0.self_attn.q_proj.lora_A.weight");
-      EXPECT_EQ(q[i + 1].numel, 8 * h);
-      EXPECT_EQ(q[i + 2].name, "model.layers.0.self_attn.q_proj.lora_B.weight");
-      EXPECT_EQ(q[i + 2].numel, hq * 8);
-      EXPECT_EQ(q[i + 3].name, "model.layers.0.self_attn.q_proj.bias");
-    }
+  EXPECT_EQ(block_bytes, QloraBlockBaseBytes(m, 2));
+  // In place, in [Parameter order]: q_proj's parts, then its bias.
+  for (size_t i = 0; i + 3 < q.size(); ++i) {
+    if (q[i].name != "model.layers.0.self_attn.q_proj.weight.nf4_data") continue;
+    const int64_t n = 896 * 896;
+    EXPECT_EQ(q[i].numel, n / 2);
+    EXPECT_EQ(q[i].dtype_bytes, 1);
+    EXPECT_EQ(q[i + 1].name, "model.layers.0.self_attn.q_proj.weight.nf4_absmax_code");
+    EXPECT_EQ(q[i + 1].numel, n / 64);
+    EXPECT_EQ(q[i + 2].name, "model.layers.0.self_attn.q_proj.weight.nf4_absmax_scale");
+    EXPECT_EQ(q[i + 2].dtype_bytes, 4);
+    EXPECT_EQ(q[i + 2].numel, (n / 64 + 255) / 256);
+    EXPECT_EQ(q[i + 3].name, "model.layers.0.self_attn.q_proj.bias");
   }
-  // Without targets: the frozen base alone.
-  EXPECT_EQ(QloraBaseLayoutParams(m, 2).size(), base.size() + m.num_layers * 7 * 2);
+  // Everything that is not a projection weight stays as it was.
+  size_t kept = 0;
+  for (const LayoutParam& p : base) {
+    if (QloraQuantizes(p.name)) continue;
+    const bool found = std::any_of(q.begin(), q.end(), [&p](const LayoutParam& x) {
+      return x.name == p.name && x.numel == p.numel && x.dtype_bytes == 2 && x.group == p.group;
+    });
+    EXPECT_TRUE(found) << p.name;
+    ++kept;
+  }
+  EXPECT_EQ(kept + m.num_layers * 7, base.size());
 }
 
 TEST(Nf4BytesTest, DequantTransientIsTheLargestProjection) {

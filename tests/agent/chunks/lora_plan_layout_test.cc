@@ -1,8 +1,10 @@
-// [LoRA managers] byte for byte: for a LoRA run the planner's cost model charges exactly what the
+// [LoRA managers] byte for byte: for a LoRA or QLoRA run the planner's cost model charges exactly what the
 // agent's two chunk managers hold — the frozen base's chunks (parameters only, on the device for
 // n_persist of them, on the host for the rest) and the adapters' chunks with their optimizer
 // state, all on the device — for fp32 and bf16 (fp32 master) models, several chunk sizes and
-// n_persist values; and the adapters' packing is common/lora_shapes.h's.
+// n_persist values; and the adapters' packing is common/lora_shapes.h's. QLoRA's base chunks hold
+// NF4 parts beside model-dtype norms ([Byte chunks], [QLoRA layout]).
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,13 +29,15 @@ const bool kSingleThread = [] {
   return true;
 }();
 
-TEST(LoraPlanLayoutTest, CostModelChargesWhatTheAgentsManagersHold) {
+class LoraManagersPlanTest : public ::testing::TestWithParam<TrainingKind> {};
+
+TEST_P(LoraManagersPlanTest, CostModelChargesWhatTheAgentsManagersHold) {
   const std::optional<ModelSpec> spec = FindModelPreset("llama-tiny");
   ASSERT_TRUE(spec.has_value());
   const std::optional<HardwareSpec> hardware = FindHardwarePreset("h100-80gb");
   ASSERT_TRUE(hardware.has_value());
   TrainingMethod method;
-  method.kind = TrainingKind::kLora;
+  method.kind = GetParam();
   method.lora_rank = 8;
   method.lora_target_modules = {"q_proj", "v_proj", "down_proj"};
   Workload workload;
@@ -46,6 +50,7 @@ TEST(LoraPlanLayoutTest, CostModelChargesWhatTheAgentsManagersHold) {
     model_options.dtype = dtype;
     model_options.lora.rank = method.lora_rank;
     model_options.lora.targets = method.lora_target_modules;
+    model_options.lora.nf4_base = method.kind == TrainingKind::kQlora;
     absl::StatusOr<Trace> trace = SynthesizeTrace(*spec, workload, dtype, method, *hardware);
     ASSERT_TRUE(trace.ok()) << trace.status();
     ASSERT_TRUE(ArchMatchesTrace(*trace));
@@ -53,7 +58,9 @@ TEST(LoraPlanLayoutTest, CostModelChargesWhatTheAgentsManagersHold) {
     for (int64_t chunk_bytes : {int64_t{1} << 20, int64_t{3} << 20}) {
       absl::StatusOr<CostModel> cost = CostModel::Create(*trace, chunk_bytes, *hardware, {});
       ASSERT_TRUE(cost.ok()) << cost.status();
-      for (int n_persist : {0, 1, 3}) {
+      for (int wanted : {0, 1, 3}) {
+        // QLoRA's NF4 base may pack into fewer chunks than 3: the planner asks n_persist <= n_chunks.
+        const int n_persist = std::min(wanted, cost->num_chunks());
         SCOPED_TRACE(absl::StrCat(std::string(DTypeName(dtype)), ", chunk ", chunk_bytes,
                                   ", n_persist ", n_persist));
         // A fresh model per manager pair: Create moves its parameters into the chunks.
@@ -103,6 +110,12 @@ TEST(LoraPlanLayoutTest, CostModelChargesWhatTheAgentsManagersHold) {
   }
   EXPECT_EQ(checked, 12);
 }
+
+INSTANTIATE_TEST_SUITE_P(Methods, LoraManagersPlanTest,
+                         ::testing::Values(TrainingKind::kLora, TrainingKind::kQlora),
+                         [](const ::testing::TestParamInfo<TrainingKind>& info) {
+                           return info.param == TrainingKind::kQlora ? "Qlora" : "Lora";
+                         });
 
 // The adapters' grads and step copy, as common/lora_shapes.h counts them, after a real backward.
 TEST(LoraPlanLayoutTest, AdapterGradBytesAreTheSharedDefinition) {

@@ -2,6 +2,7 @@
 // equal to the plain one in every block mode (dropout masks included), option validation.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -9,6 +10,7 @@
 
 #include "agent/blocks/activation_offloader.h"
 #include "agent/model/llama_model.h"
+#include "common/nf4_bytes.h"
 
 namespace memplan {
 namespace {
@@ -258,6 +260,155 @@ TEST(LlamaLoraTest, InvalidOptionsNameTheFieldAndRange) {
   EXPECT_EQ(method.kind, TrainingKind::kLora);
   EXPECT_EQ(method.lora_rank, 4);
   EXPECT_EQ(method.lora_target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
+  LoraOptions q = Lora({"v_proj", "q_proj"});
+  q.nf4_base = true;
+  EXPECT_EQ(LoraTrainingMethod(q).kind, TrainingKind::kQlora);
+}
+
+// [QLoRA] The NF4 base: its parameters are the three parts of every projection in the planner's
+// [QLoRA layout], frozen; the model computes exactly what a LoRA model computes on the
+// dequantized weights (fp32: same ops on the same values), plain and grouped in every block mode.
+LoraOptions Qlora(std::vector<std::string> targets, double dropout = 0) {
+  LoraOptions l = Lora(std::move(targets), dropout);
+  l.nf4_base = true;
+  return l;
+}
+
+// A LoRA model (same seed, same adapters) whose projection weights are `qlora`'s dequantized.
+std::unique_ptr<LlamaModel> DequantizedTwin(LlamaModel& qlora, LoraOptions lora) {
+  lora.nf4_base = false;
+  auto twin = MakeModel(qlora.spec(), lora);
+  std::vector<NamedParam> values;
+  for (const auto& p : qlora.Params()) values.push_back({p.name, p.param.detach()});
+  auto base = qlora.DequantizedBase(values);
+  EXPECT_TRUE(base.ok()) << base.status();
+  std::map<std::string, torch::Tensor> by_name;
+  for (const auto& p : *base) by_name[p.name] = p.param;
+  torch::NoGradGuard no_grad;
+  for (const auto& p : twin->Params()) {
+    EXPECT_TRUE(by_name.count(p.name)) << p.name;
+    if (by_name.count(p.name)) p.param.copy_(by_name[p.name]);
+  }
+  for (size_t i = 0; i < twin->TrainableParams().size(); ++i) {
+    twin->TrainableParams()[i].param.copy_(qlora.TrainableParams()[i].param);
+  }
+  return twin;
+}
+
+TEST(LlamaQloraTest, BaseIsNf4PartsInTheQloraLayout) {
+  const ModelSpec spec = TinySpec(/*tied=*/true);
+  auto model = MakeModel(spec, Qlora({"q_proj", "down_proj"}));
+  const std::vector<LayoutParam> layout = QloraBaseLayoutParams(spec, 4);
+  const ParamGroups groups = model->ParamGroups();
+  std::vector<std::string> names;
+  for (const auto& g : groups) {
+    for (const auto& p : g) names.push_back(p.name);
+  }
+  names.pop_back();  // the tied head lists the embedding again
+  ASSERT_EQ(names.size(), layout.size());
+  for (size_t i = 0; i < layout.size(); ++i) EXPECT_EQ(names[i], layout[i].name) << i;
+  int parts = 0;
+  for (const auto& p : model->Params()) {
+    EXPECT_FALSE(p.param.requires_grad()) << p.name;
+    const auto it = std::find_if(layout.begin(), layout.end(),
+                                 [&p](const LayoutParam& l) { return l.name == p.name; });
+    ASSERT_NE(it, layout.end()) << p.name;
+    EXPECT_EQ(p.param.numel(), it->numel) << p.name;
+    EXPECT_EQ(p.param.element_size(), it->dtype_bytes) << p.name;
+    parts += p.name.find(".nf4_") != std::string::npos ? 1 : 0;
+  }
+  EXPECT_EQ(parts, 3 * 7 * spec.num_layers);
+  EXPECT_EQ(model->QuantizedWeightNames().size(), 7u * spec.num_layers);
+  EXPECT_EQ(model->QuantizedWeightNames()[0], "model.layers.0.self_attn.q_proj.weight");
+  // The dequantized weights are close to the drawn ones (NF4's error, not another weight).
+  auto plain = MakeModel(spec, Lora({"q_proj", "down_proj"}));
+  std::vector<NamedParam> values;
+  for (const auto& p : model->Params()) values.push_back({p.name, p.param.detach()});
+  auto base = model->DequantizedBase(values);
+  ASSERT_TRUE(base.ok()) << base.status();
+  ASSERT_EQ(base->size(), plain->Params().size());
+  for (size_t i = 0; i < base->size(); ++i) {
+    EXPECT_EQ((*base)[i].name, plain->Params()[i].name);
+    const torch::Tensor want = plain->Params()[i].param;
+    const double err = ((*base)[i].param - want).abs().max().item<double>();
+    EXPECT_LE(err, 0.2 * want.abs().max().item<double>() + 1e-12) << (*base)[i].name;
+  }
+}
+
+TEST(LlamaQloraTest, LoadQuantizedWeightEqualsQuantizingAtCreation) {
+  const ModelSpec spec = TinySpec();
+  auto want = MakeModel(spec, Qlora({"v_proj"}));
+  auto got = MakeModel(spec, Qlora({"v_proj"}), /*seed=*/6);
+  auto plain = MakeModel(spec, Lora({"v_proj"}));  // seed 5: the values `want` quantized
+  std::map<std::string, torch::Tensor> source;
+  for (const auto& p : plain->Params()) source[p.name] = p.param.detach();
+  for (const std::string& name : got->QuantizedWeightNames()) {
+    ASSERT_TRUE(got->LoadQuantizedWeight(name, source[name]).ok()) << name;
+  }
+  const auto w = want->Params(), g = got->Params();
+  ASSERT_EQ(w.size(), g.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    if (w[i].name.find(".nf4_") == std::string::npos) continue;
+    EXPECT_TRUE(torch::equal(w[i].param, g[i].param)) << w[i].name;
+  }
+  EXPECT_EQ(got->LoadQuantizedWeight("model.layers.0.input_layernorm.weight", source["x"]).code(),
+            absl::StatusCode::kNotFound);
+  const absl::Status wrong =
+      got->LoadQuantizedWeight("model.layers.0.mlp.up_proj.weight", torch::zeros({3, 3}));
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.message().find("[96, 64]"), std::string::npos) << wrong.message();
+}
+
+class QloraGroupedTest : public ::testing::TestWithParam<LoraModeCase> {};
+
+TEST_P(QloraGroupedTest, EqualsLoraOnTheDequantizedBase) {
+  const LoraModeCase& c = GetParam();
+  const LoraOptions lora = Qlora({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                  "down_proj"}, 0.2);
+  auto qlora = MakeModel(TinySpec(c.tied), lora);
+  PerturbAdapters(*qlora);
+  auto twin = DequantizedTwin(*qlora, lora);
+  auto offloader = ActivationOffloader::Create({});
+  ASSERT_TRUE(offloader.ok());
+  const Batch b = MakeBatch(21);
+
+  torch::manual_seed(1234);
+  const torch::Tensor want = twin->Loss(b.ids, b.labels);
+  want.backward();
+  torch::manual_seed(1234);
+  const torch::Tensor got = qlora->Loss(b.ids, b.labels, c.modes, nullptr, offloader->get());
+  got.backward();
+  EXPECT_NEAR(got.item<double>(), want.item<double>(), 1e-6 * std::abs(want.item<double>()));
+  auto expected = TakeAdapterGrads(*twin);
+  auto grads = TakeAdapterGrads(*qlora);
+  ASSERT_EQ(expected.size(), grads.size());
+  for (const auto& [name, g] : expected) {
+    // fp32: the same GEMMs on the same weights; rounding differences only.
+    EXPECT_TRUE(torch::allclose(grads[name], g, 1e-5, 1e-7))
+        << name << " max diff " << (g - grads[name]).abs().max().item<double>();
+  }
+  for (const auto& p : qlora->Params()) EXPECT_FALSE(p.param.grad().defined()) << p.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, QloraGroupedTest,
+    ::testing::Values(LoraModeCase{"none", false, {M::kNone, M::kNone, M::kNone}},
+                      LoraModeCase{"ckpt", false, {M::kCkpt, M::kCkpt, M::kCkpt}},
+                      LoraModeCase{"mixed_tied", true, {M::kCkpt, M::kHsOffload, M::kSwap}}),
+    [](const ::testing::TestParamInfo<LoraModeCase>& info) { return info.param.name; });
+
+TEST(LlamaQloraTest, Nf4BaseNeedsAdaptersAndRealValues) {
+  LlamaModelOptions o;
+  o.spec = TinySpec();
+  o.lora.nf4_base = true;
+  auto no_rank = LlamaModel::Create(o);
+  ASSERT_FALSE(no_rank.ok());
+  EXPECT_NE(no_rank.status().message().find("lora.rank must be >= 1"), std::string::npos);
+  o.lora = Qlora({"q_proj"});
+  o.deferred_values = true;
+  auto deferred = LlamaModel::Create(o);
+  ASSERT_FALSE(deferred.ok());
+  EXPECT_NE(deferred.status().message().find("deferred_values"), std::string::npos);
 }
 
 }  // namespace

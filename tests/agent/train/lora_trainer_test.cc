@@ -34,7 +34,7 @@ ModelSpec TinySpec(bool tied) {
   return s;
 }
 
-std::unique_ptr<LlamaModel> MakeModel(bool tied, double dropout) {
+std::unique_ptr<LlamaModel> MakeModel(bool tied, double dropout, bool nf4 = false) {
   LlamaModelOptions o;
   o.spec = TinySpec(tied);
   o.seed = 3;
@@ -42,6 +42,7 @@ std::unique_ptr<LlamaModel> MakeModel(bool tied, double dropout) {
   o.lora.alpha = 8;
   o.lora.dropout = dropout;
   o.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  o.lora.nf4_base = nf4;  // QLoRA: the base's projections in NF4 ([Byte chunks] in its manager)
   auto model = LlamaModel::Create(o);
   EXPECT_TRUE(model.ok()) << model.status();
   // B = 0 would leave A's first gradient zero: start from non-zero B, the same in both runs.
@@ -72,8 +73,8 @@ struct RunResult {
   std::vector<NamedParam> base;    // base values after the last step
 };
 
-RunResult Train(const TrainerOptions& options, bool tied, double dropout) {
-  auto model = MakeModel(tied, dropout);
+RunResult Train(const TrainerOptions& options, bool tied, double dropout, bool nf4) {
+  auto model = MakeModel(tied, dropout, nf4);
   auto trainer = Trainer::Create(model.get(), options);
   EXPECT_TRUE(trainer.ok()) << trainer.status();
   RunResult r;
@@ -107,6 +108,7 @@ struct LoraPlan {
   int base_n_persist;
   int adapter_n_persist;
   std::vector<BlockMode> modes;
+  bool nf4 = false;
 };
 void PrintTo(const LoraPlan& p, std::ostream* os) { *os << p.name; }
 
@@ -127,15 +129,15 @@ TEST_P(LoraTrainerTest, ManagedEqualsUnmanagedBitForBit) {
   managed.chunks.cpu_threads = 2;
   managed.adapter_n_persist = plan.adapter_n_persist;
 
-  const RunResult want = Train(reference, plan.tied, 0.1);
-  const RunResult got = Train(managed, plan.tied, 0.1);
+  const RunResult want = Train(reference, plan.tied, 0.1, plan.nf4);
+  const RunResult got = Train(managed, plan.tied, 0.1, plan.nf4);
   ASSERT_EQ(want.losses.size(), got.losses.size());
   for (size_t i = 0; i < want.losses.size(); ++i) EXPECT_EQ(want.losses[i], got.losses[i]) << i;
   ExpectEqualNamed(want.grads, got.grads, "grads");
   ExpectEqualNamed(want.params, got.params, "adapters after two steps");
   ExpectEqualNamed(want.base, got.base, "frozen base");
   // Only adapters are trained; the base equals a fresh model's.
-  auto fresh = MakeModel(plan.tied, 0.1);
+  auto fresh = MakeModel(plan.tied, 0.1, plan.nf4);
   std::vector<NamedParam> initial;
   for (const auto& p : fresh->Params()) initial.push_back({p.name, p.param.detach()});
   ExpectEqualNamed(initial, got.base, "base unchanged");
@@ -161,7 +163,19 @@ INSTANTIATE_TEST_SUITE_P(
                                false,
                                0,
                                0,
-                               {M::kHsOffload, M::kHsOffload, M::kHsOffload, M::kHsOffload}}),
+                               {M::kHsOffload, M::kHsOffload, M::kHsOffload, M::kHsOffload}},
+                      LoraPlan{"qlora_base_offloaded",
+                               false,
+                               0,
+                               -1,
+                               {M::kNone, M::kCkpt, M::kNone, M::kHsOffload},
+                               true},
+                      LoraPlan{"qlora_mixed_tied",
+                               true,
+                               1,
+                               0,
+                               {M::kCkpt, M::kSwap, M::kHsOffload, M::kNone},
+                               true}),
     [](const ::testing::TestParamInfo<LoraPlan>& info) { return info.param.name; });
 
 // [LoRA managers] What each manager allocates: the frozen base parameters only (no grad
