@@ -56,8 +56,8 @@ Workload:
   --batch N              micro-batch size per GPU (default 1)
   --seq N                sequence length in tokens (default 4096)
   --world-size N         data-parallel ranks sharding the model (default 1)
-  --local-world-size N   ranks per node; they share its host memory (default: --world-size,
-                         one node)
+  --local-world-size N   ranks per node; they share its host memory and CPU (default:
+                         --world-size, one node)
   --grad-accum N         gradient accumulation steps (default 1)
   --grad-clipping        gradients are clipped by global norm (offloaded chunks then update
                          after backward instead of overlapping it)

@@ -25,6 +25,29 @@ constexpr int kBwdKeys = 36;
 
 int FloorLog2(int32_t x) { return 31 - __builtin_clz(static_cast<unsigned>(x)); }
 
+// [Shared host CPU]
+// The profile's CPU pass rates ([Two CPU passes], common/optimizer_bytes.h) are what one process
+// reaches alone on the host: memplan-agent bench runs each pass on a pool of one thread per
+// hardware thread (HardwareBenchOptions::adam_threads = 0) over arrays far beyond the last-level
+// cache, i.e. with all the host's cores and its memory bandwidth. The local_world_size ranks of a
+// node run their own passes over their own shards in the same phase of the same step (data
+// parallel: each accumulates beside its backward and updates after the same norm), each with its
+// share of the cores (--cpu-threads = cores / ranks in scripts/gpu-multi.sh), so they share that
+// bandwidth: each rank's passes run at the host rate / local_world_size. Ranks on other nodes
+// have hosts of their own and divide nothing. Assumed: the profile's figures were measured by one
+// process alone on the host. Two H200s of one host, llama-23b (docs/benchmarks.md): the host
+// AdamW took 3.03 s of a 4.30 s step where the model, charging each rank the whole rate,
+// predicted 2.69 s.
+CpuPassRates RankCpuPassRates(OptimizerKind kind, const HardwareSpec& hardware,
+                              int32_t local_ranks) {
+  CpuPassRates r = CpuOptimizerPassRates(kind, hardware);
+  if (local_ranks > 1) {
+    r.accumulate_params_per_second /= local_ranks;
+    r.update_params_per_second /= local_ranks;
+  }
+  return r;
+}
+
 }  // namespace
 
 double StepTime::IterationSeconds(int32_t grad_accum) const {
@@ -300,7 +323,7 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   t.gpu_opt_prefix.assign(c_count + 1, 0);
   t.cpu_opt_prefix.assign(c_count + 1, 0);
   t.cpu_acc_prefix.assign(c_count + 1, 0);
-  const CpuPassRates cpu_rates = CpuOptimizerPassRates(opt, hardware_);
+  const CpuPassRates cpu_rates = RankCpuPassRates(opt, hardware_, options_.local_world_size);
   t.gather_prefix.assign(c_count + 1, 0);
   t.pgrad_prefix.assign(c_count + 1, 0);
   const int32_t w_ranks = options_.world_size;

@@ -21,8 +21,9 @@ namespace memplan {
 struct CostOptions {
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   int32_t world_size = 1;
-  // Ranks per node (in [1, world_size]): they share the node's RAM; only
-  // RankMemory::node_host_bytes depends on it (the search's host limit is per rank).
+  // Ranks per node (in [1, world_size]): they share the node's RAM (RankMemory::node_host_bytes;
+  // the search's host limit is per rank) and its CPU: each rank's offloaded-chunk CPU passes run
+  // at the profile's rate / local_world_size ([Shared host CPU] in cost_model.cc).
   int32_t local_world_size = 1;
   int32_t grad_accum = 1;
   // [Sharded persistent state] (agent/chunks/chunk_manager.cc), with world_size > 1 and full

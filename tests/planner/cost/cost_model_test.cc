@@ -554,6 +554,58 @@ TEST(CostModelTest, TwoPassProfilePricesEachPass) {
   ExpectNear(b.cpu_norm_seconds, p * 2 / (4.0e9 * 10), "adamw_bf16 T_norm");
 }
 
+// [Shared host CPU] (cost_model.cc): the local ranks of a node run their CPU passes over their
+// shards at once on one host, each at the profile's one-process rate / local_world_size; ranks on
+// nodes of their own do not share it. Two ranks of llama-3.2-1b, clipping over two micro-batches
+// (all three host passes priced), half the chunks offloaded.
+TEST(StepTimeTest, LocalRanksShareTheHostCpuPasses) {
+  const HardwareSpec hw = SlowLinkH200();
+  ASSERT_GT(hw.cpu_grad_accumulate_params_per_second, 0);
+  ASSERT_GT(hw.cpu_adam_update_params_per_second, 0);
+  auto trace = OneBTrace(hw, 2);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  CostOptions two_nodes;
+  two_nodes.world_size = 2;
+  two_nodes.local_world_size = 1;
+  two_nodes.grad_accum = 2;
+  two_nodes.cpu_optimizer_overlaps = false;
+  CostOptions one_node = two_nodes;
+  one_node.local_world_size = 2;
+  const CostModel split = MustCreate(*trace, 64 * kMiB, hw, two_nodes);
+  const CostModel shared = MustCreate(*trace, 64 * kMiB, hw, one_node);
+  const int32_t np = split.num_chunks() / 2;
+  const int32_t nb = split.MinBuffers(np);
+  // Each rank's shard of the offloaded chunks' parameters.
+  const double shard = OffloadedParams(split, np, 2) / 2;
+  ASSERT_GT(shard, 0);
+  const StepTime a = split.Time(np, nb, {}, HostMemoryKind::kPinned);
+  const StepTime b = shared.Time(np, nb, {}, HostMemoryKind::kPinned);
+  // Two nodes: each rank has a host to itself, at the profile's rates.
+  ExpectNear(a.cpu_accumulate_seconds, shard / hw.cpu_grad_accumulate_params_per_second,
+             "two nodes T_acc");
+  ExpectNear(a.cpu_optimizer_seconds, shard / hw.cpu_adam_update_params_per_second,
+             "two nodes T_upd");
+  ASSERT_GT(a.cpu_norm_seconds, 0);
+  // One node: the same shard bytes take twice as long in every host pass.
+  EXPECT_DOUBLE_EQ(b.cpu_accumulate_seconds, 2 * a.cpu_accumulate_seconds);
+  EXPECT_DOUBLE_EQ(b.cpu_optimizer_seconds, 2 * a.cpu_optimizer_seconds);
+  EXPECT_DOUBLE_EQ(b.cpu_norm_seconds, 2 * a.cpu_norm_seconds);
+  // Nothing else changes.
+  EXPECT_EQ(b.forward_seconds, a.forward_seconds);
+  EXPECT_EQ(b.backward_seconds, a.backward_seconds);
+  EXPECT_EQ(b.gpu_optimizer_seconds, a.gpu_optimizer_seconds);
+  EXPECT_EQ(b.fixed_seconds, a.fixed_seconds);
+  const ResidencyPlan plan = split.MakeResidencyPlan(np, nb, {}, HostMemoryKind::kPinned);
+  EXPECT_GT(shared.Predict(plan).iteration_seconds, split.Predict(plan).iteration_seconds);
+  EXPECT_DOUBLE_EQ(shared.Predict(plan).iteration_seconds, b.IterationSeconds(2));
+  // An all-persistent plan has no host passes: the two placements predict the same step.
+  const int32_t all = split.num_chunks();
+  const ResidencyPlan persistent =
+      split.MakeResidencyPlan(all, split.MinBuffers(all), {}, HostMemoryKind::kPinned);
+  EXPECT_EQ(shared.Predict(persistent).iteration_seconds,
+            split.Predict(persistent).iteration_seconds);
+}
+
 // A profile without the two figures (older agents) is priced as before they existed: one whole
 // pass per step, after backward when clipping, no accumulate or norm term. The previous formula
 // and prefix sums are spelled out here and must match bit for bit.
