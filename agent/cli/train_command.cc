@@ -676,10 +676,12 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
       // Checked now (names, shapes, dtypes), read once the chunks exist.
       ASSIGN_OR_RETURN(matched, checkpoint->Match(names, {}));
     } else {
-      ASSIGN_OR_RETURN(io::HfLoadReport report, checkpoint->LoadInto(names, {}));
+      // [QLoRA] an NF4 base is quantized from the checkpoint's weights one at a time.
+      ASSIGN_OR_RETURN(io::HfLoadReport report, io::LoadModelCheckpoint(*checkpoint, *model));
       MEMPLAN_LOG(kInfo, "loaded checkpoint")
           .Field("dir", c.model_dir)
           .Field("tensors", report.tensors_loaded)
+          .Field("quantized_nf4", static_cast<int64_t>(model->QuantizedWeightNames().size()))
           .Field("bytes", report.bytes_read);
     }
   }
@@ -826,6 +828,7 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
     if (ChunkManager* adapters = trainer->base_chunk_manager() ? trainer->chunk_manager() : nullptr) {
       const ChunkMemoryStats a = adapters->MemoryStats();
       record.Field("lora_rank", c.lora.rank)
+          .Field("nf4_base", c.lora.nf4_base)
           .Field("adapter_chunks", a.n_chunks)
           .Field("adapter_device_bytes", a.persistent_device_bytes)
           .Field("adapter_state_device_bytes", a.persistent_state_device_bytes);
@@ -845,18 +848,25 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
       if (s.pinned_fallback) record.Field("pinned_fallback", s.pinned_fallback_reason);
     }
   }
-  if (ChunkManager* chunks = trainer->chunk_manager(); chunks != nullptr && !loop.address.empty()) {
-    // The planner's per-rank figures are what this rank's chunk manager allocates (pinned and
-    // pageable compared as one total: on the CPU pinned memory falls back to pageable).
-    const ChunkMemoryStats s = chunks->MemoryStats();
+  if (trainer->chunk_manager() != nullptr && !loop.address.empty()) {
+    // The planner's per-rank figures are what this rank's chunk managers allocate (pinned and
+    // pageable compared as one total: on the CPU pinned memory falls back to pageable). LoRA and
+    // QLoRA: the frozen base's manager and the adapters' together ([LoRA managers]).
+    int64_t host = 0, device_bytes = 0;
+    for (ChunkManager* chunks : {trainer->base_chunk_manager(), trainer->chunk_manager()}) {
+      if (chunks == nullptr) continue;
+      const ChunkMemoryStats s = chunks->MemoryStats();
+      host += s.host_pinned_bytes + s.host_pageable_bytes;
+      device_bytes +=
+          s.persistent_device_bytes + s.persistent_state_device_bytes + s.buffer_device_bytes;
+    }
     const RankMemory& m = answer.prediction.rank_memory;
     std::printf(
         "rank %d chunk memory (allocated / planned): host %lld / %lld bytes, device %lld / %lld "
         "bytes\n",
-        dist_in.rank, static_cast<long long>(s.host_pinned_bytes + s.host_pageable_bytes),
+        dist_in.rank, static_cast<long long>(host),
         static_cast<long long>(m.chunk_host_pinned_bytes + m.chunk_host_pageable_bytes),
-        static_cast<long long>(s.persistent_device_bytes + s.persistent_state_device_bytes +
-                               s.buffer_device_bytes),
+        static_cast<long long>(device_bytes),
         static_cast<long long>(m.persistent_device_bytes + m.persistent_state_device_bytes +
                                m.buffer_device_bytes));
   }
@@ -1071,8 +1081,13 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
     MEMPLAN_LOG(kInfo, "saved adapter").Field("dir", c.save_adapter_dir);
   }
   if (!c.merge_export_dir.empty() && lead) {
+    std::vector<NamedParam> base = trainer->BaseParams();
+    // [QLoRA] merged into the dequantized weights (what the adapters were trained against).
+    if (model->has_nf4_base()) {
+      ASSIGN_OR_RETURN(base, model->DequantizedBase(base));
+    }
     ASSIGN_OR_RETURN(std::vector<NamedParam> merged,
-                     io::MergeLora(trainer->BaseParams(), trainer->Params(), c.lora));
+                     io::MergeLora(base, trainer->Params(), c.lora));
     io::TrainerState state;
     state.step = trainer->step();
     state.model = spec;

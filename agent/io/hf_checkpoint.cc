@@ -285,6 +285,29 @@ absl::StatusOr<torch::Tensor> HfCheckpoint::ReadRange(const std::string& name, i
   }
 }
 
+absl::StatusOr<HfLoadReport> LoadModelCheckpoint(const HfCheckpoint& checkpoint, LlamaModel& model) {
+  const std::vector<NamedParam> names = FlattenParamGroups(model.ParamGroups());
+  if (!model.has_nf4_base()) return checkpoint.LoadInto(names, {});
+  std::vector<NamedParam> plain;
+  for (const NamedParam& p : names) {
+    if (p.name.find(".nf4_") == std::string::npos) plain.push_back(p);
+  }
+  HfLoadOptions options;
+  const std::vector<std::string> quantized = model.QuantizedWeightNames();
+  // Claimed below; a suffix that is a whole name matches that tensor only.
+  options.ignored_suffixes.insert(options.ignored_suffixes.end(), quantized.begin(),
+                                  quantized.end());
+  ASSIGN_OR_RETURN(HfLoadReport report, checkpoint.LoadInto(plain, options));
+  for (const std::string& name : quantized) {
+    ASSIGN_OR_RETURN(torch::Tensor value, checkpoint.Read(name));
+    RETURN_IF_ERROR(model.LoadQuantizedWeight(name, value));
+    ++report.tensors_loaded;
+    report.bytes_read += value.numel() * value.element_size();
+    std::erase(report.skipped, name);
+  }
+  return report;
+}
+
 absl::StatusOr<HfLoadReport> LoadHfCheckpoint(const std::string& dir,
                                               const std::vector<NamedParam>& params,
                                               const HfLoadOptions& options) {

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "agent/core/torch_pch.h"
 #include "agent/io/safetensors_reader.h"
+#include "agent/model/llama_model.h"
 #include "agent/model/param_residency.h"
 
 namespace memplan::io {
@@ -82,6 +83,12 @@ class HfCheckpoint {
   std::vector<std::unique_ptr<SafetensorsReader>> readers_;
   std::map<std::string, Location> tensors_;
 };
+
+// A model's checkpoint: LoadInto over FlattenParamGroups(model.ParamGroups()), except that with an
+// NF4 base (QLoRA) each weight of model.QuantizedWeightNames() is read whole, quantized into its
+// NF4 parts (LlamaModel::LoadQuantizedWeight) and dropped, one at a time, so the host never holds
+// the unquantized base. Before a ChunkManager takes the parameters.
+absl::StatusOr<HfLoadReport> LoadModelCheckpoint(const HfCheckpoint& checkpoint, LlamaModel& model);
 
 // HfCheckpoint::Open(dir) then LoadInto(params, options).
 absl::StatusOr<HfLoadReport> LoadHfCheckpoint(const std::string& dir,

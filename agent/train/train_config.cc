@@ -93,6 +93,9 @@ LoRA (adapters on a frozen base, as PEFT's LoraConfig):
   --lora-alpha A (16)      the update is scaled by A / R; A > 0
   --lora-dropout P (0)     dropout on the adapters' input, 0 <= P < 1
   --lora-targets LIST|all  q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj (required)
+  --qlora                  QLoRA: the base's projection weights in 4-bit NF4 (bitsandbytes'
+                           nf4, blocks of 64, double quantization), quantized at load on the
+                           compute device and dequantized per matmul; needs --lora-rank
   --load-adapter DIR       start from a PEFT adapter (adapter_config.json +
                            adapter_model.safetensors); its r, lora_alpha and targets must match
   --save-adapter DIR       write the trained adapter in PEFT's format at the end
@@ -361,9 +364,9 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
     }
-    if (name == "synthetic-data" || name == "plain") {
+    if (name == "synthetic-data" || name == "plain" || name == "qlora") {
       if (value.has_value()) return FlagError(name, "takes no value");
-      (name == "plain" ? c.plain : c.synthetic_data) = true;
+      (name == "plain" ? c.plain : name == "qlora" ? c.lora.nf4_base : c.synthetic_data) = true;
       continue;
     }
     auto it = valued.find(name);
@@ -405,7 +408,8 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
          std::vector<std::pair<const char*, bool>>{{"lora-targets", !c.lora.targets.empty()},
                                                    {"load-adapter", !c.load_adapter_dir.empty()},
                                                    {"save-adapter", !c.save_adapter_dir.empty()},
-                                                   {"merge-export", !c.merge_export_dir.empty()}}) {
+                                                   {"merge-export", !c.merge_export_dir.empty()},
+                                                   {"qlora", c.lora.nf4_base}}) {
       if (set) return FlagError(flag, "needs --lora-rank (a LoRA run)");
     }
     if (lora_tuned) return FlagError("lora-alpha/--lora-dropout", "needs --lora-rank");

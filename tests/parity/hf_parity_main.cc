@@ -50,7 +50,7 @@ constexpr char kUsage[] =
     "  --head-chunk-rows N  LM head + loss over N tokens at a time (default: the model's rule)\n"
     "  --save-hf DIR        write a checkpoint (Hugging Face layout) after the step\n"
     "LoRA (grads and params are then the adapters'):\n"
-    "  --lora-rank N --lora-alpha F --lora-dropout F --lora-targets LIST|all\n"
+    "  --lora-rank N --lora-alpha F --lora-dropout F --lora-targets LIST|all [--qlora 1]\n"
     "  --load-adapter DIR   initial adapter values from a PEFT adapter directory\n"
     "  --adapter-n-persist N  managed: the adapters' persistent chunks (default all)\n"
     "  --seed N             torch::manual_seed(N) right before the step (dropout masks)\n"
@@ -149,11 +149,12 @@ absl::Status Run(const Flags& f) {
     ASSIGN_OR_RETURN(model_options.lora.dropout, f.Double("--lora-dropout", 0));
     ASSIGN_OR_RETURN(model_options.lora.targets,
                      ParseLoraTargetList("--lora-targets", f.Get("--lora-targets", "q_proj,v_proj")));
+    model_options.lora.nf4_base = f.Get("--qlora") == "1";
   }
   ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LlamaModel::Create(model_options));
-  ASSIGN_OR_RETURN(io::HfLoadReport report,
-                   io::LoadHfCheckpoint(f.Get("--model"),
-                                        io::FlattenParamGroups(model->ParamGroups())));
+  ASSIGN_OR_RETURN(std::unique_ptr<io::HfCheckpoint> checkpoint,
+                   io::HfCheckpoint::Open(f.Get("--model")));
+  ASSIGN_OR_RETURN(io::HfLoadReport report, io::LoadModelCheckpoint(*checkpoint, *model));
   if (!f.Get("--load-adapter").empty()) {
     ASSIGN_OR_RETURN(io::PeftAdapter adapter, io::ReadPeftAdapter(f.Get("--load-adapter")));
     if (adapter.lora.rank != model_options.lora.rank ||
@@ -225,8 +226,12 @@ absl::Status Run(const Flags& f) {
                                         f.Get("--model"), trainer->Params()));
   }
   if (!f.Get("--merge-export").empty()) {
+    std::vector<NamedParam> base = trainer->BaseParams();
+    if (model->has_nf4_base()) {
+      ASSIGN_OR_RETURN(base, model->DequantizedBase(base));
+    }
     ASSIGN_OR_RETURN(std::vector<NamedParam> merged,
-                     io::MergeLora(trainer->BaseParams(), trainer->Params(), model_options.lora));
+                     io::MergeLora(base, trainer->Params(), model_options.lora));
     io::TrainerState state;
     state.model = spec;
     state.param_dtype = *dtype;

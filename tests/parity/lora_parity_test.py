@@ -17,6 +17,13 @@ the same masks), and writes the adapter it trained (--save-adapter) and the merg
     and transformers loads it.
 Adapters that memplan must refuse (rsLoRA, DoRA, a bias) are checked for the error naming the field.
 
+QLoRA cases (--qlora 1): memplan loads the same fp32 checkpoint and quantizes every projection
+weight to NF4 itself; the reference is peft on the transformers model whose projection weights are
+bitsandbytes' NF4 round trip of the checkpoint's (quantize_4bit(quant_type="nf4", blocksize=64,
+compress_statistics=True) then dequantize_4bit, on the flattened weight as bitsandbytes' Linear4bit
+stores it), so the same comparisons hold at the same tolerance: memplan's NF4 must be bitsandbytes'
+to within fp32 rounding, and its QLoRA step PEFT's LoRA step on that base.
+
   lora_parity_test.py --tool PATH [--work DIR] [--only NAME]
 """
 
@@ -28,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 
+import bitsandbytes.functional as bnbf
 import peft
 import torch
 import transformers
@@ -39,12 +47,19 @@ import hf_parity_test as hf  # noqa: E402  (the checkpoints, tokens, tolerances 
 RANK, ALPHA = 4, 8
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
-# (checkpoint of hf_parity_test.CHECKPOINTS, targets, dropout)
+# (checkpoint of hf_parity_test.CHECKPOINTS, targets, dropout, NF4 base)
 CASES = {
-    "qv": ("llama-untied-theta5e5", ["q_proj", "v_proj"], 0.0),
-    "all-dropout": ("llama-untied-theta5e5", ALL, 0.1),
-    "mlp-tied-bias": ("qwen2-tied-bias", ["gate_proj", "up_proj", "down_proj", "o_proj"], 0.05),
+    "qv": ("llama-untied-theta5e5", ["q_proj", "v_proj"], 0.0, False),
+    "all-dropout": ("llama-untied-theta5e5", ALL, 0.1, False),
+    "mlp-tied-bias": ("qwen2-tied-bias", ["gate_proj", "up_proj", "down_proj", "o_proj"], 0.05,
+                      False),
+    "qlora-all-dropout": ("llama-untied-theta5e5", ALL, 0.1, True),
+    "qlora-qv-tied-bias": ("qwen2-tied-bias", ["q_proj", "v_proj"], 0.0, True),
 }
+# QLoRA runs these plans only (the others exercise nothing the NF4 base changes).
+QLORA_PLANS = ("plain", "grouped-ckpt", "managed-base-offloaded",
+               "managed-base-persistent-adapters-offloaded")
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 PLANS = [
     ("plain", ["--plain"]),
@@ -68,8 +83,26 @@ def peft_key(name):
     return name.removeprefix("base_model.model.").replace(".default.weight", ".weight")
 
 
-def peft_model(ckpt, targets, dropout, adapter_dir=None):
-    base = hf.load_hf(ckpt)
+def nf4_round_trip(w):
+    """bitsandbytes' NF4 (double quantization, blocks of 64) of w, dequantized."""
+    q, state = bnbf.quantize_4bit(w.detach().reshape(-1).contiguous(), blocksize=64,
+                                  compress_statistics=True, quant_type="nf4")
+    return bnbf.dequantize_4bit(q, state).reshape(w.shape).to(w.dtype)
+
+
+def load_base(ckpt, qlora):
+    """The transformers model; with qlora its projection weights NF4 round-tripped."""
+    model = hf.load_hf(ckpt)
+    if qlora:
+        with torch.no_grad():
+            for name, module in model.named_modules():
+                if name.split(".")[-1] in PROJECTIONS and ".layers." in f".{name}":
+                    module.weight.copy_(nf4_round_trip(module.weight))
+    return model
+
+
+def peft_model(ckpt, targets, dropout, adapter_dir=None, qlora=False):
+    base = load_base(ckpt, qlora)
     if adapter_dir is not None:
         return peft.PeftModel.from_pretrained(base, adapter_dir, is_trainable=True).train()
     config = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=dropout,
@@ -87,8 +120,8 @@ def write_initial_adapter(ckpt, targets, dropout, directory, seed):
     model.save_pretrained(directory)
 
 
-def peft_reference(ckpt, adapter_dir, ids, targets, grad_accum, dropout):
-    model = peft_model(ckpt, None, dropout, adapter_dir)
+def peft_reference(ckpt, adapter_dir, ids, targets, grad_accum, dropout, qlora):
+    model = peft_model(ckpt, None, dropout, adapter_dir, qlora)
     with torch.no_grad():
         model.eval()
         logits = model(input_ids=ids).logits.float().clone()
@@ -110,12 +143,12 @@ def peft_reference(ckpt, adapter_dir, ids, targets, grad_accum, dropout):
     return logits, loss_sum / grad_accum, grads, after
 
 
-def check_saved_adapter(tally, label, ckpt, saved_adapter, merged_dir, post, ids):
+def check_saved_adapter(tally, label, ckpt, saved_adapter, merged_dir, post, ids, qlora):
     """peft loads memplan's adapter; memplan's merged export equals peft's merge_and_unload."""
     with torch.no_grad():
-        loaded = peft.PeftModel.from_pretrained(hf.load_hf(ckpt), saved_adapter).eval()
+        loaded = peft.PeftModel.from_pretrained(load_base(ckpt, qlora), saved_adapter).eval()
         got = loaded(input_ids=ids).logits
-        ref = peft_model(ckpt, None, 0.0, saved_adapter).eval()
+        ref = peft_model(ckpt, None, 0.0, saved_adapter, qlora).eval()
         for n, p in ref.named_parameters():
             if p.requires_grad:
                 p.copy_(post["param." + peft_key(n)])
@@ -148,7 +181,7 @@ def check_saved_adapter(tally, label, ckpt, saved_adapter, merged_dir, post, ids
 
 
 def run_case(tally, tool, work, case, seed):
-    name, targets, dropout = CASES[case]
+    name, targets, dropout, qlora = CASES[case]
     ckpt = os.path.join(work, name)
     if not os.path.isdir(ckpt):
         family, overrides, edit = hf.CHECKPOINTS[name]
@@ -157,17 +190,21 @@ def run_case(tally, tool, work, case, seed):
     write_initial_adapter(ckpt, targets, dropout, adapter, 50 + seed)
     lora = ["--lora-rank", str(RANK), "--lora-alpha", str(ALPHA), "--lora-dropout", str(dropout),
             "--lora-targets", ",".join(targets), "--load-adapter", adapter, "--seed", str(SEED)]
+    if qlora:
+        lora += ["--qlora", "1"]
     hyper = ["--lr", str(hf.LR), "--beta1", str(hf.BETAS[0]), "--beta2", str(hf.BETAS[1]),
              "--eps", str(hf.EPS), "--weight-decay", str(hf.WD)]
     refs = {}
     for plan, plan_args in PLANS:
+        if qlora and plan not in QLORA_PLANS:
+            continue
         grad_accum = hf.plan_value(plan_args, "--grad-accum", 1, int)
         rows = hf.ROWS * grad_accum
         ids, tgt = hf.tokens(200 + seed, rows)
         tok_path = os.path.join(work, f"{case}.tokens{rows}.safetensors")
         save_file({"input_ids": ids, "targets": tgt}, tok_path)
         if grad_accum not in refs:
-            refs[grad_accum] = peft_reference(ckpt, adapter, ids, tgt, grad_accum, dropout)
+            refs[grad_accum] = peft_reference(ckpt, adapter, ids, tgt, grad_accum, dropout, qlora)
         ref = refs[grad_accum]
         tag = f"{case}.{plan}"
         out = os.path.join(work, f"{tag}.out.safetensors")
@@ -176,13 +213,13 @@ def run_case(tally, tool, work, case, seed):
         rc, log = hf.run_tool(tool, ["--model", ckpt, "--tokens", tok_path, "--out", out,
                                      "--save-adapter", saved, "--merge-export", merged]
                               + hyper + lora + plan_args)
-        label = f"lora {case} [{plan}]"
+        label = f"{'qlora' if qlora else 'lora'} {case} [{plan}]"
         tally.check(f"{label} runs", rc == 0, log.strip().splitlines()[-1] if log.strip() else "")
         if rc != 0:
             continue
         hf.compare_run(tally, label, out, ref, hf.fp32_judge)
         if plan in ("plain", "managed-base-offloaded"):
-            check_saved_adapter(tally, label, ckpt, saved, merged, load_file(out), ids)
+            check_saved_adapter(tally, label, ckpt, saved, merged, load_file(out), ids, qlora)
 
 
 def check_refused(tally, tool, work):

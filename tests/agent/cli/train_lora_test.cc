@@ -141,6 +141,35 @@ TEST_F(TrainLoraTest, ResumedRunEqualsTheStraightOneByteForByte) {
   EXPECT_THAT(full.err, HasSubstr("is a LoRA checkpoint: resume it with --lora-rank"));
 }
 
+// QLoRA (--qlora): the NF4 base is quantized from the same initial values on every run, so a
+// resumed run (adapters and their state from the checkpoint) equals the straight one; and the
+// quantized base is not the bf16/fp32 one (the losses differ from LoRA's on the same data).
+TEST_F(TrainLoraTest, QloraResumedRunEqualsTheStraightOne) {
+  const Exit lora = RunAgent(LoraArgs(data_, 2), base_ + ".l");
+  ASSERT_EQ(lora.code, 0) << lora.err;
+  const Exit straight = RunAgent(
+      With(LoraArgs(data_, 4), {"--qlora", "--save-adapter", base_ + ".straight"}), base_ + ".s");
+  ASSERT_EQ(straight.code, 0) << straight.err;
+  const Exit first =
+      RunAgent(With(LoraArgs(data_, 2), {"--qlora", "--save", base_ + ".ckpt"}), base_ + ".f");
+  ASSERT_EQ(first.code, 0) << first.err;
+  const Exit second = RunAgent(With(LoraArgs(data_, 4), {"--qlora", "--resume", base_ + ".ckpt",
+                                                         "--save-adapter", base_ + ".resumed"}),
+                               base_ + ".r");
+  ASSERT_EQ(second.code, 0) << second.err;
+  const std::vector<double> all = StepLosses(straight.err);
+  std::vector<double> parts = StepLosses(first.err);
+  for (double l : StepLosses(second.err)) parts.push_back(l);
+  ASSERT_EQ(all.size(), 4u);
+  EXPECT_EQ(all, parts);
+  const std::vector<double> plain = StepLosses(lora.err);
+  ASSERT_EQ(plain.size(), 2u);
+  EXPECT_NE(plain[0], all[0]) << "the NF4 base computed what the unquantized one does";
+  EXPECT_NEAR(plain[0], all[0], 0.05 * plain[0]) << "NF4 is a close copy of the base";
+  EXPECT_TRUE(testing::ReadFile(base_ + ".straight/adapter_model.safetensors") ==
+              testing::ReadFile(base_ + ".resumed/adapter_model.safetensors"));
+}
+
 TEST_F(TrainLoraTest, BadFlagsNameTheFlagAndTheRange) {
   struct Case {
     std::vector<std::string> extra;
@@ -154,6 +183,8 @@ TEST_F(TrainLoraTest, BadFlagsNameTheFlagAndTheRange) {
        "--lora-targets: unknown module 'qkv'"},
       {{"--lora-rank", "4"}, "--lora-rank: needs --lora-targets"},
       {{"--save-adapter", "x"}, "--save-adapter: needs --lora-rank"},
+      {{"--qlora"}, "--qlora: needs --lora-rank"},
+      {{"--qlora=1", "--lora-rank", "4", "--lora-targets", "all"}, "--qlora: takes no value"},
       {{"--lora-rank", "100000", "--lora-targets", "all"}, "--lora-rank: 100000 is outside"},
       {{"--lora-rank", "4096", "--lora-targets", "all"},
        "--lora-rank = 4096; allowed: 1 to hidden_size"},

@@ -36,6 +36,23 @@ std::string LineValue(const std::string& output, const std::string& key) {
   return "";
 }
 
+// Checks "rank R chunk memory (allocated / planned): host A / P bytes, device A / P bytes": what
+// the rank's chunk managers allocated is what the planner planned for it, host and device.
+void ExpectChunkMemoryAsPlanned(const std::string& output, int rank) {
+  const std::string line = LineValue(output, absl::StrCat("rank ", rank, " chunk memory"));
+  ASSERT_FALSE(line.empty()) << output;
+  long long host = -1, host_planned = -2, device = -1, device_planned = -2;
+  ASSERT_EQ(std::sscanf(line.c_str(),
+                        "(allocated / planned): host %lld / %lld bytes, device %lld "
+                        "/ %lld bytes",
+                        &host, &host_planned, &device, &device_planned),
+            4)
+      << line;
+  EXPECT_EQ(host, host_planned) << line;
+  EXPECT_EQ(device, device_planned) << line;
+  EXPECT_GT(device, 0) << line;
+}
+
 // The comma-separated block modes of the "plan:" line.
 std::vector<std::string> PlanBlockModes(const std::string& output) {
   const std::string plan = LineValue(output, "plan:");
@@ -174,19 +191,22 @@ TEST_F(TrainWithPlannerTest, TwoRanksAskTheirWorldSizeAndTrain) {
   EXPECT_THAT(out[1], HasSubstr(absl::StrCat("plan_id ", plan_id, " (rank 0's)"))) << out[1];
   EXPECT_THAT(out[1], Not(HasSubstr(absl::StrCat("planner ", daemon_->address())))) << out[1];
   EXPECT_EQ(LineValue(out[0], "plan:"), LineValue(out[1], "plan:"));
-  for (int r = 0; r < 2; ++r) {
-    // "rank R chunk memory (allocated / planned): host A / P bytes, device A / P bytes"
-    const std::string line = LineValue(out[r], absl::StrCat("rank ", r, " chunk memory"));
-    ASSERT_FALSE(line.empty()) << out[r];
-    long long host = -1, host_planned = -2, device = -1, device_planned = -2;
-    ASSERT_EQ(std::sscanf(line.c_str(),
-                          "(allocated / planned): host %lld / %lld bytes, device %lld "
-                          "/ %lld bytes",
-                          &host, &host_planned, &device, &device_planned),
-              4)
-        << line;
-    EXPECT_EQ(host, host_planned) << line;
-    EXPECT_EQ(device, device_planned) << line;
+  for (int r = 0; r < 2; ++r) ExpectChunkMemoryAsPlanned(out[r], r);
+}
+
+// LoRA and QLoRA: the planner prices the frozen base's chunks (QLoRA's in NF4 bytes) and the
+// adapters' own chunks; the agent checks the plan's layout against its base manager's and its two
+// managers together allocate exactly the planned bytes.
+TEST_F(TrainWithPlannerTest, LoraAndQloraManagersAllocateWhatThePlannerPlanned) {
+  for (bool nf4 : {false, true}) {
+    std::vector<std::string> flags = {"--lora-rank", "4", "--lora-targets", "q_proj,v_proj,up_proj"};
+    if (nf4) flags.push_back("--qlora");
+    const auto [status, output] = Train(flags);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+    EXPECT_THAT(output, HasSubstr("plan layout matches")) << output;
+    EXPECT_THAT(output, HasSubstr(nf4 ? "nf4_base=1" : "nf4_base=0")) << output;
+    EXPECT_THAT(output, HasSubstr("trained 2 steps"));
+    ExpectChunkMemoryAsPlanned(output, 0);
   }
 }
 
