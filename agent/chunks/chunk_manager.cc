@@ -206,6 +206,7 @@ struct DeviceBuffer {
   // Sharded, CUDA: the chunk's shard copied to the device, input of `gather`; freed with it, so
   // a rank's device holds one shard per gather in flight, not 1/W of every offloaded chunk.
   torch::Tensor gather_src;
+  int64_t gather_bytes = 0;  // the all-gather's output bytes (the padded chunk)
 };
 
 // The part of a parameter held in a chunk's host arrays ([Sharded chunks]): elements
@@ -472,6 +473,11 @@ class ChunkManager::Impl {
   QuantMapTensors quant_maps_;  // adamw8bit: the maps on the device, for persistent chunks
   std::vector<std::pair<EventPtr, EventPtr>> timed_uploads_;
   void FoldTimedUploads(bool wait);
+  // [Collective timing] Finished all-gathers whose device time is not read yet, with their output
+  // bytes, oldest first; at most kMaxTimedGathers are kept (each may hold its input shard).
+  std::deque<std::pair<std::unique_ptr<PendingCollective>, int64_t>> timed_gathers_;
+  static constexpr size_t kMaxTimedGathers = 2;
+  void FoldTimedGathers(bool wait);
 #ifdef MEMPLAN_CHUNKS_CUDA
   std::optional<c10::cuda::CUDAStream> upload_stream_;
   std::optional<c10::cuda::CUDAStream> offload_stream_;
@@ -873,11 +879,13 @@ void ChunkManager::Impl::FoldTimedUploads(bool wait) {
 
 ChunkUploadStats ChunkManager::Impl::UploadStats() {
   FoldTimedUploads(/*wait=*/true);
+  FoldTimedGathers(/*wait=*/true);
   return upload_stats_;
 }
 
 void ChunkManager::Impl::ResetUploadStats() {
   FoldTimedUploads(/*wait=*/true);
+  FoldTimedGathers(/*wait=*/true);
   upload_stats_ = ChunkUploadStats();
 }
 
@@ -1149,9 +1157,29 @@ void ChunkManager::Impl::FailCollective(const absl::Status& status) {
 absl::Status ChunkManager::Impl::FinishGather(DeviceBuffer& buffer) {
   if (!buffer.gather) return absl::OkStatus();
   const absl::Status s = buffer.gather->Wait();
+  if (s.ok()) {
+    timed_gathers_.emplace_back(std::move(buffer.gather), buffer.gather_bytes);
+    FoldTimedGathers(/*wait=*/false);
+  }
   buffer.gather.reset();
   buffer.gather_src = torch::Tensor();
   return NoteCollective(s);
+}
+
+void ChunkManager::Impl::FoldTimedGathers(bool wait) {
+  while (!timed_gathers_.empty()) {
+    auto& [pending, bytes] = timed_gathers_.front();
+    // Beyond the bound the oldest is waited for (its collective is long done in practice).
+    const bool must = wait || timed_gathers_.size() > kMaxTimedGathers;
+    const absl::StatusOr<double> seconds = pending->DeviceSeconds(must);
+    if (!seconds.ok() && absl::IsUnavailable(seconds.status())) return;  // still running
+    if (seconds.ok()) {
+      ++upload_stats_.gathers_timed;
+      upload_stats_.gather_output_bytes += bytes;
+      upload_stats_.gather_seconds += *seconds;
+    }
+    timed_gathers_.pop_front();
+  }
 }
 
 void ChunkManager::Impl::WaitGather(DeviceBuffer& buffer) {
@@ -1167,6 +1195,8 @@ void ChunkManager::Impl::StartGather(int c, DeviceBuffer& buffer) {
   buffer.ready = nullptr;
   ++upload_stats_.uploads;
   upload_stats_.bytes += chunk.padded_elems * elem_size();
+  ++upload_stats_.gathers;
+  buffer.gather_bytes = chunk.padded_elems * elem_size();
 #ifdef MEMPLAN_CHUNKS_CUDA
   if (cuda()) {
     // The buffer's previous chunk may still be read by kernels queued on the compute stream; the

@@ -109,6 +109,15 @@ struct ChunkUploadStats {
   // Sum of the uploads' durations from CUDA events around each copy on the upload stream (after
   // any wait for the compute stream); 0 on CPU.
   double seconds = 0;
+  // Sharded: the uploads that are all-gathers of a chunk's shards (each counted above with the
+  // gathered chunk's bytes), and those whose device time the backend measured ([Collective
+  // timing], agent/dist/communicator.h: NCCL's own events; Gloo does not time): their output
+  // bytes and summed device seconds. Bus bandwidth as nccl-tests reports it:
+  // gather_output_bytes / gather_seconds x (W - 1) / W.
+  int64_t gathers = 0;
+  int64_t gathers_timed = 0;
+  int64_t gather_output_bytes = 0;
+  double gather_seconds = 0;
 };
 
 // Implements ParamResidency for the model and the optimizer step for the trainer.

@@ -1030,6 +1030,12 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
       }
       live->ObserveStep(sample);
     }
+    if (stats.step == 1 && world_size > 1 && trainer->chunk_manager() != nullptr) {
+      // [Collective timing] the gathers' figures below leave out the first step (the
+      // communicator's connections are set up by its first collectives).
+      trainer->chunk_manager()->ResetUploadStats();
+      uploaded_bytes = 0;
+    }
     if (lead && (stats.step % c.log_every == 0 || stats.step == c.steps)) {
       // The loss is the global batch's (all-reduced); tokens/s counts every rank's tokens (the
       // ranks step together), peaks are rank 0's.
@@ -1101,6 +1107,22 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
     std::printf("rank %d steady peak: allocated %lld reserved %lld device_used %lld bytes\n",
                 dist_in.rank, static_cast<long long>(steady_allocated),
                 static_cast<long long>(steady_reserved), static_cast<long long>(steady_device));
+    if (ChunkManager* chunks = trainer->chunk_manager(); chunks != nullptr) {
+      // [Collective timing] the chunk all-gathers of steps 2.. as the backend timed them, with
+      // nccl-tests' bus bandwidth (output bytes / time x (W - 1) / W), comparable with
+      // `memplan-agent bench --world-size W`'s all-gather figure.
+      const ChunkUploadStats u = chunks->UploadStats();
+      const double bus = u.gather_seconds > 0
+                             ? static_cast<double>(u.gather_output_bytes) / u.gather_seconds *
+                                   (world_size - 1) / world_size
+                             : 0.0;
+      std::printf("rank %d chunk all-gathers (after step 1): %lld, %lld timed, %.1f MiB out, "
+                  "device %.4f s, bus bandwidth %.1f GB/s\n",
+                  dist_in.rank, static_cast<long long>(u.gathers),
+                  static_cast<long long>(u.gathers_timed),
+                  static_cast<double>(u.gather_output_bytes) / (1 << 20), u.gather_seconds,
+                  bus / 1e9);
+    }
     std::fflush(stdout);
   }
   if (!lead) return absl::OkStatus();

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "agent/core/torch_pch.h"
 
 namespace memplan {
@@ -16,6 +17,14 @@ class PendingCollective {
   // Blocks until the collective has finished (CUDA: until the current stream is ordered after
   // it). A failure names this rank and, where it can be told, the rank that is gone.
   virtual absl::Status Wait() = 0;
+  // [Collective timing] The collective's own duration on the device as the backend measured it
+  // (NCCL: its start and end events on the communication stream), after Wait() returned OK.
+  // UNAVAILABLE while it still runs and `wait` is false (with `wait` it blocks until the
+  // collective finished); UNIMPLEMENTED where the backend does not time collectives (Gloo) or
+  // once answered. What the collective held is released once this answers.
+  virtual absl::StatusOr<double> DeviceSeconds(bool wait) {
+    return absl::UnimplementedError("this backend does not time collectives");
+  }
 };
 
 // Every rank must start the same collectives in the same order, with tensors of the same sizes

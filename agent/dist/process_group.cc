@@ -184,6 +184,10 @@ class ProcessGroup::Impl {
       nccl_options->timeout = timeout();
       backend_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store_, options_.rank,
                                                              options_.world_size, nccl_options);
+      // [Collective timing] start and end events around every collective (what
+      // TORCH_NCCL_ENABLE_TIMING turns on): two event records per collective.
+      backend_->enableCollectivesTiming();
+      timed_ = true;
 #endif
     } else {
 #ifdef MEMPLAN_DIST_GLOO
@@ -217,6 +221,7 @@ class ProcessGroup::Impl {
   DistBackend backend_kind() const { return backend_kind_; }
   const torch::Device& device() const { return device_; }
   c10::intrusive_ptr<c10d::Backend> backend() { return backend_; }
+  bool timed() const { return timed_; }
   std::chrono::milliseconds timeout() const {
     return std::chrono::milliseconds(int64_t{options_.timeout_seconds} * 1000);
   }
@@ -326,6 +331,7 @@ class ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Store> heartbeat_store_;  // used under mu_ once the thread runs
   c10::intrusive_ptr<c10d::Backend> backend_;
+  bool timed_ = false;  // the backend records each collective's device time
   std::atomic<bool> failed_{false};
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
@@ -355,14 +361,32 @@ class C10dPending final : public PendingCollective {
     } catch (...) {
       status_ = group_->Failure(what_, ExceptionText(std::current_exception()));
     }
+    if (status_.ok() && group_->timed()) timed_work_ = work_;
     work_.reset();
     return status_;
+  }
+
+  absl::StatusOr<double> DeviceSeconds(bool wait) override {
+    if (!timed_work_) return absl::UnimplementedError("not timed (or already answered)");
+    try {
+      while (!timed_work_->isCompleted()) {
+        if (!wait) return absl::UnavailableError("still running");
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      const double seconds = static_cast<double>(timed_work_->getDuration()) / 1000.0;
+      timed_work_.reset();
+      return seconds;
+    } catch (...) {
+      timed_work_.reset();
+      return absl::UnimplementedError(ExceptionText(std::current_exception()));
+    }
   }
 
  private:
   ProcessGroup::Impl* group_;
   std::string what_;
   c10::intrusive_ptr<c10d::Work> work_;
+  c10::intrusive_ptr<c10d::Work> timed_work_;  // finished OK, its duration not yet read
   std::string start_error_;
   bool done_ = false;
   absl::Status status_;

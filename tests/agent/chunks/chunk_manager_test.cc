@@ -8,6 +8,7 @@
 #include <thread>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -676,14 +677,17 @@ class ThreadHub {
 
 class ThreadCommunicator : public Communicator {
  public:
-  ThreadCommunicator(ThreadHub& hub, int rank) : hub_(hub), rank_(rank) {}
+  // `gather_seconds` > 0: each all-gather reports that device time ([Collective timing]), as a
+  // timing backend would; 0: untimed (Gloo).
+  ThreadCommunicator(ThreadHub& hub, int rank, double gather_seconds = 0)
+      : hub_(hub), rank_(rank), gather_seconds_(gather_seconds) {}
   int rank() const override { return rank_; }
   int world_size() const override { return hub_.world(); }
   torch::Device device() const override { return torch::kCPU; }
   std::unique_ptr<PendingCollective> AllGather(torch::Tensor output,
                                                torch::Tensor input) override {
     output.copy_(torch::cat(hub_.Exchange(rank_, input.reshape({-1}))));
-    return std::make_unique<Done>();
+    return std::make_unique<Done>(gather_seconds_);
   }
   std::unique_ptr<PendingCollective> ReduceScatterSum(torch::Tensor output,
                                                       torch::Tensor input) override {
@@ -699,7 +703,13 @@ class ThreadCommunicator : public Communicator {
 
  private:
   struct Done : PendingCollective {
+    explicit Done(double seconds = 0) : seconds(seconds) {}
     absl::Status Wait() override { return absl::OkStatus(); }
+    absl::StatusOr<double> DeviceSeconds(bool wait) override {
+      if (seconds <= 0) return PendingCollective::DeviceSeconds(wait);
+      return std::exchange(seconds, 0.0);  // answered once
+    }
+    double seconds;
   };
   static torch::Tensor Sum(const std::vector<torch::Tensor>& all) {
     torch::Tensor sum = all[0].clone();
@@ -708,6 +718,7 @@ class ThreadCommunicator : public Communicator {
   }
   ThreadHub& hub_;
   const int rank_;
+  const double gather_seconds_;
 };
 
 template <typename Fn>
@@ -1160,6 +1171,62 @@ TEST(ChunkManagerTest, UploadStatsCountEachChunkUploadOnce) {
   (*manager)->ResetUploadStats();
   EXPECT_EQ((*manager)->UploadStats().uploads, 0);
   EXPECT_EQ((*manager)->UploadStats().bytes, 0);
+}
+
+// [Collective timing] Sharded uploads are all-gathers: UploadStats() counts each with its output
+// bytes and, where the communicator times collectives, sums their device time (each read once);
+// an untimed communicator (Gloo) leaves the time at zero.
+TEST(ChunkManagerTest, UploadStatsTimeTheShardedGathers) {
+  constexpr int kWorld = 2;
+  for (const double each : {0.0, 0.25}) {
+    SCOPED_TRACE(each > 0 ? "timed" : "untimed");
+    std::vector<ToyModel> ranks;
+    for (int r = 0; r < kWorld; ++r) {
+      ranks.push_back(ToyModel::Make(4, /*tied=*/false, 16, 32, 7, torch::kFloat32));
+    }
+    ThreadHub hub(kWorld);
+    std::vector<std::unique_ptr<ThreadCommunicator>> comms;
+    std::vector<std::unique_ptr<ChunkManager>> managers(kWorld);
+    for (int r = 0; r < kWorld; ++r) {
+      comms.push_back(std::make_unique<ThreadCommunicator>(hub, r, each));
+    }
+    for (int r = 0; r < kWorld; ++r) {
+      auto m = ChunkManager::Create(ranks[r].Groups(), CpuOptions(/*n_persist=*/1, 2),
+                                    comms[r].get());
+      ASSERT_TRUE(m.ok()) << m.status();
+      managers[r] = std::move(m).value();
+    }
+    const Batch batch = MakeBatch(32, 5, torch::kCPU);
+    std::vector<ChunkUploadStats> stats(kWorld);
+    std::vector<ChunkMemoryStats> memory(kWorld);
+    RunRanks(kWorld, [&](int r) {
+      RunMicroBatch(ranks[r], managers[r].get(), false, batch.tokens, batch.targets);
+      (void)managers[r]->Step(0);
+      stats[r] = managers[r]->UploadStats();
+      memory[r] = managers[r]->MemoryStats();
+    });
+    for (int r = 0; r < kWorld; ++r) {
+      const ChunkUploadStats& u = stats[r];
+      EXPECT_GT(u.gathers, 0);
+      EXPECT_EQ(u.gathers, u.uploads) << "every sharded upload is an all-gather";
+      if (each > 0) {
+        EXPECT_EQ(u.gathers_timed, u.gathers);
+        EXPECT_EQ(u.gather_output_bytes, u.bytes);
+        EXPECT_DOUBLE_EQ(u.gather_seconds, each * static_cast<double>(u.gathers));
+      } else {
+        EXPECT_EQ(u.gathers_timed, 0);
+        EXPECT_EQ(u.gather_output_bytes, 0);
+        EXPECT_EQ(u.gather_seconds, 0);
+      }
+      // Each gather's output is one whole (padded) offloaded chunk.
+      int64_t chunk_sum = 0;
+      for (int c = 1; c < memory[r].n_chunks; ++c) chunk_sum += memory[r].chunk_bytes[c];
+      EXPECT_GE(u.bytes, chunk_sum);
+    }
+    RunRanks(kWorld, [&](int r) { managers[r]->ResetUploadStats(); });
+    EXPECT_EQ(managers[0]->UploadStats().gathers, 0);
+    EXPECT_EQ(managers[0]->UploadStats().gather_seconds, 0);
+  }
 }
 
 #ifdef MEMPLAN_TEST_CUDA
