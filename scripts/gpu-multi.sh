@@ -14,7 +14,8 @@
 #   big      MEMPLAN_MULTI_BIG (default qwen2.5-32b; a preset, or a config.json / its directory,
 #            e.g. scripts/configs/llama-23b) 1x2048: the planner's verdict for one GPU of this host
 #            (host memory binds) and N ranks training under the planner's plan
-# MEMPLAN_MULTI_TIMEOUT: seconds per training run (default 300).
+# MEMPLAN_MULTI_TIMEOUT: seconds per training run (default 300); MEMPLAN_MULTI_FSDP2_TIMEOUT: per
+# FSDP2 baseline (default 300).
 # Each part is bounded by `timeout`; a part that fails leaves its log and the next one runs.
 set -uo pipefail
 out=${1:?out dir}; build=${2:?build dir}; hw=${3:-h100x2}
@@ -88,7 +89,7 @@ if has fsdp2; then
   for mode in ${MEMPLAN_MULTI_FSDP2_MODES:-fsdp2 fsdp2-offload}; do
     say "transformers + $mode: $ngpu ranks, llama-3.1-8b 1x4096 per rank"
     steps=(--steps 6 --warmup 2); [[ $mode == fsdp2-offload ]] && steps=(--steps 4 --warmup 1)
-    timeout 300 torchrun --standalone --nproc-per-node "$ngpu" "$here/hf-train-baseline.py" \
+    timeout "${MEMPLAN_MULTI_FSDP2_TIMEOUT:-300}" torchrun --standalone --nproc-per-node "$ngpu" "$here/hf-train-baseline.py" \
       --preset llama-3.1-8b --batch 1 --seq 4096 "${steps[@]}" "--$mode" >"$out/hf-$mode.log" 2>&1
     echo "exit $?" >>"$out/hf-$mode.log"
     grep -E '^\{|exit|Error' "$out/hf-$mode.log" | tail -3 | tee -a "$out/multi.txt"

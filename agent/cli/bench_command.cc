@@ -97,8 +97,13 @@ int RunBenchCommand(const std::vector<std::string>& args_in) {
   }
   const int world_size = options.collective.world_size;
   const int rank = options.collective.rank;
-  // Every rank measures; one writes and submits (the ranks of a host type share one profile).
+  // Every rank measures its GPU and the collectives; one writes and submits (the ranks of a host
+  // type share one profile). The CPU passes only the writer measures: they are the rate of one
+  // process alone on the host, which the planner divides among a node's local ranks ([Shared host
+  // CPU], planner/cost/cost_model.cc); measured by every rank at once they would be the shared
+  // rate already.
   const bool writer = rank == 0;
+  if (!writer) options.adam_repetitions = 0;
   options.progress = [world_size, rank](const std::string& line) {
     if (world_size > 1) {
       std::fprintf(stderr, "[rank %d] %s\n", rank, line.c_str());
