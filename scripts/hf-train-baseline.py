@@ -169,7 +169,11 @@ def main():
         # CPU offload keeps sharded grads on the host: clipping's norm reduces them over Gloo.
         backend = "cpu:gloo,cuda:nccl" if args.fsdp2_offload else "nccl"
         torch.distributed.init_process_group(backend, rank=rank, world_size=world)
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).train()
+        # Without offload the model is built on its GPU (random init there: on the host, one
+        # OMP thread per rank under torchrun takes minutes for 8B); with offload on the host.
+        with torch.device("cpu" if args.fsdp2_offload else "cuda"):
+            model = transformers.AutoModelForCausalLM.from_config(config,
+                                                                  dtype=torch.float32).train()
         if not args.no_checkpointing:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
