@@ -1177,6 +1177,10 @@ void ChunkManager::Impl::FoldTimedGathers(bool wait) {
       ++upload_stats_.gathers_timed;
       upload_stats_.gather_output_bytes += bytes;
       upload_stats_.gather_seconds += *seconds;
+      if (upload_stats_.gather_seconds_each.size() < ChunkUploadStats::kMaxGatherSamples) {
+        upload_stats_.gather_seconds_each.push_back(static_cast<float>(*seconds));
+        upload_stats_.gather_sampled_bytes += bytes;
+      }
     }
     timed_gathers_.pop_front();
   }
@@ -2649,6 +2653,36 @@ absl::Status ChunkManager::LoadParamsAndState(const std::vector<NamedParam>& par
   return impl_->LoadParamsAndState(params, state);
 }
 ChunkMemoryStats ChunkManager::MemoryStats() const { return impl_->MemoryStats(); }
+
+absl::StatusOr<std::optional<GatherBandwidth>> CompareGatherTimes(Communicator& comm,
+                                                                  const ChunkUploadStats& u) {
+  const int w = comm.world_size();
+  const auto n = static_cast<int64_t>(u.gather_seconds_each.size());
+  try {
+    // Every rank sees the same two sums; the samples line up iff every rank has n of them.
+    const double k = static_cast<double>(n);
+    torch::Tensor counts = torch::tensor({k, k * k}, torch::kFloat64).to(comm.device());
+    RETURN_IF_ERROR(comm.AllReduceSum(counts)->Wait());
+    const torch::Tensor c = counts.to(torch::kCPU);
+    if (n == 0 || c[0].item<double>() != w * k || c[1].item<double>() != w * k * k) {
+      return std::optional<GatherBandwidth>();
+    }
+    const torch::Tensor mine =
+        torch::from_blob(const_cast<float*>(u.gather_seconds_each.data()), {n}, torch::kFloat32)
+            .to(comm.device(), /*non_blocking=*/false, /*copy=*/true);
+    torch::Tensor all = torch::empty({w * n}, mine.options());
+    RETURN_IF_ERROR(comm.AllGather(all, mine)->Wait());
+    const torch::Tensor per = all.view({w, n}).to(torch::kCPU).to(torch::kFloat64);
+    const double fastest = std::get<0>(per.min(0)).sum().item<double>();
+    const double slowest = std::get<0>(per.max(0)).sum().item<double>();
+    if (!(fastest > 0) || !(slowest > 0)) return std::optional<GatherBandwidth>();
+    const double bus = static_cast<double>(u.gather_sampled_bytes) * (w - 1) / w;
+    return std::optional<GatherBandwidth>(GatherBandwidth{n, bus / fastest, bus / slowest});
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("comparing the chunk all-gathers' times: ", e.what_without_backtrace()));
+  }
+}
 ChunkUploadStats ChunkManager::UploadStats() { return impl_->UploadStats(); }
 void ChunkManager::ResetUploadStats() { impl_->ResetUploadStats(); }
 int ChunkManager::MinBuffers() const { return impl_->MinBuffers(); }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -118,7 +119,28 @@ struct ChunkUploadStats {
   int64_t gathers_timed = 0;
   int64_t gather_output_bytes = 0;
   double gather_seconds = 0;
+  // The device seconds of each timed all-gather, in the order every rank finishes them (the same
+  // on every rank), the first kMaxGatherSamples after creation or ResetUploadStats(): what
+  // per-gather comparisons across ranks need (a collective's time on a rank includes waiting for
+  // the last rank to arrive).
+  static constexpr size_t kMaxGatherSamples = 16384;
+  std::vector<float> gather_seconds_each;
+  int64_t gather_sampled_bytes = 0;  // output bytes of the gathers in gather_seconds_each
 };
+
+// [Collective timing] A collective's device time on one rank runs from its start there to its
+// end, so it includes waiting for the last rank to arrive: per gather, the fastest rank's time is
+// the transfer itself (that rank arrived last). Bus bandwidth (output bytes x (W - 1) / W per
+// second) of the sampled gathers (ChunkUploadStats::gather_seconds_each) by the fastest and by the
+// slowest rank of each. A collective on every rank of `comm` (an all-reduce, then an all-gather);
+// nullopt on every rank when there are no samples or the ranks' counts differ.
+struct GatherBandwidth {
+  int64_t gathers = 0;
+  double fastest_bus_bytes_per_second = 0;
+  double slowest_bus_bytes_per_second = 0;
+};
+absl::StatusOr<std::optional<GatherBandwidth>> CompareGatherTimes(Communicator& comm,
+                                                                  const ChunkUploadStats& u);
 
 // Implements ParamResidency for the model and the optimizer step for the trainer.
 // Not thread-safe: calls must not overlap (the hooks may come from autograd's device thread,

@@ -1122,6 +1122,17 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
                   static_cast<long long>(u.gathers_timed),
                   static_cast<double>(u.gather_output_bytes) / (1 << 20), u.gather_seconds,
                   bus / 1e9);
+      if (group != nullptr) {
+        ASSIGN_OR_RETURN(const std::optional<GatherBandwidth> across,
+                         CompareGatherTimes(*group, u));
+        if (across.has_value() && lead) {
+          std::printf("chunk all-gathers across %d ranks (%lld gathers): bus bandwidth %.1f GB/s "
+                      "by the fastest rank of each (the transfer), %.1f GB/s by the slowest\n",
+                      world_size, static_cast<long long>(across->gathers),
+                      across->fastest_bus_bytes_per_second / 1e9,
+                      across->slowest_bus_bytes_per_second / 1e9);
+        }
+      }
     }
     std::fflush(stdout);
   }

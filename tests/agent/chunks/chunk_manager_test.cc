@@ -1213,15 +1213,42 @@ TEST(ChunkManagerTest, UploadStatsTimeTheShardedGathers) {
         EXPECT_EQ(u.gathers_timed, u.gathers);
         EXPECT_EQ(u.gather_output_bytes, u.bytes);
         EXPECT_DOUBLE_EQ(u.gather_seconds, each * static_cast<double>(u.gathers));
+        EXPECT_EQ(u.gather_seconds_each,
+                  std::vector<float>(static_cast<size_t>(u.gathers), static_cast<float>(each)));
+        EXPECT_EQ(u.gather_sampled_bytes, u.gather_output_bytes);
       } else {
         EXPECT_EQ(u.gathers_timed, 0);
         EXPECT_EQ(u.gather_output_bytes, 0);
         EXPECT_EQ(u.gather_seconds, 0);
+        EXPECT_TRUE(u.gather_seconds_each.empty());
       }
       // Each gather's output is one whole (padded) offloaded chunk.
       int64_t chunk_sum = 0;
       for (int c = 1; c < memory[r].n_chunks; ++c) chunk_sum += memory[r].chunk_bytes[c];
       EXPECT_GE(u.bytes, chunk_sum);
+    }
+    // Across ranks: per gather the fastest rank's time (here rank 1's, half of rank 0's).
+    if (each > 0) {
+      std::vector<ChunkUploadStats> skewed = stats;
+      for (float& s : skewed[0].gather_seconds_each) s *= 2;
+      std::vector<absl::StatusOr<std::optional<GatherBandwidth>>> across(kWorld);
+      RunRanks(kWorld, [&](int r) { across[r] = CompareGatherTimes(*comms[r], skewed[r]); });
+      const double bus = static_cast<double>(stats[0].gather_sampled_bytes) / 2;  // x (W-1)/W
+      const double n = static_cast<double>(stats[0].gathers);
+      for (int r = 0; r < kWorld; ++r) {
+        ASSERT_TRUE(across[r].ok()) << across[r].status();
+        ASSERT_TRUE(across[r]->has_value());
+        EXPECT_EQ((*across[r])->gathers, stats[0].gathers);
+        EXPECT_NEAR((*across[r])->fastest_bus_bytes_per_second, bus / (n * each), 1e-6 * bus);
+        EXPECT_NEAR((*across[r])->slowest_bus_bytes_per_second, bus / (n * 2 * each), 1e-6 * bus);
+      }
+      // A rank with another count of samples: every rank skips.
+      skewed[1].gather_seconds_each.pop_back();
+      RunRanks(kWorld, [&](int r) { across[r] = CompareGatherTimes(*comms[r], skewed[r]); });
+      for (int r = 0; r < kWorld; ++r) {
+        ASSERT_TRUE(across[r].ok());
+        EXPECT_FALSE(across[r]->has_value());
+      }
     }
     RunRanks(kWorld, [&](int r) { managers[r]->ResetUploadStats(); });
     EXPECT_EQ(managers[0]->UploadStats().gathers, 0);
