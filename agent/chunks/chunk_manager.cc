@@ -349,8 +349,8 @@ class ChunkManager::Impl {
   }
   // What a released parameter holds: a 0-dim zero of its dtype expanded to its shape.
   torch::Tensor Placeholder(const Param& p) const {
-    return p.dtype == dtype_ ? placeholder_.expand(p.shape)
-                             : placeholder_.to(p.dtype).expand(p.shape);
+    if (p.dtype == dtype_) return placeholder_.expand(p.shape);
+    return other_placeholders_.at(p.dtype).expand(p.shape);
   }
   torch::Tensor HostView(void* data, int64_t offset_elems, const std::vector<int64_t>& shape,
                          int64_t numel, torch::ScalarType dtype) const {
@@ -462,6 +462,8 @@ class ChunkManager::Impl {
   int n_persist_ = 0;
   int min_buffers_ = 0;
   torch::Tensor placeholder_;  // 0-dim, expanded to each released parameter's shape
+  // [Byte chunks] the same for each parameter dtype other than the storage dtype.
+  std::map<torch::ScalarType, torch::Tensor> other_placeholders_;
   ThreadPool pool_;
   ChunkMemoryStats stats_;
   double last_grad_norm_ = 0;
@@ -555,6 +557,11 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
   }
 
   placeholder_ = torch::zeros({}, DeviceOptions());
+  for (const Param& p : params_) {
+    if (p.dtype != dtype_ && !other_placeholders_.count(p.dtype)) {
+      other_placeholders_[p.dtype] = torch::zeros({}, DeviceOptions().dtype(p.dtype));
+    }
+  }
   try {
     if (quantized() && !options_.profile_only) quant_maps_ = MakeQuantMapTensors(options_.device);
     torch::NoGradGuard no_grad;
