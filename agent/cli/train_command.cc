@@ -665,7 +665,15 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
   const HostMemory before_model = ReadHostMemory();
   if (plan.managed) model_options.param_device = torch::Device(torch::kCPU);
   model_options.deferred_values = sharded_load;
+  const auto model_start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LlamaModel::Create(model_options));
+  // Drawing a large model's initial values (and, QLoRA, quantizing them) takes a while: said.
+  MEMPLAN_LOG(kInfo, "model created")
+      .Field("seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                      model_start)
+                            .count())
+      .Field("deferred_values", model_options.deferred_values)
+      .Field("nf4_base", model_options.lora.nf4_base);
   PrintDeviceMemory(device, "after creating the model");
   std::unique_ptr<io::HfCheckpoint> checkpoint;
   io::HfCheckpoint::Matched matched;
