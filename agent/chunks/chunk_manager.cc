@@ -398,6 +398,14 @@ class ChunkManager::Impl {
   absl::Status FinishStateReduces();
   // [Sharded persistent state]: the step's updates of the shards and the all-gathers after them.
   absl::Status UpdateShardedPersistent(const torch::Tensor& clip_coef, float grad_scale);
+  // [Persistent update] One chunk's update on the device-resident state, shared by the
+  // replicated persistent chunks (whole parameters) and the sharded ones (this rank's ranges):
+  // AdamW fused on the device (the exact CPU kernel on a CPU device), adamw_bf16 fused, SGD with
+  // torch's ops; the clip coefficient applied where each optimizer applies it. Add() every
+  // (parameter, range), then Flush() (also when the batch passes slice_elems elements: the fp32
+  // grad copies of a mixed-precision model then stay one regular chunk's, [Sliced grad copy]);
+  // nothing is flushed on destruction.
+  class PersistentUpdate;
   // Every rank's `shard` (any device, the same size on each), concatenated in rank order, on the
   // CPU (a collective). GatherHost gathers `elems` (default: the chunk's shard) of a host array.
   torch::Tensor GatherDevice(const torch::Tensor& shard);
@@ -1514,6 +1522,90 @@ absl::StatusOr<double> ChunkManager::Impl::ShardedSquaredNorm() {
   return squares;
 }
 
+class ChunkManager::Impl::PersistentUpdate {
+ public:
+  PersistentUpdate(Impl& m, const torch::Tensor& clip_coef, float grad_scale, int64_t slice_elems)
+      : m_(m), clip_coef_(clip_coef), grad_scale_(grad_scale), slice_elems_(slice_elems) {}
+
+  // `grad`: the range's grad in the model dtype, clipped here (in place where the optimizer
+  // clips the model-dtype grad); `target`: the fp32 master's range with a master, else the
+  // parameter's; `exp_avg` / `exp_avg_sq`: the moments of the same range. p.step is already the
+  // step being taken.
+  void Add(Param& p, const torch::Tensor& target, torch::Tensor grad, const torch::Tensor& exp_avg,
+           const torch::Tensor& exp_avg_sq) {
+    const AdamWOptions& o = m_.options_.adamw;
+    if (m_.optimizer() == OptimizerKind::kSgd) {
+      // torch::optim::SGD's ops (in place on the grad, dropped after the step). With a master the
+      // clip scales the fp32 copy, like the offloaded chunks' kernel.
+      torch::Tensor d = m_.master() ? grad.to(torch::kFloat32) : grad;
+      if (clip_coef_.defined()) d.mul_(clip_coef_);
+      if (o.weight_decay != 0) d.add_(target, o.weight_decay);
+      target.add_(d, -1 * o.lr);
+      return;
+    }
+    if (m_.cuda() || m_.pure()) {
+      // torch.optim.AdamW(fused=True) after clip_grad_norm_ (adamw_bf16 on any device).
+      if (clip_coef_.defined()) grad.mul_(clip_coef_);
+      p.fused_step.fill_(static_cast<double>(p.step));  // the fused kernel reads, not bumps
+      const bool sliceable = grad.is_contiguous() && target.is_contiguous() &&
+                             exp_avg.is_contiguous() && exp_avg_sq.is_contiguous();
+      if (!m_.master() || !sliceable) {
+        Batch(target, m_.master() ? grad.to(torch::kFloat32) : grad, exp_avg, exp_avg_sq, p);
+        return;
+      }
+      const torch::Tensor g = grad.view(-1), t = target.view(-1);
+      const torch::Tensor mv = exp_avg.view(-1), vv = exp_avg_sq.view(-1);
+      const int64_t n = g.numel();
+      for (int64_t off = 0; off < n;) {
+        if (batch_elems_ >= slice_elems_) Flush();
+        const int64_t len = std::min(n - off, slice_elems_ - batch_elems_);
+        Batch(t.narrow(0, off, len), g.narrow(0, off, len).to(torch::kFloat32),
+              mv.narrow(0, off, len), vv.narrow(0, off, len), p);
+        off += len;
+      }
+      return;
+    }
+    // The CPU kernel multiplies by the clip coefficient itself (same fp32 product as
+    // grad.mul_(coef)) and reproduces torch's AdamW rounding exactly.
+    const torch::Tensor g = grad.to(torch::kFloat32).contiguous();
+    AdamWUpdate(MakeAdamWStepScalars(o, p.step), grad_scale_, g.numel(), target.data_ptr<float>(),
+                g.data_ptr<float>(), exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(),
+                &TorchSqrt);
+  }
+
+  void Flush() {
+    batch_elems_ = 0;
+    if (targets_.empty()) return;
+    const AdamWOptions& o = m_.options_.adamw;
+    at::_fused_adamw_(targets_, grads_, exp_avgs_, exp_avg_sqs_, /*max_exp_avg_sqs=*/{}, steps_,
+                      o.lr, o.beta1, o.beta2, o.weight_decay, o.eps, /*amsgrad=*/false,
+                      /*maximize=*/false);
+    targets_.clear();
+    grads_.clear();
+    exp_avgs_.clear();
+    exp_avg_sqs_.clear();
+    steps_.clear();
+  }
+
+ private:
+  void Batch(const torch::Tensor& target, const torch::Tensor& grad, const torch::Tensor& exp_avg,
+             const torch::Tensor& exp_avg_sq, Param& p) {
+    targets_.push_back(target);
+    grads_.push_back(grad);
+    exp_avgs_.push_back(exp_avg);
+    exp_avg_sqs_.push_back(exp_avg_sq);
+    steps_.push_back(p.fused_step);
+    batch_elems_ += target.numel();
+  }
+
+  Impl& m_;
+  const torch::Tensor clip_coef_;
+  const float grad_scale_;
+  const int64_t slice_elems_;
+  std::vector<torch::Tensor> targets_, grads_, exp_avgs_, exp_avg_sqs_, steps_;
+  int64_t batch_elems_ = 0;
+};
+
 absl::Status ChunkManager::Impl::UpdateShardedPersistent(const torch::Tensor& clip_coef,
                                                          float grad_scale) {
   // [Sharded persistent state] The same arithmetic as the replicated persistent chunks' update
@@ -1531,54 +1623,24 @@ absl::Status ChunkManager::Impl::UpdateShardedPersistent(const torch::Tensor& cl
     if (status.ok()) status = s;
     gathers.pop_front();
   };
-  const AdamWOptions& o = options_.adamw;
+  const int64_t slice_elems =
+      StepGradCopyElems(std::numeric_limits<int64_t>::max(), options_.chunk_bytes, elem_size());
   for (int c = 0; c < n_persist_ && status.ok(); ++c) {
     Chunk& chunk = chunks_[c];
     if (!chunk.state_sharded || !chunk.grad_shard.defined()) continue;
-    // Where the clip applies, as in the replicated update: AdamW on the device (and adamw_bf16)
-    // scales the model-dtype grad before widening it, SGD the widened copy, the CPU AdamW kernel
-    // scales by grad_scale itself.
-    const bool sgd = optimizer() == OptimizerKind::kSgd;
-    torch::Tensor g = chunk.grad_shard;
-    if (clip_coef.defined() && !sgd && (cuda() || pure())) g.mul_(clip_coef);
-    // The grad as the update reads it: fp32 with a master, else the model dtype.
-    const torch::Tensor g_read = master() ? g.to(torch::kFloat32) : g;
-    if (clip_coef.defined() && sgd) g_read.mul_(clip_coef);
-    std::vector<torch::Tensor> targets, grads, exp_avgs, exp_avg_sqs, steps;
-    for (int i : chunk.params) {
-      Param& p = params_[i];
-      if (!p.grad_in_step) continue;
-      ++p.step;  // on every rank, whether or not it stores part of p
-      const OwnedRange r = Owned(p, chunk);
-      if (r.len == 0) continue;
-      const torch::Tensor target =
-          master() ? p.master : chunk.device.narrow(0, chunk.shard_begin + r.at, r.len);
-      const torch::Tensor grad = g_read.narrow(0, r.at, r.len);
-      if (sgd) {
-        torch::Tensor d = grad;
-        if (o.weight_decay != 0) d = d.add(target, o.weight_decay);
-        target.add_(d, -1 * o.lr);
-        continue;
+    {
+      PersistentUpdate update(*this, clip_coef, grad_scale, slice_elems);
+      for (int i : chunk.params) {
+        Param& p = params_[i];
+        if (!p.grad_in_step) continue;
+        ++p.step;  // on every rank, whether or not it stores part of p
+        const OwnedRange r = Owned(p, chunk);
+        if (r.len == 0) continue;
+        const torch::Tensor target =
+            master() ? p.master : chunk.device.narrow(0, chunk.shard_begin + r.at, r.len);
+        update.Add(p, target, chunk.grad_shard.narrow(0, r.at, r.len), p.exp_avg, p.exp_avg_sq);
       }
-      if (cuda() || pure()) {
-        p.fused_step.fill_(static_cast<double>(p.step));
-        targets.push_back(target);
-        grads.push_back(grad);
-        exp_avgs.push_back(p.exp_avg);
-        exp_avg_sqs.push_back(p.exp_avg_sq);
-        steps.push_back(p.fused_step);
-        continue;
-      }
-      // CPU, fp32 grads: the kernel applies the clip coefficient itself.
-      const torch::Tensor g32 = grad.to(torch::kFloat32).contiguous();
-      AdamWUpdate(MakeAdamWStepScalars(o, p.step), grad_scale, r.len, target.data_ptr<float>(),
-                  g32.data_ptr<float>(), p.exp_avg.data_ptr<float>(),
-                  p.exp_avg_sq.data_ptr<float>(), &TorchSqrt);
-    }
-    if (!targets.empty()) {
-      at::_fused_adamw_(targets, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, o.lr,
-                        o.beta1, o.beta2, o.weight_decay, o.eps, /*amsgrad=*/false,
-                        /*maximize=*/false);
+      update.Flush();
     }
     torch::Tensor shard = chunk.device.narrow(0, chunk.shard_begin, chunk.shard_elems);
     if (master()) shard.copy_(chunk.device_master);
@@ -1762,97 +1824,30 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
     // regular chunk's and the caching allocator reuses the same block for every slice.
     const int64_t slice_elems =
         StepGradCopyElems(std::numeric_limits<int64_t>::max(), options_.chunk_bytes, elem_size());
-    std::vector<torch::Tensor> targets, grads, exp_avgs, exp_avg_sqs, steps;
     std::vector<Param*> updated;
-    int batch_chunk = -1;
-    int64_t batch_elems = 0;
-    auto flush = [&]() {
-      batch_elems = 0;
-      if (targets.empty()) return;
-      const AdamWOptions& o = options_.adamw;
-      at::_fused_adamw_(targets, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, o.lr,
-                        o.beta1, o.beta2, o.weight_decay, o.eps, /*amsgrad=*/false,
-                        /*maximize=*/false);
-      targets.clear();
-      grads.clear();
-      exp_avgs.clear();
-      exp_avg_sqs.clear();
-      steps.clear();
-    };
-    auto batch_views = [&](const torch::Tensor& target, const torch::Tensor& grad,
-                           const torch::Tensor& exp_avg, const torch::Tensor& exp_avg_sq,
-                           Param& p) {
-      targets.push_back(target);
-      grads.push_back(grad);
-      exp_avgs.push_back(exp_avg);
-      exp_avg_sqs.push_back(exp_avg_sq);
-      steps.push_back(p.fused_step);
-      batch_elems += target.numel();
-    };
-    auto batch = [&](const torch::Tensor& target, const torch::Tensor& grad, Param& p) {
-      p.fused_step.fill_(static_cast<double>(p.step));  // the fused kernel reads, not bumps
-      batch_views(target, grad, p.exp_avg, p.exp_avg_sq, p);
-    };
-    for (Param& p : params_) {
-      const Chunk& owner = chunks_[p.chunk];
-      if (!owner.persistent || owner.state_sharded || !p.tensor.grad().defined()) continue;
-      if (p.chunk != batch_chunk) {
-        flush();
-        batch_chunk = p.chunk;
-      }
-      torch::Tensor grad = p.tensor.grad();
-      ++p.step;
-      if (quantized()) {
-        AdamW8bitTorchUpdate(options_.adamw, p.step, clip_coef, quant_maps_, p.tensor.detach(),
-                             grad, p.exp_avg, p.exp_avg_sq, p.exp_avg_absmax, p.exp_avg_sq_absmax);
-        continue;
-      }
-      torch::Tensor target = master() ? p.master : p.tensor.detach();
-      updated.push_back(&p);
-      if (optimizer() == OptimizerKind::kAdamWBf16States) {
-        // torch.optim.AdamW(fused=True) on the bf16 parameters after clip_grad_norm_.
-        if (clip_coef.defined()) grad.mul_(clip_coef);
-        batch(target, grad, p);
-        continue;
-      }
-      if (optimizer() == OptimizerKind::kSgd) {
-        // torch::optim::SGD's ops (in place on the grad, which is dropped after the step). With
-        // a master the clip scales the fp32 copy, like the offloaded chunks' kernel.
-        torch::Tensor d = master() ? grad.to(torch::kFloat32) : grad;
-        if (clip_coef.defined()) d.mul_(clip_coef);
-        if (options_.adamw.weight_decay != 0) d.add_(target, options_.adamw.weight_decay);
-        target.add_(d, -1 * options_.adamw.lr);
-        continue;
-      }
-      if (cuda()) {
-        if (clip_coef.defined()) grad.mul_(clip_coef);
-        const bool sliceable = grad.is_contiguous() && target.is_contiguous() &&
-                               p.exp_avg.is_contiguous() && p.exp_avg_sq.is_contiguous();
-        if (!master() || !sliceable) {
-          batch(target, master() ? grad.to(torch::kFloat32) : grad, p);
+    {
+      PersistentUpdate update(*this, clip_coef, grad_scale, slice_elems);
+      int batch_chunk = -1;
+      for (Param& p : params_) {
+        const Chunk& owner = chunks_[p.chunk];
+        if (!owner.persistent || owner.state_sharded || !p.tensor.grad().defined()) continue;
+        if (p.chunk != batch_chunk) {
+          update.Flush();  // one fused call per chunk at most
+          batch_chunk = p.chunk;
+        }
+        ++p.step;
+        if (quantized()) {
+          AdamW8bitTorchUpdate(options_.adamw, p.step, clip_coef, quant_maps_, p.tensor.detach(),
+                               p.tensor.grad(), p.exp_avg, p.exp_avg_sq, p.exp_avg_absmax,
+                               p.exp_avg_sq_absmax);
           continue;
         }
-        // [Sliced grad copy]: fp32 copies of at most slice_elems elements per fused call.
-        p.fused_step.fill_(static_cast<double>(p.step));
-        const torch::Tensor g = grad.view(-1), t = target.view(-1);
-        const torch::Tensor m = p.exp_avg.view(-1), v = p.exp_avg_sq.view(-1);
-        for (int64_t off = 0; off < p.numel;) {
-          if (batch_elems >= slice_elems) flush();
-          const int64_t len = std::min(p.numel - off, slice_elems - batch_elems);
-          batch_views(t.narrow(0, off, len), g.narrow(0, off, len).to(torch::kFloat32),
-                      m.narrow(0, off, len), v.narrow(0, off, len), p);
-          off += len;
-        }
-      } else {
-        // The CPU kernel multiplies by the clip coefficient itself (same fp32 product as
-        // grad.mul_(coef)) and reproduces torch's AdamW rounding exactly.
-        torch::Tensor g = grad.to(torch::kFloat32).contiguous();
-        AdamWUpdate(MakeAdamWStepScalars(options_.adamw, p.step), grad_scale, p.numel,
-                    target.data_ptr<float>(), g.data_ptr<float>(), p.exp_avg.data_ptr<float>(),
-                    p.exp_avg_sq.data_ptr<float>(), &TorchSqrt);
+        updated.push_back(&p);
+        update.Add(p, master() ? p.master : p.tensor.detach(), p.tensor.grad(), p.exp_avg,
+                   p.exp_avg_sq);
       }
+      update.Flush();
     }
-    flush();
     if (master()) {
       for (Param* p : updated) p->tensor.detach().copy_(p->master);
     }
