@@ -50,6 +50,11 @@ CpuPassRates RankCpuPassRates(OptimizerKind kind, const HardwareSpec& hardware,
 
 }  // namespace
 
+bool CostModel::CanShardPersistentState(const Trace& trace, const CostOptions& options) {
+  return options.world_size > 1 && trace.training.kind == TrainingKind::kFull &&
+         options.optimizer != OptimizerKind::kAdamW8bit;
+}
+
 double StepTime::IterationSeconds(int32_t grad_accum) const {
   const double ga = std::max(1, grad_accum);
   // A chunk's accumulate starts when its grads land; offloaded chunks are the last blocks', whose
@@ -327,8 +332,7 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   t.gather_prefix.assign(c_count + 1, 0);
   t.pgrad_prefix.assign(c_count + 1, 0);
   const int32_t w_ranks = options_.world_size;
-  t.shard_state = options_.shard_persistent_state && w_ranks > 1 && !adapters.has_value() &&
-                  full_ft && opt != OptimizerKind::kAdamW8bit;
+  t.shard_state = options_.shard_persistent_state && CanShardPersistentState(trace_, options_);
   int64_t max_train = 0, second_train = 0, max_fill = 0, second_fill = 0;
   t.persistent_prefix.assign(c_count + 1, 0);
   if (adapters.has_value()) {

@@ -133,6 +133,10 @@ class CostModel {
   double PersistentReduceFactor() const { return chunks_->shard_state ? 1.0 : 2.0; }
   // Whether this model's persistent chunks keep their optimizer state sharded.
   bool ShardsPersistentState() const { return chunks_->shard_state; }
+  // Whether options.shard_persistent_state can take effect for this workload ([Sharded persistent
+  // state]): several ranks, a full fine-tune (LoRA's adapters stay replicated), not adamw8bit
+  // (its 256-element blocks would straddle shards). What the agent's ChunkManager accepts.
+  static bool CanShardPersistentState(const Trace& trace, const CostOptions& options);
   // Persistent chunks + their optimizer state only (a lower bound of StaticRawBytes).
   int64_t PersistentRawBytes(int32_t n_persist) const;
   // End of backward / optimizer step: every persistent chunk's grads exist, activations are gone.

@@ -375,11 +375,11 @@ absl::StatusOr<PlanSearch> PlanSearch::Create(const Trace& trace, const Hardware
     models.push_back(std::move(model));
     // Several ranks: each chunk size also with the persistent chunks' state sharded ([Sharded
     // persistent state]), where the workload allows it (full fine-tuning, not adamw8bit).
-    if (options.world_size > 1) {
+    if (CostModel::CanShardPersistentState(trace, options)) {
       CostOptions sharded = options;
       sharded.shard_persistent_state = true;
       ASSIGN_OR_RETURN(CostModel shard_model, CostModel::Create(trace, size, hardware, sharded));
-      if (shard_model.ShardsPersistentState()) models.push_back(std::move(shard_model));
+      models.push_back(std::move(shard_model));
     }
   }
   return PlanSearch(std::move(models));
