@@ -333,7 +333,7 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   t.pgrad_prefix.assign(c_count + 1, 0);
   const int32_t w_ranks = options_.world_size;
   t.shard_state = options_.shard_persistent_state && CanShardPersistentState(trace_, options_);
-  int64_t max_train = 0, second_train = 0, max_fill = 0, second_fill = 0;
+  int64_t max_train = 0, max_fill = 0, second_fill = 0;
   t.persistent_prefix.assign(c_count + 1, 0);
   if (adapters.has_value()) {
     t.adapters_persistent = true;
@@ -399,12 +399,7 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
         (cpu_rates.accumulate_params_per_second > 0
              ? static_cast<double>(train_params) / w / cpu_rates.accumulate_params_per_second
              : 0.0);
-    if (train > max_train) {
-      second_train = max_train;
-      max_train = train;
-    } else {
-      second_train = std::max(second_train, train);
-    }
+    max_train = std::max(max_train, train);
     if (fill > max_fill) {
       second_fill = max_fill;
       max_fill = fill;
@@ -430,25 +425,37 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   // [Persistent all-reduce in backward] (agent/chunks/chunk_manager.cc): a persistent chunk's
   // grads are copied into an fp32 tensor and all-reduced beside the rest of backward, one left in
   // flight while the next is copied: the two largest chunks' trainable elements in fp32.
-  t.persistent_reduce_bytes = options_.world_size > 1 && !adapters.has_value()
-                                  ? (max_train + second_train) / dtype_bytes_ * 4
-                                  : 0;
+  // Only the persistent chunks (c < n_persist) take part: per n_persist, over chunks [0, n).
+  t.persistent_reduce_by_npersist.assign(c_count + 1, 0);
   if (t.shard_state) {
     // [Sharded persistent state], [State reduce-scatter per group] (agent/chunks/
     // chunk_manager.cc): the chunks a group completes in backward (those its stage owns in
     // forward) are reduce-scattered together and finished at the next group's hook: the fp32 flat
     // tensors over their padded spans and the fp32 shards the collectives write, for the stage
-    // that owns the most.
+    // whose persistent chunks hold the most.
+    std::vector<int64_t> stage_bytes(t.fwd_owned_begin.size(), 0);
+    size_t s = 0;
     int64_t worst = 0;
-    for (size_t s = 0; s + 1 < t.fwd_owned_begin.size(); ++s) {
-      int64_t bytes = 0;
-      for (int32_t c = t.fwd_owned_begin[s]; c < t.fwd_owned_begin[s + 1]; ++c) {
-        const int64_t elems = t.layout.chunk_param_bytes[c] / dtype_bytes_;
-        bytes += (PaddedElems(elems, w_ranks) + ShardElems(elems, w_ranks)) * 4;
-      }
-      worst = std::max(worst, bytes);
+    for (int32_t c = 0; c < c_count; ++c) {
+      while (s + 1 < t.fwd_owned_begin.size() && c >= t.fwd_owned_begin[s + 1]) ++s;
+      const int64_t elems = t.layout.chunk_param_bytes[c] / dtype_bytes_;
+      stage_bytes[s] += (PaddedElems(elems, w_ranks) + ShardElems(elems, w_ranks)) * 4;
+      worst = std::max(worst, stage_bytes[s]);
+      t.persistent_reduce_by_npersist[c + 1] = worst;
     }
-    t.persistent_reduce_bytes = worst;
+  } else if (options_.world_size > 1 && !adapters.has_value()) {
+    // The two largest persistent chunks' trainable elements in fp32.
+    int64_t first = 0, second = 0;
+    for (int32_t c = 0; c < c_count; ++c) {
+      const int64_t train = t.layout.chunk_trainable_bytes[c];
+      if (train > first) {
+        second = first;
+        first = train;
+      } else {
+        second = std::max(second, train);
+      }
+      t.persistent_reduce_by_npersist[c + 1] = (first + second) / dtype_bytes_ * 4;
+    }
   }
   // The GPU optimizer updates one persistent chunk at a time; when it runs on an fp32 master
   // (adamw, sgd on bf16) that chunk's grads are first copied to fp32, at most one regular chunk's
@@ -693,7 +700,7 @@ int64_t CostModel::StaticRawBytes(int32_t n_persist, int32_t n_buffer) const {
 
 int64_t CostModel::GradStagingBytes(int32_t n_persist) const {
   return (n_persist < num_chunks_ ? chunks_->grad_staging_bytes : 0) +
-         (n_persist > 0 ? chunks_->persistent_reduce_bytes : 0);
+         chunks_->persistent_reduce_by_npersist[n_persist];
 }
 
 int64_t CostModel::BufferBytes(int32_t n_persist, int32_t n_buffer) const {

@@ -287,9 +287,10 @@ class CostModel {
     std::vector<double> gather_prefix;
     bool shard_state = false;  // the option, in effect (W > 1, full fine-tuning, not adamw8bit)
     int64_t grad_staging_bytes = 0;
-    // Sharded (W > 1) with persistent chunks: the fp32 copies of persistent grads whose
-    // all-reduce is in flight during backward (two chunks: one reduced, one being copied).
-    int64_t persistent_reduce_bytes = 0;
+    // Sharded (W > 1), per n_persist (size n_chunks + 1): the fp32 copies of persistent grads
+    // whose all-reduce is in flight during backward (two chunks: one reduced, one being copied),
+    // or with sharded state the stage's reduce-scatter buffers, over the persistent chunks only.
+    std::vector<int64_t> persistent_reduce_by_npersist;
     // LoRA of a known architecture: the adapters' chunks, grads and state are in every
     // persistent prefix (index 0 included) and updated on the device ([LoRA managers]).
     bool adapters_persistent = false;

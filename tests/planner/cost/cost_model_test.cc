@@ -440,6 +440,51 @@ TEST(StepTimeTest, ShardedPersistentStateHoldsAShardAndReducesOnce) {
               0.02 * r.optimizer_seconds + 1e-6);
 }
 
+// The in-flight buffers of the persistent chunks' reductions count persistent chunks only: with
+// n_persist of them, the replicated all-reduce holds the two largest persistent chunks' grads in
+// fp32, the sharded state's reduce-scatter the stage whose persistent chunks hold the most;
+// nothing without persistent chunks. (GradStagingBytes(n) = the offloaded chunks' staging, the
+// same for every n < n_chunks, plus these buffers.)
+TEST(StepTimeTest, PersistentReduceBuffersCountOnlyPersistentChunks) {
+  const HardwareSpec hw = SlowLinkH200();
+  auto trace = OneBTrace(hw, 2);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  CostOptions replicated;
+  replicated.world_size = 2;
+  CostOptions sharded = replicated;
+  sharded.shard_persistent_state = true;
+  auto cmr = CostModel::Create(*trace, int64_t{64} << 20, hw, replicated);
+  auto cms = CostModel::Create(*trace, int64_t{64} << 20, hw, sharded);
+  ASSERT_TRUE(cmr.ok() && cms.ok());
+  const int32_t chunks = cms->num_chunks();
+  ASSERT_GT(chunks, 4);
+  const ChunkLayout& layout = cmr->layout();
+  auto top_two_fp32 = [&](int32_t n) {  // bf16 trainable bytes -> fp32 bytes of the two largest
+    std::vector<int64_t> t(layout.chunk_trainable_bytes.begin(),
+                           layout.chunk_trainable_bytes.begin() + n);
+    std::sort(t.rbegin(), t.rend());
+    return ((n > 0 ? t[0] : 0) + (n > 1 ? t[1] : 0)) / 2 * 4;
+  };
+  const int64_t staging_r = cmr->GradStagingBytes(0), staging_s = cms->GradStagingBytes(0);
+  EXPECT_EQ(staging_r, staging_s) << "no persistent chunk: staging only";
+  for (int32_t n : {1, 2, chunks / 2}) {
+    SCOPED_TRACE(n);
+    EXPECT_EQ(cmr->GradStagingBytes(n) - staging_r, top_two_fp32(n));
+  }
+  EXPECT_EQ(cmr->GradStagingBytes(chunks), top_two_fp32(chunks));
+  // Sharded state: one persistent chunk reduce-scatters alone (its padded span and its shard in
+  // fp32); more persistent chunks never hold less.
+  const int64_t e0 = layout.chunk_param_bytes[0] / 2;
+  EXPECT_EQ(cms->GradStagingBytes(1) - staging_s, (PaddedElems(e0, 2) + ShardElems(e0, 2)) * 4);
+  int64_t prev = 0;
+  for (int32_t n = 1; n < chunks; ++n) {
+    const int64_t held = cms->GradStagingBytes(n) - staging_s;
+    EXPECT_GE(held, prev) << n;
+    prev = held;
+  }
+  EXPECT_GE(cms->GradStagingBytes(chunks), prev);
+}
+
 TEST(StepTimeTest, ClippingRunsTheCpuOptimizerAfterBackward) {
   StepTime t;
   t.forward_seconds = 1.0;
