@@ -1,6 +1,7 @@
 #include "planner/cost/cost_model.h"
 
 #include <algorithm>
+#include <optional>
 #include <cmath>
 #include <random>
 
@@ -391,20 +392,38 @@ TEST(StepTimeTest, ShardedPersistentGradsReduceInFp32BesideBackward) {
   EXPECT_GT(p2.backward_seconds, p1.backward_seconds + 0.5 * traffic_seconds);
 }
 
+// OneBTrace on two ranks of SlowLinkH200(), 64 MiB chunks: the persistent chunks' state
+// replicated (`replicated`) and sharded (`sharded`).
+struct TwoRankModels {
+  std::optional<CostModel> replicated, sharded;
+};
+TwoRankModels TwoRankOneB(const HardwareSpec& hw) {
+  TwoRankModels m;
+  auto trace = OneBTrace(hw, 2);
+  EXPECT_TRUE(trace.ok()) << trace.status();
+  if (!trace.ok()) return m;
+  CostOptions options;
+  options.world_size = 2;
+  auto r = CostModel::Create(*trace, int64_t{64} << 20, hw, options);
+  options.shard_persistent_state = true;
+  auto s = CostModel::Create(*trace, int64_t{64} << 20, hw, options);
+  EXPECT_TRUE(r.ok() && s.ok());
+  if (r.ok() && s.ok()) {
+    m.replicated.emplace(*std::move(r));
+    m.sharded.emplace(*std::move(s));
+  }
+  return m;
+}
+
 // [Sharded persistent state]: each rank holds 1/W of the persistent chunks' state and of their
 // grads after the reduce-scatter, which moves half an all-reduce's bytes; the update runs on 1/W
 // of the parameters and the parameters are all-gathered after it.
 TEST(StepTimeTest, ShardedPersistentStateHoldsAShardAndReducesOnce) {
   const HardwareSpec hw = SlowLinkH200();
-  auto trace = OneBTrace(hw, 2);
-  ASSERT_TRUE(trace.ok()) << trace.status();
-  CostOptions replicated;
-  replicated.world_size = 2;
-  CostOptions sharded = replicated;
-  sharded.shard_persistent_state = true;
-  auto cmr = CostModel::Create(*trace, int64_t{64} << 20, hw, replicated);
-  auto cms = CostModel::Create(*trace, int64_t{64} << 20, hw, sharded);
-  ASSERT_TRUE(cmr.ok() && cms.ok());
+  const TwoRankModels models = TwoRankOneB(hw);
+  ASSERT_TRUE(models.replicated && models.sharded);
+  const CostModel* cmr = &*models.replicated;
+  const CostModel* cms = &*models.sharded;
   EXPECT_FALSE(cmr->ShardsPersistentState());
   EXPECT_TRUE(cms->ShardsPersistentState());
   const int32_t chunks = cms->num_chunks();
@@ -446,16 +465,10 @@ TEST(StepTimeTest, ShardedPersistentStateHoldsAShardAndReducesOnce) {
 // nothing without persistent chunks. (GradStagingBytes(n) = the offloaded chunks' staging, the
 // same for every n < n_chunks, plus these buffers.)
 TEST(StepTimeTest, PersistentReduceBuffersCountOnlyPersistentChunks) {
-  const HardwareSpec hw = SlowLinkH200();
-  auto trace = OneBTrace(hw, 2);
-  ASSERT_TRUE(trace.ok()) << trace.status();
-  CostOptions replicated;
-  replicated.world_size = 2;
-  CostOptions sharded = replicated;
-  sharded.shard_persistent_state = true;
-  auto cmr = CostModel::Create(*trace, int64_t{64} << 20, hw, replicated);
-  auto cms = CostModel::Create(*trace, int64_t{64} << 20, hw, sharded);
-  ASSERT_TRUE(cmr.ok() && cms.ok());
+  const TwoRankModels models = TwoRankOneB(SlowLinkH200());
+  ASSERT_TRUE(models.replicated && models.sharded);
+  const CostModel* cmr = &*models.replicated;
+  const CostModel* cms = &*models.sharded;
   const int32_t chunks = cms->num_chunks();
   ASSERT_GT(chunks, 4);
   const ChunkLayout& layout = cmr->layout();
