@@ -54,6 +54,11 @@ constexpr int64_t Nf4ChunkSpanBytes(int64_t numel, int64_t alignment_bytes,
 inline constexpr std::string_view kNf4DataSuffix = ".nf4_data";
 inline constexpr std::string_view kNf4AbsmaxCodeSuffix = ".nf4_absmax_code";
 inline constexpr std::string_view kNf4AbsmaxScaleSuffix = ".nf4_absmax_scale";
+// Whether a layout name is one of the three parts of a quantized weight.
+inline bool IsNf4PartName(std::string_view name) {
+  return name.ends_with(kNf4DataSuffix) || name.ends_with(kNf4AbsmaxCodeSuffix) ||
+         name.ends_with(kNf4AbsmaxScaleSuffix);
+}
 
 // [QLoRA quantized weights] As PEFT + bitsandbytes QLoRA (BitsAndBytesConfig(load_in_4bit=True,
 // bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True)) on a Llama-family model: every

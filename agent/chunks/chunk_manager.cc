@@ -2655,6 +2655,9 @@ absl::Status ChunkManager::LoadParamsAndState(const std::vector<NamedParam>& par
   return impl_->LoadParamsAndState(params, state);
 }
 ChunkMemoryStats ChunkManager::MemoryStats() const { return impl_->MemoryStats(); }
+ChunkUploadStats ChunkManager::UploadStats() { return impl_->UploadStats(); }
+void ChunkManager::ResetUploadStats() { impl_->ResetUploadStats(); }
+int ChunkManager::MinBuffers() const { return impl_->MinBuffers(); }
 
 absl::StatusOr<std::optional<GatherBandwidth>> CompareGatherTimes(Communicator& comm,
                                                                   const ChunkUploadStats& u) {
@@ -2678,15 +2681,14 @@ absl::StatusOr<std::optional<GatherBandwidth>> CompareGatherTimes(Communicator& 
     const double fastest = std::get<0>(per.min(0)).sum().item<double>();
     const double slowest = std::get<0>(per.max(0)).sum().item<double>();
     if (!(fastest > 0) || !(slowest > 0)) return std::optional<GatherBandwidth>();
-    const double bus = static_cast<double>(u.gather_sampled_bytes) * (w - 1) / w;
-    return std::optional<GatherBandwidth>(GatherBandwidth{n, bus / fastest, bus / slowest});
+    const double bytes = static_cast<double>(u.gather_sampled_bytes);
+    return std::optional<GatherBandwidth>(
+        GatherBandwidth{n, AllGatherBusBytesPerSecond(bytes, fastest, w),
+                        AllGatherBusBytesPerSecond(bytes, slowest, w)});
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat("comparing the chunk all-gathers' times: ", e.what_without_backtrace()));
   }
 }
-ChunkUploadStats ChunkManager::UploadStats() { return impl_->UploadStats(); }
-void ChunkManager::ResetUploadStats() { impl_->ResetUploadStats(); }
-int ChunkManager::MinBuffers() const { return impl_->MinBuffers(); }
 
 }  // namespace memplan

@@ -1095,11 +1095,9 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
     MEMPLAN_LOG(kInfo, "saved adapter").Field("dir", c.save_adapter_dir);
   }
   if (!c.merge_export_dir.empty() && lead) {
-    std::vector<NamedParam> base = trainer->BaseParams();
     // [QLoRA] merged into the dequantized weights (what the adapters were trained against).
-    if (model->has_nf4_base()) {
-      ASSIGN_OR_RETURN(base, model->DequantizedBase(base));
-    }
+    ASSIGN_OR_RETURN(const std::vector<NamedParam> base,
+                     model->DequantizedBase(trainer->BaseParams()));
     ASSIGN_OR_RETURN(std::vector<NamedParam> merged,
                      io::MergeLora(base, trainer->Params(), c.lora));
     io::TrainerState state;
@@ -1120,10 +1118,8 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
       // nccl-tests' bus bandwidth (output bytes / time x (W - 1) / W), comparable with
       // `memplan-agent bench --world-size W`'s all-gather figure.
       const ChunkUploadStats u = chunks->UploadStats();
-      const double bus = u.gather_seconds > 0
-                             ? static_cast<double>(u.gather_output_bytes) / u.gather_seconds *
-                                   (world_size - 1) / world_size
-                             : 0.0;
+      const double bus = AllGatherBusBytesPerSecond(static_cast<double>(u.gather_output_bytes),
+                                                    u.gather_seconds, world_size);
       std::printf("rank %d chunk all-gathers (after step 1): %lld, %lld timed, %.1f MiB out, "
                   "device %.4f s, bus bandwidth %.1f GB/s\n",
                   dist_in.rank, static_cast<long long>(u.gathers),

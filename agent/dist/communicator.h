@@ -27,6 +27,12 @@ class PendingCollective {
   }
 };
 
+// nccl-tests' bus bandwidth of an all-gather: its output bytes per second x (W - 1) / W (what
+// each rank's link carries). `memplan-agent bench` stores the measured figure in the profile.
+inline double AllGatherBusBytesPerSecond(double output_bytes, double seconds, int world_size) {
+  return seconds > 0 ? output_bytes / seconds * (world_size - 1) / world_size : 0.0;
+}
+
 // Every rank must start the same collectives in the same order, with tensors of the same sizes
 // and dtypes on device(). Tensors must stay alive and untouched until Wait() returns.
 // Thread-compatible: calls from one thread at a time.

@@ -12,6 +12,7 @@
 #include "agent/io/safetensors_torch.h"
 #include "agent/io/writable_file.h"
 #include "common/log.h"
+#include "common/nf4_bytes.h"
 #include "common/status.h"
 
 namespace memplan::io {
@@ -286,11 +287,9 @@ absl::StatusOr<torch::Tensor> HfCheckpoint::ReadRange(const std::string& name, i
 }
 
 absl::StatusOr<HfLoadReport> LoadModelCheckpoint(const HfCheckpoint& checkpoint, LlamaModel& model) {
-  const std::vector<NamedParam> names = FlattenParamGroups(model.ParamGroups());
-  if (!model.has_nf4_base()) return checkpoint.LoadInto(names, {});
-  std::vector<NamedParam> plain;
-  for (const NamedParam& p : names) {
-    if (p.name.find(".nf4_") == std::string::npos) plain.push_back(p);
+  std::vector<NamedParam> plain;  // everything but the NF4 parts (all of it without QLoRA)
+  for (const NamedParam& p : FlattenParamGroups(model.ParamGroups())) {
+    if (!IsNf4PartName(p.name)) plain.push_back(p);
   }
   HfLoadOptions options;
   const std::vector<std::string> quantized = model.QuantizedWeightNames();

@@ -480,12 +480,8 @@ absl::StatusOr<std::vector<NamedParam>> LlamaModel::DequantizedBase(
   for (const NamedParam& p : base) by_name.emplace(p.name, p.param);
   std::vector<NamedParam> out;
   for (const NamedParam& p : base) {
-    if (!p.name.ends_with(kNf4DataSuffix)) {
-      if (!p.name.ends_with(kNf4AbsmaxCodeSuffix) && !p.name.ends_with(kNf4AbsmaxScaleSuffix)) {
-        out.push_back(p);
-      }
-      continue;
-    }
+    if (!IsNf4PartName(p.name)) out.push_back(p);
+    if (!p.name.ends_with(kNf4DataSuffix)) continue;  // one weight per data part
     const std::string weight = p.name.substr(0, p.name.size() - kNf4DataSuffix.size());
     const auto where = ProjectionOf(weight, num_blocks());
     auto code = by_name.find(weight + std::string(kNf4AbsmaxCodeSuffix));

@@ -82,9 +82,10 @@ class LlamaModel {
   // a ChunkManager takes the parameters. NOT_FOUND for a name QuantizedWeightNames() lacks,
   // INVALID_ARGUMENT for a wrong shape.
   absl::Status LoadQuantizedWeight(const std::string& name, const torch::Tensor& value);
-  // QLoRA: `base` (values of Params() by name, e.g. a frozen ChunkManager's Params()) with each
-  // weight's NF4 parts replaced by the weight dequantized in the model dtype under its Hugging
-  // Face name (what merging adapters into a checkpoint needs); other entries unchanged.
+  // `base` (values of Params() by name, e.g. a frozen ChunkManager's Params()) with each
+  // quantized weight's NF4 parts replaced by the weight dequantized in the model dtype under its
+  // Hugging Face name (what merging adapters into a checkpoint needs); other entries unchanged,
+  // so without an NF4 base `base` comes back as it is.
   absl::StatusOr<std::vector<NamedParam>> DequantizedBase(const std::vector<NamedParam>& base) const;
   // LoRA adapters per group, num_groups() lists (embedding and head: empty); per block the
   // targeted projections in kLoraModuleNames order, lora_A then lora_B, named like PEFT's

@@ -226,10 +226,8 @@ absl::Status Run(const Flags& f) {
                                         f.Get("--model"), trainer->Params()));
   }
   if (!f.Get("--merge-export").empty()) {
-    std::vector<NamedParam> base = trainer->BaseParams();
-    if (model->has_nf4_base()) {
-      ASSIGN_OR_RETURN(base, model->DequantizedBase(base));
-    }
+    ASSIGN_OR_RETURN(const std::vector<NamedParam> base,
+                     model->DequantizedBase(trainer->BaseParams()));
     ASSIGN_OR_RETURN(std::vector<NamedParam> merged,
                      io::MergeLora(base, trainer->Params(), model_options.lora));
     io::TrainerState state;
