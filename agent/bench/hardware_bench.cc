@@ -183,8 +183,8 @@ AdamPasses MeasureAdamPasses(const HardwareBenchOptions& options, ThreadPool& po
 }
 
 // The adamw8bit pass of the same chunk (bf16 grads and parameters, uint8 moments with their
-// absmax slots, no master), for the ratio the cost model prices it by (kAdamW8bitCpuTimeFactor,
-// common/optimizer_bytes.h).
+// absmax slots, no master, stochastic rounding as `memplan-agent train` runs it by default), for
+// the ratio the cost model prices it by (kAdamW8bitCpuTimeFactor, common/optimizer_bytes.h).
 PassRate CpuAdamW8bitRate(const HardwareBenchOptions& options, ThreadPool& pool) {
   const int64_t n = options.adam_params;
   std::vector<uint16_t> grad16(n, 0x3c24), param16(n, 0x3f00);  // bf16 0.01, 0.5
@@ -198,7 +198,8 @@ PassRate CpuAdamW8bitRate(const HardwareBenchOptions& options, ThreadPool& pool)
       blocks.slot_stride = 2;
       AdamW8bitUpdateBf16(s, 1.0f, len, blocks, param16.data() + begin, grad16.data() + begin,
                           exp_avg.data() + begin, exp_avg_sq.data() + begin,
-                          absmax.data() + begin / 128, absmax_sq.data() + begin / 128, &TorchSqrt);
+                          absmax.data() + begin / 128, absmax_sq.data() + begin / 128, &TorchSqrt,
+                          ParamRounding{true, StochasticRoundingKey(0, 0, run + 1), begin});
     });
   });
 }

@@ -1,4 +1,5 @@
 #include "agent/chunks/adamw8bit_kernel.h"
+#include "agent/chunks/stochastic_rounding.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -87,7 +88,18 @@ __global__ void __launch_bounds__(kBlock) AdamW8bit(AdamW8bitKernelArgs a) {
     float p = ToFloat(param[i]);
     if (a.decay != 1.f) p = __fmul_rn(p, a.decay);
     p = __fadd_rn(p, __fmul_rn(a.step_size, __fdiv_rn(m, denom)));
-    param[i] = FromFloat<T>(p);
+    if constexpr (sizeof(T) == 2) {
+      if (a.stochastic_rounding) {
+        __nv_bfloat16_raw raw;
+        raw.x = Bf16BitsStochastic(__float_as_uint(p), a.rounding_key,
+                                   static_cast<uint64_t>(a.rounding_first + i));
+        param[i] = raw;
+      } else {
+        param[i] = FromFloat<T>(p);
+      }
+    } else {
+      param[i] = FromFloat<T>(p);
+    }
   }
   // Every thread reads its block's absmax before thread 0 overwrites it in Quantize (the
   // barrier inside BlockMax orders them).

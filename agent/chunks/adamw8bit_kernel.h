@@ -13,6 +13,11 @@ struct AdamW8bitKernelArgs {
   void* param = nullptr;       // numel elements, fp32 or bf16 (param_bf16), contiguous
   const void* grad = nullptr;  // same dtype and layout as param
   bool param_bf16 = false;
+  // bf16 parameters: rounded stochastically ([Stochastic rounding], stochastic_rounding.h) with
+  // this key, element i of the launch being element rounding_first + i of its parameter.
+  bool stochastic_rounding = false;
+  uint64_t rounding_key = 0;
+  int64_t rounding_first = 0;
   const float* clip_coef = nullptr;  // device scalar; null = no clipping
   uint8_t* exp_avg_codes = nullptr;  // numel codes each, contiguous
   uint8_t* exp_avg_sq_codes = nullptr;

@@ -29,7 +29,8 @@ torch::Tensor AsBlocks(const torch::Tensor& flat) {
 bool FusedCudaUpdate(const AdamWOptions& o, int64_t step, const torch::Tensor& clip_coef,
                      const QuantMapTensors& maps, torch::Tensor& param, const torch::Tensor& grad,
                      torch::Tensor& exp_avg_codes, torch::Tensor& exp_avg_sq_codes,
-                     torch::Tensor& exp_avg_absmax, torch::Tensor& exp_avg_sq_absmax) {
+                     torch::Tensor& exp_avg_absmax, torch::Tensor& exp_avg_sq_absmax,
+                     const ParamRounding& rounding) {
   const auto dtype = param.scalar_type();
   const int64_t n = param.numel();
   const int64_t blocks = Blocks(n);
@@ -55,6 +56,9 @@ bool FusedCudaUpdate(const AdamWOptions& o, int64_t step, const torch::Tensor& c
   a.param = param.data_ptr();
   a.grad = grad.data_ptr();
   a.param_bf16 = dtype == torch::kBFloat16;
+  a.stochastic_rounding = rounding.stochastic;
+  a.rounding_key = rounding.key;
+  a.rounding_first = rounding.first;
   a.clip_coef = clip.defined() ? clip.data_ptr<float>() : nullptr;
   a.exp_avg_codes = exp_avg_codes.data_ptr<uint8_t>();
   a.exp_avg_sq_codes = exp_avg_sq_codes.data_ptr<uint8_t>();
@@ -133,11 +137,13 @@ void AdamW8bitTorchUpdate(const AdamWOptions& o, int64_t step, const torch::Tens
                           const QuantMapTensors& maps, torch::Tensor param,
                           const torch::Tensor& grad, torch::Tensor exp_avg_codes,
                           torch::Tensor exp_avg_sq_codes, torch::Tensor exp_avg_absmax,
-                          torch::Tensor exp_avg_sq_absmax, bool torch_ops) {
+                          torch::Tensor exp_avg_sq_absmax, const ParamRounding& rounding,
+                          bool torch_ops) {
   torch::NoGradGuard no_grad;
 #ifdef MEMPLAN_ADAMW8BIT_CUDA
   if (!torch_ops && FusedCudaUpdate(o, step, clip_coef, maps, param, grad, exp_avg_codes,
-                                    exp_avg_sq_codes, exp_avg_absmax, exp_avg_sq_absmax)) {
+                                    exp_avg_sq_codes, exp_avg_absmax, exp_avg_sq_absmax,
+                                    rounding)) {
     return;
   }
 #else
@@ -161,7 +167,16 @@ void AdamW8bitTorchUpdate(const AdamWOptions& o, int64_t step, const torch::Tens
   torch::Tensor p = fp32 ? flat : flat.to(torch::kFloat32);
   if (o.weight_decay != 0) p.mul_(1 - o.lr * o.weight_decay);
   p.addcdiv_(m, denom, -o.lr / bias_correction1);
-  if (!fp32) flat.copy_(p);
+  if (!fp32 && rounding.stochastic && flat.scalar_type() == torch::kBFloat16) {
+    // The CPU kernel's rounding on a host copy (one scalar function for every path).
+    const torch::Tensor host = p.to(torch::kCPU).contiguous();
+    torch::Tensor bits = torch::empty({host.numel()}, host.options().dtype(torch::kBFloat16));
+    RoundToBf16(rounding, host.numel(), host.data_ptr<float>(),
+                reinterpret_cast<uint16_t*>(bits.data_ptr<at::BFloat16>()));
+    flat.copy_(bits);
+  } else if (!fp32) {
+    flat.copy_(p);
+  }
   QuantizeBlockwise8bit(m, maps.exp_avg_mids, exp_avg_codes, exp_avg_absmax);
   QuantizeBlockwise8bit(v, maps.exp_avg_sq_mids, exp_avg_sq_codes, exp_avg_sq_absmax);
 }

@@ -31,7 +31,9 @@ void QuantizeBlockwise8bit(const torch::Tensor& values, const torch::Tensor& mid
 // One update of `param` (fp32 or bf16, on any device) in place: the grad (param's dtype) is
 // multiplied by clip_coef when defined (in its dtype, as clip_grad_norm_ does), the moments are
 // dequantized, updated with AdamW (step = the update count after this one), the fp32 result is
-// rounded into the parameter and the moments are quantized again. codes are the parameter's
+// rounded into the parameter (bf16: as `rounding` says, its `first` being 0 for a whole
+// parameter; the ops path rounds stochastically on the host, a fallback) and the moments are
+// quantized again. codes are the parameter's
 // numel uint8 elements, absmax its ceil(numel / 256) blocks.
 // On a CUDA device with the fused kernel built (adamw8bit_kernel.h) and contiguous fp32/bf16
 // tensors, one kernel does it all (same operations and rounding order; results can differ from
@@ -42,7 +44,7 @@ void AdamW8bitTorchUpdate(const AdamWOptions& options, int64_t step,
                           torch::Tensor param, const torch::Tensor& grad,
                           torch::Tensor exp_avg_codes, torch::Tensor exp_avg_sq_codes,
                           torch::Tensor exp_avg_absmax, torch::Tensor exp_avg_sq_absmax,
-                          bool torch_ops = false);
+                          const ParamRounding& rounding = {}, bool torch_ops = false);
 // Whether this build has the fused CUDA kernel.
 bool AdamW8bitFusedKernelBuilt();
 

@@ -226,6 +226,7 @@ struct RangeWork {
   bool update = false;
   int64_t from = 0;  // the range's first element within its parameter (adamw8bit's block phase)
   int64_t step = 0;  // the parameter's update count after this update
+  int param = 0;     // its index in the manager's parameter order ([Stochastic rounding] key)
   AdamWStepScalars scalars;  // adamw
 };
 
@@ -1027,6 +1028,7 @@ void ChunkManager::Impl::ScheduleChunkWork(int c, bool accumulate, bool update, 
   for (int i : chunk.params) {
     Param& p = params_[i];
     RangeWork base;
+    base.param = i;
     if (accumulate) {
       base.accumulate = p.grad_this_micro && chunk.grad_accum.data() != nullptr;
       base.first = !p.grad_in_step;
@@ -1070,6 +1072,8 @@ void ChunkManager::Impl::ScheduleChunkWork(int c, bool accumulate, bool update, 
   float* exp_avg_sq_absmax = chunk.exp_avg_sq_absmax.as<float>();
   const AdamWOptions adamw = options_.adamw;
   const SgdStepScalars sgd = MakeSgdStepScalars(adamw.lr, adamw.weight_decay);
+  const bool stochastic = options_.stochastic_rounding;
+  const uint64_t seed = options_.rounding_seed;
   char* stage = static_cast<char*>(chunk.grad_stage.data());
   void* grad = HostGrad(chunk);
   float* grad32 = static_cast<float*>(grad);
@@ -1126,7 +1130,8 @@ void ChunkManager::Impl::ScheduleChunkWork(int c, bool accumulate, bool update, 
             AdamW8bitUpdateBf16(w.scalars, grad_scale, w.len, blocks, param16 + w.begin,
                                 static_cast<const uint16_t*>(grad) + w.begin, m, v,
                                 exp_avg_absmax + first_slot, exp_avg_sq_absmax + first_slot,
-                                &TorchSqrt);
+                                &TorchSqrt,
+                                MakeParamRounding(stochastic, seed, w.param, w.step, w.from));
           } else {
             AdamW8bitUpdate(w.scalars, grad_scale, w.len, blocks, master32 + w.begin,
                             grad32 + w.begin, m, v, exp_avg_absmax + first_slot,
@@ -1828,7 +1833,8 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
     {
       PersistentUpdate update(*this, clip_coef, grad_scale, slice_elems);
       int batch_chunk = -1;
-      for (Param& p : params_) {
+      for (size_t i = 0; i < params_.size(); ++i) {
+        Param& p = params_[i];
         const Chunk& owner = chunks_[p.chunk];
         if (!owner.persistent || owner.state_sharded || !p.tensor.grad().defined()) continue;
         if (p.chunk != batch_chunk) {
@@ -1839,7 +1845,10 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
         if (quantized()) {
           AdamW8bitTorchUpdate(options_.adamw, p.step, clip_coef, quant_maps_, p.tensor.detach(),
                                p.tensor.grad(), p.exp_avg, p.exp_avg_sq, p.exp_avg_absmax,
-                               p.exp_avg_sq_absmax);
+                               p.exp_avg_sq_absmax,
+                               MakeParamRounding(options_.stochastic_rounding,
+                                                 options_.rounding_seed,
+                                                 static_cast<int64_t>(i), p.step, 0));
           continue;
         }
         updated.push_back(&p);

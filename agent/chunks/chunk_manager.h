@@ -45,6 +45,11 @@ struct ChunkManagerOptions {
   // fp32 master for bf16 models). What each holds is common/optimizer_bytes.h.
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   AdamWOptions adamw;  // sgd uses its lr and weight_decay
+  // adamw8bit on a bf16 model (no master): the updates are rounded into the parameters
+  // stochastically with this seed ([Stochastic rounding], stochastic_rounding.h), the same way in
+  // every placement; false rounds to nearest even, as bitsandbytes does.
+  bool stochastic_rounding = false;
+  uint64_t rounding_seed = 0;
   int cpu_threads = 4;  // CPU optimizer worker threads
   int grad_accum = 1;   // micro-batches per Step(): the CPU update of a chunk starts once
                         // the last micro-batch's grads of that chunk have arrived

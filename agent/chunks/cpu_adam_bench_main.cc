@@ -105,7 +105,10 @@ int main(int argc, char** argv) {
           memplan::AdamW8bitUpdateBf16(s, 1.0f, len, blocks, param16.data() + begin,
                                        grad16.data() + begin, m8.data() + begin,
                                        v8.data() + begin, m_absmax.data() + begin / 128,
-                                       v_absmax.data() + begin / 128, &memplan::TorchSqrt);
+                                       v_absmax.data() + begin / 128, &memplan::TorchSqrt,
+                                       memplan::ParamRounding{
+                                           true, memplan::StochasticRoundingKey(0, 0, rep + 1),
+                                           begin});
           tracker.Done();
         });
       }

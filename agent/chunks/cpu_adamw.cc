@@ -175,6 +175,19 @@ void RoundToBf16(int64_t n, const float* __restrict in, uint16_t* __restrict out
   }
 }
 
+void RoundToBf16(const ParamRounding& rounding, int64_t n, const float* __restrict in,
+                 uint16_t* __restrict out) {
+  if (!rounding.stochastic) {
+    RoundToBf16(n, in, out);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &in[i], sizeof(bits));
+    out[i] = Bf16BitsStochastic(bits, rounding.key, static_cast<uint64_t>(rounding.first + i));
+  }
+}
+
 // bitsandbytes 0.50.2 create_dynamic_map(signed=True) and (signed=False), exactly (its float32
 // arithmetic, printed as hex floats).
 alignas(64) extern const float kSignedDynamicMap[256] = {
@@ -379,7 +392,7 @@ template <bool kBf16>
 void AdamW8bitRange(const AdamWStepScalars& s, float grad_scale, int64_t n,
                     const QuantBlocks& blocks, void* param, const void* grad, uint8_t* exp_avg,
                     uint8_t* exp_avg_sq, float* exp_avg_absmax, float* exp_avg_sq_absmax,
-                    VectorSqrtFn sqrt_fn) {
+                    VectorSqrtFn sqrt_fn, const ParamRounding& rounding) {
   if (sqrt_fn == nullptr) sqrt_fn = &StdSqrt;
   float m[kSqrtBlockElems], v[kSqrtBlockElems], sqrt_v[kSqrtBlockElems];
   float p32[kBf16 ? kSqrtBlockElems : 1], g32[kBf16 ? kSqrtBlockElems : 1];
@@ -421,7 +434,11 @@ void AdamW8bitRange(const AdamWStepScalars& s, float grad_scale, int64_t n,
     UpdateMoments(s, scale, len, g, m, v);
     sqrt_fn(v, sqrt_v, len);
     UpdateParams(s, len, sqrt_v, m, p);
-    if constexpr (kBf16) RoundToBf16(len, p32, static_cast<uint16_t*>(param) + begin);
+    if constexpr (kBf16) {
+      ParamRounding here = rounding;
+      here.first += begin;
+      RoundToBf16(here, len, p32, static_cast<uint16_t*>(param) + begin);
+    }
     // Requantize block by block with each block's new absmax.
     int64_t at = begin;
     for (int64_t b = first_block; b < block; ++b) {
@@ -445,15 +462,16 @@ void AdamW8bitUpdate(const AdamWStepScalars& s, float grad_scale, int64_t n,
                      uint8_t* exp_avg, uint8_t* exp_avg_sq, float* exp_avg_absmax,
                      float* exp_avg_sq_absmax, VectorSqrtFn sqrt_fn) {
   AdamW8bitRange<false>(s, grad_scale, n, blocks, param, grad, exp_avg, exp_avg_sq,
-                        exp_avg_absmax, exp_avg_sq_absmax, sqrt_fn);
+                        exp_avg_absmax, exp_avg_sq_absmax, sqrt_fn, ParamRounding{});
 }
 
 void AdamW8bitUpdateBf16(const AdamWStepScalars& s, float grad_scale, int64_t n,
                          const QuantBlocks& blocks, uint16_t* param, const uint16_t* grad,
                          uint8_t* exp_avg, uint8_t* exp_avg_sq, float* exp_avg_absmax,
-                         float* exp_avg_sq_absmax, VectorSqrtFn sqrt_fn) {
+                         float* exp_avg_sq_absmax, VectorSqrtFn sqrt_fn,
+                         const ParamRounding& rounding) {
   AdamW8bitRange<true>(s, grad_scale, n, blocks, param, grad, exp_avg, exp_avg_sq,
-                       exp_avg_absmax, exp_avg_sq_absmax, sqrt_fn);
+                       exp_avg_absmax, exp_avg_sq_absmax, sqrt_fn, rounding);
 }
 
 }  // namespace memplan

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "agent/chunks/stochastic_rounding.h"
+
 namespace memplan {
 
 // Hyper-parameters of torch::optim::AdamW (decoupled weight decay, no amsgrad).
@@ -110,10 +112,16 @@ void AdamW8bitUpdate(const AdamWStepScalars& s, float grad_scale, int64_t n,
                      float* exp_avg_sq_absmax, VectorSqrtFn sqrt_fn = nullptr);
 // The same for bf16 parameters and grads (raw bits), without a master: the grad is widened
 // (grad_scale != 1: the product rounded to bf16 first, as clip_grad_norm_ scales a bf16 grad),
-// the update runs in fp32 and the parameter is rounded back to bf16 (nearest even).
+// the update runs in fp32 and the parameter is rounded back to bf16 as `rounding` says (nearest
+// even by default, as bitsandbytes does; [Stochastic rounding] in stochastic_rounding.h).
 void AdamW8bitUpdateBf16(const AdamWStepScalars& s, float grad_scale, int64_t n,
                          const QuantBlocks& blocks, uint16_t* param, const uint16_t* grad,
                          uint8_t* exp_avg, uint8_t* exp_avg_sq, float* exp_avg_absmax,
-                         float* exp_avg_sq_absmax, VectorSqrtFn sqrt_fn = nullptr);
+                         float* exp_avg_sq_absmax, VectorSqrtFn sqrt_fn = nullptr,
+                         const ParamRounding& rounding = {});
+
+// n fp32 values into bf16 bits: nearest even, or stochastically for elements rounding.first ..
+// rounding.first + n - 1 of the parameter.
+void RoundToBf16(const ParamRounding& rounding, int64_t n, const float* in, uint16_t* out);
 
 }  // namespace memplan

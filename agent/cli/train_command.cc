@@ -723,6 +723,9 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
   options.chunks.host_memory = plan.host_memory;
   options.chunks.shard_persistent_state = plan.shard_persistent_state;
   options.chunks.cpu_threads = c.cpu_threads;
+  options.chunks.stochastic_rounding =
+      optimizer == OptimizerKind::kAdamW8bit && c.stochastic_rounding;
+  options.chunks.rounding_seed = c.seed;
   options.offload.host_memory = plan.host_memory;
   options.offload.max_in_flight_groups = c.offload_in_flight;
   options.communicator = group.get();

@@ -87,6 +87,9 @@ Workload:
                            bitsandbytes-style AdamW8bit (uint8 block-wise moments, no master;
                            fp32 or bf16, managed runs); sgd: no momentum
                            (+ fp32 master for bf16/fp16 models in managed runs)
+  --param-rounding stochastic|nearest   how adamw8bit rounds its updates into bf16
+                           parameters (stochastic, the default: small updates add up as on an
+                           fp32 master; nearest: bitsandbytes' AdamW8bit bit for bit)
   --device cpu|cuda|cuda:N|auto (auto)   --seed N (0)
 LoRA (adapters on a frozen base, as PEFT's LoraConfig):
   --lora-rank R            adapter rank, 1 to the hidden size (0 = full fine-tune, the default)
@@ -249,6 +252,15 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
          }
          return absl::OkStatus();
        }},
+      {"param-rounding",
+       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
+         if (v != "stochastic" && v != "nearest") {
+           return FlagError(flag, "\"" + v + "\" is not stochastic or nearest");
+         }
+         c.stochastic_rounding = v == "stochastic";
+         c.param_rounding_given = true;
+         return absl::OkStatus();
+       }},
       {"device",
        [&c](absl::string_view flag, const std::string& v) -> absl::Status {
          if (!(v == "cpu" || v == "cuda" || v == "auto" || absl::StartsWith(v, "cuda:"))) {
@@ -391,6 +403,12 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
                   c.n_swap || c.n_hs_offload || c.shard_persistent_state ||
                   !c.plan_file.empty())) {
     return absl::InvalidArgumentError("--plain runs without a plan; drop the plan flags");
+  }
+  if (c.param_rounding_given && c.optimizer.has_value() &&
+      *c.optimizer != OptimizerKind::kAdamW8bit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--param-rounding applies to --optimizer adamw8bit (the others keep an fp32 master or "
+        "use torch's fused AdamW); got --optimizer ", std::string(OptimizerName(*c.optimizer))));
   }
   if (c.plain && c.optimizer == OptimizerKind::kAdamW8bit) {
     return absl::InvalidArgumentError(

@@ -36,6 +36,11 @@ struct TrainConfig {
   double weight_decay = 0.01;
   std::optional<DType> dtype;   // default: bf16 on CUDA, fp32 on CPU; bf16 with adamw_bf16
   std::optional<OptimizerKind> optimizer;  // default: the plan file's, else adamw
+  // --param-rounding: how adamw8bit writes its fp32 update into bf16 parameters (it keeps no
+  // master): stochastic (default; [Stochastic rounding], agent/chunks/stochastic_rounding.h) or
+  // nearest (bitsandbytes' AdamW8bit exactly).
+  bool stochastic_rounding = true;
+  bool param_rounding_given = false;
   // LoRA (--lora-rank > 0): adapters on the frozen base; PEFT-format adapter in and out, and a
   // merged Hugging Face export.
   LoraOptions lora;

@@ -5,6 +5,9 @@
 // reference's bits on the CPU.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
+#include <optional>
 #include <vector>
 
 #include "agent/chunks/adamw8bit_torch.h"
@@ -95,9 +98,25 @@ torch::Tensor RefDequantize(const RefQuantized& q, const torch::Tensor& map) {
   return out;
 }
 
-// bitsandbytes' optimizer_update_8bit_blockwise ("adam", CPU) after clip_grad_norm_'s grad.mul_.
+// fp32 -> bf16 rounded stochastically, written with tensor ops from the definition: add 16 noise
+// bits below bf16's cut and truncate (the noise is the header's, element index from 0).
+torch::Tensor RefStochasticBf16(const torch::Tensor& p32, uint64_t key) {
+  const int64_t n = p32.numel();
+  torch::Tensor noise = torch::empty({n}, torch::kInt64);
+  for (int64_t i = 0; i < n; ++i) {
+    noise[i] = static_cast<int64_t>(Mix64(key + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull) >> 48);
+  }
+  // fp32 bits as a non-negative int64, the sum truncated to its high 16 bits.
+  const torch::Tensor bits = p32.contiguous().view(torch::kInt32).to(torch::kInt64) & 0xFFFFFFFFll;
+  const torch::Tensor rounded = ((bits + noise) & 0xFFFF0000ll).to(torch::kInt32);
+  return rounded.view(torch::kFloat32).to(torch::kBFloat16);  // exact: low half is zero
+}
+
+// bitsandbytes' optimizer_update_8bit_blockwise ("adam", CPU) after clip_grad_norm_'s grad.mul_;
+// with `stochastic_key`, a bf16 parameter is rounded stochastically instead of to nearest.
 void RefStep(const AdamWOptions& o, int64_t step, float clip, torch::Tensor param,
-             torch::Tensor grad, RefQuantized& m8, RefQuantized& v8) {
+             torch::Tensor grad, RefQuantized& m8, RefQuantized& v8,
+             std::optional<uint64_t> stochastic_key = std::nullopt) {
   const torch::Tensor signed_map = MapTensor(true), unsigned_map = MapTensor(false);
   torch::Tensor g = clip != 1.0f ? grad * static_cast<double>(clip) : grad;
   g = g.to(torch::kFloat32);
@@ -111,7 +130,11 @@ void RefStep(const AdamWOptions& o, int64_t step, float clip, torch::Tensor para
   torch::Tensor p = param.to(torch::kFloat32);
   if (o.weight_decay > 0) p.mul_(1 - o.lr * o.weight_decay);
   p.addcdiv_(m, denom, -o.lr / c1);
-  param.copy_(p);
+  if (stochastic_key.has_value() && param.scalar_type() == torch::kBFloat16) {
+    param.copy_(RefStochasticBf16(p, *stochastic_key));
+  } else {
+    param.copy_(p);
+  }
   m8 = RefQuantize(m, signed_map);
   v8 = RefQuantize(v, unsigned_map);
 }
@@ -122,7 +145,17 @@ struct Case {
   bool bf16;
   AdamWOptions options;
   float clip;
+  bool stochastic = false;  // [Stochastic rounding] of the bf16 parameter
 };
+
+// The rounding of a case's update `step` (parameter index 3, seed 5: any fixed values).
+ParamRounding CaseRounding(const Case& c, int64_t step) {
+  return MakeParamRounding(c.stochastic, 5, 3, step, 0);
+}
+std::optional<uint64_t> CaseKey(const Case& c, int64_t step) {
+  if (!c.stochastic) return std::nullopt;
+  return CaseRounding(c, step).key;
+}
 
 class AdamW8bitTest : public ::testing::TestWithParam<Case> {};
 
@@ -153,7 +186,7 @@ TEST_P(AdamW8bitTest, KernelAndTorchPathEqualTheReference) {
                             (step % 2 ? 0.01 : 1.0))
                                .to(dtype);
       if (n > 300) grad.narrow(0, 256, 20).zero_();  // zero grads inside a block
-      RefStep(c.options, step, c.clip, ref, grad, ref_m, ref_v);
+      RefStep(c.options, step, c.clip, ref, grad, ref_m, ref_v, CaseKey(c, step));
       const AdamWStepScalars s = MakeAdamWStepScalars(c.options, step);
       QuantBlocks whole;  // one tensor from element 0: consecutive absmax entries
       if (c.bf16) {
@@ -162,7 +195,7 @@ TEST_P(AdamW8bitTest, KernelAndTorchPathEqualTheReference) {
                             reinterpret_cast<const uint16_t*>(grad.data_ptr<at::BFloat16>()),
                             k_state[0].data_ptr<uint8_t>(), k_state[1].data_ptr<uint8_t>(),
                             k_state[2].data_ptr<float>(), k_state[3].data_ptr<float>(),
-                            &TorchSqrt);
+                            &TorchSqrt, CaseRounding(c, step));
       } else {
         AdamW8bitUpdate(s, c.clip, n, whole, kernel.data_ptr<float>(), grad.data_ptr<float>(),
                         k_state[0].data_ptr<uint8_t>(), k_state[1].data_ptr<uint8_t>(),
@@ -171,7 +204,7 @@ TEST_P(AdamW8bitTest, KernelAndTorchPathEqualTheReference) {
       const torch::Tensor coef =
           c.clip != 1.0f ? torch::full({}, c.clip, torch::kFloat32) : torch::Tensor();
       AdamW8bitTorchUpdate(c.options, step, coef, maps, via_torch, grad, t_state[0], t_state[1],
-                           t_state[2], t_state[3]);
+                           t_state[2], t_state[3], CaseRounding(c, step));
       const std::string at = "n=" + std::to_string(n) + " step " + std::to_string(step);
       ASSERT_TRUE(torch::equal(kernel, ref))
           << at << " max diff "
@@ -195,7 +228,11 @@ INSTANTIATE_TEST_SUITE_P(Options, AdamW8bitTest,
                                            Case{true, AdamWOptions{1e-2, 0.8, 0.99, 1e-6, 0.0},
                                                 1.0f},
                                            Case{true, AdamWOptions{1e-3, 0.9, 0.999, 1e-8, 0.01},
-                                                0.37f}));
+                                                0.37f},
+                                           Case{true, AdamWOptions{1e-3, 0.9, 0.999, 1e-8, 0.01},
+                                                0.37f, true},
+                                           Case{true, AdamWOptions{1e-2, 0.8, 0.99, 1e-6, 0.0},
+                                                1.0f, true}));
 
 // The fused CUDA kernel (persistent chunks on a GPU) against the reference run on the CPU, with
 // absmax entries strided as the chunk manager lays them out. The kernel does each operation in
@@ -225,11 +262,12 @@ TEST_P(AdamW8bitTest, FusedCudaKernelMatchesTheReference) {
     torch::Tensor am = slots_m.slice(0, 0, 2 * blocks, 2), av = slots_v.slice(0, 0, 2 * blocks, 2);
     for (int64_t step = 1; step <= 5; ++step) {
       torch::Tensor grad = (torch::randn({n}) * torch::exp(torch::randn({n}) * 2)).to(dtype);
-      RefStep(c.options, step, c.clip, ref, grad, ref_m, ref_v);
+      RefStep(c.options, step, c.clip, ref, grad, ref_m, ref_v, CaseKey(c, step));
       const torch::Tensor coef =
           c.clip != 1.0f ? torch::full({}, c.clip, torch::dtype(torch::kFloat32).device(cuda))
                          : torch::Tensor();
-      AdamW8bitTorchUpdate(c.options, step, coef, maps, dev, grad.to(cuda), m8, v8, am, av);
+      AdamW8bitTorchUpdate(c.options, step, coef, maps, dev, grad.to(cuda), m8, v8, am, av,
+                           CaseRounding(c, step));
       const std::string at = "n=" + std::to_string(n) + " step " + std::to_string(step);
       const torch::Tensor p32 = dev.cpu().to(torch::kFloat32), r32 = ref.to(torch::kFloat32);
       const torch::Tensor bound = r32.abs().clamp_min(1e-30) * (2 * ulp);
@@ -315,6 +353,78 @@ TEST(AdamW8bitKernelTest, QuantizeEdgeCases) {
   // Ties go to the lower code.
   const float mid = (kSignedDynamicMap[200] + kSignedDynamicMap[201]) / 2;
   EXPECT_EQ(NearestCode8bit(kSignedDynamicMap, mid), 200);
+}
+
+uint32_t FloatBits(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof(b));
+  return b;
+}
+float Bf16Value(uint16_t bits) {
+  const uint32_t b = static_cast<uint32_t>(bits) << 16;
+  float x;
+  std::memcpy(&x, &b, sizeof(x));
+  return x;
+}
+
+// Between two bf16 neighbours, the share of elements rounded up is the value's distance from the
+// lower one in ulps (binomial bound of 5 sigma over 2^17 elements); nothing else comes out;
+// exact bf16 values, infinities and NaN are kept; the same (key, index) rounds the same way.
+TEST(StochasticRoundingTest, RoundsUpWithTheDistanceAsProbability) {
+  constexpr int kN = 1 << 17;
+  for (const float lower : {1.0f, -1.0f, 0.0234375f, -3.0e-8f}) {
+    const uint32_t lo_bits = FloatBits(lower) & 0xFFFF0000u;  // a bf16 value
+    const uint16_t lo16 = static_cast<uint16_t>(lo_bits >> 16);
+    for (const double frac : {0.0, 0.03, 0.25, 0.5, 0.9}) {
+      const uint32_t bits = lo_bits + static_cast<uint32_t>(frac * 65536);
+      int up = 0;
+      for (int i = 0; i < kN; ++i) {
+        const uint16_t r = Bf16BitsStochastic(bits, /*key=*/77, static_cast<uint64_t>(i));
+        ASSERT_TRUE(r == lo16 || r == lo16 + 1) << lower << " " << frac << " got " << r;
+        up += r == lo16 + 1;
+        ASSERT_EQ(r, Bf16BitsStochastic(bits, 77, static_cast<uint64_t>(i)));
+      }
+      const double sigma = std::sqrt(kN * frac * (1 - frac));
+      EXPECT_NEAR(up, kN * frac, 5 * sigma + 1) << lower << " " << frac;
+    }
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int i = 0; i < 1000; ++i) {
+    EXPECT_EQ(Bf16BitsStochastic(FloatBits(inf), 1, i), 0x7F80);
+    EXPECT_EQ(Bf16BitsStochastic(FloatBits(-inf), 1, i), 0xFF80);
+    EXPECT_EQ(Bf16BitsStochastic(0x7F800001u, 1, i), 0x7FC0);  // a NaN whose payload is low
+  }
+  // Other keys give other draws.
+  int same = 0;
+  const uint32_t half = FloatBits(1.0f) + 0x8000;
+  for (int i = 0; i < 1000; ++i) {
+    same += Bf16BitsStochastic(half, 1, i) == Bf16BitsStochastic(half, 2, i);
+  }
+  EXPECT_LT(same, 600);
+  EXPECT_NE(StochasticRoundingKey(0, 1, 2), StochasticRoundingKey(0, 2, 1));
+  EXPECT_NE(StochasticRoundingKey(0, 1, 2), StochasticRoundingKey(1, 1, 2));
+}
+
+// Why it exists: 1000 updates of +1e-4 on a bf16 weight of 1.0 (a bf16 ulp there is 2^-7, so
+// each update is 1/78 of it). Rounded to nearest the weight never moves; rounded stochastically
+// it ends near 1.1, as an fp32 master would.
+TEST(StochasticRoundingTest, SmallUpdatesAddUp) {
+  constexpr int kElems = 256;
+  std::vector<uint16_t> nearest(kElems, 0x3F80), stochastic(kElems, 0x3F80);  // bf16 1.0
+  std::vector<float> next(kElems);
+  for (int step = 1; step <= 1000; ++step) {
+    for (auto* w : {&nearest, &stochastic}) {
+      for (int i = 0; i < kElems; ++i) next[i] = Bf16Value((*w)[i]) + 1e-4f;
+      RoundToBf16(MakeParamRounding(w == &stochastic, 3, 0, step, 0), kElems, next.data(),
+                  w->data());
+    }
+  }
+  double mean = 0;
+  for (int i = 0; i < kElems; ++i) {
+    EXPECT_EQ(nearest[i], 0x3F80);
+    mean += Bf16Value(stochastic[i]) / kElems;
+  }
+  EXPECT_NEAR(mean, 1.1, 0.005);
 }
 
 TEST(AdamW8bitBytesTest, StateBytesPerParameter) {

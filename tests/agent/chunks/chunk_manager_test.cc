@@ -458,6 +458,7 @@ struct Q8Case {
   double max_grad_norm;
   int grad_accum;
   bool overlap;
+  bool stochastic = false;  // [Stochastic rounding] of bf16 parameters
 };
 
 std::string Q8CaseName(const ::testing::TestParamInfo<Q8Case>& info) {
@@ -465,7 +466,7 @@ std::string Q8CaseName(const ::testing::TestParamInfo<Q8Case>& info) {
   return std::string(c.bf16 ? "bf16" : "fp32") + "_persist" + std::to_string(c.n_persist) +
          "_buf" + std::to_string(c.n_buffer) + (c.tied ? "_tied" : "") +
          (c.max_grad_norm > 0 ? "_clip" : "") + "_accum" + std::to_string(c.grad_accum) +
-         (c.overlap ? "_overlap" : "");
+         (c.overlap ? "_overlap" : "") + (c.stochastic ? "_stochastic" : "");
 }
 
 struct Q8State {
@@ -475,7 +476,7 @@ struct Q8State {
 
 // The reference: one tensor, blocks from its element 0.
 void Q8Reference(const AdamWOptions& o, int64_t step, float grad_scale, torch::Tensor param,
-                 const torch::Tensor& grad, Q8State& st) {
+                 const torch::Tensor& grad, Q8State& st, const ParamRounding& rounding = {}) {
   const torch::Tensor g = grad.contiguous();
   const int64_t n = param.numel();
   const AdamWStepScalars s = MakeAdamWStepScalars(o, step);
@@ -485,7 +486,7 @@ void Q8Reference(const AdamWOptions& o, int64_t step, float grad_scale, torch::T
                         reinterpret_cast<const uint16_t*>(g.data_ptr<at::BFloat16>()),
                         st.codes[0].data_ptr<uint8_t>(), st.codes[1].data_ptr<uint8_t>(),
                         st.absmax[0].data_ptr<float>(), st.absmax[1].data_ptr<float>(),
-                        &TorchSqrt);
+                        &TorchSqrt, rounding);
   } else {
     AdamW8bitUpdate(s, grad_scale, n, QuantBlocks{}, param.data_ptr<float>(), g.data_ptr<float>(),
                     st.codes[0].data_ptr<uint8_t>(), st.codes[1].data_ptr<uint8_t>(),
@@ -501,6 +502,8 @@ ChunkManagerOptions Q8Options(const Q8Case& c) {
   options.grad_accum = c.grad_accum;
   options.max_grad_norm = c.overlap ? c.max_grad_norm : -1;
   options.chunk_bytes = c.bf16 ? 4000 : 8000;
+  options.stochastic_rounding = c.stochastic;
+  options.rounding_seed = 99;
   return options;
 }
 
@@ -553,8 +556,12 @@ TEST_P(ChunkManagerAdamW8bitTest, EqualsThePerTensorReference) {
         EXPECT_LT(grad_scale, 1.0f) << "the case should actually clip";
       }
       for (size_t i = 0; i < ref_params.size(); ++i) {
+        // Stochastic: keyed by the parameter's place in ParamOrder() and its update count, so a
+        // whole-tensor update rounds each element as the manager's pieces do.
         Q8Reference(options.adamw, step, grad_scale, ref_params[i].detach(), ref_params[i].grad(),
-                    states[i]);
+                    states[i],
+                    MakeParamRounding(c.stochastic, options.rounding_seed,
+                                      static_cast<int64_t>(i), step, 0));
         ref_params[i].mutable_grad().reset();
       }
     }
@@ -593,7 +600,9 @@ INSTANTIATE_TEST_SUITE_P(
         // bf16, n_persist, n_buffer, tied, max_grad_norm, grad_accum, overlap
         Q8Case{false, 0, 1, false, 0, 1, true}, Q8Case{false, 2, 2, true, 0.05, 2, false},
         Q8Case{false, 3, 2, false, 0, 2, true}, Q8Case{true, 1, 2, true, 0, 2, true},
-        Q8Case{true, 2, 1, false, 0.05, 1, false}, Q8Case{true, 0, 2, true, 0.05, 2, false}),
+        Q8Case{true, 2, 1, false, 0.05, 1, false}, Q8Case{true, 0, 2, true, 0.05, 2, false},
+        Q8Case{true, 1, 2, true, 0.05, 2, true, true},
+        Q8Case{true, 2, 1, false, 0, 1, false, true}),
     Q8CaseName);
 
 // Checkpoint: the state exported by one residency, loaded by another (other initial values),

@@ -129,6 +129,16 @@ TEST(ParseTrainArgsTest, OptimizerFlag) {
   auto run = ResolveRunPlan(*parse({"--optimizer", "adamw8bit"}), 3, std::nullopt);
   ASSERT_TRUE(run.ok()) << run.status();
   EXPECT_TRUE(run->managed);
+  // [Stochastic rounding] by default; nearest on request; the flag is adamw8bit's only.
+  EXPECT_TRUE(parse({"--optimizer", "adamw8bit"})->stochastic_rounding);
+  EXPECT_FALSE(
+      parse({"--optimizer", "adamw8bit", "--param-rounding", "nearest"})->stochastic_rounding);
+  const absl::Status bad_mode = parse({"--param-rounding", "up"}).status();
+  EXPECT_THAT(bad_mode.message(), HasSubstr("--param-rounding"));
+  EXPECT_THAT(bad_mode.message(), HasSubstr("stochastic or nearest"));
+  const absl::Status other = parse({"--optimizer", "adamw", "--param-rounding", "nearest"}).status();
+  EXPECT_THAT(other.message(), HasSubstr("--param-rounding applies to --optimizer adamw8bit"));
+  EXPECT_THAT(TrainUsage(), HasSubstr("--param-rounding stochastic|nearest"));
 }
 
 TEST(ParsePlanOptimizerTest, FlagAndPlanFileMustAgree) {
