@@ -35,12 +35,15 @@ if has qlora; then
     --lora-rank 16 --lora-alpha 32 --qlora
 fi
 if has adam8; then
-  # Loss curves on real text: the same model, data and seed under adamw and adamw8bit.
+  # Loss curves on real text: the same model, data and seed under adamw and adamw8bit (its
+  # default stochastic rounding, and rounding to nearest as bitsandbytes does).
   python3 "$here/make-text-tokens.py" --out "$out/text.tok" | tee "$out/text.txt"
-  for opt in adamw adamw8bit; do
+  for run in adamw adamw8bit adamw8bit-nearest; do
+    args=(--optimizer "${run%-nearest}")
+    [[ $run == *-nearest ]] && args+=(--param-rounding nearest)
     "$build/agent/cli/memplan-agent" train --arch qwen2.5-0.5b --data "$out/text.tok" \
-      --batch 8 --seq 512 --steps 200 --lr 3e-4 --optimizer "$opt" --device cuda \
-      --chunk-mib 64 --n-persist 1000 --log-every 1 >"$out/curve-$opt.log" 2>&1
-    tail -3 "$out/curve-$opt.log"
+      --batch 8 --seq 512 --steps 200 --lr 3e-4 "${args[@]}" --device cuda \
+      --chunk-mib 64 --n-persist 1000 --log-every 1 >"$out/curve-$run.log" 2>&1
+    tail -3 "$out/curve-$run.log"
   done
 fi
