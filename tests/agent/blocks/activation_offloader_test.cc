@@ -1,6 +1,9 @@
 #include "agent/blocks/activation_offloader.h"
 
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <gtest/gtest.h>
+
+#include <vector>
 
 namespace memplan {
 namespace {
@@ -76,6 +79,56 @@ TEST(ActivationOffloaderTest, SwapScopeOffloadsSavedActivationsButNotParameters)
   EXPECT_TRUE(torch::equal(gx, x.grad()));
   EXPECT_TRUE(torch::equal(gw, w.grad()));
   EXPECT_EQ(offloader->Stats().synchronous_fetches, 0);
+}
+
+// [Upload memory] on a GPU: uploads come from the compute stream's pool without record_stream on
+// the prefetch stream. Block inputs of 64 MiB, prefetched one group ahead and taken in reverse
+// order while the compute stream allocates and fills tensors of the same size: every value comes
+// back, and a freed upload is reusable by the compute stream at once (no pending frees: the
+// allocator's active bytes equal its allocated bytes). An upload dropped before its use (Clear
+// right after Prefetch) does not write into memory the compute stream has been handed since.
+TEST(ActivationOffloaderGpuTest, UploadsReturnValuesAndFreeWithoutPendingBytes) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  ActivationOffloadOptions options;
+  options.device = torch::Device(torch::kCUDA, 0);
+  auto offloader = MakeOffloader(options);
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(options.device);
+  constexpr int64_t kElems = int64_t{16} << 20;  // 64 MiB
+  constexpr int kGroups = 6;
+  std::vector<torch::Tensor> expected;
+  for (int g = 0; g < kGroups; ++g) {
+    torch::Tensor x = torch::full({kElems}, static_cast<float>(g + 1), f32);
+    expected.push_back(x.cpu());
+    offloader->OffloadInput(g, x);
+    offloader->EndForwardGroup(g);
+  }
+  torch::cuda::synchronize();
+  const auto index = static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE);
+  offloader->Prefetch(kGroups - 1);
+  for (int g = kGroups - 1; g >= 0; --g) {
+    if (g > 0) offloader->Prefetch(g - 1);  // the next upload is queued before this one's use
+    torch::Tensor back = offloader->TakeInput(g);
+    torch::Tensor filler = torch::empty({kElems}, f32).fill_(-1.0f);  // compute-stream work
+    ASSERT_TRUE(torch::equal(back.cpu(), expected[g])) << "group " << g;
+    back = torch::Tensor();
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+    EXPECT_EQ(stats.active_bytes[index].current, stats.allocated_bytes[index].current)
+        << "freed uploads waiting on a side stream after group " << g;
+    offloader->Clear(g);
+  }
+  // Dropped before use: the copy into the dropped block must finish before the compute stream
+  // reuses it.
+  for (int round = 0; round < 3; ++round) {
+    torch::Tensor x = torch::full({kElems}, 7.0f, f32);
+    offloader->OffloadInput(100, x);
+    offloader->EndForwardGroup(100);
+    x = torch::Tensor();
+    offloader->Prefetch(100);
+    offloader->Clear(100);
+    torch::Tensor reused = torch::empty({kElems}, f32).fill_(-2.0f);
+    torch::cuda::synchronize();
+    EXPECT_TRUE((reused == -2.0f).all().item<bool>()) << "round " << round;
+  }
 }
 
 }  // namespace
