@@ -112,7 +112,10 @@ Residency plan (any chunk knob or --plan-file runs the chunk manager):
   --persistent-state sharded|replicated   several ranks: the persistent chunks' optimizer
                            state sharded 1/W per rank (grads reduce-scattered, parameters
                            all-gathered after the update) or replicated (grads all-reduced)
-  --offload-in-flight N (2)  --cpu-threads N (4)
+  --offload-in-flight N (2)  groups whose copies to the host (offloaded activations in
+                           forward, offloaded chunks' grads in backward) may be in flight
+                           before compute waits for the oldest
+  --cpu-threads N (4)
 Checkpoints and output:
   --save DIR  --save-every N (0 = at the end)  --resume DIR  --log-every N (1)
 Diagnostics and device memory:

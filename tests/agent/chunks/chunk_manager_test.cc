@@ -1083,6 +1083,13 @@ TEST(ChunkManagerTest, RejectsBadOptions) {
   status = ChunkManager::Create(model.Groups(), options).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("alignment_bytes"), absl::string_view::npos) << status;
+  options = CpuOptions(0, 1);
+  options.max_grad_copy_groups = 0;
+  status = ChunkManager::Create(model.Groups(), options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("max_grad_copy_groups: must be >= 1, got 0"),
+            absl::string_view::npos)
+      << status;
 }
 
 TEST(ChunkManagerTest, StepRefusesToClipAfterOverlappedUpdates) {
