@@ -834,17 +834,19 @@ EventPtr ChunkManager::Impl::RecordOnCompute() {
 void ChunkManager::Impl::BoundGradCopyBacklog(const std::set<int>& touched) {
   // [Grad copy backlog] StageGrad frees each grad as soon as its device-to-host copy is queued
   // (recordStream): the caching allocator cannot reuse the block until the offload stream has
-  // run the copy. Where backward produces grads faster than the link drains them, those blocks
-  // would pile up without bound. Making the compute stream wait for the copies of the group
-  // max_grad_copy_groups back bounds that memory at a few groups' grads; it costs time only where
-  // the copies are the slower side, and then the step waits for them at its end anyway (the CPU
-  // update needs the grads on the host). (On an H200, llama-3.2-3b 7x1536 with 105 of 113 chunks
-  // offloaded, the 1.4 GiB of freed-but-pending blocks in backward did not change with the bound:
-  // they were not grads; docs/benchmarks.md.)
+  // run the copy. The host enqueues backward groups well ahead of the GPU, and every group it
+  // is ahead by leaves that group's grads freed but not reusable (their copies have not even
+  // started): on an H200, llama-3.2-3b 7x1536 with 105 of 113 chunks offloaded, the host ran ~7
+  // groups ahead and 1.4 GiB of freed grads (7 x 192 MiB) stayed pending through backward, which
+  // the allocator covered with new segments. Waiting on the host for the copies of the group
+  // max_grad_copy_groups back bounds that run-ahead, as the activation offloader bounds its
+  // forward copies (a stream-side wait does not: it orders the GPU, not the host). The GPU still
+  // has the groups in between queued, so it costs time only where the copies are the slower side,
+  // and then the step waits for them at its end anyway (the CPU update needs them on the host).
   if (!cuda() || touched.empty()) return;
   grad_copies_.push_back(chunks_[*touched.rbegin()].grads_copied);  // recorded after them all
   while (static_cast<int>(grad_copies_.size()) > options_.max_grad_copy_groups) {
-    WaitOnCompute(grad_copies_.front());
+    if (grad_copies_.front()) grad_copies_.front()->synchronize();
     grad_copies_.pop_front();
   }
 }

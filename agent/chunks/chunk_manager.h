@@ -52,9 +52,9 @@ struct ChunkManagerOptions {
   uint64_t rounding_seed = 0;
   int cpu_threads = 4;  // CPU optimizer worker threads
   // [Grad copy backlog] Backward groups whose offloaded grads may still be on their way to the
-  // host (CUDA) when the next group's backward starts; beyond that the compute stream waits for
-  // the oldest group's copies. Each grad is freed once its copy is queued, so the backlog is
-  // memory the caching allocator cannot hand out yet. >= 1.
+  // host (CUDA) when the next group's backward is enqueued; beyond that the host waits for the
+  // oldest group's copies. Each grad is freed once its copy is queued, so the backlog is memory
+  // the caching allocator cannot hand out yet. >= 1.
   int max_grad_copy_groups = 2;
   int grad_accum = 1;   // micro-batches per Step(): the CPU update of a chunk starts once
                         // the last micro-batch's grads of that chunk have arrived
