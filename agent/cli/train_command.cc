@@ -836,6 +836,9 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
         .Field("device", device.str())
         .Field("managed", plan.managed)
         .Field("block_modes", ModesString(plan.block_modes));
+    if (optimizer == OptimizerKind::kAdamW8bit && dtype != DType::kFloat32) {
+      record.Field("param_rounding", options.chunks.stochastic_rounding ? "stochastic" : "nearest");
+    }
     // LoRA: the plan's chunks are the frozen base's; the adapters' manager is reported apart.
     if (ChunkManager* adapters = trainer->base_chunk_manager() ? trainer->chunk_manager() : nullptr) {
       const ChunkMemoryStats a = adapters->MemoryStats();
