@@ -726,9 +726,9 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
   options.chunks.stochastic_rounding =
       optimizer == OptimizerKind::kAdamW8bit && c.stochastic_rounding;
   options.chunks.rounding_seed = c.seed;
+  options.chunks.max_grad_copy_groups = c.offload_in_flight;
   options.offload.host_memory = plan.host_memory;
   options.offload.max_in_flight_groups = c.offload_in_flight;
-  options.chunks.max_grad_copy_groups = c.offload_in_flight;
   options.communicator = group.get();
   // The plan's n_persist counts chunks of the layout it was made for: a plan made for another
   // layout ([Layout fingerprint], common/chunk_packing.h) is refused before anything is allocated.
