@@ -97,15 +97,6 @@ void AccumulateGrad(bool first, int64_t n, const float* __restrict in, float* __
   for (int64_t i = 0; i < n; ++i) accum[i] = accum[i] + in[i];
 }
 
-namespace {
-inline float Bf16BitsToFloat(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float value;
-  std::memcpy(&value, &wide, sizeof(value));
-  return value;
-}
-}  // namespace
-
 MEMPLAN_VECTOR_CLONES
 void AccumulateGradBf16(bool first, int64_t n, const uint16_t* __restrict in,
                         float* __restrict accum) {
@@ -163,16 +154,7 @@ void SgdUpdate(const SgdStepScalars& s, float grad_scale, int64_t n, float* __re
 
 MEMPLAN_VECTOR_CLONES
 void RoundToBf16(int64_t n, const float* __restrict in, uint16_t* __restrict out) {
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, &in[i], sizeof(bits));
-    if (std::isnan(in[i])) {
-      out[i] = 0x7FC0;
-      continue;
-    }
-    const uint32_t rounding_bias = 0x7FFF + ((bits >> 16) & 1);
-    out[i] = static_cast<uint16_t>((bits + rounding_bias) >> 16);
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = FloatToBf16Bits(in[i]);
 }
 
 void RoundToBf16(const ParamRounding& rounding, int64_t n, const float* __restrict in,
@@ -357,13 +339,6 @@ uint8_t NearestCode8bit(const float* map, float normed) {
 
 namespace {
 
-inline float Bf16ToFloat(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float value;
-  std::memcpy(&value, &wide, sizeof(value));
-  return value;
-}
-
 }  // namespace
 
 float QuantizeBlock8bit(const float* map, int64_t n, const float* in, uint8_t* codes) {
@@ -421,13 +396,13 @@ void AdamW8bitRange(const AdamWStepScalars& s, float grad_scale, int64_t n,
     if constexpr (kBf16) {
       const uint16_t* p16 = static_cast<const uint16_t*>(param) + begin;
       const uint16_t* g16 = static_cast<const uint16_t*>(grad) + begin;
-      for (int64_t i = 0; i < len; ++i) p32[i] = Bf16ToFloat(p16[i]);
-      for (int64_t i = 0; i < len; ++i) g32[i] = Bf16ToFloat(g16[i]);
+      for (int64_t i = 0; i < len; ++i) p32[i] = Bf16BitsToFloat(p16[i]);
+      for (int64_t i = 0; i < len; ++i) g32[i] = Bf16BitsToFloat(g16[i]);
       if (grad_scale != 1.0f) {
         for (int64_t i = 0; i < len; ++i) g32[i] *= grad_scale;
         uint16_t rounded[kSqrtBlockElems];
         RoundToBf16(len, g32, rounded);
-        for (int64_t i = 0; i < len; ++i) g32[i] = Bf16ToFloat(rounded[i]);
+        for (int64_t i = 0; i < len; ++i) g32[i] = Bf16BitsToFloat(rounded[i]);
       }
       scale = 1.0f;
     }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "agent/chunks/stochastic_rounding.h"
 
@@ -58,6 +59,13 @@ void AccumulateGradBf16Rounded(bool first, int64_t n, const uint16_t* in, uint16
 
 // fp32 -> bf16 bits, round to nearest even (NaN stays NaN), like c10::BFloat16.
 void RoundToBf16(int64_t n, const float* in, uint16_t* out);
+// bf16 bits -> the fp32 value they stand for (exact: bf16 is fp32's high half).
+inline float Bf16BitsToFloat(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &wide, sizeof(value));
+  return value;
+}
 
 // torch::optim::SGD without momentum: d = grad (+ weight_decay * param); param -= lr * d. The
 // scalars as torch's fp32 kernels receive them.

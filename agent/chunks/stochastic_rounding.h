@@ -40,6 +40,11 @@ MEMPLAN_HOST_DEVICE inline uint64_t StochasticRoundingKey(uint64_t seed, int64_t
                                                static_cast<uint64_t>(step)));
 }
 
+// The 16 noise bits of element `index` under `key`.
+MEMPLAN_HOST_DEVICE inline uint32_t RoundingNoise16(uint64_t key, uint64_t index) {
+  return static_cast<uint32_t>(Mix64(key + index * 0x9E3779B97F4A7C15ull) >> 48);
+}
+
 // fp32 bits -> bf16 bits, rounded up in magnitude with probability (dropped low 16 bits) / 2^16
 // given 16 uniform noise bits: bf16 is fp32's high half, so adding the noise below the cut and
 // truncating does it. NaN becomes the quiet NaN 0x7FC0 (as rounding to nearest does here);
@@ -47,8 +52,7 @@ MEMPLAN_HOST_DEVICE inline uint64_t StochasticRoundingKey(uint64_t seed, int64_t
 MEMPLAN_HOST_DEVICE inline uint16_t Bf16BitsStochastic(uint32_t bits, uint64_t key,
                                                        uint64_t index) {
   if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0u;
-  const uint32_t noise = static_cast<uint32_t>(Mix64(key + index * 0x9E3779B97F4A7C15ull) >> 48);
-  return static_cast<uint16_t>((bits + noise) >> 16);
+  return static_cast<uint16_t>((bits + RoundingNoise16(key, index)) >> 16);
 }
 
 // How an update writes a bf16 parameter: to nearest even, or stochastically with the key of

@@ -99,12 +99,13 @@ torch::Tensor RefDequantize(const RefQuantized& q, const torch::Tensor& map) {
 }
 
 // fp32 -> bf16 rounded stochastically, written with tensor ops from the definition: add 16 noise
-// bits below bf16's cut and truncate (the noise is the header's, element index from 0).
+// bits below bf16's cut and truncate (the noise is the header's RoundingNoise16, element index
+// from 0).
 torch::Tensor RefStochasticBf16(const torch::Tensor& p32, uint64_t key) {
   const int64_t n = p32.numel();
   torch::Tensor noise = torch::empty({n}, torch::kInt64);
   for (int64_t i = 0; i < n; ++i) {
-    noise[i] = static_cast<int64_t>(Mix64(key + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull) >> 48);
+    noise[i] = static_cast<int64_t>(RoundingNoise16(key, static_cast<uint64_t>(i)));
   }
   // fp32 bits as a non-negative int64, the sum truncated to its high 16 bits.
   const torch::Tensor bits = p32.contiguous().view(torch::kInt32).to(torch::kInt64) & 0xFFFFFFFFll;
@@ -374,12 +375,6 @@ uint32_t FloatBits(float x) {
   std::memcpy(&b, &x, sizeof(b));
   return b;
 }
-float Bf16Value(uint16_t bits) {
-  const uint32_t b = static_cast<uint32_t>(bits) << 16;
-  float x;
-  std::memcpy(&x, &b, sizeof(x));
-  return x;
-}
 
 // Between two bf16 neighbours, the share of elements rounded up is the value's distance from the
 // lower one in ulps (binomial bound of 5 sigma over 2^17 elements); nothing else comes out;
@@ -428,7 +423,7 @@ TEST(StochasticRoundingTest, SmallUpdatesAddUp) {
   std::vector<float> next(kElems);
   for (int step = 1; step <= 1000; ++step) {
     for (auto* w : {&nearest, &stochastic}) {
-      for (int i = 0; i < kElems; ++i) next[i] = Bf16Value((*w)[i]) + 1e-4f;
+      for (int i = 0; i < kElems; ++i) next[i] = Bf16BitsToFloat((*w)[i]) + 1e-4f;
       RoundToBf16(MakeParamRounding(w == &stochastic, 3, 0, step, 0), kElems, next.data(),
                   w->data());
     }
@@ -436,7 +431,7 @@ TEST(StochasticRoundingTest, SmallUpdatesAddUp) {
   double mean = 0;
   for (int i = 0; i < kElems; ++i) {
     EXPECT_EQ(nearest[i], 0x3F80);
-    mean += Bf16Value(stochastic[i]) / kElems;
+    mean += Bf16BitsToFloat(stochastic[i]) / kElems;
   }
   EXPECT_NEAR(mean, 1.1, 0.005);
 }
