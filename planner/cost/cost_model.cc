@@ -48,6 +48,19 @@ CpuPassRates RankCpuPassRates(OptimizerKind kind, const HardwareSpec& hardware,
   return r;
 }
 
+// The two largest of the values added so far (0 while fewer were added).
+struct TopTwo {
+  int64_t first = 0, second = 0;
+  void Add(int64_t v) {
+    if (v > first) {
+      second = first;
+      first = v;
+    } else {
+      second = std::max(second, v);
+    }
+  }
+};
+
 }  // namespace
 
 bool CostModel::CanShardPersistentState(const Trace& trace, const CostOptions& options) {
@@ -333,7 +346,8 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   t.pgrad_prefix.assign(c_count + 1, 0);
   const int32_t w_ranks = options_.world_size;
   t.shard_state = options_.shard_persistent_state && CanShardPersistentState(trace_, options_);
-  int64_t max_train = 0, max_fill = 0, second_fill = 0;
+  int64_t max_train = 0;
+  TopTwo fills;
   t.persistent_prefix.assign(c_count + 1, 0);
   if (adapters.has_value()) {
     t.adapters_persistent = true;
@@ -400,12 +414,7 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
              ? static_cast<double>(train_params) / w / cpu_rates.accumulate_params_per_second
              : 0.0);
     max_train = std::max(max_train, train);
-    if (fill > max_fill) {
-      second_fill = max_fill;
-      max_fill = fill;
-    } else {
-      second_fill = std::max(second_fill, fill);
-    }
+    fills.Add(fill);
     t.persistent_prefix[c + 1] = t.alloc_prefix[c + 1] + t.opt_prefix[c + 1];
   }
   // Offloaded chunks' grads are produced in a chunk-sized staging buffer and copied out while
@@ -417,9 +426,9 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
     // the fp32 shard the collective writes and its model-dtype rounding (CUDA); on CUDA the
     // all-gather's input, one shard per gather in flight, is held as long (charged as two).
     const int w = options_.world_size;
-    const int64_t shard = ShardElems(max_fill / dtype_bytes_, w);
+    const int64_t shard = ShardElems(fills.first / dtype_bytes_, w);
     t.grad_staging_bytes =
-        (PaddedElems(max_fill / dtype_bytes_, w) + PaddedElems(second_fill / dtype_bytes_, w)) * 4 +
+        (PaddedElems(fills.first / dtype_bytes_, w) + PaddedElems(fills.second / dtype_bytes_, w)) * 4 +
         shard * (4 + dtype_bytes_) + 2 * shard * dtype_bytes_;
   }
   // [Persistent all-reduce in backward] (agent/chunks/chunk_manager.cc): a persistent chunk's
@@ -445,16 +454,10 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
     }
   } else if (options_.world_size > 1 && !adapters.has_value()) {
     // The two largest persistent chunks' trainable elements in fp32.
-    int64_t first = 0, second = 0;
+    TopTwo trains;
     for (int32_t c = 0; c < c_count; ++c) {
-      const int64_t train = t.layout.chunk_trainable_bytes[c];
-      if (train > first) {
-        second = first;
-        first = train;
-      } else {
-        second = std::max(second, train);
-      }
-      t.persistent_reduce_by_npersist[c + 1] = (first + second) / dtype_bytes_ * 4;
+      trains.Add(t.layout.chunk_trainable_bytes[c]);
+      t.persistent_reduce_by_npersist[c + 1] = (trains.first + trains.second) / dtype_bytes_ * 4;
     }
   }
   // The GPU optimizer updates one persistent chunk at a time; when it runs on an fp32 master
@@ -470,7 +473,7 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
     // the shards whose all-gathers are in flight (two).
     t.optimizer_step_extra_bytes = ShardElems(max_train / dtype_bytes_, w_ranks) *
                                        StepGradCopyBytesPerElem(opt, dtype_bytes_) +
-                                   2 * ShardElems(max_fill / dtype_bytes_, w_ranks) * dtype_bytes_;
+                                   2 * ShardElems(fills.first / dtype_bytes_, w_ranks) * dtype_bytes_;
   }
   t.tied_grad_bytes =
       tied_ ? t.train_prefix[t.fwd_owned_begin[1]] - t.train_prefix[t.fwd_owned_begin[0]] : 0;
