@@ -96,6 +96,8 @@ absl::StatusOr<DistOptions> DistOptionsFromSettings(const EnvLookup& env,
   if (std::optional<std::string> agent = env("TORCHELASTIC_USE_AGENT_STORE"); agent.has_value()) {
     o.store_already_served = absl::StripAsciiWhitespace(*agent) == "True";
   }
+  ASSIGN_OR_RETURN(std::optional<int> high, EnvInt(env, label, "MEMPLAN_NCCL_HIGH_PRIORITY", 0, 1));
+  o.high_priority_streams = high.value_or(1) == 1;
   return o;
 }
 

@@ -41,6 +41,11 @@ struct DistOptions {
   int heartbeat_milliseconds = 1000;
   // Keys of this group in the store (a shared store, torchrun's, holds others' too).
   std::string store_prefix = "memplan";
+  // [Collective stream priority] NCCL: the process group's streams are high-priority CUDA
+  // streams, so a chunk's all-gather or reduce-scatter gets SMs ahead of the forward/backward
+  // kernels queued beside it (what FSDP2 does with its communication streams).
+  // MEMPLAN_NCCL_HIGH_PRIORITY=0 turns it off (for comparisons).
+  bool high_priority_streams = true;
 };
 
 // INVALID_ARGUMENT naming the field and its allowed range.
@@ -51,7 +56,8 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string& na
 
 // torchrun's variables: WORLD_SIZE (absent: 1, every other variable optional), RANK (required
 // when WORLD_SIZE > 1), LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
-// TORCHELASTIC_USE_AGENT_STORE. INVALID_ARGUMENT names the variable, its range and the value.
+// TORCHELASTIC_USE_AGENT_STORE; and MEMPLAN_NCCL_HIGH_PRIORITY (0 or 1). INVALID_ARGUMENT names the
+// variable, its range and the value.
 absl::StatusOr<DistOptions> DistOptionsFromEnvironment(const EnvLookup& env);
 
 // How an error names the setting behind a torchrun variable (given its name, e.g. "RANK"): the

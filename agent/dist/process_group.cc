@@ -180,7 +180,7 @@ class ProcessGroup::Impl {
     if (backend_kind_ == DistBackend::kNccl) {
 #ifdef MEMPLAN_DIST_NCCL
       c10::cuda::set_device(device_.index());
-      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+      auto nccl_options = c10d::ProcessGroupNCCL::Options::create(options_.high_priority_streams);
       nccl_options->timeout = timeout();
       backend_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store_, options_.rank,
                                                              options_.world_size, nccl_options);

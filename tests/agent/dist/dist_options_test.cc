@@ -27,6 +27,17 @@ TEST(DistOptionsTest, NoVariablesIsOneRank) {
   EXPECT_EQ(o->rank, 0);
   EXPECT_EQ(o->local_rank, 0);
   EXPECT_EQ(o->local_world_size, 1);
+  EXPECT_TRUE(o->high_priority_streams);
+}
+
+TEST(DistOptionsTest, NcclStreamPriorityFromTheEnvironment) {
+  absl::StatusOr<DistOptions> o =
+      DistOptionsFromEnvironment(Env({{"MEMPLAN_NCCL_HIGH_PRIORITY", "0"}}));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->high_priority_streams);
+  o = DistOptionsFromEnvironment(Env({{"MEMPLAN_NCCL_HIGH_PRIORITY", "1"}}));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->high_priority_streams);
 }
 
 TEST(DistOptionsTest, ReadsTorchrunVariables) {
@@ -70,6 +81,8 @@ TEST(DistOptionsTest, BadValuesNameTheVariable) {
       {{{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"LOCAL_WORLD_SIZE", "2"}, {"LOCAL_RANK", "2"}},
        "LOCAL_RANK (environment) must be an integer in [0, 1]"},
       {{{"MASTER_ADDR", " "}}, "MASTER_ADDR (environment) must be a host name or address"},
+      {{{"MEMPLAN_NCCL_HIGH_PRIORITY", "yes"}},
+       "MEMPLAN_NCCL_HIGH_PRIORITY (environment) must be an integer in [0, 1]; got \"yes\""},
   };
   for (const Case& c : cases) {
     absl::StatusOr<DistOptions> o = DistOptionsFromEnvironment(Env(c.env));
