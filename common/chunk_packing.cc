@@ -184,6 +184,33 @@ int64_t ChunkPacking::RangeBytes(int first, int last) const {
   return total;
 }
 
+int64_t ChunkPacking::GradSlotParamBytes(int param) const {
+  const int64_t a = options_.alignment_bytes;
+  return (slots_[param].size_bytes + a - 1) / a * a;
+}
+
+bool ChunkPacking::IsBlockGroup(int group) const {
+  return !params_.empty() && group > params_.front().group && group < params_.back().group;
+}
+
+std::vector<int64_t> ChunkPacking::GradSlotBytesByFirstOffloaded() const {
+  // Walk the chunks from the last: each step offloads one more chunk, so every group's sum only
+  // grows, and the running maximum is the answer for that first offloaded chunk.
+  std::vector<int64_t> result(num_chunks() + 1, 0);
+  std::vector<int64_t> by_group(params_.empty() ? 0 : params_.back().group + 1, 0);
+  int64_t largest = 0;
+  for (int c = num_chunks() - 1; c >= 0; --c) {
+    for (int i : chunks_[c].params) {
+      const int g = params_[i].group;
+      if (!IsBlockGroup(g)) continue;
+      by_group[g] += GradSlotParamBytes(i);
+      largest = std::max(largest, by_group[g]);
+    }
+    result[c] = largest;
+  }
+  return result;
+}
+
 int64_t ChunkPacking::MaxChunkBytesFrom(int first) const {
   int64_t largest = 0;
   for (int c = std::max(first, 0); c < num_chunks(); ++c) {

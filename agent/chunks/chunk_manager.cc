@@ -269,7 +269,11 @@ class ChunkManager::Impl {
   absl::StatusOr<std::vector<TensorPiece>> LocalPieces();
   absl::Status LoadRanges(const ChunkManager::RangeReader& read, bool with_state,
                           int parallel_reads);
-  ChunkMemoryStats MemoryStats() const { return stats_; }
+  ChunkMemoryStats MemoryStats() const {
+    ChunkMemoryStats s = stats_;
+    s.grads_from_slots = grads_from_slots_;
+    return s;
+  }
   ChunkUploadStats UploadStats();
   void ResetUploadStats();
   int MinBuffers() const { return min_buffers_; }
@@ -434,6 +438,16 @@ class ChunkManager::Impl {
   // at most options_.max_grad_copy_groups groups of copies in flight.
   void BoundGradCopyBacklog(const std::set<int>& touched);
   std::deque<EventPtr> grad_copies_;  // one event per group, oldest first
+  // [Grad staging slots] (common/chunk_packing.h): before block group g's backward, its
+  // offloaded parameters get zeroed grads in slot g % kGradStagingSlots, which autograd then
+  // accumulates into; the slot is reused once the copies out of its last use are done.
+  void AssignGradSlots(int group);
+  bool InGradSlot(const torch::Tensor& grad) const;
+  std::vector<torch::Tensor> grad_slots_;  // kGradStagingSlots flat device tensors, or none
+  std::vector<EventPtr> slot_copied_;      // per slot: recorded after its last use's copies
+  std::vector<int64_t> slot_offset_;       // per parameter: elements into its slot, or -1
+  std::vector<int64_t> group_slot_elems_;  // per group: the elements its parameters take
+  int64_t grads_from_slots_ = 0;           // ChunkMemoryStats::grads_from_slots
 
   ChunkManagerOptions options_;
   ChunkPacking layout_;
@@ -726,6 +740,38 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
     min_buffers_ = std::max(min_buffers_, shared);
   }
   RETURN_IF_ERROR(AssignHomes());
+  // [Grad staging slots]: one rank, a full optimizer, something offloaded. Each block parameter
+  // in an offloaded chunk takes GradSlotParamBytes in its first group's slot, the sizes the
+  // planner prices (kGradStagingSlots x GradSlotBytesByFirstOffloaded).
+  if (!stateless() && !sharded() && n_persist_ < layout_.num_chunks()) {
+    const int64_t slot_bytes = layout_.GradSlotBytesByFirstOffloaded()[n_persist_];
+    if (slot_bytes > 0) {
+      slot_offset_.assign(params_.size(), -1);
+      group_slot_elems_.assign(group_params_.size(), 0);
+      int64_t largest = 0;
+      for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
+        const Param& p = params_[i];
+        if (chunks_[p.chunk].persistent || !layout_.IsBlockGroup(p.first_group)) continue;
+        slot_offset_[i] = group_slot_elems_[p.first_group];
+        group_slot_elems_[p.first_group] += layout_.GradSlotParamBytes(i) / elem_bytes;
+        largest = std::max(largest, group_slot_elems_[p.first_group]);
+      }
+      if (largest * elem_bytes != slot_bytes) {
+        return absl::InternalError(absl::StrCat("grad staging slots: the parameters take ",
+                                                largest * elem_bytes, " bytes, the layout says ",
+                                                slot_bytes));
+      }
+      try {
+        for (int k = 0; k < kGradStagingSlots; ++k) {
+          grad_slots_.push_back(torch::empty({largest}, DeviceOptions()));
+        }
+      } catch (const c10::Error& e) {
+        return TorchError(e, "allocating grad staging slots");
+      }
+      slot_copied_.assign(kGradStagingSlots, nullptr);
+      stats_.grad_slot_device_bytes = kGradStagingSlots * slot_bytes;
+    }
+  }
 
   stats_.world_size = world_;
   stats_.n_chunks = layout_.num_chunks();
@@ -961,6 +1007,7 @@ void ChunkManager::Impl::Acquire(int group, bool forward) {
   const std::vector<int>& needed = group_chunks_[group];
   for (int c : needed) Upload(c);
   for (int c : needed) Materialize(c);
+  if (!forward) AssignGradSlots(group);
   // Prefetch the next group in this direction on the upload stream, without evicting anything
   // this group is about to use.
   const int next = forward ? group + 1 : group - 1;
@@ -988,14 +1035,47 @@ void ChunkManager::Impl::StageGrad(Param& p, Chunk& chunk) {
       c10::cuda::CUDAStreamGuard guard(*offload_stream_);
       dst.copy_(grad, /*non_blocking=*/true);
     }
-    // The grad is freed below while the copy may still run on the offload stream.
-    c10::cuda::CUDACachingAllocator::recordStream(grad.storage().data_ptr(), *offload_stream_);
+    // The grad is freed below while the copy may still run on the offload stream (a slot is
+    // not: it is reused only after the copies out of it, AssignGradSlots).
+    if (InGradSlot(grad)) {
+      ++grads_from_slots_;
+    } else {
+      c10::cuda::CUDACachingAllocator::recordStream(grad.storage().data_ptr(), *offload_stream_);
+    }
     p.tensor.mutable_grad().reset();
     return;
   }
 #endif
   dst.copy_(grad);
+  if (InGradSlot(grad)) ++grads_from_slots_;
   p.tensor.mutable_grad().reset();
+}
+
+bool ChunkManager::Impl::InGradSlot(const torch::Tensor& grad) const {
+  for (const torch::Tensor& slot : grad_slots_) {
+    if (grad.storage().is_alias_of(slot.storage())) return true;
+  }
+  return false;
+}
+
+void ChunkManager::Impl::AssignGradSlots(int group) {
+  if (grad_slots_.empty() || group_slot_elems_[group] == 0) return;
+  const int k = group % kGradStagingSlots;
+  // The slot's previous group's grads must be on their way out: the compute stream waits for
+  // those copies (recorded on the offload stream in PostBackward) before zeroing it.
+  WaitOnCompute(slot_copied_[k]);
+  torch::Tensor slot = grad_slots_[k];
+  slot.narrow(0, 0, group_slot_elems_[group]).zero_();
+  for (int i : group_params_[group]) {
+    Param& p = params_[i];
+    // A grad that exists already came from a later group (a parameter several groups use): it
+    // stays where autograd put it.
+    if (slot_offset_[i] < 0 || p.first_group != group || !p.tensor.requires_grad() ||
+        p.tensor.grad().defined()) {
+      continue;
+    }
+    p.tensor.mutable_grad() = slot.narrow(0, slot_offset_[i], p.numel).view(p.shape);
+  }
 }
 
 void ChunkManager::Impl::PostBackward(int group) {
@@ -1031,6 +1111,10 @@ void ChunkManager::Impl::PostBackward(int group) {
       chunk.grads_copied->record(*offload_stream_);
     }
 #endif
+  }
+  // [Grad staging slots] the copies out of this group's slot are the ones just queued.
+  if (!grad_slots_.empty() && group_slot_elems_[group] > 0 && !touched.empty()) {
+    slot_copied_[group % kGradStagingSlots] = chunks_[*touched.rbegin()].grads_copied;
   }
   BoundGradCopyBacklog(touched);
   for (int c : touched) {

@@ -107,6 +107,10 @@ struct ChunkMemoryStats {
   int64_t persistent_state_device_bytes = 0;  // their optimizer state (moments, fp32 master);
                                               // grads come on top
   int64_t buffer_device_bytes = 0;  // n_buffer x largest regular chunk + oversized chunks' own
+  // [Grad staging slots] (common/chunk_packing.h): the device slots of the blocks' offloaded
+  // grads (one rank, something offloaded), allocated for the manager's life.
+  int64_t grad_slot_device_bytes = 0;
+  int64_t grads_from_slots = 0;  // offloaded grads staged to the host from a slot so far
   int64_t host_pinned_bytes = 0;    // transfer buffers (params + grad staging) when pinned
   int64_t host_pageable_bytes = 0;  // everything else on the host (master, grad sum, moments)
   bool pinned_fallback = false;     // pinned was requested but pageable is used

@@ -418,8 +418,23 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
     t.persistent_prefix[c + 1] = t.alloc_prefix[c + 1] + t.opt_prefix[c + 1];
   }
   // Offloaded chunks' grads are produced in a chunk-sized staging buffer and copied out while
-  // the next one fills: two of them.
+  // the next one fills: two of them (the agent's layout unknown, or adapters).
   t.grad_staging_bytes = 2 * max_train;
+  t.grad_staging_by_npersist.clear();
+  if (options_.world_size == 1 && !adapters.has_value() && full_ft &&
+      !t.layout.grad_slot_bytes_by_first_offloaded.empty()) {
+    // [Grad staging slots] (common/chunk_packing.h): the blocks' offloaded grads in
+    // kGradStagingSlots slots the agent allocates for the step; the embedding's or the head's
+    // grad, when its chunk is offloaded, comes and goes once at an end of backward: the largest
+    // such chunk's.
+    t.grad_staging_by_npersist.assign(c_count + 1, 0);
+    int64_t nonblock = 0;
+    for (int32_t c = c_count - 1; c >= 0; --c) {
+      nonblock = std::max(nonblock, t.layout.chunk_nonblock_bytes[c]);
+      t.grad_staging_by_npersist[c] =
+          kGradStagingSlots * t.layout.grad_slot_bytes_by_first_offloaded[c] + nonblock;
+    }
+  }
   if (options_.world_size > 1 && !adapters.has_value()) {
     // Sharded ([Sharded chunks]): a chunk's grads collect in an fp32 tensor over the padded
     // chunk until it is reduce-scattered (two chunks in flight, as above: the two largest), plus
@@ -702,8 +717,17 @@ int64_t CostModel::StaticRawBytes(int32_t n_persist, int32_t n_buffer) const {
 }
 
 int64_t CostModel::GradStagingBytes(int32_t n_persist) const {
-  return (n_persist < num_chunks_ ? chunks_->grad_staging_bytes : 0) +
-         chunks_->persistent_reduce_by_npersist[n_persist];
+  const int64_t offloaded =
+      n_persist >= num_chunks_                    ? 0
+      : !chunks_->grad_staging_by_npersist.empty() ? chunks_->grad_staging_by_npersist[n_persist]
+                                                   : chunks_->grad_staging_bytes;
+  return offloaded + chunks_->persistent_reduce_by_npersist[n_persist];
+}
+
+int64_t CostModel::GradSlotBytes(int32_t n_persist) const {
+  if (chunks_->grad_staging_by_npersist.empty() || n_persist >= num_chunks_) return 0;
+  return kGradStagingSlots *
+         chunks_->layout.grad_slot_bytes_by_first_offloaded[std::max(n_persist, 0)];
 }
 
 int64_t CostModel::BufferBytes(int32_t n_persist, int32_t n_buffer) const {

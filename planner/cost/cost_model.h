@@ -125,6 +125,10 @@ class CostModel {
   // Grad bytes besides the persistent grads themselves: offloaded chunks' staging, and with
   // W > 1 the persistent all-reduce's fp32 copies in flight.
   int64_t GradStagingBytes(int32_t n_persist) const;
+  // Of that, the device slots the agent allocates for the blocks' offloaded grads ([Grad staging
+  // slots], common/chunk_packing.h); 0 where the model does not price slots (several ranks,
+  // adapters, an unknown layout) or nothing is offloaded.
+  int64_t GradSlotBytes(int32_t n_persist) const;
   // Grads are reduced over the ranks in fp32 whatever the model dtype ([Sharded chunks]): the
   // bytes a reduction moves per byte of model-dtype grads.
   double ReduceWidening() const { return 4.0 / static_cast<double>(dtype_bytes_); }
@@ -287,6 +291,9 @@ class CostModel {
     std::vector<double> gather_prefix;
     bool shard_state = false;  // the option, in effect (W > 1, full fine-tuning, not adamw8bit)
     int64_t grad_staging_bytes = 0;
+    // [Grad staging slots] per n_persist (world size 1, full fine-tuning, the agent's layout):
+    // the staging of offloaded grads, replacing grad_staging_bytes; empty otherwise.
+    std::vector<int64_t> grad_staging_by_npersist;
     // Sharded (W > 1), per n_persist (size n_chunks + 1): the fp32 copies of persistent grads
     // whose all-reduce is in flight during backward (two chunks: one reduced, one being copied),
     // or with sharded state the stage's reduce-scatter buffers, over the persistent chunks only.

@@ -126,6 +126,35 @@ TEST(ChunkPackingTest, MixedDtypeBytesAreExact) {
   EXPECT_EQ(layout.TotalBytes(), 256 + 12);
 }
 
+// [Grad staging slots]: one slot holds the largest block group's offloaded parameters, each
+// rounded up to the alignment; the embedding (first group) and the head (last group) never count.
+TEST(ChunkPackingTest, GradSlotBytesFollowTheOffloadedBlockParameters) {
+  // fp32, chunks of 1 KiB, alignment 256: embedding 1 KiB (its own chunk), block 1 = 100 + 60
+  // elements (400 + 240 bytes: 512 + 256 in a slot), block 2 = 200 elements (800 bytes: 1 KiB
+  // in a slot), head 10 elements.
+  const std::vector<LayoutParam> params = {P("emb", 256, 0), P("b1.a", 100, 1), P("b1.b", 60, 1),
+                                           P("b2.a", 200, 2), P("head", 10, 3)};
+  const ChunkPacking layout = BuildOrDie(params, 1024);
+  ASSERT_EQ(layout.num_chunks(), 4);  // [emb] [b1.a b1.b] [b2.a] [head]
+  EXPECT_EQ(layout.GradSlotParamBytes(1), 512);
+  EXPECT_EQ(layout.GradSlotParamBytes(2), 256);
+  EXPECT_EQ(layout.GradSlotParamBytes(3), 1024);
+  EXPECT_FALSE(layout.IsBlockGroup(0));
+  EXPECT_TRUE(layout.IsBlockGroup(1));
+  EXPECT_TRUE(layout.IsBlockGroup(2));
+  EXPECT_FALSE(layout.IsBlockGroup(3));
+  // First offloaded chunk 0..4: everything (block 2's 1 KiB is the larger group), block 1's
+  // chunk persistent (still block 2), only block 2's chunk, only the head, nothing.
+  EXPECT_EQ(layout.GradSlotBytesByFirstOffloaded(),
+            (std::vector<int64_t>{1024, 1024, 1024, 0, 0}));
+  // With block 2 smaller than block 1, keeping block 1's chunk lowers the slot.
+  const ChunkPacking small = BuildOrDie(
+      {P("emb", 256, 0), P("b1.a", 100, 1), P("b1.b", 60, 1), P("b2.a", 100, 2), P("head", 10, 3)},
+      1024);
+  ASSERT_EQ(small.num_chunks(), 3);  // [emb] [b1.a b1.b] [b2.a head]
+  EXPECT_EQ(small.GradSlotBytesByFirstOffloaded(), (std::vector<int64_t>{768, 768, 512, 0}));
+}
+
 TEST(ChunkPackingTest, RejectsInvalidInput) {
   EXPECT_FALSE(ChunkPacking::Build({P("a", 1, 0)}, {0, 256}).ok());
   EXPECT_FALSE(ChunkPacking::Build({P("a", 1, 0)}, {1024, 0}).ok());

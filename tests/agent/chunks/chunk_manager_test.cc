@@ -257,6 +257,17 @@ TEST_P(ChunkManagerExactTest, TrainsBitIdenticallyToUnmanagedTorch) {
           << p.name << " after step " << step;
     }
   }
+  // [Grad staging slots]: with blocks offloaded, their grads were produced in the slots (autograd
+  // accumulating into the zeroed slot views) and, bit for bit, torch's above.
+  const ChunkMemoryStats stats = manager.MemoryStats();
+  if (c.n_persist == 0) {
+    EXPECT_GT(stats.grad_slot_device_bytes, 0);
+    EXPECT_GT(stats.grads_from_slots, 0);
+  }
+  if (c.n_persist >= stats.n_chunks) {
+    EXPECT_EQ(stats.grad_slot_device_bytes, 0);
+    EXPECT_EQ(stats.grads_from_slots, 0);
+  }
   // Optimizer state matches torch's too.
   std::map<std::string, torch::Tensor> state;
   for (const NamedParam& s : manager.OptimizerState()) state[s.name] = s.param;

@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -49,7 +50,9 @@ std::map<std::string, Row> ParseRows(const std::string& text) {
 }
 
 // The planner's side: the cost model of the case's model and knobs at `world_size` ranks.
-void ExpectPlannerPrices(const testing::MemoryCase& c, int world_size, const Row& got) {
+// `grad_slots`: the agent's [Grad staging slots] bytes where it reports them (one process).
+void ExpectPlannerPrices(const testing::MemoryCase& c, int world_size, const Row& got,
+                         std::optional<int64_t> grad_slots = std::nullopt) {
   const std::optional<HardwareSpec> hardware = FindHardwarePreset("h100-80gb");
   ASSERT_TRUE(hardware.has_value());
   Workload workload;
@@ -89,6 +92,11 @@ void ExpectPlannerPrices(const testing::MemoryCase& c, int world_size, const Row
   if (n_persist < cost->num_chunks()) {
     EXPECT_GT(got.pageable, 0);
   }
+  if (grad_slots.has_value()) {
+    EXPECT_EQ(*grad_slots, cost->GradSlotBytes(n_persist));
+    // Every case offloads a block's chunk unless all of them are persistent.
+    EXPECT_EQ(*grad_slots > 0, n_persist < cost->num_chunks()) << *grad_slots;
+  }
 }
 
 TEST(ShardedMemoryTest, OneProcessAllocatesWhatThePlannerPrices) {
@@ -121,7 +129,7 @@ TEST(ShardedMemoryTest, OneProcessAllocatesWhatThePlannerPrices) {
             s.n_persist,
             s.world_size,
             s.layout_fingerprint};
-    ExpectPlannerPrices(c, 1, row);
+    ExpectPlannerPrices(c, 1, row, s.grad_slot_device_bytes);
   }
 }
 
