@@ -299,6 +299,7 @@ v1::MemoryBreakdown ToProto(const MemoryBreakdown& breakdown) {
   out.set_fragmentation_factor(breakdown.fragmentation_factor);
   out.set_calibration_residual_bytes(breakdown.calibration_residual_bytes);
   out.set_head_bytes(breakdown.head_bytes);
+  out.set_allocator_slack_bytes(breakdown.allocator_slack_bytes);
   out.set_exact_bytes(breakdown.exact_bytes);
   return out;
 }
@@ -540,6 +541,7 @@ MemoryBreakdown MemoryBreakdownFromProto(const v1::MemoryBreakdown& breakdown) {
   }
   out.calibration_residual_bytes = breakdown.calibration_residual_bytes();
   out.head_bytes = breakdown.head_bytes();
+  out.allocator_slack_bytes = breakdown.allocator_slack_bytes();
   out.exact_bytes = breakdown.exact_bytes();
   return out;
 }

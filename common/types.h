@@ -211,6 +211,9 @@ struct MemoryBreakdown {
   int64_t calibration_residual_bytes = 0;
   int64_t head_bytes = 0;  // of activations + transient: the LM head + loss at the peak
   int64_t exact_bytes = 0;  // of the model terms: exactly sized, not scaled by the factor
+  // [Vocabulary-sized allocations] reserved bytes the caching allocator adds for the step's two
+  // vocabulary-sized grads; a model term, counted in exact_bytes (not scaled by the factor).
+  int64_t allocator_slack_bytes = 0;
 };
 
 // What one rank's chunk manager allocates for the plan, byte for byte (its ChunkMemoryStats,

@@ -181,6 +181,7 @@ Json ToJson(const MemoryBreakdown& b) {
               {"fragmentation_factor", b.fragmentation_factor},
               {"calibration_residual_bytes", b.calibration_residual_bytes},
               {"head_bytes", b.head_bytes},
+              {"allocator_slack_bytes", b.allocator_slack_bytes},
               {"exact_bytes", b.exact_bytes}};
 }
 
@@ -450,6 +451,7 @@ void Read(const Json& j, const std::string& path, absl::Status* s, MemoryBreakdo
   r.Get("fragmentation_factor", &b->fragmentation_factor);
   r.Get("calibration_residual_bytes", &b->calibration_residual_bytes);
   r.Get("head_bytes", &b->head_bytes);
+  r.Get("allocator_slack_bytes", &b->allocator_slack_bytes);
   r.Get("exact_bytes", &b->exact_bytes);
 }
 

@@ -198,6 +198,9 @@ std::string FormatPlanResponse(const v1::PlanResponse& r) {
     if (b.head_bytes() > 0) {
       memory.AddRow({"  (LM head + loss, of activations + transients)", gib(b.head_bytes())});
     }
+    if (b.allocator_slack_bytes() > 0) {
+      memory.AddRow({"allocator reserve (vocabulary-sized grads)", gib(b.allocator_slack_bytes())});
+    }
     memory.AddRow({"CUDA context", gib(b.cuda_context_bytes())});
     memory.AddRow({"calibration residual", gib(b.calibration_residual_bytes())});
     const double factor = b.fragmentation_factor() == 0 ? 1.0 : b.fragmentation_factor();

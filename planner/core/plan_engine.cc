@@ -522,7 +522,8 @@ std::vector<int64_t> ChunkCandidates(const FixedKnobs& fixed, const Trace& trace
 int64_t RawModelBytes(const Prediction& prediction) {
   const MemoryBreakdown& b = prediction.breakdown;
   return b.persistent_chunks_bytes + b.buffers_bytes + b.grads_bytes + b.optimizer_state_bytes +
-         b.activations_bytes + b.checkpoint_chain_bytes + b.transient_bytes;
+         b.activations_bytes + b.checkpoint_chain_bytes + b.transient_bytes +
+         b.allocator_slack_bytes;
 }
 
 absl::StatusOr<PlanOutcome> MakePlan(const PlanInputs& in) {

@@ -265,6 +265,8 @@ class CostModel {
   // Range-max tables over V_mode(j) for modes none/ckpt/swap/hs (argmax indices per level).
   std::array<std::vector<std::vector<int32_t>>, 4> sparse_;
   int64_t emb_retained_ = 0, emb_extra_ = 0, head_saved_ = 0, head_extra_ = 0;
+  // [Vocabulary-sized allocations] (MemoryBreakdown::allocator_slack_bytes).
+  int64_t vocab_slack_ = 0;
 
   // Stages (0 = embedding, 1..N blocks, N+1 head).
   std::vector<double> fwd_s_, bwd_s_, rec_s_;
