@@ -48,13 +48,17 @@ def knobs(p):
 
 
 def reserved_part(pred):
-    """Prediction minus CUDA context, and the raw model part (factor 1, no residual)."""
+    """Prediction minus CUDA context, and the raw model part (factor 1, no residual).
+
+    The factor scales only the bytes above exact_bytes (docs/cost-model.md, the calibration
+    contract), so the raw part is exact + (peak - context - residual - exact) / factor."""
     b = pred["breakdown"]
     ctx = int(b.get("cuda_context_bytes", 0))
     peak = int(pred["peak_bytes"])
     factor = b.get("fragmentation_factor", 1.0) or 1.0
     residual = int(b.get("calibration_residual_bytes", 0))
-    return peak - ctx, (peak - ctx - residual) / factor
+    exact = int(b.get("exact_bytes", 0))
+    return peak - ctx, exact + (peak - ctx - residual - exact) / factor
 
 
 def memplan(args, cli, addr):
