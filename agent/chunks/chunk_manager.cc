@@ -1064,17 +1064,16 @@ void ChunkManager::Impl::AssignGradSlots(int group) {
   // The slot's previous group's grads must be on their way out: the compute stream waits for
   // those copies (recorded on the offload stream in PostBackward) before zeroing it.
   WaitOnCompute(slot_copied_[k]);
-  torch::Tensor slot = grad_slots_[k];
-  slot.narrow(0, 0, group_slot_elems_[group]).zero_();
+  const torch::Tensor& slot = grad_slots_[k];
   for (int i : group_params_[group]) {
     Param& p = params_[i];
-    // A grad that exists already came from a later group (a parameter several groups use): it
-    // stays where autograd put it.
+    // A grad that exists already came from a later group (a parameter several groups use), or
+    // from this group's hook running before (it is zeroed only when assigned): it stays.
     if (slot_offset_[i] < 0 || p.first_group != group || !p.tensor.requires_grad() ||
         p.tensor.grad().defined()) {
       continue;
     }
-    p.tensor.mutable_grad() = slot.narrow(0, slot_offset_[i], p.numel).view(p.shape);
+    p.tensor.mutable_grad() = slot.narrow(0, slot_offset_[i], p.numel).view(p.shape).zero_();
   }
 }
 
