@@ -10,6 +10,9 @@
 # 32768 tokens; a budget in [16 GiB, the card] (MEMPLAN_RANDOM_MAX_GIB, default the card's
 # memory as torch reports it); a safety margin in [0.02, 0.30]. MEMPLAN_RANDOM_MODELS replaces the
 # model list (space-separated presets).
+# MEMPLAN_RANDOM_KNOBS=1 also draws, from a second generator (so the draws above stay those of
+# the seed), knobs the planner rarely picks by itself, fixed in its search ([Fixed knobs with
+# --planner]): a third of the workloads get --host-memory pageable, another third --n-swap 1..4.
 set -uo pipefail
 seed=${1:?seed}; n=${2:?count}; out=${3:?out dir}; build=${4:?build dir}; hw=${5:-gpu}
 mkdir -p "$out"
@@ -17,11 +20,13 @@ card_gib=${MEMPLAN_RANDOM_MAX_GIB:-$(python3 -c \
   'import torch; print(torch.cuda.get_device_properties(0).total_memory / 2**30)' 2>/dev/null)}
 [[ -n $card_gib ]] || { echo "no GPU found: set MEMPLAN_RANDOM_MAX_GIB"; exit 2; }
 models=${MEMPLAN_RANDOM_MODELS:-llama-3.2-1b llama-3.2-3b qwen2.5-0.5b qwen2.5-1.5b qwen2.5-3b qwen3-0.6b qwen3-1.7b qwen3-4b}
-configs=$(python3 - "$seed" "$n" "$card_gib" $models <<'PY'
+configs=$(python3 - "$seed" "$n" "$card_gib" "${MEMPLAN_RANDOM_KNOBS:-0}" $models <<'PY'
 import math, random, sys
 seed, n, card = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-models = sys.argv[4:]
+knobs = sys.argv[4] == "1"
+models = sys.argv[5:]
 rng = random.Random(seed)
+knob_rng = random.Random(f"knobs-{seed}")
 rows = []
 for _ in range(n):
     model = rng.choice(models)
@@ -30,7 +35,14 @@ for _ in range(n):
     batch = rng.randint(1, max(1, min(8, 32768 // seq)))
     budget = rng.uniform(16.0, card)
     margin = rng.uniform(0.02, 0.30)
-    rows.append(f"{model} {batch} {seq} {margin:.3f} {budget:.1f}")
+    row = f"{model} {batch} {seq} {margin:.3f} {budget:.1f}"
+    if knobs:
+        draw = knob_rng.random()
+        if draw < 1 / 3:
+            row += " --host-memory pageable"
+        elif draw < 2 / 3:
+            row += f" --n-swap {knob_rng.randint(1, 4)}"
+    rows.append(row)
 print(";".join(rows))
 PY
 )

@@ -359,6 +359,15 @@ absl::StatusOr<PlanAnswer> AskPlanner(PlannerClient& client, const TrainConfig& 
   query.optimizer = c.optimizer.value_or(OptimizerKind::kAdamW);
   query.training = LoraTrainingMethod(model_options.lora);
   query.safety_margin = loop.safety_margin;
+  // [Fixed knobs with --planner]
+  query.fixed.chunk_bytes = c.chunk_bytes;
+  query.fixed.n_persist = c.n_persist;
+  query.fixed.n_buffer = c.n_buffer;
+  query.fixed.n_checkpoint = c.n_ckpt;
+  query.fixed.n_swap = c.n_swap;
+  query.fixed.n_hs_offload = c.n_hs_offload;
+  query.fixed.host_memory = c.host_memory;
+  query.fixed.shard_persistent_state = c.shard_persistent_state;
   ASSIGN_OR_RETURN(PlanAnswer answer, client.Plan(query));
   std::printf("plan_id %s\n", answer.plan_id.c_str());
   std::printf(
@@ -480,7 +489,10 @@ std::string PlannerFlagsUsage() {
   return absl::StrCat(R"(
 planner flags (closing the loop):
   --planner ADDR              ask the planner at ADDR for the plan, apply it, train, and report
-                              the steady-state measurement (plan knobs and --plan-file refused)
+                              the steady-state measurement; plan knob flags (--chunk-mib,
+                              --n-persist, --n-buffer, --n-ckpt, --n-swap, --n-hs-offload,
+                              --host-memory, --persistent-state) are fixed in its search
+                              (--plan-file, --block-modes and --plain refused)
   --hardware PRESET           the card to plan for (default )",
                       kDefaultHardwarePreset, R"()
   --hardware-profile-id ID    a profile stored by `memplan-agent bench --planner ADDR`
@@ -599,11 +611,13 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
   std::unique_ptr<PlannerClient> client;
   PlanAnswer answer;
   if (!loop.address.empty()) {
-    if (!c.plan_file.empty() || c.chunk_bytes || c.n_persist || c.n_buffer || c.block_modes ||
-        c.n_ckpt || c.n_swap || c.n_hs_offload || c.host_memory || c.plain ||
-        c.shard_persistent_state) {
+    // [Fixed knobs with --planner] The other plan knobs go to the planner as fixed knobs: it
+    // searches the rest, or answers why no plan with them fits.
+    if (!c.plan_file.empty() || c.block_modes || c.plain) {
       return absl::InvalidArgumentError(
-          "--planner decides the plan: drop --plan-file, --plain and the plan knob flags");
+          "--planner decides the plan: drop --plan-file, --plain and --block-modes (--chunk-mib, "
+          "--n-persist, --n-buffer, --n-ckpt, --n-swap, --n-hs-offload, --host-memory and "
+          "--persistent-state are passed to the planner as fixed knobs)");
     }
     if (loop.profile && c.lora.enabled()) {
       // The profiler measures a full fine-tune's trace (every parameter trains); submitted for a
@@ -652,8 +666,16 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
     }
     file_plan = *std::move(parsed);
   }
-  ASSIGN_OR_RETURN(const RunPlan plan,
-                   ResolveRunPlan(c, static_cast<int>(spec.num_layers), file_plan, world_size));
+  // With --planner the knob flags were fixed in its search: its plan carries them, and the block
+  // counts it chose for the rest must not be rebuilt from the fixed ones alone.
+  TrainConfig knobs = c;
+  if (!loop.address.empty()) {
+    knobs.n_ckpt.reset();
+    knobs.n_swap.reset();
+    knobs.n_hs_offload.reset();
+  }
+  ASSIGN_OR_RETURN(const RunPlan plan, ResolveRunPlan(knobs, static_cast<int>(spec.num_layers),
+                                                      file_plan, world_size));
   RETURN_IF_ERROR(ApplyMemoryLimit(c, device, loop.address.empty() ? nullptr : &answer));
 
   // Model. [Sharded loading] A managed full fine-tune creates its parameters without values

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -13,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "agent/client/planner_client.h"
 #include "agent/client/record_json.h"
@@ -400,10 +402,29 @@ TEST_F(TrainWithPlannerTest, PlannerFlagsAreCheckedBeforeAnythingRuns) {
   EXPECT_TRUE(WIFEXITED(no_planner->first) && WEXITSTATUS(no_planner->first) == 2);
   EXPECT_THAT(no_planner->second, HasSubstr("need --planner"));
 
-  const auto [status, output] = Train({"--n-ckpt", "1"});
+  const auto [status, output] = Train({"--block-modes", "ckpt,none,none,none"});
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << output;
   EXPECT_THAT(output, HasSubstr("--planner decides the plan"));
   EXPECT_TRUE(LineValue(output, "plan_id").empty());
+}
+
+// [Fixed knobs with --planner] Knob flags are fixed in the planner's search: the plan it answers
+// (and the run) has them, and the planner chose the rest (the other blocks' modes).
+TEST_F(TrainWithPlannerTest, KnobFlagsAreFixedInThePlannersSearch) {
+  const auto [status, output] =
+      Train({"--n-swap", "1", "--n-ckpt", "1", "--host-memory", "pageable", "--chunk-mib", "1"});
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+  const std::string plan = LineValue(output, "plan:");
+  EXPECT_THAT(plan, HasSubstr("chunk_bytes=1048576")) << plan;
+  EXPECT_THAT(plan, HasSubstr("n_swap=1 n_ckpt=1")) << plan;
+  EXPECT_THAT(plan, HasSubstr("host_memory=pageable")) << plan;
+  const std::vector<std::string> modes = PlanBlockModes(output);
+  ASSERT_EQ(static_cast<int64_t>(modes.size()), FindModelPreset("llama-tiny")->num_layers)
+      << output;
+  EXPECT_EQ(modes[0], "swap") << plan;
+  EXPECT_EQ(std::count(modes.begin(), modes.end(), "ckpt"), 1) << plan;
+  EXPECT_THAT(output, HasSubstr("block_modes=\"" + absl::StrJoin(modes, ",")));
+  EXPECT_THAT(output, HasSubstr("trained 2 steps"));
 }
 
 TEST_F(TrainWithPlannerTest, ProfileSubcommandWritesAndSubmitsTheTrace) {
