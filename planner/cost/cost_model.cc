@@ -234,9 +234,8 @@ void CostModel::PrecomputeBlocks() {
   // tensor) and the embedding's at its end (with tied weights, a fresh one autograd adds into the
   // first). By then backward has interleaved grads that stay with transients that went, and no
   // hole is that large: the caching allocator maps each above everything else. Reserved ran
-  // 0.5 to 2.2 such grads above the allocated peak on an H200 (one on plans that keep every chunk
-  // on the device, two where offloaded chunks' grads come and go); the model reserves both,
-  // unscaled. Only when the embedding and head are trained.
+  // 0.15 to 2.2 such grads above the allocated peak over 34 runs on an H200 (docs/benchmarks.md,
+  // seed 2027); the model reserves both, unscaled. Only when the embedding and head are trained.
   if (trace_.training.kind == TrainingKind::kFull) {
     vocab_slack_ = trace_.embedding.param_bytes + (trace_.arch.tie_word_embeddings
                                                        ? trace_.embedding.param_bytes
