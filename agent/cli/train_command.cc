@@ -786,6 +786,11 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
     options.observer = timeline.get();
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(model.get(), options));
+  if (timeline != nullptr && trainer->chunk_manager() != nullptr) {
+    // The timeline's cpu_updates_started column: the CPU optimizer's overlap with backward.
+    ChunkManager* chunks = trainer->chunk_manager();
+    timeline->SetCpuUpdateCounter([chunks] { return chunks->UpdatesStartedBeforeStep(); });
+  }
   if (sharded_load && c.resume_dir.empty()) {
     // [Sharded loading] Each rank reads what it stores: its shard of every offloaded chunk and
     // the whole persistent chunks, from the checkpoint's byte ranges or drawn as Create would.

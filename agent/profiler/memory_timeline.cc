@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "agent/io/writable_file.h"
 
 namespace memplan {
@@ -16,6 +17,7 @@ void MemoryTimeline::BeginStep(int64_t step) {
   step_peak_allocated_ = 0;
   step_peak_reserved_ = 0;
   probe_->ResetPeak();
+  step_start_ = std::chrono::steady_clock::now();
   Record("step_begin", -1);
 }
 
@@ -40,6 +42,9 @@ void MemoryTimeline::Record(const char* event, int group) {
   e.peak_active_since = detail.peak_active;
   e.inactive_split = detail.inactive_split;
   e.device_allocs = detail.device_allocs;
+  e.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start_).count();
+  e.cpu_updates = cpu_updates_ ? cpu_updates_() : -1;
   probe_->ResetPeak();
   step_peak_allocated_ = std::max(step_peak_allocated_, e.peak_since);
   step_peak_reserved_ = std::max(step_peak_reserved_, e.reserved);
@@ -49,11 +54,12 @@ void MemoryTimeline::Record(const char* event, int group) {
 absl::Status MemoryTimeline::WriteTsv(const std::string& path) const {
   std::string text =
       "step\tevent\tgroup\tallocated\treserved\tpeak_since_previous\tactive\t"
-      "peak_active_since_previous\tinactive_split\tdevice_allocs\n";
+      "peak_active_since_previous\tinactive_split\tdevice_allocs\tseconds\tcpu_updates_started\n";
   for (const MemoryEvent& e : events_) {
     absl::StrAppend(&text, e.step, "\t", e.event, "\t", e.group, "\t", e.allocated, "\t",
                     e.reserved, "\t", e.peak_since, "\t", e.active, "\t", e.peak_active_since,
-                    "\t", e.inactive_split, "\t", e.device_allocs, "\n");
+                    "\t", e.inactive_split, "\t", e.device_allocs, "\t",
+                    absl::StrFormat("%.6f", e.seconds), "\t", e.cpu_updates, "\n");
   }
   const std::string tmp = path + ".tmp";
   if (absl::Status s = io::WriteFileDurably(tmp, text); !s.ok()) return s;

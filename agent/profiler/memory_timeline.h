@@ -5,7 +5,9 @@
 // changes neither the schedule nor the memory it observes.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -29,6 +31,12 @@ struct MemoryEvent {
   int64_t peak_active_since = 0;
   int64_t inactive_split = 0;
   int64_t device_allocs = 0;
+  // Host seconds since the step's step_begin event (when the hook ran: backward's hooks follow the
+  // device where the host waits for it), and the offloaded chunks whose CPU update had started
+  // by then (SetCpuUpdateCounter; -1 without a counter): together, the CPU optimizer's overlap
+  // with backward.
+  double seconds = 0;
+  int64_t cpu_updates = -1;
 };
 
 // Not thread-safe (like every ParamResidency); the probe must outlive the timeline.
@@ -40,6 +48,8 @@ class MemoryTimeline final : public ParamResidency {
   // after EndStep are ignored.
   void BeginStep(int64_t step);
   void Mark(const std::string& label);  // a labelled event (e.g. "optimizer_done")
+  // Read at every event for MemoryEvent::cpu_updates (e.g. ChunkManager::UpdatesStartedBeforeStep).
+  void SetCpuUpdateCounter(std::function<int64_t()> counter) { cpu_updates_ = std::move(counter); }
   void EndStep();
   bool recording() const { return recording_; }
 
@@ -66,6 +76,8 @@ class MemoryTimeline final : public ParamResidency {
   int64_t step_peak_allocated_ = 0;
   int64_t step_peak_reserved_ = 0;
   std::vector<MemoryEvent> events_;
+  std::function<int64_t()> cpu_updates_;
+  std::chrono::steady_clock::time_point step_start_;
 };
 
 }  // namespace memplan

@@ -124,9 +124,48 @@ TEST(MemoryTimelineTest, RecordsEveryGroupHookOfTheStepWithoutChangingTraining) 
   ASSERT_EQ(lines.size(), ev.size() + 1);
   EXPECT_EQ(lines[0],
             "step\tevent\tgroup\tallocated\treserved\tpeak_since_previous\tactive\t"
-            "peak_active_since_previous\tinactive_split\tdevice_allocs");
+            "peak_active_since_previous\tinactive_split\tdevice_allocs\tseconds\t"
+            "cpu_updates_started");
   EXPECT_EQ(lines[1].rfind("2\tstep_begin\t-1\t", 0), 0u) << lines[1];
+  // Without a counter the CPU-update column says so; host seconds never go back.
+  EXPECT_EQ(lines[1].substr(lines[1].rfind('\t') + 1), "-1");
+  for (size_t i = 1; i < ev.size(); ++i) EXPECT_GE(ev[i].seconds, ev[i - 1].seconds);
   ::unlink(path.c_str());
+}
+
+// Without clipping the offloaded chunks' CPU updates start during backward: the timeline's
+// cpu_updates column (read from the ChunkManager at every hook) grows through backward's hooks.
+// With clipping (the updates wait for the global norm) it stays 0 and this test fails.
+TEST(MemoryTimelineTest, ShowsCpuUpdatesStartingDuringBackward) {
+  std::unique_ptr<LlamaModel> model = MakeModel();
+  std::unique_ptr<MemoryProbe> probe = MemoryProbe::Create(torch::kCPU);
+  MemoryTimeline timeline(probe.get());
+  TrainerOptions options = Options(&timeline);
+  options.max_grad_norm = 0;  // no clipping: an update needs only its chunk's final grads
+  auto trainer = Trainer::Create(model.get(), options);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  ChunkManager* chunks = (*trainer)->chunk_manager();
+  ASSERT_NE(chunks, nullptr);
+  timeline.SetCpuUpdateCounter([chunks] { return chunks->UpdatesStartedBeforeStep(); });
+  timeline.BeginStep(1);
+  auto result = (*trainer)->Step(Batch(1));
+  ASSERT_TRUE(result.ok()) << result.status();
+  timeline.EndStep();
+  // Forward starts none; backward's hooks see them start group by group (the head's first, block
+  // 1's last before the embedding's group), none waiting for the optimizer step.
+  std::vector<int64_t> backward;  // post_backward of the head, blocks 4..1 (not the embedding's)
+  for (const MemoryEvent& e : timeline.events()) {
+    if (e.event == "pre_forward" || e.event == "post_forward") {
+      EXPECT_EQ(e.cpu_updates, 0) << e.event << " " << e.group;
+    }
+    if (e.event == "post_backward" && e.group > 0) backward.push_back(e.cpu_updates);
+  }
+  ASSERT_EQ(backward.size(), 5u);
+  EXPECT_TRUE(std::is_sorted(backward.begin(), backward.end()));
+  EXPECT_GT(backward.front(), 0) << "no CPU update started at the head's backward";
+  EXPECT_LT(backward.front(), backward.back()) << "no CPU update started during the blocks";
+  const ChunkMemoryStats stats = chunks->MemoryStats();
+  EXPECT_EQ(backward.back(), stats.n_chunks - stats.n_persist);  // the embedding's is persistent
 }
 
 TEST(MemoryTimelineTest, IgnoresHooksOutsideARecordedStep) {
