@@ -1028,6 +1028,8 @@ void ChunkManager::Impl::StageGrad(Param& p, Chunk& chunk) {
   // clip_grad_norm_ computes, and on a GPU it costs no host work.
   if (options_.grad_accum == 1) p.grad_norm = grad.norm(2.0);
   torch::Tensor dst = HostView(chunk.grad_stage.data(), p.offset_elems, p.shape, p.numel, dtype_);
+  const bool from_slot = InGradSlot(grad);
+  if (from_slot) ++grads_from_slots_;
 #ifdef MEMPLAN_CHUNKS_CUDA
   if (cuda()) {
     RecordOnCompute()->block(*offload_stream_);
@@ -1037,9 +1039,7 @@ void ChunkManager::Impl::StageGrad(Param& p, Chunk& chunk) {
     }
     // The grad is freed below while the copy may still run on the offload stream (a slot is
     // not: it is reused only after the copies out of it, AssignGradSlots).
-    if (InGradSlot(grad)) {
-      ++grads_from_slots_;
-    } else {
+    if (!from_slot) {
       c10::cuda::CUDACachingAllocator::recordStream(grad.storage().data_ptr(), *offload_stream_);
     }
     p.tensor.mutable_grad().reset();
@@ -1047,7 +1047,6 @@ void ChunkManager::Impl::StageGrad(Param& p, Chunk& chunk) {
   }
 #endif
   dst.copy_(grad);
-  if (InGradSlot(grad)) ++grads_from_slots_;
   p.tensor.mutable_grad().reset();
 }
 
