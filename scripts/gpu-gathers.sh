@@ -5,8 +5,9 @@
 # chunk on the card, so there is nothing to gather), once per chunk size and stream priority.
 #   scripts/gpu-gathers.sh OUT_DIR BUILD_DIR
 # MEMPLAN_GATHER_GPUS: ranks (default: every GPU); MEMPLAN_GATHER_RUNS: the runs, each
-# "PRIORITY:CHUNK_MIB:N_PERSIST" (PRIORITY is MEMPLAN_NCCL_HIGH_PRIORITY: 1 high, 0 normal; default
-# "1:64:40 0:64:40 1:256:10"); MEMPLAN_GATHER_BENCH_BYTES: the bench's message sizes (default
+# "PRIORITY:CHUNK_MIB:N_PERSIST[:COALESCE]" (PRIORITY is MEMPLAN_NCCL_HIGH_PRIORITY: 1 high, 0
+# normal; COALESCE is MEMPLAN_COALESCE_GATHERS, default 1: a hook's chunk gathers as one
+# collective; default "1:64:40:1 1:64:40:0 1:256:10:1"); MEMPLAN_GATHER_BENCH_BYTES: the bench's message sizes (default
 # "256M 77M"); MEMPLAN_GATHER_TIMEOUT: seconds per run (default 150).
 set -uo pipefail
 out=${1:?out dir}; build=${2:?build dir}
@@ -29,11 +30,13 @@ for bytes in ${MEMPLAN_GATHER_BENCH_BYTES:-256M 77M}; do
   grep -Ei "allgather|reduce_scatter|exit" "$out/bench-$bytes.txt" | tee -a "$out/gathers.txt"
 done
 
-for run in ${MEMPLAN_GATHER_RUNS:-1:64:40 0:64:40 1:256:10}; do
-  IFS=: read -r prio mib persist <<<"$run"
-  name=gather-c${mib}-p${prio}
-  say "$name: $n ranks, chunks of $mib MiB, $persist persistent, MEMPLAN_NCCL_HIGH_PRIORITY=$prio"
-  MEMPLAN_NCCL_HIGH_PRIORITY=$prio timeout "${MEMPLAN_GATHER_TIMEOUT:-150}" \
+for run in ${MEMPLAN_GATHER_RUNS:-1:64:40:1 1:64:40:0 1:256:10:1}; do
+  IFS=: read -r prio mib persist coalesce <<<"$run"
+  coalesce=${coalesce:-1}
+  name=gather-c${mib}-p${prio}-k${coalesce}
+  say "$name: $n ranks, chunks of $mib MiB, $persist persistent, MEMPLAN_NCCL_HIGH_PRIORITY=$prio" \
+    "MEMPLAN_COALESCE_GATHERS=$coalesce"
+  MEMPLAN_NCCL_HIGH_PRIORITY=$prio MEMPLAN_COALESCE_GATHERS=$coalesce timeout "${MEMPLAN_GATHER_TIMEOUT:-150}" \
     torchrun --standalone --nproc-per-node "$n" --no-python "$agent" train --arch llama-3.1-8b \
     --batch 1 --seq 4096 --steps 5 --synthetic-data --device cuda --chunk-mib "$mib" \
     --n-persist "$persist" --n-buffer 6 --n-ckpt 32 --cpu-threads "$threads" >"$out/$name.log" 2>&1

@@ -198,15 +198,30 @@ struct Chunk {
   std::unique_ptr<TaskTracker> tasks = std::make_unique<TaskTracker>();
 };
 
+// [Coalesced gathers] The all-gathers of the chunks one Acquire() uploads (a group's, or the
+// next group's prefetch), started as one collective once the loop has queued them all: one NCCL
+// group call and kernel per group instead of one per chunk, as FSDP2 gathers a module's
+// parameters at once. A collective's kernel waits for free SMs behind the compute stream's
+// kernels; one wait per group instead of one per chunk is what raises the gathers' share of the
+// link's bandwidth in training (docs/benchmarks.md). Every rank forms the same batches: they
+// depend only on the layout and the hook sequence.
+struct GatherBatch {
+  std::unique_ptr<PendingCollective> work;       // null until started (FlushGathers)
+  std::vector<torch::Tensor> outputs, inputs;    // queued, until started
+  int64_t bytes = 0;                             // output bytes of the whole batch
+  bool waited = false;
+  absl::Status status;                           // of the wait, once waited
+};
+
 struct DeviceBuffer {
   torch::Tensor storage;  // flat, model dtype, sized for the largest non-persistent chunk
   int chunk = -1;         // chunk whose current values it holds
   EventPtr ready;         // upload into it finished
-  std::unique_ptr<PendingCollective> gather;  // sharded: the all-gather into it, until waited
+  // Sharded: the all-gather (batch) writing into it, until this buffer waited for it.
+  std::shared_ptr<GatherBatch> gather;
   // Sharded, CUDA: the chunk's shard copied to the device, input of `gather`; freed with it, so
   // a rank's device holds one shard per gather in flight, not 1/W of every offloaded chunk.
   torch::Tensor gather_src;
-  int64_t gather_bytes = 0;  // the all-gather's output bytes (the padded chunk)
 };
 
 // The part of a parameter held in a chunk's host arrays ([Sharded chunks]): elements
@@ -247,8 +262,12 @@ class ChunkManager::Impl {
         pool_(std::max(0, options.cpu_threads)) {}
 
   ~Impl() {
+    FlushGathers();
     for (DeviceBuffer& buffer : buffers_) {
-      if (buffer.gather) (void)buffer.gather->Wait();
+      if (buffer.gather && buffer.gather->work && !buffer.gather->waited) {
+        buffer.gather->waited = true;
+        (void)buffer.gather->work->Wait();
+      }
     }
     for (Chunk& chunk : chunks_) chunk.tasks->Wait();
   }
@@ -378,7 +397,11 @@ class ChunkManager::Impl {
   void Dematerialize(int c);
   void StageGrad(Param& param, Chunk& chunk);
   // [Sharded chunks]
+  // Queues the chunk's all-gather into `buffer` in the open batch ([Coalesced gathers]);
+  // FlushGathers() starts the batch (at once when options_.coalesce_gathers is off).
   void StartGather(int c, DeviceBuffer& buffer);
+  void FlushGathers();
+  std::shared_ptr<GatherBatch> open_gathers_;
   void WaitGather(DeviceBuffer& buffer);
   void PostBackwardSharded(int group);
   // [Reduce-scatter in backward]: a chunk's grads are reduce-scattered while the next group's
@@ -502,9 +525,9 @@ class ChunkManager::Impl {
   QuantMapTensors quant_maps_;  // adamw8bit: the maps on the device, for persistent chunks
   std::vector<std::pair<EventPtr, EventPtr>> timed_uploads_;
   void FoldTimedUploads(bool wait);
-  // [Collective timing] Finished all-gathers whose device time is not read yet, with their output
-  // bytes, oldest first; at most kMaxTimedGathers are kept (each may hold its input shard).
-  std::deque<std::pair<std::unique_ptr<PendingCollective>, int64_t>> timed_gathers_;
+  // [Collective timing] Finished all-gathers (batches) whose device time is not read yet, oldest
+  // first; at most kMaxTimedGathers are kept (each may hold its input shards).
+  std::deque<std::shared_ptr<GatherBatch>> timed_gathers_;
   static constexpr size_t kMaxTimedGathers = 2;
   void FoldTimedGathers(bool wait);
 #ifdef MEMPLAN_CHUNKS_CUDA
@@ -1006,6 +1029,7 @@ void ChunkManager::Impl::Acquire(int group, bool forward) {
   torch::NoGradGuard no_grad;
   const std::vector<int>& needed = group_chunks_[group];
   for (int c : needed) Upload(c);
+  FlushGathers();
   for (int c : needed) Materialize(c);
   if (!forward) AssignGradSlots(group);
   // Prefetch the next group in this direction on the upload stream, without evicting anything
@@ -1018,6 +1042,7 @@ void ChunkManager::Impl::Acquire(int group, bool forward) {
     if (holder >= 0 && std::find(needed.begin(), needed.end(), holder) != needed.end()) continue;
     Upload(c);
   }
+  FlushGathers();
 }
 
 void ChunkManager::Impl::StageGrad(Param& p, Chunk& chunk) {
@@ -1286,23 +1311,31 @@ void ChunkManager::Impl::FailCollective(const absl::Status& status) {
 
 absl::Status ChunkManager::Impl::FinishGather(DeviceBuffer& buffer) {
   if (!buffer.gather) return absl::OkStatus();
-  const absl::Status s = buffer.gather->Wait();
-  if (s.ok()) {
-    timed_gathers_.emplace_back(std::move(buffer.gather), buffer.gather_bytes);
-    FoldTimedGathers(/*wait=*/false);
-  }
+  std::shared_ptr<GatherBatch> batch = std::move(buffer.gather);
   buffer.gather.reset();
+  if (!batch->work) FlushGathers();  // still queued: a buffer reused within one batch
+  if (!batch->waited) {
+    batch->waited = true;
+    batch->status = batch->work->Wait();
+    if (batch->status.ok()) {
+      batch->outputs.clear();
+      batch->inputs.clear();
+      timed_gathers_.push_back(batch);
+      FoldTimedGathers(/*wait=*/false);
+    }
+  }
   buffer.gather_src = torch::Tensor();
-  return NoteCollective(s);
+  return NoteCollective(batch->status);
 }
 
 void ChunkManager::Impl::FoldTimedGathers(bool wait) {
   while (!timed_gathers_.empty()) {
-    auto& [pending, bytes] = timed_gathers_.front();
+    GatherBatch& batch = *timed_gathers_.front();
     // Beyond the bound the oldest is waited for (its collective is long done in practice).
     const bool must = wait || timed_gathers_.size() > kMaxTimedGathers;
-    const absl::StatusOr<double> seconds = pending->DeviceSeconds(must);
+    const absl::StatusOr<double> seconds = batch.work->DeviceSeconds(must);
     if (!seconds.ok() && absl::IsUnavailable(seconds.status())) return;  // still running
+    const int64_t bytes = batch.bytes;
     if (seconds.ok()) {
       ++upload_stats_.gathers_timed;
       upload_stats_.gather_output_bytes += bytes;
@@ -1330,7 +1363,10 @@ void ChunkManager::Impl::StartGather(int c, DeviceBuffer& buffer) {
   ++upload_stats_.uploads;
   upload_stats_.bytes += chunk.padded_elems * elem_size();
   ++upload_stats_.gathers;
-  buffer.gather_bytes = chunk.padded_elems * elem_size();
+  if (!open_gathers_) open_gathers_ = std::make_shared<GatherBatch>();
+  GatherBatch& batch = *open_gathers_;
+  batch.bytes += chunk.padded_elems * elem_size();
+  buffer.gather = open_gathers_;
 #ifdef MEMPLAN_CHUNKS_CUDA
   if (cuda()) {
     // The buffer's previous chunk may still be read by kernels queued on the compute stream; the
@@ -1342,11 +1378,29 @@ void ChunkManager::Impl::StartGather(int c, DeviceBuffer& buffer) {
     auto copied = std::make_shared<Event>();
     copied->record(*upload_stream_);
     chunk.uploaded = copied;  // the CPU update must not overwrite param_host before the copy
-    buffer.gather = comm_->AllGather(dst, buffer.gather_src);
+    batch.outputs.push_back(dst);
+    batch.inputs.push_back(buffer.gather_src);
+    if (!options_.coalesce_gathers) FlushGathers();
     return;
   }
 #endif
-  buffer.gather = comm_->AllGather(dst, src);
+  batch.outputs.push_back(dst);
+  batch.inputs.push_back(src);
+  if (!options_.coalesce_gathers) FlushGathers();
+}
+
+void ChunkManager::Impl::FlushGathers() {
+  if (!open_gathers_) return;
+  std::shared_ptr<GatherBatch> batch = std::move(open_gathers_);
+  open_gathers_.reset();
+#ifdef MEMPLAN_CHUNKS_CUDA
+  // The collective is ordered after the upload stream: after every shard's copy queued above.
+  std::optional<c10::cuda::CUDAStreamGuard> guard;
+  if (cuda()) guard.emplace(*upload_stream_);
+#endif
+  batch->work = batch->outputs.size() == 1
+                    ? comm_->AllGather(batch->outputs[0], batch->inputs[0])
+                    : comm_->AllGatherCoalesced(batch->outputs, batch->inputs);
 }
 
 void ChunkManager::Impl::PostBackwardSharded(int group) {

@@ -75,6 +75,9 @@ struct ChunkManagerOptions {
   // shard and the updated parameters are all-gathered. adamw, adamw_bf16 and sgd (not adamw8bit).
   // Ignored with W = 1 and for frozen or profile_only managers.
   bool shard_persistent_state = false;
+  // Sharded: the all-gathers of the chunks one hook uploads start as one coalesced collective
+  // ([Coalesced gathers] in chunk_manager.cc); false starts one per chunk (for comparison).
+  bool coalesce_gathers = true;
   // On-demand profiling (agent/profiler): the manager only moves parameters. No optimizer state
   // and no gradient staging are allocated (host or device), every gradient is dropped in the
   // PostBackward of the group after which it is final, and Step() fails. What a model larger than

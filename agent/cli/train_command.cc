@@ -752,6 +752,7 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
   options.offload.host_memory = plan.host_memory;
   options.offload.max_in_flight_groups = c.offload_in_flight;
   options.communicator = group.get();
+  if (group != nullptr) options.chunks.coalesce_gathers = group->options().coalesce_gathers;
   // The plan's n_persist counts chunks of the layout it was made for: a plan made for another
   // layout ([Layout fingerprint], common/chunk_packing.h) is refused before anything is allocated.
   if (file_plan.has_value() && plan.managed) {

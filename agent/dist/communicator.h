@@ -3,6 +3,8 @@
 #pragma once
 
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -27,6 +29,35 @@ class PendingCollective {
   }
 };
 
+// Several started collectives, waited for and timed as one (Communicator::AllGatherCoalesced's
+// default): Wait() waits for each in order and answers the first failure; DeviceSeconds sums
+// their durations (they run one after another on the backend's stream).
+class PendingCollectives final : public PendingCollective {
+ public:
+  explicit PendingCollectives(std::vector<std::unique_ptr<PendingCollective>> parts)
+      : parts_(std::move(parts)) {}
+  absl::Status Wait() override {
+    absl::Status first;
+    for (auto& part : parts_) {
+      const absl::Status s = part->Wait();
+      if (first.ok() && !s.ok()) first = s;
+    }
+    return first;
+  }
+  absl::StatusOr<double> DeviceSeconds(bool wait) override {
+    double total = 0;
+    for (auto& part : parts_) {
+      absl::StatusOr<double> s = part->DeviceSeconds(wait);
+      if (!s.ok()) return s.status();
+      total += *s;
+    }
+    return total;
+  }
+
+ private:
+  std::vector<std::unique_ptr<PendingCollective>> parts_;
+};
+
 // nccl-tests' bus bandwidth of an all-gather: its output bytes per second x (W - 1) / W (what
 // each rank's link carries). `memplan-agent bench` stores the measured figure in the profile.
 inline double AllGatherBusBytesPerSecond(double output_bytes, double seconds, int world_size) {
@@ -46,6 +77,15 @@ class Communicator {
   // output (contiguous, world_size × input.numel()) ← every rank's input, in rank order.
   virtual std::unique_ptr<PendingCollective> AllGather(torch::Tensor output,
                                                        torch::Tensor input) = 0;
+  // outputs[i] ← every rank's inputs[i] for each i, as AllGather does, started as one collective
+  // where the backend can (c10d: allgather_into_tensor_coalesced, one NCCL group call and kernel
+  // for the list). The default starts one AllGather per pair and waits for them together.
+  virtual std::unique_ptr<PendingCollective> AllGatherCoalesced(std::vector<torch::Tensor> outputs,
+                                                                std::vector<torch::Tensor> inputs) {
+    std::vector<std::unique_ptr<PendingCollective>> parts;
+    for (size_t i = 0; i < outputs.size(); ++i) parts.push_back(AllGather(outputs[i], inputs[i]));
+    return std::make_unique<PendingCollectives>(std::move(parts));
+  }
   // output (contiguous, input.numel() / world_size) ← the sum over ranks of this rank's slice.
   virtual std::unique_ptr<PendingCollective> ReduceScatterSum(torch::Tensor output,
                                                               torch::Tensor input) = 0;

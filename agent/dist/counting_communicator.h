@@ -5,13 +5,16 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "agent/dist/communicator.h"
 
 namespace memplan {
 
 struct CollectiveCounts {
-  int64_t all_gathers = 0;
+  int64_t all_gathers = 0;  // tensors gathered, a coalesced call counting each of its tensors
+  int64_t coalesced_gather_calls = 0;
   int64_t reduce_scatters = 0;
   int64_t all_reduces = 0;
 };
@@ -27,6 +30,12 @@ class CountingCommunicator final : public Communicator {
   std::unique_ptr<PendingCollective> AllGather(torch::Tensor output, torch::Tensor input) override {
     ++counts_.all_gathers;
     return inner_->AllGather(std::move(output), std::move(input));
+  }
+  std::unique_ptr<PendingCollective> AllGatherCoalesced(std::vector<torch::Tensor> outputs,
+                                                        std::vector<torch::Tensor> inputs) override {
+    counts_.all_gathers += static_cast<int64_t>(outputs.size());
+    ++counts_.coalesced_gather_calls;
+    return inner_->AllGatherCoalesced(std::move(outputs), std::move(inputs));
   }
   std::unique_ptr<PendingCollective> ReduceScatterSum(torch::Tensor output,
                                                       torch::Tensor input) override {

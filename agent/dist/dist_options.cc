@@ -98,6 +98,9 @@ absl::StatusOr<DistOptions> DistOptionsFromSettings(const EnvLookup& env,
   }
   ASSIGN_OR_RETURN(std::optional<int> high, EnvInt(env, label, "MEMPLAN_NCCL_HIGH_PRIORITY", 0, 1));
   o.high_priority_streams = high.value_or(1) == 1;
+  ASSIGN_OR_RETURN(std::optional<int> coalesce,
+                   EnvInt(env, label, "MEMPLAN_COALESCE_GATHERS", 0, 1));
+  o.coalesce_gathers = coalesce.value_or(1) == 1;
   return o;
 }
 

@@ -46,6 +46,9 @@ struct DistOptions {
   // kernels queued beside it (what FSDP2 does with its communication streams).
   // MEMPLAN_NCCL_HIGH_PRIORITY=0 turns it off (for comparisons).
   bool high_priority_streams = true;
+  // [Coalesced gathers] (agent/chunks): the chunk all-gathers of one hook start as one collective.
+  // Env MEMPLAN_COALESCE_GATHERS=0|1 (default 1); 0 starts one per chunk, for comparison.
+  bool coalesce_gathers = true;
 };
 
 // INVALID_ARGUMENT naming the field and its allowed range.

@@ -93,6 +93,10 @@ const DistOptions& ProcessGroup::options() const {
 std::unique_ptr<PendingCollective> ProcessGroup::AllGather(torch::Tensor, torch::Tensor) {
   return nullptr;
 }
+std::unique_ptr<PendingCollective> ProcessGroup::AllGatherCoalesced(std::vector<torch::Tensor>,
+                                                                    std::vector<torch::Tensor>) {
+  return nullptr;
+}
 std::unique_ptr<PendingCollective> ProcessGroup::ReduceScatterSum(torch::Tensor, torch::Tensor) {
   return nullptr;
 }
@@ -437,6 +441,14 @@ std::unique_ptr<PendingCollective> ProcessGroup::AllGather(torch::Tensor output,
                                                            torch::Tensor input) {
   return StartCollective(impl_.get(), "all-gather",
                          [&] { return impl_->backend()->_allgather_base(output, input); });
+}
+
+std::unique_ptr<PendingCollective> ProcessGroup::AllGatherCoalesced(
+    std::vector<torch::Tensor> outputs, std::vector<torch::Tensor> inputs) {
+  if (outputs.size() == 1) return AllGather(outputs[0], inputs[0]);
+  return StartCollective(impl_.get(), "coalesced all-gather", [&] {
+    return impl_->backend()->allgather_into_tensor_coalesced(outputs, inputs);
+  });
 }
 
 std::unique_ptr<PendingCollective> ProcessGroup::ReduceScatterSum(torch::Tensor output,

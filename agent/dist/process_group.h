@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -37,6 +38,8 @@ class ProcessGroup final : public Communicator {
   const DistOptions& options() const;
 
   std::unique_ptr<PendingCollective> AllGather(torch::Tensor output, torch::Tensor input) override;
+  std::unique_ptr<PendingCollective> AllGatherCoalesced(std::vector<torch::Tensor> outputs,
+                                                        std::vector<torch::Tensor> inputs) override;
   std::unique_ptr<PendingCollective> ReduceScatterSum(torch::Tensor output,
                                                       torch::Tensor input) override;
   std::unique_ptr<PendingCollective> AllReduceSum(torch::Tensor tensor) override;

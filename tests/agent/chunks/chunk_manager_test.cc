@@ -16,6 +16,7 @@
 #include "agent/chunks/cpu_adamw.h"
 #include "agent/chunks/torch_sqrt.h"
 #include "agent/dist/communicator.h"
+#include "agent/dist/counting_communicator.h"
 #include "common/chunk_packing.h"
 #include "common/optimizer_bytes.h"
 #include "agent/core/torch_pch.h"
@@ -1242,11 +1243,15 @@ TEST(ChunkManagerTest, UploadStatsTimeTheShardedGathers) {
       EXPECT_GT(u.gathers, 0);
       EXPECT_EQ(u.gathers, u.uploads) << "every sharded upload is an all-gather";
       if (each > 0) {
-        EXPECT_EQ(u.gathers_timed, u.gathers);
+        // [Coalesced gathers]: one timed collective per batch, its time the sum of its chunks'.
+        EXPECT_GT(u.gathers_timed, 0);
+        EXPECT_LE(u.gathers_timed, u.gathers);
         EXPECT_EQ(u.gather_output_bytes, u.bytes);
         EXPECT_DOUBLE_EQ(u.gather_seconds, each * static_cast<double>(u.gathers));
-        EXPECT_EQ(u.gather_seconds_each,
-                  std::vector<float>(static_cast<size_t>(u.gathers), static_cast<float>(each)));
+        EXPECT_EQ(u.gather_seconds_each.size(), static_cast<size_t>(u.gathers_timed));
+        double sampled = 0;
+        for (float t : u.gather_seconds_each) sampled += t;
+        EXPECT_NEAR(sampled, u.gather_seconds, 1e-5);
         EXPECT_EQ(u.gather_sampled_bytes, u.gather_output_bytes);
       } else {
         EXPECT_EQ(u.gathers_timed, 0);
@@ -1270,7 +1275,7 @@ TEST(ChunkManagerTest, UploadStatsTimeTheShardedGathers) {
       for (int r = 0; r < kWorld; ++r) {
         ASSERT_TRUE(across[r].ok()) << across[r].status();
         ASSERT_TRUE(across[r]->has_value());
-        EXPECT_EQ((*across[r])->gathers, stats[0].gathers);
+        EXPECT_EQ((*across[r])->gathers, stats[0].gathers_timed);
         EXPECT_NEAR((*across[r])->fastest_bus_bytes_per_second, bus / (n * each), 1e-6 * bus);
         EXPECT_NEAR((*across[r])->slowest_bus_bytes_per_second, bus / (n * 2 * each), 1e-6 * bus);
       }
@@ -1285,6 +1290,71 @@ TEST(ChunkManagerTest, UploadStatsTimeTheShardedGathers) {
     RunRanks(kWorld, [&](int r) { managers[r]->ResetUploadStats(); });
     EXPECT_EQ(managers[0]->UploadStats().gathers, 0);
     EXPECT_EQ(managers[0]->UploadStats().gather_seconds, 0);
+  }
+}
+
+// [Coalesced gathers] With two chunks per block, a hook's uploads start as one collective: fewer
+// collectives than chunk gathers, the same chunks gathered, and training bit-identical to one
+// all-gather per chunk.
+TEST(ChunkManagerTest, CoalescedGathersEqualOneGatherPerChunk) {
+  constexpr int kWorld = 2;
+  const ToyModel start = ToyModel::Make(4, /*tied=*/false, 16, 32, 11, torch::kFloat32);
+  const std::vector<Batch> batches = {MakeBatch(32, 8, torch::kCPU), MakeBatch(32, 9, torch::kCPU)};
+  std::map<bool, std::vector<std::vector<NamedParam>>> params;
+  std::map<bool, std::vector<CollectiveCounts>> counts;
+  std::map<bool, std::vector<ChunkUploadStats>> uploads;
+  for (const bool coalesce : {false, true}) {
+    SCOPED_TRACE(coalesce ? "coalesced" : "one per chunk");
+    ChunkManagerOptions options = CpuOptions(/*n_persist=*/1, /*n_buffer=*/4);
+    // A block's norm and weight do not share a chunk (256-byte alignment): two chunks per block.
+    options.chunk_bytes = 1100;
+    options.coalesce_gathers = coalesce;
+    std::vector<ToyModel> ranks;
+    for (int r = 0; r < kWorld; ++r) ranks.push_back(start.Clone());
+    ThreadHub hub(kWorld);
+    std::vector<std::unique_ptr<ThreadCommunicator>> threads;
+    std::vector<std::unique_ptr<CountingCommunicator>> comms;
+    std::vector<std::unique_ptr<ChunkManager>> managers(kWorld);
+    for (int r = 0; r < kWorld; ++r) {
+      threads.push_back(std::make_unique<ThreadCommunicator>(hub, r, /*gather_seconds=*/0.5));
+      comms.push_back(std::make_unique<CountingCommunicator>(threads.back().get()));
+    }
+    for (int r = 0; r < kWorld; ++r) {
+      auto m = ChunkManager::Create(ranks[r].Groups(), options, comms[r].get());
+      ASSERT_TRUE(m.ok()) << m.status();
+      managers[r] = std::move(m).value();
+    }
+    ASSERT_GE(managers[0]->MemoryStats().n_chunks, 9);
+    params[coalesce].resize(kWorld);
+    uploads[coalesce].resize(kWorld);
+    RunRanks(kWorld, [&](int r) {
+      for (const Batch& b : batches) {
+        RunMicroBatch(ranks[r], managers[r].get(), false, b.tokens, b.targets);
+        ASSERT_TRUE(managers[r]->Step(0).ok());
+        managers[r]->ZeroGrad();
+      }
+      uploads[coalesce][r] = managers[r]->UploadStats();
+      params[coalesce][r] = managers[r]->Params();
+    });
+    for (int r = 0; r < kWorld; ++r) counts[coalesce].push_back(comms[r]->counts());
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    const CollectiveCounts& off = counts[false][r];
+    const CollectiveCounts& on = counts[true][r];
+    EXPECT_EQ(off.coalesced_gather_calls, 0);
+    EXPECT_GT(on.coalesced_gather_calls, 0);
+    EXPECT_EQ(on.all_gathers, off.all_gathers) << "the same chunks are gathered";
+    EXPECT_EQ(uploads[true][r].gathers, uploads[false][r].gathers);
+    EXPECT_EQ(uploads[true][r].gather_output_bytes, uploads[false][r].gather_output_bytes);
+    EXPECT_EQ(uploads[false][r].gathers_timed, uploads[false][r].gathers);
+    EXPECT_LT(uploads[true][r].gathers_timed, uploads[true][r].gathers)
+        << "fewer collectives than chunk gathers";
+    EXPECT_DOUBLE_EQ(uploads[true][r].gather_seconds, uploads[false][r].gather_seconds);
+    ASSERT_EQ(params[true][r].size(), params[false][r].size());
+    for (size_t i = 0; i < params[true][r].size(); ++i) {
+      EXPECT_TRUE(torch::equal(params[true][r][i].param, params[false][r][i].param))
+          << params[true][r][i].name;
+    }
   }
 }
 
