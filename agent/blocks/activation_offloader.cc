@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <deque>
+#include <compare>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -18,6 +19,47 @@
 
 namespace memplan {
 namespace {
+
+// [Pageable host pool] A pageable host copy allocated afresh for every offload is memory the
+// kernel maps on first touch: the driver's staging copy into it takes a page fault per 4 KiB
+// page. On an H200 that made a 117 MB HS_OFFLOAD copy take 105 ms of the training thread (1.1
+// GB/s, against the 13 GB/s `memplan-agent bench` measures into reused pageable memory), and a
+// pageable device-to-host copy holds that thread until it is done. So the storages of pageable
+// host copies are kept when their entries die and handed to the next copy of the same byte size:
+// every step after the first writes into mapped memory. The pool holds at most the largest
+// amount of host copies alive at once so far (what the step needs anyway). Pinned copies come
+// from the caching host allocator, which already reuses them.
+class HostStoragePool {
+ public:
+  // A storage of exactly `nbytes` bytes kept before, or an undefined one.
+  c10::Storage Take(int64_t nbytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(nbytes);
+    if (it == free_.end() || it->second.empty()) return c10::Storage();
+    c10::Storage s = std::move(it->second.back());
+    it->second.pop_back();
+    held_ -= nbytes;
+    ++reuses_;
+    return s;
+  }
+  // Keeps `storage` (of nbytes bytes) unless that would hold more than `limit` bytes.
+  void Give(c10::Storage storage, int64_t nbytes, int64_t limit) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (held_ + nbytes > limit) return;
+    held_ += nbytes;
+    free_[nbytes].push_back(std::move(storage));
+  }
+  int64_t reuses() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reuses_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<int64_t, std::vector<c10::Storage>> free_;
+  int64_t held_ = 0;
+  int64_t reuses_ = 0;
+};
 
 // One tensor moved to the host: its host copy and, once prefetched, its device copy. On CUDA the
 // events order the copies: d2h_done (offload stream) before the upload, h2d_done (prefetch
@@ -30,10 +72,19 @@ struct OffloadedTensor {
   std::optional<at::cuda::CUDAEvent> h2d_done;
   std::optional<c10::cuda::CUDAStream> device_stream;  // whose pool `device` came from
   std::atomic<int64_t>* host_bytes_counter = nullptr;
+  // [One copy per saved tensor] Pack hooks holding this entry whose unpack has not come yet.
+  int consumers = 1;
+  // [Pageable host pool] Where `host` goes back to (pageable copies only), and the pool's bound.
+  HostStoragePool* pool = nullptr;
+  const std::atomic<int64_t>* pool_limit = nullptr;
 
   ~OffloadedTensor() {
     if (host_bytes_counter != nullptr && host.defined()) {
       host_bytes_counter->fetch_sub(static_cast<int64_t>(host.nbytes()));
+    }
+    if (pool != nullptr && host.defined() && host.storage().use_count() == 1) {
+      const auto nbytes = static_cast<int64_t>(host.storage().nbytes());
+      pool->Give(host.storage(), nbytes, pool_limit->load());
     }
     // [Upload memory] An upload dropped before its use: its memory returns to the stream's pool
     // now, so that stream must not run past the copy into it.
@@ -50,8 +101,27 @@ struct OffloadedTensor {
   }
 };
 
+// [One copy per saved tensor] What identifies a saved tensor's data: the same view of the same
+// storage object at the same version, as autograd saves it for each op that reads it. The
+// storage object, not its data address: a swapped tensor's memory is freed and may come back at
+// the same address for another tensor of the group, while the record's weak reference keeps the
+// storage object itself (not its memory) from being reused.
+struct SavedKey {
+  const c10::StorageImpl* storage = nullptr;
+  int64_t offset = 0;
+  std::vector<int64_t> sizes, strides;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  int64_t version = 0;
+  auto operator<=>(const SavedKey&) const = default;
+};
+struct SavedCopy {
+  std::weak_ptr<OffloadedTensor> entry;
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+};
+
 struct GroupRecord {
   std::vector<std::shared_ptr<OffloadedTensor>> saved;  // SWAP
+  std::map<SavedKey, SavedCopy> by_key;
   std::shared_ptr<OffloadedTensor> input;               // HS_OFFLOAD
   bool prefetched = false;
 };
@@ -79,10 +149,20 @@ class ActivationOffloader::Impl {
     }
   }
 
+  // The records' entries give back to the counters and the pool below: release them first.
+  ~Impl() {
+    std::lock_guard<std::mutex> lock(mu_);
+    records_.clear();
+  }
+
   // Copies `t` to host memory (asynchronously on CUDA).
   std::shared_ptr<OffloadedTensor> Offload(const torch::Tensor& t) {
     auto entry = std::make_shared<OffloadedTensor>();
     entry->host = EmptyHostLike(t);
+    if (!pinned_) {  // EmptyHostLike fell back or pageable was asked for
+      entry->pool = &pool_;
+      entry->pool_limit = &host_bytes_peak_;
+    }
     if (cuda_) {
       c10::cuda::CUDAGuard guard(options_.device);
       auto compute = c10::cuda::getCurrentCUDAStream();
@@ -153,13 +233,19 @@ class ActivationOffloader::Impl {
       synchronous_fetches_.fetch_add(1);
       Upload(entry);
     }
-    torch::Tensor device = std::move(entry.device);
-    entry.device = torch::Tensor();
+    // [One copy per saved tensor] Every consumer but the last shares the device copy.
+    const bool last = entry.consumers <= 1;
+    torch::Tensor device = entry.device;
+    if (last) {
+      entry.device = torch::Tensor();
+    } else {
+      --entry.consumers;
+    }
     if (cuda_) {
       c10::cuda::CUDAGuard guard(options_.device);
       auto current = c10::cuda::getCurrentCUDAStream();
       if (entry.h2d_done.has_value()) entry.h2d_done->block(current);
-      entry.h2d_done.reset();
+      if (last) entry.h2d_done.reset();
       // Normally allocated from this stream's pool (see [Upload memory]); if another stream
       // consumes it, freeing must also wait for that stream.
       if (entry.device_stream.has_value() && *entry.device_stream != current) {
@@ -179,11 +265,33 @@ class ActivationOffloader::Impl {
       entry = std::make_shared<OffloadedTensor>();
       entry->kept = t;
       passthrough_.fetch_add(1);
-    } else {
-      entry = Offload(t);
+      std::lock_guard<std::mutex> lock(mu_);
+      records_[group].saved.push_back(entry);
+      return entry;
     }
+    // [One copy per saved tensor] Autograd packs a tensor once per op that saves it (a block's
+    // normalised input feeds q, k and v): copying each would move and hold it several times,
+    // where the profiler (and so the planner) counts the block's saved storage once. The second
+    // and later packs share the first's copies.
+    SavedKey key{t.storage().unsafeGetStorageImpl(), t.storage_offset(), t.sizes().vec(),
+                 t.strides().vec(), t.scalar_type(), t._version()};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto& known = records_[group].by_key;
+      if (auto it = known.find(key); it != known.end()) {
+        if (std::shared_ptr<OffloadedTensor> shared = it->second.entry.lock()) {
+          ++shared->consumers;
+          shared_saves_.fetch_add(1);
+          return shared;
+        }
+      }
+    }
+    entry = Offload(t);
     std::lock_guard<std::mutex> lock(mu_);
-    records_[group].saved.push_back(entry);
+    GroupRecord& record = records_[group];
+    record.saved.push_back(entry);
+    record.by_key.insert_or_assign(std::move(key),
+                                   SavedCopy{entry, t.storage().getWeakStorageImpl()});
     return entry;
   }
 
@@ -256,6 +364,8 @@ class ActivationOffloader::Impl {
     stats.synchronous_fetches = synchronous_fetches_.load();
     stats.in_flight_waits = in_flight_waits_.load();
     stats.pinned = pinned_;
+    stats.pageable_reuses = pool_.reuses();
+    stats.shared_saves = shared_saves_.load();
     return stats;
   }
 
@@ -274,6 +384,14 @@ class ActivationOffloader::Impl {
             .Field("reason", std::string(e.what_without_backtrace()));
       }
     }
+    // [Pageable host pool] Dense layouts (all the saved activations seen) reuse a kept storage.
+    if (t.is_non_overlapping_and_dense()) {
+      const int64_t nbytes = t.numel() * static_cast<int64_t>(t.element_size());
+      c10::Storage kept = pool_.Take(nbytes);
+      if (kept) {
+        return at::empty({0}, opts).set_(kept, /*storage_offset=*/0, t.sizes(), t.strides());
+      }
+    }
     return EmptyLayoutLike(t, opts);
   }
 
@@ -289,6 +407,7 @@ class ActivationOffloader::Impl {
   }
 
   ActivationOffloadOptions options_;
+  HostStoragePool pool_;  // before the records: entries give their storage back to it
   bool cuda_ = false;
   bool pinned_ = false;
   std::optional<c10::cuda::CUDAStream> offload_stream_;
@@ -300,6 +419,7 @@ class ActivationOffloader::Impl {
   std::atomic<int64_t> host_bytes_{0};
   std::atomic<int64_t> host_bytes_peak_{0};
   std::atomic<int64_t> passthrough_{0};
+  std::atomic<int64_t> shared_saves_{0};
   std::atomic<int64_t> synchronous_fetches_{0};
   std::atomic<int64_t> in_flight_waits_{0};
 };

@@ -28,6 +28,8 @@ struct ActivationOffloadStats {
   int64_t synchronous_fetches = 0;  // backward needed data that was not prefetched
   int64_t in_flight_waits = 0;      // forward waited for an old group's copies
   bool pinned = false;              // host copies are in pinned memory
+  int64_t pageable_reuses = 0;      // pageable host copies written into a kept storage
+  int64_t shared_saves = 0;         // saves of a tensor already offloaded in its group
 };
 
 // Thread-compatible. Forward calls come from the training thread and backward calls from

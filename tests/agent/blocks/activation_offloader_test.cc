@@ -43,6 +43,37 @@ TEST(ActivationOffloaderTest, InputRoundTripKeepsValuesAndLayout) {
   EXPECT_EQ(offloader->Stats().host_bytes_peak, 15 * 4);
 }
 
+// [Pageable host pool] Pageable host copies of a step go back to the pool when their group is
+// cleared, and the next step's copies of the same sizes are written into them: same values and
+// layout, no new host memory, and the pool never holds more than the largest live amount.
+TEST(ActivationOffloaderTest, PageableCopiesReuseTheLastStepsHostMemory) {
+  auto offloader = MakeOffloader();  // on the CPU: pageable
+  ASSERT_FALSE(offloader->Stats().pinned);
+  std::vector<void*> first_step;
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE(step);
+    std::vector<torch::Tensor> inputs;
+    for (int g = 0; g < 3; ++g) {
+      inputs.push_back(torch::randn({4 + g, 6}).t());  // three sizes, dense, non-contiguous
+      offloader->OffloadInput(g, inputs.back());
+      offloader->EndForwardGroup(g);
+    }
+    EXPECT_EQ(offloader->Stats().pageable_reuses, step == 0 ? 0 : 3);
+    for (int g = 2; g >= 0; --g) {
+      offloader->Prefetch(g);
+      torch::Tensor back = offloader->TakeInput(g);
+      EXPECT_TRUE(torch::equal(back, inputs[g]));
+      EXPECT_EQ(back.strides(), inputs[g].strides());
+      offloader->Clear(g);
+    }
+  }
+  EXPECT_EQ(offloader->Stats().host_bytes, 0);
+  EXPECT_EQ(offloader->Stats().host_bytes_peak, (4 + 5 + 6) * 6 * 4);
+  // A size never seen before gets fresh memory.
+  offloader->OffloadInput(7, torch::randn({9, 6}));
+  EXPECT_EQ(offloader->Stats().pageable_reuses, 3);
+}
+
 TEST(ActivationOffloaderTest, TakeWithoutPrefetchFetchesSynchronously) {
   auto offloader = MakeOffloader();
   torch::Tensor x = torch::arange(6.0);
@@ -79,6 +110,45 @@ TEST(ActivationOffloaderTest, SwapScopeOffloadsSavedActivationsButNotParameters)
   EXPECT_TRUE(torch::equal(gx, x.grad()));
   EXPECT_TRUE(torch::equal(gw, w.grad()));
   EXPECT_EQ(offloader->Stats().synchronous_fetches, 0);
+}
+
+// [One copy per saved tensor] x * x saves x twice and mm saves it a third time: it is copied to
+// the host once (so a SWAP block moves and holds its saved storage once, as the profiler counts
+// it), every unpack gets its values, and the gradients equal the unhooked run's.
+TEST(ActivationOffloaderTest, ATensorSavedSeveralTimesIsCopiedOnce) {
+  auto offloader = MakeOffloader();
+  torch::Tensor w = torch::randn({4, 3}).requires_grad_(true);
+  torch::Tensor x = torch::randn({2, 4}).requires_grad_(true);
+  auto run = [&] { return (torch::mul(x, x).sum() + torch::mm(x, w).sin().sum()); };
+  torch::Tensor y;
+  {
+    auto scope = offloader->BeginSwap(1, x);
+    y = run();
+  }
+  const auto stats = offloader->Stats();
+  EXPECT_EQ(stats.passthrough_tensors, 1);                // w
+  EXPECT_EQ(stats.shared_saves, 2);                       // x's second and third saves
+  EXPECT_EQ(stats.offloaded_bytes, (2 * 4 + 2 * 3) * 4);  // x once, and mm(x, w)
+  offloader->Prefetch(1);
+  y.backward();
+  const torch::Tensor gx = x.grad().clone(), gw = w.grad().clone();
+  x.mutable_grad().reset();
+  w.mutable_grad().reset();
+  run().backward();
+  EXPECT_TRUE(torch::equal(gx, x.grad()));
+  EXPECT_TRUE(torch::equal(gw, w.grad()));
+  EXPECT_EQ(offloader->Stats().synchronous_fetches, 0);
+  // The same tensor modified in place between two saves is a new version: copied again.
+  torch::Tensor z = torch::randn({3}).requires_grad_(true);
+  {
+    auto scope = offloader->BeginSwap(2, z);
+    torch::Tensor a = z * 1.0;  // saves no tensor
+    torch::Tensor b = a * a;    // saves a twice: one copy
+    a.mul_(2.0);
+    torch::Tensor c = a * a;  // a's next version: one more copy
+  }
+  EXPECT_EQ(offloader->Stats().shared_saves, 4);
+  EXPECT_EQ(offloader->Stats().offloaded_bytes, stats.offloaded_bytes + 2 * 3 * 4);
 }
 
 // [Upload memory] on a GPU: uploads come from the compute stream's pool without record_stream on
