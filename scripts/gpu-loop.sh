@@ -11,6 +11,8 @@
 # MEMPLAN_LOOP_PROFILE (default --profile): how the model is traced; empty = the planner's
 # analytic trace of the architecture.
 # MEMPLAN_LOOP_TRAIN_FLAGS: extra flags for every `memplan-agent train` (e.g. --allocator-conf=).
+# MEMPLAN_LOOP_FIRST_INDEX (default 1): the number of the first workload (its files' i), so that
+# a loop split over several calls numbers its workloads as one.
 # Per workload i it writes the memory timeline of every step (timeline-i.tsv), the agent's per-step
 # log lines (steps-i.txt: the `ts=` lines with fb_seconds and opt_seconds, left out of run-i.txt)
 # and the stored plan with its prediction breakdown and measurement (plan-i.json).
@@ -25,7 +27,7 @@ configs=${MEMPLAN_LOOP_CONFIGS:-llama-3.2-1b 4 2048;llama-3.2-1b 2 4096;llama-3.
 IFS=';' read -ra workloads <<<"$configs"
 extra=(${MEMPLAN_LOOP_TRAIN_FLAGS:-})
 profile=(${MEMPLAN_LOOP_PROFILE---profile})
-i=0
+i=$((${MEMPLAN_LOOP_FIRST_INDEX:-1} - 1))
 for cfg in "${workloads[@]}"; do
   set -- $cfg
   i=$((i + 1))

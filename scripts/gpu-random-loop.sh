@@ -13,6 +13,9 @@
 # MEMPLAN_RANDOM_KNOBS=1 also draws, from a second generator (so the draws above stay those of
 # the seed), knobs the planner rarely picks by itself, fixed in its search ([Fixed knobs with
 # --planner]): a third of the workloads get --host-memory pageable, another third --n-swap 1..4.
+# MEMPLAN_RANDOM_FIRST=K (default 1) runs draws K..N only (the draws before K are still drawn, so
+# the workloads are the seed's): a loop longer than one device call runs as several, their files
+# numbered by draw (MEMPLAN_LOOP_FIRST_INDEX), mergeable into one folder for loop-report.py.
 set -uo pipefail
 seed=${1:?seed}; n=${2:?count}; out=${3:?out dir}; build=${4:?build dir}; hw=${5:-gpu}
 mkdir -p "$out"
@@ -47,5 +50,8 @@ print(";".join(rows))
 PY
 )
 echo "seed $seed: $configs" | tee "$out/draws.txt"
-MEMPLAN_LOOP_CONFIGS=$configs bash "$(dirname "$0")/gpu-loop.sh" "$out" "$build" "$hw"
+first=${MEMPLAN_RANDOM_FIRST:-1}
+configs=$(python3 -c 'import sys; print(";".join(sys.argv[2].split(";")[int(sys.argv[1]) - 1:]))' \
+  "$first" "$configs")
+MEMPLAN_LOOP_FIRST_INDEX=$first MEMPLAN_LOOP_CONFIGS=$configs bash "$(dirname "$0")/gpu-loop.sh" "$out" "$build" "$hw"
 python3 "$(dirname "$0")/loop-report.py" "$out" --summary | tee "$out/report.txt"

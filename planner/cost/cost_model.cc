@@ -910,6 +910,19 @@ double CostModel::Link(double up_bytes, double down_bytes, int kind) const {
   return t;
 }
 
+double CostModel::Window(double comp, double up_bytes, double down_bytes, int kind,
+                         double nccl) const {
+  // [Pageable copies drain the queue] A copy to or from pageable memory holds the thread that
+  // enqueues the GPU's work until it is done (the driver stages it through a bounce buffer),
+  // and a device-to-host one first waits until the GPU has run everything queued before it (the
+  // data must exist). After such a copy nothing is queued, so the window's host-to-device
+  // staging, its compute and the copy run one after another. Without a pageable
+  // device-to-host copy, the staging overlaps the compute queued before it.
+  const double link = Link(up_bytes, down_bytes, kind);
+  if (kind == 1 && down_bytes > 0) return std::max(comp + link, nccl);
+  return std::max({comp, link, nccl});
+}
+
 double CostModel::ForwardWindow(int32_t k, const PlanPoint& p, const Modes& m) const {
   // Window k: compute of stage k-1, overlapped with the prefetch of stage k's offloaded chunks
   // (H2D + all-gather) and the offload of stage k-2's activations (SWAP / HS_OFFLOAD).
@@ -930,7 +943,7 @@ double CostModel::ForwardWindow(int32_t k, const PlanPoint& p, const Modes& m) c
   const int32_t blk = k - 3;
   const double down = blk >= 0 && blk < n ? static_cast<double>(ActBytes(blk, m.Block(blk))) : 0.0;
   const double nccl = w > 1 ? load * (w - 1) / w / hardware_.nccl_allgather_bytes_per_second : 0.0;
-  return std::max({comp, Link(load / w, down, p.kind), nccl});
+  return Window(comp, load / w, down, p.kind, nccl);
 }
 
 int CostModel::ForwardKey(int32_t k, const PlanPoint& p, const Modes& m) const {
@@ -970,7 +983,7 @@ double CostModel::ForwardWindowPure(int32_t k, int key, int kind) const {
     if (act == 2) down = static_cast<double>(input_[blk]);
   }
   const double nccl = w > 1 ? load * (w - 1) / w / hardware_.nccl_allgather_bytes_per_second : 0.0;
-  return std::max({comp, Link(load / w, down, kind), nccl});
+  return Window(comp, load / w, down, kind, nccl);
 }
 
 double CostModel::BackwardWindow(int32_t s, const PlanPoint& p, const Modes& m) const {
@@ -1002,7 +1015,7 @@ double CostModel::BackwardWindow(int32_t s, const PlanPoint& p, const Modes& m) 
            (gradoff + (p.lower_bound ? 1.0 : PersistentReduceFactor()) * ptrain) * frac *
                ReduceWidening() / hardware_.nccl_reduce_scatter_bytes_per_second;
   }
-  return std::max({comp, Link(refetch / w + act_in, gradoff / w, p.kind), nccl});
+  return Window(comp, refetch / w + act_in, gradoff / w, p.kind, nccl);
 }
 
 double CostModel::BackwardEdges(const PlanPoint& p) const {
@@ -1090,7 +1103,7 @@ double CostModel::BackwardWindowPure(int32_t s, int key, int kind) const {
            (gradoff + ptrain) * frac * ReduceWidening() /
                hardware_.nccl_reduce_scatter_bytes_per_second;
   }
-  return std::max({comp, Link(refetch / w + act_in, gradoff / w, kind), nccl});
+  return Window(comp, refetch / w + act_in, gradoff / w, kind, nccl);
 }
 
 namespace {

@@ -230,6 +230,9 @@ class CostModel {
   int64_t ActBytes(int32_t block, BlockMode mode) const;  // bytes a mode moves to/from host
   int64_t RetainedBytes(int32_t block, BlockMode mode) const;
   double Link(double up_bytes, double down_bytes, int kind) const;
+  // One overlap window: compute `comp` beside the link's copies and `nccl` seconds of collectives
+  // ([Pageable copies drain the queue] in cost_model.cc).
+  double Window(double comp, double up_bytes, double down_bytes, int kind, double nccl) const;
   double ForwardWindow(int32_t k, const PlanPoint& p, const Modes& m) const;
   double BackwardWindow(int32_t s, const PlanPoint& p, const Modes& m) const;
   double BackwardEdges(const PlanPoint& p) const;                        // pre- and post-windows
