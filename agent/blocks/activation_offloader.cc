@@ -273,12 +273,13 @@ class ActivationOffloader::Impl {
     // normalised input feeds q, k and v): copying each would move and hold it several times,
     // where the profiler (and so the planner) counts the block's saved storage once. The second
     // and later packs share the first's copies.
-    SavedKey key{t.storage().unsafeGetStorageImpl(), t.storage_offset(), t.sizes().vec(),
-                 t.strides().vec(), t.scalar_type(), t._version()};
-    {
+    std::optional<SavedKey> key;
+    if (t.has_storage()) {
+      key = SavedKey{t.storage().unsafeGetStorageImpl(), t.storage_offset(), t.sizes().vec(),
+                     t.strides().vec(), t.scalar_type(), t._version()};
       std::lock_guard<std::mutex> lock(mu_);
       auto& known = records_[group].by_key;
-      if (auto it = known.find(key); it != known.end()) {
+      if (auto it = known.find(*key); it != known.end()) {
         if (std::shared_ptr<OffloadedTensor> shared = it->second.entry.lock()) {
           ++shared->consumers;
           shared_saves_.fetch_add(1);
@@ -290,8 +291,10 @@ class ActivationOffloader::Impl {
     std::lock_guard<std::mutex> lock(mu_);
     GroupRecord& record = records_[group];
     record.saved.push_back(entry);
-    record.by_key.insert_or_assign(std::move(key),
-                                   SavedCopy{entry, t.storage().getWeakStorageImpl()});
+    if (key.has_value()) {
+      record.by_key.insert_or_assign(std::move(*key),
+                                     SavedCopy{entry, t.storage().getWeakStorageImpl()});
+    }
     return entry;
   }
 
