@@ -139,6 +139,8 @@ Several ranks (torchrun --nproc-per-node N --no-python memplan-agent train ...):
   (ZeRO-3), and rank 0 logs. --save: every rank writes the pieces it stores into one checkpoint
   directory (rank-R-of-W.safetensors, nothing gathered; LoRA and adamw8bit runs gather to rank 0);
   --resume reads any world size's checkpoint, each rank only the ranges it stores.
+  For comparisons: MEMPLAN_NCCL_HIGH_PRIORITY=0 (normal-priority NCCL streams) and
+  MEMPLAN_COALESCE_GATHERS=0 (one all-gather per chunk instead of one per hook); both default 1.
   Not yet with --memory-timeline, --profile.
 )";
 }

@@ -40,6 +40,15 @@ TEST(DistOptionsTest, NcclStreamPriorityFromTheEnvironment) {
   EXPECT_TRUE(o->high_priority_streams);
 }
 
+TEST(DistOptionsTest, GatherCoalescingFromTheEnvironment) {
+  absl::StatusOr<DistOptions> o = DistOptionsFromEnvironment(Env({}));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->coalesce_gathers);
+  o = DistOptionsFromEnvironment(Env({{"MEMPLAN_COALESCE_GATHERS", "0"}}));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->coalesce_gathers);
+}
+
 TEST(DistOptionsTest, ReadsTorchrunVariables) {
   absl::StatusOr<DistOptions> o =
       DistOptionsFromEnvironment(Env({{"WORLD_SIZE", "8"},
@@ -83,6 +92,8 @@ TEST(DistOptionsTest, BadValuesNameTheVariable) {
       {{{"MASTER_ADDR", " "}}, "MASTER_ADDR (environment) must be a host name or address"},
       {{{"MEMPLAN_NCCL_HIGH_PRIORITY", "yes"}},
        "MEMPLAN_NCCL_HIGH_PRIORITY (environment) must be an integer in [0, 1]; got \"yes\""},
+      {{{"MEMPLAN_COALESCE_GATHERS", "2"}},
+       "MEMPLAN_COALESCE_GATHERS (environment) must be an integer in [0, 1]; got \"2\""},
   };
   for (const Case& c : cases) {
     absl::StatusOr<DistOptions> o = DistOptionsFromEnvironment(Env(c.env));
