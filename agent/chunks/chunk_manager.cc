@@ -262,7 +262,9 @@ class ChunkManager::Impl {
         pool_(std::max(0, options.cpu_threads)) {}
 
   ~Impl() {
-    FlushGathers();
+    // A batch still queued (a hook unwound mid-loop) was never started: nothing to wait for, and
+    // starting it now could wait on ranks that have gone.
+    open_gathers_.reset();
     for (DeviceBuffer& buffer : buffers_) {
       if (buffer.gather && buffer.gather->work && !buffer.gather->waited) {
         buffer.gather->waited = true;
