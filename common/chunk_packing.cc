@@ -211,6 +211,18 @@ std::vector<int64_t> ChunkPacking::GradSlotBytesByFirstOffloaded() const {
   return result;
 }
 
+std::vector<int64_t> ChunkPacking::GradSlotOffsets(int first_offloaded) const {
+  std::vector<int64_t> offsets(params_.size(), -1);
+  std::vector<int64_t> end(params_.empty() ? 0 : params_.back().group + 1, 0);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int g = params_[i].group;
+    if (slots_[i].chunk < first_offloaded || !IsBlockGroup(g)) continue;
+    offsets[i] = end[g];
+    end[g] += GradSlotParamBytes(static_cast<int>(i));
+  }
+  return offsets;
+}
+
 int64_t ChunkPacking::MaxChunkBytesFrom(int first) const {
   int64_t largest = 0;
   for (int c = std::max(first, 0); c < num_chunks(); ++c) {

@@ -108,6 +108,12 @@ class ChunkPacking {
   // sum of GradSlotParamBytes over one block group's parameters in those chunks (0 when none);
   // element f of the result is the size for first_offloaded = f, f in [0, num_chunks()].
   std::vector<int64_t> GradSlotBytesByFirstOffloaded() const;
+  // Where each parameter's grad sits in its group's slot when chunks [first_offloaded,
+  // num_chunks()) are offloaded: byte offsets, indexed like the input, each group's parameters
+  // packed in input order from 0, GradSlotParamBytes apart; -1 for a parameter that is not
+  // staged in a slot (in a persistent chunk, or not a block group's). The largest group's end is
+  // GradSlotBytesByFirstOffloaded()[first_offloaded]. What the agent lays its slots out by.
+  std::vector<int64_t> GradSlotOffsets(int first_offloaded) const;
 
  private:
   ChunkPackingOptions options_;

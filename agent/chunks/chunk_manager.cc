@@ -771,15 +771,19 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
   if (!stateless() && !sharded() && n_persist_ < layout_.num_chunks()) {
     const int64_t slot_bytes = layout_.GradSlotBytesByFirstOffloaded()[n_persist_];
     if (slot_bytes > 0) {
+      // The offsets are the layout's (common/chunk_packing.h); the groups are the hooks' (the
+      // last backward group of each parameter), which the check below holds to the layout's.
+      const std::vector<int64_t> offsets = layout_.GradSlotOffsets(n_persist_);
       slot_offset_.assign(params_.size(), -1);
       group_slot_elems_.assign(group_params_.size(), 0);
       int64_t largest = 0;
       for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
+        if (offsets[i] < 0) continue;
         const Param& p = params_[i];
-        if (chunks_[p.chunk].persistent || !layout_.IsBlockGroup(p.first_group)) continue;
-        slot_offset_[i] = group_slot_elems_[p.first_group];
-        group_slot_elems_[p.first_group] += layout_.GradSlotParamBytes(i) / elem_bytes;
-        largest = std::max(largest, group_slot_elems_[p.first_group]);
+        int64_t& end = group_slot_elems_[p.first_group];
+        slot_offset_[i] = offsets[i] / elem_bytes;
+        end = std::max(end, (offsets[i] + layout_.GradSlotParamBytes(i)) / elem_bytes);
+        largest = std::max(largest, end);
       }
       if (largest * elem_bytes != slot_bytes) {
         return absl::InternalError(absl::StrCat("grad staging slots: the parameters take ",

@@ -153,6 +153,25 @@ TEST(ChunkPackingTest, GradSlotBytesFollowTheOffloadedBlockParameters) {
       1024);
   ASSERT_EQ(small.num_chunks(), 3);  // [emb] [b1.a b1.b] [b2.a head]
   EXPECT_EQ(small.GradSlotBytesByFirstOffloaded(), (std::vector<int64_t>{768, 768, 512, 0}));
+  // The offsets inside each group's slot: packed in input order, GradSlotParamBytes apart, -1 for
+  // the embedding, the head and parameters of persistent chunks.
+  EXPECT_EQ(layout.GradSlotOffsets(0), (std::vector<int64_t>{-1, 0, 512, 0, -1}));
+  EXPECT_EQ(layout.GradSlotOffsets(2), (std::vector<int64_t>{-1, -1, -1, 0, -1}));
+  EXPECT_EQ(layout.GradSlotOffsets(4), (std::vector<int64_t>{-1, -1, -1, -1, -1}));
+  // For every first offloaded chunk the largest group's end is the slot size.
+  for (const ChunkPacking* l : {&layout, &small}) {
+    const std::vector<int64_t> sizes = l->GradSlotBytesByFirstOffloaded();
+    for (int f = 0; f <= l->num_chunks(); ++f) {
+      const std::vector<int64_t> offsets = l->GradSlotOffsets(f);
+      int64_t largest = 0;
+      for (size_t i = 0; i < offsets.size(); ++i) {
+        if (offsets[i] >= 0) {
+          largest = std::max(largest, offsets[i] + l->GradSlotParamBytes(static_cast<int>(i)));
+        }
+      }
+      EXPECT_EQ(largest, sizes[f]) << "first offloaded " << f;
+    }
+  }
 }
 
 TEST(ChunkPackingTest, RejectsInvalidInput) {
