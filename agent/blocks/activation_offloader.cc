@@ -7,8 +7,8 @@
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 
 #include <atomic>
-#include <deque>
 #include <compare>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <optional>

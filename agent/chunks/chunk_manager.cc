@@ -1317,8 +1317,7 @@ void ChunkManager::Impl::FailCollective(const absl::Status& status) {
 
 absl::Status ChunkManager::Impl::FinishGather(DeviceBuffer& buffer) {
   if (!buffer.gather) return absl::OkStatus();
-  std::shared_ptr<GatherBatch> batch = std::move(buffer.gather);
-  buffer.gather.reset();
+  std::shared_ptr<GatherBatch> batch = std::move(buffer.gather);  // leaves buffer.gather null
   if (!batch->work) FlushGathers();  // still queued: a buffer reused within one batch
   if (!batch->waited) {
     batch->waited = true;
@@ -1397,8 +1396,7 @@ void ChunkManager::Impl::StartGather(int c, DeviceBuffer& buffer) {
 
 void ChunkManager::Impl::FlushGathers() {
   if (!open_gathers_) return;
-  std::shared_ptr<GatherBatch> batch = std::move(open_gathers_);
-  open_gathers_.reset();
+  std::shared_ptr<GatherBatch> batch = std::move(open_gathers_);  // a new batch opens next time
 #ifdef MEMPLAN_CHUNKS_CUDA
   // The collective is ordered after the upload stream: after every shard's copy queued above.
   std::optional<c10::cuda::CUDAStreamGuard> guard;
