@@ -266,6 +266,9 @@ v1::FixedKnobs ToProto(const FixedKnobs& knobs) {
   if (knobs.n_hs_offload) out.set_n_hs_offload(*knobs.n_hs_offload);
   if (knobs.host_memory) out.set_host_memory(ToProto(*knobs.host_memory));
   if (knobs.shard_persistent_state) out.set_shard_persistent_state(*knobs.shard_persistent_state);
+  if (knobs.shard_persistent_params) {
+    out.set_shard_persistent_params(*knobs.shard_persistent_params);
+  }
   return out;
 }
 
@@ -282,6 +285,7 @@ v1::ResidencyPlan ToProto(const ResidencyPlan& plan) {
   for (BlockMode mode : plan.block_modes) out.add_block_modes(ToProto(mode));
   out.set_world_size(plan.world_size);
   out.set_shard_persistent_state(plan.shard_persistent_state);
+  out.set_shard_persistent_params(plan.shard_persistent_params);
   out.set_layout_fingerprint(plan.layout_fingerprint);
   return out;
 }
@@ -324,6 +328,7 @@ v1::Prediction ToProto(const Prediction& prediction) {
   rm->set_persistent_device_bytes(r.persistent_device_bytes);
   rm->set_persistent_state_device_bytes(r.persistent_state_device_bytes);
   rm->set_buffer_device_bytes(r.buffer_device_bytes);
+  rm->set_persistent_gather_device_bytes(r.persistent_gather_device_bytes);
   rm->set_chunk_host_pinned_bytes(r.chunk_host_pinned_bytes);
   rm->set_chunk_host_pageable_bytes(r.chunk_host_pageable_bytes);
   rm->set_node_host_bytes(r.node_host_bytes);
@@ -498,6 +503,9 @@ absl::StatusOr<FixedKnobs> FixedKnobsFromProto(const v1::FixedKnobs& knobs,
   if (knobs.has_shard_persistent_state()) {
     out.shard_persistent_state = knobs.shard_persistent_state();
   }
+  if (knobs.has_shard_persistent_params()) {
+    out.shard_persistent_params = knobs.shard_persistent_params();
+  }
   return out;
 }
 
@@ -522,6 +530,7 @@ absl::StatusOr<ResidencyPlan> ResidencyPlanFromProto(const v1::ResidencyPlan& pl
   }
   out.world_size = plan.world_size() == 0 ? 1 : plan.world_size();
   out.shard_persistent_state = plan.shard_persistent_state();
+  out.shard_persistent_params = plan.shard_persistent_params();
   out.layout_fingerprint = plan.layout_fingerprint();
   return out;
 }
@@ -566,6 +575,7 @@ Prediction PredictionFromProto(const v1::Prediction& prediction) {
   r.persistent_device_bytes = rm.persistent_device_bytes();
   r.persistent_state_device_bytes = rm.persistent_state_device_bytes();
   r.buffer_device_bytes = rm.buffer_device_bytes();
+  r.persistent_gather_device_bytes = rm.persistent_gather_device_bytes();
   r.chunk_host_pinned_bytes = rm.chunk_host_pinned_bytes();
   r.chunk_host_pageable_bytes = rm.chunk_host_pageable_bytes();
   r.node_host_bytes = rm.node_host_bytes();

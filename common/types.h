@@ -177,6 +177,7 @@ struct FixedKnobs {
   std::optional<int32_t> n_hs_offload;
   std::optional<HostMemoryKind> host_memory;
   std::optional<bool> shard_persistent_state;
+  std::optional<bool> shard_persistent_params;
 };
 
 struct ResidencyPlan {
@@ -196,6 +197,9 @@ struct ResidencyPlan {
   // world_size > 1: persistent chunks' optimizer state sharded over the ranks, their parameters
   // replicated ([Sharded persistent state] in agent/chunks/chunk_manager.cc); false: replicated.
   bool shard_persistent_state = false;
+  // With shard_persistent_state: the persistent chunks' parameters sharded too, all-gathered on
+  // use ([Sharded persistent parameters], ZeRO-3 over them); false: replicated.
+  bool shard_persistent_params = false;
 };
 
 struct MemoryBreakdown {
@@ -227,6 +231,8 @@ struct RankMemory {
   int64_t persistent_device_bytes = 0;
   int64_t persistent_state_device_bytes = 0;
   int64_t buffer_device_bytes = 0;
+  // shard_persistent_params: gathered persistent chunks held at once (a group's and the next).
+  int64_t persistent_gather_device_bytes = 0;
   int64_t chunk_host_pinned_bytes = 0;
   int64_t chunk_host_pageable_bytes = 0;
   int64_t node_host_bytes = 0;

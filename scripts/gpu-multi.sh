@@ -10,12 +10,16 @@
 #            offloaded-and-sharded plan and an all-persistent (all-reduce) plan
 #   scale8b  llama-3.1-8b 1x4096 per rank, planned by the planner (analytic trace), 1 GPU vs N
 #   scale3b  llama-3.2-3b 2x4096 per rank (fits one GPU), 1 GPU vs N
+#   zero3    llama-3.1-8b 1x4096 per rank planned with the persistent chunks' parameters sharded
+#            (--persistent-params sharded, [Sharded persistent parameters]) and replicated
+#            (--persistent-params replicated --persistent-state sharded)
 #   fsdp2    PyTorch FSDP2 (fully_shard, with and without CPUOffloadPolicy) on N GPUs, 8B 1x4096
 #   big      MEMPLAN_MULTI_BIG (default qwen2.5-32b; a preset, or a config.json / its directory,
 #            e.g. scripts/configs/llama-23b) 1x2048: the planner's verdict for one GPU of this host
 #            (host memory binds) and N ranks training under the planner's plan
 # MEMPLAN_MULTI_TIMEOUT: seconds per training run (default 300); MEMPLAN_MULTI_FSDP2_TIMEOUT: per
-# FSDP2 baseline (default 300).
+# FSDP2 baseline (default 300). MEMPLAN_MULTI_EQUAL: the equal part's runs to do (default all:
+# "offl-1 offl-n pers-1 pers-n shard-n params-n").
 # Each part is bounded by `timeout`; a part that fails leaves its log and the next one runs.
 set -uo pipefail
 out=${1:?out dir}; build=${2:?build dir}; hw=${3:-h100x2}
@@ -48,6 +52,9 @@ fi
 
 train() {  # NAME N_RANKS ARGS...: memplan-agent train on N ranks (1 = a plain process on GPU 0)
   local name=$1 n=$2; shift 2
+  if [[ $name == equal-* && -n ${MEMPLAN_MULTI_EQUAL:-} && " $MEMPLAN_MULTI_EQUAL " != *" ${name#equal-} "* ]]; then
+    return 0
+  fi
   say "train $name: $n rank(s): $*"
   if ((n == 1)); then
     CUDA_VISIBLE_DEVICES=0 timeout "${MEMPLAN_MULTI_TIMEOUT:-300}" "$agent" train "$@" \
@@ -83,6 +90,16 @@ if has equal; then
   # [Sharded persistent state]: the same all-persistent plan with the state sharded.
   train equal-shard-n "$ngpu" "${common[@]}" --batch 2 --n-persist 1000 --cpu-threads "$per" \
     --persistent-state sharded
+  # [Sharded persistent parameters]: and the parameters sharded too, gathered on use.
+  train equal-params-n "$ngpu" "${common[@]}" --batch 2 --n-persist 1000 --cpu-threads "$per" \
+    --persistent-params sharded
+fi
+
+if has zero3; then
+  z3=(--planner "$addr" --hardware "$hw" --arch llama-3.1-8b --batch 1 --seq 4096 --steps 6
+      --synthetic-data --device cuda --cpu-threads $((cores / ngpu)))
+  train zero3-params-n "$ngpu" "${z3[@]}" --persistent-params sharded
+  train zero3-state-n "$ngpu" "${z3[@]}" --persistent-params replicated --persistent-state sharded
 fi
 
 if has fsdp2; then

@@ -98,6 +98,30 @@
 //   them, chunk by chunk, the gathers running beside the next chunks' updates.
 // Checkpoint pieces, OptimizerState() and loading read the state from the shards, so a
 // checkpoint is the same whatever the layout, world size or plan.
+//
+// [Sharded persistent parameters]
+// With options.shard_persistent_params as well (ZeRO-3 over the persistent chunks, what FSDP2
+// does to every module) a persistent chunk's parameters are sharded like its state: the rank
+// keeps param_shard, its P / W elements, on the device, and the flat parameter tensor
+// (chunk.device) holds memory only while the chunk is gathered.
+// * The flat tensor and its storage object live as long as the manager; gathering takes
+//   P elements from the caching allocator into that storage object and all-gathers the shards
+//   into it, releasing gives the memory back (the storage keeps 0 bytes). The parameters, and
+//   the views of them autograd saved for backward (a NONE block's matmul saves w.t()), point
+//   into the same storage object, so they see the chunk again once it is re-gathered: what FSDP2
+//   does by resizing the unsharded parameter's storage.
+// * Acquire(g) first releases the gathered chunks neither group g nor the next group (in this
+//   direction) uses, then all-gathers g's chunks and prefetches the next group's, in the same
+//   coalesced batch as the offloaded chunks' gathers ([Coalesced gathers]); the compute stream
+//   waits for g's before the group runs. At most a group's and the next group's persistent
+//   chunks are gathered at once (ChunkMemoryStats::persistent_gather_device_bytes, what the
+//   planner charges). The memory is taken while the compute stream is current and the gather is
+//   ordered after the compute stream's queued work: a block just released by the compute stream
+//   is reused only after its readers ran.
+// * Backward and the update are those of [Sharded persistent state]; the update writes the
+//   shard (param_shard, or the master rounded into it) and nothing is gathered after the step.
+// * Reading parameters (Params(), checkpoint pieces) gathers or reads the shards; loading writes
+//   this rank's shard (Stored() is the owned range, as for an offloaded chunk).
 
 namespace memplan {
 namespace {
@@ -153,6 +177,8 @@ torch::ScalarType StorageDType(const std::vector<Param>& params) {
   return params[0].dtype;
 }
 
+struct GatherBatch;
+
 struct Chunk {
   bool persistent = false;
   int64_t size_bytes = 0;
@@ -192,6 +218,13 @@ struct Chunk {
   // grads of its shard (model dtype, on the device) once the reduce-scatter finished.
   bool state_sharded = false;
   torch::Tensor grad_shard;
+  // [Sharded persistent parameters]: this rank's shard of the parameters (model dtype, on the
+  // device); `device` then holds memory only while gathered, and `gather` is its all-gather
+  // (batch) until waited for.
+  bool params_sharded = false;
+  bool gathered = false;
+  torch::Tensor param_shard;
+  std::shared_ptr<GatherBatch> gather;
   bool update_started = false;
   EventPtr grads_copied;  // the device-to-host copy of this micro-batch's grads
   EventPtr uploaded;      // the last upload from param_host
@@ -271,6 +304,12 @@ class ChunkManager::Impl {
         (void)buffer.gather->work->Wait();
       }
     }
+    for (Chunk& chunk : chunks_) {
+      if (chunk.gather && chunk.gather->work && !chunk.gather->waited) {
+        chunk.gather->waited = true;
+        (void)chunk.gather->work->Wait();
+      }
+    }
     for (Chunk& chunk : chunks_) chunk.tasks->Wait();
   }
 
@@ -319,10 +358,11 @@ class ChunkManager::Impl {
     return OwnedRange{lo - p.offset_elems, lo - chunk.shard_begin, hi - lo};
   }
   // The elements of p this rank stores: the whole parameter in a persistent chunk (replicated),
-  // else its part of this rank's shard.
+  // else its part of this rank's shard ([Sharded persistent parameters] included).
   OwnedRange Stored(const Param& p) const {
     const Chunk& chunk = chunks_[p.chunk];
-    return chunk.persistent ? OwnedRange{0, 0, p.numel} : Owned(p, chunk);
+    return chunk.persistent && !chunk.params_sharded ? OwnedRange{0, 0, p.numel}
+                                                     : Owned(p, chunk);
   }
   // The elements of p's optimizer state this rank stores: Stored(p), except in a persistent chunk
   // whose state is sharded ([Sharded persistent state]): its part of the shard.
@@ -403,6 +443,17 @@ class ChunkManager::Impl {
   // FlushGathers() starts the batch (at once when options_.coalesce_gathers is off).
   void StartGather(int c, DeviceBuffer& buffer);
   void FlushGathers();
+  // Waits for `gather` (started first if still queued) and moves it out; a failure is remembered
+  // for Step(). Finished batches go to the collective timing.
+  absl::Status FinishBatch(std::shared_ptr<GatherBatch>& gather);
+  // [Sharded persistent parameters]: per group, the persistent chunks whose parameters are
+  // gathered on use; the chunk's all-gather into its own memory (queued in the open batch), the
+  // compute stream's wait for it, and giving the memory back.
+  std::vector<std::vector<int>> group_pchunks_;
+  void GatherPersistent(int c);
+  void WaitPersistent(int c);
+  void ReleasePersistent(int c);
+  void ReleaseAllPersistent();
   std::shared_ptr<GatherBatch> open_gathers_;
   void WaitGather(DeviceBuffer& buffer);
   void PostBackwardSharded(int group);
@@ -594,6 +645,7 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
     chunk.padded_elems = chunk.span_elems;
     chunk.state_sharded =
         sharded() && chunk.persistent && options_.shard_persistent_state && !stateless();
+    chunk.params_sharded = chunk.state_sharded && options_.shard_persistent_params;
     if (sharded() && (!chunk.persistent || chunk.state_sharded)) {
       chunk.shard_elems = ShardElems(chunk.span_elems, world_);
       chunk.shard_begin = rank_ * chunk.shard_elems;
@@ -628,7 +680,8 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
           if (!options_.deferred_values) view.copy_(p.tensor.detach());
           p.tensor.set_data(view);
         }
-        stats_.persistent_device_bytes += chunk.padded_elems * elem_bytes;
+        stats_.persistent_device_bytes +=
+            (chunk.params_sharded ? chunk.shard_elems : chunk.padded_elems) * elem_bytes;
         if (stateless()) continue;
         // Flat state over the whole span (alignment gaps included), exactly
         // PersistentStateBytesPerElem() per element; parameters' state are views into it.
@@ -684,6 +737,12 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
         }
         stats_.persistent_state_device_bytes +=
             PersistentStateBytes(optimizer(), elem_bytes, state_elems);
+        if (chunk.params_sharded) {
+          // [Sharded persistent parameters]: keep this rank's shard; the flat tensor gives its
+          // memory back until a group needs the chunk.
+          chunk.param_shard = chunk.device.narrow(0, chunk.shard_begin, chunk.shard_elems).clone();
+          ReleasePersistent(c);
+        }
         continue;
       }
       const int64_t shard_bytes = chunk.shard_elems * elem_bytes;
@@ -746,25 +805,39 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
 
   // Which non-persistent chunks each group needs resident, and whose grads become final where.
   group_chunks_.assign(group_params_.size(), {});
+  group_pchunks_.assign(group_params_.size(), {});
   // A parameter used by several groups (a tied LM head) gets one autograd accumulation per
   // group. With one micro-batch the device sums them in autograd's order and the grad moves once,
   // after its last group; with several, the host must add the contributions in that same order
   // ((h1 + e1) + h2) + e2, so the grad moves after every group that uses it.
   group_stage_.assign(group_params_.size(), {});
   for (size_t g = 0; g < group_params_.size(); ++g) {
-    std::set<int> needed;
+    std::set<int> needed, gathered;
     for (int i : group_params_[g]) {
       if (!chunks_[params_[i].chunk].persistent) needed.insert(params_[i].chunk);
+      if (chunks_[params_[i].chunk].params_sharded) gathered.insert(params_[i].chunk);
       if (options_.grad_accum > 1 || params_[i].first_group == static_cast<int>(g)) {
         group_stage_[g].push_back(i);
       }
     }
     group_chunks_[g].assign(needed.begin(), needed.end());
+    group_pchunks_[g].assign(gathered.begin(), gathered.end());
     int shared = 0;  // oversized chunks have buffers of their own
     for (int c : needed) shared += layout_.chunks()[c].oversized ? 0 : 1;
     min_buffers_ = std::max(min_buffers_, shared);
   }
   RETURN_IF_ERROR(AssignHomes());
+  // [Sharded persistent parameters]: the most held at once, a group's chunks and the next one's
+  // (in either direction: the same pairs).
+  for (size_t g = 0; g < group_pchunks_.size(); ++g) {
+    std::set<int> held(group_pchunks_[g].begin(), group_pchunks_[g].end());
+    if (g + 1 < group_pchunks_.size()) {
+      held.insert(group_pchunks_[g + 1].begin(), group_pchunks_[g + 1].end());
+    }
+    int64_t bytes = 0;
+    for (int c : held) bytes += chunks_[c].padded_elems * elem_bytes;
+    stats_.persistent_gather_device_bytes = std::max(stats_.persistent_gather_device_bytes, bytes);
+  }
   // [Grad staging slots]: one rank, a full optimizer, something offloaded. Each block parameter
   // in an offloaded chunk takes GradSlotParamBytes in its first group's slot, the sizes the
   // planner prices (kGradStagingSlots x GradSlotBytesByFirstOffloaded).
@@ -1034,14 +1107,29 @@ void ChunkManager::Impl::Acquire(int group, bool forward) {
   }
   torch::NoGradGuard no_grad;
   const std::vector<int>& needed = group_chunks_[group];
+  const int next = forward ? group + 1 : group - 1;
+  const bool has_next = next >= 0 && next < static_cast<int>(group_chunks_.size());
+  // [Sharded persistent parameters]: what neither this group nor the next uses goes first, so
+  // that its memory serves the gathers below.
+  const std::vector<int>& pneeded = group_pchunks_[group];
+  static const std::vector<int> kNone;
+  const std::vector<int>& pnext = has_next ? group_pchunks_[next] : kNone;
+  for (int c = 0; c < n_persist_; ++c) {
+    if (!chunks_[c].gathered) continue;
+    if (std::find(pneeded.begin(), pneeded.end(), c) != pneeded.end()) continue;
+    if (std::find(pnext.begin(), pnext.end(), c) != pnext.end()) continue;
+    ReleasePersistent(c);
+  }
+  for (int c : pneeded) GatherPersistent(c);
   for (int c : needed) Upload(c);
   FlushGathers();
+  for (int c : pneeded) WaitPersistent(c);
   for (int c : needed) Materialize(c);
   if (!forward) AssignGradSlots(group);
   // Prefetch the next group in this direction on the upload stream, without evicting anything
   // this group is about to use.
-  const int next = forward ? group + 1 : group - 1;
-  if (next < 0 || next >= static_cast<int>(group_chunks_.size())) return;
+  if (!has_next) return;
+  for (int c : pnext) GatherPersistent(c);
   for (int c : group_chunks_[next]) {
     const int holder = buffers_[chunks_[c].home].chunk;
     if (holder == c) continue;
@@ -1316,8 +1404,14 @@ void ChunkManager::Impl::FailCollective(const absl::Status& status) {
 }
 
 absl::Status ChunkManager::Impl::FinishGather(DeviceBuffer& buffer) {
-  if (!buffer.gather) return absl::OkStatus();
-  std::shared_ptr<GatherBatch> batch = std::move(buffer.gather);  // leaves buffer.gather null
+  const absl::Status status = FinishBatch(buffer.gather);
+  buffer.gather_src = torch::Tensor();
+  return status;
+}
+
+absl::Status ChunkManager::Impl::FinishBatch(std::shared_ptr<GatherBatch>& gather) {
+  if (!gather) return absl::OkStatus();
+  std::shared_ptr<GatherBatch> batch = std::move(gather);  // leaves `gather` null
   if (!batch->work) FlushGathers();  // still queued: a buffer reused within one batch
   if (!batch->waited) {
     batch->waited = true;
@@ -1329,7 +1423,6 @@ absl::Status ChunkManager::Impl::FinishGather(DeviceBuffer& buffer) {
       FoldTimedGathers(/*wait=*/false);
     }
   }
-  buffer.gather_src = torch::Tensor();
   return NoteCollective(batch->status);
 }
 
@@ -1405,6 +1498,57 @@ void ChunkManager::Impl::FlushGathers() {
   batch->work = batch->outputs.size() == 1
                     ? comm_->AllGather(batch->outputs[0], batch->inputs[0])
                     : comm_->AllGatherCoalesced(batch->outputs, batch->inputs);
+}
+
+// [Sharded persistent parameters]
+
+void ChunkManager::Impl::GatherPersistent(int c) {
+  Chunk& chunk = chunks_[c];
+  if (chunk.gathered) return;
+  // The memory comes from the caching allocator on the current (compute) stream; its storage
+  // object is the one the parameters and autograd's saved views point into.
+  c10::StorageImpl* storage = chunk.device.storage().unsafeGetStorageImpl();
+  const size_t bytes = static_cast<size_t>(chunk.padded_elems * elem_size());
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+  chunk.gathered = true;
+  ++stats_.persistent_gathers;
+  ++upload_stats_.uploads;
+  upload_stats_.bytes += chunk.padded_elems * elem_size();
+  ++upload_stats_.gathers;
+  if (!open_gathers_) open_gathers_ = std::make_shared<GatherBatch>();
+  GatherBatch& batch = *open_gathers_;
+  batch.bytes += chunk.padded_elems * elem_size();
+  batch.outputs.push_back(chunk.device);
+  batch.inputs.push_back(chunk.param_shard);
+  chunk.gather = open_gathers_;
+#ifdef MEMPLAN_CHUNKS_CUDA
+  // The memory may be a block the compute stream released with readers still queued: the
+  // collective (ordered after the upload stream) starts after them.
+  if (cuda()) RecordOnCompute()->block(*upload_stream_);
+#endif
+  if (!options_.coalesce_gathers) FlushGathers();
+}
+
+void ChunkManager::Impl::WaitPersistent(int c) {
+  const absl::Status s = FinishBatch(chunks_[c].gather);  // the compute stream waits for it
+  if (!s.ok()) FailCollective(s);
+}
+
+void ChunkManager::Impl::ReleasePersistent(int c) {
+  Chunk& chunk = chunks_[c];
+  // The collective must not outlive its output; a failure is kept in comm_status_.
+  (void)FinishBatch(chunk.gather);
+  c10::StorageImpl* storage = chunk.device.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, chunk.device.device()));
+  storage->set_nbytes(0);
+  chunk.gathered = false;
+}
+
+void ChunkManager::Impl::ReleaseAllPersistent() {
+  for (int c = 0; c < n_persist_; ++c) {
+    if (chunks_[c].params_sharded && chunks_[c].gathered) ReleasePersistent(c);
+  }
 }
 
 void ChunkManager::Impl::PostBackwardSharded(int group) {
@@ -1809,11 +1953,18 @@ absl::Status ChunkManager::Impl::UpdateShardedPersistent(const torch::Tensor& cl
         ++p.step;  // on every rank, whether or not it stores part of p
         const OwnedRange r = Owned(p, chunk);
         if (r.len == 0) continue;
+        // [Sharded persistent parameters]: the shard is all the rank holds.
         const torch::Tensor target =
-            master() ? p.master : chunk.device.narrow(0, chunk.shard_begin + r.at, r.len);
+            master()               ? p.master
+            : chunk.params_sharded ? chunk.param_shard.narrow(0, r.at, r.len)
+                                   : chunk.device.narrow(0, chunk.shard_begin + r.at, r.len);
         update.Add(p, target, chunk.grad_shard.narrow(0, r.at, r.len), p.exp_avg, p.exp_avg_sq);
       }
       update.Flush();
+    }
+    if (chunk.params_sharded) {
+      if (master()) chunk.param_shard.copy_(chunk.device_master);
+      continue;  // gathered when a group next uses it
     }
     torch::Tensor shard = chunk.device.narrow(0, chunk.shard_begin, chunk.shard_elems);
     if (master()) shard.copy_(chunk.device_master);
@@ -1846,6 +1997,7 @@ torch::Tensor ChunkManager::Impl::GatherHost(const void* data, torch::ScalarType
 void ChunkManager::Impl::WaitAll() {
   (void)FinishShardReduces();  // a failure is kept in comm_status_
   for (DeviceBuffer& buffer : buffers_) (void)FinishGather(buffer);
+  for (Chunk& chunk : chunks_) (void)FinishBatch(chunk.gather);
 #ifdef MEMPLAN_CHUNKS_CUDA
   if (cuda()) {
     upload_stream_->synchronize();
@@ -1856,6 +2008,7 @@ void ChunkManager::Impl::WaitAll() {
 }
 
 void ChunkManager::Impl::InvalidateBuffers() {
+  ReleaseAllPersistent();  // [Sharded persistent parameters]: gathered again from the shards
   for (DeviceBuffer& buffer : buffers_) {
     (void)FinishGather(buffer);
     if (buffer.chunk >= 0) Dematerialize(buffer.chunk);
@@ -1906,6 +2059,7 @@ absl::Status ChunkManager::Impl::Step(double max_grad_norm) {
   }
   torch::NoGradGuard no_grad;
   WaitAll();
+  ReleaseAllPersistent();  // stale once updated; the next forward gathers the new shards
   bool started = false;
   for (const Chunk& chunk : chunks_) started = started || chunk.update_started;
   if (overrun_) {
@@ -2080,7 +2234,9 @@ std::vector<NamedParam> ChunkManager::Impl::Params() {
   // Sharded: every offloaded chunk gathered from the ranks, in chunk order on every rank.
   std::map<int, torch::Tensor> gathered;
   if (sharded()) {
-    for (int c = n_persist_; c < static_cast<int>(chunks_.size()); ++c) {
+    for (int c = 0; c < static_cast<int>(chunks_.size()); ++c) {
+      if (chunks_[c].params_sharded) gathered[c] = GatherDevice(chunks_[c].param_shard);
+      if (chunks_[c].persistent) continue;
       gathered[c] = GatherHost(chunks_[c].param_host.data(), dtype_, chunks_[c]);
     }
   }
@@ -2088,7 +2244,7 @@ std::vector<NamedParam> ChunkManager::Impl::Params() {
   for (Param& p : params_) {
     Chunk& chunk = chunks_[p.chunk];
     torch::Tensor value;
-    if (chunk.persistent) {
+    if (chunk.persistent && !chunk.params_sharded) {
       value = p.tensor.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
     } else if (sharded()) {
       value = gathered[p.chunk].narrow(0, p.offset_elems, p.numel).view(p.shape).clone();
@@ -2438,6 +2594,13 @@ absl::Status ChunkManager::Impl::LoadParamsAndState(const std::vector<NamedParam
 
 void ChunkManager::Impl::InstallParam(Param& p, const torch::Tensor& flat) {
   Chunk& chunk = chunks_[p.chunk];
+  if (chunk.params_sharded) {
+    // [Sharded persistent parameters]: `flat` is this rank's part, Owned(); so is the master.
+    const OwnedRange r = Owned(p, chunk);
+    chunk.param_shard.narrow(0, r.at, r.len).copy_(flat);
+    if (master() && p.master.defined()) p.master.copy_(flat);
+    return;
+  }
   if (chunk.persistent) {
     p.tensor.detach().copy_(flat.view(p.shape));
     if (master() && p.master.defined()) {
@@ -2500,7 +2663,7 @@ absl::StatusOr<std::vector<TensorPiece>> ChunkManager::Impl::LocalPieces() {
     for (Param& p : params_) {
       Chunk& chunk = chunks_[p.chunk];
       OwnedRange r = Owned(p, chunk);
-      if (chunk.persistent) {
+      if (chunk.persistent && !chunk.params_sharded) {
         r.from = p.numel * rank / world_;
         r.len = p.numel * (rank + 1) / world_ - r.from;
       }
@@ -2515,12 +2678,17 @@ absl::StatusOr<std::vector<TensorPiece>> ChunkManager::Impl::LocalPieces() {
           if (owned.len > 0) out.push_back({name, owned.from, device_tensor.detach()});
           return;
         }
-        torch::Tensor flat = chunk.persistent
+        torch::Tensor flat = chunk.params_sharded ? device_tensor.narrow(0, r.at, r.len)
+                             : chunk.persistent
                                  ? device_tensor.detach().reshape({-1}).narrow(0, r.from, r.len)
                                  : HostFlat(host, r.at, r.len, host_dtype);
         out.push_back({name, r.from, flat});
       };
-      if (r.len > 0) add(p.name, p.tensor, chunk.param_host.data(), dtype_);
+      // [Sharded persistent parameters]: the piece is this rank's part of the shard.
+      if (r.len > 0) {
+        add(p.name, chunk.params_sharded ? chunk.param_shard : p.tensor, chunk.param_host.data(),
+            dtype_);
+      }
       if (p.step == 0) continue;  // no state before the first update (like torch's AdamW)
       step = std::max(step, p.step);
       if (has_moments()) {
@@ -2694,6 +2862,11 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
     if (options.frozen) {
       return absl::InvalidArgumentError(
           "frozen: a frozen base is not sharded yet; it runs on one rank (world size 1)");
+    }
+    if (options.shard_persistent_params && !options.shard_persistent_state) {
+      return absl::InvalidArgumentError(
+          "shard_persistent_params: needs shard_persistent_state (the parameters of a persistent "
+          "chunk are sharded together with its optimizer state)");
     }
     if (options.shard_persistent_state && options.optimizer == OptimizerKind::kAdamW8bit) {
       return absl::InvalidArgumentError(

@@ -75,6 +75,13 @@ struct ChunkManagerOptions {
   // shard and the updated parameters are all-gathered. adamw, adamw_bf16 and sgd (not adamw8bit).
   // Ignored with W = 1 and for frozen or profile_only managers.
   bool shard_persistent_state = false;
+  // Sharded, with shard_persistent_state: the persistent chunks' parameters are sharded too
+  // ([Sharded persistent parameters] in chunk_manager.cc, ZeRO-3 over the persistent chunks):
+  // each rank keeps 1/W of every persistent chunk on the device; a chunk is all-gathered from the
+  // shards into device memory of its own before a group uses it (the next group's prefetched)
+  // and that memory is given back when neither the group nor the next one uses it. The update
+  // writes the shard only: no all-gather after the step.
+  bool shard_persistent_params = false;
   // Sharded: the all-gathers of the chunks one hook uploads start as one coalesced collective
   // ([Coalesced gathers] in chunk_manager.cc); false starts one per chunk (for comparison).
   bool coalesce_gathers = true;
@@ -107,6 +114,11 @@ struct ChunkMemoryStats {
   int n_oversized_buffers = 0;  // one per non-persistent oversized chunk, sized to it
   int64_t layout_bytes = 0;                   // sum of all chunk sizes in the model dtype
   int64_t persistent_device_bytes = 0;        // persistent chunks (params only, model dtype)
+                                              // (shard_persistent_params: this rank's shards)
+  // shard_persistent_params: the most bytes of gathered persistent chunks held at once (a
+  // group's and the next one's, padded), from the layout ([Sharded persistent parameters]).
+  int64_t persistent_gather_device_bytes = 0;
+  int persistent_gathers = 0;  // persistent chunks all-gathered before use so far
   int64_t persistent_state_device_bytes = 0;  // their optimizer state (moments, fp32 master);
                                               // grads come on top
   int64_t buffer_device_bytes = 0;  // n_buffer x largest regular chunk + oversized chunks' own

@@ -242,8 +242,9 @@ std::string PlanLine(const ResidencyPlan& p) {
       "host_memory=%s block_modes=%s%s",
       p.chunk_bytes, p.n_chunks, p.n_persist, p.n_buffer, p.n_swap, p.n_checkpoint, p.n_hs_offload,
       std::string(HostMemoryKindName(p.host_memory)), absl::StrJoin(modes, ","),
-      p.world_size > 1 ? (p.shard_persistent_state ? " persistent_state=sharded"
-                                                   : " persistent_state=replicated")
+      p.world_size > 1 ? (p.shard_persistent_params  ? " persistent_state=sharded persistent_params=sharded"
+                          : p.shard_persistent_state ? " persistent_state=sharded"
+                                                     : " persistent_state=replicated")
                        : "");
 }
 
@@ -368,6 +369,9 @@ absl::StatusOr<PlanAnswer> AskPlanner(PlannerClient& client, const TrainConfig& 
   query.fixed.n_hs_offload = c.n_hs_offload;
   query.fixed.host_memory = c.host_memory;
   query.fixed.shard_persistent_state = c.shard_persistent_state;
+  query.fixed.shard_persistent_params = c.shard_persistent_params;
+  // Sharded parameters imply the state sharded ([Sharded persistent parameters]).
+  if (c.shard_persistent_params.value_or(false)) query.fixed.shard_persistent_state = true;
   ASSIGN_OR_RETURN(PlanAnswer answer, client.Plan(query));
   std::printf("plan_id %s\n", answer.plan_id.c_str());
   std::printf(
@@ -491,7 +495,8 @@ planner flags (closing the loop):
   --planner ADDR              ask the planner at ADDR for the plan, apply it, train, and report
                               the steady-state measurement; plan knob flags (--chunk-mib,
                               --n-persist, --n-buffer, --n-ckpt, --n-swap, --n-hs-offload,
-                              --host-memory, --persistent-state) are fixed in its search
+                              --host-memory, --persistent-state, --persistent-params) are
+                              fixed in its search
                               (--plan-file, --block-modes and --plain refused)
   --hardware PRESET           the card to plan for (default )",
                       kDefaultHardwarePreset, R"()
@@ -616,8 +621,8 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
     if (!c.plan_file.empty() || c.block_modes || c.plain) {
       return absl::InvalidArgumentError(
           "--planner decides the plan: drop --plan-file, --plain and --block-modes (--chunk-mib, "
-          "--n-persist, --n-buffer, --n-ckpt, --n-swap, --n-hs-offload, --host-memory and "
-          "--persistent-state are passed to the planner as fixed knobs)");
+          "--n-persist, --n-buffer, --n-ckpt, --n-swap, --n-hs-offload, --host-memory, "
+          "--persistent-state and --persistent-params are passed to the planner as fixed knobs)");
     }
     if (loop.profile && c.lora.enabled()) {
       // The profiler measures a full fine-tune's trace (every parameter trains); submitted for a
@@ -744,6 +749,7 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
   options.chunks.n_buffer = plan.n_buffer;
   options.chunks.host_memory = plan.host_memory;
   options.chunks.shard_persistent_state = plan.shard_persistent_state;
+  options.chunks.shard_persistent_params = plan.shard_persistent_params;
   options.chunks.cpu_threads = c.cpu_threads;
   options.chunks.stochastic_rounding =
       optimizer == OptimizerKind::kAdamW8bit && c.stochastic_rounding;

@@ -166,7 +166,8 @@ Json ToJson(const ResidencyPlan& p) {
               {"block_modes", std::move(modes)},
               {"world_size", p.world_size},
               {"layout_fingerprint", p.layout_fingerprint},
-              {"shard_persistent_state", p.shard_persistent_state}};
+              {"shard_persistent_state", p.shard_persistent_state},
+              {"shard_persistent_params", p.shard_persistent_params}};
 }
 
 Json ToJson(const MemoryBreakdown& b) {
@@ -191,6 +192,7 @@ Json ToJson(const RankMemory& r) {
               {"persistent_device_bytes", r.persistent_device_bytes},
               {"persistent_state_device_bytes", r.persistent_state_device_bytes},
               {"buffer_device_bytes", r.buffer_device_bytes},
+              {"persistent_gather_device_bytes", r.persistent_gather_device_bytes},
               {"chunk_host_pinned_bytes", r.chunk_host_pinned_bytes},
               {"chunk_host_pageable_bytes", r.chunk_host_pageable_bytes},
               {"node_host_bytes", r.node_host_bytes}};
@@ -421,6 +423,7 @@ void Read(const Json& j, const std::string& path, absl::Status* s, ResidencyPlan
   r.Get("world_size", &p->world_size);
   r.Get("layout_fingerprint", &p->layout_fingerprint);
   r.Get("shard_persistent_state", &p->shard_persistent_state);
+  r.Get("shard_persistent_params", &p->shard_persistent_params);
   if (const Json* modes = r.Find("block_modes"); modes != nullptr) {
     if (!modes->is_array()) return r.Fail("block_modes", "must be a list");
     for (size_t i = 0; i < modes->size(); ++i) {
@@ -462,6 +465,7 @@ void Read(const Json& j, const std::string& path, absl::Status* s, RankMemory* m
   r.Get("persistent_device_bytes", &m->persistent_device_bytes);
   r.Get("persistent_state_device_bytes", &m->persistent_state_device_bytes);
   r.Get("buffer_device_bytes", &m->buffer_device_bytes);
+  r.Get("persistent_gather_device_bytes", &m->persistent_gather_device_bytes);
   r.Get("chunk_host_pinned_bytes", &m->chunk_host_pinned_bytes);
   r.Get("chunk_host_pageable_bytes", &m->chunk_host_pageable_bytes);
   r.Get("node_host_bytes", &m->node_host_bytes);

@@ -112,6 +112,9 @@ Residency plan (any chunk knob or --plan-file runs the chunk manager):
   --persistent-state sharded|replicated   several ranks: the persistent chunks' optimizer
                            state sharded 1/W per rank (grads reduce-scattered, parameters
                            all-gathered after the update) or replicated (grads all-reduced)
+  --persistent-params sharded|replicated   several ranks: the persistent chunks' parameters
+                           sharded too, 1/W per rank, all-gathered before each group that uses
+                           them and released after (ZeRO-3; implies --persistent-state sharded)
   --offload-in-flight N (2)  groups whose copies to the host (offloaded activations in
                            forward, offloaded chunks' grads in backward) may be in flight
                            before compute waits for the oldest
@@ -313,6 +316,14 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
          c.shard_persistent_state = v == "sharded";
          return absl::OkStatus();
        }},
+      {"persistent-params",
+       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
+         if (v != "sharded" && v != "replicated") {
+           return FlagError(flag, "\"" + v + "\" is not sharded or replicated");
+         }
+         c.shard_persistent_params = v == "sharded";
+         return absl::OkStatus();
+       }},
       {"plan-file", set_string(&c.plan_file)},
       {"offload-in-flight", set_int32(&c.offload_in_flight, 1, 1024)},
       {"cpu-threads", set_int32(&c.cpu_threads, 1, 1024)},
@@ -406,6 +417,7 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
   }
   if (c.plain && (c.chunk_bytes || c.n_persist || c.n_buffer || c.block_modes || c.n_ckpt ||
                   c.n_swap || c.n_hs_offload || c.shard_persistent_state ||
+                  c.shard_persistent_params ||
                   !c.plan_file.empty())) {
     return absl::InvalidArgumentError("--plain runs without a plan; drop the plan flags");
   }
@@ -630,6 +642,18 @@ absl::StatusOr<ResidencyPlan> ParsePlanJson(absl::string_view text) {
     }
     plan.shard_persistent_state = shard->get<bool>();
   }
+  if (const Json* shard = Field(*object, "shard_persistent_params");
+      shard != nullptr && !shard->is_null()) {
+    if (!shard->is_boolean()) {
+      return absl::InvalidArgumentError("plan.shard_persistent_params must be true or false");
+    }
+    plan.shard_persistent_params = shard->get<bool>();
+    if (plan.shard_persistent_params && !plan.shard_persistent_state) {
+      return absl::InvalidArgumentError(
+          "plan.shard_persistent_params = true needs plan.shard_persistent_state = true (the "
+          "parameters are sharded together with the optimizer state)");
+    }
+  }
   plan.n_chunks = static_cast<int32_t>(n_chunks);
   plan.n_persist = static_cast<int32_t>(n_persist);
   plan.n_buffer = static_cast<int32_t>(n_buffer);
@@ -721,6 +745,7 @@ absl::StatusOr<RunPlan> ResolveRunPlan(const TrainConfig& c, int num_blocks,
     if (file->n_buffer > 0) run.n_buffer = file->n_buffer;
     run.host_memory = file->host_memory;
     run.shard_persistent_state = file->shard_persistent_state;
+    run.shard_persistent_params = file->shard_persistent_params;
   }
   if (world_size > 1) run.managed = true;
   if (c.chunk_bytes || c.n_persist || c.n_buffer) run.managed = true;
@@ -731,10 +756,25 @@ absl::StatusOr<RunPlan> ResolveRunPlan(const TrainConfig& c, int num_blocks,
   if (c.n_buffer) run.n_buffer = *c.n_buffer;
   if (c.host_memory) run.host_memory = *c.host_memory;
   if (c.shard_persistent_state) run.shard_persistent_state = *c.shard_persistent_state;
+  if (c.shard_persistent_params) {
+    if (*c.shard_persistent_params && c.shard_persistent_state == false) {
+      return absl::InvalidArgumentError(
+          "--persistent-params sharded needs the optimizer state sharded too; drop "
+          "--persistent-state replicated");
+    }
+    run.shard_persistent_params = *c.shard_persistent_params;
+    if (run.shard_persistent_params) run.shard_persistent_state = true;
+  }
+  if (!run.shard_persistent_state) run.shard_persistent_params = false;
   if (c.shard_persistent_state.value_or(false) && world_size <= 1) {
     return absl::InvalidArgumentError(
         "--persistent-state sharded: this run has one rank (WORLD_SIZE unset or 1), nothing to "
         "shard the optimizer state over; launch several ranks (torchrun) or drop the flag");
+  }
+  if (c.shard_persistent_params.value_or(false) && world_size <= 1) {
+    return absl::InvalidArgumentError(
+        "--persistent-params sharded: this run has one rank (WORLD_SIZE unset or 1), nothing to "
+        "shard the parameters over; launch several ranks (torchrun) or drop the flag");
   }
 
   if (c.block_modes.has_value()) {

@@ -61,6 +61,9 @@ struct TrainConfig {
   std::optional<HostMemoryKind> host_memory;
   // --persistent-state sharded|replicated: several ranks ([Sharded persistent state]).
   std::optional<bool> shard_persistent_state;
+  // --persistent-params sharded|replicated: several ranks, the persistent chunks' parameters
+  // sharded too ([Sharded persistent parameters]; implies the state sharded).
+  std::optional<bool> shard_persistent_params;
   std::string plan_file;
   int offload_in_flight = 2;
   int cpu_threads = 4;
@@ -95,6 +98,8 @@ struct RunPlan {
   // Several ranks: persistent chunks' optimizer state sharded, parameters replicated
   // (ChunkManagerOptions::shard_persistent_state).
   bool shard_persistent_state = false;
+  // And their parameters sharded, gathered on use (ChunkManagerOptions::shard_persistent_params).
+  bool shard_persistent_params = false;
 };
 
 // Parses the arguments after `train`. INVALID_ARGUMENT names the flag.

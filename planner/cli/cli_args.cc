@@ -214,6 +214,15 @@ FlagTable PlanFlags(PlanOptions& o) {
         o.fixed.shard_persistent_state = v == "sharded";
         return absl::OkStatus();
       }};
+  t["--persistent-params"] = {
+      true, [&o](absl::string_view v) -> absl::Status {
+        if (v != "sharded" && v != "replicated") {
+          return FlagError("--persistent-params", absl::StrCat("expected sharded or replicated, got '",
+                                                               std::string(v), "'"));
+        }
+        o.fixed.shard_persistent_params = v == "sharded";
+        return absl::OkStatus();
+      }};
   t["--max-alternatives"] = OptionalIntFlag("--max-alternatives", &o.max_alternatives, 1, 32);
   t["--skip-limits"] = SwitchFlag(&o.skip_limits);
   return t;

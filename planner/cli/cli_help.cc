@@ -82,6 +82,10 @@ Fixed knobs (each one is a constraint; the rest is searched):
                          several ranks: the persistent chunks' optimizer state sharded 1/W per
                          rank (grads reduce-scattered, parameters all-gathered after the update)
                          or replicated (grads all-reduced); searched when not given
+  --persistent-params sharded|replicated
+                         several ranks, with the state sharded: the persistent chunks'
+                         parameters sharded too, all-gathered before each group that uses them
+                         (ZeRO-3) or replicated; searched when not given
 Output:
   --max-alternatives N   alternatives on the memory/speed frontier, 1 to 32 (planner default 5)
   --skip-limits          skip max batch / max sequence / min GPU memory (faster)

@@ -160,8 +160,9 @@ std::string FormatKnobs(const v1::ResidencyPlan& plan) {
                       ", host ", HostMemoryLabel(plan.host_memory()),
                       plan.world_size() > 1
                           ? absl::StrCat(", world ", plan.world_size(),
-                                         plan.shard_persistent_state() ? ", state sharded"
-                                                                       : ", state replicated")
+                                         plan.shard_persistent_params() ? ", params and state sharded"
+                                         : plan.shard_persistent_state() ? ", state sharded"
+                                                                         : ", state replicated")
                           : "");
 }
 
@@ -231,6 +232,10 @@ std::string FormatPlanResponse(const v1::PlanResponse& r) {
           "Per rank (chunks)",
           absl::StrCat("device ", FormatGiB(rm.persistent_device_bytes()), " persistent + ",
                        FormatGiB(rm.persistent_state_device_bytes()), " their state + ",
+                       rm.persistent_gather_device_bytes() > 0
+                           ? absl::StrCat(FormatGiB(rm.persistent_gather_device_bytes()),
+                                          " gathered + ")
+                           : "",
                        FormatGiB(rm.buffer_device_bytes()), " buffers; host ",
                        FormatGiB(rm.chunk_host_pinned_bytes()), " pinned + ",
                        FormatGiB(rm.chunk_host_pageable_bytes()), " pageable"));

@@ -177,6 +177,24 @@ absl::Status ValidateInputs(const PlanInputs& in) {
           "shards)");
     }
   }
+  if (f.shard_persistent_params && *f.shard_persistent_params) {
+    // [Sharded persistent parameters] go with the sharded state.
+    if (in.workload.world_size <= 1) {
+      return Invalid(absl::StrCat(
+          "fixed.shard_persistent_params = true needs workload.world_size > 1 (got ",
+          in.workload.world_size, "): one rank has nothing to shard the parameters over"));
+    }
+    if (f.shard_persistent_state && !*f.shard_persistent_state) {
+      return Invalid(
+          "fixed.shard_persistent_params = true needs the state sharded too (fixed."
+          "shard_persistent_state = false was given)");
+    }
+    if (in.training.kind != TrainingKind::kFull || in.optimizer == OptimizerKind::kAdamW8bit) {
+      return Invalid(
+          "fixed.shard_persistent_params = true needs full fine-tuning with adamw, adamw_bf16 or "
+          "sgd");
+    }
+  }
   const int64_t n = in.profiled_trace ? static_cast<int64_t>(in.profiled_trace->blocks.size())
                                       : in.arch.num_layers;
   int64_t mode_sum = 0;
@@ -299,10 +317,13 @@ std::string DescribePlan(const ResidencyPlan& p) {
                       " checkpointed, ", p.n_swap, " swapped, ", p.n_hs_offload,
                       " hidden-state offloaded, ", std::string(HostMemoryKindName(p.host_memory)),
                       " host memory",
-                      p.world_size > 1 ? (p.shard_persistent_state
-                                              ? ", persistent chunks' optimizer state sharded"
-                                              : ", persistent chunks' optimizer state replicated")
-                                       : "");
+                      p.world_size > 1
+                          ? (p.shard_persistent_params ? ", persistent chunks sharded (parameters "
+                                                         "gathered on use, optimizer state)"
+                             : p.shard_persistent_state
+                                 ? ", persistent chunks' optimizer state sharded"
+                                 : ", persistent chunks' optimizer state replicated")
+                          : "");
 }
 
 std::string DescribeTime(const Prediction& p) {
@@ -751,6 +772,7 @@ absl::StatusOr<Prediction> PredictPlan(const PlanInputs& inputs, const Residency
   ASSIGN_OR_RETURN(Trace trace, TraceFor(inputs, inputs.workload));
   CostOptions options = MakeCostOptions(inputs, true);
   options.shard_persistent_state = plan.shard_persistent_state;
+  options.shard_persistent_params = plan.shard_persistent_params;
   ASSIGN_OR_RETURN(CostModel model,
                    CostModel::Create(trace, plan.chunk_bytes, inputs.hardware, options));
   RETURN_IF_ERROR(model.ValidatePlan(plan));

@@ -358,6 +358,7 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   t.pgrad_prefix.assign(c_count + 1, 0);
   const int32_t w_ranks = options_.world_size;
   t.shard_state = options_.shard_persistent_state && CanShardPersistentState(trace_, options_);
+  t.shard_params = t.shard_state && options_.shard_persistent_params;
   int64_t max_train = 0;
   TopTwo fills;
   t.persistent_prefix.assign(c_count + 1, 0);
@@ -376,8 +377,11 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
     const int64_t train_params = train / dtype_bytes_;
     // The agent allocates a persistent chunk at its exact size (no tail padding); with sharded
     // state padded to a multiple of W elements, the all-gather's output.
+    // [Sharded persistent parameters]: this rank's shard of the parameters only.
     const int64_t alloc =
-        t.shard_state ? PaddedElems(fill / dtype_bytes_, w_ranks) * dtype_bytes_ : fill;
+        t.shard_params  ? ShardElems(fill / dtype_bytes_, w_ranks) * dtype_bytes_
+        : t.shard_state ? PaddedElems(fill / dtype_bytes_, w_ranks) * dtype_bytes_
+                        : fill;
     // This rank's shard of the chunk ([Sharded chunks] in agent/chunks/chunk_manager.cc: every
     // host array holds ShardElems() elements, padding included); the whole chunk when W = 1.
     const OffloadedChunkHostBytes offloaded =
@@ -414,10 +418,12 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
     t.pgrad_prefix[c + 1] = t.pgrad_prefix[c] + updated_params * dtype_bytes_;
     t.gpu_opt_prefix[c + 1] =
         t.gpu_opt_prefix[c] + static_cast<double>(updated_params * touch_bpp) / hbm;
+    // (Not with sharded parameters: they are gathered where a stage uses them, in the windows.)
     t.gather_prefix[c + 1] =
-        t.gather_prefix[c] + (t.shard_state ? static_cast<double>(alloc) * (w_ranks - 1) / w_ranks /
-                                                  hardware_.nccl_allgather_bytes_per_second
-                                            : 0.0);
+        t.gather_prefix[c] +
+        (t.shard_state && !t.shard_params ? static_cast<double>(alloc) * (w_ranks - 1) / w_ranks /
+                                                hardware_.nccl_allgather_bytes_per_second
+                                          : 0.0);
     t.cpu_opt_prefix[c + 1] = t.cpu_opt_prefix[c] + static_cast<double>(train_params) / w /
                                                         cpu_rates.update_params_per_second;
     t.cpu_acc_prefix[c + 1] =
@@ -498,10 +504,46 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   if (t.shard_state) {
     // [Sharded persistent state]: a chunk's whole grad shard widened at once, and the copies of
     // the shards whose all-gathers are in flight (two).
-    t.optimizer_step_extra_bytes = ShardElems(max_train / dtype_bytes_, w_ranks) *
-                                       StepGradCopyBytesPerElem(opt, dtype_bytes_) +
-                                   2 * ShardElems(fills.first / dtype_bytes_, w_ranks) * dtype_bytes_;
+    t.optimizer_step_extra_bytes =
+        ShardElems(max_train / dtype_bytes_, w_ranks) *
+            StepGradCopyBytesPerElem(opt, dtype_bytes_) +
+        (t.shard_params ? 0 : 2 * ShardElems(fills.first / dtype_bytes_, w_ranks) * dtype_bytes_);
   }
+  // [Sharded persistent parameters]: Acquire(g) keeps stage g's and the next stage's gathered
+  // persistent chunks (chunks [first[g], last[g + 1]], the tied head's embedding chunks with the
+  // head); per n_persist the largest such set among chunks [0, n_persist), padded.
+  t.persistent_gather_by_npersist.assign(c_count + 1, 0);
+  if (t.shard_params) {
+    std::vector<int64_t> padded_prefix(c_count + 1, 0);
+    for (int32_t c = 0; c < c_count; ++c) {
+      padded_prefix[c + 1] =
+          padded_prefix[c] +
+          PaddedElems(t.layout.chunk_param_bytes[c] / dtype_bytes_, w_ranks) * dtype_bytes_;
+    }
+    // Padded bytes of chunks [lo, hi] below np.
+    auto span = [&](int32_t lo, int32_t hi, int32_t np) -> int64_t {
+      const int32_t b = std::min(hi + 1, np);
+      return b > lo ? padded_prefix[b] - padded_prefix[lo] : 0;
+    };
+    for (int32_t np = 1; np <= c_count; ++np) {
+      int64_t most = 0;
+      for (int32_t g = 0; g <= n; ++g) {
+        int32_t lo = first[g], hi = last[g + 1];
+        int64_t extra = 0;
+        if (g == n && tied_) {
+          if (last[0] < lo) {
+            extra = span(first[0], last[0], np);
+          } else {
+            lo = std::min(lo, first[0]);  // overlapping ranges: one contiguous range
+            hi = std::max(hi, last[0]);
+          }
+        }
+        most = std::max(most, span(lo, hi, np) + extra);
+      }
+      t.persistent_gather_by_npersist[np] = most;
+    }
+  }
+
   t.tied_grad_bytes =
       tied_ ? t.train_prefix[t.fwd_owned_begin[1]] - t.train_prefix[t.fwd_owned_begin[0]] : 0;
   // The agent's buffers: shared ones sized for the largest regular chunk of the layout, and one
@@ -733,7 +775,10 @@ int64_t CostModel::GradStagingBytes(int32_t n_persist) const {
       n_persist >= num_chunks_                    ? 0
       : !chunks_->grad_staging_by_npersist.empty() ? chunks_->grad_staging_by_npersist[n_persist]
                                                    : chunks_->grad_staging_bytes;
-  return offloaded + chunks_->persistent_reduce_by_npersist[n_persist];
+  // [Sharded persistent parameters]: the gathered chunks are held for the step as the buffers
+  // are (a stage's and the next one's at any time).
+  return offloaded + chunks_->persistent_reduce_by_npersist[n_persist] +
+         chunks_->persistent_gather_by_npersist[n_persist];
 }
 
 int64_t CostModel::GradSlotBytes(int32_t n_persist) const {
@@ -788,6 +833,7 @@ RankMemory CostModel::RankChunkMemory(int32_t n_persist, int32_t n_buffer,
   r.persistent_device_bytes = t.alloc_prefix[n_persist];
   r.persistent_state_device_bytes = t.opt_prefix[n_persist];
   r.buffer_device_bytes = BufferBytes(n_persist, n_buffer);
+  r.persistent_gather_device_bytes = t.persistent_gather_by_npersist[n_persist];
   const int64_t transfer = t.host_transfer_prefix[num_chunks_] - t.host_transfer_prefix[n_persist];
   const int64_t state = t.host_prefix[num_chunks_] - t.host_prefix[n_persist] - transfer;
   // The optimizer state is always pageable; the transfer buffers follow the plan.
@@ -940,9 +986,22 @@ double CostModel::ForwardWindow(int32_t k, const PlanPoint& p, const Modes& m) c
           chunks_->layout.stage_last_chunk[0] + 1));
     }
   }
+  // [Sharded persistent parameters]: stage k's persistent chunks are gathered from the device
+  // shards (no host copy) beside stage k-1's compute.
+  double gathered = 0;
+  if (chunks_->shard_params && k <= n + 1) {
+    gathered = static_cast<double>(ChunkSum(chunks_->fill_prefix, chunks_->fwd_owned_begin[k],
+                                            std::min(chunks_->fwd_owned_begin[k + 1], p.n_persist)));
+    if (k == n + 1 && tied_) {
+      gathered += static_cast<double>(
+          ChunkSum(chunks_->fill_prefix, chunks_->layout.stage_first_chunk[0],
+                   std::min(chunks_->layout.stage_last_chunk[0] + 1, p.n_persist)));
+    }
+  }
   const int32_t blk = k - 3;
   const double down = blk >= 0 && blk < n ? static_cast<double>(ActBytes(blk, m.Block(blk))) : 0.0;
-  const double nccl = w > 1 ? load * (w - 1) / w / hardware_.nccl_allgather_bytes_per_second : 0.0;
+  const double nccl =
+      w > 1 ? (load + gathered) * (w - 1) / w / hardware_.nccl_allgather_bytes_per_second : 0.0;
   return Window(comp, load / w, down, p.kind, nccl);
 }
 
@@ -972,17 +1031,19 @@ double CostModel::ForwardWindowPure(int32_t k, int key, int kind) const {
   const double w = options_.world_size;
   const int state = key / 3, act = key % 3;
   const double comp = fwd_s_[k - 1];
-  const double load =
-      state == 1 ? static_cast<double>(ChunkSum(chunks_->fill_prefix, chunks_->fwd_owned_begin[k],
-                                                chunks_->fwd_owned_begin[k + 1]))
-                 : 0.0;
+  const double owned = static_cast<double>(
+      ChunkSum(chunks_->fill_prefix, chunks_->fwd_owned_begin[k], chunks_->fwd_owned_begin[k + 1]));
+  const double load = state == 1 ? owned : 0.0;
+  // [Sharded persistent parameters]: persistent chunks are gathered too, from the device.
+  const double gathered = state == 0 && chunks_->shard_params ? owned : 0.0;
   const int32_t blk = k - 3;
   double down = 0;
   if (blk >= 0 && blk < n) {
     if (act == 1) down = static_cast<double>(saved_[blk]);
     if (act == 2) down = static_cast<double>(input_[blk]);
   }
-  const double nccl = w > 1 ? load * (w - 1) / w / hardware_.nccl_allgather_bytes_per_second : 0.0;
+  const double nccl =
+      w > 1 ? (load + gathered) * (w - 1) / w / hardware_.nccl_allgather_bytes_per_second : 0.0;
   return Window(comp, load / w, down, kind, nccl);
 }
 
@@ -996,12 +1057,18 @@ double CostModel::BackwardWindow(int32_t s, const PlanPoint& p, const Modes& m) 
   double comp = bwd_s_[s];
   if (mode == BlockMode::kCkpt || mode == BlockMode::kHsOffload) comp += rec_s_[s];
   const int32_t evict_end = num_chunks_ - p.n_buffer;
-  double refetch = 0, act_in = 0, gradoff = 0, ptrain = 0;
+  double refetch = 0, act_in = 0, gradoff = 0, ptrain = 0, regather = 0;
   if (s >= 1) {
     refetch = static_cast<double>(ChunkSum(chunks_->fill_prefix,
                                            std::max(chunks_->bwd_owned_begin[s - 1], p.n_persist),
                                            std::min(chunks_->bwd_owned_begin[s], evict_end)));
     if (s - 1 >= 1 && s - 1 <= n) act_in = static_cast<double>(ActBytes(s - 2, m.Block(s - 2)));
+    // [Sharded persistent parameters]: stage s-1's persistent chunks, released since forward,
+    // are gathered again from the device shards.
+    if (chunks_->shard_params) {
+      regather = static_cast<double>(ChunkSum(chunks_->fill_prefix, chunks_->bwd_owned_begin[s - 1],
+                                              std::min(chunks_->bwd_owned_begin[s], p.n_persist)));
+    }
   }
   if (s + 1 <= n + 1) {
     const int32_t lo = chunks_->fwd_owned_begin[s + 1], hi = chunks_->fwd_owned_begin[s + 2];
@@ -1011,7 +1078,7 @@ double CostModel::BackwardWindow(int32_t s, const PlanPoint& p, const Modes& m) 
   double nccl = 0;
   if (w > 1) {
     const double frac = (w - 1) / w;
-    nccl = refetch * frac / hardware_.nccl_allgather_bytes_per_second +
+    nccl = (refetch + regather) * frac / hardware_.nccl_allgather_bytes_per_second +
            (gradoff + (p.lower_bound ? 1.0 : PersistentReduceFactor()) * ptrain) * frac *
                ReduceWidening() / hardware_.nccl_reduce_scatter_bytes_per_second;
   }
@@ -1079,10 +1146,11 @@ double CostModel::BackwardWindowPure(int32_t s, int key, int kind) const {
   const int mode = key / 9, bst = (key / 3) % 3, fst = key % 3;
   double comp = bwd_s_[s];
   if (mode == kCkptMode || mode == kHsMode) comp += rec_s_[s];
-  const double refetch =
-      bst == 1 ? static_cast<double>(ChunkSum(chunks_->fill_prefix, chunks_->bwd_owned_begin[s - 1],
-                                              chunks_->bwd_owned_begin[s]))
-               : 0.0;
+  const double owned_prev = static_cast<double>(
+      ChunkSum(chunks_->fill_prefix, chunks_->bwd_owned_begin[s - 1], chunks_->bwd_owned_begin[s]));
+  const double refetch = bst == 1 ? owned_prev : 0.0;
+  // [Sharded persistent parameters]: persistent chunks are gathered again from the device.
+  const double regather = bst == 0 && chunks_->shard_params ? owned_prev : 0.0;
   double act_in = 0;
   if (s - 1 >= 1 && s - 1 <= n) {
     if (mode == kSwapMode) act_in = static_cast<double>(saved_[s - 2]);
@@ -1099,7 +1167,7 @@ double CostModel::BackwardWindowPure(int32_t s, int key, int kind) const {
   double nccl = 0;
   if (w > 1) {
     const double frac = (w - 1) / w;
-    nccl = refetch * frac / hardware_.nccl_allgather_bytes_per_second +
+    nccl = (refetch + regather) * frac / hardware_.nccl_allgather_bytes_per_second +
            (gradoff + ptrain) * frac * ReduceWidening() /
                hardware_.nccl_reduce_scatter_bytes_per_second;
   }
@@ -1238,6 +1306,12 @@ absl::Status CostModel::ValidatePlan(const ResidencyPlan& plan) const {
         " the persistent chunks' state (sharding needs world_size > 1 and full fine-tuning with "
         "adamw, adamw_bf16 or sgd)"));
   }
+  if (options_.world_size > 1 && plan.shard_persistent_params != chunks_->shard_params) {
+    return bad(absl::StrCat(
+        "plan.shard_persistent_params = ", plan.shard_persistent_params ? "true" : "false",
+        " but this model ", chunks_->shard_params ? "shards" : "replicates",
+        " the persistent chunks' parameters (sharding them needs the state sharded too)"));
+  }
   if (plan.chunk_bytes != chunks_->layout.chunk_bytes) {
     return bad(absl::StrCat("plan.chunk_bytes = ", plan.chunk_bytes, " does not match the layout (",
                             chunks_->layout.chunk_bytes, ")"));
@@ -1299,6 +1373,7 @@ ResidencyPlan CostModel::MakeResidencyPlan(int32_t n_persist, int32_t n_buffer,
   plan.block_modes = ArrangeBlockModes(num_blocks_, counts);
   plan.world_size = options_.world_size;
   plan.shard_persistent_state = chunks_->shard_state;
+  plan.shard_persistent_params = chunks_->shard_params;
   return plan;
 }
 

@@ -31,6 +31,12 @@ struct CostOptions {
   // reduce-scattered in backward (half an all-reduce's traffic) and kept as a model-dtype shard,
   // the update 1/W per rank and the parameters all-gathered after it.
   bool shard_persistent_state = false;
+  // [Sharded persistent parameters] (agent/chunks/chunk_manager.cc), with shard_persistent_state
+  // in effect: the persistent chunks' parameters 1/W per rank too, all-gathered (no host copy)
+  // before each stage that uses them, the next stage's prefetched beside the current one's
+  // compute, and released after: a stage's and the next stage's gathered chunks on the device at
+  // once; nothing is gathered after the update (ZeRO-3 over the persistent chunks).
+  bool shard_persistent_params = false;
   // The CPU optimizer of offloaded chunks starts on each chunk as soon as its grads are final,
   // overlapping the rest of backward; false (gradient clipping) runs it after backward.
   bool cpu_optimizer_overlaps = true;
@@ -137,6 +143,7 @@ class CostModel {
   double PersistentReduceFactor() const { return chunks_->shard_state ? 1.0 : 2.0; }
   // Whether this model's persistent chunks keep their optimizer state sharded.
   bool ShardsPersistentState() const { return chunks_->shard_state; }
+  bool ShardsPersistentParams() const { return chunks_->shard_params; }
   // Whether options.shard_persistent_state can take effect for this workload ([Sharded persistent
   // state]): several ranks, a full fine-tune (LoRA's adapters stay replicated), not adamw8bit
   // (its 256-element blocks would straddle shards). What the agent's ChunkManager accepts.
@@ -295,6 +302,11 @@ class CostModel {
     // [Sharded persistent state]: all-gathering the updated parameters after the step.
     std::vector<double> gather_prefix;
     bool shard_state = false;  // the option, in effect (W > 1, full fine-tuning, not adamw8bit)
+    bool shard_params = false;  // [Sharded persistent parameters], in effect (with shard_state)
+    // [Sharded persistent parameters], per n_persist (size n_chunks + 1): the padded bytes of
+    // the gathered persistent chunks held at once (a stage's and the next stage's, the tied
+    // head's embedding chunks included); zeros otherwise.
+    std::vector<int64_t> persistent_gather_by_npersist;
     int64_t grad_staging_bytes = 0;
     // [Grad staging slots] per n_persist (world size 1, full fine-tuning, the agent's layout):
     // the staging of offloaded grads, replacing grad_staging_bytes; empty otherwise.

@@ -367,7 +367,7 @@ absl::StatusOr<PlanSearch> PlanSearch::Create(const Trace& trace, const Hardware
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
   if (sizes.empty()) return absl::InvalidArgumentError("no chunk size candidates");
   std::vector<CostModel> models;
-  models.reserve(2 * sizes.size());
+  models.reserve(3 * sizes.size());
   for (int64_t size : sizes) {
     CostOptions replicated = options;
     replicated.shard_persistent_state = false;
@@ -378,8 +378,14 @@ absl::StatusOr<PlanSearch> PlanSearch::Create(const Trace& trace, const Hardware
     if (CostModel::CanShardPersistentState(trace, options)) {
       CostOptions sharded = options;
       sharded.shard_persistent_state = true;
+      sharded.shard_persistent_params = false;
       ASSIGN_OR_RETURN(CostModel shard_model, CostModel::Create(trace, size, hardware, sharded));
       models.push_back(std::move(shard_model));
+      // And with the parameters sharded too ([Sharded persistent parameters], ZeRO-3): the
+      // search keeps whichever prices faster among the plans that fit.
+      sharded.shard_persistent_params = true;
+      ASSIGN_OR_RETURN(CostModel zero3_model, CostModel::Create(trace, size, hardware, sharded));
+      models.push_back(std::move(zero3_model));
     }
   }
   return PlanSearch(std::move(models));
@@ -390,6 +396,10 @@ namespace {
 // Whether the fixed knobs allow `model`'s chunk size and persistent-state sharding.
 bool Allows(const FixedKnobs& f, const CostModel& model) {
   if (f.chunk_bytes && *f.chunk_bytes != model.chunk_bytes()) return false;
+  if (f.shard_persistent_params &&
+      *f.shard_persistent_params != model.ShardsPersistentParams()) {
+    return false;
+  }
   return !f.shard_persistent_state || *f.shard_persistent_state == model.ShardsPersistentState();
 }
 

@@ -22,6 +22,9 @@ struct MemoryCase {
   int grad_accum = 1;
   int64_t chunk_bytes = 128 << 10;
   bool tied = false;
+  // Several ranks: [Sharded persistent state], and [Sharded persistent parameters] with it.
+  bool shard_state = false;
+  bool shard_params = false;
 };
 
 inline std::vector<MemoryCase> MemoryCases() {
@@ -33,6 +36,11 @@ inline std::vector<MemoryCase> MemoryCases() {
       {"bf16_adamw_bf16_persist1", true, O::kAdamWBf16States, 1, 2, 2, 200 << 10, false},
       {"fp32_sgd_oversized", false, O::kSgd, 0, 5, 1, 64 << 10, false},
       {"bf16_sgd_persist3_accum3", true, O::kSgd, 3, 2, 3, 128 << 10, false},
+      {"bf16_adamw_persist3_state_sharded", true, O::kAdamW, 3, 2, 1, 96 << 10, false, true},
+      {"bf16_adamw_persist4_params_sharded_tied",
+       true, O::kAdamW, 4, 2, 2, 96 << 10, true, true, true},
+      {"fp32_sgd_all_persistent_params_sharded",
+       false, O::kSgd, 99, 2, 1, 64 << 10, false, true, true},
   };
 }
 

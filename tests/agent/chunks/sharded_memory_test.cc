@@ -35,6 +35,7 @@ struct Row {
   int64_t persistent_device = 0, persistent_state = 0, buffer = 0, pinned = 0, pageable = 0;
   int n_buffer = 0, n_persist = 0, world_size = 0;
   std::string fingerprint;
+  int64_t gathered = 0;  // [Sharded persistent parameters]
 };
 
 std::map<std::string, Row> ParseRows(const std::string& text) {
@@ -43,7 +44,7 @@ std::map<std::string, Row> ParseRows(const std::string& text) {
   std::string name;
   Row r;
   while (in >> name >> r.persistent_device >> r.persistent_state >> r.buffer >> r.pinned >>
-         r.pageable >> r.n_buffer >> r.n_persist >> r.world_size >> r.fingerprint) {
+         r.pageable >> r.n_buffer >> r.n_persist >> r.world_size >> r.fingerprint >> r.gathered) {
     rows[name] = r;
   }
   return rows;
@@ -69,6 +70,8 @@ void ExpectPlannerPrices(const testing::MemoryCase& c, int world_size, const Row
   options.world_size = world_size;
   options.local_world_size = world_size;
   options.grad_accum = c.grad_accum;
+  options.shard_persistent_state = c.shard_state;
+  options.shard_persistent_params = c.shard_params;
   absl::StatusOr<CostModel> cost = CostModel::Create(*trace, c.chunk_bytes, *hardware, options);
   ASSERT_TRUE(cost.ok()) << cost.status();
   EXPECT_EQ(got.fingerprint, cost->layout().fingerprint);
@@ -85,6 +88,11 @@ void ExpectPlannerPrices(const testing::MemoryCase& c, int world_size, const Row
   EXPECT_EQ(got.persistent_device, m.persistent_device_bytes);
   EXPECT_EQ(got.persistent_state, m.persistent_state_device_bytes);
   EXPECT_EQ(got.buffer, m.buffer_device_bytes);
+  EXPECT_EQ(got.gathered, m.persistent_gather_device_bytes);
+  if (c.shard_params && world_size > 1) {
+    EXPECT_GT(got.gathered, 0);
+    EXPECT_TRUE(cost->ShardsPersistentParams());
+  }
   EXPECT_EQ(got.pinned, m.chunk_host_pinned_bytes);
   EXPECT_EQ(got.pageable, m.chunk_host_pageable_bytes);
   // The search's host figure (no offloaded activations here) is the same bytes.
@@ -128,7 +136,8 @@ TEST(ShardedMemoryTest, OneProcessAllocatesWhatThePlannerPrices) {
             s.n_buffer,
             s.n_persist,
             s.world_size,
-            s.layout_fingerprint};
+            s.layout_fingerprint,
+            s.persistent_gather_device_bytes};
     ExpectPlannerPrices(c, 1, row, s.grad_slot_device_bytes);
   }
 }

@@ -57,6 +57,8 @@ int Run(const std::string& path) {
     options.optimizer = c.optimizer;
     options.grad_accum = c.grad_accum;
     options.cpu_threads = 1;
+    options.shard_persistent_state = c.shard_state;
+    options.shard_persistent_params = c.shard_params;
     absl::StatusOr<std::unique_ptr<ChunkManager>> manager =
         ChunkManager::Create((*model)->ParamGroups(), options, group->get());
     if (!manager.ok()) return Fail(rank, manager.status());
@@ -64,7 +66,7 @@ int Run(const std::string& path) {
     out << c.name << ' ' << s.persistent_device_bytes << ' ' << s.persistent_state_device_bytes
         << ' ' << s.buffer_device_bytes << ' ' << s.host_pinned_bytes << ' '
         << s.host_pageable_bytes << ' ' << s.n_buffer << ' ' << s.n_persist << ' ' << s.world_size
-        << ' ' << s.layout_fingerprint << '\n';
+        << ' ' << s.layout_fingerprint << ' ' << s.persistent_gather_device_bytes << '\n';
   }
   out.close();
   return out ? 0 : Fail(rank, absl::InternalError("writing " + path));

@@ -170,9 +170,10 @@ std::vector<std::string> With(std::vector<std::string> args, const std::vector<s
 }
 
 // The resume matrix on a global batch of 6 rows: 2 ranks x 3 rows save after 2 steps and
-// 3 ranks x 2 rows resume; 3 ranks save and 1 process x 6 rows resumes. The first two runs keep
-// the persistent chunk's optimizer state sharded ([Sharded persistent state]: 2 and 3 shards of
-// it), the others replicated. The third step's loss is
+// 3 ranks x 2 rows resume; 3 ranks save and 1 process x 6 rows resumes. The first run shards the
+// persistent chunk's parameters and optimizer state ([Sharded persistent parameters]: gathered
+// on use, 2 shards), the second its optimizer state ([Sharded persistent state]: 3 shards), the
+// others replicate them. The third step's loss is
 // the uninterrupted run's (the checkpoint is layout-independent: every rank writes the pieces it
 // stores, and a resuming rank reads the ranges it stores from any number of files).
 TEST(TrainDistributedTest, CheckpointsResumeOnAnotherNumberOfRanks) {
@@ -189,7 +190,7 @@ TEST(TrainDistributedTest, CheckpointsResumeOnAnotherNumberOfRanks) {
 
   const std::string from_two = base + ".from2";
   const std::vector<double> two =
-      StepLosses(RunRanks(With(TrainArgs(3, 2, data), {"--save", from_two, "--persistent-state",
+      StepLosses(RunRanks(With(TrainArgs(3, 2, data), {"--save", from_two, "--persistent-params",
                                                        "sharded"}),
                           2, base + ".two"));
   ASSERT_EQ(two.size(), 2u);

@@ -29,6 +29,9 @@ struct ShardCase {
   // ChunkManagerOptions::shard_persistent_state: persistent chunks' optimizer state sharded,
   // their grads reduce-scattered ([Sharded persistent state]).
   bool shard_state = false;
+  // ChunkManagerOptions::shard_persistent_params (with shard_state): their parameters sharded
+  // too, gathered on use ([Sharded persistent parameters]).
+  bool shard_params = false;
 };
 
 // Each block mode on every block with persistent and offloaded chunks, then all four modes mixed
@@ -113,6 +116,46 @@ inline std::vector<ShardCase> ShardCases() {
        false,
        false,
        true},
+      // [Sharded persistent parameters]: beside offloaded chunks with every block mode,
+      // accumulation and clipping; every chunk persistent with NONE blocks (autograd's saved
+      // views of released weights), a tied head, bf16 and clipping; every chunk persistent, fp32,
+      // SWAP and HS_OFFLOAD blocks, no clipping.
+      {"params_sharded_mixed",
+       {M::kCkpt, M::kNone, M::kHsOffload, M::kSwap},
+       3,
+       2,
+       2,
+       0.5,
+       false,
+       false,
+       false,
+       false,
+       true,
+       true},
+      {"params_sharded_bf16_tied_none",
+       {M::kNone, M::kNone, M::kCkpt, M::kNone},
+       6,
+       2,
+       1,
+       0.5,
+       true,
+       true,
+       false,
+       false,
+       true,
+       true},
+      {"params_sharded_all_persistent",
+       {M::kNone, M::kSwap, M::kNone, M::kHsOffload},
+       6,
+       2,
+       1,
+       0.0,
+       false,
+       false,
+       false,
+       false,
+       true,
+       true},
   };
 }
 
@@ -145,6 +188,7 @@ inline TrainerOptions ShardCaseOptions(const ShardCase& c, int n_blocks) {
   o.chunks.cpu_threads = 2;
   o.chunks.accumulate_sharded_grads_on_device = c.grads_on_device;
   o.chunks.shard_persistent_state = c.shard_state;
+  o.chunks.shard_persistent_params = c.shard_params;
   return o;
 }
 

@@ -118,7 +118,8 @@ int Run(const std::string& prefix, int kill_rank, int signal, int timeout_second
     memory.insert(memory.end(), stats.chunk_bytes.begin(), stats.chunk_bytes.end());
     out.push_back(torch::tensor(memory, torch::kInt64));
     out.push_back(torch::tensor(
-        std::vector<int64_t>{stats.persistent_device_bytes, stats.persistent_state_device_bytes},
+        std::vector<int64_t>{stats.persistent_device_bytes, stats.persistent_state_device_bytes,
+                             stats.persistent_gather_device_bytes, stats.persistent_gathers},
         torch::kInt64));
     torch::save(out, prefix + "." + c.name + ".rank" + std::to_string(rank) + ".pt");
   }

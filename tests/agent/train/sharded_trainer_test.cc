@@ -32,6 +32,7 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -267,18 +268,48 @@ TEST_P(ShardedTrainerTest, OneStepEqualsOneProcessOnTheConcatenatedBatch) {
       // Device bytes of the persistent chunks, as common/optimizer_bytes.h defines them: the
       // parameters replicated (padded to a multiple of W when the state is sharded) and the
       // state over the span, or over this rank's shard of it: 1/W of the replicated state.
+      // [Sharded persistent parameters]: this rank's shard of the parameters instead.
       int64_t persistent_params = 0, persistent_state = 0, replicated_state = 0;
+      std::vector<int64_t> padded(6, 0);  // per chunk, persistent ones only
       for (int64_t k = 2; k < 2 + n_persist; ++k) {
         const int64_t elem = c.bf16 ? 2 : 4;
         const int64_t span = memory[k].item<int64_t>() / elem;
         const int64_t shard = (span + world_size - 1) / world_size;
-        persistent_params += (c.shard_state ? shard * world_size : span) * elem;
+        padded[k - 2] = shard * world_size * elem;
+        persistent_params += (c.shard_params  ? shard
+                              : c.shard_state ? shard * world_size
+                                              : span) *
+                             elem;
         persistent_state +=
             PersistentStateBytes(OptimizerKind::kAdamW, elem, c.shard_state ? shard : span);
         replicated_state += PersistentStateBytes(OptimizerKind::kAdamW, elem, span);
       }
       EXPECT_EQ(got.back()[0].item<int64_t>(), persistent_params);
       EXPECT_EQ(got.back()[1].item<int64_t>(), persistent_state);
+      // Gathered at once: at most a group's persistent chunks and the next group's. Group g uses
+      // chunk g here (one block per chunk); the tied head uses the embedding's chunk 0 too.
+      int64_t gather_bytes = 0;
+      if (c.shard_params) {
+        auto used = [&](int g) {
+          std::set<int> s = {g};
+          if (g == 5 && c.tied) s.insert(0);
+          return s;
+        };
+        for (int g = 0; g < 6; ++g) {
+          std::set<int> held = used(g);
+          if (g + 1 < 6) held.merge(used(g + 1));
+          int64_t bytes = 0;
+          for (int k : held) bytes += padded[k];  // 0 for an offloaded chunk
+          gather_bytes = std::max(gather_bytes, bytes);
+        }
+        EXPECT_GT(gather_bytes, 0);
+        // Forward and backward each gather every persistent chunk at least once (the head's
+        // stay gathered from its forward to its backward).
+        EXPECT_GE(got.back()[3].item<int64_t>(), 2 * n_persist - 1);
+      } else {
+        EXPECT_EQ(got.back()[3].item<int64_t>(), 0);
+      }
+      EXPECT_EQ(got.back()[2].item<int64_t>(), gather_bytes);
       if (c.shard_state) {
         EXPECT_LE(persistent_state * world_size,
                   replicated_state + n_persist * world_size * 16);

@@ -368,6 +368,49 @@ TEST(ResolveRunPlanTest, PersistentStateShardingFromThePlanOrTheFlag) {
               HasSubstr("is not sharded or replicated"));
 }
 
+// [Sharded persistent parameters]: from the plan (with the state sharded) or --persistent-params,
+// which implies the state sharded, conflicts with --persistent-state replicated and needs several
+// ranks.
+TEST(ResolveRunPlanTest, PersistentParameterShardingFromThePlanOrTheFlag) {
+  auto plan = ParsePlanJson(
+      R"({"plan": {"worldSize": 2, "shardPersistentState": true, "shardPersistentParams": true}})");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->shard_persistent_params);
+  EXPECT_THAT(ParsePlanJson(R"({"shard_persistent_params": true})").status().message(),
+              HasSubstr("needs plan.shard_persistent_state = true"));
+  auto run = ResolveRunPlan(TrainConfig{}, 3, *plan, 2);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_TRUE(run->shard_persistent_params);
+  EXPECT_TRUE(run->shard_persistent_state);
+  // --persistent-state replicated on top of that plan: nothing persistent is sharded.
+  auto parsed = ParseTrainArgs({"--arch", "llama-tiny", "--synthetic-data", "--persistent-state",
+                                "replicated"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  run = ResolveRunPlan(*parsed, 3, *plan, 2);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_FALSE(run->shard_persistent_state);
+  EXPECT_FALSE(run->shard_persistent_params);
+  parsed = ParseTrainArgs({"--arch", "llama-tiny", "--synthetic-data", "--persistent-params",
+                           "sharded"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  run = ResolveRunPlan(*parsed, 3, std::nullopt, 2);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_TRUE(run->shard_persistent_params);
+  EXPECT_TRUE(run->shard_persistent_state);
+  EXPECT_THAT(ResolveRunPlan(*parsed, 3, std::nullopt, 1).status().message(),
+              HasSubstr("--persistent-params sharded: this run has one rank"));
+  parsed = ParseTrainArgs({"--arch", "llama-tiny", "--synthetic-data", "--persistent-params",
+                           "sharded", "--persistent-state", "replicated"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_THAT(ResolveRunPlan(*parsed, 3, std::nullopt, 2).status().message(),
+              HasSubstr("needs the optimizer state sharded too"));
+  EXPECT_THAT(ParseTrainArgs({"--arch", "llama-tiny", "--synthetic-data", "--persistent-params",
+                              "most"})
+                  .status()
+                  .message(),
+              HasSubstr("--persistent-params"));
+}
+
 }  // namespace
 }  // namespace memplan
 

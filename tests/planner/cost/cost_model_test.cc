@@ -69,6 +69,7 @@ RandomCase MakeCase(std::mt19937_64& rng) {
   c.hardware = RandomHardware(rng);
   c.options.world_size = uni(0, 2) == 0 ? static_cast<int32_t>(uni(2, 8)) : 1;
   c.options.shard_persistent_state = uni(0, 1) == 1;  // in effect with W > 1, not adamw8bit
+  c.options.shard_persistent_params = uni(0, 1) == 1;  // in effect with the state sharded
   c.options.grad_accum = static_cast<int32_t>(uni(1, 3));
   c.options.optimizer = static_cast<OptimizerKind>(uni(0, 3));  // adamw8bit included
   if (c.options.optimizer == OptimizerKind::kAdamWBf16States &&
@@ -457,6 +458,85 @@ TEST(StepTimeTest, ShardedPersistentStateHoldsAShardAndReducesOnce) {
   const double gather = 0.5 * static_cast<double>(params) / 1e9;
   EXPECT_NEAR(s.optimizer_seconds, std::max(gather, r.optimizer_seconds / 2),
               0.02 * r.optimizer_seconds + 1e-6);
+}
+
+// [Sharded persistent parameters]: each rank holds 1/W of the persistent chunks' parameters as
+// well; a stage's chunks are all-gathered before it runs, in forward and again in backward, and
+// a stage's and the next one's are held at once; nothing is gathered after the update.
+TEST(StepTimeTest, ShardedPersistentParametersHoldAShardAndGatherPerStage) {
+  const HardwareSpec hw = SlowLinkH200();
+  const TwoRankModels models = TwoRankOneB(hw);
+  ASSERT_TRUE(models.sharded);
+  auto trace = OneBTrace(hw, 2);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  CostOptions options;
+  options.world_size = 2;
+  options.shard_persistent_state = true;
+  options.shard_persistent_params = true;
+  auto z3 = CostModel::Create(*trace, int64_t{64} << 20, hw, options);
+  ASSERT_TRUE(z3.ok()) << z3.status();
+  const CostModel* cms = &*models.sharded;
+  EXPECT_TRUE(z3->ShardsPersistentParams());
+  EXPECT_FALSE(cms->ShardsPersistentParams());
+  const int32_t chunks = z3->num_chunks();
+  const ResidencyPlan p2 = cms->MakeResidencyPlan(chunks, 0, ModeCounts{}, HostMemoryKind::kPinned);
+  const ResidencyPlan p3 = z3->MakeResidencyPlan(chunks, 0, ModeCounts{}, HostMemoryKind::kPinned);
+  EXPECT_TRUE(p3.shard_persistent_state);
+  EXPECT_TRUE(p3.shard_persistent_params);
+  EXPECT_THAT(cms->ValidatePlan(p3).message(),
+              ::testing::HasSubstr("plan.shard_persistent_params = true"));
+  const Prediction s2 = cms->Predict(p2);
+  const Prediction s3 = z3->Predict(p3);
+  // Per rank: the shard of each chunk's parameters; held gathered: the largest two adjacent
+  // stages' chunks (padded), from the layout's stage ranges.
+  const ChunkLayout& layout = z3->layout();
+  int64_t shards = 0, padded_all = 0;
+  std::vector<int64_t> padded;
+  for (int64_t fill : layout.chunk_param_bytes) {
+    shards += ShardElems(fill / 2, 2) * 2;
+    padded.push_back(PaddedElems(fill / 2, 2) * 2);
+    padded_all += padded.back();
+  }
+  int64_t held = 0;
+  for (size_t g = 0; g + 1 < layout.stage_first_chunk.size(); ++g) {
+    int64_t bytes = 0;
+    for (int32_t c = layout.stage_first_chunk[g]; c <= layout.stage_last_chunk[g + 1]; ++c) {
+      bytes += padded[c];
+    }
+    if (g + 2 == layout.stage_first_chunk.size() && trace->arch.tie_word_embeddings) {
+      // The tied head uses the embedding's chunks too.
+      for (int32_t c = layout.stage_first_chunk[0];
+           c <= layout.stage_last_chunk[0] && c < layout.stage_first_chunk[g]; ++c) {
+        bytes += padded[c];
+      }
+    }
+    held = std::max(held, bytes);
+  }
+  EXPECT_EQ(s3.rank_memory.persistent_device_bytes, shards);
+  EXPECT_EQ(s3.rank_memory.persistent_gather_device_bytes, held);
+  EXPECT_EQ(s2.rank_memory.persistent_gather_device_bytes, 0);
+  EXPECT_EQ(s3.rank_memory.persistent_state_device_bytes,
+            s2.rank_memory.persistent_state_device_bytes);
+  // The peak drops by the parameters given up, less what is held gathered.
+  EXPECT_NEAR(static_cast<double>(s2.peak_bytes - s3.peak_bytes),
+              static_cast<double>(padded_all - shards - held), 0.05 * (padded_all - shards));
+  // Every chunk crosses the link twice per step ((W-1)/W of it, forward and backward), the tied
+  // embedding's three times (the head gathers it again in forward), beside compute; the step's
+  // update has no all-gather after it.
+  int64_t embedding = 0;
+  for (int32_t c = layout.stage_first_chunk[0]; c <= layout.stage_last_chunk[0]; ++c) {
+    embedding += padded[c];
+  }
+  ASSERT_TRUE(trace->arch.tie_word_embeddings);
+  const double gathers =
+      0.5 * static_cast<double>(2 * padded_all + embedding) / 1e9;  // SlowLinkH200: 1 GB/s
+  const double extra = s3.forward_seconds + s3.backward_seconds -
+                       (s2.forward_seconds + s2.backward_seconds);
+  std::printf("gathers %.3f s, of which hidden by compute %.3f s\n", gathers, gathers - extra);
+  EXPECT_GE(extra, 0);
+  EXPECT_LE(extra, gathers * 1.001);
+  EXPECT_GT(extra, 0.5 * gathers);  // a slow link: most of it shows
+  EXPECT_LT(s3.optimizer_seconds, s2.optimizer_seconds);
 }
 
 // The in-flight buffers of the persistent chunks' reductions count persistent chunks only: with
