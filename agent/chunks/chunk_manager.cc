@@ -443,6 +443,8 @@ class ChunkManager::Impl {
   // FlushGathers() starts the batch (at once when options_.coalesce_gathers is off).
   void StartGather(int c, DeviceBuffer& buffer);
   void FlushGathers();
+  // Counts an all-gather of `bytes` (output) and returns the open batch it joins, opening one.
+  std::shared_ptr<GatherBatch> JoinGatherBatch(int64_t bytes);
   // Waits for `gather` (started first if still queued) and moves it out; a failure is remembered
   // for Step(). Finished batches go to the collective timing.
   absl::Status FinishBatch(std::shared_ptr<GatherBatch>& gather);
@@ -1458,13 +1460,8 @@ void ChunkManager::Impl::StartGather(int c, DeviceBuffer& buffer) {
   torch::Tensor src = HostFlat(chunk.param_host.data(), 0, chunk.shard_elems, dtype_);
   torch::Tensor dst = buffer.storage.narrow(0, 0, chunk.padded_elems);
   buffer.ready = nullptr;
-  ++upload_stats_.uploads;
-  upload_stats_.bytes += chunk.padded_elems * elem_size();
-  ++upload_stats_.gathers;
-  if (!open_gathers_) open_gathers_ = std::make_shared<GatherBatch>();
-  GatherBatch& batch = *open_gathers_;
-  batch.bytes += chunk.padded_elems * elem_size();
-  buffer.gather = open_gathers_;
+  buffer.gather = JoinGatherBatch(chunk.padded_elems * elem_size());
+  GatherBatch& batch = *buffer.gather;
 #ifdef MEMPLAN_CHUNKS_CUDA
   if (cuda()) {
     // The buffer's previous chunk may still be read by kernels queued on the compute stream; the
@@ -1485,6 +1482,15 @@ void ChunkManager::Impl::StartGather(int c, DeviceBuffer& buffer) {
   batch.outputs.push_back(dst);
   batch.inputs.push_back(src);
   if (!options_.coalesce_gathers) FlushGathers();
+}
+
+std::shared_ptr<GatherBatch> ChunkManager::Impl::JoinGatherBatch(int64_t bytes) {
+  ++upload_stats_.uploads;
+  upload_stats_.bytes += bytes;
+  ++upload_stats_.gathers;
+  if (!open_gathers_) open_gathers_ = std::make_shared<GatherBatch>();
+  open_gathers_->bytes += bytes;
+  return open_gathers_;
 }
 
 void ChunkManager::Impl::FlushGathers() {
@@ -1513,15 +1519,9 @@ void ChunkManager::Impl::GatherPersistent(int c) {
   storage->set_nbytes(bytes);
   chunk.gathered = true;
   ++stats_.persistent_gathers;
-  ++upload_stats_.uploads;
-  upload_stats_.bytes += chunk.padded_elems * elem_size();
-  ++upload_stats_.gathers;
-  if (!open_gathers_) open_gathers_ = std::make_shared<GatherBatch>();
-  GatherBatch& batch = *open_gathers_;
-  batch.bytes += chunk.padded_elems * elem_size();
-  batch.outputs.push_back(chunk.device);
-  batch.inputs.push_back(chunk.param_shard);
-  chunk.gather = open_gathers_;
+  chunk.gather = JoinGatherBatch(chunk.padded_elems * elem_size());
+  chunk.gather->outputs.push_back(chunk.device);
+  chunk.gather->inputs.push_back(chunk.param_shard);
 #ifdef MEMPLAN_CHUNKS_CUDA
   // The memory may be a block the compute stream released with readers still queued: the
   // collective (ordered after the upload stream) starts after them.

@@ -618,6 +618,11 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
   if (!loop.address.empty()) {
     // [Fixed knobs with --planner] The other plan knobs go to the planner as fixed knobs: it
     // searches the rest, or answers why no plan with them fits.
+    if (c.accumulate_offloaded_grads_on_device) {
+      return absl::InvalidArgumentError(
+          "--accumulate-offloaded-grads device: the planner does not price it (every offloaded "
+          "chunk's fp32 grads on the device until the last micro-batch); drop it with --planner");
+    }
     if (!c.plan_file.empty() || c.block_modes || c.plain) {
       return absl::InvalidArgumentError(
           "--planner decides the plan: drop --plan-file, --plain and --block-modes (--chunk-mib, "
@@ -750,6 +755,7 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
   options.chunks.host_memory = plan.host_memory;
   options.chunks.shard_persistent_state = plan.shard_persistent_state;
   options.chunks.shard_persistent_params = plan.shard_persistent_params;
+  options.chunks.accumulate_sharded_grads_on_device = c.accumulate_offloaded_grads_on_device;
   options.chunks.cpu_threads = c.cpu_threads;
   options.chunks.stochastic_rounding =
       optimizer == OptimizerKind::kAdamW8bit && c.stochastic_rounding;

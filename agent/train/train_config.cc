@@ -115,6 +115,11 @@ Residency plan (any chunk knob or --plan-file runs the chunk manager):
   --persistent-params sharded|replicated   several ranks: the persistent chunks' parameters
                            sharded too, 1/W per rank, all-gathered before each group that uses
                            them and released after (ZeRO-3; implies --persistent-state sharded)
+  --accumulate-offloaded-grads device|host   several ranks, --grad-accum > 1: sum the offloaded
+                           chunks' grads on the device and reduce-scatter them once per step (no
+                           collective before the last micro-batch; their fp32 grads stay on the
+                           device until then; not priced by the planner, refused with --planner)
+                           or reduce-scatter every micro-batch into the host sum (default)
   --offload-in-flight N (2)  groups whose copies to the host (offloaded activations in
                            forward, offloaded chunks' grads in backward) may be in flight
                            before compute waits for the oldest
@@ -314,6 +319,14 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
            return FlagError(flag, "\"" + v + "\" is not sharded or replicated");
          }
          c.shard_persistent_state = v == "sharded";
+         return absl::OkStatus();
+       }},
+      {"accumulate-offloaded-grads",
+       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
+         if (v != "device" && v != "host") {
+           return FlagError(flag, "\"" + v + "\" is not device or host");
+         }
+         c.accumulate_offloaded_grads_on_device = v == "device";
          return absl::OkStatus();
        }},
       {"persistent-params",
@@ -770,6 +783,11 @@ absl::StatusOr<RunPlan> ResolveRunPlan(const TrainConfig& c, int num_blocks,
     return absl::InvalidArgumentError(
         "--persistent-state sharded: this run has one rank (WORLD_SIZE unset or 1), nothing to "
         "shard the optimizer state over; launch several ranks (torchrun) or drop the flag");
+  }
+  if (c.accumulate_offloaded_grads_on_device && world_size <= 1) {
+    return absl::InvalidArgumentError(
+        "--accumulate-offloaded-grads device: this run has one rank (WORLD_SIZE unset or 1); one "
+        "rank sums its offloaded grads on the host without collectives anyway");
   }
   if (c.shard_persistent_params.value_or(false) && world_size <= 1) {
     return absl::InvalidArgumentError(

@@ -64,6 +64,11 @@ struct TrainConfig {
   // --persistent-params sharded|replicated: several ranks, the persistent chunks' parameters
   // sharded too ([Sharded persistent parameters]; implies the state sharded).
   std::optional<bool> shard_persistent_params;
+  // --accumulate-offloaded-grads device|host: several ranks, --grad-accum > 1: the offloaded
+  // chunks' grads summed on the device and reduce-scattered once per step (true), or
+  // reduce-scattered every micro-batch into the host sum (false, the default; what the planner
+  // prices). ChunkManagerOptions::accumulate_sharded_grads_on_device.
+  bool accumulate_offloaded_grads_on_device = false;
   std::string plan_file;
   int offload_in_flight = 2;
   int cpu_threads = 4;

@@ -336,6 +336,26 @@ int64_t WriteHfCheckpoint(const std::string& dir, const CheckpointShape& m,
 // (its quarter of the parameters and their optimizer state, the chunk buffers) plus at most one
 // parameter in flight, never by the whole model; the first loss is the loss of one process that
 // loads the whole checkpoint (--plain).
+// --accumulate-offloaded-grads device: the offloaded chunks' grads summed over 2 micro-batches on
+// the device and reduce-scattered once per step train like the default (a reduce-scatter per
+// micro-batch into the host sum): the same losses up to fp32 summation order.
+TEST(TrainDistributedTest, OffloadedGradsSummedOnTheDeviceTrainLikeTheHostSum) {
+  const std::string base = absl::StrCat(::testing::TempDir(), "/train_distributed_acc_", getpid());
+  const std::vector<std::string> args = With(TrainArgs(1), {"--grad-accum", "2"});
+  const std::string host_log = RunRanks(args, 2, base + ".host");
+  if (absl::StrContains(host_log, "no Gloo process group")) GTEST_SKIP() << host_log;
+  const std::vector<double> host = StepLosses(host_log);
+  const std::string device_log =
+      RunRanks(With(args, {"--accumulate-offloaded-grads", "device"}), 2, base + ".device");
+  const std::vector<double> device = StepLosses(device_log);
+  ASSERT_EQ(host.size(), 3u) << host_log;
+  ASSERT_EQ(device.size(), 3u) << device_log;
+  for (size_t i = 0; i < host.size(); ++i) {
+    EXPECT_NEAR(device[i], host[i], 1e-5 * std::abs(host[i])) << "step " << i + 1;
+  }
+  EXPECT_GT(std::abs(host[2] - host[0]), 1e-3);  // it trained
+}
+
 TEST(TrainDistributedTest, ShardedLoadingReadsOnlyEachRanksPartOfTheCheckpoint) {
   const std::string base = absl::StrCat(::testing::TempDir(), "/train_distributed_load_", getpid());
   const std::string model = base + ".model";

@@ -411,6 +411,22 @@ TEST(ResolveRunPlanTest, PersistentParameterShardingFromThePlanOrTheFlag) {
               HasSubstr("--persistent-params"));
 }
 
+// --accumulate-offloaded-grads device: parsed, and refused on one rank.
+TEST(ResolveRunPlanTest, OffloadedGradsOnTheDeviceNeedSeveralRanks) {
+  auto parsed = ParseTrainArgs({"--arch", "llama-tiny", "--synthetic-data",
+                                "--accumulate-offloaded-grads", "device"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->accumulate_offloaded_grads_on_device);
+  EXPECT_TRUE(ResolveRunPlan(*parsed, 3, std::nullopt, 2).ok());
+  EXPECT_THAT(ResolveRunPlan(*parsed, 3, std::nullopt, 1).status().message(),
+              HasSubstr("--accumulate-offloaded-grads device: this run has one rank"));
+  EXPECT_THAT(ParseTrainArgs({"--arch", "llama-tiny", "--synthetic-data",
+                              "--accumulate-offloaded-grads", "gpu"})
+                  .status()
+                  .message(),
+              HasSubstr("is not device or host"));
+}
+
 }  // namespace
 }  // namespace memplan
 
