@@ -13,6 +13,9 @@
 #   zero3    llama-3.1-8b 1x4096 per rank planned with the persistent chunks' parameters sharded
 #            (--persistent-params sharded, [Sharded persistent parameters]) and replicated
 #            (--persistent-params replicated --persistent-state sharded)
+#   budget   llama-3.1-8b 1x4096 per rank planned for a small slice of each card
+#            (--safety-margin MEMPLAN_MULTI_BUDGET_MARGIN, default 0.855: about 20 GiB of an
+#            H200, FSDP2 + CPUOffloadPolicy's reserved peak), beside fsdp2-offload
 #   fsdp2    PyTorch FSDP2 (fully_shard, with and without CPUOffloadPolicy) on N GPUs, 8B 1x4096
 #   big      MEMPLAN_MULTI_BIG (default qwen2.5-32b; a preset, or a config.json / its directory,
 #            e.g. scripts/configs/llama-23b) 1x2048: the planner's verdict for one GPU of this host
@@ -100,6 +103,12 @@ if has zero3; then
       --synthetic-data --device cuda --cpu-threads $((cores / ngpu)))
   train zero3-params-n "$ngpu" "${z3[@]}" --persistent-params sharded
   train zero3-state-n "$ngpu" "${z3[@]}" --persistent-params replicated --persistent-state sharded
+fi
+
+if has budget; then
+  train budget-n "$ngpu" --planner "$addr" --hardware "$hw" --arch llama-3.1-8b --batch 1 \
+    --seq 4096 --steps 6 --synthetic-data --device cuda --cpu-threads $((cores / ngpu)) \
+    --safety-margin "${MEMPLAN_MULTI_BUDGET_MARGIN:-0.855}"
 fi
 
 if has fsdp2; then
