@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -732,6 +733,48 @@ int64_t CostModel::BackwardGradsRawBytes(const ModeCounts& counts, int32_t n_per
 int64_t CostModel::StepDynamicRawBytes(const ModeCounts& counts, int64_t dyn,
                                        int32_t n_persist) const {
   return std::max({dyn, GradPhaseRawBytes(n_persist), BackwardGradsRawBytes(counts, n_persist)});
+}
+
+CostModel::BackwardGradsByPersist CostModel::BackwardGradsTable(const ModeCounts& counts) const {
+  // BackwardGradsImpl's max over blocks j of phase_j + tied + (pgrad[n] - pgrad[begin_j] when
+  // n > begin_j): begin_j never decreases with j, so the blocks with begin_j < n are a prefix
+  // (their term grows with pgrad[n]) and the others a suffix (a constant).
+  Modes m;
+  m.counts = counts;
+  BackwardGradsByPersist t;
+  t.model_ = this;
+  const int32_t n = num_blocks_;
+  t.begin_.resize(n);
+  t.prefix_max_.resize(n);
+  t.suffix_max_.resize(n);
+  std::vector<int64_t> phase(n);
+  for (int32_t j = 0; j < n; ++j) {
+    phase[j] = PhaseTotal(j, m);
+    t.begin_[j] = chunks_->fwd_owned_begin[j + 2];
+    const int64_t v = phase[j] - chunks_->pgrad_prefix[t.begin_[j]];
+    t.prefix_max_[j] = j == 0 ? v : std::max(t.prefix_max_[j - 1], v);
+  }
+  for (int32_t j = n - 1; j >= 0; --j) {
+    t.suffix_max_[j] = j == n - 1 ? phase[j] : std::max(t.suffix_max_[j + 1], phase[j]);
+  }
+  return t;
+}
+
+int64_t CostModel::BackwardGradsByPersist::At(int32_t n_persist) const {
+  const ChunkTables& c = *model_->chunks_;
+  // Blocks [0, k) have begin_j < n_persist.
+  const int32_t k = static_cast<int32_t>(
+      std::lower_bound(begin_.begin(), begin_.end(), n_persist) - begin_.begin());
+  int64_t best = std::numeric_limits<int64_t>::min();
+  if (k > 0) best = prefix_max_[k - 1] + c.pgrad_prefix[n_persist];
+  if (k < static_cast<int32_t>(begin_.size())) best = std::max(best, suffix_max_[k]);
+  if (best == std::numeric_limits<int64_t>::min()) return 0;  // no blocks
+  return std::max<int64_t>(0, best + c.tied_grad_bytes);
+}
+
+int64_t CostModel::StepDynamicRawBytes(const BackwardGradsByPersist& grads, int64_t dyn,
+                                       int32_t n_persist) const {
+  return std::max({dyn, GradPhaseRawBytes(n_persist), grads.At(n_persist)});
 }
 
 int32_t CostModel::MaxPersistForGradPhase(int64_t room_bytes, int32_t max_persist) const {

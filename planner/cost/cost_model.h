@@ -161,6 +161,23 @@ class CostModel {
   // BackwardGradsRawBytes) — what the steady peak adds to StaticRawBytes. `dyn` is
   // DynamicRawBytes(counts), when the caller has it.
   int64_t StepDynamicRawBytes(const ModeCounts& counts, int64_t dyn, int32_t n_persist) const;
+  // BackwardGradsRawBytes(counts, n) for every n at O(log N) each: the blocks' phases for these
+  // counts are read once. The searches ask it for many n_persist at the same mode counts.
+  class BackwardGradsByPersist {
+   public:
+    int64_t At(int32_t n_persist) const;
+
+   private:
+    friend class CostModel;
+    const CostModel* model_ = nullptr;
+    std::vector<int32_t> begin_;       // per block j: the first chunk after its stage's
+    std::vector<int64_t> prefix_max_;  // max over i <= j of phase_i - pgrad_prefix[begin_i]
+    std::vector<int64_t> suffix_max_;  // max over i >= j of phase_i
+  };
+  BackwardGradsByPersist BackwardGradsTable(const ModeCounts& counts) const;
+  // StepDynamicRawBytes with the table of the same counts.
+  int64_t StepDynamicRawBytes(const BackwardGradsByPersist& grads, int64_t dyn,
+                              int32_t n_persist) const;
   // Largest n_persist in [0, max_persist] whose persistent bytes plus the calibrated grad phase
   // fit `room` (capacity less residual and context, see Room()), or -1.
   int32_t MaxPersistForGradPhase(int64_t room_bytes, int32_t max_persist) const;

@@ -1,6 +1,8 @@
 #include "planner/search/plan_search.h"
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <limits>
 #include <optional>
 #include <vector>
@@ -31,6 +33,28 @@ std::vector<int64_t> StaticProfile(const CostModel& model, const std::optional<i
 // buffers) is usually non-decreasing below np = C (a persistent chunk costs more than the buffer
 // it may save), but a chunk much smaller than the shared buffers can save a buffer for less than
 // a buffer's bytes: the searches below use these minima to stay exact either way.
+// Minima of any range of `values` in O(1) after O(n log n) (a sparse table).
+class RangeMin {
+ public:
+  explicit RangeMin(const std::vector<int64_t>& values) {
+    levels_.push_back(values);
+    for (size_t w = 1; 2 * w <= values.size(); w *= 2) {
+      const std::vector<int64_t>& prev = levels_.back();
+      std::vector<int64_t> next(prev.size() - w);
+      for (size_t i = 0; i < next.size(); ++i) next[i] = std::min(prev[i], prev[i + w]);
+      levels_.push_back(std::move(next));
+    }
+  }
+  // Minimum of values[lo..hi], lo <= hi.
+  int64_t Min(int32_t lo, int32_t hi) const {
+    const int level = std::bit_width(static_cast<uint32_t>(hi - lo + 1)) - 1;
+    return std::min(levels_[level][lo], levels_[level][hi - (1 << level) + 1]);
+  }
+
+ private:
+  std::vector<std::vector<int64_t>> levels_;
+};
+
 std::vector<int64_t> SuffixMinima(const std::vector<int64_t>& values) {
   std::vector<int64_t> minima(values.size() + 1, std::numeric_limits<int64_t>::max());
   for (size_t i = values.size(); i-- > 0;) minima[i] = std::min(minima[i + 1], values[i]);
@@ -295,7 +319,7 @@ class Runner {
   // grows with buffers). Returns whether it is feasible.
   bool EvalPersist(const ModeCounts& m, int64_t dyn, int32_t np) {
     ++*evaluated_;
-    const int64_t budget = room_ - model_.Scaled(model_.StepDynamicRawBytes(m, dyn, np));
+    const int64_t budget = room_ - model_.Scaled(model_.StepDynamicRawBytes(GradsFor(m), dyn, np));
     int32_t nb = 0;
     if (np < c_) {
       const int64_t room = budget - model_.StaticRawBytes(np, 0);
@@ -325,6 +349,18 @@ class Runner {
   }
 
   std::vector<int64_t> static_sufmin_;  // [np] = min StaticAt over [np, min(np_hi_, C - 1)]
+  // The backward-grads table of the mode counts evaluated last (a leaf evaluates several
+  // n_persist at the same counts).
+  const CostModel::BackwardGradsByPersist& GradsFor(const ModeCounts& m) {
+    if (!grads_ || grads_counts_.n_swap != m.n_swap || grads_counts_.n_hs_offload != m.n_hs_offload ||
+        grads_counts_.n_checkpoint != m.n_checkpoint) {
+      grads_ = model_.BackwardGradsTable(m);
+      grads_counts_ = m;
+    }
+    return *grads_;
+  }
+  std::optional<CostModel::BackwardGradsByPersist> grads_;
+  ModeCounts grads_counts_;
   const CostModel& model_;
   const int model_index_;
   const HostMemoryKind kind_;
@@ -451,12 +487,13 @@ SearchResult PlanSearch::FindLeanest(const SearchConstraints& constraints) const
     const std::vector<int64_t> statics = StaticProfile(model, f.n_buffer, c);
     auto static_at = [&](int32_t np) { return statics[std::min(np, c)]; };
     // Required bytes with np persistent chunks and the fewest buffers; -1 when not allowed.
-    auto required = [&](int32_t np, const ModeCounts& m, int64_t dyn) -> int64_t {
+    auto required = [&](int32_t np, const CostModel::BackwardGradsByPersist& grads,
+                        int64_t dyn) -> int64_t {
       if (np < np_min || np > np_max) return -1;
       const int32_t nb = np >= c ? 0 : (f.n_buffer ? *f.n_buffer : model.MinBuffers(np));
       if (np < c && (nb < model.MinBuffers(np) || nb > c - np)) return -1;
       if (np >= c && f.n_buffer && *f.n_buffer != 0) return -1;
-      return std::max(model.Peak(static_at(np), model.StepDynamicRawBytes(m, dyn, np)),
+      return std::max(model.Peak(static_at(np), model.StepDynamicRawBytes(grads, dyn, np)),
                       model.Peak(model.LoadRawBytes(np, nb), 0));
     };
     // With a fixed buffer count, the first n_persist at which that many buffers suffice.
@@ -481,6 +518,10 @@ SearchResult PlanSearch::FindLeanest(const SearchConstraints& constraints) const
     for (int32_t np = 1; np < c; ++np) {
       if (statics[np] < statics[np - 1]) drops.push_back(np);
     }
+    std::vector<int64_t> drop_statics;
+    drop_statics.reserve(drops.size());
+    for (int32_t np : drops) drop_statics.push_back(statics[np]);
+    const RangeMin drop_min(drop_statics);
     for (HostMemoryKind kind : KindsToTry(constraints)) {
       int64_t host_limit = constraints.host_memory_bytes;
       if (kind == HostMemoryKind::kPinned && constraints.pinned_limit_bytes > 0) {
@@ -509,22 +550,30 @@ SearchResult PlanSearch::FindLeanest(const SearchConstraints& constraints) const
           if (k < k_lo) continue;
           const ModeCounts m{s, h, k};
           const int64_t dyn = model.DynamicRawBytes(m);
+          // The same bound without the blocks' backward phases first (a table costs O(blocks)).
+          if (std::max(model.Peak(static_floor,
+                                  std::max(dyn, model.GradPhaseRawBytes(np_floor))),
+                       model.Peak(model.LoadRawBytes(np_floor, 0), 0)) >= best_required) {
+            break;
+          }
+          const CostModel::BackwardGradsByPersist grads = model.BackwardGradsTable(m);
           const int64_t bound =
-              std::max(model.Peak(static_floor, model.StepDynamicRawBytes(m, dyn, np_floor)),
+              std::max(model.Peak(static_floor, model.StepDynamicRawBytes(grads, dyn, np_floor)),
                        model.Peak(model.LoadRawBytes(np_floor, 0), 0));
           if (bound >= best_required) break;
           result.plans_evaluated += 2;
           const int32_t np_lo =
               first_allowed(std::max(np_min, model.MinPersistForHost(host_limit, m)));
-          std::vector<int32_t> candidates = {np_lo};
-          for (auto it = std::upper_bound(drops.begin(), drops.end(), np_lo);
-               it != drops.end() && *it <= np_max; ++it) {
-            candidates.push_back(*it);
-          }
-          candidates.push_back(c);
-          for (int32_t np : candidates) {
-            const int64_t r = required(np, m, dyn);
-            if (r < 0 || r >= best_required) continue;
+          // Candidates: np_lo, the drops after it up to np_max, and C: index 0, 1..k, k + 1.
+          const int32_t d0 = static_cast<int32_t>(
+              std::upper_bound(drops.begin(), drops.end(), np_lo) - drops.begin());
+          const int32_t d1 = static_cast<int32_t>(
+              std::upper_bound(drops.begin(), drops.end(), np_max) - drops.begin());
+          const int32_t nd = std::max(0, d1 - d0);
+          auto np_of = [&](int32_t x) { return x == 0 ? np_lo : x <= nd ? drops[d0 + x - 1] : c; };
+          auto consider = [&](int32_t np) {
+            const int64_t r = required(np, grads, dyn);
+            if (r < 0 || r >= best_required) return;
             best_required = r;
             best.found = true;
             best.model_index = i;
@@ -532,7 +581,31 @@ SearchResult PlanSearch::FindLeanest(const SearchConstraints& constraints) const
             best.n_buffer = np >= c ? 0 : (f.n_buffer ? *f.n_buffer : model.MinBuffers(np));
             best.counts = m;
             best.host_memory = kind;
-          }
+          };
+          // Candidates [a, b] need at least their smallest static bytes next to the dynamic bytes
+          // of the first (non-decreasing in n_persist): ranges that cannot beat the best are
+          // dropped whole (a model whose persistent chunks cost less than the buffers they free,
+          // as sharded ones do, has a drop at nearly every n_persist).
+          auto scan = [&](auto&& self, int32_t a, int32_t b) -> void {
+            if (a > b) return;
+            int64_t smin = std::numeric_limits<int64_t>::max();
+            if (a == 0) smin = static_at(np_lo);
+            if (b == nd + 1) smin = std::min(smin, static_at(c));
+            const int32_t da = std::max(a, 1), db = std::min(b, nd);
+            if (da <= db) smin = std::min(smin, drop_min.Min(d0 + da - 1, d0 + db - 1));
+            if (model.Peak(smin, model.StepDynamicRawBytes(grads, dyn, np_of(a))) >=
+                best_required) {
+              return;
+            }
+            if (b - a < 4) {
+              for (int32_t x = a; x <= b; ++x) consider(np_of(x));
+              return;
+            }
+            const int32_t mid = a + (b - a) / 2;
+            self(self, a, mid);
+            self(self, mid + 1, b);
+          };
+          scan(scan, 0, nd + 1);
         }
       }
     }

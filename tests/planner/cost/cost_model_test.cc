@@ -163,13 +163,17 @@ TEST(CostModelTest, BackwardPhasesCarryTheGradsAlreadyProduced) {
     m.n_hs_offload = uni(0, n);
     m.n_checkpoint = uni(0, n - m.n_hs_offload);
     const int64_t dyn = model.DynamicRawBytes(m);
+    // The searches' table answers the same for every n_persist.
+    const CostModel::BackwardGradsByPersist table = model.BackwardGradsTable(m);
     int64_t previous = -1;
     for (int32_t np = 0; np <= chunks; ++np) {
       const int64_t bwd = model.BackwardGradsRawBytes(m, np);
       EXPECT_GE(bwd, previous) << "np " << np;
       previous = bwd;
+      EXPECT_EQ(table.At(np), bwd) << "np " << np;
       const int64_t step = model.StepDynamicRawBytes(m, dyn, np);
       EXPECT_EQ(step, std::max({dyn, model.GradPhaseRawBytes(np), bwd}));
+      EXPECT_EQ(model.StepDynamicRawBytes(table, dyn, np), step) << "np " << np;
       const int32_t nb = np == chunks ? 0 : model.MinBuffers(np);
       const Prediction p =
           model.Predict(model.MakeResidencyPlan(np, nb, m, HostMemoryKind::kPinned));
