@@ -34,15 +34,19 @@ double Gib(int64_t b) { return static_cast<double>(b) / static_cast<double>(1 <<
 int main(int argc, char** argv) {
   int runs = 200;
   bool verbose = false;
+  std::string only_model;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--runs=", 7) == 0) {
       runs = std::max(1, std::atoi(argv[i] + 7));
     } else if (std::strcmp(argv[i], "--verbose") == 0) {
       verbose = true;
+    } else if (std::strncmp(argv[i], "--model=", 8) == 0) {
+      only_model = argv[i] + 8;
     } else {
       const bool help = std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0;
       std::fprintf(help ? stdout : stderr,
-                   "%susage: memplan-plan-bench [--runs=N (default 200)] [--verbose]\n"
+                   "%susage: memplan-plan-bench [--runs=N (default 200)] [--verbose] "
+                   "[--model=PRESET (only its cases)]\n"
                    "Times MakePlan (search, alternatives, limits) on preset models and cards and "
                    "prints p50/p99/max latency per case.\n",
                    help ? "" : "memplan-plan-bench: unknown flag\n");
@@ -57,6 +61,7 @@ int main(int argc, char** argv) {
   std::printf("%-16s %-10s %-9s %3s %6s %9s %9s %9s %10s  %s\n", "model", "card", "BxS", "W",
               "runs", "p50_ms", "p99_ms", "max_ms", "evaluated", "verdict");
   for (const Case& c : cases) {
+    if (!only_model.empty() && only_model != c.model) continue;
     memplan::PlanInputs in;
     in.arch = *memplan::FindModelPreset(c.model);
     in.hardware = *memplan::FindHardwarePreset(c.card);
