@@ -36,14 +36,7 @@ for cfg in "${workloads[@]}"; do
   card=(--hardware "$hw")
   own=("${@:6}")
   if [[ -n ${5:-} && ${5:-} != - ]]; then
-    python3 - "$out/hw.json" "$out/hw-$i.json" "$hw-cut-$i" "$5" <<'PY'
-import json, sys
-h = json.load(open(sys.argv[1]))
-h["name"] = sys.argv[3]
-h["gpu_memory_bytes"] = str(int(float(sys.argv[4]) * (1 << 30)))
-h.pop("gpuMemoryBytes", None)
-json.dump(h, open(sys.argv[2], "w"))
-PY
+    python3 "$(dirname "$0")/cut-profile.py" "$out/hw.json" "$out/hw-$i.json" "$hw-cut-$i" "$5"
     profile_id=$("$build/planner/cli/memplan" --planner "$addr" --json hardware submit "$out/hw-$i.json" \
       | python3 -c 'import json, sys; d = json.load(sys.stdin); print(d.get("profile_id") or d.get("profileId"))')
     card=(--hardware-profile-id "$profile_id")

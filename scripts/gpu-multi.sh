@@ -13,9 +13,9 @@
 #   zero3    llama-3.1-8b 1x4096 per rank planned with the persistent chunks' parameters sharded
 #            (--persistent-params sharded, [Sharded persistent parameters]) and replicated
 #            (--persistent-params replicated --persistent-state sharded)
-#   budget   llama-3.1-8b 1x4096 per rank planned for a small slice of each card
-#            (--safety-margin MEMPLAN_MULTI_BUDGET_MARGIN, default 0.855: about 20 GiB of an
-#            H200, FSDP2 + CPUOffloadPolicy's reserved peak), beside fsdp2-offload
+#   budget   llama-3.1-8b 1x4096 per rank planned for a card cut to MEMPLAN_MULTI_BUDGET_GIB
+#            (default 20: about FSDP2 + CPUOffloadPolicy's reserved peak; needs the bench part's
+#            profile), beside fsdp2-offload
 #   fsdp2    PyTorch FSDP2 (fully_shard, with and without CPUOffloadPolicy) on N GPUs, 8B 1x4096
 #   big      MEMPLAN_MULTI_BIG (default qwen2.5-32b; a preset, or a config.json / its directory,
 #            e.g. scripts/configs/llama-23b) 1x2048: the planner's verdict for one GPU of this host
@@ -106,9 +106,13 @@ if has zero3; then
 fi
 
 if has budget; then
-  train budget-n "$ngpu" --planner "$addr" --hardware "$hw" --arch llama-3.1-8b --batch 1 \
-    --seq 4096 --steps 6 --synthetic-data --device cuda --cpu-threads $((cores / ngpu)) \
-    --safety-margin "${MEMPLAN_MULTI_BUDGET_MARGIN:-0.855}"
+  gib=${MEMPLAN_MULTI_BUDGET_GIB:-20}
+  python3 "$here/cut-profile.py" "$out/hw.json" "$out/hw-budget.json" "$hw-cut-$gib" "$gib"
+  budget_id=$("$build/planner/cli/memplan" --planner "$addr" --json hardware submit "$out/hw-budget.json" \
+    | python3 -c 'import json, sys; d = json.load(sys.stdin); print(d.get("profile_id") or d.get("profileId"))')
+  train budget-n "$ngpu" --planner "$addr" --hardware-profile-id "$budget_id" --arch llama-3.1-8b \
+    --batch 1 --seq 4096 --steps 6 --synthetic-data --device cuda --cpu-threads $((cores / ngpu)) \
+    --memory-limit plan
 fi
 
 if has fsdp2; then
