@@ -111,8 +111,7 @@ if has budget; then
   budget_id=$("$build/planner/cli/memplan" --planner "$addr" --json hardware submit "$out/hw-budget.json" \
     | python3 -c 'import json, sys; d = json.load(sys.stdin); print(d.get("profile_id") or d.get("profileId"))')
   train budget-n "$ngpu" --planner "$addr" --hardware-profile-id "$budget_id" --arch llama-3.1-8b \
-    --batch 1 --seq 4096 --steps 6 --synthetic-data --device cuda --cpu-threads $((cores / ngpu)) \
-    --memory-limit plan
+    --batch 1 --seq 4096 --steps 6 --synthetic-data --device cuda --cpu-threads $((cores / ngpu))
 fi
 
 if has fsdp2; then
