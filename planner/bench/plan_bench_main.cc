@@ -35,18 +35,21 @@ int main(int argc, char** argv) {
   int runs = 200;
   bool verbose = false;
   std::string only_model;
+  bool skip_limits = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--runs=", 7) == 0) {
       runs = std::max(1, std::atoi(argv[i] + 7));
     } else if (std::strcmp(argv[i], "--verbose") == 0) {
       verbose = true;
+    } else if (std::strcmp(argv[i], "--skip-limits") == 0) {
+      skip_limits = true;
     } else if (std::strncmp(argv[i], "--model=", 8) == 0) {
       only_model = argv[i] + 8;
     } else {
       const bool help = std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0;
       std::fprintf(help ? stdout : stderr,
                    "%susage: memplan-plan-bench [--runs=N (default 200)] [--verbose] "
-                   "[--model=PRESET (only its cases)]\n"
+                   "[--model=PRESET (only its cases)] [--skip-limits]\n"
                    "Times MakePlan (search, alternatives, limits) on preset models and cards and "
                    "prints p50/p99/max latency per case.\n",
                    help ? "" : "memplan-plan-bench: unknown flag\n");
@@ -68,6 +71,7 @@ int main(int argc, char** argv) {
     in.workload.micro_batch = c.micro_batch;
     in.workload.seq_len = c.seq_len;
     in.workload.world_size = c.world_size;
+    in.skip_limits = skip_limits;
     std::vector<double> ms;
     ms.reserve(static_cast<size_t>(runs));
     memplan::PlanOutcome last;
