@@ -228,6 +228,16 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
       return absl::OkStatus();
     };
   };
+  // A value that is one of two words: *out = (value == yes).
+  auto set_choice = [](auto* out, const char* yes, const char* no) {
+    return [out, yes, no](absl::string_view flag, const std::string& v) -> absl::Status {
+      if (v != yes && v != no) {
+        return FlagError(flag, absl::StrCat("\"", v, "\" is not ", yes, " or ", no));
+      }
+      *out = v == yes;
+      return absl::OkStatus();
+    };
+  };
   using Handler = std::function<absl::Status(absl::string_view, const std::string&)>;
   const std::map<std::string, Handler> valued = {
       {"arch", set_string(&c.arch)},
@@ -313,30 +323,10 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
          }
          return absl::OkStatus();
        }},
-      {"persistent-state",
-       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
-         if (v != "sharded" && v != "replicated") {
-           return FlagError(flag, "\"" + v + "\" is not sharded or replicated");
-         }
-         c.shard_persistent_state = v == "sharded";
-         return absl::OkStatus();
-       }},
+      {"persistent-state", set_choice(&c.shard_persistent_state, "sharded", "replicated")},
       {"accumulate-offloaded-grads",
-       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
-         if (v != "device" && v != "host") {
-           return FlagError(flag, "\"" + v + "\" is not device or host");
-         }
-         c.accumulate_offloaded_grads_on_device = v == "device";
-         return absl::OkStatus();
-       }},
-      {"persistent-params",
-       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
-         if (v != "sharded" && v != "replicated") {
-           return FlagError(flag, "\"" + v + "\" is not sharded or replicated");
-         }
-         c.shard_persistent_params = v == "sharded";
-         return absl::OkStatus();
-       }},
+       set_choice(&c.accumulate_offloaded_grads_on_device, "device", "host")},
+      {"persistent-params", set_choice(&c.shard_persistent_params, "sharded", "replicated")},
       {"plan-file", set_string(&c.plan_file)},
       {"offload-in-flight", set_int32(&c.offload_in_flight, 1, 1024)},
       {"cpu-threads", set_int32(&c.cpu_threads, 1, 1024)},

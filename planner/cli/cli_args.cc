@@ -117,6 +117,18 @@ FlagSpec OptionalIntFlag(const std::string& name, std::optional<T>* out, int64_t
             return absl::OkStatus();
           }};
 }
+// A value that is one of two words: *out = (value == yes).
+FlagSpec ChoiceFlag(const std::string& name, std::optional<bool>* out, const std::string& yes,
+                    const std::string& no) {
+  return {true, [name, out, yes, no](absl::string_view v) -> absl::Status {
+            if (v != yes && v != no) {
+              return FlagError(name, absl::StrCat("expected ", yes, " or ", no, ", got '",
+                                                  std::string(v), "'"));
+            }
+            *out = v == yes;
+            return absl::OkStatus();
+          }};
+}
 FlagSpec BytesFlag(const std::string& name, int64_t* out) {
   return {true, [name, out](absl::string_view v) -> absl::Status {
             auto value = ParseByteSize(v);
@@ -205,24 +217,10 @@ FlagTable PlanFlags(PlanOptions& o) {
         }
         return absl::OkStatus();
       }};
-  t["--persistent-state"] = {
-      true, [&o](absl::string_view v) -> absl::Status {
-        if (v != "sharded" && v != "replicated") {
-          return FlagError("--persistent-state", absl::StrCat("expected sharded or replicated, got '",
-                                                              std::string(v), "'"));
-        }
-        o.fixed.shard_persistent_state = v == "sharded";
-        return absl::OkStatus();
-      }};
-  t["--persistent-params"] = {
-      true, [&o](absl::string_view v) -> absl::Status {
-        if (v != "sharded" && v != "replicated") {
-          return FlagError("--persistent-params", absl::StrCat("expected sharded or replicated, got '",
-                                                               std::string(v), "'"));
-        }
-        o.fixed.shard_persistent_params = v == "sharded";
-        return absl::OkStatus();
-      }};
+  t["--persistent-state"] =
+      ChoiceFlag("--persistent-state", &o.fixed.shard_persistent_state, "sharded", "replicated");
+  t["--persistent-params"] =
+      ChoiceFlag("--persistent-params", &o.fixed.shard_persistent_params, "sharded", "replicated");
   t["--max-alternatives"] = OptionalIntFlag("--max-alternatives", &o.max_alternatives, 1, 32);
   t["--skip-limits"] = SwitchFlag(&o.skip_limits);
   return t;
