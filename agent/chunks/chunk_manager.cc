@@ -223,6 +223,9 @@ struct Chunk {
   // (batch) until waited for.
   bool params_sharded = false;
   bool gathered = false;
+  // Every rank holds the whole chunk's parameters (a persistent chunk whose parameters are not
+  // sharded).
+  bool params_replicated() const { return persistent && !params_sharded; }
   torch::Tensor param_shard;
   std::shared_ptr<GatherBatch> gather;
   bool update_started = false;
@@ -298,18 +301,14 @@ class ChunkManager::Impl {
     // A batch still queued (a hook unwound mid-loop) was never started: nothing to wait for, and
     // starting it now could wait on ranks that have gone.
     open_gathers_.reset();
-    for (DeviceBuffer& buffer : buffers_) {
-      if (buffer.gather && buffer.gather->work && !buffer.gather->waited) {
-        buffer.gather->waited = true;
-        (void)buffer.gather->work->Wait();
+    auto wait_started = [](const std::shared_ptr<GatherBatch>& gather) {
+      if (gather && gather->work && !gather->waited) {
+        gather->waited = true;
+        (void)gather->work->Wait();
       }
-    }
-    for (Chunk& chunk : chunks_) {
-      if (chunk.gather && chunk.gather->work && !chunk.gather->waited) {
-        chunk.gather->waited = true;
-        (void)chunk.gather->work->Wait();
-      }
-    }
+    };
+    for (DeviceBuffer& buffer : buffers_) wait_started(buffer.gather);
+    for (Chunk& chunk : chunks_) wait_started(chunk.gather);
     for (Chunk& chunk : chunks_) chunk.tasks->Wait();
   }
 
@@ -361,8 +360,7 @@ class ChunkManager::Impl {
   // else its part of this rank's shard ([Sharded persistent parameters] included).
   OwnedRange Stored(const Param& p) const {
     const Chunk& chunk = chunks_[p.chunk];
-    return chunk.persistent && !chunk.params_sharded ? OwnedRange{0, 0, p.numel}
-                                                     : Owned(p, chunk);
+    return chunk.params_replicated() ? OwnedRange{0, 0, p.numel} : Owned(p, chunk);
   }
   // The elements of p's optimizer state this rank stores: Stored(p), except in a persistent chunk
   // whose state is sharded ([Sharded persistent state]): its part of the shard.
@@ -2244,7 +2242,7 @@ std::vector<NamedParam> ChunkManager::Impl::Params() {
   for (Param& p : params_) {
     Chunk& chunk = chunks_[p.chunk];
     torch::Tensor value;
-    if (chunk.persistent && !chunk.params_sharded) {
+    if (chunk.params_replicated()) {
       value = p.tensor.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
     } else if (sharded()) {
       value = gathered[p.chunk].narrow(0, p.offset_elems, p.numel).view(p.shape).clone();
@@ -2663,7 +2661,7 @@ absl::StatusOr<std::vector<TensorPiece>> ChunkManager::Impl::LocalPieces() {
     for (Param& p : params_) {
       Chunk& chunk = chunks_[p.chunk];
       OwnedRange r = Owned(p, chunk);
-      if (chunk.persistent && !chunk.params_sharded) {
+      if (chunk.params_replicated()) {
         r.from = p.numel * rank / world_;
         r.len = p.numel * (rank + 1) / world_ - r.from;
       }

@@ -478,6 +478,16 @@ const Json* Field(const Json& object, const std::string& snake) {
   return nullptr;
 }
 
+// An optional boolean field of a plan; absent or null reads false.
+absl::StatusOr<bool> JsonBool(const Json& object, const std::string& key) {
+  const Json* v = Field(object, key);
+  if (v == nullptr || v->is_null()) return false;
+  if (!v->is_boolean()) {
+    return absl::InvalidArgumentError(absl::StrCat("plan.", key, " must be true or false"));
+  }
+  return v->get<bool>();
+}
+
 absl::StatusOr<int64_t> JsonInt(const Json& object, const std::string& key, int64_t lo,
                                 int64_t hi) {
   const Json* v = Field(object, key);
@@ -638,24 +648,12 @@ absl::StatusOr<ResidencyPlan> ParsePlanJson(absl::string_view text) {
   ASSIGN_OR_RETURN(int64_t n_checkpoint, JsonInt(*object, "n_checkpoint", 0, kMaxCount));
   ASSIGN_OR_RETURN(int64_t n_hs_offload, JsonInt(*object, "n_hs_offload", 0, kMaxCount));
   ASSIGN_OR_RETURN(int64_t world_size, JsonInt(*object, "world_size", 0, kMaxCount));
-  if (const Json* shard = Field(*object, "shard_persistent_state");
-      shard != nullptr && !shard->is_null()) {
-    if (!shard->is_boolean()) {
-      return absl::InvalidArgumentError("plan.shard_persistent_state must be true or false");
-    }
-    plan.shard_persistent_state = shard->get<bool>();
-  }
-  if (const Json* shard = Field(*object, "shard_persistent_params");
-      shard != nullptr && !shard->is_null()) {
-    if (!shard->is_boolean()) {
-      return absl::InvalidArgumentError("plan.shard_persistent_params must be true or false");
-    }
-    plan.shard_persistent_params = shard->get<bool>();
-    if (plan.shard_persistent_params && !plan.shard_persistent_state) {
-      return absl::InvalidArgumentError(
-          "plan.shard_persistent_params = true needs plan.shard_persistent_state = true (the "
-          "parameters are sharded together with the optimizer state)");
-    }
+  ASSIGN_OR_RETURN(plan.shard_persistent_state, JsonBool(*object, "shard_persistent_state"));
+  ASSIGN_OR_RETURN(plan.shard_persistent_params, JsonBool(*object, "shard_persistent_params"));
+  if (plan.shard_persistent_params && !plan.shard_persistent_state) {
+    return absl::InvalidArgumentError(
+        "plan.shard_persistent_params = true needs plan.shard_persistent_state = true (the "
+        "parameters are sharded together with the optimizer state)");
   }
   plan.n_chunks = static_cast<int32_t>(n_chunks);
   plan.n_persist = static_cast<int32_t>(n_persist);

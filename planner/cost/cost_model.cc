@@ -1018,27 +1018,21 @@ double CostModel::ForwardWindow(int32_t k, const PlanPoint& p, const Modes& m) c
   const int32_t n = num_blocks_;
   const double w = options_.world_size;
   const double comp = k >= 1 ? fwd_s_[k - 1] : 0.0;
-  double load = 0;
-  if (k <= n + 1) {
-    load = static_cast<double>(ChunkSum(chunks_->fill_prefix,
-                                        std::max(chunks_->fwd_owned_begin[k], p.n_persist),
-                                        chunks_->fwd_owned_begin[k + 1]));
-    if (k == n + 1 && tied_) {
-      load += static_cast<double>(ChunkSum(
-          chunks_->fill_prefix, std::max(chunks_->layout.stage_first_chunk[0], p.n_persist),
-          chunks_->layout.stage_last_chunk[0] + 1));
-    }
-  }
-  // [Sharded persistent parameters]: stage k's persistent chunks are gathered from the device
-  // shards (no host copy) beside stage k-1's compute.
-  double gathered = 0;
-  if (chunks_->shard_params && k <= n + 1) {
-    gathered = static_cast<double>(ChunkSum(chunks_->fill_prefix, chunks_->fwd_owned_begin[k],
-                                            std::min(chunks_->fwd_owned_begin[k + 1], p.n_persist)));
-    if (k == n + 1 && tied_) {
+  // The chunks stage k needs first (the tied head: the embedding's too): the offloaded ones
+  // are loaded (H2D + all-gather); [Sharded persistent parameters]: the persistent ones are
+  // gathered from the device shards, no host copy.
+  double load = 0, gathered = 0;
+  auto add = [&](int32_t lo, int32_t hi) {  // chunks [lo, hi)
+    load += static_cast<double>(ChunkSum(chunks_->fill_prefix, std::max(lo, p.n_persist), hi));
+    if (chunks_->shard_params) {
       gathered += static_cast<double>(
-          ChunkSum(chunks_->fill_prefix, chunks_->layout.stage_first_chunk[0],
-                   std::min(chunks_->layout.stage_last_chunk[0] + 1, p.n_persist)));
+          ChunkSum(chunks_->fill_prefix, lo, std::min(hi, p.n_persist)));
+    }
+  };
+  if (k <= n + 1) {
+    add(chunks_->fwd_owned_begin[k], chunks_->fwd_owned_begin[k + 1]);
+    if (k == n + 1 && tied_) {
+      add(chunks_->layout.stage_first_chunk[0], chunks_->layout.stage_last_chunk[0] + 1);
     }
   }
   const int32_t blk = k - 3;

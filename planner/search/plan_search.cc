@@ -542,6 +542,7 @@ SearchResult PlanSearch::FindLeanest(const SearchConstraints& constraints) const
                         np_min, model.MinPersistForHost(host_limit, ModeCounts{s, h_lo, k_lo}))));
         if (np_floor > np_max) continue;
         const int64_t static_floor = static_sufmin[np_floor];
+        const int64_t load_floor = model.Peak(model.LoadRawBytes(np_floor, 0), 0);
         // Activation bytes fall as n_hs_offload rises along n_hs_offload + n_checkpoint = max,
         // while host bytes (and so the smallest n_persist) rise: walk down from the most
         // offloaded point and stop once no smaller n_hs_offload can beat the best.
@@ -553,13 +554,12 @@ SearchResult PlanSearch::FindLeanest(const SearchConstraints& constraints) const
           // The same bound without the blocks' backward phases first (a table costs O(blocks)).
           if (std::max(model.Peak(static_floor,
                                   std::max(dyn, model.GradPhaseRawBytes(np_floor))),
-                       model.Peak(model.LoadRawBytes(np_floor, 0), 0)) >= best_required) {
+                       load_floor) >= best_required) {
             break;
           }
           const CostModel::BackwardGradsByPersist grads = model.BackwardGradsTable(m);
-          const int64_t bound =
-              std::max(model.Peak(static_floor, model.StepDynamicRawBytes(grads, dyn, np_floor)),
-                       model.Peak(model.LoadRawBytes(np_floor, 0), 0));
+          const int64_t bound = std::max(
+              model.Peak(static_floor, model.StepDynamicRawBytes(grads, dyn, np_floor)), load_floor);
           if (bound >= best_required) break;
           result.plans_evaluated += 2;
           const int32_t np_lo =
