@@ -252,4 +252,31 @@ std::vector<int> ChunkPacking::ChunksOfGroup(int group) const {
   return result;
 }
 
+std::vector<int64_t> PersistentGatherBytesByNPersist(
+    const std::vector<std::vector<int>>& chunks_used, const std::vector<int64_t>& gathered_bytes) {
+  const int count = static_cast<int>(gathered_bytes.size());
+  // For one pair of adjacent groups, the bytes held when chunks [0, np) are persistent only grow
+  // with np, by each chunk of the pair from np = c + 1 on. So the maximum over pairs at np is the
+  // largest partial sum whose last chunk is below np: record each partial sum at c + 1, then take
+  // a running maximum.
+  std::vector<int64_t> result(count + 1, 0);
+  // One group alone is a "pair" too.
+  for (size_t g = 0; g < chunks_used.size() && (g == 0 || g + 1 < chunks_used.size()); ++g) {
+    std::vector<int> held = chunks_used[g];
+    if (g + 1 < chunks_used.size()) {
+      held.insert(held.end(), chunks_used[g + 1].begin(), chunks_used[g + 1].end());
+    }
+    std::sort(held.begin(), held.end());
+    held.erase(std::unique(held.begin(), held.end()), held.end());
+    int64_t sum = 0;
+    for (int c : held) {
+      if (c < 0 || c >= count) continue;
+      sum += gathered_bytes[c];
+      result[c + 1] = std::max(result[c + 1], sum);
+    }
+  }
+  for (int np = 1; np <= count; ++np) result[np] = std::max(result[np], result[np - 1]);
+  return result;
+}
+
 }  // namespace memplan

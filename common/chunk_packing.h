@@ -74,6 +74,16 @@ inline constexpr int kGradStagingSlots = 2;
 std::string LayoutFingerprint(const std::vector<LayoutParam>& params,
                               const ChunkPackingOptions& options);
 
+// [Sharded persistent parameters] The gathered bytes a rank holds at most: Acquire(g) keeps
+// group g's sharded persistent chunks and the next group's, so the most held at once is the
+// largest pair of adjacent groups' chunks. `chunks_used[g]`: the chunks holding group g's
+// parameters, any use (a tied LM head's group lists the embedding's chunks); `gathered_bytes[c]`:
+// chunk c's bytes once gathered (padded for the world size). Element np of the result, np in
+// [0, gathered_bytes.size()], counts only chunks [0, np) (the persistent ones). The planner (from
+// its stage ranges) and the agent (from its modules' groups) both read it: one rule for both.
+std::vector<int64_t> PersistentGatherBytesByNPersist(
+    const std::vector<std::vector<int>>& chunks_used, const std::vector<int64_t>& gathered_bytes);
+
 class ChunkPacking {
  public:
   // INVALID_ARGUMENT for a non-positive chunk size or alignment, negative sizes, decreasing

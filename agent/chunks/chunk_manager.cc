@@ -828,15 +828,18 @@ absl::Status ChunkManager::Impl::Init(const ParamGroups& groups, std::vector<Par
   }
   RETURN_IF_ERROR(AssignHomes());
   // [Sharded persistent parameters]: the most held at once, a group's chunks and the next one's
-  // (in either direction: the same pairs).
-  for (size_t g = 0; g < group_pchunks_.size(); ++g) {
-    std::set<int> held(group_pchunks_[g].begin(), group_pchunks_[g].end());
-    if (g + 1 < group_pchunks_.size()) {
-      held.insert(group_pchunks_[g + 1].begin(), group_pchunks_[g + 1].end());
+  // (PersistentGatherBytesByNPersist, common/chunk_packing.h: the planner's rule too), over the
+  // chunks this manager's groups really use. Every persistent chunk is sharded or none is.
+  if (std::any_of(chunks_.begin(), chunks_.end(),
+                  [](const Chunk& chunk) { return chunk.params_sharded; })) {
+    std::vector<std::vector<int>> used(group_params_.size());
+    for (size_t g = 0; g < group_params_.size(); ++g) {
+      for (int i : group_params_[g]) used[g].push_back(params_[i].chunk);
     }
-    int64_t bytes = 0;
-    for (int c : held) bytes += chunks_[c].padded_elems * elem_bytes;
-    stats_.persistent_gather_device_bytes = std::max(stats_.persistent_gather_device_bytes, bytes);
+    std::vector<int64_t> gathered(chunks_.size());
+    for (size_t c = 0; c < chunks_.size(); ++c) gathered[c] = chunks_[c].padded_elems * elem_bytes;
+    stats_.persistent_gather_device_bytes =
+        PersistentGatherBytesByNPersist(used, gathered)[n_persist_];
   }
   // [Grad staging slots]: one rank, a full optimizer, something offloaded. Each block parameter
   // in an offloaded chunk takes GradSlotParamBytes in its first group's slot, the sizes the

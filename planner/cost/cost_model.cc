@@ -511,38 +511,21 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
         (t.shard_params ? 0 : 2 * ShardElems(fills.first / dtype_bytes_, w_ranks) * dtype_bytes_);
   }
   // [Sharded persistent parameters]: Acquire(g) keeps stage g's and the next stage's gathered
-  // persistent chunks (chunks [first[g], last[g + 1]], the tied head's embedding chunks with the
-  // head); per n_persist the largest such set among chunks [0, n_persist), padded.
+  // persistent chunks, the tied head's with the embedding's chunks; the rule is
+  // PersistentGatherBytesByNPersist (common/chunk_packing.h), which the agent reads too.
   t.persistent_gather_by_npersist.assign(c_count + 1, 0);
   if (t.shard_params) {
-    std::vector<int64_t> padded_prefix(c_count + 1, 0);
+    std::vector<std::vector<int>> used(n + 2);
+    for (int32_t s = 0; s <= n + 1; ++s) {
+      for (int32_t c = first[s]; c >= 0 && c <= last[s]; ++c) used[s].push_back(c);
+    }
+    if (tied_) used[n + 1].insert(used[n + 1].end(), used[0].begin(), used[0].end());
+    std::vector<int64_t> gathered(c_count);
     for (int32_t c = 0; c < c_count; ++c) {
-      padded_prefix[c + 1] =
-          padded_prefix[c] +
+      gathered[c] =
           PaddedElems(t.layout.chunk_param_bytes[c] / dtype_bytes_, w_ranks) * dtype_bytes_;
     }
-    // Padded bytes of chunks [lo, hi] below np.
-    auto span = [&](int32_t lo, int32_t hi, int32_t np) -> int64_t {
-      const int32_t b = std::min(hi + 1, np);
-      return b > lo ? padded_prefix[b] - padded_prefix[lo] : 0;
-    };
-    for (int32_t np = 1; np <= c_count; ++np) {
-      int64_t most = 0;
-      for (int32_t g = 0; g <= n; ++g) {
-        int32_t lo = first[g], hi = last[g + 1];
-        int64_t extra = 0;
-        if (g == n && tied_) {
-          if (last[0] < lo) {
-            extra = span(first[0], last[0], np);
-          } else {
-            lo = std::min(lo, first[0]);  // overlapping ranges: one contiguous range
-            hi = std::max(hi, last[0]);
-          }
-        }
-        most = std::max(most, span(lo, hi, np) + extra);
-      }
-      t.persistent_gather_by_npersist[np] = most;
-    }
+    t.persistent_gather_by_npersist = PersistentGatherBytesByNPersist(used, gathered);
   }
 
   t.tied_grad_bytes =

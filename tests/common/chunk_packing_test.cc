@@ -1,5 +1,6 @@
 #include "common/chunk_packing.h"
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -170,6 +171,50 @@ TEST(ChunkPackingTest, GradSlotBytesFollowTheOffloadedBlockParameters) {
         }
       }
       EXPECT_EQ(largest, sizes[f]) << "first offloaded " << f;
+    }
+  }
+}
+
+// [Sharded persistent parameters] The rule both the planner and the agent read: a hand-worked
+// case (a tied head listing the embedding's chunk) and random groups against the direct sum.
+TEST(PersistentGatherBytesTest, LargestAdjacentPairOverThePersistentChunks) {
+  // Groups: embedding {0}, blocks {1, 2} and {2, 3}, head {4} plus the tied embedding {0}.
+  const std::vector<std::vector<int>> used = {{0}, {1, 2}, {2, 3}, {4, 0}};
+  const std::vector<int64_t> bytes = {100, 10, 20, 30, 1};
+  const std::vector<int64_t> got = PersistentGatherBytesByNPersist(used, bytes);
+  // np = 0: nothing; 1: chunk 0 (embedding alone, or with the head); 2: {0, 1} = 110;
+  // 3: {0, 1, 2} = 130; 4: the same (pairs {1,2,3} = 60, {2,3,0} = 150); 5: {2, 3, 4, 0} = 151.
+  EXPECT_EQ(got, (std::vector<int64_t>{0, 100, 110, 130, 150, 151}));
+  EXPECT_EQ(PersistentGatherBytesByNPersist({}, bytes), std::vector<int64_t>(6, 0));
+  EXPECT_EQ(PersistentGatherBytesByNPersist({{3, 1}}, bytes),
+            (std::vector<int64_t>{0, 0, 10, 10, 40, 40}));
+
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int chunks = 1 + static_cast<int>(rng() % 12);
+    const int groups = 1 + static_cast<int>(rng() % 8);
+    std::vector<int64_t> b(chunks);
+    for (auto& x : b) x = static_cast<int64_t>(rng() % 1000);
+    std::vector<std::vector<int>> u(groups);
+    for (auto& g : u) {
+      const int k = static_cast<int>(rng() % 4);
+      for (int i = 0; i < k; ++i) g.push_back(static_cast<int>(rng() % chunks));
+    }
+    const std::vector<int64_t> fast = PersistentGatherBytesByNPersist(u, b);
+    ASSERT_EQ(fast.size(), static_cast<size_t>(chunks + 1));
+    for (int np = 0; np <= chunks; ++np) {
+      int64_t most = 0;
+      for (int g = 0; g < groups; ++g) {
+        std::vector<bool> in(chunks, false);
+        for (int c : u[g]) in[c] = true;
+        if (g + 1 < groups) {
+          for (int c : u[g + 1]) in[c] = true;
+        }
+        int64_t sum = 0;
+        for (int c = 0; c < np; ++c) sum += in[c] ? b[c] : 0;
+        most = std::max(most, sum);
+      }
+      EXPECT_EQ(fast[np], most) << "trial " << trial << " np " << np;
     }
   }
 }
