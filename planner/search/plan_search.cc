@@ -128,7 +128,11 @@ class Runner {
     static_sufmin_ = SuffixMinima(StaticProfile(model, fixed_nb_, std::min(np_hi_, c_ - 1)));
   }
 
-  void Run() {
+  // dive: stop after the first leaf whose n_persist range was searched (the most promising
+  // one, children visited best bound first): a cheap incumbent for the full runs.
+  void Run(bool dive = false) {
+    dive_ = dive;
+    dived_ = false;
     if (np_hi_ < np_lo_ || np_lo_ > c_) return;
     // Roots (one per n_swap), most promising first so that a good incumbent prunes the rest.
     std::vector<Bound> roots;
@@ -155,7 +159,7 @@ class Runner {
     double lower_bound = 0;
   };
 
-  bool Done() const { return any_fit_ && best_->found; }
+  bool Done() const { return (any_fit_ && best_->found) || (dive_ && dived_); }
 
   // Fewest static bytes of any plan with n_persist >= np_lo (np = C, where buffers and grad
   // staging vanish, apart from the suffix minima below it).
@@ -236,14 +240,28 @@ class Runner {
     // beyond h0 to CKPT and dropping checkpoints never slows it, so it is no faster than
     // (h0, max(k0, lo - h0)).
     const ModeCounts fastest{s, h0, std::max(k0, lo - h0)};
-    b.lower_bound = LowerBound(np_lo, np_hi, fastest);
+    b.lower_bound = LowerBound(np_lo, np_hi, fastest, dyn_min);
     return b;
   }
 
   // A lower bound of the iteration time of every plan with these (or more) mode counts and
-  // n_persist in [np_a, np_b].
-  double LowerBound(int32_t np_a, int32_t np_b, const ModeCounts& m) const {
-    const int32_t nb = fixed_nb_ ? *fixed_nb_ : c_ - np_b;
+  // n_persist in [np_a, np_b] whose scaled step-dynamic bytes are at least `dyn_scaled_lb`.
+  // Time never grows with n_persist or n_buffer (docs/cost-model.md, section 6), so the bound
+  // takes np_b and the most buffers any such plan can hold: no more than the offloaded chunks at
+  // np_b, nor than fit beside the fewest persistent bytes (those of np_a) and the least dynamic
+  // bytes. Infinite when even that is fewer than np_b needs (MinBuffers never grows with
+  // n_persist, so no plan of the range has enough).
+  double LowerBound(int32_t np_a, int32_t np_b, const ModeCounts& m,
+                    int64_t dyn_scaled_lb) const {
+    int32_t nb = c_ - np_b;
+    if (fixed_nb_) {
+      nb = *fixed_nb_;
+    } else if (np_b < c_) {
+      const int64_t room = room_ - dyn_scaled_lb - model_.PersistentRawBytes(np_a);
+      const int64_t fit = room < 0 ? 0 : room / std::max<int64_t>(1, model_.SharedBufferBytes());
+      nb = static_cast<int32_t>(std::min<int64_t>(nb, fit));
+      if (nb < model_.MinBuffers(np_b)) return std::numeric_limits<double>::infinity();
+    }
     StepTime t = model_.Time(np_b, nb, m, kind_, /*lower_bound=*/true);
     t.gpu_optimizer_seconds = model_.GpuOptimizerSeconds(np_a);
     return model_.IterationSeconds(t);
@@ -300,11 +318,14 @@ class Runner {
       return;
     }
     PersistRange(m, dyn, np_lo, np_hi);
+    dived_ = true;
   }
 
   void PersistRange(const ModeCounts& m, int64_t dyn, int32_t a, int32_t b) {
     if (a > b) return;
-    if (LowerBound(a, b, m) >= best_->seconds) return;
+    // Every plan of the range holds at least the leaf's dynamic bytes and the grad phase of a.
+    const int64_t dyn_lb = model_.Scaled(std::max(dyn, model_.GradPhaseRawBytes(a)));
+    if (LowerBound(a, b, m, dyn_lb) >= best_->seconds) return;
     if (b - a < 3) {
       for (int32_t np = b; np >= a; --np) EvalPersist(m, dyn, np);
       return;
@@ -365,6 +386,7 @@ class Runner {
   const int model_index_;
   const HostMemoryKind kind_;
   const bool any_fit_;
+  bool dive_ = false, dived_ = false;
   Incumbent* best_;
   int64_t* evaluated_;
   int32_t n_ = 0, c_ = 0;
@@ -457,16 +479,21 @@ SearchResult PlanSearch::Run(const SearchConstraints& constraints, bool any_fit)
   Incumbent best;
   SearchResult result;
   const FixedKnobs& f = constraints.fixed;
-  for (int i = 0; i < num_models(); ++i) {
-    const CostModel& model = models_[static_cast<size_t>(i)];
-    if (!Allows(f, model)) continue;
-    const std::vector<HostMemoryKind> kinds = KindsToTry(constraints);
-    for (HostMemoryKind kind : kinds) {
-      Runner runner(model, i, kind, constraints, any_fit, &best, &result.plans_evaluated);
-      runner.Run();
+  const std::vector<HostMemoryKind> kinds = KindsToTry(constraints);
+  // Optimising: one dive per chunk size and host kind first, so that every full run below is
+  // pruned by the best of them (the first chunk size's own first plan can be far from the
+  // optimum another chunk size reaches). Ties keep the plan found first, as before.
+  for (const bool dive : any_fit ? std::vector<bool>{false} : std::vector<bool>{true, false}) {
+    for (int i = 0; i < num_models(); ++i) {
+      const CostModel& model = models_[static_cast<size_t>(i)];
+      if (!Allows(f, model)) continue;
+      for (HostMemoryKind kind : kinds) {
+        Runner runner(model, i, kind, constraints, any_fit, &best, &result.plans_evaluated);
+        runner.Run(dive);
+        if (any_fit && best.found) break;
+      }
       if (any_fit && best.found) break;
     }
-    if (any_fit && best.found) break;
   }
   FillFromIncumbent(models_, best, &result);
   return result;
