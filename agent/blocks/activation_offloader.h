@@ -15,8 +15,12 @@ namespace memplan {
 struct ActivationOffloadOptions {
   torch::Device device = torch::kCPU;
   HostMemoryKind host_memory = HostMemoryKind::kPinned;
-  // Groups whose device→host copies may still be running; forward waits for the oldest beyond
-  // this, which bounds the device memory held by sources of pending copies.
+  // [Sources released in program order] Groups whose activations are on the device at once in
+  // forward: the sources of group g's device→host copies are held until the end of group
+  // g + max_in_flight_groups - 1's forward, where forward waits for those copies and frees them.
+  // 2 (the default) overlaps each group's copies with the next group's compute, as the cost
+  // model prices it (ForwardWindow) and holds one predecessor's saved set beside a group's own
+  // (ModeValue).
   int max_in_flight_groups = 2;
 };
 
@@ -59,7 +63,8 @@ class ActivationOffloader {
 
   // HS_OFFLOAD: starts copying `input` (the block input) to host memory for `group`.
   void OffloadInput(int group, const torch::Tensor& input);
-  // Ends `group`'s forward: its copies count as in flight until they finish (see options).
+  // Ends `group`'s forward (every group, whatever its mode): its copies count as in flight, and
+  // the sources of older groups' copies are waited for and freed (see max_in_flight_groups).
   void EndForwardGroup(int group);
 
   // Starts bringing back what `group` offloaded (no-op if nothing or already started).

@@ -120,10 +120,9 @@ class GroupFunction : public torch::autograd::Function<GroupFunction> {
       }
     }
     if (residency != nullptr) residency->PostForward(g);
-    if (offloader != nullptr &&
-        (spec.mode == BlockMode::kSwap || spec.mode == BlockMode::kHsOffload)) {
-      offloader->EndForwardGroup(g);
-    }
+    // Every group: the end of a group's forward is where older groups' copies are waited for
+    // and their sources freed ([Sources released in program order], activation_offloader.cc).
+    if (offloader != nullptr) offloader->EndForwardGroup(g);
     ctx->saved_data["call"] = c10::IValue::make_capsule(std::move(call));
     return output;
   }

@@ -201,5 +201,46 @@ TEST(ActivationOffloaderGpuTest, UploadsReturnValuesAndFreeWithoutPendingBytes) 
   }
 }
 
+// [Sources released in program order] The device tensor a copy reads is held until the end of
+// the next group's forward (max_in_flight_groups = 2), then freed with its copy done: after each
+// EndForwardGroup exactly one group's source is allocated, and nothing freed waits on a side
+// stream (active bytes equal allocated bytes), so every step reuses the same memory in the same
+// order. Backward's first Prefetch frees the last one.
+TEST(ActivationOffloaderGpuTest, SourcesAreFreedAtTheEndOfTheNextGroup) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  ActivationOffloadOptions options;
+  options.device = torch::Device(torch::kCUDA, 0);
+  auto offloader = MakeOffloader(options);
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(options.device);
+  constexpr int64_t kElems = int64_t{16} << 20;  // 64 MiB
+  constexpr int64_t kBytes = kElems * 4;
+  constexpr int kGroups = 5;
+  const auto index = static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE);
+  torch::cuda::synchronize();
+  const int64_t base =
+      c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[index].current;
+  for (int g = 0; g < kGroups; ++g) {
+    torch::Tensor x = torch::full({kElems}, static_cast<float>(g + 1), f32);
+    offloader->OffloadInput(g, x);
+    x = torch::Tensor();  // the caller lets go at once, as a block's forward does
+    offloader->EndForwardGroup(g);
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+    EXPECT_EQ(stats.allocated_bytes[index].current - base, kBytes) << "after group " << g;
+    EXPECT_EQ(stats.active_bytes[index].current, stats.allocated_bytes[index].current)
+        << "freed sources waiting on a side stream after group " << g;
+  }
+  offloader->Prefetch(kGroups - 1);  // frees the last source, allocates its upload
+  {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+    EXPECT_EQ(stats.allocated_bytes[index].current - base, kBytes);
+  }
+  for (int g = kGroups - 1; g >= 0; --g) {
+    if (g > 0) offloader->Prefetch(g - 1);
+    torch::Tensor back = offloader->TakeInput(g);
+    EXPECT_TRUE((back == static_cast<float>(g + 1)).all().item<bool>()) << "group " << g;
+    offloader->Clear(g);
+  }
+}
+
 }  // namespace
 }  // namespace memplan
