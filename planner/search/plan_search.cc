@@ -591,6 +591,9 @@ SearchResult PlanSearch::FindLeanest(const SearchConstraints& constraints) const
           result.plans_evaluated += 2;
           const int32_t np_lo =
               first_allowed(std::max(np_min, model.MinPersistForHost(host_limit, m)));
+          // The host cannot hold this point's activations at any n_persist (MinPersistForHost
+          // says C + 1): no candidate, C included. Fewer HS_OFFLOAD blocks may still fit.
+          if (np_lo > np_max) continue;
           // Candidates: np_lo, the drops after it up to np_max, and C: index 0, 1..k, k + 1.
           const int32_t d0 = static_cast<int32_t>(
               std::upper_bound(drops.begin(), drops.end(), np_lo) - drops.begin());
