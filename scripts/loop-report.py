@@ -148,15 +148,21 @@ def main():
     argv = [a for a in argv if a not in ("--assume-clipping", "--summary")]
     opts = dict(zip(argv[1::2], argv[2::2]))
     rows, failed = [], []
-    draws = [d.split() for d in open(f"{out}/loop.txt").read().splitlines()
-             if d.startswith("=== ")] if os.path.exists(f"{out}/loop.txt") else []
-    count = max(len(draws), max((int(f[5:-5]) for f in os.listdir(out)
-                                 if f.startswith("plan-") and f.endswith(".json")), default=0))
-    for i in range(1, count + 1):
+    # Draws by their own number ("=== K: MODEL BxS ..."): a loop that starts at a later draw
+    # (MEMPLAN_RANDOM_FIRST) or loop.txt files of several calls concatenated (a draw cut by one
+    # call and re-run by the next: the later header counts) number them as they ran.
+    draws = {}
+    if os.path.exists(f"{out}/loop.txt"):
+        for d in open(f"{out}/loop.txt").read().splitlines():
+            if d.startswith("=== ") and d.split()[1].rstrip(":").isdigit():
+                draws[int(d.split()[1].rstrip(":"))] = d.split()
+    numbers = set(draws) | {int(f[5:-5]) for f in os.listdir(out)
+                            if f.startswith("plan-") and f.endswith(".json") and f[5:-5].isdigit()}
+    for i in sorted(numbers):
         stored = load(out, i)
         if stored is None:
             # No stored plan: the run stopped before the planner answered (see run-i.txt).
-            failed.append((i, " ".join(draws[i - 1][2:4]) if i <= len(draws) else "?",
+            failed.append((i, " ".join(draws[i][2:4]) if i in draws else "?",
                            last_error(f"{out}/run-{i}.txt")))
             continue
         req, resp = stored["request"], stored["response"]

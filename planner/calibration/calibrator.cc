@@ -31,11 +31,14 @@ double MeanAbsRelativeError(const std::vector<CalibrationSample>& samples, doubl
   return count == 0 ? 0.0 : sum / count;
 }
 
-// Smallest residual (>= 0) for which no sample, OOM ones included, is above its prediction.
+// Smallest residual (>= 0) for which no OOM sample is above its prediction: a plan that ran out
+// of memory must not be predicted to fit again. Measured runs are not covered: the factor is their
+// central estimate, and the spread around it is what the request's safety margin is for.
 // Floored at 0 so a factor clamped from below never pulls predictions down further.
 int64_t MinimalResidual(const std::vector<CalibrationSample>& samples, double factor) {
   int64_t residual = 0;
   for (const CalibrationSample& s : samples) {
+    if (!s.oom) continue;
     residual =
         std::max(residual, s.measured_bytes -
                                CalibratedPeakBytes(factor, 0, s));
@@ -108,10 +111,10 @@ CalibrationResult FitCalibration(const std::vector<CalibrationSample>& recent,
   double factor = ratios.empty() ? 1.0 : Median(std::move(ratios));
   factor = std::clamp(factor, options.min_fragmentation_factor, options.max_fragmentation_factor);
 
-  // The guarantee (no sample in the window above its prediction) is met by raising the factor
-  // a bounded amount above the robust estimate and covering the rest with the residual. The raise
-  // is chosen to minimise the mean relative over-prediction: a purely additive residual would
-  // carry the largest run's noise, in bytes, onto the smallest runs.
+  // The guarantee (no OOM sample in the window above its prediction) is met by raising the
+  // factor a bounded amount above the robust estimate and covering the rest with the residual.
+  // The raise is chosen to minimise the mean relative over-prediction of the measured runs: a
+  // purely additive residual would carry one run's shortfall, in bytes, onto the smallest runs.
   const double low = factor;
   const double high = std::min(options.max_fragmentation_factor,
                                low * (1.0 + std::max(0.0, options.max_factor_raise)));
@@ -134,10 +137,10 @@ CalibrationResult FitCalibration(const std::vector<CalibrationSample>& recent,
   // Ties (including "no non-OOM samples") keep the unraised factor.
   if (over_prediction(a) < over_prediction(low)) factor = a;
   int64_t residual = MinimalResidual(window, factor);
-  // The residual covers allocator effects of a few percent, not a cost-model error: one sample
+  // The residual covers an OOM's shortfall of a few percent, not a cost-model error: one OOM
   // that needs more (a plan the model got structurally wrong) must not inflate every later
-  // prediction of the family. Capped at a fraction of the window's median measurement; samples
-  // still above their prediction are counted so the error stays visible.
+  // prediction of the family. Capped at a fraction of the window's median measurement; OOM
+  // samples still above their prediction are counted so the error stays visible.
   std::vector<double> measured;
   for (const CalibrationSample& s : window) {
     measured.push_back(static_cast<double>(s.measured_bytes));
@@ -145,9 +148,9 @@ CalibrationResult FitCalibration(const std::vector<CalibrationSample>& recent,
   const double cap = std::max(0.0, options.max_residual_fraction) * Median(std::move(measured));
   if (static_cast<double>(residual) > cap) residual = static_cast<int64_t>(cap);
   for (const CalibrationSample& s : window) {
-    const int64_t predicted =
-        CalibratedPeakBytes(factor, residual, s);
-    if (predicted < s.measured_bytes) ++result.uncovered_samples;
+    if (s.oom && CalibratedPeakBytes(factor, residual, s) < s.measured_bytes) {
+      ++result.uncovered_samples;
+    }
   }
 
   std::vector<double> time_ratios;

@@ -65,8 +65,8 @@ struct CalibrationResult {
   double mean_abs_relative_error = 0;
   // The same error after calibration (what the fit achieved on its own window).
   double calibrated_mean_abs_relative_error = 0;
-  // Samples (OOM included) still above their calibrated prediction because the residual hit
-  // its cap: the cost model is wrong for them, calibration does not paper over it.
+  // OOM samples still above their calibrated prediction because the residual hit its cap: the
+  // cost model is wrong for them, calibration does not paper over it.
   int32_t uncovered_samples = 0;
   // Step time: median of measured / predicted over non-OOM samples with both times, clamped to
   // [min_time_factor, max_time_factor]; 0 (and time_samples 0) when there is none.
@@ -74,11 +74,12 @@ struct CalibrationResult {
   int32_t time_samples = 0;
 };
 
-// Robust, bounded fit (README.md): the factor starts at the median of
-// (measured - fixed - exact) / (raw - exact) over non-OOM samples, clamped to the bounds; it is then raised by at most max_factor_raise and
-// the residual (>= 0, at most max_residual_fraction of the median measurement) set so that no
-// sample in the window is under-predicted where that cap allows, choosing the split with the least
-// mean over-prediction. With no usable sample: factor 1, residual 0.
+// Robust, bounded fit (README.md): the factor is the median of
+// (measured - fixed - exact) / (raw - exact) over non-OOM samples, clamped to the bounds (the
+// central estimate of the measured runs); when the window holds OOM samples it is raised by at
+// most max_factor_raise and the residual (>= 0, at most max_residual_fraction of the median
+// measurement) set so that no OOM sample is under-predicted where that cap allows, choosing the
+// split with the least mean over-prediction. With no usable sample: factor 1, residual 0.
 CalibrationResult FitCalibration(const std::vector<CalibrationSample>& recent,
                                  const CalibratorOptions& options);
 
