@@ -14,6 +14,20 @@ std::unique_ptr<ActivationOffloader> MakeOffloader(ActivationOffloadOptions opti
   return std::move(offloader).value();
 }
 
+// The GPU tests' setup: an offloader on CUDA device 0 with default options, fp32 options on that
+// device and 64 MiB of them.
+struct GpuCase {
+  std::unique_ptr<ActivationOffloader> offloader;
+  torch::TensorOptions f32;
+};
+constexpr int64_t kGpuElems = int64_t{16} << 20;  // 64 MiB of fp32
+GpuCase MakeGpuCase() {
+  ActivationOffloadOptions options;
+  options.device = torch::Device(torch::kCUDA, 0);
+  return {MakeOffloader(options),
+          torch::TensorOptions().dtype(torch::kFloat32).device(options.device)};
+}
+
 TEST(ActivationOffloaderTest, RejectsBadOptions) {
   ActivationOffloadOptions options;
   options.max_in_flight_groups = 0;
@@ -159,11 +173,8 @@ TEST(ActivationOffloaderTest, ATensorSavedSeveralTimesIsCopiedOnce) {
 // right after Prefetch) does not write into memory the compute stream has been handed since.
 TEST(ActivationOffloaderGpuTest, UploadsReturnValuesAndFreeWithoutPendingBytes) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  ActivationOffloadOptions options;
-  options.device = torch::Device(torch::kCUDA, 0);
-  auto offloader = MakeOffloader(options);
-  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(options.device);
-  constexpr int64_t kElems = int64_t{16} << 20;  // 64 MiB
+  auto [offloader, f32] = MakeGpuCase();
+  constexpr int64_t kElems = kGpuElems;
   constexpr int kGroups = 6;
   std::vector<torch::Tensor> expected;
   for (int g = 0; g < kGroups; ++g) {
@@ -208,11 +219,8 @@ TEST(ActivationOffloaderGpuTest, UploadsReturnValuesAndFreeWithoutPendingBytes) 
 // order. Backward's first Prefetch frees the last one.
 TEST(ActivationOffloaderGpuTest, SourcesAreFreedAtTheEndOfTheNextGroup) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  ActivationOffloadOptions options;
-  options.device = torch::Device(torch::kCUDA, 0);
-  auto offloader = MakeOffloader(options);
-  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(options.device);
-  constexpr int64_t kElems = int64_t{16} << 20;  // 64 MiB
+  auto [offloader, f32] = MakeGpuCase();
+  constexpr int64_t kElems = kGpuElems;
   constexpr int64_t kBytes = kElems * 4;
   constexpr int kGroups = 5;
   const auto index = static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE);
