@@ -326,6 +326,10 @@ class ActivationOffloader::Impl {
   void EndForwardGroup(int group) {
     if (!cuda_) return;
     c10::cuda::CUDAGuard guard(options_.device);
+    // A new forward (groups count up within one) after one that had no backward: nothing of the
+    // old one is read any more.
+    if (group <= last_forward_group_) ReleaseSources(std::numeric_limits<int>::max());
+    last_forward_group_ = group;
     bool offloaded = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -362,6 +366,7 @@ class ActivationOffloader::Impl {
 
   void Prefetch(int group) {
     // Backward has begun: every forward copy's source can go.
+    last_forward_group_ = -1;
     if (cuda_ && !in_flight_.empty()) {
       c10::cuda::CUDAGuard guard(options_.device);
       ReleaseSources(std::numeric_limits<int>::max());
@@ -401,6 +406,7 @@ class ActivationOffloader::Impl {
       for (auto& f : in_flight_) f.done.synchronize();
     }
     in_flight_.clear();
+    last_forward_group_ = -1;
     std::lock_guard<std::mutex> lock(mu_);
     records_.clear();
   }
@@ -469,6 +475,7 @@ class ActivationOffloader::Impl {
     at::cuda::CUDAEvent done;  // recorded on the offload stream after the group's copies
   };
   std::deque<InFlight> in_flight_;
+  int last_forward_group_ = -1;  // the last EndForwardGroup of the forward under way
   std::atomic<int64_t> offloaded_bytes_{0};
   std::atomic<int64_t> host_bytes_{0};
   std::atomic<int64_t> host_bytes_peak_{0};
