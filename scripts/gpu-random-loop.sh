@@ -16,6 +16,7 @@
 # MEMPLAN_RANDOM_FIRST=K (default 1) runs draws K..N only (the draws before K are still drawn, so
 # the workloads are the seed's): a loop longer than one device call runs as several, their files
 # numbered by draw (MEMPLAN_LOOP_FIRST_INDEX), mergeable into one folder for loop-report.py.
+# MEMPLAN_RANDOM_AFTER=DIR[:DIR...] picks K itself from earlier calls' folders (see below).
 set -uo pipefail
 seed=${1:?seed}; n=${2:?count}; out=${3:?out dir}; build=${4:?build dir}; hw=${5:-gpu}
 mkdir -p "$out"
@@ -51,6 +52,24 @@ PY
 )
 echo "seed $seed: $configs" | tee "$out/draws.txt"
 first=${MEMPLAN_RANDOM_FIRST:-1}
+# MEMPLAN_RANDOM_AFTER=DIR[:DIR...]: go on after earlier calls' output folders: the first draw is
+# the one after the highest-numbered draw whose run reported a measurement there (a draw a call's
+# time limit cut is run again).
+if [[ -n ${MEMPLAN_RANDOM_AFTER:-} ]]; then
+  first=$(python3 - "$MEMPLAN_RANDOM_AFTER" <<'PY'
+import os, re, sys
+done = 0
+for d in sys.argv[1].split(":"):
+    for f in os.listdir(d) if os.path.isdir(d) else []:
+        m = re.fullmatch(r"run-(\d+)\.txt", f)
+        if m and "reported:" in open(os.path.join(d, f), errors="replace").read():
+            done = max(done, int(m.group(1)))
+print(done + 1)
+PY
+)
+  echo "going on after ${MEMPLAN_RANDOM_AFTER}: first draw $first"
+  if (( first > n )); then echo "every draw of seed $seed has run"; exit 0; fi
+fi
 configs=$(python3 -c 'import sys; print(";".join(sys.argv[2].split(";")[int(sys.argv[1]) - 1:]))' \
   "$first" "$configs")
 MEMPLAN_LOOP_FIRST_INDEX=$first MEMPLAN_LOOP_CONFIGS=$configs bash "$(dirname "$0")/gpu-loop.sh" "$out" "$build" "$hw"
