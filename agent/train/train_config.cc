@@ -120,9 +120,10 @@ Residency plan (any chunk knob or --plan-file runs the chunk manager):
                            collective before the last micro-batch; their fp32 grads stay on the
                            device until then; not priced by the planner, refused with --planner)
                            or reduce-scatter every micro-batch into the host sum (default)
-  --offload-in-flight N (2)  groups whose copies to the host (offloaded activations in
-                           forward, offloaded chunks' grads in backward) may be in flight
-                           before compute waits for the oldest
+  --offload-in-flight N (2)  groups whose copies to the host may be in flight: in forward,
+                           group g's offloaded activations are freed at the end of group
+                           g + N - 1's forward, their copy done (the planner prices N = 2);
+                           in backward, the host waits for the grad copies N groups back
   --cpu-threads N (4)
 Checkpoints and output:
   --save DIR  --save-every N (0 = at the end)  --resume DIR  --log-every N (1)
