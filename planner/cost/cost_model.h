@@ -61,6 +61,7 @@ struct ModeCounts {
   int32_t n_hs_offload = 0;
   int32_t n_checkpoint = 0;
   int32_t total() const { return n_swap + n_hs_offload + n_checkpoint; }
+  friend bool operator==(const ModeCounts&, const ModeCounts&) = default;
 };
 
 std::vector<BlockMode> ArrangeBlockModes(int32_t num_blocks, const ModeCounts& counts);

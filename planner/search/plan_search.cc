@@ -29,10 +29,6 @@ std::vector<int64_t> StaticProfile(const CostModel& model, const std::optional<i
   return values;
 }
 
-// [i] = min(values[i..]); one more entry, the int64 maximum, at the end. Static(np, fewest
-// buffers) is usually non-decreasing below np = C (a persistent chunk costs more than the buffer
-// it may save), but a chunk much smaller than the shared buffers can save a buffer for less than
-// a buffer's bytes: the searches below use these minima to stay exact either way.
 // Minima of any range of `values` in O(1) after O(n log n) (a sparse table).
 class RangeMin {
  public:
@@ -55,6 +51,10 @@ class RangeMin {
   std::vector<std::vector<int64_t>> levels_;
 };
 
+// [i] = min(values[i..]); one more entry, the int64 maximum, at the end. Static(np, fewest
+// buffers) is usually non-decreasing below np = C (a persistent chunk costs more than the buffer
+// it may save), but a chunk much smaller than the shared buffers can save a buffer for less than
+// a buffer's bytes: the searches below use these minima to stay exact either way.
 std::vector<int64_t> SuffixMinima(const std::vector<int64_t>& values) {
   std::vector<int64_t> minima(values.size() + 1, std::numeric_limits<int64_t>::max());
   for (size_t i = values.size(); i-- > 0;) minima[i] = std::min(minima[i + 1], values[i]);
@@ -373,8 +373,7 @@ class Runner {
   // The backward-grads table of the mode counts evaluated last (a leaf evaluates several
   // n_persist at the same counts).
   const CostModel::BackwardGradsByPersist& GradsFor(const ModeCounts& m) {
-    if (!grads_ || grads_counts_.n_swap != m.n_swap || grads_counts_.n_hs_offload != m.n_hs_offload ||
-        grads_counts_.n_checkpoint != m.n_checkpoint) {
+    if (!grads_ || grads_counts_ != m) {
       grads_ = model_.BackwardGradsTable(m);
       grads_counts_ = m;
     }
@@ -482,7 +481,8 @@ SearchResult PlanSearch::Run(const SearchConstraints& constraints, bool any_fit)
   const std::vector<HostMemoryKind> kinds = KindsToTry(constraints);
   // Optimising: one dive per chunk size and host kind first, so that every full run below is
   // pruned by the best of them (the first chunk size's own first plan can be far from the
-  // optimum another chunk size reaches). Ties keep the plan found first, as before.
+  // optimum another chunk size reaches). Ties keep the plan found first (a dive's plan, where it
+  // ties with a later one).
   for (const bool dive : any_fit ? std::vector<bool>{false} : std::vector<bool>{true, false}) {
     for (int i = 0; i < num_models(); ++i) {
       const CostModel& model = models_[static_cast<size_t>(i)];
