@@ -13,10 +13,16 @@ constexpr std::string_view kQuantizedProjections[] = {
 
 // The projection ("mlp.gate_proj") a quantized weight name belongs to; empty when not quantized.
 std::string_view QuantizedProjection(std::string_view name) {
-  if (!name.starts_with("model.layers.")) return {};
+  // Compared piecewise (no concatenated suffix string): GCC 12's -Wrestrict misfires on
+  // std::string concatenation at -O2/-O3, which broke the Release build.
+  constexpr std::string_view kWeight = ".weight";
+  if (!name.starts_with("model.layers.") || !name.ends_with(kWeight)) return {};
+  name.remove_suffix(kWeight.size());
   for (std::string_view proj : kQuantizedProjections) {
-    const std::string suffix = std::string(".") + std::string(proj) + ".weight";
-    if (name.ends_with(suffix)) return proj;
+    if (name.size() > proj.size() && name.ends_with(proj) &&
+        name[name.size() - proj.size() - 1] == '.') {
+      return proj;
+    }
   }
   return {};
 }
