@@ -7,7 +7,7 @@
 
 #include "agent/blocks/activation_offloader.h"
 #include "agent/core/torch_pch.h"
-#include "agent/model/param_residency.h"
+#include "agent/core/param_residency.h"
 #include "common/types.h"
 
 namespace memplan {

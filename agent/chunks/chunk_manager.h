@@ -19,7 +19,7 @@
 #include "agent/chunks/cpu_adamw.h"
 #include "agent/core/torch_pch.h"
 #include "agent/dist/communicator.h"
-#include "agent/model/param_residency.h"
+#include "agent/core/param_residency.h"
 #include "common/chunk_packing.h"
 #include "common/types.h"
 

@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "agent/core/torch_pch.h"
 #include "agent/io/trainer_state.h"
-#include "agent/model/param_residency.h"
+#include "agent/core/param_residency.h"
 
 namespace memplan::io {
 
@@ -72,7 +72,7 @@ std::string ShardedCheckpointStaging(const std::string& dir, int64_t step, int w
 // Rank 0, before any rank writes: refuses a `dir` that is neither absent, empty nor a
 // checkpoint (FAILED_PRECONDITION), and makes `staged` afresh.
 absl::Status BeginShardedCheckpoint(const std::string& dir, const std::string& staged);
-// Every rank: its pieces (TensorPiece, agent/model/param_residency.h; any device, staged to the
+// Every rank: its pieces (TensorPiece, agent/core/param_residency.h; any device, staged to the
 // host one at a time) into `staged`, fsynced.
 absl::Status WriteCheckpointShard(const std::string& staged, int rank, int world_size,
                                   const std::vector<TensorPiece>& pieces);

@@ -13,7 +13,7 @@
 #include "agent/core/torch_pch.h"
 #include "agent/io/checkpoint.h"
 #include "agent/model/lora_options.h"
-#include "agent/model/param_residency.h"
+#include "agent/core/param_residency.h"
 
 namespace memplan::io {
 

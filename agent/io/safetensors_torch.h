@@ -10,7 +10,7 @@
 #include "agent/core/torch_pch.h"
 #include "agent/io/safetensors_reader.h"
 #include "agent/io/safetensors_writer.h"
-#include "agent/model/param_residency.h"
+#include "agent/core/param_residency.h"
 
 namespace memplan::io {
 

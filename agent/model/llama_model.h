@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "agent/core/torch_pch.h"
 #include "agent/model/lora_options.h"
-#include "agent/model/param_residency.h"
+#include "agent/core/param_residency.h"
 #include "agent/quant/nf4.h"
 #include "common/types.h"
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "agent/model/param_residency.h"
+#include "agent/core/param_residency.h"
 #include "agent/profiler/memory_probe.h"
 
 namespace memplan {

@@ -11,7 +11,7 @@
 #include "absl/status/statusor.h"
 #include "agent/core/torch_pch.h"
 #include "agent/model/llama_model.h"
-#include "agent/model/param_residency.h"
+#include "agent/core/param_residency.h"
 #include "common/types.h"
 
 namespace memplan {
