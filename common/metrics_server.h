@@ -1,13 +1,12 @@
 // Serves GET /metrics (Prometheus text format) for one prometheus-cpp registry over plain HTTP,
-// for the planner (planner/metrics) and the agent (agent/metrics). Start() binds synchronously,
-// so port() is valid as soon as it returns; destruction stops serving (within ~0.2 s). One
-// scrape at a time, each bounded by a 5 s socket timeout. Thread-safe.
+// for the planner (planner/metrics) and the agent (agent/metrics), on the bounded server core of
+// common/http_server.h: scrapes are served concurrently, each connection within a deadline, so an
+// idle or dripping client cannot stall a scrape. Start() binds synchronously (port() is valid when
+// it returns). Thread-safe.
 #pragma once
 
-#include <atomic>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
 
@@ -17,10 +16,23 @@ class Registry;
 
 namespace memplan {
 
+class HttpServer;
+
+struct MetricsServerOptions {
+  // "host:port", e.g. "0.0.0.0:9464" or "127.0.0.1:0" (port 0 = any free port).
+  std::string address;
+  // Non-empty: a scrape must send "Authorization: Bearer <token>" (else 401).
+  std::string bearer_token;
+  int max_connections = 32;
+  double request_seconds = 5;  // from accept to the end of the request
+};
+
 class MetricsServer {
  public:
-  // address: "host:port", e.g. "0.0.0.0:9464" or "127.0.0.1:0" (port 0 = any free port).
-  // UNAVAILABLE naming the address when it cannot listen.
+  // UNAVAILABLE naming the address when it cannot listen; INVALID_ARGUMENT for an empty address
+  // or a null registry.
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
+      const MetricsServerOptions& options, std::shared_ptr<prometheus::Registry> registry);
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
       const std::string& address, std::shared_ptr<prometheus::Registry> registry);
   ~MetricsServer();
@@ -31,15 +43,10 @@ class MetricsServer {
   int port() const;
 
  private:
-  MetricsServer(std::shared_ptr<prometheus::Registry> registry, int listen_fd, int port);
-  void Serve();
-  void Answer(int fd);
+  MetricsServer() = default;
 
-  const std::shared_ptr<prometheus::Registry> registry_;
-  const int listen_fd_;
-  const int port_;
-  std::atomic<bool> stopping_{false};
-  std::thread thread_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<HttpServer> server_;
 };
 
 }  // namespace memplan

@@ -1,4 +1,5 @@
 // memplan-agent: the per-GPU runtime. `memplan-agent <command> --help` lists each command's flags.
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -71,6 +72,8 @@ int Train(std::vector<std::string> args) {
 int main(int argc, char** argv) {
   // Line-buffered even into a pipe, so the summary lines interleave with the stderr log in order.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  // /metrics (common/metrics_server.h): a scraper that hangs up mid-answer must not end a run.
+  std::signal(SIGPIPE, SIG_IGN);
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
     std::fputs(kUsage, args.empty() ? stderr : stdout);

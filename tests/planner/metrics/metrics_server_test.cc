@@ -1,11 +1,13 @@
 #include "common/metrics_server.h"
 
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <vector>
 #include <sstream>
 #include <string>
 
@@ -141,6 +143,59 @@ TEST_F(MetricsServerTest, PromtoolAcceptsTheScrape) {
   ASSERT_TRUE(WIFEXITED(rc));
   EXPECT_EQ(WEXITSTATUS(rc), 0) << output;
   EXPECT_EQ(output, "") << "promtool lint findings:\n" << output;
+}
+
+// Issue 27, 5: one connection that sent nothing stalled every scrape behind it (the server
+// answered one connection at a time, each for up to its 5 s socket timeout).
+TEST_F(MetricsServerTest, IdleConnectionsDoNotStallAScrape) {
+  std::vector<int> idle;
+  for (const char* sent : {"", "", "GET /met", "GET /metrics HTTP/1.1\r\nHost: x"}) {
+    const int fd = testing::ConnectAndSend(server_->port(), sent);
+    ASSERT_GE(fd, 0);
+    idle.push_back(fd);
+  }
+  // The scrape gives up after 2 s, well before the idle connections' 5 s deadline.
+  auto body = testing::HttpGet(server_->port(), "/metrics", "", /*timeout_seconds=*/2);
+  for (const int fd : idle) close(fd);
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_THAT(*body, HasSubstr("# TYPE memplan_stored_measurements gauge"));
+}
+
+TEST_F(MetricsServerTest, OnlyGetMetricsIsServed) {
+  auto other = testing::HttpGet(server_->port(), "/");
+  ASSERT_FALSE(other.ok());
+  EXPECT_THAT(std::string(other.status().message()), HasSubstr("404"));
+  const int fd = testing::ConnectAndSend(
+      server_->port(),
+      absl::StrCat("GET /metrics HTTP/1.1\r\nX-Pad: ", std::string(10 << 10, 'a'), "\r\n\r\n"));
+  ASSERT_GE(fd, 0);
+  std::string answer;
+  char buffer[1024];
+  ssize_t n = 0;
+  while ((n = recv(fd, buffer, sizeof(buffer), 0)) > 0) answer.append(buffer, n);
+  close(fd);
+  EXPECT_THAT(answer, ::testing::StartsWith("HTTP/1.1 431 "));
+}
+
+TEST(MetricsServerStartTest, BearerTokenIsRequiredWhenSet) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  MetricsServerOptions options;
+  options.address = "127.0.0.1:0";
+  options.bearer_token = "s3cret-scrape-token";
+  auto server = MetricsServer::Start(options, registry);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  for (const std::string& headers :
+       {std::string(), std::string("Authorization: Bearer wrong\r\n"),
+        std::string("Authorization: Bearer s3cret-scrape-toke\r\n"),
+        std::string("Authorization: Basic czNjcmV0LXNjcmFwZS10b2tlbg==\r\n")}) {
+    auto refused = testing::HttpGet(port, "/metrics", headers);
+    ASSERT_FALSE(refused.ok()) << headers;
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr("401")) << headers;
+  }
+  auto scraped =
+      testing::HttpGet(port, "/metrics", "Authorization: Bearer s3cret-scrape-token\r\n");
+  EXPECT_TRUE(scraped.ok()) << scraped.status();
 }
 
 TEST(MetricsServerStartTest, OccupiedPortIsAnError) {
