@@ -114,6 +114,11 @@ class MemoryStore final : public Store {  // thread-safe: everything behind mu_
     const int64_t seq = ++next_seq_;
     plan_seq_by_id_[id] = seq;
     plans_[seq] = std::move(stored);
+    plan_ordinal_by_seq_[seq] = ++plans_inserted_;
+    if (++puts_since_retention_ >= options_.plan_retention.check_every_puts) {
+      puts_since_retention_ = 0;
+      EnforceRetention();
+    }
     return id;
   }
 
@@ -143,13 +148,18 @@ class MemoryStore final : public Store {  // thread-safe: everything behind mu_
     absl::MutexLock lock(&mu_);
     ListPlansPage page;
     int64_t last_seq = 0;
+    int64_t page_bytes = 0;
     for (auto it = std::make_reverse_iterator(plans_.lower_bound(before_seq)); it != plans_.rend();
          ++it) {
-      if (static_cast<int>(page.plans.size()) == limit) {
+      // The same framing allowance as SqliteStore (kListPlanOverheadBytes there).
+      const int64_t plan_bytes = static_cast<int64_t>(it->second.ByteSizeLong()) + 64;
+      if (static_cast<int>(page.plans.size()) == limit ||
+          (!page.plans.empty() && page_bytes + plan_bytes > options_.max_list_page_bytes)) {
         page.next_page_token = store_internal::EncodePlanPageToken(last_seq);
         break;
       }
       last_seq = it->first;
+      page_bytes += plan_bytes;
       page.plans.push_back(it->second);
     }
     return page;
@@ -250,11 +260,47 @@ class MemoryStore final : public Store {  // thread-safe: everything behind mu_
     return out;
   }
 
+  absl::Status CheckIntegrity(IntegrityCheck) override { return absl::OkStatus(); }
+
+  StoreCounters Counters() const override {
+    absl::MutexLock lock(&mu_);
+    StoreCounters counters;
+    counters.plans_expired = plans_expired_;
+    return counters;
+  }
+
  private:
+  // SqliteStore's rule: keep the newest max_plans inserted and those younger than max_age;
+  // plans with measurements always.
+  void EnforceRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const PlanRetention& retention = options_.plan_retention;
+    const int64_t cutoff_ms = retention.max_age_seconds > 0
+                                  ? env_.now_unix_ms() - retention.max_age_seconds * 1000
+                                  : INT64_MIN;
+    for (auto it = plans_.begin(); it != plans_.end();) {
+      const int64_t ordinal = plan_ordinal_by_seq_.at(it->first);
+      const bool beyond_count =
+          retention.max_plans > 0 && ordinal <= plans_inserted_ - retention.max_plans;
+      const bool too_old = it->second.created_at_unix_ms() < cutoff_ms;
+      if ((beyond_count || too_old) && !measurements_by_plan_.contains(it->second.plan_id())) {
+        plan_seq_by_id_.erase(it->second.plan_id());
+        plan_ordinal_by_seq_.erase(it->first);
+        it = plans_.erase(it);
+        ++plans_expired_;
+      } else {
+        ++it;
+      }
+    }
+  }
+
   const MemoryStoreOptions options_;
   const StoreEnv env_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t plans_inserted_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int64_t, int64_t> plan_ordinal_by_seq_ ABSL_GUARDED_BY(mu_);
+  int puts_since_retention_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t plans_expired_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int64_t, StoredTrace> traces_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> trace_seq_by_id_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, v1::HardwareProfile> profiles_ ABSL_GUARDED_BY(mu_);

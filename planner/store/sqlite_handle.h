@@ -15,9 +15,16 @@
 
 namespace memplan::sqlite {
 
-// Maps a SQLite result code to a Status: BUSY/LOCKED/IOERR/FULL/CANTOPEN -> UNAVAILABLE,
-// CORRUPT/NOTADB -> DATA_LOSS, CONSTRAINT -> ALREADY_EXISTS, anything else -> INTERNAL.
+// Maps a SQLite result code to a Status: FULL (and an I/O error from ENOSPC) ->
+// RESOURCE_EXHAUSTED, BUSY/LOCKED/IOERR/CANTOPEN/READONLY -> UNAVAILABLE, CORRUPT/NOTADB ->
+// DATA_LOSS, CONSTRAINT -> ALREADY_EXISTS, anything else -> INTERNAL. `what` is cut to its first
+// line and 120 characters (it may be a whole migration script).
 absl::Status ToStatus(int rc, sqlite3* db, absl::string_view what);
+
+// The SQL function memplan_row_crc(v1, v2, ...) registered on every Database: CRC-32C of the
+// values' canonical bytes (type tag, length, content), so a row whose stored checksum no longer
+// matches its columns was changed outside SQLite (a garbled page). See [Row checksums].
+inline constexpr char kRowChecksumFunction[] = "memplan_row_crc";
 
 struct StatementDeleter {
   void operator()(sqlite3_stmt* stmt) const { sqlite3_finalize(stmt); }
@@ -73,7 +80,9 @@ class StatementLease {
 // An open connection with a cache of prepared statements keyed by SQL text.
 class Database {
  public:
-  static absl::StatusOr<std::unique_ptr<Database>> Open(const std::string& path);
+  // Read-write, created when missing. read_only: for a second connection that only checks.
+  static absl::StatusOr<std::unique_ptr<Database>> Open(const std::string& path,
+                                                       bool read_only = false);
 
   // Runs one or more statements that return nothing of interest.
   absl::Status Exec(absl::string_view sql);
@@ -82,6 +91,8 @@ class Database {
   // Runs a single-value query such as "PRAGMA user_version".
   absl::StatusOr<int64_t> QueryInt64(absl::string_view sql);
   absl::StatusOr<std::string> QueryText(absl::string_view sql);
+  // Rows changed by the last INSERT, UPDATE or DELETE.
+  int64_t Changes() const { return sqlite3_changes(db_.get()); }
 
   sqlite3* raw() const { return db_.get(); }
 

@@ -4,6 +4,11 @@
 // synchronous=FULL, COMMIT returns only after the WAL is fsynced, so a write acknowledged to the
 // caller survives kill -9 and power loss. Reads never hold a transaction open between calls
 // (StatementLease resets statements), so WAL checkpoints are never starved.
+//
+// [Row checksums] Calibration and sample rows are what every later prediction is scaled by, and
+// a page garbled on disk can still parse. Each such row stores row_crc = memplan_row_crc(every
+// other column) (sqlite_handle.h), written by the INSERT itself and compared by the SELECT
+// (`row_crc IS memplan_row_crc(...)`); a row that does not match is skipped, logged and counted.
 
 #include <algorithm>
 #include <iterator>
@@ -13,9 +18,16 @@
 #include <utility>
 #include <vector>
 
+#include <atomic>
+#include <filesystem>
+#include <system_error>
+
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "planner/store/sqlite_handle.h"
 #include "planner/store/store.h"
@@ -104,9 +116,64 @@ ALTER TABLE calibration_samples ADD COLUMN measured_seconds REAL NOT NULL DEFAUL
     {5, R"sql(
 ALTER TABLE calibration_samples ADD COLUMN exact_bytes INTEGER NOT NULL DEFAULT 0;
 )sql"},
+    // [Row checksums] for the rows written before, and the index plan retention by age walks.
+    {6, R"sql(
+ALTER TABLE calibration ADD COLUMN row_crc INTEGER;
+UPDATE calibration SET row_crc = memplan_row_crc(hardware_name, param_dtype, model_family,
+  updated_at_unix_ms, body);
+ALTER TABLE calibration_samples ADD COLUMN row_crc INTEGER;
+UPDATE calibration_samples SET row_crc = memplan_row_crc(hardware_name, param_dtype,
+  model_family, raw_model_bytes, fixed_bytes, measured_bytes, measured_at_unix_ms, oom,
+  predicted_seconds, measured_seconds, exact_bytes);
+CREATE INDEX plans_by_created ON plans (created_at_unix_ms);
+)sql"},
 };
 
+// The checksummed columns of each table, in the order memplan_row_crc takes them.
+constexpr char kCalibrationColumns[] =
+    "hardware_name, param_dtype, model_family, updated_at_unix_ms, body";
+constexpr char kSampleColumns[] =
+    "hardware_name, param_dtype, model_family, raw_model_bytes, fixed_bytes, measured_bytes, "
+    "measured_at_unix_ms, oom, predicted_seconds, measured_seconds, exact_bytes";
+
+// Framing a plan adds in ListPlansResponse beyond its stored bytes: the repeated field's tag and
+// length, and the plan_id the service copies into the response.
+constexpr int64_t kListPlanOverheadBytes = 64;
+// Plans deleted per retention transaction.
+constexpr int kRetentionBatch = 5000;
+
 constexpr int kLatestVersion = kMigrations[std::size(kMigrations) - 1].version;
+
+std::string CorruptDatabaseMessage(const std::string& path, absl::string_view found) {
+  return absl::StrCat("database ", path, " is corrupt (", found,
+                      "). Stop every memplan-planner using it, move it aside with its -wal and "
+                      "-shm files, and restore it from a backup (or start on a new file; "
+                      "stored plans and calibration are then lost)");
+}
+
+// PRAGMA quick_check / integrity_check; DATA_LOSS with the first problems SQLite lists.
+absl::Status RunIntegrityCheck(Database& db, const std::string& path, IntegrityCheck mode) {
+  if (mode == IntegrityCheck::kOff) return absl::OkStatus();
+  const char* pragma = mode == IntegrityCheck::kFull ? "integrity_check" : "quick_check";
+  ASSIGN_OR_RETURN(StatementLease stmt, db.Prepare(absl::StrCat("PRAGMA ", pragma, "(5)")));
+  std::vector<std::string> problems;
+  while (true) {
+    absl::StatusOr<bool> row = stmt->Step();
+    if (!row.ok()) {
+      // A page too damaged to walk makes the check itself fail with SQLITE_CORRUPT.
+      if (!absl::IsDataLoss(row.status())) return row.status();
+      problems.push_back(std::string(row.status().message().substr(0, 160)));
+      break;
+    }
+    if (!*row) break;
+    std::string line = stmt->ColumnText(0);
+    if (line == "ok") return absl::OkStatus();
+    std::replace(line.begin(), line.end(), '\n', ' ');
+    problems.push_back(line.substr(0, 160));
+  }
+  return absl::DataLossError(CorruptDatabaseMessage(
+      path, absl::StrCat("PRAGMA ", pragma, ": ", absl::StrJoin(problems, "; "))));
+}
 
 template <typename Message>
 absl::StatusOr<Message> Parse(const std::string& bytes, absl::string_view what) {
@@ -121,6 +188,17 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
  public:
   SqliteStore(std::unique_ptr<Database> db, const SqliteStoreOptions& options)
       : options_(options), env_(store_internal::WithDefaults(options.env)), db_(std::move(db)) {}
+
+  absl::Status EnforceRetentionAtOpen() {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(const int64_t oldest,
+                     db_->QueryInt64("SELECT IFNULL(MIN(seq), 1) FROM plans"));
+    retention_scanned_seq_ = oldest - 1;
+    while (true) {
+      ASSIGN_OR_RETURN(const bool more, EnforceRetention());
+      if (!more) return absl::OkStatus();
+    }
+  }
 
   absl::StatusOr<std::string> PutTrace(const v1::Trace& trace) override {
     v1::Trace stored = trace;
@@ -219,6 +297,16 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
           absl::StrCat("plan_id '", stored.plan_id(), "' already exists"));
     }
     RETURN_IF_ERROR(status);
+    if (++puts_since_retention_ >= options_.plan_retention.check_every_puts) {
+      puts_since_retention_ = 0;
+      // The plan is stored either way; a failed clean-up is retried at the next check.
+      absl::StatusOr<bool> more = EnforceRetention();
+      if (!more.ok()) {
+        MEMPLAN_LOG(kWarning, "plan retention failed; retried later")
+            .Field("db", options_.path)
+            .Field("error", more.status().ToString());
+      }
+    }
     return stored.plan_id();
   }
 
@@ -260,15 +348,20 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
     RETURN_IF_ERROR(stmt->BindInt64(1, limit + 1));
     ListPlansPage page;
     int64_t last_seq = 0;
+    int64_t page_bytes = 0;
     while (true) {
       ASSIGN_OR_RETURN(bool row, stmt->Step());
       if (!row) break;
-      if (static_cast<int>(page.plans.size()) == limit) {
+      const std::string body = stmt->ColumnBlob(1);
+      const int64_t plan_bytes = static_cast<int64_t>(body.size()) + kListPlanOverheadBytes;
+      if (static_cast<int>(page.plans.size()) == limit ||
+          (!page.plans.empty() && page_bytes + plan_bytes > options_.max_list_page_bytes)) {
         page.next_page_token = store_internal::EncodePlanPageToken(last_seq);
         break;
       }
       last_seq = stmt->ColumnInt64(0);
-      ASSIGN_OR_RETURN(v1::StoredPlan plan, Parse<v1::StoredPlan>(stmt->ColumnBlob(1), "plan"));
+      page_bytes += plan_bytes;
+      ASSIGN_OR_RETURN(v1::StoredPlan plan, Parse<v1::StoredPlan>(body, "plan"));
       page.plans.push_back(std::move(plan));
     }
     return page;
@@ -327,10 +420,13 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
     absl::MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(
         StatementLease stmt,
-        db_->Prepare("SELECT raw_model_bytes, fixed_bytes, measured_bytes, measured_at_unix_ms, "
-                     "oom, predicted_seconds, measured_seconds, exact_bytes FROM calibration_samples "
-                     "WHERE hardware_name = ? AND param_dtype = ? AND model_family = ? "
-                     "ORDER BY measured_at_unix_ms DESC, seq DESC LIMIT ?"));
+        db_->Prepare(absl::StrCat(
+            "SELECT raw_model_bytes, fixed_bytes, measured_bytes, measured_at_unix_ms, oom, "
+            "predicted_seconds, measured_seconds, exact_bytes, seq, row_crc IS ",
+            sqlite::kRowChecksumFunction, "(", kSampleColumns,
+            ") FROM calibration_samples "
+            "WHERE hardware_name = ? AND param_dtype = ? AND model_family = ? "
+            "ORDER BY measured_at_unix_ms DESC, seq DESC LIMIT ?")));
     RETURN_IF_ERROR(stmt->BindText(0, key.hardware_name));
     RETURN_IF_ERROR(stmt->BindInt64(1, store_internal::ToProtoDType(key.param_dtype)));
     RETURN_IF_ERROR(stmt->BindText(2, key.model_family));
@@ -339,6 +435,10 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
     while (true) {
       ASSIGN_OR_RETURN(bool row, stmt->Step());
       if (!row) break;
+      if (stmt->ColumnInt64(9) == 0) {
+        SkipCorruptRow("calibration_samples", absl::StrCat("seq ", stmt->ColumnInt64(8)));
+        continue;
+      }
       CalibrationSample s;
       s.raw_model_bytes = stmt->ColumnInt64(0);
       s.fixed_bytes = stmt->ColumnInt64(1);
@@ -358,10 +458,10 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
     absl::MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(
         StatementLease stmt,
-        db_->Prepare("INSERT INTO calibration_samples (hardware_name, param_dtype, model_family, "
-                     "raw_model_bytes, fixed_bytes, measured_bytes, measured_at_unix_ms, oom, "
-                     "predicted_seconds, measured_seconds, exact_bytes) "
-                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"));
+        db_->Prepare(absl::StrCat(
+            "INSERT INTO calibration_samples (", kSampleColumns,
+            ", row_crc) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ",
+            sqlite::kRowChecksumFunction, "(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11))")));
     RETURN_IF_ERROR(stmt->BindText(0, key.hardware_name));
     RETURN_IF_ERROR(stmt->BindInt64(1, store_internal::ToProtoDType(key.param_dtype)));
     RETURN_IF_ERROR(stmt->BindText(2, key.model_family));
@@ -383,9 +483,11 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
     if (stored.updated_at_unix_ms() == 0) stored.set_updated_at_unix_ms(env_.now_unix_ms());
     absl::MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(StatementLease stmt,
-                     db_->Prepare("INSERT OR REPLACE INTO calibration (hardware_name, "
-                                  "param_dtype, model_family, updated_at_unix_ms, body) "
-                                  "VALUES (?, ?, ?, ?, ?)"));
+                     db_->Prepare(absl::StrCat("INSERT OR REPLACE INTO calibration (",
+                                               kCalibrationColumns,
+                                               ", row_crc) VALUES (?1, ?2, ?3, ?4, ?5, ",
+                                               sqlite::kRowChecksumFunction,
+                                               "(?1, ?2, ?3, ?4, ?5))")));
     RETURN_IF_ERROR(stmt->BindText(0, stored.hardware_name()));
     RETURN_IF_ERROR(stmt->BindInt64(1, stored.param_dtype()));
     RETURN_IF_ERROR(stmt->BindText(2, stored.model_family()));
@@ -398,13 +500,22 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
       const CalibrationKey& key) override {
     absl::MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(StatementLease stmt,
-                     db_->Prepare("SELECT body FROM calibration WHERE hardware_name = ? AND "
-                                  "param_dtype = ? AND model_family = ?"));
+                     db_->Prepare(absl::StrCat("SELECT body, row_crc IS ",
+                                               sqlite::kRowChecksumFunction, "(",
+                                               kCalibrationColumns,
+                                               ") FROM calibration WHERE hardware_name = ? AND "
+                                               "param_dtype = ? AND model_family = ?")));
     RETURN_IF_ERROR(stmt->BindText(0, key.hardware_name));
     RETURN_IF_ERROR(stmt->BindInt64(1, store_internal::ToProtoDType(key.param_dtype)));
     RETURN_IF_ERROR(stmt->BindText(2, key.model_family));
     ASSIGN_OR_RETURN(bool row, stmt->Step());
     if (!row) return std::optional<v1::Calibration>();
+    if (stmt->ColumnInt64(1) == 0) {
+      // Uncalibrated until the next measurement of this key refits it, rather than scaled by a
+      // factor nobody wrote.
+      SkipCorruptRow("calibration", CalibrationRowName(key.hardware_name, key.model_family));
+      return std::optional<v1::Calibration>();
+    }
     ASSIGN_OR_RETURN(v1::Calibration c, Parse<v1::Calibration>(stmt->ColumnBlob(0), "calibration"));
     return std::optional<v1::Calibration>(std::move(c));
   }
@@ -415,9 +526,11 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
     // "? = ''" / "? = 0" make an unset field match every row with one cached statement.
     ASSIGN_OR_RETURN(
         StatementLease stmt,
-        db_->Prepare("SELECT body FROM calibration WHERE (?1 = '' OR hardware_name = ?1) AND "
-                     "(?2 = 0 OR param_dtype = ?2) AND (?3 = '' OR model_family = ?3) "
-                     "ORDER BY hardware_name, param_dtype, model_family"));
+        db_->Prepare(absl::StrCat(
+            "SELECT body, row_crc IS ", sqlite::kRowChecksumFunction, "(", kCalibrationColumns,
+            "), hardware_name, model_family FROM calibration WHERE (?1 = '' OR hardware_name = ?1) "
+            "AND (?2 = 0 OR param_dtype = ?2) AND (?3 = '' OR model_family = ?3) "
+            "ORDER BY hardware_name, param_dtype, model_family")));
     RETURN_IF_ERROR(stmt->BindText(0, filter.hardware_name));
     RETURN_IF_ERROR(stmt->BindInt64(
         1, filter.param_dtype.has_value() ? store_internal::ToProtoDType(*filter.param_dtype) : 0));
@@ -426,6 +539,10 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
     while (true) {
       ASSIGN_OR_RETURN(bool row, stmt->Step());
       if (!row) break;
+      if (stmt->ColumnInt64(1) == 0) {
+        SkipCorruptRow("calibration", CalibrationRowName(stmt->ColumnText(2), stmt->ColumnText(3)));
+        continue;
+      }
       ASSIGN_OR_RETURN(v1::Calibration c,
                        Parse<v1::Calibration>(stmt->ColumnBlob(0), "calibration"));
       out.push_back(std::move(c));
@@ -433,11 +550,98 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
     return out;
   }
 
+  absl::Status CheckIntegrity(IntegrityCheck mode) override {
+    if (mode == IntegrityCheck::kOff) return absl::OkStatus();
+    ASSIGN_OR_RETURN(std::unique_ptr<Database> reader,
+                     Database::Open(options_.path, /*read_only=*/true));
+    RETURN_IF_ERROR(reader->Exec(absl::StrCat("PRAGMA busy_timeout=", options_.busy_timeout_ms)));
+    return RunIntegrityCheck(*reader, options_.path, mode);
+  }
+
+  StoreCounters Counters() const override {
+    StoreCounters counters;
+    counters.corrupt_rows_skipped = corrupt_rows_skipped_.load();
+    counters.plans_expired = plans_expired_.load();
+    return counters;
+  }
+
  private:
+  // Bounded: a garbled key may be long or binary.
+  static std::string CalibrationRowName(absl::string_view hardware, absl::string_view family) {
+    return absl::StrCat(hardware.substr(0, 64), "/", family.substr(0, 64));
+  }
+
+  void SkipCorruptRow(absl::string_view table, absl::string_view row) {
+    corrupt_rows_skipped_.fetch_add(1);
+    MEMPLAN_LOG(kError, "stored row does not match its checksum; skipped")
+        .Field("db", options_.path)
+        .Field("table", std::string(table))
+        .Field("row", std::string(row))
+        .Field("fix", "the key's next measurement rewrites it; check the disk and run "
+                      "PRAGMA integrity_check on a copy of the file");
+  }
+
+  // One transaction deleting plans beyond PlanRetention (never one with measurements), at most
+  // about 2 x kRetentionBatch; true when more remain.
+  absl::StatusOr<bool> EnforceRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const PlanRetention& retention = options_.plan_retention;
+    int64_t deleted = 0;
+    bool more = false;
+    int64_t scanned_to = retention_scanned_seq_;
+    ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(*db_));
+    if (retention.max_plans > 0) {
+      // Rowids grow by one per insert and the newest plan is never deleted, so the newest
+      // max_plans inserted are those above max(seq) - max_plans: an index seek, not a count.
+      ASSIGN_OR_RETURN(const int64_t newest,
+                       db_->QueryInt64("SELECT IFNULL(MAX(seq), 0) FROM plans"));
+      const int64_t keep_above = newest - retention.max_plans;
+      if (keep_above > retention_scanned_seq_) {
+        // Plans below the cursor were kept for their measurements, which are never removed.
+        const int64_t upto = std::min(keep_above, retention_scanned_seq_ + kRetentionBatch);
+        ASSIGN_OR_RETURN(StatementLease stmt,
+                         db_->Prepare("DELETE FROM plans WHERE seq > ? AND seq <= ? AND NOT "
+                                      "EXISTS (SELECT 1 FROM measurements m "
+                                      "WHERE m.plan_id = plans.plan_id)"));
+        RETURN_IF_ERROR(stmt->BindInt64(0, retention_scanned_seq_));
+        RETURN_IF_ERROR(stmt->BindInt64(1, upto));
+        RETURN_IF_ERROR(stmt->Run());
+        deleted += db_->Changes();
+        scanned_to = upto;
+        more = upto < keep_above;
+      }
+    }
+    if (retention.max_age_seconds > 0) {
+      const int64_t cutoff_ms = env_.now_unix_ms() - retention.max_age_seconds * 1000;
+      ASSIGN_OR_RETURN(
+          StatementLease stmt,
+          db_->Prepare("DELETE FROM plans WHERE seq IN (SELECT seq FROM plans p WHERE "
+                       "created_at_unix_ms < ? AND NOT EXISTS (SELECT 1 FROM measurements m "
+                       "WHERE m.plan_id = p.plan_id) ORDER BY created_at_unix_ms LIMIT ?)"));
+      RETURN_IF_ERROR(stmt->BindInt64(0, cutoff_ms));
+      RETURN_IF_ERROR(stmt->BindInt64(1, kRetentionBatch));
+      RETURN_IF_ERROR(stmt->Run());
+      const int64_t expired = db_->Changes();
+      deleted += expired;
+      more = more || expired == kRetentionBatch;
+    }
+    RETURN_IF_ERROR(txn.Commit());
+    retention_scanned_seq_ = scanned_to;
+    if (deleted > 0) {
+      plans_expired_.fetch_add(deleted);
+      MEMPLAN_LOG(kDebug, "expired plans").Field("db", options_.path).Field("deleted", deleted);
+    }
+    return more;
+  }
+
   const SqliteStoreOptions options_;
   const StoreEnv env_;
   absl::Mutex mu_;
   std::unique_ptr<Database> db_ ABSL_GUARDED_BY(mu_);
+  int puts_since_retention_ ABSL_GUARDED_BY(mu_) = 0;
+  // Plans at or below this seq were examined by the count cap (kept ones have measurements).
+  int64_t retention_scanned_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<int64_t> corrupt_rows_skipped_{0};
+  std::atomic<int64_t> plans_expired_{0};
 };
 
 absl::Status Configure(Database& db, const SqliteStoreOptions& options) {
@@ -456,7 +660,61 @@ absl::Status Configure(Database& db, const SqliteStoreOptions& options) {
   if (fk != 1) return absl::InternalError("sqlite: foreign keys could not be enabled");
   ASSIGN_OR_RETURN(const int64_t sync, db.QueryInt64("PRAGMA synchronous"));
   if (sync != 2) return absl::InternalError("sqlite: synchronous=FULL could not be set");
+  if (options.max_database_bytes > 0) {
+    ASSIGN_OR_RETURN(const int64_t page_bytes, db.QueryInt64("PRAGMA page_size"));
+    RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA max_page_count=",
+                                         std::max<int64_t>(1, options.max_database_bytes /
+                                                                  std::max<int64_t>(page_bytes, 1)))));
+  }
   return absl::OkStatus();
+}
+
+// A 0-byte file is what a failed copy or a truncated volume leaves; SQLite would take it as a
+// new database and the planner would start with no calibration and no plans, silently.
+absl::Status CheckNotEmpty(const std::string& path) {
+  std::error_code error;
+  const uintmax_t bytes = std::filesystem::file_size(path, error);
+  if (error || bytes != 0) return absl::OkStatus();  // missing: created; unreadable: Open says
+  // Until the first checkpoint a new database's pages may all be in the WAL.
+  const uintmax_t wal_bytes = std::filesystem::file_size(path + "-wal", error);
+  if (!error && wal_bytes != 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "database ", path,
+      " exists but is empty (0 bytes); a lost or truncated database looks like this. Restore it "
+      "from a backup, or delete the file to start a new database (a missing file is created)"));
+}
+
+// A SQLite file of another application: refused before any migration writes to it.
+absl::Status CheckIsMemplanDatabase(Database& db, const std::string& path) {
+  ASSIGN_OR_RETURN(const int64_t version, db.QueryInt64("PRAGMA user_version"));
+  if (version > kLatestVersion) return absl::OkStatus();  // Migrate explains
+  ASSIGN_OR_RETURN(StatementLease stmt,
+                   db.Prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND "
+                              "name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name"));
+  std::vector<std::string> tables;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, stmt->Step());
+    if (!row) break;
+    tables.push_back(stmt->ColumnText(0));
+  }
+  bool ours = version == 0 ? tables.empty() : true;
+  if (version > 0) {
+    for (const char* required : {"traces", "hardware_profiles", "plans", "measurements"}) {
+      if (std::find(tables.begin(), tables.end(), required) == tables.end()) ours = false;
+    }
+  }
+  if (ours) return absl::OkStatus();
+  constexpr size_t kShownTables = 8;
+  std::vector<std::string> shown;
+  for (size_t i = 0; i < tables.size() && i < kShownTables; ++i) {
+    shown.push_back(tables[i].substr(0, 40));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "database ", path, " is not a memplan-planner database (schema version ", version,
+      ", tables: ", shown.empty() ? "none" : absl::StrJoin(shown, ", "),
+      tables.size() > kShownTables ? absl::StrCat(" and ", tables.size() - kShownTables, " more")
+                                   : "",
+      "); give --db the planner's own file or a new path"));
 }
 
 absl::Status Migrate(Database& db, const SqliteStoreOptions& options) {
@@ -478,7 +736,11 @@ absl::Status Migrate(Database& db, const SqliteStoreOptions& options) {
     // Re-read inside the write lock: another process may have migrated since the check above.
     ASSIGN_OR_RETURN(const int64_t version, db.QueryInt64("PRAGMA user_version"));
     if (version >= migration.version) continue;
-    RETURN_IF_ERROR(db.Exec(migration.sql));
+    if (absl::Status status = db.Exec(migration.sql); !status.ok()) {
+      return absl::Status(status.code(), absl::StrCat("migrating ", options.path,
+                                                      " to schema version ", migration.version,
+                                                      ": ", status.message()));
+    }
     RETURN_IF_ERROR(db.Exec(absl::StrCat("PRAGMA user_version=", migration.version)));
     RETURN_IF_ERROR(txn.Commit());
   }
@@ -489,16 +751,40 @@ absl::Status Migrate(Database& db, const SqliteStoreOptions& options) {
 
 int SqliteStoreSchemaVersion() { return kLatestVersion; }
 
-absl::StatusOr<std::unique_ptr<Store>> OpenSqliteStore(const SqliteStoreOptions& options) {
-  if (options.path.empty()) return absl::InvalidArgumentError("database path is required");
-  if (options.max_measurements_per_plan <= 0) {
-    return absl::InvalidArgumentError("max_measurements_per_plan must be > 0");
-  }
+namespace {
+
+absl::StatusOr<std::unique_ptr<Store>> Open(const SqliteStoreOptions& options) {
+  RETURN_IF_ERROR(CheckNotEmpty(options.path));
   ASSIGN_OR_RETURN(std::unique_ptr<Database> db, Database::Open(options.path));
   // busy_timeout must be set before anything that could contend with another process.
   RETURN_IF_ERROR(Configure(*db, options));
+  RETURN_IF_ERROR(RunIntegrityCheck(*db, options.path, options.integrity_check));
+  RETURN_IF_ERROR(CheckIsMemplanDatabase(*db, options.path));
   RETURN_IF_ERROR(Migrate(*db, options));
-  return std::unique_ptr<Store>(new SqliteStore(std::move(db), options));
+  auto store = std::make_unique<SqliteStore>(std::move(db), options);
+  RETURN_IF_ERROR(store->EnforceRetentionAtOpen());
+  return std::unique_ptr<Store>(std::move(store));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Store>> OpenSqliteStore(const SqliteStoreOptions& options) {
+  if (options.path.empty()) return absl::InvalidArgumentError("database path is required");
+  RETURN_IF_ERROR(store_internal::CheckStoreLimits(options.max_measurements_per_plan,
+                                                   options.plan_retention,
+                                                   options.max_list_page_bytes));
+  if (options.max_database_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_database_bytes must be >= 0 (0 = no limit), got ", options.max_database_bytes));
+  }
+  absl::StatusOr<std::unique_ptr<Store>> store = Open(options);
+  // Damage found anywhere on the way (reading page 1, the schema, a migration) gets the same
+  // instructions as a failed integrity check.
+  if (absl::IsDataLoss(store.status()) &&
+      !absl::StartsWith(store.status().message(), absl::StrCat("database ", options.path))) {
+    return absl::DataLossError(CorruptDatabaseMessage(options.path, store.status().message()));
+  }
+  return store;
 }
 
 }  // namespace memplan

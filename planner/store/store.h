@@ -35,6 +35,27 @@ struct CalibrationFilter {
 
 inline constexpr int kDefaultListPlansPageSize = 50;
 inline constexpr int kMaxListPlansPageSize = 1000;
+// A ListPlans page stops before the plan that would take it past this many encoded bytes, so a
+// ListPlansResponse stays well under gRPC's default 4 MiB receive limit.
+inline constexpr int64_t kDefaultListPlansPageBytes = int64_t{3} << 20;
+
+// How thoroughly the SQLite file is checked: kQuick is PRAGMA quick_check (every page's b-tree
+// structure, O(file size)), kFull is PRAGMA integrity_check (also index contents, slower).
+enum class IntegrityCheck { kOff, kQuick, kFull };
+
+// Counts since the store was opened.
+struct StoreCounters {
+  int64_t corrupt_rows_skipped = 0;  // calibration rows whose checksum did not match
+  int64_t plans_expired = 0;         // plans deleted by PlanRetention
+};
+
+// Which stored plans are kept. Plans are made by unauthenticated Plan and Admit calls, so their
+// number is capped; a plan with measurements is always kept (it is calibration evidence).
+struct PlanRetention {
+  int64_t max_plans = 100000;               // keep the newest N inserted; 0 = no cap
+  int64_t max_age_seconds = 30 * 24 * 3600;  // by created_at_unix_ms; 0 = no limit
+  int check_every_puts = 100;               // enforced at open and on every Nth PutPlan
+};
 
 class Store {  // implementations are thread-safe
  public:
@@ -64,6 +85,8 @@ class Store {  // implementations are thread-safe
   virtual absl::StatusOr<memplan::v1::StoredPlan> GetPlan(absl::string_view plan_id) = 0;
   // Newest first (by insertion). page_size 0 = 50; outside [0, 1000] or a malformed
   // page_token -> INVALID_ARGUMENT naming the field. The token is opaque (keyset pagination).
+  // A page also ends before the plan that would take the plans' encoded size (plus 64 bytes
+  // each for framing) past the store's max_list_page_bytes; it holds at least one plan.
   virtual absl::StatusOr<ListPlansPage> ListPlans(int page_size, absl::string_view page_token) = 0;
 
   // Durable (committed, fsynced) before it returns; returns the new id "meas-" + 16 hex.
@@ -86,6 +109,13 @@ class Store {  // implementations are thread-safe
   // Ordered by hardware_name, param_dtype, model_family.
   virtual absl::StatusOr<std::vector<memplan::v1::Calibration>> ListCalibrations(
       const CalibrationFilter& filter) = 0;
+  // Calibration and sample rows carry a checksum; a row that does not match is skipped (logged,
+  // counted in corrupt_rows_skipped), never returned.
+
+  // Checks the stored file without blocking writers (a separate read-only connection).
+  // DATA_LOSS naming the file and the first problems; OK for kOff and in MemoryStore.
+  virtual absl::Status CheckIntegrity(IntegrityCheck mode) = 0;
+  virtual StoreCounters Counters() const = 0;
 };
 
 // Clock and id source shared by both implementations; defaults: system clock, random device.
@@ -95,7 +125,13 @@ struct StoreEnv {
 };
 
 struct SqliteStoreOptions {
-  std::string path;  // database file; created when missing (parent folder must exist)
+  // Database file; created when missing (parent folder must exist). An existing empty (0-byte)
+  // file is refused: it is more likely a lost database than a new one.
+  std::string path;
+  IntegrityCheck integrity_check = IntegrityCheck::kQuick;  // at open; a failure refuses it
+  PlanRetention plan_retention;
+  int64_t max_list_page_bytes = kDefaultListPlansPageBytes;
+  int64_t max_database_bytes = 0;  // writes past it fail RESOURCE_EXHAUSTED; 0 = no limit
   int busy_timeout_ms = 5000;
   int64_t cache_size_bytes = 8 << 20;    // page cache per connection (SQLite's cache_size)
   int max_measurements_per_plan = 1000;  // GetPlan returns at most this many
@@ -106,11 +142,15 @@ struct SqliteStoreOptions {
 
 struct MemoryStoreOptions {
   int max_measurements_per_plan = 1000;
+  PlanRetention plan_retention;
+  int64_t max_list_page_bytes = kDefaultListPlansPageBytes;
   StoreEnv env;
 };
 
 // Opens (creating and migrating) the database. FAILED_PRECONDITION when the file's schema is
-// newer than this binary knows; INTERNAL/UNAVAILABLE for SQLite errors.
+// newer than this binary knows, when it is empty, or when it belongs to another application;
+// DATA_LOSS when the integrity check fails; RESOURCE_EXHAUSTED when the disk is full;
+// INTERNAL/UNAVAILABLE for other SQLite errors. Messages name the file and what to do.
 absl::StatusOr<std::unique_ptr<Store>> OpenSqliteStore(const SqliteStoreOptions& options);
 // The latest schema version this binary writes (PRAGMA user_version).
 int SqliteStoreSchemaVersion();

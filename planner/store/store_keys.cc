@@ -145,6 +145,33 @@ absl::Status CheckSampleLimit(int limit) {
   return absl::OkStatus();
 }
 
+absl::Status CheckStoreLimits(int max_measurements_per_plan, const PlanRetention& retention,
+                              int64_t max_list_page_bytes) {
+  if (max_measurements_per_plan <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("max_measurements_per_plan must be > 0, got ",
+                                                   max_measurements_per_plan));
+  }
+  if (retention.max_plans < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan_retention.max_plans must be >= 0 (0 = no cap), got ", retention.max_plans));
+  }
+  constexpr int64_t kMaxAgeSeconds = int64_t{100} * 365 * 24 * 3600;
+  if (retention.max_age_seconds < 0 || retention.max_age_seconds > kMaxAgeSeconds) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan_retention.max_age_seconds must be in [0, ", kMaxAgeSeconds,
+                     "] (0 = no limit), got ", retention.max_age_seconds));
+  }
+  if (retention.check_every_puts < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan_retention.check_every_puts must be >= 1, got ", retention.check_every_puts));
+  }
+  if (max_list_page_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_list_page_bytes must be >= 1, got ", max_list_page_bytes));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<PlanPageRequest> ParsePlanPageRequest(int page_size, absl::string_view page_token) {
   PlanPageRequest request;
   ASSIGN_OR_RETURN(request.limit, CheckPageSize(page_size));

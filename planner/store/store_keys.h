@@ -42,5 +42,8 @@ memplan::v1::DType ToProtoDType(DType dtype);
 absl::Status CheckMeasurement(const memplan::v1::Measurement& m);
 absl::Status CheckCalibration(const memplan::v1::Calibration& c);
 absl::Status CheckSampleLimit(int limit);
+// The options both stores share; INVALID_ARGUMENT naming the field and its range.
+absl::Status CheckStoreLimits(int max_measurements_per_plan, const PlanRetention& retention,
+                              int64_t max_list_page_bytes);
 
 }  // namespace memplan::store_internal

@@ -1,5 +1,6 @@
 // SqliteStore-specific properties: durability across reopen and kill -9, pragmas, schema
-// migrations, refusal of newer schemas, and 100 000 measurements within the memory budget.
+// migrations, refusal of newer schemas, corrupt, empty and foreign files, row checksums, disk
+// full, retention at open, and 100 000 measurements within the memory budget.
 #include <signal.h>
 #include <sqlite3.h>
 #include <stdlib.h>
@@ -8,6 +9,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -242,6 +244,295 @@ TEST_F(SqliteStoreTest, ReportsAFileThatIsNotADatabase) {
   EXPECT_TRUE(absl::IsDataLoss(store.status())) << store.status();
   SqliteStoreOptions no_path;
   EXPECT_TRUE(absl::IsInvalidArgument(OpenSqliteStore(no_path).status()));
+}
+
+// Overwrites `bytes.size()` bytes at `offset` of the file with plain file I/O, as a failing disk
+// or a stray writer would.
+void OverwriteFile(const std::string& path, std::streamoff offset, const std::string& bytes) {
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  ASSERT_TRUE(file.is_open()) << path;
+  file.seekp(offset);
+  file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(file.good());
+}
+
+std::string ReadWholeFile(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+}
+
+// Flips one byte of the only occurrence of `needle` in the file (after the store closed it).
+void GarbleUniqueBytes(const std::string& path, const std::string& needle) {
+  const std::string content = ReadWholeFile(path);
+  const size_t at = content.find(needle);
+  ASSERT_NE(at, std::string::npos) << "needle not in the file";
+  ASSERT_EQ(content.find(needle, at + 1), std::string::npos) << "needle not unique";
+  OverwriteFile(path, static_cast<std::streamoff>(at + needle.size() / 2),
+                std::string(1, static_cast<char>(content[at + needle.size() / 2] ^ 0x5a)));
+}
+
+// A populated file of about 300 pages: plans with 2 KB bodies and their measurements.
+void Populate(Store& store) {
+  std::vector<v1::Measurement> measurements;
+  for (int i = 0; i < 150; ++i) {
+    v1::StoredPlan plan;
+    plan.mutable_request()->mutable_arch()->set_name(std::string(2000, 'a' + i % 26));
+    absl::StatusOr<std::string> id = store.PutPlan(plan);
+    ASSERT_TRUE(id.ok()) << id.status();
+    measurements.emplace_back().set_plan_id(*id);
+    measurements.back().set_peak_reserved_bytes(i);
+  }
+  ASSERT_TRUE(store.PutMeasurements(measurements).ok());
+}
+
+TEST_F(SqliteStoreTest, RefusesToStartOnAGarbledPageInTheMiddle) {
+  {
+    std::unique_ptr<Store> store = Open();
+    ASSERT_NE(store, nullptr);
+    Populate(*store);
+  }  // closing checkpoints the WAL into the file
+  const uintmax_t bytes = std::filesystem::file_size(path_);
+  constexpr uintmax_t kPage = 4096;
+  ASSERT_GT(bytes, 100 * kPage);
+  std::mt19937 rng(27);
+  std::string garbage(kPage, '\0');
+  for (char& c : garbage) c = static_cast<char>(rng());
+  OverwriteFile(path_, static_cast<std::streamoff>(bytes / kPage / 2 * kPage), garbage);
+
+  absl::StatusOr<std::unique_ptr<Store>> store = OpenSqliteStore(Options());
+  ASSERT_TRUE(absl::IsDataLoss(store.status())) << store.status();
+  const std::string message(store.status().message());
+  EXPECT_THAT(message, HasSubstr(path_));
+  EXPECT_THAT(message, HasSubstr("corrupt"));
+  EXPECT_THAT(message, HasSubstr("restore it from a backup"));
+  EXPECT_LT(message.size(), 1200u);
+
+  SqliteStoreOptions unchecked = Options();
+  unchecked.integrity_check = IntegrityCheck::kOff;  // what opened it before
+  EXPECT_TRUE(OpenSqliteStore(unchecked).ok());
+}
+
+TEST_F(SqliteStoreTest, CheckIntegrityFindsDamageWhileOpen) {
+  std::unique_ptr<Store> store = Open();
+  ASSERT_NE(store, nullptr);
+  Populate(*store);
+  EXPECT_TRUE(store->CheckIntegrity(IntegrityCheck::kQuick).ok());
+  EXPECT_TRUE(store->CheckIntegrity(IntegrityCheck::kFull).ok());
+  // Moves every page into the main file, so the damage below is what a reader sees.
+  {
+    RawDb raw(path_);
+    raw.Exec("PRAGMA wal_checkpoint(TRUNCATE)");
+  }
+  const uintmax_t bytes = std::filesystem::file_size(path_);
+  OverwriteFile(path_, static_cast<std::streamoff>(bytes / 4096 / 2 * 4096),
+                std::string(4096, '\x7f'));
+  const absl::Status status = store->CheckIntegrity(IntegrityCheck::kQuick);
+  EXPECT_TRUE(absl::IsDataLoss(status)) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr(path_));
+  EXPECT_TRUE(store->CheckIntegrity(IntegrityCheck::kOff).ok());
+}
+
+TEST_F(SqliteStoreTest, RefusesAnEmptyFileInsteadOfStartingANewDatabase) {
+  std::ofstream(path_).close();
+  ASSERT_EQ(std::filesystem::file_size(path_), 0u);
+  absl::StatusOr<std::unique_ptr<Store>> store = OpenSqliteStore(Options());
+  ASSERT_TRUE(absl::IsFailedPrecondition(store.status())) << store.status();
+  EXPECT_THAT(std::string(store.status().message()), HasSubstr(path_));
+  EXPECT_THAT(std::string(store.status().message()), HasSubstr("empty"));
+  EXPECT_EQ(std::filesystem::file_size(path_), 0u) << "left as it was";
+  std::filesystem::remove(path_);
+  EXPECT_NE(Open(), nullptr) << "a missing file is still created";
+}
+
+TEST_F(SqliteStoreTest, RefusesAnotherApplicationsDatabaseNamingItsTables) {
+  {
+    RawDb raw(path_);
+    raw.Exec("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT);"
+             "CREATE TABLE orders (id INTEGER PRIMARY KEY, user INTEGER, total REAL);");
+  }
+  absl::StatusOr<std::unique_ptr<Store>> store = OpenSqliteStore(Options());
+  ASSERT_TRUE(absl::IsFailedPrecondition(store.status())) << store.status();
+  const std::string message(store.status().message());
+  EXPECT_THAT(message, HasSubstr(path_));
+  EXPECT_THAT(message, HasSubstr("not a memplan-planner database"));
+  EXPECT_THAT(message, HasSubstr("tables: orders, users"));
+  EXPECT_THAT(message, ::testing::Not(HasSubstr("CREATE")));
+  RawDb raw(path_);
+  EXPECT_EQ(raw.Text("SELECT COUNT(*) FROM sqlite_master WHERE name = 'plans'"), "0")
+      << "nothing was migrated into it";
+
+  // One that also sets user_version, and one with many tables: the list is cut.
+  RawDb other(dir_ + "/other.db");
+  other.Exec("PRAGMA user_version = 3");
+  for (int i = 0; i < 20; ++i) other.Exec("CREATE TABLE t" + std::to_string(100 + i) + " (x)");
+  SqliteStoreOptions options = Options();
+  options.path = dir_ + "/other.db";
+  store = OpenSqliteStore(options);
+  ASSERT_TRUE(absl::IsFailedPrecondition(store.status())) << store.status();
+  EXPECT_THAT(std::string(store.status().message()), HasSubstr("and 12 more"));
+}
+
+TEST_F(SqliteStoreTest, GarbledCalibrationRowsAreSkippedNotServed) {
+  const CalibrationKey h200{"H200", DType::kBFloat16, "llama"};
+  const CalibrationKey h100{"H100", DType::kBFloat16, "llama"};
+  constexpr double kGarbledFactor = 1.2345678912345;
+  constexpr int64_t kGarbledMeasured = 0x0123456789abcdef;
+  v1::Calibration kept;
+  {
+    std::unique_ptr<Store> store = Open();
+    ASSERT_NE(store, nullptr);
+    v1::Calibration c;
+    c.set_hardware_name("H200");
+    c.set_param_dtype(v1::DTYPE_BF16);
+    c.set_model_family("llama");
+    c.set_fragmentation_factor(kGarbledFactor);
+    ASSERT_TRUE(store->PutCalibration(c).ok());
+    c.set_hardware_name("H100");
+    c.set_fragmentation_factor(1.5);
+    ASSERT_TRUE(store->PutCalibration(c).ok());
+    kept = **store->GetCalibration(h100);
+    ASSERT_TRUE(store->PutCalibrationSample(h200, {100, 7, kGarbledMeasured, 1, false}).ok());
+    ASSERT_TRUE(store->PutCalibrationSample(h200, {100, 7, 130, 2, false}).ok());
+  }
+  // The factor as the Calibration body holds it (fixed64, little-endian) and the sample's
+  // measured_bytes as SQLite stores an integer (big-endian).
+  std::string factor_bytes(8, '\0');
+  std::memcpy(factor_bytes.data(), &kGarbledFactor, 8);
+  GarbleUniqueBytes(path_, factor_bytes);
+  std::string measured_bytes;
+  for (int i = 7; i >= 0; --i) measured_bytes.push_back(static_cast<char>(kGarbledMeasured >> (8 * i)));
+  GarbleUniqueBytes(path_, measured_bytes);
+
+  std::unique_ptr<Store> store = Open();  // the b-trees are intact: quick_check passes
+  ASSERT_NE(store, nullptr);
+  absl::StatusOr<std::optional<v1::Calibration>> garbled = store->GetCalibration(h200);
+  ASSERT_TRUE(garbled.ok()) << garbled.status();
+  EXPECT_FALSE(garbled->has_value()) << "served a changed factor: "
+                                     << (*garbled)->fragmentation_factor();
+  absl::StatusOr<std::optional<v1::Calibration>> other = store->GetCalibration(h100);
+  ASSERT_TRUE(other.ok() && other->has_value());
+  EXPECT_EQ((*other)->SerializeAsString(), kept.SerializeAsString());
+  absl::StatusOr<std::vector<v1::Calibration>> all = store->ListCalibrations({});
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 1u);
+  EXPECT_EQ((*all)[0].hardware_name(), "H100");
+  absl::StatusOr<std::vector<CalibrationSample>> samples = store->RecentCalibrationSamples(h200, 5);
+  ASSERT_TRUE(samples.ok());
+  ASSERT_EQ(samples->size(), 1u);
+  EXPECT_EQ((*samples)[0].measured_bytes, 130);
+  EXPECT_EQ(store->Counters().corrupt_rows_skipped, 3);  // Get, List, samples
+}
+
+TEST_F(SqliteStoreTest, Version6ChecksumsTheRowsOlderVersionsWrote) {
+  SqliteStoreOptions v5 = Options();
+  v5.migrate_to_version = 5;
+  const CalibrationKey key{"H200", DType::kBFloat16, "llama"};
+  {
+    std::unique_ptr<Store> store = Open(v5);
+    ASSERT_NE(store, nullptr);
+  }
+  InsertSamplesAsBefore("('H200', 2, 'llama', 100, 7, 120, 1, 0)");
+  {
+    v1::Calibration c;
+    c.set_hardware_name("H200");
+    c.set_param_dtype(v1::DTYPE_BF16);
+    c.set_model_family("llama");
+    c.set_fragmentation_factor(1.25);
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+    sqlite3_stmt* stmt = nullptr;
+    ASSERT_EQ(sqlite3_prepare_v2(db,
+                                 "INSERT INTO calibration (hardware_name, param_dtype, "
+                                 "model_family, updated_at_unix_ms, body) VALUES "
+                                 "('H200', 2, 'llama', 1, ?)",
+                                 -1, &stmt, nullptr),
+              SQLITE_OK);
+    const std::string body = c.SerializeAsString();
+    sqlite3_bind_blob(stmt, 1, body.data(), static_cast<int>(body.size()), SQLITE_TRANSIENT);
+    EXPECT_EQ(sqlite3_step(stmt), SQLITE_DONE);
+    sqlite3_finalize(stmt);
+    sqlite3_close(db);
+  }
+  std::unique_ptr<Store> store = Open();
+  ASSERT_NE(store, nullptr);
+  absl::StatusOr<std::optional<v1::Calibration>> c = store->GetCalibration(key);
+  ASSERT_TRUE(c.ok() && c->has_value());
+  EXPECT_EQ((*c)->fragmentation_factor(), 1.25);
+  absl::StatusOr<std::vector<CalibrationSample>> samples = store->RecentCalibrationSamples(key, 5);
+  ASSERT_TRUE(samples.ok());
+  ASSERT_EQ(samples->size(), 1u);
+  EXPECT_EQ((*samples)[0].measured_bytes, 120);
+  EXPECT_EQ(store->Counters().corrupt_rows_skipped, 0);
+}
+
+// SQLite's max_page_count makes a real SQLITE_FULL without filling the disk.
+TEST_F(SqliteStoreTest, AFullDatabaseIsResourceExhaustedNotRetryable) {
+  SqliteStoreOptions options = Options();
+  options.max_database_bytes = 256 << 10;
+  std::unique_ptr<Store> store = Open(options);
+  ASSERT_NE(store, nullptr);
+  v1::StoredPlan plan;
+  plan.mutable_request()->mutable_arch()->set_name(std::string(20000, 'x'));
+  absl::Status failure;
+  for (int i = 0; i < 100 && failure.ok(); ++i) failure = store->PutPlan(plan).status();
+  ASSERT_FALSE(failure.ok()) << "256 KiB never filled";
+  EXPECT_TRUE(absl::IsResourceExhausted(failure)) << failure;
+  EXPECT_THAT(std::string(failure.message()), HasSubstr("full"));
+  // The failed write rolled back; the store still reads.
+  EXPECT_TRUE(store->ListPlans(0, "").ok());
+}
+
+TEST_F(SqliteStoreTest, RetentionRunsAtOpenOverAnExistingFile) {
+  SqliteStoreOptions keep_all = Options();
+  keep_all.plan_retention.max_plans = 0;
+  keep_all.plan_retention.max_age_seconds = 0;
+  std::vector<std::string> ids;
+  {
+    std::unique_ptr<Store> store = Open(keep_all);
+    ASSERT_NE(store, nullptr);
+    for (int i = 0; i < 10; ++i) ids.push_back(AddPlan(*store));
+    ASSERT_TRUE(store->PutMeasurement(MeasurementFor(ids[0], 1)).ok());
+  }
+  SqliteStoreOptions capped = Options();
+  capped.plan_retention.max_plans = 3;
+  std::unique_ptr<Store> store = Open(capped);
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(store->Counters().plans_expired, 6);
+  absl::StatusOr<ListPlansPage> page = store->ListPlans(0, "");
+  ASSERT_TRUE(page.ok());
+  std::vector<std::string> left;
+  for (const v1::StoredPlan& p : page->plans) left.push_back(p.plan_id());
+  EXPECT_EQ(left, (std::vector<std::string>{ids[9], ids[8], ids[7], ids[0]}))
+      << "the newest three and the measured one";
+}
+
+// Issue 27: 150 plans of 3 MiB made one ListPlans(1000) answer 9.5 MB, over gRPC's 4 MiB.
+TEST_F(SqliteStoreTest, ListPlansPagesStayUnderGrpcsDefaultMessageSize) {
+  std::unique_ptr<Store> store = Open();
+  ASSERT_NE(store, nullptr);
+  v1::StoredPlan plan;
+  plan.mutable_request()->mutable_arch()->set_name(std::string(600 << 10, 'n'));
+  for (int i = 0; i < 12; ++i) ASSERT_TRUE(store->PutPlan(plan).ok());
+  std::string token;
+  int seen = 0;
+  int pages = 0;
+  do {
+    absl::StatusOr<ListPlansPage> page = store->ListPlans(kMaxListPlansPageSize, token);
+    ASSERT_TRUE(page.ok()) << page.status();
+    v1::ListPlansResponse response;
+    for (v1::StoredPlan& p : page->plans) {
+      p.mutable_response()->set_plan_id(p.plan_id());  // what PlannerCore adds
+      *response.add_plans() = p;
+    }
+    response.set_next_page_token(page->next_page_token);
+    EXPECT_LT(response.ByteSizeLong(), size_t{4} << 20);
+    EXPECT_FALSE(page->plans.empty());
+    seen += page->plans.size();
+    token = page->next_page_token;
+    ++pages;
+  } while (!token.empty() && pages < 20);
+  EXPECT_EQ(seen, 12);
+  EXPECT_EQ(pages, 3);  // 5 + 5 + 2 under the 3 MiB default
 }
 
 TEST_F(SqliteStoreTest, ForeignKeyProtectsMeasurements) {

@@ -28,6 +28,12 @@ StoreEnv TestEnv(std::shared_ptr<std::atomic<int64_t>> now) {
   return env;
 }
 
+// The options both stores take beyond the defaults the suite opens them with.
+struct StoreLimits {
+  PlanRetention retention;
+  int64_t max_list_page_bytes = kDefaultListPlansPageBytes;
+};
+
 class SqliteFactory {
  public:
   SqliteFactory() {
@@ -35,10 +41,13 @@ class SqliteFactory {
     dir_ = mkdtemp(pattern.data());
   }
   ~SqliteFactory() { std::filesystem::remove_all(dir_); }
-  std::unique_ptr<Store> Make(int max_measurements_per_plan, StoreEnv env) {
+  std::unique_ptr<Store> Make(int max_measurements_per_plan, StoreEnv env,
+                              const StoreLimits& limits = {}) {
     SqliteStoreOptions options;
     options.path = dir_ + "/planner.db";
     options.max_measurements_per_plan = max_measurements_per_plan;
+    options.plan_retention = limits.retention;
+    options.max_list_page_bytes = limits.max_list_page_bytes;
     options.env = std::move(env);
     absl::StatusOr<std::unique_ptr<Store>> store = OpenSqliteStore(options);
     EXPECT_TRUE(store.ok()) << store.status();
@@ -51,9 +60,12 @@ class SqliteFactory {
 
 class MemoryFactory {
  public:
-  std::unique_ptr<Store> Make(int max_measurements_per_plan, StoreEnv env) {
+  std::unique_ptr<Store> Make(int max_measurements_per_plan, StoreEnv env,
+                              const StoreLimits& limits = {}) {
     MemoryStoreOptions options;
     options.max_measurements_per_plan = max_measurements_per_plan;
+    options.plan_retention = limits.retention;
+    options.max_list_page_bytes = limits.max_list_page_bytes;
     options.env = std::move(env);
     return NewMemoryStore(options);
   }
@@ -69,6 +81,12 @@ class StoreTest : public ::testing::Test {
 
   std::unique_ptr<Store> MakeStore(int max_measurements_per_plan) {
     return factory_.Make(max_measurements_per_plan, TestEnv(now_));
+  }
+  // Replaces store_ (the same file for SqliteStore) with one opened with `limits`.
+  void ReopenWith(const StoreLimits& limits) {
+    store_.reset();
+    store_ = factory_.Make(1000, TestEnv(now_), limits);
+    ASSERT_NE(store_, nullptr);
   }
 
   std::string AddPlan(const std::string& id = "") {
@@ -296,6 +314,78 @@ TYPED_TEST(StoreTest, ListPlansPagesNewestFirstWithStableCursors) {
   ASSERT_TRUE(all.ok());
   EXPECT_EQ(all->plans.size(), 8u);  // default page size 50 covers them
   EXPECT_TRUE(all->next_page_token.empty());
+}
+
+TYPED_TEST(StoreTest, ListPlansPagesEndAtTheByteBudget) {
+  v1::StoredPlan plan;
+  plan.mutable_request()->mutable_arch()->set_name(std::string(1000, 'p'));
+  const int64_t plan_bytes = static_cast<int64_t>(plan.ByteSizeLong()) + 64;
+  StoreLimits limits;
+  limits.max_list_page_bytes = 3 * plan_bytes + 200;  // three plans (ids and times included)
+  this->ReopenWith(limits);
+  Store& store = *this->store_;
+  std::vector<std::string> ids;
+  for (int i = 0; i < 8; ++i) ids.push_back(*store.PutPlan(plan));
+  v1::StoredPlan huge;
+  huge.mutable_request()->mutable_arch()->set_name(std::string(20000, 'h'));
+  ids.push_back(*store.PutPlan(huge));
+
+  std::vector<std::string> seen;
+  std::vector<size_t> sizes;
+  std::string token;
+  do {
+    absl::StatusOr<ListPlansPage> page = store.ListPlans(kMaxListPlansPageSize, token);
+    ASSERT_TRUE(page.ok()) << page.status();
+    sizes.push_back(page->plans.size());
+    for (const v1::StoredPlan& p : page->plans) seen.push_back(p.plan_id());
+    token = page->next_page_token;
+  } while (!token.empty() && sizes.size() < 20);
+  // A plan over the budget still comes back, alone, so paging always advances.
+  EXPECT_EQ(sizes, (std::vector<size_t>{1, 3, 3, 2}));
+  EXPECT_EQ(seen, std::vector<std::string>(ids.rbegin(), ids.rend()));
+}
+
+TYPED_TEST(StoreTest, RetentionKeepsTheNewestPlansAndEveryMeasuredOne) {
+  StoreLimits limits;
+  limits.retention.max_plans = 5;
+  limits.retention.max_age_seconds = 0;
+  limits.retention.check_every_puts = 1;
+  this->ReopenWith(limits);
+  Store& store = *this->store_;
+  std::vector<std::string> ids;
+  ids.push_back(this->AddPlan());
+  ASSERT_TRUE(store.PutMeasurement(this->MeasurementFor(ids[0], 1)).ok());
+  for (int i = 1; i < 9; ++i) ids.push_back(this->AddPlan());
+
+  EXPECT_TRUE(store.GetPlan(ids[0]).ok()) << "measured plans are kept";
+  for (int i = 1; i <= 3; ++i) {
+    EXPECT_TRUE(absl::IsNotFound(store.GetPlan(ids[i]).status())) << i;
+  }
+  for (int i = 4; i < 9; ++i) EXPECT_TRUE(store.GetPlan(ids[i]).ok()) << i;
+  EXPECT_EQ(store.Counters().plans_expired, 3);
+  absl::StatusOr<ListPlansPage> page = store.ListPlans(0, "");
+  ASSERT_TRUE(page.ok());
+  EXPECT_EQ(page->plans.size(), 6u);
+}
+
+TYPED_TEST(StoreTest, RetentionExpiresPlansOlderThanTheMaximumAge) {
+  StoreLimits limits;
+  limits.retention.max_plans = 0;
+  limits.retention.max_age_seconds = 3600;
+  limits.retention.check_every_puts = 2;
+  this->ReopenWith(limits);
+  Store& store = *this->store_;
+  const int64_t now_ms = this->now_->load();
+  v1::StoredPlan old_plan;
+  old_plan.set_created_at_unix_ms(now_ms - 2 * 3600 * 1000);
+  const std::string old_id = *store.PutPlan(old_plan);
+  EXPECT_TRUE(store.GetPlan(old_id).ok()) << "not checked before the second put";
+  v1::StoredPlan recent;
+  recent.set_created_at_unix_ms(now_ms - 1800 * 1000);
+  const std::string recent_id = *store.PutPlan(recent);
+  EXPECT_TRUE(absl::IsNotFound(store.GetPlan(old_id).status()));
+  EXPECT_TRUE(store.GetPlan(recent_id).ok());
+  EXPECT_EQ(store.Counters().plans_expired, 1);
 }
 
 TYPED_TEST(StoreTest, ListPlansRejectsBadArgumentsByName) {
