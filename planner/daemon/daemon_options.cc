@@ -69,7 +69,17 @@ Usage: memplan-planner [flags]
                              port 0 picks a free port, printed as "metrics on HOST:PORT")
   --metrics-plan-series=N    newest plans that keep memplan_plan_*_peak_bytes{plan_id} series
                              (default 256; older series are dropped; [1, 100000])
-  --db=PATH                  SQLite database, created when missing (default ./memplan-planner.db)
+  --db=PATH                  SQLite database, created when missing (default ./memplan-planner.db;
+                             an existing empty file is refused)
+  --db-check=MODE            quick (default; PRAGMA quick_check) | full (integrity_check) | off:
+                             a corrupt database refuses the start, naming the file
+  --db-check-interval-hours=H
+                             check again every H hours while serving (default 24; 0 = at start
+                             only; [0, 8760]); a failure is logged and health turns NOT_SERVING
+  --db-max-plans=N           stored plans kept, newest first (default 100000; 0 = no cap;
+                             [0, 1000000000]); plans with measurements are always kept
+  --db-max-plan-age-days=D   plans older than D days are deleted (default 30; 0 = never;
+                             [0, 36500]); measured plans are kept
   --log-level=LEVEL          debug | info | warning | error (default info; debug logs every RPC)
   --search-threads=N         plan-search threads (default 0 = one per CPU, at most 16)
   --max-queued-searches=N    searches waiting for a thread before RESOURCE_EXHAUSTED (default 256)
@@ -146,6 +156,31 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::vector<std::string>&
     } else if (name == "--db") {
       if (value.empty()) return absl::InvalidArgumentError("--db must not be empty");
       options.db_path = value;
+    } else if (name == "--db-check") {
+      if (value == "quick") {
+        options.db_check = DbCheck::kQuick;
+      } else if (value == "full") {
+        options.db_check = DbCheck::kFull;
+      } else if (value == "off") {
+        options.db_check = DbCheck::kOff;
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--db-check = \"", value.substr(0, 32), "\" is not a mode; allowed: quick, full, off"));
+      }
+    } else if (name == "--db-check-interval-hours") {
+      double hours = 0;
+      if (!absl::SimpleAtod(value, &hours) || !std::isfinite(hours) || hours < 0 || hours > 8760) {
+        return absl::InvalidArgumentError(absl::StrCat("--db-check-interval-hours = \"",
+                                                       value.substr(0, 32),
+                                                       "\" is not a number in [0, 8760]"));
+      }
+      options.db_check_interval_hours = hours;
+    } else if (name == "--db-max-plans") {
+      if (auto s = ParseInt(name, value, 0, 1000000000, &options.db_max_plans); !s.ok()) return s;
+    } else if (name == "--db-max-plan-age-days") {
+      if (auto s = ParseInt(name, value, 0, 36500, &options.db_max_plan_age_days); !s.ok()) {
+        return s;
+      }
     } else if (name == "--log-level") {
       std::optional<LogLevel> level = ParseLogLevel(value);
       if (!level.has_value()) {

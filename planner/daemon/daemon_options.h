@@ -16,10 +16,17 @@ enum class ClientCertMode {
   kOptional,  // verified when presented; read RPCs work without one
 };
 
+// How the database file is checked (PRAGMA quick_check / integrity_check; planner/store).
+enum class DbCheck { kOff, kQuick, kFull };
+
 struct DaemonOptions {
   std::string listen_address = "127.0.0.1:50051";  // port 0: any free port (printed)
   std::string metrics_address = "127.0.0.1:9464";  // empty: no /metrics endpoint
   std::string db_path = "./memplan-planner.db";
+  DbCheck db_check = DbCheck::kQuick;  // at start (a failure refuses to start) and on a schedule
+  double db_check_interval_hours = 24;  // 0: at start only
+  int db_max_plans = 100000;            // plans kept (those with measurements always); 0: no cap
+  int db_max_plan_age_days = 30;        // 0: no limit
   LogLevel log_level = LogLevel::kInfo;
   int search_threads = 0;  // 0: one per CPU (at most 16)
   int max_queued_searches = 256;

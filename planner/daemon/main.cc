@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   memplan::SetMinLogLevel(options->log_level);
+  // A client that closes its connection mid-answer must cost an EPIPE, not the process.
+  signal(SIGPIPE, SIG_IGN);
 
   // Block the stop signals before any thread exists so every thread inherits the mask and the
   // signals queue up for sigwait below instead of killing the process mid-write.

@@ -21,6 +21,7 @@
 #include "planner/service/planner_service.h"
 #include "planner/service/search_executor.h"
 #include "planner/service/write_authorizer.h"
+#include "planner/store/integrity_monitor.h"
 #include "planner/store/store.h"
 #include "planner/webhook/admission_webhook.h"
 #include "planner/webhook/https_server.h"
@@ -67,6 +68,18 @@ std::string TransportName(const DaemonOptions& options) {
   return options.client_cert_mode == ClientCertMode::kRequire ? "mtls" : "tls+optional-client-cert";
 }
 
+IntegrityCheck ToIntegrityCheck(DbCheck check) {
+  switch (check) {
+    case DbCheck::kOff:
+      return IntegrityCheck::kOff;
+    case DbCheck::kFull:
+      return IntegrityCheck::kFull;
+    case DbCheck::kQuick:
+      break;
+  }
+  return IntegrityCheck::kQuick;
+}
+
 int DefaultSearchThreads() {
   const unsigned cpus = std::thread::hardware_concurrency();
   return static_cast<int>(std::clamp(cpus == 0 ? 1u : cpus, 1u, 16u));
@@ -94,6 +107,9 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const Daemon
 
   SqliteStoreOptions store_options;
   store_options.path = options.db_path;
+  store_options.integrity_check = ToIntegrityCheck(options.db_check);
+  store_options.plan_retention.max_plans = options.db_max_plans;
+  store_options.plan_retention.max_age_seconds = int64_t{options.db_max_plan_age_days} * 86400;
   auto store = OpenSqliteStore(store_options);
   if (!store.ok()) {
     return absl::Status(
@@ -167,6 +183,25 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const Daemon
                          : "; or --tls-cert/--tls-key are not a PEM certificate and its key)"));
   }
   daemon->server_->GetHealthCheckService()->SetServingStatus(kPlannerServiceName, true);
+  if (options.db_check != DbCheck::kOff && options.db_check_interval_hours > 0) {
+    IntegrityMonitor::Options monitor_options;
+    monitor_options.mode = store_options.integrity_check;
+    monitor_options.interval_seconds = options.db_check_interval_hours * 3600;
+    grpc::HealthCheckServiceInterface* health = daemon->server_->GetHealthCheckService();
+    daemon->integrity_monitor_ = std::make_unique<IntegrityMonitor>(
+        *daemon->store_, monitor_options, [health](const absl::Status& status) {
+          if (!absl::IsDataLoss(status)) {  // busy or unreadable: try again next time
+            MEMPLAN_LOG(kWarning, "scheduled database check did not run")
+                .Field("error", status.ToString());
+            return;
+          }
+          // Probes take the planner out of rotation; answers already given stand, new ones
+          // would read a damaged file.
+          MEMPLAN_LOG(kError, "scheduled database check failed; health is NOT_SERVING")
+              .Field("error", status.message());
+          health->SetServingStatus(false);
+        });
+  }
   if (!daemon->authorizer_->enabled() && !IsLoopbackAddress(options.listen_address)) {
     MEMPLAN_LOG(kWarning, "write RPCs are open to every client that reaches the port")
         .Field("listen", options.listen_address)
@@ -187,6 +222,7 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const Daemon
 }
 
 void PlannerDaemon::Shutdown(double grace_seconds) {
+  integrity_monitor_.reset();  // its callback uses server_'s health service
   if (server_ != nullptr) {
     // Load balancers and probes see NOT_SERVING while the in-flight calls finish.
     server_->GetHealthCheckService()->SetServingStatus(false);

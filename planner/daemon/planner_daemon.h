@@ -26,6 +26,7 @@ class PlannerCore;
 class PlannerMetrics;
 class PlannerServiceImpl;
 class SearchExecutor;
+class IntegrityMonitor;
 class Store;
 class WriteAuthorizer;
 
@@ -65,6 +66,7 @@ class PlannerDaemon {
   std::unique_ptr<AdmissionWebhook> webhook_;
   std::unique_ptr<HttpsServer> webhook_server_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<IntegrityMonitor> integrity_monitor_;  // reports to server_'s health service
 };
 
 }  // namespace memplan

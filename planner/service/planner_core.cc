@@ -168,7 +168,8 @@ PlannerCore::PlannerCore(Store& store, SearchExecutor& executor, PlannerMetrics*
       stored_measurements_(stored_measurements),
       burst_limiter_(options_.measurement_checks) {}
 
-absl::StatusOr<v1::PlanResponse> PlannerCore::Plan(const v1::PlanRequest& request) {
+absl::StatusOr<v1::PlanResponse> PlannerCore::Plan(const v1::PlanRequest& request,
+                                                   Storage storage) {
   Resolved r;
   PlanInputs& in = r.inputs;
   r.stored_request = request;
@@ -388,6 +389,10 @@ absl::StatusOr<v1::PlanResponse> PlannerCore::Plan(const v1::PlanRequest& reques
   v1::StoredPlan plan;
   *plan.mutable_request() = std::move(stored);
   *plan.mutable_response() = response;
+  if (storage == Storage::kDryRun) {
+    if (metrics_ != nullptr) metrics_->PlanServed(response.fits());
+    return response;
+  }
   ASSIGN_OR_RETURN(std::string plan_id, store_.PutPlan(plan));
   response.set_plan_id(plan_id);
 

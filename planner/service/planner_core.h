@@ -48,8 +48,11 @@ class PlannerCore {
 
   // Makes, stores and returns a plan (with its plan_id). INVALID_ARGUMENT names the field and
   // its allowed range; NOT_FOUND for unknown ids and presets; RESOURCE_EXHAUSTED when the
-  // search queue is full.
-  absl::StatusOr<v1::PlanResponse> Plan(const v1::PlanRequest& request);
+  // search queue is full. kDryRun stores nothing and leaves plan_id empty (the webhook's
+  // dry-run reviews: the manifest declares sideEffects: NoneOnDryRun).
+  enum class Storage { kStore, kDryRun };
+  absl::StatusOr<v1::PlanResponse> Plan(const v1::PlanRequest& request,
+                                        Storage storage = Storage::kStore);
   absl::StatusOr<v1::SubmitTraceResponse> SubmitTrace(const v1::SubmitTraceRequest& request);
   absl::StatusOr<v1::SubmitHardwareProfileResponse> SubmitHardwareProfile(
       const v1::SubmitHardwareProfileRequest& request);

@@ -102,9 +102,38 @@ absl::StatusOr<std::optional<v1::PlanRequest>> PlanRequestOf(const Json& pod) {
   return std::optional<v1::PlanRequest>(std::move(request));
 }
 
+// Whether the JSON text nests arrays and objects deeper than `limit`, counted over the raw bytes
+// (brackets inside strings skipped) so that nothing deep is ever built: copying and comparing
+// nlohmann values recurse once per level, and 100 000 levels overflowed the stack.
+bool NestsDeeperThan(const std::string& text, int limit) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> AdmissionWebhook::Review(const std::string& body) {
+  if (NestsDeeperThan(body, kMaxJsonDepth)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AdmissionReview nests arrays/objects deeper than ", kMaxJsonDepth, " levels"));
+  }
   const Json review = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (review.is_discarded() || !review.is_object() || !review.contains("request") ||
       !StringAt(review["request"], "uid").has_value()) {
@@ -113,24 +142,30 @@ absl::StatusOr<std::string> AdmissionWebhook::Review(const std::string& body) {
   }
   const Json& request = review["request"];
   Json response = {{"uid", request["uid"]}, {"allowed", true}};
-  const Json pod = request.contains("object") ? request["object"] : Json::object();
+  const Json empty = Json::object();
+  const Json& pod = request.contains("object") ? request["object"] : empty;
+  // The manifest declares sideEffects: NoneOnDryRun, so a dry-run review stores no plan.
+  const auto dry_run = request.find("dryRun");
+  const bool is_dry_run = dry_run != request.end() && dry_run->is_boolean() && dry_run->get<bool>();
   absl::StatusOr<std::optional<v1::PlanRequest>> plan_request = PlanRequestOf(pod);
   std::string denial;
   if (!plan_request.ok()) {
     denial = absl::StrCat("memplan: ", plan_request.status().message());
   } else if (plan_request->has_value()) {
-    absl::StatusOr<v1::PlanResponse> plan = core_.Plan(**plan_request);
+    absl::StatusOr<v1::PlanResponse> plan = core_.Plan(
+        **plan_request, is_dry_run ? PlannerCore::Storage::kDryRun : PlannerCore::Storage::kStore);
     if (!plan.ok()) {
       denial = absl::StrCat("memplan: ", plan.status().message());
     } else {
-      response["auditAnnotations"] = {{"memplan.dev/plan-id", plan->plan_id()}};
+      if (!is_dry_run) response["auditAnnotations"] = {{"memplan.dev/plan-id", plan->plan_id()}};
       if (!plan->fits()) {
         denial = absl::StrCat("memplan: ", (*plan_request)->arch_preset(), " on ",
                               (*plan_request)->hardware_preset(), ": ", plan->reason());
       } else {
         response["warnings"] = Json::array({absl::StrCat(
-            "memplan: fits; plan ", plan->plan_id(), ", ",
-            static_cast<int64_t>(plan->prediction().tokens_per_second()), " tokens/s per GPU")});
+            "memplan: fits; ", is_dry_run ? "dry run, no plan stored" : "plan " + plan->plan_id(),
+            ", ", static_cast<int64_t>(plan->prediction().tokens_per_second()),
+            " tokens/s per GPU")});
       }
     }
   }

@@ -22,13 +22,16 @@ class PlannerCore;
 //   memplan.dev/dtype        fp32 | bf16 | fp16 (default bf16)
 //   memplan.dev/lora-rank, memplan.dev/lora-targets               (default: full fine-tune)
 inline constexpr char kAnnotationPrefix[] = "memplan.dev/";
+// Deeper AdmissionReview bodies are answered 400 before they are parsed (a Pod is ~10 deep).
+inline constexpr int kMaxJsonDepth = 64;
 
 class AdmissionWebhook {
  public:
   explicit AdmissionWebhook(PlannerCore& core) : core_(core) {}
 
-  // The AdmissionReview answer to an AdmissionReview request body. INVALID_ARGUMENT when the
-  // body is not an AdmissionReview with request.uid (the caller answers HTTP 400).
+  // The AdmissionReview answer to an AdmissionReview request body; request.dryRun = true plans
+  // without storing. INVALID_ARGUMENT when the body is not an AdmissionReview with request.uid or
+  // nests deeper than kMaxJsonDepth (the caller answers HTTP 400).
   absl::StatusOr<std::string> Review(const std::string& body);
 
   // HTTP entry point: POST /validate -> Review.

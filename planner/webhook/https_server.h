@@ -1,32 +1,25 @@
-// A small HTTPS/1.1 server on OpenSSL for the planner's JSON endpoints (the Kubernetes admission
-// webhook): POST requests with a Content-Length body up to 1 MiB, one answer per connection.
-// Thread-safe; Start() returns once the port is bound, the destructor stops accepting and waits
-// for connections in progress (each bounded by a 10 s socket timeout).
+// The admission webhook's HTTPS/1.1 server: OpenSSL (TLS >= 1.2) over the bounded server core
+// of common/http_server.h — one request per connection, a deadline per connection from accept
+// (handshake included), headers above 16 KiB answered 431 and bodies above 1 MiB 413, a
+// connection cap that idle or dripping clients can hold for at most the deadline. Thread-safe;
+// Start() returns once the port is bound; the destructor cuts open connections at once.
 #pragma once
 
-#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/http_server.h"
 
 namespace memplan {
 
 struct HttpsServerOptions {
-  std::string address;        // "HOST:PORT"; port 0 picks a free port
-  std::string cert_pem_file;  // server certificate (chain), PEM
-  std::string key_pem_file;   // its private key, PEM
-  int max_connections = 16;   // beyond this, new connections are closed at once
-};
-
-struct HttpAnswer {
-  int status = 200;
-  std::string content_type = "application/json";
-  std::string body;
+  std::string address;          // "HOST:PORT"; port 0 picks a free port
+  std::string cert_pem_file;    // server certificate (chain), PEM
+  std::string key_pem_file;     // its private key, PEM
+  int max_connections = 64;     // served at once; more wait in the listen backlog
+  double request_seconds = 10;  // from accept to the end of the request
 };
 
 class HttpsServer {
@@ -43,24 +36,14 @@ class HttpsServer {
   HttpsServer(const HttpsServer&) = delete;
   HttpsServer& operator=(const HttpsServer&) = delete;
 
-  int port() const { return port_; }
+  int port() const;
 
  private:
   struct Tls;
-  HttpsServer(std::unique_ptr<Tls> tls, int listen_fd, int port, int max_connections,
-              Handler handler);
-  void AcceptLoop();
-  void Serve(int fd);
+  HttpsServer() = default;
 
-  const std::unique_ptr<Tls> tls_;
-  const int listen_fd_;
-  const int port_;
-  const int max_connections_;
-  const Handler handler_;
-  std::atomic<bool> stopping_{false};
-  absl::Mutex mu_;
-  int active_ ABSL_GUARDED_BY(mu_) = 0;  // connections being served
-  std::thread accept_thread_;
+  std::shared_ptr<Tls> tls_;  // shared with the connection streams
+  std::unique_ptr<HttpServer> server_;
 };
 
 }  // namespace memplan

@@ -121,13 +121,40 @@ TEST(DaemonOptionsTest, ErrorsNameTheFlag) {
   EXPECT_FALSE(ParseDaemonOptions({"--listen="}).ok());
 }
 
+TEST(DaemonOptionsTest, DatabaseCheckAndRetentionFlags) {
+  auto defaults = ParseDaemonOptions({});
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->db_check, DbCheck::kQuick);
+  EXPECT_EQ(defaults->db_check_interval_hours, 24);
+  EXPECT_EQ(defaults->db_max_plans, 100000);
+  EXPECT_EQ(defaults->db_max_plan_age_days, 30);
+  auto options = ParseDaemonOptions({"--db-check=full", "--db-check-interval-hours=0.5",
+                                     "--db-max-plans=0", "--db-max-plan-age-days", "7"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->db_check, DbCheck::kFull);
+  EXPECT_EQ(options->db_check_interval_hours, 0.5);
+  EXPECT_EQ(options->db_max_plans, 0);
+  EXPECT_EQ(options->db_max_plan_age_days, 7);
+  EXPECT_EQ(ParseDaemonOptions({"--db-check=off"})->db_check, DbCheck::kOff);
+  EXPECT_THAT(ParseDaemonOptions({"--db-check=" + std::string(1000, 'x')}).status().message(),
+              ::testing::AllOf(HasSubstr("--db-check"), HasSubstr("quick, full, off"),
+                               ::testing::Not(HasSubstr(std::string(100, 'x')))));
+  EXPECT_THAT(ParseDaemonOptions({"--db-check-interval-hours=-1"}).status().message(),
+              HasSubstr("[0, 8760]"));
+  EXPECT_THAT(ParseDaemonOptions({"--db-max-plans=-5"}).status().message(),
+              HasSubstr("--db-max-plans"));
+  EXPECT_THAT(ParseDaemonOptions({"--db-max-plan-age-days=40000"}).status().message(),
+              HasSubstr("[0, 36500]"));
+}
+
 TEST(DaemonOptionsTest, UsageMentionsEveryFlag) {
   const std::string usage = DaemonUsage();
   for (const char* flag :
        {"--listen", "--metrics", "--db", "--log-level", "--search-threads", "--max-queued-searches",
         "--max-rpc-threads", "--shutdown-grace-seconds", "--tls-cert", "--tls-key",
         "--tls-client-ca", "--tls-client-auth", "--auth-token-file", "--quarantine-step-ratio",
-        "--quarantine-burst", "--insecure", "--help"}) {
+        "--quarantine-burst", "--insecure", "--help", "--db-check", "--db-check-interval-hours",
+        "--db-max-plans", "--db-max-plan-age-days"}) {
     EXPECT_THAT(usage, HasSubstr(flag));
   }
 }

@@ -2,10 +2,17 @@
 // --webhook over HTTPS (certificates made by openssl in the test), real AdmissionReview JSON as
 // the API server sends it, POSTed with curl. Issue 12's example: a Pod asking an RTX 4090 for a
 // llama-3.1-8b full fine-tune is denied with the reason, the same Pod on an H100 is admitted.
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <openssl/ssl.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -16,6 +23,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon_process.h"
+#include "grpcpp/grpcpp.h"
+#include "memplan/v1/planner.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "test_pki.h"
 
@@ -62,9 +71,84 @@ Json PodReview(const std::string& uid, const Json& annotations,
             {"dryRun", false}}}};
 }
 
+// A TCP connection to 127.0.0.1:port, optionally with TLS (the test CA is not checked: these
+// clients probe the server's handling of connections, not its identity). Reads time out after
+// 30 s so a server that never answers fails the test instead of hanging it.
+class RawClient {
+ public:
+  static std::unique_ptr<RawClient> Connect(int port, bool tls) {
+    auto client = std::unique_ptr<RawClient>(new RawClient());
+    client->fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (client->fd_ < 0 ||
+        connect(client->fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      return nullptr;
+    }
+    timeval timeout{30, 0};
+    setsockopt(client->fd_, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+    if (!tls) return client;
+    client->ctx_ = SSL_CTX_new(TLS_client_method());
+    client->ssl_ = SSL_new(client->ctx_);
+    SSL_set_fd(client->ssl_, client->fd_);
+    if (SSL_connect(client->ssl_) != 1) return nullptr;
+    return client;
+  }
+  ~RawClient() { Close(); }
+
+  bool Send(const std::string& data) {
+    if (ssl_ != nullptr) {
+      return SSL_write(ssl_, data.data(), static_cast<int>(data.size())) ==
+             static_cast<int>(data.size());
+    }
+    return send(fd_, data.data(), data.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(data.size());
+  }
+  // Everything until the server closes (or 30 s pass).
+  std::string ReadAll() {
+    std::string out;
+    char buffer[4096];
+    while (true) {
+      const int n = ssl_ != nullptr ? SSL_read(ssl_, buffer, sizeof(buffer))
+                                    : static_cast<int>(recv(fd_, buffer, sizeof(buffer), 0));
+      if (n <= 0) return out;
+      out.append(buffer, static_cast<size_t>(n));
+    }
+  }
+  // Closes without a TLS close_notify; `reset` sends a TCP RST instead of a FIN, so the server's
+  // next write to this connection fails (EPIPE: the SIGPIPE path).
+  void Close(bool reset = false) {
+    if (fd_ >= 0 && reset) {
+      linger l{1, 0};
+      setsockopt(fd_, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+    }
+    if (ssl_ != nullptr) SSL_free(ssl_);
+    if (ctx_ != nullptr) SSL_CTX_free(ctx_);
+    if (fd_ >= 0) close(fd_);
+    ssl_ = nullptr;
+    ctx_ = nullptr;
+    fd_ = -1;
+  }
+
+ private:
+  RawClient() = default;
+  int fd_ = -1;
+  SSL_CTX* ctx_ = nullptr;
+  SSL* ssl_ = nullptr;
+};
+
+// The HTTP status code of a raw answer ("HTTP/1.1 431 ..."), 0 when there is none.
+int StatusOf(const std::string& answer) {
+  if (answer.rfind("HTTP/1.1 ", 0) != 0 || answer.size() < 12) return 0;
+  return std::atoi(answer.c_str() + 9);
+}
+
 class AdmissionWebhookE2ETest : public ::testing::Test {
  protected:
   void SetUp() override {
+    // The probing clients write to connections the server may have closed.
+    signal(SIGPIPE, SIG_IGN);
     std::string templ = ::testing::TempDir() + "/memplan-webhook-XXXXXX";
     ASSERT_NE(mkdtemp(templ.data()), nullptr);
     dir_ = templ;
@@ -122,11 +206,167 @@ class AdmissionWebhookE2ETest : public ::testing::Test {
     return answer["response"];
   }
 
+  // Whether the daemon process is still running (not exited, not killed by a signal).
+  bool DaemonAlive() {
+    int status = 0;
+    return waitpid(daemon_->pid(), &status, WNOHANG) == 0;
+  }
+
+  // Plans in the daemon's store, read over its gRPC port.
+  int StoredPlans() {
+    grpc::SslCredentialsOptions tls;
+    tls.pem_root_certs = ReadFile(pki_.ca_cert);
+    auto stub = v1::Planner::NewStub(
+        grpc::CreateChannel(daemon_->address(), grpc::SslCredentials(tls)));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::ListPlansRequest request;
+    request.set_page_size(1000);
+    v1::ListPlansResponse response;
+    const grpc::Status status = stub->ListPlans(&context, request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return response.plans_size();
+  }
+
   std::string dir_;
   testing::TestPki pki_;
   int port_ = 0;
   std::unique_ptr<DaemonProcess> daemon_;
 };
+
+// Issue 27, 1: a client that hung up killed the daemon with SIGPIPE (exit 141, no log line).
+TEST_F(AdmissionWebhookE2ETest, ClientsThatHangUpDoNotKillTheDaemon) {
+  const std::string review = PodReview("uid-hangup", Json{{"memplan.dev/model", "llama-3.1-8b"},
+                                                          {"memplan.dev/gpu", "h100-80gb"}})
+                                 .dump();
+  const std::string request =
+      absl::StrCat("POST /validate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                   "Content-Length: ",
+                   review.size(), "\r\n\r\n", review);
+  for (int round = 0; round < 3; ++round) {
+    // A TLS handshake, then gone.
+    auto handshake_only = RawClient::Connect(port_, /*tls=*/true);
+    ASSERT_NE(handshake_only, nullptr);
+    handshake_only->Close(/*reset=*/round % 2 == 1);
+    // Half a header, then gone.
+    auto partial = RawClient::Connect(port_, /*tls=*/true);
+    ASSERT_NE(partial, nullptr);
+    ASSERT_TRUE(partial->Send("POST /validate HTTP/1.1\r\nHost: 12"));
+    partial->Close(/*reset=*/round % 2 == 1);
+    // A whole review, then gone before the answer: the server writes to a reset connection.
+    auto whole = RawClient::Connect(port_, /*tls=*/true);
+    ASSERT_NE(whole, nullptr);
+    ASSERT_TRUE(whole->Send(request));
+    whole->Close(/*reset=*/true);
+    // A plaintext client on the TLS port.
+    auto plaintext = RawClient::Connect(port_, /*tls=*/false);
+    ASSERT_NE(plaintext, nullptr);
+    ASSERT_TRUE(plaintext->Send(request));
+    plaintext->Close(/*reset=*/true);
+  }
+  // Two planning reviews after them, one after the other: the second is searched after every
+  // reset review's search has started, so their answers have been written to the closed
+  // connections, and the daemon is still there to answer.
+  for (const char* uid : {"uid-after-hangups-1", "uid-after-hangups-2"}) {
+    EXPECT_TRUE(Review(PodReview(uid, Json{{"memplan.dev/model", "llama-3.1-8b"},
+                                           {"memplan.dev/gpu", "h100-80gb"}}))
+                    .value("allowed", false));
+  }
+  EXPECT_TRUE(DaemonAlive()) << ReadFile(dir_ + "/planner.log");
+}
+
+// Issue 27, 2: 100 000 nested arrays overflowed the stack (SIGSEGV) while the review was copied.
+TEST_F(AdmissionWebhookE2ETest, DeeplyNestedJsonIsRefusedNotFollowed) {
+  const int depth = 100000;
+  const std::string body =
+      absl::StrCat(R"({"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview",)",
+                   R"("request":{"uid":"uid-deep","object":)", std::string(depth, '['),
+                   std::string(depth, ']'), "}}");
+  const auto [status, answer] = Post("/validate", body);
+  EXPECT_EQ(status, 400);
+  EXPECT_THAT(answer, HasSubstr("deeper than 64 levels"));
+  // Brackets inside strings are text, not nesting.
+  Json annotated = PodReview("uid-brackets", Json::object());
+  annotated["request"]["object"]["metadata"]["labels"] = {{"note", std::string(1000, '[')}};
+  EXPECT_TRUE(Review(annotated).value("allowed", false));
+  EXPECT_TRUE(DaemonAlive()) << ReadFile(dir_ + "/planner.log");
+}
+
+// Issue 27, 2: a 20 KB header and a 1 MiB + 1 body got no answer at all.
+TEST_F(AdmissionWebhookE2ETest, OversizedHeadersAndBodiesAreAnswered431And413) {
+  auto big_header = RawClient::Connect(port_, /*tls=*/true);
+  ASSERT_NE(big_header, nullptr);
+  ASSERT_TRUE(big_header->Send(absl::StrCat("POST /validate HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: ",
+                                            std::string(20 << 10, 'a'), "\r\n\r\n")));
+  const std::string header_answer = big_header->ReadAll();
+  EXPECT_EQ(StatusOf(header_answer), 431) << header_answer.substr(0, 200);
+
+  // The 413 comes from the Content-Length alone: the body is never read.
+  auto big_body = RawClient::Connect(port_, /*tls=*/true);
+  ASSERT_NE(big_body, nullptr);
+  ASSERT_TRUE(big_body->Send(
+      "POST /validate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1048577\r\n\r\n{"));
+  const std::string body_answer = big_body->ReadAll();
+  EXPECT_EQ(StatusOf(body_answer), 413) << body_answer.substr(0, 200);
+  EXPECT_THAT(body_answer, HasSubstr("Content-Length = 1048577: allowed up to 1048576 bytes"));
+
+  // Two requests on one connection: the first is answered, once.
+  const std::string review = PodReview("uid-pipelined", Json::object()).dump();
+  const std::string one = absl::StrCat("POST /validate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: ",
+                                       review.size(), "\r\n\r\n", review);
+  auto pipelined = RawClient::Connect(port_, /*tls=*/true);
+  ASSERT_NE(pipelined, nullptr);
+  ASSERT_TRUE(pipelined->Send(one + one));
+  const std::string pipelined_answer = pipelined->ReadAll();
+  EXPECT_EQ(StatusOf(pipelined_answer), 200) << pipelined_answer.substr(0, 200);
+  EXPECT_THAT(pipelined_answer, HasSubstr("uid-pipelined"));
+}
+
+// Issue 27, 5: 16 connections that sent part of a request and then waited blocked every review
+// (the server served at most 16, each for as long as its client kept sending).
+TEST_F(AdmissionWebhookE2ETest, IdleAndDrippingClientsDoNotBlockAReview) {
+  std::vector<std::unique_ptr<RawClient>> drips;
+  for (int i = 0; i < 20; ++i) {
+    auto client = RawClient::Connect(port_, /*tls=*/i % 2 == 0);
+    ASSERT_NE(client, nullptr) << i;
+    if (i % 4 < 2) {
+      ASSERT_TRUE(client->Send("POST /validate HTTP/1.1\r\nHost"));
+    }
+    drips.push_back(std::move(client));
+  }
+  // curl gives up after 30 s; the review needs well under a second once it is served.
+  EXPECT_TRUE(Review(PodReview("uid-beside-drips", Json::object())).value("allowed", false));
+  // A client that stopped sending gets 408 at the connection's deadline (10 s from accept).
+  const std::string cut = drips[0]->ReadAll();
+  EXPECT_EQ(StatusOf(cut), 408) << cut.substr(0, 200);
+  // SIGTERM with connections still open: the daemon cuts them and exits cleanly.
+  std::vector<std::unique_ptr<RawClient>> open;
+  for (int i = 0; i < 8; ++i) open.push_back(RawClient::Connect(port_, /*tls=*/true));
+  auto exit_status = daemon_->SignalAndWait(SIGTERM);
+  ASSERT_TRUE(exit_status.ok()) << exit_status.status();
+  EXPECT_TRUE(WIFEXITED(*exit_status) && WEXITSTATUS(*exit_status) == 0) << *exit_status;
+}
+
+// The manifest declares sideEffects: NoneOnDryRun; dry-run reviews stored plans all the same.
+TEST_F(AdmissionWebhookE2ETest, DryRunReviewsStoreNothing) {
+  const Json job = {{"memplan.dev/model", "llama-3.1-8b"}, {"memplan.dev/gpu", "h100-80gb"}};
+  Json dry = PodReview("uid-dry", job);
+  dry["request"]["dryRun"] = true;
+  const Json dry_answer = Review(dry);
+  EXPECT_TRUE(dry_answer.value("allowed", false)) << dry_answer.dump();
+  EXPECT_FALSE(dry_answer.contains("auditAnnotations"));
+  EXPECT_THAT(dry_answer["warnings"][0].get<std::string>(), HasSubstr("dry run, no plan stored"));
+  EXPECT_EQ(StoredPlans(), 0);
+  // A dry run that does not fit is still denied with the reason.
+  Json dry_4090 = PodReview("uid-dry-4090", Json{{"memplan.dev/model", "llama-3.1-8b"},
+                                                 {"memplan.dev/gpu", "rtx-4090"}});
+  dry_4090["request"]["dryRun"] = true;
+  EXPECT_FALSE(Review(dry_4090).value("allowed", true));
+  EXPECT_EQ(StoredPlans(), 0);
+
+  EXPECT_TRUE(Review(PodReview("uid-real", job)).value("allowed", false));
+  EXPECT_EQ(StoredPlans(), 1);
+}
 
 TEST_F(AdmissionWebhookE2ETest, DeniesAFullFineTuneOnAnRtx4090AndAdmitsItOnAnH100) {
   const Json job = {{"memplan.dev/model", "llama-3.1-8b"},
