@@ -69,6 +69,9 @@ Usage: memplan-planner [flags]
                              port 0 picks a free port, printed as "metrics on HOST:PORT")
   --metrics-plan-series=N    newest plans that keep memplan_plan_*_peak_bytes{plan_id} series
                              (default 256; older series are dropped; [1, 100000])
+  --metrics-token-file=PATH  a scrape of /metrics must send "Authorization: Bearer TOKEN", TOKEN
+                             being this file's first line (default: no auth). /metrics names plan
+                             ids and hardware: set it, or keep --metrics on loopback
   --db=PATH                  SQLite database, created when missing (default ./memplan-planner.db;
                              an existing empty file is refused)
   --db-check=MODE            quick (default; PRAGMA quick_check) | full (integrity_check) | off:
@@ -109,7 +112,8 @@ Transport security (gRPC's own TLS):
                              POST /validate) over HTTPS with --tls-cert/--tls-key: pods annotated
                              memplan.dev/model and memplan.dev/gpu are denied when the job does
                              not fit that GPU (port 0 picks a free port, printed as "webhook on
-                             HOST:PORT"; default off)
+                             HOST:PORT"; default off). Each connection has 10 s from accept for
+                             its request; headers above 16 KiB get 431, bodies above 1 MiB 413
   --insecure                 allow plaintext gRPC on a non-loopback --listen address (refused
                              otherwise: anyone on the network could call it)
   --help                     this text
@@ -153,6 +157,9 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::vector<std::string>&
       options.webhook_address = value;
     } else if (name == "--metrics") {
       options.metrics_address = value;
+    } else if (name == "--metrics-token-file") {
+      if (value.empty()) return absl::InvalidArgumentError("--metrics-token-file must not be empty");
+      options.metrics_token_file = value;
     } else if (name == "--db") {
       if (value.empty()) return absl::InvalidArgumentError("--db must not be empty");
       options.db_path = value;

@@ -22,6 +22,7 @@ enum class DbCheck { kOff, kQuick, kFull };
 struct DaemonOptions {
   std::string listen_address = "127.0.0.1:50051";  // port 0: any free port (printed)
   std::string metrics_address = "127.0.0.1:9464";  // empty: no /metrics endpoint
+  std::string metrics_token_file;  // non-empty: /metrics needs "Bearer <first line>"
   std::string db_path = "./memplan-planner.db";
   DbCheck db_check = DbCheck::kQuick;  // at start (a failure refuses to start) and on a schedule
   double db_check_interval_hours = 24;  // 0: at start only

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/memory/memory.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/channel_security.h"
 #include "common/log.h"
@@ -123,7 +124,25 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const Daemon
   metrics_options.max_plan_series = options.metrics_plan_series;
   daemon->metrics_ = std::make_unique<PlannerMetrics>(daemon->registry_, metrics_options);
   if (!options.metrics_address.empty()) {
-    auto server = MetricsServer::Start(options.metrics_address, daemon->registry_);
+    MetricsServerOptions metrics_server_options;
+    metrics_server_options.address = options.metrics_address;
+    if (!options.metrics_token_file.empty()) {
+      ASSIGN_OR_RETURN(const std::string text,
+                       ReadFlagFile("--metrics-token-file", options.metrics_token_file));
+      metrics_server_options.bearer_token =
+          std::string(absl::StripAsciiWhitespace(text.substr(0, text.find('\n'))));
+      if (metrics_server_options.bearer_token.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--metrics-token-file = \"", options.metrics_token_file, "\": first line is empty"));
+      }
+    }
+    if (!IsLoopbackAddress(options.metrics_address)) {
+      MEMPLAN_LOG(kWarning, "/metrics listens beyond loopback; it names plan ids and hardware")
+          .Field("metrics", options.metrics_address)
+          .Field("auth", metrics_server_options.bearer_token.empty() ? "none" : "bearer token")
+          .Field("fix", "--metrics=127.0.0.1:PORT or --metrics-token-file");
+    }
+    auto server = MetricsServer::Start(metrics_server_options, daemon->registry_);
     if (!server.ok()) {
       return absl::Status(server.status().code(),
                           absl::StrCat("starting the metrics endpoint on ", options.metrics_address,
@@ -158,6 +177,12 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const Daemon
           return webhook->Handle(method, path, body);
         }));
     daemon->webhook_address_ = WithPort(options.webhook_address, daemon->webhook_server_->port());
+    if (!IsLoopbackAddress(options.webhook_address)) {
+      MEMPLAN_LOG(kWarning, "the admission webhook listens beyond loopback; anyone who reaches it "
+                            "can make the planner search and store plans")
+          .Field("webhook", options.webhook_address)
+          .Field("fix", "restrict the port to the API server (NetworkPolicy or firewall)");
+    }
   }
   daemon->service_ = std::make_unique<PlannerServiceImpl>(*daemon->core_, daemon->metrics_.get(),
                                                           daemon->authorizer_.get());
@@ -234,7 +259,8 @@ void PlannerDaemon::Shutdown(double grace_seconds) {
     server_.reset();
     MEMPLAN_LOG(kDebug, "grpc server stopped; in-flight RPCs finished or cancelled");
   }
-  // The webhook's connections finish (bounded by their socket timeouts) before the core goes.
+  // The webhook's idle and partial connections are cut at once; a review already planning
+  // finishes before the core goes.
   webhook_server_.reset();
   webhook_.reset();
   // Handlers have returned, so nothing waits on the executor any more; its destructor joins.
