@@ -133,6 +133,42 @@ absl::Status TokenFile::Read(int64_t first, int64_t count, int64_t* out) const {
   return absl::OkStatus();
 }
 
+absl::Status TokenFile::CheckAllIds() const {
+  if (vocab_size_ <= 0) return absl::OkStatus();
+  constexpr int64_t kScanTokens = int64_t{1} << 20;
+  std::vector<unsigned char> staging(
+      static_cast<size_t>(std::min(num_tokens_, kScanTokens) * token_bytes_));
+  for (int64_t first = 0; first < num_tokens_;) {
+    const int64_t n = std::min(num_tokens_ - first, kScanTokens);
+    RETURN_IF_ERROR(file_->ReadAt(data_offset_bytes_ + first * token_bytes_, n * token_bytes_,
+                                  staging.data()));
+    // The slice's largest id first (a loop the compiler vectorises); the position only on failure.
+    uint32_t largest = 0;
+    const unsigned char* p = staging.data();
+    if (token_bytes_ == 2) {
+      for (int64_t i = 0; i < n; ++i) {
+        largest = std::max<uint32_t>(largest, p[2 * i] | (uint32_t{p[2 * i + 1]} << 8));
+      }
+    } else {
+      for (int64_t i = 0; i < n; ++i) {
+        largest = std::max<uint32_t>(largest, static_cast<uint32_t>(LoadLe(p + 4 * i, 4)));
+      }
+    }
+    if (static_cast<int64_t>(largest) >= vocab_size_) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t id = static_cast<int64_t>(LoadLe(p + i * token_bytes_, token_bytes_));
+        if (id >= vocab_size_) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              file_->name(), ": token ", first + i, " = ", id, " is outside the model's vocabulary (",
+              vocab_size_, " ids, 0 to ", vocab_size_ - 1, "); checked before training"));
+        }
+      }
+    }
+    first += n;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> EncodeTokenFile(const std::vector<uint32_t>& tokens, int token_bytes,
                                             int64_t vocab_size) {
   if (token_bytes != 2 && token_bytes != 4) {

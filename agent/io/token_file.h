@@ -44,6 +44,10 @@ class TokenFile {
   // Reads tokens [first, first + count) widened to int64. OUT_OF_RANGE outside the file,
   // INVALID_ARGUMENT (naming the position) for an id >= vocab_size().
   absl::Status Read(int64_t first, int64_t count, int64_t* out) const;
+  // Reads every token once, in slices of bounded size: INVALID_ARGUMENT naming the first position
+  // whose id is >= vocab_size() and that id (what Read would report only when it got there).
+  // OK at once when vocab_size() is 0.
+  absl::Status CheckAllIds() const;
 
  private:
   TokenFile(std::unique_ptr<RandomAccessFile> file, int64_t data_offset_bytes, int token_bytes,

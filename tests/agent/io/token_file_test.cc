@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -124,6 +125,46 @@ TEST(TokenFileTest, WritesAndOpensRealFiles) {
   for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], tokens[i + 10]);
   EXPECT_EQ(TokenFile::Open((dir / "missing").string(), {}).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// The whole file is scanned before training: the first id outside the vocabulary is named with its
+// position even when it lies slices past the start (Read would meet it only at that batch).
+TEST(TokenFileTest, CheckAllIdsNamesTheFirstBadPositionAndValue) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(::testing::TempDir()) / "token_file_check_test";
+  fs::create_directories(dir);
+  const std::string path = (dir / "raw.bin").string();
+  const int64_t n = (int64_t{5} << 19) + 7;  // two and a half scan slices
+  const int64_t bad = n - 5;
+  {
+    std::string raw(static_cast<size_t>(2 * n), '\0');
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t id = i == bad ? 40000 : i == bad + 2 ? 50000 : static_cast<uint32_t>(i % 2048);
+      raw[2 * i] = static_cast<char>(id & 0xff);
+      raw[2 * i + 1] = static_cast<char>(id >> 8);
+    }
+    std::ofstream(path, std::ios::binary) << raw;
+  }
+  absl::StatusOr<std::unique_ptr<TokenFile>> f =
+      TokenFile::Open(path, {.raw_token_bytes = 2, .vocab_size = 2048});
+  ASSERT_TRUE(f.ok()) << f.status();
+  const absl::Status s = (*f)->CheckAllIds();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(s), HasSubstr(absl::StrCat("token ", bad, " = 40000")));
+  EXPECT_THAT(Message(s), HasSubstr("2048"));
+  // The same file against a vocabulary that holds every id, and unchecked without one.
+  EXPECT_TRUE((*TokenFile::Open(path, {.raw_token_bytes = 2, .vocab_size = 65536}))->CheckAllIds().ok());
+  EXPECT_TRUE((*TokenFile::Open(path, {.raw_token_bytes = 2}))->CheckAllIds().ok());
+
+  // 4-byte tokens with a header that names no vocabulary: the model's applies.
+  std::vector<uint32_t> tokens(8000, 3);
+  tokens[4000] = 70000;
+  ASSERT_TRUE(WriteTokenFile((dir / "h.tokens").string(), tokens, 4, 0).ok());
+  absl::StatusOr<std::unique_ptr<TokenFile>> h =
+      TokenFile::Open((dir / "h.tokens").string(), {.vocab_size = 2048});
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_THAT(Message((*h)->CheckAllIds()), HasSubstr("token 4000 = 70000"));
+  fs::remove_all(dir);
 }
 
 }  // namespace
