@@ -74,11 +74,20 @@ Model (one of):
   --arch-file CONFIG       a Hugging Face config.json (or its directory): that architecture,
                            random init, as --arch
 Data (one of):
-  --data FILE              token file (memplan header, or raw with --raw-token-bytes 2|4)
+  --data FILE              token file (memplan header, or raw with --raw-token-bytes 2|4);
+                           every id is checked against the model's vocabulary before step 1
   --synthetic-data         a seeded learnable token stream (--synthetic-noise P, default 0.1)
 Workload:
   --batch N (1)  --seq N (128)  --steps N (10)  --grad-accum N (1)
   --lr X (1e-4)  --clip X (1.0; 0 = off)  --weight-decay X (0.01)
+                           --seq may not exceed the model's max_position_embeddings (or what
+                           its rope_scaling extends it to: factor x the original positions)
+  --skip-nonfinite         a step whose loss or gradients are NaN or infinite drops its
+                           gradients and skips its update (logged; at most 8 in a row).
+                           Default: the run stops before that update and before any save,
+                           naming the step, and exits non-zero. Managed runs with clipping
+                           learn the gradient norm during the update: a non-finite norm
+                           there stops the run even with this flag
   --dtype fp32|bf16|fp16   (default bf16 on CUDA, fp32 on CPU; bf16 with adamw_bf16)
   --optimizer adamw|adamw_bf16|sgd|adamw8bit   (adamw, or the plan file's)
                            adamw: fp32 moments (+ fp32 master for bf16/fp16 models);
@@ -105,7 +114,10 @@ LoRA (adapters on a frozen base, as PEFT's LoraConfig):
   --merge-export DIR       write a Hugging Face checkpoint with W + B A * A/R at the end
   --plain                  no plan: plain autograd, no per-group Functions (the baseline)
 Residency plan (any chunk knob or --plan-file runs the chunk manager):
-  --plan-file FILE         JSON plan (`memplan plan --json` output or a bare plan)
+  --plan-file FILE         JSON plan (`memplan plan --json` output or a bare plan); its
+                           knobs are refused outside the run's layout, never clamped:
+                           n_persist in [0, n_chunks], n_buffer in [1, n_chunks - n_persist]
+                           (0 or absent when every chunk is persistent)
   --chunk-mib N  --n-persist N  --n-buffer N  --host-memory pinned|pageable
   --block-modes LIST       one per block, e.g. ckpt,ckpt,swap,none
   --n-ckpt N  --n-swap N  --n-hs-offload N   counts (offload blocks first, NONE last)
@@ -396,9 +408,13 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
     }
-    if (name == "synthetic-data" || name == "plain" || name == "qlora") {
+    if (name == "synthetic-data" || name == "plain" || name == "qlora" ||
+        name == "skip-nonfinite") {
       if (value.has_value()) return FlagError(name, "takes no value");
-      (name == "plain" ? c.plain : name == "qlora" ? c.lora.nf4_base : c.synthetic_data) = true;
+      (name == "plain"            ? c.plain
+       : name == "qlora"          ? c.lora.nf4_base
+       : name == "skip-nonfinite" ? c.skip_nonfinite
+                                  : c.synthetic_data) = true;
       continue;
     }
     auto it = valued.find(name);
@@ -744,7 +760,12 @@ absl::StatusOr<RunPlan> ResolveRunPlan(const TrainConfig& c, int num_blocks,
     run.managed = true;
     if (file->chunk_bytes > 0) run.chunk_bytes = file->chunk_bytes;
     run.n_persist = file->n_persist;
-    if (file->n_buffer > 0) run.n_buffer = file->n_buffer;
+    run.n_persist_source = "plan.n_persist";
+    // 0 is what the planner writes when every chunk is persistent (and what an absent key reads).
+    if (file->n_buffer > 0) {
+      run.n_buffer = file->n_buffer;
+      run.n_buffer_source = "plan.n_buffer";
+    }
     run.host_memory = file->host_memory;
     run.shard_persistent_state = file->shard_persistent_state;
     run.shard_persistent_params = file->shard_persistent_params;
@@ -754,8 +775,14 @@ absl::StatusOr<RunPlan> ResolveRunPlan(const TrainConfig& c, int num_blocks,
   // adamw8bit's state lives in the chunk manager only.
   if (c.optimizer == OptimizerKind::kAdamW8bit) run.managed = true;
   if (c.chunk_bytes) run.chunk_bytes = *c.chunk_bytes;
-  if (c.n_persist) run.n_persist = *c.n_persist;
-  if (c.n_buffer) run.n_buffer = *c.n_buffer;
+  if (c.n_persist) {
+    run.n_persist = *c.n_persist;
+    run.n_persist_source = "--n-persist";
+  }
+  if (c.n_buffer) {
+    run.n_buffer = *c.n_buffer;
+    run.n_buffer_source = "--n-buffer";
+  }
   if (c.host_memory) run.host_memory = *c.host_memory;
   if (c.shard_persistent_state) run.shard_persistent_state = *c.shard_persistent_state;
   if (c.shard_persistent_params) {
@@ -803,6 +830,67 @@ absl::StatusOr<RunPlan> ResolveRunPlan(const TrainConfig& c, int num_blocks,
                                                    " for a model of ", num_blocks, " blocks"));
   }
   return run;
+}
+
+absl::Status CheckRunPlanKnobs(const RunPlan& plan, int n_chunks, const std::string& plan_source) {
+  if (!plan.managed) return absl::OkStatus();
+  auto name = [&plan_source](const std::string& source) {
+    return absl::StartsWith(source, "plan.") ? absl::StrCat(plan_source, ": ", source) : source;
+  };
+  const std::string layout =
+      absl::StrCat("this run's layout has ", n_chunks, " chunks of ", plan.chunk_bytes, " bytes");
+  if (plan.n_persist < 0 || plan.n_persist > n_chunks) {
+    return absl::InvalidArgumentError(absl::StrCat(name(plan.n_persist_source), " = ",
+                                                   plan.n_persist, " is outside [0, ", n_chunks,
+                                                   "]: ", layout));
+  }
+  if (plan.n_buffer_source.empty()) return absl::OkStatus();
+  const int offloaded = n_chunks - plan.n_persist;
+  if (offloaded == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name(plan.n_buffer_source), " = ", plan.n_buffer, " is outside [0, 0]: every one of the ",
+        n_chunks, " chunks is persistent (", name(plan.n_persist_source), " = ", plan.n_persist,
+        "), so nothing streams through buffers; drop it or keep fewer chunks persistent"));
+  }
+  if (plan.n_buffer < 1 || plan.n_buffer > offloaded) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name(plan.n_buffer_source), " = ", plan.n_buffer, " is outside [1, ", offloaded, "]: ",
+        layout, ", ", plan.n_persist, " of them persistent, and a buffer holds one offloaded chunk"));
+  }
+  return absl::OkStatus();
+}
+
+int64_t MaxTrainablePositions(const ModelSpec& spec) {
+  const RopeScaling& r = spec.rope_scaling;
+  if (r.type == "default" || r.type.empty() || !(r.factor > 1.0)) {
+    return spec.max_position_embeddings;
+  }
+  const int64_t original = r.original_max_position_embeddings > 0
+                               ? r.original_max_position_embeddings
+                               : spec.max_position_embeddings;
+  const double scaled = std::floor(r.factor * static_cast<double>(original));
+  if (scaled >= static_cast<double>(int64_t{1} << 40)) return int64_t{1} << 40;
+  return std::max(spec.max_position_embeddings, static_cast<int64_t>(scaled));
+}
+
+absl::Status CheckSeqWithinPositions(const ModelSpec& spec, int64_t seq) {
+  const int64_t limit = MaxTrainablePositions(spec);
+  if (seq <= limit) return absl::OkStatus();
+  const RopeScaling& r = spec.rope_scaling;
+  if (limit == spec.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--seq ", seq, " exceeds the model's max_position_embeddings = ",
+        spec.max_position_embeddings, " (config.json",
+        r.type == "default" || r.type.empty() ? ", no rope_scaling" : "",
+        "): positions beyond it were never trained; use --seq <= ",
+        spec.max_position_embeddings, " or a config with rope_scaling that extends it"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--seq ", seq, " exceeds the ", limit, " positions the model's rope_scaling allows (",
+      r.type, ", factor ", r.factor, " x original_max_position_embeddings ",
+      r.original_max_position_embeddings > 0 ? r.original_max_position_embeddings
+                                             : spec.max_position_embeddings,
+      "; max_position_embeddings = ", spec.max_position_embeddings, "); use --seq <= ", limit));
 }
 
 }  // namespace memplan

@@ -34,6 +34,9 @@ struct TrainConfig {
   double lr = 1e-4;
   double clip = 1.0;  // max grad norm, 0 = off
   double weight_decay = 0.01;
+  // --skip-nonfinite: a step with a non-finite loss or gradient skips its update instead of
+  // stopping the run (TrainerOptions::skip_nonfinite).
+  bool skip_nonfinite = false;
   std::optional<DType> dtype;   // default: bf16 on CUDA, fp32 on CPU; bf16 with adamw_bf16
   std::optional<OptimizerKind> optimizer;  // default: the plan file's, else adamw
   // --param-rounding: how adamw8bit writes its fp32 update into bf16 parameters (it keeps no
@@ -105,6 +108,9 @@ struct RunPlan {
   bool shard_persistent_state = false;
   // And their parameters sharded, gathered on use (ChunkManagerOptions::shard_persistent_params).
   bool shard_persistent_params = false;
+  // Where n_persist and n_buffer came from ("--n-persist", "plan.n_buffer"); empty: the default.
+  std::string n_persist_source;
+  std::string n_buffer_source;
 };
 
 // Parses the arguments after `train`. INVALID_ARGUMENT names the flag.
@@ -163,5 +169,18 @@ absl::StatusOr<OptimizerKind> ResolveOptimizer(const TrainConfig& config,
 absl::StatusOr<RunPlan> ResolveRunPlan(const TrainConfig& config, int num_blocks,
                                        const std::optional<ResidencyPlan>& plan_file,
                                        int world_size = 1);
+
+// [Plan knobs are refused, never clamped] The resolved n_persist and n_buffer against the chunk
+// layout the run builds (`n_chunks`): n_persist in [0, n_chunks]; with offloaded chunks n_buffer
+// in [1, n_chunks - n_persist]; with every chunk persistent no n_buffer may be given. INVALID_ARGUMENT
+// naming the knob (the flag, or `plan_source`'s field), its value and the allowed range.
+absl::Status CheckRunPlanKnobs(const RunPlan& plan, int n_chunks, const std::string& plan_source);
+
+// --seq against the positions the model was made for: max_position_embeddings, or with RoPE
+// scaling (linear, dynamic, llama3, yarn) factor x original_max_position_embeddings
+// (max_position_embeddings where the config gives no original) when that is larger.
+// INVALID_ARGUMENT naming both numbers.
+int64_t MaxTrainablePositions(const ModelSpec& spec);
+absl::Status CheckSeqWithinPositions(const ModelSpec& spec, int64_t seq);
 
 }  // namespace memplan

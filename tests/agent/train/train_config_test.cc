@@ -445,5 +445,97 @@ TEST(ParseTrainArgsTest, ArchFileIsOneOfTheModelSources) {
               HasSubstr("give exactly one of"));
 }
 
+// [Plan knobs are refused, never clamped]: the chunk manager clamped n_persist to the chunk count
+// and ignored n_buffer when every chunk was persistent.
+TEST(CheckRunPlanKnobsTest, RefusesKnobsOutsideTheLayoutNamingFieldValueAndRange) {
+  ResidencyPlan file;
+  file.n_persist = 1;
+  file.n_buffer = 1000000;
+  auto run = ResolveRunPlan(TrainConfig{}, 4, file);
+  ASSERT_TRUE(run.ok()) << run.status();
+  absl::Status s = CheckRunPlanKnobs(*run, 1, "--plan-file p.json");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("--plan-file p.json: plan.n_buffer = 1000000 is outside [0, 0]"));
+
+  file.n_persist = 2;
+  file.n_buffer = 0;
+  run = ResolveRunPlan(TrainConfig{}, 4, file);
+  ASSERT_TRUE(run.ok()) << run.status();
+  s = CheckRunPlanKnobs(*run, 1, "--plan-file p.json");
+  EXPECT_THAT(s.message(), HasSubstr("plan.n_persist = 2 is outside [0, 1]"));
+
+  file.n_persist = 1;
+  file.n_buffer = 3;
+  run = ResolveRunPlan(TrainConfig{}, 4, file);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_THAT(CheckRunPlanKnobs(*run, 3, "p").message(), HasSubstr("plan.n_buffer = 3 is outside [1, 2]"));
+  EXPECT_TRUE(CheckRunPlanKnobs(*run, 4, "p").ok());
+
+  // Flags are named as flags.
+  TrainConfig c;
+  c.n_persist = 9;
+  run = ResolveRunPlan(c, 4, std::nullopt);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_THAT(CheckRunPlanKnobs(*run, 5, "").message(), HasSubstr("--n-persist = 9 is outside [0, 5]"));
+  c.n_persist = 5;
+  c.n_buffer = 1;
+  run = ResolveRunPlan(c, 4, std::nullopt);
+  EXPECT_THAT(CheckRunPlanKnobs(*run, 5, "").message(), HasSubstr("--n-buffer = 1 is outside [0, 0]"));
+}
+
+TEST(CheckRunPlanKnobsTest, AcceptsWhatThePlannerWritesAndTheDefaults) {
+  ResidencyPlan file;  // every chunk persistent: the planner writes n_buffer 0
+  file.n_persist = 3;
+  auto run = ResolveRunPlan(TrainConfig{}, 4, file);
+  ASSERT_TRUE(run.ok());
+  EXPECT_TRUE(CheckRunPlanKnobs(*run, 3, "p").ok());
+  file.n_persist = 1;
+  file.n_buffer = 2;
+  run = ResolveRunPlan(TrainConfig{}, 4, file);
+  EXPECT_TRUE(CheckRunPlanKnobs(*run, 3, "p").ok());
+  TrainConfig c;  // --chunk-mib alone: n_persist 0, the default n_buffer
+  c.chunk_bytes = 1 << 20;
+  run = ResolveRunPlan(c, 4, std::nullopt);
+  ASSERT_TRUE(run.ok());
+  EXPECT_TRUE(CheckRunPlanKnobs(*run, 1, "").ok());
+}
+
+TEST(CheckSeqWithinPositionsTest, RefusesSequencesBeyondThePositionsNamingBothNumbers) {
+  ModelSpec spec;
+  spec.max_position_embeddings = 256;
+  EXPECT_TRUE(CheckSeqWithinPositions(spec, 256).ok());
+  const absl::Status s = CheckSeqWithinPositions(spec, 100000);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("--seq 100000"));
+  EXPECT_THAT(s.message(), HasSubstr("max_position_embeddings = 256"));
+}
+
+TEST(CheckSeqWithinPositionsTest, RopeScalingExtendsThePositions) {
+  ModelSpec linear;
+  linear.max_position_embeddings = 4096;
+  linear.rope_scaling.type = "linear";
+  linear.rope_scaling.factor = 4;
+  EXPECT_EQ(MaxTrainablePositions(linear), 16384);
+  EXPECT_TRUE(CheckSeqWithinPositions(linear, 16384).ok());
+  const absl::Status s = CheckSeqWithinPositions(linear, 16385);
+  EXPECT_THAT(s.message(), HasSubstr("--seq 16385 exceeds the 16384 positions"));
+  EXPECT_THAT(s.message(), HasSubstr("max_position_embeddings = 4096"));
+
+  ModelSpec llama3;  // Llama 3.1: 8192 x 8 = 65536 within the config's 131072
+  llama3.max_position_embeddings = 131072;
+  llama3.rope_scaling.type = "llama3";
+  llama3.rope_scaling.factor = 8;
+  llama3.rope_scaling.original_max_position_embeddings = 8192;
+  EXPECT_EQ(MaxTrainablePositions(llama3), 131072);
+
+  ModelSpec yarn;
+  yarn.max_position_embeddings = 32768;
+  yarn.rope_scaling.type = "yarn";
+  yarn.rope_scaling.factor = 4;
+  yarn.rope_scaling.original_max_position_embeddings = 32768;
+  EXPECT_EQ(MaxTrainablePositions(yarn), 131072);
+  EXPECT_FALSE(CheckSeqWithinPositions(yarn, 131073).ok());
+}
+
 }  // namespace
 }  // namespace memplan
