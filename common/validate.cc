@@ -33,7 +33,36 @@ absl::Status CheckRate(absl::string_view prefix, absl::string_view field, double
   return absl::OkStatus();
 }
 
+absl::Status CheckBytes(absl::string_view field, absl::string_view value, size_t max_bytes) {
+  if (value.size() <= max_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, " is ", value.size(), " bytes; allowed at most ", max_bytes, " (", Quote(value), ")"));
+}
+
 }  // namespace
+
+std::string Quote(absl::string_view value) {
+  if (value.size() <= kMaxQuotedBytes) return absl::StrCat("\"", value, "\"");
+  return absl::StrCat("\"", value.substr(0, kMaxQuotedBytes), "\"... (", value.size(), " bytes)");
+}
+
+absl::Status CheckName(absl::string_view field, absl::string_view value) {
+  return CheckBytes(field, value, kMaxNameBytes);
+}
+
+absl::Status CheckId(absl::string_view field, absl::string_view value) {
+  return CheckBytes(field, value, kMaxIdBytes);
+}
+
+absl::Status CheckNote(absl::string_view field, absl::string_view value) {
+  return CheckBytes(field, value, kMaxNoteBytes);
+}
+
+absl::Status CheckListSize(absl::string_view field, size_t size, size_t max_size) {
+  if (size <= max_size) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " has ", size, " entries; allowed at most ", max_size));
+}
 
 absl::Status ValidateModelSpec(const ModelSpec& m, absl::string_view prefix) {
   if (auto s = CheckInt(prefix, "hidden_size", m.hidden_size, 1, kMaxHiddenSize); !s.ok()) return s;
@@ -62,8 +91,8 @@ absl::Status ValidateModelSpec(const ModelSpec& m, absl::string_view prefix) {
   if (auto s = CheckInt(prefix, "vocab_size", m.vocab_size, 1, kMaxVocabSize); !s.ok()) return s;
   if (!(m.family == "llama" || m.family == "qwen2" || m.family == "qwen3" ||
         m.family == "mistral")) {
-    return absl::InvalidArgumentError(absl::StrCat(prefix, "family = \"", m.family,
-                                                   "\" is not supported; allowed: llama, qwen2, "
+    return absl::InvalidArgumentError(absl::StrCat(prefix, "family = ", Quote(m.family),
+                                                   " is not supported; allowed: llama, qwen2, "
                                                    "qwen3, mistral"));
   }
   if (!std::isfinite(m.rms_norm_eps) || m.rms_norm_eps <= 0 || m.rms_norm_eps > 1) {
@@ -76,8 +105,8 @@ absl::Status ValidateModelSpec(const ModelSpec& m, absl::string_view prefix) {
   if (!(r.type == "default" || r.type == "linear" || r.type == "dynamic" || r.type == "yarn" ||
         r.type == "llama3")) {
     return absl::InvalidArgumentError(
-        absl::StrCat(prefix, "rope_scaling.type = \"", r.type,
-                     "\" is not supported; allowed: default, linear, dynamic, yarn, llama3"));
+        absl::StrCat(prefix, "rope_scaling.type = ", Quote(r.type),
+                     " is not supported; allowed: default, linear, dynamic, yarn, llama3"));
   }
   if (!std::isfinite(r.factor) || r.factor <= 0 || r.factor > 1e6) {
     return OutOfRange(prefix, "rope_scaling.factor", r.factor, 1e-6, 1e6);
@@ -128,6 +157,7 @@ absl::Status ValidateWorkload(const Workload& w, absl::string_view prefix) {
 }
 
 absl::Status ValidateHardwareSpec(const HardwareSpec& h, absl::string_view prefix) {
+  if (auto s = CheckName(absl::StrCat(prefix, "name"), h.name); !s.ok()) return s;
   if (auto s = CheckInt(prefix, "gpu_memory_bytes", h.gpu_memory_bytes, int64_t{1} << 20,
                         kMaxGpuMemoryBytes);
       !s.ok()) {
@@ -181,6 +211,11 @@ absl::Status ValidateHardwareSpec(const HardwareSpec& h, absl::string_view prefi
 
 absl::Status ValidateTrainingMethod(const TrainingMethod& t, const ModelSpec& m,
                                     absl::string_view prefix) {
+  if (auto s = CheckListSize(absl::StrCat(prefix, "lora_target_modules"),
+                             t.lora_target_modules.size(), kMaxLoraTargetModules);
+      !s.ok()) {
+    return s;
+  }
   if (t.kind == TrainingKind::kFull) return absl::OkStatus();
   if (auto s = CheckInt(prefix, "lora_rank", t.lora_rank, 1, m.hidden_size); !s.ok()) return s;
   if (t.lora_target_modules.empty()) {
@@ -191,9 +226,9 @@ absl::Status ValidateTrainingMethod(const TrainingMethod& t, const ModelSpec& m,
   for (const std::string& name : t.lora_target_modules) {
     if (name != "q_proj" && name != "k_proj" && name != "v_proj" && name != "o_proj" &&
         name != "gate_proj" && name != "up_proj" && name != "down_proj") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          prefix, "lora_target_modules has \"", name,
-          "\"; allowed: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, "lora_target_modules has ", Quote(name),
+                       "; allowed: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"));
     }
   }
   return absl::OkStatus();

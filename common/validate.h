@@ -2,9 +2,11 @@
 // names the field (with the caller's prefix, e.g. "arch.num_heads") and the allowed range.
 #pragma once
 
-#include "absl/strings/string_view.h"
+#include <cstddef>
+#include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "common/types.h"
 
 namespace memplan {
@@ -23,6 +25,26 @@ inline constexpr int64_t kMaxGpuMemoryBytes = int64_t{1} << 44;  // 16 TiB
 inline constexpr int64_t kMaxHostMemoryBytes = int64_t{1} << 50;
 inline constexpr double kMaxRate = 1e18;  // bytes/s, FLOP/s or params/s
 
+// Bounds on the strings and lists a client sends: every one is stored or echoed, and Plan and
+// Admit need no credentials. Errors name the field and the bound and quote at most
+// kMaxQuotedBytes of the value (Quote).
+inline constexpr size_t kMaxNameBytes = 256;   // model, hardware, pool and preset names, families
+inline constexpr size_t kMaxIdBytes = 128;     // plan, trace and profile ids, page tokens
+inline constexpr size_t kMaxNoteBytes = 4096;  // a measurement's free-text note
+inline constexpr size_t kMaxLoraTargetModules = 16;
+inline constexpr size_t kMaxChunkEntries = size_t{1} << 16;  // a trace's chunk_param_bytes
+inline constexpr size_t kMaxQuotedBytes = 64;
+
+// `value` in double quotes for an error message: whole when at most kMaxQuotedBytes, else its
+// first kMaxQuotedBytes followed by "... (N bytes)".
+std::string Quote(absl::string_view value);
+// One check per kind of field; `field` is the full name, e.g. "arch.name" or "pools[2].name".
+absl::Status CheckName(absl::string_view field, absl::string_view value);
+absl::Status CheckId(absl::string_view field, absl::string_view value);
+absl::Status CheckNote(absl::string_view field, absl::string_view value);
+absl::Status CheckListSize(absl::string_view field, size_t size, size_t max_size);
+
+// m.name is not bounded here (a checkpoint may carry a long path); the planner bounds arch.name.
 absl::Status ValidateModelSpec(const ModelSpec& m, absl::string_view prefix);
 
 // INVALID_ARGUMENT when a sequence of seq_len tokens would make `m`'s sliding-window attention
@@ -30,6 +52,7 @@ absl::Status ValidateModelSpec(const ModelSpec& m, absl::string_view prefix);
 // config.json's "sliding_window".
 absl::Status CheckSequenceLength(const ModelSpec& m, int64_t seq_len);
 absl::Status ValidateWorkload(const Workload& w, absl::string_view prefix);
+// Also bounds h.name (CheckName).
 absl::Status ValidateHardwareSpec(const HardwareSpec& h, absl::string_view prefix);
 absl::Status ValidateTrainingMethod(const TrainingMethod& t, const ModelSpec& m,
                                     absl::string_view prefix);

@@ -23,10 +23,12 @@ constexpr int64_t kMiB = int64_t{1} << 20;
 constexpr int64_t kMinChunkBytes = kMiB;
 constexpr int64_t kMaxChunkBytes = int64_t{16} << 30;
 constexpr int kMaxAlternatives = 20;
-// Per-field bound on a profiled trace (bytes or seconds) and on the whole trace's byte total:
-// keeps every int64 sum of the cost model far from overflow.
-constexpr double kMaxTraceFigure = 1125899906842624.0;       // 2^50
+// Per-field bound on a trace's bytes and on the whole trace's byte total: keeps every int64 sum
+// of the cost model far from overflow.
+constexpr int64_t kMaxTraceBytesField = int64_t{1} << 50;
 constexpr double kMaxTraceTotalBytes = 72057594037927936.0;  // 2^56
+// A block's step time: far above any real one, far below what overflows a sum.
+constexpr double kMaxTraceSeconds = 1e7;
 
 std::string GiB(int64_t bytes) {
   return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / static_cast<double>(1 << 30));
@@ -90,47 +92,6 @@ int64_t UsableBytes(int64_t gpu_memory_bytes, double margin) {
   return static_cast<int64_t>(std::floor(static_cast<double>(gpu_memory_bytes) * (1.0 - margin)));
 }
 
-absl::Status ValidateTrace(const Trace& t) {
-  if (t.blocks.empty()) return Invalid("profiled_trace.blocks is empty");
-  auto check = [](const std::string& field, double v) -> absl::Status {
-    if (!std::isfinite(v) || v < 0 || v > 1e18) {
-      return Invalid(
-          absl::StrCat("profiled_trace.", field, " = ", v, " is out of range; allowed [0, 1e18]"));
-    }
-    return absl::OkStatus();
-  };
-  for (size_t j = 0; j < t.blocks.size(); ++j) {
-    const BlockTrace& b = t.blocks[j];
-    const std::string p = absl::StrCat("blocks[", j, "].");
-    RETURN_IF_ERROR(check(p + "param_bytes", static_cast<double>(b.param_bytes)));
-    RETURN_IF_ERROR(check(p + "input_bytes", static_cast<double>(b.input_bytes)));
-    RETURN_IF_ERROR(check(p + "saved_bytes", static_cast<double>(b.saved_bytes)));
-    RETURN_IF_ERROR(
-        check(p + "forward_transient_bytes", static_cast<double>(b.forward_transient_bytes)));
-    RETURN_IF_ERROR(
-        check(p + "backward_transient_bytes", static_cast<double>(b.backward_transient_bytes)));
-    RETURN_IF_ERROR(check(p + "forward_seconds", b.forward_seconds));
-    RETURN_IF_ERROR(check(p + "backward_seconds", b.backward_seconds));
-    RETURN_IF_ERROR(check(p + "recompute_seconds", b.recompute_seconds));
-  }
-  for (auto [name, e] :
-       {std::pair<const char*, const EdgeTrace*>{"embedding.", &t.embedding}, {"head.", &t.head}}) {
-    const std::string p = name;
-    RETURN_IF_ERROR(check(p + "param_bytes", static_cast<double>(e->param_bytes)));
-    RETURN_IF_ERROR(check(p + "saved_bytes", static_cast<double>(e->saved_bytes)));
-    RETURN_IF_ERROR(
-        check(p + "forward_transient_bytes", static_cast<double>(e->forward_transient_bytes)));
-    RETURN_IF_ERROR(
-        check(p + "backward_transient_bytes", static_cast<double>(e->backward_transient_bytes)));
-    RETURN_IF_ERROR(check(p + "forward_seconds", e->forward_seconds));
-    RETURN_IF_ERROR(check(p + "backward_seconds", e->backward_seconds));
-  }
-  if (t.trainable_param_count < 0 || t.total_param_count < 0) {
-    return Invalid("profiled_trace parameter counts must be >= 0");
-  }
-  return absl::OkStatus();
-}
-
 absl::Status ValidateInputs(const PlanInputs& in) {
   RETURN_IF_ERROR(ValidateModelSpec(in.arch, "arch."));
   RETURN_IF_ERROR(ValidateHardwareSpec(in.hardware, "hardware."));
@@ -158,7 +119,7 @@ absl::Status ValidateInputs(const PlanInputs& in) {
                                 " needs hardware.nccl_allgather_bytes_per_second and "
                                 "hardware.nccl_reduce_scatter_bytes_per_second > 0"));
   }
-  if (in.profiled_trace) RETURN_IF_ERROR(ValidateTrace(*in.profiled_trace));
+  if (in.profiled_trace) RETURN_IF_ERROR(ValidateTrace(*in.profiled_trace, "profiled_trace."));
   const FixedKnobs& f = in.fixed;
   if (f.chunk_bytes && (*f.chunk_bytes < kMinChunkBytes || *f.chunk_bytes > kMaxChunkBytes)) {
     return OutOfRange("fixed.chunk_bytes", *f.chunk_bytes, kMinChunkBytes, kMaxChunkBytes);
@@ -522,6 +483,80 @@ std::string AlternativeNote(const ResidencyPlan& best, const Prediction& best_pr
 }
 
 }  // namespace
+
+namespace {
+
+absl::Status CheckTraceBytes(const std::string& field, int64_t value) {
+  if (value < 0 || value > kMaxTraceBytesField) {
+    return OutOfRange(field, value, 0, kMaxTraceBytesField);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckTraceSeconds(const std::string& field, double value) {
+  if (!std::isfinite(value) || value < 0 || value > kMaxTraceSeconds) {
+    return Invalid(
+        absl::StrCat(field, " = ", value, " is out of range; allowed [0, ", kMaxTraceSeconds, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateEdge(const EdgeTrace& e, const std::string& p) {
+  RETURN_IF_ERROR(CheckTraceBytes(p + "param_bytes", e.param_bytes));
+  RETURN_IF_ERROR(CheckTraceBytes(p + "saved_bytes", e.saved_bytes));
+  RETURN_IF_ERROR(CheckTraceBytes(p + "forward_transient_bytes", e.forward_transient_bytes));
+  RETURN_IF_ERROR(CheckTraceBytes(p + "backward_transient_bytes", e.backward_transient_bytes));
+  RETURN_IF_ERROR(CheckTraceSeconds(p + "forward_seconds", e.forward_seconds));
+  RETURN_IF_ERROR(CheckTraceSeconds(p + "backward_seconds", e.backward_seconds));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateTrace(const Trace& t, absl::string_view prefix) {
+  const std::string p(prefix);
+  if (t.blocks.empty()) return Invalid(p + "blocks is empty");
+  RETURN_IF_ERROR(ValidateModelSpec(t.arch, p + "arch."));
+  RETURN_IF_ERROR(CheckName(p + "arch.name", t.arch.name));
+  RETURN_IF_ERROR(ValidateWorkload(t.workload, p + "workload."));
+  RETURN_IF_ERROR(ValidateTrainingMethod(t.training, t.arch, p + "training."));
+  RETURN_IF_ERROR(CheckName(p + "hardware_name", t.hardware_name));
+  RETURN_IF_ERROR(CheckId(p + "trace_id", t.trace_id));
+  if (static_cast<int64_t>(t.blocks.size()) != t.arch.num_layers) {
+    return Invalid(absl::StrCat(p, "blocks has ", t.blocks.size(),
+                                " entries; it must have one per layer (", p,
+                                "arch.num_layers = ", t.arch.num_layers, ")"));
+  }
+  RETURN_IF_ERROR(ValidateEdge(t.embedding, p + "embedding."));
+  RETURN_IF_ERROR(ValidateEdge(t.head, p + "head."));
+  for (size_t i = 0; i < t.blocks.size(); ++i) {
+    const BlockTrace& b = t.blocks[i];
+    const std::string f = absl::StrCat(p, "blocks[", i, "].");
+    RETURN_IF_ERROR(CheckTraceBytes(f + "param_bytes", b.param_bytes));
+    RETURN_IF_ERROR(CheckTraceBytes(f + "input_bytes", b.input_bytes));
+    RETURN_IF_ERROR(CheckTraceBytes(f + "saved_bytes", b.saved_bytes));
+    RETURN_IF_ERROR(CheckTraceBytes(f + "forward_transient_bytes", b.forward_transient_bytes));
+    RETURN_IF_ERROR(CheckTraceBytes(f + "backward_transient_bytes", b.backward_transient_bytes));
+    RETURN_IF_ERROR(CheckTraceSeconds(f + "forward_seconds", b.forward_seconds));
+    RETURN_IF_ERROR(CheckTraceSeconds(f + "backward_seconds", b.backward_seconds));
+    RETURN_IF_ERROR(CheckTraceSeconds(f + "recompute_seconds", b.recompute_seconds));
+  }
+  if (t.trainable_param_count < 0 || t.total_param_count < 0 ||
+      t.trainable_param_count > t.total_param_count) {
+    return Invalid(absl::StrCat(p, "trainable_param_count = ", t.trainable_param_count,
+                                " is out of range; allowed [0, ", p,
+                                "total_param_count = ", t.total_param_count, "]"));
+  }
+  RETURN_IF_ERROR(CheckTraceBytes(p + "forward_end_bytes", t.forward_end_bytes));
+  RETURN_IF_ERROR(CheckTraceBytes(p + "chunk_bytes", t.chunk_bytes));
+  RETURN_IF_ERROR(
+      CheckListSize(p + "chunk_param_bytes", t.chunk_param_bytes.size(), kMaxChunkEntries));
+  for (size_t i = 0; i < t.chunk_param_bytes.size(); ++i) {
+    RETURN_IF_ERROR(
+        CheckTraceBytes(absl::StrCat(p, "chunk_param_bytes[", i, "]"), t.chunk_param_bytes[i]));
+  }
+  return absl::OkStatus();
+}
 
 // The defaults, plus the smallest power of two (in MiB) that holds the largest block
 // parameter and twice that when the defaults are all smaller: otherwise every wide matrix of a

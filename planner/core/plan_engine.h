@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/types.h"
 
 namespace memplan {
@@ -64,6 +65,11 @@ absl::StatusOr<PlanOutcome> MakePlan(const PlanInputs& inputs);
 // Prediction for one given plan (used to re-predict a stored plan, e.g. for calibration). The plan
 // is validated against the trace (chunk count, n_persist range, block_modes length...).
 absl::StatusOr<Prediction> PredictPlan(const PlanInputs& inputs, const ResidencyPlan& plan);
+
+// The one check of a trace, profiled or submitted: every figure in range (bytes [0, 2^50],
+// seconds [0, 1e7]), one block per layer, the model, workload and training valid, names, ids and
+// chunk_param_bytes bounded (common/validate.h). INVALID_ARGUMENT names the field with `prefix`.
+absl::Status ValidateTrace(const Trace& trace, absl::string_view prefix);
 
 // The chunk sizes the search tries for `trace`: fixed.chunk_bytes when set, else
 // kDefaultChunkCandidatesBytes plus, for models whose block matrices are larger than all of them,

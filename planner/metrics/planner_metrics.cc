@@ -81,6 +81,11 @@ struct PlannerMetrics::Impl {
                          .Name("memplan_rpc_rejected_total")
                          .Help("Write RPCs refused by authorization, by method and gRPC code.")
                          .Register(registry)),
+        rpc_refused(prometheus::BuildCounter()
+                        .Name("memplan_planner_rpc_refused_total")
+                        .Help("RPCs refused before their handler ran (full queue, shutdown, "
+                              "undecodable request), by method and reason.")
+                        .Register(registry)),
         measurements_quarantined(
             prometheus::BuildCounter()
                 .Name("memplan_measurements_quarantined_total")
@@ -119,6 +124,7 @@ struct PlannerMetrics::Impl {
   prometheus::Family<prometheus::Histogram>& relative_error;
   prometheus::Gauge& stored_measurements;
   prometheus::Family<prometheus::Counter>& rpc_rejected;
+  prometheus::Family<prometheus::Counter>& rpc_refused;
   prometheus::Family<prometheus::Counter>& measurements_quarantined;
 
   // Family::Add is itself thread-safe, but eviction must not race a concurrent Set on a gauge
@@ -146,6 +152,11 @@ void PlannerMetrics::ObserveRpc(absl::string_view method, absl::string_view code
 
 void PlannerMetrics::RpcRejected(absl::string_view method, absl::string_view code) {
   impl_->rpc_rejected.Add({{"method", std::string(method)}, {"code", std::string(code)}})
+      .Increment();
+}
+
+void PlannerMetrics::RpcRefused(absl::string_view method, absl::string_view reason) {
+  impl_->rpc_refused.Add({{"method", std::string(method)}, {"reason", std::string(reason)}})
       .Increment();
 }
 

@@ -54,7 +54,7 @@ absl::Status Invalid(absl::string_view message) { return absl::InvalidArgumentEr
 absl::Status NameMissingId(const absl::Status& status, absl::string_view field,
                            absl::string_view id) {
   if (status.code() != absl::StatusCode::kNotFound) return status;
-  return absl::NotFoundError(absl::StrCat(field, " \"", id, "\" was not found"));
+  return absl::NotFoundError(absl::StrCat(field, " ", Quote(id), " was not found"));
 }
 
 absl::Status CheckBytes(absl::string_view field, int64_t value) {
@@ -82,59 +82,43 @@ absl::Status CheckMatchesTrace(absl::string_view field, int64_t requested, int64
                               field, " unset to use the trace's)"));
 }
 
-absl::Status ValidateEdge(const EdgeTrace& e, absl::string_view prefix) {
-  RETURN_IF_ERROR(CheckBytes(absl::StrCat(prefix, "param_bytes"), e.param_bytes));
-  RETURN_IF_ERROR(CheckBytes(absl::StrCat(prefix, "saved_bytes"), e.saved_bytes));
-  RETURN_IF_ERROR(
-      CheckBytes(absl::StrCat(prefix, "forward_transient_bytes"), e.forward_transient_bytes));
-  RETURN_IF_ERROR(
-      CheckBytes(absl::StrCat(prefix, "backward_transient_bytes"), e.backward_transient_bytes));
-  RETURN_IF_ERROR(CheckSeconds(absl::StrCat(prefix, "forward_seconds"), e.forward_seconds));
-  RETURN_IF_ERROR(CheckSeconds(absl::StrCat(prefix, "backward_seconds"), e.backward_seconds));
-  return absl::OkStatus();
-}
-
-absl::Status ValidateTrace(const Trace& t) {
-  RETURN_IF_ERROR(ValidateModelSpec(t.arch, "trace.arch."));
-  RETURN_IF_ERROR(ValidateWorkload(t.workload, "trace.workload."));
-  RETURN_IF_ERROR(ValidateTrainingMethod(t.training, t.arch, "trace.training."));
-  if (!t.analytic && t.hardware_name.empty()) {
-    return Invalid(
-        "trace.hardware_name is empty; a profiled trace must name the hardware it ran on");
+// The strings and lists of a PlanRequest, before any is used, stored or quoted (PlanRequest
+// errors name PlanRequest fields; Admit prefixes them).
+absl::Status CheckPlanRequestBounds(const v1::PlanRequest& r) {
+  switch (r.model_case()) {
+    case v1::PlanRequest::kArch:
+      RETURN_IF_ERROR(CheckName("arch.name", r.arch().name()));
+      RETURN_IF_ERROR(CheckName("arch.family", r.arch().family()));
+      break;
+    case v1::PlanRequest::kTraceId:
+      RETURN_IF_ERROR(CheckId("trace_id", r.trace_id()));
+      break;
+    case v1::PlanRequest::kArchPreset:
+      RETURN_IF_ERROR(CheckName("arch_preset", r.arch_preset()));
+      break;
+    case v1::PlanRequest::MODEL_NOT_SET:
+      break;
   }
-  if (static_cast<int64_t>(t.blocks.size()) != t.arch.num_layers) {
-    return Invalid(absl::StrCat(
-        "trace.blocks has ", t.blocks.size(),
-        " entries; it must have one per layer (trace.arch.num_layers = ", t.arch.num_layers, ")"));
+  switch (r.hardware_case()) {
+    case v1::PlanRequest::kHardwareSpec:
+      RETURN_IF_ERROR(CheckName("hardware_spec.name", r.hardware_spec().name()));
+      break;
+    case v1::PlanRequest::kHardwareProfileId:
+      RETURN_IF_ERROR(CheckId("hardware_profile_id", r.hardware_profile_id()));
+      break;
+    case v1::PlanRequest::kHardwarePreset:
+      RETURN_IF_ERROR(CheckName("hardware_preset", r.hardware_preset()));
+      break;
+    case v1::PlanRequest::HARDWARE_NOT_SET:
+      break;
   }
-  RETURN_IF_ERROR(ValidateEdge(t.embedding, "trace.embedding."));
-  RETURN_IF_ERROR(ValidateEdge(t.head, "trace.head."));
-  for (size_t i = 0; i < t.blocks.size(); ++i) {
-    const BlockTrace& b = t.blocks[i];
-    const std::string p = absl::StrCat("trace.blocks[", i, "].");
-    RETURN_IF_ERROR(CheckBytes(absl::StrCat(p, "param_bytes"), b.param_bytes));
-    RETURN_IF_ERROR(CheckBytes(absl::StrCat(p, "input_bytes"), b.input_bytes));
-    RETURN_IF_ERROR(CheckBytes(absl::StrCat(p, "saved_bytes"), b.saved_bytes));
-    RETURN_IF_ERROR(
-        CheckBytes(absl::StrCat(p, "forward_transient_bytes"), b.forward_transient_bytes));
-    RETURN_IF_ERROR(
-        CheckBytes(absl::StrCat(p, "backward_transient_bytes"), b.backward_transient_bytes));
-    RETURN_IF_ERROR(CheckSeconds(absl::StrCat(p, "forward_seconds"), b.forward_seconds));
-    RETURN_IF_ERROR(CheckSeconds(absl::StrCat(p, "backward_seconds"), b.backward_seconds));
-    RETURN_IF_ERROR(CheckSeconds(absl::StrCat(p, "recompute_seconds"), b.recompute_seconds));
+  RETURN_IF_ERROR(CheckListSize("training.lora_target_modules",
+                                r.training().lora_target_modules_size(), kMaxLoraTargetModules));
+  for (int i = 0; i < r.training().lora_target_modules_size(); ++i) {
+    RETURN_IF_ERROR(CheckName(absl::StrCat("training.lora_target_modules[", i, "]"),
+                              r.training().lora_target_modules(i)));
   }
-  if (t.trainable_param_count < 0 || t.total_param_count < 0 ||
-      t.trainable_param_count > t.total_param_count) {
-    return Invalid(absl::StrCat(
-        "trace.trainable_param_count = ", t.trainable_param_count,
-        " is out of range; allowed [0, trace.total_param_count = ", t.total_param_count, "]"));
-  }
-  RETURN_IF_ERROR(CheckBytes("trace.forward_end_bytes", t.forward_end_bytes));
-  RETURN_IF_ERROR(CheckBytes("trace.chunk_bytes", t.chunk_bytes));
-  for (size_t i = 0; i < t.chunk_param_bytes.size(); ++i) {
-    RETURN_IF_ERROR(
-        CheckBytes(absl::StrCat("trace.chunk_param_bytes[", i, "]"), t.chunk_param_bytes[i]));
-  }
+  RETURN_IF_ERROR(CheckName("optimizer", r.optimizer()));
   return absl::OkStatus();
 }
 
@@ -170,6 +154,7 @@ PlannerCore::PlannerCore(Store& store, SearchExecutor& executor, PlannerMetrics*
 
 absl::StatusOr<v1::PlanResponse> PlannerCore::Plan(const v1::PlanRequest& request,
                                                    Storage storage) {
+  RETURN_IF_ERROR(CheckPlanRequestBounds(request));
   Resolved r;
   PlanInputs& in = r.inputs;
   r.stored_request = request;
@@ -193,8 +178,8 @@ absl::StatusOr<v1::PlanResponse> PlannerCore::Plan(const v1::PlanRequest& reques
       std::optional<ModelSpec> preset = FindModelPreset(request.arch_preset());
       if (!preset.has_value()) {
         return absl::NotFoundError(
-            absl::StrCat("arch_preset \"", request.arch_preset(),
-                         "\" is not a known model preset; known: ", ModelPresetNames()));
+            absl::StrCat("arch_preset ", Quote(request.arch_preset()),
+                         " is not a known model preset; known: ", ModelPresetNames()));
       }
       in.arch = *std::move(preset);
       break;
@@ -229,8 +214,8 @@ absl::StatusOr<v1::PlanResponse> PlannerCore::Plan(const v1::PlanRequest& reques
       std::optional<HardwareSpec> preset = FindHardwarePreset(request.hardware_preset());
       if (!preset.has_value()) {
         return absl::NotFoundError(
-            absl::StrCat("hardware_preset \"", request.hardware_preset(),
-                         "\" is neither a hardware preset nor a measured profile name; presets: ",
+            absl::StrCat("hardware_preset ", Quote(request.hardware_preset()),
+                         " is neither a hardware preset nor a measured profile name; presets: ",
                          HardwarePresetNames()));
       }
       in.hardware = *std::move(preset);
@@ -286,8 +271,8 @@ absl::StatusOr<v1::PlanResponse> PlannerCore::Plan(const v1::PlanRequest& reques
   const std::string optimizer = request.optimizer().empty() ? "adamw" : request.optimizer();
   std::optional<OptimizerKind> kind = ParseOptimizer(optimizer);
   if (!kind.has_value()) {
-    return Invalid(absl::StrCat("optimizer = \"", optimizer, "\" is not supported; allowed: ",
-                                std::string(OptimizerAllowList())));
+    return Invalid(absl::StrCat("optimizer = ", Quote(optimizer),
+                                " is not supported; allowed: ", std::string(OptimizerAllowList())));
   }
   in.optimizer = *kind;
   // proto3 cannot tell an unset double from 0: 0 takes the documented default.
@@ -338,7 +323,7 @@ absl::StatusOr<v1::PlanResponse> PlannerCore::Plan(const v1::PlanRequest& reques
   absl::StatusOr<PlanOutcome> outcome = absl::InternalError("search did not run");
   double search_seconds = 0;
   absl::Notification done;
-  RETURN_IF_ERROR(executor_.Submit([&] {
+  absl::Status queued = executor_.Submit([&] {
     const double start = options_.now_seconds();
     try {
       outcome = MakePlan(in);
@@ -349,7 +334,13 @@ absl::StatusOr<v1::PlanResponse> PlannerCore::Plan(const v1::PlanRequest& reques
     }
     search_seconds = options_.now_seconds() - start;
     done.Notify();
-  }));
+  });
+  if (!queued.ok()) {
+    if (metrics_ != nullptr && queued.code() == absl::StatusCode::kResourceExhausted) {
+      metrics_->RpcRefused("Plan", "search_queue_full");
+    }
+    return queued;
+  }
   done.WaitForNotification();
   if (!outcome.ok()) return outcome.status();
   if (metrics_ != nullptr) metrics_->ObserveSearch(search_seconds);
@@ -407,7 +398,11 @@ absl::StatusOr<v1::SubmitTraceResponse> PlannerCore::SubmitTrace(
     const v1::SubmitTraceRequest& request) {
   if (!request.has_trace()) return Invalid("trace is required");
   ASSIGN_OR_RETURN(Trace trace, TraceFromProto(request.trace(), "trace."));
-  RETURN_IF_ERROR(ValidateTrace(trace));
+  RETURN_IF_ERROR(ValidateTrace(trace, "trace."));
+  if (!trace.analytic && trace.hardware_name.empty()) {
+    return Invalid(
+        "trace.hardware_name is empty; a profiled trace must name the hardware it ran on");
+  }
   // Store the normalised form (defaults explicit) so lookups by content match it.
   ASSIGN_OR_RETURN(std::string id, store_.PutTrace(ToProto(trace)));
   v1::SubmitTraceResponse response;
@@ -437,6 +432,8 @@ absl::StatusOr<v1::ReportMeasurementResponse> PlannerCore::ReportMeasurement(
   m.set_reported_by(source.reported_by);
   m.clear_quarantine_reason();
   if (m.plan_id().empty()) return Invalid("measurement.plan_id is empty");
+  RETURN_IF_ERROR(CheckId("measurement.plan_id", m.plan_id()));
+  RETURN_IF_ERROR(CheckNote("measurement.note", m.note()));
   RETURN_IF_ERROR(CheckBytes("measurement.peak_allocated_bytes", m.peak_allocated_bytes()));
   RETURN_IF_ERROR(CheckBytes("measurement.peak_reserved_bytes", m.peak_reserved_bytes()));
   RETURN_IF_ERROR(CheckBytes("measurement.peak_device_bytes", m.peak_device_bytes()));
@@ -560,8 +557,18 @@ absl::StatusOr<v1::AdmitResponse> PlannerCore::Admit(const v1::AdmitRequest& req
     const v1::NodePool& pool = request.pools(i);
     const std::string field = absl::StrCat("pools[", i, "]");
     if (pool.name().empty()) return Invalid(absl::StrCat(field, ".name is empty"));
+    RETURN_IF_ERROR(CheckName(absl::StrCat(field, ".name"), pool.name()));
     if (!names.insert(pool.name()).second) {
-      return Invalid(absl::StrCat(field, ".name \"", pool.name(), "\" is used twice"));
+      return Invalid(absl::StrCat(field, ".name ", Quote(pool.name()), " is used twice"));
+    }
+    if (pool.hardware_case() == v1::NodePool::kHardwareProfileId) {
+      RETURN_IF_ERROR(
+          CheckId(absl::StrCat(field, ".hardware_profile_id"), pool.hardware_profile_id()));
+    } else if (pool.hardware_case() == v1::NodePool::kHardwarePreset) {
+      RETURN_IF_ERROR(CheckName(absl::StrCat(field, ".hardware_preset"), pool.hardware_preset()));
+    } else if (pool.hardware_case() == v1::NodePool::kHardwareSpec) {
+      RETURN_IF_ERROR(
+          CheckName(absl::StrCat(field, ".hardware_spec.name"), pool.hardware_spec().name()));
     }
     if (pool.gpus() < 1 || pool.gpus() > kMaxPoolGpus) {
       return Invalid(absl::StrCat(field, ".gpus = ", pool.gpus(), " is out of range; allowed [1, ",
@@ -597,7 +604,7 @@ absl::StatusOr<v1::AdmitResponse> PlannerCore::Admit(const v1::AdmitRequest& req
       const std::string message(plan.status().message());
       return absl::Status(plan.status().code(),
                           absl::StartsWith(message, "hardware")
-                              ? absl::StrCat("pools[", i, "] (\"", pool.name(), "\"): ", message)
+                              ? absl::StrCat("pools[", i, "] (", Quote(pool.name()), "): ", message)
                               : absl::StrCat("job.", message));
     }
     ASSIGN_OR_RETURN(const v1::StoredPlan stored, store_.GetPlan(plan->plan_id()));
@@ -630,6 +637,7 @@ absl::StatusOr<v1::AdmitResponse> PlannerCore::Admit(const v1::AdmitRequest& req
 
 absl::StatusOr<v1::GetPlanResponse> PlannerCore::GetPlan(const v1::GetPlanRequest& request) {
   if (request.plan_id().empty()) return Invalid("plan_id is empty");
+  RETURN_IF_ERROR(CheckId("plan_id", request.plan_id()));
   auto plan = store_.GetPlan(request.plan_id());
   if (!plan.ok()) return NameMissingId(plan.status(), "plan_id", request.plan_id());
   v1::GetPlanResponse response;
@@ -645,6 +653,7 @@ absl::StatusOr<v1::ListPlansResponse> PlannerCore::ListPlans(const v1::ListPlans
                                 " is out of range; allowed [0, ", kMaxListPlansPageSize,
                                 "] (0 = ", kDefaultListPlansPageSize, ")"));
   }
+  RETURN_IF_ERROR(CheckId("page_token", request.page_token()));
   ASSIGN_OR_RETURN(ListPlansPage page, store_.ListPlans(request.page_size(), request.page_token()));
   v1::ListPlansResponse response;
   for (v1::StoredPlan& plan : page.plans) {
@@ -657,6 +666,8 @@ absl::StatusOr<v1::ListPlansResponse> PlannerCore::ListPlans(const v1::ListPlans
 
 absl::StatusOr<v1::GetCalibrationResponse> PlannerCore::GetCalibration(
     const v1::GetCalibrationRequest& request) {
+  RETURN_IF_ERROR(CheckName("hardware_name", request.hardware_name()));
+  RETURN_IF_ERROR(CheckName("model_family", request.model_family()));
   CalibrationFilter filter;
   filter.hardware_name = request.hardware_name();
   filter.model_family = request.model_family();
@@ -671,6 +682,7 @@ absl::StatusOr<v1::GetCalibrationResponse> PlannerCore::GetCalibration(
 
 absl::StatusOr<v1::GetTraceResponse> PlannerCore::GetTrace(const v1::GetTraceRequest& request) {
   if (request.trace_id().empty()) return Invalid("trace_id is empty");
+  RETURN_IF_ERROR(CheckId("trace_id", request.trace_id()));
   auto trace = store_.GetTrace(request.trace_id());
   if (!trace.ok()) return NameMissingId(trace.status(), "trace_id", request.trace_id());
   v1::GetTraceResponse response;
@@ -681,6 +693,7 @@ absl::StatusOr<v1::GetTraceResponse> PlannerCore::GetTrace(const v1::GetTraceReq
 absl::StatusOr<v1::GetHardwareProfileResponse> PlannerCore::GetHardwareProfile(
     const v1::GetHardwareProfileRequest& request) {
   if (request.profile_id().empty()) return Invalid("profile_id is empty");
+  RETURN_IF_ERROR(CheckId("profile_id", request.profile_id()));
   auto profile = store_.GetHardwareProfile(request.profile_id());
   if (!profile.ok()) return NameMissingId(profile.status(), "profile_id", request.profile_id());
   v1::GetHardwareProfileResponse response;

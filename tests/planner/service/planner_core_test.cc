@@ -309,6 +309,111 @@ TEST_F(PlannerCoreTest, UnknownIdsAndPresetsAreNotFound) {
   EXPECT_THAT(core_->GetPlan(get).status().message(), HasSubstr("plan_id \"plan-missing\""));
 }
 
+// Every string and list a client sends is bounded: refused INVALID_ARGUMENT naming the field
+// and the bound, quoting at most 64 bytes of the value, before anything is stored.
+TEST_F(PlannerCoreTest, OversizedStringsAndListsNameTheFieldAndAreNotEchoed) {
+  const std::string huge(3 << 20, 'x');
+  auto expect_refused = [&](const absl::Status& status, const std::string& field,
+                            const std::string& bound) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << field << ": " << status;
+    EXPECT_THAT(status.message(), AllOf(HasSubstr(field), HasSubstr(bound)));
+    EXPECT_LT(status.message().size(), 512u) << field;
+  };
+  auto plan = [&](const std::function<void(v1::PlanRequest&)>& edit) {
+    v1::PlanRequest r = InlineRequest();
+    edit(r);
+    return core_->Plan(r).status();
+  };
+  expect_refused(plan([&](v1::PlanRequest& r) { r.mutable_arch()->set_name(huge); }), "arch.name",
+                 "at most 256");
+  expect_refused(plan([&](v1::PlanRequest& r) { r.mutable_arch()->set_family(huge); }),
+                 "arch.family", "at most 256");
+  expect_refused(plan([&](v1::PlanRequest& r) { r.mutable_hardware_spec()->set_name(huge); }),
+                 "hardware_spec.name", "at most 256");
+  expect_refused(plan([&](v1::PlanRequest& r) { r.set_trace_id(huge); }), "trace_id",
+                 "at most 128");
+  expect_refused(plan([&](v1::PlanRequest& r) { r.set_arch_preset(huge); }), "arch_preset",
+                 "at most 256");
+  expect_refused(plan([&](v1::PlanRequest& r) { r.set_hardware_profile_id(huge); }),
+                 "hardware_profile_id", "at most 128");
+  expect_refused(plan([&](v1::PlanRequest& r) { r.set_hardware_preset(huge); }), "hardware_preset",
+                 "at most 256");
+  expect_refused(plan([&](v1::PlanRequest& r) { r.set_optimizer(huge); }), "optimizer",
+                 "at most 256");
+  expect_refused(plan([&](v1::PlanRequest& r) {
+                   r.mutable_training()->set_kind(v1::TrainingMethod::LORA);
+                   r.mutable_training()->set_lora_rank(8);
+                   for (int i = 0; i < 100000; ++i) {
+                     r.mutable_training()->add_lora_target_modules("q_proj");
+                   }
+                 }),
+                 "training.lora_target_modules", "at most 16");
+
+  v1::GetPlanRequest get;
+  get.set_plan_id(huge);
+  expect_refused(core_->GetPlan(get).status(), "plan_id", "at most 128");
+  v1::GetTraceRequest get_trace;
+  get_trace.set_trace_id(huge);
+  expect_refused(core_->GetTrace(get_trace).status(), "trace_id", "at most 128");
+  v1::GetHardwareProfileRequest get_profile;
+  get_profile.set_profile_id(huge);
+  expect_refused(core_->GetHardwareProfile(get_profile).status(), "profile_id", "at most 128");
+  v1::ListPlansRequest list;
+  list.set_page_token(huge);
+  expect_refused(core_->ListPlans(list).status(), "page_token", "at most 128");
+  v1::GetCalibrationRequest calibration;
+  calibration.set_hardware_name(huge);
+  expect_refused(core_->GetCalibration(calibration).status(), "hardware_name", "at most 256");
+
+  v1::SubmitHardwareProfileRequest profile;
+  *profile.mutable_profile() = ToProto(*FindHardwarePreset("rtx-3090"));
+  profile.mutable_profile()->set_name(huge);
+  expect_refused(core_->SubmitHardwareProfile(profile).status(), "profile.name", "at most 256");
+
+  v1::SubmitTraceRequest trace;
+  *trace.mutable_trace() = TinyTrace("rtx-3090");
+  trace.mutable_trace()->set_hardware_name(huge);
+  expect_refused(core_->SubmitTrace(trace).status(), "trace.hardware_name", "at most 256");
+  *trace.mutable_trace() = TinyTrace("rtx-3090");
+  for (int i = 0; i < 70000; ++i) trace.mutable_trace()->add_chunk_param_bytes(1);
+  expect_refused(core_->SubmitTrace(trace).status(), "trace.chunk_param_bytes", "at most 65536");
+
+  auto made = core_->Plan(TinyRequest());
+  ASSERT_TRUE(made.ok()) << made.status();
+  v1::ReportMeasurementRequest report;
+  report.mutable_measurement()->set_plan_id(made->plan_id());
+  report.mutable_measurement()->set_peak_reserved_bytes(kGiB);
+  report.mutable_measurement()->set_note(huge);
+  expect_refused(core_->ReportMeasurement(report).status(), "measurement.note", "at most 4096");
+  report.mutable_measurement()->set_note("");
+  report.mutable_measurement()->set_plan_id(huge);
+  expect_refused(core_->ReportMeasurement(report).status(), "measurement.plan_id", "at most 128");
+
+  v1::AdmitRequest admit;
+  *admit.mutable_job() = TinyRequest();
+  admit.mutable_job()->clear_hardware_preset();
+  admit.add_pools()->set_name(huge);
+  admit.mutable_pools(0)->set_gpus(1);
+  admit.mutable_pools(0)->set_hardware_preset("rtx-3090");
+  expect_refused(core_->Admit(admit).status(), "pools[0].name", "at most 256");
+
+  // Only the one plan made above was stored.
+  v1::ListPlansRequest all;
+  auto listed = core_->ListPlans(all);
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ(listed->plans_size(), 1);
+}
+
+// An unknown id is quoted in NOT_FOUND, but never more than 64 bytes of it.
+TEST_F(PlannerCoreTest, NotFoundQuotesAtMostTheStartOfTheId) {
+  v1::GetPlanRequest get;
+  get.set_plan_id(std::string(100, 'p'));
+  const absl::Status status = core_->GetPlan(get).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(status.message(), AllOf(HasSubstr(std::string(64, 'p') + "\"... (100 bytes)"),
+                                      ::testing::Not(HasSubstr(std::string(65, 'p')))));
+}
+
 TEST_F(PlannerCoreTest, FullSearchQueueIsResourceExhausted) {
   // A core over a one-thread executor with no queue, whose thread we keep busy.
   SearchExecutor busy({.threads = 1, .max_queued = 0});
