@@ -86,7 +86,13 @@ Usage: memplan-planner [flags]
   --log-level=LEVEL          debug | info | warning | error (default info; debug logs every RPC)
   --search-threads=N         plan-search threads (default 0 = one per CPU, at most 16)
   --max-queued-searches=N    searches waiting for a thread before RESOURCE_EXHAUSTED (default 256)
-  --max-rpc-threads=N        gRPC server threads (default 64)
+  --max-rpc-threads=N        threads that run RPC handlers; Plan waits there for a search thread
+                             (default 16)
+  --max-queued-rpcs=N        calls waiting for a handler thread before RESOURCE_EXHAUSTED
+                             (default 1024; refusals: memplan_planner_rpc_refused_total)
+  --max-streams-per-connection=N
+                             concurrent calls per client connection; more wait in the client's
+                             HTTP/2 queue (default 64)
   --shutdown-grace-seconds=S on SIGTERM/SIGINT, how long in-flight RPCs may finish (default 10)
 
 Transport security (gRPC's own TLS):
@@ -202,7 +208,14 @@ absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::vector<std::string>&
         return s;
       }
     } else if (name == "--max-rpc-threads") {
-      if (auto s = ParseInt(name, value, 2, 4096, &options.max_rpc_threads); !s.ok()) return s;
+      if (auto s = ParseInt(name, value, 1, 1024, &options.max_rpc_threads); !s.ok()) return s;
+    } else if (name == "--max-queued-rpcs") {
+      if (auto s = ParseInt(name, value, 0, 1 << 20, &options.max_queued_rpcs); !s.ok()) return s;
+    } else if (name == "--max-streams-per-connection") {
+      if (auto s = ParseInt(name, value, 1, 1 << 16, &options.max_streams_per_connection);
+          !s.ok()) {
+        return s;
+      }
     } else if (name == "--shutdown-grace-seconds") {
       double seconds = 0;
       if (!absl::SimpleAtod(value, &seconds) || !std::isfinite(seconds) || seconds < 0 ||

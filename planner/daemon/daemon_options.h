@@ -31,7 +31,9 @@ struct DaemonOptions {
   LogLevel log_level = LogLevel::kInfo;
   int search_threads = 0;  // 0: one per CPU (at most 16)
   int max_queued_searches = 256;
-  int max_rpc_threads = 64;            // gRPC sync-server threads
+  int max_rpc_threads = 16;    // threads that run RPC handlers (planner/service)
+  int max_queued_rpcs = 1024;  // calls waiting for a handler thread before RESOURCE_EXHAUSTED
+  int max_streams_per_connection = 64;  // HTTP/2 concurrent streams; more wait in the client
   double shutdown_grace_seconds = 10;  // how long SIGTERM waits for in-flight RPCs
   // Transport security. TLS when tls_cert_file is set; client certificates are checked against
   // tls_client_ca_file when set. Plaintext off loopback needs `insecure`.

@@ -4,19 +4,19 @@
 #include <chrono>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/memory/memory.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/channel_security.h"
 #include "common/log.h"
+#include "common/metrics_server.h"
 #include "common/status.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
-#include "common/metrics_server.h"
 #include "planner/metrics/planner_metrics.h"
 #include "planner/service/planner_core.h"
 #include "planner/service/planner_service.h"
@@ -184,8 +184,11 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const Daemon
           .Field("fix", "restrict the port to the API server (NetworkPolicy or firewall)");
     }
   }
-  daemon->service_ = std::make_unique<PlannerServiceImpl>(*daemon->core_, daemon->metrics_.get(),
-                                                          daemon->authorizer_.get());
+  PlannerServiceOptions service_options;
+  service_options.handler_threads = options.max_rpc_threads;
+  service_options.max_queued_calls = options.max_queued_rpcs;
+  daemon->service_ = std::make_unique<PlannerServiceImpl>(
+      *daemon->core_, daemon->metrics_.get(), daemon->authorizer_.get(), service_options);
 
   // Both are process-wide switches that the builder reads; they must precede BuildAndStart.
   grpc::EnableDefaultHealthCheckService(true);
@@ -194,9 +197,13 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const Daemon
   int port = 0;
   builder.AddListeningPort(options.listen_address, credentials, &port);
   builder.RegisterService(daemon->service_.get());
-  grpc::ResourceQuota quota("memplan-planner");
-  quota.SetMaxThreads(options.max_rpc_threads);
-  builder.SetResourceQuota(quota);
+  // Calls beyond the handler threads wait in the service's queue (callback API) rather than being
+  // refused for want of a thread, as a sync server's thread quota did; a connection's excess
+  // streams wait in its client.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_streams_per_connection);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(MakeUndecodableRequestInterceptorFactory(daemon->metrics_.get()));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   daemon->server_ = builder.BuildAndStart();
   if (daemon->server_ == nullptr || port == 0) {
     daemon->server_.reset();
@@ -242,7 +249,8 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const Daemon
       .Field("webhook",
              daemon->webhook_address_.empty() ? std::string("off") : daemon->webhook_address_)
       .Field("db", options.db_path)
-      .Field("search_threads", daemon->executor_->threads());
+      .Field("search_threads", daemon->executor_->threads())
+      .Field("rpc_threads", options.max_rpc_threads);
   return daemon;
 }
 

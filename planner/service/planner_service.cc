@@ -63,7 +63,7 @@ grpc::StatusCode ToGrpcCode(absl::StatusCode code) {
 }
 
 // The authorization header, the verified client certificate and the peer of a call.
-CallerCredentials CredentialsOf(const grpc::ServerContext& context) {
+CallerCredentials CredentialsOf(const grpc::ServerContextBase& context) {
   CallerCredentials credentials;
   const auto& metadata = context.client_metadata();
   if (auto it = metadata.find(kAuthorizationMetadataKey); it != metadata.end()) {
@@ -81,7 +81,72 @@ CallerCredentials CredentialsOf(const grpc::ServerContext& context) {
   return credentials;
 }
 
+// "/memplan.v1.Planner/Plan" -> "Plan": the label the handlers use.
+std::string MethodLabel(const char* full_name) {
+  if (full_name == nullptr) return "unknown";
+  const absl::string_view name(full_name);
+  const size_t slash = name.rfind('/');
+  return std::string(slash == absl::string_view::npos ? name : name.substr(slash + 1));
+}
+
+// See MakeUndecodableRequestInterceptorFactory. One per call; gRPC runs its hooks in order.
+class UndecodableRequestInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  UndecodableRequestInterceptor(std::string method, PlannerMetrics* metrics)
+      : method_(std::move(method)), metrics_(metrics) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    using grpc::experimental::InterceptionHookPoints;
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_MESSAGE) &&
+        methods->GetRecvMessage() == nullptr) {
+      undecodable_ = true;
+    }
+    if (undecodable_ &&
+        methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
+      // A refusal for lack of resources also arrives without a message; only a parse failure
+      // is re-worded.
+      const grpc::Status status = methods->GetSendStatus();
+      if (status.error_code() == grpc::StatusCode::INTERNAL ||
+          status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+        methods->ModifySendStatus(grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrCat("the request of ", method_,
+                         " could not be decoded as its protobuf message (malformed or truncated "
+                         "bytes, or a field of the wrong wire type)")));
+        if (metrics_ != nullptr) metrics_->RpcRefused(method_, "undecodable");
+        MEMPLAN_LOG(kWarning, "rpc refused")
+            .Field("method", method_)
+            .Field("reason", "undecodable");
+      }
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string method_;
+  PlannerMetrics* const metrics_;
+  bool undecodable_ = false;
+};
+
+class UndecodableRequestInterceptorFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit UndecodableRequestInterceptorFactory(PlannerMetrics* metrics) : metrics_(metrics) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new UndecodableRequestInterceptor(MethodLabel(info->method()), metrics_);
+  }
+
+ private:
+  PlannerMetrics* const metrics_;
+};
+
 }  // namespace
+
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
+MakeUndecodableRequestInterceptorFactory(PlannerMetrics* metrics) {
+  return std::make_unique<UndecodableRequestInterceptorFactory>(metrics);
+}
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
@@ -89,11 +154,16 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 }
 
 PlannerServiceImpl::PlannerServiceImpl(PlannerCore& core, PlannerMetrics* metrics,
-                                       const WriteAuthorizer* authorizer)
-    : core_(core), metrics_(metrics), authorizer_(authorizer) {}
+                                       const WriteAuthorizer* authorizer,
+                                       const PlannerServiceOptions& options)
+    : core_(core),
+      metrics_(metrics),
+      authorizer_(authorizer),
+      handlers_(SearchExecutor::Options{.threads = options.handler_threads,
+                                        .max_queued = options.max_queued_calls}) {}
 
-absl::StatusOr<std::string> PlannerServiceImpl::AuthorizeWrite(absl::string_view method,
-                                                               const grpc::ServerContext& context) {
+absl::StatusOr<std::string> PlannerServiceImpl::AuthorizeWrite(
+    absl::string_view method, const grpc::ServerContextBase& context) {
   const CallerCredentials credentials = CredentialsOf(context);
   if (authorizer_ == nullptr) return absl::StrCat("peer:", PeerHost(credentials.peer));
   absl::StatusOr<std::string> caller = authorizer_->AuthorizeWrite(method, credentials);
@@ -104,7 +174,41 @@ absl::StatusOr<std::string> PlannerServiceImpl::AuthorizeWrite(absl::string_view
 }
 
 template <typename Call, typename Response>
-grpc::Status PlannerServiceImpl::Handle(absl::string_view method, grpc::ServerContext* context,
+grpc::ServerUnaryReactor* PlannerServiceImpl::Dispatch(absl::string_view method,
+                                                       grpc::CallbackServerContext* context,
+                                                       Call call, Response* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // Callback threads belong to gRPC's event engine and must not block on SQLite or a search, so
+  // the call waits in the handler pool's queue instead; the request, response and context stay
+  // valid until Finish.
+  const absl::Status queued = handlers_.Submit(
+      [this, method, context, call = std::move(call), response, reactor]() mutable {
+        reactor->Finish(Handle(method, context, std::move(call), response));
+      });
+  if (!queued.ok()) {
+    const absl::Status refused =
+        queued.code() == absl::StatusCode::kResourceExhausted
+            ? absl::ResourceExhaustedError(
+                  absl::StrCat("the planner has ", handlers_.max_queued(),
+                               " calls waiting (--max-queued-rpcs); retry with backoff"))
+            : queued;
+    if (metrics_ != nullptr) {
+      metrics_->RpcRefused(method, refused.code() == absl::StatusCode::kResourceExhausted
+                                       ? "queue_full"
+                                       : "shutting_down");
+      metrics_->ObserveRpc(method, absl::StatusCodeToString(refused.code()), 0);
+    }
+    MEMPLAN_LOG(kWarning, "rpc refused")
+        .Field("method", std::string(method))
+        .Field("peer", context->peer())
+        .Field("error", std::string(refused.message()));
+    reactor->Finish(ToGrpcStatus(refused));
+  }
+  return reactor;
+}
+
+template <typename Call, typename Response>
+grpc::Status PlannerServiceImpl::Handle(absl::string_view method, grpc::ServerContextBase* context,
                                         Call call, Response* response) {
   const auto start = std::chrono::steady_clock::now();
   absl::Status status;
@@ -144,42 +248,43 @@ grpc::Status PlannerServiceImpl::Handle(absl::string_view method, grpc::ServerCo
   return ToGrpcStatus(status);
 }
 
-grpc::Status PlannerServiceImpl::Plan(grpc::ServerContext* context, const v1::PlanRequest* request,
-                                      v1::PlanResponse* response) {
-  return Handle(
-      "Plan", context, [&] { return core_.Plan(*request); }, response);
+grpc::ServerUnaryReactor* PlannerServiceImpl::Plan(grpc::CallbackServerContext* context,
+                                                   const v1::PlanRequest* request,
+                                                   v1::PlanResponse* response) {
+  return Dispatch(
+      "Plan", context, [=, this] { return core_.Plan(*request); }, response);
 }
 
-grpc::Status PlannerServiceImpl::SubmitTrace(grpc::ServerContext* context,
-                                             const v1::SubmitTraceRequest* request,
-                                             v1::SubmitTraceResponse* response) {
-  return Handle(
+grpc::ServerUnaryReactor* PlannerServiceImpl::SubmitTrace(grpc::CallbackServerContext* context,
+                                                          const v1::SubmitTraceRequest* request,
+                                                          v1::SubmitTraceResponse* response) {
+  return Dispatch(
       "SubmitTrace", context,
-      [&]() -> absl::StatusOr<v1::SubmitTraceResponse> {
+      [=, this]() -> absl::StatusOr<v1::SubmitTraceResponse> {
         RETURN_IF_ERROR(AuthorizeWrite("SubmitTrace", *context).status());
         return core_.SubmitTrace(*request);
       },
       response);
 }
 
-grpc::Status PlannerServiceImpl::SubmitHardwareProfile(
-    grpc::ServerContext* context, const v1::SubmitHardwareProfileRequest* request,
+grpc::ServerUnaryReactor* PlannerServiceImpl::SubmitHardwareProfile(
+    grpc::CallbackServerContext* context, const v1::SubmitHardwareProfileRequest* request,
     v1::SubmitHardwareProfileResponse* response) {
-  return Handle(
+  return Dispatch(
       "SubmitHardwareProfile", context,
-      [&]() -> absl::StatusOr<v1::SubmitHardwareProfileResponse> {
+      [=, this]() -> absl::StatusOr<v1::SubmitHardwareProfileResponse> {
         RETURN_IF_ERROR(AuthorizeWrite("SubmitHardwareProfile", *context).status());
         return core_.SubmitHardwareProfile(*request);
       },
       response);
 }
 
-grpc::Status PlannerServiceImpl::ReportMeasurement(grpc::ServerContext* context,
-                                                   const v1::ReportMeasurementRequest* request,
-                                                   v1::ReportMeasurementResponse* response) {
-  return Handle(
+grpc::ServerUnaryReactor* PlannerServiceImpl::ReportMeasurement(
+    grpc::CallbackServerContext* context, const v1::ReportMeasurementRequest* request,
+    v1::ReportMeasurementResponse* response) {
+  return Dispatch(
       "ReportMeasurement", context,
-      [&]() -> absl::StatusOr<v1::ReportMeasurementResponse> {
+      [=, this]() -> absl::StatusOr<v1::ReportMeasurementResponse> {
         PlannerCore::MeasurementSource source;
         ASSIGN_OR_RETURN(source.reported_by, AuthorizeWrite("ReportMeasurement", *context));
         // Agents may share a token: the burst check counts per token and host.
@@ -191,53 +296,54 @@ grpc::Status PlannerServiceImpl::ReportMeasurement(grpc::ServerContext* context,
       response);
 }
 
-grpc::Status PlannerServiceImpl::GetPlan(grpc::ServerContext* context,
-                                         const v1::GetPlanRequest* request,
-                                         v1::GetPlanResponse* response) {
-  return Handle(
-      "GetPlan", context, [&] { return core_.GetPlan(*request); }, response);
+grpc::ServerUnaryReactor* PlannerServiceImpl::GetPlan(grpc::CallbackServerContext* context,
+                                                      const v1::GetPlanRequest* request,
+                                                      v1::GetPlanResponse* response) {
+  return Dispatch(
+      "GetPlan", context, [=, this] { return core_.GetPlan(*request); }, response);
 }
 
-grpc::Status PlannerServiceImpl::ListPlans(grpc::ServerContext* context,
-                                           const v1::ListPlansRequest* request,
-                                           v1::ListPlansResponse* response) {
-  return Handle(
-      "ListPlans", context, [&] { return core_.ListPlans(*request); }, response);
+grpc::ServerUnaryReactor* PlannerServiceImpl::ListPlans(grpc::CallbackServerContext* context,
+                                                        const v1::ListPlansRequest* request,
+                                                        v1::ListPlansResponse* response) {
+  return Dispatch(
+      "ListPlans", context, [=, this] { return core_.ListPlans(*request); }, response);
 }
 
-grpc::Status PlannerServiceImpl::GetCalibration(grpc::ServerContext* context,
-                                                const v1::GetCalibrationRequest* request,
-                                                v1::GetCalibrationResponse* response) {
-  return Handle(
-      "GetCalibration", context, [&] { return core_.GetCalibration(*request); }, response);
+grpc::ServerUnaryReactor* PlannerServiceImpl::GetCalibration(
+    grpc::CallbackServerContext* context, const v1::GetCalibrationRequest* request,
+    v1::GetCalibrationResponse* response) {
+  return Dispatch(
+      "GetCalibration", context, [=, this] { return core_.GetCalibration(*request); }, response);
 }
 
-grpc::Status PlannerServiceImpl::ListPresets(grpc::ServerContext* context,
-                                             const v1::ListPresetsRequest* request,
-                                             v1::ListPresetsResponse* response) {
-  return Handle(
-      "ListPresets", context, [&] { return core_.ListPresets(*request); }, response);
+grpc::ServerUnaryReactor* PlannerServiceImpl::ListPresets(grpc::CallbackServerContext* context,
+                                                          const v1::ListPresetsRequest* request,
+                                                          v1::ListPresetsResponse* response) {
+  return Dispatch(
+      "ListPresets", context, [=, this] { return core_.ListPresets(*request); }, response);
 }
 
-grpc::Status PlannerServiceImpl::GetTrace(grpc::ServerContext* context,
-                                          const v1::GetTraceRequest* request,
-                                          v1::GetTraceResponse* response) {
-  return Handle(
-      "GetTrace", context, [&] { return core_.GetTrace(*request); }, response);
+grpc::ServerUnaryReactor* PlannerServiceImpl::GetTrace(grpc::CallbackServerContext* context,
+                                                       const v1::GetTraceRequest* request,
+                                                       v1::GetTraceResponse* response) {
+  return Dispatch(
+      "GetTrace", context, [=, this] { return core_.GetTrace(*request); }, response);
 }
 
-grpc::Status PlannerServiceImpl::GetHardwareProfile(grpc::ServerContext* context,
-                                                    const v1::GetHardwareProfileRequest* request,
-                                                    v1::GetHardwareProfileResponse* response) {
-  return Handle(
-      "GetHardwareProfile", context, [&] { return core_.GetHardwareProfile(*request); }, response);
+grpc::ServerUnaryReactor* PlannerServiceImpl::GetHardwareProfile(
+    grpc::CallbackServerContext* context, const v1::GetHardwareProfileRequest* request,
+    v1::GetHardwareProfileResponse* response) {
+  return Dispatch(
+      "GetHardwareProfile", context, [=, this] { return core_.GetHardwareProfile(*request); },
+      response);
 }
 
-grpc::Status PlannerServiceImpl::Admit(grpc::ServerContext* context,
-                                       const v1::AdmitRequest* request,
-                                       v1::AdmitResponse* response) {
-  return Handle(
-      "Admit", context, [&] { return core_.Admit(*request); }, response);
+grpc::ServerUnaryReactor* PlannerServiceImpl::Admit(grpc::CallbackServerContext* context,
+                                                    const v1::AdmitRequest* request,
+                                                    v1::AdmitResponse* response) {
+  return Dispatch(
+      "Admit", context, [=, this] { return core_.Admit(*request); }, response);
 }
 
 }  // namespace memplan

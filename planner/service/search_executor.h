@@ -1,5 +1,6 @@
-// A fixed pool of threads that runs plan searches off the gRPC threads, with a bounded queue so
-// a burst of requests is refused (RESOURCE_EXHAUSTED) instead of piling up without limit.
+// A fixed pool of threads with a bounded queue, so a burst of work is refused (RESOURCE_EXHAUSTED)
+// instead of piling up without limit. The planner runs two: plan searches, and the RPC handlers
+// (both off gRPC's own threads).
 // Destruction runs every task already accepted, then joins. Thread-safe.
 #pragma once
 
@@ -32,6 +33,7 @@ class SearchExecutor {
   absl::Status Submit(absl::AnyInvocable<void() &&> task);
 
   int threads() const { return static_cast<int>(workers_.size()); }
+  int max_queued() const { return max_queued_; }
 
  private:
   void WorkerLoop();

@@ -35,6 +35,7 @@ struct Options {
   int clients = 16;
   double duration_seconds = 10;
   double warmup_seconds = 1;
+  double deadline_seconds = 30;
   std::string arch = "llama-3.1-8b";
   std::string gpu = "h100-80gb";
   int64_t batch = 1;
@@ -51,6 +52,7 @@ constexpr char kUsage[] = R"(Usage: memplan-rpc-load [flags]
   --clients N           concurrent clients, each on its own connection (default 16, max 1024)
   --duration SECONDS    plan mode: measured time after warm-up (default 10, max 600)
   --warmup SECONDS      plan mode: unmeasured warm-up (default 1)
+  --deadline SECONDS    per-RPC deadline (default 30; a queued call counts its wait)
   --arch PRESET --gpu PRESET --batch N --seq N --skip-limits   the Plan request
   --vary-batch N        cycle the micro-batch over 1..N so that requests differ (defeats any
                         response cache; default 1 = every request identical)
@@ -99,6 +101,11 @@ bool ParseFlags(int argc, char** argv, Options* o) {
       if (!absl::SimpleAtod(value, &o->warmup_seconds) || o->warmup_seconds < 0 ||
           o->warmup_seconds > 60) {
         return bad("expected seconds in [0, 60]");
+      }
+    } else if (name == "--deadline") {
+      if (!absl::SimpleAtod(value, &o->deadline_seconds) || !(o->deadline_seconds > 0) ||
+          o->deadline_seconds > 600) {
+        return bad("expected seconds in (0, 600]");
       }
     } else if (name == "--arch") {
       o->arch = value;
@@ -153,9 +160,11 @@ memplan::v1::PlanRequest MakePlanRequest(const Options& o) {
 }
 
 template <typename Fn>
-grpc::Status Timed(Fn fn, double* seconds) {
+grpc::Status Timed(double deadline_seconds, Fn fn, double* seconds) {
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                           std::chrono::duration<double>(deadline_seconds)));
   const auto start = Clock::now();
   grpc::Status status = fn(&context);
   *seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -193,6 +202,9 @@ int64_t Report(const char* what, std::vector<ClientResult>& results, double elap
   std::printf("latency ms: p50 %.3f  p90 %.3f  p99 %.3f  max %.3f\n", Percentile(all, 0.50) * 1e3,
               Percentile(all, 0.90) * 1e3, Percentile(all, 0.99) * 1e3,
               all.empty() ? 0.0 : all.back() * 1e3);
+  const auto refused = errors.find(grpc::StatusCode::RESOURCE_EXHAUSTED);
+  std::printf("answered %zu, refused (RESOURCE_EXHAUSTED) %lld\n", all.size(),
+              static_cast<long long>(refused == errors.end() ? 0 : refused->second));
   std::printf("errors: %lld", static_cast<long long>(failed));
   for (const auto& [code, n] : errors)
     std::printf("  code %d: %lld", code, static_cast<long long>(n));
@@ -255,9 +267,10 @@ int RunPlanLoad(const Options& o) {
         if (now >= stop) break;
         memplan::v1::PlanResponse response;
         double seconds = 0;
-        const grpc::Status status =
-            Timed([&](grpc::ClientContext* ctx) { return stub->Plan(ctx, request, &response); },
-                  &seconds);
+        const grpc::Status status = Timed(
+            o.deadline_seconds,
+            [&](grpc::ClientContext* ctx) { return stub->Plan(ctx, request, &response); },
+            &seconds);
         // Calls that started in the warm-up only warm things up.
         if (now >= measure_from) Record(status, seconds, &result);
       }
@@ -314,6 +327,7 @@ int RunMeasurementLoad(const Options& o) {
         memplan::v1::ReportMeasurementResponse response;
         double seconds = 0;
         const grpc::Status status = Timed(
+            o.deadline_seconds,
             [&](grpc::ClientContext* ctx) {
               return client->ReportMeasurement(ctx, request, &response);
             },

@@ -346,7 +346,8 @@ TEST_F(PlannerE2ETest, BadInputsGetCleanCodesAndTheDaemonStaysUp) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(), HasSubstr("measurement.peak_reserved_bytes = -3"));
 
-  // Garbage bytes on the Plan method: gRPC refuses to decode them; the daemon is unaffected.
+  // Garbage bytes on the Plan method: INVALID_ARGUMENT saying so (gRPC alone answers INTERNAL
+  // with no message); the daemon is unaffected.
   {
     grpc::GenericStub generic(channel_);
     grpc::ClientContext context;
@@ -362,13 +363,104 @@ TEST_F(PlannerE2ETest, BadInputsGetCleanCodesAndTheDaemonStaysUp) {
     void* tag = nullptr;
     bool ok = false;
     ASSERT_TRUE(cq.Next(&tag, &ok));
-    EXPECT_FALSE(generic_status.ok());
+    EXPECT_EQ(generic_status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(generic_status.error_message(), HasSubstr("request of Plan could not be decoded"));
     cq.Shutdown();
     while (cq.Next(&tag, &ok)) {
     }
   }
   ASSERT_TRUE(Plan(TinyRequest(), &good).ok());
   StopDaemon();
+}
+
+// `clients` threads, each on its own connection, make `calls` Plan RPCs each at the same time;
+// returns the codes of the calls that failed (with their messages).
+std::vector<std::string> ConcurrentPlans(const std::string& address, int clients, int calls,
+                                         const v1::PlanRequest& request) {
+  struct Barrier {
+    int ready = 0;
+    int clients = 0;
+    bool Open() const { return ready >= clients; }
+  };
+  absl::Mutex mu;
+  std::vector<std::string> failures;
+  Barrier barrier{0, clients};
+  std::vector<std::thread> threads;
+  threads.reserve(clients);
+  for (int c = 0; c < clients; ++c) {
+    threads.emplace_back([&] {
+      grpc::ChannelArguments args;
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection per client
+      auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+      auto stub = v1::Planner::NewStub(channel);
+      const bool connected =
+          channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(30));
+      {
+        // Every client is connected before any calls, so the calls arrive together.
+        absl::MutexLock lock(&mu);
+        ++barrier.ready;
+        mu.Await(absl::Condition(&barrier, &Barrier::Open));
+        if (!connected) failures.push_back("could not connect");
+      }
+      for (int i = 0; i < calls && connected; ++i) {
+        grpc::ClientContext context;
+        context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+        v1::PlanResponse response;
+        const grpc::Status status = stub->Plan(&context, request, &response);
+        if (!status.ok()) {
+          absl::MutexLock lock(&mu);
+          failures.push_back(absl::StrCat(status.error_code(), ": ", status.error_message()));
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return failures;
+}
+
+// With the default flags, 64 and then 256 simultaneous clients are all answered: calls beyond
+// the handler threads wait in the queue instead of being refused ("Server Threadpool Exhausted").
+TEST_F(PlannerE2ETest, ConcurrentPlanClientsAreQueuedNotRefused) {
+  StartDaemon();
+  for (const auto& [clients, calls] : {std::pair{64, 3}, std::pair{256, 2}}) {
+    const std::vector<std::string> failures =
+        ConcurrentPlans(daemon_->address(), clients, calls, TinyRequest());
+    EXPECT_TRUE(failures.empty()) << clients << " clients: " << failures.size()
+                                  << " calls failed, first: " << failures.front();
+  }
+  StopDaemon();
+}
+
+// A 3 MiB id or name from an unauthenticated client: INVALID_ARGUMENT naming the field (the
+// client is not broken by a 3 MiB error in its metadata), nothing stored, the log not flooded.
+TEST_F(PlannerE2ETest, OversizedFieldsAreRefusedWithoutEchoingThem) {
+  StartDaemon();
+  const std::string huge(3 << 20, 'z');
+  v1::GetPlanRequest get;
+  get.set_plan_id(huge);
+  v1::GetPlanResponse got;
+  grpc::ClientContext get_context;
+  grpc::Status status = stub_->GetPlan(&get_context, get, &got);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("plan_id is 3145728 bytes; allowed at most 128"));
+
+  v1::PlanRequest request = TinyRequest();
+  request.clear_arch_preset();
+  *request.mutable_arch() = ToProto(*FindModelPreset("llama-tiny"));
+  request.mutable_arch()->set_name(huge);
+  v1::PlanResponse response;
+  status = Plan(request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("arch.name is 3145728 bytes; allowed at most 256"));
+  EXPECT_LT(status.error_message().size(), 512u);
+
+  v1::ListPlansRequest list;
+  v1::ListPlansResponse listed;
+  grpc::ClientContext list_context;
+  ASSERT_TRUE(stub_->ListPlans(&list_context, list, &listed).ok());
+  EXPECT_EQ(listed.plans_size(), 0);
+  StopDaemon();
+  EXPECT_LT(std::filesystem::file_size(log_path_), 64u << 10);
 }
 
 TEST_F(PlannerE2ETest, DataSurvivesARestart) {

@@ -1,5 +1,6 @@
-// The gRPC shell over an in-process channel: status conversion, codes on the wire, and every
-// call counted in the RPC histogram with its method and code.
+// The gRPC shell over an in-process channel: status conversion, codes on the wire, every call
+// counted in the RPC histogram with its method and code, the bounded handler queue and
+// undecodable requests.
 #include "planner/service/planner_service.h"
 
 #include <gmock/gmock.h>
@@ -7,7 +8,12 @@
 
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "planner/metrics/planner_metrics.h"
 #include "planner/service/planner_core.h"
@@ -45,6 +51,25 @@ TEST(ToGrpcStatusTest, KeepsCodeAndMessage) {
 }
 
 // Sum of the sample counts of memplan_rpc_duration_seconds{method, code}.
+// Value of memplan_planner_rpc_refused_total{method, reason}.
+double RefusedCount(prometheus::Registry& registry, const std::string& method,
+                    const std::string& reason) {
+  double count = 0;
+  for (const prometheus::MetricFamily& family : registry.Collect()) {
+    if (family.name != "memplan_planner_rpc_refused_total") continue;
+    for (const prometheus::ClientMetric& metric : family.metric) {
+      bool method_ok = false;
+      bool reason_ok = false;
+      for (const prometheus::ClientMetric::Label& label : metric.label) {
+        method_ok |= label.name == "method" && label.value == method;
+        reason_ok |= label.name == "reason" && label.value == reason;
+      }
+      if (method_ok && reason_ok) count += metric.counter.value;
+    }
+  }
+  return count;
+}
+
 uint64_t RpcCount(prometheus::Registry& registry, const std::string& method,
                   const std::string& code) {
   uint64_t count = 0;
@@ -73,12 +98,34 @@ class PlannerServiceTest : public ::testing::Test {
     auto core = PlannerCore::Create(*store_, *executor_, metrics_.get());
     ASSERT_TRUE(core.ok());
     core_ = *std::move(core);
-    service_ = std::make_unique<PlannerServiceImpl>(*core_, metrics_.get());
+    StartServer({});
+  }
+
+  // (Re)starts the service and server as the daemon builds them, with `options`.
+  void StartServer(const PlannerServiceOptions& options) {
+    if (server_) server_->Shutdown();
+    stub_.reset();
+    server_.reset();
+    service_ = std::make_unique<PlannerServiceImpl>(*core_, metrics_.get(), nullptr, options);
     grpc::ServerBuilder builder;
     builder.RegisterService(service_.get());
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+    creators.push_back(MakeUndecodableRequestInterceptorFactory(metrics_.get()));
+    builder.experimental().SetInterceptorCreators(std::move(creators));
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
-    stub_ = v1::Planner::NewStub(server_->InProcessChannel(grpc::ChannelArguments()));
+    channel_ = server_->InProcessChannel(grpc::ChannelArguments());
+    stub_ = v1::Planner::NewStub(channel_);
+  }
+
+  static v1::PlanRequest TinyRequest() {
+    v1::PlanRequest request;
+    request.set_arch_preset("llama-tiny");
+    request.set_hardware_preset("rtx-3090");
+    request.mutable_workload()->set_micro_batch(1);
+    request.mutable_workload()->set_seq_len(256);
+    request.set_skip_limits(true);
+    return request;
   }
 
   void TearDown() override {
@@ -92,6 +139,7 @@ class PlannerServiceTest : public ::testing::Test {
   std::unique_ptr<PlannerCore> core_;
   std::unique_ptr<PlannerServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Planner::Stub> stub_;
 };
 
@@ -131,6 +179,78 @@ TEST_F(PlannerServiceTest, ErrorsKeepTheirCodeAndMessageOnTheWire) {
   status = stub_->GetPlan(&context2, get, &got);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(RpcCount(*registry_, "GetPlan", "NOT_FOUND"), 1u);
+}
+
+// One handler thread, no queue, and the search thread held: of two simultaneous Plans one waits
+// in the handler, the other is refused RESOURCE_EXHAUSTED at once, naming the flag, and counted.
+TEST_F(PlannerServiceTest, FullHandlerQueueRefusesAndCounts) {
+  StartServer({.handler_threads = 1, .max_queued_calls = 0});
+  absl::Notification release_search;
+  ASSERT_TRUE(executor_->Submit([&] { release_search.WaitForNotification(); }).ok());
+
+  absl::Mutex mu;
+  int finished = 0;
+  std::vector<grpc::Status> statuses(2);
+  std::vector<std::thread> callers;
+  for (int i = 0; i < 2; ++i) {
+    callers.emplace_back([&, i] {
+      v1::PlanResponse response;
+      grpc::ClientContext context;
+      statuses[i] = stub_->Plan(&context, TinyRequest(), &response);
+      absl::MutexLock lock(&mu);
+      ++finished;
+    });
+  }
+  {
+    // The refused call returns while the accepted one still waits for the held search thread.
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(
+        +[](int* n) { return *n >= 1; }, &finished));
+  }
+  release_search.Notify();
+  for (std::thread& t : callers) t.join();
+
+  int ok = 0;
+  int refused = 0;
+  for (const grpc::Status& status : statuses) {
+    if (status.ok()) ++ok;
+    if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++refused;
+      EXPECT_THAT(status.error_message(), HasSubstr("--max-queued-rpcs"));
+    }
+  }
+  EXPECT_EQ(ok, 1);
+  EXPECT_EQ(refused, 1);
+  EXPECT_EQ(RefusedCount(*registry_, "Plan", "queue_full"), 1);
+}
+
+// Bytes that are not a PlanRequest: INVALID_ARGUMENT saying so (gRPC alone answers
+// UNIMPLEMENTED or INTERNAL with no message), counted as refused "undecodable".
+TEST_F(PlannerServiceTest, UndecodableRequestIsInvalidArgument) {
+  grpc::GenericStub generic(channel_);
+  grpc::ClientContext context;
+  const std::string junk = "\xff\xff\xff\xff\x0f\x12\x99";
+  grpc::Slice slice(junk);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer reply;
+  grpc::CompletionQueue cq;
+  auto call = generic.PrepareUnaryCall(&context, "/memplan.v1.Planner/Plan", request, &cq);
+  call->StartCall();
+  grpc::Status status;
+  call->Finish(&reply, &status, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("request of Plan could not be decoded"));
+  EXPECT_EQ(RefusedCount(*registry_, "Plan", "undecodable"), 1);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  // The service keeps answering well-formed calls.
+  v1::PlanResponse response;
+  grpc::ClientContext context2;
+  EXPECT_TRUE(stub_->Plan(&context2, TinyRequest(), &response).ok());
 }
 
 }  // namespace
