@@ -55,7 +55,7 @@ class PlannerMetrics {
   // A write RPC refused by authorization: code "UNAUTHENTICATED" or "PERMISSION_DENIED".
   void RpcRejected(absl::string_view method, absl::string_view code);
   // An RPC refused before its handler ran: `reason` is one of a fixed set ("queue_full",
-  // "shutting_down", "search_queue_full", "undecodable").
+  // "shutting_down", "cancelled_in_queue", "search_queue_full", "undecodable").
   void RpcRefused(absl::string_view method, absl::string_view reason);
   // A measurement stored but kept out of calibration; `check` names the sanity check it failed
   // (a fixed, small set: PlannerCore's kQuarantine* names).

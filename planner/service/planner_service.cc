@@ -183,6 +183,15 @@ grpc::ServerUnaryReactor* PlannerServiceImpl::Dispatch(absl::string_view method,
   // valid until Finish.
   const absl::Status queued = handlers_.Submit(
       [this, method, context, call = std::move(call), response, reactor]() mutable {
+        // A call whose client gave up, or that shutdown cancelled after its grace period, while
+        // it waited is not worth a search; finishing it at once also lets shutdown drain the
+        // queue quickly.
+        if (context->IsCancelled()) {
+          if (metrics_ != nullptr) metrics_->RpcRefused(method, "cancelled_in_queue");
+          reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                                       "cancelled while waiting for a handler thread"));
+          return;
+        }
         reactor->Finish(Handle(method, context, std::move(call), response));
       });
   if (!queued.ok()) {

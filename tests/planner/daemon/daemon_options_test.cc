@@ -16,6 +16,9 @@ TEST(DaemonOptionsTest, DefaultsMatchTheDocumentation) {
   EXPECT_EQ(options->db_path, "./memplan-planner.db");
   EXPECT_EQ(options->log_level, LogLevel::kInfo);
   EXPECT_EQ(options->search_threads, 0);
+  EXPECT_EQ(options->max_rpc_threads, 16);
+  EXPECT_EQ(options->max_queued_rpcs, 1024);
+  EXPECT_EQ(options->max_streams_per_connection, 64);
   EXPECT_FALSE(options->help);
 }
 
@@ -114,6 +117,10 @@ TEST(DaemonOptionsTest, ErrorsNameTheFlag) {
               HasSubstr("debug, info, warning, error"));
   EXPECT_THAT(ParseDaemonOptions({"--search-threads=-1"}).status().message(),
               HasSubstr("--search-threads"));
+  EXPECT_THAT(ParseDaemonOptions({"--max-queued-rpcs=-1"}).status().message(),
+              HasSubstr("--max-queued-rpcs"));
+  EXPECT_THAT(ParseDaemonOptions({"--max-streams-per-connection=0"}).status().message(),
+              HasSubstr("--max-streams-per-connection"));
   EXPECT_THAT(ParseDaemonOptions({"--shutdown-grace-seconds=nan"}).status().message(),
               HasSubstr("[0, 3600]"));
   EXPECT_THAT(ParseDaemonOptions({"positional"}).status().message(),
@@ -149,12 +156,29 @@ TEST(DaemonOptionsTest, DatabaseCheckAndRetentionFlags) {
 
 TEST(DaemonOptionsTest, UsageMentionsEveryFlag) {
   const std::string usage = DaemonUsage();
-  for (const char* flag :
-       {"--listen", "--metrics", "--db", "--log-level", "--search-threads", "--max-queued-searches",
-        "--max-rpc-threads", "--shutdown-grace-seconds", "--tls-cert", "--tls-key",
-        "--tls-client-ca", "--tls-client-auth", "--auth-token-file", "--quarantine-step-ratio",
-        "--quarantine-burst", "--insecure", "--help", "--db-check", "--db-check-interval-hours",
-        "--db-max-plans", "--db-max-plan-age-days"}) {
+  for (const char* flag : {"--listen",
+                           "--metrics",
+                           "--db",
+                           "--log-level",
+                           "--search-threads",
+                           "--max-queued-searches",
+                           "--max-rpc-threads",
+                           "--max-queued-rpcs",
+                           "--max-streams-per-connection",
+                           "--shutdown-grace-seconds",
+                           "--tls-cert",
+                           "--tls-key",
+                           "--tls-client-ca",
+                           "--tls-client-auth",
+                           "--auth-token-file",
+                           "--quarantine-step-ratio",
+                           "--quarantine-burst",
+                           "--insecure",
+                           "--help",
+                           "--db-check",
+                           "--db-check-interval-hours",
+                           "--db-max-plans",
+                           "--db-max-plan-age-days"}) {
     EXPECT_THAT(usage, HasSubstr(flag));
   }
 }

@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
@@ -222,6 +223,49 @@ TEST_F(PlannerServiceTest, FullHandlerQueueRefusesAndCounts) {
   EXPECT_EQ(ok, 1);
   EXPECT_EQ(refused, 1);
   EXPECT_EQ(RefusedCount(*registry_, "Plan", "queue_full"), 1);
+}
+
+// A call whose client gave up while it waited for a handler thread is finished without running:
+// no search, no stored plan, counted as cancelled_in_queue.
+TEST_F(PlannerServiceTest, CallCancelledWhileQueuedDoesNotRun) {
+  // The first search announces itself and then waits: from then on the first call holds the
+  // only handler thread.
+  absl::Notification search_started;
+  absl::Notification release_search;
+  PlannerCoreOptions options;
+  options.now_seconds = [&] {
+    if (!search_started.HasBeenNotified()) {
+      search_started.Notify();
+      release_search.WaitForNotification();
+    }
+    return 0.0;
+  };
+  auto core = PlannerCore::Create(*store_, *executor_, metrics_.get(), options);
+  ASSERT_TRUE(core.ok());
+  core_ = *std::move(core);  // no call is in flight on the fixture's server
+  StartServer({.handler_threads = 1, .max_queued_calls = 8});
+  grpc::Status first;
+  std::thread holder([&] {
+    // Holds the only handler thread until the search thread is released.
+    v1::PlanResponse response;
+    grpc::ClientContext context;
+    first = stub_->Plan(&context, TinyRequest(), &response);
+  });
+  search_started.WaitForNotification();
+  v1::PlanResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  const grpc::Status queued = stub_->Plan(&context, TinyRequest(), &response);
+  EXPECT_EQ(queued.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  release_search.Notify();
+  holder.join();
+  EXPECT_TRUE(first.ok()) << first.error_message();
+  server_->Shutdown();  // returns once every queued call has finished
+
+  EXPECT_EQ(RefusedCount(*registry_, "Plan", "cancelled_in_queue"), 1);
+  auto listed = core_->ListPlans(v1::ListPlansRequest());
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ(listed->plans_size(), 1);
 }
 
 // Bytes that are not a PlanRequest: INVALID_ARGUMENT saying so (gRPC alone answers
