@@ -16,6 +16,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "planner/metrics/planner_metrics.h"
 #include "planner/service/planner_core.h"
@@ -32,6 +33,7 @@ namespace memplan {
 namespace {
 
 constexpr char kPlannerServiceName[] = "memplan.v1.Planner";
+constexpr int kMaxSyncServiceThreads = 16;
 
 // "host:port" -> "host:<port>"; the host part is kept as the operator wrote it.
 std::string WithPort(const std::string& address, int port) {
@@ -204,6 +206,11 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const Daemon
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(MakeUndecodableRequestInterceptorFactory(daemon->metrics_.get()));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  // Server reflection is still a sync service, served by threads of gRPC's own pool; this caps
+  // them (the callback services do not draw on it).
+  grpc::ResourceQuota quota("memplan-planner");
+  quota.SetMaxThreads(kMaxSyncServiceThreads);
+  builder.SetResourceQuota(quota);
   daemon->server_ = builder.BuildAndStart();
   if (daemon->server_ == nullptr || port == 0) {
     daemon->server_.reset();
