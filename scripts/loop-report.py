@@ -80,7 +80,7 @@ def fixed_plan_args(head, p, w):
                    "--n-swap", str(p.get("n_swap", 0)), "--n-ckpt", str(p.get("n_checkpoint", 0)),
                    "--n-hs-offload", str(p.get("n_hs_offload", 0)),
                    "--host-memory", "pageable" if p.get("host_memory") == "HOST_MEMORY_PAGEABLE"
-                   else "pinned", "--margin", "0.001", "--skip-limits"]
+                   else "pinned", "--safety-margin", "0.001", "--skip-limits"]
     if w.get("grad_clipping") or ASSUME_CLIPPING:
         args.append("--grad-clipping")
     return args

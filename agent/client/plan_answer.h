@@ -26,7 +26,7 @@ struct PlanQuery {
   DType param_dtype = DType::kBFloat16;
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   FixedKnobs fixed;
-  double safety_margin = 0;      // 0: the planner's default (0.05)
+  double safety_margin = 0;      // 0: the planner's default (common/safety_margin.h)
   bool skip_limits = false;      // skip max batch / max seq / min memory
   int32_t max_alternatives = 0;  // 0: the planner's default
 };

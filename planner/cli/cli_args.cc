@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/safety_margin.h"
 #include "common/validate.h"
 
 namespace memplan::cli {
@@ -186,14 +187,14 @@ FlagTable PlanFlags(PlanOptions& o) {
                            o.training.lora_target_modules = *std::move(modules);
                            return absl::OkStatus();
                          }};
-  t["--margin"] = {true, [&o](absl::string_view v) -> absl::Status {
-                     // The wire reads 0 as "planner default", so the smallest expressible margin is
-                     // 0.001.
-                     auto margin = ParseDouble("--margin", v, 0.001, 0.5);
-                     if (!margin.ok()) return margin.status();
-                     o.safety_margin = *margin;
-                     return absl::OkStatus();
-                   }};
+  for (const char* flag : {"--safety-margin", "--margin"}) {  // --margin: the old spelling
+    t[flag] = {true, [&o, flag](absl::string_view v) -> absl::Status {
+                 auto margin = ParseSafetyMarginFlag(flag, v);
+                 if (!margin.ok()) return margin.status();
+                 o.safety_margin = *margin;
+                 return absl::OkStatus();
+               }};
+  }
   t["--chunk-mib"] = {true, [&o](absl::string_view v) -> absl::Status {
                         auto mib = ParseInt("--chunk-mib", v, 1, 1 << 20);
                         if (!mib.ok()) return mib.status();

@@ -69,7 +69,8 @@ Workload:
                          down_proj, or 'all' (required with --lora-rank)
   --qlora                QLoRA: the LoRA above on a base whose q/k/v/o/gate/up/down projection
                          weights are 4-bit NF4 (bitsandbytes' nf4, double quantization)
-  --margin F             fraction of GPU memory held back, 0.001 to 0.5 (planner default 0.05)
+  --safety-margin F      fraction of GPU memory held back, 0 to 0.5 (0 or unset: the planner's
+                         default, 0.05); --margin is the old spelling, still accepted
 Fixed knobs (each one is a constraint; the rest is searched):
   --chunk-mib N          chunk size in MiB
   --n-persist N          chunks kept resident on the GPU

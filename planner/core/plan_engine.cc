@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/safety_margin.h"
 #include "common/status.h"
 #include "common/validate.h"
 #include "planner/cost/analytic_trace.h"
@@ -97,10 +98,7 @@ absl::Status ValidateInputs(const PlanInputs& in) {
   RETURN_IF_ERROR(ValidateHardwareSpec(in.hardware, "hardware."));
   RETURN_IF_ERROR(ValidateWorkload(in.workload, "workload."));
   RETURN_IF_ERROR(ValidateTrainingMethod(in.training, in.arch, "training."));
-  if (!(in.safety_margin >= 0 && in.safety_margin <= 0.5)) {
-    return Invalid(
-        absl::StrCat("safety_margin = ", in.safety_margin, " is out of range; allowed [0, 0.5]"));
-  }
+  RETURN_IF_ERROR(CheckSafetyMargin("safety_margin", in.safety_margin));
   if (in.max_alternatives < 0 || in.max_alternatives > kMaxAlternatives) {
     return OutOfRange("max_alternatives", in.max_alternatives, 0, kMaxAlternatives);
   }

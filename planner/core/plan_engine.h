@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/safety_margin.h"
 #include "common/types.h"
 
 namespace memplan {
@@ -24,7 +25,7 @@ struct PlanInputs {
   DType param_dtype = DType::kBFloat16;
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   FixedKnobs fixed;
-  double safety_margin = 0.05;  // [0, 0.5]
+  double safety_margin = kDefaultSafetyMargin;  // CheckSafetyMargin's range (common/)
   int max_alternatives = 5;
   bool skip_limits = false;           // skip max batch / max seq / min memory
   double fragmentation_factor = 1.0;  // from calibration (alpha)

@@ -17,6 +17,7 @@
 #include "common/presets.h"
 #include "common/proto_convert.h"
 #include "common/status.h"
+#include "common/safety_margin.h"
 #include "common/validate.h"
 #include "planner/core/plan_engine.h"
 #include "planner/metrics/planner_metrics.h"
@@ -26,8 +27,6 @@
 namespace memplan {
 namespace {
 
-constexpr double kDefaultSafetyMargin = 0.05;
-constexpr double kMaxSafetyMargin = 0.5;
 constexpr int kDefaultMaxAlternatives = 5;
 constexpr int kMaxAlternatives = 32;
 // Largest number a Measurement may carry in a byte field: 16 TiB (common/validate.h's bound on
@@ -275,13 +274,8 @@ absl::StatusOr<v1::PlanResponse> PlannerCore::Plan(const v1::PlanRequest& reques
                                 " is not supported; allowed: ", std::string(OptimizerAllowList())));
   }
   in.optimizer = *kind;
-  // proto3 cannot tell an unset double from 0: 0 takes the documented default.
-  in.safety_margin = request.safety_margin() == 0 ? kDefaultSafetyMargin : request.safety_margin();
-  if (!std::isfinite(in.safety_margin) || in.safety_margin < 0 ||
-      in.safety_margin > kMaxSafetyMargin) {
-    return Invalid(absl::StrCat("safety_margin = ", request.safety_margin(),
-                                " is out of range; allowed [0, ", kMaxSafetyMargin, "]"));
-  }
+  RETURN_IF_ERROR(CheckSafetyMargin("safety_margin", request.safety_margin()));
+  in.safety_margin = ResolveSafetyMargin(request.safety_margin());
   if (request.max_alternatives() < 0 || request.max_alternatives() > kMaxAlternatives) {
     return Invalid(absl::StrCat("max_alternatives = ", request.max_alternatives(),
                                 " is out of range; allowed [0, ", kMaxAlternatives, "]"));

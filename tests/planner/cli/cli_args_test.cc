@@ -314,7 +314,7 @@ TEST(CliArgsTest, HelpTextCoversEveryPlanFlag) {
                            "--seq",          "--world-size",
                            "--grad-accum",   "--dtype",
                            "--optimizer",    "--lora-rank",
-                           "--lora-targets", "--qlora",        "--margin",
+                           "--lora-targets", "--qlora",        "--margin", "--safety-margin",
                            "--chunk-mib",    "--n-persist",
                            "--n-buffer",     "--n-swap",
                            "--n-ckpt",       "--n-hs-offload",
@@ -322,6 +322,17 @@ TEST(CliArgsTest, HelpTextCoversEveryPlanFlag) {
                            "--skip-limits"}) {
     EXPECT_THAT(help, HasSubstr(flag));
   }
+}
+
+TEST(CliArgsTest, SafetyMarginTakesBothSpellings) {
+  for (const char* flag : {"--safety-margin", "--margin"}) {
+    auto inv = Parse({"plan", "--arch", "a", "--gpu", "g", flag, "0.5"});
+    ASSERT_TRUE(inv.ok()) << flag << ": " << inv.status();
+    EXPECT_EQ(inv->plan.safety_margin, 0.5) << flag;
+  }
+  auto zero = Parse({"plan", "--arch", "a", "--gpu", "g", "--safety-margin=0"});
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_EQ(zero->plan.safety_margin, 0.0);  // sent as 0: the planner's default
 }
 
 TEST(CliArgsTest, BadValuesNameTheFlag) {
@@ -333,8 +344,12 @@ TEST(CliArgsTest, BadValuesNameTheFlag) {
               HasSubstr("--dtype: unknown dtype 'int8'; allowed: fp32, bf16, fp16"));
   EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--optimizer", "lion"}),
               HasSubstr("--optimizer: unknown optimizer 'lion'; allowed: adamw"));
+  // The range is common/safety_margin.h's; the old CLI-only floor of 0.001 is gone (0 reads as
+  // the planner's default, as it does for memplan-agent --safety-margin).
   EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--margin", "0.9"}),
-              HasSubstr("--margin: expected a number in [0.001, 0.5]"));
+              HasSubstr("--margin = 0.9 is out of range; allowed [0, 0.5]"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--safety-margin", "0.9"}),
+              HasSubstr("--safety-margin = 0.9 is out of range; allowed [0, 0.5]"));
   EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--host-memory", "numa"}),
               HasSubstr("--host-memory: expected pinned or pageable"));
   EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--lora-rank", "8", "--lora-targets",
