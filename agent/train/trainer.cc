@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <string>
@@ -120,6 +121,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
   if (options.max_grad_norm < 0) {
     return absl::InvalidArgumentError("trainer: max_grad_norm must be >= 0 (0 = off)");
   }
+  if (options.max_consecutive_nonfinite_skips < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer: max_consecutive_nonfinite_skips = ",
+                     options.max_consecutive_nonfinite_skips, " is outside [0, 2^31)"));
+  }
   if (options.communicator != nullptr && options.communicator->world_size() > 1 &&
       !options.managed) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -164,6 +170,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
       // The manager starts an offloaded chunk's CPU update during backward only when it knows
       // nothing will be clipped; the trainer's clipping setting is that knowledge.
       o.chunks.max_grad_norm = o.max_grad_norm;
+      // [Non-finite steps] A skipped step must not have updated anything: no update may start
+      // before the step has seen the loss.
+      if (o.skip_nonfinite) o.chunks.max_grad_norm = -1;
       o.chunks.deferred_values = model->options().deferred_values;
       if (model->has_lora()) {
         // [LoRA managers]
@@ -328,18 +337,109 @@ absl::StatusOr<double> Trainer::OptimizerStep() {
         for (const auto& p : params_) tensors.push_back(p.param);
         norm = torch::nn::utils::clip_grad_norm_(tensors, options_.max_grad_norm);
       }
-      if (optimizer_) {
-        optimizer_->step();
-        optimizer_->zero_grad(/*set_to_none=*/true);
-      } else {
-        FusedBf16AdamWStep();
-      }
     } catch (const c10::Error& e) {
       return FromTorch(e, "trainer: optimizer step failed");
     }
+    RETURN_IF_ERROR(UnmanagedUpdate());
   }
   ++step_;
   return norm;
+}
+
+absl::Status Trainer::UnmanagedUpdate() {
+  try {
+    if (optimizer_) {
+      optimizer_->step();
+      optimizer_->zero_grad(/*set_to_none=*/true);
+    } else {
+      FusedBf16AdamWStep();
+    }
+  } catch (const c10::Error& e) {
+    return FromTorch(e, "trainer: optimizer step failed");
+  }
+  return absl::OkStatus();
+}
+
+// [Non-finite steps]
+// A NaN or infinite loss or gradient would poison the parameters and the optimizer state and,
+// saved, every run resumed from them. The loss is read every step anyway (it is logged), so it is
+// checked first, before any update; the gradients are checked through the global norm where one
+// is computed (clipping, or a managed run with grad_accum 1), else, unmanaged, by one fused pass
+// (_amp_foreach_non_finite_check_and_unscale_ with scale 1, GradScaler's kernel). A managed run
+// learns its norm inside the chunk manager's step, after the update: that step cannot be skipped,
+// only stopped before anything is saved. Skipping drops the step's gradients; with the skip
+// option the chunk manager holds every update until the step (none starts during backward).
+// With several ranks the loss and the norm are global, so every rank takes the same decision.
+absl::StatusOr<Trainer::CheckedUpdate> Trainer::UpdateIfFinite(double loss) {
+  CheckedUpdate out;
+  if (!std::isfinite(loss)) {
+    out.nonfinite = absl::StrCat("the loss is ", loss);
+    return out;
+  }
+  if (chunk_manager_) {
+    RETURN_IF_ERROR(chunk_manager_->Step(options_.max_grad_norm));
+    out.applied = true;
+    ++step_;
+    const double norm = chunk_manager_->LastGradNorm();
+    if (options_.max_grad_norm > 0) out.grad_norm = norm;
+    // LastGradNorm() is NaN by design when it was not computed (no clipping, grad_accum > 1).
+    const bool computed = options_.max_grad_norm > 0 || options_.grad_accum == 1;
+    if (computed && !std::isfinite(norm)) {
+      out.nonfinite = absl::StrCat("the global gradient norm is ", norm);
+    }
+    return out;
+  }
+  try {
+    if (options_.max_grad_norm > 0) {
+      std::vector<torch::Tensor> tensors;
+      for (const auto& p : params_) tensors.push_back(p.param);
+      out.grad_norm = torch::nn::utils::clip_grad_norm_(tensors, options_.max_grad_norm);
+      if (!std::isfinite(out.grad_norm)) {
+        out.nonfinite = absl::StrCat("the global gradient norm is ", out.grad_norm);
+        return out;
+      }
+    } else if (UnmanagedGradsNonFinite()) {
+      // The rare path: one more pass names the first parameter.
+      std::string name;
+      for (const auto& p : params_) {
+        const torch::Tensor& g = p.param.grad();
+        if (g.defined() && !torch::isfinite(g).all().item<bool>()) {
+          name = p.name;
+          break;
+        }
+      }
+      out.nonfinite = absl::StrCat("the gradient of ", name, " holds NaN or infinite values");
+      return out;
+    }
+  } catch (const c10::Error& e) {
+    return FromTorch(e, "trainer: checking the gradients failed");
+  }
+  RETURN_IF_ERROR(UnmanagedUpdate());
+  out.applied = true;
+  ++step_;
+  return out;
+}
+
+bool Trainer::UnmanagedGradsNonFinite() {
+  torch::NoGradGuard no_grad;
+  // The kernel takes one device's tensors of one dtype per call.
+  std::map<std::pair<std::string, int>, std::vector<torch::Tensor>> by_kind;
+  for (const auto& p : params_) {
+    const torch::Tensor& g = p.param.grad();
+    if (!g.defined()) continue;
+    by_kind[{g.device().str(), static_cast<int>(g.scalar_type())}].push_back(g);
+  }
+  std::vector<torch::Tensor> flags;
+  for (auto& [kind, grads] : by_kind) {
+    const auto options = torch::TensorOptions().dtype(torch::kFloat32).device(grads[0].device());
+    torch::Tensor found = torch::zeros({1}, options);
+    at::_amp_foreach_non_finite_check_and_unscale_(grads, found, torch::ones({1}, options));
+    flags.push_back(found.cpu());
+  }
+  for (const torch::Tensor& f : flags) {
+    if (f.item<float>() != 0) return true;
+  }
+  return false;
 }
 
 void Trainer::FusedBf16AdamWStep() {
@@ -381,7 +481,44 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<MicroBatch>& micro_bat
   if (chunk_manager_) {
     stats.offloaded_updates_in_backward = chunk_manager_->UpdatesStartedBeforeStep();
   }
-  ASSIGN_OR_RETURN(stats.grad_norm, OptimizerStep());
+  // [Non-finite steps]
+  const int64_t this_step = step_ + 1;
+  ASSIGN_OR_RETURN(const CheckedUpdate update, UpdateIfFinite(stats.loss));
+  stats.grad_norm = update.grad_norm;
+  if (update.nonfinite.empty()) {
+    consecutive_nonfinite_ = 0;
+  } else {
+    ++consecutive_nonfinite_;
+    if (!options_.skip_nonfinite || update.applied) {
+      return absl::AbortedError(absl::StrCat(
+          "step ", this_step, ": ", update.nonfinite, "; training stopped",
+          update.applied ? " (the chunk manager had already applied this step's update, which "
+                           "cannot be skipped)"
+                         : " before the step's update",
+          ", nothing of this step saved",
+          options_.skip_nonfinite ? "" : " (skipping such steps is an option: --skip-nonfinite)"));
+    }
+    if (consecutive_nonfinite_ > options_.max_consecutive_nonfinite_skips) {
+      return absl::AbortedError(absl::StrCat(
+          "step ", this_step, ": ", update.nonfinite, "; ", consecutive_nonfinite_,
+          " non-finite steps in a row, more than the ", options_.max_consecutive_nonfinite_skips,
+          " skipped at most: the parameters or the data are broken; training stopped"));
+    }
+    try {
+      if (chunk_manager_) {
+        chunk_manager_->ZeroGrad();
+      } else {
+        for (const auto& p : params_) {
+          if (p.param.grad().defined()) p.param.mutable_grad().reset();
+        }
+      }
+    } catch (const c10::Error& e) {
+      return FromTorch(e, "trainer: dropping a non-finite step's gradients failed");
+    }
+    ++step_;
+    stats.skipped = true;
+    stats.nonfinite = update.nonfinite;
+  }
   if (cuda) torch::cuda::synchronize(index);
   const auto end = std::chrono::steady_clock::now();
   stats.seconds = std::chrono::duration<double>(end - start).count();

@@ -51,6 +51,12 @@ struct TrainerOptions {
   // step equals one process on the ranks' micro-batches concatenated in rank order ([Data
   // parallel loss] in trainer.cc). Null or world size 1: one process.
   Communicator* communicator = nullptr;
+  // [Non-finite steps] in trainer.cc. A step whose loss or gradients are NaN or infinite stops the
+  // run (Step() fails, naming the step) before its update; with skip_nonfinite its gradients are
+  // dropped instead and the step counts as done without an update (StepStats::skipped), unless
+  // more than max_consecutive_nonfinite_skips steps in a row were non-finite.
+  bool skip_nonfinite = false;
+  int max_consecutive_nonfinite_skips = 8;
 };
 
 struct MicroBatch {
@@ -74,6 +80,10 @@ struct StepStats {
   // Managed runs: offloaded chunks whose CPU update started during backward (overlap), i.e.
   // before OptimizerStep(); 0 with clipping, which needs the global norm first.
   int offloaded_updates_in_backward = 0;
+  // skip_nonfinite: the step's loss or gradients were non-finite (what, in `nonfinite`) and its
+  // update was skipped.
+  bool skipped = false;
+  std::string nonfinite;
 };
 
 // Not thread-safe: drive it from one thread. The model must outlive the trainer.
@@ -83,7 +93,8 @@ class Trainer {
                                                          const TrainerOptions& options);
   ~Trainer();
 
-  // ForwardBackward then OptimizerStep; resets the device memory peaks first.
+  // ForwardBackward then OptimizerStep; resets the device memory peaks first. ABORTED naming the
+  // step and what was non-finite ([Non-finite steps]) unless the options skip it.
   absl::StatusOr<StepStats> Step(const std::vector<MicroBatch>& micro_batches);
   // Accumulates the gradients of `micro_batches` (exactly grad_accum of them); returns the mean
   // loss (over every rank's micro-batches with a communicator). Gradients stay until
@@ -144,6 +155,19 @@ class Trainer {
   // [Data parallel loss]: per micro-batch, this rank's share of the targets the ranks score.
   absl::StatusOr<std::vector<double>> LossWeights(const std::vector<MicroBatch>& micro_batches);
   void FusedBf16AdamWStep();  // unmanaged adamw_bf16
+  // [Non-finite steps] The update of a step whose mean loss is `loss`, unless something is
+  // non-finite: `nonfinite` says what ("" when all is finite), `applied` whether the parameters
+  // were updated all the same (a managed run learns its norm inside the chunk manager's step).
+  struct CheckedUpdate {
+    double grad_norm = 0;
+    std::string nonfinite;
+    bool applied = false;
+  };
+  absl::StatusOr<CheckedUpdate> UpdateIfFinite(double loss);
+  // Unmanaged: whether any accumulated gradient holds a NaN or an infinity (one fused pass).
+  bool UnmanagedGradsNonFinite();
+  // Unmanaged: the optimizer's update, then the gradients cleared.
+  absl::Status UnmanagedUpdate();
   absl::Status ImportOptimizerState(const std::vector<NamedParam>& state);  // unmanaged
   // The checkpoint's dtype and optimizer are this run's (FAILED_PRECONDITION naming both).
   absl::Status CheckResumable(const io::TrainerState& saved) const;
@@ -164,6 +188,7 @@ class Trainer {
   std::unique_ptr<ActivationOffloader> offloader_;
   std::unique_ptr<ParamResidency> observed_;  // chunk manager + options_.observer
   int64_t step_ = 0;
+  int consecutive_nonfinite_ = 0;
 };
 
 }  // namespace memplan

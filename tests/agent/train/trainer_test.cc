@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -480,6 +481,98 @@ TEST(TrainerTest, Bf16AdamWCheckpointResumesAndOtherOptimizersAreRefused) {
   EXPECT_NE(refused.message().find("adamw_bf16"), std::string::npos) << refused;
   EXPECT_NE(refused.message().find("--optimizer"), std::string::npos) << refused;
   RemoveTree(root);
+}
+
+// [Non-finite steps]
+void Poison(LlamaModel* model, const std::string& name) {
+  torch::NoGradGuard no_grad;
+  for (const NamedParam& p : model->TrainableParams()) {
+    if (p.name == name) p.param.detach().fill_(std::numeric_limits<float>::quiet_NaN());
+  }
+}
+
+// Parameters equal by name, a NaN equal to a NaN: nothing was updated.
+void ExpectUnchanged(const std::vector<NamedParam>& before, const std::vector<NamedParam>& after) {
+  auto b = ByName(before);
+  auto a = ByName(after);
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : b) {
+    EXPECT_TRUE(torch::allclose(t, a[name], 0, 0, /*equal_nan=*/true)) << name;
+  }
+}
+
+TEST(TrainerNonFiniteTest, NaNWeightsStopTheRunBeforeTheUpdateNamingTheStep) {
+  auto model = MakeModel(TinySpec());
+  Poison(model.get(), "model.norm.weight");
+  auto trainer = Trainer::Create(model.get(), BaseOptions(model->num_blocks()));
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  const std::vector<NamedParam> before = (*trainer)->Params();
+  auto step = (*trainer)->Step(Batches(0, 2, model->spec().vocab_size));
+  ASSERT_FALSE(step.ok());
+  EXPECT_EQ(step.status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(step.status().message().find("step 1: the loss is nan"), std::string::npos)
+      << step.status();
+  EXPECT_NE(step.status().message().find("--skip-nonfinite"), std::string::npos);
+  EXPECT_EQ((*trainer)->step(), 0);
+  ExpectUnchanged(before, (*trainer)->Params());
+}
+
+TEST(TrainerNonFiniteTest, NonFiniteGradientsWithAFiniteLossAreFoundWithAndWithoutClipping) {
+  for (const double clip : {0.0, 0.5}) {
+    auto model = MakeModel(TinySpec());
+    for (const NamedParam& p : model->TrainableParams()) {
+      if (p.name == "model.layers.1.mlp.down_proj.weight") {
+        p.param.register_hook([](torch::Tensor g) { return g * std::numeric_limits<float>::infinity(); });
+      }
+    }
+    TrainerOptions o = BaseOptions(model->num_blocks());
+    o.max_grad_norm = clip;
+    auto trainer = Trainer::Create(model.get(), o);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    const std::vector<NamedParam> before = (*trainer)->Params();
+    auto step = (*trainer)->Step(Batches(0, 2, model->spec().vocab_size));
+    ASSERT_EQ(step.status().code(), absl::StatusCode::kAborted) << "clip " << clip;
+    EXPECT_NE(step.status().message().find(clip > 0 ? "step 1: the global gradient norm is"
+                                                    : "step 1: the gradient of model.layers.1.mlp.down_proj.weight holds NaN"),
+              std::string::npos)
+        << step.status();
+    ExpectUnchanged(before, (*trainer)->Params());
+  }
+}
+
+TEST(TrainerNonFiniteTest, SkipDropsTheStepUnmanagedAndManagedUpToTheLimit) {
+  for (const bool managed : {false, true}) {
+    auto model = MakeModel(TinySpec());
+    Poison(model.get(), "model.norm.weight");
+    TrainerOptions o = BaseOptions(model->num_blocks());
+    o.skip_nonfinite = true;
+    o.max_consecutive_nonfinite_skips = 2;
+    o.grad_accum = 1;
+    o.max_grad_norm = 0;  // managed: offloaded updates would start during backward
+    o.managed = managed;
+    o.chunks.chunk_bytes = 128 << 10;
+    o.chunks.n_persist = 1;
+    o.chunks.host_memory = HostMemoryKind::kPageable;
+    o.chunks.cpu_threads = 2;
+    auto trainer = Trainer::Create(model.get(), o);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    const std::vector<NamedParam> before = (*trainer)->Params();
+    for (int64_t i = 0; i < 2; ++i) {
+      auto step = (*trainer)->Step(Batches(i, 1, model->spec().vocab_size));
+      ASSERT_TRUE(step.ok()) << step.status();
+      EXPECT_TRUE(step->skipped);
+      EXPECT_EQ(step->step, i + 1);
+      EXPECT_EQ(step->nonfinite, "the loss is nan");
+    }
+    ExpectUnchanged(before, (*trainer)->Params());
+    auto state = (*trainer)->OptimizerState();
+    ASSERT_TRUE(state.ok());
+    EXPECT_TRUE(state->empty()) << "managed " << managed;  // never updated: no state
+    auto third = (*trainer)->Step(Batches(2, 1, model->spec().vocab_size));
+    EXPECT_EQ(third.status().code(), absl::StatusCode::kAborted);
+    EXPECT_NE(third.status().message().find("3 non-finite steps in a row"), std::string::npos)
+        << third.status();
+  }
 }
 
 }  // namespace
