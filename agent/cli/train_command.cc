@@ -83,6 +83,9 @@ absl::StatusOr<std::shared_ptr<const io::TokenFile>> OpenData(const TrainConfig&
   if (!c.data_file.empty()) {
     ASSIGN_OR_RETURN(std::unique_ptr<io::TokenFile> file,
                      io::TokenFile::Open(c.data_file, options));
+    // An id beyond the vocabulary would otherwise surface only at the batch that reads it, after
+    // steps and checkpoints: the whole file is scanned once, before the first step.
+    RETURN_IF_ERROR(file->CheckAllIds());
     return std::shared_ptr<const io::TokenFile>(std::move(file));
   }
   io::SyntheticTokenOptions synthetic;
@@ -601,6 +604,7 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
     ASSIGN_OR_RETURN(spec, LoadHfConfigFile(c.model_dir + "/config.json"));
   }
   RETURN_IF_ERROR(CheckSequenceLength(spec, c.seq));
+  RETURN_IF_ERROR(CheckSeqWithinPositions(spec, c.seq));
 
   // Plan: from the planner (--planner), or from the plan file and flags.
   LlamaModelOptions model_options;
@@ -743,6 +747,7 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
   TrainerOptions options;
   options.grad_accum = c.grad_accum;
   options.max_grad_norm = c.clip;
+  options.skip_nonfinite = c.skip_nonfinite;
   options.optimizer = optimizer;
   options.adamw.lr = c.lr;
   options.adamw.weight_decay = c.weight_decay;
@@ -765,12 +770,20 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
   options.offload.max_in_flight_groups = c.offload_in_flight;
   options.communicator = group.get();
   if (group != nullptr) options.chunks.coalesce_gathers = group->options().coalesce_gathers;
+  const std::string plan_source = loop.address.empty()
+                                      ? "--plan-file " + c.plan_file
+                                      : absl::StrCat("the planner's plan ", answer.plan_id);
+  if (plan.managed) {
+    // [Plan knobs are refused, never clamped] (train_config.h): the chunk manager would clamp an
+    // n_persist beyond the layout and ignore n_buffer when every chunk is persistent.
+    ASSIGN_OR_RETURN(const ChunkPacking layout,
+                     ChunkManager::LayoutOf(model->ParamGroups(), options.chunks));
+    RETURN_IF_ERROR(CheckRunPlanKnobs(plan, layout.num_chunks(), plan_source));
+  }
   // The plan's n_persist counts chunks of the layout it was made for: a plan made for another
   // layout ([Layout fingerprint], common/chunk_packing.h) is refused before anything is allocated.
   if (file_plan.has_value() && plan.managed) {
-    const std::string source = loop.address.empty()
-                                   ? "--plan-file " + c.plan_file
-                                   : absl::StrCat("the planner's plan ", answer.plan_id);
+    const std::string& source = plan_source;
     if (c.chunk_bytes.has_value() && *c.chunk_bytes != file_plan->chunk_bytes) {
       MEMPLAN_LOG(kWarning, "plan layout not checked")
           .Field("reason", absl::StrCat("--chunk-mib replaces the chunk size of ", source,
@@ -1051,6 +1064,11 @@ absl::Status RunTrain(const TrainConfig& c, const PlannerLoopOptions& loop,
     }
     if (!step.ok()) return step.status();
     StepStats& stats = *step;
+    if (stats.skipped && lead) {
+      MEMPLAN_LOG(kWarning, "step skipped: non-finite")
+          .Field("step", stats.step)
+          .Field("what", stats.nonfinite);
+    }
     if (timeline != nullptr && device.is_cuda()) {
       // The timeline resets the allocator's peak at every hook; its own maxima are the step's.
       stats.peak_allocated_bytes = timeline->StepPeakAllocated();
