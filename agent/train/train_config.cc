@@ -179,6 +179,21 @@ absl::StatusOr<std::vector<BlockMode>> ParseBlockModeList(absl::string_view csv)
   return modes;
 }
 
+FixedKnobs PlannerFixedKnobs(const TrainConfig& c) {
+  FixedKnobs fixed;
+  fixed.chunk_bytes = c.chunk_bytes;
+  fixed.n_persist = c.n_persist;
+  fixed.n_buffer = c.n_buffer;
+  fixed.n_swap = c.n_swap;
+  fixed.n_checkpoint = c.n_ckpt;
+  fixed.n_hs_offload = c.n_hs_offload;
+  fixed.host_memory = c.host_memory;
+  fixed.shard_persistent_state = c.shard_persistent_state;
+  fixed.shard_persistent_params = c.shard_persistent_params;
+  if (c.shard_persistent_params.value_or(false)) fixed.shard_persistent_state = true;
+  return fixed;
+}
+
 absl::StatusOr<std::vector<BlockMode>> BlockModesFromCounts(int num_blocks, int n_swap, int n_ckpt,
                                                             int n_hs_offload) {
   if (n_swap < 0 || n_ckpt < 0 || n_hs_offload < 0) {

@@ -117,6 +117,10 @@ struct RunPlan {
 absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args);
 std::string TrainUsage();
 
+// The plan knob flags of `c` as the fixed knobs of a Plan request ([Fixed knobs with --planner]);
+// --persistent-params sharded implies the state sharded ([Sharded persistent parameters]).
+FixedKnobs PlannerFixedKnobs(const TrainConfig& c);
+
 // "none,ckpt,swap,hs_offload,..." (case-insensitive; "hs-offload" accepted).
 absl::StatusOr<std::vector<BlockMode>> ParseBlockModeList(absl::string_view csv);
 

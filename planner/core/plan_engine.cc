@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/fixed_knobs.h"
 #include "common/safety_margin.h"
 #include "common/status.h"
 #include "common/validate.h"
@@ -393,72 +394,6 @@ absl::StatusOr<int64_t> MaxTokens(const PlanInputs& in, const PlanSearch& search
   return lo;
 }
 
-std::string FixedName(int which, const FixedKnobs& f) {
-  switch (which) {
-    case 0:
-      return absl::StrCat("fixed.chunk_bytes = ", *f.chunk_bytes);
-    case 1:
-      return absl::StrCat("fixed.n_persist = ", *f.n_persist);
-    case 2:
-      return absl::StrCat("fixed.n_buffer = ", *f.n_buffer);
-    case 3:
-      return absl::StrCat("fixed.n_swap = ", *f.n_swap);
-    case 4:
-      return absl::StrCat("fixed.n_checkpoint = ", *f.n_checkpoint);
-    case 5:
-      return absl::StrCat("fixed.n_hs_offload = ", *f.n_hs_offload);
-    case 6:
-      return absl::StrCat("fixed.host_memory = ", std::string(HostMemoryKindName(*f.host_memory)));
-  }
-  return "";
-}
-
-bool IsSet(int which, const FixedKnobs& f) {
-  switch (which) {
-    case 0:
-      return f.chunk_bytes.has_value();
-    case 1:
-      return f.n_persist.has_value();
-    case 2:
-      return f.n_buffer.has_value();
-    case 3:
-      return f.n_swap.has_value();
-    case 4:
-      return f.n_checkpoint.has_value();
-    case 5:
-      return f.n_hs_offload.has_value();
-    case 6:
-      return f.host_memory.has_value();
-  }
-  return false;
-}
-
-void Clear(int which, FixedKnobs* f) {
-  switch (which) {
-    case 0:
-      f->chunk_bytes.reset();
-      break;
-    case 1:
-      f->n_persist.reset();
-      break;
-    case 2:
-      f->n_buffer.reset();
-      break;
-    case 3:
-      f->n_swap.reset();
-      break;
-    case 4:
-      f->n_checkpoint.reset();
-      break;
-    case 5:
-      f->n_hs_offload.reset();
-      break;
-    case 6:
-      f->host_memory.reset();
-      break;
-  }
-}
-
 std::string AlternativeNote(const ResidencyPlan& best, const Prediction& best_pred,
                             const ResidencyPlan& alt, const Prediction& alt_pred) {
   std::vector<std::string> changes;
@@ -636,10 +571,12 @@ absl::StatusOr<PlanOutcome> MakePlan(const PlanInputs& in) {
     out.fits = false;
     // Which constraint blocks it? 0) fixed knobs that conflict whatever the memory, 1) a fixed
     // knob, 2) host memory, 3) GPU memory.
-    const int kKnobs = 7;
+    std::vector<const FixedKnobEntry*> relaxable;  // set knobs the plan may be tried without
+    for (const FixedKnobEntry& knob : FixedKnobTable()) {
+      if (knob.relaxed_when_no_fit && knob.is_set(in.fixed)) relaxable.push_back(&knob);
+    }
     std::string knob_reason;
-    bool any_fixed = false;
-    for (int k = 0; k < kKnobs; ++k) any_fixed |= IsSet(k, in.fixed);
+    const bool any_fixed = !relaxable.empty();
     // [Fixed knob conflicts]: reported only when every chunk size the knobs allow has one.
     std::string conflict;
     for (int i = 0; i < search.num_models(); ++i) {
@@ -651,21 +588,22 @@ absl::StatusOr<PlanOutcome> MakePlan(const PlanInputs& in) {
       if (conflict.empty()) conflict = c;
     }
     if (!conflict.empty()) {
-      knob_reason = absl::StrCat("impossible with the fixed knobs, whatever the memory: ", conflict);
+      knob_reason =
+          absl::StrCat("impossible with the fixed knobs, whatever the memory: ", conflict);
     } else if (any_fixed && !leanest.found) {
       // No GPU size helps: the fixed knobs and the host limits. Name the knob that, left free,
       // lets a plan keep the host side within its limits.
       ASSIGN_OR_RETURN(PlanSearch all_sizes,
                        PlanSearch::Create(trace, in.hardware, MakeCostOptions(in, false),
                                           ChunkCandidates(FixedKnobs{}, trace)));
-      for (int k = 0; k < kKnobs && knob_reason.empty(); ++k) {
-        if (!IsSet(k, in.fixed)) continue;
+      for (size_t k = 0; k < relaxable.size() && knob_reason.empty(); ++k) {
         SearchConstraints relaxed = constraints;
-        Clear(k, &relaxed.fixed);
+        relaxable[k]->clear(&relaxed.fixed);
         const SearchResult r = all_sizes.FindLeanest(relaxed);
         if (r.found) {
           knob_reason = absl::StrCat(
-              "does not fit with ", FixedName(k, in.fixed), ": host memory, not GPU memory; no ",
+              "does not fit with ", FixedKnobText(*relaxable[k], in.fixed, "fixed."),
+              ": host memory, not GPU memory; no ",
               "plan honouring the fixed knobs keeps the host side within ", HostLimitText(in),
               in.hardware.pinned_limit_bytes > 0
                   ? absl::StrCat(" (pinned limit ", GiB(in.hardware.pinned_limit_bytes), ")")
@@ -679,16 +617,15 @@ absl::StatusOr<PlanOutcome> MakePlan(const PlanInputs& in) {
       ASSIGN_OR_RETURN(PlanSearch all_sizes,
                        PlanSearch::Create(trace, in.hardware, MakeCostOptions(in, true),
                                           ChunkCandidates(FixedKnobs{}, trace)));
-      for (int k = 0; k < kKnobs && knob_reason.empty(); ++k) {
-        if (!IsSet(k, in.fixed)) continue;
+      for (size_t k = 0; k < relaxable.size() && knob_reason.empty(); ++k) {
         SearchConstraints relaxed = constraints;
-        Clear(k, &relaxed.fixed);
+        relaxable[k]->clear(&relaxed.fixed);
         const SearchResult r = all_sizes.FindFastest(relaxed);
         if (r.found) {
           knob_reason = absl::StrCat(
-              "does not fit with ", FixedName(k, in.fixed), ": no plan honouring it fits in ",
-              usable, "; without fixing it the best plan fits (", DescribePlan(r.plan), ", peak ",
-              GiB(r.prediction.peak_bytes), ")");
+              "does not fit with ", FixedKnobText(*relaxable[k], in.fixed, "fixed."),
+              ": no plan honouring it fits in ", usable, "; without fixing it the best plan fits (",
+              DescribePlan(r.plan), ", peak ", GiB(r.prediction.peak_bytes), ")");
         }
       }
       if (knob_reason.empty()) {
@@ -697,8 +634,8 @@ absl::StatusOr<PlanOutcome> MakePlan(const PlanInputs& in) {
         const SearchResult r = all_sizes.FindFastest(relaxed);
         if (r.found) {
           std::vector<std::string> names;
-          for (int k = 0; k < kKnobs; ++k) {
-            if (IsSet(k, in.fixed)) names.push_back(FixedName(k, in.fixed));
+          for (const FixedKnobEntry* knob : relaxable) {
+            names.push_back(FixedKnobText(*knob, in.fixed, "fixed."));
           }
           knob_reason = absl::StrCat(
               "does not fit with the fixed knobs together (", absl::StrJoin(names, ", "),

@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "common/fixed_knobs.h"
+
 namespace memplan {
 namespace {
 
@@ -535,6 +537,35 @@ TEST(CheckSeqWithinPositionsTest, RopeScalingExtendsThePositions) {
   yarn.rope_scaling.original_max_position_embeddings = 32768;
   EXPECT_EQ(MaxTrainablePositions(yarn), 131072);
   EXPECT_FALSE(CheckSeqWithinPositions(yarn, 131073).ok());
+}
+
+}  // namespace
+}  // namespace memplan
+
+namespace memplan {
+namespace {
+
+TEST(PlannerFixedKnobsTest, CarriesEveryKnobFlagAndShardedParamsImplyShardedState) {
+  TrainConfig c;
+  EXPECT_FALSE(AnyFixedKnob(PlannerFixedKnobs(c)));
+  c.chunk_bytes = int64_t{32} << 20;
+  c.n_persist = 2;
+  c.n_buffer = 1;
+  c.n_ckpt = 3;
+  c.n_swap = 0;
+  c.n_hs_offload = 1;
+  c.host_memory = HostMemoryKind::kPageable;
+  c.shard_persistent_params = true;
+  const FixedKnobs f = PlannerFixedKnobs(c);
+  EXPECT_EQ(f.chunk_bytes, int64_t{32} << 20);
+  EXPECT_EQ(f.n_persist, 2);
+  EXPECT_EQ(f.n_buffer, 1);
+  EXPECT_EQ(f.n_checkpoint, 3);
+  EXPECT_EQ(f.n_swap, 0);
+  EXPECT_EQ(f.n_hs_offload, 1);
+  EXPECT_EQ(f.host_memory, HostMemoryKind::kPageable);
+  EXPECT_EQ(f.shard_persistent_state, true);
+  EXPECT_EQ(f.shard_persistent_params, true);
 }
 
 }  // namespace
