@@ -46,6 +46,7 @@
 #include "common/log.h"
 #include "common/param_shapes.h"
 #include "common/presets.h"
+#include "common/safety_margin.h"
 #include "common/status.h"
 #include "common/validate.h"
 
@@ -364,17 +365,7 @@ absl::StatusOr<PlanAnswer> AskPlanner(PlannerClient& client, const TrainConfig& 
   query.training = LoraTrainingMethod(model_options.lora);
   query.safety_margin = loop.safety_margin;
   // [Fixed knobs with --planner]
-  query.fixed.chunk_bytes = c.chunk_bytes;
-  query.fixed.n_persist = c.n_persist;
-  query.fixed.n_buffer = c.n_buffer;
-  query.fixed.n_checkpoint = c.n_ckpt;
-  query.fixed.n_swap = c.n_swap;
-  query.fixed.n_hs_offload = c.n_hs_offload;
-  query.fixed.host_memory = c.host_memory;
-  query.fixed.shard_persistent_state = c.shard_persistent_state;
-  query.fixed.shard_persistent_params = c.shard_persistent_params;
-  // Sharded parameters imply the state sharded ([Sharded persistent parameters]).
-  if (c.shard_persistent_params.value_or(false)) query.fixed.shard_persistent_state = true;
+  query.fixed = PlannerFixedKnobs(c);
   ASSIGN_OR_RETURN(PlanAnswer answer, client.Plan(query));
   std::printf("plan_id %s\n", answer.plan_id.c_str());
   std::printf(
@@ -470,10 +461,7 @@ absl::StatusOr<PlannerLoopOptions> TakePlannerFlags(std::vector<std::string>* ar
         return absl::InvalidArgumentError("--planner-retries must be an integer in [0, 100]");
       }
     } else {
-      if (!absl::SimpleAtod(*value, &loop.safety_margin) || !(loop.safety_margin >= 0) ||
-          loop.safety_margin >= 1) {
-        return absl::InvalidArgumentError("--safety-margin must be a number in [0, 1)");
-      }
+      ASSIGN_OR_RETURN(loop.safety_margin, ParseSafetyMarginFlag(name, *value));
     }
   }
   if (loop.address.empty() &&
@@ -506,7 +494,8 @@ planner flags (closing the loop):
   --hardware-profile-id ID    a profile stored by `memplan-agent bench --planner ADDR`
   --profile                   profile the model at this workload first and plan from that trace
   --planner-retries N         retries on UNAVAILABLE with backoff (default 4)
-  --safety-margin F           fraction of the card kept free (default: the planner's)
+  --safety-margin F           fraction of the card kept free, 0 to 0.5 (0 or unset: the
+                              planner's default, 0.05)
 )",
                       ChannelSecurityUsage());
 }
