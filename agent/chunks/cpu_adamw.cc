@@ -1,24 +1,29 @@
 // Compiled with -ffp-contract=off (see CMakeLists.txt): the only fused multiply-adds are the
-// explicit std::fma calls below, placed exactly where torch's vectorised kernels use
-// vec::fmadd (add with alpha: fmadd(other, alpha, self); addcmul: the last multiply fused with
-// the add). Everything else is one IEEE operation per step in torch's order, so vectorising these
-// loops cannot change a single bit. -fno-math-errno lets std::sqrt vectorise.
+// explicit std::fma calls in cpu_adamw_kernels.inc, placed exactly where torch's vectorised
+// kernels use vec::fmadd (add with alpha: fmadd(other, alpha, self); addcmul: the last multiply
+// fused with the add; lerp). Everything else is one IEEE operation per step in torch's order, so
+// vectorising these loops cannot change a single bit. -fno-math-errno lets std::sqrt vectorise.
 #include "agent/chunks/cpu_adamw.h"
 
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
 #include "common/optimizer_bytes.h"
 
-// The hot loops get an x86-64-v3 (AVX2 + FMA) clone chosen at load time; other CPUs run the
-// portable version, whose std::fma is still a correctly rounded fused multiply-add.
+// GCC on x86-64 compiles the loops once per instruction set ([Bit-exact variants] in
+// cpu_adamw_kernels.inc) and picks one at run time with __builtin_cpu_supports. (target_clones
+// with "arch=haswell" dispatched on __builtin_cpu_is("haswell"): every other CPU, AMD's and
+// newer Intel ones included, ran the SSE2 clone with a library call per std::fma.)
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define MEMPLAN_VECTOR_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#define MEMPLAN_ISA_VARIANTS 1
+#include <immintrin.h>
 #else
-#define MEMPLAN_VECTOR_CLONES
+#define MEMPLAN_ISA_VARIANTS 0
 #endif
 
 namespace memplan {
@@ -41,94 +46,6 @@ AdamWStepScalars MakeAdamWStepScalars(const AdamWOptions& options, int64_t step)
   return s;
 }
 
-namespace {
-
-MEMPLAN_VECTOR_CLONES
-void StdSqrt(const float* __restrict in, float* __restrict out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = std::sqrt(in[i]);
-}
-
-// First half of torch's order: the moments (grad already scaled by the clip coefficient).
-MEMPLAN_VECTOR_CLONES
-void UpdateMoments(const AdamWStepScalars& s, float grad_scale, int64_t n,
-                   const float* __restrict grad, float* __restrict exp_avg,
-                   float* __restrict exp_avg_sq) {
-  const float b1 = s.beta1, c1 = s.one_minus_beta1, b2 = s.beta2, c2 = s.one_minus_beta2;
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = grad[i] * grad_scale;                     // clip: grad.mul_(coef)
-    exp_avg[i] = std::fma(g, c1, exp_avg[i] * b1);            // .mul_(b1).add_(g, 1 - b1)
-    exp_avg_sq[i] = std::fma(c2 * g, g, exp_avg_sq[i] * b2);  // .mul_(b2).addcmul_(g, g, 1-b2)
-  }
-}
-
-// Second half: weight decay first (torch decays before the moments, which do not read the
-// parameter, so the order of the two halves is unobservable), then addcdiv.
-MEMPLAN_VECTOR_CLONES
-void UpdateParams(const AdamWStepScalars& s, int64_t n, const float* __restrict sqrt_v,
-                  const float* __restrict exp_avg, float* __restrict param) {
-  const float wd = s.weight_decay_factor, bc2 = s.bias_correction2_sqrt, eps = s.eps;
-  const float step = s.neg_step_size;
-  for (int64_t i = 0; i < n; ++i) {
-    const float denom = sqrt_v[i] / bc2 + eps;               // (v.sqrt() / sqrt(bc2)).add_(eps)
-    param[i] = param[i] * wd + (step * exp_avg[i]) / denom;  // p.mul_(wd); p.addcdiv_(m, d, -ss)
-  }
-}
-
-}  // namespace
-
-void AdamWUpdate(const AdamWStepScalars& s, float grad_scale, int64_t n, float* param,
-                 const float* grad, float* exp_avg, float* exp_avg_sq, VectorSqrtFn sqrt_fn) {
-  if (sqrt_fn == nullptr) sqrt_fn = &StdSqrt;
-  float sqrt_v[kSqrtBlockElems];
-  for (int64_t begin = 0; begin < n; begin += kSqrtBlockElems) {
-    const int64_t len = std::min(kSqrtBlockElems, n - begin);
-    UpdateMoments(s, grad_scale, len, grad + begin, exp_avg + begin, exp_avg_sq + begin);
-    sqrt_fn(exp_avg_sq + begin, sqrt_v, len);
-    UpdateParams(s, len, sqrt_v, exp_avg + begin, param + begin);
-  }
-}
-
-MEMPLAN_VECTOR_CLONES
-void AccumulateGrad(bool first, int64_t n, const float* __restrict in, float* __restrict accum) {
-  if (first) {
-    std::memcpy(accum, in, static_cast<size_t>(n) * sizeof(float));
-    return;
-  }
-  for (int64_t i = 0; i < n; ++i) accum[i] = accum[i] + in[i];
-}
-
-MEMPLAN_VECTOR_CLONES
-void AccumulateGradBf16(bool first, int64_t n, const uint16_t* __restrict in,
-                        float* __restrict accum) {
-  if (first) {
-    for (int64_t i = 0; i < n; ++i) accum[i] = Bf16BitsToFloat(in[i]);
-    return;
-  }
-  for (int64_t i = 0; i < n; ++i) accum[i] = accum[i] + Bf16BitsToFloat(in[i]);
-}
-
-namespace {
-inline uint16_t FloatToBf16Bits(float value) {
-  if (std::isnan(value)) return 0x7FC0;
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  const uint32_t rounding_bias = 0x7FFF + ((bits >> 16) & 1);
-  return static_cast<uint16_t>((bits + rounding_bias) >> 16);
-}
-}  // namespace
-
-MEMPLAN_VECTOR_CLONES
-void AccumulateGradBf16Rounded(bool first, int64_t n, const uint16_t* __restrict in,
-                               uint16_t* __restrict accum) {
-  if (first) {
-    std::memcpy(accum, in, static_cast<size_t>(n) * sizeof(uint16_t));
-    return;
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    accum[i] = FloatToBf16Bits(Bf16BitsToFloat(accum[i]) + Bf16BitsToFloat(in[i]));
-  }
-}
-
 SgdStepScalars MakeSgdStepScalars(double lr, double weight_decay) {
   // torch/csrc/api/src/optim/sgd.cpp: d_p.add(p, weight_decay); p.add_(d_p, -1 * lr), the
   // double Scalars converted to float by the fp32 add kernel.
@@ -136,38 +53,6 @@ SgdStepScalars MakeSgdStepScalars(double lr, double weight_decay) {
   s.weight_decay = static_cast<float>(weight_decay);
   s.neg_lr = static_cast<float>(-1 * lr);
   return s;
-}
-
-MEMPLAN_VECTOR_CLONES
-void SgdUpdate(const SgdStepScalars& s, float grad_scale, int64_t n, float* __restrict param,
-               const float* __restrict grad) {
-  const float wd = s.weight_decay, neg_lr = s.neg_lr;
-  if (wd != 0) {
-    for (int64_t i = 0; i < n; ++i) {
-      const float d = std::fma(param[i], wd, grad[i] * grad_scale);  // d_p.add(p, wd)
-      param[i] = std::fma(d, neg_lr, param[i]);                       // p.add_(d_p, -lr)
-    }
-    return;
-  }
-  for (int64_t i = 0; i < n; ++i) param[i] = std::fma(grad[i] * grad_scale, neg_lr, param[i]);
-}
-
-MEMPLAN_VECTOR_CLONES
-void RoundToBf16(int64_t n, const float* __restrict in, uint16_t* __restrict out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = FloatToBf16Bits(in[i]);
-}
-
-void RoundToBf16(const ParamRounding& rounding, int64_t n, const float* __restrict in,
-                 uint16_t* __restrict out) {
-  if (!rounding.stochastic) {
-    RoundToBf16(n, in, out);
-    return;
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, &in[i], sizeof(bits));
-    out[i] = Bf16BitsStochastic(bits, rounding.key, static_cast<uint64_t>(rounding.first + i));
-  }
 }
 
 // bitsandbytes 0.50.2 create_dynamic_map(signed=True) and (signed=False), exactly (its float32
@@ -307,6 +192,14 @@ alignas(64) extern const float kUnsignedDynamicMap[256] = {
 
 namespace {
 
+inline uint16_t FloatToBf16Bits(float value) {
+  if (std::isnan(value)) return 0x7FC0;
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  const uint32_t rounding_bias = 0x7FFF + ((bits >> 16) & 1);
+  return static_cast<uint16_t>((bits + rounding_bias) >> 16);
+}
+
 // The midpoints between consecutive entries, (map[i] + map[i + 1]) / 2 in fp32, and +inf last so
 // that a branch-free binary search sees 256 entries.
 struct Midpoints {
@@ -324,120 +217,209 @@ const float* MidpointsOf(const float* map) {
 
 // The number of midpoints below x: the nearest entry, a value on a midpoint going to the lower
 // one (torch.bucketize(x, midpoints), bitsandbytes' default backend). Eight branch-free halvings
-// (x is finite, so the +inf sentinel is never below it).
+// (the +inf sentinel is never below x; NaN is below nothing: code 0).
 inline uint8_t NearestCode(const float* mids, float x) {
   int idx = 0;
   for (int half = 128; half > 0; half >>= 1) idx += mids[idx + half - 1] < x ? half : 0;
   return static_cast<uint8_t>(idx);
 }
 
+// [Code table] The fast code search. A float's bits above the top 7 mantissa bits (sign,
+// exponent, 7 bits) name a bucket; every |x| below 2^-24 shares bucket 0 and every |x| >= 1
+// (infinities too) the top one. No bucket of either map holds two midpoints (the narrowest
+// spacing, near 1 in the unsigned map, is wider than 2^-8), so with lo = the code of the bucket's
+// lowest value, a value's code is lo + (mids[lo] < x): one table read, one midpoint read, one
+// compare, each vectorisable as a gather. NaN gets 0, as NearestCode gives it. The table is
+// built from NearestCode itself and the constructor checks the one-midpoint property; the tests
+// compare the result with NearestCode on every float (adamw8bit_test).
+constexpr int kCodeShift = 16;                       // 23 - 7 mantissa bits
+constexpr int32_t kCodeLowBucket = (127 - 24) << 7;  // 2^-24
+constexpr int32_t kCodeTopBucket = (127 << 7) - kCodeLowBucket;  // 1.0 and above
+constexpr int32_t kCodeBuckets = kCodeTopBucket + 1;            // per sign
+
+struct CodeTable {
+  alignas(64) float mids[256];
+  // Positive buckets, then negative ones; 3 bytes of padding for 4-byte gathers of the last.
+  alignas(64) uint8_t lo[2 * kCodeBuckets + 3] = {};
+  explicit CodeTable(const float* map) {
+    std::memcpy(mids, MidpointsOf(map), sizeof(mids));
+    auto from_bits = [](uint32_t bits) {
+      float x;
+      std::memcpy(&x, &bits, sizeof(x));
+      return x;
+    };
+    for (int32_t k = 0; k < kCodeBuckets; ++k) {
+      const uint32_t first = k == 0 ? 0u : static_cast<uint32_t>(kCodeLowBucket + k) << kCodeShift;
+      const uint32_t last = k == kCodeTopBucket
+                                ? 0x7F800000u
+                                : (static_cast<uint32_t>(kCodeLowBucket + k + 1) << kCodeShift) - 1;
+      for (const bool negative : {false, true}) {
+        // NearestCode is monotone: a bucket's codes run from that of its lowest value to that of
+        // its highest.
+        const float low = negative ? -from_bits(last) : from_bits(first);
+        const float high = negative ? -from_bits(first) : from_bits(last);
+        const int lo_code = NearestCode(mids, low), hi_code = NearestCode(mids, high);
+        if (hi_code - lo_code > 1) {
+          std::fprintf(stderr, "cpu_adamw: code table bucket %d holds %d midpoints\n", k,
+                       hi_code - lo_code);
+          std::abort();
+        }
+        lo[k + (negative ? kCodeBuckets : 0)] = static_cast<uint8_t>(lo_code);
+      }
+    }
+  }
+};
+
+const CodeTable& SignedCodeTable() {
+  static const CodeTable table(kSignedDynamicMap);
+  return table;
+}
+const CodeTable& UnsignedCodeTable() {
+  static const CodeTable table(kUnsignedDynamicMap);
+  return table;
+}
+
+namespace portable {
+#define MEMPLAN_ISA_LEVEL 0
+#include "agent/chunks/cpu_adamw_kernels.inc"
+#undef MEMPLAN_ISA_LEVEL
+}  // namespace portable
+
+#if MEMPLAN_ISA_VARIANTS
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,bmi,bmi2")
+namespace avx2 {
+#define MEMPLAN_ISA_LEVEL 2
+#include "agent/chunks/cpu_adamw_kernels.inc"
+#undef MEMPLAN_ISA_LEVEL
+}  // namespace avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+// GCC 12's own avx512fintrin.h trips -W(maybe-)uninitialized on its _mm512_undefined_* operands.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,bmi,bmi2")
+namespace avx512 {
+#define MEMPLAN_ISA_LEVEL 3
+#include "agent/chunks/cpu_adamw_kernels.inc"
+#undef MEMPLAN_ISA_LEVEL
+}  // namespace avx512
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
+
+const CpuKernels& BestKernels() {
+  static const CpuKernels& kernels = KernelsFor(BestCpuIsa());
+  return kernels;
+}
+
 }  // namespace
+
+bool CpuIsaSupported(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kPortable:
+      return true;
+#if MEMPLAN_ISA_VARIANTS
+    case CpuIsa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("bmi2");
+    case CpuIsa::kAvx512:
+      return CpuIsaSupported(CpuIsa::kAvx2) && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512vl");
+#else
+    default:
+      return false;
+#endif
+  }
+  return false;
+}
+
+CpuIsa BestCpuIsa() {
+  static const CpuIsa best = CpuIsaSupported(CpuIsa::kAvx512) ? CpuIsa::kAvx512
+                             : CpuIsaSupported(CpuIsa::kAvx2) ? CpuIsa::kAvx2
+                                                              : CpuIsa::kPortable;
+  return best;
+}
+
+const char* CpuIsaName(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx2:
+      return "avx2";
+    case CpuIsa::kAvx512:
+      return "avx512";
+    default:
+      return "portable";
+  }
+}
+
+const CpuKernels& KernelsFor(CpuIsa isa) {
+#if MEMPLAN_ISA_VARIANTS
+  if (isa == CpuIsa::kAvx512) return avx512::kKernels;
+  if (isa == CpuIsa::kAvx2) return avx2::kKernels;
+#endif
+  (void)isa;
+  return portable::kKernels;
+}
+
+void AdamWUpdate(const AdamWStepScalars& s, float grad_scale, int64_t n, float* param,
+                 const float* grad, float* exp_avg, float* exp_avg_sq, VectorSqrtFn sqrt_fn) {
+  BestKernels().adamw(s, grad_scale, n, param, grad, exp_avg, exp_avg_sq, sqrt_fn);
+}
+
+void AdamWBf16Update(const AdamWStepScalars& s, float grad_scale, int64_t n, uint16_t* param,
+                     const uint16_t* grad, uint16_t* exp_avg, uint16_t* exp_avg_sq,
+                     int64_t torch_vector_elems) {
+  BestKernels().adamw_bf16(s, grad_scale, n, param, grad, exp_avg, exp_avg_sq,
+                           torch_vector_elems);
+}
+
+void AccumulateGrad(bool first, int64_t n, const float* in, float* accum) {
+  BestKernels().accumulate(first, n, in, accum);
+}
+
+void AccumulateGradBf16(bool first, int64_t n, const uint16_t* in, float* accum) {
+  BestKernels().accumulate_bf16(first, n, in, accum);
+}
+
+void AccumulateGradBf16Rounded(bool first, int64_t n, const uint16_t* in, uint16_t* accum) {
+  BestKernels().accumulate_bf16_rounded(first, n, in, accum);
+}
+
+void SgdUpdate(const SgdStepScalars& s, float grad_scale, int64_t n, float* param,
+               const float* grad) {
+  BestKernels().sgd(s, grad_scale, n, param, grad);
+}
+
+void RoundToBf16(int64_t n, const float* in, uint16_t* out) {
+  BestKernels().round_to_bf16(n, in, out);
+}
+
+void RoundToBf16(const ParamRounding& rounding, int64_t n, const float* in, uint16_t* out) {
+  BestKernels().round_to_bf16_rounding(rounding, n, in, out);
+}
 
 uint8_t NearestCode8bit(const float* map, float normed) {
   return NearestCode(MidpointsOf(map), normed);
 }
 
-namespace {
-
-}  // namespace
-
 float QuantizeBlock8bit(const float* map, int64_t n, const float* in, uint8_t* codes) {
-  float absmax = -FLT_MAX;
-  for (int64_t i = 0; i < n; ++i) absmax = std::fmax(absmax, std::fabs(in[i]));
-  // x * (1 / absmax) clamped to [-1, 1], as bitsandbytes' default backend scales; an all-zero
-  // block scales to 0 (its 1 / max(absmax, 1e-38) times 0).
-  const float inv = absmax > 0 ? 1.0f / absmax : 0.0f;
-  const float* mids = MidpointsOf(map);
-  for (int64_t i = 0; i < n; ++i) {
-    codes[i] = NearestCode(mids, std::clamp(in[i] * inv, -1.0f, 1.0f));
-  }
-  return absmax;
+  return BestKernels().quantize_block(map, n, in, codes);
 }
 
-MEMPLAN_VECTOR_CLONES
-void DequantizeBlock8bit(const float* __restrict map, float absmax, int64_t n,
-                         const uint8_t* __restrict codes, float* __restrict out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = map[codes[i]] * absmax;
+void DequantizeBlock8bit(const float* map, float absmax, int64_t n, const uint8_t* codes,
+                         float* out) {
+  BestKernels().dequantize_block(map, absmax, n, codes, out);
 }
-
-namespace {
-
-// Up to kSqrtBlockElems elements (whole blocks) per pass: one sqrt call for several blocks.
-template <bool kBf16>
-void AdamW8bitRange(const AdamWStepScalars& s, float grad_scale, int64_t n,
-                    const QuantBlocks& blocks, void* param, const void* grad, uint8_t* exp_avg,
-                    uint8_t* exp_avg_sq, float* exp_avg_absmax, float* exp_avg_sq_absmax,
-                    VectorSqrtFn sqrt_fn, const ParamRounding& rounding) {
-  if (sqrt_fn == nullptr) sqrt_fn = &StdSqrt;
-  float m[kSqrtBlockElems], v[kSqrtBlockElems], sqrt_v[kSqrtBlockElems];
-  float p32[kBf16 ? kSqrtBlockElems : 1], g32[kBf16 ? kSqrtBlockElems : 1];
-  int64_t begin = 0, block = 0;
-  while (begin < n) {
-    // Blocks [block, block_end) covering elements [begin, end).
-    const int64_t first_block = block;
-    int64_t end = begin;
-    while (end < n) {
-      const int64_t len =
-          std::min(n - end, block == 0 ? blocks.first_block_elems : kQuantBlockElems);
-      if (end + len - begin > kSqrtBlockElems) break;
-      const int64_t slot =
-          block == 0 ? 0 : blocks.first_slot_gap + (block - 1) * blocks.slot_stride;
-      DequantizeBlock8bit(kSignedDynamicMap, exp_avg_absmax[slot], len, exp_avg + end,
-                          m + (end - begin));
-      DequantizeBlock8bit(kUnsignedDynamicMap, exp_avg_sq_absmax[slot], len, exp_avg_sq + end,
-                          v + (end - begin));
-      end += len;
-      ++block;
-    }
-    const int64_t len = end - begin;
-    float* p = kBf16 ? p32 : static_cast<float*>(param) + begin;
-    const float* g = kBf16 ? g32 : static_cast<const float*>(grad) + begin;
-    float scale = grad_scale;
-    if constexpr (kBf16) {
-      const uint16_t* p16 = static_cast<const uint16_t*>(param) + begin;
-      const uint16_t* g16 = static_cast<const uint16_t*>(grad) + begin;
-      for (int64_t i = 0; i < len; ++i) p32[i] = Bf16BitsToFloat(p16[i]);
-      for (int64_t i = 0; i < len; ++i) g32[i] = Bf16BitsToFloat(g16[i]);
-      if (grad_scale != 1.0f) {
-        for (int64_t i = 0; i < len; ++i) g32[i] *= grad_scale;
-        uint16_t rounded[kSqrtBlockElems];
-        RoundToBf16(len, g32, rounded);
-        for (int64_t i = 0; i < len; ++i) g32[i] = Bf16BitsToFloat(rounded[i]);
-      }
-      scale = 1.0f;
-    }
-    UpdateMoments(s, scale, len, g, m, v);
-    sqrt_fn(v, sqrt_v, len);
-    UpdateParams(s, len, sqrt_v, m, p);
-    if constexpr (kBf16) {
-      ParamRounding here = rounding;
-      here.first += begin;
-      RoundToBf16(here, len, p32, static_cast<uint16_t*>(param) + begin);
-    }
-    // Requantize block by block with each block's new absmax.
-    int64_t at = begin;
-    for (int64_t b = first_block; b < block; ++b) {
-      const int64_t blen =
-          std::min(end - at, b == 0 ? blocks.first_block_elems : kQuantBlockElems);
-      const int64_t slot = b == 0 ? 0 : blocks.first_slot_gap + (b - 1) * blocks.slot_stride;
-      exp_avg_absmax[slot] =
-          QuantizeBlock8bit(kSignedDynamicMap, blen, m + (at - begin), exp_avg + at);
-      exp_avg_sq_absmax[slot] =
-          QuantizeBlock8bit(kUnsignedDynamicMap, blen, v + (at - begin), exp_avg_sq + at);
-      at += blen;
-    }
-    begin = end;
-  }
-}
-
-}  // namespace
 
 void AdamW8bitUpdate(const AdamWStepScalars& s, float grad_scale, int64_t n,
                      const QuantBlocks& blocks, float* param, const float* grad,
                      uint8_t* exp_avg, uint8_t* exp_avg_sq, float* exp_avg_absmax,
                      float* exp_avg_sq_absmax, VectorSqrtFn sqrt_fn) {
-  AdamW8bitRange<false>(s, grad_scale, n, blocks, param, grad, exp_avg, exp_avg_sq,
-                        exp_avg_absmax, exp_avg_sq_absmax, sqrt_fn, ParamRounding{});
+  BestKernels().adamw8bit(s, grad_scale, n, blocks, param, grad, exp_avg, exp_avg_sq,
+                          exp_avg_absmax, exp_avg_sq_absmax, sqrt_fn);
 }
 
 void AdamW8bitUpdateBf16(const AdamWStepScalars& s, float grad_scale, int64_t n,
@@ -445,8 +427,8 @@ void AdamW8bitUpdateBf16(const AdamWStepScalars& s, float grad_scale, int64_t n,
                          uint8_t* exp_avg, uint8_t* exp_avg_sq, float* exp_avg_absmax,
                          float* exp_avg_sq_absmax, VectorSqrtFn sqrt_fn,
                          const ParamRounding& rounding) {
-  AdamW8bitRange<true>(s, grad_scale, n, blocks, param, grad, exp_avg, exp_avg_sq,
-                       exp_avg_absmax, exp_avg_sq_absmax, sqrt_fn, rounding);
+  BestKernels().adamw8bit_bf16(s, grad_scale, n, blocks, param, grad, exp_avg, exp_avg_sq,
+                               exp_avg_absmax, exp_avg_sq_absmax, sqrt_fn, rounding);
 }
 
 }  // namespace memplan

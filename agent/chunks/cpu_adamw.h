@@ -1,6 +1,7 @@
 // CPU AdamW and SGD kernels on fp32 arrays, bit-identical to torch::optim::AdamW / SGD on CPU
-// (torch 2.11, AVX2/AVX-512 kernels) for fp32 tensors, plus gradient accumulation and bf16
-// rounding helpers.
+// (torch 2.11, AVX2/AVX-512 kernels) for fp32 tensors, bf16 AdamW as torch's fused kernel, 8-bit
+// AdamW, plus gradient accumulation and bf16 rounding helpers. Each is compiled for several
+// instruction sets (CpuIsa) and runs the best one the CPU supports; all give the same bits.
 // Torch-free; pure functions, thread-safe on disjoint ranges.
 #pragma once
 
@@ -47,6 +48,17 @@ inline constexpr int64_t kSqrtBlockElems = 2048;
 void AdamWUpdate(const AdamWStepScalars& s, float grad_scale, int64_t n, float* param,
                  const float* grad, float* exp_avg, float* exp_avg_sq,
                  VectorSqrtFn sqrt_fn = nullptr);
+
+// One AdamW update of n bf16 elements (raw bits) in place, no master: at::_fused_adamw_ on bf16
+// CPU tensors (torch.optim.AdamW(fused=True)) under torch's AVX2 or AVX-512 dispatch, preceded
+// when grad_scale != 1 by clip_grad_norm_'s bf16 grad.mul_(coef) (the grad array itself is not
+// written). Bit-identical to torch for non-NaN results; a NaN result is stored as 0x7FC0.
+// torch_vector_elems is Vectorized<BFloat16>::size() of the kernel torch dispatches to (16 for
+// AVX2, 32 for AVX-512): torch's scalar loop over the last n % torch_vector_elems elements rounds
+// exp_avg_sq's update differently from its vector loop.
+void AdamWBf16Update(const AdamWStepScalars& s, float grad_scale, int64_t n, uint16_t* param,
+                     const uint16_t* grad, uint16_t* exp_avg, uint16_t* exp_avg_sq,
+                     int64_t torch_vector_elems);
 
 // accum[i] = first ? in[i] : accum[i] + in[i]  (autograd's accumulation order).
 void AccumulateGrad(bool first, int64_t n, const float* in, float* accum);
@@ -131,5 +143,38 @@ void AdamW8bitUpdateBf16(const AdamWStepScalars& s, float grad_scale, int64_t n,
 // n fp32 values into bf16 bits: nearest even, or stochastically for elements rounding.first ..
 // rounding.first + n - 1 of the parameter.
 void RoundToBf16(const ParamRounding& rounding, int64_t n, const float* in, uint16_t* out);
+
+// The instruction sets the kernels are compiled for (GCC on x86-64; elsewhere only kPortable).
+enum class CpuIsa { kPortable, kAvx2, kAvx512 };
+bool CpuIsaSupported(CpuIsa isa);
+// The one every kernel above runs: the widest supported, chosen at first use.
+CpuIsa BestCpuIsa();
+const char* CpuIsaName(CpuIsa isa);  // "portable", "avx2", "avx512"
+
+// The kernels of one instruction set, for tests and benchmarks that compare the variants.
+struct CpuKernels {
+  void (*adamw)(const AdamWStepScalars&, float, int64_t, float*, const float*, float*, float*,
+                VectorSqrtFn);
+  void (*adamw_bf16)(const AdamWStepScalars&, float, int64_t, uint16_t*, const uint16_t*,
+                     uint16_t*, uint16_t*, int64_t);
+  void (*sgd)(const SgdStepScalars&, float, int64_t, float*, const float*);
+  void (*accumulate)(bool, int64_t, const float*, float*);
+  void (*accumulate_bf16)(bool, int64_t, const uint16_t*, float*);
+  void (*accumulate_bf16_rounded)(bool, int64_t, const uint16_t*, uint16_t*);
+  void (*round_to_bf16)(int64_t, const float*, uint16_t*);
+  void (*round_to_bf16_rounding)(const ParamRounding&, int64_t, const float*, uint16_t*);
+  void (*adamw8bit)(const AdamWStepScalars&, float, int64_t, const QuantBlocks&, float*,
+                    const float*, uint8_t*, uint8_t*, float*, float*, VectorSqrtFn);
+  void (*adamw8bit_bf16)(const AdamWStepScalars&, float, int64_t, const QuantBlocks&, uint16_t*,
+                         const uint16_t*, uint8_t*, uint8_t*, float*, float*, VectorSqrtFn,
+                         const ParamRounding&);
+  float (*quantize_block)(const float* map, int64_t n, const float* in, uint8_t* codes);
+  // codes[i] = NearestCode8bit(map, normed[i]) for any float (no scaling, no clamp).
+  void (*nearest_codes)(const float* map, int64_t n, const float* normed, uint8_t* codes);
+  void (*dequantize_block)(const float* map, float absmax, int64_t n, const uint8_t* codes,
+                           float* out);
+};
+// CpuIsaSupported(isa) must hold.
+const CpuKernels& KernelsFor(CpuIsa isa);
 
 }  // namespace memplan

@@ -4,10 +4,12 @@
 // update as torch ops on whole tensors. The CPU kernel and the LibTorch path must both give the
 // reference's bits on the CPU.
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <random>
 #include <vector>
 
 #include "agent/chunks/adamw8bit_torch.h"
@@ -453,6 +455,162 @@ TEST(AdamW8bitBytesTest, StateBytesPerParameter) {
   EXPECT_EQ(QuantAbsmaxSlots(64, 4), 2);
   EXPECT_EQ(QuantAbsmaxSlots(65, 4), 2);
   EXPECT_EQ(QuantAbsmaxSlots(66, 4), 3);
+}
+
+// [Code table] / [Bit-exact variants]: every instruction set's code search against NearestCode8bit
+// on a sample of all 2^32 float patterns (every 61st run of 4096 consecutive patterns, every
+// float class: zeros, denormals, normals, infinities, NaNs) plus each midpoint and bucket edge and
+// their neighbours. (The full 2^32 sweep of portable and AVX2 takes minutes on 2 cores.)
+std::vector<float> CodeSearchSample() {
+  std::vector<float> xs;
+  auto add_bits = [&xs](uint32_t b) {
+    float x;
+    std::memcpy(&x, &b, sizeof(x));
+    xs.push_back(x);
+  };
+  for (uint64_t base = 0; base < (uint64_t{1} << 32); base += 4096 * 61) {
+    for (uint32_t i = 0; i < 4096; ++i) add_bits(static_cast<uint32_t>(base + i));
+  }
+  for (const float* map : {kSignedDynamicMap, kUnsignedDynamicMap}) {
+    for (int i = 0; i < 255; ++i) {
+      const uint32_t mid = FloatBits((map[i] + map[i + 1]) / 2);
+      for (uint32_t d = 0; d <= 4; ++d) {
+        add_bits(mid + d);
+        add_bits(mid - d);
+      }
+    }
+  }
+  for (uint32_t k = 0; k < 512; ++k) {  // bucket edges: every binade's 2^7 steps around 2^-24..2
+    for (uint32_t sign : {0u, 0x80000000u}) {
+      const uint32_t edge = sign | ((((127 - 26) << 7) + k * 8) << 16);
+      add_bits(edge);
+      add_bits(edge - 1);
+    }
+  }
+  return xs;
+}
+
+TEST(AdamW8bitIsaTest, CodeSearchOfEveryVariantMatchesNearestCode) {
+  const std::vector<float> xs = CodeSearchSample();
+  std::vector<uint8_t> codes(xs.size());
+  for (CpuIsa isa : {CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (!CpuIsaSupported(isa)) continue;
+    for (const float* map : {kSignedDynamicMap, kUnsignedDynamicMap}) {
+      KernelsFor(isa).nearest_codes(map, static_cast<int64_t>(xs.size()), xs.data(),
+                                    codes.data());
+      int64_t bad = 0;
+      for (size_t i = 0; i < xs.size(); ++i) {
+        if (codes[i] != NearestCode8bit(map, xs[i]) && bad++ < 5) {
+          ADD_FAILURE() << CpuIsaName(isa) << " bits " << std::hex << FloatBits(xs[i]) << " code "
+                        << std::dec << int{codes[i]} << " want "
+                        << int{NearestCode8bit(map, xs[i])};
+        }
+      }
+      EXPECT_EQ(bad, 0) << CpuIsaName(isa);
+    }
+  }
+}
+
+// Random blocks of 1..256 elements (ties on midpoints, NaN, denormals, infinities, zero blocks):
+// every variant's codes and absmax equal the scalar definition's.
+TEST(AdamW8bitIsaTest, QuantizeBlockOfEveryVariantMatchesTheDefinition) {
+  std::mt19937 rng(99);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int64_t n = 1 + trial % 256;
+    const float* map = trial % 2 ? kSignedDynamicMap : kUnsignedDynamicMap;
+    std::vector<float> in(n);
+    const int kind = trial % 7;
+    for (int64_t i = 0; i < n; ++i) {
+      float x = normal(rng) * (kind == 1 ? 1e-39f : 1.0f);  // 1: denormals
+      if (map == kUnsignedDynamicMap) x = std::fabs(x);
+      if (kind == 2) x = 0.0f;
+      if (kind == 3 && rng() % 9 == 0) x = std::numeric_limits<float>::quiet_NaN();
+      if (kind == 4 && rng() % 50 == 0) x = -std::numeric_limits<float>::infinity();
+      if (kind == 5) {  // exactly on midpoints of a block whose absmax is 1
+        const int c = static_cast<int>(rng() % 255);
+        x = (map[c] + map[c + 1]) / 2;
+        if (i == 0) x = 1.0f;
+      }
+      in[i] = x;
+    }
+    float absmax = -FLT_MAX;
+    for (float x : in) absmax = std::fmax(absmax, std::fabs(x));
+    const float inv = absmax > 0 ? 1.0f / absmax : 0.0f;
+    std::vector<uint8_t> want(n), got(n);
+    for (int64_t i = 0; i < n; ++i) {
+      want[i] = NearestCode8bit(map, std::clamp(in[i] * inv, -1.0f, 1.0f));
+    }
+    for (CpuIsa isa : {CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+      if (!CpuIsaSupported(isa)) continue;
+      const float got_absmax = KernelsFor(isa).quantize_block(map, n, in.data(), got.data());
+      ASSERT_EQ(FloatBits(got_absmax), FloatBits(absmax)) << CpuIsaName(isa) << " trial " << trial;
+      ASSERT_EQ(got, want) << CpuIsaName(isa) << " trial " << trial << " n " << n;
+    }
+  }
+}
+
+// The whole 8-bit update (fp32 and bf16 parameters, clipping, stochastic rounding, a first block
+// cut short, a length no vector width divides) gives the portable variant's bits on every variant.
+TEST(AdamW8bitIsaTest, UpdateOfEveryVariantMatchesPortable) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t n = 5000 + 13;
+  QuantBlocks blocks;
+  blocks.first_block_elems = 100;
+  blocks.first_slot_gap = 1;
+  blocks.slot_stride = 2;
+  const int64_t slots = 2 + 2 * (n / 256 + 1);
+  for (const float clip : {1.0f, 0.37f}) {
+    std::vector<float> p0(n), g0(n);
+    std::vector<uint16_t> p16(n), g16(n);
+    std::vector<uint8_t> m0(n), v0(n);
+    std::vector<float> ma0(slots), va0(slots);
+    for (int64_t i = 0; i < n; ++i) {
+      p0[i] = normal(rng);
+      g0[i] = normal(rng) * 1e-2f;
+      p16[i] = static_cast<uint16_t>(FloatBits(p0[i]) >> 16);
+      g16[i] = static_cast<uint16_t>(FloatBits(g0[i]) >> 16);
+      m0[i] = static_cast<uint8_t>(rng());
+      v0[i] = static_cast<uint8_t>(rng());
+    }
+    for (int64_t i = 0; i < slots; ++i) {
+      ma0[i] = std::fabs(normal(rng)) * 1e-2f;
+      va0[i] = std::fabs(normal(rng)) * 1e-4f;
+    }
+    const AdamWStepScalars s = MakeAdamWStepScalars(AdamWOptions{}, 3);
+    const ParamRounding rounding = MakeParamRounding(true, 11, 2, 3, 40);
+    auto run = [&](CpuIsa isa, std::vector<float>& p, std::vector<uint16_t>& q,
+                   std::vector<uint8_t>& m, std::vector<uint8_t>& v, std::vector<float>& ma,
+                   std::vector<float>& va, std::vector<uint8_t>& m16, std::vector<uint8_t>& v16,
+                   std::vector<float>& ma16, std::vector<float>& va16) {
+      p = p0, q = p16, m = m0, v = v0, ma = ma0, va = va0, m16 = m0, v16 = v0, ma16 = ma0,
+      va16 = va0;
+      KernelsFor(isa).adamw8bit(s, clip, n, blocks, p.data(), g0.data(), m.data(), v.data(),
+                                ma.data(), va.data(), &TorchSqrt);
+      KernelsFor(isa).adamw8bit_bf16(s, clip, n, blocks, q.data(), g16.data(), m16.data(),
+                                     v16.data(), ma16.data(), va16.data(), &TorchSqrt, rounding);
+    };
+    std::vector<float> rp, rma, rva, rma16, rva16;
+    std::vector<uint16_t> rq;
+    std::vector<uint8_t> rm, rv, rm16, rv16;
+    run(CpuIsa::kPortable, rp, rq, rm, rv, rma, rva, rm16, rv16, rma16, rva16);
+    for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+      if (!CpuIsaSupported(isa)) continue;
+      std::vector<float> p, ma, va, ma16, va16;
+      std::vector<uint16_t> q;
+      std::vector<uint8_t> m, v, m16, v16;
+      run(isa, p, q, m, v, ma, va, m16, v16, ma16, va16);
+      EXPECT_EQ(0, std::memcmp(p.data(), rp.data(), n * sizeof(float))) << CpuIsaName(isa);
+      EXPECT_EQ(q, rq) << CpuIsaName(isa);
+      EXPECT_EQ(m, rm) << CpuIsaName(isa);
+      EXPECT_EQ(v, rv) << CpuIsaName(isa);
+      EXPECT_EQ(m16, rm16) << CpuIsaName(isa);
+      EXPECT_EQ(v16, rv16) << CpuIsaName(isa);
+      EXPECT_EQ(0, std::memcmp(ma.data(), rma.data(), slots * sizeof(float)));
+      EXPECT_EQ(0, std::memcmp(va16.data(), rva16.data(), slots * sizeof(float)));
+    }
+  }
 }
 
 }  // namespace

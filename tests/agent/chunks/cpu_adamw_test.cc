@@ -1,6 +1,8 @@
 // The CPU AdamW kernel against torch::optim::AdamW, element for element (torch::equal).
 #include "agent/chunks/cpu_adamw.h"
 
+#include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "agent/chunks/torch_sqrt.h"
@@ -172,6 +174,107 @@ TEST(CpuAccumulateTest, Bf16RoundedSumMatchesTorchBf16Add) {
                             reinterpret_cast<uint16_t*>(accum.data_ptr()));
   EXPECT_TRUE(torch::equal(accum, a + b));
   EXPECT_FALSE(torch::equal(accum, a)) << "the sum should change some elements";
+}
+
+// Vectorized<BFloat16>::size() of the fused AdamW kernel torch dispatches to on this CPU.
+int64_t TorchBf16VectorElems() { return at::get_cpu_capability() == "AVX512" ? 32 : 16; }
+
+// adamw_bf16's CPU kernel against torch's at::_fused_adamw_ on bf16 tensors (after
+// clip_grad_norm_'s bf16 grad.mul_), element for element, lengths torch splits into vectors and a
+// scalar tail.
+TEST(CpuAdamWBf16Test, MatchesTorchFusedAdamWBitForBit) {
+  torch::manual_seed(4321);
+  AdamWOptions o;
+  o.lr = 3e-3;
+  o.weight_decay = 0.1;
+  for (const float clip : {1.0f, 0.375f}) {
+    for (const int64_t n : {1, 7, 31, 64, 1000, 100003}) {
+      const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16);
+      torch::Tensor p = torch::randn({n}).to(torch::kBFloat16);
+      torch::Tensor m = torch::zeros({n}, bf16), v = torch::zeros({n}, bf16);
+      torch::Tensor mine_p = p.clone(), mine_m = m.clone(), mine_v = v.clone();
+      for (int64_t step = 1; step <= 5; ++step) {
+        const torch::Tensor g = (torch::randn({n}) * (step % 2 ? 0.01 : 3.0)).to(torch::kBFloat16);
+        torch::Tensor ref_g = g.clone();
+        if (clip != 1.0f) ref_g.mul_(static_cast<double>(clip));
+        at::_fused_adamw_({p}, {ref_g}, {m}, {v}, {},
+                          {torch::full({}, static_cast<double>(step), torch::kFloat32)}, o.lr,
+                          o.beta1, o.beta2, o.weight_decay, o.eps, false, false);
+        AdamWBf16Update(MakeAdamWStepScalars(o, step), clip, n,
+                        reinterpret_cast<uint16_t*>(mine_p.data_ptr()),
+                        reinterpret_cast<const uint16_t*>(g.data_ptr()),
+                        reinterpret_cast<uint16_t*>(mine_m.data_ptr()),
+                        reinterpret_cast<uint16_t*>(mine_v.data_ptr()), TorchBf16VectorElems());
+        ASSERT_TRUE(torch::equal(mine_p, p)) << "n " << n << " step " << step << " clip " << clip;
+        ASSERT_TRUE(torch::equal(mine_m, m)) << "n " << n << " step " << step;
+        ASSERT_TRUE(torch::equal(mine_v, v)) << "n " << n << " step " << step;
+      }
+    }
+  }
+}
+
+// [Bit-exact variants]: each instruction set's elementwise kernels give the portable ones' bits on
+// random data with NaN, infinities, denormals and zeros, at a length no vector width divides.
+TEST(CpuIsaVariantsTest, ElementwiseKernelsMatchPortable) {
+  torch::manual_seed(77);
+  const int64_t n = 4099;
+  torch::Tensor base = torch::randn({6, n});
+  base.index_put_({0, torch::indexing::Slice(0, 5)},
+                  torch::tensor({NAN, INFINITY, -INFINITY, 1e-41f, -0.0f}));
+  base.index_put_({1, torch::indexing::Slice(0, 3)}, torch::tensor({0.0f, 1e-40f, NAN}));
+  const torch::Tensor bf = base.to(torch::kBFloat16);
+  const float* f = base.data_ptr<float>();
+  const uint16_t* h = reinterpret_cast<const uint16_t*>(bf.data_ptr());
+  const AdamWStepScalars s = MakeAdamWStepScalars(AdamWOptions{}, 4);
+  const SgdStepScalars sgd = MakeSgdStepScalars(0.01, 0.1);
+  struct Out {
+    std::vector<float> p, m, v, sp, acc, acc16;
+    std::vector<uint16_t> q, qm, qv, r, rs, accr;
+  };
+  auto run = [&](CpuIsa isa) {
+    const CpuKernels& k = KernelsFor(isa);
+    Out o;
+    o.p.assign(f, f + n);
+    o.m.assign(f + n, f + 2 * n);
+    o.v.assign(n, 0.0f);
+    for (int64_t i = 0; i < n; ++i) o.v[i] = std::fabs(f[2 * n + i]);
+    k.adamw(s, 0.5f, n, o.p.data(), f + 3 * n, o.m.data(), o.v.data(), &TorchSqrt);
+    o.sp.assign(f, f + n);
+    k.sgd(sgd, 0.5f, n, o.sp.data(), f + 3 * n);
+    o.acc.assign(f + 4 * n, f + 5 * n);
+    k.accumulate(false, n, f, o.acc.data());
+    o.acc16.assign(f + 4 * n, f + 5 * n);
+    k.accumulate_bf16(false, n, h, o.acc16.data());
+    o.accr.assign(h + n, h + 2 * n);
+    k.accumulate_bf16_rounded(false, n, h + 2 * n, o.accr.data());
+    o.q.assign(h, h + n);
+    o.qm.assign(h + n, h + 2 * n);
+    o.qv.assign(n, 0);
+    for (int64_t i = 0; i < n; ++i) o.qv[i] = h[2 * n + i] & 0x7FFF;
+    k.adamw_bf16(s, 0.5f, n, o.q.data(), h + 3 * n, o.qm.data(), o.qv.data(), 16);
+    o.r.assign(n, 0);
+    k.round_to_bf16(n, f, o.r.data());
+    o.rs.assign(n, 0);
+    k.round_to_bf16_rounding(MakeParamRounding(true, 3, 1, 2, 17), n, f, o.rs.data());
+    return o;
+  };
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  const Out want = run(CpuIsa::kPortable);
+  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (!CpuIsaSupported(isa)) continue;
+    const Out got = run(isa);
+    EXPECT_TRUE(same(got.p, want.p) && same(got.m, want.m) && same(got.v, want.v))
+        << CpuIsaName(isa) << " adamw";
+    EXPECT_TRUE(same(got.sp, want.sp)) << CpuIsaName(isa) << " sgd";
+    EXPECT_TRUE(same(got.acc, want.acc) && same(got.acc16, want.acc16)) << CpuIsaName(isa);
+    EXPECT_EQ(got.accr, want.accr) << CpuIsaName(isa);
+    EXPECT_TRUE(got.q == want.q && got.qm == want.qm && got.qv == want.qv)
+        << CpuIsaName(isa) << " adamw_bf16";
+    EXPECT_EQ(got.r, want.r) << CpuIsaName(isa);
+    EXPECT_EQ(got.rs, want.rs) << CpuIsaName(isa);
+  }
 }
 
 }  // namespace
