@@ -156,10 +156,12 @@ int64_t ForwardBackwardPeak(const ModelSpec& spec, const TrainerOptions& options
   auto trainer = Trainer::Create(model.get(), options);
   EXPECT_TRUE(trainer.ok()) << trainer.status();
   // One full step first, so optimizer state exists as in steady state.
-  EXPECT_TRUE((*trainer)->Step(batches).ok());
+  const absl::StatusOr<StepStats> step = (*trainer)->Step(batches);
+  EXPECT_TRUE(step.ok()) << step.status();
   torch::cuda::synchronize();
   c10::cuda::CUDACachingAllocator::resetPeakStats(0);
-  EXPECT_TRUE((*trainer)->ForwardBackward(batches).ok());
+  const absl::StatusOr<double> loss = (*trainer)->ForwardBackward(batches);
+  EXPECT_TRUE(loss.ok()) << loss.status();
   torch::cuda::synchronize();
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
   return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
