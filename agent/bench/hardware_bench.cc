@@ -121,7 +121,7 @@ std::string PassNote(const PassRate& r, int threads, int64_t n, absl::string_vie
 }
 
 // Schedules fn(begin, len) on the pool for every range of the chunk manager's task size
-// (agent/chunks/chunk_manager.cc, kTaskElems) and waits for all of them.
+// (agent/chunks/chunk_optimizer_step.cc, kTaskElems) and waits for all of them.
 constexpr int64_t kRange = int64_t{1} << 18;
 template <typename Fn>
 void OverRanges(ThreadPool& pool, int64_t n, Fn fn) {

@@ -17,9 +17,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "agent/chunks/cpu_adamw.h"
+#include "agent/core/param_residency.h"
 #include "agent/core/torch_pch.h"
 #include "agent/dist/communicator.h"
-#include "agent/core/param_residency.h"
+#include "agent/dist/gather_bandwidth.h"
 #include "common/chunk_packing.h"
 #include "common/types.h"
 
@@ -157,19 +158,12 @@ struct ChunkUploadStats {
   int64_t gather_sampled_bytes = 0;  // output bytes of the gathers in gather_seconds_each
 };
 
-// [Collective timing] A collective's device time on one rank runs from its start there to its
-// end, so it includes waiting for the last rank to arrive: per gather, the fastest rank's time is
-// the transfer itself (that rank arrived last). Bus bandwidth (output bytes x (W - 1) / W per
-// second) of the sampled gathers (ChunkUploadStats::gather_seconds_each) by the fastest and by the
-// slowest rank of each. A collective on every rank of `comm` (an all-reduce, then an all-gather);
-// nullopt on every rank when there are no samples or the ranks' counts differ.
-struct GatherBandwidth {
-  int64_t gathers = 0;
-  double fastest_bus_bytes_per_second = 0;
-  double slowest_bus_bytes_per_second = 0;
-};
-absl::StatusOr<std::optional<GatherBandwidth>> CompareGatherTimes(Communicator& comm,
-                                                                  const ChunkUploadStats& u);
+// CompareGatherTimes (agent/dist/gather_bandwidth.h) over the all-gathers a manager sampled
+// (ChunkUploadStats::gather_seconds_each).
+inline absl::StatusOr<std::optional<GatherBandwidth>> CompareGatherTimes(
+    Communicator& comm, const ChunkUploadStats& u) {
+  return CompareGatherTimes(comm, u.gather_seconds_each, u.gather_sampled_bytes);
+}
 
 // Implements ParamResidency for the model and the optimizer step for the trainer.
 // Not thread-safe: calls must not overlap (the hooks may come from autograd's device thread,

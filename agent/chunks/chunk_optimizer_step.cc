@@ -1,0 +1,539 @@
+// ChunkOptimizer, part two: the updates. The CPU workers' accumulation and update of offloaded
+// chunks, [Persistent update] on the device, the sharded persistent state's update and Step().
+#include "agent/chunks/chunk_optimizer.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "agent/chunks/adamw8bit_torch.h"
+#include "agent/chunks/cpu_adamw.h"
+#include "agent/chunks/torch_sqrt.h"
+#include "common/log.h"
+#include "common/optimizer_bytes.h"
+#include "common/status.h"
+
+namespace memplan::chunks {
+namespace {
+
+// Elements per CPU optimizer task: big enough to amortise scheduling, small enough that the
+// pool balances a few large tensors across all threads.
+constexpr int64_t kTaskElems = int64_t{1} << 18;
+
+// One piece of CPU optimizer work on a contiguous element range of one parameter.
+struct RangeWork {
+  int64_t begin = 0;  // element offset into the chunk's arrays
+  int64_t len = 0;
+  bool accumulate = false;
+  bool first = false;  // first micro-batch with a grad: copy instead of add
+  bool update = false;
+  int64_t from = 0;  // the range's first element within its parameter (adamw8bit's block phase)
+  int64_t step = 0;  // the parameter's update count after this update
+  int param = 0;     // its index in the manager's parameter order ([Stochastic rounding] key)
+  AdamWStepScalars scalars;  // adamw
+};
+
+}  // namespace
+
+void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, float grad_scale) {
+  const Chunk& layout = set_.chunk(c);
+  ChunkState& chunk = chunks_[c];
+  const ChunkManagerOptions& options = set_.options();
+  std::vector<RangeWork> work;
+  for (int i : layout.params) {
+    const Param& p = set_.param(i);
+    ParamState& s = params_[i];
+    RangeWork base;
+    base.param = i;
+    if (accumulate) {
+      base.accumulate = s.grad_this_micro && chunk.grad_accum.data() != nullptr;
+      base.first = !s.grad_in_step;
+      s.grad_in_step = s.grad_in_step || s.grad_this_micro;
+      s.grad_this_micro = false;
+    }
+    // torch::optim::AdamW skips parameters without a grad: no decay, no step count.
+    base.update = update && s.grad_in_step;
+    if (base.update) {
+      base.step = ++s.step;
+      base.scalars = MakeAdamWStepScalars(options.adamw, base.step);
+    }
+    if (!base.accumulate && !base.update) continue;
+    const OwnedRange owned = set_.Owned(p, layout);  // the whole parameter unless sharded
+    // adamw8bit: tasks end on the parameter's block boundaries (kTaskElems is a multiple of 256
+    // and the pieces are cut at parameter offsets that are multiples of it).
+    const int64_t phase = quantized() ? owned.from % kTaskElems : 0;
+    for (int64_t off = 0; off < owned.len;) {
+      RangeWork w = base;
+      w.begin = owned.at + off;
+      w.from = owned.from + off;
+      w.len = std::min(kTaskElems - (off == 0 ? phase : 0), owned.len - off);
+      work.push_back(w);
+      off += w.len;
+    }
+  }
+  if (update) chunk.update_started = true;
+  if (work.empty()) return;
+  // An all-gather may still read param_host (CPU: Gloo reads it in place).
+  if (update && set_.sharded()) pager_.FinishGatherOf(c);
+
+  const EventPtr copied = chunk.grads_copied;
+  const EventPtr uploaded = pager_.uploaded(c);
+  const OptimizerKind kind = optimizer();
+  const bool narrow = set_.dtype() != torch::kFloat32;  // bf16 staging copy and upload copy
+  const bool keeps_master = master();
+  const int64_t slot = slot_elems();
+  float* exp_avg_absmax = chunk.exp_avg_absmax.as<float>();
+  float* exp_avg_sq_absmax = chunk.exp_avg_sq_absmax.as<float>();
+  const AdamWOptions adamw = options.adamw;
+  const SgdStepScalars sgd = MakeSgdStepScalars(adamw.lr, adamw.weight_decay);
+  const bool stochastic = options.stochastic_rounding;
+  const uint64_t seed = options.rounding_seed;
+  char* stage = static_cast<char*>(chunk.grad_stage.data());
+  void* grad = HostGrad(c);
+  float* grad32 = static_cast<float*>(grad);
+  float* master32 = HostMaster(c);
+  void* exp_avg = chunk.exp_avg.data();
+  void* exp_avg_sq = chunk.exp_avg_sq.data();
+  uint16_t* param16 = layout.param_host.as<uint16_t>();
+  uint16_t* accum16 = chunk.grad_accum.as<uint16_t>();
+  std::atomic<bool>* failed = &worker_failed_;
+  TaskTracker* tracker = chunk.tasks.get();
+  tracker->Add(static_cast<int>(work.size()));
+  for (const RangeWork& w : work) {
+    pool_.Schedule([=] {
+      if (copied) copied->synchronize();
+      if (w.accumulate) {
+        const uint16_t* in16 = reinterpret_cast<const uint16_t*>(stage) + w.begin;
+        if (kind == OptimizerKind::kAdamWBf16States ||
+            (kind == OptimizerKind::kAdamW8bit && narrow)) {
+          // bf16 sum rounded after every add, as torch accumulates a bf16 .grad.
+          AccumulateGradBf16Rounded(w.first, w.len, in16, accum16 + w.begin);
+        } else if (narrow) {
+          AccumulateGradBf16(w.first, w.len, in16, grad32 + w.begin);
+        } else {
+          AccumulateGrad(w.first, w.len, reinterpret_cast<const float*>(stage) + w.begin,
+                         grad32 + w.begin);
+        }
+      }
+      if (!w.update) {
+        tracker->Done();
+        return;
+      }
+      if (uploaded) uploaded->synchronize();  // param_host may still be the upload source
+      switch (kind) {
+        case OptimizerKind::kAdamW:
+          AdamWUpdate(w.scalars, grad_scale, w.len, master32 + w.begin, grad32 + w.begin,
+                      static_cast<float*>(exp_avg) + w.begin,
+                      static_cast<float*>(exp_avg_sq) + w.begin, &TorchSqrt);
+          break;
+        case OptimizerKind::kSgd:
+          SgdUpdate(sgd, grad_scale, w.len, master32 + w.begin, grad32 + w.begin);
+          break;
+        case OptimizerKind::kAdamW8bit: {
+          // [8-bit optimizer state]: a block starting at shard element e has slot ceil(e / g);
+          // the range's first block is the rest of the parameter block it starts in.
+          QuantBlocks blocks;
+          blocks.first_block_elems = kQuantBlockElems - w.from % kQuantBlockElems;
+          const int64_t first_slot = (w.begin + slot - 1) / slot;
+          blocks.first_slot_gap =
+              (w.begin + blocks.first_block_elems + slot - 1) / slot - first_slot;
+          blocks.slot_stride = kQuantBlockElems / slot;
+          uint8_t* m = static_cast<uint8_t*>(exp_avg) + w.begin;
+          uint8_t* v = static_cast<uint8_t*>(exp_avg_sq) + w.begin;
+          if (narrow) {
+            AdamW8bitUpdateBf16(w.scalars, grad_scale, w.len, blocks, param16 + w.begin,
+                                static_cast<const uint16_t*>(grad) + w.begin, m, v,
+                                exp_avg_absmax + first_slot, exp_avg_sq_absmax + first_slot,
+                                &TorchSqrt,
+                                MakeParamRounding(stochastic, seed, w.param, w.step, w.from));
+          } else {
+            AdamW8bitUpdate(w.scalars, grad_scale, w.len, blocks, master32 + w.begin,
+                            grad32 + w.begin, m, v, exp_avg_absmax + first_slot,
+                            exp_avg_sq_absmax + first_slot, &TorchSqrt);
+          }
+          break;
+        }
+        case OptimizerKind::kAdamWBf16States:
+          // torch's own fused kernel on host views of the range: the same function as the
+          // persistent chunks' update and torch.optim.AdamW(fused=True) on bf16 parameters.
+          try {
+            auto view = [&w](void* base) {
+              return torch::from_blob(static_cast<uint16_t*>(base) + w.begin, {w.len},
+                                      torch::TensorOptions().dtype(torch::kBFloat16));
+            };
+            torch::Tensor g = view(grad);
+            // clip_grad_norm_'s grad.mul_(coef): a bf16 product (coef is a bf16 value).
+            if (grad_scale != 1.0f) g.mul_(static_cast<double>(grad_scale));
+            at::_fused_adamw_({view(param16)}, {g}, {view(exp_avg)}, {view(exp_avg_sq)}, {},
+                              {torch::full({}, static_cast<double>(w.step), torch::kFloat32)},
+                              adamw.lr, adamw.beta1, adamw.beta2, adamw.weight_decay, adamw.eps,
+                              /*amsgrad=*/false, /*maximize=*/false);
+          } catch (const c10::Error& e) {
+            MEMPLAN_LOG(kError, "CPU optimizer update failed")
+                .Field("error", std::string(e.what_without_backtrace()));
+            failed->store(true);
+          }
+          break;
+      }
+      if (keeps_master) RoundToBf16(w.len, master32 + w.begin, param16 + w.begin);
+      tracker->Done();
+    });
+  }
+}
+
+absl::StatusOr<double> ChunkOptimizer::ShardedSquaredNorm() {
+  // Chunks whose squares were summed on the device at their reduce-scatter add those; the others
+  // (several micro-batches summed on the host) are read from host memory.
+  double local = 0;
+  std::vector<torch::Tensor> on_device;
+  for (int c = 0; c < set_.num_chunks(); ++c) {
+    const Chunk& layout = set_.chunk(c);
+    if ((!layout.persistent || layout.state_sharded) && chunks_[c].shard_squares.defined()) {
+      on_device.push_back(chunks_[c].shard_squares.reshape({1}));
+    }
+  }
+  for (int i = 0; i < set_.num_params(); ++i) {
+    const Param& p = set_.param(i);
+    const Chunk& layout = set_.chunk(p.chunk);
+    if (layout.persistent || !params_[i].grad_in_step || chunks_[p.chunk].shard_squares.defined()) {
+      continue;
+    }
+    const OwnedRange r = set_.Owned(p, layout);
+    if (r.len == 0) continue;
+    local += ChunkSet::HostFlat(HostGrad(p.chunk), r.at, r.len, host_grad_dtype())
+                 .to(torch::kFloat64)
+                 .pow(2)
+                 .sum()
+                 .item<double>();
+  }
+  Communicator& comm = collectives_.comm();
+  torch::Tensor total = torch::full(
+      {1}, local, torch::TensorOptions().dtype(torch::kFloat64).device(comm.device()));
+  if (!on_device.empty()) total.add_(torch::cat(on_device).sum().to(comm.device()));
+  RETURN_IF_ERROR(collectives_.NoteCollective(comm.AllReduceSum(total)->Wait()));
+  double squares = total.cpu().item<double>();
+  // Persistent grads are replicated (all-reduced already): every rank adds the same, once.
+  std::vector<torch::Tensor> persistent;
+  for (int i = 0; i < set_.num_params(); ++i) {
+    const Param& p = set_.param(i);
+    const Chunk& layout = set_.chunk(p.chunk);
+    if (layout.persistent && !layout.state_sharded && p.tensor.grad().defined()) {
+      persistent.push_back(p.tensor.grad().to(torch::kFloat64).pow(2).sum());
+    }
+  }
+  if (!persistent.empty()) squares += torch::stack(persistent).sum().item<double>();
+  return squares;
+}
+
+// [Persistent update] One chunk's update on the device-resident state, shared by the replicated
+// persistent chunks (whole parameters) and the sharded ones (this rank's ranges): AdamW fused on
+// the device (the exact CPU kernel on a CPU device), adamw_bf16 fused, SGD with torch's ops; the
+// clip coefficient applied where each optimizer applies it. Add() every (parameter, range), then
+// Flush() (also when the batch passes slice_elems elements: the fp32 grad copies of a
+// mixed-precision model then stay one regular chunk's, [Sliced grad copy]); nothing is flushed
+// on destruction.
+class ChunkOptimizer::PersistentUpdate {
+ public:
+  PersistentUpdate(ChunkOptimizer& m, const torch::Tensor& clip_coef, float grad_scale,
+                   int64_t slice_elems)
+      : m_(m), clip_coef_(clip_coef), grad_scale_(grad_scale), slice_elems_(slice_elems) {}
+
+  // `grad`: the range's grad in the model dtype, clipped here (in place where the optimizer
+  // clips the model-dtype grad); `target`: the fp32 master's range with a master, else the
+  // parameter's; `exp_avg` / `exp_avg_sq`: the moments of the same range. s.step is already the
+  // step being taken.
+  void Add(ParamState& s, const torch::Tensor& target, torch::Tensor grad,
+           const torch::Tensor& exp_avg, const torch::Tensor& exp_avg_sq) {
+    const AdamWOptions& o = m_.set_.options().adamw;
+    if (m_.optimizer() == OptimizerKind::kSgd) {
+      // torch::optim::SGD's ops (in place on the grad, dropped after the step). With a master the
+      // clip scales the fp32 copy, like the offloaded chunks' kernel.
+      torch::Tensor d = m_.master() ? grad.to(torch::kFloat32) : grad;
+      if (clip_coef_.defined()) d.mul_(clip_coef_);
+      if (o.weight_decay != 0) d.add_(target, o.weight_decay);
+      target.add_(d, -1 * o.lr);
+      return;
+    }
+    if (m_.set_.cuda() || m_.pure()) {
+      // torch.optim.AdamW(fused=True) after clip_grad_norm_ (adamw_bf16 on any device).
+      if (clip_coef_.defined()) grad.mul_(clip_coef_);
+      s.fused_step.fill_(static_cast<double>(s.step));  // the fused kernel reads, not bumps
+      const bool sliceable = grad.is_contiguous() && target.is_contiguous() &&
+                             exp_avg.is_contiguous() && exp_avg_sq.is_contiguous();
+      if (!m_.master() || !sliceable) {
+        Batch(target, m_.master() ? grad.to(torch::kFloat32) : grad, exp_avg, exp_avg_sq, s);
+        return;
+      }
+      const torch::Tensor g = grad.view(-1), t = target.view(-1);
+      const torch::Tensor mv = exp_avg.view(-1), vv = exp_avg_sq.view(-1);
+      const int64_t n = g.numel();
+      for (int64_t off = 0; off < n;) {
+        if (batch_elems_ >= slice_elems_) Flush();
+        const int64_t len = std::min(n - off, slice_elems_ - batch_elems_);
+        Batch(t.narrow(0, off, len), g.narrow(0, off, len).to(torch::kFloat32),
+              mv.narrow(0, off, len), vv.narrow(0, off, len), s);
+        off += len;
+      }
+      return;
+    }
+    // The CPU kernel multiplies by the clip coefficient itself (same fp32 product as
+    // grad.mul_(coef)) and reproduces torch's AdamW rounding exactly.
+    const torch::Tensor g = grad.to(torch::kFloat32).contiguous();
+    AdamWUpdate(MakeAdamWStepScalars(o, s.step), grad_scale_, g.numel(),
+                target.data_ptr<float>(), g.data_ptr<float>(), exp_avg.data_ptr<float>(),
+                exp_avg_sq.data_ptr<float>(), &TorchSqrt);
+  }
+
+  void Flush() {
+    batch_elems_ = 0;
+    if (targets_.empty()) return;
+    const AdamWOptions& o = m_.set_.options().adamw;
+    at::_fused_adamw_(targets_, grads_, exp_avgs_, exp_avg_sqs_, /*max_exp_avg_sqs=*/{}, steps_,
+                      o.lr, o.beta1, o.beta2, o.weight_decay, o.eps, /*amsgrad=*/false,
+                      /*maximize=*/false);
+    targets_.clear();
+    grads_.clear();
+    exp_avgs_.clear();
+    exp_avg_sqs_.clear();
+    steps_.clear();
+  }
+
+ private:
+  void Batch(const torch::Tensor& target, const torch::Tensor& grad, const torch::Tensor& exp_avg,
+             const torch::Tensor& exp_avg_sq, ParamState& s) {
+    targets_.push_back(target);
+    grads_.push_back(grad);
+    exp_avgs_.push_back(exp_avg);
+    exp_avg_sqs_.push_back(exp_avg_sq);
+    steps_.push_back(s.fused_step);
+    batch_elems_ += target.numel();
+  }
+
+  ChunkOptimizer& m_;
+  const torch::Tensor clip_coef_;
+  const float grad_scale_;
+  const int64_t slice_elems_;
+  std::vector<torch::Tensor> targets_, grads_, exp_avgs_, exp_avg_sqs_, steps_;
+  int64_t batch_elems_ = 0;
+};
+
+absl::Status ChunkOptimizer::UpdateShardedPersistent(const torch::Tensor& clip_coef,
+                                                     float grad_scale) {
+  // [Sharded persistent state] The same arithmetic as the replicated persistent chunks' update
+  // (clip the model-dtype grad, widen it for a master, AdamW / SGD per parameter), on the owned
+  // ranges of this rank's shard; then the shard goes back into the flat parameters and is
+  // all-gathered. Two gathers in flight at most: each holds a copy of its shard.
+  struct Gather {
+    std::unique_ptr<PendingCollective> work;
+    torch::Tensor src;
+  };
+  std::deque<Gather> gathers;
+  absl::Status status;
+  auto finish_oldest = [&] {
+    const absl::Status s = collectives_.NoteCollective(gathers.front().work->Wait());
+    if (status.ok()) status = s;
+    gathers.pop_front();
+  };
+  const int64_t slice_elems = StepGradCopyElems(std::numeric_limits<int64_t>::max(),
+                                                set_.options().chunk_bytes, set_.elem_size());
+  for (int c = 0; c < set_.n_persist() && status.ok(); ++c) {
+    Chunk& layout = set_.chunk(c);
+    ChunkState& chunk = chunks_[c];
+    if (!layout.state_sharded || !chunk.grad_shard.defined()) continue;
+    {
+      PersistentUpdate update(*this, clip_coef, grad_scale, slice_elems);
+      for (int i : layout.params) {
+        const Param& p = set_.param(i);
+        ParamState& s = params_[i];
+        if (!s.grad_in_step) continue;
+        ++s.step;  // on every rank, whether or not it stores part of p
+        const OwnedRange r = set_.Owned(p, layout);
+        if (r.len == 0) continue;
+        // [Sharded persistent parameters]: the shard is all the rank holds.
+        const torch::Tensor target =
+            master()                ? s.master
+            : layout.params_sharded ? layout.param_shard.narrow(0, r.at, r.len)
+                                    : layout.device.narrow(0, layout.shard_begin + r.at, r.len);
+        update.Add(s, target, chunk.grad_shard.narrow(0, r.at, r.len), s.exp_avg, s.exp_avg_sq);
+      }
+      update.Flush();
+    }
+    if (layout.params_sharded) {
+      if (master()) layout.param_shard.copy_(chunk.device_master);
+      continue;  // gathered when a group next uses it
+    }
+    torch::Tensor shard = layout.device.narrow(0, layout.shard_begin, layout.shard_elems);
+    if (master()) shard.copy_(chunk.device_master);
+    if (gathers.size() >= 2) finish_oldest();
+    Gather gather;
+    gather.src = shard.clone();
+    gather.work = collectives_.comm().AllGather(layout.device, gather.src);
+    gathers.push_back(std::move(gather));
+  }
+  while (!gathers.empty()) finish_oldest();
+  return status;
+}
+
+absl::Status ChunkOptimizer::Step(double max_grad_norm) {
+  grad_copies_.clear();  // backward is over: nothing more to bound
+  const ChunkManagerOptions& options = set_.options();
+  if (options.frozen) return absl::OkStatus();
+  if (options.profile_only) {
+    return absl::FailedPreconditionError(
+        "Step(): this chunk manager was created with profile_only (no optimizer state)");
+  }
+  torch::NoGradGuard no_grad;
+  WaitAll();
+  pager_.ReleaseAllPersistent();  // stale once updated; the next forward gathers the new shards
+  const bool started = AnyUpdateStarted();
+  // Every failure drops the step: buffers are stale, the gradients gone.
+  auto fail = [this](absl::Status status) {
+    pager_.InvalidateBuffers();
+    ResetStep();
+    return status;
+  };
+  if (overrun_) {
+    return fail(absl::FailedPreconditionError(absl::StrCat(
+        "gradients arrived for a chunk after its update started: more micro-batches than "
+        "grad_accum (",
+        options.grad_accum, ") before Step(); the step's gradients were dropped")));
+  }
+  if (max_grad_norm > 0 && started) {
+    return fail(absl::FailedPreconditionError(absl::StrCat(
+        "Step(max_grad_norm=", max_grad_norm,
+        ") cannot clip: options.max_grad_norm=0 let CPU updates start during backward")));
+  }
+  if (!collectives_.status().ok()) {  // a collective failed during forward/backward
+    return fail(collectives_.status());
+  }
+  try {
+    double sharded_norm = -1;  // [Sharded chunks]: the global norm over every rank's shards
+    if (set_.sharded()) {
+      absl::Status reduced = AllReducePersistentGrads();
+      absl::StatusOr<double> squares = 0.0;
+      if (reduced.ok() && (max_grad_norm > 0 || options.grad_accum == 1)) {
+        squares = ShardedSquaredNorm();
+      }
+      if (!reduced.ok() || !squares.ok()) return fail(reduced.ok() ? squares.status() : reduced);
+      sharded_norm = std::sqrt(*squares);
+    }
+    // clip_grad_norm_: per-parameter norms in ParamOrder(), stacked, normed again.
+    // With several micro-batches the offloaded grads' norms need a pass over host memory; skip
+    // it when nothing is clipped (LastGradNorm() is then NaN).
+    const bool want_norm = max_grad_norm > 0 || options.grad_accum == 1;
+    std::vector<torch::Tensor> norms;
+    if (want_norm && !set_.sharded()) {
+      for (int i = 0; i < set_.num_params(); ++i) {
+        const Param& p = set_.param(i);
+        ParamState& s = params_[i];
+        // Norms stay on the compute device: one synchronisation for the whole step (reading
+        // each one back cost a device round trip per parameter).
+        if (set_.chunk(p.chunk).persistent) {
+          if (p.tensor.grad().defined()) norms.push_back(p.tensor.grad().norm(2.0));
+          continue;
+        }
+        if (!s.grad_in_step) continue;
+        if (!s.grad_norm.defined()) {
+          s.grad_norm = ChunkSet::HostView(HostGrad(p.chunk), p.offset_elems, p.shape, p.numel,
+                                           host_grad_dtype())
+                            .norm(2.0);
+        }
+        norms.push_back(s.grad_norm.to(options.device));
+      }
+    }
+    float grad_scale = 1.0f;
+    torch::Tensor clip_coef;
+    last_grad_norm_ = want_norm ? 0 : std::numeric_limits<double>::quiet_NaN();
+    if (want_norm && set_.sharded()) {
+      last_grad_norm_ = sharded_norm;
+      if (max_grad_norm > 0) {
+        // clip_grad_norm_'s coefficient, in fp32 as its tensors compute it.
+        grad_scale = std::min(
+            1.0f, static_cast<float>(max_grad_norm) / (static_cast<float>(sharded_norm) + 1e-6f));
+        clip_coef =
+            torch::full({}, static_cast<double>(grad_scale),
+                        torch::TensorOptions().dtype(torch::kFloat32).device(options.device));
+      }
+    } else if (!norms.empty()) {
+      torch::Tensor total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2.0);
+      if (max_grad_norm > 0) {
+        clip_coef = torch::clamp(max_grad_norm / (total + 1e-6), std::nullopt, 1.0);
+        const torch::Tensor host = torch::stack({total, clip_coef}).to(torch::kCPU);
+        last_grad_norm_ = host[0].item<double>();
+        grad_scale = host[1].item<float>();
+      } else {
+        last_grad_norm_ = total.item<double>();
+      }
+    }
+
+    // Persistent chunks: on the device, one fused call per chunk, so that the fp32 copies of a
+    // mixed-precision model's grads exist for one chunk at a time (not for the whole model); a
+    // parameter larger than a regular chunk is updated in slices of a chunk's elements
+    // ([Sliced grad copy], common/optimizer_bytes.h), so the fp32 transient never exceeds one
+    // regular chunk's and the caching allocator reuses the same block for every slice.
+    const int64_t slice_elems = StepGradCopyElems(std::numeric_limits<int64_t>::max(),
+                                                  options.chunk_bytes, set_.elem_size());
+    std::vector<int> updated;
+    {
+      PersistentUpdate update(*this, clip_coef, grad_scale, slice_elems);
+      int batch_chunk = -1;
+      for (int i = 0; i < set_.num_params(); ++i) {
+        const Param& p = set_.param(i);
+        ParamState& s = params_[i];
+        const Chunk& owner = set_.chunk(p.chunk);
+        if (!owner.persistent || owner.state_sharded || !p.tensor.grad().defined()) continue;
+        if (p.chunk != batch_chunk) {
+          update.Flush();  // one fused call per chunk at most
+          batch_chunk = p.chunk;
+        }
+        ++s.step;
+        if (quantized()) {
+          AdamW8bitTorchUpdate(options.adamw, s.step, clip_coef, quant_maps_, p.tensor.detach(),
+                               p.tensor.grad(), s.exp_avg, s.exp_avg_sq, s.exp_avg_absmax,
+                               s.exp_avg_sq_absmax,
+                               MakeParamRounding(options.stochastic_rounding,
+                                                 options.rounding_seed, static_cast<int64_t>(i),
+                                                 s.step, 0));
+          continue;
+        }
+        updated.push_back(i);
+        update.Add(s, master() ? s.master : p.tensor.detach(), p.tensor.grad(), s.exp_avg,
+                   s.exp_avg_sq);
+      }
+      update.Flush();
+    }
+    if (master()) {
+      for (int i : updated) set_.param(i).tensor.detach().copy_(params_[i].master);
+    }
+    if (set_.sharded() && options.shard_persistent_state) {
+      if (const absl::Status s = UpdateShardedPersistent(clip_coef, grad_scale); !s.ok()) {
+        return fail(s);
+      }
+    }
+
+    // Offloaded chunks not updated during backward: on the CPU pool, all chunks at once.
+    for (int c = set_.n_persist(); c < set_.num_chunks(); ++c) {
+      if (!chunks_[c].update_started) {
+        ScheduleChunkWork(c, /*accumulate=*/false, /*update=*/true, grad_scale);
+      }
+    }
+    WaitAll();
+  } catch (const c10::Error& e) {
+    return fail(TorchError(e, "optimizer step"));
+  }
+  if (worker_failed_.exchange(false)) {
+    return fail(absl::InternalError("optimizer step: a CPU update failed (see the log)"));
+  }
+  // Device copies of offloaded chunks are stale now; the next forward uploads fresh values.
+  pager_.InvalidateBuffers();
+  ResetStep();
+  return absl::OkStatus();
+}
+
+}  // namespace memplan::chunks

@@ -1,0 +1,452 @@
+// ChunkOptimizer (through the ChunkManager): training against plain LibTorch (all parameters
+// resident, torch::optim::AdamW / SGD, clip_grad_norm_) bit for bit on the CPU, every optimizer,
+// persistent and offloaded chunks, accumulation, clipping and overlapped updates.
+#include "agent/chunks/chunk_manager.h"
+
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "agent/chunks/cpu_adamw.h"
+#include "agent/chunks/torch_sqrt.h"
+#include "agent/core/torch_pch.h"
+#include "agent/dist/communicator.h"
+#include "agent/dist/counting_communicator.h"
+#include "common/chunk_packing.h"
+#include "common/optimizer_bytes.h"
+#include "gtest/gtest.h"
+#include "tests/agent/chunks/chunk_test_util.h"
+
+namespace memplan {
+namespace {
+
+using namespace chunk_test;  // NOLINT(build/namespaces): the shared toy model and helpers
+
+struct ExactCase {
+  int n_persist;
+  int n_buffer;
+  bool checkpoint;
+  bool tied;
+  double max_grad_norm;  // 0 = no clipping
+  int grad_accum;
+  bool overlap;  // options.max_grad_norm = the Step() value (CPU updates start in backward)
+};
+
+std::string CaseName(const ::testing::TestParamInfo<ExactCase>& info) {
+  const ExactCase& c = info.param;
+  return "persist" + std::to_string(c.n_persist) + "_buf" + std::to_string(c.n_buffer) +
+         (c.checkpoint ? "_ckpt" : "_keep") + (c.tied ? "_tied" : "") +
+         (c.max_grad_norm > 0 ? "_clip" : "") + "_accum" + std::to_string(c.grad_accum) +
+         (c.overlap ? "_overlap" : "");
+}
+
+class ChunkManagerExactTest : public ::testing::TestWithParam<ExactCase> {};
+
+TEST_P(ChunkManagerExactTest, TrainsBitIdenticallyToUnmanagedTorch) {
+  const ExactCase c = GetParam();
+  const ToyModel reference = ToyModel::Make(4, c.tied, 16, 32, 42, torch::kFloat32);
+  const ToyModel managed = reference.Clone();
+  ChunkManagerOptions options = CpuOptions(c.n_persist, c.n_buffer);
+  options.grad_accum = c.grad_accum;
+  options.max_grad_norm = c.overlap ? c.max_grad_norm : -1;
+  auto manager_or = ChunkManager::Create(managed.Groups(), options);
+  ASSERT_TRUE(manager_or.ok()) << manager_or.status();
+  ChunkManager& manager = **manager_or;
+  ASSERT_GE(manager.MemoryStats().n_chunks, 4);
+
+  // The reference walks parameters in the manager's canonical order (clip_grad_norm_ sums the
+  // per-parameter norms in that order).
+  std::map<std::string, torch::Tensor> ref_by_name = reference.ByName();
+  std::vector<torch::Tensor> ref_params;
+  for (const NamedParam& p : manager.ParamOrder()) ref_params.push_back(ref_by_name.at(p.name));
+  const AdamWOptions& a = options.adamw;
+  torch::optim::AdamW optimizer(ref_params, torch::optim::AdamWOptions(a.lr)
+                                                .betas({a.beta1, a.beta2})
+                                                .eps(a.eps)
+                                                .weight_decay(a.weight_decay));
+  const ParamGroups managed_groups = managed.Groups();
+  const ParamGroups reference_groups = reference.Groups();
+  auto expect_resident = [&](int g) {
+    for (size_t k = 0; k < managed_groups[g].size(); ++k) {
+      ASSERT_TRUE(torch::equal(managed_groups[g][k].param, reference_groups[g][k].param))
+          << managed_groups[g][k].name << " is not materialised with its current value";
+    }
+  };
+
+  for (int step = 0; step < 3; ++step) {
+    for (int micro = 0; micro < c.grad_accum; ++micro) {
+      const Batch batch = MakeBatch(32, 1000 + step * 10 + micro, torch::kCPU);
+      torch::Tensor ref_loss =
+          RunMicroBatch(reference, nullptr, c.checkpoint, batch.tokens, batch.targets);
+      torch::Tensor loss = RunMicroBatch(managed, &manager, c.checkpoint, batch.tokens,
+                                         batch.targets, expect_resident);
+      ASSERT_TRUE(torch::equal(loss, ref_loss)) << "step " << step << " micro " << micro;
+    }
+    if (!c.overlap || c.max_grad_norm > 0) {
+      // Grads are still unconsumed when no update started during backward.
+      const auto grads = manager.Grads();
+      ASSERT_EQ(grads.size(), ref_params.size());
+      for (const NamedParam& g : grads) {
+        ASSERT_TRUE(torch::equal(g.param, ref_by_name.at(g.name).grad())) << g.name;
+      }
+    }
+    double ref_norm = 0;
+    if (c.max_grad_norm > 0) {
+      ref_norm = torch::nn::utils::clip_grad_norm_(ref_params, c.max_grad_norm);
+    }
+    optimizer.step();
+    optimizer.zero_grad();
+    ASSERT_TRUE(manager.Step(c.max_grad_norm).ok());
+    if (c.max_grad_norm > 0) {
+      EXPECT_EQ(manager.LastGradNorm(), ref_norm);
+      EXPECT_GT(ref_norm, c.max_grad_norm) << "the case should actually clip";
+    }
+    for (const NamedParam& p : manager.Params()) {
+      ASSERT_TRUE(torch::equal(p.param, ref_by_name.at(p.name).detach()))
+          << p.name << " after step " << step;
+    }
+  }
+  // [Grad staging slots]: with blocks offloaded, their grads were produced in the slots (autograd
+  // accumulating into the zeroed slot views) and, bit for bit, torch's above.
+  const ChunkMemoryStats stats = manager.MemoryStats();
+  if (c.n_persist == 0) {
+    EXPECT_GT(stats.grad_slot_device_bytes, 0);
+    EXPECT_GT(stats.grads_from_slots, 0);
+  }
+  if (c.n_persist >= stats.n_chunks) {
+    EXPECT_EQ(stats.grad_slot_device_bytes, 0);
+    EXPECT_EQ(stats.grads_from_slots, 0);
+  }
+  // Optimizer state matches torch's too.
+  std::map<std::string, torch::Tensor> state;
+  for (const NamedParam& s : manager.OptimizerState()) state[s.name] = s.param;
+  EXPECT_EQ(state.at("step").item<int64_t>(), 3);
+  for (const NamedParam& p : manager.ParamOrder()) {
+    auto& ref_state = static_cast<torch::optim::AdamWParamState&>(
+        *optimizer.state().at(ref_by_name.at(p.name).unsafeGetTensorImpl()));
+    EXPECT_TRUE(torch::equal(state.at(p.name + ".exp_avg"), ref_state.exp_avg())) << p.name;
+    EXPECT_TRUE(torch::equal(state.at(p.name + ".exp_avg_sq"), ref_state.exp_avg_sq()));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Residency, ChunkManagerExactTest,
+    ::testing::Values(
+        // n_persist, n_buffer, checkpoint, tied, max_grad_norm, grad_accum, overlap
+        ExactCase{0, 1, false, false, 0, 1, false}, ExactCase{0, 2, false, false, 0, 1, true},
+        ExactCase{0, 1, true, false, 0, 1, true}, ExactCase{0, 2, true, true, 0, 1, false},
+        ExactCase{0, 1, false, true, 0, 1, true}, ExactCase{2, 1, false, true, 0, 1, true},
+        ExactCase{2, 2, true, false, 0.05, 1, false}, ExactCase{0, 2, false, true, 0.05, 1, true},
+        ExactCase{0, 1, false, false, 0.05, 2, false}, ExactCase{0, 2, true, true, 0, 3, true},
+        ExactCase{1, 2, false, true, 0.05, 2, true}, ExactCase{99, 1, false, true, 0.05, 1, true},
+        ExactCase{99, 2, true, false, 0, 2, true}),
+    CaseName);
+
+// adamw_bf16 and sgd against a torch reference on resident parameters. Bit-exact on CPU:
+//   adamw_bf16: bf16 parameters, bf16 .grad accumulated by autograd, clip_grad_norm_, then
+//     at::_fused_adamw_ (torch.optim.AdamW(fused=True)) on every parameter with a grad;
+//   sgd, fp32: torch::optim::SGD after clip_grad_norm_;
+//   sgd, bf16 (one micro-batch): the fp32 master the manager keeps, updated with torch's SGD ops
+//     from the fp32 copy of the bf16 grad scaled by the (bf16) clip coefficient, rounded to bf16.
+struct OptimizerCase {
+  OptimizerKind kind;
+  bool bf16;
+  int n_persist;
+  int n_buffer;
+  bool tied;
+  double max_grad_norm;
+  int grad_accum;
+  bool overlap;
+};
+
+std::string OptimizerCaseName(const ::testing::TestParamInfo<OptimizerCase>& info) {
+  const OptimizerCase& c = info.param;
+  return std::string(OptimizerName(c.kind)) + (c.bf16 ? "_bf16" : "_fp32") + "_persist" +
+         std::to_string(c.n_persist) + "_buf" + std::to_string(c.n_buffer) +
+         (c.tied ? "_tied" : "") + (c.max_grad_norm > 0 ? "_clip" : "") + "_accum" +
+         std::to_string(c.grad_accum) + (c.overlap ? "_overlap" : "");
+}
+
+class ChunkManagerOptimizerTest : public ::testing::TestWithParam<OptimizerCase> {};
+
+TEST_P(ChunkManagerOptimizerTest, MatchesTorchOnResidentParameters) {
+  const OptimizerCase c = GetParam();
+  const auto dtype = c.bf16 ? torch::kBFloat16 : torch::kFloat32;
+  const ToyModel reference = ToyModel::Make(4, c.tied, 16, 32, 42, dtype);
+  const ToyModel managed = reference.Clone();
+  ChunkManagerOptions options = CpuOptions(c.n_persist, c.n_buffer);
+  options.optimizer = c.kind;
+  options.grad_accum = c.grad_accum;
+  options.max_grad_norm = c.overlap ? c.max_grad_norm : -1;
+  if (c.bf16) options.chunk_bytes = 1500;  // the same number of chunks at half the bytes
+  auto manager_or = ChunkManager::Create(managed.Groups(), options);
+  ASSERT_TRUE(manager_or.ok()) << manager_or.status();
+  ChunkManager& manager = **manager_or;
+  ASSERT_GE(manager.MemoryStats().n_chunks, 4);
+  ASSERT_LT(manager.MemoryStats().n_persist, manager.MemoryStats().n_chunks)
+      << "some chunk must be offloaded";
+
+  std::map<std::string, torch::Tensor> ref_by_name = reference.ByName();
+  std::vector<torch::Tensor> ref_params;
+  std::vector<std::string> names;
+  for (const NamedParam& p : manager.ParamOrder()) {
+    ref_params.push_back(ref_by_name.at(p.name));
+    names.push_back(p.name);
+  }
+  const AdamWOptions& a = options.adamw;
+  // Reference optimizer state.
+  std::vector<torch::Tensor> exp_avg, exp_avg_sq, master;
+  for (const torch::Tensor& p : ref_params) {
+    exp_avg.push_back(torch::zeros_like(p));
+    exp_avg_sq.push_back(torch::zeros_like(p));
+    master.push_back(p.detach().to(torch::kFloat32));
+  }
+  torch::optim::SGD sgd(ref_params, torch::optim::SGDOptions(a.lr).weight_decay(a.weight_decay));
+  int64_t ref_step = 0;
+
+  for (int step = 0; step < 2; ++step) {
+    for (int micro = 0; micro < c.grad_accum; ++micro) {
+      const Batch batch = MakeBatch(32, 2000 + step * 10 + micro, torch::kCPU);
+      torch::Tensor ref_loss =
+          RunMicroBatch(reference, nullptr, false, batch.tokens, batch.targets);
+      torch::Tensor loss = RunMicroBatch(managed, &manager, false, batch.tokens, batch.targets);
+      ASSERT_TRUE(torch::equal(loss, ref_loss)) << "step " << step << " micro " << micro;
+    }
+    if (c.kind == OptimizerKind::kAdamWBf16States && (!c.overlap || c.max_grad_norm > 0)) {
+      // Offloaded grads are summed in bf16 like autograd's .grad.
+      for (const NamedParam& g : manager.Grads()) {
+        ASSERT_EQ(g.param.scalar_type(), dtype) << g.name;
+        ASSERT_TRUE(torch::equal(g.param, ref_by_name.at(g.name).grad())) << g.name;
+      }
+    }
+    // Reference update.
+    ++ref_step;
+    {
+      torch::NoGradGuard no_grad;
+      torch::Tensor coef;
+      if (c.max_grad_norm > 0) {
+        std::vector<torch::Tensor> norms;
+        for (const torch::Tensor& p : ref_params) norms.push_back(p.grad().norm(2.0));
+        const torch::Tensor total = torch::stack(norms).norm(2.0);
+        coef = torch::clamp(c.max_grad_norm / (total + 1e-6), std::nullopt, 1.0);
+        EXPECT_LT(coef.item<double>(), 1.0) << "the case should actually clip";
+      }
+      if (c.kind == OptimizerKind::kAdamWBf16States) {
+        if (coef.defined()) {
+          for (const torch::Tensor& p : ref_params) p.grad().mul_(coef);
+        }
+        std::vector<torch::Tensor> ps, gs, steps;
+        for (const torch::Tensor& p : ref_params) {
+          ps.push_back(p.detach());
+          gs.push_back(p.grad());
+          steps.push_back(torch::full({}, static_cast<double>(ref_step), torch::kFloat32));
+        }
+        at::_fused_adamw_(ps, gs, exp_avg, exp_avg_sq, {}, steps, a.lr, a.beta1, a.beta2,
+                          a.weight_decay, a.eps, false, false);
+      } else if (!c.bf16) {
+        if (coef.defined()) {
+          for (const torch::Tensor& p : ref_params) p.grad().mul_(coef);
+        }
+        sgd.step();
+      } else {
+        for (size_t i = 0; i < ref_params.size(); ++i) {
+          torch::Tensor d = ref_params[i].grad().to(torch::kFloat32);
+          if (coef.defined()) d.mul_(coef);
+          d.add_(master[i], a.weight_decay);
+          master[i].add_(d, -1 * a.lr);
+          ref_params[i].detach().copy_(master[i]);
+        }
+      }
+      for (const torch::Tensor& p : ref_params) p.mutable_grad().reset();
+    }
+    ASSERT_TRUE(manager.Step(c.max_grad_norm).ok());
+    for (const NamedParam& p : manager.Params()) {
+      ASSERT_EQ(p.param.scalar_type(), dtype);
+      ASSERT_TRUE(torch::equal(p.param, ref_by_name.at(p.name).detach()))
+          << p.name << " after step " << step << ", max abs diff "
+          << (p.param.to(torch::kFloat32) - ref_by_name.at(p.name).detach().to(torch::kFloat32))
+                 .abs()
+                 .max()
+                 .item<double>();
+    }
+  }
+  std::map<std::string, torch::Tensor> state;
+  for (const NamedParam& s : manager.OptimizerState()) state[s.name] = s.param;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (c.kind == OptimizerKind::kAdamWBf16States) {
+      ASSERT_EQ(state.at(names[i] + ".exp_avg").scalar_type(), torch::kBFloat16);
+      EXPECT_TRUE(torch::equal(state.at(names[i] + ".exp_avg"), exp_avg[i])) << names[i];
+      EXPECT_TRUE(torch::equal(state.at(names[i] + ".exp_avg_sq"), exp_avg_sq[i])) << names[i];
+      EXPECT_EQ(state.count(names[i] + ".master"), 0u);
+    } else {
+      EXPECT_EQ(state.count(names[i] + ".exp_avg"), 0u);
+      EXPECT_EQ(state.count(names[i] + ".master"), c.bf16 ? 1u : 0u);
+      if (c.bf16) {
+        EXPECT_TRUE(torch::equal(state.at(names[i] + ".master"), master[i]));
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Optimizers, ChunkManagerOptimizerTest,
+    ::testing::Values(
+        // kind, bf16, n_persist, n_buffer, tied, max_grad_norm, grad_accum, overlap
+        OptimizerCase{OptimizerKind::kAdamWBf16States, true, 0, 1, false, 0, 1, true},
+        OptimizerCase{OptimizerKind::kAdamWBf16States, true, 2, 2, true, 0, 1, false},
+        OptimizerCase{OptimizerKind::kAdamWBf16States, true, 2, 1, false, 0.05, 1, false},
+        OptimizerCase{OptimizerKind::kAdamWBf16States, true, 1, 2, true, 0.05, 2, true},
+        OptimizerCase{OptimizerKind::kAdamWBf16States, true, 2, 2, false, 0, 2, true},
+        OptimizerCase{OptimizerKind::kAdamWBf16States, true, 0, 2, true, 0.05, 2, false},
+        OptimizerCase{OptimizerKind::kSgd, false, 0, 1, false, 0, 1, true},
+        OptimizerCase{OptimizerKind::kSgd, false, 2, 2, true, 0.05, 1, false},
+        OptimizerCase{OptimizerKind::kSgd, false, 1, 2, true, 0.05, 2, true},
+        OptimizerCase{OptimizerKind::kSgd, false, 2, 1, false, 0, 2, true},
+        OptimizerCase{OptimizerKind::kSgd, true, 2, 2, true, 0, 1, true},
+        OptimizerCase{OptimizerKind::kSgd, true, 1, 1, false, 0.05, 1, false}),
+    OptimizerCaseName);
+
+class ChunkManagerAdamW8bitTest : public ::testing::TestWithParam<Q8Case> {};
+
+TEST_P(ChunkManagerAdamW8bitTest, EqualsThePerTensorReference) {
+  const Q8Case c = GetParam();
+  const auto dtype = c.bf16 ? torch::kBFloat16 : torch::kFloat32;
+  const ToyModel reference = ToyModel::Make(4, c.tied, 40, 50, 42, dtype);
+  const ToyModel managed = reference.Clone();
+  const ChunkManagerOptions options = Q8Options(c);
+  auto manager_or = ChunkManager::Create(managed.Groups(), options);
+  ASSERT_TRUE(manager_or.ok()) << manager_or.status();
+  ChunkManager& manager = **manager_or;
+  ASSERT_GE(manager.MemoryStats().n_chunks, 4);
+  ASSERT_LT(manager.MemoryStats().n_persist, manager.MemoryStats().n_chunks);
+
+  std::map<std::string, torch::Tensor> ref_by_name = reference.ByName();
+  std::vector<torch::Tensor> ref_params;
+  std::vector<std::string> names;
+  std::vector<Q8State> states;
+  for (const NamedParam& p : manager.ParamOrder()) {
+    ref_params.push_back(ref_by_name.at(p.name));
+    names.push_back(p.name);
+    const int64_t blocks = (p.param.numel() + 255) / 256;
+    Q8State st;
+    for (int k = 0; k < 2; ++k) {
+      st.codes[k] = torch::zeros({p.param.numel()}, torch::kUInt8);
+      st.absmax[k] = torch::zeros({blocks});
+    }
+    states.push_back(st);
+  }
+  for (int step = 1; step <= 3; ++step) {
+    for (int micro = 0; micro < c.grad_accum; ++micro) {
+      const Batch batch = MakeBatch(50, 3000 + step * 10 + micro, torch::kCPU);
+      torch::Tensor ref_loss =
+          RunMicroBatch(reference, nullptr, false, batch.tokens, batch.targets);
+      torch::Tensor loss = RunMicroBatch(managed, &manager, false, batch.tokens, batch.targets);
+      ASSERT_TRUE(torch::equal(loss, ref_loss)) << "step " << step << " micro " << micro;
+    }
+    {
+      torch::NoGradGuard no_grad;
+      float grad_scale = 1.0f;
+      if (c.max_grad_norm > 0) {
+        std::vector<torch::Tensor> norms;
+        for (const torch::Tensor& p : ref_params) norms.push_back(p.grad().norm(2.0));
+        const torch::Tensor total = torch::stack(norms).norm(2.0);
+        grad_scale =
+            torch::clamp(c.max_grad_norm / (total + 1e-6), std::nullopt, 1.0).item<float>();
+        EXPECT_LT(grad_scale, 1.0f) << "the case should actually clip";
+      }
+      for (size_t i = 0; i < ref_params.size(); ++i) {
+        // Stochastic: keyed by the parameter's place in ParamOrder() and its update count, so a
+        // whole-tensor update rounds each element as the manager's pieces do.
+        Q8Reference(options.adamw, step, grad_scale, ref_params[i].detach(), ref_params[i].grad(),
+                    states[i],
+                    MakeParamRounding(c.stochastic, options.rounding_seed,
+                                      static_cast<int64_t>(i), step, 0));
+        ref_params[i].mutable_grad().reset();
+      }
+    }
+    ASSERT_TRUE(manager.Step(c.max_grad_norm).ok());
+    for (const NamedParam& p : manager.Params()) {
+      ASSERT_EQ(p.param.scalar_type(), dtype);
+      ASSERT_TRUE(torch::equal(p.param, ref_by_name.at(p.name).detach()))
+          << p.name << " after step " << step << ", max abs diff "
+          << (p.param.to(torch::kFloat32) - ref_by_name.at(p.name).detach().to(torch::kFloat32))
+                 .abs()
+                 .max()
+                 .item<double>();
+    }
+  }
+  std::map<std::string, torch::Tensor> state;
+  for (const NamedParam& s : manager.OptimizerState()) state[s.name] = s.param;
+  EXPECT_EQ(state.at("step").item<int64_t>(), 3);
+  for (size_t i = 0; i < names.size(); ++i) {
+    const char* moment[2] = {".exp_avg", ".exp_avg_sq"};
+    for (int k = 0; k < 2; ++k) {
+      const torch::Tensor& codes = state.at(names[i] + moment[k] + ".q8");
+      ASSERT_EQ(codes.scalar_type(), torch::kUInt8);
+      EXPECT_EQ(codes.sizes(), ref_by_name.at(names[i]).sizes());
+      EXPECT_TRUE(torch::equal(codes.reshape({-1}), states[i].codes[k])) << names[i] << k;
+      EXPECT_TRUE(torch::equal(state.at(names[i] + moment[k] + ".absmax"), states[i].absmax[k]))
+          << names[i] << k;
+    }
+    EXPECT_EQ(state.count(names[i] + ".exp_avg"), 0u);
+    EXPECT_EQ(state.count(names[i] + ".master"), 0u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AdamW8bit, ChunkManagerAdamW8bitTest,
+    ::testing::Values(
+        // bf16, n_persist, n_buffer, tied, max_grad_norm, grad_accum, overlap
+        Q8Case{false, 0, 1, false, 0, 1, true}, Q8Case{false, 2, 2, true, 0.05, 2, false},
+        Q8Case{false, 3, 2, false, 0, 2, true}, Q8Case{true, 1, 2, true, 0, 2, true},
+        Q8Case{true, 2, 1, false, 0.05, 1, false}, Q8Case{true, 0, 2, true, 0.05, 2, false},
+        Q8Case{true, 1, 2, true, 0.05, 2, true, true},
+        Q8Case{true, 2, 1, false, 0, 1, false, true}),
+    Q8CaseName);
+
+TEST(ChunkManagerTest, StepRefusesToClipAfterOverlappedUpdates) {
+  const ToyModel model = ToyModel::Make(3, false, 16, 32, 8, torch::kFloat32);
+  ChunkManagerOptions options = CpuOptions(0, 2);
+  options.max_grad_norm = 0;  // promise: no clipping
+  auto manager = ChunkManager::Create(model.Groups(), options);
+  ASSERT_TRUE(manager.ok());
+  const Batch batch = MakeBatch(32, 9, torch::kCPU);
+  RunMicroBatch(model, manager->get(), false, batch.tokens, batch.targets);
+  const absl::Status status = (*manager)->Step(1.0);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find("max_grad_norm"), absl::string_view::npos);
+}
+
+TEST(ChunkManagerTest, Bf16ModelKeepsFp32MasterWeights) {
+  const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16);
+  const ToyModel model = ToyModel::Make(4, false, 16, 32, 12, bf16);
+  const ToyModel reference = ToyModel::Make(4, false, 16, 32, 12, torch::kFloat32);
+  ChunkManagerOptions options = CpuOptions(1, 2);
+  auto manager = ChunkManager::Create(model.Groups(), options);
+  ASSERT_TRUE(manager.ok()) << manager.status();
+  for (int step = 0; step < 3; ++step) {
+    const Batch batch = MakeBatch(32, 300 + step, torch::kCPU);
+    RunMicroBatch(model, manager->get(), false, batch.tokens, batch.targets);
+    ASSERT_TRUE((*manager)->Step(0).ok());
+  }
+  std::map<std::string, torch::Tensor> state;
+  for (const NamedParam& s : (*manager)->OptimizerState()) state[s.name] = s.param;
+  for (const NamedParam& p : (*manager)->Params()) {
+    ASSERT_EQ(p.param.scalar_type(), torch::kBFloat16);
+    const torch::Tensor master = state.at(p.name + ".master");
+    ASSERT_EQ(master.scalar_type(), torch::kFloat32);
+    // The device copy is the master rounded to bf16, and training moved the weights.
+    EXPECT_TRUE(torch::equal(p.param, master.to(torch::kBFloat16))) << p.name;
+    EXPECT_FALSE(torch::equal(master, reference.ByName().at(p.name).detach())) << p.name;
+  }
+}
+
+}  // namespace
+}  // namespace memplan
