@@ -67,7 +67,7 @@ train() {  # NAME N_RANKS ARGS...: memplan-agent train on N ranks (1 = a plain p
       >"$out/$name.log" 2>&1
   fi
   echo "exit $?" >>"$out/$name.log"
-  grep -E "msg=step|msg=done|msg=\"load peak\"|^predicted|^measured|^plan |rank [0-9]+ (steady|chunk)|exit|rror" \
+  grep -E "msg=\"?(step|done)\"?|msg=\"load peak\"|^predicted|^measured|^plan |rank [0-9]+ (steady|chunk)|exit|rror" \
     "$out/$name.log" | sed 's/^ts=[^ ]* //' | tail -14 | tee -a "$out/multi.txt"
 }
 
