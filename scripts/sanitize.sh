@@ -42,10 +42,10 @@ for kind in "${kinds[@]}"; do
   say "running ctest -R '$tests' under $sanitize"
   # detect_leaks stays on for the planner; LibTorch's own static allocations leak by design.
   leaks=1; [[ $agent == ON ]] && leaks=0
-  # MEMPLAN_ORACLE_DRAWS: the brute-force search oracle runs 500 of its 3500 draws (the same
+  # MEMPLAN_ORACLE_DRAWS: the brute-force search oracle runs 300 of its 3500 draws (the same
   # first ones); at -O0 under ASan all of them outlast the test's 600 s limit on 2 cores.
   (cd "$dir" &&
-    MEMPLAN_ORACLE_DRAWS=500 \
+    MEMPLAN_ORACLE_DRAWS=300 \
     ASAN_OPTIONS="halt_on_error=1:abort_on_error=0:detect_leaks=$leaks:strict_string_checks=1" \
     UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
     TSAN_OPTIONS="halt_on_error=1:exitcode=66:second_deadlock_stack=1" \

@@ -203,12 +203,14 @@ TEST(PlanSearchTest, MatchesBruteForceOnSmallModels) {
     }
     EXPECT_LE(fast.plans_evaluated, oracle.feasible_plans + 1000);
   }
-  // The random cases cover both verdicts and the fixed-knob paths.
-  EXPECT_GT(feasible_cases, 40);
-  EXPECT_GT(infeasible_cases, 10);
-  EXPECT_GT(fixed_cases, 40);
-  EXPECT_GT(arch_cases, 100);
-  EXPECT_GT(oversized_cases, 50);
+  // The random cases cover both verdicts and the fixed-knob paths (the floors are those of the
+  // full 3500 draws, scaled down with the draws).
+  auto floor = [draws](int full) { return full * draws / 3500; };
+  EXPECT_GT(feasible_cases, floor(40));
+  EXPECT_GT(infeasible_cases, floor(10));
+  EXPECT_GT(fixed_cases, floor(40));
+  EXPECT_GT(arch_cases, floor(100));
+  EXPECT_GT(oversized_cases, floor(50));
 }
 
 TEST(PlanSearchTest, PrefersNoOffloadWhenEverythingFits) {
