@@ -331,19 +331,23 @@ absl::StatusOr<double> Trainer::OptimizerStep() {
     RETURN_IF_ERROR(chunk_manager_->Step(options_.max_grad_norm));
     if (options_.max_grad_norm > 0) norm = chunk_manager_->LastGradNorm();
   } else {
-    try {
-      if (options_.max_grad_norm > 0) {
-        std::vector<torch::Tensor> tensors;
-        for (const auto& p : params_) tensors.push_back(p.param);
-        norm = torch::nn::utils::clip_grad_norm_(tensors, options_.max_grad_norm);
-      }
-    } catch (const c10::Error& e) {
-      return FromTorch(e, "trainer: optimizer step failed");
+    if (options_.max_grad_norm > 0) {
+      ASSIGN_OR_RETURN(norm, ClipUnmanagedGrads("trainer: optimizer step failed"));
     }
     RETURN_IF_ERROR(UnmanagedUpdate());
   }
   ++step_;
   return norm;
+}
+
+absl::StatusOr<double> Trainer::ClipUnmanagedGrads(absl::string_view failure) {
+  try {
+    std::vector<torch::Tensor> tensors;
+    for (const auto& p : params_) tensors.push_back(p.param);
+    return torch::nn::utils::clip_grad_norm_(tensors, options_.max_grad_norm);
+  } catch (const c10::Error& e) {
+    return FromTorch(e, failure);
+  }
 }
 
 absl::Status Trainer::UnmanagedUpdate() {
@@ -364,8 +368,8 @@ absl::Status Trainer::UnmanagedUpdate() {
 // A NaN or infinite loss or gradient would poison the parameters and the optimizer state and,
 // saved, every run resumed from them. The loss is read every step anyway (it is logged), so it is
 // checked first, before any update; the gradients are checked through the global norm where one
-// is computed (clipping, or a managed run with grad_accum 1), else, unmanaged, by one fused pass
-// (_amp_foreach_non_finite_check_and_unscale_ with scale 1, GradScaler's kernel). A managed run
+// is computed (clipping, or a managed run with grad_accum 1), else, unmanaged, by one pass over
+// the grads' largest magnitudes (UnmanagedGradsNonFinite). A managed run
 // learns its norm inside the chunk manager's step, after the update: that step cannot be skipped,
 // only stopped before anything is saved. Skipping drops the step's gradients; with the skip
 // option the chunk manager holds every update until the step (none starts during backward).
@@ -389,16 +393,15 @@ absl::StatusOr<Trainer::CheckedUpdate> Trainer::UpdateIfFinite(double loss) {
     }
     return out;
   }
+  if (options_.max_grad_norm > 0) {
+    ASSIGN_OR_RETURN(out.grad_norm, ClipUnmanagedGrads("trainer: checking the gradients failed"));
+    if (!std::isfinite(out.grad_norm)) {
+      out.nonfinite = absl::StrCat("the global gradient norm is ", out.grad_norm);
+      return out;
+    }
+  }
   try {
-    if (options_.max_grad_norm > 0) {
-      std::vector<torch::Tensor> tensors;
-      for (const auto& p : params_) tensors.push_back(p.param);
-      out.grad_norm = torch::nn::utils::clip_grad_norm_(tensors, options_.max_grad_norm);
-      if (!std::isfinite(out.grad_norm)) {
-        out.nonfinite = absl::StrCat("the global gradient norm is ", out.grad_norm);
-        return out;
-      }
-    } else if (UnmanagedGradsNonFinite()) {
+    if (options_.max_grad_norm <= 0 && UnmanagedGradsNonFinite()) {
       // The rare path: one more pass names the first parameter.
       std::string name;
       for (const auto& p : params_) {

@@ -166,6 +166,9 @@ class Trainer {
   absl::StatusOr<CheckedUpdate> UpdateIfFinite(double loss);
   // Unmanaged: whether any accumulated gradient holds a NaN or an infinity (one fused pass).
   bool UnmanagedGradsNonFinite();
+  // Unmanaged, max_grad_norm > 0: clips the grads by their global norm and returns it; a LibTorch
+  // error becomes a Status prefixed with `failure`.
+  absl::StatusOr<double> ClipUnmanagedGrads(absl::string_view failure);
   // Unmanaged: the optimizer's update, then the gradients cleared.
   absl::Status UnmanagedUpdate();
   absl::Status ImportOptimizerState(const std::vector<NamedParam>& state);  // unmanaged
