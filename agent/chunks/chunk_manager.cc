@@ -379,6 +379,7 @@ absl::Status ChunkManager::Step(double max_grad_norm) {
 }
 void ChunkManager::ZeroGrad() { impl_->optimizer_.ZeroGrad(); }
 double ChunkManager::LastGradNorm() const { return impl_->optimizer_.LastGradNorm(); }
+bool ChunkManager::LastStepSkipped() const { return impl_->optimizer_.LastStepSkipped(); }
 int ChunkManager::UpdatesStartedBeforeStep() const {
   return impl_->optimizer_.UpdatesStartedBeforeStep();
 }

@@ -69,6 +69,11 @@ struct ChunkManagerOptions {
   // < 0 = unknown: behave as > 0. Step() with a different value is honoured, except that
   // clipping cannot be applied after updates started (Step() then fails).
   double max_grad_norm = -1;
+  // [Non-finite steps] Step() computes the global gradient norm before it updates anything and,
+  // when the norm is NaN or infinite, drops the step's gradients and updates nothing
+  // (LastStepSkipped()). Needs max_grad_norm != 0, so that no update starts during backward; with
+  // grad_accum > 1 the norm costs one pass over the offloaded chunks' host gradients.
+  bool skip_nonfinite = false;
   // Sharded (world size W > 1): persistent chunks keep their parameters replicated on every rank
   // but their optimizer state sharded ([Sharded persistent state] in chunk_manager.cc, ZeRO-2
   // over the persistent chunks): each rank holds 1/W of every persistent chunk's master and
@@ -221,6 +226,9 @@ class ChunkManager : public ParamResidency {
   // Global grad norm computed by the last Step() (before clipping); NaN when it was not computed
   // (no clipping and grad_accum > 1, where it would cost a pass over the host gradients).
   double LastGradNorm() const;
+  // Whether the last Step() updated nothing because its gradient norm was not finite
+  // (options.skip_nonfinite).
+  bool LastStepSkipped() const;
   // Offloaded chunks whose CPU update has already started in this step (during backward, when
   // max_grad_norm is 0); Step() resets it. What shows the optimizer overlapping backward.
   int UpdatesStartedBeforeStep() const;

@@ -139,6 +139,7 @@ class ChunkOptimizer {
   }
 
   double LastGradNorm() const { return last_grad_norm_; }
+  bool LastStepSkipped() const { return last_step_skipped_; }
   int UpdatesStartedBeforeStep() const;
   int PersistentReducesInBackward() const { return reduces_in_backward_; }
   int ShardReducesBesideBackward() const { return reduces_beside_backward_; }
@@ -185,6 +186,7 @@ class ChunkOptimizer {
   int reduces_in_backward_ = 0;         // persistent all-reduces started in backward this step
   int reduces_beside_backward_ = 0;     // reduce-scatters finished at a later group's hook
   double last_grad_norm_ = 0;
+  bool last_step_skipped_ = false;  // [Non-finite steps]
   bool overrun_ = false;  // grads arrived for a chunk whose update already started
   std::atomic<bool> worker_failed_{false};  // a CPU update threw (reported by Step())
 };

@@ -392,6 +392,7 @@ absl::Status ChunkOptimizer::Step(double max_grad_norm) {
   WaitAll();
   pager_.ReleaseAllPersistent();  // stale once updated; the next forward gathers the new shards
   const bool started = AnyUpdateStarted();
+  last_step_skipped_ = false;
   // Every failure drops the step: buffers are stale, the gradients gone.
   auto fail = [this](absl::Status status) {
     pager_.InvalidateBuffers();
@@ -409,6 +410,11 @@ absl::Status ChunkOptimizer::Step(double max_grad_norm) {
         "Step(max_grad_norm=", max_grad_norm,
         ") cannot clip: options.max_grad_norm=0 let CPU updates start during backward")));
   }
+  if (options.skip_nonfinite && started) {
+    return fail(absl::FailedPreconditionError(
+        "Step(): skip_nonfinite needs every update held until the step, but CPU updates started "
+        "during backward (options.max_grad_norm=0)"));
+  }
   if (!collectives_.status().ok()) {  // a collective failed during forward/backward
     return fail(collectives_.status());
   }
@@ -417,7 +423,8 @@ absl::Status ChunkOptimizer::Step(double max_grad_norm) {
     if (set_.sharded()) {
       absl::Status reduced = AllReducePersistentGrads();
       absl::StatusOr<double> squares = 0.0;
-      if (reduced.ok() && (max_grad_norm > 0 || options.grad_accum == 1)) {
+      if (reduced.ok() &&
+          (max_grad_norm > 0 || options.grad_accum == 1 || options.skip_nonfinite)) {
         squares = ShardedSquaredNorm();
       }
       if (!reduced.ok() || !squares.ok()) return fail(reduced.ok() ? squares.status() : reduced);
@@ -425,8 +432,9 @@ absl::Status ChunkOptimizer::Step(double max_grad_norm) {
     }
     // clip_grad_norm_: per-parameter norms in ParamOrder(), stacked, normed again.
     // With several micro-batches the offloaded grads' norms need a pass over host memory; skip
-    // it when nothing is clipped (LastGradNorm() is then NaN).
-    const bool want_norm = max_grad_norm > 0 || options.grad_accum == 1;
+    // it when nothing is clipped and no check asks for it (LastGradNorm() is then NaN).
+    const bool want_norm =
+        max_grad_norm > 0 || options.grad_accum == 1 || options.skip_nonfinite;
     std::vector<torch::Tensor> norms;
     if (want_norm && !set_.sharded()) {
       for (int i = 0; i < set_.num_params(); ++i) {
@@ -470,6 +478,14 @@ absl::Status ChunkOptimizer::Step(double max_grad_norm) {
       } else {
         last_grad_norm_ = total.item<double>();
       }
+    }
+    // [Non-finite steps] Nothing has been updated yet: drop the step, as a failure would, but
+    // report success. Every rank holds the same global norm, so every rank skips.
+    if (options.skip_nonfinite && !std::isfinite(last_grad_norm_)) {
+      pager_.InvalidateBuffers();
+      ResetStep();
+      last_step_skipped_ = true;
+      return absl::OkStatus();
     }
 
     // Persistent chunks: on the device, one fused call per chunk, so that the fp32 copies of a

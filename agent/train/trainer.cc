@@ -171,8 +171,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
       // nothing will be clipped; the trainer's clipping setting is that knowledge.
       o.chunks.max_grad_norm = o.max_grad_norm;
       // [Non-finite steps] A skipped step must not have updated anything: no update may start
-      // before the step has seen the loss.
+      // before the step has seen the loss, and the manager checks the norm before it updates.
       if (o.skip_nonfinite) o.chunks.max_grad_norm = -1;
+      o.chunks.skip_nonfinite = o.skip_nonfinite;
       o.chunks.deferred_values = model->options().deferred_values;
       if (model->has_lora()) {
         // [LoRA managers]
@@ -369,10 +370,11 @@ absl::Status Trainer::UnmanagedUpdate() {
 // saved, every run resumed from them. The loss is read every step anyway (it is logged), so it is
 // checked first, before any update; the gradients are checked through the global norm where one
 // is computed (clipping, or a managed run with grad_accum 1), else, unmanaged, by one pass over
-// the grads' largest magnitudes (UnmanagedGradsNonFinite). A managed run
-// learns its norm inside the chunk manager's step, after the update: that step cannot be skipped,
-// only stopped before anything is saved. Skipping drops the step's gradients; with the skip
-// option the chunk manager holds every update until the step (none starts during backward).
+// the grads' largest magnitudes (UnmanagedGradsNonFinite). A managed run learns its norm inside
+// the chunk manager's step: without the skip option after the update (that step cannot be
+// skipped, only stopped before anything is saved); with it the manager holds every update until
+// the step (none starts during backward), computes the norm first and drops a non-finite step
+// without updating (ChunkManagerOptions::skip_nonfinite). Skipping drops the step's gradients.
 // With several ranks the loss and the norm are global, so every rank takes the same decision.
 absl::StatusOr<Trainer::CheckedUpdate> Trainer::UpdateIfFinite(double loss) {
   CheckedUpdate out;
@@ -382,6 +384,10 @@ absl::StatusOr<Trainer::CheckedUpdate> Trainer::UpdateIfFinite(double loss) {
   }
   if (chunk_manager_) {
     RETURN_IF_ERROR(chunk_manager_->Step(options_.max_grad_norm));
+    if (chunk_manager_->LastStepSkipped()) {
+      out.nonfinite = absl::StrCat("the global gradient norm is ", chunk_manager_->LastGradNorm());
+      return out;
+    }
     out.applied = true;
     ++step_;
     const double norm = chunk_manager_->LastGradNorm();

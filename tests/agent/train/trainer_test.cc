@@ -575,5 +575,54 @@ TEST(TrainerNonFiniteTest, SkipDropsTheStepUnmanagedAndManagedUpToTheLimit) {
   }
 }
 
+// A finite loss with an infinite gradient: a managed run (the norm is known only inside the chunk
+// manager's step) skips it without updating anything, with one micro-batch and with several, and
+// the next finite step updates as usual.
+TEST(TrainerNonFiniteTest, ManagedSkipsAFiniteLossWithANonFiniteGradient) {
+  for (const int accum : {1, 2}) {
+    auto model = MakeModel(TinySpec());
+    auto poisoned = std::make_shared<bool>(true);
+    for (const NamedParam& p : model->TrainableParams()) {
+      if (p.name == "model.layers.1.mlp.down_proj.weight") {
+        p.param.register_hook([poisoned](torch::Tensor g) {
+          return *poisoned ? g * std::numeric_limits<float>::infinity() : g;
+        });
+      }
+    }
+    TrainerOptions o = BaseOptions(model->num_blocks());
+    o.skip_nonfinite = true;
+    o.grad_accum = accum;
+    o.max_grad_norm = 0;
+    o.managed = true;
+    o.chunks.chunk_bytes = 128 << 10;
+    o.chunks.n_persist = 1;
+    o.chunks.host_memory = HostMemoryKind::kPageable;
+    o.chunks.cpu_threads = 2;
+    auto trainer = Trainer::Create(model.get(), o);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    const std::vector<NamedParam> before = (*trainer)->Params();
+    auto step = (*trainer)->Step(Batches(0, accum, model->spec().vocab_size));
+    ASSERT_TRUE(step.ok()) << "accum " << accum << ": " << step.status();
+    EXPECT_TRUE(step->skipped) << "accum " << accum;
+    EXPECT_NE(step->nonfinite.find("the global gradient norm is"), std::string::npos)
+        << step->nonfinite;
+    ExpectUnchanged(before, (*trainer)->Params());
+    EXPECT_EQ((*trainer)->chunk_manager()->UpdatesStartedBeforeStep(), 0);
+
+    *poisoned = false;
+    auto next = (*trainer)->Step(Batches(accum, accum, model->spec().vocab_size));
+    ASSERT_TRUE(next.ok()) << next.status();
+    EXPECT_FALSE(next->skipped);
+    EXPECT_TRUE(std::isfinite(next->loss));
+    int changed = 0;
+    auto after = ByName((*trainer)->Params());
+    for (const auto& [name, t] : ByName(before)) {
+      EXPECT_TRUE(torch::isfinite(after[name]).all().item<bool>()) << name;
+      if (!torch::equal(t, after[name])) ++changed;
+    }
+    EXPECT_GT(changed, 0) << "accum " << accum << ": the finite step updated nothing";
+  }
+}
+
 }  // namespace
 }  // namespace memplan
