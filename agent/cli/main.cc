@@ -10,7 +10,6 @@
 #include "agent/cli/export_command.h"
 #include "agent/cli/profile_command.h"
 #include "agent/cli/train_command.h"
-#include "agent/train/train_config.h"
 
 namespace {
 
@@ -24,47 +23,11 @@ commands:
   export   rewrite a checkpoint (per-rank ones included) as one Hugging Face-loadable directory
 )";
 
-int Train(std::vector<std::string> args) {
-  for (const std::string& a : args) {
-    if (a == "--help" || a == "-h") {
-      std::fputs(memplan::TrainUsage().c_str(), stdout);
-      std::fputs(memplan::PlannerFlagsUsage().c_str(), stdout);
-      return 0;
-    }
-  }
-  auto loop = memplan::TakePlannerFlags(&args);
-  if (!loop.ok()) {
-    std::fprintf(stderr, "memplan-agent train: %s\n", std::string(loop.status().message()).c_str());
-    return 2;
-  }
-  auto config = memplan::ParseTrainArgs(args);
-  if (!config.ok()) {
-    std::fprintf(stderr, "memplan-agent train: %s\n",
-                 std::string(config.status().message()).c_str());
-    return 2;
-  }
-  // torchrun / Slurm / Kubernetes: one process per rank (agent/dist/dist_options.h).
-  auto dist = memplan::DistOptionsFromEnvironment(
-      [](const std::string& name) -> std::optional<std::string> {
-        const char* v = std::getenv(name.c_str());
-        if (v == nullptr) return std::nullopt;
-        return std::string(v);
-      });
-  if (!dist.ok()) {
-    std::fprintf(stderr, "memplan-agent train: %s\n", std::string(dist.status().message()).c_str());
-    return 2;
-  }
-  const absl::Status status = memplan::RunTrain(*config, *loop, *dist);
-  if (!status.ok()) {
-    if (dist->world_size > 1) {
-      std::fprintf(stderr, "memplan-agent train: rank %d: %s\n", dist->rank,
-                   status.ToString().c_str());
-    } else {
-      std::fprintf(stderr, "memplan-agent train: %s\n", status.ToString().c_str());
-    }
-    return 1;
-  }
-  return 0;
+// The environment is read here only: torchrun's variables reach the train command through this.
+std::optional<std::string> GetEnv(const std::string& name) {
+  const char* v = std::getenv(name.c_str());
+  if (v == nullptr) return std::nullopt;
+  return std::string(v);
 }
 
 }  // namespace
@@ -81,7 +44,7 @@ int main(int argc, char** argv) {
   }
   const std::string command = args[0];
   args.erase(args.begin());
-  if (command == "train") return Train(std::move(args));
+  if (command == "train") return memplan::RunTrainCommand(std::move(args), GetEnv);
   if (command == "profile") return memplan::RunProfileCommand(args);
   if (command == "bench") return memplan::RunBenchCommand(args);
   if (command == "export") return memplan::RunExportCommand(args);

@@ -1,4 +1,4 @@
-#include "agent/cli/plan_share.h"
+#include "agent/client/plan_share.h"
 
 #include <cstring>
 #include <string>

@@ -1,0 +1,913 @@
+#include "agent/train/train_session.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "agent/chunks/chunk_manager.h"
+#include "agent/client/plan_share.h"
+#include "agent/client/planner_client.h"
+#include "agent/client/planner_loop.h"
+#include "agent/dist/process_group.h"
+#include "agent/io/checkpoint.h"
+#include "agent/io/peft_adapter.h"
+#include "agent/io/random_access_file.h"
+#include "agent/io/safetensors_torch.h"
+#include "agent/io/synthetic_tokens.h"
+#include "agent/io/token_batcher.h"
+#include "agent/io/token_file.h"
+#include "agent/metrics/agent_metrics.h"
+#include "agent/profiler/memory_probe.h"
+#include "agent/profiler/memory_timeline.h"
+#include "agent/train/device_setup.h"
+#include "common/hf_config.h"
+#include "common/log.h"
+#include "common/presets.h"
+#include "common/status.h"
+#include "common/validate.h"
+
+namespace memplan {
+namespace {
+
+// The synthetic stream is built in memory; beyond this many tokens the batcher wraps around.
+constexpr int64_t kMaxSyntheticTokens = int64_t{1} << 24;
+
+std::string ModesString(const std::vector<BlockMode>& modes) {
+  std::vector<std::string> names;
+  for (BlockMode m : modes) names.emplace_back(BlockModeName(m));
+  return absl::StrJoin(names, ",");
+}
+
+absl::StatusOr<std::shared_ptr<const io::TokenFile>> OpenData(const TrainConfig& c,
+                                                              const ModelSpec& spec,
+                                                              int world_size) {
+  io::TokenFileOptions options;
+  options.raw_token_bytes = c.raw_token_bytes;
+  options.vocab_size = spec.vocab_size;
+  if (!c.data_file.empty()) {
+    ASSIGN_OR_RETURN(std::unique_ptr<io::TokenFile> file,
+                     io::TokenFile::Open(c.data_file, options));
+    // An id beyond the vocabulary would otherwise surface only at the batch that reads it, after
+    // steps and checkpoints: the whole file is scanned once, before the first step.
+    RETURN_IF_ERROR(file->CheckAllIds());
+    return std::shared_ptr<const io::TokenFile>(std::move(file));
+  }
+  io::SyntheticTokenOptions synthetic;
+  const int64_t wanted = c.steps * c.grad_accum * world_size * c.batch * c.seq + c.seq + 1;
+  synthetic.num_tokens = std::clamp<int64_t>(wanted, c.seq + 1, kMaxSyntheticTokens);
+  synthetic.vocab_size = spec.vocab_size;
+  synthetic.seed = c.seed;
+  synthetic.noise = c.synthetic_noise;
+  ASSIGN_OR_RETURN(std::vector<uint32_t> tokens, io::MakeSyntheticTokens(synthetic));
+  ASSIGN_OR_RETURN(std::string bytes, io::EncodeTokenFile(tokens, 4, spec.vocab_size));
+  options.raw_token_bytes = 0;
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<io::TokenFile> file,
+      io::TokenFile::Open(io::NewMemoryFile(std::move(bytes), "<synthetic>"), options));
+  return std::shared_ptr<const io::TokenFile>(std::move(file));
+}
+
+absl::StatusOr<MicroBatch> NextBatch(const io::TokenBatcher& batcher, int64_t position) {
+  ASSIGN_OR_RETURN(io::TokenBatch batch, batcher.Batch(position));
+  MicroBatch out;
+  const std::vector<int64_t> sizes = {batch.batch_size, batch.seq_len};
+  out.input_ids = torch::from_blob(batch.input_ids.data(), sizes, torch::kLong).clone();
+  out.labels = torch::from_blob(batch.labels.data(), sizes, torch::kLong).clone();
+  return out;
+}
+
+bool IsOutOfMemory(const absl::Status& status) {
+  // The trainer turns every c10::Error (OutOfMemoryError included) into a status; the CUDA
+  // caching allocator's message is the reliable marker.
+  return absl::StrContains(status.message(), "out of memory");
+}
+
+// What world size > 1 does not run yet, refused before anything is built.
+absl::Status CheckDistributedFlags(const TrainConfig& c, const PlannerLoopOptions& loop,
+                                   int world_size) {
+  if (world_size == 1) return absl::OkStatus();
+  const std::string why =
+      absl::StrCat(" is not supported with world size ", world_size, " (WORLD_SIZE) yet");
+  if (!c.memory_timeline.empty()) return absl::UnimplementedError("--memory-timeline" + why);
+  if (loop.profile) return absl::UnimplementedError("--profile" + why);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+TrainSession::TrainSession(TrainConfig config, PlannerLoopOptions loop, DistOptions dist)
+    : config_(std::move(config)),
+      loop_(std::move(loop)),
+      dist_(std::move(dist)),
+      world_size_(dist_.world_size),
+      lead_(dist_.rank == 0) {}
+
+TrainSession::~TrainSession() = default;
+
+absl::Status TrainSession::Run() {
+  RETURN_IF_ERROR(PrepareDevice());
+  RETURN_IF_ERROR(ResolvePlan());
+  RETURN_IF_ERROR(BuildModel());
+  RETURN_IF_ERROR(LoadWeights());
+  RETURN_IF_ERROR(BuildTrainer());
+  RETURN_IF_ERROR(FillShards());
+  ReportApplied();
+  // From here on the memory timeline is written however the run ends (WriteTimelineOnExit), so a
+  // failed step still shows its curve.
+  absl::Status status = Resume();
+  if (status.ok()) status = Loop();
+  if (status.ok()) status = Finish();
+  WriteTimelineOnExit();
+  return status;
+}
+
+absl::Status TrainSession::PrepareDevice() {
+  RETURN_IF_ERROR(CheckDistributedFlags(config_, loop_, world_size_));
+  ASSIGN_OR_RETURN(device_, ResolveDevice(config_.device));
+  // One rank per GPU: LOCAL_RANK picks it unless --device names one.
+  if (world_size_ > 1 && device_.is_cuda() && !device_.has_index()) {
+    device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(dist_.local_rank));
+  }
+  ConfigureAllocator(config_, device_);
+  if (world_size_ > 1) {
+    DistOptions dist = dist_;
+    dist.backend = device_.is_cuda() ? DistBackend::kNccl : DistBackend::kGloo;
+    if (device_.is_cuda()) dist.local_rank = device_.index();
+    ASSIGN_OR_RETURN(group_, ProcessGroup::Join(dist));
+    MEMPLAN_LOG(kInfo, "joined the process group")
+        .Field("rank", group_->rank())
+        .Field("world_size", group_->world_size())
+        .Field("backend", std::string(DistBackendName(group_->backend())))
+        .Field("device", device_.str());
+  }
+  if (world_size_ > 1 && at::get_num_threads() < config_.cpu_threads) {
+    // torchrun sets OMP_NUM_THREADS=1 for every rank; a rank's CPU share is --cpu-threads (its
+    // torch CPU ops ran single-threaded: 3x slower steps measured on 2 H200s, docs/benchmarks.md).
+    at::set_num_threads(config_.cpu_threads);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainSession::ResolvePlan() {
+  RETURN_IF_ERROR(ReadPlanFile());
+  dtype_ = config_.dtype.value_or(device_.is_cuda() || optimizer_ == OptimizerKind::kAdamWBf16States
+                                      ? DType::kBFloat16
+                                      : DType::kFloat32);
+  RETURN_IF_ERROR(ResolveModelSpec());
+  model_options_.spec = spec_;
+  model_options_.dtype = dtype_;
+  model_options_.device = device_;
+  model_options_.seed = config_.seed;
+  if (config_.lora.enabled()) {
+    RETURN_IF_ERROR(ValidateLoraOptions(config_.lora, spec_, "--lora-"));
+    model_options_.lora = config_.lora;
+  }
+  // The plan: from the planner (--planner), or from the plan file and flags.
+  if (!loop_.address.empty()) {
+    RETURN_IF_ERROR(PlanFromPlanner());
+  } else if (!config_.plan_file.empty()) {
+    auto parsed = ParsePlanJson(plan_text_);
+    if (!parsed.ok()) {
+      // INVALID_ARGUMENT for a malformed file, FAILED_PRECONDITION for a DOES NOT FIT verdict.
+      return absl::Status(parsed.status().code(), "--plan-file " + config_.plan_file + ": " +
+                                                      std::string(parsed.status().message()));
+    }
+    file_plan_ = *std::move(parsed);
+  }
+  // With --planner the knob flags were fixed in its search: its plan carries them, and the block
+  // counts it chose for the rest must not be rebuilt from the fixed ones alone.
+  TrainConfig knobs = config_;
+  if (!loop_.address.empty()) {
+    knobs.n_ckpt.reset();
+    knobs.n_swap.reset();
+    knobs.n_hs_offload.reset();
+  }
+  ASSIGN_OR_RETURN(
+      plan_, ResolveRunPlan(knobs, static_cast<int>(spec_.num_layers), file_plan_, world_size_));
+  return ApplyMemoryLimit(config_, device_, loop_.address.empty() ? nullptr : &answer_);
+}
+
+// The plan file's text, and the optimizer and training method it was priced for. Optimizer:
+// --optimizer, else the plan file's, else adamw; a plan file made for another optimizer is refused
+// (its memory figures are not this run's).
+absl::Status TrainSession::ReadPlanFile() {
+  if (!config_.plan_file.empty()) {
+    std::FILE* f = std::fopen(config_.plan_file.c_str(), "rb");
+    if (f == nullptr) {
+      return absl::NotFoundError("--plan-file " + config_.plan_file + ": cannot open");
+    }
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) plan_text_.append(buf, n);
+    std::fclose(f);
+  }
+  std::optional<OptimizerKind> plan_optimizer;
+  if (!config_.plan_file.empty()) {
+    auto parsed = ParsePlanOptimizer(plan_text_);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError("--plan-file " + config_.plan_file + ": " +
+                                        std::string(parsed.status().message()));
+    }
+    plan_optimizer = *parsed;
+  }
+  ASSIGN_OR_RETURN(optimizer_, ResolveOptimizer(config_, plan_optimizer));
+  if (!config_.plan_file.empty()) {
+    // A plan priced for another training method (full vs LoRA, rank, targets) is refused.
+    auto training = ParsePlanTraining(plan_text_);
+    if (!training.ok()) {
+      return absl::InvalidArgumentError("--plan-file " + config_.plan_file + ": " +
+                                        std::string(training.status().message()));
+    }
+    RETURN_IF_ERROR(CheckPlanTraining(config_, *training));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainSession::ResolveModelSpec() {
+  if (!config_.arch.empty()) {
+    std::optional<ModelSpec> preset = FindModelPreset(config_.arch);
+    if (!preset.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--arch ", config_.arch, " is not a preset; known: ", ModelPresetNames()));
+    }
+    spec_ = *preset;
+  } else if (!config_.arch_file.empty()) {
+    absl::StatusOr<ModelSpec> loaded = LoadHfConfigFile(config_.arch_file);
+    if (!loaded.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--arch-file ", config_.arch_file, ": ", loaded.status().message()));
+    }
+    spec_ = *std::move(loaded);
+  } else {
+    ASSIGN_OR_RETURN(spec_, LoadHfConfigFile(config_.model_dir + "/config.json"));
+  }
+  RETURN_IF_ERROR(CheckSequenceLength(spec_, config_.seq));
+  return CheckSeqWithinPositions(spec_, config_.seq);
+}
+
+absl::Status TrainSession::PlanFromPlanner() {
+  // [Fixed knobs with --planner] The other plan knobs go to the planner as fixed knobs: it
+  // searches the rest, or answers why no plan with them fits.
+  if (config_.accumulate_offloaded_grads_on_device) {
+    return absl::InvalidArgumentError(
+        "--accumulate-offloaded-grads device: the planner does not price it (every offloaded "
+        "chunk's fp32 grads on the device until the last micro-batch); drop it with --planner");
+  }
+  if (!config_.plan_file.empty() || config_.block_modes || config_.plain) {
+    return absl::InvalidArgumentError(
+        "--planner decides the plan: drop --plan-file, --plain and --block-modes (--chunk-mib, "
+        "--n-persist, --n-buffer, --n-ckpt, --n-swap, --n-hs-offload, --host-memory, "
+        "--persistent-state and --persistent-params are passed to the planner as fixed knobs)");
+  }
+  if (loop_.profile && config_.lora.enabled()) {
+    // The profiler measures a full fine-tune's trace (every parameter trains); submitted for a
+    // LoRA run it would price the wrong method.
+    return absl::InvalidArgumentError(
+        "--profile: profiling a LoRA run is not built yet; drop --profile (the planner plans "
+        "LoRA from the architecture)");
+  }
+  PlannerClientOptions client_options;
+  client_options.retries = loop_.retries;
+  client_options.security = loop_.security;
+  ASSIGN_OR_RETURN(client_, PlannerClient::Create(loop_.address, client_options));
+  // Sharded: rank 0 asks, every rank trains under its answer (one stored plan per job).
+  absl::StatusOr<PlanAnswer> asked = absl::UnavailableError("not asked: rank 0 asks");
+  if (lead_) asked = AskPlanner(*client_, loop_, PlannerQuery(), model_options_);
+  if (group_ != nullptr) asked = ShareRankZeroAnswer(*group_, asked);
+  ASSIGN_OR_RETURN(answer_, std::move(asked));
+  if (!lead_) {
+    std::printf("plan_id %s (rank 0's)\nplan: %s\n", answer_.plan_id.c_str(),
+                PlanLine(answer_.plan).c_str());
+  }
+  file_plan_ = answer_.plan;
+  // The profiling pass ran the whole model unmanaged; its cached segments are not the plan's.
+  PrintDeviceMemory(device_, "after profiling");
+  ReleaseCachedAndResetPeaks(device_);
+  PrintDeviceMemory(device_, "after releasing the profiler's cache");
+  if (device_.is_cpu()) {
+    // The planner plans for a GPU; on the CPU the figures are only comparable in shape.
+    std::printf("note: cpu run: the prediction is for %s, not this CPU%s\n",
+                loop_.hardware_profile_id.empty()
+                    ? loop_.hardware_preset.c_str()
+                    : ("profile " + loop_.hardware_profile_id).c_str(),
+                file_plan_->host_memory == HostMemoryKind::kPinned
+                    ? "; pinned host memory is unavailable, chunks stay pageable"
+                    : "");
+  }
+  return absl::OkStatus();
+}
+
+PlanQuery TrainSession::PlannerQuery() const {
+  PlanQuery query;
+  // The architecture by its preset name when it has one; AskPlanner puts a profiled trace in its
+  // place.
+  if (!config_.arch.empty()) {
+    query.arch_preset = config_.arch;
+  } else {
+    query.arch = spec_;
+  }
+  query.workload.micro_batch = config_.batch;
+  query.workload.seq_len = config_.seq;
+  query.workload.grad_accum = config_.grad_accum;
+  query.workload.grad_clipping = config_.clip > 0;
+  query.workload.world_size = world_size_;
+  // The ranks of one node share its RAM: the planner prices each rank's shards against the
+  // node's memory divided by them.
+  query.workload.local_world_size = dist_.local_world_size;
+  query.param_dtype = dtype_;
+  // With --planner there is no plan file: the flag (validated by ParseTrainArgs) or adamw.
+  query.optimizer = config_.optimizer.value_or(OptimizerKind::kAdamW);
+  query.training = LoraTrainingMethod(model_options_.lora);
+  // [Fixed knobs with --planner]
+  query.fixed = PlannerFixedKnobs(config_);
+  return query;
+}
+
+absl::Status TrainSession::BuildModel() {
+  // [Sharded loading] A managed full fine-tune creates its parameters without values
+  // (deferred_values: shapes only): the ChunkManager allocates what this rank stores and
+  // FillShards() fills it from the checkpoint's byte ranges (or the initial values), so no rank
+  // ever holds the whole model, on one rank or many. LoRA (its base is quantised or frozen whole)
+  // creates the model on the CPU for the managers to take; an unmanaged run creates it on the
+  // device.
+  sharded_load_ = plan_.managed && !config_.lora.enabled();
+  before_model_ = ReadHostMemory();
+  if (plan_.managed) model_options_.param_device = torch::Device(torch::kCPU);
+  model_options_.deferred_values = sharded_load_;
+  const auto model_start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(model_, LlamaModel::Create(model_options_));
+  // Drawing a large model's initial values (and, QLoRA, quantizing them) takes a while: said.
+  MEMPLAN_LOG(kInfo, "model created")
+      .Field("seconds",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - model_start).count())
+      .Field("deferred_values", model_options_.deferred_values)
+      .Field("nf4_base", model_options_.lora.nf4_base);
+  PrintDeviceMemory(device_, "after creating the model");
+  return absl::OkStatus();
+}
+
+absl::Status TrainSession::LoadWeights() {
+  if (!config_.model_dir.empty()) {
+    ASSIGN_OR_RETURN(checkpoint_, io::HfCheckpoint::Open(config_.model_dir));
+    const std::vector<NamedParam> names = io::FlattenParamGroups(model_->ParamGroups());
+    if (sharded_load_) {
+      // Checked now (names, shapes, dtypes), read by FillShards() once the chunks exist.
+      ASSIGN_OR_RETURN(matched_, checkpoint_->Match(names, {}));
+    } else {
+      // [QLoRA] an NF4 base is quantized from the checkpoint's weights one at a time.
+      ASSIGN_OR_RETURN(io::HfLoadReport report, io::LoadModelCheckpoint(*checkpoint_, *model_));
+      MEMPLAN_LOG(kInfo, "loaded checkpoint")
+          .Field("dir", config_.model_dir)
+          .Field("tensors", report.tensors_loaded)
+          .Field("quantized_nf4", static_cast<int64_t>(model_->QuantizedWeightNames().size()))
+          .Field("bytes", report.bytes_read);
+    }
+  }
+  if (!config_.load_adapter_dir.empty()) {
+    ASSIGN_OR_RETURN(io::PeftAdapter adapter, io::ReadPeftAdapter(config_.load_adapter_dir));
+    if (LoraTrainingMethod(adapter.lora).lora_target_modules !=
+            LoraTrainingMethod(config_.lora).lora_target_modules ||
+        adapter.lora.rank != config_.lora.rank || adapter.lora.alpha != config_.lora.alpha) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--load-adapter ", config_.load_adapter_dir, ": r ", adapter.lora.rank,
+                       ", lora_alpha ", adapter.lora.alpha,
+                       " and target_modules must equal --lora-rank, --lora-alpha and "
+                       "--lora-targets"));
+    }
+    RETURN_IF_ERROR(io::CopyParamsByName(adapter.tensors, model_->TrainableParams()));
+    MEMPLAN_LOG(kInfo, "loaded adapter").Field("dir", config_.load_adapter_dir);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainSession::BuildTrainer() {
+  TrainerOptions& options = trainer_options_;
+  options.grad_accum = config_.grad_accum;
+  options.max_grad_norm = config_.clip;
+  options.skip_nonfinite = config_.skip_nonfinite;
+  options.optimizer = optimizer_;
+  options.adamw.lr = config_.lr;
+  options.adamw.weight_decay = config_.weight_decay;
+  options.block_modes = plan_.block_modes;
+  options.managed = plan_.managed;
+  options.plain_reference = config_.plain;
+  options.chunks.chunk_bytes = plan_.chunk_bytes;
+  options.chunks.n_persist = plan_.n_persist;
+  options.chunks.n_buffer = plan_.n_buffer;
+  options.chunks.host_memory = plan_.host_memory;
+  options.chunks.shard_persistent_state = plan_.shard_persistent_state;
+  options.chunks.shard_persistent_params = plan_.shard_persistent_params;
+  options.chunks.accumulate_sharded_grads_on_device = config_.accumulate_offloaded_grads_on_device;
+  options.chunks.cpu_threads = config_.cpu_threads;
+  options.chunks.stochastic_rounding =
+      optimizer_ == OptimizerKind::kAdamW8bit && config_.stochastic_rounding;
+  options.chunks.rounding_seed = config_.seed;
+  options.chunks.max_grad_copy_groups = config_.offload_in_flight;
+  options.offload.host_memory = plan_.host_memory;
+  options.offload.max_in_flight_groups = config_.offload_in_flight;
+  options.communicator = group_.get();
+  if (group_ != nullptr) options.chunks.coalesce_gathers = group_->options().coalesce_gathers;
+  const std::string plan_source = loop_.address.empty()
+                                      ? "--plan-file " + config_.plan_file
+                                      : absl::StrCat("the planner's plan ", answer_.plan_id);
+  if (plan_.managed) {
+    // [Plan knobs are refused, never clamped] (train_config.h): the chunk manager would clamp an
+    // n_persist beyond the layout and ignore n_buffer when every chunk is persistent.
+    ASSIGN_OR_RETURN(const ChunkPacking layout,
+                     ChunkManager::LayoutOf(model_->ParamGroups(), options.chunks));
+    RETURN_IF_ERROR(CheckRunPlanKnobs(plan_, layout.num_chunks(), plan_source));
+  }
+  // The plan's n_persist counts chunks of the layout it was made for: a plan made for another
+  // layout ([Layout fingerprint], common/chunk_packing.h) is refused before anything is allocated.
+  if (file_plan_.has_value() && plan_.managed) {
+    const std::string& source = plan_source;
+    if (config_.chunk_bytes.has_value() && *config_.chunk_bytes != file_plan_->chunk_bytes) {
+      MEMPLAN_LOG(kWarning, "plan layout not checked")
+          .Field("reason", absl::StrCat("--chunk-mib replaces the chunk size of ", source,
+                                        ", whose n_chunks and n_persist refer to ",
+                                        file_plan_->chunk_bytes, "-byte chunks"));
+    } else {
+      ASSIGN_OR_RETURN(const ChunkPacking layout,
+                       ChunkManager::LayoutOf(model_->ParamGroups(), options.chunks));
+      std::string warning;
+      RETURN_IF_ERROR(CheckPlanLayout(*file_plan_, source, layout.num_chunks(),
+                                      layout.fingerprint(), &warning));
+      if (!warning.empty()) {
+        MEMPLAN_LOG(kWarning, "plan layout not checked").Field("reason", warning);
+      } else {
+        MEMPLAN_LOG(kInfo, "plan layout matches")
+            .Field("n_chunks", layout.num_chunks())
+            .Field("layout_fingerprint", layout.fingerprint());
+      }
+    }
+  }
+  if (!config_.memory_timeline.empty()) {
+    probe_ = MemoryProbe::Create(device_);
+    timeline_ = std::make_unique<MemoryTimeline>(probe_.get());
+    options.observer = timeline_.get();
+  }
+  ASSIGN_OR_RETURN(trainer_, Trainer::Create(model_.get(), options));
+  if (timeline_ != nullptr && trainer_->chunk_manager() != nullptr) {
+    // The timeline's cpu_updates_started column: the CPU optimizer's overlap with backward.
+    ChunkManager* chunks = trainer_->chunk_manager();
+    timeline_->SetCpuUpdateCounter([chunks] { return chunks->UpdatesStartedBeforeStep(); });
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainSession::FillShards() {
+  // A resumed run is filled by the checkpoint it resumes from (Resume()).
+  if (!sharded_load_ || !config_.resume_dir.empty()) return absl::OkStatus();
+  // [Sharded loading] Each rank reads what it stores: its shard of every offloaded chunk and
+  // the whole persistent chunks, from the checkpoint's byte ranges or drawn as Create would.
+  const torch::ScalarType param_dtype = model_->Params().front().param.scalar_type();
+  std::atomic<int64_t> bytes_read{0};
+  ChunkManager::RangeReader read;
+  if (checkpoint_ != nullptr) {
+    read = [&](const std::string& name, int64_t begin,
+               int64_t len) -> absl::StatusOr<torch::Tensor> {
+      auto it = matched_.source_of.find(name);
+      if (it == matched_.source_of.end()) {
+        return absl::NotFoundError(
+            absl::StrCat(config_.model_dir, ": nothing loads \"", name, "\""));
+      }
+      ASSIGN_OR_RETURN(torch::Tensor part,
+                       checkpoint_->ReadRange(it->second, begin, len, param_dtype));
+      // ReadRange reads exactly len elements of the stored dtype.
+      bytes_read += len * static_cast<int64_t>(torch::elementSize(
+                              io::TorchDTypeOf(checkpoint_->Find(it->second)->dtype)));
+      return part;
+    };
+  } else {
+    read = [&](const std::string& name, int64_t begin, int64_t len) {
+      return model_->InitialValues(name, begin, len);
+    };
+  }
+  RETURN_IF_ERROR(trainer_->LoadParamRanges(read));
+  if (checkpoint_ != nullptr) {
+    MEMPLAN_LOG(kInfo, "loaded checkpoint")
+        .Field("dir", config_.model_dir)
+        .Field("tensors", matched_.loads.size())
+        .Field("bytes", bytes_read.load())
+        .Field("rank", dist_.rank);
+  }
+  return absl::OkStatus();
+}
+
+void TrainSession::ReportApplied() {
+  {
+    // The load-time peak of this rank: host (resident set) and device, before the first step.
+    const HostMemory loaded = ReadHostMemory();
+    const AllocatorPeaks peaks = ReadAllocatorPeaks(device_);
+    auto record = MEMPLAN_LOG(kInfo, "load peak");
+    record.Field("rank", dist_.rank)
+        .Field("host_peak_rss_bytes", loaded.peak_rss)
+        .Field("host_rss_before_model_bytes", before_model_.rss)
+        .Field("host_rss_bytes", loaded.rss)
+        .Field("device_peak_reserved_bytes", peaks.reserved_bytes)
+        .Field("sharded_load", sharded_load_);
+    if (const ChunkManager* m = trainer_->chunk_manager(); m != nullptr && sharded_load_) {
+      const ChunkMemoryStats stats = m->MemoryStats();
+      record.Field("chunk_host_bytes", stats.host_pinned_bytes + stats.host_pageable_bytes)
+          .Field("chunk_device_bytes", stats.buffer_device_bytes + stats.persistent_device_bytes +
+                                           stats.persistent_state_device_bytes);
+    }
+  }
+  PrintDeviceMemory(device_, "after applying the plan");
+  {
+    auto record = MEMPLAN_LOG(kInfo, "plan applied");
+    record.Field("model", spec_.name)
+        .Field("dtype", std::string(DTypeName(dtype_)))
+        .Field("optimizer", std::string(OptimizerName(optimizer_)))
+        .Field("device", device_.str())
+        .Field("managed", plan_.managed)
+        .Field("block_modes", ModesString(plan_.block_modes));
+    if (optimizer_ == OptimizerKind::kAdamW8bit && dtype_ != DType::kFloat32) {
+      record.Field("param_rounding",
+                   trainer_options_.chunks.stochastic_rounding ? "stochastic" : "nearest");
+    }
+    // LoRA: the plan's chunks are the frozen base's; the adapters' manager is reported apart.
+    if (ChunkManager* adapters =
+            trainer_->base_chunk_manager() ? trainer_->chunk_manager() : nullptr) {
+      const ChunkMemoryStats a = adapters->MemoryStats();
+      record.Field("lora_rank", config_.lora.rank)
+          .Field("nf4_base", config_.lora.nf4_base)
+          .Field("adapter_chunks", a.n_chunks)
+          .Field("adapter_device_bytes", a.persistent_device_bytes)
+          .Field("adapter_state_device_bytes", a.persistent_state_device_bytes);
+    }
+    if (ChunkManager* chunks = trainer_->base_chunk_manager() ? trainer_->base_chunk_manager()
+                                                              : trainer_->chunk_manager()) {
+      const ChunkMemoryStats s = chunks->MemoryStats();
+      record.Field("chunk_bytes", plan_.chunk_bytes)
+          .Field("n_chunks", s.n_chunks)
+          .Field("n_persist", s.n_persist)
+          .Field("n_buffer", s.n_buffer)
+          .Field("n_oversized_buffers", s.n_oversized_buffers)
+          .Field("persistent_device_bytes", s.persistent_device_bytes)
+          .Field("buffer_device_bytes", s.buffer_device_bytes)
+          .Field("host_pinned_bytes", s.host_pinned_bytes)
+          .Field("host_pageable_bytes", s.host_pageable_bytes);
+      if (s.pinned_fallback) record.Field("pinned_fallback", s.pinned_fallback_reason);
+    }
+  }
+  if (trainer_->chunk_manager() != nullptr && !loop_.address.empty()) {
+    // The planner's per-rank figures are what this rank's chunk managers allocate (pinned and
+    // pageable compared as one total: on the CPU pinned memory falls back to pageable). LoRA and
+    // QLoRA: the frozen base's manager and the adapters' together ([LoRA managers]).
+    int64_t host = 0, device_bytes = 0;
+    for (ChunkManager* chunks : {trainer_->base_chunk_manager(), trainer_->chunk_manager()}) {
+      if (chunks == nullptr) continue;
+      const ChunkMemoryStats s = chunks->MemoryStats();
+      host += s.host_pinned_bytes + s.host_pageable_bytes;
+      device_bytes +=
+          s.persistent_device_bytes + s.persistent_state_device_bytes + s.buffer_device_bytes;
+    }
+    const RankMemory& m = answer_.prediction.rank_memory;
+    std::printf(
+        "rank %d chunk memory (allocated / planned): host %lld / %lld bytes, device %lld / %lld "
+        "bytes\n",
+        dist_.rank, static_cast<long long>(host),
+        static_cast<long long>(m.chunk_host_pinned_bytes + m.chunk_host_pageable_bytes),
+        static_cast<long long>(device_bytes),
+        static_cast<long long>(m.persistent_device_bytes + m.persistent_state_device_bytes +
+                               m.buffer_device_bytes));
+  }
+}
+
+absl::Status TrainSession::Resume() {
+  ASSIGN_OR_RETURN(tokens_, OpenData(config_, spec_, world_size_));
+  io::TokenBatcherOptions batcher_options;
+  batcher_options.seed = config_.seed;
+  batcher_options.batch_size = config_.batch;
+  batcher_options.seq_len = config_.seq;
+  // Each rank reads its own rows of every global batch (world_size x --batch rows).
+  batcher_options.rank = dist_.rank;
+  batcher_options.world_size = world_size_;
+  ASSIGN_OR_RETURN(batcher_, io::TokenBatcher::Create(tokens_, batcher_options));
+  if (config_.resume_dir.empty()) return absl::OkStatus();
+  if (config_.lora.enabled() != io::IsLoraCheckpoint(config_.resume_dir)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--resume ", config_.resume_dir,
+                     config_.lora.enabled() ? " is not a LoRA checkpoint (no adapter_config.json)"
+                                            : " is a LoRA checkpoint: resume it with --lora-rank "
+                                              "and --lora-targets"));
+  }
+  if (!config_.lora.enabled() && trainer_->chunk_manager() != nullptr &&
+      io::IsPerRankCheckpoint(config_.resume_dir)) {
+    // [Per-rank checkpoints]: each rank reads only the ranges it stores.
+    ASSIGN_OR_RETURN(std::unique_ptr<io::CheckpointPieces> pieces,
+                     io::CheckpointPieces::Open(config_.resume_dir));
+    RETURN_IF_ERROR(trainer_->RestoreFromPieces(*pieces));
+    data_position_ = pieces->trainer().data_position;
+  } else {
+    ASSIGN_OR_RETURN(io::Checkpoint saved, config_.lora.enabled()
+                                               ? io::LoadLoraCheckpoint(config_.resume_dir)
+                                               : io::LoadCheckpoint(config_.resume_dir));
+    RETURN_IF_ERROR(trainer_->RestoreCheckpoint(saved));
+    data_position_ = saved.trainer.data_position;
+  }
+  MEMPLAN_LOG(kInfo, "resumed")
+      .Field("dir", config_.resume_dir)
+      .Field("step", trainer_->step())
+      .Field("data_position", data_position_);
+  return absl::OkStatus();
+}
+
+absl::Status TrainSession::Save() {
+  io::TrainerState state;
+  state.data_position = data_position_;
+  state.data_seed = config_.seed;
+  state.rng_seed = config_.seed;
+  state.workload.micro_batch = config_.batch;
+  state.workload.seq_len = config_.seq;
+  state.workload.grad_accum = config_.grad_accum;
+  state.workload.world_size = world_size_;
+  RETURN_IF_ERROR(trainer_->SaveCheckpoint(config_.save_dir, state));
+  MEMPLAN_LOG(kInfo, "saved").Field("dir", config_.save_dir).Field("step", trainer_->step());
+  return absl::OkStatus();
+}
+
+absl::Status TrainSession::StartLiveMetrics() {
+  if (config_.metrics_address.empty()) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<AgentMetrics>> started =
+      AgentMetrics::Start(config_.metrics_address);
+  if (!started.ok()) {
+    return absl::Status(started.status().code(),
+                        absl::StrCat("--metrics: ", started.status().message()));
+  }
+  live_ = *std::move(started);
+  const size_t colon = config_.metrics_address.rfind(':');
+  std::printf("metrics on %s:%d\n", config_.metrics_address.substr(0, colon).c_str(),
+              live_->port());
+  live_->SetPlan({answer_.plan_id, answer_.prediction.peak_bytes,
+                  answer_.prediction.iteration_seconds, answer_.prediction.tokens_per_second});
+  return absl::OkStatus();
+}
+
+absl::Status TrainSession::Loop() {
+  // Everything before the first step (model creation, checkpoint loading, chunk packing).
+  load_reserved_ = ReadAllocatorPeaks(device_).reserved_bytes;
+  RETURN_IF_ERROR(StartLiveMetrics());
+  // --steps is the total number of optimizer steps, a resumed run continues up to it.
+  while (trainer_->step() < config_.steps) {
+    // Every step is recorded (a TSV row per group hook).
+    if (timeline_ != nullptr) timeline_->BeginStep(trainer_->step() + 1);
+    std::vector<MicroBatch> micro_batches;
+    for (int i = 0; i < config_.grad_accum; ++i) {
+      ASSIGN_OR_RETURN(MicroBatch batch, NextBatch(*batcher_, data_position_++));
+      micro_batches.push_back(std::move(batch));
+    }
+    if (config_.lora.dropout > 0) {
+      // LoRA dropout draws from the default generators: seeding them from (--seed, step) makes
+      // the masks a function of the step, so a resumed run draws what the straight run drew.
+      torch::manual_seed(config_.seed * 0x9E3779B97F4A7C15ull +
+                         static_cast<uint64_t>(trainer_->step()));
+    }
+    absl::StatusOr<StepStats> step;
+    try {
+      step = trainer_->Step(micro_batches);
+    } catch (const c10::OutOfMemoryError& e) {  // the trainer converts, but be sure
+      step = absl::ResourceExhaustedError(e.what_without_backtrace());
+    }
+    if (timeline_ != nullptr) timeline_->EndStep();
+    if (!step.ok() && IsOutOfMemory(step.status())) return StopOnOutOfMemory(step.status());
+    if (!step.ok()) return step.status();
+    StepStats& stats = *step;
+    ObserveStep(stats);
+    if (!config_.save_dir.empty() && config_.save_every > 0 &&
+        stats.step % config_.save_every == 0) {
+      RETURN_IF_ERROR(Save());
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The step's OOM is reported to the planner (a plan that does not fit is what calibration needs
+// most) with the largest peaks seen: the allocator's, the steps' before it and the timeline's.
+absl::Status TrainSession::StopOnOutOfMemory(const absl::Status& step_status) {
+  Measurement m;
+  m.plan_id = answer_.plan_id;
+  m.oom = true;
+  const AllocatorPeaks peaks = ReadAllocatorPeaks(device_);
+  m.peak_allocated_bytes = std::max(peaks.allocated_bytes, peak_allocated_);
+  m.peak_reserved_bytes = std::max(peaks.reserved_bytes, peak_reserved_);
+  if (timeline_ != nullptr) {
+    m.peak_allocated_bytes = std::max(m.peak_allocated_bytes, timeline_->StepPeakAllocated());
+    m.peak_reserved_bytes = std::max(m.peak_reserved_bytes, timeline_->StepPeakReserved());
+  }
+  m.peak_device_bytes = DeviceUsedBytes(device_);
+  m.load_peak_bytes = load_reserved_;
+  m.note = absl::StrCat("out of memory in step ", trainer_->step() + 1);
+  MEMPLAN_LOG(kError, "out of memory")
+      .Field("step", trainer_->step() + 1)
+      .Field("peak_reserved_bytes", m.peak_reserved_bytes);
+  if (client_ != nullptr && lead_) {
+    const absl::Status reported = ReportToPlanner(*client_, answer_, m);
+    if (!reported.ok()) std::printf("report failed: %s\n", reported.ToString().c_str());
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrCat("out of memory in step ", trainer_->step() + 1,
+                   " (oom=true); the plan does not fit this device: ", step_status.message()));
+}
+
+void TrainSession::ObserveStep(StepStats& stats) {
+  if (stats.skipped && lead_) {
+    MEMPLAN_LOG(kWarning, "step skipped: non-finite")
+        .Field("step", stats.step)
+        .Field("what", stats.nonfinite);
+  }
+  if (timeline_ != nullptr && device_.is_cuda()) {
+    // The timeline resets the allocator's peak at every hook; its own maxima are the step's.
+    stats.peak_allocated_bytes = timeline_->StepPeakAllocated();
+    stats.peak_reserved_bytes = timeline_->StepPeakReserved();
+  }
+  const int64_t device_used = DeviceUsedBytes(device_);
+  peak_allocated_ = std::max(peak_allocated_, stats.peak_allocated_bytes);
+  peak_reserved_ = std::max(peak_reserved_, stats.peak_reserved_bytes);
+  if (stats.step > 1 || config_.steps == 1) {  // the first step warms up allocators and kernels
+    tokens_per_second_sum_ += stats.tokens_per_second;
+    seconds_sum_ += stats.seconds;
+    steady_allocated_ = std::max(steady_allocated_, stats.peak_allocated_bytes);
+    steady_reserved_ = std::max(steady_reserved_, stats.peak_reserved_bytes);
+    steady_device_ = std::max(steady_device_, device_used);
+    ++timed_steps_;
+  }
+  if (live_ != nullptr) {
+    AgentStepSample sample;
+    sample.seconds = stats.seconds;
+    sample.tokens_per_second = stats.tokens_per_second;
+    if (device_.is_cuda()) {
+      const AllocatorStats now = ReadAllocatorStats(device_);
+      sample.allocated_bytes = now.allocated.current;
+      sample.reserved_bytes = now.reserved.current;
+    }
+    sample.peak_allocated_bytes = stats.peak_allocated_bytes;
+    sample.peak_reserved_bytes = stats.peak_reserved_bytes;
+    if (ChunkManager* chunks = trainer_->chunk_manager(); chunks != nullptr) {
+      const int64_t total = chunks->UploadStats().bytes;
+      sample.chunk_upload_bytes = total - uploaded_bytes_;
+      uploaded_bytes_ = total;
+    }
+    live_->ObserveStep(sample);
+  }
+  if (stats.step == 1 && world_size_ > 1 && trainer_->chunk_manager() != nullptr) {
+    // [Collective timing] the gathers' figures PrintRankFigures() prints leave out the first step
+    // (the communicator's connections are set up by its first collectives).
+    trainer_->chunk_manager()->ResetUploadStats();
+    uploaded_bytes_ = 0;
+  }
+  if (lead_ && (stats.step % config_.log_every == 0 || stats.step == config_.steps)) {
+    // The loss is the global batch's (all-reduced); tokens/s counts every rank's tokens (the
+    // ranks step together), peaks are rank 0's.
+    MEMPLAN_LOG(kInfo, "step")
+        .Field("step", stats.step)
+        .Field("loss", stats.loss)
+        .Field("grad_norm", stats.grad_norm)
+        .Field("seconds", stats.seconds)
+        .Field("fb_seconds", stats.forward_backward_seconds)
+        .Field("opt_seconds", stats.optimizer_seconds)
+        .Field("tokens_per_second", stats.tokens_per_second * world_size_)
+        .Field("peak_allocated_bytes", stats.peak_allocated_bytes)
+        .Field("peak_reserved_bytes", stats.peak_reserved_bytes)
+        .Field("cpu_updates_in_backward", stats.offloaded_updates_in_backward);
+  }
+}
+
+absl::Status TrainSession::Finish() {
+  if (timeline_ != nullptr) {
+    timeline_written_ = true;
+    RETURN_IF_ERROR(timeline_->WriteTsv(config_.memory_timeline));
+    std::printf("memory timeline of steps 1-%lld: %s (%zu events)\n",
+                static_cast<long long>(trainer_->step()), config_.memory_timeline.c_str(),
+                timeline_->events().size());
+    if (device_.is_cuda()) {
+      for (absl::string_view line :
+           absl::StrSplit(SegmentsByStream(device_), '\n', absl::SkipEmpty())) {
+        std::printf("allocator pool %.*s\n", static_cast<int>(line.size()), line.data());
+      }
+    }
+  }
+  if (device_.is_cuda()) {
+    const AllocatorCounters counters = ReadAllocatorCounters(device_);
+    std::printf(
+        "allocator retries %lld (cached blocks freed to satisfy an allocation), "
+        "device allocations %lld\n",
+        static_cast<long long>(counters.alloc_retries),
+        static_cast<long long>(counters.device_allocations));
+  }
+  if (!config_.save_dir.empty() &&
+      (config_.save_every == 0 || trainer_->step() % config_.save_every != 0)) {
+    RETURN_IF_ERROR(Save());
+  }
+  if (!config_.save_adapter_dir.empty() && lead_) {
+    RETURN_IF_ERROR(io::SavePeftAdapter(config_.save_adapter_dir, config_.lora,
+                                        !config_.model_dir.empty()   ? config_.model_dir
+                                        : !config_.arch_file.empty() ? config_.arch_file
+                                                                     : config_.arch,
+                                        trainer_->Params()));
+    MEMPLAN_LOG(kInfo, "saved adapter").Field("dir", config_.save_adapter_dir);
+  }
+  if (!config_.merge_export_dir.empty() && lead_) {
+    // [QLoRA] merged into the dequantized weights (what the adapters were trained against).
+    ASSIGN_OR_RETURN(const std::vector<NamedParam> base,
+                     model_->DequantizedBase(trainer_->BaseParams()));
+    ASSIGN_OR_RETURN(std::vector<NamedParam> merged,
+                     io::MergeLora(base, trainer_->Params(), config_.lora));
+    io::TrainerState state;
+    state.step = trainer_->step();
+    state.model = spec_;
+    state.param_dtype = dtype_;
+    RETURN_IF_ERROR(io::SaveCheckpoint(config_.merge_export_dir, state, merged, {}));
+    MEMPLAN_LOG(kInfo, "merged export").Field("dir", config_.merge_export_dir);
+  }
+  if (world_size_ > 1) RETURN_IF_ERROR(PrintRankFigures());
+  if (!lead_) return absl::OkStatus();
+  return Summarize();
+}
+
+absl::Status TrainSession::PrintRankFigures() {
+  // Every rank's own steady peaks (the summary and the measurement are rank 0's): what a
+  // per-rank plan is checked against.
+  std::printf("rank %d steady peak: allocated %lld reserved %lld device_used %lld bytes\n",
+              dist_.rank, static_cast<long long>(steady_allocated_),
+              static_cast<long long>(steady_reserved_), static_cast<long long>(steady_device_));
+  if (ChunkManager* chunks = trainer_->chunk_manager(); chunks != nullptr) {
+    // [Collective timing] the chunk all-gathers of steps 2.. as the backend timed them, with
+    // nccl-tests' bus bandwidth (output bytes / time x (W - 1) / W), comparable with
+    // `memplan-agent bench --world-size W`'s all-gather figure.
+    const ChunkUploadStats u = chunks->UploadStats();
+    const double bus = AllGatherBusBytesPerSecond(static_cast<double>(u.gather_output_bytes),
+                                                  u.gather_seconds, world_size_);
+    std::printf(
+        "rank %d chunk all-gathers (after step 1): %lld, %lld timed, %.1f MiB out, "
+        "device %.4f s, bus bandwidth %.1f GB/s\n",
+        dist_.rank, static_cast<long long>(u.gathers), static_cast<long long>(u.gathers_timed),
+        static_cast<double>(u.gather_output_bytes) / (1 << 20), u.gather_seconds, bus / 1e9);
+    if (group_ != nullptr) {
+      ASSIGN_OR_RETURN(const std::optional<GatherBandwidth> across, CompareGatherTimes(*group_, u));
+      if (across.has_value() && lead_) {
+        std::printf(
+            "chunk all-gathers across %d ranks (%lld gathers): bus bandwidth %.1f GB/s "
+            "by the fastest rank of each (the transfer), %.1f GB/s by the slowest\n",
+            world_size_, static_cast<long long>(across->gathers),
+            across->fastest_bus_bytes_per_second / 1e9, across->slowest_bus_bytes_per_second / 1e9);
+      }
+    }
+  }
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
+absl::Status TrainSession::Summarize() {
+  // The `done` record is written when it goes out of scope, after the `trained` line and the
+  // report: it stays the run's last log line.
+  auto summary = MEMPLAN_LOG(kInfo, "done");
+  summary.Field("steps", trainer_->step())
+      .Field("world_size", world_size_)
+      .Field("mean_tokens_per_second", timed_steps_ > 0 ? world_size_ * tokens_per_second_sum_ /
+                                                              static_cast<double>(timed_steps_)
+                                                        : 0.0)
+      .Field("peak_allocated_bytes", peak_allocated_)
+      .Field("peak_reserved_bytes", peak_reserved_)
+      .Field("load_peak_reserved_bytes", load_reserved_)
+      .Field("steady_device_used_bytes", steady_device_);
+  if (ActivationOffloader* offloader = trainer_->offloader()) {
+    const ActivationOffloadStats s = offloader->Stats();
+    summary.Field("activation_offloaded_bytes", s.offloaded_bytes)
+        .Field("activation_host_peak_bytes", s.host_bytes_peak)
+        .Field("activation_synchronous_fetches", s.synchronous_fetches);
+  }
+  std::printf("trained %lld steps\n", static_cast<long long>(trainer_->step()));
+  if (client_ != nullptr && timed_steps_ > 0) {
+    Measurement m;
+    m.plan_id = answer_.plan_id;
+    m.peak_allocated_bytes = steady_allocated_;
+    m.peak_reserved_bytes = steady_reserved_;
+    m.peak_device_bytes = steady_device_;
+    m.load_peak_bytes = load_reserved_;
+    m.step_seconds = seconds_sum_ / static_cast<double>(timed_steps_);
+    if (config_.steps == 1) m.note = "single step: no warm-up excluded";
+    RETURN_IF_ERROR(ReportToPlanner(*client_, answer_, m));
+  }
+  return absl::OkStatus();
+}
+
+void TrainSession::WriteTimelineOnExit() {
+  // Finish() writes the timeline after the last step; a run that stopped before it still leaves
+  // its curve, and a failure to write it must not hide the status that ended the run.
+  if (timeline_ == nullptr || timeline_written_) return;
+  if (absl::Status s = timeline_->WriteTsv(config_.memory_timeline); !s.ok()) {
+    MEMPLAN_LOG(kError, "memory timeline not written").Field("error", s.ToString());
+  }
+}
+
+}  // namespace memplan

@@ -1,0 +1,128 @@
+// TrainSession: one run of `memplan-agent train`, from flags to the last checkpoint. The stages
+// build on each other in a fixed order — the device and the process group, the plan (flags, plan
+// file or planner), the model, its weights, the Trainer, the resume point, the steps, and what is
+// written and reported at the end — and each stage is one method. The CLI parses the flags and
+// calls Run(); the lines the run prints and logs are its interface to scripts and tests.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "agent/client/plan_answer.h"
+#include "agent/client/planner_flags.h"
+#include "agent/core/torch_pch.h"
+#include "agent/dist/dist_options.h"
+#include "agent/io/hf_checkpoint.h"
+#include "agent/model/llama_model.h"
+#include "agent/profiler/device_memory.h"
+#include "agent/train/train_config.h"
+#include "agent/train/trainer.h"
+
+namespace memplan {
+
+class AgentMetrics;
+class MemoryProbe;
+class MemoryTimeline;
+class PlannerClient;
+class ProcessGroup;
+namespace io {
+class TokenBatcher;
+class TokenFile;
+}  // namespace io
+
+// Owns everything one run builds: the process group (world size > 1), the planner client (with
+// --planner), the model, the Hugging Face checkpoint it loads from, the memory timeline, the
+// Trainer, the data stream and the live metrics server; all are released when the session is.
+// Promises: with loop.address set the plan comes from the planner (a plan file or plan flags are
+// refused) and the steady-state measurement, or an OOM, is reported back; with dist.world_size > 1
+// this process is one rank (its own rows of every global batch, chunks sharded over the ranks),
+// and only rank 0 logs steps and talks to the planner. Not thread-safe: one session per process,
+// driven from the main thread.
+class TrainSession {
+ public:
+  TrainSession(TrainConfig config, PlannerLoopOptions loop, DistOptions dist);
+  ~TrainSession();
+  TrainSession(const TrainSession&) = delete;
+  TrainSession& operator=(const TrainSession&) = delete;
+
+  // Runs every stage once, in order; the first failure ends the run with its status
+  // (RESOURCE_EXHAUSTED "out of memory in step N (oom=true) ..." after a CUDA OOM). Call once.
+  absl::Status Run();
+
+ private:
+  // The stages, in Run()'s order. Each uses only what the ones before it built.
+  absl::Status PrepareDevice();  // the device, its allocator, the process group, CPU threads
+  absl::Status ResolvePlan();    // optimizer, dtype, model spec, plan, memory limit
+  absl::Status BuildModel();     // the model, shapes only for a sharded load
+  absl::Status LoadWeights();    // the checkpoint (whole, or matched for the sharded load), adapter
+  absl::Status BuildTrainer();   // layout checks against the plan, the timeline, the Trainer
+  absl::Status FillShards();     // [Sharded loading]: this rank's ranges of every parameter
+  void ReportApplied();          // the load peak, `plan applied`, chunk bytes against the plan
+  absl::Status Resume();         // the data stream and, with --resume, the checkpoint's state
+  absl::Status Loop();           // the steps up to --steps, periodic saves
+  absl::Status Finish();         // the timeline, the last save, adapter and merged exports
+
+  // Pieces of the stages.
+  absl::Status ReadPlanFile();
+  absl::Status ResolveModelSpec();
+  absl::Status PlanFromPlanner();
+  PlanQuery PlannerQuery() const;
+  absl::Status StartLiveMetrics();
+  absl::Status StopOnOutOfMemory(const absl::Status& step_status);
+  void ObserveStep(StepStats& stats);
+  absl::Status Save();
+  absl::Status PrintRankFigures();
+  absl::Status Summarize();
+  void WriteTimelineOnExit();
+
+  const TrainConfig config_;
+  const PlannerLoopOptions loop_;
+  const DistOptions dist_;
+  const int world_size_;
+  const bool lead_;  // rank 0: logs steps and talks to the planner
+
+  torch::Device device_ = torch::kCPU;  // PrepareDevice()
+  // ResolvePlan().
+  std::string plan_text_;  // --plan-file's contents
+  OptimizerKind optimizer_ = OptimizerKind::kAdamW;
+  DType dtype_ = DType::kFloat32;
+  ModelSpec spec_;
+  LlamaModelOptions model_options_;
+  std::optional<ResidencyPlan> file_plan_;  // the plan file's or the planner's plan
+  PlanAnswer answer_;                       // the planner's answer (--planner)
+  RunPlan plan_;
+  TrainerOptions trainer_options_;
+
+  // Declared in the order they are built, so they are destroyed in reverse: the Trainer before
+  // the timeline it reports to, the model it trains and the process group it talks through.
+  std::unique_ptr<ProcessGroup> group_;
+  std::unique_ptr<PlannerClient> client_;
+  std::unique_ptr<LlamaModel> model_;
+  bool sharded_load_ = false;
+  HostMemory before_model_;
+  std::unique_ptr<io::HfCheckpoint> checkpoint_;
+  io::HfCheckpoint::Matched matched_;
+  std::unique_ptr<MemoryProbe> probe_;
+  std::unique_ptr<MemoryTimeline> timeline_;
+  bool timeline_written_ = false;
+  std::unique_ptr<Trainer> trainer_;
+  std::shared_ptr<const io::TokenFile> tokens_;
+  std::unique_ptr<io::TokenBatcher> batcher_;
+  int64_t data_position_ = 0;
+  std::unique_ptr<AgentMetrics> live_;  // --metrics: the plan's prediction next to every step
+
+  // What the steps measured. Steady state is every step after the warm-up one (what the planner
+  // predicts); load is everything before the first step.
+  double tokens_per_second_sum_ = 0;
+  double seconds_sum_ = 0;
+  int64_t timed_steps_ = 0;
+  int64_t peak_allocated_ = 0, peak_reserved_ = 0;
+  int64_t steady_allocated_ = 0, steady_reserved_ = 0, steady_device_ = 0;
+  int64_t load_reserved_ = 0;
+  int64_t uploaded_bytes_ = 0;  // chunk upload bytes already published to live_
+};
+
+}  // namespace memplan
