@@ -1,10 +1,13 @@
 #include "agent/client/record_json.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -20,14 +23,17 @@ using Json = nlohmann::json;
 
 // ---------------------------------------------------------------- enum names
 
-// Enum spellings accepted on input: the short names ("bf16", "hs_offload", "pinned", "lora")
-// and the proto names ("DTYPE_BF16", "BLOCK_MODE_HS_OFFLOAD", "HOST_MEMORY_PINNED", "LORA").
+// Enum spellings accepted on input (ParseBlockModeName): lower case, '-' for '_', blanks and a
+// proto prefix dropped ("DTYPE_BF16", "BLOCK_MODE_HS_OFFLOAD", "HOST_MEMORY_PINNED",
+// "TRAINING_KIND_LORA" and TrainingMethod.Kind's "KIND_UNSPECIFIED" read as their short names).
 std::string NormaliseEnumName(absl::string_view name) {
-  std::string lower = absl::AsciiStrToLower(name);
-  for (absl::string_view prefix : {"dtype_", "block_mode_", "host_memory_", "kind_"}) {
-    if (absl::StartsWith(lower, prefix)) return lower.substr(prefix.size());
+  std::string n = absl::AsciiStrToLower(absl::StripAsciiWhitespace(name));
+  std::replace(n.begin(), n.end(), '-', '_');
+  for (absl::string_view prefix :
+       {"dtype_", "block_mode_", "host_memory_", "training_kind_", "kind_"}) {
+    if (absl::StartsWith(n, prefix)) return n.substr(prefix.size());
   }
-  return lower;
+  return n;
 }
 
 // Proto JSON (what `memplan trace submit` reads) names enums by their proto names.
@@ -35,17 +41,6 @@ std::string ProtoDTypeName(DType dtype) {
   return absl::StrCat("DTYPE_", absl::AsciiStrToUpper(std::string(DTypeName(dtype))));
 }
 
-std::string_view TrainingKindName(TrainingKind kind) {
-  switch (kind) {
-    case TrainingKind::kLora:
-      return "lora";
-    case TrainingKind::kQlora:
-      return "qlora";
-    case TrainingKind::kFull:
-      break;
-  }
-  return "full";
-}
 std::string_view ProtoTrainingKindName(TrainingKind kind) {
   switch (kind) {
     case TrainingKind::kLora:
@@ -58,20 +53,39 @@ std::string_view ProtoTrainingKindName(TrainingKind kind) {
   return "FULL";
 }
 
-template <typename E, size_t N>
-std::optional<E> ParseByName(std::string_view name, const E (&values)[N],
-                             std::string_view (*name_of)(E)) {
-  for (E v : values) {
-    if (name_of(v) == name) return v;
+// Plan enums as JSON values: a name, or the proto number (proto JSON printed with enums as ints).
+constexpr BlockMode kBlockModes[] = {BlockMode::kNone, BlockMode::kCkpt, BlockMode::kSwap,
+                                     BlockMode::kHsOffload};
+
+std::optional<BlockMode> BlockModeFromJson(const Json& v) {
+  if (v.is_string()) return ParseBlockModeName(v.get<std::string>());
+  if (v.is_number_integer() && v.get<int64_t>() >= 1 && v.get<int64_t>() <= 4) {
+    return kBlockModes[v.get<int64_t>() - 1];  // BLOCK_MODE_NONE = 1 ...
   }
   return std::nullopt;
 }
 
-constexpr BlockMode kBlockModes[] = {BlockMode::kNone, BlockMode::kCkpt, BlockMode::kSwap,
-                                     BlockMode::kHsOffload};
-constexpr HostMemoryKind kHostKinds[] = {HostMemoryKind::kPinned, HostMemoryKind::kPageable};
-constexpr TrainingKind kTrainingKinds[] = {TrainingKind::kFull, TrainingKind::kLora,
-                                           TrainingKind::kQlora};
+std::optional<HostMemoryKind> HostMemoryFromJson(const Json& v) {
+  if (v.is_string()) return ParseHostMemoryName(v.get<std::string>());
+  if (v.is_number_integer() && v.get<int64_t>() == 1) return HostMemoryKind::kPinned;
+  if (v.is_number_integer() && v.get<int64_t>() == 2) return HostMemoryKind::kPageable;
+  return std::nullopt;
+}
+
+// TrainingMethod.Kind: KIND_UNSPECIFIED (0) is a full fine-tune.
+std::optional<TrainingKind> TrainingKindFromJson(const Json& v) {
+  std::string n;
+  if (v.is_string()) n = NormaliseEnumName(v.get<std::string>());
+  if (v.is_number_integer()) {
+    constexpr const char* kByNumber[] = {"unspecified", "full", "lora", "qlora"};
+    const int64_t i = v.get<int64_t>();
+    if (i >= 0 && i < 4) n = kByNumber[i];
+  }
+  if (n == "full" || n == "unspecified") return TrainingKind::kFull;
+  if (n == "lora") return TrainingKind::kLora;
+  if (n == "qlora") return TrainingKind::kQlora;
+  return std::nullopt;
+}
 
 // ---------------------------------------------------------------- writing
 
@@ -214,8 +228,6 @@ Json ToJson(const Prediction& p) {
 
 // ---------------------------------------------------------------- reading
 
-// Reads fields of one JSON object; the first problem is kept and names the field by its path.
-// Absent keys keep the struct's default.
 std::string CamelCase(absl::string_view snake) {
   std::string out;
   bool upper = false;
@@ -230,6 +242,8 @@ std::string CamelCase(absl::string_view snake) {
   return out;
 }
 
+// Reads fields of one JSON object; the first problem is kept and names the field by its path.
+// Absent and null keys keep the struct's default.
 class Reader {
  public:
   Reader(const Json& object, std::string path, absl::Status* status)
@@ -253,45 +267,59 @@ class Reader {
   void Get(absl::string_view key, T* out) const {
     const Json* v = Find(key);
     if (v == nullptr) return;
-    bool ok = false;
     if constexpr (std::is_same_v<T, bool>) {
-      ok = v->is_boolean();
+      if (!v->is_boolean()) return Fail(key, "must be true or false");
+      *out = v->get<bool>();
     } else if constexpr (std::is_integral_v<T>) {
-      // Proto JSON writes 64-bit integers as strings.
-      if (v->is_string()) {
-        T parsed{};
-        if (!absl::SimpleAtoi(v->get<std::string>(), &parsed)) {
-          Fail(key, "is not an integer");
-          return;
-        }
-        *out = parsed;
-        return;
-      }
-      ok = v->is_number_integer();
+      GetInt(key, out, std::numeric_limits<T>::min(), std::numeric_limits<T>::max());
     } else if constexpr (std::is_floating_point_v<T>) {
-      ok = v->is_number();
+      // Proto JSON writes the special values as strings.
+      if (v->is_string()) {
+        const std::string text = v->get<std::string>();
+        if (text == "NaN") return void(*out = std::numeric_limits<T>::quiet_NaN());
+        if (text == "Infinity") return void(*out = std::numeric_limits<T>::infinity());
+        if (text == "-Infinity") return void(*out = -std::numeric_limits<T>::infinity());
+      }
+      if (!v->is_number()) return Fail(key, "is not a number");
+      *out = v->get<T>();
     } else {
-      ok = v->is_string();
+      if (!v->is_string()) return Fail(key, "must be a string");
+      *out = v->get<T>();
     }
-    if (!ok) {
-      Fail(key, "has the wrong type");
-      return;
-    }
-    *out = v->get<T>();
   }
 
-  template <typename E, size_t N>
-  void GetEnum(absl::string_view key, const E (&values)[N], std::string_view (*name_of)(E),
-               E* out) const {
-    std::string name;
-    if (Find(key) == nullptr) return;
-    Get(key, &name);
-    if (!status_->ok()) return;
-    std::optional<E> parsed = ParseByName(NormaliseEnumName(name), values, name_of);
-    if (!parsed.has_value()) {
-      Fail(key, absl::StrCat("= \"", name, "\" is not a known value"));
-      return;
+  // An integer in [lo, hi], as a number or (proto JSON's 64-bit integers) a string; outside the
+  // range it is refused, never truncated.
+  template <typename T>
+  void GetInt(absl::string_view key, T* out, int64_t lo, int64_t hi) const {
+    static_assert(std::is_signed_v<T> && sizeof(T) <= sizeof(int64_t));
+    const Json* v = Find(key);
+    if (v == nullptr) return;
+    int64_t x = 0;
+    if (v->is_string()) {
+      if (!absl::SimpleAtoi(v->get<std::string>(), &x)) return Fail(key, "is not an integer");
+    } else if (v->is_number_unsigned() &&
+               v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return Fail(key, absl::StrCat("= ", v->dump(), " is outside [", lo, ", ", hi, "]"));
+    } else if (v->is_number_integer()) {
+      x = v->get<int64_t>();
+    } else {
+      return Fail(key, "is not an integer");
     }
+    if (x < lo || x > hi) {
+      return Fail(key, absl::StrCat("= ", x, " is outside [", lo, ", ", hi, "]"));
+    }
+    *out = static_cast<T>(x);
+  }
+
+  // An enum by name or proto number (`parse`); `allowed` lists the names for the error.
+  template <typename E>
+  void GetEnum(absl::string_view key, std::optional<E> (*parse)(const Json&),
+               absl::string_view allowed, E* out) const {
+    const Json* v = Find(key);
+    if (v == nullptr) return;
+    std::optional<E> parsed = parse(*v);
+    if (!parsed.has_value()) return Fail(key, absl::StrCat("= ", v->dump(), " is not ", allowed));
     *out = *parsed;
   }
 
@@ -377,7 +405,7 @@ void Read(const Json& j, const std::string& path, absl::Status* s, Workload* w) 
 
 void Read(const Json& j, const std::string& path, absl::Status* s, TrainingMethod* t) {
   Reader r(j, path, s);
-  r.GetEnum("kind", kTrainingKinds, &TrainingKindName, &t->kind);
+  r.GetEnum("kind", &TrainingKindFromJson, "full, lora or qlora", &t->kind);
   r.Get("lora_rank", &t->lora_rank);
   if (const Json* modules = r.Find("lora_target_modules"); modules != nullptr) {
     if (!modules->is_array()) return r.Fail("lora_target_modules", "must be a list");
@@ -410,17 +438,21 @@ void Read(const Json& j, const std::string& path, absl::Status* s, EdgeTrace* e)
   r.Get("backward_seconds", &e->backward_seconds);
 }
 
+// Plan counts are refused outside [0, kMaxPlanCount], chunk_bytes outside [0, kMaxChunkBytes].
+constexpr int64_t kMaxPlanCount = int64_t{1} << 20;
+constexpr int64_t kMaxChunkBytes = int64_t{1} << 44;
+
 void Read(const Json& j, const std::string& path, absl::Status* s, ResidencyPlan* p) {
   Reader r(j, path, s);
-  r.Get("chunk_bytes", &p->chunk_bytes);
-  r.Get("n_chunks", &p->n_chunks);
-  r.Get("n_persist", &p->n_persist);
-  r.Get("n_buffer", &p->n_buffer);
-  r.Get("n_swap", &p->n_swap);
-  r.Get("n_checkpoint", &p->n_checkpoint);
-  r.Get("n_hs_offload", &p->n_hs_offload);
-  r.GetEnum("host_memory", kHostKinds, &HostMemoryKindName, &p->host_memory);
-  r.Get("world_size", &p->world_size);
+  r.GetInt("chunk_bytes", &p->chunk_bytes, 0, kMaxChunkBytes);
+  r.GetInt("n_chunks", &p->n_chunks, 0, kMaxPlanCount);
+  r.GetInt("n_persist", &p->n_persist, 0, kMaxPlanCount);
+  r.GetInt("n_buffer", &p->n_buffer, 0, kMaxPlanCount);
+  r.GetInt("n_swap", &p->n_swap, 0, kMaxPlanCount);
+  r.GetInt("n_checkpoint", &p->n_checkpoint, 0, kMaxPlanCount);
+  r.GetInt("n_hs_offload", &p->n_hs_offload, 0, kMaxPlanCount);
+  r.GetEnum("host_memory", &HostMemoryFromJson, "pinned or pageable", &p->host_memory);
+  r.GetInt("world_size", &p->world_size, 0, kMaxPlanCount);
   r.Get("layout_fingerprint", &p->layout_fingerprint);
   r.Get("shard_persistent_state", &p->shard_persistent_state);
   r.Get("shard_persistent_params", &p->shard_persistent_params);
@@ -428,13 +460,10 @@ void Read(const Json& j, const std::string& path, absl::Status* s, ResidencyPlan
     if (!modes->is_array()) return r.Fail("block_modes", "must be a list");
     for (size_t i = 0; i < modes->size(); ++i) {
       const Json& m = (*modes)[i];
-      std::optional<BlockMode> mode;
-      if (m.is_string()) {
-        mode = ParseByName(NormaliseEnumName(m.get<std::string>()), kBlockModes, &BlockModeName);
-      }
+      std::optional<BlockMode> mode = BlockModeFromJson(m);
       if (!mode.has_value()) {
         return r.Fail(absl::StrCat("block_modes[", i, "]"),
-                      "is not one of none, ckpt, swap, hs_offload");
+                      absl::StrCat("= ", m.dump(), " is not none, ckpt, swap or hs_offload"));
       }
       p->block_modes.push_back(*mode);
     }
@@ -488,6 +517,62 @@ void Read(const Json& j, const std::string& path, absl::Status* s, Prediction* p
   }
 }
 
+// A plan holder's fields but its plan (PlanFileFromJson descends to that): a PlanResponse's.
+void ReadAnswer(const Json& j, const std::string& path, absl::Status* s, PlanAnswer* a) {
+  Reader r(j, path, s);
+  r.Get("fits", &a->fits);
+  r.Get("reason", &a->reason);
+  Read(Child(r, "prediction"), r.Field("prediction."), s, &a->prediction);
+  r.Get("max_micro_batch", &a->max_micro_batch);
+  r.Get("max_seq_len", &a->max_seq_len);
+  r.Get("min_gpu_memory_bytes", &a->min_gpu_memory_bytes);
+  if (const Json* alts = r.Find("alternatives"); alts != nullptr) {
+    if (!alts->is_array()) return r.Fail("alternatives", "must be a list");
+    for (size_t i = 0; i < alts->size() && s->ok(); ++i) {
+      const std::string p = r.Field(absl::StrCat("alternatives[", i, "]."));
+      PlanAlternative alt;
+      Reader ar((*alts)[i], p, s);
+      Read(Child(ar, "plan"), p + "plan.", s, &alt.plan);
+      Read(Child(ar, "prediction"), p + "prediction.", s, &alt.prediction);
+      ar.Get("note", &alt.note);
+      a->alternatives.push_back(std::move(alt));
+    }
+  }
+  r.Get("plan_id", &a->plan_id);
+  r.Get("trace_id", &a->trace_id);
+  r.Get("analytic_trace", &a->analytic_trace);
+  r.Get("capacity_bytes", &a->capacity_bytes);
+  r.Get("search_seconds", &a->search_seconds);
+  r.Get("plans_evaluated", &a->plans_evaluated);
+}
+
+// What a plan was made for: "optimizer" and "training" in `j` or in its "request" object; the
+// first found (outermost level first, `j` before its request) wins.
+void ReadMadeFor(const Json& j, const std::string& path, absl::Status* s, PlanFile* file) {
+  Reader r(j, path, s);
+  const Json* request = r.Find("request");
+  const std::pair<const Json*, std::string> places[] = {{&j, path}, {request, r.Field("request.")}};
+  for (const auto& [object, where] : places) {
+    if (object == nullptr) continue;
+    Reader o(*object, where, s);
+    if (!file->optimizer.has_value() && o.Find("optimizer") != nullptr) {
+      std::string name;
+      o.Get("optimizer", &name);
+      if (!s->ok()) return;
+      file->optimizer = ParseOptimizer(name);
+      if (!file->optimizer.has_value()) {
+        return o.Fail("optimizer", absl::StrCat("= \"", name, "\" is not one of ",
+                                                std::string(OptimizerAllowList())));
+      }
+    }
+    if (const Json* t = o.Find("training"); !file->training.has_value() && t != nullptr) {
+      TrainingMethod method;
+      Read(*t, o.Field("training."), s, &method);
+      file->training = std::move(method);
+    }
+  }
+}
+
 absl::StatusOr<Json> Parse(absl::string_view text, absl::string_view what) {
   Json doc = Json::parse(text.begin(), text.end(), /*cb=*/nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) {
@@ -521,42 +606,45 @@ std::string PlanAnswerToJson(const PlanAnswer& a) {
   return j.dump(2) + "\n";
 }
 
-absl::StatusOr<PlanAnswer> PlanAnswerFromJson(absl::string_view json) {
+absl::StatusOr<PlanFile> PlanFileFromJson(absl::string_view json) {
   ASSIGN_OR_RETURN(const Json doc, Parse(json, "plan file"));
   absl::Status s;
-  PlanAnswer a;
-  Reader r(doc, "", &s);
-  r.Get("fits", &a.fits);
-  r.Get("reason", &a.reason);
-  if (r.Find("plan") == nullptr && s.ok()) r.Fail("plan", "is missing");
-  Read(Child(r, "plan"), "plan.", &s, &a.plan);
-  Read(Child(r, "prediction"), "prediction.", &s, &a.prediction);
-  r.Get("max_micro_batch", &a.max_micro_batch);
-  r.Get("max_seq_len", &a.max_seq_len);
-  r.Get("min_gpu_memory_bytes", &a.min_gpu_memory_bytes);
-  if (const Json* alts = r.Find("alternatives"); alts != nullptr) {
-    if (!alts->is_array()) {
-      r.Fail("alternatives", "must be a list");
-    } else {
-      for (size_t i = 0; i < alts->size() && s.ok(); ++i) {
-        const std::string p = absl::StrCat("alternatives[", i, "].");
-        PlanAlternative alt;
-        Reader ar((*alts)[i], p, &s);
-        Read(Child(ar, "plan"), p + "plan.", &s, &alt.plan);
-        Read(Child(ar, "prediction"), p + "prediction.", &s, &alt.prediction);
-        ar.Get("note", &alt.note);
-        a.alternatives.push_back(std::move(alt));
-      }
+  PlanFile file;
+  // Descend through "plan" keys (PlanResponse -> plan, {"plan": PlanResponse} -> PlanResponse ->
+  // plan): each object on the way holds the next, the last one is the plan.
+  const Json* object = &doc;
+  std::string path;
+  const Json* holder = nullptr;
+  std::string holder_path;
+  for (;;) {
+    ReadMadeFor(*object, path, &s, &file);
+    Reader r(*object, path, &s);
+    const Json* inner = r.Find("plan");
+    if (inner == nullptr) break;
+    holder = object;
+    holder_path = path;
+    bool fits = true;
+    r.Get("fits", &fits);
+    if (!fits && !file.does_not_fit_reason.has_value()) {
+      std::string reason;
+      r.Get("reason", &reason);
+      file.does_not_fit_reason = reason;
     }
+    object = inner;
+    path += "plan.";
   }
-  r.Get("plan_id", &a.plan_id);
-  r.Get("trace_id", &a.trace_id);
-  r.Get("analytic_trace", &a.analytic_trace);
-  r.Get("capacity_bytes", &a.capacity_bytes);
-  r.Get("search_seconds", &a.search_seconds);
-  r.Get("plans_evaluated", &a.plans_evaluated);
+  file.bare = holder == nullptr;
+  if (holder != nullptr) ReadAnswer(*holder, holder_path, &s, &file.answer);
+  // A bare plan's fields are named like a held one's ("plan.n_persist").
+  Read(*object, file.bare ? "plan." : path, &s, &file.answer.plan);
   RETURN_IF_ERROR(s);
-  return a;
+  return file;
+}
+
+absl::StatusOr<PlanAnswer> PlanAnswerFromJson(absl::string_view json) {
+  ASSIGN_OR_RETURN(PlanFile file, PlanFileFromJson(json));
+  if (file.bare) return absl::InvalidArgumentError("plan is missing");
+  return std::move(file.answer);
 }
 
 std::string TraceToJson(const Trace& t) {
@@ -643,6 +731,23 @@ absl::StatusOr<HardwareSpec> HardwareSpecFromJson(absl::string_view json) {
   Read(doc, "", &s, &h);
   RETURN_IF_ERROR(s);
   return h;
+}
+
+std::optional<BlockMode> ParseBlockModeName(absl::string_view name) {
+  const std::string n = NormaliseEnumName(name);
+  if (n == "checkpoint") return BlockMode::kCkpt;
+  for (BlockMode mode : kBlockModes) {
+    if (BlockModeName(mode) == n) return mode;
+  }
+  return std::nullopt;
+}
+
+std::optional<HostMemoryKind> ParseHostMemoryName(absl::string_view name) {
+  const std::string n = NormaliseEnumName(name);
+  for (HostMemoryKind kind : {HostMemoryKind::kPinned, HostMemoryKind::kPageable}) {
+    if (HostMemoryKindName(kind) == n) return kind;
+  }
+  return std::nullopt;
 }
 
 absl::Status WriteTextFile(const std::string& path, absl::string_view contents) {

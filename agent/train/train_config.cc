@@ -1,13 +1,11 @@
 #include "agent/train/train_config.h"
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <functional>
 #include <map>
 #include <utility>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -15,7 +13,6 @@
 #include "absl/strings/str_split.h"
 #include "common/optimizer_bytes.h"
 #include "common/status.h"
-#include "nlohmann/json.hpp"
 
 namespace memplan {
 namespace {
@@ -42,25 +39,6 @@ absl::StatusOr<double> ParseDouble(absl::string_view flag, const std::string& va
   }
   if (v < lo || v > hi) return FlagError(flag, absl::StrCat(v, " is outside [", lo, ", ", hi, "]"));
   return v;
-}
-
-std::optional<BlockMode> ParseBlockMode(absl::string_view name) {
-  std::string n = absl::AsciiStrToLower(absl::StripAsciiWhitespace(name));
-  if (absl::StartsWith(n, "block_mode_")) n = n.substr(11);
-  std::replace(n.begin(), n.end(), '-', '_');
-  if (n == "none") return BlockMode::kNone;
-  if (n == "ckpt" || n == "checkpoint") return BlockMode::kCkpt;
-  if (n == "swap") return BlockMode::kSwap;
-  if (n == "hs_offload") return BlockMode::kHsOffload;
-  return std::nullopt;
-}
-
-std::optional<HostMemoryKind> ParseHostMemory(absl::string_view name) {
-  std::string n = absl::AsciiStrToLower(absl::StripAsciiWhitespace(name));
-  if (absl::StartsWith(n, "host_memory_")) n = n.substr(12);
-  if (n == "pinned") return HostMemoryKind::kPinned;
-  if (n == "pageable") return HostMemoryKind::kPageable;
-  return std::nullopt;
 }
 
 }  // namespace
@@ -169,7 +147,7 @@ Several ranks (torchrun --nproc-per-node N --no-python memplan-agent train ...):
 absl::StatusOr<std::vector<BlockMode>> ParseBlockModeList(absl::string_view csv) {
   std::vector<BlockMode> modes;
   for (absl::string_view item : absl::StrSplit(csv, ',')) {
-    std::optional<BlockMode> mode = ParseBlockMode(item);
+    std::optional<BlockMode> mode = ParseBlockModeName(item);
     if (!mode.has_value()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "block mode \"", std::string(item), "\" is not one of none, ckpt, swap, hs_offload"));
@@ -345,7 +323,7 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
        }},
       {"host-memory",
        [&c](absl::string_view flag, const std::string& v) -> absl::Status {
-         c.host_memory = ParseHostMemory(v);
+         c.host_memory = ParseHostMemoryName(v);
          if (!c.host_memory.has_value()) {
            return FlagError(flag, "\"" + v + "\" is not pinned or pageable");
          }
@@ -489,124 +467,6 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
   return c;
 }
 
-namespace {
-
-using Json = nlohmann::json;
-
-// The value under `snake` or its lowerCamelCase spelling, or null.
-const Json* Field(const Json& object, const std::string& snake) {
-  if (auto it = object.find(snake); it != object.end()) return &*it;
-  std::string camel;
-  bool upper = false;
-  for (char ch : snake) {
-    if (ch == '_') {
-      upper = true;
-    } else {
-      camel.push_back(upper ? static_cast<char>(std::toupper(static_cast<unsigned char>(ch))) : ch);
-      upper = false;
-    }
-  }
-  if (auto it = object.find(camel); it != object.end()) return &*it;
-  return nullptr;
-}
-
-// An optional boolean field of a plan; absent or null reads false.
-absl::StatusOr<bool> JsonBool(const Json& object, const std::string& key) {
-  const Json* v = Field(object, key);
-  if (v == nullptr || v->is_null()) return false;
-  if (!v->is_boolean()) {
-    return absl::InvalidArgumentError(absl::StrCat("plan.", key, " must be true or false"));
-  }
-  return v->get<bool>();
-}
-
-absl::StatusOr<int64_t> JsonInt(const Json& object, const std::string& key, int64_t lo,
-                                int64_t hi) {
-  const Json* v = Field(object, key);
-  if (v == nullptr || v->is_null()) return int64_t{0};
-  int64_t x = 0;
-  if (v->is_number_integer()) {
-    x = v->get<int64_t>();
-  } else if (v->is_string()) {
-    if (!absl::SimpleAtoi(v->get<std::string>(), &x)) {
-      return absl::InvalidArgumentError(absl::StrCat("plan.", key, " is not an integer"));
-    }
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat("plan.", key, " is not an integer"));
-  }
-  if (x < lo || x > hi) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("plan.", key, " = ", x, " is outside [", lo, ", ", hi, "]"));
-  }
-  return x;
-}
-
-}  // namespace
-
-absl::StatusOr<std::optional<OptimizerKind>> ParsePlanOptimizer(absl::string_view text) {
-  Json doc = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) return absl::InvalidArgumentError("plan file is not valid JSON");
-  // The same descent as ParsePlanJson; the first "optimizer" found (also under "request") wins.
-  const Json* object = &doc;
-  for (int depth = 0; depth < 5 && object != nullptr && object->is_object(); ++depth) {
-    for (const Json* holder : {object, Field(*object, "request")}) {
-      if (holder == nullptr || !holder->is_object()) continue;
-      const Json* name = Field(*holder, "optimizer");
-      if (name == nullptr || name->is_null()) continue;
-      std::optional<OptimizerKind> kind;
-      if (name->is_string()) kind = ParseOptimizer(name->get<std::string>());
-      if (!kind.has_value()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "plan file: \"optimizer\" must be one of ", std::string(OptimizerAllowList())));
-      }
-      return kind;
-    }
-    object = Field(*object, "plan");
-  }
-  return std::nullopt;
-}
-
-absl::StatusOr<std::optional<TrainingMethod>> ParsePlanTraining(absl::string_view json) {
-  const Json root = Json::parse(json, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) return absl::InvalidArgumentError("not valid JSON");
-  const Json* holder = &root;
-  for (int depth = 0; depth < 8 && holder != nullptr && holder->is_object(); ++depth) {
-    for (const Json* h : {holder, Field(*holder, "request")}) {
-      if (h == nullptr || !h->is_object()) continue;
-      const Json* t = Field(*h, "training");
-      if (t == nullptr || !t->is_object()) continue;
-      TrainingMethod method;
-      const Json* kind = Field(*t, "kind");
-      std::string k = kind != nullptr && kind->is_string() ? kind->get<std::string>() : "full";
-      k = absl::AsciiStrToLower(k);
-      if (absl::StartsWith(k, "training_kind_")) k = k.substr(14);
-      if (k == "lora") {
-        method.kind = TrainingKind::kLora;
-      } else if (k == "qlora") {
-        method.kind = TrainingKind::kQlora;
-      } else if (k != "full" && k != "unspecified") {
-        return absl::InvalidArgumentError(
-            absl::StrCat("plan file: training kind \"", k, "\" is not full, lora or qlora"));
-      }
-      if (const Json* r = Field(*t, "lora_rank"); r != nullptr) {
-        if (r->is_number_integer()) {
-          method.lora_rank = r->get<int64_t>();
-        } else if (r->is_string() && !absl::SimpleAtoi(r->get<std::string>(), &method.lora_rank)) {
-          return absl::InvalidArgumentError("plan file: training.lora_rank is not an integer");
-        }
-      }
-      if (const Json* m = Field(*t, "lora_target_modules"); m != nullptr && m->is_array()) {
-        for (const Json& name : *m) {
-          if (name.is_string()) method.lora_target_modules.push_back(name.get<std::string>());
-        }
-      }
-      return std::optional<TrainingMethod>(method);
-    }
-    holder = Field(*holder, "plan");
-  }
-  return std::optional<TrainingMethod>();
-}
-
 absl::Status CheckPlanTraining(const TrainConfig& config,
                                const std::optional<TrainingMethod>& plan_training) {
   if (!plan_training.has_value()) return absl::OkStatus();
@@ -648,88 +508,28 @@ absl::StatusOr<OptimizerKind> ResolveOptimizer(const TrainConfig& config,
   return kind;
 }
 
-absl::StatusOr<ResidencyPlan> ParsePlanJson(absl::string_view text) {
-  Json doc = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) return absl::InvalidArgumentError("plan file is not valid JSON");
-  // Descend through "plan" keys (PlanResponse → plan, StoredPlan → plan, ...). A holder with a
-  // verdict (PlanResponse.fits = false) carries the least-bad plan, shown for information only.
-  const Json* object = &doc;
-  for (int depth = 0; depth < 4 && object->is_object(); ++depth) {
-    const Json* inner = Field(*object, "plan");
-    if (inner == nullptr || !inner->is_object()) break;
-    if (const Json* fits = Field(*object, "fits"); fits != nullptr && fits->is_boolean() &&
-                                                   !fits->get<bool>()) {
-      const Json* reason = Field(*object, "reason");
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the planner's verdict is DOES NOT FIT: \"",
-          reason != nullptr && reason->is_string() ? reason->get<std::string>()
-                                                   : std::string("(no reason given)"),
-          "\"; its plan is the least-bad one, shown for information, not one to run: change the "
-          "workload, the card or the fixed knobs and plan again"));
-    }
-    object = inner;
+absl::StatusOr<ResidencyPlan> RunnablePlan(const PlanFile& file) {
+  if (file.does_not_fit_reason.has_value()) {
+    const std::string& reason = *file.does_not_fit_reason;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the planner's verdict is DOES NOT FIT: \"",
+        reason.empty() ? std::string("(no reason given)") : reason,
+        "\"; its plan is the least-bad one, shown for information, not one to run: change the "
+        "workload, the card or the fixed knobs and plan again"));
   }
-  if (!object->is_object()) return absl::InvalidArgumentError("plan file: expected an object");
-  ResidencyPlan plan;
-  constexpr int64_t kMaxCount = 1 << 20;
-  ASSIGN_OR_RETURN(plan.chunk_bytes, JsonInt(*object, "chunk_bytes", 0, int64_t{1} << 44));
-  ASSIGN_OR_RETURN(int64_t n_chunks, JsonInt(*object, "n_chunks", 0, kMaxCount));
-  ASSIGN_OR_RETURN(int64_t n_persist, JsonInt(*object, "n_persist", 0, kMaxCount));
-  ASSIGN_OR_RETURN(int64_t n_buffer, JsonInt(*object, "n_buffer", 0, kMaxCount));
-  ASSIGN_OR_RETURN(int64_t n_swap, JsonInt(*object, "n_swap", 0, kMaxCount));
-  ASSIGN_OR_RETURN(int64_t n_checkpoint, JsonInt(*object, "n_checkpoint", 0, kMaxCount));
-  ASSIGN_OR_RETURN(int64_t n_hs_offload, JsonInt(*object, "n_hs_offload", 0, kMaxCount));
-  ASSIGN_OR_RETURN(int64_t world_size, JsonInt(*object, "world_size", 0, kMaxCount));
-  ASSIGN_OR_RETURN(plan.shard_persistent_state, JsonBool(*object, "shard_persistent_state"));
-  ASSIGN_OR_RETURN(plan.shard_persistent_params, JsonBool(*object, "shard_persistent_params"));
+  ResidencyPlan plan = file.answer.plan;
   if (plan.shard_persistent_params && !plan.shard_persistent_state) {
     return absl::InvalidArgumentError(
         "plan.shard_persistent_params = true needs plan.shard_persistent_state = true (the "
         "parameters are sharded together with the optimizer state)");
   }
-  plan.n_chunks = static_cast<int32_t>(n_chunks);
-  plan.n_persist = static_cast<int32_t>(n_persist);
-  plan.n_buffer = static_cast<int32_t>(n_buffer);
-  plan.n_swap = static_cast<int32_t>(n_swap);
-  plan.n_checkpoint = static_cast<int32_t>(n_checkpoint);
-  plan.n_hs_offload = static_cast<int32_t>(n_hs_offload);
-  plan.world_size = world_size == 0 ? 1 : static_cast<int32_t>(world_size);
-  if (const Json* fp = Field(*object, "layout_fingerprint"); fp != nullptr && !fp->is_null()) {
-    if (!fp->is_string()) {
-      return absl::InvalidArgumentError("plan.layout_fingerprint must be a string");
-    }
-    plan.layout_fingerprint = fp->get<std::string>();
-  }
-  if (const Json* host = Field(*object, "host_memory"); host != nullptr && !host->is_null()) {
-    std::optional<HostMemoryKind> kind;
-    if (host->is_string()) kind = ParseHostMemory(host->get<std::string>());
-    if (host->is_number_integer()) {
-      const int64_t v = host->get<int64_t>();
-      if (v == 1) kind = HostMemoryKind::kPinned;
-      if (v == 2) kind = HostMemoryKind::kPageable;
-    }
-    if (!kind.has_value()) {
-      return absl::InvalidArgumentError("plan.host_memory must be pinned or pageable");
-    }
-    plan.host_memory = *kind;
-  }
-  if (const Json* modes = Field(*object, "block_modes"); modes != nullptr && !modes->is_null()) {
-    if (!modes->is_array()) return absl::InvalidArgumentError("plan.block_modes must be a list");
-    for (size_t i = 0; i < modes->size(); ++i) {
-      const Json& m = (*modes)[i];
-      std::optional<BlockMode> mode;
-      if (m.is_string()) mode = ParseBlockMode(m.get<std::string>());
-      if (m.is_number_integer() && m.get<int64_t>() >= 1 && m.get<int64_t>() <= 4) {
-        mode = static_cast<BlockMode>(m.get<int64_t>() - 1);
-      }
-      if (!mode.has_value()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("plan.block_modes[", i, "] is not none, ckpt, swap or hs_offload"));
-      }
-      plan.block_modes.push_back(*mode);
-    }
-  }
+  if (plan.world_size == 0) plan.world_size = 1;
   return plan;
+}
+
+absl::StatusOr<ResidencyPlan> ParsePlanJson(absl::string_view json) {
+  ASSIGN_OR_RETURN(const PlanFile file, PlanFileFromJson(json));
+  return RunnablePlan(file);
 }
 
 absl::Status CheckPlanLayout(const ResidencyPlan& plan, const std::string& source,

@@ -1,6 +1,6 @@
-// Torch-free configuration of `memplan-agent train`: command-line flags, the residency plan file
-// (JSON, as the planner's `memplan plan --json` prints it or a bare ResidencyPlan) and the rule
-// that turns block-mode counts into a per-block list.
+// Torch-free configuration of `memplan-agent train`: command-line flags, what a run takes from the
+// residency plan file (read by agent/client's PlanFileFromJson) and the rule that turns block-mode
+// counts into a per-block list.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "agent/client/record_json.h"
 #include "agent/model/lora_options.h"
 #include "common/types.h"
 
@@ -130,11 +131,14 @@ absl::StatusOr<std::vector<BlockMode>> ParseBlockModeList(absl::string_view csv)
 absl::StatusOr<std::vector<BlockMode>> BlockModesFromCounts(int num_blocks, int n_swap, int n_ckpt,
                                                             int n_hs_offload);
 
-// A ResidencyPlan from JSON: either the plan object itself or any object holding it under "plan"
-// (e.g. a PlanResponse). Keys in snake_case or lowerCamelCase; int64 as numbers or strings;
-// enums as proto names (BLOCK_MODE_CKPT, HOST_MEMORY_PINNED) or short names (ckpt, pinned).
-// FAILED_PRECONDITION quoting the planner's reason when the holder's verdict is "fits": false
-// (a PlanResponse that does not fit carries its least-bad plan, which must not be run).
+// The plan a run may apply from a plan file (read by PlanFileFromJson, agent/client/record_json.h:
+// a bare ResidencyPlan or any object holding it under "plan", e.g. a PlanResponse).
+// FAILED_PRECONDITION quoting the planner's reason when a holder's verdict is "fits": false (a
+// PlanResponse that does not fit carries its least-bad plan, which must not be run);
+// INVALID_ARGUMENT for shard_persistent_params without shard_persistent_state. world_size 0 reads
+// as 1.
+absl::StatusOr<ResidencyPlan> RunnablePlan(const PlanFile& file);
+// PlanFileFromJson, then RunnablePlan.
 absl::StatusOr<ResidencyPlan> ParsePlanJson(absl::string_view json);
 
 // [Layout fingerprint] check (common/chunk_packing.h): the chunk layout a plan was made for
@@ -145,18 +149,9 @@ absl::Status CheckPlanLayout(const ResidencyPlan& plan, const std::string& sourc
                              int agent_n_chunks, const std::string& agent_fingerprint,
                              std::string* warning);
 
-// The optimizer a plan file was made for: an "optimizer" key next to the plan (at any level of the
-// "plan" descent, or in a "request" object there, e.g. a stored plan's PlanRequest); nullopt when
-// the file names none (PlanResponse JSON does not).
-absl::StatusOr<std::optional<OptimizerKind>> ParsePlanOptimizer(absl::string_view json);
-
-// The training method a plan file was made for: a "training" object ({"kind": "lora" | "full",
-// "lora_rank", "lora_target_modules"}) found like ParsePlanOptimizer's key; nullopt when none.
-absl::StatusOr<std::optional<TrainingMethod>> ParsePlanTraining(absl::string_view json);
-
 // FAILED_PRECONDITION naming the flags when the plan file was made for another training method
-// (full vs LoRA, another rank or target set): its memory figures are not this run's. A file that
-// names no method is accepted.
+// (PlanFile::training: full vs LoRA, another rank or target set): its memory figures are not this
+// run's. A file that names no method is accepted.
 absl::Status CheckPlanTraining(const TrainConfig& config,
                                const std::optional<TrainingMethod>& plan_training);
 

@@ -175,9 +175,9 @@ absl::Status TrainSession::ResolvePlan() {
   if (!loop_.address.empty()) {
     RETURN_IF_ERROR(PlanFromPlanner());
   } else if (!config_.plan_file.empty()) {
-    auto parsed = ParsePlanJson(plan_text_);
+    auto parsed = RunnablePlan(plan_file_);
     if (!parsed.ok()) {
-      // INVALID_ARGUMENT for a malformed file, FAILED_PRECONDITION for a DOES NOT FIT verdict.
+      // FAILED_PRECONDITION for a DOES NOT FIT verdict (ReadPlanFile refused a malformed file).
       return absl::Status(parsed.status().code(), "--plan-file " + config_.plan_file + ": " +
                                                       std::string(parsed.status().message()));
     }
@@ -196,7 +196,7 @@ absl::Status TrainSession::ResolvePlan() {
   return ApplyMemoryLimit(config_, device_, loop_.address.empty() ? nullptr : &answer_);
 }
 
-// The plan file's text, and the optimizer and training method it was priced for. Optimizer:
+// The plan file, and the optimizer and training method it was priced for. Optimizer:
 // --optimizer, else the plan file's, else adamw; a plan file made for another optimizer is refused
 // (its memory figures are not this run's).
 absl::Status TrainSession::ReadPlanFile() {
@@ -205,30 +205,20 @@ absl::Status TrainSession::ReadPlanFile() {
     if (f == nullptr) {
       return absl::NotFoundError("--plan-file " + config_.plan_file + ": cannot open");
     }
+    std::string text;
     char buf[4096];
-    for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) plan_text_.append(buf, n);
+    for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) text.append(buf, n);
     std::fclose(f);
-  }
-  std::optional<OptimizerKind> plan_optimizer;
-  if (!config_.plan_file.empty()) {
-    auto parsed = ParsePlanOptimizer(plan_text_);
+    auto parsed = PlanFileFromJson(text);
     if (!parsed.ok()) {
       return absl::InvalidArgumentError("--plan-file " + config_.plan_file + ": " +
                                         std::string(parsed.status().message()));
     }
-    plan_optimizer = *parsed;
+    plan_file_ = *std::move(parsed);
   }
-  ASSIGN_OR_RETURN(optimizer_, ResolveOptimizer(config_, plan_optimizer));
-  if (!config_.plan_file.empty()) {
-    // A plan priced for another training method (full vs LoRA, rank, targets) is refused.
-    auto training = ParsePlanTraining(plan_text_);
-    if (!training.ok()) {
-      return absl::InvalidArgumentError("--plan-file " + config_.plan_file + ": " +
-                                        std::string(training.status().message()));
-    }
-    RETURN_IF_ERROR(CheckPlanTraining(config_, *training));
-  }
-  return absl::OkStatus();
+  ASSIGN_OR_RETURN(optimizer_, ResolveOptimizer(config_, plan_file_.optimizer));
+  // A plan priced for another training method (full vs LoRA, rank, targets) is refused.
+  return CheckPlanTraining(config_, plan_file_.training);
 }
 
 absl::Status TrainSession::ResolveModelSpec() {

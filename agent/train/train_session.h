@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "agent/client/plan_answer.h"
 #include "agent/client/planner_flags.h"
+#include "agent/client/record_json.h"
 #include "agent/core/torch_pch.h"
 #include "agent/dist/dist_options.h"
 #include "agent/io/hf_checkpoint.h"
@@ -86,7 +87,7 @@ class TrainSession {
 
   torch::Device device_ = torch::kCPU;  // PrepareDevice()
   // ResolvePlan().
-  std::string plan_text_;  // --plan-file's contents
+  PlanFile plan_file_;  // --plan-file's contents (none read: empty)
   OptimizerKind optimizer_ = OptimizerKind::kAdamW;
   DType dtype_ = DType::kFloat32;
   ModelSpec spec_;

@@ -5,7 +5,10 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <limits>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "common/presets.h"
 #ifdef MEMPLAN_HAVE_TRAIN_CONFIG
@@ -167,6 +170,85 @@ TEST(RecordJsonTest, PlanFileNamesTheBadField) {
   EXPECT_THAT(PlanAnswerFromJson("{}").status().message(), HasSubstr("plan is missing"));
   EXPECT_THAT(PlanAnswerFromJson("{not json").status().message(), HasSubstr("not valid JSON"));
   EXPECT_THAT(PlanAnswerFromJson("[1, 2]").status().message(), HasSubstr("JSON object"));
+}
+
+// The one plan-file reader: holders at any depth, what the plan was made for, both key spellings,
+// 64-bit integers as strings, enums by short name, proto name or proto number.
+TEST(RecordJsonTest, PlanFileReadsEveryHolderOnce) {
+  absl::StatusOr<PlanFile> f = PlanFileFromJson(R"({"request": {"optimizer": "sgd",
+      "training": {"kind": "LORA", "loraRank": "8", "loraTargetModules": ["q_proj"]}},
+      "plan": {"fits": true, "planId": "p-2",
+               "prediction": {"peakBytes": "5", "tokensPerSecond": "Infinity"},
+               "plan": {"chunkBytes": "1024", "nPersist": 2, "hostMemory": 2,
+                        "blockModes": [2, "BLOCK_MODE_SWAP", "hs-offload"]}}})");
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_FALSE(f->bare);
+  EXPECT_FALSE(f->does_not_fit_reason.has_value());
+  EXPECT_EQ(f->optimizer, OptimizerKind::kSgd);
+  ASSERT_TRUE(f->training.has_value());
+  EXPECT_EQ(f->training->kind, TrainingKind::kLora);
+  EXPECT_EQ(f->training->lora_rank, 8);
+  EXPECT_EQ(f->training->lora_target_modules, std::vector<std::string>{"q_proj"});
+  EXPECT_TRUE(f->answer.fits);
+  EXPECT_EQ(f->answer.plan_id, "p-2");
+  EXPECT_EQ(f->answer.prediction.peak_bytes, 5);
+  EXPECT_EQ(f->answer.prediction.tokens_per_second, std::numeric_limits<double>::infinity());
+  EXPECT_EQ(f->answer.plan.chunk_bytes, 1024);
+  EXPECT_EQ(f->answer.plan.n_persist, 2);
+  EXPECT_EQ(f->answer.plan.host_memory, HostMemoryKind::kPageable);
+  EXPECT_EQ(f->answer.plan.block_modes,
+            (std::vector<BlockMode>{BlockMode::kCkpt, BlockMode::kSwap, BlockMode::kHsOffload}));
+
+  // A bare plan: no holder, so no verdict; PlanAnswerFromJson wants one.
+  f = PlanFileFromJson(R"({"n_persist": 1, "fits": false, "optimizer": "adamw"})");
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_TRUE(f->bare);
+  EXPECT_FALSE(f->does_not_fit_reason.has_value());
+  EXPECT_EQ(f->answer.plan.n_persist, 1);
+  EXPECT_EQ(f->optimizer, OptimizerKind::kAdamW);
+  EXPECT_THAT(PlanAnswerFromJson(R"({"n_persist": 1})").status().message(),
+              HasSubstr("plan is missing"));
+
+  // A "does not fit" verdict anywhere on the way in is kept, with its reason.
+  f = PlanFileFromJson(R"({"plan": {"fits": false, "reason": "too big", "plan": {}}})");
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->does_not_fit_reason, "too big");
+  EXPECT_FALSE(f->answer.fits);
+  EXPECT_EQ(f->answer.reason, "too big");
+}
+
+TEST(RecordJsonTest, PlanFileErrorsNameTheFieldByItsPath) {
+  auto message = [](const char* json) {
+    return std::string(PlanFileFromJson(json).status().message());
+  };
+  EXPECT_THAT(message(R"({"plan": {"plan": {"n_buffer": "x"}}})"),
+              HasSubstr("plan.plan.n_buffer is not an integer"));
+  EXPECT_THAT(message(R"({"n_buffer": 1.5})"), HasSubstr("plan.n_buffer is not an integer"));
+  // Numbers are range-checked, never truncated into a narrower field.
+  EXPECT_THAT(message(R"({"plan": {"n_persist": 4294967296}})"),
+              HasSubstr("plan.n_persist = 4294967296 is outside [0, 1048576]"));
+  EXPECT_THAT(message(R"({"plan": {"chunk_bytes": "-1"}})"),
+              HasSubstr("plan.chunk_bytes = -1 is outside [0, 17592186044416]"));
+  EXPECT_THAT(message(R"({"plan": {}, "max_seq_len": 18446744073709551615})"),
+              HasSubstr("max_seq_len = 18446744073709551615 is outside"));
+  EXPECT_THAT(message(R"({"plan": {"shard_persistent_state": "yes"}})"),
+              HasSubstr("plan.shard_persistent_state must be true or false"));
+  EXPECT_THAT(message(R"({"plan": {"host_memory": 3}})"),
+              HasSubstr("plan.host_memory = 3 is not pinned or pageable"));
+  EXPECT_THAT(message(R"({"request": {"optimizer": "adafactor"}, "plan": {}})"),
+              HasSubstr("request.optimizer = \"adafactor\" is not one of adamw"));
+  EXPECT_THAT(message(R"({"plan": {"training": {"kind": "prefix"}}})"),
+              HasSubstr("plan.training.kind = \"prefix\" is not full, lora or qlora"));
+  EXPECT_THAT(message(R"({"plan": 5})"), HasSubstr("plan must be a JSON object"));
+}
+
+TEST(RecordJsonTest, EnumNamesInAnySpelling) {
+  EXPECT_EQ(ParseBlockModeName(" BLOCK_MODE_HS_OFFLOAD "), BlockMode::kHsOffload);
+  EXPECT_EQ(ParseBlockModeName("hs-offload"), BlockMode::kHsOffload);
+  EXPECT_EQ(ParseBlockModeName("Checkpoint"), BlockMode::kCkpt);
+  EXPECT_EQ(ParseBlockModeName("fast"), std::nullopt);
+  EXPECT_EQ(ParseHostMemoryName("HOST_MEMORY_PAGEABLE"), HostMemoryKind::kPageable);
+  EXPECT_EQ(ParseHostMemoryName("gpu"), std::nullopt);
 }
 
 Trace SampleTrace() {

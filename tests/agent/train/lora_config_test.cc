@@ -38,28 +38,29 @@ TEST(LoraConfigTest, PlanFileForAnotherMethodIsRefused) {
   const std::string lora_plan =
       R"({"request": {"training": {"kind": "TRAINING_KIND_LORA", "lora_rank": "16",
           "lora_target_modules": ["q_proj", "v_proj"]}}, "plan": {"n_persist": 1}})";
-  auto t = ParsePlanTraining(lora_plan);
-  ASSERT_TRUE(t.ok()) << t.status();
-  ASSERT_TRUE(t->has_value());
-  EXPECT_EQ((*t)->kind, TrainingKind::kLora);
-  EXPECT_TRUE(CheckPlanTraining(lora, *t).ok());
+  auto file = PlanFileFromJson(lora_plan);
+  ASSERT_TRUE(file.ok()) << file.status();
+  const std::optional<TrainingMethod> t = file->training;
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->kind, TrainingKind::kLora);
+  EXPECT_TRUE(CheckPlanTraining(lora, t).ok());
 
   TrainConfig full;
   full.plan_file = "p.json";
-  const absl::Status refused = CheckPlanTraining(full, *t);
+  const absl::Status refused = CheckPlanTraining(full, t);
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(refused.message().find("was made for LoRA rank 16 on q_proj,v_proj, this run is a "
                                    "full fine-tune"),
             std::string::npos)
       << refused;
   lora.lora.rank = 8;
-  EXPECT_FALSE(CheckPlanTraining(lora, *t).ok());
+  EXPECT_FALSE(CheckPlanTraining(lora, t).ok());
 
   // A file that names no method (a bare plan) is accepted.
-  auto none = ParsePlanTraining(R"({"n_persist": 1})");
+  auto none = PlanFileFromJson(R"({"n_persist": 1})");
   ASSERT_TRUE(none.ok());
-  EXPECT_FALSE(none->has_value());
-  EXPECT_TRUE(CheckPlanTraining(full, *none).ok());
+  EXPECT_FALSE(none->training.has_value());
+  EXPECT_TRUE(CheckPlanTraining(full, none->training).ok());
 }
 
 }  // namespace

@@ -144,16 +144,16 @@ TEST(ParseTrainArgsTest, OptimizerFlag) {
 }
 
 TEST(ParsePlanOptimizerTest, FlagAndPlanFileMustAgree) {
-  auto none = ParsePlanOptimizer(R"({"plan": {"nChunks": 3}})");
+  auto none = PlanFileFromJson(R"({"plan": {"nChunks": 3}})");
   ASSERT_TRUE(none.ok());
-  EXPECT_FALSE(none->has_value());
-  auto top = ParsePlanOptimizer(R"({"optimizer": "sgd", "plan": {"nChunks": 3}})");
+  EXPECT_FALSE(none->optimizer.has_value());
+  auto top = PlanFileFromJson(R"({"optimizer": "sgd", "plan": {"nChunks": 3}})");
   ASSERT_TRUE(top.ok());
-  EXPECT_EQ(*top, OptimizerKind::kSgd);
-  auto request = ParsePlanOptimizer(R"({"request": {"optimizer": "adamw_bf16"}, "plan": {}})");
+  EXPECT_EQ(top->optimizer, OptimizerKind::kSgd);
+  auto request = PlanFileFromJson(R"({"request": {"optimizer": "adamw_bf16"}, "plan": {}})");
   ASSERT_TRUE(request.ok());
-  EXPECT_EQ(*request, OptimizerKind::kAdamWBf16States);
-  EXPECT_FALSE(ParsePlanOptimizer(R"({"optimizer": "adafactor"})").ok());
+  EXPECT_EQ(request->optimizer, OptimizerKind::kAdamWBf16States);
+  EXPECT_FALSE(PlanFileFromJson(R"({"optimizer": "adafactor"})").ok());
 
   TrainConfig c;
   c.plan_file = "plan.json";
