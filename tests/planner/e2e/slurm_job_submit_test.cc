@@ -66,7 +66,9 @@ class SlurmJobSubmitTest : public ::testing::Test {
 
   void WriteConfig(const std::string& planner) {
     std::ofstream(dir_ + "/site.lua") << "return { memplan = \"" << MEMPLAN_CLI_BINARY
-                                      << "\", planner = \"" << planner << "\" }\n";
+                                      << "\", planner = \"" << planner
+                                      << "\", timeout_seconds = " << MEMPLAN_SLURM_TIMEOUT_SECONDS
+                                      << " }\n";
   }
 
   // Submits a job with this comment to this partition; the interpreter's output.

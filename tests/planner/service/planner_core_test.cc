@@ -415,11 +415,13 @@ TEST_F(PlannerCoreTest, NotFoundQuotesAtMostTheStartOfTheId) {
 }
 
 TEST_F(PlannerCoreTest, FullSearchQueueIsResourceExhausted) {
-  // A core over a one-thread executor with no queue, whose thread we keep busy.
+  // A core over a one-thread executor with no queue, whose thread we keep busy. `release` is
+  // declared first so that it outlives the executor, whose destructor joins the thread still
+  // returning from WaitForNotification (TSan found the Notification destroyed under it).
+  absl::Notification release;
   SearchExecutor busy({.threads = 1, .max_queued = 0});
   auto core = PlannerCore::Create(*store_, busy, nullptr);
   ASSERT_TRUE(core.ok());
-  absl::Notification release;
   ASSERT_TRUE(busy.Submit([&] { release.WaitForNotification(); }).ok());
   auto result = (*core)->Plan(TinyRequest());
   release.Notify();
