@@ -202,7 +202,7 @@ class AdmissionWebhookE2ETest : public ::testing::Test {
     if (answer.is_discarded()) return Json::object();
     EXPECT_EQ(answer.value("apiVersion", ""), "admission.k8s.io/v1");
     EXPECT_EQ(answer.value("kind", ""), "AdmissionReview");
-    EXPECT_EQ(answer["response"].value("uid", ""), review["request"]["uid"]);
+    EXPECT_EQ(answer["response"].value("uid", ""), review["request"]["uid"].get<std::string>());
     return answer["response"];
   }
 
