@@ -17,7 +17,7 @@
 #include "absl/types/span.h"
 #include "common/types.h"
 #include "memplan/v1/planner.pb.h"
-#include "planner/calibration/calibrator.h"
+#include "planner/calibration/calibration_sample.h"
 
 namespace memplan {
 
