@@ -1,64 +1,26 @@
 #include "common/channel_security.h"
 
-#include <algorithm>
 #include <fstream>
 #include <iterator>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "common/flag_arg.h"
 
 namespace memplan {
 
-const std::vector<std::string>& ChannelSecurityFlagNames() {
-  static const auto* const kNames = new std::vector<std::string>{
-      "--tls-ca", "--tls-cert", "--tls-key", "--tls-server-name", "--auth-token-file"};
-  return *kNames;
-}
-
-absl::StatusOr<bool> SetChannelSecurityFlag(absl::string_view name, absl::string_view value,
-                                            ChannelSecurityOptions* options) {
-  std::string* field = nullptr;
-  if (name == "--tls-ca") {
-    field = &options->tls_ca_file;
-  } else if (name == "--tls-cert") {
-    field = &options->tls_cert_file;
-  } else if (name == "--tls-key") {
-    field = &options->tls_key_file;
-  } else if (name == "--tls-server-name") {
-    field = &options->tls_server_name;
-  } else if (name == "--auth-token-file") {
-    field = &options->auth_token_file;
-  } else {
-    return false;
-  }
-  if (value.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(name, " needs a non-empty value"));
-  }
-  *field = std::string(value);
-  return true;
+void AddChannelSecurityFlags(FlagSet* flags, ChannelSecurityOptions* options) {
+  flags->NonEmptyString("--tls-ca", &options->tls_ca_file)
+      .NonEmptyString("--tls-cert", &options->tls_cert_file)
+      .NonEmptyString("--tls-key", &options->tls_key_file)
+      .NonEmptyString("--tls-server-name", &options->tls_server_name)
+      .NonEmptyString("--auth-token-file", &options->auth_token_file);
 }
 
 absl::Status TakeChannelSecurityFlags(std::vector<std::string>* args,
                                       ChannelSecurityOptions* options) {
-  std::vector<std::string> rest;
-  for (size_t i = 0; i < args->size(); ++i) {
-    FlagArg flag = SplitFlagArg((*args)[i]);
-    const auto& names = ChannelSecurityFlagNames();
-    if (std::find(names.begin(), names.end(), flag.name) == names.end()) {
-      rest.push_back((*args)[i]);
-      continue;
-    }
-    if (!flag.value.has_value()) {
-      if (i + 1 >= args->size()) {
-        return absl::InvalidArgumentError(absl::StrCat(flag.name, " needs a value"));
-      }
-      flag.value = (*args)[++i];
-    }
-    absl::StatusOr<bool> taken = SetChannelSecurityFlag(flag.name, *flag.value, options);
-    if (!taken.ok()) return taken.status();
-  }
-  *args = std::move(rest);
+  FlagSet flags;
+  AddChannelSecurityFlags(&flags, options);
+  if (absl::Status s = flags.Take(args); !s.ok()) return s;
   return ValidateChannelSecurity(*options);
 }
 

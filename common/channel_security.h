@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/flags.h"
 
 namespace memplan {
 
@@ -23,17 +24,12 @@ struct ChannelSecurityOptions {
   std::string auth_token_file;  // --auth-token-file: file holding the bearer token
 };
 
-// The flag names above, for parsers that register flags by name.
-const std::vector<std::string>& ChannelSecurityFlagNames();
-
-// If `name` is one of ChannelSecurityFlagNames(), stores `value` and returns true; otherwise
-// returns false and changes nothing. INVALID_ARGUMENT naming the flag for an empty value.
-absl::StatusOr<bool> SetChannelSecurityFlag(absl::string_view name, absl::string_view value,
-                                            ChannelSecurityOptions* options);
+// Registers the flags above (each refuses an empty value) writing into `options`.
+void AddChannelSecurityFlags(FlagSet* flags, ChannelSecurityOptions* options);
 
 // Removes the flags above ("--flag=value" or "--flag value") from `args` into `options`, leaves
-// every other argument in order, and checks the cross-flag rules. For hand-written parsers (the
-// agent's commands).
+// every other argument in order, and checks the cross-flag rules. For commands whose flags
+// several parsers share (the agent's commands).
 absl::Status TakeChannelSecurityFlags(std::vector<std::string>* args,
                                       ChannelSecurityOptions* options);
 

@@ -1,6 +1,8 @@
 // One command-line argument split into a flag name and its inline value: "--name=value" gives
 // ("--name", "value"); anything else is a name without an inline value (a following argument
-// may still be its value). Shared by the agent's hand-written flag parsers.
+// may still be its value). Left for the planner flags of `memplan-agent train`
+// (TakePlannerFlags, agent/client/planner_flags.cc) until they move onto common/flags.h, whose
+// SplitFlag is the same rule.
 #pragma once
 
 #include <optional>

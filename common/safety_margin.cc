@@ -3,9 +3,8 @@
 #include <cmath>
 #include <string>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
+#include "common/flags.h"
 
 namespace memplan {
 namespace {
@@ -29,13 +28,7 @@ double ResolveSafetyMargin(double requested) {
 }
 
 absl::StatusOr<double> ParseSafetyMarginFlag(absl::string_view flag, absl::string_view text) {
-  double margin = 0;
-  if (!absl::SimpleAtod(text, &margin)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, " = ", text, ": not a number; ", AllowedRange()));
-  }
-  RETURN_IF_ERROR(CheckSafetyMargin(flag, margin));
-  return margin;
+  return ParseDoubleFlag(flag, text, DoubleRange{kMinSafetyMargin, kMaxSafetyMargin});
 }
 
 }  // namespace memplan

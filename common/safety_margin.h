@@ -25,7 +25,7 @@ absl::Status CheckSafetyMargin(absl::string_view name, double margin);
 double ResolveSafetyMargin(double requested);
 
 // A flag's text as a margin: a number CheckSafetyMargin accepts (0: the planner's default), else
-// INVALID_ARGUMENT "<flag> = <text>: not a number; allowed [0, 0.5]" or CheckSafetyMargin's error.
+// common/flags.h's [Flag errors], e.g. "--safety-margin: 0.9 is outside [0, 0.5]".
 absl::StatusOr<double> ParseSafetyMarginFlag(absl::string_view flag, absl::string_view text);
 
 }  // namespace memplan

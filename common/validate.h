@@ -24,6 +24,26 @@ inline constexpr int32_t kMaxGradAccum = 1 << 16;
 inline constexpr int64_t kMaxGpuMemoryBytes = int64_t{1} << 44;  // 16 TiB
 inline constexpr int64_t kMaxHostMemoryBytes = int64_t{1} << 50;
 inline constexpr double kMaxRate = 1e18;  // bytes/s, FLOP/s or params/s
+// A LoRA rank: at most the model's hidden_size (ValidateTrainingMethod), and never above this
+// (the bound of the --lora-rank flags, which do not know the model yet).
+inline constexpr int64_t kMaxLoraRank = int64_t{1} << 16;
+// The fixed knobs (FixedKnobs): a chunk's size, and the chunk counts n_persist / n_buffer before
+// the planner narrows them to the layout's chunk count (the block counts n_swap, n_checkpoint,
+// n_hs_offload are at most kMaxLayers, then the model's layers).
+inline constexpr int64_t kMinChunkBytes = int64_t{1} << 20;
+inline constexpr int64_t kMaxChunkBytes = int64_t{16} << 30;
+inline constexpr int32_t kMaxChunkCount = 1 << 20;
+// A Plan request's max_alternatives (0: the planner's default).
+inline constexpr int32_t kMaxAlternatives = 20;
+// An Admit request: its pools and each pool's GPUs.
+inline constexpr int32_t kMaxAdmitPools = 64;
+inline constexpr int32_t kMaxPoolGpus = 1'000'000;
+// A ListPlans request's page_size (0: the planner's default).
+inline constexpr int32_t kMaxListPlansPageSize = 1000;
+// A reported Measurement: its byte fields (host-side figures can exceed any GPU's memory) and
+// its step time.
+inline constexpr int64_t kMaxMeasuredBytes = kMaxHostMemoryBytes;
+inline constexpr double kMaxStepSeconds = 1e7;
 
 // Bounds on the strings and lists a client sends: every one is stored or echoed, and Plan and
 // Admit need no credentials. Errors name the field and the bound and quote at most

@@ -10,7 +10,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "common/flag_arg.h"
+#include "common/flags.h"
+#include "common/validate.h"
 
 namespace memplan {
 namespace {
@@ -41,17 +42,15 @@ class Settings {
   const EnvLookup& env_;
 };
 
-absl::Status BadValue(const Source& s, absl::string_view expected) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(s.label, " must be ", expected, "; got \"", s.value, "\""));
+// [Flag errors] of common/flags.h, named by where the value came from.
+absl::Status BadValue(const Source& s, absl::string_view problem) {
+  return FlagError(s.label, problem);
 }
 
 absl::StatusOr<int64_t> IntIn(const Source& s, int64_t lo, int64_t hi,
                               absl::string_view context = "") {
-  int64_t v = 0;
-  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(s.value), &v) || v < lo || v > hi) {
-    return BadValue(s, absl::StrCat("an integer in [", lo, ", ", hi, "]", context));
-  }
+  absl::StatusOr<int64_t> v = ParseIntValue(s.value, lo, hi);
+  if (!v.ok()) return BadValue(s, absl::StrCat(v.status().message(), context));
   return v;
 }
 
@@ -79,40 +78,23 @@ std::optional<int64_t> ParseBytes(absl::string_view text) {
   return n * scale;
 }
 
-const char* const kValueFlags[] = {"--world-size",
-                                   "--rank",
-                                   "--master-addr",
-                                   "--master-port",
-                                   "--collective-backend",
-                                   "--collective-bytes",
-                                   "--collective-repetitions",
-                                   "--collective-timeout"};
-
-bool IsCollectiveFlag(const std::string& name) {
-  for (const char* f : kValueFlags) {
-    if (name == f) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 absl::StatusOr<CollectiveFlags> TakeCollectiveFlags(std::vector<std::string>* args,
                                                     const EnvLookup& env) {
+  // Only the text here: a flag's value is checked with its environment variable's rules below.
+  std::map<std::string, std::optional<std::string>> values;
+  FlagSet flags;
+  for (const char* name :
+       {"--world-size", "--rank", "--master-addr", "--master-port", "--collective-backend",
+        "--collective-bytes", "--collective-repetitions", "--collective-timeout"}) {
+    flags.String(name, &values[name]);
+  }
+  std::vector<std::string> rest = *args;
+  if (absl::Status s = flags.Take(&rest); !s.ok()) return s;
   std::map<std::string, std::string> given;
-  std::vector<std::string> rest;
-  for (size_t i = 0; i < args->size(); ++i) {
-    const std::string& arg = (*args)[i];
-    auto [name, value] = SplitFlagArg(arg);
-    if (!IsCollectiveFlag(name)) {
-      rest.push_back(arg);
-      continue;
-    }
-    if (!value.has_value()) {
-      if (i + 1 >= args->size()) return absl::InvalidArgumentError(name + " needs a value");
-      value = (*args)[++i];
-    }
-    given[name] = *value;
+  for (const auto& [name, value] : values) {
+    if (value.has_value()) given[name] = *value;
   }
   // torchrun's variables with the flags standing in for them, through agent/dist's one parser.
   static const std::map<std::string, std::string> kFlagOf = {{"WORLD_SIZE", "--world-size"},
@@ -150,7 +132,6 @@ absl::StatusOr<CollectiveFlags> TakeCollectiveFlags(std::vector<std::string>* ar
   // torchrun serves the store itself unless told not to share it; then every rank is a client.
   o.store_already_served = dist->store_already_served;
   if (lookup("LOCAL_RANK").has_value()) out.local_rank = dist->local_rank;
-  const std::string world = absl::StrCat(" (world size ", o.world_size, ")");
   if (auto s = settings.Get("--collective-backend")) {
     const std::string b = absl::AsciiStrToLower(absl::StripAsciiWhitespace(s->value));
     if (b == "nccl") {
@@ -158,16 +139,21 @@ absl::StatusOr<CollectiveFlags> TakeCollectiveFlags(std::vector<std::string>* ar
     } else if (b == "gloo") {
       o.backend = CollectiveBackend::kGloo;
     } else {
-      return BadValue(*s, "nccl or gloo");
+      return BadValue(*s, NotOneOf(s->value, "nccl, gloo"));
     }
   }
   if (auto s = settings.Get("--collective-bytes")) {
     const int64_t lo = int64_t{4} * o.world_size;
     std::optional<int64_t> bytes = ParseBytes(s->value);
-    if (!bytes.has_value() || *bytes < lo || *bytes > kMaxCollectiveMessageBytes) {
-      return BadValue(*s,
-                      absl::StrCat("a byte count in [", lo, ", ", kMaxCollectiveMessageBytes,
-                                   "] (4 bytes per rank at least", world, "; suffixes K, M, G)"));
+    if (!bytes.has_value()) {
+      return BadValue(
+          *s, absl::StrCat(Quote(s->value), " is not a byte count in ",
+                           RangeText(lo, kMaxCollectiveMessageBytes), " (suffixes K, M, G)"));
+    }
+    if (*bytes < lo || *bytes > kMaxCollectiveMessageBytes) {
+      return BadValue(
+          *s, absl::StrCat(*bytes, " is outside ", RangeText(lo, kMaxCollectiveMessageBytes),
+                           " (4 bytes per rank at least; world size ", o.world_size, ")"));
     }
     o.message_bytes = *bytes;
   }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -18,7 +19,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -26,7 +26,9 @@
 #include "agent/core/torch_pch.h"
 #include "agent/train/train_config.h"
 #include "agent/train/trainer.h"
+#include "common/flags.h"
 #include "common/presets.h"
+#include "common/request_flags.h"
 #include "common/status.h"
 
 #if __has_include(<c10/cuda/CUDAStream.h>)
@@ -89,103 +91,62 @@ constexpr char kUsage[] = R"(usage: memplan-train-bench [flags]
   --label TEXT --out FILE  result label; append one JSON line per run to FILE
 )";
 
-absl::Status Bad(const std::string& flag, const std::string& value) {
-  return absl::InvalidArgumentError(absl::StrCat(flag, ": bad value '", value, "'"));
-}
-
-template <typename T>
-absl::Status ParseNumber(const std::string& flag, const std::string& value, T* out) {
-  if constexpr (std::is_floating_point_v<T>) {
-    if (!absl::SimpleAtod(value, out)) return Bad(flag, value);
-  } else {
-    int64_t v = 0;
-    if (!absl::SimpleAtoi(value, &v)) return Bad(flag, value);
-    *out = static_cast<T>(v);
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<BenchConfig> ParseArgs(int argc, char** argv) {
   BenchConfig c;
-  for (int i = 1; i < argc; ++i) {
-    std::string flag = argv[i];
-    std::string value;
-    if (const size_t eq = flag.find('='); eq != std::string::npos && flag.rfind("--", 0) == 0) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    } else if (flag == "--measure-h2d" || flag == "--help" || flag == "-h") {
-      // no value
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      return absl::InvalidArgumentError(flag + ": needs a value");
-    }
-    if (flag == "--help" || flag == "-h") return absl::CancelledError("help");
-    if (flag == "--arch") {
-      c.arch = value;
-    } else if (flag == "--tie-embeddings") {
-      if (value != "true" && value != "false") return Bad(flag, value);
-      c.tie_embeddings = value == "true";
-    } else if (flag == "--batch") {
-      RETURN_IF_ERROR(ParseNumber(flag, value, &c.batch));
-    } else if (flag == "--seq") {
-      RETURN_IF_ERROR(ParseNumber(flag, value, &c.seq));
-    } else if (flag == "--steps") {
-      RETURN_IF_ERROR(ParseNumber(flag, value, &c.steps));
-    } else if (flag == "--warmup") {
-      RETURN_IF_ERROR(ParseNumber(flag, value, &c.warmup));
-    } else if (flag == "--dtype") {
-      c.dtype = value;
-    } else if (flag == "--device") {
-      c.device = value;
-    } else if (flag == "--mode") {
-      if (value != "managed" && value != "unmanaged") return Bad(flag, value);
-      c.mode = value;
-    } else if (flag == "--chunk-mib") {
-      RETURN_IF_ERROR(ParseNumber(flag, value, &c.chunk_mib));
-    } else if (flag == "--n-persist") {
-      RETURN_IF_ERROR(ParseNumber(flag, value, &c.n_persist));
-    } else if (flag == "--n-buffer") {
-      RETURN_IF_ERROR(ParseNumber(flag, value, &c.n_buffer));
-    } else if (flag == "--block-modes") {
-      c.block_modes = value;
-    } else if (flag == "--n-ckpt") {
-      RETURN_IF_ERROR(ParseNumber(flag, value, &c.n_ckpt));
-    } else if (flag == "--n-swap") {
-      RETURN_IF_ERROR(ParseNumber(flag, value, &c.n_swap));
-    } else if (flag == "--n-hs-offload") {
-      RETURN_IF_ERROR(ParseNumber(flag, value, &c.n_hs_offload));
-    } else if (flag == "--host-memory") {
-      if (value != "pinned" && value != "pageable") return Bad(flag, value);
-      c.host_memory = value;
-    } else if (flag == "--variants") {
-      c.variants = absl::StrSplit(value, ';', absl::SkipEmpty());
-    } else if (flag == "--cpu-threads") {
-      RETURN_IF_ERROR(ParseNumber(flag, value, &c.cpu_threads));
-    } else if (flag == "--offload-in-flight") {
-      RETURN_IF_ERROR(ParseNumber(flag, value, &c.offload_in_flight));
-    } else if (flag == "--clip") {
-      RETURN_IF_ERROR(ParseNumber(flag, value, &c.clip));
-    } else if (flag == "--lr") {
-      RETURN_IF_ERROR(ParseNumber(flag, value, &c.lr));
-    } else if (flag == "--seed") {
-      RETURN_IF_ERROR(ParseNumber(flag, value, &c.seed));
-    } else if (flag == "--measure-h2d") {
-      c.measure_h2d = true;
-    } else if (flag == "--label") {
-      c.label = value;
-    } else if (flag == "--out") {
-      c.out = value;
-    } else {
-      return absl::InvalidArgumentError("unknown flag " + flag);
-    }
+  FlagSet flags;
+  flags.String("--arch", &c.arch)
+      .Choice("--tie-embeddings", &c.tie_embeddings,
+              FlagSet::Choices<bool>{{"true", true}, {"false", false}})
+      .Int(kBatchFlag, &c.batch)
+      .Int(kSeqFlag.name, &c.seq, 2, kSeqFlag.hi)  // a next-token target needs 2 tokens
+      .Int("--steps", &c.steps, 1, 1 << 30)
+      .Int("--warmup", &c.warmup, 0, 1 << 30)
+      .Choice<std::string, std::string>(
+          "--dtype", &c.dtype,
+          [](absl::string_view v) -> std::optional<std::string> {
+            if (!ParseDType(std::string_view(v.data(), v.size()))) return std::nullopt;
+            return std::string(v);
+          },
+          "fp32, bf16, fp16")
+      .String("--device", &c.device)
+      .Choice("--mode", &c.mode,
+              FlagSet::Choices<std::string>{{"unmanaged", "unmanaged"}, {"managed", "managed"}})
+      .Int(kChunkMibFlag, &c.chunk_mib)
+      .Int("--n-persist", &c.n_persist, -1, kMaxChunkCount)  // -1: all
+      .Int("--n-buffer", &c.n_buffer, 1, kMaxChunkCount)
+      .String("--block-modes", &c.block_modes)
+      .Int("--n-ckpt", &c.n_ckpt, 0, kMaxLayers)
+      .Int("--n-swap", &c.n_swap, 0, kMaxLayers)
+      .Int("--n-hs-offload", &c.n_hs_offload, 0, kMaxLayers)
+      .Choice("--host-memory", &c.host_memory,
+              FlagSet::Choices<std::string>{{"pinned", "pinned"}, {"pageable", "pageable"}})
+      .Custom("--variants",
+              [&c](absl::string_view v) -> absl::Status {
+                std::vector<std::string> variants = absl::StrSplit(v, ';', absl::SkipEmpty());
+                for (const std::string& variant : variants) {
+                  if (variant.find('=') == std::string::npos) {
+                    return absl::InvalidArgumentError(
+                        absl::StrCat(Quote(variant), " is not NAME=MODES"));
+                  }
+                }
+                c.variants = std::move(variants);
+                return absl::OkStatus();
+              })
+      .Int("--cpu-threads", &c.cpu_threads, 0, 1024)
+      .Int("--offload-in-flight", &c.offload_in_flight, 1, 1024)
+      .Double("--clip", &c.clip, 0, 1e12)
+      .Double("--lr", &c.lr, 0, 1e3)
+      .Int("--seed", &c.seed, 0, std::numeric_limits<int64_t>::max())
+      .Switch("--measure-h2d", &c.measure_h2d)
+      .String("--label", &c.label)
+      .String("--out", &c.out);
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  // --help wins over every other flag, valid or not.
+  if (std::find(args.begin(), args.end(), "--help") != args.end() ||
+      std::find(args.begin(), args.end(), "-h") != args.end()) {
+    return absl::CancelledError("help");
   }
-  if (c.batch < 1 || c.seq < 2 || c.steps < 1 || c.warmup < 0) {
-    return absl::InvalidArgumentError("need --batch >= 1, --seq >= 2, --steps >= 1, --warmup >= 0");
-  }
-  if (c.chunk_mib < 1 || c.n_buffer < 1 || c.n_persist < -1) {
-    return absl::InvalidArgumentError("need --chunk-mib >= 1, --n-buffer >= 1, --n-persist >= -1");
-  }
+  RETURN_IF_ERROR(flags.Parse(args));
   if (!c.variants.empty() && c.mode != "unmanaged") {
     return absl::InvalidArgumentError(
         "--variants: unmanaged runs only (a managed run owns the "
@@ -393,7 +354,7 @@ absl::Status Run(const BenchConfig& c) {
   ModelSpec spec = *preset;
   if (c.tie_embeddings.has_value()) spec.tie_word_embeddings = *c.tie_embeddings;
   std::optional<DType> dtype = ParseDType(c.dtype);
-  if (!dtype.has_value()) return Bad("--dtype", c.dtype);
+  if (!dtype.has_value()) return FlagError("--dtype", NotOneOf(c.dtype, "fp32, bf16, fp16"));
   const torch::Device device =
       c.device == "cpu" ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA, 0);
   if (device.is_cuda() && !torch::cuda::is_available()) {
@@ -438,7 +399,9 @@ absl::Status Run(const BenchConfig& c) {
   } else {
     for (const std::string& v : c.variants) {
       const size_t eq = v.find('=');
-      if (eq == std::string::npos) return Bad("--variants", v);
+      if (eq == std::string::npos) {
+        return FlagError("--variants", absl::StrCat(Quote(v), " is not NAME=MODES"));
+      }
       runs.emplace_back(absl::StrCat(c.label, "-", v.substr(0, eq)), v.substr(eq + 1));
     }
   }

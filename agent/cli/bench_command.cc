@@ -6,12 +6,12 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "agent/bench/collective_flags.h"
 #include "agent/bench/hardware_bench.h"
 #include "agent/client/planner_client.h"
 #include "agent/client/record_json.h"
+#include "common/flags.h"
 
 namespace memplan {
 namespace {
@@ -68,25 +68,17 @@ int RunBenchCommand(const std::vector<std::string>& args_in) {
   HardwareBenchOptions options;
   options.collective = collective->options;
   std::string out, planner;
-  bool device_given = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    const bool has_value = i + 1 < args.size();
-    if (arg == "--out" && has_value) {
-      out = args[++i];
-    } else if (arg == "--name" && has_value) {
-      options.name = args[++i];
-    } else if (arg == "--planner" && has_value) {
-      planner = args[++i];
-    } else if (arg == "--device" && has_value &&
-               absl::SimpleAtoi(args[i + 1], &options.device_index)) {
-      device_given = true;
-      ++i;
-    } else {
-      std::fprintf(stderr, "memplan-agent bench: bad flag \"%s\"\n%s", arg.c_str(), kBenchUsage);
-      return 2;
-    }
+  FlagSet flags;
+  flags.String("--out", &out)
+      .String("--name", &options.name)
+      .String("--planner", &planner)
+      .Int("--device", &options.device_index, 0, 1023);
+  if (absl::Status s = flags.Parse(args); !s.ok()) {
+    std::fprintf(stderr, "memplan-agent bench: %s\n%s", std::string(s.message()).c_str(),
+                 kBenchUsage);
+    return 2;
   }
+  const bool device_given = flags.Given("--device");
   if (planner.empty() && HasChannelSecurity(client_options.security)) {
     std::fprintf(stderr,
                  "memplan-agent bench: --tls-* and --auth-token-file need --planner ADDR\n");

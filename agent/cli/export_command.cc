@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "agent/io/checkpoint.h"
+#include "common/flags.h"
 
 namespace memplan {
 namespace {
@@ -24,22 +25,20 @@ The whole model is held in host memory while it is written.
 }  // namespace
 
 int RunExportCommand(const std::vector<std::string>& args) {
-  std::vector<std::string> positional;
-  bool params_only = false;
   for (const std::string& a : args) {
     if (a == "--help" || a == "-h") {
       std::fputs(kExportUsage, stdout);
       return 0;
     }
-    if (a == "--params-only") {
-      params_only = true;
-    } else if (!a.empty() && a[0] == '-') {
-      std::fprintf(stderr, "memplan-agent export: unknown flag \"%s\"\n%s", a.c_str(),
-                   kExportUsage);
-      return 2;
-    } else {
-      positional.push_back(a);
-    }
+  }
+  std::vector<std::string> positional;
+  bool params_only = false;
+  FlagSet flags;
+  flags.Switch("--params-only", &params_only);
+  if (absl::Status s = flags.Parse(args, &positional); !s.ok()) {
+    std::fprintf(stderr, "memplan-agent export: %s\n%s", std::string(s.message()).c_str(),
+                 kExportUsage);
+    return 2;
   }
   if (positional.size() != 2) {
     std::fprintf(stderr, "memplan-agent export: need CHECKPOINT_DIR and OUT_DIR\n%s",

@@ -8,15 +8,16 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "agent/client/planner_client.h"
 #include "agent/client/record_json.h"
 #include "agent/profiler/memory_probe.h"
 #include "agent/profiler/model_profiler.h"
 #include "agent/profiler/on_demand_profiler.h"
+#include "common/flags.h"
 #include "common/hf_config.h"
 #include "common/presets.h"
+#include "common/request_flags.h"
 
 namespace memplan {
 namespace {
@@ -100,45 +101,25 @@ int RunProfileCommand(const std::vector<std::string>& args_in) {
   if (absl::Status s = TakeChannelSecurityFlags(&args, &client_options.security); !s.ok()) {
     return BadFlag(std::string(s.message()));
   }
-  std::string arch, arch_file, dtype = "fp32", device = "cpu", out, planner;
+  std::string arch, arch_file, device = "cpu", out, planner;
+  std::optional<DType> param_dtype = DType::kFloat32;
   bool on_demand = false;
   ProfilerOptions options;
   options.workload.micro_batch = 1;
   options.workload.seq_len = 128;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--on-demand") {
-      on_demand = true;
-      continue;
-    }
-    if (i + 1 >= args.size()) return BadFlag("flag " + a + " needs a value");
-    const std::string& v = args[++i];
-    bool number_ok = true;
-    if (a == "--arch") {
-      arch = v;
-    } else if (a == "--arch-file") {
-      arch_file = v;
-    } else if (a == "--batch") {
-      number_ok = absl::SimpleAtoi(v, &options.workload.micro_batch);
-    } else if (a == "--seq") {
-      number_ok = absl::SimpleAtoi(v, &options.workload.seq_len);
-    } else if (a == "--dtype") {
-      dtype = v;
-    } else if (a == "--device") {
-      device = v;
-    } else if (a == "--hardware") {
-      options.hardware_name = v;
-    } else if (a == "--chunk-bytes") {
-      number_ok = absl::SimpleAtoi(v, &options.chunk_bytes);
-    } else if (a == "--out") {
-      out = v;
-    } else if (a == "--planner") {
-      planner = v;
-    } else {
-      return BadFlag("unknown flag " + a);
-    }
-    if (!number_ok) return BadFlag(a + ": not an integer: " + v);
-  }
+  FlagSet flags("see --help");
+  flags.Switch("--on-demand", &on_demand)
+      .String("--arch", &arch)
+      .String("--arch-file", &arch_file)
+      .Int(kBatchFlag, &options.workload.micro_batch)
+      .Int(kSeqFlag, &options.workload.seq_len)
+      .String("--device", &device)
+      .String("--hardware", &options.hardware_name)
+      .Int("--chunk-bytes", &options.chunk_bytes, kMinChunkBytes, kMaxChunkBytes)
+      .String("--out", &out)
+      .String("--planner", &planner);
+  AddDTypeFlag(&flags, "--dtype", &param_dtype);
+  if (absl::Status s = flags.Parse(args); !s.ok()) return BadFlag(std::string(s.message()));
   if (arch.empty() == arch_file.empty())
     return BadFlag("give exactly one of --arch or --arch-file");
   if (planner.empty() && HasChannelSecurity(client_options.security)) {
@@ -153,8 +134,6 @@ int RunProfileCommand(const std::vector<std::string>& args_in) {
     if (!loaded.ok()) return BadFlag("--arch-file: " + std::string(loaded.status().message()));
     spec = *loaded;
   }
-  const std::optional<DType> param_dtype = ParseDType(dtype);
-  if (!param_dtype.has_value()) return BadFlag("--dtype must be fp32, bf16 or fp16");
 
   LlamaModelOptions model_options;
   model_options.spec = *spec;

@@ -3,9 +3,10 @@
 #include <cstdint>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/flags.h"
 #include "common/status.h"
+#include "common/validate.h"
 
 namespace memplan {
 namespace {
@@ -22,13 +23,11 @@ absl::StatusOr<std::optional<int>> EnvInt(const EnvLookup& env, const DistSettin
                                           absl::string_view context = "") {
   std::optional<std::string> text = env(name);
   if (!text.has_value()) return std::optional<int>();
-  int v = 0;
-  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &v) || v < lo || v > hi) {
-    return absl::InvalidArgumentError(absl::StrCat(label(name), " must be an integer in [", lo,
-                                                   ", ", hi, "]", context, "; got \"", *text,
-                                                   "\""));
-  }
-  return std::optional<int>(v);
+  // The flags that stand in for a variable (agent/bench/collective_flags.h) and the variables
+  // themselves read alike: [Flag errors] of common/flags.h.
+  absl::StatusOr<int64_t> v = ParseIntValue(*text, lo, hi);
+  if (!v.ok()) return FlagError(label(name), absl::StrCat(v.status().message(), context));
+  return std::optional<int>(static_cast<int>(*v));
 }
 
 }  // namespace
@@ -87,8 +86,8 @@ absl::StatusOr<DistOptions> DistOptionsFromSettings(const EnvLookup& env,
   if (std::optional<std::string> addr = env("MASTER_ADDR"); addr.has_value()) {
     o.master_addr = std::string(absl::StripAsciiWhitespace(*addr));
     if (o.master_addr.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          label("MASTER_ADDR"), " must be a host name or address; got \"", *addr, "\""));
+      return FlagError(label("MASTER_ADDR"),
+                       absl::StrCat(Quote(*addr), " is not a host name or address"));
     }
   }
   ASSIGN_OR_RETURN(std::optional<int> port, EnvInt(env, label, "MASTER_PORT", 1, 65535));

@@ -60,7 +60,8 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string& na
 // torchrun's variables: WORLD_SIZE (absent: 1, every other variable optional), RANK (required
 // when WORLD_SIZE > 1), LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
 // TORCHELASTIC_USE_AGENT_STORE; and MEMPLAN_NCCL_HIGH_PRIORITY (0 or 1). INVALID_ARGUMENT names the
-// variable, its range and the value.
+// variable, its range and the value, as flags do ([Flag errors], common/flags.h):
+// "RANK (environment): 2 is outside [0, 1] (world size 2)".
 absl::StatusOr<DistOptions> DistOptionsFromEnvironment(const EnvLookup& env);
 
 // How an error names the setting behind a torchrun variable (given its name, e.g. "RANK"): the

@@ -4,12 +4,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string>
+#include <vector>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "agent/io/synthetic_tokens.h"
 #include "agent/io/token_file.h"
+#include "common/flags.h"
+#include "common/validate.h"
 
 namespace {
 
@@ -32,32 +34,22 @@ int main(int argc, char** argv) {
   memplan::io::SyntheticTokenOptions options;
   options.num_tokens = -1;
   int token_bytes = 0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const size_t eq = arg.find('=');
-    const std::string key = arg.substr(0, eq);
-    const std::string value = eq == std::string::npos ? "" : arg.substr(eq + 1);
-    bool ok = eq != std::string::npos;
-    if (key == "--help" || key == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (key == "--out") {
-      out = value;
-    } else if (key == "--tokens") {
-      ok = ok && absl::SimpleAtoi(value, &options.num_tokens);
-    } else if (key == "--vocab") {
-      ok = ok && absl::SimpleAtoi(value, &options.vocab_size);
-    } else if (key == "--seed") {
-      ok = ok && absl::SimpleAtoi(value, &options.seed);
-    } else if (key == "--noise") {
-      ok = ok && absl::SimpleAtod(value, &options.noise);
-    } else if (key == "--token-bytes") {
-      ok = ok && absl::SimpleAtoi(value, &token_bytes);
-    } else {
-      return Fail("unknown flag " + arg);
-    }
-    if (!ok) return Fail("bad value in " + arg);
+  bool help = false;
+  memplan::FlagSet flags("see --help");
+  flags.Switch("--help", &help)
+      .Alias("-h", "--help")
+      .String("--out", &out)
+      .Int("--tokens", &options.num_tokens, 0, int64_t{1} << 40)
+      .Int("--vocab", &options.vocab_size, 1, memplan::kMaxVocabSize)
+      .Int("--seed", &options.seed, 0, std::numeric_limits<int64_t>::max())
+      .Double("--noise", &options.noise, 0, 1)
+      .Choice("--token-bytes", &token_bytes, memplan::FlagSet::Choices<int>{{"2", 2}, {"4", 4}});
+  const absl::Status parsed = flags.Parse(std::vector<std::string>(argv + 1, argv + argc));
+  if (help) {
+    std::fputs(kUsage, stdout);
+    return 0;
   }
+  if (!parsed.ok()) return Fail(std::string(parsed.message()));
   if (out.empty()) return Fail("--out is required");
   if (options.num_tokens < 0) return Fail("--tokens is required");
   if (token_bytes == 0) token_bytes = options.vocab_size <= 65536 ? 2 : 4;

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
-#include <map>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -11,37 +9,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/flags.h"
 #include "common/optimizer_bytes.h"
+#include "common/request_flags.h"
 #include "common/status.h"
+#include "common/validate.h"
 
 namespace memplan {
-namespace {
-
-absl::Status FlagError(absl::string_view flag, absl::string_view message) {
-  return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", message));
-}
-
-absl::StatusOr<int64_t> ParseInt(absl::string_view flag, const std::string& value, int64_t lo,
-                                 int64_t hi) {
-  int64_t v = 0;
-  if (!absl::SimpleAtoi(value, &v)) return FlagError(flag, "\"" + value + "\" is not an integer");
-  if (v < lo || v > hi) {
-    return FlagError(flag, absl::StrCat(v, " is outside [", lo, ", ", hi, "]"));
-  }
-  return v;
-}
-
-absl::StatusOr<double> ParseDouble(absl::string_view flag, const std::string& value, double lo,
-                                   double hi) {
-  double v = 0;
-  if (!absl::SimpleAtod(value, &v) || !std::isfinite(v)) {
-    return FlagError(flag, "\"" + value + "\" is not a number");
-  }
-  if (v < lo || v > hi) return FlagError(flag, absl::StrCat(v, " is outside [", lo, ", ", hi, "]"));
-  return v;
-}
-
-}  // namespace
 
 std::string TrainUsage() {
   return R"(usage: memplan-agent train [flags]
@@ -200,226 +174,104 @@ absl::StatusOr<std::vector<BlockMode>> BlockModesFromCounts(int num_blocks, int 
 
 absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args) {
   TrainConfig c;
-  bool lora_tuned = false;  // --lora-alpha or --lora-dropout given
-  auto set_int = [](int64_t* out, int64_t lo, int64_t hi) {
-    return [out, lo, hi](absl::string_view flag, const std::string& v) -> absl::Status {
-      ASSIGN_OR_RETURN(*out, ParseInt(flag, v, lo, hi));
-      return absl::OkStatus();
-    };
-  };
-  auto set_int32 = [](int* out, int64_t lo, int64_t hi) {
-    return [out, lo, hi](absl::string_view flag, const std::string& v) -> absl::Status {
-      ASSIGN_OR_RETURN(int64_t x, ParseInt(flag, v, lo, hi));
-      *out = static_cast<int>(x);
-      return absl::OkStatus();
-    };
-  };
-  auto set_opt_int32 = [](std::optional<int>* out, int64_t lo, int64_t hi) {
-    return [out, lo, hi](absl::string_view flag, const std::string& v) -> absl::Status {
-      ASSIGN_OR_RETURN(int64_t x, ParseInt(flag, v, lo, hi));
-      *out = static_cast<int>(x);
-      return absl::OkStatus();
-    };
-  };
-  auto set_double = [](double* out, double lo, double hi) {
-    return [out, lo, hi](absl::string_view flag, const std::string& v) -> absl::Status {
-      ASSIGN_OR_RETURN(*out, ParseDouble(flag, v, lo, hi));
-      return absl::OkStatus();
-    };
-  };
-  auto set_string = [](std::string* out) {
-    return [out](absl::string_view flag, const std::string& v) -> absl::Status {
-      if (v.empty()) return FlagError(flag, "must not be empty");
-      *out = v;
-      return absl::OkStatus();
-    };
-  };
-  // A value that is one of two words: *out = (value == yes).
-  auto set_choice = [](auto* out, const char* yes, const char* no) {
-    return [out, yes, no](absl::string_view flag, const std::string& v) -> absl::Status {
-      if (v != yes && v != no) {
-        return FlagError(flag, absl::StrCat("\"", v, "\" is not ", yes, " or ", no));
-      }
-      *out = v == yes;
-      return absl::OkStatus();
-    };
-  };
-  using Handler = std::function<absl::Status(absl::string_view, const std::string&)>;
-  const std::map<std::string, Handler> valued = {
-      {"arch", set_string(&c.arch)},
-      {"model", set_string(&c.model_dir)},
-      {"arch-file", set_string(&c.arch_file)},
-      {"data", set_string(&c.data_file)},
-      {"raw-token-bytes",
-       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
-         ASSIGN_OR_RETURN(int64_t x, ParseInt(flag, v, 2, 4));
-         if (x == 3) return FlagError(flag, "must be 2 or 4");
-         c.raw_token_bytes = static_cast<int>(x);
-         return absl::OkStatus();
-       }},
-      {"synthetic-noise", set_double(&c.synthetic_noise, 0, 1)},
-      {"batch", set_int(&c.batch, 1, int64_t{1} << 16)},
-      {"seq", set_int(&c.seq, 1, int64_t{1} << 24)},
-      {"steps", set_int(&c.steps, 0, int64_t{1} << 40)},
-      {"grad-accum", set_int32(&c.grad_accum, 1, 1 << 16)},
-      {"lr", set_double(&c.lr, 0, 1e3)},
-      {"clip", set_double(&c.clip, 0, 1e12)},
-      {"weight-decay", set_double(&c.weight_decay, 0, 1e3)},
-      {"dtype",
-       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
-         c.dtype = ParseDType(v);
-         if (!c.dtype.has_value())
-           return FlagError(flag, "\"" + v + "\" is not fp32, bf16 or fp16");
-         return absl::OkStatus();
-       }},
-      {"optimizer",
-       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
-         c.optimizer = ParseOptimizer(v);
-         if (!c.optimizer.has_value()) {
-           return FlagError(flag, absl::StrCat("\"", v, "\" is not one of ",
-                                               std::string(OptimizerAllowList())));
-         }
-         return absl::OkStatus();
-       }},
-      {"param-rounding",
-       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
-         if (v != "stochastic" && v != "nearest") {
-           return FlagError(flag, "\"" + v + "\" is not stochastic or nearest");
-         }
-         c.stochastic_rounding = v == "stochastic";
-         c.param_rounding_given = true;
-         return absl::OkStatus();
-       }},
-      {"device",
-       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
-         if (!(v == "cpu" || v == "cuda" || v == "auto" || absl::StartsWith(v, "cuda:"))) {
-           return FlagError(flag, "\"" + v + "\" is not cpu, cuda, cuda:N or auto");
-         }
-         c.device = v;
-         return absl::OkStatus();
-       }},
-      {"seed",
-       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
-         if (!absl::SimpleAtoi(v, &c.seed)) return FlagError(flag, "\"" + v + "\" is not a seed");
-         return absl::OkStatus();
-       }},
-      {"chunk-mib",
-       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
-         ASSIGN_OR_RETURN(int64_t mib, ParseInt(flag, v, 1, int64_t{1} << 20));
-         c.chunk_bytes = mib << 20;
-         return absl::OkStatus();
-       }},
-      {"n-persist", set_opt_int32(&c.n_persist, 0, 1 << 20)},
-      {"n-buffer", set_opt_int32(&c.n_buffer, 1, 1 << 20)},
-      {"n-ckpt", set_opt_int32(&c.n_ckpt, 0, 1 << 20)},
-      {"n-swap", set_opt_int32(&c.n_swap, 0, 1 << 20)},
-      {"n-hs-offload", set_opt_int32(&c.n_hs_offload, 0, 1 << 20)},
-      {"block-modes",
-       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
-         auto modes = ParseBlockModeList(v);
-         if (!modes.ok()) return FlagError(flag, modes.status().message());
-         c.block_modes = *std::move(modes);
-         return absl::OkStatus();
-       }},
-      {"host-memory",
-       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
-         c.host_memory = ParseHostMemoryName(v);
-         if (!c.host_memory.has_value()) {
-           return FlagError(flag, "\"" + v + "\" is not pinned or pageable");
-         }
-         return absl::OkStatus();
-       }},
-      {"persistent-state", set_choice(&c.shard_persistent_state, "sharded", "replicated")},
-      {"accumulate-offloaded-grads",
-       set_choice(&c.accumulate_offloaded_grads_on_device, "device", "host")},
-      {"persistent-params", set_choice(&c.shard_persistent_params, "sharded", "replicated")},
-      {"plan-file", set_string(&c.plan_file)},
-      {"offload-in-flight", set_int32(&c.offload_in_flight, 1, 1024)},
-      {"cpu-threads", set_int32(&c.cpu_threads, 1, 1024)},
-      {"save", set_string(&c.save_dir)},
-      {"save-every", set_int(&c.save_every, 0, int64_t{1} << 40)},
-      {"resume", set_string(&c.resume_dir)},
-      {"log-every", set_int(&c.log_every, 1, int64_t{1} << 40)},
-      {"memory-timeline", set_string(&c.memory_timeline)},
-      {"metrics", set_string(&c.metrics_address)},
-      {"lora-rank", set_int(&c.lora.rank, 1, int64_t{1} << 16)},
-      {"lora-alpha",
-       [&c, &lora_tuned](absl::string_view flag, const std::string& v) -> absl::Status {
-         ASSIGN_OR_RETURN(c.lora.alpha, ParseDouble(flag, v, 0, 1e12));
-         if (c.lora.alpha <= 0) return FlagError(flag, "must be > 0");
-         lora_tuned = true;
-         return absl::OkStatus();
-       }},
-      {"lora-dropout",
-       [&c, &lora_tuned](absl::string_view flag, const std::string& v) -> absl::Status {
-         lora_tuned = true;
-         ASSIGN_OR_RETURN(c.lora.dropout, ParseDouble(flag, v, 0, 1));
-         if (c.lora.dropout >= 1) return FlagError(flag, "must be in [0, 1)");
-         return absl::OkStatus();
-       }},
-      {"lora-targets",
-       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
-         auto targets = ParseLoraTargetList(absl::StrCat("--", flag), v);
-         if (!targets.ok()) return targets.status();
-         c.lora.targets = *std::move(targets);
-         return absl::OkStatus();
-       }},
-      {"load-adapter", set_string(&c.load_adapter_dir)},
-      {"save-adapter", set_string(&c.save_adapter_dir)},
-      {"merge-export", set_string(&c.merge_export_dir)},
-      {"memory-limit",
-       [&c](absl::string_view flag, const std::string& v) -> absl::Status {
-         if (v == "off") {
-           c.memory_limit_bytes = 0;
-         } else if (v == "plan") {
-           c.memory_limit_bytes = -1;
-         } else {
-           int64_t mib = 0;
-           if (!absl::SimpleAtoi(v, &mib) || mib < 1 || mib > (int64_t{1} << 30)) {
-             return absl::InvalidArgumentError(absl::StrCat(
-                 "--", flag, " ", v, ": expected off, plan or a size in MiB (1 to 2^30)"));
-           }
-           c.memory_limit_bytes = mib << 20;
-         }
-         return absl::OkStatus();
-       }},
-      {"allocator-conf",
-       [&c](absl::string_view, const std::string& v) -> absl::Status {
-         c.allocator_conf = v;
-         return absl::OkStatus();
-       }},
-  };
-
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (!absl::StartsWith(arg, "--")) {
-      return absl::InvalidArgumentError(absl::StrCat("unexpected argument \"", arg, "\""));
-    }
-    std::string name = arg.substr(2);
-    std::optional<std::string> value;
-    if (size_t eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-    }
-    if (name == "synthetic-data" || name == "plain" || name == "qlora" ||
-        name == "skip-nonfinite") {
-      if (value.has_value()) return FlagError(name, "takes no value");
-      (name == "plain"            ? c.plain
-       : name == "qlora"          ? c.lora.nf4_base
-       : name == "skip-nonfinite" ? c.skip_nonfinite
-                                  : c.synthetic_data) = true;
-      continue;
-    }
-    auto it = valued.find(name);
-    if (it == valued.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
-    }
-    if (!value.has_value()) {
-      if (i + 1 >= args.size()) return FlagError(name, "needs a value");
-      value = args[++i];
-    }
-    RETURN_IF_ERROR(it->second(name, *value));
-  }
+  FixedKnobs fixed;
+  FlagSet flags("see --help");
+  flags.NonEmptyString("--arch", &c.arch)
+      .NonEmptyString("--model", &c.model_dir)
+      .NonEmptyString("--arch-file", &c.arch_file)
+      .NonEmptyString("--data", &c.data_file)
+      .Choice("--raw-token-bytes", &c.raw_token_bytes, FlagSet::Choices<int>{{"2", 2}, {"4", 4}})
+      .Switch("--synthetic-data", &c.synthetic_data)
+      .Double("--synthetic-noise", &c.synthetic_noise, 0, 1)
+      .Int(kBatchFlag, &c.batch)
+      .Int(kSeqFlag, &c.seq)
+      .Int("--steps", &c.steps, 0, int64_t{1} << 40)
+      .Int(kGradAccumFlag, &c.grad_accum)
+      .Double("--lr", &c.lr, 0, 1e3)
+      .Double("--clip", &c.clip, 0, 1e12)
+      .Double("--weight-decay", &c.weight_decay, 0, 1e3)
+      .Switch("--skip-nonfinite", &c.skip_nonfinite);
+  AddDTypeFlag(&flags, "--dtype", &c.dtype);
+  AddOptimizerFlag(&flags, &c.optimizer);
+  flags
+      .Choice("--param-rounding", &c.stochastic_rounding,
+              FlagSet::Choices<bool>{{"stochastic", true}, {"nearest", false}})
+      .Custom("--device",
+              [&c](absl::string_view v) -> absl::Status {
+                if (!(v == "cpu" || v == "cuda" || v == "auto" || absl::StartsWith(v, "cuda:"))) {
+                  return absl::InvalidArgumentError(NotOneOf(v, "cpu, cuda, cuda:N, auto"));
+                }
+                c.device = std::string(v);
+                return absl::OkStatus();
+              })
+      .Custom("--seed",
+              [&c](absl::string_view v) -> absl::Status {
+                if (!absl::SimpleAtoi(v, &c.seed)) {
+                  return absl::InvalidArgumentError(
+                      absl::StrCat(Quote(v), " is not an integer in [0, ", ~uint64_t{0}, "]"));
+                }
+                return absl::OkStatus();
+              })
+      .Switch("--plain", &c.plain);
+  // [Plan knobs are refused, never clamped] A run streams its offloaded chunks through at least
+  // one buffer and takes no --n-buffer when every chunk is persistent, so 0 is never a run's
+  // (a Plan request's 0 means "every chunk persistent").
+  AddFixedKnobFlags(&flags, &fixed, /*min_n_buffer=*/1);
+  flags
+      .Custom("--block-modes",
+              [&c](absl::string_view v) -> absl::Status {
+                ASSIGN_OR_RETURN(c.block_modes, ParseBlockModeList(v));
+                return absl::OkStatus();
+              })
+      .Choice("--accumulate-offloaded-grads", &c.accumulate_offloaded_grads_on_device,
+              FlagSet::Choices<bool>{{"device", true}, {"host", false}})
+      .NonEmptyString("--plan-file", &c.plan_file)
+      .Int("--offload-in-flight", &c.offload_in_flight, 1, 1024)
+      .Int("--cpu-threads", &c.cpu_threads, 1, 1024)
+      .NonEmptyString("--save", &c.save_dir)
+      .Int("--save-every", &c.save_every, 0, int64_t{1} << 40)
+      .NonEmptyString("--resume", &c.resume_dir)
+      .Int("--log-every", &c.log_every, 1, int64_t{1} << 40)
+      .NonEmptyString("--memory-timeline", &c.memory_timeline)
+      .NonEmptyString("--metrics", &c.metrics_address)
+      .Int(kLoraRankFlag, &c.lora.rank)
+      .Double("--lora-alpha", &c.lora.alpha, DoubleRange{0, 1e12, /*lo_open=*/true})
+      .Double("--lora-dropout", &c.lora.dropout, DoubleRange{0, 1, false, /*hi_open=*/true})
+      .Switch("--qlora", &c.lora.nf4_base)
+      .NonEmptyString("--load-adapter", &c.load_adapter_dir)
+      .NonEmptyString("--save-adapter", &c.save_adapter_dir)
+      .NonEmptyString("--merge-export", &c.merge_export_dir)
+      .Custom("--memory-limit",
+              [&c](absl::string_view v) -> absl::Status {
+                if (v == "off") {
+                  c.memory_limit_bytes = 0;
+                } else if (v == "plan") {
+                  c.memory_limit_bytes = -1;
+                } else {
+                  int64_t mib = 0;
+                  constexpr int64_t kMaxMib = int64_t{1} << 30;
+                  if (!absl::SimpleAtoi(v, &mib) || mib < 1 || mib > kMaxMib) {
+                    return absl::InvalidArgumentError(absl::StrCat(
+                        Quote(v), " is not off, plan or a size in MiB in ", RangeText(1, kMaxMib)));
+                  }
+                  c.memory_limit_bytes = mib << 20;
+                }
+                return absl::OkStatus();
+              })
+      .String("--allocator-conf", &c.allocator_conf);
+  AddLoraTargetsFlag(&flags, &c.lora.targets);
+  RETURN_IF_ERROR(flags.Parse(args));
+  c.chunk_bytes = fixed.chunk_bytes;
+  c.n_persist = fixed.n_persist;
+  c.n_buffer = fixed.n_buffer;
+  c.n_ckpt = fixed.n_checkpoint;
+  c.n_swap = fixed.n_swap;
+  c.n_hs_offload = fixed.n_hs_offload;
+  c.host_memory = fixed.host_memory;
+  c.shard_persistent_state = fixed.shard_persistent_state;
+  c.shard_persistent_params = fixed.shard_persistent_params;
+  c.param_rounding_given = flags.Given("--param-rounding");
+  const bool lora_tuned = flags.Given("--lora-alpha") || flags.Given("--lora-dropout");
 
   if (int{!c.arch.empty()} + int{!c.model_dir.empty()} + int{!c.arch_file.empty()} != 1) {
     return absl::InvalidArgumentError(
@@ -453,16 +305,16 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
   }
   if (!c.lora.enabled()) {
     for (const auto& [flag, set] :
-         std::vector<std::pair<const char*, bool>>{{"lora-targets", !c.lora.targets.empty()},
-                                                   {"load-adapter", !c.load_adapter_dir.empty()},
-                                                   {"save-adapter", !c.save_adapter_dir.empty()},
-                                                   {"merge-export", !c.merge_export_dir.empty()},
-                                                   {"qlora", c.lora.nf4_base}}) {
+         std::vector<std::pair<const char*, bool>>{{"--lora-targets", !c.lora.targets.empty()},
+                                                   {"--load-adapter", !c.load_adapter_dir.empty()},
+                                                   {"--save-adapter", !c.save_adapter_dir.empty()},
+                                                   {"--merge-export", !c.merge_export_dir.empty()},
+                                                   {"--qlora", c.lora.nf4_base}}) {
       if (set) return FlagError(flag, "needs --lora-rank (a LoRA run)");
     }
-    if (lora_tuned) return FlagError("lora-alpha/--lora-dropout", "needs --lora-rank");
+    if (lora_tuned) return FlagError("--lora-alpha/--lora-dropout", "needs --lora-rank");
   } else if (c.lora.targets.empty()) {
-    return FlagError("lora-rank", "needs --lora-targets (e.g. q_proj,v_proj or all)");
+    return FlagError("--lora-rank", "needs --lora-targets (e.g. q_proj,v_proj or all)");
   }
   return c;
 }

@@ -3,11 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
+#include "common/flags.h"
 #include "common/presets.h"
 #include "planner/core/plan_engine.h"
 
@@ -36,25 +35,25 @@ int main(int argc, char** argv) {
   bool verbose = false;
   std::string only_model;
   bool skip_limits = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--runs=", 7) == 0) {
-      runs = std::max(1, std::atoi(argv[i] + 7));
-    } else if (std::strcmp(argv[i], "--verbose") == 0) {
-      verbose = true;
-    } else if (std::strcmp(argv[i], "--skip-limits") == 0) {
-      skip_limits = true;
-    } else if (std::strncmp(argv[i], "--model=", 8) == 0) {
-      only_model = argv[i] + 8;
-    } else {
-      const bool help = std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0;
-      std::fprintf(help ? stdout : stderr,
-                   "%susage: memplan-plan-bench [--runs=N (default 200)] [--verbose] "
-                   "[--model=PRESET (only its cases)] [--skip-limits]\n"
-                   "Times MakePlan (search, alternatives, limits) on preset models and cards and "
-                   "prints p50/p99/max latency per case.\n",
-                   help ? "" : "memplan-plan-bench: unknown flag\n");
-      return help ? 0 : 2;
+  bool help = false;
+  memplan::FlagSet flags;
+  flags.Int("--runs", &runs, 1, 1 << 20)
+      .Switch("--verbose", &verbose)
+      .Switch("--skip-limits", &skip_limits)
+      .String("--model", &only_model)
+      .Switch("--help", &help)
+      .Alias("-h", "--help");
+  const absl::Status parsed = flags.Parse(std::vector<std::string>(argv + 1, argv + argc));
+  if (!parsed.ok() || help) {
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "memplan-plan-bench: %s\n", std::string(parsed.message()).c_str());
     }
+    std::fprintf(help ? stdout : stderr,
+                 "usage: memplan-plan-bench [--runs=N (default 200)] [--verbose] "
+                 "[--model=PRESET (only its cases)] [--skip-limits]\n"
+                 "Times MakePlan (search, alternatives, limits) on preset models and cards and "
+                 "prints p50/p99/max latency per case.\n");
+    return help ? 0 : 2;
   }
   const Case cases[] = {
       {"llama-3.1-70b", "h100-80gb", 1, 4096, 8},   {"llama-3.1-70b", "h100-80gb", 1, 4096, 1},

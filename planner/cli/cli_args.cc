@@ -1,10 +1,6 @@
 #include "planner/cli/cli_args.h"
 
-#include <cerrno>
 #include <cmath>
-#include <cstdlib>
-#include <functional>
-#include <limits>
 #include <map>
 #include <set>
 #include <utility>
@@ -15,7 +11,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "common/safety_margin.h"
+#include "common/flags.h"
+#include "common/request_flags.h"
 #include "common/validate.h"
 
 namespace memplan::cli {
@@ -24,292 +21,98 @@ namespace {
 constexpr absl::string_view kCommandList =
     "plan, admit, trace submit|get, hardware submit|list|get, measure, calibration, plans "
     "list|get, presets";
-constexpr absl::string_view kLoraModules =
-    "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj";
 
-absl::Status FlagError(absl::string_view flag, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(std::string(flag), ": ", std::string(what)));
-}
-
-absl::StatusOr<int64_t> ParseInt(absl::string_view flag, absl::string_view text, int64_t min,
-                                 int64_t max) {
-  int64_t value = 0;
-  if (!absl::SimpleAtoi(text, &value) || value < min || value > max) {
-    return FlagError(flag, absl::StrCat("expected an integer in [", min, ", ", max, "], got '",
-                                        std::string(text), "'"));
-  }
-  return value;
-}
-
-absl::StatusOr<double> ParseDouble(absl::string_view flag, absl::string_view text, double min,
-                                   double max) {
-  double value = 0;
-  if (!absl::SimpleAtod(text, &value) || !std::isfinite(value) || value < min || value > max) {
-    return FlagError(flag, absl::StrCat("expected a number in [", min, ", ", max, "], got '",
-                                        std::string(text), "'"));
-  }
-  return value;
-}
-
-absl::StatusOr<DType> ParseDTypeFlag(absl::string_view flag, absl::string_view text) {
-  std::optional<DType> dtype = ParseDType(std::string(absl::AsciiStrToLower(text)));
-  if (!dtype) {
-    return FlagError(
-        flag, absl::StrCat("unknown dtype '", std::string(text), "'; allowed: fp32, bf16, fp16"));
-  }
-  return *dtype;
-}
-
-absl::StatusOr<std::vector<std::string>> ParseLoraTargets(absl::string_view flag,
-                                                          absl::string_view text) {
-  if (text == "all") {
-    return std::vector<std::string>{"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                    "gate_proj", "up_proj", "down_proj"};
-  }
-  std::vector<std::string> modules;
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
-    std::string name(absl::StripAsciiWhitespace(part));
-    if (name != "q_proj" && name != "k_proj" && name != "v_proj" && name != "o_proj" &&
-        name != "gate_proj" && name != "up_proj" && name != "down_proj") {
-      return FlagError(flag, absl::StrCat("unknown module '", name, "'; allowed: ",
-                                          std::string(kLoraModules), " (or 'all')"));
+// The measured figures of `measure`: sizes as ParseByteSize reads them, in the request's range.
+void AddBytesFlag(FlagSet* flags, absl::string_view name, int64_t* out) {
+  flags->Custom(name, [out](absl::string_view v) -> absl::Status {
+    absl::StatusOr<int64_t> bytes = ParseByteSize(v);
+    if (!bytes.ok()) return bytes.status();
+    if (*bytes > kMaxMeasuredBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(*bytes, " is outside ", RangeText(0, kMaxMeasuredBytes)));
     }
-    modules.push_back(std::move(name));
-  }
-  if (modules.empty()) return FlagError(flag, "expected a comma-separated list of modules");
-  return modules;
+    *out = *bytes;
+    return absl::OkStatus();
+  });
 }
 
-// One flag of a subcommand: `apply` receives the value (empty for a switch).
-struct FlagSpec {
-  bool takes_value = true;
-  std::function<absl::Status(absl::string_view)> apply;
-};
-using FlagTable = std::map<std::string, FlagSpec, std::less<>>;
-
-// Helpers that build table entries writing into a field.
-FlagSpec StringFlag(std::string* out) {
-  return {true, [out](absl::string_view v) {
-            *out = std::string(v);
-            return absl::OkStatus();
-          }};
-}
-FlagSpec SwitchFlag(bool* out) {
-  return {false, [out](absl::string_view) {
-            *out = true;
-            return absl::OkStatus();
-          }};
-}
-template <typename T>
-FlagSpec IntFlag(const std::string& name, T* out, int64_t min, int64_t max) {
-  return {true, [name, out, min, max](absl::string_view v) -> absl::Status {
-            auto value = ParseInt(name, v, min, max);
-            if (!value.ok()) return value.status();
-            *out = static_cast<T>(*value);
-            return absl::OkStatus();
-          }};
-}
-template <typename T>
-FlagSpec OptionalIntFlag(const std::string& name, std::optional<T>* out, int64_t min, int64_t max) {
-  return {true, [name, out, min, max](absl::string_view v) -> absl::Status {
-            auto value = ParseInt(name, v, min, max);
-            if (!value.ok()) return value.status();
-            *out = static_cast<T>(*value);
-            return absl::OkStatus();
-          }};
-}
-// A value that is one of two words: *out = (value == yes).
-FlagSpec ChoiceFlag(const std::string& name, std::optional<bool>* out, const std::string& yes,
-                    const std::string& no) {
-  return {true, [name, out, yes, no](absl::string_view v) -> absl::Status {
-            if (v != yes && v != no) {
-              return FlagError(name, absl::StrCat("expected ", yes, " or ", no, ", got '",
-                                                  std::string(v), "'"));
-            }
-            *out = v == yes;
-            return absl::OkStatus();
-          }};
-}
-FlagSpec BytesFlag(const std::string& name, int64_t* out) {
-  return {true, [name, out](absl::string_view v) -> absl::Status {
-            auto value = ParseByteSize(v);
-            if (!value.ok()) return FlagError(name, value.status().message());
-            *out = *value;
-            return absl::OkStatus();
-          }};
-}
-
-FlagTable PlanFlags(PlanOptions& o) {
-  FlagTable t;
-  t["--arch"] = StringFlag(&o.arch_preset);
-  t["--arch-file"] = StringFlag(&o.arch_file);
-  t["--trace-id"] = StringFlag(&o.trace_id);
-  t["--gpu"] = StringFlag(&o.gpu_preset);
-  t["--hardware-id"] = StringFlag(&o.hardware_id);
-  t["--batch"] = OptionalIntFlag("--batch", &o.micro_batch, 1, kMaxMicroBatch);
-  t["--seq"] = OptionalIntFlag("--seq", &o.seq_len, 1, kMaxSeqLen);
-  t["--world-size"] = OptionalIntFlag("--world-size", &o.world_size, 1, kMaxWorldSize);
-  t["--local-world-size"] =
-      OptionalIntFlag("--local-world-size", &o.local_world_size, 1, kMaxWorldSize);
-  t["--grad-accum"] = OptionalIntFlag("--grad-accum", &o.grad_accum, 1, kMaxGradAccum);
-  t["--grad-clipping"] = SwitchFlag(&o.grad_clipping);
-  t["--dtype"] = {true, [&o](absl::string_view v) -> absl::Status {
-                    auto dtype = ParseDTypeFlag("--dtype", v);
-                    if (!dtype.ok()) return dtype.status();
-                    o.param_dtype = *dtype;
-                    return absl::OkStatus();
-                  }};
-  t["--optimizer"] = {true, [&o](absl::string_view v) -> absl::Status {
-                        if (!ParseOptimizer(std::string(v))) {
-                          return FlagError(
-                              "--optimizer",
-                              absl::StrCat("unknown optimizer '", std::string(v),
-                                           "'; allowed: ", std::string(OptimizerAllowList())));
-                        }
-                        o.optimizer = std::string(v);
-                        return absl::OkStatus();
-                      }};
-  t["--lora-rank"] = {true, [&o](absl::string_view v) -> absl::Status {
-                        auto rank = ParseInt("--lora-rank", v, 1, kMaxHiddenSize);
-                        if (!rank.ok()) return rank.status();
-                        o.training.kind = o.qlora ? TrainingKind::kQlora : TrainingKind::kLora;
-                        o.training.lora_rank = *rank;
-                        return absl::OkStatus();
-                      }};
-  t["--qlora"] = {false, [&o](absl::string_view) {
-                    o.qlora = true;
-                    if (o.training.kind != TrainingKind::kFull) o.training.kind = TrainingKind::kQlora;
-                    return absl::OkStatus();
-                  }};
-  t["--lora-targets"] = {true, [&o](absl::string_view v) -> absl::Status {
-                           auto modules = ParseLoraTargets("--lora-targets", v);
-                           if (!modules.ok()) return modules.status();
-                           o.training.lora_target_modules = *std::move(modules);
-                           return absl::OkStatus();
-                         }};
-  for (const char* flag : {"--safety-margin", "--margin"}) {  // --margin: the old spelling
-    t[flag] = {true, [&o, flag](absl::string_view v) -> absl::Status {
-                 auto margin = ParseSafetyMarginFlag(flag, v);
-                 if (!margin.ok()) return margin.status();
-                 o.safety_margin = *margin;
+void AddPlanFlags(FlagSet* flags, PlanOptions* o) {
+  flags->String("--arch", &o->arch_preset)
+      .String("--arch-file", &o->arch_file)
+      .String("--trace-id", &o->trace_id)
+      .String("--gpu", &o->gpu_preset)
+      .String("--hardware-id", &o->hardware_id)
+      .Int(kBatchFlag, &o->micro_batch)
+      .Int(kSeqFlag, &o->seq_len)
+      .Int("--world-size", &o->world_size, 1, kMaxWorldSize)
+      .Int("--local-world-size", &o->local_world_size, 1, kMaxWorldSize)
+      .Int(kGradAccumFlag, &o->grad_accum)
+      .Switch("--grad-clipping", &o->grad_clipping);
+  AddDTypeFlag(flags, "--dtype", &o->param_dtype);
+  AddOptimizerFlag(flags, &o->optimizer);
+  flags
+      ->Custom(kLoraRankFlag.name,
+               [o](absl::string_view v) -> absl::Status {
+                 absl::StatusOr<int64_t> rank =
+                     ParseIntValue(v, kLoraRankFlag.lo, kLoraRankFlag.hi);
+                 if (!rank.ok()) return rank.status();
+                 o->training.kind = o->qlora ? TrainingKind::kQlora : TrainingKind::kLora;
+                 o->training.lora_rank = *rank;
                  return absl::OkStatus();
-               }};
-  }
-  t["--chunk-mib"] = {true, [&o](absl::string_view v) -> absl::Status {
-                        auto mib = ParseInt("--chunk-mib", v, 1, 1 << 20);
-                        if (!mib.ok()) return mib.status();
-                        o.fixed.chunk_bytes = *mib << 20;
-                        return absl::OkStatus();
-                      }};
-  t["--n-persist"] = OptionalIntFlag("--n-persist", &o.fixed.n_persist, 0, 1 << 20);
-  t["--n-buffer"] = OptionalIntFlag("--n-buffer", &o.fixed.n_buffer, 0, 1 << 20);
-  t["--n-swap"] = OptionalIntFlag("--n-swap", &o.fixed.n_swap, 0, kMaxLayers);
-  t["--n-ckpt"] = OptionalIntFlag("--n-ckpt", &o.fixed.n_checkpoint, 0, kMaxLayers);
-  t["--n-hs-offload"] = OptionalIntFlag("--n-hs-offload", &o.fixed.n_hs_offload, 0, kMaxLayers);
-  t["--host-memory"] = {
-      true, [&o](absl::string_view v) -> absl::Status {
-        if (v == "pinned") {
-          o.fixed.host_memory = HostMemoryKind::kPinned;
-        } else if (v == "pageable") {
-          o.fixed.host_memory = HostMemoryKind::kPageable;
-        } else {
-          return FlagError("--host-memory",
-                           absl::StrCat("expected pinned or pageable, got '", std::string(v), "'"));
-        }
-        return absl::OkStatus();
-      }};
-  t["--persistent-state"] =
-      ChoiceFlag("--persistent-state", &o.fixed.shard_persistent_state, "sharded", "replicated");
-  t["--persistent-params"] =
-      ChoiceFlag("--persistent-params", &o.fixed.shard_persistent_params, "sharded", "replicated");
-  t["--max-alternatives"] = OptionalIntFlag("--max-alternatives", &o.max_alternatives, 1, 32);
-  t["--skip-limits"] = SwitchFlag(&o.skip_limits);
-  return t;
+               })
+      .CustomSwitch("--qlora", [o] {
+        o->qlora = true;
+        if (o->training.kind != TrainingKind::kFull) o->training.kind = TrainingKind::kQlora;
+      });
+  AddLoraTargetsFlag(flags, &o->training.lora_target_modules);
+  flags->Double(kSafetyMarginFlag, &o->safety_margin)
+      .Alias("--margin", kSafetyMarginFlag.name);  // --margin: the old spelling
+  AddFixedKnobFlags(flags, &o->fixed);
+  flags->Int("--max-alternatives", &o->max_alternatives, 1, kMaxAlternatives)
+      .Switch("--skip-limits", &o->skip_limits);
 }
 
-FlagTable MeasureFlags(Measurement& m) {
-  FlagTable t;
-  t["--plan-id"] = StringFlag(&m.plan_id);
-  t["--peak-allocated"] = BytesFlag("--peak-allocated", &m.peak_allocated_bytes);
-  t["--peak-reserved"] = BytesFlag("--peak-reserved", &m.peak_reserved_bytes);
-  t["--peak-device"] = BytesFlag("--peak-device", &m.peak_device_bytes);
-  t["--load-peak"] = BytesFlag("--load-peak", &m.load_peak_bytes);
-  t["--step-seconds"] = {true, [&m](absl::string_view v) -> absl::Status {
-                           auto seconds = ParseDouble("--step-seconds", v, 0, 1e6);
-                           if (!seconds.ok()) return seconds.status();
-                           m.step_seconds = *seconds;
-                           return absl::OkStatus();
-                         }};
-  t["--oom"] = SwitchFlag(&m.oom);
-  t["--note"] = StringFlag(&m.note);
-  return t;
+void AddMeasureFlags(FlagSet* flags, Measurement* m) {
+  flags->String("--plan-id", &m->plan_id);
+  AddBytesFlag(flags, "--peak-allocated", &m->peak_allocated_bytes);
+  AddBytesFlag(flags, "--peak-reserved", &m->peak_reserved_bytes);
+  AddBytesFlag(flags, "--peak-device", &m->peak_device_bytes);
+  AddBytesFlag(flags, "--load-peak", &m->load_peak_bytes);
+  flags->Double("--step-seconds", &m->step_seconds, 0, kMaxStepSeconds)
+      .Switch("--oom", &m->oom)
+      .String("--note", &m->note);
 }
 
-FlagTable CalibrationFlags(CalibrationOptions& c) {
-  FlagTable t;
-  t["--hardware"] = StringFlag(&c.hardware_name);
-  t["--family"] = StringFlag(&c.model_family);
-  t["--dtype"] = {true, [&c](absl::string_view v) -> absl::Status {
-                    auto dtype = ParseDTypeFlag("--dtype", v);
-                    if (!dtype.ok()) return dtype.status();
-                    c.param_dtype = *dtype;
-                    return absl::OkStatus();
-                  }};
-  return t;
+void AddCalibrationFlags(FlagSet* flags, CalibrationOptions* c) {
+  flags->String("--hardware", &c->hardware_name).String("--family", &c->model_family);
+  AddDTypeFlag(flags, "--dtype", &c->param_dtype);
 }
 
-FlagTable PlansListFlags(PlansListOptions& p) {
-  FlagTable t;
-  t["--page-size"] = IntFlag("--page-size", &p.page_size, 1, 1000);
-  t["--page-token"] = StringFlag(&p.page_token);
-  t["--all"] = SwitchFlag(&p.all_pages);
-  return t;
+void AddPlansListFlags(FlagSet* flags, PlansListOptions* p) {
+  flags->Int("--page-size", &p->page_size, 1, kMaxListPlansPageSize)
+      .String("--page-token", &p->page_token)
+      .Switch("--all", &p->all_pages);
 }
 
-FlagTable PresetsFlags(PresetsFilter& f) {
-  FlagTable t;
-  t["--models"] = {false, [&f](absl::string_view) {
-                     f = PresetsFilter::kModels;
-                     return absl::OkStatus();
-                   }};
-  t["--hardware"] = {false, [&f](absl::string_view) {
-                       f = PresetsFilter::kHardware;
-                       return absl::OkStatus();
-                     }};
-  return t;
+void AddPresetsFlags(FlagSet* flags, PresetsFilter* f) {
+  flags->CustomSwitch("--models", [f] { *f = PresetsFilter::kModels; })
+      .CustomSwitch("--hardware", [f] { *f = PresetsFilter::kHardware; });
 }
 
-FlagTable GlobalFlags(GlobalOptions& g) {
-  FlagTable t;
-  t["--planner"] = {true, [&g](absl::string_view v) -> absl::Status {
-                      if (v.empty()) return FlagError("--planner", "expected HOST:PORT");
-                      g.planner_address = std::string(v);
-                      return absl::OkStatus();
-                    }};
-  t["--json"] = SwitchFlag(&g.json);
-  t["--timeout"] = {true, [&g](absl::string_view v) -> absl::Status {
-                      auto seconds = ParseDouble("--timeout", v, 0.001, 3600);
-                      if (!seconds.ok()) return seconds.status();
-                      g.timeout_seconds = *seconds;
-                      return absl::OkStatus();
-                    }};
-  for (const std::string& name : ChannelSecurityFlagNames()) {
-    t[name] = {true, [&g, name](absl::string_view v) -> absl::Status {
-                 return SetChannelSecurityFlag(name, v, &g.security).status();
-               }};
-  }
-  return t;
+void AddGlobalFlags(FlagSet* flags, GlobalOptions* g) {
+  flags
+      ->Custom("--planner",
+               [g](absl::string_view v) -> absl::Status {
+                 if (v.empty()) return absl::InvalidArgumentError("expected HOST:PORT");
+                 g->planner_address = std::string(v);
+                 return absl::OkStatus();
+               })
+      .Switch("--json", &g->json)
+      .Double("--timeout", &g->timeout_seconds, 0.001, 3600);
+  AddChannelSecurityFlags(flags, &g->security);
 }
 
 bool IsHelp(absl::string_view arg) { return arg == "--help" || arg == "-h"; }
-bool IsFlag(absl::string_view arg) { return arg.size() > 1 && arg[0] == '-'; }
-
-// Splits "--name=value" into name and value; `has_value` says whether '=' was present.
-std::pair<std::string, std::optional<std::string>> SplitFlag(absl::string_view arg) {
-  const size_t eq = arg.find('=');
-  if (eq == absl::string_view::npos) return {std::string(arg), std::nullopt};
-  return {std::string(arg.substr(0, eq)), std::string(arg.substr(eq + 1))};
-}
 
 // The command words and what follows them.
 struct CommandWords {
@@ -437,12 +240,14 @@ absl::Status CheckAdmit(const CliInvocation& inv) {
   return absl::OkStatus();
 }
 
-// "NAME=HARDWARE[:GPUS]", HARDWARE a preset name or "profile/ID".
+// "NAME=HARDWARE[:GPUS]", HARDWARE a preset name or "profile/ID". Errors are the problem alone
+// (the FlagSet names --pool).
 absl::StatusOr<PoolOption> ParsePool(absl::string_view text) {
   const auto bad = [&](absl::string_view why) {
-    return FlagError("--pool", absl::StrCat("'", std::string(text), "': ", std::string(why),
-                                            " (expected NAME=HARDWARE[:GPUS], HARDWARE a preset "
-                                            "such as h100-80gb or profile/ID)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(Quote(text), ": ", why,
+                     " (expected NAME=HARDWARE[:GPUS], HARDWARE a preset such as h100-80gb or "
+                     "profile/ID)"));
   };
   const size_t eq = text.find('=');
   if (eq == absl::string_view::npos || eq == 0) return bad("no NAME=");
@@ -450,8 +255,11 @@ absl::StatusOr<PoolOption> ParsePool(absl::string_view text) {
   pool.name = std::string(text.substr(0, eq));
   absl::string_view hardware = text.substr(eq + 1);
   if (const size_t colon = hardware.rfind(':'); colon != absl::string_view::npos) {
-    auto gpus = ParseInt("--pool GPUS", hardware.substr(colon + 1), 1, 1'000'000);
-    if (!gpus.ok()) return gpus.status();
+    absl::StatusOr<int64_t> gpus = ParseIntValue(hardware.substr(colon + 1), 1, kMaxPoolGpus);
+    if (!gpus.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Quote(text), ": GPUS ", gpus.status().message()));
+    }
     pool.gpus = static_cast<int32_t>(*gpus);
     hardware = hardware.substr(0, colon);
   }
@@ -510,20 +318,20 @@ absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
   const auto unit = kUnits->find(suffix);
   double value = 0;
   if (number.empty() || unit == kUnits->end() || !absl::SimpleAtod(number, &value)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "expected a size like 4096, 512MiB, 71.5GiB or 80GB, got '", std::string(text), "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(Quote(text), " is not a size like 4096, 512MiB, 71.5GiB or 80GB"));
   }
   const double bytes = std::round(value * unit->second);
   if (bytes > static_cast<double>(kMaxGpuMemoryBytes) * 1024) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("size '", std::string(text), "' is absurdly large"));
+    return absl::InvalidArgumentError(absl::StrCat(Quote(text), " is absurdly large"));
   }
   return static_cast<int64_t>(bytes);
 }
 
 absl::StatusOr<CliInvocation> ParseCommandLine(const std::vector<std::string>& args) {
   CliInvocation inv;
-  const FlagTable global_flags = GlobalFlags(inv.global);
+  FlagSet global_flags;
+  AddGlobalFlags(&global_flags, &inv.global);
 
   // Pass 1: find the command words, skipping global flags (and their values) wherever they are.
   // Command flags may only follow the command words, so a non-global flag ends the search.
@@ -535,10 +343,9 @@ absl::StatusOr<CliInvocation> ParseCommandLine(const std::vector<std::string>& a
     const std::string& arg = args[i];
     if (IsHelp(arg)) continue;
     if (IsFlag(arg)) {
-      auto [name, value] = SplitFlag(arg);
-      auto global = global_flags.find(name);
-      if (global == global_flags.end()) break;
-      if (global->second.takes_value && !value) ++i;
+      const SplitArg flag = SplitFlag(arg);
+      if (!global_flags.Has(flag.name)) break;
+      if (global_flags.TakesValue(flag.name) && !flag.value) ++i;
       continue;
     }
     words.push_back(arg);
@@ -548,15 +355,11 @@ absl::StatusOr<CliInvocation> ParseCommandLine(const std::vector<std::string>& a
     inv.help_text = HelpText(Command::kNone);
     if (help) return inv;
     // No command at all still prints the overview, but as a usage error (exit 2).
-    bool has_flags = false;
-    for (const std::string& arg : args) has_flags |= IsFlag(arg);
-    if (!args.empty() && has_flags) {
-      for (const std::string& arg : args) {
-        if (IsFlag(arg) && !global_flags.contains(SplitFlag(arg).first)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("unknown flag '", SplitFlag(arg).first,
-                           "' before the command; commands: ", std::string(kCommandList)));
-        }
+    for (const std::string& arg : args) {
+      if (IsFlag(arg) && !global_flags.Has(SplitFlag(arg).name)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("unknown flag ", SplitFlag(arg).name,
+                         " before the command; commands: ", std::string(kCommandList)));
       }
     }
     return absl::InvalidArgumentError(
@@ -580,37 +383,39 @@ absl::StatusOr<CliInvocation> ParseCommandLine(const std::vector<std::string>& a
     return inv;
   }
 
-  FlagTable flags;
+  // The command's flags, and the global ones again (they may follow the command too).
+  FlagSet flags(absl::StrCat("see 'memplan ", resolved->name, " --help'"));
   switch (inv.command) {
     case Command::kPlan:
-      flags = PlanFlags(inv.plan);
+      AddPlanFlags(&flags, &inv.plan);
       break;
     case Command::kAdmit:
-      flags = PlanFlags(inv.plan);
-      flags["--pool"] = {true, [&inv](absl::string_view v) -> absl::Status {
-                           absl::StatusOr<PoolOption> pool = ParsePool(v);
-                           if (!pool.ok()) return pool.status();
-                           inv.pools.push_back(*std::move(pool));
-                           return absl::OkStatus();
-                         }};
+      AddPlanFlags(&flags, &inv.plan);
+      flags.Custom("--pool", [&inv](absl::string_view v) -> absl::Status {
+        absl::StatusOr<PoolOption> pool = ParsePool(v);
+        if (!pool.ok()) return pool.status();
+        inv.pools.push_back(*std::move(pool));
+        return absl::OkStatus();
+      });
       break;
     case Command::kMeasure:
-      flags = MeasureFlags(inv.measure.measurement);
+      AddMeasureFlags(&flags, &inv.measure.measurement);
       break;
     case Command::kCalibration:
-      flags = CalibrationFlags(inv.calibration);
+      AddCalibrationFlags(&flags, &inv.calibration);
       break;
     case Command::kPlansList:
-      flags = PlansListFlags(inv.plans_list);
+      AddPlansListFlags(&flags, &inv.plans_list);
       break;
     case Command::kPresets:
-      flags = PresetsFlags(inv.presets);
+      AddPresetsFlags(&flags, &inv.presets);
       break;
     default:
       break;
   }
+  AddGlobalFlags(&flags, &inv.global);
 
-  // Pass 2: every argument in order. Command words are skipped once; globals are re-applied.
+  // Pass 2: every argument in order. Command words are skipped once.
   int words_to_skip = CommandWordCount(inv.command);
   std::vector<std::string> positionals;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -623,31 +428,12 @@ absl::StatusOr<CliInvocation> ParseCommandLine(const std::vector<std::string>& a
       }
       continue;
     }
-    auto [name, value] = SplitFlag(arg);
-    const FlagSpec* spec = nullptr;
-    if (auto it = flags.find(name); it != flags.end()) {
-      spec = &it->second;
-    } else if (auto g = global_flags.find(name); g != global_flags.end()) {
-      spec = &g->second;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(resolved->name, ": unknown flag '", name,
-                                                     "'; see 'memplan ", resolved->name,
-                                                     " --help'"));
+    const std::string name = SplitFlag(arg).name;
+    if (!flags.Has(name)) return flags.UnknownFlag(name);
+    if (words_to_skip > 0 && !global_flags.Has(name)) {
+      return FlagError(name, absl::StrCat("flags of '", resolved->name, "' go after the command"));
     }
-    if (words_to_skip > 0 && flags.contains(name)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": flags of '", resolved->name, "' go after the command"));
-    }
-    if (!spec->takes_value) {
-      if (value) return FlagError(name, "takes no value");
-      if (absl::Status s = spec->apply(""); !s.ok()) return s;
-      continue;
-    }
-    if (!value) {
-      if (i + 1 >= args.size()) return FlagError(name, "missing value");
-      value = args[++i];
-    }
-    if (absl::Status s = spec->apply(*value); !s.ok()) return s;
+    if (absl::Status s = flags.ApplyAt(args, &i); !s.ok()) return s;
   }
 
   if (static_cast<int>(positionals.size()) > resolved->positionals) {

@@ -72,7 +72,7 @@ Workload:
   --safety-margin F      fraction of GPU memory held back, 0 to 0.5 (0 or unset: the planner's
                          default, 0.05); --margin is the old spelling, still accepted
 Fixed knobs (each one is a constraint; the rest is searched):
-  --chunk-mib N          chunk size in MiB
+  --chunk-mib N          chunk size in MiB, 1 to 16384
   --n-persist N          chunks kept resident on the GPU
   --n-buffer N           GPU buffers for non-persistent chunks
   --n-swap N             blocks whose activations are swapped to the host
@@ -88,7 +88,7 @@ Fixed knobs (each one is a constraint; the rest is searched):
                          parameters sharded too, all-gathered before each group that uses them
                          (ZeRO-3) or replicated; searched when not given
 Output:
-  --max-alternatives N   alternatives on the memory/speed frontier, 1 to 32 (planner default 5)
+  --max-alternatives N   alternatives on the memory/speed frontier, 1 to 20 (planner default 5)
   --skip-limits          skip max batch / max sequence / min GPU memory (faster)
 
 Example:

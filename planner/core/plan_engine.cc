@@ -22,9 +22,6 @@ namespace memplan {
 namespace {
 
 constexpr int64_t kMiB = int64_t{1} << 20;
-constexpr int64_t kMinChunkBytes = kMiB;
-constexpr int64_t kMaxChunkBytes = int64_t{16} << 30;
-constexpr int kMaxAlternatives = 20;
 // Per-field bound on a trace's bytes and on the whole trace's byte total: keeps every int64 sum
 // of the cost model far from overflow.
 constexpr int64_t kMaxTraceBytesField = int64_t{1} << 50;

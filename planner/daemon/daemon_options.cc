@@ -3,37 +3,13 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
-#include <cmath>
-#include <cstdlib>
 #include <cstring>
-#include <optional>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/flags.h"
 
 namespace memplan {
-namespace {
-
-std::optional<LogLevel> ParseLogLevel(const std::string& name) {
-  if (name == "debug") return LogLevel::kDebug;
-  if (name == "info") return LogLevel::kInfo;
-  if (name == "warning") return LogLevel::kWarning;
-  if (name == "error") return LogLevel::kError;
-  return std::nullopt;
-}
-
-absl::Status ParseInt(const std::string& flag, const std::string& value, int lo, int hi, int* out) {
-  int parsed = 0;
-  if (!absl::SimpleAtoi(value, &parsed) || parsed < lo || parsed > hi) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, " = \"", value, "\" is not an integer in [", lo, ", ", hi, "]"));
-  }
-  *out = parsed;
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 bool IsLoopbackAddress(const std::string& address) {
   if (absl::StartsWith(address, "unix:") || absl::StartsWith(address, "unix-abstract:")) {
@@ -130,136 +106,44 @@ Also served: grpc.health.v1.Health and server reflection (grpc.reflection.v1alph
 
 absl::StatusOr<DaemonOptions> ParseDaemonOptions(const std::vector<std::string>& args) {
   DaemonOptions options;
-  bool client_auth_given = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg == "--help" || arg == "-h") {
-      options.help = true;
-      continue;
-    }
-    if (arg == "--insecure") {
-      options.insecure = true;
-      continue;
-    }
-    if (!absl::StartsWith(arg, "--")) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unexpected argument \"", arg, "\"; see --help"));
-    }
-    std::string name = arg;
-    std::string value;
-    if (const size_t eq = arg.find('='); eq != std::string::npos) {
-      name = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-    } else {
-      if (i + 1 >= args.size()) {
-        return absl::InvalidArgumentError(absl::StrCat(name, " needs a value; see --help"));
-      }
-      value = args[++i];
-    }
-    if (name == "--listen") {
-      if (value.empty()) return absl::InvalidArgumentError("--listen must not be empty");
-      options.listen_address = value;
-    } else if (name == "--webhook") {
-      options.webhook_address = value;
-    } else if (name == "--metrics") {
-      options.metrics_address = value;
-    } else if (name == "--metrics-token-file") {
-      if (value.empty()) return absl::InvalidArgumentError("--metrics-token-file must not be empty");
-      options.metrics_token_file = value;
-    } else if (name == "--db") {
-      if (value.empty()) return absl::InvalidArgumentError("--db must not be empty");
-      options.db_path = value;
-    } else if (name == "--db-check") {
-      if (value == "quick") {
-        options.db_check = DbCheck::kQuick;
-      } else if (value == "full") {
-        options.db_check = DbCheck::kFull;
-      } else if (value == "off") {
-        options.db_check = DbCheck::kOff;
-      } else {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--db-check = \"", value.substr(0, 32), "\" is not a mode; allowed: quick, full, off"));
-      }
-    } else if (name == "--db-check-interval-hours") {
-      double hours = 0;
-      if (!absl::SimpleAtod(value, &hours) || !std::isfinite(hours) || hours < 0 || hours > 8760) {
-        return absl::InvalidArgumentError(absl::StrCat("--db-check-interval-hours = \"",
-                                                       value.substr(0, 32),
-                                                       "\" is not a number in [0, 8760]"));
-      }
-      options.db_check_interval_hours = hours;
-    } else if (name == "--db-max-plans") {
-      if (auto s = ParseInt(name, value, 0, 1000000000, &options.db_max_plans); !s.ok()) return s;
-    } else if (name == "--db-max-plan-age-days") {
-      if (auto s = ParseInt(name, value, 0, 36500, &options.db_max_plan_age_days); !s.ok()) {
-        return s;
-      }
-    } else if (name == "--log-level") {
-      std::optional<LogLevel> level = ParseLogLevel(value);
-      if (!level.has_value()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--log-level = \"", value, "\" is not a level; allowed: debug, info, warning, error"));
-      }
-      options.log_level = *level;
-    } else if (name == "--search-threads") {
-      if (auto s = ParseInt(name, value, 0, 1024, &options.search_threads); !s.ok()) return s;
-    } else if (name == "--max-queued-searches") {
-      if (auto s = ParseInt(name, value, 0, 1 << 20, &options.max_queued_searches); !s.ok()) {
-        return s;
-      }
-    } else if (name == "--max-rpc-threads") {
-      if (auto s = ParseInt(name, value, 1, 1024, &options.max_rpc_threads); !s.ok()) return s;
-    } else if (name == "--max-queued-rpcs") {
-      if (auto s = ParseInt(name, value, 0, 1 << 20, &options.max_queued_rpcs); !s.ok()) return s;
-    } else if (name == "--max-streams-per-connection") {
-      if (auto s = ParseInt(name, value, 1, 1 << 16, &options.max_streams_per_connection);
-          !s.ok()) {
-        return s;
-      }
-    } else if (name == "--shutdown-grace-seconds") {
-      double seconds = 0;
-      if (!absl::SimpleAtod(value, &seconds) || !std::isfinite(seconds) || seconds < 0 ||
-          seconds > 3600) {
-        return absl::InvalidArgumentError(absl::StrCat("--shutdown-grace-seconds = \"", value,
-                                                       "\" is not a number in [0, 3600]"));
-      }
-      options.shutdown_grace_seconds = seconds;
-    } else if (name == "--tls-cert" || name == "--tls-key" || name == "--tls-client-ca" ||
-               name == "--auth-token-file") {
-      if (value.empty()) return absl::InvalidArgumentError(absl::StrCat(name, " needs a file"));
-      std::string& field = name == "--tls-cert"        ? options.tls_cert_file
-                           : name == "--tls-key"       ? options.tls_key_file
-                           : name == "--tls-client-ca" ? options.tls_client_ca_file
-                                                       : options.auth_token_file;
-      field = value;
-    } else if (name == "--quarantine-step-ratio") {
-      double ratio = 0;
-      if (!absl::SimpleAtod(value, &ratio) || !std::isfinite(ratio) || ratio < 1.1 ||
-          ratio > 1000) {
-        return absl::InvalidArgumentError(absl::StrCat("--quarantine-step-ratio = \"", value,
-                                                       "\" is not a number in [1.1, 1000]"));
-      }
-      options.quarantine_step_ratio = ratio;
-    } else if (name == "--metrics-plan-series") {
-      if (auto s = ParseInt(name, value, 1, 100000, &options.metrics_plan_series); !s.ok()) {
-        return s;
-      }
-    } else if (name == "--quarantine-burst") {
-      if (auto s = ParseInt(name, value, 0, 1000000, &options.quarantine_burst); !s.ok()) return s;
-    } else if (name == "--tls-client-auth") {
-      client_auth_given = true;
-      if (value == "require") {
-        options.client_cert_mode = ClientCertMode::kRequire;
-      } else if (value == "optional") {
-        options.client_cert_mode = ClientCertMode::kOptional;
-      } else {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--tls-client-auth = \"", value, "\" is not a mode; allowed: require, optional"));
-      }
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", name, "; see --help"));
-    }
-  }
+  FlagSet flags("see --help");
+  flags.Switch("--help", &options.help)
+      .Alias("-h", "--help")
+      .Switch("--insecure", &options.insecure)
+      .NonEmptyString("--listen", &options.listen_address)
+      .String("--webhook", &options.webhook_address)
+      .String("--metrics", &options.metrics_address)
+      .NonEmptyString("--metrics-token-file", &options.metrics_token_file)
+      .Int("--metrics-plan-series", &options.metrics_plan_series, 1, 100000)
+      .NonEmptyString("--db", &options.db_path)
+      .Choice("--db-check", &options.db_check,
+              FlagSet::Choices<DbCheck>{
+                  {"quick", DbCheck::kQuick}, {"full", DbCheck::kFull}, {"off", DbCheck::kOff}})
+      .Double("--db-check-interval-hours", &options.db_check_interval_hours, 0, 8760)
+      .Int("--db-max-plans", &options.db_max_plans, 0, 1000000000)
+      .Int("--db-max-plan-age-days", &options.db_max_plan_age_days, 0, 36500)
+      .Choice("--log-level", &options.log_level,
+              FlagSet::Choices<LogLevel>{{"debug", LogLevel::kDebug},
+                                         {"info", LogLevel::kInfo},
+                                         {"warning", LogLevel::kWarning},
+                                         {"error", LogLevel::kError}})
+      .Int("--search-threads", &options.search_threads, 0, 1024)
+      .Int("--max-queued-searches", &options.max_queued_searches, 0, 1 << 20)
+      .Int("--max-rpc-threads", &options.max_rpc_threads, 1, 1024)
+      .Int("--max-queued-rpcs", &options.max_queued_rpcs, 0, 1 << 20)
+      .Int("--max-streams-per-connection", &options.max_streams_per_connection, 1, 1 << 16)
+      .Double("--shutdown-grace-seconds", &options.shutdown_grace_seconds, 0, 3600)
+      .NonEmptyString("--tls-cert", &options.tls_cert_file)
+      .NonEmptyString("--tls-key", &options.tls_key_file)
+      .NonEmptyString("--tls-client-ca", &options.tls_client_ca_file)
+      .NonEmptyString("--auth-token-file", &options.auth_token_file)
+      .Choice("--tls-client-auth", &options.client_cert_mode,
+              FlagSet::Choices<ClientCertMode>{{"require", ClientCertMode::kRequire},
+                                               {"optional", ClientCertMode::kOptional}})
+      .Double("--quarantine-step-ratio", &options.quarantine_step_ratio, 1.1, 1000)
+      .Int("--quarantine-burst", &options.quarantine_burst, 0, 1000000);
+  if (absl::Status s = flags.Parse(args); !s.ok()) return s;
+  const bool client_auth_given = flags.Given("--tls-client-auth");
   if (options.help) return options;
   if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
     return absl::InvalidArgumentError(

@@ -28,13 +28,6 @@ namespace memplan {
 namespace {
 
 constexpr int kDefaultMaxAlternatives = 5;
-constexpr int kMaxAlternatives = 32;
-// Largest number a Measurement may carry in a byte field: 16 TiB (common/validate.h's bound on
-// GPU memory) would do for device peaks, but host-side figures can be larger.
-constexpr int64_t kMaxMeasuredBytes = kMaxHostMemoryBytes;
-constexpr double kMaxStepSeconds = 1e7;
-constexpr int kMaxAdmitPools = 64;
-constexpr int kMaxPoolGpus = 1'000'000;
 
 int64_t SystemNowUnixMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(

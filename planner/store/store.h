@@ -16,8 +16,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/types.h"
+#include "common/validate.h"  // kMaxListPlansPageSize
 #include "memplan/v1/planner.pb.h"
-#include "planner/calibration/calibrator.h"
+#include "planner/calibration/calibration_sample.h"
 
 namespace memplan {
 
@@ -34,7 +35,6 @@ struct CalibrationFilter {
 };
 
 inline constexpr int kDefaultListPlansPageSize = 50;
-inline constexpr int kMaxListPlansPageSize = 1000;
 // A ListPlans page stops before the plan that would take it past this many encoded bytes, so a
 // ListPlansResponse stays well under gRPC's default 4 MiB receive limit.
 inline constexpr int64_t kDefaultListPlansPageBytes = int64_t{3} << 20;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/presets.h"
+#include "common/validate.h"
 #include "memplan/v1/planner.pb.h"
 #include "nlohmann/json.hpp"
 #include "planner/service/planner_core.h"
@@ -64,10 +65,11 @@ absl::StatusOr<std::optional<v1::PlanRequest>> PlanRequestOf(const Json& pod) {
   }
   request.set_hardware_preset(*gpu);
   int64_t batch = 1, seq = 4096, world = 1, lora_rank = 0;
-  if (auto s = ReadInt(annotations, "batch", 1, 65536, &batch); !s.ok()) return s;
-  if (auto s = ReadInt(annotations, "seq", 1, 1 << 22, &seq); !s.ok()) return s;
-  if (auto s = ReadInt(annotations, "world-size", 1, 65536, &world); !s.ok()) return s;
-  if (auto s = ReadInt(annotations, "lora-rank", 1, 65536, &lora_rank); !s.ok()) return s;
+  // The request's bounds (common/validate.h), as `memplan plan` applies them to its flags.
+  if (auto s = ReadInt(annotations, "batch", 1, kMaxMicroBatch, &batch); !s.ok()) return s;
+  if (auto s = ReadInt(annotations, "seq", 1, kMaxSeqLen, &seq); !s.ok()) return s;
+  if (auto s = ReadInt(annotations, "world-size", 1, kMaxWorldSize, &world); !s.ok()) return s;
+  if (auto s = ReadInt(annotations, "lora-rank", 1, kMaxLoraRank, &lora_rank); !s.ok()) return s;
   request.mutable_workload()->set_micro_batch(batch);
   request.mutable_workload()->set_seq_len(seq);
   request.mutable_workload()->set_world_size(static_cast<int32_t>(world));

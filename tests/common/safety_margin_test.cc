@@ -39,9 +39,9 @@ TEST(ParseSafetyMarginFlagTest, ParsesAndChecks) {
   EXPECT_EQ(*ParseSafetyMarginFlag("--safety-margin", "0"), 0);
   EXPECT_EQ(*ParseSafetyMarginFlag("--safety-margin", "0.5"), 0.5);
   EXPECT_EQ(ParseSafetyMarginFlag("--margin", "0.9").status().message(),
-            "--margin = 0.9 is out of range; allowed [0, 0.5]");
+            "--margin: 0.9 is outside [0, 0.5]");
   EXPECT_EQ(ParseSafetyMarginFlag("--safety-margin", "lots").status().message(),
-            "--safety-margin = lots: not a number; allowed [0, 0.5]");
+            "--safety-margin: \"lots\" is not a number in [0, 0.5]");
 }
 
 }  // namespace

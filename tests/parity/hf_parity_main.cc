@@ -9,13 +9,14 @@
 // (targets already shifted, -100 ignored), split into grad_accum micro-batches of `batch` rows.
 // --save-hf DIR also writes a memplan checkpoint after the step (a Hugging Face directory).
 #include <cstdio>
-#include <map>
+#include <cstdlib>
+#include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "agent/io/checkpoint.h"
 #include "agent/io/hf_checkpoint.h"
@@ -24,8 +25,9 @@
 #include "agent/model/llama_model.h"
 #include "agent/train/train_config.h"
 #include "agent/train/trainer.h"
-#include "common/flag_arg.h"
+#include "common/flags.h"
 #include "common/hf_config.h"
+#include "common/request_flags.h"
 #include "common/status.h"
 
 namespace memplan {
@@ -57,57 +59,75 @@ constexpr char kUsage[] =
     "  --save-adapter DIR   write the adapter after the step in PEFT's format\n"
     "  --merge-export DIR   write base + merged adapter after the step (Hugging Face layout)\n";
 
+// The flags, read by common/flags.h; unset ones keep these defaults.
 struct Flags {
-  std::map<std::string, std::string> values;
+  std::string model, tokens, out;
+  std::optional<DType> dtype = DType::kFloat32;
+  std::string device = "cpu";
+  int64_t grad_accum = 1;
   bool plain = false;
-
-  std::string Get(const std::string& name, const std::string& fallback = "") const {
-    auto it = values.find(name);
-    return it == values.end() ? fallback : it->second;
-  }
-  absl::StatusOr<double> Double(const std::string& name, double fallback) const {
-    auto it = values.find(name);
-    if (it == values.end()) return fallback;
-    double v = 0;
-    if (!absl::SimpleAtod(it->second, &v)) {
-      return absl::InvalidArgumentError(absl::StrCat(name, ": not a number: ", it->second));
-    }
-    return v;
-  }
-  absl::StatusOr<int64_t> Int(const std::string& name, int64_t fallback) const {
-    auto it = values.find(name);
-    if (it == values.end()) return fallback;
-    int64_t v = 0;
-    if (!absl::SimpleAtoi(it->second, &v)) {
-      return absl::InvalidArgumentError(absl::StrCat(name, ": not an integer: ", it->second));
-    }
-    return v;
-  }
+  std::optional<std::vector<BlockMode>> block_modes;
+  std::optional<int64_t> chunk_kib;  // set: managed
+  int64_t n_persist = 0;
+  int64_t n_buffer = 2;
+  std::optional<OptimizerKind> optimizer = OptimizerKind::kAdamW;
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01, clip = 0;
+  int64_t head_chunk_rows = 0;
+  std::string save_hf;
+  LoraOptions lora;
+  std::string load_adapter, save_adapter, merge_export;
+  int64_t adapter_n_persist = -1;  // -1: all persistent
+  std::optional<int64_t> seed;
 };
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    FlagArg arg = SplitFlagArg(argv[i]);
-    if (arg.name == "--help" || arg.name == "-h") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    }
-    if (arg.name == "--plain") {
-      f.plain = true;
-      continue;
-    }
-    if (arg.name.rfind("--", 0) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("unexpected argument ", arg.name));
-    }
-    if (!arg.value.has_value()) {
-      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(arg.name, " needs a value"));
-      arg.value = argv[++i];
-    }
-    f.values[arg.name] = *arg.value;
+  f.lora.targets = {"q_proj", "v_proj"};
+  bool help = false;
+  FlagSet flags("see --help");
+  flags.Switch("--help", &help)
+      .Alias("-h", "--help")
+      .NonEmptyString("--model", &f.model)
+      .NonEmptyString("--tokens", &f.tokens)
+      .NonEmptyString("--out", &f.out)
+      .String("--device", &f.device)
+      .Int(kGradAccumFlag, &f.grad_accum)
+      .Switch("--plain", &f.plain)
+      .Custom("--block-modes",
+              [&f](absl::string_view v) -> absl::Status {
+                ASSIGN_OR_RETURN(f.block_modes, ParseBlockModeList(v));
+                return absl::OkStatus();
+              })
+      .Int("--chunk-kib", &f.chunk_kib, 1, int64_t{1} << 24)
+      .Int("--n-persist", &f.n_persist, 0, kMaxChunkCount)
+      .Int("--n-buffer", &f.n_buffer, 0, kMaxChunkCount)
+      .Double("--lr", &f.lr, 0, 1e3)
+      .Double("--beta1", &f.beta1, DoubleRange{0, 1, false, true})
+      .Double("--beta2", &f.beta2, DoubleRange{0, 1, false, true})
+      .Double("--eps", &f.eps, 0, 1)
+      .Double("--weight-decay", &f.weight_decay, 0, 1e3)
+      .Double("--clip", &f.clip, 0, 1e12)
+      .Int("--head-chunk-rows", &f.head_chunk_rows, 0, int64_t{1} << 40)
+      .String("--save-hf", &f.save_hf)
+      .Int("--lora-rank", &f.lora.rank, 0, kMaxLoraRank)
+      .Double("--lora-alpha", &f.lora.alpha, DoubleRange{0, 1e12, /*lo_open=*/true})
+      .Double("--lora-dropout", &f.lora.dropout, DoubleRange{0, 1, false, /*hi_open=*/true})
+      .Choice("--qlora", &f.lora.nf4_base, FlagSet::Choices<bool>{{"1", true}, {"0", false}})
+      .String("--load-adapter", &f.load_adapter)
+      .Int("--adapter-n-persist", &f.adapter_n_persist, -1, kMaxChunkCount)
+      .Int("--seed", &f.seed, 0, std::numeric_limits<int64_t>::max())
+      .String("--save-adapter", &f.save_adapter)
+      .String("--merge-export", &f.merge_export);
+  AddDTypeFlag(&flags, "--dtype", &f.dtype);
+  AddOptimizerFlag(&flags, &f.optimizer);
+  AddLoraTargetsFlag(&flags, &f.lora.targets);
+  RETURN_IF_ERROR(flags.Parse(std::vector<std::string>(argv + 1, argv + argc)));
+  if (help) {
+    std::fputs(kUsage, stdout);
+    std::exit(0);
   }
   for (const char* required : {"--model", "--tokens", "--out"}) {
-    if (f.values.count(required) == 0) {
+    if (!flags.Given(required)) {
       return absl::InvalidArgumentError(absl::StrCat(required, " is required\n", kUsage));
     }
   }
@@ -119,12 +139,11 @@ torch::Tensor Fp32Cpu(const torch::Tensor& t) {
 }
 
 absl::Status Run(const Flags& f) {
-  ASSIGN_OR_RETURN(ModelSpec spec, LoadHfConfigFile(f.Get("--model")));
-  const std::optional<DType> dtype = ParseDType(f.Get("--dtype", "fp32"));
-  if (!dtype.has_value()) return absl::InvalidArgumentError("--dtype: fp32 or bf16");
-  const torch::Device device(f.Get("--device", "cpu"));
+  ASSIGN_OR_RETURN(ModelSpec spec, LoadHfConfigFile(f.model));
+  const std::optional<DType> dtype = f.dtype;
+  const torch::Device device(f.device);
 
-  ASSIGN_OR_RETURN(std::vector<NamedParam> tokens, io::ReadSafetensorsFile(f.Get("--tokens")));
+  ASSIGN_OR_RETURN(std::vector<NamedParam> tokens, io::ReadSafetensorsFile(f.tokens));
   torch::Tensor ids, targets;
   for (const NamedParam& t : tokens) {
     if (t.name == "input_ids") ids = t.param;
@@ -133,8 +152,8 @@ absl::Status Run(const Flags& f) {
   if (!ids.defined() || !targets.defined() || ids.sizes() != targets.sizes() || ids.dim() != 2) {
     return absl::InvalidArgumentError("--tokens: needs input_ids and targets of one [rows, seq]");
   }
-  ASSIGN_OR_RETURN(int64_t grad_accum, f.Int("--grad-accum", 1));
-  if (grad_accum < 1 || ids.size(0) % grad_accum != 0) {
+  const int64_t grad_accum = f.grad_accum;
+  if (ids.size(0) % grad_accum != 0) {
     return absl::InvalidArgumentError("--grad-accum must divide the token rows");
   }
 
@@ -142,21 +161,13 @@ absl::Status Run(const Flags& f) {
   model_options.spec = spec;
   model_options.dtype = *dtype;
   model_options.device = device;
-  ASSIGN_OR_RETURN(model_options.head_chunk_rows, f.Int("--head-chunk-rows", 0));
-  ASSIGN_OR_RETURN(model_options.lora.rank, f.Int("--lora-rank", 0));
-  if (model_options.lora.enabled()) {
-    ASSIGN_OR_RETURN(model_options.lora.alpha, f.Double("--lora-alpha", 16));
-    ASSIGN_OR_RETURN(model_options.lora.dropout, f.Double("--lora-dropout", 0));
-    ASSIGN_OR_RETURN(model_options.lora.targets,
-                     ParseLoraTargetList("--lora-targets", f.Get("--lora-targets", "q_proj,v_proj")));
-    model_options.lora.nf4_base = f.Get("--qlora") == "1";
-  }
+  model_options.head_chunk_rows = f.head_chunk_rows;
+  if (f.lora.enabled()) model_options.lora = f.lora;
   ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LlamaModel::Create(model_options));
-  ASSIGN_OR_RETURN(std::unique_ptr<io::HfCheckpoint> checkpoint,
-                   io::HfCheckpoint::Open(f.Get("--model")));
+  ASSIGN_OR_RETURN(std::unique_ptr<io::HfCheckpoint> checkpoint, io::HfCheckpoint::Open(f.model));
   ASSIGN_OR_RETURN(io::HfLoadReport report, io::LoadModelCheckpoint(*checkpoint, *model));
-  if (!f.Get("--load-adapter").empty()) {
-    ASSIGN_OR_RETURN(io::PeftAdapter adapter, io::ReadPeftAdapter(f.Get("--load-adapter")));
+  if (!f.load_adapter.empty()) {
+    ASSIGN_OR_RETURN(io::PeftAdapter adapter, io::ReadPeftAdapter(f.load_adapter));
     if (adapter.lora.rank != model_options.lora.rank ||
         adapter.lora.alpha != model_options.lora.alpha) {
       return absl::InvalidArgumentError("--load-adapter: its r / lora_alpha differ from the flags");
@@ -171,34 +182,23 @@ absl::Status Run(const Flags& f) {
 
   TrainerOptions options;
   options.grad_accum = static_cast<int>(grad_accum);
-  ASSIGN_OR_RETURN(options.max_grad_norm, f.Double("--clip", 0));
-  ASSIGN_OR_RETURN(options.adamw.lr, f.Double("--lr", 1e-3));
-  ASSIGN_OR_RETURN(options.adamw.beta1, f.Double("--beta1", 0.9));
-  ASSIGN_OR_RETURN(options.adamw.beta2, f.Double("--beta2", 0.999));
-  ASSIGN_OR_RETURN(options.adamw.eps, f.Double("--eps", 1e-8));
-  ASSIGN_OR_RETURN(options.adamw.weight_decay, f.Double("--weight-decay", 0.01));
+  options.max_grad_norm = f.clip;
+  options.adamw.lr = f.lr;
+  options.adamw.beta1 = f.beta1;
+  options.adamw.beta2 = f.beta2;
+  options.adamw.eps = f.eps;
+  options.adamw.weight_decay = f.weight_decay;
   options.plain_reference = f.plain;
-  const std::optional<OptimizerKind> optimizer = ParseOptimizer(f.Get("--optimizer", "adamw"));
-  if (!optimizer.has_value()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--optimizer: allowed ", std::string(OptimizerAllowList())));
-  }
-  options.optimizer = *optimizer;
-  if (!f.Get("--block-modes").empty()) {
-    ASSIGN_OR_RETURN(options.block_modes, ParseBlockModeList(f.Get("--block-modes")));
-  }
-  if (!f.Get("--chunk-kib").empty()) {
+  options.optimizer = *f.optimizer;
+  if (f.block_modes.has_value()) options.block_modes = *f.block_modes;
+  if (f.chunk_kib.has_value()) {
     options.managed = true;
-    ASSIGN_OR_RETURN(int64_t kib, f.Int("--chunk-kib", 0));
-    options.chunks.chunk_bytes = kib << 10;
-    ASSIGN_OR_RETURN(int64_t n_persist, f.Int("--n-persist", 0));
-    ASSIGN_OR_RETURN(int64_t n_buffer, f.Int("--n-buffer", 2));
-    options.chunks.n_persist = static_cast<int>(n_persist);
-    options.chunks.n_buffer = static_cast<int>(n_buffer);
+    options.chunks.chunk_bytes = *f.chunk_kib << 10;
+    options.chunks.n_persist = static_cast<int>(f.n_persist);
+    options.chunks.n_buffer = static_cast<int>(f.n_buffer);
     options.chunks.max_grad_norm = options.max_grad_norm;
     options.chunks.cpu_threads = 2;
-    ASSIGN_OR_RETURN(int64_t adapter_n_persist, f.Int("--adapter-n-persist", -1));
-    options.adapter_n_persist = static_cast<int>(adapter_n_persist);
+    options.adapter_n_persist = static_cast<int>(f.adapter_n_persist);
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(model.get(), options));
 
@@ -208,10 +208,7 @@ absl::Status Run(const Flags& f) {
     batches.push_back({ids.slice(0, i * rows, (i + 1) * rows).contiguous(),
                        targets.slice(0, i * rows, (i + 1) * rows).contiguous()});
   }
-  if (!f.Get("--seed").empty()) {
-    ASSIGN_OR_RETURN(int64_t seed, f.Int("--seed", 0));
-    torch::manual_seed(static_cast<uint64_t>(seed));
-  }
+  if (f.seed.has_value()) torch::manual_seed(static_cast<uint64_t>(*f.seed));
   ASSIGN_OR_RETURN(double loss, trainer->ForwardBackward(batches));
   out.push_back({"loss", torch::tensor({static_cast<float>(loss)})});
   for (const NamedParam& g : trainer->Grads()) out.push_back({"grad." + g.name, Fp32Cpu(g.param)});
@@ -220,12 +217,12 @@ absl::Status Run(const Flags& f) {
   for (const NamedParam& p : trainer->Params()) {
     out.push_back({"param." + p.name, Fp32Cpu(p.param)});
   }
-  RETURN_IF_ERROR(io::SaveSafetensorsFile(f.Get("--out"), out));
-  if (!f.Get("--save-adapter").empty()) {
-    RETURN_IF_ERROR(io::SavePeftAdapter(f.Get("--save-adapter"), model_options.lora,
-                                        f.Get("--model"), trainer->Params()));
+  RETURN_IF_ERROR(io::SaveSafetensorsFile(f.out, out));
+  if (!f.save_adapter.empty()) {
+    RETURN_IF_ERROR(
+        io::SavePeftAdapter(f.save_adapter, model_options.lora, f.model, trainer->Params()));
   }
-  if (!f.Get("--merge-export").empty()) {
+  if (!f.merge_export.empty()) {
     ASSIGN_OR_RETURN(const std::vector<NamedParam> base,
                      model->DequantizedBase(trainer->BaseParams()));
     ASSIGN_OR_RETURN(std::vector<NamedParam> merged,
@@ -233,14 +230,14 @@ absl::Status Run(const Flags& f) {
     io::TrainerState state;
     state.model = spec;
     state.param_dtype = *dtype;
-    RETURN_IF_ERROR(io::SaveCheckpoint(f.Get("--merge-export"), state, merged, {}));
+    RETURN_IF_ERROR(io::SaveCheckpoint(f.merge_export, state, merged, {}));
   }
-  if (!f.Get("--save-hf").empty() && !model_options.lora.enabled()) {
+  if (!f.save_hf.empty() && !model_options.lora.enabled()) {
     io::TrainerState state;
     state.workload.micro_batch = rows;
     state.workload.seq_len = ids.size(1);
     state.workload.grad_accum = static_cast<int32_t>(grad_accum);
-    RETURN_IF_ERROR(trainer->SaveCheckpoint(f.Get("--save-hf"), state));
+    RETURN_IF_ERROR(trainer->SaveCheckpoint(f.save_hf, state));
   }
   std::printf("parity run: %lld tensors loaded, loss %.8f, %zu outputs\n",
               static_cast<long long>(report.tensors_loaded), loss, out.size());

@@ -12,16 +12,18 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "common/flags.h"
+#include "common/validate.h"
 #include "grpcpp/grpcpp.h"
 #include "memplan/v1/planner.grpc.pb.h"
 
@@ -61,79 +63,34 @@ constexpr char kUsage[] = R"(Usage: memplan-rpc-load [flags]
 )";
 
 bool ParseFlags(int argc, char** argv, Options* o) {
-  for (int i = 1; i < argc; ++i) {
-    std::string name = argv[i];
-    std::string value;
-    const size_t eq = name.find('=');
-    if (eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-    } else if (name != "--skip-limits" && name != "--help" && name != "-h") {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "memplan-rpc-load: %s: missing value\n", name.c_str());
-        return false;
-      }
-      value = argv[++i];
-    }
-    auto bad = [&](const char* what) {
-      std::fprintf(stderr, "memplan-rpc-load: %s: %s, got '%s'\n", name.c_str(), what,
-                   value.c_str());
-      return false;
-    };
-    if (name == "--help" || name == "-h") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    } else if (name == "--planner") {
-      o->planner = value;
-    } else if (name == "--mode") {
-      if (value != "plan" && value != "measurements") return bad("expected plan or measurements");
-      o->mode = value;
-    } else if (name == "--clients") {
-      if (!absl::SimpleAtoi(value, &o->clients) || o->clients < 1 || o->clients > 1024) {
-        return bad("expected 1..1024");
-      }
-    } else if (name == "--duration") {
-      if (!absl::SimpleAtod(value, &o->duration_seconds) || !(o->duration_seconds > 0) ||
-          o->duration_seconds > 600) {
-        return bad("expected seconds in (0, 600]");
-      }
-    } else if (name == "--warmup") {
-      if (!absl::SimpleAtod(value, &o->warmup_seconds) || o->warmup_seconds < 0 ||
-          o->warmup_seconds > 60) {
-        return bad("expected seconds in [0, 60]");
-      }
-    } else if (name == "--deadline") {
-      if (!absl::SimpleAtod(value, &o->deadline_seconds) || !(o->deadline_seconds > 0) ||
-          o->deadline_seconds > 600) {
-        return bad("expected seconds in (0, 600]");
-      }
-    } else if (name == "--arch") {
-      o->arch = value;
-    } else if (name == "--gpu") {
-      o->gpu = value;
-    } else if (name == "--batch") {
-      if (!absl::SimpleAtoi(value, &o->batch) || o->batch < 1) return bad("expected >= 1");
-    } else if (name == "--seq") {
-      if (!absl::SimpleAtoi(value, &o->seq) || o->seq < 1) return bad("expected >= 1");
-    } else if (name == "--vary-batch") {
-      if (!absl::SimpleAtoi(value, &o->vary_batch) || o->vary_batch < 1 || o->vary_batch > 4096) {
-        return bad("expected 1..4096");
-      }
-    } else if (name == "--skip-limits") {
-      o->skip_limits = true;
-    } else if (name == "--measurements") {
-      if (!absl::SimpleAtoi(value, &o->measurements) || o->measurements < 1 ||
-          o->measurements > 10000000) {
-        return bad("expected 1..10000000");
-      }
-    } else if (name == "--daemon-pid") {
-      if (!absl::SimpleAtoi(value, &o->daemon_pid) || o->daemon_pid < 1) {
-        return bad("expected a process id");
-      }
-    } else {
-      std::fprintf(stderr, "memplan-rpc-load: unknown flag %s\n%s", name.c_str(), kUsage);
-      return false;
-    }
+  bool help = false;
+  memplan::FlagSet flags("see --help");
+  flags.Switch("--help", &help)
+      .Alias("-h", "--help")
+      .String("--planner", &o->planner)
+      .Choice("--mode", &o->mode,
+              memplan::FlagSet::Choices<std::string>{{"plan", "plan"},
+                                                     {"measurements", "measurements"}})
+      .Int("--clients", &o->clients, 1, 1024)
+      .Double("--duration", &o->duration_seconds, memplan::DoubleRange{0, 600, true, false})
+      .Double("--warmup", &o->warmup_seconds, 0, 60)
+      .Double("--deadline", &o->deadline_seconds, memplan::DoubleRange{0, 600, true, false})
+      .String("--arch", &o->arch)
+      .String("--gpu", &o->gpu)
+      .Int(memplan::IntFlagSpec{"--batch", 1, memplan::kMaxMicroBatch}, &o->batch)
+      .Int(memplan::IntFlagSpec{"--seq", 1, memplan::kMaxSeqLen}, &o->seq)
+      .Int("--vary-batch", &o->vary_batch, 1, 4096)
+      .Switch("--skip-limits", &o->skip_limits)
+      .Int("--measurements", &o->measurements, 1, 10000000)
+      .Int("--daemon-pid", &o->daemon_pid, 1, std::numeric_limits<int>::max());
+  const absl::Status parsed = flags.Parse(std::vector<std::string>(argv + 1, argv + argc));
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "memplan-rpc-load: %s\n", std::string(parsed.message()).c_str());
+    return false;
+  }
+  if (help) {
+    std::fputs(kUsage, stdout);
+    std::exit(0);
   }
   return true;
 }

@@ -116,13 +116,12 @@ TEST(CollectiveFlagsTest, ByteCountsTakeBinarySuffixes) {
 
 TEST(CollectiveFlagsTest, RankMustBeBelowTheWorldSize) {
   EXPECT_EQ(Error({"--world-size", "2", "--rank", "2"}),
-            "--rank must be an integer in [0, 1] (world size 2); got \"2\"");
+            "--rank: 2 is outside [0, 1] (world size 2)");
   EXPECT_EQ(Error({"--rank", "-1", "--world-size", "2"}),
-            "--rank must be an integer in [0, 1] (world size 2); got \"-1\"");
+            "--rank: -1 is outside [0, 1] (world size 2)");
   EXPECT_EQ(Error({}, {{"WORLD_SIZE", "2"}, {"RANK", "5"}}),
-            "RANK (environment) must be an integer in [0, 1] (world size 2); got \"5\"");
-  EXPECT_EQ(Error({"--rank", "1"}),
-            "--rank must be an integer in [0, 0] (world size 1); got \"1\"");
+            "RANK (environment): 5 is outside [0, 1] (world size 2)");
+  EXPECT_EQ(Error({"--rank", "1"}), "--rank: 1 is outside [0, 0] (world size 1)");
 }
 
 TEST(CollectiveFlagsTest, RankIsRequiredAboveWorldSizeOne) {
@@ -131,12 +130,10 @@ TEST(CollectiveFlagsTest, RankIsRequiredAboveWorldSizeOne) {
 }
 
 TEST(CollectiveFlagsTest, WorldSizeRange) {
-  EXPECT_EQ(Error({"--world-size", "0", "--rank", "0"}),
-            "--world-size must be an integer in [1, 256]; got \"0\"");
-  EXPECT_EQ(Error({"--world-size", "two"}),
-            "--world-size must be an integer in [1, 256]; got \"two\"");
+  EXPECT_EQ(Error({"--world-size", "0", "--rank", "0"}), "--world-size: 0 is outside [1, 256]");
+  EXPECT_EQ(Error({"--world-size", "two"}), "--world-size: \"two\" is not an integer in [1, 256]");
   EXPECT_EQ(Error({}, {{"WORLD_SIZE", "1000"}}),
-            "WORLD_SIZE (environment) must be an integer in [1, 256]; got \"1000\"");
+            "WORLD_SIZE (environment): 1000 is outside [1, 256]");
 }
 
 TEST(CollectiveFlagsTest, PortRange) {
@@ -146,32 +143,31 @@ TEST(CollectiveFlagsTest, PortRange) {
     args.insert(args.end(), extra.begin(), extra.end());
     return args;
   };
-  EXPECT_EQ(Error(with({"--master-port", "0"})),
-            "--master-port must be an integer in [1, 65535]; got \"0\"");
-  EXPECT_EQ(Error(with({"--master-port", "65536"})),
-            "--master-port must be an integer in [1, 65535]; got \"65536\"");
+  EXPECT_EQ(Error(with({"--master-port", "0"})), "--master-port: 0 is outside [1, 65535]");
+  EXPECT_EQ(Error(with({"--master-port", "65536"})), "--master-port: 65536 is outside [1, 65535]");
   EXPECT_EQ(Error(with({"--master-port", "http"})),
-            "--master-port must be an integer in [1, 65535]; got \"http\"");
+            "--master-port: \"http\" is not an integer in [1, 65535]");
   EXPECT_EQ(Error(two, {{"MASTER_PORT", "99999"}}),
-            "MASTER_PORT (environment) must be an integer in [1, 65535]; got \"99999\"");
+            "MASTER_PORT (environment): 99999 is outside [1, 65535]");
 }
 
 TEST(CollectiveFlagsTest, OtherValuesNameTheFlagAndWhatItTakes) {
   EXPECT_EQ(Error({"--collective-backend", "mpi"}),
-            "--collective-backend must be nccl or gloo; got \"mpi\"");
+            "--collective-backend: \"mpi\" is not one of nccl, gloo");
   EXPECT_THAT(Error({"--world-size", "4", "--rank", "0", "--collective-bytes", "8"}),
-              HasSubstr("--collective-bytes must be a byte count in [16, 68719476736] (4 bytes "
-                        "per rank at least (world size 4); suffixes K, M, G); got \"8\""));
-  EXPECT_THAT(Error({"--collective-bytes", "lots"}), HasSubstr("--collective-bytes must be"));
+              HasSubstr("--collective-bytes: 8 is outside [16, 68719476736] (4 bytes per rank at "
+                        "least; world size 4)"));
+  EXPECT_THAT(Error({"--collective-bytes", "lots"}),
+              HasSubstr("--collective-bytes: \"lots\" is not a byte count in [4, 68719476736] "
+                        "(suffixes K, M, G)"));
   EXPECT_EQ(Error({"--collective-repetitions", "0"}),
-            "--collective-repetitions must be an integer in [1, 1000]; got \"0\"");
+            "--collective-repetitions: 0 is outside [1, 1000]");
   EXPECT_EQ(Error({"--collective-timeout", "0"}),
-            "--collective-timeout must be an integer in [1, 86400] seconds; got \"0\"");
-  EXPECT_EQ(Error({"--master-addr", ""}), "--master-addr must be a host name or address; got \"\"");
+            "--collective-timeout: 0 is outside [1, 86400] seconds");
+  EXPECT_EQ(Error({"--master-addr", ""}), "--master-addr: \"\" is not a host name or address");
   EXPECT_EQ(Error({}, {{"LOCAL_RANK", "x"}}),
-            "LOCAL_RANK (environment) must be an integer in [0, 0] (local world size 1); got "
-            "\"x\"");
-  EXPECT_EQ(Error({"--world-size"}), "--world-size needs a value");
+            "LOCAL_RANK (environment): \"x\" is not an integer in [0, 0] (local world size 1)");
+  EXPECT_EQ(Error({"--world-size"}), "--world-size: needs a value");
 }
 
 TEST(CollectiveFlagsTest, UsageNamesEveryFlag) {

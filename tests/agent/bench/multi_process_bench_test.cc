@@ -104,11 +104,11 @@ TEST(MultiProcessBenchTest, BadFlagsExitTwoNamingTheFlag) {
     std::string message;
   };
   const Case cases[] = {
-      {{"bench", "--world-size", "2", "--rank", "2"},
-       "--rank must be an integer in [0, 1] (world size 2); got \"2\""},
+      {{"bench", "--world-size", "2", "--rank", "2"}, "--rank: 2 is outside [0, 1] (world size 2)"},
       {{"bench", "--world-size", "2", "--rank", "0", "--master-port", "70000"},
-       "--master-port must be an integer in [1, 65535]; got \"70000\""},
-      {{"bench", "--collective-backend", "mpi"}, "--collective-backend must be nccl or gloo"},
+       "--master-port: 70000 is outside [1, 65535]"},
+      {{"bench", "--collective-backend", "mpi"},
+       "--collective-backend: \"mpi\" is not one of nccl, gloo"},
   };
   for (const Case& c : cases) {
     Child child = Spawn(c.args, {}, base);

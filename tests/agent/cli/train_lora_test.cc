@@ -173,9 +173,9 @@ TEST_F(TrainLoraTest, BadFlagsNameTheFlagAndTheRange) {
   const std::vector<Case> cases = {
       {{"--lora-rank", "0", "--lora-targets", "all"}, "--lora-rank: 0 is outside [1, 65536]"},
       {{"--lora-rank", "4", "--lora-targets", "all", "--lora-dropout", "1"},
-       "--lora-dropout: must be in [0, 1)"},
+       "--lora-dropout: 1 is outside [0, 1)"},
       {{"--lora-rank", "4", "--lora-targets", "q_proj,qkv"},
-       "--lora-targets: unknown module 'qkv'"},
+       "--lora-targets: \"qkv\" is not one of q_proj"},
       {{"--lora-rank", "4"}, "--lora-rank: needs --lora-targets"},
       {{"--save-adapter", "x"}, "--save-adapter: needs --lora-rank"},
       {{"--qlora"}, "--qlora: needs --lora-rank"},

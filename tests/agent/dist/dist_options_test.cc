@@ -84,16 +84,16 @@ TEST(DistOptionsTest, BadValuesNameTheVariable) {
   const Case cases[] = {
       {{{"WORLD_SIZE", "2"}}, "RANK (environment) is required with world size 2"},
       {{{"WORLD_SIZE", "2"}, {"RANK", "2"}},
-       "RANK (environment) must be an integer in [0, 1] (world size 2); got \"2\""},
-      {{{"WORLD_SIZE", "0"}}, "WORLD_SIZE (environment) must be an integer in [1, 256]"},
-      {{{"MASTER_PORT", "70000"}}, "MASTER_PORT (environment) must be an integer in [1, 65535]"},
+       "RANK (environment): 2 is outside [0, 1] (world size 2)"},
+      {{{"WORLD_SIZE", "0"}}, "WORLD_SIZE (environment): 0 is outside [1, 256]"},
+      {{{"MASTER_PORT", "70000"}}, "MASTER_PORT (environment): 70000 is outside [1, 65535]"},
       {{{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"LOCAL_WORLD_SIZE", "2"}, {"LOCAL_RANK", "2"}},
-       "LOCAL_RANK (environment) must be an integer in [0, 1]"},
-      {{{"MASTER_ADDR", " "}}, "MASTER_ADDR (environment) must be a host name or address"},
+       "LOCAL_RANK (environment): 2 is outside [0, 1] (local world size 2)"},
+      {{{"MASTER_ADDR", " "}}, "MASTER_ADDR (environment): \" \" is not a host name or address"},
       {{{"MEMPLAN_NCCL_HIGH_PRIORITY", "yes"}},
-       "MEMPLAN_NCCL_HIGH_PRIORITY (environment) must be an integer in [0, 1]; got \"yes\""},
+       "MEMPLAN_NCCL_HIGH_PRIORITY (environment): \"yes\" is not an integer in [0, 1]"},
       {{{"MEMPLAN_COALESCE_GATHERS", "2"}},
-       "MEMPLAN_COALESCE_GATHERS (environment) must be an integer in [0, 1]; got \"2\""},
+       "MEMPLAN_COALESCE_GATHERS (environment): 2 is outside [0, 1]"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<DistOptions> o = DistOptionsFromEnvironment(Env(c.env));

@@ -137,7 +137,7 @@ TEST(ParseTrainArgsTest, OptimizerFlag) {
       parse({"--optimizer", "adamw8bit", "--param-rounding", "nearest"})->stochastic_rounding);
   const absl::Status bad_mode = parse({"--param-rounding", "up"}).status();
   EXPECT_THAT(bad_mode.message(), HasSubstr("--param-rounding"));
-  EXPECT_THAT(bad_mode.message(), HasSubstr("stochastic or nearest"));
+  EXPECT_THAT(bad_mode.message(), HasSubstr("\"up\" is not one of stochastic, nearest"));
   const absl::Status other = parse({"--optimizer", "adamw", "--param-rounding", "nearest"}).status();
   EXPECT_THAT(other.message(), HasSubstr("--param-rounding applies to --optimizer adamw8bit"));
   EXPECT_THAT(TrainUsage(), HasSubstr("--param-rounding stochastic|nearest"));
@@ -363,11 +363,11 @@ TEST(ResolveRunPlanTest, PersistentStateShardingFromThePlanOrTheFlag) {
   run = ResolveRunPlan(*parsed, 3, std::nullopt, 3);
   ASSERT_TRUE(run.ok()) << run.status();
   EXPECT_TRUE(run->shard_persistent_state);
-  EXPECT_THAT(ParseTrainArgs({"--arch", "llama-tiny", "--synthetic-data", "--persistent-state",
-                              "half"})
-                  .status()
-                  .message(),
-              HasSubstr("is not sharded or replicated"));
+  EXPECT_THAT(
+      ParseTrainArgs({"--arch", "llama-tiny", "--synthetic-data", "--persistent-state", "half"})
+          .status()
+          .message(),
+      HasSubstr("--persistent-state: \"half\" is not one of sharded, replicated"));
 }
 
 // [Sharded persistent parameters]: from the plan (with the state sharded) or --persistent-params,
@@ -426,7 +426,7 @@ TEST(ResolveRunPlanTest, OffloadedGradsOnTheDeviceNeedSeveralRanks) {
                               "--accumulate-offloaded-grads", "gpu"})
                   .status()
                   .message(),
-              HasSubstr("is not device or host"));
+              HasSubstr("--accumulate-offloaded-grads: \"gpu\" is not one of device, host"));
 }
 
 }  // namespace

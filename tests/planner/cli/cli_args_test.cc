@@ -146,7 +146,7 @@ TEST(CliArgsTest, SecurityFlagsAreGlobal) {
               HasSubstr("need --tls-ca"));
   EXPECT_THAT(ErrorOf({"--tls-ca=ca.crt", "--tls-key=c.key", "presets"}),
               HasSubstr("--tls-cert and --tls-key go together"));
-  EXPECT_THAT(ErrorOf({"presets", "--tls-ca="}), HasSubstr("--tls-ca needs a non-empty value"));
+  EXPECT_THAT(ErrorOf({"presets", "--tls-ca="}), HasSubstr("--tls-ca: must not be empty"));
 }
 
 TEST(CliArgsTest, AdmitTakesTheJobAndPools) {
@@ -174,7 +174,7 @@ TEST(CliArgsTest, AdmitTakesTheJobAndPools) {
   EXPECT_THAT(ErrorOf({"admit", "--arch", "x", "--pool", "h100-80gb"}),
               HasSubstr("expected NAME=HARDWARE[:GPUS]"));
   EXPECT_THAT(ErrorOf({"admit", "--arch", "x", "--pool", "a=h100-80gb:0"}),
-              HasSubstr("--pool GPUS: expected an integer in [1, 1000000], got '0'"));
+              HasSubstr("--pool: \"a=h100-80gb:0\": GPUS 0 is outside [1, 1000000]"));
   EXPECT_THAT(ErrorOf({"admit", "--arch", "x", "--pool", "a=h100-80gb", "--pool", "a=l40s"}),
               HasSubstr("the name 'a' is used twice"));
   EXPECT_THAT(ErrorOf({"admit", "--arch", "x", "--pool", "a=profile/"}),
@@ -337,43 +337,45 @@ TEST(CliArgsTest, SafetyMarginTakesBothSpellings) {
 
 TEST(CliArgsTest, BadValuesNameTheFlag) {
   EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--batch", "zero"}),
-              HasSubstr("--batch: expected an integer in [1, 65536], got 'zero'"));
+              HasSubstr("--batch: \"zero\" is not an integer in [1, 65536]"));
   EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--batch", "0"}), HasSubstr("--batch"));
   EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--seq", "-5"}), HasSubstr("--seq"));
   EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--dtype", "int8"}),
-              HasSubstr("--dtype: unknown dtype 'int8'; allowed: fp32, bf16, fp16"));
+              HasSubstr("--dtype: \"int8\" is not one of fp32, bf16, fp16"));
   EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--optimizer", "lion"}),
-              HasSubstr("--optimizer: unknown optimizer 'lion'; allowed: adamw"));
+              HasSubstr("--optimizer: \"lion\" is not one of adamw"));
   // The range is common/safety_margin.h's; the old CLI-only floor of 0.001 is gone (0 reads as
   // the planner's default, as it does for memplan-agent --safety-margin).
   EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--margin", "0.9"}),
-              HasSubstr("--margin = 0.9 is out of range; allowed [0, 0.5]"));
+              HasSubstr("--margin: 0.9 is outside [0, 0.5]"));
   EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--safety-margin", "0.9"}),
-              HasSubstr("--safety-margin = 0.9 is out of range; allowed [0, 0.5]"));
+              HasSubstr("--safety-margin: 0.9 is outside [0, 0.5]"));
   EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--host-memory", "numa"}),
-              HasSubstr("--host-memory: expected pinned or pageable"));
+              HasSubstr("--host-memory: \"numa\" is not one of pinned, pageable"));
   EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--lora-rank", "8", "--lora-targets",
                        "q_proj,mlp"}),
-              HasSubstr("--lora-targets: unknown module 'mlp'"));
+              HasSubstr("--lora-targets: \"mlp\" is not one of q_proj"));
   EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--n-persist", "1.5"}),
               HasSubstr("--n-persist"));
   EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--skip-limits=yes"}),
               HasSubstr("--skip-limits: takes no value"));
-  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu"}), HasSubstr("--gpu: missing value"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu"}), HasSubstr("--gpu: needs a value"));
   EXPECT_THAT(ErrorOf({"measure", "--plan-id", "p", "--peak-reserved", "lots"}),
-              HasSubstr("--peak-reserved: expected a size"));
+              HasSubstr("--peak-reserved: \"lots\" is not a size"));
   EXPECT_THAT(ErrorOf({"plans", "list", "--page-size", "5000"}), HasSubstr("--page-size"));
   EXPECT_THAT(ErrorOf({"--timeout", "0", "presets"}), HasSubstr("--timeout"));
 }
 
 TEST(CliArgsTest, UnknownFlagsAndCommandsAreNamed) {
   EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--bacth", "2"}),
-              HasSubstr("plan: unknown flag '--bacth'"));
-  EXPECT_THAT(ErrorOf({"presets", "--arch", "a"}), HasSubstr("presets: unknown flag '--arch'"));
+              HasSubstr("unknown flag --bacth; see 'memplan plan --help'"));
+  EXPECT_THAT(ErrorOf({"presets", "--arch", "a"}),
+              HasSubstr("unknown flag --arch; see 'memplan presets --help'"));
   EXPECT_THAT(ErrorOf({"frobnicate"}), HasSubstr("unknown command 'frobnicate'"));
   EXPECT_THAT(ErrorOf({"trace"}), HasSubstr("trace: expected a subcommand: submit, get"));
   EXPECT_THAT(ErrorOf({"plans", "delete", "x"}), HasSubstr("plans: unknown subcommand 'delete'"));
-  EXPECT_THAT(ErrorOf({"--arch", "a", "plan"}), HasSubstr("unknown flag '--arch'"));
+  EXPECT_THAT(ErrorOf({"--arch", "a", "plan"}),
+              HasSubstr("unknown flag --arch before the command"));
   EXPECT_THAT(ErrorOf({}), HasSubstr("no command given"));
 }
 

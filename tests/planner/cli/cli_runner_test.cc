@@ -318,7 +318,7 @@ TEST_F(CliRunnerTest, UnreachablePlannerIsExplained) {
 TEST_F(CliRunnerTest, UsageErrorsExitTwoWithoutCallingThePlanner) {
   Result r = Run({"plan", "--arch", "llama-3.1-8b", "--gpu", "h100-80gb", "--batch", "-1"});
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_THAT(r.err, HasSubstr("--batch: expected an integer"));
+  EXPECT_THAT(r.err, HasSubstr("--batch: -1 is outside [1, 65536]"));
   EXPECT_EQ(fake_.last_plan().arch_preset(), "");  // nothing was sent
   std::ostringstream out;
   std::ostringstream err;

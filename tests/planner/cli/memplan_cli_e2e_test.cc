@@ -254,7 +254,7 @@ TEST_F(MemplanCliE2eTest, PlannerErrorsExitOneWithCode) {
 TEST_F(MemplanCliE2eTest, UsageErrorsExitTwoAndHelpExitsZero) {
   RunResult bad = Memplan({"plan", "--arch", "llama-tiny", "--gpu", "h100-80gb", "--dtype", "fp8"});
   EXPECT_EQ(bad.exit_code, 2);
-  EXPECT_THAT(bad.err, HasSubstr("--dtype: unknown dtype 'fp8'"));
+  EXPECT_THAT(bad.err, HasSubstr("--dtype: \"fp8\" is not one of fp32, bf16, fp16"));
   RunResult help = RunProgram(MEMPLAN_CLI_BIN, {"plan", "--help"});
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_THAT(help.out, HasSubstr("--arch-file"));

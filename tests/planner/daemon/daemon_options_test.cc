@@ -71,7 +71,7 @@ TEST(DaemonOptionsTest, MetricsPlanSeries) {
   EXPECT_EQ(ParseDaemonOptions({})->metrics_plan_series, 256);
   EXPECT_EQ(ParseDaemonOptions({"--metrics-plan-series=10"})->metrics_plan_series, 10);
   EXPECT_THAT(ParseDaemonOptions({"--metrics-plan-series=0"}).status().message(),
-              HasSubstr("--metrics-plan-series = \"0\" is not an integer in [1, 100000]"));
+              HasSubstr("--metrics-plan-series: 0 is outside [1, 100000]"));
 }
 
 TEST(DaemonOptionsTest, QuarantineFlags) {
@@ -83,7 +83,7 @@ TEST(DaemonOptionsTest, QuarantineFlags) {
   EXPECT_EQ(set->quarantine_step_ratio, 5.5);
   EXPECT_EQ(set->quarantine_burst, 0);
   EXPECT_THAT(ParseDaemonOptions({"--quarantine-step-ratio=1"}).status().message(),
-              HasSubstr("--quarantine-step-ratio = \"1\" is not a number in [1.1, 1000]"));
+              HasSubstr("--quarantine-step-ratio: 1 is outside [1.1, 1000]"));
   EXPECT_THAT(ParseDaemonOptions({"--quarantine-burst=-1"}).status().message(),
               HasSubstr("--quarantine-burst"));
 }
@@ -99,20 +99,20 @@ TEST(DaemonOptionsTest, TlsFlagRules) {
       ParseDaemonOptions({"--tls-cert=s.crt", "--tls-key=s.key", "--insecure"}).status().message(),
       HasSubstr("--insecure contradicts --tls-cert"));
   EXPECT_THAT(ParseDaemonOptions({"--tls-client-auth=maybe"}).status().message(),
-              HasSubstr("allowed: require, optional"));
+              HasSubstr("--tls-client-auth: \"maybe\" is not one of require, optional"));
   EXPECT_THAT(
       ParseDaemonOptions({"--tls-cert=s.crt", "--tls-key=s.key", "--tls-client-auth=optional"})
           .status()
           .message(),
       HasSubstr("--tls-client-auth needs --tls-client-ca"));
   EXPECT_THAT(ParseDaemonOptions({"--tls-cert="}).status().message(),
-              HasSubstr("--tls-cert needs a file"));
+              HasSubstr("--tls-cert: must not be empty"));
 }
 
 TEST(DaemonOptionsTest, ErrorsNameTheFlag) {
   EXPECT_THAT(ParseDaemonOptions({"--bogus=1"}).status().message(),
               HasSubstr("unknown flag --bogus"));
-  EXPECT_THAT(ParseDaemonOptions({"--db"}).status().message(), HasSubstr("--db needs a value"));
+  EXPECT_THAT(ParseDaemonOptions({"--db"}).status().message(), HasSubstr("--db: needs a value"));
   EXPECT_THAT(ParseDaemonOptions({"--log-level=loud"}).status().message(),
               HasSubstr("debug, info, warning, error"));
   EXPECT_THAT(ParseDaemonOptions({"--search-threads=-1"}).status().message(),

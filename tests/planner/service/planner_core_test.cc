@@ -248,7 +248,7 @@ TEST_F(PlannerCoreTest, SafetyMarginAndAlternativesAreRangeChecked) {
   ExpectInvalid(Plan(r), "safety_margin = nan", "[0, 0.5]");
   r = TinyRequest();
   r.set_max_alternatives(-1);
-  ExpectInvalid(Plan(r), "max_alternatives = -1", "[0, 32]");
+  ExpectInvalid(Plan(r), "max_alternatives = -1", "[0, 20]");
 }
 
 TEST_F(PlannerCoreTest, UnknownEnumValuesAreRejected) {
