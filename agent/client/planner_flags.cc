@@ -2,9 +2,9 @@
 
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/flag_arg.h"
+#include "common/flags.h"
+#include "common/request_flags.h"
 #include "common/safety_margin.h"
 #include "common/status.h"
 
@@ -18,41 +18,17 @@ constexpr char kDefaultHardwarePreset[] = "h100-80gb";
 absl::StatusOr<PlannerLoopOptions> TakePlannerFlags(std::vector<std::string>* args) {
   PlannerLoopOptions loop;
   RETURN_IF_ERROR(TakeChannelSecurityFlags(args, &loop.security));
-  std::vector<std::string> rest;
-  bool hardware_given = false;
-  for (size_t i = 0; i < args->size(); ++i) {
-    const std::string& arg = (*args)[i];
-    auto [name, value] = SplitFlagArg(arg);
-    if (name == "--profile") {
-      if (value.has_value()) return absl::InvalidArgumentError("--profile takes no value");
-      loop.profile = true;
-      continue;
-    }
-    if (name != "--planner" && name != "--hardware" && name != "--hardware-profile-id" &&
-        name != "--planner-retries" && name != "--safety-margin") {
-      rest.push_back(arg);
-      continue;
-    }
-    if (!value.has_value()) {
-      if (i + 1 >= args->size()) return absl::InvalidArgumentError(name + " needs a value");
-      value = (*args)[++i];
-    }
-    if (name == "--planner") {
-      loop.address = *value;
-    } else if (name == "--hardware") {
-      loop.hardware_preset = *value;
-      hardware_given = true;
-    } else if (name == "--hardware-profile-id") {
-      loop.hardware_profile_id = *value;
-      hardware_given = true;
-    } else if (name == "--planner-retries") {
-      if (!absl::SimpleAtoi(*value, &loop.retries) || loop.retries < 0 || loop.retries > 100) {
-        return absl::InvalidArgumentError("--planner-retries must be an integer in [0, 100]");
-      }
-    } else {
-      ASSIGN_OR_RETURN(loop.safety_margin, ParseSafetyMarginFlag(name, *value));
-    }
-  }
+  // The planner-loop flags are taken out of the train command's arguments; the rest stays for
+  // ParseTrainArgs, in order.
+  FlagSet flags;
+  flags.String("--planner", &loop.address)
+      .String("--hardware", &loop.hardware_preset)
+      .String("--hardware-profile-id", &loop.hardware_profile_id)
+      .Switch("--profile", &loop.profile)
+      .Int("--planner-retries", &loop.retries, 0, 100)
+      .Double(kSafetyMarginFlag, &loop.safety_margin);
+  RETURN_IF_ERROR(flags.Take(args));
+  const bool hardware_given = flags.Given("--hardware") || flags.Given("--hardware-profile-id");
   if (loop.address.empty() &&
       (hardware_given || loop.profile || HasChannelSecurity(loop.security))) {
     return absl::InvalidArgumentError(
@@ -65,7 +41,6 @@ absl::StatusOr<PlannerLoopOptions> TakePlannerFlags(std::vector<std::string>* ar
   if (!loop.address.empty() && loop.hardware_profile_id.empty() && loop.hardware_preset.empty()) {
     loop.hardware_preset = kDefaultHardwarePreset;
   }
-  *args = std::move(rest);
   return loop;
 }
 
