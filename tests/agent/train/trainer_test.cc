@@ -501,6 +501,21 @@ void ExpectUnchanged(const std::vector<NamedParam>& before, const std::vector<Na
   }
 }
 
+// --skip-nonfinite without clipping; managed: offloaded chunks that, without the option, would
+// start their CPU updates during backward.
+TrainerOptions SkipNonfiniteOptions(int num_blocks, bool managed, int grad_accum) {
+  TrainerOptions o = BaseOptions(num_blocks);
+  o.skip_nonfinite = true;
+  o.grad_accum = grad_accum;
+  o.max_grad_norm = 0;
+  o.managed = managed;
+  o.chunks.chunk_bytes = 128 << 10;
+  o.chunks.n_persist = 1;
+  o.chunks.host_memory = HostMemoryKind::kPageable;
+  o.chunks.cpu_threads = 2;
+  return o;
+}
+
 TEST(TrainerNonFiniteTest, NaNWeightsStopTheRunBeforeTheUpdateNamingTheStep) {
   auto model = MakeModel(TinySpec());
   Poison(model.get(), "model.norm.weight");
@@ -544,16 +559,8 @@ TEST(TrainerNonFiniteTest, SkipDropsTheStepUnmanagedAndManagedUpToTheLimit) {
   for (const bool managed : {false, true}) {
     auto model = MakeModel(TinySpec());
     Poison(model.get(), "model.norm.weight");
-    TrainerOptions o = BaseOptions(model->num_blocks());
-    o.skip_nonfinite = true;
+    TrainerOptions o = SkipNonfiniteOptions(model->num_blocks(), managed, /*grad_accum=*/1);
     o.max_consecutive_nonfinite_skips = 2;
-    o.grad_accum = 1;
-    o.max_grad_norm = 0;  // managed: offloaded updates would start during backward
-    o.managed = managed;
-    o.chunks.chunk_bytes = 128 << 10;
-    o.chunks.n_persist = 1;
-    o.chunks.host_memory = HostMemoryKind::kPageable;
-    o.chunks.cpu_threads = 2;
     auto trainer = Trainer::Create(model.get(), o);
     ASSERT_TRUE(trainer.ok()) << trainer.status();
     const std::vector<NamedParam> before = (*trainer)->Params();
@@ -589,15 +596,7 @@ TEST(TrainerNonFiniteTest, ManagedSkipsAFiniteLossWithANonFiniteGradient) {
         });
       }
     }
-    TrainerOptions o = BaseOptions(model->num_blocks());
-    o.skip_nonfinite = true;
-    o.grad_accum = accum;
-    o.max_grad_norm = 0;
-    o.managed = true;
-    o.chunks.chunk_bytes = 128 << 10;
-    o.chunks.n_persist = 1;
-    o.chunks.host_memory = HostMemoryKind::kPageable;
-    o.chunks.cpu_threads = 2;
+    TrainerOptions o = SkipNonfiniteOptions(model->num_blocks(), /*managed=*/true, accum);
     auto trainer = Trainer::Create(model.get(), o);
     ASSERT_TRUE(trainer.ok()) << trainer.status();
     const std::vector<NamedParam> before = (*trainer)->Params();
