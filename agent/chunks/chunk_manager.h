@@ -71,7 +71,7 @@ struct ChunkManagerOptions {
   double max_grad_norm = -1;
   // [Non-finite steps] Step() computes the global gradient norm before it updates anything and,
   // when the norm is NaN or infinite, drops the step's gradients and updates nothing
-  // (LastStepSkipped()). Needs max_grad_norm != 0, so that no update starts during backward; with
+  // (LastStepSkipped()). It therefore holds every CPU update until Step(), as clipping does; with
   // grad_accum > 1 the norm costs one pass over the offloaded chunks' host gradients.
   bool skip_nonfinite = false;
   // Sharded (world size W > 1): persistent chunks keep their parameters replicated on every rank

@@ -325,7 +325,7 @@ void ChunkOptimizer::PostBackward(int group) {
     // rest of backward. With clipping it must wait for the global norm (end of backward, in
     // Step()): the CPU then only accumulates now.
     const bool update_now =
-        complete && chunk.micro_batches >= options.grad_accum && options.max_grad_norm == 0;
+        complete && chunk.micro_batches >= options.grad_accum && UpdatesDuringBackward();
     ScheduleChunkWork(c, /*accumulate=*/true, update_now, 1.0f);
   }
 }
@@ -394,7 +394,7 @@ void ChunkOptimizer::PostBackwardSharded(int group) {
         chunk.micro_batches + 1 >= options.grad_accum;
     ++chunk.micro_batches;
     const bool update_now =
-        chunk.micro_batches >= options.grad_accum && options.max_grad_norm == 0;
+        chunk.micro_batches >= options.grad_accum && UpdatesDuringBackward();
     // The flat grads go with the collective; the next micro-batch starts a new one.
     torch::Tensor grad_flat = std::move(chunk.grad_flat);
     chunk.grad_flat = torch::Tensor();

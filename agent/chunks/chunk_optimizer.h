@@ -161,6 +161,11 @@ class ChunkOptimizer {
   // Accumulates chunk c's staged grads and/or updates it on the CPU workers.
   void ScheduleChunkWork(int c, bool accumulate, bool update, float grad_scale);
   bool AnyUpdateStarted() const;
+  // Whether an offloaded chunk's CPU update may start as soon as its final grads arrive: only
+  // when nothing is clipped and no non-finite check must see the whole step first.
+  bool UpdatesDuringBackward() const {
+    return set_.options().max_grad_norm == 0 && !set_.options().skip_nonfinite;
+  }
   void ResetStep();
 
   ChunkSet& set_;

@@ -410,31 +410,24 @@ absl::Status ChunkOptimizer::Step(double max_grad_norm) {
         "Step(max_grad_norm=", max_grad_norm,
         ") cannot clip: options.max_grad_norm=0 let CPU updates start during backward")));
   }
-  if (options.skip_nonfinite && started) {
-    return fail(absl::FailedPreconditionError(
-        "Step(): skip_nonfinite needs every update held until the step, but CPU updates started "
-        "during backward (options.max_grad_norm=0)"));
-  }
   if (!collectives_.status().ok()) {  // a collective failed during forward/backward
     return fail(collectives_.status());
   }
+  // clip_grad_norm_: per-parameter norms in ParamOrder(), stacked, normed again. With several
+  // micro-batches the offloaded grads' norms need a pass over host memory; skip it when nothing
+  // is clipped and no check asks for it (LastGradNorm() is then NaN).
+  const bool want_norm = max_grad_norm > 0 || options.grad_accum == 1 || options.skip_nonfinite;
   try {
     double sharded_norm = -1;  // [Sharded chunks]: the global norm over every rank's shards
     if (set_.sharded()) {
       absl::Status reduced = AllReducePersistentGrads();
       absl::StatusOr<double> squares = 0.0;
-      if (reduced.ok() &&
-          (max_grad_norm > 0 || options.grad_accum == 1 || options.skip_nonfinite)) {
+      if (reduced.ok() && want_norm) {
         squares = ShardedSquaredNorm();
       }
       if (!reduced.ok() || !squares.ok()) return fail(reduced.ok() ? squares.status() : reduced);
       sharded_norm = std::sqrt(*squares);
     }
-    // clip_grad_norm_: per-parameter norms in ParamOrder(), stacked, normed again.
-    // With several micro-batches the offloaded grads' norms need a pass over host memory; skip
-    // it when nothing is clipped and no check asks for it (LastGradNorm() is then NaN).
-    const bool want_norm =
-        max_grad_norm > 0 || options.grad_accum == 1 || options.skip_nonfinite;
     std::vector<torch::Tensor> norms;
     if (want_norm && !set_.sharded()) {
       for (int i = 0; i < set_.num_params(); ++i) {

@@ -170,9 +170,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
       // The manager starts an offloaded chunk's CPU update during backward only when it knows
       // nothing will be clipped; the trainer's clipping setting is that knowledge.
       o.chunks.max_grad_norm = o.max_grad_norm;
-      // [Non-finite steps] A skipped step must not have updated anything: no update may start
-      // before the step has seen the loss, and the manager checks the norm before it updates.
-      if (o.skip_nonfinite) o.chunks.max_grad_norm = -1;
+      // [Non-finite steps] A skipped step must not have updated anything: the manager then holds
+      // every update until the step and checks the norm before it updates.
       o.chunks.skip_nonfinite = o.skip_nonfinite;
       o.chunks.deferred_values = model->options().deferred_values;
       if (model->has_lora()) {
