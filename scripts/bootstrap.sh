@@ -24,6 +24,8 @@ apt_packages=(
   openssl curl  # certificates and HTTPS requests of the TLS and webhook tests (tests/planner/e2e)
   libssl-dev  # the admission webhook's HTTPS server (planner/webhook)
   lua5.4  # runs deploy/slurm/job_submit.lua in its test
+  lua-cjson  # JSON in deploy/slurm's cli_filter.lua (and its test)
+  python3-grpcio python3-grpc-tools python3-protobuf  # python/ (memplan_client) and its test
   libgloo-dev  # headers for c10d's ProcessGroupGloo (the wheel has none); Torch links its own Gloo
 )
 missing=()
