@@ -5,12 +5,16 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <functional>
+#include <ostream>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "agent/chunks/chunk_manager.h"
@@ -19,12 +23,15 @@
 #include "agent/client/planner_loop.h"
 #include "agent/dist/process_group.h"
 #include "agent/io/checkpoint.h"
+#include "agent/io/file_system.h"
 #include "agent/io/peft_adapter.h"
 #include "agent/io/random_access_file.h"
 #include "agent/io/safetensors_torch.h"
 #include "agent/io/synthetic_tokens.h"
 #include "agent/io/token_batcher.h"
 #include "agent/io/token_file.h"
+#include "agent/io/trainer_state.h"
+#include "agent/io/writable_file.h"
 #include "agent/metrics/agent_metrics.h"
 #include "agent/profiler/memory_probe.h"
 #include "agent/profiler/memory_timeline.h"
@@ -85,6 +92,52 @@ absl::StatusOr<MicroBatch> NextBatch(const io::TokenBatcher& batcher, int64_t po
   return out;
 }
 
+// "45s", "12m03s", "3h07m": how long the remaining steps should take, for people reading the log.
+std::string DurationText(double seconds) {
+  const int64_t s = static_cast<int64_t>(std::llround(std::max(0.0, seconds)));
+  if (s < 60) return absl::StrCat(s, "s");
+  if (s < 3600) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  return absl::StrFormat("%dh%02dm", s / 3600, (s % 3600) / 60);
+}
+
+// Logged as `step=i/N` (unquoted: the log quotes strings only).
+struct StepOfSteps {
+  int64_t step;
+  int64_t steps;
+};
+std::ostream& operator<<(std::ostream& out, const StepOfSteps& s) {
+  return out << s.step << '/' << s.steps;
+}
+
+// The bytes of the files directly in `dir` (a checkpoint or export is one flat directory); 0 when
+// it cannot be listed.
+int64_t DirectoryBytes(const std::string& dir) {
+  absl::StatusOr<std::vector<std::string>> names = io::ListDirectory(dir);
+  if (!names.ok()) return 0;
+  int64_t total = 0;
+  for (const std::string& name : *names) {
+    absl::StatusOr<int64_t> size = io::FileSizeBytes(io::JoinPath(dir, name));
+    if (size.ok()) total += *size;
+  }
+  return total;
+}
+
+// Logs `msg="saving <what>"` before `write` and `msg="saved <what>"` with the directory's bytes
+// and the seconds it took after it: a multi-gigabyte write is not silent.
+absl::Status LoggedWrite(const std::string& what, const std::string& dir, int64_t step,
+                         const std::function<absl::Status()>& write) {
+  MEMPLAN_LOG(kInfo, "saving " + what).Field("dir", dir).Field("step", step);
+  const auto start = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(write());
+  MEMPLAN_LOG(kInfo, "saved " + what)
+      .Field("dir", dir)
+      .Field("step", step)
+      .Field("bytes", DirectoryBytes(dir))
+      .Field("seconds",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return absl::OkStatus();
+}
+
 bool IsOutOfMemory(const absl::Status& status) {
   // The trainer turns every c10::Error (OutOfMemoryError included) into a status; the CUDA
   // caching allocator's message is the reliable marker.
@@ -114,6 +167,9 @@ TrainSession::TrainSession(TrainConfig config, PlannerLoopOptions loop, DistOpti
 TrainSession::~TrainSession() = default;
 
 absl::Status TrainSession::Run() {
+  // [Nothing to resume] A checkpoint already at --steps is reported before anything is built.
+  ASSIGN_OR_RETURN(const bool nothing_to_train, ResumeIsComplete());
+  if (nothing_to_train) return absl::OkStatus();
   RETURN_IF_ERROR(PrepareDevice());
   RETURN_IF_ERROR(ResolvePlan());
   RETURN_IF_ERROR(BuildModel());
@@ -128,6 +184,33 @@ absl::Status TrainSession::Run() {
   if (status.ok()) status = Finish();
   WriteTimelineOnExit();
   return status;
+}
+
+// [Nothing to resume] --steps counts optimizer steps in all (a resumed run continues up to it), so
+// a checkpoint at or past it leaves nothing to do: said plainly, with exit 0 (a job rerun after it
+// finished is not a failure), and no model is built, nothing saved or exported.
+absl::StatusOr<bool> TrainSession::ResumeIsComplete() {
+  if (config_.resume_dir.empty()) return false;
+  constexpr int64_t kMaxTrainerFileBytes = int64_t{16} << 20;
+  absl::StatusOr<std::string> text = io::ReadSmallFile(
+      io::JoinPath(config_.resume_dir, io::kCheckpointTrainerFile), kMaxTrainerFileBytes);
+  // An unreadable checkpoint is reported by Resume(), with the rest of its checks.
+  if (!text.ok()) return false;
+  absl::StatusOr<io::CheckpointManifest> manifest = io::DecodeCheckpointManifest(*text);
+  if (!manifest.ok() || manifest->trainer.step < config_.steps) return false;
+  const int64_t at = manifest->trainer.step;
+  if (lead_) {
+    std::printf(
+        "nothing trained: --resume %s is already at step %lld >= --steps %lld (--steps counts "
+        "steps in all; give --steps above %lld to train further)\n",
+        config_.resume_dir.c_str(), static_cast<long long>(at),
+        static_cast<long long>(config_.steps), static_cast<long long>(at));
+    MEMPLAN_LOG(kInfo, "nothing to train")
+        .Field("dir", config_.resume_dir)
+        .Field("checkpoint_step", at)
+        .Field("steps", config_.steps);
+  }
+  return true;
 }
 
 absl::Status TrainSession::PrepareDevice() {
@@ -621,9 +704,8 @@ absl::Status TrainSession::Save() {
   state.workload.seq_len = config_.seq;
   state.workload.grad_accum = config_.grad_accum;
   state.workload.world_size = world_size_;
-  RETURN_IF_ERROR(trainer_->SaveCheckpoint(config_.save_dir, state));
-  MEMPLAN_LOG(kInfo, "saved").Field("dir", config_.save_dir).Field("step", trainer_->step());
-  return absl::OkStatus();
+  return LoggedWrite("checkpoint", config_.save_dir, trainer_->step(),
+                     [&] { return trainer_->SaveCheckpoint(config_.save_dir, state); });
 }
 
 absl::Status TrainSession::StartLiveMetrics() {
@@ -758,8 +840,15 @@ void TrainSession::ObserveStep(StepStats& stats) {
   if (lead_ && (stats.step % config_.log_every == 0 || stats.step == config_.steps)) {
     // The loss is the global batch's (all-reduced); tokens/s counts every rank's tokens (the
     // ranks step together), peaks are rank 0's.
+    // The estimate uses the steady steps' mean time once there is one (the first step warms up).
+    const double mean_seconds =
+        timed_steps_ > 0 ? seconds_sum_ / static_cast<double>(timed_steps_) : stats.seconds;
+    const double eta_seconds =
+        mean_seconds * static_cast<double>(std::max<int64_t>(0, config_.steps - stats.step));
     MEMPLAN_LOG(kInfo, "step")
-        .Field("step", stats.step)
+        .Field("step", StepOfSteps{stats.step, config_.steps})
+        .Field("eta", DurationText(eta_seconds))
+        .Field("eta_seconds", eta_seconds)
         .Field("loss", stats.loss)
         .Field("grad_norm", stats.grad_norm)
         .Field("seconds", stats.seconds)
@@ -799,12 +888,14 @@ absl::Status TrainSession::Finish() {
     RETURN_IF_ERROR(Save());
   }
   if (!config_.save_adapter_dir.empty() && lead_) {
-    RETURN_IF_ERROR(io::SavePeftAdapter(config_.save_adapter_dir, config_.lora,
-                                        !config_.model_dir.empty()   ? config_.model_dir
-                                        : !config_.arch_file.empty() ? config_.arch_file
-                                                                     : config_.arch,
-                                        trainer_->Params()));
-    MEMPLAN_LOG(kInfo, "saved adapter").Field("dir", config_.save_adapter_dir);
+    const std::vector<NamedParam> adapters = trainer_->Params();
+    RETURN_IF_ERROR(LoggedWrite("adapter", config_.save_adapter_dir, trainer_->step(), [&] {
+      return io::SavePeftAdapter(config_.save_adapter_dir, config_.lora,
+                                 !config_.model_dir.empty()   ? config_.model_dir
+                                 : !config_.arch_file.empty() ? config_.arch_file
+                                                              : config_.arch,
+                                 adapters);
+    }));
   }
   if (!config_.merge_export_dir.empty() && lead_) {
     // [QLoRA] merged into the dequantized weights (what the adapters were trained against).
@@ -816,8 +907,9 @@ absl::Status TrainSession::Finish() {
     state.step = trainer_->step();
     state.model = spec_;
     state.param_dtype = dtype_;
-    RETURN_IF_ERROR(io::SaveCheckpoint(config_.merge_export_dir, state, merged, {}));
-    MEMPLAN_LOG(kInfo, "merged export").Field("dir", config_.merge_export_dir);
+    RETURN_IF_ERROR(LoggedWrite("merged export", config_.merge_export_dir, trainer_->step(), [&] {
+      return io::SaveCheckpoint(config_.merge_export_dir, state, merged, {});
+    }));
   }
   if (world_size_ > 1) RETURN_IF_ERROR(PrintRankFigures());
   if (!lead_) return absl::OkStatus();

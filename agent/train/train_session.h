@@ -54,6 +54,8 @@ class TrainSession {
   absl::Status Run();
 
  private:
+  // Whether --resume's checkpoint is already at --steps ([Nothing to resume]); said when it is.
+  absl::StatusOr<bool> ResumeIsComplete();
   // The stages, in Run()'s order. Each uses only what the ones before it built.
   absl::Status PrepareDevice();  // the device, its allocator, the process group, CPU threads
   absl::Status ResolvePlan();    // optimizer, dtype, model spec, plan, memory limit
