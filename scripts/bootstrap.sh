@@ -25,7 +25,10 @@ apt_packages=(
   libssl-dev  # the admission webhook's HTTPS server (planner/webhook)
   lua5.4  # runs deploy/slurm/job_submit.lua in its test
   lua-cjson  # JSON in deploy/slurm's cli_filter.lua (and its test)
-  python3-grpcio python3-grpc-tools python3-protobuf  # python/ (memplan_client) and its test
+  # python/ (memplan_client): its runtime, and offline `pip install --no-build-isolation ./python`
+  # (stubs come from protoc + protobuf-compiler-grpc's grpc_python_plugin; Debian's
+  # python3-grpc-tools bundles protoc 3.6, which rejects proto3 `optional`)
+  python3-grpcio python3-protobuf python3-setuptools python3-wheel
   libgloo-dev  # headers for c10d's ProcessGroupGloo (the wheel has none); Torch links its own Gloo
 )
 missing=()
