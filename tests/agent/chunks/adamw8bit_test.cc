@@ -10,6 +10,8 @@
 #include <limits>
 #include <optional>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "agent/chunks/adamw8bit_torch.h"
@@ -609,6 +611,222 @@ TEST(AdamW8bitIsaTest, UpdateOfEveryVariantMatchesPortable) {
       EXPECT_EQ(v16, rv16) << CpuIsaName(isa);
       EXPECT_EQ(0, std::memcmp(ma.data(), rma.data(), slots * sizeof(float)));
       EXPECT_EQ(0, std::memcmp(va16.data(), rva16.data(), slots * sizeof(float)));
+    }
+  }
+}
+
+// The 8-bit update written element by element in the kernel's order of IEEE operations (the
+// contract of cpu_adamw.h): dequantize, widen, moments, sqrt_fn over the same groups of whole
+// blocks (<= kSqrtBlockElems elements: torch's sqrt kernel may round by position), the parameter,
+// its bf16 rounding, then each block's absmax (fmax over |x|, NaN skipped) and NearestCode8bit of
+// the clamped scaled value. Independent of the vector code, so every variant is held to it.
+uint16_t NearestEvenBf16(float x) {
+  if (std::isnan(x)) return 0x7FC0;
+  const uint32_t bits = FloatBits(x);
+  return static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+
+void ScalarAdamW8bit(bool bf16, const AdamWStepScalars& s, float grad_scale, int64_t n,
+                     const QuantBlocks& blocks, void* param, const void* grad, uint8_t* m8,
+                     uint8_t* v8, float* m_absmax, float* v_absmax, VectorSqrtFn sqrt_fn,
+                     const ParamRounding& rounding) {
+  auto block_len = [&](int64_t b, int64_t left) {
+    return std::min(left, b == 0 ? blocks.first_block_elems : int64_t{256});
+  };
+  auto slot = [&](int64_t b) {
+    return b == 0 ? 0 : blocks.first_slot_gap + (b - 1) * blocks.slot_stride;
+  };
+  std::vector<float> m(kSqrtBlockElems), v(kSqrtBlockElems), sv(kSqrtBlockElems);
+  int64_t begin = 0, block = 0;
+  while (begin < n) {
+    const int64_t first_block = block;
+    int64_t end = begin;
+    while (end < n && end + block_len(block, n - end) - begin <= kSqrtBlockElems) {
+      const int64_t len = block_len(block, n - end);
+      for (int64_t i = end; i < end + len; ++i) {
+        m[i - begin] = kSignedDynamicMap[m8[i]] * m_absmax[slot(block)];
+        v[i - begin] = kUnsignedDynamicMap[v8[i]] * v_absmax[slot(block)];
+      }
+      end += len;
+      ++block;
+    }
+    for (int64_t i = begin; i < end; ++i) {
+      float g;
+      if (bf16) {
+        g = Bf16BitsToFloat(static_cast<const uint16_t*>(grad)[i]);
+        if (grad_scale != 1.0f) g = Bf16BitsToFloat(NearestEvenBf16(g * grad_scale));
+        g = g * 1.0f;
+      } else {
+        g = static_cast<const float*>(grad)[i] * grad_scale;
+      }
+      float& mi = m[i - begin];
+      float& vi = v[i - begin];
+      mi = std::fma(g, s.one_minus_beta1, mi * s.beta1);
+      vi = std::fma(s.one_minus_beta2 * g, g, vi * s.beta2);
+    }
+    if (sqrt_fn != nullptr) {
+      sqrt_fn(v.data(), sv.data(), end - begin);
+    } else {
+      for (int64_t i = 0; i < end - begin; ++i) sv[i] = std::sqrt(v[i]);
+    }
+    for (int64_t i = begin; i < end; ++i) {
+      const float denom = sv[i - begin] / s.bias_correction2_sqrt + s.eps;
+      const float p0 = bf16 ? Bf16BitsToFloat(static_cast<uint16_t*>(param)[i])
+                            : static_cast<float*>(param)[i];
+      const float p = p0 * s.weight_decay_factor + (s.neg_step_size * m[i - begin]) / denom;
+      if (!bf16) {
+        static_cast<float*>(param)[i] = p;
+      } else if (rounding.stochastic) {
+        static_cast<uint16_t*>(param)[i] = Bf16BitsStochastic(
+            FloatBits(p), rounding.key, static_cast<uint64_t>(rounding.first + i));
+      } else {
+        static_cast<uint16_t*>(param)[i] = NearestEvenBf16(p);
+      }
+    }
+    int64_t at = begin;
+    for (int64_t b = first_block; b < block; ++b) {
+      const int64_t len = block_len(b, end - at);
+      for (auto [x, codes, absmax_out, map] :
+           {std::tuple{m.data(), m8, m_absmax, kSignedDynamicMap},
+            std::tuple{v.data(), v8, v_absmax, kUnsignedDynamicMap}}) {
+        float absmax = -FLT_MAX;
+        for (int64_t i = at; i < at + len; ++i) absmax = std::fmax(absmax, std::fabs(x[i - begin]));
+        const float inv = absmax > 0 ? 1.0f / absmax : 0.0f;
+        for (int64_t i = at; i < at + len; ++i) {
+          codes[i] = NearestCode8bit(map, std::clamp(x[i - begin] * inv, -1.0f, 1.0f));
+        }
+        absmax_out[slot(b)] = absmax;
+      }
+      at += len;
+    }
+    begin = end;
+  }
+}
+
+// A square root that marks each result with its position in the call (its lowest bit flipped
+// at odd positions): a kernel that groups the elements of its sqrt calls differently from
+// ScalarAdamW8bit gives other bits.
+void PositionalSqrt(const float* in, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = FloatBits(std::sqrt(in[i])) ^ static_cast<uint32_t>(i & 1);
+    std::memcpy(&out[i], &bits, sizeof(bits));
+  }
+}
+
+// Every variant against ScalarAdamW8bit, two steps in a row: lengths around the vector widths,
+// the 256-element blocks and the sqrt groups, first blocks cut short, strided absmax slots,
+// clipping, both roundings, both square roots, and data with zeros, -0, NaN, infinities,
+// denormals, huge values (whose squares overflow) and absmax slots of 0, -FLT_MAX and inf.
+TEST(AdamW8bitIsaTest, UpdateOfEveryVariantMatchesTheScalarDefinition) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  auto special = [&](float x, int kind) {
+    switch (rng() % 64) {
+      case 0: return 0.0f;
+      case 1: return -0.0f;
+      case 2: return kind == 0 ? nan : x;
+      case 3: return kind == 0 ? inf : x;
+      case 4: return kind == 0 ? -inf : x;
+      case 5: return 1e-40f * x;  // denormal
+      case 6: return 3e37f * x;   // its square overflows
+      default: return x;
+    }
+  };
+  int trial = 0;
+  for (const int64_t n : {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{255},
+                          int64_t{256}, int64_t{257}, int64_t{2047}, int64_t{2048},
+                          int64_t{2049}, int64_t{5013}, int64_t{9000}}) {
+    for (const int64_t first : {int64_t{256}, int64_t{100}, int64_t{1}, int64_t{255}}) {
+      ++trial;
+      QuantBlocks blocks;
+      blocks.first_block_elems = first;
+      blocks.first_slot_gap = 1 + trial % 3;
+      blocks.slot_stride = 1 + trial % 2;
+      const int64_t slots = blocks.first_slot_gap + blocks.slot_stride * (n / 256 + 2);
+      const bool bf16 = trial % 2 == 0;
+      const float clip = trial % 3 == 0 ? 0.37f : 1.0f;
+      const VectorSqrtFn sqrt_fn = trial % 4 == 1   ? nullptr
+                                   : trial % 4 == 2 ? &PositionalSqrt
+                                                    : &TorchSqrt;
+      const ParamRounding rounding = MakeParamRounding(trial % 5 != 0, 11, 2, trial, 40);
+      const int data = trial % 3;  // 0: specials everywhere, 1: a few zero blocks, 2: plain
+      std::vector<float> p32(n), g32(n);
+      std::vector<uint16_t> p16(n), g16(n);
+      std::vector<uint8_t> m8(n), v8(n);
+      std::vector<float> ma(slots), va(slots);
+      float scale = 1.0f;
+      for (int64_t i = 0; i < n; ++i) {
+        if (i % 64 == 0) scale = std::exp2(4.0f * normal(rng));
+        p32[i] = normal(rng);
+        g32[i] = normal(rng) * 1e-3f * scale;
+        if (data == 0) {
+          p32[i] = special(p32[i], rng() % 4);
+          g32[i] = special(g32[i], rng() % 4);
+        }
+        if (data == 1 && (i / 256) % 3 == 1) g32[i] = 0.0f;
+        p16[i] = static_cast<uint16_t>(FloatBits(p32[i]) >> 16);
+        g16[i] = static_cast<uint16_t>(FloatBits(g32[i]) >> 16);
+        m8[i] = static_cast<uint8_t>(rng());
+        v8[i] = static_cast<uint8_t>(rng());
+      }
+      for (int64_t i = 0; i < slots; ++i) {
+        ma[i] = std::fabs(normal(rng)) * 1e-2f;
+        va[i] = std::fabs(normal(rng)) * 1e-4f;
+        if (data == 0 && i % 7 == 3) ma[i] = i % 2 ? 0.0f : -FLT_MAX;
+        if (data == 0 && i % 11 == 5) va[i] = i % 2 ? inf : 0.0f;
+        if (data == 1 && i % 5 == 2) ma[i] = va[i] = 0.0f;
+      }
+      struct State {
+        std::vector<float> p32;
+        std::vector<uint16_t> p16;
+        std::vector<uint8_t> m8, v8;
+        std::vector<float> ma, va;
+      };
+      auto run = [&](std::optional<CpuIsa> isa) {
+        State st{p32, p16, m8, v8, ma, va};
+        for (int64_t step = 1; step <= 2; ++step) {
+          const AdamWStepScalars s =
+              MakeAdamWStepScalars(AdamWOptions{1e-3, 0.9, 0.999, 1e-8, 0.01}, step);
+          ParamRounding r = rounding;
+          r.key += static_cast<uint64_t>(step);
+          void* param = bf16 ? static_cast<void*>(st.p16.data()) : st.p32.data();
+          const void* grad = bf16 ? static_cast<const void*>(g16.data()) : g32.data();
+          if (!isa) {
+            ScalarAdamW8bit(bf16, s, clip, n, blocks, param, grad, st.m8.data(), st.v8.data(),
+                            st.ma.data(), st.va.data(), sqrt_fn, r);
+          } else if (bf16) {
+            KernelsFor(*isa).adamw8bit_bf16(s, clip, n, blocks, st.p16.data(), g16.data(),
+                                            st.m8.data(), st.v8.data(), st.ma.data(),
+                                            st.va.data(), sqrt_fn, r);
+          } else {
+            KernelsFor(*isa).adamw8bit(s, clip, n, blocks, st.p32.data(), g32.data(),
+                                       st.m8.data(), st.v8.data(), st.ma.data(), st.va.data(),
+                                       sqrt_fn);
+          }
+        }
+        return st;
+      };
+      const State want = run(std::nullopt);
+      for (CpuIsa isa : {CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+        if (!CpuIsaSupported(isa)) continue;
+        const State got = run(isa);
+        const std::string at = std::string(CpuIsaName(isa)) + " n " + std::to_string(n) +
+                               " first " + std::to_string(first) + " trial " +
+                               std::to_string(trial);
+        // fp32 parameters bit for bit; of a NaN only that it is one (which operand's NaN an
+        // add returns is the compiler's choice of operand order, here and in the kernels).
+        for (int64_t i = 0; i < n; ++i) {
+          if (std::isnan(got.p32[i]) && std::isnan(want.p32[i])) continue;
+          ASSERT_EQ(FloatBits(got.p32[i]), FloatBits(want.p32[i])) << at << " element " << i;
+        }
+        ASSERT_EQ(got.p16, want.p16) << at;
+        ASSERT_EQ(got.m8, want.m8) << at;
+        ASSERT_EQ(got.v8, want.v8) << at;
+        ASSERT_EQ(0, std::memcmp(got.ma.data(), want.ma.data(), slots * sizeof(float))) << at;
+        ASSERT_EQ(0, std::memcmp(got.va.data(), want.va.data(), slots * sizeof(float))) << at;
+      }
     }
   }
 }
