@@ -83,6 +83,10 @@ SplitArg SplitFlag(absl::string_view arg) {
 
 bool IsFlag(absl::string_view arg) { return arg.size() > 1 && arg[0] == '-'; }
 
+bool VersionRequested(const std::vector<std::string>& args) {
+  return std::find(args.begin(), args.end(), "--version") != args.end();
+}
+
 FlagSet& FlagSet::Add(absl::string_view name, bool takes_value, Setter set) {
   const bool fresh = !Has(name);
   assert(fresh && "flag registered twice");

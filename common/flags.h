@@ -79,6 +79,9 @@ struct SplitArg {
 SplitArg SplitFlag(absl::string_view arg);
 // Whether an argument is a flag: starts with '-' and is longer than "-" (which names stdin).
 bool IsFlag(absl::string_view arg);
+// Whether `--version` is among `args`. Every binary checks this before parsing, so --version wins
+// over every other flag (as --help does) and never reads as a flag that wants a value.
+bool VersionRequested(const std::vector<std::string>& args);
 
 class FlagSet {
  public:

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/build_info.h"
 #include "common/flags.h"
 #include "common/presets.h"
 #include "planner/core/plan_engine.h"
@@ -36,6 +37,11 @@ int main(int argc, char** argv) {
   std::string only_model;
   bool skip_limits = false;
   bool help = false;
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  if (memplan::VersionRequested(args)) {
+    std::printf("%s\n", memplan::build_info::VersionLine("memplan-plan-bench").c_str());
+    return 0;
+  }
   memplan::FlagSet flags;
   flags.Int("--runs", &runs, 1, 1 << 20)
       .Switch("--verbose", &verbose)
@@ -43,7 +49,7 @@ int main(int argc, char** argv) {
       .String("--model", &only_model)
       .Switch("--help", &help)
       .Alias("-h", "--help");
-  const absl::Status parsed = flags.Parse(std::vector<std::string>(argv + 1, argv + argc));
+  const absl::Status parsed = flags.Parse(args);
   if (!parsed.ok() || help) {
     if (!parsed.ok()) {
       std::fprintf(stderr, "memplan-plan-bench: %s\n", std::string(parsed.message()).c_str());

@@ -105,8 +105,15 @@ void AddGlobalFlags(FlagSet* flags, GlobalOptions* g) {
                [g](absl::string_view v) -> absl::Status {
                  if (v.empty()) return absl::InvalidArgumentError("expected HOST:PORT");
                  g->planner_address = std::string(v);
+                 g->planner_given = true;
                  return absl::OkStatus();
                })
+      .Custom("--db",
+              [g](absl::string_view v) -> absl::Status {
+                if (v.empty()) return absl::InvalidArgumentError("must not be empty");
+                g->db_path = std::string(v);
+                return absl::OkStatus();
+              })
       .Switch("--json", &g->json)
       .Double("--timeout", &g->timeout_seconds, 0.001, 3600);
   AddChannelSecurityFlags(flags, &g->security);
@@ -467,7 +474,29 @@ absl::StatusOr<CliInvocation> ParseCommandLine(const std::vector<std::string>& a
       break;
   }
   if (absl::Status s = ValidateChannelSecurity(inv.global.security); !s.ok()) return s;
+  if (inv.global.db_path && !AnswersInProcess(inv)) {
+    return FlagError("--db", "is read by in-process answers only (plan, admit, presets and "
+                             "hardware list, without --planner, --tls-ca or --auth-token-file); "
+                             "a planner daemon reads its own database");
+  }
   return inv;
+}
+
+bool AnswersInProcess(const CliInvocation& inv) {
+  // TLS or a token asks for a connection: to the default address when --planner is not given.
+  if (inv.global.planner_given || !inv.global.security.tls_ca_file.empty() ||
+      !inv.global.security.auth_token_file.empty()) {
+    return false;
+  }
+  switch (inv.command) {
+    case Command::kPlan:
+    case Command::kAdmit:
+    case Command::kPresets:
+    case Command::kHardwareList:
+      return true;
+    default:
+      return false;
+  }
 }
 
 }  // namespace memplan::cli

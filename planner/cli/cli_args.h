@@ -33,7 +33,13 @@ enum class Command {
 
 // Flags every subcommand accepts, before or after the subcommand words.
 struct GlobalOptions {
+  // Where the planner daemon listens. Without --planner, plan, admit and presets answer
+  // in-process (AnswersInProcess) and the other commands call this default.
   std::string planner_address = "127.0.0.1:50051";
+  bool planner_given = false;  // --planner was given
+  // --db: the planner database an in-process answer reads; unset: ./memplan-planner.db when it
+  // exists (memplan-planner's default --db).
+  std::optional<std::string> db_path;
   bool json = false;
   double timeout_seconds = 30;      // per RPC deadline
   ChannelSecurityOptions security;  // --tls-ca, --tls-cert, --tls-key, --auth-token-file, ...
@@ -120,6 +126,11 @@ bool HasWorkloadFlags(const PlanOptions& options);
 
 // Parses argv[1..] (program name excluded).
 absl::StatusOr<CliInvocation> ParseCommandLine(const std::vector<std::string>& args);
+
+// Whether `inv` is answered by a planner inside this process: plan, admit, presets and hardware
+// list without --planner (nor --tls-ca or --auth-token-file, which ask for a connection to the
+// default address). The other commands need a daemon's stored state.
+bool AnswersInProcess(const CliInvocation& inv);
 
 // Usage text of a subcommand (kNone: the overview listing every subcommand).
 std::string HelpText(Command command);

@@ -10,6 +10,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/build_info.h"
+#include "common/flags.h"
 #include "common/grpc_credentials.h"
 #include "common/hf_config.h"
 #include "common/proto_convert.h"
@@ -18,6 +20,7 @@
 #include "memplan/v1/planner.grpc.pb.h"
 #include "planner/cli/cli_args.h"
 #include "planner/cli/formatters.h"
+#include "planner/cli/in_process_planner.h"
 
 namespace memplan::cli {
 namespace {
@@ -70,14 +73,15 @@ const char* CodeName(grpc::StatusCode code) {
 // Everything one command needs: where to print and how to reach the planner.
 class Session {
  public:
-  Session(const GlobalOptions& global, ClientCredentials credentials, std::ostream& out,
-          std::ostream& err)
-      : global_(global), credentials_(std::move(credentials)), out_(out), err_(err) {
-    grpc::ChannelArguments args;
-    ApplyChannelArguments(credentials_, &args);
-    channel_ = grpc::CreateCustomChannel(global.planner_address, credentials_.channel, args);
-    stub_ = v1::Planner::NewStub(channel_);
-  }
+  // `channel` reaches the daemon at global.planner_address, or the in-process planner.
+  Session(const GlobalOptions& global, ClientCredentials credentials,
+          std::shared_ptr<grpc::Channel> channel, std::ostream& out, std::ostream& err)
+      : global_(global),
+        credentials_(std::move(credentials)),
+        out_(out),
+        err_(err),
+        channel_(std::move(channel)),
+        stub_(v1::Planner::NewStub(channel_)) {}
 
   // Calls one unary RPC; on failure prints the code and message and returns false.
   template <typename Request, typename Response, typename Method>
@@ -99,6 +103,11 @@ class Session {
            << CodeName(status.error_code()) << ": " << status.error_message() << ")\n"
            << "  Is memplan-planner running there? Start it (scripts/demo.sh shows how) or pass "
               "--planner HOST:PORT.\n";
+      if (!global_.planner_given) {
+        err_ << "  This command needs a running planner: it reads or writes what the planner "
+                "stores (traces, hardware profiles, plans, measurements, calibration). Without "
+                "--planner only plan, admit and presets answer, in-process.\n";
+      }
       // A TLS mismatch also looks like an unreachable planner.
       err_ << (credentials_.tls
                    ? "  With TLS: does --tls-ca sign the planner's certificate, and does the "
@@ -368,6 +377,10 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
     err << HelpText(Command::kNone);
     return kExitUsage;
   }
+  if (VersionRequested(args)) {
+    out << build_info::VersionLine("memplan") << "\n";
+    return kExitOk;
+  }
   absl::StatusOr<CliInvocation> parsed = ParseCommandLine(args);
   if (!parsed.ok()) {
     err << "memplan: " << parsed.status().message() << "\n"
@@ -384,7 +397,36 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
     err << "memplan: " << credentials.status().message() << "\n";
     return kExitUsage;
   }
-  Session session(inv.global, *std::move(credentials), out, err);
+  std::unique_ptr<InProcessPlanner> in_process;
+  std::shared_ptr<grpc::Channel> channel;
+  if (AnswersInProcess(inv)) {
+    InProcessPlannerOptions options;
+    if (inv.global.db_path) {
+      options.db_path = *inv.global.db_path;
+      options.db_required = true;
+    }
+    absl::StatusOr<std::unique_ptr<InProcessPlanner>> started = InProcessPlanner::Start(options);
+    if (!started.ok()) {
+      err << "memplan: " << started.status().message() << "\n";
+      return absl::IsNotFound(started.status()) ? kExitUsage : kExitRpcError;
+    }
+    in_process = *std::move(started);
+    channel = in_process->channel();
+    if (inv.command == Command::kPlan || inv.command == Command::kAdmit) {
+      // stderr, so the answer on stdout reads exactly as the daemon's.
+      err << "memplan: answered in-process (no --planner); calibration "
+          << (in_process->db_path().empty()
+                  ? std::string("none (no ") + kDefaultPlannerDb + ")"
+                  : "from " + in_process->db_path() + ", read only")
+          << "; the plan is not stored\n";
+    }
+  } else {
+    grpc::ChannelArguments channel_args;
+    ApplyChannelArguments(*credentials, &channel_args);
+    channel = grpc::CreateCustomChannel(inv.global.planner_address, credentials->channel,
+                                        channel_args);
+  }
+  Session session(inv.global, *std::move(credentials), std::move(channel), out, err);
   switch (inv.command) {
     case Command::kPlan:
       return RunPlan(session, inv.plan);

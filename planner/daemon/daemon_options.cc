@@ -98,6 +98,7 @@ Transport security (gRPC's own TLS):
                              its request; headers above 16 KiB get 431, bodies above 1 MiB 413
   --insecure                 allow plaintext gRPC on a non-loopback --listen address (refused
                              otherwise: anyone on the network could call it)
+  --version                  the version, git commit and build type
   --help                     this text
 
 Also served: grpc.health.v1.Health and server reflection (grpc.reflection.v1alpha).

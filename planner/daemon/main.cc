@@ -6,12 +6,18 @@
 #include <string>
 #include <vector>
 
+#include "common/build_info.h"
+#include "common/flags.h"
 #include "common/log.h"
 #include "planner/daemon/daemon_options.h"
 #include "planner/daemon/planner_daemon.h"
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  if (memplan::VersionRequested(args)) {
+    std::printf("%s\n", memplan::build_info::VersionLine("memplan-planner").c_str());
+    return 0;
+  }
   auto options = memplan::ParseDaemonOptions(args);
   if (!options.ok()) {
     std::fprintf(stderr, "memplan-planner: %s\n", std::string(options.status().message()).c_str());

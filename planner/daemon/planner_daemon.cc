@@ -1,10 +1,7 @@
 #include "planner/daemon/planner_daemon.h"
 
-#include <algorithm>
 #include <chrono>
-#include <thread>
 #include <utility>
-#include <vector>
 
 #include "absl/memory/memory.h"
 #include "absl/strings/ascii.h"
@@ -16,12 +13,9 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "planner/metrics/planner_metrics.h"
-#include "planner/service/planner_core.h"
-#include "planner/service/planner_service.h"
-#include "planner/service/search_executor.h"
+#include "planner/service/planner_stack.h"
 #include "planner/service/write_authorizer.h"
 #include "planner/store/integrity_monitor.h"
 #include "planner/store/store.h"
@@ -33,7 +27,6 @@ namespace memplan {
 namespace {
 
 constexpr char kPlannerServiceName[] = "memplan.v1.Planner";
-constexpr int kMaxSyncServiceThreads = 16;
 
 // "host:port" -> "host:<port>"; the host part is kept as the operator wrote it.
 std::string WithPort(const std::string& address, int port) {
@@ -81,11 +74,6 @@ IntegrityCheck ToIntegrityCheck(DbCheck check) {
       break;
   }
   return IntegrityCheck::kQuick;
-}
-
-int DefaultSearchThreads() {
-  const unsigned cpus = std::thread::hardware_concurrency();
-  return static_cast<int>(std::clamp(cpus == 0 ? 1u : cpus, 1u, 16u));
 }
 
 }  // namespace
@@ -154,19 +142,18 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const Daemon
     daemon->metrics_address_ = WithPort(options.metrics_address, daemon->metrics_server_->port());
   }
 
-  SearchExecutor::Options executor_options;
-  executor_options.threads =
-      options.search_threads > 0 ? options.search_threads : DefaultSearchThreads();
-  executor_options.max_queued = options.max_queued_searches;
-  daemon->executor_ = std::make_unique<SearchExecutor>(executor_options);
-
-  PlannerCoreOptions core_options;
-  core_options.measurement_checks.max_step_time_ratio = options.quarantine_step_ratio;
-  core_options.measurement_checks.burst_max_reports = options.quarantine_burst;
-  ASSIGN_OR_RETURN(daemon->core_, PlannerCore::Create(*daemon->store_, *daemon->executor_,
-                                                      daemon->metrics_.get(), core_options));
+  PlannerStackOptions stack_options;
+  stack_options.search_threads = options.search_threads;
+  stack_options.max_queued_searches = options.max_queued_searches;
+  stack_options.core.measurement_checks.max_step_time_ratio = options.quarantine_step_ratio;
+  stack_options.core.measurement_checks.burst_max_reports = options.quarantine_burst;
+  stack_options.service.handler_threads = options.max_rpc_threads;
+  stack_options.service.max_queued_calls = options.max_queued_rpcs;
+  ASSIGN_OR_RETURN(daemon->stack_,
+                   PlannerStack::Create(*daemon->store_, daemon->metrics_.get(),
+                                        daemon->authorizer_.get(), stack_options));
   if (!options.webhook_address.empty()) {
-    daemon->webhook_ = std::make_unique<AdmissionWebhook>(*daemon->core_);
+    daemon->webhook_ = std::make_unique<AdmissionWebhook>(daemon->stack_->core());
     HttpsServerOptions https;
     https.address = options.webhook_address;
     https.cert_pem_file = options.tls_cert_file;
@@ -186,31 +173,17 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const Daemon
           .Field("fix", "restrict the port to the API server (NetworkPolicy or firewall)");
     }
   }
-  PlannerServiceOptions service_options;
-  service_options.handler_threads = options.max_rpc_threads;
-  service_options.max_queued_calls = options.max_queued_rpcs;
-  daemon->service_ = std::make_unique<PlannerServiceImpl>(
-      *daemon->core_, daemon->metrics_.get(), daemon->authorizer_.get(), service_options);
-
   // Both are process-wide switches that the builder reads; they must precede BuildAndStart.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen_address, credentials, &port);
-  builder.RegisterService(daemon->service_.get());
+  daemon->stack_->AddTo(&builder);
   // Calls beyond the handler threads wait in the service's queue (callback API) rather than being
   // refused for want of a thread, as a sync server's thread quota did; a connection's excess
   // streams wait in its client.
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_streams_per_connection);
-  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(MakeUndecodableRequestInterceptorFactory(daemon->metrics_.get()));
-  builder.experimental().SetInterceptorCreators(std::move(interceptors));
-  // Server reflection is still a sync service, served by threads of gRPC's own pool; this caps
-  // them (the callback services do not draw on it).
-  grpc::ResourceQuota quota("memplan-planner");
-  quota.SetMaxThreads(kMaxSyncServiceThreads);
-  builder.SetResourceQuota(quota);
   daemon->server_ = builder.BuildAndStart();
   if (daemon->server_ == nullptr || port == 0) {
     daemon->server_.reset();
@@ -256,7 +229,7 @@ absl::StatusOr<std::unique_ptr<PlannerDaemon>> PlannerDaemon::Start(const Daemon
       .Field("webhook",
              daemon->webhook_address_.empty() ? std::string("off") : daemon->webhook_address_)
       .Field("db", options.db_path)
-      .Field("search_threads", daemon->executor_->threads())
+      .Field("search_threads", daemon->stack_->search_threads())
       .Field("rpc_threads", options.max_rpc_threads);
   return daemon;
 }
@@ -279,10 +252,8 @@ void PlannerDaemon::Shutdown(double grace_seconds) {
   webhook_server_.reset();
   webhook_.reset();
   // Handlers have returned, so nothing waits on the executor any more; its destructor joins.
-  service_.reset();
+  stack_.reset();
   authorizer_.reset();
-  core_.reset();
-  executor_.reset();
   metrics_server_.reset();
   metrics_.reset();
   registry_.reset();

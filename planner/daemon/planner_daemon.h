@@ -1,5 +1,5 @@
-// memplan-planner assembled: SQLite store, metrics endpoint, search executor, PlannerCore and
-// the gRPC server (Planner + health + reflection). Start() returns once every port is bound;
+// memplan-planner assembled: SQLite store, metrics endpoint, the planner engine (PlannerStack:
+// search executor, PlannerCore, service) and the gRPC server (Planner + health + reflection). Start() returns once every port is bound;
 // Shutdown() stops accepting, drains in-flight RPCs and closes the store.
 // Not thread-safe: Start, then Shutdown, from one thread.
 #pragma once
@@ -22,10 +22,8 @@ namespace memplan {
 class AdmissionWebhook;
 class HttpsServer;
 class MetricsServer;
-class PlannerCore;
 class PlannerMetrics;
-class PlannerServiceImpl;
-class SearchExecutor;
+class PlannerStack;
 class IntegrityMonitor;
 class Store;
 class WriteAuthorizer;
@@ -59,10 +57,8 @@ class PlannerDaemon {
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<PlannerMetrics> metrics_;
   std::unique_ptr<MetricsServer> metrics_server_;
-  std::unique_ptr<SearchExecutor> executor_;
-  std::unique_ptr<PlannerCore> core_;
-  std::unique_ptr<WriteAuthorizer> authorizer_;
-  std::unique_ptr<PlannerServiceImpl> service_;
+  std::unique_ptr<WriteAuthorizer> authorizer_;  // outlives stack_, whose service asks it
+  std::unique_ptr<PlannerStack> stack_;          // executor, core and service
   std::unique_ptr<AdmissionWebhook> webhook_;
   std::unique_ptr<HttpsServer> webhook_server_;
   std::unique_ptr<grpc::Server> server_;

@@ -753,7 +753,29 @@ int SqliteStoreSchemaVersion() { return kLatestVersion; }
 
 namespace {
 
+// A reader must not change the file: it only checks that the schema is the one this binary reads
+// (a planner migrates the file when it opens it).
+absl::StatusOr<std::unique_ptr<Store>> OpenReadOnly(const SqliteStoreOptions& options) {
+  std::error_code error;
+  if (!std::filesystem::exists(options.path, error)) {
+    return absl::NotFoundError(absl::StrCat("database ", options.path, " does not exist"));
+  }
+  RETURN_IF_ERROR(CheckNotEmpty(options.path));
+  ASSIGN_OR_RETURN(std::unique_ptr<Database> db, Database::Open(options.path, /*read_only=*/true));
+  RETURN_IF_ERROR(db->Exec(absl::StrCat("PRAGMA busy_timeout=", options.busy_timeout_ms)));
+  RETURN_IF_ERROR(RunIntegrityCheck(*db, options.path, options.integrity_check));
+  RETURN_IF_ERROR(CheckIsMemplanDatabase(*db, options.path));
+  ASSIGN_OR_RETURN(const int64_t version, db->QueryInt64("PRAGMA user_version"));
+  if (version != kLatestVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "database ", options.path, " has schema version ", version, "; this binary reads version ",
+        kLatestVersion, " only (start a memplan-planner of this version on it once to migrate)"));
+  }
+  return std::unique_ptr<Store>(std::make_unique<SqliteStore>(std::move(db), options));
+}
+
 absl::StatusOr<std::unique_ptr<Store>> Open(const SqliteStoreOptions& options) {
+  if (options.read_only) return OpenReadOnly(options);
   RETURN_IF_ERROR(CheckNotEmpty(options.path));
   ASSIGN_OR_RETURN(std::unique_ptr<Database> db, Database::Open(options.path));
   // busy_timeout must be set before anything that could contend with another process.

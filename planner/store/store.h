@@ -133,6 +133,10 @@ struct SqliteStoreOptions {
   int64_t max_list_page_bytes = kDefaultListPlansPageBytes;
   int64_t max_database_bytes = 0;  // writes past it fail RESOURCE_EXHAUSTED; 0 = no limit
   int busy_timeout_ms = 5000;
+  // Opens an existing file for reading only (NOT_FOUND when missing): no migration, no retention,
+  // no WAL switch; every write fails. The file must have this binary's schema version. For
+  // readers beside a running planner (the `memplan` CLI's in-process answers).
+  bool read_only = false;
   int64_t cache_size_bytes = 8 << 20;    // page cache per connection (SQLite's cache_size)
   int max_measurements_per_plan = 1000;  // GetPlan returns at most this many
   // Migrate up to this schema version only (0 = latest). For tests of old files.

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "common/build_info.h"
 #include "common/flags.h"
 #include "common/validate.h"
 #include "grpcpp/grpcpp.h"
@@ -63,6 +64,11 @@ constexpr char kUsage[] = R"(Usage: memplan-rpc-load [flags]
 )";
 
 bool ParseFlags(int argc, char** argv, Options* o) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  if (memplan::VersionRequested(args)) {
+    std::printf("%s\n", memplan::build_info::VersionLine("memplan-rpc-load").c_str());
+    std::exit(0);
+  }
   bool help = false;
   memplan::FlagSet flags("see --help");
   flags.Switch("--help", &help)
@@ -83,7 +89,7 @@ bool ParseFlags(int argc, char** argv, Options* o) {
       .Switch("--skip-limits", &o->skip_limits)
       .Int("--measurements", &o->measurements, 1, 10000000)
       .Int("--daemon-pid", &o->daemon_pid, 1, std::numeric_limits<int>::max());
-  const absl::Status parsed = flags.Parse(std::vector<std::string>(argv + 1, argv + argc));
+  const absl::Status parsed = flags.Parse(args);
   if (!parsed.ok()) {
     std::fprintf(stderr, "memplan-rpc-load: %s\n", std::string(parsed.message()).c_str());
     return false;

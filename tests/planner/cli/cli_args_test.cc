@@ -114,6 +114,35 @@ TEST(CliArgsTest, PlanDefaultsLeaveKnobsFreeAndGlobalsDefault) {
   EXPECT_FALSE(inv->global.json);
 }
 
+// Without --planner, plan, admit and presets answer in-process; --planner, TLS or a token ask
+// for a connection; the other commands always need a daemon.
+TEST(CliArgsTest, InProcessWithoutPlanner) {
+  const auto in_process = [](std::vector<std::string> args) {
+    auto inv = Parse(args);
+    EXPECT_TRUE(inv.ok()) << inv.status();
+    return inv.ok() && AnswersInProcess(*inv);
+  };
+  EXPECT_TRUE(in_process({"plan", "--arch", "llama-3.1-8b", "--gpu", "h100-80gb"}));
+  EXPECT_TRUE(in_process({"presets"}));
+  EXPECT_TRUE(in_process({"hardware", "list"}));
+  EXPECT_TRUE(in_process({"admit", "--arch", "llama-3.1-8b", "--pool", "a=h100-80gb"}));
+  EXPECT_FALSE(in_process({"--planner", "127.0.0.1:50051", "presets"}));
+  EXPECT_FALSE(in_process({"presets", "--planner=h:1"}));
+  EXPECT_FALSE(in_process({"--tls-ca", "ca.crt", "presets"}));
+  EXPECT_FALSE(in_process({"--auth-token-file", "tok", "presets"}));
+  EXPECT_FALSE(in_process({"plans", "list"}));
+  EXPECT_FALSE(in_process({"measure", "--plan-id", "p", "--peak-reserved", "1GiB"}));
+
+  auto db = Parse({"--db", "/var/lib/memplan/planner.db", "presets"});
+  ASSERT_TRUE(db.ok()) << db.status();
+  EXPECT_EQ(db->global.db_path, "/var/lib/memplan/planner.db");
+  EXPECT_THAT(ErrorOf({"--db", "x.db", "--planner", "h:1", "presets"}),
+              HasSubstr("--db: is read by in-process answers only"));
+  EXPECT_THAT(ErrorOf({"--db", "x.db", "plans", "list"}),
+              HasSubstr("--db: is read by in-process answers only"));
+  EXPECT_THAT(ErrorOf({"presets", "--db="}), HasSubstr("--db: must not be empty"));
+}
+
 TEST(CliArgsTest, GlobalFlagsGoAnywhere) {
   auto before = Parse({"--planner", "10.0.0.5:7000", "--json", "plan", "--arch-file",
                        "/models/x/config.json", "--hardware-id", "hw-1"});

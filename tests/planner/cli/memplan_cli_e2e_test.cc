@@ -10,7 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "tests/planner/e2e/daemon_process.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -50,9 +53,10 @@ std::vector<char*> Argv(const std::string& program, std::vector<std::string>& ar
   return argv;
 }
 
-// Runs `program args...` to completion; stdout and stderr captured through temp files so that
-// neither pipe can fill while the other is being read.
-RunResult RunProgram(const std::string& program, std::vector<std::string> args) {
+// Runs `program args...` to completion (in `cwd` when not empty); stdout and stderr captured
+// through temp files so that neither pipe can fill while the other is being read.
+RunResult RunProgram(const std::string& program, std::vector<std::string> args,
+                     const std::string& cwd = "") {
   const std::string base = absl::StrCat(::testing::TempDir(), "memplan_cli_e2e_", ::getpid());
   const std::string out_path = base + ".out";
   const std::string err_path = base + ".err";
@@ -62,6 +66,7 @@ RunResult RunProgram(const std::string& program, std::vector<std::string> args) 
     const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     ::dup2(out, 1);
     ::dup2(err, 2);
+    if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) ::_exit(126);
     std::vector<char*> argv = Argv(program, args);
     ::execv(program.c_str(), argv.data());
     ::_exit(127);
@@ -375,6 +380,108 @@ TEST(MemplanCliUnreachableTest, ExplainsAndExitsOne) {
   RunResult r = RunProgram(MEMPLAN_CLI_BIN, {"--planner", "127.0.0.1:1", "presets"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("cannot reach the planner at 127.0.0.1:1"));
+}
+
+// `text` without the lines that differ between two answers to one request: the plan id and the
+// search's timing ("Plan id", "Search" in the table; "plan_id", "search_seconds" in JSON).
+std::string WithoutIdsAndTimes(const std::string& text) {
+  std::string kept;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::StartsWith(line, "Plan id ") || absl::StartsWith(line, "Search ") ||
+        absl::StrContains(line, "\"plan_id\":") || absl::StrContains(line, "\"search_seconds\":")) {
+      continue;
+    }
+    absl::StrAppend(&kept, line, "\n");
+  }
+  return kept;
+}
+
+bool Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
+
+// `memplan plan` without --planner answers in-process with the daemon's engine: the same answer a
+// daemon gives on a fresh database, with no daemon running, and no database created or changed.
+TEST(MemplanInProcessTest, PlanWithoutPlannerMatchesTheDaemon) {
+  std::string dir = ::testing::TempDir() + "/memplan-inproc-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  const std::string db = dir + "/planner.db";
+  const std::vector<std::string> request = {"plan", "--arch", "llama-3.1-8b", "--gpu",
+                                            "h100-80gb"};
+  const auto with = [&](std::vector<std::string> front) {
+    front.insert(front.end(), request.begin(), request.end());
+    return front;
+  };
+
+  std::string daemon_text, daemon_json;
+  {
+    auto daemon = memplan::testing::DaemonProcess::Start(MEMPLAN_PLANNER_BIN, db,
+                                                         dir + "/planner.log", false);
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    RunResult text = RunProgram(MEMPLAN_CLI_BIN, with({"--planner", daemon->address()}));
+    ASSERT_EQ(text.exit_code, 0) << text.err;
+    RunResult json = RunProgram(MEMPLAN_CLI_BIN, with({"--planner", daemon->address(), "--json"}));
+    ASSERT_EQ(json.exit_code, 0) << json.err;
+    daemon_text = text.out;
+    daemon_json = json.out;
+    auto status = daemon->SignalAndWait(SIGTERM);
+    ASSERT_TRUE(status.ok()) << status.status();
+  }
+  EXPECT_THAT(daemon_text, HasSubstr("Verdict           FITS"));
+
+  // No daemon now, and no --planner: in a folder without memplan-planner.db, a memory store.
+  RunResult text = RunProgram(MEMPLAN_CLI_BIN, request, dir);
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_THAT(text.err, HasSubstr("answered in-process"));
+  EXPECT_THAT(text.out, HasSubstr("Plan id           plan-"));
+  EXPECT_EQ(WithoutIdsAndTimes(text.out), WithoutIdsAndTimes(daemon_text));
+  RunResult json = RunProgram(MEMPLAN_CLI_BIN, with({"--json"}), dir);
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  EXPECT_THAT(json.out, HasSubstr("\"plan_id\": \"plan-"));
+  EXPECT_EQ(WithoutIdsAndTimes(json.out), WithoutIdsAndTimes(daemon_json));
+  EXPECT_FALSE(Exists(dir + "/memplan-planner.db"));
+
+  // Reading the daemon's database (read only: its bytes stay as the daemon left them).
+  const auto file_bytes = [](const std::string& path) {
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    std::string bytes;
+    if (f == nullptr) return bytes;
+    char buffer[4096];
+    size_t n;
+    while ((n = std::fread(buffer, 1, sizeof(buffer), f)) > 0) bytes.append(buffer, n);
+    std::fclose(f);
+    return bytes;
+  };
+  const std::string before = file_bytes(db);
+  ASSERT_FALSE(before.empty());
+  RunResult from_db = RunProgram(MEMPLAN_CLI_BIN, with({"--db", db, "--json"}));
+  ASSERT_EQ(from_db.exit_code, 0) << from_db.err;
+  EXPECT_THAT(from_db.err, HasSubstr("calibration from " + db));
+  EXPECT_EQ(WithoutIdsAndTimes(from_db.out), WithoutIdsAndTimes(daemon_json));
+  EXPECT_EQ(file_bytes(db), before);
+
+  RunResult missing = RunProgram(MEMPLAN_CLI_BIN, with({"--db", dir + "/none.db"}));
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_THAT(missing.err, HasSubstr("--db: " + dir + "/none.db does not exist"));
+  EXPECT_FALSE(Exists(dir + "/none.db"));
+}
+
+// The commands that need stored state still go to a daemon, and say why when there is none.
+TEST(MemplanInProcessTest, MeasureStillNeedsAPlanner) {
+  RunResult r = RunProgram(MEMPLAN_CLI_BIN, {"--timeout", "2", "plans", "list"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("cannot reach the planner at 127.0.0.1:50051"));
+  EXPECT_THAT(r.err, HasSubstr("needs a running planner"));
+  RunResult db = RunProgram(MEMPLAN_CLI_BIN, {"--db", "x.db", "plans", "list"});
+  EXPECT_EQ(db.exit_code, 2);
+  EXPECT_THAT(db.err, HasSubstr("--db: is read by in-process answers only"));
+}
+
+TEST(MemplanVersionTest, EveryBinaryPrintsItsVersion) {
+  for (const std::string& binary : {std::string(MEMPLAN_CLI_BIN), std::string(MEMPLAN_PLANNER_BIN)}) {
+    RunResult r = RunProgram(binary, {"--version"});
+    EXPECT_EQ(r.exit_code, 0) << binary << ": " << r.err;
+    EXPECT_THAT(r.out, MatchesRegex("memplan(-planner)? [0-9]+\\.[0-9]+\\.[0-9]+ \\(git [^,]+, "
+                                    "[A-Za-z]+\\)\n")) << binary;
+  }
 }
 
 }  // namespace
