@@ -184,7 +184,9 @@ class ChunkManager::Impl {
     return stats;
   }
 
-  const ChunkManagerOptions options_;
+  // Not const: SetLearningRate() changes adamw.lr between steps (the layers below hold a
+  // reference to it and read it when they update).
+  ChunkManagerOptions options_;
   Communicator* const comm_;  // set only when the world size is > 1
   chunks::ChunkStreams streams_;
   chunks::ChunkSet set_;
@@ -378,6 +380,7 @@ absl::Status ChunkManager::Step(double max_grad_norm) {
   return impl_->optimizer_.Step(max_grad_norm);
 }
 void ChunkManager::ZeroGrad() { impl_->optimizer_.ZeroGrad(); }
+void ChunkManager::SetLearningRate(double lr) { impl_->options_.adamw.lr = lr; }
 double ChunkManager::LastGradNorm() const { return impl_->optimizer_.LastGradNorm(); }
 bool ChunkManager::LastStepSkipped() const { return impl_->optimizer_.LastStepSkipped(); }
 int ChunkManager::UpdatesStartedBeforeStep() const {

@@ -222,6 +222,9 @@ class ChunkManager : public ParamResidency {
   absl::Status Step(double max_grad_norm);
   // Drops accumulated gradients (device .grad and host accumulators) without updating.
   void ZeroGrad();
+  // The learning rate of the updates from now on (a schedule's value for the coming step). Call
+  // between steps, before the step's backward: offloaded chunks may start updating during it.
+  void SetLearningRate(double lr);
 
   // Global grad norm computed by the last Step() (before clipping); NaN when it was not computed
   // (no clipping and grad_accum > 1, where it would cost a pass over the host gradients).

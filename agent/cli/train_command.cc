@@ -37,9 +37,15 @@ int RunTrainCommand(std::vector<std::string> args, const EnvLookup& env) {
     std::fprintf(stderr, "memplan-agent train: %s\n", std::string(dist.status().message()).c_str());
     return 2;
   }
-  // A temporary: everything the run built (process group, trainer, model) is released before the
+  // Scoped: everything the run built (process group, trainer, model) is released before the
   // outcome is printed.
-  const absl::Status status = TrainSession(*std::move(config), *std::move(loop), *dist).Run();
+  absl::Status status;
+  int stop_signal = 0;
+  {
+    TrainSession session(*std::move(config), *std::move(loop), *dist);
+    status = session.Run();
+    stop_signal = session.stopped_by_signal();
+  }
   if (!status.ok()) {
     if (dist->world_size > 1) {
       std::fprintf(stderr, "memplan-agent train: rank %d: %s\n", dist->rank,
@@ -49,6 +55,9 @@ int RunTrainCommand(std::vector<std::string> args, const EnvLookup& env) {
     }
     return 1;
   }
+  // [Stopping on a signal] A clean early end is neither success (the steps were not all run) nor
+  // failure (the checkpoint, with --save, is whole).
+  if (stop_signal != 0) return kTrainStoppedBySignalExitCode;
   return 0;
 }
 

@@ -10,9 +10,14 @@
 
 namespace memplan {
 
+// The exit code of a run that SIGTERM or SIGINT stopped after a whole step (its checkpoint
+// written when --save was given; TrainSession's [Stopping on a signal]).
+inline constexpr int kTrainStoppedBySignalExitCode = 3;
+
 // `args` are the arguments after `train`; `env` looks up torchrun's variables (WORLD_SIZE, RANK,
-// ...: DistOptionsFromEnvironment), read by main. Returns the exit code: 0 on success or --help,
-// 1 when the run fails, 2 on bad flags or variables; the reason goes to stderr.
+// ...: DistOptionsFromEnvironment), read by main. Returns the exit code: 0 on success, --help or
+// nothing left to train, 1 when the run fails, 2 on bad flags or variables (the reason goes to
+// stderr), kTrainStoppedBySignalExitCode (3) when a signal stopped it between steps.
 int RunTrainCommand(std::vector<std::string> args, const EnvLookup& env);
 
 }  // namespace memplan

@@ -52,6 +52,18 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
     if (!index.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(dir, "/", index.status().message()));
     }
+    // Every shard the index names is looked for before any is opened: an interrupted download
+    // is reported whole, not one missing file per attempt.
+    std::vector<std::string> missing;
+    for (const std::string& shard : index->shards) {
+      if (!IsRegularFile(JoinPath(dir, shard))) missing.push_back(shard);
+    }
+    if (!missing.empty()) {
+      return absl::NotFoundError(absl::StrCat(
+          dir, ": ", kSafetensorsIndexFileName, " names ", index->shards.size(), " weight files, ",
+          missing.size(), " of them missing: ", Summarise(missing),
+          " (an incomplete download? fetch every *.safetensors file of the model)"));
+    }
     std::map<std::string, const SafetensorsReader*> by_shard;
     for (const std::string& shard : index->shards) {
       ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsReader> reader,
@@ -102,8 +114,30 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
     ckpt->readers_.push_back(std::move(reader));
     return ckpt;
   }
-  return absl::NotFoundError(absl::StrCat(dir, ": neither ", kSafetensorsIndexFileName, " nor ",
-                                          kSingleSafetensorsFileName, " found"));
+  // No weights: say what the directory does hold, so a config-only download or weights in
+  // another format are recognised at once.
+  std::vector<std::string> safetensors, other_weights;
+  if (absl::StatusOr<std::vector<std::string>> names = ListDirectory(dir); names.ok()) {
+    for (const std::string& name : *names) {
+      if (absl::EndsWith(name, ".safetensors")) safetensors.push_back(name);
+      if (absl::EndsWith(name, ".bin") || absl::EndsWith(name, ".pt") ||
+          absl::EndsWith(name, ".pth") || absl::EndsWith(name, ".gguf")) {
+        other_weights.push_back(name);
+      }
+    }
+  }
+  std::string found = "no weight files at all (only a config? download the *.safetensors files)";
+  if (!safetensors.empty()) {
+    found = absl::StrCat("only ", Summarise(safetensors), ", which no ", kSafetensorsIndexFileName,
+                         " lists (the index is missing)");
+  } else if (!other_weights.empty()) {
+    found = absl::StrCat("only ", Summarise(other_weights),
+                         ": memplan reads safetensors weights; convert them or download the "
+                         "*.safetensors files");
+  }
+  return absl::NotFoundError(absl::StrCat(dir, " has no model weights: neither ",
+                                          kSafetensorsIndexFileName, " nor ",
+                                          kSingleSafetensorsFileName, " found; it holds ", found));
 }
 
 std::vector<std::string> HfCheckpoint::TensorNames() const {

@@ -34,6 +34,11 @@ Workload:
   --lr X (1e-4)  --clip X (1.0; 0 = off)  --weight-decay X (0.01)
                            --seq may not exceed the model's max_position_embeddings (or what
                            its rope_scaling extends it to: factor x the original positions)
+  --lr-schedule constant|cosine (constant)   cosine: from --lr down to --min-lr-ratio x --lr
+                           over the steps after the warmup (transformers'
+                           get_cosine_schedule_with_warmup; with a ratio, its min-lr variant)
+  --warmup-steps N (0)     the learning rate rises linearly from 0 over the first N steps
+  --min-lr-ratio X (0)     cosine: where the curve ends, 0 <= X <= 1
   --skip-nonfinite         a step whose loss or gradients are NaN or infinite drops its
                            gradients and skips its update (logged; at most 8 in a row).
                            Default: the run stops before that update and before any save,
@@ -89,8 +94,16 @@ Residency plan (any chunk knob or --plan-file runs the chunk manager):
                            g + N - 1's forward, their copy done (the planner prices N = 2);
                            in backward, the host waits for the grad copies N groups back
   --cpu-threads N (4)
+Held-out evaluation:
+  --eval-tokens FILE       a token file (as --data, same --raw-token-bytes); logs `eval loss`,
+                           the mean loss of --eval-batches micro-batches without gradients
+  --eval-every N (0)       evaluate every N steps (0: after the last step only)
+  --eval-batches K (4)     micro-batches of --batch x --seq per evaluation, 1 to 100000
 Checkpoints and output:
   --save DIR  --save-every N (0 = at the end)  --resume DIR  --log-every N (1)
+                           SIGTERM or SIGINT (Ctrl-C): the step in flight finishes, a checkpoint
+                           is written to --save (if given) and the run exits with code 3; a
+                           second signal ends the process at once
 Diagnostics and device memory:
   --memory-timeline FILE   per-group allocated/reserved bytes of every step, as TSV
   --metrics HOST:PORT      serve live Prometheus metrics while training (GET /metrics: step time,
@@ -190,7 +203,15 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
       .Double("--lr", &c.lr, 0, 1e3)
       .Double("--clip", &c.clip, 0, 1e12)
       .Double("--weight-decay", &c.weight_decay, 0, 1e3)
-      .Switch("--skip-nonfinite", &c.skip_nonfinite);
+      .Switch("--skip-nonfinite", &c.skip_nonfinite)
+      .Choice("--lr-schedule", &c.lr_schedule.kind,
+              FlagSet::Choices<LrSchedule::Kind>{{"constant", LrSchedule::Kind::kConstant},
+                                                 {"cosine", LrSchedule::Kind::kCosine}})
+      .Int("--warmup-steps", &c.lr_schedule.warmup_steps, 0, int64_t{1} << 40)
+      .Double("--min-lr-ratio", &c.lr_schedule.min_lr_ratio, 0, 1)
+      .NonEmptyString("--eval-tokens", &c.eval_tokens_file)
+      .Int("--eval-every", &c.eval_every, 0, int64_t{1} << 40)
+      .Int("--eval-batches", &c.eval_batches, 1, 100000);
   AddDTypeFlag(&flags, "--dtype", &c.dtype);
   AddOptimizerFlag(&flags, &c.optimizer);
   flags
@@ -296,6 +317,13 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
     return absl::InvalidArgumentError(
         "--optimizer adamw8bit keeps its 8-bit state in the chunk manager; drop --plain");
   }
+  if (flags.Given("--min-lr-ratio") && c.lr_schedule.kind != LrSchedule::Kind::kCosine) {
+    return FlagError("--min-lr-ratio", "applies to --lr-schedule cosine");
+  }
+  if (c.eval_tokens_file.empty() && (flags.Given("--eval-every") || flags.Given("--eval-batches"))) {
+    return FlagError(flags.Given("--eval-every") ? "--eval-every" : "--eval-batches",
+                     "needs --eval-tokens FILE");
+  }
   if (c.block_modes.has_value() && (c.n_ckpt || c.n_swap || c.n_hs_offload)) {
     return absl::InvalidArgumentError(
         "--block-modes and --n-ckpt/--n-swap/--n-hs-offload are exclusive");
@@ -317,6 +345,20 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
     return FlagError("--lora-rank", "needs --lora-targets (e.g. q_proj,v_proj or all)");
   }
   return c;
+}
+
+// [Learning-rate schedule] transformers' lambdas, evaluated at the scheduler's step count (the
+// optimizer steps already taken).
+double LearningRateFactor(const LrSchedule& schedule, int64_t completed_steps,
+                          int64_t total_steps) {
+  const double step = static_cast<double>(completed_steps);
+  const int64_t warmup = schedule.warmup_steps;
+  if (completed_steps < warmup) return step / static_cast<double>(std::max<int64_t>(1, warmup));
+  if (schedule.kind == LrSchedule::Kind::kConstant) return 1.0;
+  const double progress = (step - static_cast<double>(warmup)) /
+                          static_cast<double>(std::max<int64_t>(1, total_steps - warmup));
+  const double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));
+  return std::max(0.0, cosine * (1.0 - schedule.min_lr_ratio) + schedule.min_lr_ratio);
 }
 
 absl::Status CheckPlanTraining(const TrainConfig& config,

@@ -16,6 +16,13 @@
 
 namespace memplan {
 
+struct LrSchedule {
+  enum class Kind { kConstant, kCosine };
+  Kind kind = Kind::kConstant;
+  int64_t warmup_steps = 0;
+  double min_lr_ratio = 0;  // cosine: the floor, as a fraction of --lr
+};
+
 struct TrainConfig {
   // Model: a preset (common/presets.h) with random init, or a Hugging Face checkpoint directory.
   std::string arch;
@@ -38,6 +45,14 @@ struct TrainConfig {
   // --skip-nonfinite: a step with a non-finite loss or gradient skips its update instead of
   // stopping the run (TrainerOptions::skip_nonfinite).
   bool skip_nonfinite = false;
+  // Learning-rate schedule ([Learning-rate schedule], LearningRateFactor below): --lr-schedule,
+  // --warmup-steps, --min-lr-ratio. The default, constant without warmup, is a fixed --lr.
+  LrSchedule lr_schedule;
+  // Held-out evaluation: --eval-tokens FILE (a token file like --data), every --eval-every steps
+  // (0: after the last step only), the mean loss of --eval-batches micro-batches, no gradients.
+  std::string eval_tokens_file;
+  int64_t eval_every = 0;
+  int64_t eval_batches = 4;
   std::optional<DType> dtype;   // default: bf16 on CUDA, fp32 on CPU; bf16 with adamw_bf16
   std::optional<OptimizerKind> optimizer;  // default: the plan file's, else adamw
   // --param-rounding: how adamw8bit writes its fp32 update into bf16 parameters (it keeps no
@@ -113,6 +128,15 @@ struct RunPlan {
   std::string n_persist_source;
   std::string n_buffer_source;
 };
+
+// [Learning-rate schedule] The factor --lr is multiplied by for the update of the optimizer step
+// that follows `completed_steps` steps, in a run of `total_steps` (--steps): transformers'
+// get_constant_schedule_with_warmup / get_cosine_with_min_lr_schedule_with_warmup (one half
+// cosine; with min_lr_ratio 0 it is get_cosine_schedule_with_warmup), whose scheduler has stepped
+// once per optimizer step before it. Warmup rises linearly from 0 (the first update's factor is
+// 0). A function of the step number alone, so a resumed run continues the same curve.
+double LearningRateFactor(const LrSchedule& schedule, int64_t completed_steps,
+                          int64_t total_steps);
 
 // Parses the arguments after `train`. INVALID_ARGUMENT names the flag.
 absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args);

@@ -1,6 +1,7 @@
 #include "agent/train/train_session.h"
 
 #include <ATen/Parallel.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <atomic>
@@ -138,6 +139,49 @@ absl::Status LoggedWrite(const std::string& what, const std::string& dir, int64_
   return absl::OkStatus();
 }
 
+// [Stopping on a signal] The handler only records the signal; the step loop polls it between
+// steps. SA_RESETHAND puts the default action back at delivery, so a second signal ends the
+// process at once (an operator who cannot wait for the step in flight).
+std::atomic<int> stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs a lock-free flag");
+
+extern "C" void RecordStopSignal(int signo) { stop_signal.store(signo, std::memory_order_relaxed); }
+
+// Installs the handler for SIGTERM and SIGINT for its lifetime, then restores what was there.
+class StopSignalHandlers {
+ public:
+  StopSignalHandlers() {
+    stop_signal.store(0, std::memory_order_relaxed);
+    struct sigaction action {};
+    action.sa_handler = RecordStopSignal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART | SA_RESETHAND;
+    sigaction(SIGTERM, &action, &previous_term_);
+    sigaction(SIGINT, &action, &previous_int_);
+  }
+  ~StopSignalHandlers() {
+    sigaction(SIGTERM, &previous_term_, nullptr);
+    sigaction(SIGINT, &previous_int_, nullptr);
+  }
+  StopSignalHandlers(const StopSignalHandlers&) = delete;
+  StopSignalHandlers& operator=(const StopSignalHandlers&) = delete;
+
+ private:
+  struct sigaction previous_term_ {};
+  struct sigaction previous_int_ {};
+};
+
+const char* SignalName(int signo) {
+  switch (signo) {
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGINT:
+      return "SIGINT";
+    default:
+      return "a signal";
+  }
+}
+
 bool IsOutOfMemory(const absl::Status& status) {
   // The trainer turns every c10::Error (OutOfMemoryError included) into a status; the CUDA
   // caching allocator's message is the reliable marker.
@@ -180,8 +224,12 @@ absl::Status TrainSession::Run() {
   // From here on the memory timeline is written however the run ends (WriteTimelineOnExit), so a
   // failed step still shows its curve.
   absl::Status status = Resume();
-  if (status.ok()) status = Loop();
-  if (status.ok()) status = Finish();
+  if (status.ok()) {
+    // [Stopping on a signal] From the first step to the last write.
+    StopSignalHandlers handlers;
+    status = Loop();
+    if (status.ok()) status = stop_signal_ != 0 ? StopAfterSignal() : Finish();
+  }
   WriteTimelineOnExit();
   return status;
 }
@@ -321,6 +369,16 @@ absl::Status TrainSession::ResolveModelSpec() {
     spec_ = *std::move(loaded);
   } else {
     ASSIGN_OR_RETURN(spec_, LoadHfConfigFile(config_.model_dir + "/config.json"));
+    // The weights are found and their headers read before the model is allocated: a directory
+    // with an 8B config.json and no weights must fail here, not after drawing 8B random values
+    // (killed by the OOM killer before it got to the weights).
+    absl::StatusOr<std::unique_ptr<io::HfCheckpoint>> opened =
+        io::HfCheckpoint::Open(config_.model_dir);
+    if (!opened.ok()) {
+      return absl::Status(opened.status().code(),
+                          absl::StrCat("--model ", opened.status().message()));
+    }
+    checkpoint_ = *std::move(opened);
   }
   RETURN_IF_ERROR(CheckSequenceLength(spec_, config_.seq));
   return CheckSeqWithinPositions(spec_, config_.seq);
@@ -428,8 +486,7 @@ absl::Status TrainSession::BuildModel() {
 }
 
 absl::Status TrainSession::LoadWeights() {
-  if (!config_.model_dir.empty()) {
-    ASSIGN_OR_RETURN(checkpoint_, io::HfCheckpoint::Open(config_.model_dir));
+  if (checkpoint_ != nullptr) {  // --model, opened by ResolveModelSpec()
     const std::vector<NamedParam> names = io::FlattenParamGroups(model_->ParamGroups());
     if (sharded_load_) {
       // Checked now (names, shapes, dtypes), read by FillShards() once the chunks exist.
@@ -729,8 +786,14 @@ absl::Status TrainSession::Loop() {
   // Everything before the first step (model creation, checkpoint loading, chunk packing).
   load_reserved_ = ReadAllocatorPeaks(device_).reserved_bytes;
   RETURN_IF_ERROR(StartLiveMetrics());
+  RETURN_IF_ERROR(OpenEvalData());
   // --steps is the total number of optimizer steps, a resumed run continues up to it.
   while (trainer_->step() < config_.steps) {
+    ASSIGN_OR_RETURN(stop_signal_, AgreedStopSignal());
+    if (stop_signal_ != 0) return absl::OkStatus();
+    // [Learning-rate schedule] from the step number, so a resumed run continues the curve.
+    lr_ = config_.lr * LearningRateFactor(config_.lr_schedule, trainer_->step(), config_.steps);
+    RETURN_IF_ERROR(trainer_->SetLearningRate(lr_));
     // Every step is recorded (a TSV row per group hook).
     if (timeline_ != nullptr) timeline_->BeginStep(trainer_->step() + 1);
     std::vector<MicroBatch> micro_batches;
@@ -755,11 +818,97 @@ absl::Status TrainSession::Loop() {
     if (!step.ok()) return step.status();
     StepStats& stats = *step;
     ObserveStep(stats);
+    if (eval_batcher_ != nullptr &&
+        (stats.step == config_.steps ||
+         (config_.eval_every > 0 && stats.step % config_.eval_every == 0))) {
+      RETURN_IF_ERROR(Evaluate());
+    }
     if (!config_.save_dir.empty() && config_.save_every > 0 &&
         stats.step % config_.save_every == 0) {
       RETURN_IF_ERROR(Save());
     }
   }
+  return absl::OkStatus();
+}
+
+// Several ranks stop together: each step starts with one all-reduce of the flag, so no rank
+// enters the save while another enters the next step's collectives.
+absl::StatusOr<int> TrainSession::AgreedStopSignal() {
+  const int mine = stop_signal.load(std::memory_order_relaxed);
+  if (group_ == nullptr) return mine;
+  torch::Tensor flag = torch::full({1}, mine, torch::TensorOptions().dtype(torch::kFloat32))
+                           .to(group_->device());
+  RETURN_IF_ERROR(group_->AllReduceSum(flag)->Wait());
+  if (flag.item<float>() == 0) return 0;
+  return mine != 0 ? mine : SIGTERM;  // a rank that got none stops for the others
+}
+
+// [Stopping on a signal] The run ends between steps: the last step's checkpoint (unless
+// --save-every just wrote it), no end-of-training exports, and the line that says how to go on.
+absl::Status TrainSession::StopAfterSignal() {
+  const int64_t step = trainer_->step();
+  std::string saved = "nothing saved (no --save)";
+  if (!config_.save_dir.empty()) {
+    if (config_.save_every == 0 || step % config_.save_every != 0) RETURN_IF_ERROR(Save());
+    saved = absl::StrCat("checkpoint of step ", step, " in ", config_.save_dir,
+                         " (continue with --resume ", config_.save_dir, ")");
+  }
+  if (lead_) {
+    MEMPLAN_LOG(kWarning, "stopped by signal")
+        .Field("signal", SignalName(stop_signal_))
+        .Field("step", step)
+        .Field("steps", config_.steps)
+        .Field("saved", config_.save_dir.empty() ? std::string() : config_.save_dir);
+    std::printf("stopped by %s after step %lld of %lld: %s\n", SignalName(stop_signal_),
+                static_cast<long long>(step), static_cast<long long>(config_.steps),
+                saved.c_str());
+    std::fflush(stdout);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainSession::OpenEvalData() {
+  if (config_.eval_tokens_file.empty()) return absl::OkStatus();
+  if (world_size_ > 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "--eval-tokens is not supported with world size ", world_size_, " (WORLD_SIZE) yet"));
+  }
+  TrainConfig eval = config_;
+  eval.data_file = config_.eval_tokens_file;
+  absl::StatusOr<std::shared_ptr<const io::TokenFile>> file = OpenData(eval, spec_, 1);
+  if (!file.ok()) {
+    return absl::Status(file.status().code(), absl::StrCat("--eval-tokens ",
+                                                           config_.eval_tokens_file, ": ",
+                                                           file.status().message()));
+  }
+  eval_tokens_ = *std::move(file);
+  // The training batcher's options: with the training file as --eval-tokens, evaluation batch k
+  // is training micro-batch k (what the tests compare).
+  io::TokenBatcherOptions options = batcher_->options();
+  options.rank = 0;
+  options.world_size = 1;
+  ASSIGN_OR_RETURN(eval_batcher_, io::TokenBatcher::Create(eval_tokens_, options));
+  return absl::OkStatus();
+}
+
+// The held-out loss: the first --eval-batches micro-batches of --eval-tokens, forward only, the
+// mean of their losses.
+absl::Status TrainSession::Evaluate() {
+  const auto start = std::chrono::steady_clock::now();
+  double sum = 0;
+  for (int64_t k = 0; k < config_.eval_batches; ++k) {
+    ASSIGN_OR_RETURN(MicroBatch batch, NextBatch(*eval_batcher_, k));
+    ASSIGN_OR_RETURN(const double loss, trainer_->EvalLoss(batch));
+    sum += loss;
+  }
+  const double mean = sum / static_cast<double>(config_.eval_batches);
+  MEMPLAN_LOG(kInfo, "eval loss")
+      .Field("step", trainer_->step())
+      .Field("loss", mean)
+      .Field("batches", config_.eval_batches)
+      .Field("tokens", config_.eval_batches * config_.batch * config_.seq)
+      .Field("seconds",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return absl::OkStatus();
 }
 
@@ -817,6 +966,8 @@ void TrainSession::ObserveStep(StepStats& stats) {
     AgentStepSample sample;
     sample.seconds = stats.seconds;
     sample.tokens_per_second = stats.tokens_per_second;
+    sample.loss = stats.loss;
+    sample.step = stats.step;
     if (device_.is_cuda()) {
       const AllocatorStats now = ReadAllocatorStats(device_);
       sample.allocated_bytes = now.allocated.current;
@@ -850,6 +1001,7 @@ void TrainSession::ObserveStep(StepStats& stats) {
         .Field("eta", DurationText(eta_seconds))
         .Field("eta_seconds", eta_seconds)
         .Field("loss", stats.loss)
+        .Field("lr", lr_)
         .Field("grad_norm", stats.grad_norm)
         .Field("seconds", stats.seconds)
         .Field("fb_seconds", stats.forward_backward_seconds)

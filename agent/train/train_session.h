@@ -51,7 +51,12 @@ class TrainSession {
 
   // Runs every stage once, in order; the first failure ends the run with its status
   // (RESOURCE_EXHAUSTED "out of memory in step N (oom=true) ..." after a CUDA OOM). Call once.
+  // [Stopping on a signal] SIGTERM or SIGINT during the steps ends the run after the step in
+  // flight: the checkpoint is written (with --save), Run() returns OK and stopped_by_signal()
+  // names the signal. Run() installs the handlers itself and restores the previous ones.
   absl::Status Run();
+  // The signal that ended Run() early; 0 when it ran to --steps (or failed).
+  int stopped_by_signal() const { return stop_signal_; }
 
  private:
   // Whether --resume's checkpoint is already at --steps ([Nothing to resume]); said when it is.
@@ -77,6 +82,10 @@ class TrainSession {
   absl::Status StopOnOutOfMemory(const absl::Status& step_status);
   void ObserveStep(StepStats& stats);
   absl::Status Save();
+  absl::StatusOr<int> AgreedStopSignal();  // the signal that stops the run (0: none), every rank's
+  absl::Status StopAfterSignal();
+  absl::Status OpenEvalData();
+  absl::Status Evaluate();
   absl::Status PrintRankFigures();
   absl::Status Summarize();
   void WriteTimelineOnExit();
@@ -115,6 +124,10 @@ class TrainSession {
   std::shared_ptr<const io::TokenFile> tokens_;
   std::unique_ptr<io::TokenBatcher> batcher_;
   int64_t data_position_ = 0;
+  std::shared_ptr<const io::TokenFile> eval_tokens_;  // --eval-tokens
+  std::unique_ptr<io::TokenBatcher> eval_batcher_;
+  double lr_ = 0;        // the learning rate of the step in flight ([Learning-rate schedule])
+  int stop_signal_ = 0;  // [Stopping on a signal]: the signal that ended the loop early
   std::unique_ptr<AgentMetrics> live_;  // --metrics: the plan's prediction next to every step
 
   // What the steps measured. Steady state is every step after the warm-up one (what the planner

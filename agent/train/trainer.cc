@@ -258,6 +258,46 @@ torch::Tensor Trainer::MicroBatchLoss(const MicroBatch& batch) {
   return model_->Loss(ids, labels, options_.block_modes, residency, offloader_.get());
 }
 
+absl::Status Trainer::SetLearningRate(double lr) {
+  if (!(lr >= 0) || !std::isfinite(lr)) {
+    return absl::InvalidArgumentError(absl::StrCat("trainer: learning rate ", lr,
+                                                   " is not a finite number >= 0"));
+  }
+  options_.adamw.lr = lr;  // what the fused bf16 update and the checkpoint read
+  if (chunk_manager_) chunk_manager_->SetLearningRate(lr);
+  if (optimizer_) {
+    for (torch::optim::OptimizerParamGroup& group : optimizer_->param_groups()) {
+      group.options().set_lr(lr);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Trainer::EvalLoss(const MicroBatch& batch) {
+  try {
+    torch::NoGradGuard no_grad;
+    const torch::Device device = model_->options().device;
+    const torch::Tensor ids = batch.input_ids.to(device);
+    const torch::Tensor labels = batch.labels.to(device);
+    if (!options_.managed && options_.plain_reference && AllNone(options_.block_modes)) {
+      return model_->Loss(ids, labels).item<double>();
+    }
+    // Every block without a mode: no activation is kept or offloaded for a backward that never
+    // comes; the chunks are fetched through the same residency hooks as in training (the
+    // timeline observer is left out: this is no step).
+    ParamResidency* residency = lora_residency_
+                                    ? lora_residency_.get()
+                                    : static_cast<ParamResidency*>(chunk_manager_.get());
+    const BlockModes none(options_.block_modes.empty()
+                              ? static_cast<size_t>(model_->options().spec.num_layers)
+                              : options_.block_modes.size(),
+                          BlockMode::kNone);
+    return model_->Loss(ids, labels, none, residency, nullptr).item<double>();
+  } catch (const c10::Error& e) {
+    return FromTorch(e, "trainer: evaluation forward failed");
+  }
+}
+
 absl::StatusOr<double> Trainer::ForwardBackward(const std::vector<MicroBatch>& micro_batches) {
   if (static_cast<int>(micro_batches.size()) != options_.grad_accum) {
     return absl::InvalidArgumentError(absl::StrCat("trainer: got ", micro_batches.size(),

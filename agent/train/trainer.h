@@ -104,6 +104,14 @@ class Trainer {
   // (0 when clipping is off).
   absl::StatusOr<double> OptimizerStep();
 
+  // The learning rate of the updates from the next step on (a schedule's value; every optimizer
+  // kind, managed or not). Call between steps. INVALID_ARGUMENT for a negative or non-finite lr.
+  absl::Status SetLearningRate(double lr);
+  // The mean loss of one micro-batch under the current parameters: forward only, no gradients,
+  // nothing of the step in progress touched (held-out evaluation between steps). The same value
+  // the step's forward computes on that batch. One rank's (no collective).
+  absl::StatusOr<double> EvalLoss(const MicroBatch& batch);
+
   // Full values of the trainable parameters (the adapters with LoRA) by name as CPU tensors
   // (model dtype), canonical order. With a
   // communicator these, Grads and OptimizerState are collectives (every rank calls them).

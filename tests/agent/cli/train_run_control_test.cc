@@ -176,5 +176,167 @@ TEST_F(TrainRunControlTest, ResumingACheckpointAlreadyAtStepsSaysNothingWasTrain
   EXPECT_EQ(steps[0].at("step"), "4/4");
 }
 
+
+// A tiny Llama config.json (vocab 2048, like llama-tiny).
+constexpr char kTinyConfig[] = R"({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+    "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "vocab_size": 2048, "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-5, "max_position_embeddings": 256})";
+
+// A safetensors file of one fp32 tensor `name` of one element.
+std::string OneTensorSafetensors(const std::string& name) {
+  const std::string header =
+      absl::StrCat(R"({")", name, R"(":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})");
+  std::string out;
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((header.size() >> (8 * i)) & 0xff));
+  return out + header + std::string(4, '\0');
+}
+
+TEST_F(TrainRunControlTest, MissingWeightsAreReportedBeforeTheModelIsBuilt) {
+  const std::vector<std::string> args = {MEMPLAN_AGENT_BINARY, "train", "--device", "cpu",
+                                         "--synthetic-data", "--steps", "1", "--seq", "16",
+                                         "--cpu-threads", "1", "--model"};
+  // A config and nothing else.
+  WriteFile("bare/config.json", kTinyConfig);
+  Exit e = RunChild(With(args, {Path("bare")}), Path("bare_run"));
+  EXPECT_EQ(e.code, 1) << e.out;
+  EXPECT_THAT(e.out, HasSubstr("--model " + Path("bare") + " has no model weights"));
+  EXPECT_THAT(e.out, HasSubstr("no weight files at all"));
+  EXPECT_THAT(e.out, Not(HasSubstr("model created")));
+
+  // Weights in a format memplan does not read are named.
+  WriteFile("bin/config.json", kTinyConfig);
+  WriteFile("bin/pytorch_model.bin", "not read");
+  e = RunChild(With(args, {Path("bin")}), Path("bin_run"));
+  EXPECT_EQ(e.code, 1) << e.out;
+  EXPECT_THAT(e.out, HasSubstr("only pytorch_model.bin: memplan reads safetensors"));
+  EXPECT_THAT(e.out, Not(HasSubstr("model created")));
+
+  // An index whose shards are partly absent: every missing one is listed.
+  WriteFile("shards/config.json", kTinyConfig);
+  WriteFile("shards/model-00001-of-00003.safetensors", OneTensorSafetensors("a"));
+  WriteFile("shards/model.safetensors.index.json", R"({"weight_map": {
+      "a": "model-00001-of-00003.safetensors", "b": "model-00002-of-00003.safetensors",
+      "c": "model-00003-of-00003.safetensors"}})");
+  e = RunChild(With(args, {Path("shards")}), Path("shards_run"));
+  EXPECT_EQ(e.code, 1) << e.out;
+  EXPECT_THAT(e.out, HasSubstr(Path("shards") +
+                               ": model.safetensors.index.json names 3 weight files, 2 of them "
+                               "missing: model-00002-of-00003.safetensors, "
+                               "model-00003-of-00003.safetensors"));
+  EXPECT_THAT(e.out, Not(HasSubstr("model created")));
+}
+
+// Starts a long run, waits for its first step line, sends `signo` and waits for the exit.
+Exit StopMidRun(const std::vector<std::string>& args, const std::string& base, int signo) {
+  const testing::Child child = testing::Spawn(args, {}, base);
+  EXPECT_GT(child.pid, 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (testing::ReadFile(child.err_path).find("msg=\"step\"") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(child.pid, signo);
+  return Wait(child);
+}
+
+int64_t StoppedAfterStep(const std::string& out, const std::string& signal) {
+  const std::string marker = "stopped by " + signal + " after step ";
+  const size_t at = out.find(marker);
+  if (at == std::string::npos) return -1;
+  int64_t step = -1;
+  const std::string rest = out.substr(at + marker.size());
+  if (!absl::SimpleAtoi(rest.substr(0, rest.find(' ')), &step)) return -1;
+  return step;
+}
+
+TEST_F(TrainRunControlTest, SigtermFinishesTheStepSavesACheckpointAndTheRunResumes) {
+  const std::string save = Path("ckpt");
+  const Exit stopped = StopMidRun(With(Train(1000000), {"--save", save}), Path("long"), SIGTERM);
+  EXPECT_EQ(stopped.code, 3) << stopped.out;
+  const int64_t step = StoppedAfterStep(stopped.out, "SIGTERM");
+  ASSERT_GE(step, 1) << stopped.out;
+  EXPECT_THAT(stopped.out, HasSubstr(absl::StrCat("after step ", step, " of 1000000: checkpoint of step ",
+                                                  step, " in ", save, " (continue with --resume ",
+                                                  save, ")")));
+  EXPECT_THAT(stopped.out, HasSubstr("msg=\"stopped by signal\" signal=\"SIGTERM\""));
+  EXPECT_THAT(stopped.out, Not(HasSubstr("trained ")));
+  // The checkpoint holds the last whole step.
+  EXPECT_THAT(testing::ReadFile(save + "/trainer.json"), HasSubstr(absl::StrCat("\"step\": ", step, ",")));
+
+  const Exit resumed = RunChild(With(Train(step + 1), {"--resume", save}), Path("resumed"));
+  EXPECT_EQ(resumed.code, 0) << resumed.out;
+  const auto steps = Records(resumed.out, "step");
+  ASSERT_EQ(steps.size(), 1u) << resumed.out;
+  EXPECT_EQ(steps[0].at("step"), absl::StrCat(step + 1, "/", step + 1));
+  EXPECT_THAT(resumed.out, HasSubstr(absl::StrCat("trained ", step + 1, " steps")));
+}
+
+TEST_F(TrainRunControlTest, SigintWithoutSaveSaysNothingWasSaved) {
+  const Exit stopped = StopMidRun(Train(1000000), Path("long"), SIGINT);
+  EXPECT_EQ(stopped.code, 3) << stopped.out;
+  EXPECT_GE(StoppedAfterStep(stopped.out, "SIGINT"), 1) << stopped.out;
+  EXPECT_THAT(stopped.out, HasSubstr("nothing saved (no --save)"));
+}
+
+TEST_F(TrainRunControlTest, TheCosineScheduleIsLoggedAndContinuesAfterAResume) {
+  const std::vector<std::string> schedule = {"--lr", "1e-3", "--lr-schedule", "cosine",
+                                             "--warmup-steps", "2", "--min-lr-ratio", "0.1"};
+  const Exit straight = RunChild(With(Train(6), schedule), Path("straight"));
+  ASSERT_EQ(straight.code, 0) << straight.out;
+  const auto steps = Records(straight.out, "step");
+  ASSERT_EQ(steps.size(), 6u);
+  // transformers' cosine-with-min-lr lambda at the scheduler's count (step - 1), times --lr.
+  const double pi = 3.14159265358979323846;
+  const double expected[6] = {0, 0.5e-3, 1e-3,
+                              1e-3 * (0.1 + 0.9 * 0.5 * (1 + std::cos(pi * 0.25))),
+                              1e-3 * (0.1 + 0.9 * 0.5 * (1 + std::cos(pi * 0.5))),
+                              1e-3 * (0.1 + 0.9 * 0.5 * (1 + std::cos(pi * 0.75)))};
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_NEAR(Number(steps[i], "lr"), expected[i], 1e-9) << i;
+  }
+  // Stopped at step 3 and resumed: the rates of steps 4-6 are the straight run's.
+  const std::string save = Path("ckpt");
+  ASSERT_EQ(RunChild(With(With(Train(6), schedule), {"--save", save, "--save-every", "3",
+                                                     "--steps", "3"}),
+                     Path("first"))
+                .code,
+            0);
+  const Exit resumed = RunChild(With(With(Train(6), schedule), {"--resume", save}), Path("second"));
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  const auto later = Records(resumed.out, "step");
+  ASSERT_EQ(later.size(), 3u) << resumed.out;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(later[i].at("lr"), steps[3 + i].at("lr"));
+    EXPECT_EQ(later[i].at("loss"), steps[3 + i].at("loss"));
+  }
+}
+
+TEST_F(TrainRunControlTest, TheEvalLossIsTheForwardLossOfTheSameBatches) {
+  // With --lr 0 nothing moves, so step k's loss is the forward loss of micro-batch k - 1 under the
+  // initial weights; with the training file as --eval-tokens the evaluation batches are those.
+  for (const std::vector<std::string>& plan :
+       {std::vector<std::string>{}, std::vector<std::string>{"--chunk-mib", "1", "--n-persist", "1"}}) {
+    const Exit e = RunChild(With(With(Train(3), plan), {"--lr", "0", "--eval-tokens", data_,
+                                                        "--eval-every", "2", "--eval-batches", "2"}),
+                            Path("eval"));
+    ASSERT_EQ(e.code, 0) << e.out;
+    const auto steps = Records(e.out, "step");
+    const auto evals = Records(e.out, "eval loss");
+    ASSERT_EQ(steps.size(), 3u) << e.out;
+    // Every 2 steps and after the last.
+    ASSERT_EQ(evals.size(), 2u) << e.out;
+    EXPECT_EQ(evals[0].at("step"), "2");
+    EXPECT_EQ(evals[1].at("step"), "3");
+    const double mean = (Number(steps[0], "loss") + Number(steps[1], "loss")) / 2;
+    for (const auto& eval : evals) {
+      EXPECT_NEAR(Number(eval, "loss"), mean, 2e-5) << e.out;
+      EXPECT_EQ(eval.at("batches"), "2");
+      EXPECT_EQ(eval.at("tokens"), "128");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace memplan

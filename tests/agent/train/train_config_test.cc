@@ -1,5 +1,10 @@
 #include "agent/train/train_config.h"
 
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -566,6 +571,87 @@ TEST(PlannerFixedKnobsTest, CarriesEveryKnobFlagAndShardedParamsImplyShardedStat
   EXPECT_EQ(f.host_memory, HostMemoryKind::kPageable);
   EXPECT_EQ(f.shard_persistent_state, true);
   EXPECT_EQ(f.shard_persistent_params, true);
+}
+
+// transformers' schedule lambdas written out again (optimization.py): the factor after `step`
+// scheduler steps of a run of `total` with `warmup` warmup steps.
+double ReferenceCosine(int64_t step, int64_t warmup, int64_t total, double min_ratio) {
+  if (step < warmup) return static_cast<double>(step) / std::max<double>(1.0, warmup);
+  const double progress = static_cast<double>(step - warmup) / std::max<double>(1.0, total - warmup);
+  const double num_cycles = 0.5;
+  double factor = 0.5 * (1.0 + std::cos(3.14159265358979323846 * num_cycles * 2.0 * progress));
+  factor = factor * (1.0 - min_ratio) + min_ratio;
+  return std::max(0.0, factor);
+}
+
+TEST(LearningRateFactorTest, CosineWithWarmupIsTransformersFormula) {
+  LrSchedule cosine;
+  cosine.kind = LrSchedule::Kind::kCosine;
+  cosine.warmup_steps = 10;
+  for (int64_t step : {0, 1, 5, 9, 10, 11, 30, 55, 99, 100}) {
+    EXPECT_DOUBLE_EQ(LearningRateFactor(cosine, step, 100), ReferenceCosine(step, 10, 100, 0))
+        << step;
+  }
+  // Landmarks: 0 at the start, half way up the warmup, the peak, half way down, the end.
+  EXPECT_EQ(LearningRateFactor(cosine, 0, 100), 0.0);
+  EXPECT_DOUBLE_EQ(LearningRateFactor(cosine, 5, 100), 0.5);
+  EXPECT_DOUBLE_EQ(LearningRateFactor(cosine, 10, 100), 1.0);
+  EXPECT_NEAR(LearningRateFactor(cosine, 55, 100), 0.5, 1e-15);
+  EXPECT_NEAR(LearningRateFactor(cosine, 100, 100), 0.0, 1e-15);
+
+  cosine.min_lr_ratio = 0.1;
+  for (int64_t step : {0, 3, 10, 40, 77, 100}) {
+    EXPECT_DOUBLE_EQ(LearningRateFactor(cosine, step, 100), ReferenceCosine(step, 10, 100, 0.1))
+        << step;
+  }
+  EXPECT_NEAR(LearningRateFactor(cosine, 100, 100), 0.1, 1e-15);
+  // No warmup: the first update already runs at the full rate.
+  cosine.warmup_steps = 0;
+  EXPECT_DOUBLE_EQ(LearningRateFactor(cosine, 0, 100), 1.0);
+}
+
+TEST(LearningRateFactorTest, ConstantKeepsTheRateAfterItsWarmup) {
+  LrSchedule constant;
+  EXPECT_EQ(LearningRateFactor(constant, 0, 10), 1.0);
+  EXPECT_EQ(LearningRateFactor(constant, 9, 10), 1.0);
+  constant.warmup_steps = 4;
+  EXPECT_EQ(LearningRateFactor(constant, 0, 10), 0.0);
+  EXPECT_EQ(LearningRateFactor(constant, 2, 10), 0.5);
+  EXPECT_EQ(LearningRateFactor(constant, 4, 10), 1.0);
+}
+
+TEST(ParseTrainArgsTest, ScheduleAndEvaluationFlags) {
+  const std::vector<std::string> base = {"--arch", "llama-tiny", "--synthetic-data"};
+  auto with = [&base](std::vector<std::string> more) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), more.begin(), more.end());
+    return ParseTrainArgs(args);
+  };
+  auto c = with({});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->lr_schedule.kind, LrSchedule::Kind::kConstant);
+  EXPECT_EQ(c->lr_schedule.warmup_steps, 0);
+  EXPECT_TRUE(c->eval_tokens_file.empty());
+
+  c = with({"--lr-schedule", "cosine", "--warmup-steps", "20", "--min-lr-ratio", "0.1",
+            "--eval-tokens", "held.tokens", "--eval-every", "50", "--eval-batches", "8"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->lr_schedule.kind, LrSchedule::Kind::kCosine);
+  EXPECT_EQ(c->lr_schedule.warmup_steps, 20);
+  EXPECT_EQ(c->lr_schedule.min_lr_ratio, 0.1);
+  EXPECT_EQ(c->eval_tokens_file, "held.tokens");
+  EXPECT_EQ(c->eval_every, 50);
+  EXPECT_EQ(c->eval_batches, 8);
+
+  EXPECT_THAT(with({"--lr-schedule", "linear"}).status().message(), HasSubstr("--lr-schedule"));
+  EXPECT_THAT(with({"--lr-schedule", "cosine", "--min-lr-ratio", "1.5"}).status().message(),
+              HasSubstr("--min-lr-ratio"));
+  EXPECT_THAT(with({"--min-lr-ratio", "0.1"}).status().message(),
+              HasSubstr("--min-lr-ratio: applies to --lr-schedule cosine"));
+  EXPECT_THAT(with({"--eval-every", "5"}).status().message(),
+              HasSubstr("--eval-every: needs --eval-tokens"));
+  EXPECT_THAT(with({"--eval-tokens", "x", "--eval-batches", "0"}).status().message(),
+              HasSubstr("--eval-batches"));
 }
 
 }  // namespace
