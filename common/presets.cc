@@ -1,8 +1,12 @@
 #include "common/presets.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/optimizer_bytes.h"
 
@@ -139,18 +143,94 @@ const std::vector<HardwareSpec>& HardwarePresets() {
   return *presets;
 }
 
-std::optional<ModelSpec> FindModelPreset(std::string_view name) {
-  for (const auto& m : ModelPresets()) {
-    if (m.name == name) return m;
+namespace {
+
+// Levenshtein distance: insertions, deletions and substitutions cost one each.
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+template <typename Spec>
+std::vector<std::string> NamesOf(const std::vector<Spec>& presets) {
+  std::vector<std::string> names;
+  for (const Spec& p : presets) names.push_back(p.name);
+  return names;
+}
+
+template <typename Spec>
+std::optional<Spec> FindPreset(const std::vector<Spec>& presets, std::string_view text) {
+  const std::string name = MatchPresetName(text, NamesOf(presets)).name;
+  for (const Spec& p : presets) {
+    if (!name.empty() && p.name == name) return p;
   }
   return std::nullopt;
 }
 
-std::optional<HardwareSpec> FindHardwarePreset(std::string_view name) {
-  for (const auto& h : HardwarePresets()) {
-    if (h.name == name) return h;
+std::string UnknownHint(std::string_view text, const std::vector<std::string>& names) {
+  const PresetNameMatch match = MatchPresetName(text, names);
+  if (!match.suggestion.empty()) return absl::StrCat("; did you mean ", match.suggestion, "?");
+  return absl::StrCat("; known: ", absl::StrJoin(names, ", "));
+}
+
+}  // namespace
+
+PresetNameMatch MatchPresetName(std::string_view text, const std::vector<std::string>& names) {
+  PresetNameMatch match;
+  for (const std::string& n : names) {
+    if (n == text) {
+      match.name = n;
+      return match;
+    }
   }
-  return std::nullopt;
+  // "meta-llama/Llama-3.1-8B" -> "llama-3.1-8b": the repo's name, lower case.
+  std::string_view base = text;
+  if (const size_t slash = base.rfind('/'); slash != std::string_view::npos) {
+    base = base.substr(slash + 1);
+  }
+  const std::string folded = absl::AsciiStrToLower(std::string(base));
+  for (const std::string& n : names) {
+    if (absl::AsciiStrToLower(n) == folded) {
+      match.name = n;
+      return match;
+    }
+  }
+  size_t best = std::string::npos;
+  for (const std::string& n : names) {
+    const size_t d = EditDistance(folded, absl::AsciiStrToLower(n));
+    if (d < best) {
+      best = d;
+      match.suggestion = n;
+    }
+  }
+  if (best > std::max<size_t>(2, folded.size() / 4)) match.suggestion.clear();
+  return match;
+}
+
+std::optional<ModelSpec> FindModelPreset(std::string_view name) {
+  return FindPreset(ModelPresets(), name);
+}
+
+std::optional<HardwareSpec> FindHardwarePreset(std::string_view name) {
+  return FindPreset(HardwarePresets(), name);
+}
+
+std::string UnknownModelPresetHint(std::string_view text) {
+  return UnknownHint(text, NamesOf(ModelPresets()));
+}
+
+std::string UnknownHardwarePresetHint(std::string_view text) {
+  return UnknownHint(text, NamesOf(HardwarePresets()));
 }
 
 std::string ModelPresetNames() {

@@ -171,7 +171,8 @@ absl::StatusOr<v1::PlanResponse> PlannerCore::Plan(const v1::PlanRequest& reques
       if (!preset.has_value()) {
         return absl::NotFoundError(
             absl::StrCat("arch_preset ", Quote(request.arch_preset()),
-                         " is not a known model preset; known: ", ModelPresetNames()));
+                         " is not a known model preset",
+                         UnknownModelPresetHint(request.arch_preset())));
       }
       in.arch = *std::move(preset);
       break;
@@ -207,8 +208,8 @@ absl::StatusOr<v1::PlanResponse> PlannerCore::Plan(const v1::PlanRequest& reques
       if (!preset.has_value()) {
         return absl::NotFoundError(
             absl::StrCat("hardware_preset ", Quote(request.hardware_preset()),
-                         " is neither a hardware preset nor a measured profile name; presets: ",
-                         HardwarePresetNames()));
+                         " is neither a hardware preset nor a measured profile name",
+                         UnknownHardwarePresetHint(request.hardware_preset())));
       }
       in.hardware = *std::move(preset);
       break;

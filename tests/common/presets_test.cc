@@ -42,5 +42,32 @@ TEST(PresetsTest, UnknownNamesAreAbsent) {
   EXPECT_FALSE(FindHardwarePreset("tpu-v5").has_value());
 }
 
+// Hugging Face repo ids and other capitalisations name the preset; near misses get one suggestion
+// instead of the whole list.
+TEST(PresetsTest, RepoIdsAndNearMissesResolveOrSuggest) {
+  ASSERT_TRUE(FindModelPreset("meta-llama/Llama-3.1-8B").has_value());
+  EXPECT_EQ(FindModelPreset("meta-llama/Llama-3.1-8B")->name, "llama-3.1-8b");
+  ASSERT_TRUE(FindModelPreset("Qwen/Qwen3-8B").has_value());
+  EXPECT_EQ(FindModelPreset("Qwen/Qwen3-8B")->name, "qwen3-8b");
+  ASSERT_TRUE(FindHardwarePreset("H100-80GB").has_value());
+  EXPECT_EQ(FindHardwarePreset("H100-80GB")->name, "h100-80gb");
+
+  EXPECT_FALSE(FindModelPreset("llama-3.1-8").has_value());
+  EXPECT_EQ(UnknownModelPresetHint("llama-3.1-8"), "; did you mean llama-3.1-8b?");
+  EXPECT_EQ(UnknownModelPresetHint("meta-llama/Llama-3.1-8"), "; did you mean llama-3.1-8b?");
+  EXPECT_EQ(UnknownHardwarePresetHint("h100-80"), "; did you mean h100-80gb?");
+  EXPECT_EQ(UnknownHardwarePresetHint("h100_80gb"), "; did you mean h100-80gb?");
+  // Nothing close: the list, as before.
+  EXPECT_EQ(UnknownModelPresetHint("gpt-5"), "; known: " + ModelPresetNames());
+  EXPECT_EQ(UnknownHardwarePresetHint("tpu-v5"), "; known: " + HardwarePresetNames());
+
+  const std::vector<std::string> names = {"alpha", "beta"};
+  EXPECT_EQ(MatchPresetName("alpha", names).name, "alpha");
+  EXPECT_EQ(MatchPresetName("org/ALPHA", names).name, "alpha");
+  EXPECT_EQ(MatchPresetName("alpah", names).suggestion, "alpha");
+  EXPECT_TRUE(MatchPresetName("alpah", names).name.empty());
+  EXPECT_TRUE(MatchPresetName("zzzzzzzz", names).suggestion.empty());
+}
+
 }  // namespace
 }  // namespace memplan
