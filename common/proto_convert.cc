@@ -354,6 +354,8 @@ v1::Calibration ToProto(const Calibration& calibration) {
   out.set_hardware_name(calibration.hardware_name);
   out.set_param_dtype(ToProto(calibration.param_dtype));
   out.set_model_family(calibration.model_family);
+  out.set_method(calibration.method);
+  out.set_optimizer(calibration.optimizer);
   out.set_fragmentation_factor(calibration.fragmentation_factor);
   out.set_residual_bytes(calibration.residual_bytes);
   out.set_samples(calibration.samples);
@@ -603,6 +605,8 @@ absl::StatusOr<Calibration> CalibrationFromProto(const v1::Calibration& calibrat
   ASSIGN_OR_RETURN(out.param_dtype,
                    DTypeFromProto(calibration.param_dtype(), absl::StrCat(prefix, "param_dtype")));
   out.model_family = calibration.model_family();
+  out.method = calibration.method();
+  out.optimizer = calibration.optimizer();
   out.fragmentation_factor = calibration.fragmentation_factor();
   out.residual_bytes = calibration.residual_bytes();
   out.samples = calibration.samples();

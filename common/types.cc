@@ -44,6 +44,15 @@ std::string_view OptimizerName(OptimizerKind kind) {
   return "adamw";
 }
 
+std::string_view TrainingKindName(TrainingKind kind) {
+  switch (kind) {
+    case TrainingKind::kFull: return "full";
+    case TrainingKind::kLora: return "lora";
+    case TrainingKind::kQlora: return "qlora";
+  }
+  return "full";
+}
+
 std::optional<OptimizerKind> ParseOptimizer(std::string_view name) {
   if (name == "adamw") return OptimizerKind::kAdamW;
   if (name == "adamw_bf16") return OptimizerKind::kAdamWBf16States;

@@ -26,6 +26,7 @@ std::optional<DType> ParseDType(std::string_view name);
 std::string_view BlockModeName(BlockMode mode);    // "none", "ckpt", "swap", "hs_offload"
 std::string_view HostMemoryKindName(HostMemoryKind kind);  // "pinned", "pageable"
 std::string_view OptimizerName(OptimizerKind kind);  // "adamw", "adamw_bf16", "sgd", "adamw8bit"
+std::string_view TrainingKindName(TrainingKind kind);  // "full", "lora", "qlora"
 std::optional<OptimizerKind> ParseOptimizer(std::string_view name);
 // "adamw, adamw_bf16, sgd, adamw8bit": the allow-list, for error messages.
 std::string_view OptimizerAllowList();
@@ -269,6 +270,8 @@ struct Calibration {
   std::string hardware_name;
   DType param_dtype = DType::kBFloat16;
   std::string model_family;
+  std::string method;     // "full", "lora", "qlora"; empty: learned before keys named it
+  std::string optimizer;  // "adamw", ...; "*": the method's optimizers pooled; empty: as above
   double fragmentation_factor = 1.0;
   int64_t residual_bytes = 0;
   int32_t samples = 0;

@@ -1,23 +1,46 @@
-// What the calibration is learned for and from: CalibrationKey (card, dtype, model family) and
-// CalibrationSample (one measured run). Value types, thread-compatible; the store keeps them, the
+// What the calibration is learned for and from: CalibrationKey (card, dtype, model family, method,
+// optimizer) and CalibrationSample (one measured run). Value types, thread-compatible; the store keeps them, the
 // calibrator (calibrator.h) fits them.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/types.h"
 
 namespace memplan {
 
 // What a calibration is learned for. Value type, thread-compatible.
+// [Calibration keys] The fitted factors depend on what allocates the dynamic memory and what the
+// step spends its time on, so a key names the method ("full", "lora", "qlora") and the optimizer
+// ("adamw", "adamw_bf16", "adamw8bit", "sgd") besides the card, dtype and family: a LoRA run's
+// measurement never moves a full fine-tune's prediction. Every sample is also kept under the
+// method's pooled key (optimizer kAnyOptimizer), which answers for an optimizer of that method
+// nobody has measured yet. Keys with both fields empty hold the samples stored before keys carried
+// them (methods and optimizers mixed); they answer only where neither of the others has samples.
 struct CalibrationKey {
   std::string hardware_name;
   DType param_dtype = DType::kBFloat16;
   std::string model_family;
+  std::string method = "full";
+  std::string optimizer = "adamw";
 
   friend bool operator==(const CalibrationKey&, const CalibrationKey&) = default;
 };
+
+inline constexpr char kAnyOptimizer[] = "*";
+
+// The keys a plan for `key` reads its calibration from, most specific first: the key itself, its
+// method's pooled key, the legacy key (see [Calibration keys]). The first with samples answers.
+inline std::vector<CalibrationKey> CalibrationLookupOrder(const CalibrationKey& key) {
+  CalibrationKey pooled = key;
+  pooled.optimizer = kAnyOptimizer;
+  CalibrationKey legacy = key;
+  legacy.method.clear();
+  legacy.optimizer.clear();
+  return {key, pooled, legacy};
+}
 
 // One measured run, reduced to what the fit needs. raw_model_bytes is the cost model's peak
 // before calibration and without the fixed part; exact_bytes the part of it allocated at its

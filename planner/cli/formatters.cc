@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "common/relative_error.h"
 #include "planner/cli/text_table.h"
 
 namespace memplan::cli {
@@ -396,12 +397,16 @@ std::string FormatCalibrations(const v1::GetCalibrationResponse& response) {
   if (response.calibrations_size() == 0) {
     return "No calibration yet: report measurements with 'memplan measure'.\n";
   }
-  TextTable table({"hardware", "dtype", "family", "fragmentation", "residual", "samples",
-                   "raw |error|", "step time", "updated (UTC)"},
-                  {Align::kLeft, Align::kLeft, Align::kLeft, Align::kRight, Align::kRight,
-                   Align::kRight, Align::kRight, Align::kRight});
+  TextTable table({"hardware", "dtype", "family", "method", "optimizer", "fragmentation",
+                   "residual", "samples", "raw |error|", "step time", "updated (UTC)"},
+                  {Align::kLeft, Align::kLeft, Align::kLeft, Align::kLeft, Align::kLeft,
+                   Align::kRight, Align::kRight, Align::kRight, Align::kRight, Align::kRight});
+  // [Calibration keys]: "*" pools the method's optimizers; "-" marks rows from before keys
+  // named the method and optimizer.
+  auto key_part = [](const std::string& v) { return v.empty() ? std::string("-") : v; };
   for (const v1::Calibration& c : response.calibrations()) {
     table.AddRow({c.hardware_name(), DTypeLabel(c.param_dtype()), c.model_family(),
+                  key_part(c.method()), key_part(c.optimizer()),
                   absl::StrFormat("×%.3f", c.fragmentation_factor()), FormatGiB(c.residual_bytes()),
                   absl::StrCat(c.samples()),
                   absl::StrFormat("%.1f%%", c.mean_abs_relative_error() * 100),
@@ -432,8 +437,11 @@ std::string FormatAdmit(const v1::AdmitResponse& reply) {
 std::string FormatMeasurementReply(const v1::ReportMeasurementResponse& reply) {
   KeyValues kv;
   kv.Add("Measurement id", reply.measurement_id());
-  kv.Add("Prediction error", absl::StrCat(Percent(reply.relative_error()),
-                                          " (predicted - measured) / measured, reserved peak"));
+  kv.Add("Prediction error",
+         reply.has_relative_error()
+             ? absl::StrCat(Percent(reply.relative_error()), " ", kRelativeErrorDefinition,
+                            ", reserved peak (negative: the run used more than predicted)")
+             : "none: an out-of-memory run has no measured peak (counted apart as an OOM)");
   const bool quarantined = !reply.quarantine_reason().empty();
   if (quarantined) {
     kv.Add("Quarantined",

@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/presets.h"
 #include "common/proto_convert.h"
+#include "common/relative_error.h"
 #include "common/status.h"
 #include "common/safety_margin.h"
 #include "common/validate.h"
@@ -296,9 +297,15 @@ absl::StatusOr<v1::PlanResponse> PlannerCore::Plan(const v1::PlanRequest& reques
     }
   }
 
-  // ---- calibration learned for (hardware, dtype, family)
-  const CalibrationKey cal_key{in.hardware.name, in.param_dtype, in.arch.family};
-  ASSIGN_OR_RETURN(std::optional<v1::Calibration> calibration, store_.GetCalibration(cal_key));
+  // ---- calibration learned for this key, else the nearest one that has samples
+  const CalibrationKey cal_key{in.hardware.name, in.param_dtype, in.arch.family,
+                               std::string(TrainingKindName(in.training.kind)),
+                               std::string(OptimizerName(in.optimizer))};
+  std::optional<v1::Calibration> calibration;
+  for (const CalibrationKey& candidate : CalibrationLookupOrder(cal_key)) {
+    ASSIGN_OR_RETURN(calibration, store_.GetCalibration(candidate));
+    if (calibration.has_value() && calibration->samples() > 0) break;
+  }
   if (calibration.has_value() && calibration->samples() > 0) {
     in.fragmentation_factor = calibration->fragmentation_factor();
     in.residual_bytes = calibration->residual_bytes();
@@ -443,8 +450,12 @@ absl::StatusOr<v1::ReportMeasurementResponse> PlannerCore::ReportMeasurement(
   const Prediction predicted = PredictionFromProto(plan->response().prediction());
   ASSIGN_OR_RETURN(const DType dtype,
                    DTypeFromProto(req.param_dtype(), "stored plan param_dtype", DType::kBFloat16));
+  ASSIGN_OR_RETURN(const TrainingKind method,
+                   TrainingKindFromProto(req.training().kind(), "stored plan training.kind"));
   const CalibrationKey key{req.hardware_spec().name(), dtype,
-                           req.arch().family().empty() ? "llama" : req.arch().family()};
+                           req.arch().family().empty() ? "llama" : req.arch().family(),
+                           std::string(TrainingKindName(method)),
+                           req.optimizer().empty() ? "adamw" : req.optimizer()};
 
   v1::ReportMeasurementResponse response;
   absl::MutexLock lock(&calibration_mu_);
@@ -472,9 +483,12 @@ absl::StatusOr<v1::ReportMeasurementResponse> PlannerCore::ReportMeasurement(
   // sample is the device-level equivalent of the measurement.
   const int64_t context = predicted.breakdown.cuda_context_bytes;
   const int64_t predicted_reserved = predicted.peak_bytes - context;
-  if (m.peak_reserved_bytes() > 0) {
-    response.set_relative_error(static_cast<double>(predicted_reserved - m.peak_reserved_bytes()) /
-                                static_cast<double>(m.peak_reserved_bytes()));
+  // An OOM run's peak is only how far it got before failing: it has no relative error
+  // ([Relative error]), and the answer leaves the field unset.
+  if (!m.oom()) {
+    const std::optional<double> error =
+        RelativeError(predicted_reserved, m.peak_reserved_bytes());
+    if (error.has_value()) response.set_relative_error(*error);
   }
   if (quarantine.has_value()) {
     // Kept out of calibration and out of the predicted-vs-measured gauges; the answer carries
@@ -490,42 +504,57 @@ absl::StatusOr<v1::ReportMeasurementResponse> PlannerCore::ReportMeasurement(
         .Field("reason", quarantine->reason);
     return response;
   }
-  if (m.peak_reserved_bytes() > 0) {
-    CalibrationSample sample;
-    sample.raw_model_bytes = RawModelBytes(predicted);
-    sample.exact_bytes = predicted.breakdown.exact_bytes;
-    sample.fixed_bytes = context;
-    sample.measured_bytes = m.peak_reserved_bytes() + context;
-    if (!m.oom() && m.step_seconds() > 0 && predicted.iteration_seconds > 0) {
-      sample.predicted_seconds = predicted.iteration_seconds / predicted.time_factor;
-      sample.measured_seconds = m.step_seconds();
+  // [Calibration keys]: the sample refits its own key and its method's pooled key.
+  CalibrationKey pooled = key;
+  pooled.optimizer = kAnyOptimizer;
+  for (const CalibrationKey& refit : {key, pooled}) {
+    if (m.peak_reserved_bytes() > 0) {
+      CalibrationSample sample;
+      sample.raw_model_bytes = RawModelBytes(predicted);
+      sample.exact_bytes = predicted.breakdown.exact_bytes;
+      sample.fixed_bytes = context;
+      sample.measured_bytes = m.peak_reserved_bytes() + context;
+      if (!m.oom() && m.step_seconds() > 0 && predicted.iteration_seconds > 0) {
+        sample.predicted_seconds = predicted.iteration_seconds / predicted.time_factor;
+        sample.measured_seconds = m.step_seconds();
+      }
+      sample.measured_at_unix_ms = m.measured_at_unix_ms();
+      sample.oom = m.oom();
+      RETURN_IF_ERROR(store_.PutCalibrationSample(refit, sample));
     }
-    sample.measured_at_unix_ms = m.measured_at_unix_ms();
-    sample.oom = m.oom();
-    RETURN_IF_ERROR(store_.PutCalibrationSample(key, sample));
+    const int window = std::max(1, options_.calibrator.window_samples);
+    ASSIGN_OR_RETURN(std::vector<CalibrationSample> recent,
+                     store_.RecentCalibrationSamples(refit, window));
+    const CalibrationResult fit = FitCalibration(recent, options_.calibrator);
+    Calibration calibration;
+    calibration.hardware_name = refit.hardware_name;
+    calibration.param_dtype = refit.param_dtype;
+    calibration.model_family = refit.model_family;
+    calibration.method = refit.method;
+    calibration.optimizer = refit.optimizer;
+    calibration.fragmentation_factor = fit.fragmentation_factor;
+    calibration.residual_bytes = fit.residual_bytes;
+    calibration.samples = fit.samples;
+    calibration.mean_abs_relative_error = fit.mean_abs_relative_error;
+    calibration.time_factor = fit.time_factor;
+    calibration.time_samples = fit.time_samples;
+    calibration.updated_at_unix_ms = options_.now_unix_ms();
+    const v1::Calibration stored = ToProto(calibration);
+    RETURN_IF_ERROR(store_.PutCalibration(stored));
+    if (refit == key) *response.mutable_calibration() = stored;
   }
-  const int window = std::max(1, options_.calibrator.window_samples);
-  ASSIGN_OR_RETURN(std::vector<CalibrationSample> recent,
-                   store_.RecentCalibrationSamples(key, window));
-  const CalibrationResult fit = FitCalibration(recent, options_.calibrator);
-  Calibration calibration;
-  calibration.hardware_name = key.hardware_name;
-  calibration.param_dtype = key.param_dtype;
-  calibration.model_family = key.model_family;
-  calibration.fragmentation_factor = fit.fragmentation_factor;
-  calibration.residual_bytes = fit.residual_bytes;
-  calibration.samples = fit.samples;
-  calibration.mean_abs_relative_error = fit.mean_abs_relative_error;
-  calibration.time_factor = fit.time_factor;
-  calibration.time_samples = fit.time_samples;
-  calibration.updated_at_unix_ms = options_.now_unix_ms();
-  *response.mutable_calibration() = ToProto(calibration);
-  RETURN_IF_ERROR(store_.PutCalibration(response.calibration()));
 
   if (metrics_ != nullptr) {
-    metrics_->ObserveMeasurement(
-        m.plan_id(), predicted_reserved, m.peak_reserved_bytes(),
-        {key.hardware_name, std::string(DTypeName(key.param_dtype)), key.model_family});
+    const PlannerMetrics::ErrorKey error_key{
+        key.hardware_name, std::string(DTypeName(key.param_dtype)), key.model_family};
+    // OOMs are counted apart: observed as an error or a peak they would read as over-prediction.
+    if (m.oom()) {
+      metrics_->ObserveOom(m.plan_id(), predicted_reserved, error_key,
+                           static_cast<double>(options_.now_unix_ms()) / 1000.0);
+    } else {
+      metrics_->ObserveMeasurement(m.plan_id(), predicted_reserved, m.peak_reserved_bytes(),
+                                   error_key);
+    }
   }
   return response;
 }

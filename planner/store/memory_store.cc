@@ -32,10 +32,12 @@ struct StoredSample {
   int64_t seq;
   CalibrationSample sample;
 };
-using CalibrationRowKey = std::tuple<std::string, int, std::string>;  // name, dtype, family
+// name, dtype, family, method, optimizer: SqliteStore's primary key and order.
+using CalibrationRowKey = std::tuple<std::string, int, std::string, std::string, std::string>;
 
 CalibrationRowKey RowKey(const CalibrationKey& key) {
-  return {key.hardware_name, store_internal::ToProtoDType(key.param_dtype), key.model_family};
+  return {key.hardware_name, store_internal::ToProtoDType(key.param_dtype), key.model_family,
+          key.method, key.optimizer};
 }
 
 class MemoryStore final : public Store {  // thread-safe: everything behind mu_
@@ -233,7 +235,8 @@ class MemoryStore final : public Store {  // thread-safe: everything behind mu_
     v1::Calibration stored = c;
     if (stored.updated_at_unix_ms() == 0) stored.set_updated_at_unix_ms(env_.now_unix_ms());
     absl::MutexLock lock(&mu_);
-    calibrations_[{c.hardware_name(), c.param_dtype(), c.model_family()}] = std::move(stored);
+    calibrations_[{c.hardware_name(), c.param_dtype(), c.model_family(), c.method(),
+                   c.optimizer()}] = std::move(stored);
     return absl::OkStatus();
   }
 

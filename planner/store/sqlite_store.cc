@@ -127,14 +127,49 @@ UPDATE calibration_samples SET row_crc = memplan_row_crc(hardware_name, param_dt
   predicted_seconds, measured_seconds, exact_bytes);
 CREATE INDEX plans_by_created ON plans (created_at_unix_ms);
 )sql"},
+    // [Calibration keys]: method and optimizer join the key. Rows written before keep both empty
+    // (the legacy key); a checksum is carried over only where the old one still matched.
+    {7, R"sql(
+CREATE TABLE calibration_keyed (
+  hardware_name TEXT NOT NULL,
+  param_dtype INTEGER NOT NULL,
+  model_family TEXT NOT NULL,
+  method TEXT NOT NULL,
+  optimizer TEXT NOT NULL,
+  updated_at_unix_ms INTEGER NOT NULL,
+  body BLOB NOT NULL,
+  row_crc INTEGER,
+  PRIMARY KEY (hardware_name, param_dtype, model_family, method, optimizer)) WITHOUT ROWID;
+INSERT INTO calibration_keyed
+  SELECT hardware_name, param_dtype, model_family, '', '', updated_at_unix_ms, body,
+    CASE WHEN row_crc IS memplan_row_crc(hardware_name, param_dtype, model_family,
+        updated_at_unix_ms, body)
+      THEN memplan_row_crc(hardware_name, param_dtype, model_family, '', '', updated_at_unix_ms,
+        body) END
+  FROM calibration;
+DROP TABLE calibration;
+ALTER TABLE calibration_keyed RENAME TO calibration;
+ALTER TABLE calibration_samples ADD COLUMN method TEXT NOT NULL DEFAULT '';
+ALTER TABLE calibration_samples ADD COLUMN optimizer TEXT NOT NULL DEFAULT '';
+UPDATE calibration_samples SET row_crc =
+  CASE WHEN row_crc IS memplan_row_crc(hardware_name, param_dtype, model_family, raw_model_bytes,
+      fixed_bytes, measured_bytes, measured_at_unix_ms, oom, predicted_seconds, measured_seconds,
+      exact_bytes)
+    THEN memplan_row_crc(hardware_name, param_dtype, model_family, raw_model_bytes, fixed_bytes,
+      measured_bytes, measured_at_unix_ms, oom, predicted_seconds, measured_seconds, exact_bytes,
+      method, optimizer) END;
+DROP INDEX calibration_samples_by_key;
+CREATE INDEX calibration_samples_by_key ON calibration_samples
+  (hardware_name, param_dtype, model_family, method, optimizer, measured_at_unix_ms, seq);
+)sql"},
 };
 
 // The checksummed columns of each table, in the order memplan_row_crc takes them.
 constexpr char kCalibrationColumns[] =
-    "hardware_name, param_dtype, model_family, updated_at_unix_ms, body";
+    "hardware_name, param_dtype, model_family, method, optimizer, updated_at_unix_ms, body";
 constexpr char kSampleColumns[] =
     "hardware_name, param_dtype, model_family, raw_model_bytes, fixed_bytes, measured_bytes, "
-    "measured_at_unix_ms, oom, predicted_seconds, measured_seconds, exact_bytes";
+    "measured_at_unix_ms, oom, predicted_seconds, measured_seconds, exact_bytes, method, optimizer";
 
 // Framing a plan adds in ListPlansResponse beyond its stored bytes: the repeated field's tag and
 // length, and the plan_id the service copies into the response.
@@ -425,12 +460,14 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
             "predicted_seconds, measured_seconds, exact_bytes, seq, row_crc IS ",
             sqlite::kRowChecksumFunction, "(", kSampleColumns,
             ") FROM calibration_samples "
-            "WHERE hardware_name = ? AND param_dtype = ? AND model_family = ? "
-            "ORDER BY measured_at_unix_ms DESC, seq DESC LIMIT ?")));
+            "WHERE hardware_name = ? AND param_dtype = ? AND model_family = ? AND method = ? "
+            "AND optimizer = ? ORDER BY measured_at_unix_ms DESC, seq DESC LIMIT ?")));
     RETURN_IF_ERROR(stmt->BindText(0, key.hardware_name));
     RETURN_IF_ERROR(stmt->BindInt64(1, store_internal::ToProtoDType(key.param_dtype)));
     RETURN_IF_ERROR(stmt->BindText(2, key.model_family));
-    RETURN_IF_ERROR(stmt->BindInt64(3, limit));
+    RETURN_IF_ERROR(stmt->BindText(3, key.method));
+    RETURN_IF_ERROR(stmt->BindText(4, key.optimizer));
+    RETURN_IF_ERROR(stmt->BindInt64(5, limit));
     std::vector<CalibrationSample> samples;
     while (true) {
       ASSIGN_OR_RETURN(bool row, stmt->Step());
@@ -460,8 +497,9 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
         StatementLease stmt,
         db_->Prepare(absl::StrCat(
             "INSERT INTO calibration_samples (", kSampleColumns,
-            ", row_crc) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ",
-            sqlite::kRowChecksumFunction, "(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11))")));
+            ", row_crc) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ",
+            sqlite::kRowChecksumFunction,
+            "(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13))")));
     RETURN_IF_ERROR(stmt->BindText(0, key.hardware_name));
     RETURN_IF_ERROR(stmt->BindInt64(1, store_internal::ToProtoDType(key.param_dtype)));
     RETURN_IF_ERROR(stmt->BindText(2, key.model_family));
@@ -474,6 +512,8 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
     RETURN_IF_ERROR(stmt->BindDouble(8, sample.predicted_seconds));
     RETURN_IF_ERROR(stmt->BindDouble(9, sample.measured_seconds));
     RETURN_IF_ERROR(stmt->BindInt64(10, sample.exact_bytes));
+    RETURN_IF_ERROR(stmt->BindText(11, key.method));
+    RETURN_IF_ERROR(stmt->BindText(12, key.optimizer));
     return stmt->Run();
   }
 
@@ -485,14 +525,16 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
     ASSIGN_OR_RETURN(StatementLease stmt,
                      db_->Prepare(absl::StrCat("INSERT OR REPLACE INTO calibration (",
                                                kCalibrationColumns,
-                                               ", row_crc) VALUES (?1, ?2, ?3, ?4, ?5, ",
+                                               ", row_crc) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ",
                                                sqlite::kRowChecksumFunction,
-                                               "(?1, ?2, ?3, ?4, ?5))")));
+                                               "(?1, ?2, ?3, ?4, ?5, ?6, ?7))")));
     RETURN_IF_ERROR(stmt->BindText(0, stored.hardware_name()));
     RETURN_IF_ERROR(stmt->BindInt64(1, stored.param_dtype()));
     RETURN_IF_ERROR(stmt->BindText(2, stored.model_family()));
-    RETURN_IF_ERROR(stmt->BindInt64(3, stored.updated_at_unix_ms()));
-    RETURN_IF_ERROR(stmt->BindBlob(4, stored.SerializeAsString()));
+    RETURN_IF_ERROR(stmt->BindText(3, stored.method()));
+    RETURN_IF_ERROR(stmt->BindText(4, stored.optimizer()));
+    RETURN_IF_ERROR(stmt->BindInt64(5, stored.updated_at_unix_ms()));
+    RETURN_IF_ERROR(stmt->BindBlob(6, stored.SerializeAsString()));
     return stmt->Run();
   }
 
@@ -504,10 +546,13 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
                                                sqlite::kRowChecksumFunction, "(",
                                                kCalibrationColumns,
                                                ") FROM calibration WHERE hardware_name = ? AND "
-                                               "param_dtype = ? AND model_family = ?")));
+                                               "param_dtype = ? AND model_family = ? AND "
+                                               "method = ? AND optimizer = ?")));
     RETURN_IF_ERROR(stmt->BindText(0, key.hardware_name));
     RETURN_IF_ERROR(stmt->BindInt64(1, store_internal::ToProtoDType(key.param_dtype)));
     RETURN_IF_ERROR(stmt->BindText(2, key.model_family));
+    RETURN_IF_ERROR(stmt->BindText(3, key.method));
+    RETURN_IF_ERROR(stmt->BindText(4, key.optimizer));
     ASSIGN_OR_RETURN(bool row, stmt->Step());
     if (!row) return std::optional<v1::Calibration>();
     if (stmt->ColumnInt64(1) == 0) {
@@ -530,7 +575,7 @@ class SqliteStore final : public Store {  // thread-safe: one connection behind 
             "SELECT body, row_crc IS ", sqlite::kRowChecksumFunction, "(", kCalibrationColumns,
             "), hardware_name, model_family FROM calibration WHERE (?1 = '' OR hardware_name = ?1) "
             "AND (?2 = 0 OR param_dtype = ?2) AND (?3 = '' OR model_family = ?3) "
-            "ORDER BY hardware_name, param_dtype, model_family")));
+            "ORDER BY hardware_name, param_dtype, model_family, method, optimizer")));
     RETURN_IF_ERROR(stmt->BindText(0, filter.hardware_name));
     RETURN_IF_ERROR(stmt->BindInt64(
         1, filter.param_dtype.has_value() ? store_internal::ToProtoDType(*filter.param_dtype) : 0));

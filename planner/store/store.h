@@ -102,7 +102,8 @@ class Store {  // implementations are thread-safe
       const CalibrationKey& key, int limit) = 0;
   virtual absl::Status PutCalibrationSample(const CalibrationKey& key,
                                             const CalibrationSample& sample) = 0;
-  // Inserts or replaces the calibration of (hardware_name, param_dtype, model_family).
+  // Inserts or replaces the calibration of its key (hardware_name, param_dtype, model_family,
+  // method, optimizer).
   virtual absl::Status PutCalibration(const memplan::v1::Calibration& c) = 0;
   virtual absl::StatusOr<std::optional<memplan::v1::Calibration>> GetCalibration(
       const CalibrationKey& key) = 0;

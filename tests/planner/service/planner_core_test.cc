@@ -18,6 +18,7 @@
 #include "planner/service/search_executor.h"
 #include "planner/store/store.h"
 #include "prometheus/registry.h"
+#include "tests/planner/service/planner_core_fixture.h"
 
 namespace memplan {
 namespace {
@@ -25,92 +26,6 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
-
-constexpr int64_t kGiB = int64_t{1} << 30;
-
-class PlannerCoreTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    store_ = NewMemoryStore();
-    registry_ = std::make_shared<prometheus::Registry>();
-    metrics_ = std::make_unique<PlannerMetrics>(registry_);
-    executor_ = std::make_unique<SearchExecutor>(SearchExecutor::Options{.threads = 1});
-    RecreateCore(PlannerCoreOptions());
-  }
-
-  // A core over the same store, metrics and executor with these options (the test clock added).
-  void RecreateCore(PlannerCoreOptions options) {
-    options.now_unix_ms = [this] { return ++clock_ms_; };
-    auto core = PlannerCore::Create(*store_, *executor_, metrics_.get(), options);
-    ASSERT_TRUE(core.ok()) << core.status();
-    core_ = *std::move(core);
-  }
-
-  // A small model on a big card: always fits, searches fast.
-  static v1::PlanRequest TinyRequest() {
-    v1::PlanRequest r;
-    r.set_arch_preset("llama-tiny");
-    r.set_hardware_preset("rtx-3090");
-    r.mutable_workload()->set_micro_batch(2);
-    r.mutable_workload()->set_seq_len(512);
-    r.set_param_dtype(v1::DTYPE_BF16);
-    r.set_optimizer("adamw");
-    r.set_skip_limits(true);
-    return r;
-  }
-
-  static v1::PlanRequest InlineRequest() {
-    v1::PlanRequest r = TinyRequest();
-    *r.mutable_arch() = ToProto(*FindModelPreset("llama-tiny"));
-    *r.mutable_hardware_spec() = ToProto(*FindHardwarePreset("rtx-3090"));
-    return r;
-  }
-
-  // A profiled trace for llama-tiny at micro_batch 2, seq_len 512 in bf16.
-  static v1::Trace TinyTrace(const std::string& hardware_name) {
-    const ModelSpec m = *FindModelPreset("llama-tiny");
-    Trace t;
-    t.arch = m;
-    t.workload = {2, 512, 1, 1};
-    t.param_dtype = DType::kBFloat16;
-    t.hardware_name = hardware_name;
-    t.analytic = false;
-    const int64_t hidden_bytes = 2 * 512 * m.hidden_size * 2;
-    const int64_t block_params = 4 * m.hidden_size * m.hidden_size +
-                                 3 * m.hidden_size * m.intermediate_size + 2 * m.hidden_size;
-    for (int i = 0; i < m.num_layers; ++i) {
-      BlockTrace b;
-      b.param_bytes = block_params * 2;
-      b.input_bytes = hidden_bytes;
-      b.saved_bytes = 20 * hidden_bytes;
-      b.forward_transient_bytes = 4 * hidden_bytes;
-      b.backward_transient_bytes = 6 * hidden_bytes;
-      b.forward_seconds = 1e-4;
-      b.backward_seconds = 2e-4;
-      b.recompute_seconds = 1e-4;
-      t.blocks.push_back(b);
-    }
-    t.embedding = {m.vocab_size * m.hidden_size * 2, hidden_bytes, 0, 0, 1e-5, 1e-5};
-    t.head = {m.vocab_size * m.hidden_size * 2,
-              2 * 512 * m.vocab_size * 4,
-              2 * 512 * m.vocab_size * 4,
-              2 * 512 * m.vocab_size * 4,
-              1e-4,
-              2e-4};
-    t.total_param_count = m.num_layers * block_params + 2 * m.vocab_size * m.hidden_size;
-    t.trainable_param_count = t.total_param_count;
-    return ToProto(t);
-  }
-
-  absl::StatusOr<v1::PlanResponse> Plan(const v1::PlanRequest& r) { return core_->Plan(r); }
-
-  int64_t clock_ms_ = 1'700'000'000'000;
-  std::unique_ptr<Store> store_;
-  std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<PlannerMetrics> metrics_;
-  std::unique_ptr<SearchExecutor> executor_;
-  std::unique_ptr<PlannerCore> core_;
-};
 
 void ExpectInvalid(const absl::StatusOr<v1::PlanResponse>& result, const std::string& field,
                    const std::string& detail) {
@@ -430,6 +345,63 @@ TEST_F(PlannerCoreTest, FullSearchQueueIsResourceExhausted) {
 
 // ---------------------------------------------------------------- measurements and calibration
 
+// The series of `name` in the core's registry, as a count or sum: the number of series, the
+// counters' total and the histograms' sample count.
+struct RegistryTotals {
+  int series = 0;
+  double counter = 0;
+  uint64_t samples = 0;
+};
+RegistryTotals Totals(prometheus::Registry& registry, const std::string& name) {
+  RegistryTotals totals;
+  for (const auto& family : registry.Collect()) {
+    if (family.name != name) continue;
+    for (const auto& metric : family.metric) {
+      ++totals.series;
+      totals.counter += metric.counter.value;
+      totals.samples += metric.histogram.sample_count;
+    }
+  }
+  return totals;
+}
+
+// An OOM run has no measured peak: the answer carries no relative error, and the metrics count it
+// apart instead of observing an error of -1 (or +inf) and a measured peak of 0.
+TEST_F(PlannerCoreTest, OomReportIsCountedApartWithNoRelativeError) {
+  auto plan = Plan(TinyRequest());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const int64_t reserved =
+      plan->prediction().peak_bytes() - plan->prediction().breakdown().cuda_context_bytes();
+  for (const int64_t reached : {int64_t{0}, reserved + reserved / 4}) {
+    v1::ReportMeasurementRequest report;
+    report.mutable_measurement()->set_plan_id(plan->plan_id());
+    report.mutable_measurement()->set_oom(true);
+    report.mutable_measurement()->set_peak_reserved_bytes(reached);
+    auto reported = core_->ReportMeasurement(report);
+    ASSERT_TRUE(reported.ok()) << reported.status();
+    EXPECT_EQ(reported->quarantine_reason(), "");
+    EXPECT_FALSE(reported->has_relative_error()) << reached;
+  }
+  const RegistryTotals oom = Totals(*registry_, "memplan_measurements_oom_total");
+  EXPECT_EQ(oom.series, 1);
+  EXPECT_EQ(oom.counter, 2);
+  EXPECT_EQ(Totals(*registry_, "memplan_prediction_relative_error").samples, 0u);
+  EXPECT_EQ(Totals(*registry_, "memplan_plan_measured_peak_bytes").series, 0);
+  EXPECT_EQ(Totals(*registry_, "memplan_last_oom_timestamp_seconds").series, 1);
+
+  // A measured run of the same plan is observed as usual, with the error's sign of
+  // common/relative_error.h: it used more than predicted, so negative.
+  v1::ReportMeasurementRequest measured;
+  measured.mutable_measurement()->set_plan_id(plan->plan_id());
+  measured.mutable_measurement()->set_peak_reserved_bytes(reserved + reserved / 10);
+  auto reported = core_->ReportMeasurement(measured);
+  ASSERT_TRUE(reported.ok()) << reported.status();
+  ASSERT_TRUE(reported->has_relative_error());
+  EXPECT_NEAR(reported->relative_error(), -1.0 / 11.0, 1e-6);
+  EXPECT_EQ(Totals(*registry_, "memplan_prediction_relative_error").samples, 1u);
+  EXPECT_EQ(Totals(*registry_, "memplan_measurements_oom_total").counter, 2);
+}
+
 TEST_F(PlannerCoreTest, MeasurementIsStoredAndRecalibratesLaterPredictions) {
   auto first = Plan(TinyRequest());
   ASSERT_TRUE(first.ok()) << first.status();
@@ -474,7 +446,11 @@ TEST_F(PlannerCoreTest, MeasurementIsStoredAndRecalibratesLaterPredictions) {
   cal.set_hardware_name("rtx-3090");
   auto calibrations = core_->GetCalibration(cal);
   ASSERT_TRUE(calibrations.ok());
-  ASSERT_EQ(calibrations->calibrations_size(), 1);
+  // [Calibration keys]: the key's own calibration and its method's pooled one.
+  ASSERT_EQ(calibrations->calibrations_size(), 2);
+  EXPECT_EQ(calibrations->calibrations(0).optimizer(), "*");
+  EXPECT_EQ(calibrations->calibrations(1).optimizer(), "adamw");
+  EXPECT_EQ(calibrations->calibrations(1).method(), "full");
   cal.set_hardware_name("h200");
   EXPECT_EQ(core_->GetCalibration(cal)->calibrations_size(), 0);
 

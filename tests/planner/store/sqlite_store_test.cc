@@ -189,7 +189,8 @@ TEST_F(SqliteStoreTest, MigratesAnOldVersionFileKeepingItsData) {
 TEST_F(SqliteStoreTest, Version3MovesStoredSamplesToDeviceLevelBytes) {
   SqliteStoreOptions v2 = Options();
   v2.migrate_to_version = 2;  // samples held allocator-reserved bytes only
-  const CalibrationKey key{"H200", DType::kBFloat16, "llama"};
+  // Rows written before keys named the method and optimizer ([Calibration keys]).
+  const CalibrationKey key{"H200", DType::kBFloat16, "llama", "", ""};
   { ASSERT_NE(Open(v2), nullptr); }
   InsertSamplesAsBefore(
       "('H200', 2, 'llama', 100, 7, 120, 1, 0), ('H200', 2, 'llama', 100, 7, 90, 2, 1)");
@@ -208,7 +209,8 @@ TEST_F(SqliteStoreTest, Version3MovesStoredSamplesToDeviceLevelBytes) {
 TEST_F(SqliteStoreTest, SampleStepTimesRoundTripAndOlderSamplesReadAsUnknown) {
   SqliteStoreOptions v3 = Options();
   v3.migrate_to_version = 3;  // before step times
-  const CalibrationKey key{"H200", DType::kBFloat16, "llama"};
+  // Rows written before keys named the method and optimizer ([Calibration keys]).
+  const CalibrationKey key{"H200", DType::kBFloat16, "llama", "", ""};
   { ASSERT_NE(Open(v3), nullptr); }
   InsertSamplesAsBefore("('H200', 2, 'llama', 100, 7, 120, 1, 0)");
   std::unique_ptr<Store> store = Open();
@@ -385,6 +387,8 @@ TEST_F(SqliteStoreTest, GarbledCalibrationRowsAreSkippedNotServed) {
     c.set_hardware_name("H200");
     c.set_param_dtype(v1::DTYPE_BF16);
     c.set_model_family("llama");
+    c.set_method("full");
+    c.set_optimizer("adamw");
     c.set_fragmentation_factor(kGarbledFactor);
     ASSERT_TRUE(store->PutCalibration(c).ok());
     c.set_hardware_name("H100");
@@ -426,7 +430,8 @@ TEST_F(SqliteStoreTest, GarbledCalibrationRowsAreSkippedNotServed) {
 TEST_F(SqliteStoreTest, Version6ChecksumsTheRowsOlderVersionsWrote) {
   SqliteStoreOptions v5 = Options();
   v5.migrate_to_version = 5;
-  const CalibrationKey key{"H200", DType::kBFloat16, "llama"};
+  // Rows written before keys named the method and optimizer ([Calibration keys]).
+  const CalibrationKey key{"H200", DType::kBFloat16, "llama", "", ""};
   {
     std::unique_ptr<Store> store = Open(v5);
     ASSERT_NE(store, nullptr);

@@ -506,6 +506,8 @@ TYPED_TEST(StoreTest, CalibrationUpsertGetAndFilter) {
     c.set_hardware_name(hw);
     c.set_param_dtype(dtype);
     c.set_model_family(family);
+    c.set_method("full");
+    c.set_optimizer("adamw");
     c.set_fragmentation_factor(factor);
     return c;
   };
@@ -542,6 +544,55 @@ TYPED_TEST(StoreTest, CalibrationUpsertGetAndFilter) {
   ASSERT_TRUE(qwen.ok());
   ASSERT_EQ(qwen->size(), 1u);
   EXPECT_EQ((*qwen)[0].fragmentation_factor(), 1.2);
+}
+
+// [Calibration keys]: method and optimizer are part of the key, for calibrations and samples.
+TYPED_TEST(StoreTest, MethodAndOptimizerKeySeparateCalibrationsAndSamples) {
+  Store& store = *this->store_;
+  auto make = [](std::string method, std::string optimizer, double factor) {
+    v1::Calibration c;
+    c.set_hardware_name("H200");
+    c.set_param_dtype(v1::DTYPE_BF16);
+    c.set_model_family("llama");
+    c.set_method(method);
+    c.set_optimizer(optimizer);
+    c.set_fragmentation_factor(factor);
+    return c;
+  };
+  ASSERT_TRUE(store.PutCalibration(make("full", "adamw", 1.1)).ok());
+  ASSERT_TRUE(store.PutCalibration(make("lora", "adamw", 1.3)).ok());
+  ASSERT_TRUE(store.PutCalibration(make("full", "adamw8bit", 1.4)).ok());
+  ASSERT_TRUE(store.PutCalibration(make("", "", 0.9)).ok());
+  const CalibrationKey full{"H200", DType::kBFloat16, "llama", "full", "adamw"};
+  const CalibrationKey lora{"H200", DType::kBFloat16, "llama", "lora", "adamw"};
+  const CalibrationKey eight{"H200", DType::kBFloat16, "llama", "full", "adamw8bit"};
+  const CalibrationKey legacy{"H200", DType::kBFloat16, "llama", "", ""};
+  EXPECT_EQ((*store.GetCalibration(full))->fragmentation_factor(), 1.1);
+  EXPECT_EQ((*store.GetCalibration(lora))->fragmentation_factor(), 1.3);
+  EXPECT_EQ((*store.GetCalibration(eight))->fragmentation_factor(), 1.4);
+  EXPECT_EQ((*store.GetCalibration(legacy))->fragmentation_factor(), 0.9);
+  EXPECT_EQ((*store.GetCalibration(lora))->method(), "lora");
+  absl::StatusOr<std::vector<v1::Calibration>> all = store.ListCalibrations({});
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 4u);
+  EXPECT_EQ((*all)[0].method(), "");  // ordered by ..., method, optimizer
+  EXPECT_EQ((*all)[1].optimizer(), "adamw");
+  EXPECT_EQ((*all)[2].optimizer(), "adamw8bit");
+  EXPECT_EQ((*all)[3].method(), "lora");
+
+  ASSERT_TRUE(store.PutCalibrationSample(full, {100, 7, 130, 1, false}).ok());
+  ASSERT_TRUE(store.PutCalibrationSample(lora, {100, 7, 150, 2, false}).ok());
+  ASSERT_TRUE(store.PutCalibrationSample(lora, {100, 7, 160, 3, false}).ok());
+  absl::StatusOr<std::vector<CalibrationSample>> of_full = store.RecentCalibrationSamples(full, 5);
+  ASSERT_TRUE(of_full.ok());
+  ASSERT_EQ(of_full->size(), 1u);
+  EXPECT_EQ((*of_full)[0].measured_bytes, 130);
+  absl::StatusOr<std::vector<CalibrationSample>> of_lora = store.RecentCalibrationSamples(lora, 5);
+  ASSERT_TRUE(of_lora.ok());
+  EXPECT_EQ(of_lora->size(), 2u);
+  absl::StatusOr<std::vector<CalibrationSample>> of_eight = store.RecentCalibrationSamples(eight, 5);
+  ASSERT_TRUE(of_eight.ok());
+  EXPECT_TRUE(of_eight->empty());
 }
 
 TYPED_TEST(StoreTest, ConcurrentWritersLoseNothing) {
