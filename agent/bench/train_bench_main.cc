@@ -26,6 +26,7 @@
 #include "agent/core/torch_pch.h"
 #include "agent/train/train_config.h"
 #include "agent/train/trainer.h"
+#include "common/build_info.h"
 #include "common/flags.h"
 #include "common/presets.h"
 #include "common/request_flags.h"
@@ -349,7 +350,7 @@ absl::Status Run(const BenchConfig& c) {
   std::optional<ModelSpec> preset = FindModelPreset(c.arch);
   if (!preset.has_value()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--arch ", c.arch, " is not a preset; known: ", ModelPresetNames()));
+        absl::StrCat("--arch ", c.arch, " is not a preset", UnknownModelPresetHint(c.arch)));
   }
   ModelSpec spec = *preset;
   if (c.tie_embeddings.has_value()) spec.tie_word_embeddings = *c.tie_embeddings;
@@ -447,6 +448,10 @@ absl::Status Run(const BenchConfig& c) {
 }  // namespace memplan
 
 int main(int argc, char** argv) {
+  if (memplan::VersionRequested(std::vector<std::string>(argv + 1, argv + argc))) {
+    std::printf("%s\n", memplan::build_info::VersionLine("memplan-train-bench").c_str());
+    return 0;
+  }
   absl::StatusOr<memplan::BenchConfig> config = memplan::ParseArgs(argc, argv);
   if (!config.ok()) {
     const bool help = absl::IsCancelled(config.status());

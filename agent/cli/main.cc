@@ -10,6 +10,8 @@
 #include "agent/cli/export_command.h"
 #include "agent/cli/profile_command.h"
 #include "agent/cli/train_command.h"
+#include "agent/cli/version_text.h"
+#include "common/flags.h"
 
 namespace {
 
@@ -21,6 +23,8 @@ commands:
   profile  profile a preset model at a workload and write/submit the trace
   bench    benchmark this host's GPU and CPU and write/submit the hardware profile
   export   rewrite a checkpoint (per-rank ones included) as one Hugging Face-loadable directory
+
+  --version  the build, and the torch, CUDA runtime, cuDNN and NCCL versions it runs with
 )";
 
 // The environment is read here only: torchrun's variables reach the train command through this.
@@ -41,6 +45,10 @@ int main(int argc, char** argv) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
     std::fputs(kUsage, args.empty() ? stderr : stdout);
     return args.empty() ? 2 : 0;
+  }
+  if (memplan::VersionRequested(args)) {
+    std::fputs(memplan::AgentVersionText().c_str(), stdout);
+    return 0;
   }
   const std::string command = args[0];
   args.erase(args.begin());

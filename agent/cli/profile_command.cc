@@ -128,7 +128,7 @@ int RunProfileCommand(const std::vector<std::string>& args_in) {
   std::optional<ModelSpec> spec;
   if (!arch.empty()) {
     spec = FindModelPreset(arch);
-    if (!spec.has_value()) return BadFlag("--arch: unknown preset; one of " + ModelPresetNames());
+    if (!spec.has_value()) return BadFlag("--arch: unknown preset" + UnknownModelPresetHint(arch));
   } else {
     absl::StatusOr<ModelSpec> loaded = LoadHfConfigFile(arch_file);
     if (!loaded.ok()) return BadFlag("--arch-file: " + std::string(loaded.status().message()));

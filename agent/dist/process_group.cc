@@ -46,6 +46,14 @@
 
 namespace memplan {
 
+std::string NcclVersionText() {
+#ifdef MEMPLAN_DIST_NCCL
+  return c10d::getNcclVersion();
+#else
+  return "none";
+#endif
+}
+
 absl::StatusOr<DistBackend> ResolveDistBackend(DistBackend requested) {
   const bool cuda = torch::cuda::is_available();
   const DistBackend backend = requested != DistBackend::kAuto

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -18,6 +19,10 @@ namespace memplan {
 // The backend `requested` resolves to on this machine and build (kAuto: NCCL when CUDA is usable,
 // else Gloo); FAILED_PRECONDITION when this build or machine cannot run it.
 absl::StatusOr<DistBackend> ResolveDistBackend(DistBackend requested);
+
+// The NCCL version this build's process group loads ("2.27.3"), or "none" when the build has no
+// NCCL process group. For --version and `memplan env`.
+std::string NcclVersionText();
 
 // Not thread-safe (one thread issues collectives); runs its own heartbeat thread.
 class ProcessGroup final : public Communicator {
