@@ -1,13 +1,17 @@
 #include "planner/webhook/admission_webhook.h"
 
+#include <algorithm>
 #include <optional>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/lora_shapes.h"
 #include "common/presets.h"
+#include "common/types.h"
 #include "common/validate.h"
 #include "memplan/v1/planner.pb.h"
 #include "nlohmann/json.hpp"
@@ -18,7 +22,8 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr char kLoraModules[] = "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj";
+constexpr char kLoraModuleList[] =
+    "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj";
 
 std::optional<std::string> StringAt(const Json& object, const std::string& key) {
   if (!object.is_object()) return std::nullopt;
@@ -40,6 +45,55 @@ absl::Status ReadInt(const Json& annotations, const std::string& name, int64_t l
   if (!absl::SimpleAtoi(*value, out) || *out < lo || *out > hi) {
     return AnnotationError(name, *value,
                            absl::StrCat("expected an integer in [", lo, ", ", hi, "]"));
+  }
+  return absl::OkStatus();
+}
+
+// memplan.dev/method (full | lora | qlora; default lora when lora-rank is given, else full),
+// lora-rank (already read) and lora-targets (module names joined by ',', or "all") into
+// `training`.
+absl::Status ReadTrainingMethod(const Json& annotations, int64_t lora_rank,
+                                v1::TrainingMethod* training) {
+  std::optional<std::string> method =
+      StringAt(annotations, absl::StrCat(kAnnotationPrefix, "method"));
+  std::optional<std::string> targets =
+      StringAt(annotations, absl::StrCat(kAnnotationPrefix, "lora-targets"));
+  if (!method.has_value()) method = lora_rank > 0 ? "lora" : "full";
+  if (*method == "full") {
+    if (lora_rank > 0) {
+      return AnnotationError("lora-rank", absl::StrCat(lora_rank),
+                             "needs memplan.dev/method lora or qlora");
+    }
+    if (targets.has_value()) {
+      return AnnotationError("lora-targets", *targets, "needs memplan.dev/lora-rank");
+    }
+    training->set_kind(v1::TrainingMethod::FULL);
+    return absl::OkStatus();
+  }
+  if (*method != "lora" && *method != "qlora") {
+    return AnnotationError("method", *method, "allowed: full, lora, qlora");
+  }
+  if (lora_rank == 0) {
+    return AnnotationError("method", *method, "needs memplan.dev/lora-rank");
+  }
+  if (!targets.has_value()) {
+    return AnnotationError("lora-rank", absl::StrCat(lora_rank),
+                           absl::StrCat("needs memplan.dev/lora-targets (", kLoraModuleList,
+                                        ", or all)"));
+  }
+  training->set_kind(*method == "qlora" ? v1::TrainingMethod::QLORA : v1::TrainingMethod::LORA);
+  training->set_lora_rank(lora_rank);
+  if (*targets == "all") {
+    for (const char* module : kLoraModules) training->add_lora_target_modules(module);
+    return absl::OkStatus();
+  }
+  for (absl::string_view module : absl::StrSplit(*targets, ',', absl::SkipEmpty())) {
+    module = absl::StripAsciiWhitespace(module);
+    if (std::find(kLoraModules.begin(), kLoraModules.end(), module) == kLoraModules.end()) {
+      return AnnotationError("lora-targets", *targets,
+                             absl::StrCat("allowed: ", kLoraModuleList, ", or all"));
+    }
+    training->add_lora_target_modules(std::string(module));
   }
   return absl::OkStatus();
 }
@@ -84,20 +138,16 @@ absl::StatusOr<std::optional<v1::PlanRequest>> PlanRequestOf(const Json& pod) {
   } else {
     return AnnotationError("dtype", dtype, "allowed: fp32, bf16, fp16");
   }
-  std::optional<std::string> targets =
-      StringAt(annotations, absl::StrCat(kAnnotationPrefix, "lora-targets"));
-  if (lora_rank > 0) {
-    if (!targets.has_value()) {
-      return AnnotationError("lora-rank", absl::StrCat(lora_rank),
-                             absl::StrCat("needs memplan.dev/lora-targets (", kLoraModules, ")"));
+  if (auto s = ReadTrainingMethod(annotations, lora_rank, request.mutable_training()); !s.ok()) {
+    return s;
+  }
+  if (std::optional<std::string> optimizer =
+          StringAt(annotations, absl::StrCat(kAnnotationPrefix, "optimizer"))) {
+    if (!ParseOptimizer(*optimizer).has_value()) {
+      return AnnotationError("optimizer", *optimizer,
+                             absl::StrCat("allowed: ", std::string(OptimizerAllowList())));
     }
-    request.mutable_training()->set_kind(v1::TrainingMethod::LORA);
-    request.mutable_training()->set_lora_rank(lora_rank);
-    for (absl::string_view module : absl::StrSplit(*targets, ',', absl::SkipEmpty())) {
-      request.mutable_training()->add_lora_target_modules(std::string(module));
-    }
-  } else if (targets.has_value()) {
-    return AnnotationError("lora-targets", *targets, "needs memplan.dev/lora-rank");
+    request.set_optimizer(*optimizer);
   }
   // An admission answer must come fast: no max batch / max sequence search.
   request.set_skip_limits(true);

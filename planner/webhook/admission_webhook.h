@@ -20,7 +20,9 @@ class PlannerCore;
 //                            nodeSelector "memplan.dev/gpu"
 //   memplan.dev/batch, memplan.dev/seq, memplan.dev/world-size   (default 1, 4096, 1)
 //   memplan.dev/dtype        fp32 | bf16 | fp16 (default bf16)
-//   memplan.dev/lora-rank, memplan.dev/lora-targets               (default: full fine-tune)
+//   memplan.dev/method       full | lora | qlora (default: lora with a lora-rank, else full)
+//   memplan.dev/lora-rank, memplan.dev/lora-targets (modules joined by ',', or all)
+//   memplan.dev/optimizer    adamw | adamw_bf16 | sgd | adamw8bit (default: the planner's, adamw)
 inline constexpr char kAnnotationPrefix[] = "memplan.dev/";
 // Deeper AdmissionReview bodies are answered 400 before they are parsed (a Pod is ~10 deep).
 inline constexpr int kMaxJsonDepth = 64;

@@ -228,6 +228,22 @@ class AdmissionWebhookE2ETest : public ::testing::Test {
     return response.plans_size();
   }
 
+  // The request the daemon stored for a plan, read over its gRPC port.
+  v1::PlanRequest StoredRequest(const std::string& plan_id) {
+    grpc::SslCredentialsOptions tls;
+    tls.pem_root_certs = ReadFile(pki_.ca_cert);
+    auto stub = v1::Planner::NewStub(
+        grpc::CreateChannel(daemon_->address(), grpc::SslCredentials(tls)));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::GetPlanRequest request;
+    request.set_plan_id(plan_id);
+    v1::GetPlanResponse response;
+    const grpc::Status status = stub->GetPlan(&context, request, &response);
+    EXPECT_TRUE(status.ok()) << plan_id << ": " << status.error_message();
+    return response.plan().request();
+  }
+
   std::string dir_;
   testing::TestPki pki_;
   int port_ = 0;
@@ -397,6 +413,46 @@ TEST_F(AdmissionWebhookE2ETest, DeniesAFullFineTuneOnAnRtx4090AndAdmitsItOnAnH10
   EXPECT_TRUE(Review(PodReview("uid-lora", lora)).value("allowed", false));
 }
 
+TEST_F(AdmissionWebhookE2ETest, MethodAndOptimizerAnnotationsReachThePlanner) {
+  const Json qlora = {{"memplan.dev/model", "llama-3.1-8b"},
+                      {"memplan.dev/gpu", "rtx-4090"},
+                      {"memplan.dev/method", "qlora"},
+                      {"memplan.dev/lora-rank", "16"},
+                      {"memplan.dev/lora-targets", "all"},
+                      {"memplan.dev/optimizer", "adamw8bit"}};
+  Json answer = Review(PodReview("uid-qlora", qlora));
+  EXPECT_TRUE(answer.value("allowed", false)) << answer.dump();
+  v1::PlanRequest stored =
+      StoredRequest(answer["auditAnnotations"].value("memplan.dev/plan-id", ""));
+  EXPECT_EQ(stored.training().kind(), v1::TrainingMethod::QLORA);
+  EXPECT_EQ(stored.training().lora_rank(), 16);
+  EXPECT_EQ(stored.training().lora_target_modules_size(), 7);
+  EXPECT_EQ(stored.optimizer(), "adamw8bit");
+
+  // A rank alone means LoRA; targets may carry spaces after the commas.
+  const Json lora = {{"memplan.dev/model", "llama-3.1-8b"},
+                     {"memplan.dev/gpu", "rtx-4090"},
+                     {"memplan.dev/lora-rank", "8"},
+                     {"memplan.dev/lora-targets", "q_proj, v_proj"}};
+  answer = Review(PodReview("uid-lora", lora));
+  EXPECT_TRUE(answer.value("allowed", false)) << answer.dump();
+  stored = StoredRequest(answer["auditAnnotations"].value("memplan.dev/plan-id", ""));
+  EXPECT_EQ(stored.training().kind(), v1::TrainingMethod::LORA);
+  EXPECT_THAT(stored.training().lora_target_modules(),
+              ::testing::ElementsAre("q_proj", "v_proj"));
+  EXPECT_EQ(stored.optimizer(), "adamw");  // none given: the planner stores its default
+
+  const Json full = {{"memplan.dev/model", "llama-3.2-1b"},
+                     {"memplan.dev/gpu", "h100-80gb"},
+                     {"memplan.dev/method", "full"},
+                     {"memplan.dev/optimizer", "sgd"}};
+  answer = Review(PodReview("uid-full", full));
+  EXPECT_TRUE(answer.value("allowed", false)) << answer.dump();
+  stored = StoredRequest(answer["auditAnnotations"].value("memplan.dev/plan-id", ""));
+  EXPECT_EQ(stored.training().kind(), v1::TrainingMethod::FULL);
+  EXPECT_EQ(stored.optimizer(), "sgd");
+}
+
 TEST_F(AdmissionWebhookE2ETest, OtherPodsPassAndBadAnnotationsAreNamed) {
   // Not a memplan job: allowed, no plan made.
   const Json plain = Review(PodReview("uid-plain", Json::object()));
@@ -418,6 +474,35 @@ TEST_F(AdmissionWebhookE2ETest, OtherPodsPassAndBadAnnotationsAreNamed) {
              {"memplan.dev/gpu", "h100-80gb"},
              {"memplan.dev/dtype", "int4"}},
             "annotation memplan.dev/dtype = \"int4\": allowed: fp32, bf16, fp16"},
+           {{{"memplan.dev/model", "llama-3.1-8b"},
+             {"memplan.dev/gpu", "h100-80gb"},
+             {"memplan.dev/method", "ia3"},
+             {"memplan.dev/lora-rank", "8"}},
+            "annotation memplan.dev/method = \"ia3\": allowed: full, lora, qlora"},
+           {{{"memplan.dev/model", "llama-3.1-8b"},
+             {"memplan.dev/gpu", "h100-80gb"},
+             {"memplan.dev/method", "qlora"}},
+            "annotation memplan.dev/method = \"qlora\": needs memplan.dev/lora-rank"},
+           {{{"memplan.dev/model", "llama-3.1-8b"},
+             {"memplan.dev/gpu", "h100-80gb"},
+             {"memplan.dev/method", "full"},
+             {"memplan.dev/lora-rank", "8"}},
+            "annotation memplan.dev/lora-rank = \"8\": needs memplan.dev/method lora or qlora"},
+           {{{"memplan.dev/model", "llama-3.1-8b"},
+             {"memplan.dev/gpu", "h100-80gb"},
+             {"memplan.dev/lora-rank", "8"}},
+            "annotation memplan.dev/lora-rank = \"8\": needs memplan.dev/lora-targets (q_proj, "
+            "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or all)"},
+           {{{"memplan.dev/model", "llama-3.1-8b"},
+             {"memplan.dev/gpu", "h100-80gb"},
+             {"memplan.dev/lora-rank", "8"},
+             {"memplan.dev/lora-targets", "q_proj,qproj"}},
+            "annotation memplan.dev/lora-targets = \"q_proj,qproj\": allowed: q_proj, k_proj"},
+           {{{"memplan.dev/model", "llama-3.1-8b"},
+             {"memplan.dev/gpu", "h100-80gb"},
+             {"memplan.dev/optimizer", "adam"}},
+            "annotation memplan.dev/optimizer = \"adam\": allowed: adamw, adamw_bf16, sgd, "
+            "adamw8bit"},
            {{{"memplan.dev/model", "llama-3.1-8b"}, {"memplan.dev/gpu", "tpu-v9"}},
             "hardware_preset \"tpu-v9\""},
            {{{"memplan.dev/model", "gpt-17"}, {"memplan.dev/gpu", "h100-80gb"}},
