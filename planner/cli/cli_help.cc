@@ -9,9 +9,16 @@ namespace memplan::cli {
 namespace {
 
 constexpr char kGlobalHelp[] = R"(Global flags (anywhere on the line):
-  --planner HOST:PORT   planner daemon address (default 127.0.0.1:50051)
+  --planner HOST:PORT   planner daemon address. Without it (and without --tls-ca or
+                        --auth-token-file) plan, admit, presets and hardware list answer
+                        in-process with the daemon's engine; the other commands call
+                        127.0.0.1:50051
+  --db FILE             in-process answers: the planner database to read calibration, measured
+                        hardware and profiled traces from, read only (default
+                        ./memplan-planner.db when it exists, else none)
   --json                print the reply as proto JSON instead of a table
   --timeout SECONDS     deadline of each RPC (default 30)
+  --version             the version, git commit and build type
   -h, --help            this help
 Secure planner connection (global flags too):
 )";
