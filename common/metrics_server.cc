@@ -4,7 +4,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/build_info.h"
 #include "common/http_server.h"
+#include "prometheus/gauge.h"
 #include "prometheus/registry.h"
 #include "prometheus/text_serializer.h"
 
@@ -21,6 +23,17 @@ bool SameToken(const std::string& a, const std::string& b) {
 }
 
 }  // namespace
+
+void RegisterBuildInfo(prometheus::Registry& registry) {
+  prometheus::BuildGauge()
+      .Name("memplan_build_info")
+      .Help("Always 1; the labels say which build serves this endpoint.")
+      .Register(registry)
+      .Add({{"version", std::string(build_info::kVersion)},
+            {"git_sha", std::string(build_info::kGitSha)},
+            {"build_type", std::string(build_info::kBuildType)}})
+      .Set(1);
+}
 
 // [Own /metrics server] prometheus-cpp's Exposer (civetweb 1.15 as Debian 12 builds it) did not
 // start inside memplan-agent ("null context when constructing CivetServer" after binding), and

@@ -18,6 +18,10 @@ namespace memplan {
 
 class HttpServer;
 
+// Adds memplan_build_info{version, git_sha, build_type} = 1 (common/build_info.h) to `registry`,
+// the conventional info gauge: the planner's and the agent's metrics each call it once.
+void RegisterBuildInfo(prometheus::Registry& registry);
+
 struct MetricsServerOptions {
   // "host:port", e.g. "0.0.0.0:9464" or "127.0.0.1:0" (port 0 = any free port).
   std::string address;

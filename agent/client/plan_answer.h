@@ -57,7 +57,8 @@ struct PlanAnswer {
 // What ReportMeasurement answers.
 struct MeasurementReceipt {
   std::string measurement_id;
-  double relative_error = 0;  // (predicted - measured) / measured, reserved peak
+  // (predicted - measured) / measured, reserved peak (common/relative_error.h); none for an OOM.
+  std::optional<double> relative_error;
   Calibration calibration;    // after this measurement (unchanged when quarantined)
   // Non-empty: the planner stored the measurement but kept it out of calibration; why.
   std::string quarantine_reason;

@@ -253,7 +253,7 @@ absl::StatusOr<MeasurementReceipt> PlannerClient::ReportMeasurement(
                              }));
   MeasurementReceipt receipt;
   receipt.measurement_id = response.measurement_id();
-  receipt.relative_error = response.relative_error();
+  if (response.has_relative_error()) receipt.relative_error = response.relative_error();
   receipt.quarantine_reason = response.quarantine_reason();
   if (response.has_calibration()) {
     // The receipt's calibration is informative; an unreadable one is left at its defaults.

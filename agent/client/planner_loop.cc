@@ -19,6 +19,7 @@
 #include "agent/profiler/model_profiler.h"
 #include "agent/profiler/on_demand_profiler.h"
 #include "common/param_shapes.h"
+#include "common/relative_error.h"
 #include "common/status.h"
 
 namespace memplan {
@@ -176,10 +177,15 @@ absl::Status ReportToPlanner(PlannerClient& client, const PlanAnswer& answer, Me
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(MeasurementReceipt receipt, client.ReportMeasurement(m));
+  const std::string error =
+      receipt.relative_error.has_value()
+          ? absl::StrFormat("%+.2f%% %s", *receipt.relative_error * 100.0,
+                            kRelativeErrorDefinition)
+          : std::string("none (out of memory)");
   std::printf(
-      "reported: measurement_id %s, relative error %+.2f%%, calibration samples %d "
+      "reported: measurement_id %s, relative error %s, calibration samples %d "
       "(fragmentation %.3f, residual %.2f MiB)\n",
-      receipt.measurement_id.c_str(), receipt.relative_error * 100.0, receipt.calibration.samples,
+      receipt.measurement_id.c_str(), error.c_str(), receipt.calibration.samples,
       receipt.calibration.fragmentation_factor, MiB(receipt.calibration.residual_bytes));
   if (!receipt.quarantine_reason.empty()) {
     std::printf("quarantined by the planner (stored, not applied to calibration): %s\n",

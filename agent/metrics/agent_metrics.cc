@@ -25,6 +25,8 @@ struct AgentMetrics::Impl {
     prometheus::Gauge* predicted_peak = nullptr;
     prometheus::Gauge* predicted_step_seconds = nullptr;
     prometheus::Gauge* predicted_tokens_per_second = nullptr;
+    prometheus::Gauge* loss = nullptr;
+    prometheus::Gauge* step = nullptr;
   };
 
   explicit Impl(std::shared_ptr<prometheus::Registry> r)
@@ -49,7 +51,12 @@ struct AgentMetrics::Impl {
                                      "The planner's predicted step time for this run's plan.")),
         predicted_tokens_per_second(
             Gauge("memplan_agent_predicted_tokens_per_second",
-                  "The planner's predicted tokens per second for this run's plan.")) {}
+                  "The planner's predicted tokens per second for this run's plan.")),
+        loss(Gauge("memplan_agent_loss", "Training loss of the last optimizer step.")),
+        step(Gauge("memplan_agent_step",
+                   "Optimizer steps of the run so far, those before a resume included.")) {
+    RegisterBuildInfo(*registry);
+  }
 
   prometheus::Family<prometheus::Gauge>& Gauge(const char* name, const char* help) {
     return prometheus::BuildGauge().Name(name).Help(help).Register(*registry);
@@ -70,6 +77,8 @@ struct AgentMetrics::Impl {
   prometheus::Family<prometheus::Gauge>& predicted_peak;
   prometheus::Family<prometheus::Gauge>& predicted_step_seconds;
   prometheus::Family<prometheus::Gauge>& predicted_tokens_per_second;
+  prometheus::Family<prometheus::Gauge>& loss;
+  prometheus::Family<prometheus::Gauge>& step;
   std::unique_ptr<MetricsServer> server;
 
   absl::Mutex mu;
@@ -107,6 +116,8 @@ void AgentMetrics::SetPlan(const AgentPlanInfo& plan) {
   m.series.predicted_peak = &m.predicted_peak.Add(labels);
   m.series.predicted_step_seconds = &m.predicted_step_seconds.Add(labels);
   m.series.predicted_tokens_per_second = &m.predicted_tokens_per_second.Add(labels);
+  m.series.loss = &m.loss.Add(labels);
+  m.series.step = &m.step.Add(labels);
   m.series.predicted_peak->Set(static_cast<double>(plan.predicted_peak_bytes));
   m.series.predicted_step_seconds->Set(plan.predicted_step_seconds);
   m.series.predicted_tokens_per_second->Set(plan.predicted_tokens_per_second);
@@ -125,6 +136,8 @@ void AgentMetrics::ObserveStep(const AgentStepSample& step) {
   s.peak_reserved->Set(static_cast<double>(step.peak_reserved_bytes));
   if (step.chunk_upload_bytes > 0)
     s.chunk_h2d->Increment(static_cast<double>(step.chunk_upload_bytes));
+  s.loss->Set(step.loss);
+  s.step->Set(static_cast<double>(step.step));
 }
 
 }  // namespace memplan

@@ -29,6 +29,8 @@ struct AgentStepSample {
   int64_t peak_allocated_bytes = 0;  // during the step
   int64_t peak_reserved_bytes = 0;
   int64_t chunk_upload_bytes = 0;  // host -> device chunk bytes moved in this step
+  double loss = 0;                 // the step's training loss (NaN/inf kept as they are)
+  int64_t step = 0;                // optimizer steps of the run so far, a resumed run's included
 };
 
 class AgentMetrics {

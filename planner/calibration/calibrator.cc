@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "common/relative_error.h"
+
 namespace memplan {
 namespace {
 
@@ -22,10 +24,9 @@ double MeanAbsRelativeError(const std::vector<CalibrationSample>& samples, doubl
   int count = 0;
   for (const CalibrationSample& s : samples) {
     if (s.oom) continue;  // an OOM peak is a lower bound, not a value to compare against
-    const int64_t predicted =
-        CalibratedPeakBytes(factor, residual_bytes, s);
-    sum += std::abs(static_cast<double>(predicted - s.measured_bytes)) /
-           static_cast<double>(s.measured_bytes);
+    sum += std::abs(
+        RelativeError(CalibratedPeakBytes(factor, residual_bytes, s), s.measured_bytes)
+            .value_or(0));
     ++count;
   }
   return count == 0 ? 0.0 : sum / count;
@@ -52,10 +53,8 @@ double MeanRelativeOverPrediction(const std::vector<CalibrationSample>& samples,
   int count = 0;
   for (const CalibrationSample& s : samples) {
     if (s.oom) continue;
-    sum += static_cast<double>(
-               CalibratedPeakBytes(factor, residual_bytes, s) -
-               s.measured_bytes) /
-           static_cast<double>(s.measured_bytes);
+    sum += RelativeError(CalibratedPeakBytes(factor, residual_bytes, s), s.measured_bytes)
+               .value_or(0);
     ++count;
   }
   return count == 0 ? 0.0 : sum / count;

@@ -2,11 +2,14 @@
 
 #include <list>
 #include <map>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/relative_error.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -25,8 +28,9 @@ std::vector<double> SearchBuckets() {
   return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
 }
 
-// Signed and symmetric around 0 so that under- and over-prediction are told apart: the planner's
-// target is |error| <= 5 %, hence the fine steps near 0.
+// Signed and symmetric around 0 so that under-prediction (negative, [Relative error]) and
+// over-prediction are told apart: the planner's target is |error| <= 5 %, hence the fine steps
+// near 0.
 std::vector<double> RelativeErrorBuckets() {
   return {-0.5, -0.25, -0.1, -0.05, -0.025, -0.01, 0, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5};
 }
@@ -69,9 +73,23 @@ struct PlannerMetrics::Impl {
         relative_error(
             prometheus::BuildHistogram()
                 .Name("memplan_prediction_relative_error")
-                .Help("(measured - predicted) / predicted peak bytes, per report, by hardware, "
-                      "dtype and model family.")
+                .Help(absl::StrCat(kRelativeErrorDefinition,
+                                   " reserved peak bytes per measured report (negative: the run "
+                                   "used more than predicted; OOM reports are not observed here, "
+                                   "see memplan_measurements_oom_total), by hardware, dtype and "
+                                   "model family."))
                 .Register(registry)),
+        measurements_oom(
+            prometheus::BuildCounter()
+                .Name("memplan_measurements_oom_total")
+                .Help("Runs reported as out of memory, by hardware, dtype and model family; not "
+                      "in memplan_prediction_relative_error.")
+                .Register(registry)),
+        last_oom(prometheus::BuildGauge()
+                     .Name("memplan_last_oom_timestamp_seconds")
+                     .Help("Unix time of the last run reported as out of memory, by hardware, "
+                           "dtype and model family.")
+                     .Register(registry)),
         stored_measurements(prometheus::BuildGauge()
                                 .Name("memplan_stored_measurements")
                                 .Help("Measurements held in the planner store.")
@@ -90,7 +108,9 @@ struct PlannerMetrics::Impl {
             prometheus::BuildCounter()
                 .Name("memplan_measurements_quarantined_total")
                 .Help("Measurements stored but kept out of calibration, by failed check.")
-                .Register(registry)) {}
+                .Register(registry)) {
+    RegisterBuildInfo(registry);
+  }
 
   // Returns the series of `plan_id`, making it the newest and evicting the oldest beyond the bound.
   PlanSeries& Touch(absl::string_view plan_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -122,6 +142,8 @@ struct PlannerMetrics::Impl {
   prometheus::Family<prometheus::Gauge>& predicted_peak;
   prometheus::Family<prometheus::Gauge>& measured_peak;
   prometheus::Family<prometheus::Histogram>& relative_error;
+  prometheus::Family<prometheus::Counter>& measurements_oom;
+  prometheus::Family<prometheus::Gauge>& last_oom;
   prometheus::Gauge& stored_measurements;
   prometheus::Family<prometheus::Counter>& rpc_rejected;
   prometheus::Family<prometheus::Counter>& rpc_refused;
@@ -192,13 +214,23 @@ void PlannerMetrics::ObserveMeasurement(absl::string_view plan_id, int64_t predi
     series.predicted->Set(static_cast<double>(predicted_bytes));
     series.measured->Set(static_cast<double>(measured_bytes));
   }
-  if (predicted_bytes > 0) {
+  if (const std::optional<double> error = RelativeError(predicted_bytes, measured_bytes)) {
     impl_->relative_error
         .Add({{"hardware", key.hardware}, {"dtype", key.dtype}, {"family", key.family}},
              RelativeErrorBuckets())
-        .Observe(static_cast<double>(measured_bytes - predicted_bytes) /
-                 static_cast<double>(predicted_bytes));
+        .Observe(*error);
   }
+}
+
+void PlannerMetrics::ObserveOom(absl::string_view plan_id, int64_t predicted_bytes,
+                                const ErrorKey& key, double unix_seconds) {
+  ObservePlanPrediction(plan_id, predicted_bytes);
+  const prometheus::Labels labels = {
+      {"hardware", key.hardware}, {"dtype", key.dtype}, {"family", key.family}};
+  impl_->measurements_oom.Add(labels).Increment();
+  // [OOM alert] A counter series born at 1 shows no increase() to Prometheus, so the first OOM of
+  // a key would not alert on the counter; the time of the last one does, from the first report.
+  impl_->last_oom.Add(labels).Set(unix_seconds);
 }
 
 void PlannerMetrics::SetStoredMeasurements(int64_t n) {

@@ -46,10 +46,17 @@ class PlannerMetrics {
     std::string dtype;     // "bf16", "fp16", "fp32"
     std::string family;    // model family, e.g. "llama"
   };
-  // A measurement reported for a plan: sets both gauges and records the signed relative error
-  // (measured - predicted) / predicted under `key`. A non-positive prediction records no error.
+  // A measured peak reported for a plan (not an OOM): sets both gauges and records the signed
+  // relative error of common/relative_error.h, (predicted - measured) / measured, under `key`.
+  // A non-positive measurement records no error.
   void ObserveMeasurement(absl::string_view plan_id, int64_t predicted_bytes,
                           int64_t measured_bytes, const ErrorKey& key = {});
+  // A run of the plan that ran out of memory, reported at `unix_seconds` (the planner's clock):
+  // counted in memplan_measurements_oom_total and stamped in memplan_last_oom_timestamp_seconds
+  // under `key`, never observed as a relative error or a measured peak (what an OOM run reached
+  // is a lower bound, not its peak). Sets the plan's predicted gauge only.
+  void ObserveOom(absl::string_view plan_id, int64_t predicted_bytes, const ErrorKey& key,
+                  double unix_seconds);
   // Number of measurements currently stored.
   void SetStoredMeasurements(int64_t n);
   // A write RPC refused by authorization: code "UNAUTHENTICATED" or "PERMISSION_DENIED".

@@ -314,10 +314,11 @@ TEST_F(PlannerClientE2eTest, ProfilePlanMeasureAgainstTheRealDaemon) {
   absl::StatusOr<MeasurementReceipt> receipt = (*client)->ReportMeasurement(m);
   ASSERT_TRUE(receipt.ok()) << receipt.status();
   EXPECT_FALSE(receipt->measurement_id.empty());
-  EXPECT_DOUBLE_EQ(receipt->relative_error,
+  ASSERT_TRUE(receipt->relative_error.has_value());
+  EXPECT_DOUBLE_EQ(*receipt->relative_error,
                    static_cast<double>(predicted_reserved - m.peak_reserved_bytes) /
                        static_cast<double>(m.peak_reserved_bytes));
-  EXPECT_NEAR(receipt->relative_error, 0.1, 1e-6);
+  EXPECT_NEAR(*receipt->relative_error, 0.1, 1e-6);
   EXPECT_EQ(receipt->calibration.hardware_name, "bench-h100");
   EXPECT_GE(receipt->calibration.samples, 1);
   EXPECT_TRUE(sleeper.waits.empty());

@@ -8,6 +8,7 @@
 namespace memplan::cli {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -207,8 +208,12 @@ TEST(FormattersTest, MeasurementReplyAndStoredPlan) {
   reply.mutable_calibration()->set_samples(1);
   const std::string text = FormatMeasurementReply(reply);
   EXPECT_THAT(text, HasSubstr("m-1"));
-  EXPECT_THAT(text, HasSubstr("-2.5%"));
+  EXPECT_THAT(text, HasSubstr("-2.5% (predicted - measured) / measured"));
   EXPECT_THAT(text, HasSubstr("rtx-4090"));
+  // An OOM report's answer has no error: none is printed, not +0.0%.
+  reply.clear_relative_error();
+  EXPECT_THAT(FormatMeasurementReply(reply),
+              AllOf(HasSubstr("none: an out-of-memory run"), Not(HasSubstr("+0.0%"))));
 
   v1::StoredPlan stored;
   stored.set_plan_id("plan-9");

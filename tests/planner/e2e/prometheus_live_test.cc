@@ -1,9 +1,10 @@
 // Observability, live: the real memplan-planner, driven over gRPC (plans that fit and do not,
-// measurements used and quarantined, a refused write, a NOT_FOUND), scraped by a real Prometheus
-// (Debian package) on loopback with deploy/prometheus/prometheus.yml and memplan-rules.yml. Every
-// query of deploy/grafana's dashboard must return data, every rule must load and evaluate
-// cleanly, recording rules must produce series, and every memplan_* metric a rule reads must
-// exist: a renamed metric fails this test.
+// measurements used and quarantined, an OOM report, a refused write, a NOT_FOUND), scraped by a
+// real Prometheus (Debian package) on loopback with deploy/prometheus/prometheus.yml and
+// memplan-rules.yml. Every query of deploy/grafana's dashboard must return data, every rule must
+// load and evaluate cleanly, recording rules must produce series, and every memplan_* metric a
+// rule reads must exist: a renamed metric fails this test. An OOM report must fire the OOM alert
+// and leave the error histogram alone; idle TCP connections must not hold up a scrape.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -21,6 +22,11 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -108,6 +114,24 @@ std::vector<std::string> MemplanMetricNames(const std::string& query) {
   }
   return names;
 }
+
+// A loopback TCP connection to `port` that sends nothing (the client that once held every scrape
+// behind it); -1 on failure.
+int OpenIdleConnection(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+int PortOf(const std::string& address) { return std::stoi(address.substr(address.rfind(':') + 1)); }
 
 // Polls `done` every 200 ms until it holds or `seconds` pass.
 bool WaitFor(double seconds, const std::function<bool()>& done) {
@@ -208,7 +232,7 @@ class PrometheusLiveTest : public ::testing::Test {
   void DriveTraffic() {
     for (int i = 0; i < 3; ++i) {
       agent_->ObserveStep({0.52, 7900, int64_t{19} << 30, int64_t{20} << 30, int64_t{20} << 30,
-                           int64_t{21} << 30, int64_t{3} << 30});
+                           int64_t{21} << 30, int64_t{3} << 30, 2.75 - 0.25 * i, ++agent_step_});
     }
     v1::PlanRequest fits;
     fits.set_arch_preset("llama-tiny");
@@ -239,6 +263,15 @@ class PrometheusLiveTest : public ::testing::Test {
         report_context.AddMetadata("authorization", absl::StrCat("Bearer ", kToken));
         ASSERT_TRUE(stub_->ReportMeasurement(&report_context, report, &receipt).ok());
       }
+      // A run of this plan that ran out of memory (peak 0: it did not get far enough to read one).
+      v1::ReportMeasurementRequest oom;
+      oom.mutable_measurement()->set_plan_id(plan.plan_id());
+      oom.mutable_measurement()->set_oom(true);
+      v1::ReportMeasurementResponse oom_receipt;
+      grpc::ClientContext oom_context;
+      oom_context.AddMetadata("authorization", absl::StrCat("Bearer ", kToken));
+      ASSERT_TRUE(stub_->ReportMeasurement(&oom_context, oom, &oom_receipt).ok());
+      EXPECT_FALSE(oom_receipt.has_relative_error());
       v1::ReportMeasurementRequest anonymous;
       anonymous.mutable_measurement()->set_plan_id(plan.plan_id());
       anonymous.mutable_measurement()->set_peak_reserved_bytes(reserved);
@@ -258,6 +291,7 @@ class PrometheusLiveTest : public ::testing::Test {
   std::unique_ptr<DaemonProcess> daemon_;
   std::unique_ptr<v1::Planner::Stub> stub_;
   std::unique_ptr<AgentMetrics> agent_;
+  int64_t agent_step_ = 0;
   pid_t prometheus_pid_ = -1;
   int prometheus_port_ = 0;
 };
@@ -308,7 +342,7 @@ TEST_F(PrometheusLiveTest, DashboardQueriesAndRulesReturnDataFromARealScrape) {
       EXPECT_FALSE(values.is_null() || values.empty()) << file << ": " << definition;
     }
   }
-  EXPECT_GE(queries, 28);
+  EXPECT_GE(queries, 32);
 
   // Every rule loaded and evaluated without error; recording rules produce series; every
   // memplan_* metric a rule reads exists.
@@ -341,19 +375,123 @@ TEST_F(PrometheusLiveTest, DashboardQueriesAndRulesReturnDataFromARealScrape) {
     }
   }
   EXPECT_EQ(recording, 2);
-  EXPECT_EQ(alerting, 5);
+  EXPECT_EQ(alerting, 6);
   EXPECT_GE(metrics_read.size(), 4u);
   for (const std::string& name : metrics_read) {
     EXPECT_FALSE(Query(absl::StrCat("count(", name, "{job=\"", kJob, "\"})")).empty())
         << "a rule reads " << name << ", which the planner does not export";
   }
-  // The planner is up, so the alert on it is not firing; nothing else asked for one either.
+  // The planner is up, so the alert on it is not firing; the measured runs were within 5 %, so
+  // neither is the under-prediction one.
   const Json alerts = Api("alerts")["alerts"];
   for (const Json& alert : alerts) {
     EXPECT_NE(alert["labels"].value("alertname", ""), "MemplanPlannerDown") << alert.dump();
+    EXPECT_NE(alert["labels"].value("alertname", ""), "MemplanPredictionsUnderestimate")
+        << alert.dump();
   }
   std::printf("%d dashboard queries, %d recording and %d alerting rules, %zu metrics checked\n",
               queries, recording, alerting, metrics_read.size());
+}
+
+// Issue 32: an OOM report was observed as a relative error of -1 and a measured peak of 0,
+// which lowered the under-prediction alert exactly when it should fire. Now it is counted apart
+// and fires its own alert, evaluated here by the real Prometheus from deploy/'s rules.
+TEST_F(PrometheusLiveTest, OomReportFiresTheOomAlertAndStaysOutOfTheErrorHistogram) {
+  DriveTraffic();  // two fitting plans: each one measured run kept, one quarantined, one OOM
+  StartPrometheus();
+  const std::string job = absl::StrCat("{job=\"", kJob, "\"}");
+  ASSERT_TRUE(WaitFor(30, [&] {
+    return Scalar(absl::StrCat("sum(memplan_measurements_oom_total", job, ")")) == 2;
+  })) << ReadFile(dir_ + "/prometheus.log");
+  // Counted by the calibration key, like the error histogram.
+  const Json oom = Query(absl::StrCat("memplan_measurements_oom_total", job));
+  ASSERT_EQ(oom.size(), 1u) << oom.dump();
+  EXPECT_EQ(oom[0]["metric"].value("hardware", ""), "rtx-3090");
+  EXPECT_EQ(oom[0]["metric"].value("family", ""), "llama");
+
+  // The rule's own expression, through the query API, and the alert it makes.
+  EXPECT_EQ(Query("time() - memplan_last_oom_timestamp_seconds < 3600").size(), 1u);
+  Json firing;
+  ASSERT_TRUE(WaitFor(30, [&] {
+    const Json alerts = Api("alerts")["alerts"];  // a copy: the answer is a temporary
+    for (const Json& alert : alerts) {
+      if (alert["labels"].value("alertname", "") == "MemplanRunOutOfMemory" &&
+          alert.value("state", "") == "firing") {
+        firing = alert;
+        return true;
+      }
+    }
+    return false;
+  })) << Api("alerts").dump();
+  EXPECT_EQ(firing["labels"].value("severity", ""), "page");
+  EXPECT_EQ(firing["labels"].value("hardware", ""), "rtx-3090");
+
+  // The histogram holds the two measured runs only, both 2 % above the prediction
+  // ((p - 1.02 p) / 1.02 p = -1.96 %): no -1 from the OOMs in any bucket below -2.5 %.
+  EXPECT_EQ(Scalar(absl::StrCat("sum(memplan_prediction_relative_error_count", job, ")")), 2);
+  EXPECT_EQ(Scalar(absl::StrCat("sum(memplan_prediction_relative_error_bucket{job=\"", kJob,
+                                "\",le=\"-0.025\"})")),
+            0);
+  EXPECT_EQ(Scalar(absl::StrCat("sum(memplan_prediction_relative_error_bucket{job=\"", kJob,
+                                "\",le=\"-0.01\"})")),
+            2);
+  // No measured peak of 0 beside a prediction.
+  EXPECT_GT(Scalar(absl::StrCat("min(memplan_plan_measured_peak_bytes", job, ")")), 0);
+}
+
+// Issue 32: with one idle TCP connection open, a scrape took 4.5 s (one connection served at a
+// time). Idle connections to both /metrics endpoints, the planner's and the agent's, must hold up
+// neither a direct GET nor Prometheus's own scrapes (whose timeout is the 1 s interval here).
+TEST_F(PrometheusLiveTest, IdleConnectionsDoNotHoldUpScrapes) {
+  DriveTraffic();
+  StartPrometheus();
+  const int ports[] = {PortOf(daemon_->metrics_address()), agent_->port()};
+  ASSERT_TRUE(WaitFor(30, [&] {
+    return Scalar("sum(up{job=~\"memplan-planner|memplan-agent\"})") == 2;
+  })) << ReadFile(dir_ + "/prometheus.log");
+
+  // The server's per-connection deadline is 5 s: everything below happens well inside it.
+  const double opened_at = Scalar("vector(time())");
+  const auto opened = std::chrono::steady_clock::now();
+  std::vector<int> idle;
+  for (const int port : ports) {
+    for (int i = 0; i < 3; ++i) {
+      const int fd = OpenIdleConnection(port);
+      ASSERT_GE(fd, 0) << port;
+      idle.push_back(fd);
+    }
+  }
+  for (const int port : ports) {
+    const auto start = std::chrono::steady_clock::now();
+    auto body = testing::HttpGet(port, "/metrics");
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ASSERT_TRUE(body.ok()) << body.status();
+    EXPECT_THAT(*body, ::testing::HasSubstr("memplan_build_info{"));
+    EXPECT_LT(seconds, 1.0) << "port " << port;
+  }
+  // Two scrapes of each job that started after the connections were opened.
+  ASSERT_TRUE(WaitFor(4, [&] {
+    const Json latest =
+        Query("timestamp(scrape_duration_seconds{job=~\"memplan-planner|memplan-agent\"})");
+    if (latest.size() != 2) return false;
+    for (const Json& sample : latest) {
+      if (std::stod(sample["value"][1].get<std::string>()) < opened_at + 2) return false;
+    }
+    return true;
+  }));
+  const double held_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - opened).count();
+  const std::string since = absl::StrCat("[", static_cast<int>(held_seconds * 1000), "ms]");
+  for (const std::string job : {kJob, kAgentJob}) {
+    EXPECT_EQ(Scalar(absl::StrCat("min_over_time(up{job=\"", job, "\"}", since, ")")), 1) << job;
+    const double slowest = Scalar(
+        absl::StrCat("max_over_time(scrape_duration_seconds{job=\"", job, "\"}", since, ")"));
+    EXPECT_GE(slowest, 0) << job;
+    EXPECT_LT(slowest, 0.5) << job;
+  }
+  EXPECT_LT(held_seconds, 4.5) << "the checks ran past the idle connections' deadline";
+  for (const int fd : idle) close(fd);
 }
 
 }  // namespace

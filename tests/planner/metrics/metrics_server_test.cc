@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/build_info.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/metrics/planner_metrics.h"
@@ -103,12 +104,18 @@ TEST_F(MetricsServerTest, ServesObservedValuesOverHttp) {
   EXPECT_THAT(*body,
               HasSubstr("memplan_plan_measured_peak_bytes{plan_id=\"plan-serve\"} 61200000000\n"));
   EXPECT_THAT(*body, HasSubstr("# TYPE memplan_prediction_relative_error histogram"));
+  // (60.0 - 61.2) / 61.2 = -1.96 %: under-predicted, between the -0.025 and -0.01 bounds.
   EXPECT_THAT(*body, HasSubstr("memplan_prediction_relative_error_bucket{dtype=\"bf16\","
-                               "family=\"llama\",hardware=\"h100-80gb\",le=\"-0.01\"} 0\n"));
+                               "family=\"llama\",hardware=\"h100-80gb\",le=\"-0.025\"} 0\n"));
   EXPECT_THAT(*body, HasSubstr("memplan_prediction_relative_error_bucket{dtype=\"bf16\","
-                               "family=\"llama\",hardware=\"h100-80gb\",le=\"0.025\"} 1\n"));
+                               "family=\"llama\",hardware=\"h100-80gb\",le=\"-0.01\"} 1\n"));
   EXPECT_THAT(*body, HasSubstr("# TYPE memplan_stored_measurements gauge"));
   EXPECT_THAT(*body, HasSubstr("memplan_stored_measurements 42\n"));
+  EXPECT_THAT(*body, HasSubstr("# TYPE memplan_build_info gauge"));
+  EXPECT_THAT(*body, HasSubstr(absl::StrCat(
+                         "memplan_build_info{build_type=\"", std::string(build_info::kBuildType),
+                         "\",git_sha=\"", std::string(build_info::kGitSha), "\",version=\"",
+                         std::string(build_info::kVersion), "\"} 1\n")));
 }
 
 TEST_F(MetricsServerTest, ScrapeReflectsLaterObservations) {

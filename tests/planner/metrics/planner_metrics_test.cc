@@ -141,10 +141,11 @@ TEST_F(PlannerMetricsTest, PredictionAndMeasurementSetPerPlanGauges) {
 
 TEST_F(PlannerMetricsTest, RelativeErrorIsSignedAndBucketedAroundZero) {
   PlannerMetrics metrics(registry_);
-  metrics.ObserveMeasurement("over", 1000, 1030);       // +3 %: measured above prediction
-  metrics.ObserveMeasurement("under", 1000, 800);       // -20 %
-  metrics.ObserveMeasurement("exact", 1000, 1000);      // 0
-  metrics.ObserveMeasurement("no-prediction", 0, 500);  // no error recorded
+  // [Relative error]: (predicted - measured) / measured.
+  metrics.ObserveMeasurement("over", 1030, 1000);     // +3 %: memory left unused
+  metrics.ObserveMeasurement("under", 800, 1000);     // -20 %: the run used more than predicted
+  metrics.ObserveMeasurement("exact", 1000, 1000);    // 0
+  metrics.ObserveMeasurement("no-measure", 500, 0);   // nothing measured: no error recorded
   auto error = FindSeries(*registry_, "memplan_prediction_relative_error", {});
   ASSERT_TRUE(error.has_value());
   EXPECT_EQ(error->histogram.sample_count, 3u);
@@ -156,10 +157,42 @@ TEST_F(PlannerMetricsTest, RelativeErrorIsSignedAndBucketedAroundZero) {
   EXPECT_EQ(BucketCount(*error, 0.05), 3u);
 }
 
+TEST_F(PlannerMetricsTest, OomIsCountedApartNeverAsAnErrorOrAPeak) {
+  PlannerMetrics metrics(registry_);
+  const PlannerMetrics::ErrorKey h100{"h100-80gb", "bf16", "llama"};
+  metrics.ObserveMeasurement("measured", 1000, 1010, h100);
+  metrics.ObserveOom("oom-a", 1000, h100, 1'700'000'000);
+  metrics.ObserveOom("oom-b", 2000, h100, 1'700'000'060.5);
+  metrics.ObserveOom("oom-c", 3000, {"rtx-4090", "bf16", "qwen3"}, 1'700'000'030);
+  auto oom = FindSeries(*registry_, "memplan_measurements_oom_total",
+                        {{"hardware", "h100-80gb"}, {"dtype", "bf16"}, {"family", "llama"}});
+  ASSERT_TRUE(oom.has_value());
+  EXPECT_EQ(oom->counter.value, 2);
+  auto rtx = FindSeries(*registry_, "memplan_measurements_oom_total", {{"hardware", "rtx-4090"}});
+  ASSERT_TRUE(rtx.has_value());
+  EXPECT_EQ(rtx->counter.value, 1);
+  auto last = FindSeries(*registry_, "memplan_last_oom_timestamp_seconds",
+                         {{"hardware", "h100-80gb"}, {"family", "llama"}});
+  ASSERT_TRUE(last.has_value());
+  EXPECT_EQ(last->gauge.value, 1'700'000'060.5);
+  // The error histogram holds the one measured report only: an OOM lowers no bucket.
+  auto error = FindSeries(*registry_, "memplan_prediction_relative_error", {});
+  ASSERT_TRUE(error.has_value());
+  EXPECT_EQ(error->histogram.sample_count, 1u);
+  EXPECT_EQ(BucketCount(*error, -0.5), 0u);
+  // The OOM plans keep their prediction and get no measured peak (no 0 beside it).
+  EXPECT_THAT(PlanIds(*registry_, "memplan_plan_measured_peak_bytes"),
+              UnorderedElementsAre("measured"));
+  auto predicted =
+      FindSeries(*registry_, "memplan_plan_predicted_peak_bytes", {{"plan_id", "oom-b"}});
+  ASSERT_TRUE(predicted.has_value());
+  EXPECT_EQ(predicted->gauge.value, 2000);
+}
+
 TEST_F(PlannerMetricsTest, RelativeErrorIsAggregatedByHardwareDtypeAndFamily) {
   PlannerMetrics metrics(registry_);
-  metrics.ObserveMeasurement("a", 1000, 1100, {"h100-80gb", "bf16", "llama"});
-  metrics.ObserveMeasurement("b", 1000, 900, {"h100-80gb", "bf16", "llama"});
+  metrics.ObserveMeasurement("a", 1100, 1000, {"h100-80gb", "bf16", "llama"});
+  metrics.ObserveMeasurement("b", 900, 1000, {"h100-80gb", "bf16", "llama"});
   metrics.ObserveMeasurement("c", 1000, 1000, {"rtx-4090", "bf16", "qwen3"});
   auto h100 = FindSeries(*registry_, "memplan_prediction_relative_error",
                          {{"hardware", "h100-80gb"}, {"dtype", "bf16"}, {"family", "llama"}});
