@@ -33,8 +33,7 @@ class PlannerStack {
  public:
   // `store` must outlive the stack; `metrics` and `authorizer` may be null (no metrics; writes
   // open) and must outlive it too.
-  static absl::StatusOr<std::unique_ptr<PlannerStack>> Create(Store& store,
-                                                              PlannerMetrics* metrics,
+  static absl::StatusOr<std::unique_ptr<PlannerStack>> Create(Store& store, PlannerMetrics* metrics,
                                                               const WriteAuthorizer* authorizer,
                                                               const PlannerStackOptions& options);
   ~PlannerStack();  // runs every queued call, then joins the search threads

@@ -64,8 +64,8 @@ class OverlayStore final : public Store {
     return base + overlay;
   }
 
-  absl::StatusOr<std::vector<CalibrationSample>> RecentCalibrationSamples(
-      const CalibrationKey& key, int limit) override {
+  absl::StatusOr<std::vector<CalibrationSample>> RecentCalibrationSamples(const CalibrationKey& key,
+                                                                          int limit) override {
     ASSIGN_OR_RETURN(std::vector<CalibrationSample> overlay,
                      overlay_->RecentCalibrationSamples(key, limit));
     if (!overlay.empty()) return overlay;
@@ -129,7 +129,7 @@ class OverlayStore final : public Store {
   }
   template <typename T, typename Fallback>
   static absl::StatusOr<std::optional<T>> FirstSome(absl::StatusOr<std::optional<T>> first,
-                                                   Fallback fallback) {
+                                                    Fallback fallback) {
     if (first.ok() && !first->has_value()) return fallback();
     return first;
   }
