@@ -160,6 +160,8 @@ class ChunkOptimizer {
   absl::Status UpdateShardedPersistent(const torch::Tensor& clip_coef, float grad_scale);
   // Accumulates chunk c's staged grads and/or updates it on the CPU workers.
   void ScheduleChunkWork(int c, bool accumulate, bool update, float grad_scale);
+  // Step()'s CPU updates of the offloaded chunks that did not start in backward, in chunk order.
+  void ScheduleStepUpdates(float grad_scale);
   bool AnyUpdateStarted() const;
   // Whether an offloaded chunk's CPU update may start as soon as its final grads arrive: only
   // when nothing is clipped and no non-finite check must see the whole step first.

@@ -380,6 +380,15 @@ absl::Status ChunkOptimizer::UpdateShardedPersistent(const torch::Tensor& clip_c
   return status;
 }
 
+void ChunkOptimizer::ScheduleStepUpdates(float grad_scale) {
+  // Offloaded chunks not updated during backward: on the CPU pool, in chunk order.
+  for (int c = set_.n_persist(); c < set_.num_chunks(); ++c) {
+    if (!chunks_[c].update_started) {
+      ScheduleChunkWork(c, /*accumulate=*/false, /*update=*/true, grad_scale);
+    }
+  }
+}
+
 absl::Status ChunkOptimizer::Step(double max_grad_norm) {
   grad_copies_.clear();  // backward is over: nothing more to bound
   const ChunkManagerOptions& options = set_.options();
@@ -399,6 +408,11 @@ absl::Status ChunkOptimizer::Step(double max_grad_norm) {
     ResetStep();
     return status;
   };
+  if (worker_failed_.exchange(false)) {  // [Deferred CPU updates] of the previous step
+    return fail(absl::InternalError(
+        "optimizer step: a CPU update of the previous step failed (see the log); this step's "
+        "gradients were dropped"));
+  }
   if (overrun_) {
     return fail(absl::FailedPreconditionError(absl::StrCat(
         "gradients arrived for a chunk after its update started: more micro-batches than "
@@ -481,6 +495,11 @@ absl::Status ChunkOptimizer::Step(double max_grad_norm) {
       return absl::OkStatus();
     }
 
+    // [Deferred CPU updates] Queued first, in chunk order, so the pool works beside the
+    // persistent chunks' device update below and then beside the next forward.
+    const bool defer = options.defer_step_updates && !set_.sharded();
+    if (defer) ScheduleStepUpdates(grad_scale);
+
     // Persistent chunks: on the device, one fused call per chunk, so that the fp32 copies of a
     // mixed-precision model's grads exist for one chunk at a time (not for the whole model); a
     // parameter larger than a regular chunk is updated in slices of a chunk's elements
@@ -526,13 +545,10 @@ absl::Status ChunkOptimizer::Step(double max_grad_norm) {
       }
     }
 
-    // Offloaded chunks not updated during backward: on the CPU pool, all chunks at once.
-    for (int c = set_.n_persist(); c < set_.num_chunks(); ++c) {
-      if (!chunks_[c].update_started) {
-        ScheduleChunkWork(c, /*accumulate=*/false, /*update=*/true, grad_scale);
-      }
+    if (!defer) {
+      ScheduleStepUpdates(grad_scale);
+      WaitAll();
     }
-    WaitAll();
   } catch (const c10::Error& e) {
     return fail(TorchError(e, "optimizer step"));
   }

@@ -424,6 +424,45 @@ TEST(ChunkManagerTest, StepRefusesToClipAfterOverlappedUpdates) {
   EXPECT_NE(status.message().find("max_grad_norm"), absl::string_view::npos);
 }
 
+// [Deferred CPU updates] With clipping, Step() returns while the offloaded chunks' CPU updates
+// still run and the next forward waits for each chunk's own update: the losses of every step and
+// the final parameters and state equal those of waiting for all updates inside Step(). No
+// Params() between steps (it would wait for everything), so the next forward really meets
+// updates in flight.
+TEST(ChunkManagerTest, DeferredClippedUpdatesTrainExactlyAsWaitingOnes) {
+  for (const OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kSgd}) {
+    std::vector<std::vector<float>> losses(2);
+    std::vector<std::map<std::string, torch::Tensor>> finals(2);
+    for (const bool defer : {false, true}) {
+      const ToyModel model = ToyModel::Make(6, true, 64, 48, 77, torch::kFloat32);
+      ChunkManagerOptions options = CpuOptions(0, 1);
+      options.chunk_bytes = 40000;
+      options.optimizer = kind;
+      options.defer_step_updates = defer;
+      auto manager = ChunkManager::Create(model.Groups(), options);
+      ASSERT_TRUE(manager.ok()) << manager.status();
+      for (int step = 0; step < 5; ++step) {
+        const Batch batch = MakeBatch(48, 500 + step, torch::kCPU);
+        losses[defer].push_back(
+            RunMicroBatch(model, manager->get(), false, batch.tokens, batch.targets)
+                .item<float>());
+        ASSERT_TRUE((*manager)->Step(0.05).ok());
+        EXPECT_GT((*manager)->LastGradNorm(), 0.05) << "the case should actually clip";
+      }
+      for (const NamedParam& p : (*manager)->Params()) finals[defer][p.name] = p.param.clone();
+      for (const NamedParam& s : (*manager)->OptimizerState()) {
+        finals[defer][s.name] = s.param.clone();
+      }
+    }
+    EXPECT_EQ(losses[0], losses[1]) << OptimizerName(kind);
+    EXPECT_NE(losses[1].front(), losses[1].back()) << "training moved the loss";
+    ASSERT_EQ(finals[0].size(), finals[1].size());
+    for (const auto& [name, value] : finals[0]) {
+      EXPECT_TRUE(torch::equal(value, finals[1].at(name))) << OptimizerName(kind) << " " << name;
+    }
+  }
+}
+
 TEST(ChunkManagerTest, Bf16ModelKeepsFp32MasterWeights) {
   const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16);
   const ToyModel model = ToyModel::Make(4, false, 16, 32, 12, bf16);
