@@ -133,6 +133,12 @@ constexpr OffloadedChunkHostBytes FrozenChunkHost(int64_t chunk_bytes) {
   return b;
 }
 
+// [Deferred CPU updates] (agent/chunks/chunk_manager.h): when the CPU updates of the offloaded
+// chunks wait for Step() (clipping), one rank leaves them running beside the next step's forward,
+// which meets each chunk's update before uploading it; sharded runs wait inside Step(). The
+// planner prices the step from the same rule (planner/cost, StepTime).
+constexpr bool StepUpdatesDeferred(int world_size) { return world_size <= 1; }
+
 // [Sharded chunks] (agent/chunks/chunk_manager.cc): with W ranks a non-persistent chunk of
 // `elems` elements is padded to a multiple of W and each rank holds ShardElems() of it; the
 // all-gather target (a device buffer) holds PaddedElems().

@@ -65,6 +65,8 @@ struct BenchConfig {
   int cpu_threads = 0;                // 0: hardware threads
   int offload_in_flight = 2;
   double clip = 0;
+  std::string optimizer = "adamw";
+  bool wait_step_updates = false;
   double lr = 1e-4;
   uint64_t seed = 0;
   bool measure_h2d = false;
@@ -88,6 +90,9 @@ constexpr char kUsage[] = R"(usage: memplan-train-bench [flags]
   --cpu-threads N          CPU AdamW threads (0 = hardware threads)          [0]
   --offload-in-flight N    HS_OFFLOAD/SWAP groups in flight                   [2]
   --clip X --lr X --seed N                                                   [0 1e-4 0]
+  --optimizer adamw|adamw_bf16|adamw8bit|sgd                                 [adamw]
+  --wait-step-updates      managed: Step() waits for the offloaded chunks' CPU updates instead of
+                           letting the next forward meet them ([Deferred CPU updates]; A/B only)
   --measure-h2d            also time a pinned host-to-device copy of one chunk
   --label TEXT --out FILE  result label; append one JSON line per run to FILE
 )";
@@ -136,6 +141,8 @@ absl::StatusOr<BenchConfig> ParseArgs(int argc, char** argv) {
       .Int("--cpu-threads", &c.cpu_threads, 0, 1024)
       .Int("--offload-in-flight", &c.offload_in_flight, 1, 1024)
       .Double("--clip", &c.clip, 0, 1e12)
+      .String("--optimizer", &c.optimizer)
+      .Switch("--wait-step-updates", &c.wait_step_updates)
       .Double("--lr", &c.lr, 0, 1e3)
       .Int("--seed", &c.seed, 0, std::numeric_limits<int64_t>::max())
       .Switch("--measure-h2d", &c.measure_h2d)
@@ -412,6 +419,13 @@ absl::Status Run(const BenchConfig& c) {
         std::all_of(modes.begin(), modes.end(), [](BlockMode m) { return m == BlockMode::kNone; });
     TrainerOptions options;
     options.max_grad_norm = c.clip;
+    const std::optional<OptimizerKind> optimizer = ParseOptimizer(c.optimizer);
+    if (!optimizer.has_value()) {
+      return FlagError("--optimizer", absl::StrCat(Quote(c.optimizer), " is not one of ",
+                                                   std::string(OptimizerAllowList())));
+    }
+    options.optimizer = *optimizer;
+    options.chunks.defer_step_updates = !c.wait_step_updates;
     options.adamw.lr = c.lr;
     options.block_modes = modes;
     options.managed = managed;

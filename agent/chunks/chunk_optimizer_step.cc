@@ -497,7 +497,7 @@ absl::Status ChunkOptimizer::Step(double max_grad_norm) {
 
     // [Deferred CPU updates] Queued first, in chunk order, so the pool works beside the
     // persistent chunks' device update below and then beside the next forward.
-    const bool defer = options.defer_step_updates && !set_.sharded();
+    const bool defer = options.defer_step_updates && StepUpdatesDeferred(set_.world());
     if (defer) ScheduleStepUpdates(grad_scale);
 
     // Persistent chunks: on the device, one fused call per chunk, so that the fp32 copies of a

@@ -27,7 +27,10 @@ double StepTime::IterationSeconds(int32_t grad_accum) const {
       cpu_optimizer_overlaps
           ? std::max(backward_seconds + gpu_optimizer_seconds,
                      cpu_accumulate_seconds + cpu_optimizer_seconds)
-          : bwd + cpu_norm_seconds + std::max(gpu_optimizer_seconds, cpu_optimizer_seconds);
+          : bwd + cpu_norm_seconds +
+                std::max(gpu_optimizer_seconds,
+                         cpu_optimizer_deferred ? cpu_optimizer_seconds - forward_seconds
+                                                : cpu_optimizer_seconds);
   return ga * forward_seconds + (ga - 1) * bwd + tail + fixed_seconds;
 }
 
@@ -297,6 +300,8 @@ StepTime CostModel::TimeImpl(const PlanPoint& p, const Modes& m, bool fast) cons
   const int32_t n = num_blocks_;
   StepTime t;
   t.cpu_optimizer_overlaps = options_.cpu_optimizer_overlaps;
+  t.cpu_optimizer_deferred =
+      !options_.cpu_optimizer_overlaps && StepUpdatesDeferred(options_.world_size);
   if (!fast || m.explicit_modes != nullptr || !options_.build_time_tables) {
     for (int32_t k = 0; k <= n + 2; ++k) t.forward_seconds += ForwardWindow(k, p, m);
     for (int32_t s = 0; s <= n + 1; ++s) t.backward_seconds += BackwardWindow(s, p, m);
