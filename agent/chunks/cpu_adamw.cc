@@ -224,25 +224,28 @@ inline uint8_t NearestCode(const float* mids, float x) {
   return static_cast<uint8_t>(idx);
 }
 
-// [Code table] The fast code search. A float's bits above the top 7 mantissa bits (sign,
-// exponent, 7 bits) name a bucket; every |x| below 2^-24 shares bucket 0 and every |x| >= 1
-// (infinities too) the top one. No bucket of either map holds two midpoints (the narrowest
-// spacing, near 1 in the unsigned map, is wider than 2^-8), so with lo = the code of the bucket's
-// lowest value, a value's code is lo + (mids[lo] < x): one table read, one midpoint read, one
-// compare, each vectorisable as a gather. NaN gets 0, as NearestCode gives it. The table is
-// built from NearestCode itself and the constructor checks the one-midpoint property; the tests
-// compare the result with NearestCode on every float (adamw8bit_test).
+// [Code table] The fast code search. A float's top 16 bits (sign, exponent, 7 mantissa bits) name
+// a bucket; every |x| below 2^-24 shares bucket 0 and every |x| >= 1 (infinities too) the top
+// one. No bucket of either map holds two midpoints (the narrowest spacing, near 1 in the unsigned
+// map, is wider than 2^-8), and the two clamped buckets hold none, so a bucket's entry says all:
+// lo, the code of its lowest value, and the low 16 bits of the midpoint inside it, if any. Within
+// a bucket a value is above that midpoint iff its low 16 bits are (for negative values: below),
+// so a value's code is lo + (low16 > threshold), with the low 16 bits of a negative value flipped
+// and threshold 0xFFFF where the bucket holds no midpoint: one table read and one integer
+// compare, vectorisable as one gather. NaN gets 0, as NearestCode gives it. The table is built
+// from NearestCode itself and the constructor checks the one-midpoint property; the tests compare
+// the result with NearestCode on every float class (adamw8bit_test).
 constexpr int kCodeShift = 16;                       // 23 - 7 mantissa bits
 constexpr int32_t kCodeLowBucket = (127 - 24) << 7;  // 2^-24
 constexpr int32_t kCodeTopBucket = (127 << 7) - kCodeLowBucket;  // 1.0 and above
 constexpr int32_t kCodeBuckets = kCodeTopBucket + 1;            // per sign
+constexpr uint32_t kNoMidpoint = 0xFFFF;
 
 struct CodeTable {
-  alignas(64) float mids[256];
-  // Positive buckets, then negative ones; 3 bytes of padding for 4-byte gathers of the last.
-  alignas(64) uint8_t lo[2 * kCodeBuckets + 3] = {};
+  // Positive buckets, then negative ones: lo << 16 | threshold.
+  alignas(64) uint32_t entry[2 * kCodeBuckets] = {};
   explicit CodeTable(const float* map) {
-    std::memcpy(mids, MidpointsOf(map), sizeof(mids));
+    const float* mids = MidpointsOf(map);
     auto from_bits = [](uint32_t bits) {
       float x;
       std::memcpy(&x, &bits, sizeof(x));
@@ -259,12 +262,21 @@ struct CodeTable {
         const float low = negative ? -from_bits(last) : from_bits(first);
         const float high = negative ? -from_bits(first) : from_bits(last);
         const int lo_code = NearestCode(mids, low), hi_code = NearestCode(mids, high);
-        if (hi_code - lo_code > 1) {
+        uint32_t threshold = kNoMidpoint;
+        if (hi_code - lo_code == 1 && k != 0 && k != kCodeTopBucket) {
+          // mids[lo_code] is the one midpoint in [low, high): its top 16 bits are the bucket's.
+          uint32_t mid_bits;
+          std::memcpy(&mid_bits, &mids[lo_code], sizeof(mid_bits));
+          const uint32_t bucket_bits = (negative ? 0x80000000u : 0u) | first;
+          if ((mid_bits >> kCodeShift) != (bucket_bits >> kCodeShift)) std::abort();
+          threshold = negative ? 0xFFFFu - (mid_bits & 0xFFFFu) : mid_bits & 0xFFFFu;
+        } else if (hi_code != lo_code) {
           std::fprintf(stderr, "cpu_adamw: code table bucket %d holds %d midpoints\n", k,
                        hi_code - lo_code);
           std::abort();
         }
-        lo[k + (negative ? kCodeBuckets : 0)] = static_cast<uint8_t>(lo_code);
+        entry[k + (negative ? kCodeBuckets : 0)] =
+            static_cast<uint32_t>(lo_code) << 16 | threshold;
       }
     }
   }
