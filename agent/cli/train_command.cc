@@ -31,6 +31,11 @@ int RunTrainCommand(std::vector<std::string> args, const EnvLookup& env) {
                  std::string(config.status().message()).c_str());
     return 2;
   }
+  // [LoRA resume settings] A LoRA checkpoint supplies what its flags leave out.
+  if (absl::Status s = AdoptResumedLora(&*config); !s.ok()) {
+    std::fprintf(stderr, "memplan-agent train: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   // torchrun / Slurm / Kubernetes: one process per rank (agent/dist/dist_options.h).
   auto dist = DistOptionsFromEnvironment(env);
   if (!dist.ok()) {

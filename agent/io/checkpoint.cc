@@ -213,6 +213,9 @@ absl::Status WriteStaged(const std::string& staged, const TrainerState& trainer,
   const SafetensorsMetadata metadata = {{"format", kCheckpointFormat},
                                         {"step", absl::StrCat(trainer.step)}};
   RETURN_IF_ERROR(SaveSafetensorsFile(params_path, params, params_metadata));
+  // No state (a model export, a merged LoRA model): no optimizer file, rather than an empty one
+  // that looks like state; a run resumed from it starts the optimizer afresh.
+  if (optimizer_state.empty()) return WriteManifest(staged, trainer, {kCheckpointParamsFile});
   RETURN_IF_ERROR(SaveSafetensorsFile(optimizer_path, optimizer_state, metadata));
   return WriteManifest(staged, trainer, {kCheckpointParamsFile, kCheckpointOptimizerFile});
 }
@@ -374,17 +377,19 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir) {
     const char* params_file = manifest.file_size_bytes.count(kCheckpointParamsFile) > 0
                                   ? kCheckpointParamsFile
                                   : kLegacyCheckpointParamsFile;
-    for (const char* required : {params_file, kCheckpointOptimizerFile}) {
-      if (manifest.file_size_bytes.count(required) == 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(trainer_path, ": \"files\" does not list ", required));
-      }
+    if (manifest.file_size_bytes.count(params_file) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(trainer_path, ": \"files\" does not list ", params_file));
     }
     params_where = absl::StrCat(dir, "/", params_file);
     state_where = absl::StrCat(dir, "/", kCheckpointOptimizerFile);
     ASSIGN_OR_RETURN(params, ReadSafetensorsFile(JoinPath(dir, params_file)));
-    ASSIGN_OR_RETURN(ckpt.optimizer_state,
-                     ReadSafetensorsFile(JoinPath(dir, kCheckpointOptimizerFile)));
+    // A checkpoint saved without optimizer state lists no optimizer file (trainer.json's list
+    // is checked against the directory by ReadManifest).
+    if (manifest.file_size_bytes.count(kCheckpointOptimizerFile) > 0) {
+      ASSIGN_OR_RETURN(ckpt.optimizer_state,
+                       ReadSafetensorsFile(JoinPath(dir, kCheckpointOptimizerFile)));
+    }
   }
   absl::StatusOr<std::vector<NamedParam>> ordered = CheckParamsAgainstModel(ckpt.trainer, params);
   if (!ordered.ok()) {

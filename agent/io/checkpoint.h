@@ -37,7 +37,8 @@ struct Checkpoint {
 // HfParamShapes(trainer.model) — exact name set, shapes, dtype = trainer.param_dtype — and the
 // optimizer state against the params (see ValidateOptimizerState), then writes `dir` atomically,
 // replacing an existing checkpoint there. An existing `dir` that is neither empty nor a checkpoint
-// is refused (FAILED_PRECONDITION), so a wrong path cannot destroy unrelated data.
+// is refused (FAILED_PRECONDITION), so a wrong path cannot destroy unrelated data. Empty
+// `optimizer_state` writes no optimizer.safetensors (LoadCheckpoint then reads no state).
 absl::Status SaveCheckpoint(const std::string& dir, const TrainerState& trainer,
                             const std::vector<NamedParam>& params,
                             const std::vector<NamedParam>& optimizer_state);

@@ -63,6 +63,22 @@ absl::Status SavePeftAdapter(const std::string& dir, const LoraOptions& lora,
 }
 
 absl::StatusOr<PeftAdapter> ReadPeftAdapter(const std::string& dir) {
+  ASSIGN_OR_RETURN(PeftAdapter adapter, ReadPeftConfig(dir));
+  ASSIGN_OR_RETURN(std::vector<NamedParam> tensors,
+                   ReadSafetensorsFile(JoinPath(dir, kPeftWeightsFile)));
+  for (NamedParam& t : tensors) {
+    if (!absl::StartsWith(t.name, kPeftKeyPrefix)) {
+      return absl::InvalidArgumentError(absl::StrCat(JoinPath(dir, kPeftWeightsFile), ": key ",
+                                                     t.name, " lacks the prefix ", kPeftKeyPrefix));
+    }
+    // peft writes the adapter name into the key only for non-default adapters.
+    std::string name = t.name.substr(std::string(kPeftKeyPrefix).size());
+    adapter.tensors.push_back({std::move(name), std::move(t.param)});
+  }
+  return adapter;
+}
+
+absl::StatusOr<PeftAdapter> ReadPeftConfig(const std::string& dir) {
   const std::string config_path = JoinPath(dir, kPeftConfigFile);
   std::ifstream in(config_path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(config_path, ": cannot open"));
@@ -123,18 +139,6 @@ absl::StatusOr<PeftAdapter> ReadPeftAdapter(const std::string& dir) {
     adapter.lora.targets.push_back(t.get<std::string>());
   }
   adapter.base_model = str("base_model_name_or_path");
-
-  ASSIGN_OR_RETURN(std::vector<NamedParam> tensors,
-                   ReadSafetensorsFile(JoinPath(dir, kPeftWeightsFile)));
-  for (NamedParam& t : tensors) {
-    if (!absl::StartsWith(t.name, kPeftKeyPrefix)) {
-      return absl::InvalidArgumentError(absl::StrCat(JoinPath(dir, kPeftWeightsFile), ": key ",
-                                                     t.name, " lacks the prefix ", kPeftKeyPrefix));
-    }
-    // peft writes the adapter name into the key only for non-default adapters.
-    std::string name = t.name.substr(std::string(kPeftKeyPrefix).size());
-    adapter.tensors.push_back({std::move(name), std::move(t.param)});
-  }
   return adapter;
 }
 

@@ -38,6 +38,8 @@ absl::Status SavePeftAdapter(const std::string& dir, const LoraOptions& lora,
 // alpha patterns, layers_to_transform, modules_to_save, target_modules as a regular expression or
 // outside q/k/v/o/gate/up/down_proj; and for keys without the PEFT prefix.
 absl::StatusOr<PeftAdapter> ReadPeftAdapter(const std::string& dir);
+// adapter_config.json alone, with the same refusals: lora and base_model, no tensors.
+absl::StatusOr<PeftAdapter> ReadPeftConfig(const std::string& dir);
 
 // The base parameters with every adapted weight replaced by W + (B A) * alpha / rank, as peft's
 // merge_and_unload computes it (the product in fp32 for narrower weights, cast to W's dtype, then

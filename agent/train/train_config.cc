@@ -185,6 +185,11 @@ absl::StatusOr<std::vector<BlockMode>> BlockModesFromCounts(int num_blocks, int 
   return modes;
 }
 
+namespace {
+// LoRA-only flags need a rank, and a rank needs targets.
+absl::Status CheckLoraFlags(const TrainConfig& c);
+}  // namespace
+
 absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args) {
   TrainConfig c;
   FixedKnobs fixed;
@@ -292,7 +297,8 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
   c.shard_persistent_state = fixed.shard_persistent_state;
   c.shard_persistent_params = fixed.shard_persistent_params;
   c.param_rounding_given = flags.Given("--param-rounding");
-  const bool lora_tuned = flags.Given("--lora-alpha") || flags.Given("--lora-dropout");
+  c.lora_alpha_given = flags.Given("--lora-alpha");
+  c.lora_dropout_given = flags.Given("--lora-dropout");
 
   if (int{!c.arch.empty()} + int{!c.model_dir.empty()} + int{!c.arch_file.empty()} != 1) {
     return absl::InvalidArgumentError(
@@ -331,6 +337,13 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
   if (c.optimizer.has_value()) {
     RETURN_IF_ERROR(ResolveOptimizer(c, std::nullopt).status());
   }
+  // [LoRA resume settings] A LoRA checkpoint may supply the rank and targets.
+  if (c.resume_dir.empty()) RETURN_IF_ERROR(CheckLoraFlags(c));
+  return c;
+}
+
+namespace {
+absl::Status CheckLoraFlags(const TrainConfig& c) {
   if (!c.lora.enabled()) {
     for (const auto& [flag, set] :
          std::vector<std::pair<const char*, bool>>{{"--lora-targets", !c.lora.targets.empty()},
@@ -340,11 +353,54 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
                                                    {"--qlora", c.lora.nf4_base}}) {
       if (set) return FlagError(flag, "needs --lora-rank (a LoRA run)");
     }
-    if (lora_tuned) return FlagError("--lora-alpha/--lora-dropout", "needs --lora-rank");
+    if (c.lora_alpha_given || c.lora_dropout_given) {
+      return FlagError("--lora-alpha/--lora-dropout", "needs --lora-rank");
+    }
   } else if (c.lora.targets.empty()) {
     return FlagError("--lora-rank", "needs --lora-targets (e.g. q_proj,v_proj or all)");
   }
-  return c;
+  return absl::OkStatus();
+}
+}  // namespace
+
+// [LoRA resume settings]
+absl::Status AdoptCheckpointLora(TrainConfig* config, const std::optional<LoraOptions>& saved,
+                                 const std::string& source) {
+  TrainConfig& c = *config;
+  if (saved.has_value()) {
+    auto contradiction = [&](const std::string& flag, const std::string& given,
+                             const std::string& field, const std::string& stored) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          flag, " ", given, " contradicts ", field, " = ", stored, " in ", source,
+          ": a LoRA checkpoint resumes with its own settings; drop the flag"));
+    };
+    if (c.lora.rank > 0 && c.lora.rank != saved->rank) {
+      return contradiction("--lora-rank", absl::StrCat(c.lora.rank), "r",
+                           absl::StrCat(saved->rank));
+    }
+    if (c.lora_alpha_given && c.lora.alpha != saved->alpha) {
+      return contradiction("--lora-alpha", absl::StrCat(c.lora.alpha), "lora_alpha",
+                           absl::StrCat(saved->alpha));
+    }
+    // LoraTrainingMethod lists the targets in canonical order (of a LoRA run: rank > 0).
+    auto canonical = [](const std::vector<std::string>& targets) {
+      LoraOptions lora;
+      lora.rank = 1;
+      lora.targets = targets;
+      return LoraTrainingMethod(lora).lora_target_modules;
+    };
+    const std::vector<std::string> stored = canonical(saved->targets);
+    if (!c.lora.targets.empty() && canonical(c.lora.targets) != stored) {
+      return contradiction("--lora-targets", absl::StrJoin(canonical(c.lora.targets), ","),
+                           "target_modules", absl::StrJoin(stored, ","));
+    }
+    c.lora.rank = saved->rank;
+    c.lora.alpha = saved->alpha;
+    if (c.lora.targets.empty()) c.lora.targets = saved->targets;
+    // Dropout is no part of the adapter's shape: a flag may change it for the rest of the run.
+    if (!c.lora_dropout_given) c.lora.dropout = saved->dropout;
+  }
+  return CheckLoraFlags(c);
 }
 
 // [Learning-rate schedule] transformers' lambdas, evaluated at the scheduler's step count (the

@@ -63,6 +63,8 @@ struct TrainConfig {
   // LoRA (--lora-rank > 0): adapters on the frozen base; PEFT-format adapter in and out, and a
   // merged Hugging Face export.
   LoraOptions lora;
+  bool lora_alpha_given = false;  // --lora-alpha / --lora-dropout on the command line
+  bool lora_dropout_given = false;
   std::string load_adapter_dir;
   std::string save_adapter_dir;
   std::string merge_export_dir;
@@ -138,8 +140,17 @@ struct RunPlan {
 double LearningRateFactor(const LrSchedule& schedule, int64_t completed_steps,
                           int64_t total_steps);
 
-// Parses the arguments after `train`. INVALID_ARGUMENT names the flag.
+// Parses the arguments after `train`. INVALID_ARGUMENT names the flag. With --resume the LoRA
+// flag combination is left to AdoptCheckpointLora (the checkpoint may supply the rank and
+// targets); the CLI always calls it.
 absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args);
+// [LoRA resume settings] `saved`: the LoRA settings of --resume's checkpoint (its
+// adapter_config.json, read from `source`), or none when it is not a LoRA checkpoint. Takes the
+// rank, alpha, targets and dropout the flags leave out from it; a flag that contradicts it
+// (rank, alpha or target set) is INVALID_ARGUMENT naming the flag, both values and `source`. Then
+// checks the LoRA flag combination (a LoRA-only flag without a rank).
+absl::Status AdoptCheckpointLora(TrainConfig* config, const std::optional<LoraOptions>& saved,
+                                 const std::string& source);
 std::string TrainUsage();
 
 // The plan knob flags of `c` as the fixed knobs of a Plan request ([Fixed knobs with --planner]);

@@ -25,6 +25,7 @@
 #include "agent/dist/process_group.h"
 #include "agent/io/checkpoint.h"
 #include "agent/io/file_system.h"
+#include "agent/io/model_files.h"
 #include "agent/io/peft_adapter.h"
 #include "agent/io/random_access_file.h"
 #include "agent/io/safetensors_torch.h"
@@ -200,6 +201,30 @@ absl::Status CheckDistributedFlags(const TrainConfig& c, const PlannerLoopOption
 }
 
 }  // namespace
+
+absl::Status AdoptResumedLora(TrainConfig* config) {
+  std::optional<LoraOptions> saved;
+  if (!config->resume_dir.empty() && io::IsLoraCheckpoint(config->resume_dir)) {
+    absl::StatusOr<io::PeftAdapter> adapter = io::ReadPeftConfig(config->resume_dir);
+    if (!adapter.ok()) {
+      return absl::Status(adapter.status().code(), absl::StrCat("--resume ", config->resume_dir,
+                                                                ": ", adapter.status().message()));
+    }
+    saved = adapter->lora;
+  }
+  const bool adopted = saved.has_value() && config->lora.rank == 0;
+  RETURN_IF_ERROR(AdoptCheckpointLora(
+      config, saved, io::JoinPath(config->resume_dir, io::kPeftConfigFile)));
+  if (adopted) {
+    MEMPLAN_LOG(kInfo, "LoRA settings from the checkpoint")
+        .Field("dir", config->resume_dir)
+        .Field("rank", config->lora.rank)
+        .Field("alpha", config->lora.alpha)
+        .Field("dropout", config->lora.dropout)
+        .Field("targets", absl::StrJoin(LoraTrainingMethod(config->lora).lora_target_modules, ","));
+  }
+  return absl::OkStatus();
+}
 
 TrainSession::TrainSession(TrainConfig config, PlannerLoopOptions loop, DistOptions dist)
     : config_(std::move(config)),
@@ -761,8 +786,26 @@ absl::Status TrainSession::Save() {
   state.workload.seq_len = config_.seq;
   state.workload.grad_accum = config_.grad_accum;
   state.workload.world_size = world_size_;
-  return LoggedWrite("checkpoint", config_.save_dir, trainer_->step(),
-                     [&] { return trainer_->SaveCheckpoint(config_.save_dir, state); });
+  return LoggedWrite("checkpoint", config_.save_dir, trainer_->step(), [&]() -> absl::Status {
+    RETURN_IF_ERROR(trainer_->SaveCheckpoint(config_.save_dir, state));
+    // The checkpoint replaced the directory: the tokenizer goes in again ([Model side files]).
+    return lead_ ? CopyModelSideFiles(config_.save_dir) : absl::OkStatus();
+  });
+}
+
+// [Model side files] A --model run's checkpoints and exports carry the source's tokenizer files
+// and generation_config.json (agent/io/model_files.h), so they load and generate like it.
+absl::Status TrainSession::CopyModelSideFiles(const std::string& dir) {
+  if (config_.model_dir.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const std::vector<std::string> copied,
+                   io::CopyModelSideFiles(config_.model_dir, dir));
+  if (!copied.empty()) {
+    MEMPLAN_LOG(kInfo, "copied model files")
+        .Field("from", config_.model_dir)
+        .Field("dir", dir)
+        .Field("files", absl::StrJoin(copied, ","));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status TrainSession::StartLiveMetrics() {
@@ -1041,13 +1084,15 @@ absl::Status TrainSession::Finish() {
   }
   if (!config_.save_adapter_dir.empty() && lead_) {
     const std::vector<NamedParam> adapters = trainer_->Params();
-    RETURN_IF_ERROR(LoggedWrite("adapter", config_.save_adapter_dir, trainer_->step(), [&] {
-      return io::SavePeftAdapter(config_.save_adapter_dir, config_.lora,
-                                 !config_.model_dir.empty()   ? config_.model_dir
-                                 : !config_.arch_file.empty() ? config_.arch_file
-                                                              : config_.arch,
-                                 adapters);
-    }));
+    RETURN_IF_ERROR(LoggedWrite(
+        "adapter", config_.save_adapter_dir, trainer_->step(), [&]() -> absl::Status {
+          RETURN_IF_ERROR(io::SavePeftAdapter(config_.save_adapter_dir, config_.lora,
+                                              !config_.model_dir.empty()   ? config_.model_dir
+                                              : !config_.arch_file.empty() ? config_.arch_file
+                                                                           : config_.arch,
+                                              adapters));
+          return CopyModelSideFiles(config_.save_adapter_dir);
+        }));
   }
   if (!config_.merge_export_dir.empty() && lead_) {
     // [QLoRA] merged into the dequantized weights (what the adapters were trained against).
@@ -1060,7 +1105,8 @@ absl::Status TrainSession::Finish() {
     state.model = spec_;
     state.param_dtype = dtype_;
     RETURN_IF_ERROR(LoggedWrite("merged export", config_.merge_export_dir, trainer_->step(), [&] {
-      return io::SaveCheckpoint(config_.merge_export_dir, state, merged, {});
+      RETURN_IF_ERROR(io::SaveCheckpoint(config_.merge_export_dir, state, merged, {}));
+      return CopyModelSideFiles(config_.merge_export_dir);
     }));
   }
   if (world_size_ > 1) RETURN_IF_ERROR(PrintRankFigures());

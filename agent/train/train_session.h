@@ -34,6 +34,12 @@ class TokenBatcher;
 class TokenFile;
 }  // namespace io
 
+// [LoRA resume settings] With --resume of a LoRA checkpoint, the rank, alpha, targets and dropout
+// the flags leave out are taken from its adapter_config.json (a contradicting flag is an error);
+// then the LoRA flag combination is checked (AdoptCheckpointLora, train_config.h). Call after
+// ParseTrainArgs, before the session is made.
+absl::Status AdoptResumedLora(TrainConfig* config);
+
 // Owns everything one run builds: the process group (world size > 1), the planner client (with
 // --planner), the model, the Hugging Face checkpoint it loads from, the memory timeline, the
 // Trainer, the data stream and the live metrics server; all are released when the session is.
@@ -82,6 +88,7 @@ class TrainSession {
   absl::Status StopOnOutOfMemory(const absl::Status& step_status);
   void ObserveStep(StepStats& stats);
   absl::Status Save();
+  absl::Status CopyModelSideFiles(const std::string& dir);  // [Model side files]
   absl::StatusOr<int> AgreedStopSignal();  // the signal that stops the run (0: none), every rank's
   absl::Status StopAfterSignal();
   absl::Status OpenEvalData();

@@ -1,5 +1,5 @@
 // `memplan-agent train --lora-*`: a LoRA run with dropout saved and resumed equals one that never
-// stopped (the adapter files byte for byte), a LoRA checkpoint is refused without the LoRA flags, and bad LoRA
+// stopped (the adapter files byte for byte), a LoRA checkpoint resumes without the LoRA flags, and bad LoRA
 // flags fail naming the flag and the allowed range.
 #include <sys/wait.h>
 
@@ -142,13 +142,15 @@ TEST_F(TrainLoraTest, ResumedRunEqualsTheStraightOneByteForByte) {
   EXPECT_THAT(testing::ReadFile(base_ + ".straight/adapter_config.json"),
               HasSubstr("\"peft_type\": \"LORA\""));
 
-  // The checkpoint is a LoRA one: a full fine-tune cannot resume it.
-  const Exit full =
+  // The checkpoint is a LoRA one: resumed without the LoRA flags it supplies them
+  // ([LoRA resume settings]; tests/agent/cli/train_run_control_test.cc has the contradictions).
+  const Exit bare =
       RunAgent({MEMPLAN_AGENT_BINARY, "train", "--arch", "llama-tiny", "--device", "cpu", "--data",
                 data_, "--batch", "2", "--seq", "32", "--steps", "3", "--resume", base_ + ".ckpt"},
-               base_ + ".full");
-  EXPECT_NE(full.code, 0);
-  EXPECT_THAT(full.err, HasSubstr("is a LoRA checkpoint: resume it with --lora-rank"));
+               base_ + ".bare");
+  EXPECT_EQ(bare.code, 0) << bare.err;
+  EXPECT_THAT(bare.err, HasSubstr("msg=\"LoRA settings from the checkpoint\""));
+  EXPECT_THAT(bare.err, HasSubstr("rank=4 alpha=8 dropout=0.1"));
 }
 
 // QLoRA (--qlora): the NF4 base is quantized from the same initial values on every run, so a

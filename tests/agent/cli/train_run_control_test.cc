@@ -338,5 +338,111 @@ TEST_F(TrainRunControlTest, TheEvalLossIsTheForwardLossOfTheSameBatches) {
   }
 }
 
+
+std::vector<std::string> LoraFlags() {
+  return {"--lr", "1e-2", "--lora-rank", "4", "--lora-alpha", "8", "--lora-targets", "q_proj,v_proj"};
+}
+
+TEST_F(TrainRunControlTest, ALoraResumeTakesItsSettingsFromTheCheckpoint) {
+  const Exit straight = RunChild(With(Train(3), LoraFlags()), Path("straight"));
+  ASSERT_EQ(straight.code, 0) << straight.out;
+  const std::string save = Path("lora_ckpt");
+  ASSERT_EQ(RunChild(With(With(Train(2), LoraFlags()), {"--save", save}), Path("first")).code, 0);
+
+  // No LoRA flag: rank, alpha and targets come from adapter_config.json; the run continues as
+  // the straight one.
+  const Exit resumed =
+      RunChild(With(Train(3), {"--lr", "1e-2", "--resume", save}), Path("resumed"));
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  const auto adopted = Records(resumed.out, "LoRA settings from the checkpoint");
+  ASSERT_EQ(adopted.size(), 1u) << resumed.out;
+  EXPECT_EQ(adopted[0].at("rank"), "4");
+  EXPECT_EQ(adopted[0].at("alpha"), "8");
+  EXPECT_EQ(adopted[0].at("targets"), "q_proj,v_proj");
+  const auto steps = Records(resumed.out, "step");
+  ASSERT_EQ(steps.size(), 1u) << resumed.out;
+  EXPECT_EQ(steps[0].at("loss"), Records(straight.out, "step")[2].at("loss"));
+
+  // The same settings given again are accepted; contradicting ones name both values.
+  EXPECT_EQ(RunChild(With(With(Train(3), LoraFlags()), {"--resume", save}), Path("same")).code, 0);
+  const std::string config = save + "/adapter_config.json";
+  Exit e = RunChild(With(Train(3), {"--resume", save, "--lora-rank", "8"}), Path("rank"));
+  EXPECT_EQ(e.code, 2) << e.out;
+  EXPECT_THAT(e.out, HasSubstr("--lora-rank 8 contradicts r = 4 in " + config));
+  e = RunChild(With(Train(3), {"--resume", save, "--lora-targets", "q_proj"}), Path("targets"));
+  EXPECT_EQ(e.code, 2) << e.out;
+  EXPECT_THAT(e.out,
+              HasSubstr("--lora-targets q_proj contradicts target_modules = q_proj,v_proj in " +
+                        config));
+  e = RunChild(With(Train(3), {"--resume", save, "--lora-alpha", "16"}), Path("alpha"));
+  EXPECT_EQ(e.code, 2) << e.out;
+  EXPECT_THAT(e.out, HasSubstr("--lora-alpha 16 contradicts lora_alpha = 8 in " + config));
+  // A full checkpoint gives nothing: LoRA-only flags still need a rank.
+  const std::string full = Path("full");
+  ASSERT_EQ(RunChild(With(Train(1), {"--save", full}), Path("full_run")).code, 0);
+  e = RunChild(With(Train(2), {"--resume", full, "--lora-targets", "q_proj"}), Path("no_rank"));
+  EXPECT_EQ(e.code, 2) << e.out;
+  EXPECT_THAT(e.out, HasSubstr("--lora-targets: needs --lora-rank"));
+}
+
+TEST_F(TrainRunControlTest, ExportsCarryTheTokenizerAndNoEmptyOptimizerFile) {
+  // A Hugging Face model directory: a one-step checkpoint plus tokenizer and generation files.
+  const std::string model = Path("model");
+  ASSERT_EQ(RunChild(With(Train(1), {"--save", model}), Path("make_model")).code, 0);
+  const std::map<std::string, std::string> side = {
+      {"tokenizer.json", R"({"version": "1.0", "model": {"type": "BPE"}})"},
+      {"tokenizer_config.json", R"({"model_max_length": 256})"},
+      {"special_tokens_map.json", R"({"eos_token": "</s>"})"},
+      {"generation_config.json", R"({"do_sample": true, "temperature": 0.6})"}};
+  for (const auto& [name, text] : side) WriteFile("model/" + name, text);
+  auto expect_side_files = [&side](const std::string& dir) {
+    for (const auto& [name, text] : side) {
+      EXPECT_EQ(testing::ReadFile(dir + "/" + name), text) << dir << "/" << name;
+    }
+  };
+  const std::vector<std::string> from_model = {
+      MEMPLAN_AGENT_BINARY, "train", "--model", model, "--device", "cpu", "--data", data_,
+      "--batch", "2", "--seq", "32", "--steps", "1", "--cpu-threads", "1"};
+
+  // Full fine-tune: the checkpoint, then `memplan-agent export` of it.
+  const std::string ckpt = Path("ckpt");
+  Exit e = RunChild(With(from_model, {"--save", ckpt}), Path("full"));
+  ASSERT_EQ(e.code, 0) << e.out;
+  expect_side_files(ckpt);
+  const std::string exported = Path("exported");
+  e = RunChild({MEMPLAN_AGENT_BINARY, "export", ckpt, exported}, Path("export"));
+  ASSERT_EQ(e.code, 0) << e.out;
+  expect_side_files(exported);
+  EXPECT_TRUE(std::filesystem::exists(exported + "/optimizer.safetensors"));
+  const std::string params_only = Path("params_only");
+  e = RunChild({MEMPLAN_AGENT_BINARY, "export", ckpt, params_only, "--params-only"},
+               Path("export2"));
+  ASSERT_EQ(e.code, 0) << e.out;
+  expect_side_files(params_only);
+  EXPECT_FALSE(std::filesystem::exists(params_only + "/optimizer.safetensors"));
+  // A checkpoint without optimizer state resumes (the optimizer starts afresh).
+  e = RunChild({MEMPLAN_AGENT_BINARY, "train", "--arch", "llama-tiny", "--device", "cpu", "--data",
+                data_, "--batch", "2", "--seq", "32", "--steps", "2", "--cpu-threads", "1",
+                "--resume", params_only},
+               Path("resume_params_only"));
+  EXPECT_EQ(e.code, 0) << e.out;
+
+  // LoRA: the adapter and the merged model carry them; the merged model has no optimizer file
+  // and loads as a --model.
+  const std::string adapter = Path("adapter");
+  const std::string merged = Path("merged");
+  e = RunChild(With(from_model, {"--lora-rank", "4", "--lora-targets", "q_proj", "--save-adapter",
+                                 adapter, "--merge-export", merged}),
+               Path("lora"));
+  ASSERT_EQ(e.code, 0) << e.out;
+  expect_side_files(adapter);
+  expect_side_files(merged);
+  EXPECT_FALSE(std::filesystem::exists(merged + "/optimizer.safetensors"));
+  std::vector<std::string> again = from_model;
+  again[3] = merged;
+  e = RunChild(again, Path("from_merged"));
+  EXPECT_EQ(e.code, 0) << e.out;
+}
+
 }  // namespace
 }  // namespace memplan
