@@ -140,7 +140,9 @@ class Admission:
 @dataclasses.dataclass(frozen=True)
 class ReportResult:
     measurement_id: str
-    relative_error: float   # (predicted - measured) / measured, reserved peak
+    # (predicted - measured) / measured, reserved peak (negative: the run used more than
+    # predicted); None for an out-of-memory report, whose peak is only a lower bound.
+    relative_error: Optional[float]
     quarantine_reason: str  # non-empty: stored but not applied to calibration
     calibration: pb.Calibration
     response: pb.ReportMeasurementResponse = dataclasses.field(repr=False, compare=False)
@@ -348,7 +350,8 @@ class Planner:
         response = self._call("ReportMeasurement",
                               pb.ReportMeasurementRequest(measurement=measurement))
         return ReportResult(measurement_id=response.measurement_id,
-                            relative_error=response.relative_error,
+                            relative_error=(response.relative_error
+                                            if response.HasField("relative_error") else None),
                             quarantine_reason=response.quarantine_reason,
                             calibration=response.calibration, response=response)
 

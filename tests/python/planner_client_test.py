@@ -166,6 +166,7 @@ class PlannerClientTest(unittest.TestCase):
         self.assertEqual(stored.measurements[0].note, "python client")
         oom = self.planner.report(plan.plan_id, oom=True)
         self.assertTrue(oom.measurement_id)
+        self.assertIsNone(oom.relative_error)  # an OOM has no error, never 0.0 or -1
         with self.assertRaises(memplan_client.PlannerError) as raised:
             self.planner.report("plan-0000000000000000", peak_reserved_bytes=1 << 30)
         self.assertEqual(raised.exception.code.name, "NOT_FOUND")
