@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cmath>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -52,6 +53,18 @@ void AddOptimizerFlag(FlagSet* flags, std::string* out) {
         return std::string(v);
       },
       std::string(OptimizerAllowList()));
+}
+
+void AddNodeFlags(FlagSet* flags, std::optional<int32_t>* gpus_per_node,
+                  std::optional<int64_t>* host_memory_bytes) {
+  flags->Int(kGpusPerNodeFlag, gpus_per_node)
+      .Alias(kLocalWorldSizeAlias, kGpusPerNodeFlag.name)
+      .Custom(kHostMemoryGibFlag.name, [host_memory_bytes](absl::string_view v) -> absl::Status {
+        absl::StatusOr<double> gib = ParseDoubleValue(v, kHostMemoryGibFlag.range);
+        if (!gib.ok()) return gib.status();
+        *host_memory_bytes = static_cast<int64_t>(std::llround(*gib * 0x1p30));
+        return absl::OkStatus();
+      });
 }
 
 void AddLoraTargetsFlag(FlagSet* flags, std::vector<std::string>* out) {

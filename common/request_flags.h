@@ -21,6 +21,18 @@ inline constexpr IntFlagSpec kLoraRankFlag = {"--lora-rank", 1, kMaxLoraRank};
 // 0: the planner's default (ResolveSafetyMargin).
 inline constexpr DoubleFlagSpec kSafetyMarginFlag = {"--safety-margin",
                                                      {kMinSafetyMargin, kMaxSafetyMargin}};
+// The node a job runs on, where it differs from the hardware preset's: --gpus-per-node (the
+// workload's local_world_size: ranks per node sharing its RAM and CPU; --local-world-size is the
+// same flag) and --host-memory-gib (the request's host_memory_bytes, CheckHostMemoryOverride's
+// range, fractions allowed).
+inline constexpr IntFlagSpec kGpusPerNodeFlag = {"--gpus-per-node", 1, kMaxWorldSize};
+inline constexpr absl::string_view kLocalWorldSizeAlias = "--local-world-size";
+inline constexpr DoubleFlagSpec kHostMemoryGibFlag = {
+    "--host-memory-gib",
+    {static_cast<double>(kMinHostMemoryGiB), static_cast<double>(kMaxHostMemoryGiB)}};
+// Registers both flags (and the alias): *gpus_per_node as given, *host_memory_bytes in bytes.
+void AddNodeFlags(FlagSet* flags, std::optional<int32_t>* gpus_per_node,
+                  std::optional<int64_t>* host_memory_bytes);
 // --chunk-mib: kMinChunkBytes to kMaxChunkBytes in MiB.
 inline constexpr IntFlagSpec kChunkMibFlag = {"--chunk-mib", kMinChunkBytes >> 20,
                                               kMaxChunkBytes >> 20};

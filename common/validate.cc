@@ -209,6 +209,15 @@ absl::Status ValidateHardwareSpec(const HardwareSpec& h, absl::string_view prefi
   return absl::OkStatus();
 }
 
+absl::Status CheckHostMemoryOverride(absl::string_view field, int64_t bytes) {
+  constexpr int64_t kLo = kMinHostMemoryGiB << 30;
+  constexpr int64_t kHi = kMaxHostMemoryGiB << 30;
+  if (bytes == 0 || (bytes >= kLo && bytes <= kHi)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, " = ", bytes, " is out of range; allowed 0 (the hardware's) or [", kLo, ", ", kHi,
+      "] (", kMinHostMemoryGiB, " to ", kMaxHostMemoryGiB, " GiB)"));
+}
+
 absl::Status ValidateTrainingMethod(const TrainingMethod& t, const ModelSpec& m,
                                     absl::string_view prefix) {
   if (auto s = CheckListSize(absl::StrCat(prefix, "lora_target_modules"),

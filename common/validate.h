@@ -44,6 +44,10 @@ inline constexpr int32_t kMaxListPlansPageSize = 1000;
 // its step time.
 inline constexpr int64_t kMaxMeasuredBytes = kMaxHostMemoryBytes;
 inline constexpr double kMaxStepSeconds = 1e7;
+// A Plan request's host_memory_bytes, the node's RAM in place of the hardware's (0: the
+// hardware's), in GiB as the --host-memory-gib flags take it.
+inline constexpr int64_t kMinHostMemoryGiB = 1;
+inline constexpr int64_t kMaxHostMemoryGiB = 65536;
 
 // Bounds on the strings and lists a client sends: every one is stored or echoed, and Plan and
 // Admit need no credentials. Errors name the field and the bound and quote at most
@@ -76,5 +80,8 @@ absl::Status ValidateWorkload(const Workload& w, absl::string_view prefix);
 absl::Status ValidateHardwareSpec(const HardwareSpec& h, absl::string_view prefix);
 absl::Status ValidateTrainingMethod(const TrainingMethod& t, const ModelSpec& m,
                                     absl::string_view prefix);
+// A Plan request's host_memory_bytes: 0 (the hardware's) or [kMinHostMemoryGiB,
+// kMaxHostMemoryGiB] GiB; the error names `field` and the range in bytes and in GiB.
+absl::Status CheckHostMemoryOverride(absl::string_view field, int64_t bytes);
 
 }  // namespace memplan

@@ -45,9 +45,9 @@ void AddPlanFlags(FlagSet* flags, PlanOptions* o) {
       .Int(kBatchFlag, &o->micro_batch)
       .Int(kSeqFlag, &o->seq_len)
       .Int("--world-size", &o->world_size, 1, kMaxWorldSize)
-      .Int("--local-world-size", &o->local_world_size, 1, kMaxWorldSize)
       .Int(kGradAccumFlag, &o->grad_accum)
       .Switch("--grad-clipping", &o->grad_clipping);
+  AddNodeFlags(flags, &o->local_world_size, &o->host_memory_bytes);
   AddDTypeFlag(flags, "--dtype", &o->param_dtype);
   AddOptimizerFlag(flags, &o->optimizer);
   flags
@@ -203,6 +203,14 @@ absl::Status CheckJob(const PlanOptions& o, absl::string_view command) {
     return FlagError(o.micro_batch ? "--seq" : "--batch",
                      "required with --trace-id when any workload flag is given (or give none "
                      "to use the trace's workload)");
+  }
+  // The node's GPUs are among the job's (a trace's world size is checked by the planner).
+  if (o.local_world_size && (o.trace_id.empty() || o.world_size) &&
+      *o.local_world_size > o.world_size.value_or(1)) {
+    return FlagError(kGpusPerNodeFlag.name,
+                     absl::StrCat(*o.local_world_size, " is more than --world-size ",
+                                  o.world_size.value_or(1),
+                                  " (the ranks of one node are among the job's ranks)"));
   }
   if (o.training.kind == TrainingKind::kFull && !o.training.lora_target_modules.empty()) {
     return FlagError("--lora-targets", "needs --lora-rank");

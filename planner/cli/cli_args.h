@@ -59,7 +59,11 @@ struct PlanOptions {
   std::optional<int64_t> micro_batch;
   std::optional<int64_t> seq_len;
   std::optional<int32_t> world_size;
-  std::optional<int32_t> local_world_size;  // ranks per node sharing its RAM; unset = world_size
+  // --gpus-per-node (alias --local-world-size): ranks per node sharing its RAM; unset =
+  // world_size.
+  std::optional<int32_t> local_world_size;
+  // --host-memory-gib: the node's RAM in place of the hardware's; unset = the hardware's.
+  std::optional<int64_t> host_memory_bytes;
   std::optional<int32_t> grad_accum;
   bool grad_clipping = false;  // --grad-clipping
   std::optional<DType> param_dtype;

@@ -63,8 +63,11 @@ Workload:
   --batch N              micro-batch size per GPU (default 1)
   --seq N                sequence length in tokens (default 4096)
   --world-size N         data-parallel ranks sharding the model (default 1)
-  --local-world-size N   ranks per node; they share its host memory and CPU (default:
-                         --world-size, one node)
+  --gpus-per-node N      the job's GPUs (ranks) on each node, at most --world-size; they share
+                         the node's RAM and CPU (default: --world-size, one node);
+                         --local-world-size is the same flag
+  --host-memory-gib X    the node's RAM in GiB, 1 to 65536, in place of the hardware preset's
+                         (e.g. 2048 for a 2 TiB node; see 'memplan presets --hardware')
   --grad-accum N         gradient accumulation steps (default 1)
   --grad-clipping        gradients are clipped by global norm (offloaded chunks then update
                          after backward instead of overlapping it)

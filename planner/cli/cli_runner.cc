@@ -216,6 +216,7 @@ absl::StatusOr<v1::PlanRequest> BuildPlanRequest(const PlanOptions& o) {
   request.set_optimizer(o.optimizer);
   *request.mutable_fixed() = ToProto(o.fixed);
   if (o.safety_margin) request.set_safety_margin(*o.safety_margin);
+  if (o.host_memory_bytes) request.set_host_memory_bytes(*o.host_memory_bytes);
   if (o.max_alternatives) request.set_max_alternatives(*o.max_alternatives);
   request.set_skip_limits(o.skip_limits);
   return request;

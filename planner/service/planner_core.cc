@@ -219,6 +219,11 @@ absl::StatusOr<v1::PlanResponse> PlannerCore::Plan(const v1::PlanRequest& reques
       return Invalid(
           "hardware is required: set one of hardware_spec, hardware_profile_id, hardware_preset");
   }
+  // A preset or a profile names a typical node of that card; the request may know the real
+  // node's RAM. It replaces the figure before anything reads it, so the plan, the reason's host
+  // limit and the stored hardware_spec all carry it.
+  RETURN_IF_ERROR(CheckHostMemoryOverride("host_memory_bytes", request.host_memory_bytes()));
+  if (request.host_memory_bytes() > 0) in.hardware.host_memory_bytes = request.host_memory_bytes();
 
   // ---- workload, training, dtype (a named trace supplies the ones left unset)
   in.workload = WorkloadFromProto(request.workload());

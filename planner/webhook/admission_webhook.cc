@@ -124,9 +124,19 @@ absl::StatusOr<std::optional<v1::PlanRequest>> PlanRequestOf(const Json& pod) {
   if (auto s = ReadInt(annotations, "seq", 1, kMaxSeqLen, &seq); !s.ok()) return s;
   if (auto s = ReadInt(annotations, "world-size", 1, kMaxWorldSize, &world); !s.ok()) return s;
   if (auto s = ReadInt(annotations, "lora-rank", 1, kMaxLoraRank, &lora_rank); !s.ok()) return s;
+  // The node, where it differs from the preset's (memplan plan --gpus-per-node, --host-memory-gib).
+  int64_t gpus_per_node = 0, host_memory_gib = 0;
+  if (auto s = ReadInt(annotations, "gpus-per-node", 1, world, &gpus_per_node); !s.ok()) return s;
+  if (auto s = ReadInt(annotations, "host-memory-gib", kMinHostMemoryGiB, kMaxHostMemoryGiB,
+                       &host_memory_gib);
+      !s.ok()) {
+    return s;
+  }
   request.mutable_workload()->set_micro_batch(batch);
   request.mutable_workload()->set_seq_len(seq);
   request.mutable_workload()->set_world_size(static_cast<int32_t>(world));
+  request.mutable_workload()->set_local_world_size(static_cast<int32_t>(gpus_per_node));
+  request.set_host_memory_bytes(host_memory_gib << 30);
   const std::string dtype =
       StringAt(annotations, absl::StrCat(kAnnotationPrefix, "dtype")).value_or("bf16");
   if (dtype == "bf16") {

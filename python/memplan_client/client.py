@@ -227,7 +227,9 @@ class Planner:
     def plan_request(arch: Optional[str] = None, *, gpu: Optional[str] = None,
                      hardware_id: Optional[str] = None, trace_id: Optional[str] = None,
                      batch: int = 1, seq: int = 4096, world_size: int = 1,
-                     local_world_size: Optional[int] = None, grad_accum: int = 1,
+                     local_world_size: Optional[int] = None,
+                     gpus_per_node: Optional[int] = None,
+                     host_memory_gib: Optional[float] = None, grad_accum: int = 1,
                      grad_clipping: bool = False, dtype: str = "bf16",
                      optimizer: str = "adamw", method: Optional[str] = None,
                      lora_rank: Optional[int] = None,
@@ -241,7 +243,10 @@ class Planner:
         hardware (none for admit()'s job). method: "full", "lora" or "qlora" (default: "lora"
         when lora_rank is given, else "full"); LoRA needs lora_rank and lora_targets (module
         names, or "all"). fixed: knobs held fixed, by FixedKnobs field name (chunk_bytes,
-        n_persist, ..., host_memory "pinned"|"pageable").
+        n_persist, ..., host_memory "pinned"|"pageable"). gpus_per_node (or its other name,
+        local_world_size): the job's ranks on each node, sharing its RAM; host_memory_gib: the
+        node's RAM in place of the hardware's, 1 to 65536 (the CLI's --gpus-per-node and
+        --host-memory-gib).
         """
         request = pb.PlanRequest()
         if sum(x is not None for x in (arch, trace_id)) != 1:
@@ -259,8 +264,14 @@ class Planner:
         w = request.workload
         w.micro_batch, w.seq_len, w.world_size, w.grad_accum = batch, seq, world_size, grad_accum
         w.grad_clipping = grad_clipping
-        if local_world_size is not None:
+        if gpus_per_node is not None and local_world_size is not None:
+            raise ValueError("gpus_per_node and local_world_size: give one (the same field)")
+        if gpus_per_node is not None:
+            w.local_world_size = gpus_per_node
+        elif local_world_size is not None:
             w.local_world_size = local_world_size
+        if host_memory_gib is not None:
+            request.host_memory_bytes = round(host_memory_gib * 2**30)
         request.param_dtype = DTYPES[_choice("dtype", dtype, DTYPES)]
         request.optimizer = _choice("optimizer", optimizer, OPTIMIZERS)
         if method is None:

@@ -128,6 +128,23 @@ class PlannerClientTest(unittest.TestCase):
                         adamw.breakdown.optimizer_state_bytes / 3)
         self.assertLess(adamw8.peak_bytes, adamw.peak_bytes)
 
+    def test_node_overrides_match_the_cli(self):
+        job = dict(world_size=8, gpus_per_node=8, skip_limits=True)
+        preset_node = self.planner.plan("llama-3.1-70b", gpu="h100-80gb", **job)
+        self.assertFalse(preset_node.fits)
+        self.assertIn("256.0 GiB shared by 8 local ranks", preset_node.reason)
+        big_node = self.planner.plan("llama-3.1-70b", gpu="h100-80gb", host_memory_gib=2048,
+                                     **job)
+        self.assertTrue(big_node.fits, big_node.reason)
+        cli = cli_json(self.daemon.address, "plan", "--arch", "llama-3.1-70b", "--gpu",
+                       "h100-80gb", "--world-size", "8", "--gpus-per-node", "8",
+                       "--host-memory-gib", "2048", "--skip-limits")
+        ignored = ("plan_id", "search_seconds")
+        self.assertEqual(without(big_node.to_dict(), *ignored), without(cli, *ignored))
+        with self.assertRaisesRegex(ValueError, "gpus_per_node and local_world_size"):
+            self.planner.plan_request("llama-3.1-70b", gpu="h100-80gb", world_size=8,
+                                      gpus_per_node=8, local_world_size=8)
+
     def test_admit_matches_the_cli(self):
         admission = self.planner.admit(
             "llama-3.1-8b", batch=1, seq=4096, skip_limits=True,

@@ -348,7 +348,8 @@ TEST(CliArgsTest, HelpTextCoversEveryPlanFlag) {
                            "--n-buffer",     "--n-swap",
                            "--n-ckpt",       "--n-hs-offload",
                            "--host-memory",  "--max-alternatives",
-                           "--skip-limits"}) {
+                           "--skip-limits",  "--gpus-per-node",
+                           "--local-world-size", "--host-memory-gib"}) {
     EXPECT_THAT(help, HasSubstr(flag));
   }
 }
@@ -362,6 +363,41 @@ TEST(CliArgsTest, SafetyMarginTakesBothSpellings) {
   auto zero = Parse({"plan", "--arch", "a", "--gpu", "g", "--safety-margin=0"});
   ASSERT_TRUE(zero.ok()) << zero.status();
   EXPECT_EQ(zero->plan.safety_margin, 0.0);  // sent as 0: the planner's default
+}
+
+TEST(CliArgsTest, NodeFlagsOverrideThePreset) {
+  // --gpus-per-node is --local-world-size under the name the issue asked for: one flag, one range.
+  for (const char* flag : {"--gpus-per-node", "--local-world-size"}) {
+    auto inv = Parse({"plan", "--arch", "a", "--gpu", "g", "--world-size", "8", flag, "8",
+                      "--host-memory-gib", "2048"});
+    ASSERT_TRUE(inv.ok()) << flag << ": " << inv.status();
+    EXPECT_EQ(inv->plan.local_world_size, 8) << flag;
+    EXPECT_EQ(PlanWorkload(inv->plan).local_world_size, 8) << flag;
+    EXPECT_EQ(inv->plan.host_memory_bytes, int64_t{2048} << 30) << flag;
+  }
+  auto fraction = Parse({"admit", "--arch", "a", "--host-memory-gib=1.5", "--pool", "p=g"});
+  ASSERT_TRUE(fraction.ok()) << fraction.status();
+  EXPECT_EQ(fraction->plan.host_memory_bytes, int64_t{3} << 29);
+  auto unset = Parse({"plan", "--arch", "a", "--gpu", "g"});
+  ASSERT_TRUE(unset.ok());
+  EXPECT_FALSE(unset->plan.host_memory_bytes.has_value());
+  EXPECT_FALSE(unset->plan.local_world_size.has_value());
+
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--host-memory-gib", "0.5"}),
+              HasSubstr("--host-memory-gib: 0.5 is outside [1, 65536]"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--host-memory-gib", "70000"}),
+              HasSubstr("--host-memory-gib: 70000 is outside [1, 65536]"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--host-memory-gib", "2TiB"}),
+              HasSubstr("--host-memory-gib: \"2TiB\" is not a number in [1, 65536]"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--gpus-per-node", "0"}),
+              HasSubstr("--gpus-per-node: 0 is outside [1, 65536]"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--local-world-size", "0"}),
+              HasSubstr("--local-world-size: 0 is outside [1, 65536]"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--world-size", "4",
+                       "--gpus-per-node", "8"}),
+              HasSubstr("--gpus-per-node: 8 is more than --world-size 4"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--gpus-per-node", "2"}),
+              HasSubstr("--gpus-per-node: 2 is more than --world-size 1"));
 }
 
 TEST(CliArgsTest, BadValuesNameTheFlag) {

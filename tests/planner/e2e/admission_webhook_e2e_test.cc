@@ -413,6 +413,32 @@ TEST_F(AdmissionWebhookE2ETest, DeniesAFullFineTuneOnAnRtx4090AndAdmitsItOnAnH10
   EXPECT_TRUE(Review(PodReview("uid-lora", lora)).value("allowed", false));
 }
 
+TEST_F(AdmissionWebhookE2ETest, NodeAnnotationsOverrideThePresetsNode) {
+  // Llama-3.1-70B on 8 H100s: the preset's 256 GiB node is too small for the offloaded chunks,
+  // the 2 TiB node the Pod names is not.
+  Json job = {{"memplan.dev/model", "llama-3.1-70b"},
+              {"memplan.dev/gpu", "h100-80gb"},
+              {"memplan.dev/world-size", "8"},
+              {"memplan.dev/gpus-per-node", "8"}};
+  const Json preset_node = Review(PodReview("uid-70b-preset", job));
+  EXPECT_FALSE(preset_node.value("allowed", true));
+  EXPECT_THAT(preset_node["status"].value("message", ""),
+              HasSubstr("256.0 GiB shared by 8 local ranks"));
+  job["memplan.dev/host-memory-gib"] = "2048";
+  const Json big_node = Review(PodReview("uid-70b-2tib", job));
+  EXPECT_TRUE(big_node.value("allowed", false)) << big_node.dump();
+
+  job["memplan.dev/host-memory-gib"] = "0";
+  EXPECT_THAT(Review(PodReview("uid-70b-0", job))["status"].value("message", ""),
+              HasSubstr("annotation memplan.dev/host-memory-gib = \"0\": expected an integer in "
+                        "[1, 65536]"));
+  job.erase("memplan.dev/host-memory-gib");
+  job["memplan.dev/gpus-per-node"] = "16";
+  EXPECT_THAT(Review(PodReview("uid-70b-16", job))["status"].value("message", ""),
+              HasSubstr("annotation memplan.dev/gpus-per-node = \"16\": expected an integer in "
+                        "[1, 8]"));
+}
+
 TEST_F(AdmissionWebhookE2ETest, MethodAndOptimizerAnnotationsReachThePlanner) {
   const Json qlora = {{"memplan.dev/model", "llama-3.1-8b"},
                       {"memplan.dev/gpu", "rtx-4090"},

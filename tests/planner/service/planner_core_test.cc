@@ -790,6 +790,66 @@ TEST_F(PlannerCoreTest, AdmitErrorsNameTheFieldAndAllowedValues) {
   EXPECT_THAT(std::string(error(r).message()), StartsWith("job.arch_preset \"llama-99t\""));
 }
 
+// The case: Llama-3.1-70B on 8 H100s of one node. The preset's node has 256 GiB of RAM,
+// too little for the offloaded chunks of 8 ranks; the real node has 2 TiB.
+TEST_F(PlannerCoreTest, HostMemoryOverridesThePresetsNode) {
+  v1::PlanRequest r;
+  r.set_arch_preset("llama-3.1-70b");
+  r.set_hardware_preset("h100-80gb");
+  r.mutable_workload()->set_micro_batch(1);
+  r.mutable_workload()->set_seq_len(4096);
+  r.mutable_workload()->set_world_size(8);
+  r.set_skip_limits(true);
+  auto preset_node = Plan(r);
+  ASSERT_TRUE(preset_node.ok()) << preset_node.status();
+  EXPECT_FALSE(preset_node->fits());
+  EXPECT_THAT(preset_node->reason(), HasSubstr("256.0 GiB shared by 8 local ranks"));
+
+  r.set_host_memory_bytes(int64_t{2048} << 30);
+  auto big_node = Plan(r);
+  ASSERT_TRUE(big_node.ok()) << big_node.status();
+  EXPECT_TRUE(big_node->fits()) << big_node->reason();
+  EXPECT_GT(big_node->prediction().host_pinned_bytes() + big_node->prediction().host_pageable_bytes(),
+            int64_t{32} << 30);  // more than the preset node's share of one rank
+  v1::GetPlanRequest get;
+  get.set_plan_id(big_node->plan_id());
+  auto stored = core_->GetPlan(get);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->plan().request().hardware_spec().host_memory_bytes(), int64_t{2048} << 30);
+  EXPECT_EQ(stored->plan().request().hardware_spec().name(), "h100-80gb");
+
+  // The reason's host limit is the given node: its RAM, shared by the given ranks per node.
+  r.set_host_memory_bytes(int64_t{96} << 30);
+  r.mutable_workload()->set_local_world_size(4);
+  auto small_node = Plan(r);
+  ASSERT_TRUE(small_node.ok()) << small_node.status();
+  EXPECT_FALSE(small_node->fits());
+  EXPECT_THAT(small_node->reason(), HasSubstr("96.0 GiB shared by 4 local ranks"));
+
+  for (const int64_t bad : {int64_t{1}, (int64_t{1} << 30) - 1, (int64_t{65536} << 30) + 1,
+                            int64_t{-1}}) {
+    r.set_host_memory_bytes(bad);
+    ExpectInvalid(Plan(r), "host_memory_bytes",
+                  absl::StrCat(bad, " is out of range; allowed 0 (the hardware's) or [1073741824, "
+                                    "70368744177664] (1 to 65536 GiB)"));
+  }
+
+  // Admit applies the job's figure to every pool, and names it as the job's.
+  v1::AdmitRequest admit;
+  *admit.mutable_job() = r;
+  admit.mutable_job()->clear_hardware_preset();
+  admit.mutable_job()->mutable_workload()->clear_local_world_size();
+  admit.mutable_job()->set_host_memory_bytes(int64_t{2048} << 30);
+  *admit.add_pools() = Pool("h100", "h100-80gb", 8);
+  auto admitted = core_->Admit(admit);
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  EXPECT_TRUE(admitted->pools(0).fits()) << admitted->pools(0).reason();
+  admit.mutable_job()->set_host_memory_bytes(5);
+  auto refused = core_->Admit(admit);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()), StartsWith("job.host_memory_bytes = 5"));
+}
+
 TEST_F(PlannerCoreTest, CalibrationIsKeyedByHardwareDtypeAndFamily) {
   auto first = Plan(TinyRequest());
   ASSERT_TRUE(first.ok());
