@@ -20,7 +20,7 @@ namespace {
 
 constexpr absl::string_view kCommandList =
     "plan, admit, trace submit|get, hardware submit|list|get, measure, calibration, plans "
-    "list|get, presets";
+    "list|get, presets, env";
 
 // The measured figures of `measure`: sizes as ParseByteSize reads them, in the request's range.
 void AddBytesFlag(FlagSet* flags, absl::string_view name, int64_t* out) {
@@ -152,6 +152,7 @@ absl::StatusOr<CommandWords> ResolveCommand(const std::vector<std::string>& word
   if (first == "measure") return CommandWords{Command::kMeasure, "measure", 0, ""};
   if (first == "calibration") return CommandWords{Command::kCalibration, "calibration", 0, ""};
   if (first == "presets") return CommandWords{Command::kPresets, "presets", 0, ""};
+  if (first == "env") return CommandWords{Command::kEnv, "env", 0, ""};
   if (first == "trace") {
     return sub("trace", {{"submit", {Command::kTraceSubmit, "trace submit", 1, "FILE"}},
                          {"get", {Command::kTraceGet, "trace get", 1, "TRACE_ID"}}});
@@ -179,6 +180,7 @@ int CommandWordCount(Command command) {
     case Command::kMeasure:
     case Command::kCalibration:
     case Command::kPresets:
+    case Command::kEnv:
       return 1;
     default:
       return 2;
@@ -482,10 +484,10 @@ absl::StatusOr<CliInvocation> ParseCommandLine(const std::vector<std::string>& a
       break;
   }
   if (absl::Status s = ValidateChannelSecurity(inv.global.security); !s.ok()) return s;
-  if (inv.global.db_path && !AnswersInProcess(inv)) {
+  if (inv.global.db_path && !AnswersInProcess(inv) && inv.command != Command::kEnv) {
     return FlagError("--db", "is read by in-process answers only (plan, admit, presets and "
-                             "hardware list, without --planner, --tls-ca or --auth-token-file); "
-                             "a planner daemon reads its own database");
+                             "hardware list, without --planner, --tls-ca or --auth-token-file) "
+                             "and reported by env; a planner daemon reads its own database");
   }
   return inv;
 }

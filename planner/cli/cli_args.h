@@ -29,6 +29,7 @@ enum class Command {
   kPlansGet,
   kPresets,
   kAdmit,
+  kEnv,  // the environment report (env_report.h)
 };
 
 // Flags every subcommand accepts, before or after the subcommand words.

@@ -41,6 +41,7 @@ Commands:
   plans list           list stored plans, newest first
   plans get ID         show a stored plan with its measurements
   presets              list model and hardware presets
+  env                  versions, host, GPUs, agent and planner: paste it into a bug report
 
 Run 'memplan COMMAND --help' for the flags of a command.
 Exit status: 0 ok, 1 the planner answered with an error or could not be reached, 2 bad usage.
@@ -177,6 +178,22 @@ constexpr char kPresets[] = R"(Usage: memplan presets [--models | --hardware]
 Lists the model architectures and hardware the planner knows by name.
 )";
 
+constexpr char kEnv[] = R"(Usage: memplan env [--json] [--db FILE] [--planner HOST:PORT]
+
+Prints what a bug report needs, in the manner of ds_report / accelerate env:
+  memplan        version, git commit, build type, compiler (the first line is --version's)
+  libraries      gRPC, protobuf, Abseil and SQLite as linked into this binary
+  host           CPU model and count, RAM (/proc/meminfo), OS (/etc/os-release), kernel
+  GPUs           nvidia-smi's name, memory and driver of each GPU, and the hardware preset it
+                 maps to (by name, by model and memory, or guessed from memory only); "no
+                 NVIDIA GPU found" when nvidia-smi is not on PATH
+  agent          memplan-agent --version (torch, CUDA runtime, cuDNN, NCCL) of the agent beside
+                 memplan, else the one on PATH
+  planner        whether the database in-process answers read exists (--db, default
+                 ./memplan-planner.db), and with --planner the daemon's answer to ListPresets
+--json prints the same as one JSON object. Exit status 0 whatever it finds.
+)";
+
 }  // namespace
 
 std::string HelpText(Command command) {
@@ -212,6 +229,9 @@ std::string HelpText(Command command) {
       break;
     case Command::kPresets:
       body = kPresets;
+      break;
+    case Command::kEnv:
+      body = kEnv;
       break;
   }
   return absl::StrCat(body, "\n", kGlobalHelp, ChannelSecurityUsage());

@@ -19,6 +19,7 @@
 #include "grpcpp/grpcpp.h"
 #include "memplan/v1/planner.grpc.pb.h"
 #include "planner/cli/cli_args.h"
+#include "planner/cli/env_report.h"
 #include "planner/cli/formatters.h"
 #include "planner/cli/in_process_planner.h"
 
@@ -371,6 +372,37 @@ int RunPlansGet(Session& s, const std::string& id) {
   return s.Print(response, [](const v1::GetPlanResponse& r) { return FormatStoredPlan(r.plan()); });
 }
 
+// `memplan env`: the report never fails; the daemon is asked only with --planner.
+int RunEnv(const CliInvocation& inv, const ClientCredentials& credentials, std::ostream& out) {
+  EnvProbes probes = SystemEnvProbes();
+  probes.db_path = inv.global.db_path.value_or(kDefaultPlannerDb);
+  if (inv.global.planner_given) {
+    probes.planner_address = inv.global.planner_address;
+    probes.contact_planner = [&inv, &credentials]() -> std::string {
+      grpc::ChannelArguments channel_args;
+      ApplyChannelArguments(credentials, &channel_args);
+      auto stub = v1::Planner::NewStub(grpc::CreateCustomChannel(
+          inv.global.planner_address, credentials.channel, channel_args));
+      grpc::ClientContext context;
+      context.set_deadline(
+          std::chrono::system_clock::now() +
+          std::chrono::microseconds(static_cast<int64_t>(inv.global.timeout_seconds * 1e6)));
+      AttachBearerToken(credentials, &context);
+      v1::ListPresetsResponse presets;
+      const grpc::Status status = stub->ListPresets(&context, v1::ListPresetsRequest(), &presets);
+      if (!status.ok()) {
+        return absl::StrCat("no answer to ListPresets (", CodeName(status.error_code()), ": ",
+                            status.error_message(), ")");
+      }
+      return absl::StrCat("answered ListPresets: ", presets.models_size(), " model and ",
+                          presets.hardware_size(), " hardware presets");
+    };
+  }
+  const EnvReport report = CollectEnvReport(probes);
+  out << (inv.global.json ? FormatEnvJson(report) : FormatEnvText(report));
+  return kExitOk;
+}
+
 }  // namespace
 
 int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
@@ -398,6 +430,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
     err << "memplan: " << credentials.status().message() << "\n";
     return kExitUsage;
   }
+  if (inv.command == Command::kEnv) return RunEnv(inv, *credentials, out);
   std::unique_ptr<InProcessPlanner> in_process;
   std::shared_ptr<grpc::Channel> channel;
   if (AnswersInProcess(inv)) {
@@ -453,6 +486,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
       return RunPlansGet(session, inv.id);
     case Command::kPresets:
       return RunPresets(session, inv.presets);
+    case Command::kEnv:  // answered above
     case Command::kNone:
       break;
   }

@@ -796,6 +796,14 @@ absl::Status Migrate(Database& db, const SqliteStoreOptions& options) {
 
 int SqliteStoreSchemaVersion() { return kLatestVersion; }
 
+std::string StoreVersionText() {
+  std::string text = absl::StrCat(sqlite3_libversion(), " (store schema ", kLatestVersion, ")");
+  if (absl::string_view(sqlite3_libversion()) != SQLITE_VERSION) {
+    absl::StrAppend(&text, "; built against ", SQLITE_VERSION);
+  }
+  return text;
+}
+
 namespace {
 
 // A reader must not change the file: it only checks that the schema is the one this binary reads

@@ -159,6 +159,9 @@ struct MemoryStoreOptions {
 absl::StatusOr<std::unique_ptr<Store>> OpenSqliteStore(const SqliteStoreOptions& options);
 // The latest schema version this binary writes (PRAGMA user_version).
 int SqliteStoreSchemaVersion();
+// "3.40.1": the SQLite library the store runs on (sqlite3_libversion), for `memplan env`; the
+// header's version is added when it differs.
+std::string StoreVersionText();
 
 std::unique_ptr<Store> NewMemoryStore();
 std::unique_ptr<Store> NewMemoryStore(const MemoryStoreOptions& options);

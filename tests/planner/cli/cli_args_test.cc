@@ -229,6 +229,8 @@ TEST(CliArgsTest, EverySubcommandParses) {
       {{"plans", "list"}, Command::kPlansList},
       {{"plans", "get", "p"}, Command::kPlansGet},
       {{"presets"}, Command::kPresets},
+      {{"env"}, Command::kEnv},
+      {{"--json", "env", "--db", "other.db"}, Command::kEnv},
   };
   for (const Case& c : cases) {
     auto inv = Parse(c.args);
@@ -238,6 +240,16 @@ TEST(CliArgsTest, EverySubcommandParses) {
   }
   EXPECT_EQ(Parse({"trace", "submit", "-"})->file_path, "-");
   EXPECT_EQ(Parse({"hardware", "get", "hw-9"})->id, "hw-9");
+  // env reports on the database --db names and asks a daemon only with --planner.
+  auto env = Parse({"env", "--planner", "h:1", "--db", "x.db"});
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_FALSE(AnswersInProcess(*env));
+  EXPECT_EQ(env->global.db_path, "x.db");
+  EXPECT_THAT(ErrorOf({"env", "--batch", "2"}), HasSubstr("unknown flag --batch"));
+  auto help = Parse({"env", "--help"});
+  ASSERT_TRUE(help.ok());
+  EXPECT_THAT(*help->help_text, HasSubstr("Usage: memplan env"));
+  EXPECT_THAT(HelpText(Command::kNone), HasSubstr("  env "));
 }
 
 TEST(CliArgsTest, MeasureParsesSizesAndSwitches) {

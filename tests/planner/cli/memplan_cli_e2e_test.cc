@@ -2,6 +2,7 @@
 // file): what a user sees, including exit statuses. Binary paths come from CMake.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -53,10 +54,11 @@ std::vector<char*> Argv(const std::string& program, std::vector<std::string>& ar
   return argv;
 }
 
-// Runs `program args...` to completion (in `cwd` when not empty); stdout and stderr captured
-// through temp files so that neither pipe can fill while the other is being read.
+// Runs `program args...` to completion (in `cwd` when not empty, with $PATH = `path_env` when not
+// empty); stdout and stderr captured through temp files so that neither pipe can fill while the
+// other is being read.
 RunResult RunProgram(const std::string& program, std::vector<std::string> args,
-                     const std::string& cwd = "") {
+                     const std::string& cwd = "", const std::string& path_env = "") {
   const std::string base = absl::StrCat(::testing::TempDir(), "memplan_cli_e2e_", ::getpid());
   const std::string out_path = base + ".out";
   const std::string err_path = base + ".err";
@@ -67,6 +69,7 @@ RunResult RunProgram(const std::string& program, std::vector<std::string> args,
     ::dup2(out, 1);
     ::dup2(err, 2);
     if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) ::_exit(126);
+    if (!path_env.empty()) ::setenv("PATH", path_env.c_str(), 1);
     std::vector<char*> argv = Argv(program, args);
     ::execv(program.c_str(), argv.data());
     ::_exit(127);
@@ -473,6 +476,94 @@ TEST(MemplanInProcessTest, MeasureStillNeedsAPlanner) {
   RunResult db = RunProgram(MEMPLAN_CLI_BIN, {"--db", "x.db", "plans", "list"});
   EXPECT_EQ(db.exit_code, 2);
   EXPECT_THAT(db.err, HasSubstr("--db: is read by in-process answers only"));
+}
+
+// A folder under the test's temp dir, removed with what it holds (files only) when it goes.
+class TempFolder {
+ public:
+  explicit TempFolder(absl::string_view name)
+      : path_(absl::StrCat(::testing::TempDir(), name, "_", ::getpid())) {
+    ::mkdir(path_.c_str(), 0700);
+  }
+  ~TempFolder() {
+    for (const std::string& file : files_) ::unlink(file.c_str());
+    ::rmdir(path_.c_str());
+  }
+  // Writes `text` to `name` inside the folder (executable when asked).
+  std::string Write(absl::string_view name, absl::string_view text, bool executable = false) {
+    const std::string file = absl::StrCat(path_, "/", name);
+    FILE* f = std::fopen(file.c_str(), "w");
+    std::fwrite(text.data(), 1, text.size(), f);
+    std::fclose(f);
+    ::chmod(file.c_str(), executable ? 0700 : 0600);
+    files_.push_back(file);
+    return file;
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::vector<std::string> files_;
+};
+
+TEST(MemplanEnvTest, ReportsEverySectionAndNoGpuWithoutNvidiaSmi) {
+  TempFolder cwd("memplan_env_plain");
+  // A PATH with neither nvidia-smi nor memplan-agent (the build puts the agent elsewhere).
+  RunResult r = RunProgram(MEMPLAN_CLI_BIN, {"env"}, cwd.path(), "/usr/bin:/bin");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const RunResult version = RunProgram(MEMPLAN_CLI_BIN, {"--version"});
+  ASSERT_EQ(version.exit_code, 0);
+  EXPECT_EQ(r.out.substr(0, r.out.find('\n') + 1), version.out);
+  for (const char* section : {"\nMemplan\n", "\nLibraries\n", "\nHost\n", "\nGPUs\n",
+                              "\nAgent\n", "\nPlanner\n"}) {
+    EXPECT_THAT(r.out, HasSubstr(section));
+  }
+  EXPECT_THAT(r.out, MatchesRegex("(.|\n)*  grpc: +[0-9]+\\.[0-9]+(.|\n)*"));
+  EXPECT_THAT(r.out, MatchesRegex("(.|\n)*  protobuf: +[0-9]+\\.[0-9]+\\.[0-9]+\n(.|\n)*"));
+  EXPECT_THAT(r.out, MatchesRegex("(.|\n)*  sqlite: +3\\.[0-9]+(.|\n)*"));
+  EXPECT_THAT(r.out, MatchesRegex("(.|\n)*  ram: +[0-9]+\\.[0-9] GiB\n(.|\n)*"));
+  EXPECT_THAT(r.out, HasSubstr("status:  no NVIDIA GPU found (nvidia-smi not on PATH)"));
+  EXPECT_THAT(r.out, HasSubstr("memplan-agent not found"));
+  EXPECT_THAT(r.out, HasSubstr("./memplan-planner.db does not exist"));
+  EXPECT_THAT(r.out, HasSubstr("not contacted (no --planner)"));
+  EXPECT_EQ(r.err, "");
+
+  RunResult help = RunProgram(MEMPLAN_CLI_BIN, {"env", "--help"});
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_THAT(help.out, HasSubstr("Usage: memplan env"));
+  EXPECT_EQ(RunProgram(MEMPLAN_CLI_BIN, {"env", "extra"}).exit_code, 2);
+}
+
+TEST_F(MemplanCliE2eTest, EnvWithGpusAnAgentAndThePlanner) {
+  // Stand-ins that print what the real tools print on a GPU host.
+  TempFolder tools("memplan_env_tools");
+  tools.Write("nvidia-smi",
+              "#!/bin/sh\n"
+              "printf 'NVIDIA H100 80GB HBM3, 81559 MiB, 550.54.15\\n"
+              "NVIDIA GeForce RTX 4090, 24564 MiB, 550.54.15\\n'\n",
+              /*executable=*/true);
+  tools.Write("memplan-agent",
+              "#!/bin/sh\n"
+              "[ \"$1\" = --version ] || exit 2\n"
+              "printf 'memplan-agent 0.1.0 (git abc, Release)\\ntorch 2.11.0\\n"
+              "cuda_runtime 13.0\\ncudnn 9.19.0\\nnccl 2.28.9\\n'\n",
+              /*executable=*/true);
+  tools.Write("memplan-planner.db", "");
+  RunResult r = RunProgram(MEMPLAN_CLI_BIN, {"--json", "--planner", *address_, "env"},
+                           tools.path(), absl::StrCat(tools.path(), ":/usr/bin:/bin"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("\"version_line\": \"memplan "));
+  EXPECT_THAT(r.out, HasSubstr("\"name\": \"NVIDIA H100 80GB HBM3\""));
+  EXPECT_THAT(r.out, HasSubstr("\"driver\": \"550.54.15\""));
+  EXPECT_THAT(r.out, HasSubstr("\"preset\": \"h100-80gb (by model h100 and memory)\""));
+  EXPECT_THAT(r.out, HasSubstr("\"preset\": \"rtx-4090 (by name)\""));
+  EXPECT_THAT(r.out, HasSubstr("\"torch\": \"2.11.0\""));
+  EXPECT_THAT(r.out, HasSubstr("\"nccl\": \"2.28.9\""));
+  EXPECT_THAT(r.out, HasSubstr("\"version\": \"0.1.0 (git abc, Release)\""));
+  EXPECT_THAT(r.out, HasSubstr("./memplan-planner.db (0 bytes"));
+  EXPECT_THAT(r.out, MatchesRegex(absl::StrCat("(.|\n)*\"daemon\": \"", *address_,
+                                               ": answered ListPresets: [0-9]+ model and [0-9]+ "
+                                               "hardware presets\"(.|\n)*")));
 }
 
 TEST(MemplanVersionTest, EveryBinaryPrintsItsVersion) {
