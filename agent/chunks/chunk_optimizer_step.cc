@@ -26,6 +26,16 @@ namespace {
 // pool balances a few large tensors across all threads.
 constexpr int64_t kTaskElems = int64_t{1} << 18;
 
+// Vectorized<BFloat16>::size() of the CPU kernel torch dispatches at::_fused_adamw_ to (what
+// AdamWBf16Update needs to reproduce it); 0 for a dispatch other than AVX2 / AVX-512.
+int64_t TorchBf16VectorElems() {
+  static const int64_t elems = [] {
+    const std::string capability = at::get_cpu_capability();
+    return capability == "AVX512" ? int64_t{32} : capability == "AVX2" ? int64_t{16} : int64_t{0};
+  }();
+  return elems;
+}
+
 // One piece of CPU optimizer work on a contiguous element range of one parameter.
 struct RangeWork {
   int64_t begin = 0;  // element offset into the chunk's arrays
@@ -87,6 +97,7 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
   const OptimizerKind kind = optimizer();
   const bool narrow = set_.dtype() != torch::kFloat32;  // bf16 staging copy and upload copy
   const bool keeps_master = master();
+  const int64_t torch_vector_elems = TorchBf16VectorElems();
   const int64_t slot = slot_elems();
   float* exp_avg_absmax = chunk.exp_avg_absmax.as<float>();
   float* exp_avg_sq_absmax = chunk.exp_avg_sq_absmax.as<float>();
@@ -160,8 +171,19 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
           break;
         }
         case OptimizerKind::kAdamWBf16States:
-          // torch's own fused kernel on host views of the range: the same function as the
-          // persistent chunks' update and torch.optim.AdamW(fused=True) on bf16 parameters.
+          if (torch_vector_elems > 0) {
+            // torch.optim.AdamW(fused=True) on bf16 parameters, as the persistent chunks run it,
+            // bit for bit (AdamWBf16Update, cpu_adamw.h), without torch's dispatch and intra-op
+            // threads inside each pool task: 1.5x the rate of at::_fused_adamw_ on 16 threads
+            // (docs/benchmarks.md, "CPU optimizer passes").
+            AdamWBf16Update(w.scalars, grad_scale, w.len, param16 + w.begin,
+                            static_cast<const uint16_t*>(grad) + w.begin,
+                            static_cast<uint16_t*>(exp_avg) + w.begin,
+                            static_cast<uint16_t*>(exp_avg_sq) + w.begin, torch_vector_elems);
+            break;
+          }
+          // torch's own fused kernel on host views of the range, where its CPU dispatch is one
+          // AdamWBf16Update does not reproduce.
           try {
             auto view = [&w](void* base) {
               return torch::from_blob(static_cast<uint16_t*>(base) + w.begin, {w.len},

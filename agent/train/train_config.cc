@@ -93,7 +93,8 @@ Residency plan (any chunk knob or --plan-file runs the chunk manager):
                            group g's offloaded activations are freed at the end of group
                            g + N - 1's forward, their copy done (the planner prices N = 2);
                            in backward, the host waits for the grad copies N groups back
-  --cpu-threads N (4)
+  --cpu-threads N (0)      CPU optimizer threads; 0: the host's hardware threads divided by the
+                           ranks on this host (what the planner's CPU figures assume)
 Held-out evaluation:
   --eval-tokens FILE       a token file (as --data, same --raw-token-bytes); logs `eval loss`,
                            the mean loss of --eval-batches micro-batches without gradients
@@ -253,7 +254,7 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
               FlagSet::Choices<bool>{{"device", true}, {"host", false}})
       .NonEmptyString("--plan-file", &c.plan_file)
       .Int("--offload-in-flight", &c.offload_in_flight, 1, 1024)
-      .Int("--cpu-threads", &c.cpu_threads, 1, 1024)
+      .Int("--cpu-threads", &c.cpu_threads, 0, 1024)
       .NonEmptyString("--save", &c.save_dir)
       .Int("--save-every", &c.save_every, 0, int64_t{1} << 40)
       .NonEmptyString("--resume", &c.resume_dir)

@@ -92,7 +92,7 @@ struct TrainConfig {
   bool accumulate_offloaded_grads_on_device = false;
   std::string plan_file;
   int offload_in_flight = 2;
-  int cpu_threads = 4;
+  int cpu_threads = 0;  // 0: the host's hardware threads / the ranks on this host
   // Checkpoints and output.
   std::string save_dir;
   int64_t save_every = 0;  // 0: only at the end (when --save is given)

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <functional>
 #include <ostream>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -231,7 +232,11 @@ TrainSession::TrainSession(TrainConfig config, PlannerLoopOptions loop, DistOpti
       loop_(std::move(loop)),
       dist_(std::move(dist)),
       world_size_(dist_.world_size),
-      lead_(dist_.rank == 0) {}
+      lead_(dist_.rank == 0),
+      cpu_threads_(config_.cpu_threads > 0
+                       ? config_.cpu_threads
+                       : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                                         std::max(1, dist_.local_world_size))) {}
 
 TrainSession::~TrainSession() = default;
 
@@ -305,10 +310,10 @@ absl::Status TrainSession::PrepareDevice() {
         .Field("backend", std::string(DistBackendName(group_->backend())))
         .Field("device", device_.str());
   }
-  if (world_size_ > 1 && at::get_num_threads() < config_.cpu_threads) {
+  if (world_size_ > 1 && at::get_num_threads() < cpu_threads_) {
     // torchrun sets OMP_NUM_THREADS=1 for every rank; a rank's CPU share is --cpu-threads (its
     // torch CPU ops ran single-threaded: 3x slower steps measured on 2 H200s, docs/benchmarks.md).
-    at::set_num_threads(config_.cpu_threads);
+    at::set_num_threads(cpu_threads_);
   }
   return absl::OkStatus();
 }
@@ -561,7 +566,7 @@ absl::Status TrainSession::BuildTrainer() {
   options.chunks.shard_persistent_state = plan_.shard_persistent_state;
   options.chunks.shard_persistent_params = plan_.shard_persistent_params;
   options.chunks.accumulate_sharded_grads_on_device = config_.accumulate_offloaded_grads_on_device;
-  options.chunks.cpu_threads = config_.cpu_threads;
+  options.chunks.cpu_threads = cpu_threads_;
   options.chunks.stochastic_rounding =
       optimizer_ == OptimizerKind::kAdamW8bit && config_.stochastic_rounding;
   options.chunks.rounding_seed = config_.seed;

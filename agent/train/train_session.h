@@ -102,6 +102,9 @@ class TrainSession {
   const DistOptions dist_;
   const int world_size_;
   const bool lead_;  // rank 0: logs steps and talks to the planner
+  // --cpu-threads, or this rank's share of the host's hardware threads ([Shared host CPU] in
+  // planner/cost/cost_model.cc: what the planner's CPU pass rates assume).
+  const int cpu_threads_;
 
   torch::Device device_ = torch::kCPU;  // PrepareDevice()
   // ResolvePlan().
