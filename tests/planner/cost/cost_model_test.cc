@@ -689,7 +689,9 @@ TEST(CostModelTest, TwoPassProfilePricesEachPass) {
   const double bwd = std::max(t.backward_seconds, p / 4.0e9);
   ExpectNear(pred.iteration_seconds,
              2 * t.forward_seconds + 2 * bwd + p * 4 / 4.0e10 +
-                 std::max(t.gpu_optimizer_seconds, p / 1.25e9) + t.fixed_seconds,
+                 // [Deferred CPU updates]: one rank, the next forward hides T_fwd of T_upd.
+                 std::max(t.gpu_optimizer_seconds, p / 1.25e9 - t.forward_seconds) +
+                 t.fixed_seconds,
              "clipped step");
 
   // One micro-batch: the norms come from the device grads.
@@ -803,7 +805,12 @@ TEST(CostModelTest, ProfilesWithoutTwoPassFiguresKeepThePreviousPrediction) {
       const double tail =
           c.options.cpu_optimizer_overlaps
               ? std::max(t.backward_seconds + t.gpu_optimizer_seconds, t.cpu_optimizer_seconds)
-              : t.backward_seconds + std::max(t.gpu_optimizer_seconds, t.cpu_optimizer_seconds);
+              : t.backward_seconds +
+                    std::max(t.gpu_optimizer_seconds,
+                             // [Deferred CPU updates] on one rank.
+                             StepUpdatesDeferred(c.options.world_size)
+                                 ? t.cpu_optimizer_seconds - t.forward_seconds
+                                 : t.cpu_optimizer_seconds);
       const double previous =
           ga * t.forward_seconds + (ga - 1) * t.backward_seconds + tail + t.fixed_seconds;
       const Prediction pred =
