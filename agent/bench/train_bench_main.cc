@@ -225,6 +225,9 @@ struct RunResult {
   std::string modes;
   double tokens_per_second = 0;
   double step_seconds = 0;
+  // Mean of each timed step's time after its backward (the optimizer stage, CPU updates that
+  // wait for Step() included).
+  double after_backward_seconds = 0;
   int64_t peak_allocated_bytes = 0;
   int64_t peak_reserved_bytes = 0;
   double last_loss = 0;
@@ -253,6 +256,7 @@ absl::StatusOr<RunResult> TimeSteps(Trainer& trainer, const std::vector<MicroBat
     if (!timed) continue;
     tokens += stats.tokens;
     seconds += stats.seconds;
+    r.after_backward_seconds += (stats.seconds - stats.forward_backward_seconds) / c.steps;
     r.peak_allocated_bytes = std::max(r.peak_allocated_bytes, stats.peak_allocated_bytes);
     r.peak_reserved_bytes = std::max(r.peak_reserved_bytes, stats.peak_reserved_bytes);
     r.last_loss = stats.loss;
@@ -273,9 +277,10 @@ absl::StatusOr<RunResult> TimeSteps(Trainer& trainer, const std::vector<MicroBat
 
 std::string ResultLine(const RunResult& r, double h2d_bytes_per_second) {
   std::string line = absl::StrFormat(
-      "RESULT %s modes=%s tokens_per_s=%.0f step_s=%.4f peak_alloc_GiB=%.2f peak_reserved_GiB=%.2f "
-      "loss=%.4f",
-      r.label, r.modes, r.tokens_per_second, r.step_seconds, r.peak_allocated_bytes / kGiB,
+      "RESULT %s modes=%s tokens_per_s=%.0f step_s=%.4f after_backward_s=%.4f peak_alloc_GiB=%.2f "
+      "peak_reserved_GiB=%.2f loss=%.4f",
+      r.label, r.modes, r.tokens_per_second, r.step_seconds, r.after_backward_seconds,
+      r.peak_allocated_bytes / kGiB,
       r.peak_reserved_bytes / kGiB, r.last_loss);
   if (r.has_chunks) {
     const ChunkMemoryStats& s = r.chunk_stats;
