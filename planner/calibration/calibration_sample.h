@@ -5,7 +5,6 @@
 
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include "common/types.h"
 
@@ -16,9 +15,11 @@ namespace memplan {
 // step spends its time on, so a key names the method ("full", "lora", "qlora") and the optimizer
 // ("adamw", "adamw_bf16", "adamw8bit", "sgd") besides the card, dtype and family: a LoRA run's
 // measurement never moves a full fine-tune's prediction. Every sample is also kept under the
-// method's pooled key (optimizer kAnyOptimizer), which answers for an optimizer of that method
-// nobody has measured yet. Keys with both fields empty hold the samples stored before keys carried
-// them (methods and optimizers mixed); they answer only where neither of the others has samples.
+// method's pooled key (optimizer kAnyOptimizer); a plan for a key with no samples of its own fits
+// those (an optimizer of a measured method starts from what the method taught); the pooled key
+// never holds a stored calibration. Keys with both fields empty hold the calibrations stored
+// before keys carried them (methods and optimizers mixed); they answer only where neither of the
+// others has samples.
 struct CalibrationKey {
   std::string hardware_name;
   DType param_dtype = DType::kBFloat16;
@@ -31,15 +32,15 @@ struct CalibrationKey {
 
 inline constexpr char kAnyOptimizer[] = "*";
 
-// The keys a plan for `key` reads its calibration from, most specific first: the key itself, its
-// method's pooled key, the legacy key (see [Calibration keys]). The first with samples answers.
-inline std::vector<CalibrationKey> CalibrationLookupOrder(const CalibrationKey& key) {
-  CalibrationKey pooled = key;
-  pooled.optimizer = kAnyOptimizer;
-  CalibrationKey legacy = key;
-  legacy.method.clear();
-  legacy.optimizer.clear();
-  return {key, pooled, legacy};
+// The pooled key of `key`'s method and the legacy key of its card, dtype and family.
+inline CalibrationKey PooledCalibrationKey(CalibrationKey key) {
+  key.optimizer = kAnyOptimizer;
+  return key;
+}
+inline CalibrationKey LegacyCalibrationKey(CalibrationKey key) {
+  key.method.clear();
+  key.optimizer.clear();
+  return key;
 }
 
 // One measured run, reduced to what the fit needs. raw_model_bytes is the cost model's peak

@@ -306,12 +306,8 @@ absl::StatusOr<v1::PlanResponse> PlannerCore::Plan(const v1::PlanRequest& reques
   const CalibrationKey cal_key{in.hardware.name, in.param_dtype, in.arch.family,
                                std::string(TrainingKindName(in.training.kind)),
                                std::string(OptimizerName(in.optimizer))};
-  std::optional<v1::Calibration> calibration;
-  for (const CalibrationKey& candidate : CalibrationLookupOrder(cal_key)) {
-    ASSIGN_OR_RETURN(calibration, store_.GetCalibration(candidate));
-    if (calibration.has_value() && calibration->samples() > 0) break;
-  }
-  if (calibration.has_value() && calibration->samples() > 0) {
+  ASSIGN_OR_RETURN(const std::optional<v1::Calibration> calibration, CalibrationFor(cal_key));
+  if (calibration.has_value()) {
     in.fragmentation_factor = calibration->fragmentation_factor();
     in.residual_bytes = calibration->residual_bytes();
     if (calibration->time_samples() > 0) in.time_factor = calibration->time_factor();
@@ -424,6 +420,41 @@ absl::StatusOr<v1::SubmitHardwareProfileResponse> PlannerCore::SubmitHardwarePro
   return response;
 }
 
+absl::StatusOr<Calibration> PlannerCore::FitKey(const CalibrationKey& key) {
+  const int window = std::max(1, options_.calibrator.window_samples);
+  ASSIGN_OR_RETURN(std::vector<CalibrationSample> recent,
+                   store_.RecentCalibrationSamples(key, window));
+  const CalibrationResult fit = FitCalibration(recent, options_.calibrator);
+  Calibration calibration;
+  calibration.hardware_name = key.hardware_name;
+  calibration.param_dtype = key.param_dtype;
+  calibration.model_family = key.model_family;
+  calibration.method = key.method;
+  calibration.optimizer = key.optimizer;
+  calibration.fragmentation_factor = fit.fragmentation_factor;
+  calibration.residual_bytes = fit.residual_bytes;
+  calibration.samples = fit.samples;
+  calibration.mean_abs_relative_error = fit.mean_abs_relative_error;
+  calibration.time_factor = fit.time_factor;
+  calibration.time_samples = fit.time_samples;
+  calibration.updated_at_unix_ms = options_.now_unix_ms();
+  return calibration;
+}
+
+absl::StatusOr<std::optional<v1::Calibration>> PlannerCore::CalibrationFor(
+    const CalibrationKey& key) {
+  // [Calibration keys]: the key's own calibration, else a fit of its method's pooled samples,
+  // else the legacy calibration of its card, dtype and family.
+  ASSIGN_OR_RETURN(std::optional<v1::Calibration> own, store_.GetCalibration(key));
+  if (own.has_value() && own->samples() > 0) return own;
+  ASSIGN_OR_RETURN(const Calibration pooled, FitKey(PooledCalibrationKey(key)));
+  if (pooled.samples > 0) return std::optional<v1::Calibration>(ToProto(pooled));
+  ASSIGN_OR_RETURN(std::optional<v1::Calibration> legacy,
+                   store_.GetCalibration(LegacyCalibrationKey(key)));
+  if (legacy.has_value() && legacy->samples() > 0) return legacy;
+  return std::optional<v1::Calibration>();
+}
+
 absl::StatusOr<v1::ReportMeasurementResponse> PlannerCore::ReportMeasurement(
     const v1::ReportMeasurementRequest& request, const MeasurementSource& source) {
   if (!request.has_measurement()) return Invalid("measurement is required");
@@ -509,45 +540,25 @@ absl::StatusOr<v1::ReportMeasurementResponse> PlannerCore::ReportMeasurement(
         .Field("reason", quarantine->reason);
     return response;
   }
-  // [Calibration keys]: the sample refits its own key and its method's pooled key.
-  CalibrationKey pooled = key;
-  pooled.optimizer = kAnyOptimizer;
-  for (const CalibrationKey& refit : {key, pooled}) {
-    if (m.peak_reserved_bytes() > 0) {
-      CalibrationSample sample;
-      sample.raw_model_bytes = RawModelBytes(predicted);
-      sample.exact_bytes = predicted.breakdown.exact_bytes;
-      sample.fixed_bytes = context;
-      sample.measured_bytes = m.peak_reserved_bytes() + context;
-      if (!m.oom() && m.step_seconds() > 0 && predicted.iteration_seconds > 0) {
-        sample.predicted_seconds = predicted.iteration_seconds / predicted.time_factor;
-        sample.measured_seconds = m.step_seconds();
-      }
-      sample.measured_at_unix_ms = m.measured_at_unix_ms();
-      sample.oom = m.oom();
-      RETURN_IF_ERROR(store_.PutCalibrationSample(refit, sample));
+  // [Calibration keys]: the sample refits its own key and joins its method's pooled samples.
+  if (m.peak_reserved_bytes() > 0) {
+    CalibrationSample sample;
+    sample.raw_model_bytes = RawModelBytes(predicted);
+    sample.exact_bytes = predicted.breakdown.exact_bytes;
+    sample.fixed_bytes = context;
+    sample.measured_bytes = m.peak_reserved_bytes() + context;
+    if (!m.oom() && m.step_seconds() > 0 && predicted.iteration_seconds > 0) {
+      sample.predicted_seconds = predicted.iteration_seconds / predicted.time_factor;
+      sample.measured_seconds = m.step_seconds();
     }
-    const int window = std::max(1, options_.calibrator.window_samples);
-    ASSIGN_OR_RETURN(std::vector<CalibrationSample> recent,
-                     store_.RecentCalibrationSamples(refit, window));
-    const CalibrationResult fit = FitCalibration(recent, options_.calibrator);
-    Calibration calibration;
-    calibration.hardware_name = refit.hardware_name;
-    calibration.param_dtype = refit.param_dtype;
-    calibration.model_family = refit.model_family;
-    calibration.method = refit.method;
-    calibration.optimizer = refit.optimizer;
-    calibration.fragmentation_factor = fit.fragmentation_factor;
-    calibration.residual_bytes = fit.residual_bytes;
-    calibration.samples = fit.samples;
-    calibration.mean_abs_relative_error = fit.mean_abs_relative_error;
-    calibration.time_factor = fit.time_factor;
-    calibration.time_samples = fit.time_samples;
-    calibration.updated_at_unix_ms = options_.now_unix_ms();
-    const v1::Calibration stored = ToProto(calibration);
-    RETURN_IF_ERROR(store_.PutCalibration(stored));
-    if (refit == key) *response.mutable_calibration() = stored;
+    sample.measured_at_unix_ms = m.measured_at_unix_ms();
+    sample.oom = m.oom();
+    RETURN_IF_ERROR(store_.PutCalibrationSample(key, sample));
+    RETURN_IF_ERROR(store_.PutCalibrationSample(PooledCalibrationKey(key), sample));
   }
+  ASSIGN_OR_RETURN(const Calibration calibration, FitKey(key));
+  *response.mutable_calibration() = ToProto(calibration);
+  RETURN_IF_ERROR(store_.PutCalibration(response.calibration()));
 
   if (metrics_ != nullptr) {
     const PlannerMetrics::ErrorKey error_key{

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -84,6 +85,11 @@ class PlannerCore {
  private:
   PlannerCore(Store& store, SearchExecutor& executor, PlannerMetrics* metrics,
               PlannerCoreOptions options, int64_t stored_measurements);
+
+  // The fit of `key`'s newest samples (not stored).
+  absl::StatusOr<Calibration> FitKey(const CalibrationKey& key);
+  // What a plan for `key` is calibrated with ([Calibration keys]); none: the default factor.
+  absl::StatusOr<std::optional<v1::Calibration>> CalibrationFor(const CalibrationKey& key);
 
   Store& store_;
   SearchExecutor& executor_;

@@ -72,39 +72,36 @@ TEST_F(CalibrationKeysTest, ALoraSampleDoesNotMoveAFullFineTunesPrediction) {
   EXPECT_GT(lora_again->prediction().peak_bytes(), lora->prediction().peak_bytes());
 }
 
-TEST_F(CalibrationKeysTest, AnUnmeasuredOptimizerOfAMethodUsesTheMethodsPooledCalibration) {
+TEST_F(CalibrationKeysTest, AnUnmeasuredOptimizerOfAMethodUsesTheMethodsPooledSamples) {
   absl::StatusOr<v1::PlanResponse> adamw = Plan(TinyRequest());
   ASSERT_TRUE(adamw.ok()) << adamw.status();
-  Report(*adamw, 1.15);
+  const v1::ReportMeasurementResponse reported = Report(*adamw, 1.15);
+  // Only measured keys are stored calibrations; the pooled samples are fitted when needed.
   v1::GetCalibrationRequest all;
   absl::StatusOr<v1::GetCalibrationResponse> stored = core_->GetCalibration(all);
   ASSERT_TRUE(stored.ok());
-  ASSERT_EQ(stored->calibrations_size(), 2);
-  const v1::Calibration& pooled = stored->calibrations(0);
-  ASSERT_EQ(pooled.optimizer(), "*");
-  EXPECT_EQ(pooled.samples(), 1);
+  ASSERT_EQ(stored->calibrations_size(), 1);
+  EXPECT_EQ(stored->calibrations(0).optimizer(), "adamw");
 
+  // sgd has no sample of its own: the method's pooled samples (here the adamw one) answer.
   v1::PlanRequest sgd = TinyRequest();
   sgd.set_optimizer("sgd");
   absl::StatusOr<v1::PlanResponse> answer = Plan(sgd);
   ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_GT(reported.calibration().fragmentation_factor(), 1.05);
   EXPECT_EQ(answer->prediction().breakdown().fragmentation_factor(),
-            pooled.fragmentation_factor());
+            reported.calibration().fragmentation_factor());
   EXPECT_EQ(answer->prediction().breakdown().calibration_residual_bytes(),
-            pooled.residual_bytes());
+            reported.calibration().residual_bytes());
 
-  // Once the new optimizer has a measurement of its own, its own key answers.
-  Report(*answer, 1.0);
+  // Once sgd has a measurement of its own, its own key answers.
+  const v1::ReportMeasurementResponse own = Report(*answer, 0.9);
+  EXPECT_EQ(own.calibration().optimizer(), "sgd");
   absl::StatusOr<v1::PlanResponse> again = Plan(Pinned(sgd, answer->plan()));
   ASSERT_TRUE(again.ok()) << again.status();
-  absl::StatusOr<v1::GetCalibrationResponse> after = core_->GetCalibration(all);
-  ASSERT_TRUE(after.ok());
-  double own_factor = 0;
-  for (const v1::Calibration& c : after->calibrations()) {
-    if (c.optimizer() == "sgd") own_factor = c.fragmentation_factor();
-  }
-  ASSERT_GT(own_factor, 0);
-  EXPECT_EQ(again->prediction().breakdown().fragmentation_factor(), own_factor);
+  EXPECT_EQ(again->prediction().breakdown().fragmentation_factor(),
+            own.calibration().fragmentation_factor());
+  EXPECT_NE(own.calibration().fragmentation_factor(), reported.calibration().fragmentation_factor());
 }
 
 // Three consistent measurements of one key bring its next prediction within 3 % of the reserved

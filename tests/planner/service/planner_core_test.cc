@@ -446,11 +446,9 @@ TEST_F(PlannerCoreTest, MeasurementIsStoredAndRecalibratesLaterPredictions) {
   cal.set_hardware_name("rtx-3090");
   auto calibrations = core_->GetCalibration(cal);
   ASSERT_TRUE(calibrations.ok());
-  // [Calibration keys]: the key's own calibration and its method's pooled one.
-  ASSERT_EQ(calibrations->calibrations_size(), 2);
-  EXPECT_EQ(calibrations->calibrations(0).optimizer(), "*");
-  EXPECT_EQ(calibrations->calibrations(1).optimizer(), "adamw");
-  EXPECT_EQ(calibrations->calibrations(1).method(), "full");
+  ASSERT_EQ(calibrations->calibrations_size(), 1);
+  EXPECT_EQ(calibrations->calibrations(0).method(), "full");  // [Calibration keys]
+  EXPECT_EQ(calibrations->calibrations(0).optimizer(), "adamw");
   cal.set_hardware_name("h200");
   EXPECT_EQ(core_->GetCalibration(cal)->calibrations_size(), 0);
 
