@@ -102,7 +102,7 @@ measured=$((predicted * 104 / 100))
 show memplan measure --plan-id "$plan_id" --peak-reserved "$measured" \
   --peak-allocated $((measured * 95 / 100)) --step-seconds 1.9 --note "demo run"
 
-say_step "Calibration learned per (hardware, dtype, model family); later plans for this pair include it."
+say_step "Calibration learned per (hardware, dtype, model family, method, optimizer); later plans for that key include it."
 show memplan calibration
 show memplan plan --arch llama-3.1-8b --gpu h100-80gb --batch 1 --seq 4096 --skip-limits \
   --max-alternatives 1
