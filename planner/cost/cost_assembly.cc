@@ -142,12 +142,14 @@ Prediction CostModel::Assemble(const ResidencyPlan& plan, const Modes& m, bool f
     host = chunks_->host_prefix[num_chunks_] - chunks_->host_prefix[plan.n_persist];
     for (int32_t j = 0; j < num_blocks_; ++j) host += ActBytes(j, m.Block(j));
   }
-  if (plan.host_memory == HostMemoryKind::kPinned) {
-    pred.host_pinned_bytes = host;
-  } else {
-    pred.host_pageable_bytes = host;
-  }
   pred.rank_memory = RankChunkMemory(plan.n_persist, plan.n_buffer, plan.host_memory, host);
+  // As the agent allocates it (ChunkMemoryStats): the chunks' transfer buffers and the offloaded
+  // activations follow the plan's host memory kind, the optimizer state on the host is pageable.
+  const RankMemory& rm = pred.rank_memory;
+  const int64_t activations = host - rm.chunk_host_pinned_bytes - rm.chunk_host_pageable_bytes;
+  const bool pinned = plan.host_memory == HostMemoryKind::kPinned;
+  pred.host_pinned_bytes = rm.chunk_host_pinned_bytes + (pinned ? activations : 0);
+  pred.host_pageable_bytes = rm.chunk_host_pageable_bytes + (pinned ? 0 : activations);
 
   // Every time is scaled by the step-time calibration (a common factor leaves the search's
   // ranking unchanged, so the search itself runs on the model's own times).

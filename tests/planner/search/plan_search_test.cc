@@ -28,8 +28,10 @@ struct Oracle {
 bool Feasible(const Prediction& p, const SearchConstraints& c, HostMemoryKind kind) {
   if (std::max(p.peak_bytes, p.load_peak_bytes) > c.capacity_bytes) return false;
   if (p.host_pinned_bytes + p.host_pageable_bytes > c.host_memory_bytes) return false;
+  // The search's rule: a pinned plan's whole host footprint stays under the pinned limit (its
+  // pageable optimizer state included: conservative).
   if (kind == HostMemoryKind::kPinned && c.pinned_limit_bytes > 0 &&
-      p.host_pinned_bytes > c.pinned_limit_bytes) {
+      p.host_pinned_bytes + p.host_pageable_bytes > c.pinned_limit_bytes) {
     return false;
   }
   return true;
