@@ -49,9 +49,10 @@ end
 -- Comment key -> memplan plan flag.
 local FLAGS = { model = "--arch", batch = "--batch", seq = "--seq", ["world-size"] = "--world-size",
                 ["grad-accum"] = "--grad-accum", dtype = "--dtype", ["lora-rank"] = "--lora-rank",
-                ["lora-targets"] = "--lora-targets", optimizer = "--optimizer" }
+                ["lora-targets"] = "--lora-targets", optimizer = "--optimizer",
+                ["gpus-per-node"] = "--gpus-per-node", ["host-memory-gib"] = "--host-memory-gib" }
 local KEY_NAMES = "model, batch, seq, world-size, grad-accum, dtype, method, lora-rank, " ..
-                  "lora-targets, optimizer"
+                  "lora-targets, optimizer, gpus-per-node, host-memory-gib"
 -- Closed value sets, checked here so that the error names the comment's key.
 local CHOICES = {
   dtype = { "fp32", "bf16", "fp16" },
@@ -59,7 +60,8 @@ local CHOICES = {
   optimizer = { "adamw", "adamw_bf16", "adamw8bit", "sgd" },
 }
 local INTEGERS = { batch = true, seq = true, ["world-size"] = true, ["grad-accum"] = true,
-                   ["lora-rank"] = true }
+                   ["lora-rank"] = true, ["gpus-per-node"] = true }
+local NUMBERS = { ["host-memory-gib"] = true }
 
 -- Values reach a shell (quoted): letters, digits and . _ - + only.
 local function safe(value) return value:match("^[%w%._%-%+]+$") ~= nil end
@@ -91,6 +93,9 @@ local function parse_comment(spec)
     end
     if INTEGERS[key] and not value:match("^%d+$") then
       return nil, key .. "='" .. value .. "': expected a positive integer"
+    end
+    if NUMBERS[key] and not (value:match("^%d+$") or value:match("^%d+%.%d+$")) then
+      return nil, key .. "='" .. value .. "': expected a positive number"
     end
     keys[key] = value
   end

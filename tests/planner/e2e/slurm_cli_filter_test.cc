@@ -147,6 +147,18 @@ TEST_F(SlurmCliFilterTest, MethodAndOptimizerReachThePlanner) {
   EXPECT_THAT(stored, HasSubstr("\"param_dtype\": \"DTYPE_FP32\""));
 }
 
+// The node's ranks and host memory override the partition's preset (memplan plan's node flags).
+TEST_F(SlurmCliFilterTest, NodeKeysReachThePlanner) {
+  std::string out = Submit(
+      "memplan:model=llama-3.1-8b,world-size=2,gpus-per-node=2,host-memory-gib=512", "gpu-h100");
+  EXPECT_THAT(out, HasSubstr("RC 0"));
+  const std::string stored = StoredPlan(out);
+  EXPECT_THAT(stored, HasSubstr("\"local_world_size\": 2"));
+  EXPECT_THAT(stored, HasSubstr("\"host_memory_bytes\": \"549755813888\""));  // 512 GiB
+  out = Submit("memplan:model=llama-3.1-8b,host-memory-gib=lots", "gpu-h100");
+  EXPECT_THAT(out, HasSubstr("host-memory-gib='lots': expected a positive number"));
+}
+
 TEST_F(SlurmCliFilterTest, BadCommentsAreRefusedNamingTheKeyAndTheAllowedValues) {
   EXPECT_THAT(Submit("nightly build", "gpu-4090"), HasSubstr("RC 0\nCOMMENT nightly build"));
   std::string out = Submit("memplan:model=llama-3.1-8b;touch " + dir_ + "/owned", "gpu-h100");
