@@ -111,7 +111,7 @@ say_step "Stored plans, newest first, and one of them with its measurement."
 show memplan plans list --page-size 5
 show memplan plans get "$plan_id"
 
-# ---------------------------------------------------------------- training hook (issue 4)
+# ---------------------------------------------------------------- training hook
 # Training with the agent, when it is built (MEMPLAN_BUILD_AGENT): memplan-agent asks the planner
 # for a plan of its own, applies it, trains a few steps and reports the measurement (on a CPU-only
 # host there is no device peak, so it prints predicted vs measured and says why it does not

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 30's step-time figures on a GPU host, in one call (docs/benchmarks.md, "Clipping keeps the
+# Step-time figures for clipped training and the CPU optimizer passes on a GPU host, in one call
 # overlap" and "CPU optimizers"): builds memplan-train-bench and memplan-cpu-adam-bench, times the
 # CPU optimizer passes, then llama-3.1-8b 1x4096 with the planner's 40 GiB adamw_bf16 plan under
 # --clip 0, --clip 1 ([Deferred CPU updates]) and --clip 1 --wait-step-updates (the old path).
