@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Step-time figures for clipped training and the CPU optimizer passes on a GPU host, in one call
-# overlap" and "CPU optimizers"): builds memplan-train-bench and memplan-cpu-adam-bench, times the
-# CPU optimizer passes, then llama-3.1-8b 1x4096 with the planner's 40 GiB adamw_bf16 plan under
+# (docs/benchmarks.md, "Clipping keeps the overlap"): builds memplan-train-bench and
+# memplan-cpu-adam-bench, times the CPU optimizer passes, then llama-3.1-8b 1x4096 with the planner's 40 GiB adamw_bf16 plan under
 # --clip 0, --clip 1 ([Deferred CPU updates]) and --clip 1 --wait-step-updates (the old path).
 #   scripts/gpu-step-overlap.sh OUT_DIR
 # MEMPLAN_OVERLAP_OPTIMIZERS: optimizers of the 8B runs (default "adamw_bf16 adamw8bit").
