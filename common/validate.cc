@@ -1,9 +1,12 @@
 #include "common/validate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/lora_shapes.h"
 
 namespace memplan {
 namespace {
@@ -227,17 +230,15 @@ absl::Status ValidateTrainingMethod(const TrainingMethod& t, const ModelSpec& m,
   }
   if (t.kind == TrainingKind::kFull) return absl::OkStatus();
   if (auto s = CheckInt(prefix, "lora_rank", t.lora_rank, 1, m.hidden_size); !s.ok()) return s;
+  const std::string allowed = absl::StrJoin(kLoraModules, ", ");
   if (t.lora_target_modules.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        prefix, "lora_target_modules is empty; allowed: q_proj, k_proj, v_proj, o_proj, "
-                "gate_proj, up_proj, down_proj"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "lora_target_modules is empty; allowed: ", allowed));
   }
   for (const std::string& name : t.lora_target_modules) {
-    if (name != "q_proj" && name != "k_proj" && name != "v_proj" && name != "o_proj" &&
-        name != "gate_proj" && name != "up_proj" && name != "down_proj") {
-      return absl::InvalidArgumentError(
-          absl::StrCat(prefix, "lora_target_modules has ", Quote(name),
-                       "; allowed: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"));
+    if (std::find(kLoraModules.begin(), kLoraModules.end(), name) == kLoraModules.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(prefix, "lora_target_modules has ",
+                                                     Quote(name), "; allowed: ", allowed));
     }
   }
   return absl::OkStatus();

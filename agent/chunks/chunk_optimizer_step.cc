@@ -26,16 +26,6 @@ namespace {
 // pool balances a few large tensors across all threads.
 constexpr int64_t kTaskElems = int64_t{1} << 18;
 
-// Vectorized<BFloat16>::size() of the CPU kernel torch dispatches at::_fused_adamw_ to (what
-// AdamWBf16Update needs to reproduce it); 0 for a dispatch other than AVX2 / AVX-512.
-int64_t TorchBf16VectorElems() {
-  static const int64_t elems = [] {
-    const std::string capability = at::get_cpu_capability();
-    return capability == "AVX512" ? int64_t{32} : capability == "AVX2" ? int64_t{16} : int64_t{0};
-  }();
-  return elems;
-}
-
 // One piece of CPU optimizer work on a contiguous element range of one parameter.
 struct RangeWork {
   int64_t begin = 0;  // element offset into the chunk's arrays

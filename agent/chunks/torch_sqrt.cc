@@ -2,6 +2,8 @@
 
 #include <dlfcn.h>
 
+#include <string>
+
 #include "agent/core/torch_pch.h"
 
 namespace memplan {
@@ -40,5 +42,13 @@ void TorchSqrtViaDispatcher(const float* in, float* out, int64_t n) {
 }
 
 bool TorchSqrtUsesMkl() { return ResolveVmsSqrt() != nullptr; }
+
+int64_t TorchBf16VectorElems() {
+  static const int64_t elems = [] {
+    const std::string capability = at::get_cpu_capability();
+    return capability == "AVX512" ? int64_t{32} : capability == "AVX2" ? int64_t{16} : int64_t{0};
+  }();
+  return elems;
+}
 
 }  // namespace memplan

@@ -14,4 +14,9 @@ void TorchSqrtViaDispatcher(const float* in, float* out, int64_t n);
 // Whether TorchSqrt found MKL's vmsSqrt.
 bool TorchSqrtUsesMkl();
 
+// Vectorized<BFloat16>::size() of the CPU kernel torch dispatches at::_fused_adamw_ to (what
+// AdamWBf16Update needs to reproduce it, cpu_adamw.h): 32 for AVX-512, 16 for AVX2, 0 for any
+// other dispatch (which AdamWBf16Update does not reproduce).
+int64_t TorchBf16VectorElems();
+
 }  // namespace memplan

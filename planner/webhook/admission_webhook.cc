@@ -22,9 +22,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr char kLoraModuleList[] =
-    "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj";
-
 std::optional<std::string> StringAt(const Json& object, const std::string& key) {
   if (!object.is_object()) return std::nullopt;
   auto it = object.find(key);
@@ -78,7 +75,8 @@ absl::Status ReadTrainingMethod(const Json& annotations, int64_t lora_rank,
   }
   if (!targets.has_value()) {
     return AnnotationError("lora-rank", absl::StrCat(lora_rank),
-                           absl::StrCat("needs memplan.dev/lora-targets (", kLoraModuleList,
+                           absl::StrCat("needs memplan.dev/lora-targets (",
+                                        absl::StrJoin(kLoraModules, ", "),
                                         ", or all)"));
   }
   training->set_kind(*method == "qlora" ? v1::TrainingMethod::QLORA : v1::TrainingMethod::LORA);
@@ -91,7 +89,7 @@ absl::Status ReadTrainingMethod(const Json& annotations, int64_t lora_rank,
     module = absl::StripAsciiWhitespace(module);
     if (std::find(kLoraModules.begin(), kLoraModules.end(), module) == kLoraModules.end()) {
       return AnnotationError("lora-targets", *targets,
-                             absl::StrCat("allowed: ", kLoraModuleList, ", or all"));
+                             absl::StrCat("allowed: ", absl::StrJoin(kLoraModules, ", "), ", or all"));
     }
     training->add_lora_target_modules(std::string(module));
   }
