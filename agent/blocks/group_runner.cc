@@ -1,64 +1,14 @@
 #include "agent/blocks/group_runner.h"
 
-#include <mutex>
 #include <utility>
+
+#include "agent/blocks/rng_fork.h"
 
 namespace memplan {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// RNG state of the CPU generator and, for CUDA groups, of that device's generator.
-struct RngState {
-  torch::Tensor cpu;
-  torch::Tensor cuda;
-  torch::Device device = torch::kCPU;
-};
-
-RngState CaptureRng(torch::Device device) {
-  RngState state;
-  state.device = device;
-  {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    state.cpu = gen.get_state();
-  }
-  if (device.is_cuda()) {
-    auto gen = at::globalContext().defaultGenerator(device);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    state.cuda = gen.get_state();
-  }
-  return state;
-}
-
-void RestoreRng(const RngState& state) {
-  {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(state.cpu);
-  }
-  if (state.cuda.defined()) {
-    auto gen = at::globalContext().defaultGenerator(state.device);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(state.cuda);
-  }
-}
-
-// Recomputation must draw the same random numbers as the forward did, without disturbing the
-// generators for whatever runs after it: swap the forward's state in, and the current one back.
-class RngFork {
- public:
-  explicit RngFork(const RngState& forward_state) : outside_(CaptureRng(forward_state.device)) {
-    RestoreRng(forward_state);
-  }
-  ~RngFork() { RestoreRng(outside_); }
-  RngFork(const RngFork&) = delete;
-  RngFork& operator=(const RngFork&) = delete;
-
- private:
-  RngState outside_;
-};
 
 // Everything one group call keeps between its forward and its backward. Held by the autograd
 // context (as a capsule), so it dies with the outer graph.
