@@ -47,6 +47,8 @@ constexpr FamilyDefaults kFamilies[] = {
     {"qwen2", "Qwen2ForCausalLM", 10000.0, 1e-6, 32768, 0, true, false},
     {"qwen3", "Qwen3ForCausalLM", 10000.0, 1e-6, 32768, 128, false, true},
     {"mistral", "MistralForCausalLM", 10000.0, 1e-6, 4096 * 32, 0, false, false},
+    {"qwen3_moe", "Qwen3MoeForCausalLM", 10000.0, 1e-6, 32768, 0, false, true},
+    {"mixtral", "MixtralForCausalLM", 1000000.0, 1e-5, 4096 * 32, 0, false, false},
 };
 
 absl::Status KeyError(absl::string_view key, absl::string_view what) {
@@ -340,10 +342,13 @@ absl::StatusOr<int64_t> ParseSlidingWindow(const Json& root, const FamilyDefault
   ASSIGN_OR_RETURN(std::optional<int64_t> window,
                    OptionalInt(root, "sliding_window", 1, kMaxPositionEmbeddings));
   if (type == "mistral") return absent ? 4096 : window.value_or(0);
+  if (type == "mixtral") return window.value_or(0);
   ASSIGN_OR_RETURN(std::optional<bool> use, OptionalBool(root, "use_sliding_window"));
   if (!use.value_or(false)) return 0;
   const int64_t w = absent ? 4096 : window.value_or(0);
   if (w == 0) return 0;
+  // Qwen3-MoE slides every layer once use_sliding_window is set.
+  if (type == "qwen3_moe") return w;
   bool any_sliding = false;
   if (const Json* types = Find(root, "layer_types"); types != nullptr) {
     if (!types->is_array()) return KeyError("layer_types", "must be an array of strings");
@@ -364,6 +369,85 @@ absl::StatusOr<int64_t> ParseSlidingWindow(const Json& root, const FamilyDefault
     any_sliding = max_window_layers.value_or(28) < num_layers;
   }
   return any_sliding ? w : 0;
+}
+
+absl::StatusOr<std::optional<double>> OptionalNonNegativeDouble(const Json& obj, const char* key,
+                                                                double hi) {
+  const Json* v = Find(obj, key);
+  if (v == nullptr) return std::optional<double>();
+  if (!v->is_number()) return KeyError(key, absl::StrCat("must be a number, got ", v->dump()));
+  const double value = v->get<double>();
+  if (!std::isfinite(value) || value < 0 || value > hi) {
+    return KeyError(key, absl::StrCat("= ", value, " is out of range; allowed [0, ", hi, "]"));
+  }
+  return std::optional<double>(value);
+}
+
+// The mixture-of-experts keys, with the defaults of transformers' Qwen3MoeConfig and
+// MixtralConfig. Qwen3-MoE checkpoints name the expert count "num_experts" (transformers writes
+// its alias "num_local_experts"); Mixtral's experts are as wide as intermediate_size and its
+// top-k weights are always renormalised.
+absl::Status ParseMoe(const Json& root, const FamilyDefaults& family, ModelSpec* spec) {
+  const std::string type = family.model_type;
+  if (type != "qwen3_moe" && type != "mixtral") return absl::OkStatus();
+  const bool qwen = type == "qwen3_moe";
+  ASSIGN_OR_RETURN(std::optional<int64_t> local,
+                   OptionalInt(root, "num_local_experts", 1, kMaxExperts));
+  std::optional<int64_t> named;
+  if (qwen) {
+    ASSIGN_OR_RETURN(named, OptionalInt(root, "num_experts", 1, kMaxExperts));
+  }
+  if (local.has_value() && named.has_value() && *local != *named) {
+    return KeyError("num_experts", absl::StrCat("= ", *named, " contradicts \"num_local_experts\" = ",
+                                                *local));
+  }
+  spec->num_experts = local.value_or(named.value_or(qwen ? 128 : 8));
+  ASSIGN_OR_RETURN(std::optional<int64_t> top_k,
+                   OptionalInt(root, "num_experts_per_tok", 1, spec->num_experts));
+  spec->num_experts_per_tok = top_k.value_or(qwen ? 8 : 2);
+  if (spec->num_experts_per_tok > spec->num_experts) {
+    return KeyError("num_experts_per_tok",
+                    absl::StrCat("= ", spec->num_experts_per_tok, " exceeds the ",
+                                 spec->num_experts, " experts"));
+  }
+  ASSIGN_OR_RETURN(std::optional<bool> output, OptionalBool(root, "output_router_logits"));
+  spec->output_router_logits = output.value_or(false);
+  ASSIGN_OR_RETURN(std::optional<double> coef,
+                   OptionalNonNegativeDouble(root, "router_aux_loss_coef", 1e3));
+  spec->router_aux_loss_coef = coef.value_or(0.001);
+  if (!qwen) {
+    ASSIGN_OR_RETURN(std::optional<double> jitter,
+                     OptionalNonNegativeDouble(root, "router_jitter_noise", 1.0));
+    if (jitter.value_or(0) != 0) {
+      return KeyError("router_jitter_noise",
+                      absl::StrCat("= ", *jitter, " is not supported; allowed: 0 (the agent "
+                                                  "does not draw router noise)"));
+    }
+    spec->moe_intermediate_size = spec->intermediate_size;
+    spec->norm_topk_prob = true;
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(std::optional<int64_t> width,
+                   OptionalInt(root, "moe_intermediate_size", 1, kMaxIntermediateSize));
+  spec->moe_intermediate_size = width.value_or(768);
+  ASSIGN_OR_RETURN(std::optional<bool> norm, OptionalBool(root, "norm_topk_prob"));
+  spec->norm_topk_prob = norm.value_or(false);
+  ASSIGN_OR_RETURN(std::optional<int64_t> step,
+                   OptionalInt(root, "decoder_sparse_step", 1, kMaxLayers));
+  spec->decoder_sparse_step = step.value_or(1);
+  if (const Json* only = Find(root, "mlp_only_layers"); only != nullptr) {
+    if (!only->is_array()) return KeyError("mlp_only_layers", "must be an array of layer indices");
+    for (const Json& e : *only) {
+      if (!e.is_number_integer() || e.get<int64_t>() < 0 ||
+          e.get<int64_t>() >= spec->num_layers) {
+        return KeyError("mlp_only_layers",
+                        absl::StrCat("contains ", e.dump(), "; allowed: layer indices 0 to ",
+                                     spec->num_layers - 1));
+      }
+      spec->mlp_only_layers.push_back(e.get<int64_t>());
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ModelSpec> ParseConfig(absl::string_view json, bool* has_name) {
@@ -424,6 +508,7 @@ absl::StatusOr<ModelSpec> ParseConfig(absl::string_view json, bool* has_name) {
   spec.qk_norm = family->qk_norm;
   RETURN_IF_ERROR(ParseRope(root, *family, &spec));
   ASSIGN_OR_RETURN(spec.sliding_window, ParseSlidingWindow(root, *family, spec.num_layers));
+  RETURN_IF_ERROR(ParseMoe(root, *family, &spec));
 
   // Backstop: the checks above name JSON keys; this one guards the ModelSpec invariants.
   if (absl::Status s = ValidateModelSpec(spec, "config.json -> arch."); !s.ok()) return s;
@@ -499,12 +584,32 @@ std::string ToHfConfigJson(const ModelSpec& spec, DType dtype) {
   j["hidden_act"] = "silu";
   j["tie_word_embeddings"] = spec.tie_word_embeddings;
   j["rope_parameters"] = RopeParametersObject(spec);
-  if (spec.family == "llama" || spec.family == "qwen3" || spec.family == "mistral") {
+  if (spec.family == "llama" || spec.family == "qwen3" || spec.family == "mistral" ||
+      spec.family == "qwen3_moe") {
     j["attention_bias"] = false;
   }
   if (spec.family == "llama") j["mlp_bias"] = false;
-  if (spec.family == "mistral") {
+  if (spec.family == "mistral" || spec.family == "mixtral") {
     j["sliding_window"] = spec.sliding_window > 0 ? Json(spec.sliding_window) : Json(nullptr);
+  }
+  if (spec.family == "qwen3_moe") {
+    j["use_sliding_window"] = spec.sliding_window > 0;
+    j["sliding_window"] = spec.sliding_window > 0 ? Json(spec.sliding_window) : Json(nullptr);
+    j["num_experts"] = spec.num_experts;
+    j["num_experts_per_tok"] = spec.num_experts_per_tok;
+    j["moe_intermediate_size"] = spec.moe_intermediate_size;
+    j["norm_topk_prob"] = spec.norm_topk_prob;
+    j["decoder_sparse_step"] = spec.decoder_sparse_step;
+    j["mlp_only_layers"] = spec.mlp_only_layers;
+  }
+  if (spec.family == "mixtral") {
+    j["num_local_experts"] = spec.num_experts;
+    j["num_experts_per_tok"] = spec.num_experts_per_tok;
+    j["router_jitter_noise"] = 0.0;
+  }
+  if (spec.IsMoe()) {
+    j["output_router_logits"] = spec.output_router_logits;
+    j["router_aux_loss_coef"] = spec.router_aux_loss_coef;
   }
   if (spec.family == "qwen2" || spec.family == "qwen3") {
     // Every layer slides when there is a window (the spec keeps the window, not which layers).

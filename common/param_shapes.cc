@@ -10,6 +10,21 @@ int64_t ParamShape::numel() const {
   return n;
 }
 
+std::string MoeRouterName(const ModelSpec& m, int64_t layer) {
+  return absl::StrCat("model.layers.", layer,
+                      m.family == "mixtral" ? ".block_sparse_moe.gate.weight" : ".mlp.gate.weight");
+}
+
+std::string MoeExpertName(const ModelSpec& m, int64_t layer, int64_t expert, MoeProjection which) {
+  // Mixtral's checkpoints call the SwiGLU's gate w1, its down projection w2 and its up one w3.
+  const bool mixtral = m.family == "mixtral";
+  const char* proj = which == MoeProjection::kGate ? (mixtral ? "w1" : "gate_proj")
+                     : which == MoeProjection::kUp ? (mixtral ? "w3" : "up_proj")
+                                                   : (mixtral ? "w2" : "down_proj");
+  return absl::StrCat("model.layers.", layer, mixtral ? ".block_sparse_moe" : ".mlp", ".experts.",
+                      expert, ".", proj, ".weight");
+}
+
 // See [Parameter order] in the header.
 std::vector<ParamShape> HfParamShapes(const ModelSpec& m) {
   const int64_t h = m.hidden_size;
@@ -34,9 +49,19 @@ std::vector<ParamShape> HfParamShapes(const ModelSpec& m) {
       out.push_back({p + "self_attn.q_norm.weight", {d}, g});
       out.push_back({p + "self_attn.k_norm.weight", {d}, g});
     }
-    out.push_back({p + "mlp.gate_proj.weight", {ffn, h}, g});
-    out.push_back({p + "mlp.up_proj.weight", {ffn, h}, g});
-    out.push_back({p + "mlp.down_proj.weight", {h, ffn}, g});
+    if (m.IsMoeLayer(i)) {
+      const int64_t e_ffn = m.moe_intermediate_size;
+      out.push_back({MoeRouterName(m, i), {m.num_experts, h}, g});
+      for (int64_t e = 0; e < m.num_experts; ++e) {
+        out.push_back({MoeExpertName(m, i, e, MoeProjection::kGate), {e_ffn, h}, g});
+        out.push_back({MoeExpertName(m, i, e, MoeProjection::kUp), {e_ffn, h}, g});
+        out.push_back({MoeExpertName(m, i, e, MoeProjection::kDown), {h, e_ffn}, g});
+      }
+    } else {
+      out.push_back({p + "mlp.gate_proj.weight", {ffn, h}, g});
+      out.push_back({p + "mlp.up_proj.weight", {ffn, h}, g});
+      out.push_back({p + "mlp.down_proj.weight", {h, ffn}, g});
+    }
     out.push_back({p + "input_layernorm.weight", {h}, g});
     out.push_back({p + "post_attention_layernorm.weight", {h}, g});
   }

@@ -1,5 +1,5 @@
-// The Hugging Face parameter names and shapes of a Llama/Qwen2/Qwen3/Mistral causal LM, derived
-// from its ModelSpec: what a checkpoint of that model must contain. Torch-free.
+// The Hugging Face parameter names and shapes of a Llama/Qwen2/Qwen3/Mistral/Qwen3-MoE/Mixtral
+// causal LM, derived from its ModelSpec: what a checkpoint of that model must contain. Torch-free.
 #pragma once
 
 #include <cstdint>
@@ -25,8 +25,20 @@ struct ParamShape {
 // unless tie_word_embeddings, a tied head being the embedding's tensor, listed once, in group 0);
 // inside a block Hugging Face's named_parameters() order: self_attn q, k, v, o (each weight
 // followed by its bias), q_norm, k_norm; mlp gate, up, down; input_layernorm,
-// post_attention_layernorm. Changing it changes every chunk layout and plan fingerprint.
+// post_attention_layernorm. A sparse (mixture-of-experts) layer lists, in place of mlp gate, up,
+// down, its router and then each expert in index order with its gate, up, down: the names of the
+// checkpoints on disk (MoeRouterName, MoeExpertName), which transformers 5 fuses into 3-D tensors
+// in memory only. Changing it changes every chunk layout and plan fingerprint.
 std::vector<ParamShape> HfParamShapes(const ModelSpec& model);
+
+// Checkpoint names of a sparse layer's router and of one expert's projections:
+// "model.layers.<l>.mlp.gate.weight", "model.layers.<l>.mlp.experts.<e>.<gate|up|down>_proj.weight"
+// (qwen3_moe); "model.layers.<l>.block_sparse_moe.gate.weight",
+// "model.layers.<l>.block_sparse_moe.experts.<e>.<w1|w3|w2>.weight" (mixtral).
+enum class MoeProjection { kGate, kUp, kDown };
+std::string MoeRouterName(const ModelSpec& model, int64_t layer);
+std::string MoeExpertName(const ModelSpec& model, int64_t layer, int64_t expert,
+                          MoeProjection which);
 
 // HfParamShapes as the chunk packing's input ([Chunk packing rule]), every parameter
 // `dtype_bytes` wide: the list whose LayoutFingerprint the plans carry.

@@ -52,7 +52,7 @@ struct RopeScaling {
 
 struct ModelSpec {
   std::string name;
-  std::string family = "llama";  // llama, qwen2, qwen3, mistral
+  std::string family = "llama";  // llama, qwen2, qwen3, mistral, qwen3_moe, mixtral
   int64_t hidden_size = 0;
   int64_t num_layers = 0;
   int64_t num_heads = 0;
@@ -72,7 +72,37 @@ struct ModelSpec {
   // equals the sliding one for sequences of at most this many tokens; longer ones are refused.
   int64_t sliding_window = 0;
 
+  // Mixture of experts (families qwen3_moe and mixtral; 0 experts: every MLP is dense). A sparse
+  // layer replaces the MLP by a router (linear hidden -> num_experts, softmax in fp32, top
+  // num_experts_per_tok) and num_experts SwiGLU experts of moe_intermediate_size; dense layers
+  // keep intermediate_size. Mixtral: every layer is sparse and the top-k weights are always
+  // renormalised; Qwen3-MoE: layer i is sparse unless listed in mlp_only_layers or
+  // (i + 1) % decoder_sparse_step != 0, and renormalises only with norm_topk_prob.
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;
+  bool norm_topk_prob = false;
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+  // The load-balancing loss (Switch Transformer's, over every sparse layer's router) is added to
+  // the LM loss times router_aux_loss_coef only when output_router_logits is set, as Hugging
+  // Face's *ForCausalLM does in training.
+  bool output_router_logits = false;
+  double router_aux_loss_coef = 0.001;
+
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : hidden_size / num_heads; }
+  bool IsMoe() const { return num_experts > 0; }
+  bool IsMoeLayer(int64_t layer) const {
+    if (num_experts <= 0) return false;
+    for (int64_t l : mlp_only_layers) {
+      if (l == layer) return false;
+    }
+    return decoder_sparse_step > 0 && (layer + 1) % decoder_sparse_step == 0;
+  }
+  // Whether the loss carries the router load-balancing term.
+  bool HasRouterAuxLoss() const {
+    return num_experts > 0 && output_router_logits && router_aux_loss_coef != 0;
+  }
 };
 
 struct HardwareSpec {

@@ -92,11 +92,40 @@ absl::Status ValidateModelSpec(const ModelSpec& m, absl::string_view prefix) {
     return s;
   }
   if (auto s = CheckInt(prefix, "vocab_size", m.vocab_size, 1, kMaxVocabSize); !s.ok()) return s;
+  const bool moe_family = m.family == "qwen3_moe" || m.family == "mixtral";
   if (!(m.family == "llama" || m.family == "qwen2" || m.family == "qwen3" ||
-        m.family == "mistral")) {
+        m.family == "mistral" || moe_family)) {
     return absl::InvalidArgumentError(absl::StrCat(prefix, "family = ", Quote(m.family),
                                                    " is not supported; allowed: llama, qwen2, "
-                                                   "qwen3, mistral"));
+                                                   "qwen3, mistral, qwen3_moe, mixtral"));
+  }
+  if (moe_family != (m.num_experts > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "num_experts = ", m.num_experts, moe_family ? " must be >= 1" : " must be 0",
+        " for family ", Quote(m.family)));
+  }
+  if (m.num_experts > 0) {
+    if (auto s = CheckInt(prefix, "num_experts", m.num_experts, 1, kMaxExperts); !s.ok()) return s;
+    if (auto s = CheckInt(prefix, "num_experts_per_tok", m.num_experts_per_tok, 1, m.num_experts);
+        !s.ok()) {
+      return s;
+    }
+    if (auto s = CheckInt(prefix, "moe_intermediate_size", m.moe_intermediate_size, 1,
+                          kMaxIntermediateSize);
+        !s.ok()) {
+      return s;
+    }
+    if (auto s = CheckInt(prefix, "decoder_sparse_step", m.decoder_sparse_step, 1, kMaxLayers);
+        !s.ok()) {
+      return s;
+    }
+    for (int64_t l : m.mlp_only_layers) {
+      if (auto s = CheckInt(prefix, "mlp_only_layers[]", l, 0, m.num_layers - 1); !s.ok()) return s;
+    }
+    if (!std::isfinite(m.router_aux_loss_coef) || m.router_aux_loss_coef < 0 ||
+        m.router_aux_loss_coef > 1e3) {
+      return OutOfRange(prefix, "router_aux_loss_coef", m.router_aux_loss_coef, 0, 1e3);
+    }
   }
   if (!std::isfinite(m.rms_norm_eps) || m.rms_norm_eps <= 0 || m.rms_norm_eps > 1) {
     return OutOfRange(prefix, "rms_norm_eps", m.rms_norm_eps, 1e-12, 1);
@@ -221,6 +250,25 @@ absl::Status CheckHostMemoryOverride(absl::string_view field, int64_t bytes) {
       "] (", kMinHostMemoryGiB, " to ", kMaxHostMemoryGiB, " GiB)"));
 }
 
+absl::Status CheckMoeAdapters(const ModelSpec& m, bool nf4_base,
+                              const std::vector<std::string>& targets, absl::string_view prefix) {
+  if (!m.IsMoe()) return absl::OkStatus();
+  if (nf4_base) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "QLoRA (an NF4 base) is not supported for the mixture of experts ",
+        Quote(m.family), "; use LoRA on q_proj, k_proj, v_proj, o_proj or a full fine-tune"));
+  }
+  for (const std::string& name : targets) {
+    if (name == "gate_proj" || name == "up_proj" || name == "down_proj") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, "LoRA target ", Quote(name), " is not supported for the mixture of experts ",
+          Quote(m.family), " (adapters on experts are not implemented); allowed: q_proj, k_proj, "
+          "v_proj, o_proj"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateTrainingMethod(const TrainingMethod& t, const ModelSpec& m,
                                     absl::string_view prefix) {
   if (auto s = CheckListSize(absl::StrCat(prefix, "lora_target_modules"),
@@ -241,7 +289,7 @@ absl::Status ValidateTrainingMethod(const TrainingMethod& t, const ModelSpec& m,
                                                      Quote(name), "; allowed: ", allowed));
     }
   }
-  return absl::OkStatus();
+  return CheckMoeAdapters(m, t.kind == TrainingKind::kQlora, t.lora_target_modules, prefix);
 }
 
 }  // namespace memplan

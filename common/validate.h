@@ -16,6 +16,7 @@ inline constexpr int64_t kMaxHiddenSize = int64_t{1} << 17;         // 131072
 inline constexpr int64_t kMaxLayers = 4096;
 inline constexpr int64_t kMaxHeads = 4096;
 inline constexpr int64_t kMaxIntermediateSize = int64_t{1} << 20;
+inline constexpr int64_t kMaxExperts = 1024;  // routed experts per sparse layer
 inline constexpr int64_t kMaxVocabSize = int64_t{1} << 24;
 inline constexpr int64_t kMaxMicroBatch = int64_t{1} << 16;
 inline constexpr int64_t kMaxSeqLen = int64_t{1} << 24;
@@ -78,6 +79,10 @@ absl::Status CheckSequenceLength(const ModelSpec& m, int64_t seq_len);
 absl::Status ValidateWorkload(const Workload& w, absl::string_view prefix);
 // Also bounds h.name (CheckName).
 absl::Status ValidateHardwareSpec(const HardwareSpec& h, absl::string_view prefix);
+// Mixtures of experts train fully or with adapters on the attention projections only: QLoRA and
+// adapters on gate_proj/up_proj/down_proj (which a sparse layer's experts replace) are refused.
+absl::Status CheckMoeAdapters(const ModelSpec& m, bool nf4_base,
+                              const std::vector<std::string>& targets, absl::string_view prefix);
 absl::Status ValidateTrainingMethod(const TrainingMethod& t, const ModelSpec& m,
                                     absl::string_view prefix);
 // A Plan request's host_memory_bytes: 0 (the hardware's) or [kMinHostMemoryGiB,

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "agent/blocks/activation_offloader.h"
 #include "agent/blocks/group_runner.h"
+#include "agent/model/moe.h"
 #include "agent/quant/nf4_linear.h"
 #include "common/head_chunking.h"
 #include "common/nf4_bytes.h"
@@ -29,6 +30,9 @@ struct LlamaModel::BlockParams {
   torch::Tensor q_norm, k_norm;  // Qwen3 only
   torch::Tensor gate_proj, up_proj, down_proj;
   torch::Tensor input_layernorm, post_attention_layernorm;
+  // A sparse layer's router and experts (ModelSpec::IsMoeLayer); gate/up/down_proj are then
+  // undefined.
+  std::unique_ptr<MoeParams> moe;
   // [LoRA] adapters, indexed like kLoraModuleNames; undefined for projections not targeted.
   std::array<torch::Tensor, kLoraModuleNames.size()> lora_a, lora_b;
   // [QLoRA] each projection's weight in NF4 (indexed like kLoraModuleNames) when the base is
@@ -63,6 +67,9 @@ struct LlamaModel::BlockParams {
     weight(4, gate_proj);
     weight(5, up_proj);
     weight(6, down_proj);
+    if (moe) {
+      for (NamedParam& m : moe->Named()) out.push_back(std::move(m));
+    }
     add("input_layernorm.weight", input_layernorm);
     add("post_attention_layernorm.weight", post_attention_layernorm);
     return out;
@@ -336,9 +343,16 @@ void LlamaModel::InitParams() {
       ones(&b->q_norm, {d});
       ones(&b->k_norm, {d});
     }
-    normal(&b->gate_proj, {s.intermediate_size, s.hidden_size});
-    normal(&b->up_proj, {s.intermediate_size, s.hidden_size});
-    normal(&b->down_proj, {s.hidden_size, s.intermediate_size});
+    if (s.IsMoeLayer(i)) {
+      b->moe = std::make_unique<MoeParams>(MoeParams::Shaped(s, i));
+      for (size_t t = 0; t < b->moe->tensors.size(); ++t) {
+        normal(&b->moe->tensors[t], b->moe->shapes[t]);
+      }
+    } else {
+      normal(&b->gate_proj, {s.intermediate_size, s.hidden_size});
+      normal(&b->up_proj, {s.intermediate_size, s.hidden_size});
+      normal(&b->down_proj, {s.hidden_size, s.intermediate_size});
+    }
     ones(&b->input_layernorm, {s.hidden_size});
     ones(&b->post_attention_layernorm, {s.hidden_size});
     blocks_.push_back(std::move(b));
@@ -746,7 +760,7 @@ torch::Tensor LlamaModel::Embed(const torch::Tensor& input_ids, const torch::Ten
 }
 
 torch::Tensor LlamaModel::Block(const BlockParams& p, const torch::Tensor& hidden,
-                                const Rope& rope, bool train) const {
+                                const Rope& rope, bool train, MoeRouterLoss* router_loss) const {
   const ModelSpec& s = options_.spec;
   const int64_t batch = hidden.size(0);
   const int64_t seq = hidden.size(1);
@@ -789,6 +803,7 @@ torch::Tensor LlamaModel::Block(const BlockParams& p, const torch::Tensor& hidde
   const torch::Tensor h = hidden + attn_out;
 
   const torch::Tensor y = RmsNorm(h, p.post_attention_layernorm, s.rms_norm_eps);
+  if (p.moe) return h + MoeMlp(s, *p.moe, y, router_loss);
   // gate before up, as transformers evaluates them: with LoRA dropout each draws a mask, and the
   // order of the draws is part of the result.
   const torch::Tensor gate = torch::silu(proj(y, 4, p.gate_proj));
@@ -834,9 +849,14 @@ torch::Tensor LlamaModel::Loss(const torch::Tensor& input_ids, const torch::Tens
   const absl::Status seq_ok = CheckSequenceLength(input_ids.size(1));
   TORCH_CHECK(seq_ok.ok(), seq_ok.ToString());
   const Rope rope = MakeRope(input_ids.size(1));
+  // [Router load balance] (agent/model/moe.h)
+  std::optional<MoeRouterLoss> router_loss;
+  if (options_.spec.HasRouterAuxLoss()) router_loss.emplace(options_.spec);
+  MoeRouterLoss* aux = router_loss ? &*router_loss : nullptr;
   torch::Tensor h = Embed(input_ids, embed_tokens_);
-  for (const auto& b : blocks_) h = Block(*b, h, rope, /*train=*/true);
-  return HeadLoss(h, targets, lm_head_.defined() ? lm_head_ : embed_tokens_);
+  for (const auto& b : blocks_) h = Block(*b, h, rope, /*train=*/true, aux);
+  const torch::Tensor loss = HeadLoss(h, targets, lm_head_.defined() ? lm_head_ : embed_tokens_);
+  return aux != nullptr ? aux->AddTo(loss) : loss;
 }
 
 // [Tied head gradient] With tied embeddings the plain graph sums the head's and the embedding's
@@ -869,6 +889,9 @@ torch::Tensor LlamaModel::Loss(const torch::Tensor& input_ids, const torch::Tens
   }
   const GroupRunnerOptions run{residency, offloader};
   const Rope rope = MakeRope(input_ids.size(1));
+  // [Router load balance] (agent/model/moe.h): every block records its routing, recomputes too.
+  std::shared_ptr<MoeRouterLoss> router_loss;
+  if (options_.spec.HasRouterAuxLoss()) router_loss = std::make_shared<MoeRouterLoss>(options_.spec);
   const bool tied = !lm_head_.defined();
 
   struct TiedState {
@@ -912,7 +935,9 @@ torch::Tensor LlamaModel::Loss(const torch::Tensor& input_ids, const torch::Tens
     block.group = i + 1;
     block.mode = modes[i];
     const BlockParams* params = blocks_[i].get();
-    block.body = [this, params, rope](const torch::Tensor& x) { return Block(*params, x, rope, true); };
+    block.body = [this, params, rope, router_loss](const torch::Tensor& x) {
+      return Block(*params, x, rope, true, router_loss.get());
+    };
     h = RunGroup(block, h, run);
   }
 
@@ -932,7 +957,8 @@ torch::Tensor LlamaModel::Loss(const torch::Tensor& input_ids, const torch::Tens
       tied_state->head_alias.reset();
     };
   }
-  return RunGroup(head, h, run);
+  const torch::Tensor loss = RunGroup(head, h, run);
+  return router_loss ? router_loss->AddTo(loss) : loss;
 }
 
 }  // namespace memplan

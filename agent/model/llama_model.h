@@ -1,6 +1,7 @@
-// LlamaModel: a Llama-family decoder (Llama 3.x, Qwen2/2.5 qkv bias, Qwen3 q/k norm, Mistral) in
-// LibTorch with Hugging Face parameter names, a plain-autograd reference loss, and a grouped loss
-// that runs every parameter group through agent/blocks (block activation modes + ParamResidency).
+// LlamaModel: a Llama-family decoder (Llama 3.x, Qwen2/2.5 qkv bias, Qwen3 q/k norm, Mistral, and
+// the mixtures of experts Qwen3-MoE and Mixtral through agent/model/moe.h) in LibTorch with Hugging
+// Face parameter names, a plain-autograd reference loss, and a grouped loss that runs every
+// parameter group through agent/blocks (block activation modes + ParamResidency).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,7 @@
 namespace memplan {
 
 class ActivationOffloader;
+class MoeRouterLoss;
 
 // One mode per transformer block, in block order.
 using BlockModes = std::vector<BlockMode>;
@@ -147,8 +149,9 @@ class LlamaModel {
   Rope MakeRope(int64_t seq_len) const;
   torch::Tensor Embed(const torch::Tensor& input_ids, const torch::Tensor& weight) const;
   // `train`: LoRA dropout active (training); Logits() runs without it, like PEFT in eval mode.
+  // `router_loss` (may be null) collects a sparse layer's routing for the load-balancing loss.
   torch::Tensor Block(const BlockParams& p, const torch::Tensor& hidden, const Rope& rope,
-                      bool train) const;
+                      bool train, MoeRouterLoss* router_loss = nullptr) const;
   torch::Tensor HeadLoss(const torch::Tensor& hidden, const torch::Tensor& targets,
                          const torch::Tensor& head_weight) const;
 

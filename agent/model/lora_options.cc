@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/validate.h"
 
 namespace memplan {
 namespace {
@@ -75,7 +76,11 @@ absl::Status ValidateLoraOptions(const LoraOptions& lora, const ModelSpec& spec,
       }
     }
   }
-  return absl::OkStatus();
+  std::vector<std::string> targets;
+  for (const char* name : kLoraModuleNames) {
+    if (lora.Targets(name)) targets.push_back(name);
+  }
+  return CheckMoeAdapters(spec, lora.nf4_base, targets, prefix);
 }
 
 TrainingMethod LoraTrainingMethod(const LoraOptions& lora) {

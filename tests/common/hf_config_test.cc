@@ -252,6 +252,110 @@ TEST(HfConfigTest, ConfigWriterRoundTrips) {
   }
 }
 
+// As published on the Hugging Face hub (Qwen/Qwen3-30B-A3B, mistralai/Mixtral-8x7B-v0.1).
+constexpr char kQwen3_30B_A3B[] = R"({
+  "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
+  "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
+  "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [],
+  "model_type": "qwen3_moe", "moe_intermediate_size": 768, "norm_topk_prob": true,
+  "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+  "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": false,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000.0,
+  "router_aux_loss_coef": 0.001, "sliding_window": null, "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+  "use_sliding_window": false, "vocab_size": 151936})";
+
+constexpr char kMixtral8x7B[] = R"({
+  "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+  "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+  "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral",
+  "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32,
+  "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": false,
+  "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02,
+  "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.36.0.dev0", "use_cache": true, "vocab_size": 32000})";
+
+TEST(HfConfigTest, Qwen3MoeReadsExpertsAndRouting) {
+  absl::StatusOr<ModelSpec> m = ParseHfConfigJson(kQwen3_30B_A3B);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->family, "qwen3_moe");
+  EXPECT_TRUE(m->qk_norm);
+  EXPECT_EQ(m->HeadDim(), 128);
+  EXPECT_EQ(m->num_experts, 128);
+  EXPECT_EQ(m->num_experts_per_tok, 8);
+  EXPECT_EQ(m->moe_intermediate_size, 768);
+  EXPECT_EQ(m->intermediate_size, 6144);
+  EXPECT_TRUE(m->norm_topk_prob);
+  EXPECT_EQ(m->decoder_sparse_step, 1);
+  EXPECT_TRUE(m->mlp_only_layers.empty());
+  EXPECT_FALSE(m->output_router_logits);
+  EXPECT_DOUBLE_EQ(m->router_aux_loss_coef, 0.001);
+  EXPECT_FALSE(m->HasRouterAuxLoss());
+  EXPECT_EQ(m->sliding_window, 0);
+  EXPECT_TRUE(m->IsMoeLayer(0));
+  EXPECT_TRUE(m->IsMoeLayer(47));
+}
+
+TEST(HfConfigTest, Qwen3MoeDenseLayersAndTransformersDefaults) {
+  // transformers writes the expert count under its alias num_local_experts; absent keys take
+  // Qwen3MoeConfig's defaults (top-8, width 768, no renormalisation).
+  absl::StatusOr<ModelSpec> m = ParseHfConfigJson(
+      R"({"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 6,
+          "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 256,
+          "num_local_experts": 16, "decoder_sparse_step": 2, "mlp_only_layers": [3],
+          "output_router_logits": true})");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->num_experts, 16);
+  EXPECT_EQ(m->num_experts_per_tok, 8);
+  EXPECT_EQ(m->moe_intermediate_size, 768);
+  EXPECT_FALSE(m->norm_topk_prob);
+  EXPECT_DOUBLE_EQ(m->router_aux_loss_coef, 0.001);
+  EXPECT_TRUE(m->HasRouterAuxLoss());
+  // Sparse: (i + 1) % 2 == 0 and not listed: layers 1 and 5; layer 3 is listed as dense.
+  std::vector<bool> sparse;
+  for (int64_t i = 0; i < 6; ++i) sparse.push_back(m->IsMoeLayer(i));
+  EXPECT_EQ(sparse, (std::vector<bool>{false, true, false, false, false, true}));
+}
+
+TEST(HfConfigTest, MixtralRenormalisesAndUsesIntermediateSizePerExpert) {
+  absl::StatusOr<ModelSpec> m = ParseHfConfigJson(kMixtral8x7B);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->family, "mixtral");
+  EXPECT_FALSE(m->qk_norm);
+  EXPECT_EQ(m->num_experts, 8);
+  EXPECT_EQ(m->num_experts_per_tok, 2);
+  EXPECT_EQ(m->moe_intermediate_size, 14336);
+  EXPECT_TRUE(m->norm_topk_prob);
+  EXPECT_DOUBLE_EQ(m->router_aux_loss_coef, 0.02);
+  EXPECT_DOUBLE_EQ(m->rope_theta, 1e6);
+  EXPECT_EQ(m->sliding_window, 0);
+  EXPECT_EQ(m->max_position_embeddings, 32768);
+  for (int64_t i = 0; i < 32; ++i) EXPECT_TRUE(m->IsMoeLayer(i)) << i;
+}
+
+TEST(HfConfigTest, MoeConfigWriterRoundTrips) {
+  for (const char* json : {kQwen3_30B_A3B, kMixtral8x7B}) {
+    absl::StatusOr<ModelSpec> m = ParseHfConfigJson(json);
+    ASSERT_TRUE(m.ok()) << m.status();
+    m->mlp_only_layers = m->family == "qwen3_moe" ? std::vector<int64_t>{0, 7} : m->mlp_only_layers;
+    m->output_router_logits = true;
+    absl::StatusOr<ModelSpec> back = ParseHfConfigJson(ToHfConfigJson(*m, DType::kBFloat16));
+    ASSERT_TRUE(back.ok()) << back.status() << "\n" << ToHfConfigJson(*m, DType::kBFloat16);
+    EXPECT_EQ(back->family, m->family);
+    EXPECT_EQ(back->num_experts, m->num_experts);
+    EXPECT_EQ(back->num_experts_per_tok, m->num_experts_per_tok);
+    EXPECT_EQ(back->moe_intermediate_size, m->moe_intermediate_size);
+    EXPECT_EQ(back->norm_topk_prob, m->norm_topk_prob);
+    EXPECT_EQ(back->decoder_sparse_step, m->decoder_sparse_step);
+    EXPECT_EQ(back->mlp_only_layers, m->mlp_only_layers);
+    EXPECT_TRUE(back->output_router_logits);
+    EXPECT_DOUBLE_EQ(back->router_aux_loss_coef, m->router_aux_loss_coef);
+    EXPECT_EQ(back->qk_norm, m->qk_norm);
+    EXPECT_EQ(back->HeadDim(), m->HeadDim());
+  }
+}
+
 TEST(HfConfigTest, FamilyFromArchitecturesWhenModelTypeAbsent) {
   absl::StatusOr<ModelSpec> m = ParseHfConfigJson(
       R"({"architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
@@ -318,6 +422,22 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{Tiny(R"("partial_rotary_factor": 0.5)"), "partial_rotary_factor"},
         BadCase{Tiny(R"("rope_parameters": {"full_attention": {"rope_type": "default"}})"),
                 "rope_parameters.full_attention"},
+        BadCase{R"({"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 256,
+                    "router_jitter_noise": 0.01})",
+                "\"router_jitter_noise\""},
+        BadCase{R"({"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 256,
+                    "num_local_experts": 4, "num_experts_per_tok": 5})",
+                "\"num_experts_per_tok\""},
+        BadCase{R"({"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 256,
+                    "num_experts": 0})",
+                "\"num_experts\""},
+        BadCase{R"({"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 256,
+                    "mlp_only_layers": [2]})",
+                "\"mlp_only_layers\""},
         BadCase{R"({"model_type": "llama",)", "malformed JSON"},
         BadCase{R"([1, 2])", "JSON object"}));
 

@@ -79,5 +79,80 @@ TEST(ValidateTrainingMethodTest, UnknownLoraTargetListsAllowed) {
               HasSubstr("\"qkv\"; allowed: q_proj"));
 }
 
+ModelSpec TinyMoe() {
+  ModelSpec m = Tiny();
+  m.family = "mixtral";
+  m.num_experts = 4;
+  m.num_experts_per_tok = 2;
+  m.moe_intermediate_size = 64;
+  m.norm_topk_prob = true;
+  return m;
+}
+
+TEST(ValidateModelSpecTest, ExpertsOnlyForMixtureFamiliesAndTopKWithinThem) {
+  EXPECT_TRUE(ValidateModelSpec(TinyMoe(), "arch.").ok());
+  ModelSpec m = TinyMoe();
+  m.num_experts_per_tok = 5;
+  EXPECT_THAT(ValidateModelSpec(m, "arch.").message(),
+              HasSubstr("arch.num_experts_per_tok = 5 is out of range; allowed [1, 4]"));
+  m = TinyMoe();
+  m.num_experts = 0;
+  EXPECT_THAT(ValidateModelSpec(m, "arch.").message(),
+              HasSubstr("arch.num_experts = 0 must be >= 1 for family \"mixtral\""));
+  m = Tiny();
+  m.num_experts = 4;
+  EXPECT_THAT(ValidateModelSpec(m, "arch.").message(),
+              HasSubstr("arch.num_experts = 4 must be 0 for family \"llama\""));
+  m = TinyMoe();
+  m.family = "qwen3_moe";
+  m.mlp_only_layers = {4};
+  EXPECT_THAT(ValidateModelSpec(m, "arch.").message(),
+              HasSubstr("arch.mlp_only_layers[] = 4 is out of range; allowed [0, 3]"));
+}
+
+TEST(ValidateTrainingMethodTest, MixtureOfExpertsTakesAdaptersOnAttentionOnly) {
+  TrainingMethod t;
+  t.kind = TrainingKind::kLora;
+  t.lora_rank = 8;
+  t.lora_target_modules = {"q_proj", "v_proj"};
+  EXPECT_TRUE(ValidateTrainingMethod(t, TinyMoe(), "training.").ok());
+  t.lora_target_modules = {"q_proj", "up_proj"};
+  EXPECT_THAT(ValidateTrainingMethod(t, TinyMoe(), "training.").message(),
+              HasSubstr("LoRA target \"up_proj\" is not supported for the mixture of experts"));
+  EXPECT_TRUE(ValidateTrainingMethod(t, Tiny(), "training.").ok());
+  t.kind = TrainingKind::kQlora;
+  t.lora_target_modules = {"q_proj"};
+  EXPECT_THAT(ValidateTrainingMethod(t, TinyMoe(), "training.").message(),
+              HasSubstr("QLoRA (an NF4 base) is not supported for the mixture of experts"));
+}
+
+TEST(ValidateModelSpecTest, SlidingLayersNeedAWindowAndAscendingIndices) {
+  ModelSpec m = Tiny();
+  m.sliding_window = 64;
+  m.sliding_layers = {0, 1};
+  EXPECT_TRUE(ValidateModelSpec(m, "arch.").ok());
+  m.sliding_layers = {};
+  EXPECT_THAT(ValidateModelSpec(m, "arch.").message(), HasSubstr("arch.sliding_layers"));
+  m.sliding_layers = {1, 0};
+  EXPECT_THAT(ValidateModelSpec(m, "arch.").message(), HasSubstr("arch.sliding_layers[1] = 0"));
+  m.sliding_layers = {m.num_layers};
+  EXPECT_THAT(ValidateModelSpec(m, "arch.").message(), HasSubstr("arch.sliding_layers[0]"));
+  m.sliding_window = 0;
+  m.sliding_layers = {0};
+  EXPECT_FALSE(ValidateModelSpec(m, "arch.").ok());
+}
+
+TEST(CheckSequenceLengthTest, AcceptsAnyLengthBeyondTheWindow) {
+  ModelSpec m = Tiny();
+  m.sliding_window = 64;
+  m.sliding_layers = {0};
+  EXPECT_TRUE(CheckSequenceLength(m, 64).ok());
+  EXPECT_TRUE(CheckSequenceLength(m, 65).ok());
+  EXPECT_TRUE(CheckSequenceLength(m, 1 << 20).ok());
+  EXPECT_FALSE(CheckSequenceLength(m, 0).ok());
+  m.sliding_window = -1;
+  EXPECT_THAT(CheckSequenceLength(m, 8).message(), HasSubstr("sliding_window"));
+}
+
 }  // namespace
 }  // namespace memplan

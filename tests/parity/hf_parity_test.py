@@ -2,7 +2,8 @@
 """Parity of memplan-agent with Hugging Face transformers, in fp32 on the CPU.
 
 For every architecture option the agent accepts (Llama tied and untied, Qwen2 q/k/v biases, Qwen3
-q/k norms, Mistral, every RoPE scaling type in both config layouts) this writes a tiny random
+q/k norms, Mistral, the mixtures of experts Qwen3-MoE and Mixtral with and without their router
+load-balancing loss, every RoPE scaling type in both config layouts) this writes a tiny random
 checkpoint with transformers' save_pretrained, computes logits, loss, every parameter's gradient
 and the parameters after one torch.optim.AdamW step with transformers, then runs
 memplan-hf-parity (tests/parity/hf_parity_main.cc) on the same checkpoint and tokens under several
@@ -50,11 +51,16 @@ def base_config(family, **over):
              rms_norm_eps=1e-5, tie_word_embeddings=False)
     if family == "qwen3":
         c["head_dim"] = 16
-    if family == "mistral":
+    if family in ("mistral", "mixtral"):
         c["sliding_window"] = None
+    if family == "qwen3_moe":
+        c.update(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=40)
+    if family == "mixtral":
+        c.update(num_local_experts=4, num_experts_per_tok=2)
     c.update(over)
     classes = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-               "qwen3": transformers.Qwen3Config, "mistral": transformers.MistralConfig}
+               "qwen3": transformers.Qwen3Config, "mistral": transformers.MistralConfig,
+               "qwen3_moe": transformers.Qwen3MoeConfig, "mixtral": transformers.MixtralConfig}
     return classes[family](**c)
 
 
@@ -94,6 +100,15 @@ CHECKPOINTS = {
     "qwen3-qknorm": ("qwen3", dict(rope_parameters=rope("default", 1e6)), None),
     "mistral": ("mistral", dict(), None),
     "mistral-window-above-seq": ("mistral", dict(sliding_window=SEQ), None),
+    # Mixtures of experts, 4 experts: the load-balancing loss on with a coefficient large enough
+    # that its share of the router gradients is far above the tolerance; Qwen3-MoE with a dense
+    # layer (mlp_only_layers) and, in a second checkpoint, renormalised top-3 weights, sparse
+    # layers every second layer and no aux loss.
+    "qwen3moe-aux": ("qwen3_moe", dict(mlp_only_layers=[2], output_router_logits=True,
+                                       router_aux_loss_coef=0.3), None),
+    "qwen3moe-norm-topk3": ("qwen3_moe", dict(num_experts_per_tok=3, norm_topk_prob=True,
+                                              decoder_sparse_step=2), None),
+    "mixtral-aux": ("mixtral", dict(output_router_logits=True, router_aux_loss_coef=0.3), None),
 }
 
 # Plans: (name, memplan-hf-parity arguments). The first group runs for every checkpoint.
@@ -119,7 +134,18 @@ PLANS_FULL = PLANS_ALL + [
     ("managed-chunked-head", ["--head-chunk-rows", "7", "--chunk-kib", "96", "--n-persist", "1",
                              "--block-modes", "ckpt,swap,hs_offload,none"]),
 ]
-FULL_PLAN_CHECKPOINTS = {"llama-untied-theta5e5", "llama-tied-llama3", "qwen2-tied-bias"}
+MOE_FAMILIES = ("qwen3_moe", "mixtral")
+# Seeds of the mixture-of-experts checkpoints, apart from the others' (their position in the
+# sorted list), so that adding these left the others' data unchanged.
+MOE_SEEDS = {"mixtral-aux": 41, "qwen3moe-aux": 42, "qwen3moe-norm-topk3": 43}
+# The checkpoints whose attention runs in sliding-window tiles: every block mode (recompute, swap,
+# host offload) for them.
+PLANS_MODES = PLANS_ALL + [p for p in PLANS_FULL
+                           if p[0] in ("grouped-ckpt", "grouped-swap", "grouped-hs-offload")]
+TILED_ATTENTION_CHECKPOINTS = {"mistral-window-below-seq", "qwen2-sliding-layer-types",
+                               "qwen3-sliding-max-window-layers"}
+FULL_PLAN_CHECKPOINTS = {"llama-untied-theta5e5", "llama-tied-llama3", "qwen2-tied-bias",
+                         "qwen3moe-aux", "mixtral-aux"}
 
 # Configs the agent must refuse at load, with a word its error must contain.
 REFUSED = {
@@ -132,7 +158,69 @@ REFUSED = {
                        "partial_rotary_factor"),
     "mistral-window-below-seq": ("mistral", dict(sliding_window=SEQ // 2), None, "sliding_window"),
     "llama-attention-bias": ("llama", dict(attention_bias=True), None, "attention_bias"),
+    "mixtral-router-jitter": ("mixtral", dict(router_jitter_noise=0.1), None,
+                              "router_jitter_noise"),
 }
+
+
+# transformers 5 keeps a sparse layer's experts as two fused tensors in memory,
+# mlp.experts.gate_up_proj [E, 2F, H] (gate rows first) and mlp.experts.down_proj [E, H, F], while
+# checkpoints (and memplan) name every expert's projections. Mixtral's checkpoints also call the
+# layer block_sparse_moe and the projections w1 (gate), w3 (up), w2 (down).
+def expert_names(name, experts):
+    """For an in-memory fused expert tensor: [(checkpoint name, index into it)]; else None."""
+    for fused, parts in ((".mlp.experts.gate_up_proj", ("gate_proj", "up_proj")),
+                         (".mlp.experts.down_proj", ("down_proj",))):
+        if name.endswith(fused):
+            prefix = name[: -len(fused)]
+            out = []
+            for e in range(experts):
+                for i, part in enumerate(parts):
+                    out.append((f"{prefix}.mlp.experts.{e}.{part}.weight", (e, i, len(parts))))
+            return out
+    return None
+
+
+def disk_name(name, family):
+    if family != "mixtral":
+        return name
+    mixtral = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+    name = name.replace(".mlp.", ".block_sparse_moe.")
+    for hf, mx in mixtral.items():
+        name = name.replace(f".{hf}.weight", f".{mx}.weight")
+    return name
+
+
+def to_checkpoint_names(tensors, family, experts):
+    """{in-memory name: tensor} -> {checkpoint name: tensor}, fused experts split."""
+    out = {}
+    for n, t in tensors.items():
+        parts = expert_names(n, experts) if experts else None
+        if parts is None:
+            out[disk_name(n, family) if ".mlp.gate.weight" in n else n] = t
+            continue
+        for name, (e, i, count) in parts:
+            rows = t.shape[1] // count
+            out[disk_name(name, family)] = t[e, i * rows:(i + 1) * rows].clone()
+    return out
+
+
+def from_checkpoint_names(get, name, family, experts):
+    """The in-memory tensor `name` assembled from checkpoint-named tensors (get(name))."""
+    parts = expert_names(name, experts) if experts else None
+    if parts is None:
+        return get(disk_name(name, family) if ".mlp.gate.weight" in name else name)
+    by_expert = {}
+    for n, (e, _, _) in parts:
+        by_expert.setdefault(e, []).append(get(disk_name(n, family)))
+    return torch.stack([torch.cat(by_expert[e], 0) for e in sorted(by_expert)])
+
+
+def moe_of(model):
+    """(family, expert count) of a transformers model; expert count 0 for a dense one."""
+    c = model.config
+    return c.model_type, getattr(c, "num_local_experts", 0) or getattr(c, "num_experts", 0)
+
 
 
 def randomise(model, seed):
@@ -192,7 +280,9 @@ def hf_reference(directory, ids, targets, grad_accum, clip, optimizer="adamw",
         (out.loss / grad_accum).backward()
         loss_sum += out.loss.item()
     grads = {n: p.grad.detach().float().cpu().clone() for n, p in params.items()}
-    return logits, loss_sum / grad_accum, grads, optimizer_step(params, clip, optimizer)
+    family, experts = moe_of(model)
+    return (logits, loss_sum / grad_accum, to_checkpoint_names(grads, family, experts),
+            to_checkpoint_names(optimizer_step(params, clip, optimizer), family, experts))
 
 
 def optimizer_step(params, clip, optimizer):
@@ -214,9 +304,10 @@ def hf_step_with(directory, grads, clip, optimizer):
     """transformers' parameters after one optimizer step taken with the given gradients (fp32)."""
     model = load_hf(directory)
     params = dict(model.named_parameters())
+    family, experts = moe_of(model)
     for n, p in params.items():
-        p.grad = grads["grad." + n].clone()
-    return optimizer_step(params, clip, optimizer)
+        p.grad = from_checkpoint_names(lambda k: grads["grad." + k], n, family, experts).clone()
+    return to_checkpoint_names(optimizer_step(params, clip, optimizer), family, experts)
 
 
 def rel_err(got, want):
@@ -321,12 +412,13 @@ def run_checkpoint(tally, tool, work, name, seed, plans, dtype, device):
         if rc != 0:
             continue
         ref32, low = refs[key]
-        if "--head-chunk-rows" in plan_args and not bf16:
-            # The chunked head sums the loss and the head's gradients in another order: gradients
-            # agree within fp32 rounding, not bit for bit, and AdamW's first step (about
-            # lr * sign(g)) turns rounding-level differences of near-zero gradients into full
-            # steps. So the step is checked as torch's optimizer applied to memplan's gradients,
-            # which are themselves checked against transformers'.
+        if ("--head-chunk-rows" in plan_args or family in MOE_FAMILIES) and not bf16:
+            # The chunked head sums the loss and the head's gradients in another order, and a
+            # sparse layer groups tokens per expert and sums their outputs in another order than
+            # transformers: gradients agree within fp32 rounding, not bit for bit, and AdamW's
+            # first step (about lr * sign(g)) turns rounding-level differences of near-zero
+            # gradients into full steps. So the step is checked as torch's optimizer applied to
+            # memplan's gradients, which are themselves checked against transformers'.
             got = load_file(out)
             ref32 = ref32[:3] + (hf_step_with(ckpt, got, clip, optimizer),)
         compare_run(tally, label, out, ref32, bf16_judge if bf16 else fp32_judge, low)
@@ -338,8 +430,10 @@ def run_checkpoint(tally, tool, work, name, seed, plans, dtype, device):
                 got = load_hf(save_hf, torch_dtype, device)(input_ids=ids.to(device)).logits
                 ref_model = load_hf(ckpt, torch_dtype, device)
                 post = load_file(out)
+                family, experts = moe_of(ref_model)
                 for n, p in ref_model.named_parameters():
-                    p.copy_(post["param." + n])
+                    p.copy_(from_checkpoint_names(lambda k: post["param." + k], n, family,
+                                                  experts))
                 want = ref_model(input_ids=ids.to(device)).logits
             err = rel_err(got.float().cpu(), want.float().cpu())
             tally.check(f"{label} saved checkpoint loads in transformers", err <= REL_TOL,
@@ -364,7 +458,9 @@ def main():
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, work dir {work}")
     tally = Tally()
 
-    for seed, name in enumerate(sorted(CHECKPOINTS), start=1):
+    dense = sorted(n for n in CHECKPOINTS if n not in MOE_SEEDS)
+    seeds = dict(zip(dense, range(1, len(dense) + 1)), **MOE_SEEDS)
+    for name, seed in sorted(seeds.items()):
         if args.only and args.only not in name:
             continue
         if args.dtype == "bf16":
