@@ -371,6 +371,38 @@ absl::StatusOr<int64_t> ParseSlidingWindow(const Json& root, const FamilyDefault
   return any_sliding ? w : 0;
 }
 
+// The layers that slide, given the window ParseSlidingWindow found (none when it is 0): Qwen2 and
+// Qwen3 mark them in "layer_types" (one entry per layer) or slide the layers from
+// "max_window_layers" (default 28) on; every other family slides every layer.
+absl::StatusOr<std::vector<int64_t>> ParseSlidingLayers(const Json& root,
+                                                        const FamilyDefaults& family,
+                                                        int64_t num_layers, int64_t window) {
+  std::vector<int64_t> layers;
+  if (window == 0) return layers;
+  const std::string type = family.model_type;
+  if (type != "qwen2" && type != "qwen3") {
+    for (int64_t l = 0; l < num_layers; ++l) layers.push_back(l);
+    return layers;
+  }
+  if (const Json* types = Find(root, "layer_types"); types != nullptr) {
+    // ParseSlidingWindow checked the entries; transformers also wants one per layer.
+    if (static_cast<int64_t>(types->size()) != num_layers) {
+      return KeyError("layer_types", absl::StrCat("has ", types->size(), " entries for ",
+                                                  num_layers, " layers (\"num_hidden_layers\")"));
+    }
+    for (int64_t l = 0; l < num_layers; ++l) {
+      if ((*types)[static_cast<size_t>(l)].get<std::string>() == "sliding_attention") {
+        layers.push_back(l);
+      }
+    }
+    return layers;
+  }
+  ASSIGN_OR_RETURN(std::optional<int64_t> max_window_layers,
+                   OptionalInt(root, "max_window_layers", 0, kMaxLayers));
+  for (int64_t l = max_window_layers.value_or(28); l < num_layers; ++l) layers.push_back(l);
+  return layers;
+}
+
 absl::StatusOr<std::optional<double>> OptionalNonNegativeDouble(const Json& obj, const char* key,
                                                                 double hi) {
   const Json* v = Find(obj, key);
@@ -508,6 +540,8 @@ absl::StatusOr<ModelSpec> ParseConfig(absl::string_view json, bool* has_name) {
   spec.qk_norm = family->qk_norm;
   RETURN_IF_ERROR(ParseRope(root, *family, &spec));
   ASSIGN_OR_RETURN(spec.sliding_window, ParseSlidingWindow(root, *family, spec.num_layers));
+  ASSIGN_OR_RETURN(spec.sliding_layers,
+                   ParseSlidingLayers(root, *family, spec.num_layers, spec.sliding_window));
   RETURN_IF_ERROR(ParseMoe(root, *family, &spec));
 
   // Backstop: the checks above name JSON keys; this one guards the ModelSpec invariants.
@@ -612,10 +646,15 @@ std::string ToHfConfigJson(const ModelSpec& spec, DType dtype) {
     j["router_aux_loss_coef"] = spec.router_aux_loss_coef;
   }
   if (spec.family == "qwen2" || spec.family == "qwen3") {
-    // Every layer slides when there is a window (the spec keeps the window, not which layers).
+    // "layer_types" says which layers slide; max_window_layers is only its default.
     j["use_sliding_window"] = spec.sliding_window > 0;
     j["sliding_window"] = spec.sliding_window > 0 ? Json(spec.sliding_window) : Json(nullptr);
-    j["max_window_layers"] = spec.sliding_window > 0 ? 0 : spec.num_layers;
+    j["max_window_layers"] = spec.num_layers;
+    Json types = Json::array();
+    for (int64_t l = 0; l < spec.num_layers; ++l) {
+      types.push_back(spec.LayerWindow(l) > 0 ? "sliding_attention" : "full_attention");
+    }
+    j["layer_types"] = types;
   }
   j["dtype"] = dtype == DType::kBFloat16 ? "bfloat16"
                : dtype == DType::kFloat16 ? "float16"

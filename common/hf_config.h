@@ -22,10 +22,10 @@ namespace memplan {
 // them; the types default, linear, dynamic, yarn and llama3 are kept in ModelSpec::rope_scaling,
 // any other type, an unknown key of the RoPE dictionary, partial_rotary_factor != 1 or per-layer
 // RoPE dictionaries are refused with the key named. Sliding-window attention is recorded in
-// ModelSpec::sliding_window and ::sliding_layers, as transformers decides which layers slide. Mixtures of experts:
-// the expert count, top-k, expert width, norm_topk_prob, decoder_sparse_step, mlp_only_layers,
-// output_router_logits and router_aux_loss_coef with transformers' defaults; Mixtral's
-// router_jitter_noise > 0 is refused.
+// ModelSpec::sliding_window and ::sliding_layers, as transformers decides which layers slide.
+// Mixtures of experts: the expert count, top-k, expert width, norm_topk_prob,
+// decoder_sparse_step, mlp_only_layers, output_router_logits and router_aux_loss_coef with
+// transformers' defaults; Mixtral's router_jitter_noise > 0 is refused.
 absl::StatusOr<ModelSpec> ParseHfConfigJson(absl::string_view json);
 
 // The RoPE of `spec` as a transformers 5.x "rope_parameters" JSON object, and back (into

@@ -160,6 +160,16 @@ v1::ModelArch ToProto(const ModelSpec& spec) {
   out.set_rope_theta(spec.rope_theta);
   out.set_rms_norm_eps(spec.rms_norm_eps);
   out.set_max_position_embeddings(spec.max_position_embeddings);
+  out.set_num_experts(spec.num_experts);
+  out.set_num_experts_per_tok(spec.num_experts_per_tok);
+  out.set_moe_intermediate_size(spec.moe_intermediate_size);
+  out.set_norm_topk_prob(spec.norm_topk_prob);
+  out.set_decoder_sparse_step(spec.decoder_sparse_step);
+  for (int64_t l : spec.mlp_only_layers) out.add_mlp_only_layers(l);
+  out.set_output_router_logits(spec.output_router_logits);
+  out.set_router_aux_loss_coef(spec.router_aux_loss_coef);
+  out.set_sliding_window(spec.sliding_window);
+  for (int64_t l : spec.sliding_layers) out.add_sliding_layers(l);
   return out;
 }
 
@@ -387,6 +397,16 @@ ModelSpec ModelSpecFromProto(const v1::ModelArch& arch) {
   if (arch.max_position_embeddings() != 0) {
     out.max_position_embeddings = arch.max_position_embeddings();
   }
+  out.num_experts = arch.num_experts();
+  out.num_experts_per_tok = arch.num_experts_per_tok();
+  out.moe_intermediate_size = arch.moe_intermediate_size();
+  out.norm_topk_prob = arch.norm_topk_prob();
+  if (arch.decoder_sparse_step() != 0) out.decoder_sparse_step = arch.decoder_sparse_step();
+  out.mlp_only_layers.assign(arch.mlp_only_layers().begin(), arch.mlp_only_layers().end());
+  out.output_router_logits = arch.output_router_logits();
+  out.router_aux_loss_coef = arch.router_aux_loss_coef();
+  out.sliding_window = arch.sliding_window();
+  out.sliding_layers.assign(arch.sliding_layers().begin(), arch.sliding_layers().end());
   return out;
 }
 

@@ -67,10 +67,12 @@ struct ModelSpec {
   double rms_norm_eps = 1e-5;
   int64_t max_position_embeddings = 131072;
   RopeScaling rope_scaling;
-  // Sliding-window attention of the checkpoint's config (the window of its sliding layers), 0 when
-  // every layer attends to the full context. The agent computes full causal attention only, which
-  // equals the sliding one for sequences of at most this many tokens; longer ones are refused.
+  // Sliding-window attention of the checkpoint's config: the window W of its sliding layers (a
+  // query at position i sees the keys j with i - W < j <= i), 0 when every layer attends to the
+  // full causal context. sliding_layers lists the layers that slide (ascending, non-empty exactly
+  // when W > 0): every layer for Mistral, those of "layer_types" / "max_window_layers" for Qwen.
   int64_t sliding_window = 0;
+  std::vector<int64_t> sliding_layers;
 
   // Mixture of experts (families qwen3_moe and mixtral; 0 experts: every MLP is dense). A sparse
   // layer replaces the MLP by a router (linear hidden -> num_experts, softmax in fp32, top
@@ -91,6 +93,13 @@ struct ModelSpec {
   double router_aux_loss_coef = 0.001;
 
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : hidden_size / num_heads; }
+  // The window layer `layer` attends within, 0 for full causal attention.
+  int64_t LayerWindow(int64_t layer) const {
+    for (int64_t l : sliding_layers) {
+      if (l == layer) return sliding_window;
+    }
+    return 0;
+  }
   bool IsMoe() const { return num_experts > 0; }
   bool IsMoeLayer(int64_t layer) const {
     if (num_experts <= 0) return false;

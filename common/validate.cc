@@ -157,16 +157,32 @@ absl::Status ValidateModelSpec(const ModelSpec& m, absl::string_view prefix) {
       !s.ok()) {
     return s;
   }
+  if (auto s = CheckListSize(absl::StrCat(prefix, "sliding_layers"), m.sliding_layers.size(),
+                             static_cast<size_t>(kMaxLayers));
+      !s.ok()) {
+    return s;
+  }
+  if ((m.sliding_window > 0) != !m.sliding_layers.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "sliding_layers lists ", m.sliding_layers.size(), " layers with sliding_window = ",
+        m.sliding_window, "; a window needs the layers that slide, and layers need a window"));
+  }
+  for (size_t i = 0; i < m.sliding_layers.size(); ++i) {
+    const int64_t l = m.sliding_layers[i];
+    if (l < 0 || l >= m.num_layers || (i > 0 && l <= m.sliding_layers[i - 1])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, "sliding_layers[", i, "] = ", l, " must be ascending layer indices in [0, ",
+          m.num_layers, ")"));
+    }
+  }
   return absl::OkStatus();
 }
 
 absl::Status CheckSequenceLength(const ModelSpec& m, int64_t seq_len) {
-  if (m.sliding_window > 0 && seq_len > m.sliding_window) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "sequence length ", seq_len, " exceeds the model's sliding window of ", m.sliding_window,
-        " tokens (config.json \"sliding_window\"): memplan computes full causal attention, which "
-        "equals sliding-window attention only up to the window; use a sequence length <= ",
-        m.sliding_window));
+  if (auto s = CheckInt("", "sequence length", seq_len, 1, kMaxSeqLen); !s.ok()) return s;
+  if (auto s = CheckInt("config.json ", "sliding_window", m.sliding_window, 0, int64_t{1} << 31);
+      !s.ok()) {
+    return s;
   }
   return absl::OkStatus();
 }

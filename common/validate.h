@@ -72,9 +72,9 @@ absl::Status CheckListSize(absl::string_view field, size_t size, size_t max_size
 // m.name is not bounded here (a checkpoint may carry a long path); the planner bounds arch.name.
 absl::Status ValidateModelSpec(const ModelSpec& m, absl::string_view prefix);
 
-// INVALID_ARGUMENT when a sequence of seq_len tokens would make `m`'s sliding-window attention
-// (ModelSpec::sliding_window) differ from the full causal attention the agent computes; names
-// config.json's "sliding_window".
+// INVALID_ARGUMENT for a sequence length out of [1, kMaxSeqLen], or a sliding window `m` cannot
+// run with (ValidateModelSpec's rules; the message names config.json's "sliding_window"). Any
+// length beyond the window is fine: the agent computes sliding-window attention exactly.
 absl::Status CheckSequenceLength(const ModelSpec& m, int64_t seq_len);
 absl::Status ValidateWorkload(const Workload& w, absl::string_view prefix);
 // Also bounds h.name (CheckName).

@@ -104,7 +104,9 @@ Json ToJson(const ModelSpec& m) {
               {"qk_norm", m.qk_norm},
               {"rope_theta", m.rope_theta},
               {"rms_norm_eps", m.rms_norm_eps},
-              {"max_position_embeddings", m.max_position_embeddings}};
+              {"max_position_embeddings", m.max_position_embeddings},
+              {"sliding_window", m.sliding_window},
+              {"sliding_layers", m.sliding_layers}};
 }
 
 Json ToJson(const HardwareSpec& h) {
@@ -366,6 +368,20 @@ void Read(const Json& j, const std::string& path, absl::Status* s, ModelSpec* m)
   r.Get("rope_theta", &m->rope_theta);
   r.Get("rms_norm_eps", &m->rms_norm_eps);
   r.Get("max_position_embeddings", &m->max_position_embeddings);
+  r.Get("sliding_window", &m->sliding_window);
+  if (const Json* layers = r.Find("sliding_layers"); layers != nullptr) {
+    if (!layers->is_array()) return r.Fail("sliding_layers", "must be a list");
+    for (const Json& l : *layers) {
+      // Proto JSON writes 64-bit integers as strings.
+      int64_t index = 0;
+      if (l.is_number_integer()) {
+        index = l.get<int64_t>();
+      } else if (!l.is_string() || !absl::SimpleAtoi(l.get<std::string>(), &index)) {
+        return r.Fail("sliding_layers", "must hold layer indices");
+      }
+      m->sliding_layers.push_back(index);
+    }
+  }
 }
 
 void Read(const Json& j, const std::string& path, absl::Status* s, HardwareSpec* h) {

@@ -101,6 +101,7 @@ OrderedJson EncodeModel(const ModelSpec& m) {
   // Written by checkpoints since RoPE scaling is computed; older ones (without) used plain RoPE.
   j["rope_parameters"] = OrderedJson::parse(RopeParametersJson(m));
   j["sliding_window"] = m.sliding_window;
+  j["sliding_layers"] = m.sliding_layers;
   return j;
 }
 
@@ -133,6 +134,21 @@ absl::StatusOr<ModelSpec> DecodeModel(const Json& j) {
   if (j.contains("sliding_window")) {
     ASSIGN_OR_RETURN(m.sliding_window,
                      GetInt(j, "sliding_window", "model.sliding_window", 0, kBig));
+  }
+  if (auto layers = j.find("sliding_layers"); layers != j.end()) {
+    if (!layers->is_array()) {
+      return KeyError("model.sliding_layers", "must be an array of layer indices");
+    }
+    for (const Json& l : *layers) {
+      if (!l.is_number_integer()) {
+        return KeyError("model.sliding_layers", "must be an array of layer indices");
+      }
+      m.sliding_layers.push_back(l.get<int64_t>());
+    }
+  } else if (m.sliding_window > 0) {
+    // Written before the spec listed the sliding layers: those states wrote config.json with
+    // every layer sliding, which is what they trained.
+    for (int64_t l = 0; l < m.num_layers; ++l) m.sliding_layers.push_back(l);
   }
   RETURN_IF_ERROR(ValidateModelSpec(m, "trainer.json: model."));
   return m;

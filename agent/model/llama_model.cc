@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "agent/blocks/activation_offloader.h"
 #include "agent/blocks/group_runner.h"
+#include "agent/model/attention.h"
 #include "agent/model/moe.h"
 #include "agent/quant/nf4_linear.h"
 #include "common/head_chunking.h"
@@ -794,10 +795,7 @@ torch::Tensor LlamaModel::Block(const BlockParams& p, const torch::Tensor& hidde
   v = v.transpose(1, 2);
   q = q * rope.cos + RotateHalf(q) * rope.sin;
   k = k * rope.cos + RotateHalf(k) * rope.sin;
-  const torch::Tensor attn =
-      at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                       /*is_causal=*/true, /*scale=*/std::nullopt,
-                                       /*enable_gqa=*/s.num_kv_heads != s.num_heads);
+  const torch::Tensor attn = CausalAttention(q, k, v, s.LayerWindow(p.index));
   const torch::Tensor attn_out =
       proj(attn.transpose(1, 2).reshape({batch, seq, s.num_heads * d}), 3, p.o_proj);
   const torch::Tensor h = hidden + attn_out;

@@ -195,15 +195,20 @@ TEST(HfConfigTest, SlidingWindowAsTransformersDecidesIt) {
   absl::StatusOr<ModelSpec> mistral = ParseHfConfigJson(kMistral7B);
   ASSERT_TRUE(mistral.ok()) << mistral.status();
   EXPECT_EQ(mistral->sliding_window, 4096);
+  ASSERT_EQ(mistral->sliding_layers.size(), 32u);  // every layer
+  EXPECT_EQ(mistral->sliding_layers.front(), 0);
+  EXPECT_EQ(mistral->sliding_layers.back(), 31);
+  EXPECT_EQ(mistral->LayerWindow(17), 4096);
+  // The agent computes the window exactly: sequences beyond it are accepted.
   EXPECT_TRUE(CheckSequenceLength(*mistral, 4096).ok());
-  const absl::Status longer = CheckSequenceLength(*mistral, 4097);
-  EXPECT_EQ(longer.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(longer.message()), HasSubstr("sliding_window"));
+  EXPECT_TRUE(CheckSequenceLength(*mistral, 32768).ok());
+  EXPECT_FALSE(CheckSequenceLength(*mistral, 0).ok());
 
   // Qwen2 with use_sliding_window false: full attention whatever "sliding_window" says.
   absl::StatusOr<ModelSpec> qwen = ParseHfConfigJson(kQwen25_05B);
   ASSERT_TRUE(qwen.ok()) << qwen.status();
   EXPECT_EQ(qwen->sliding_window, 0);
+  EXPECT_TRUE(qwen->sliding_layers.empty());
 
   const std::string qwen2 = R"({"model_type": "qwen2", "hidden_size": 64,
       "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 128,
@@ -212,13 +217,34 @@ TEST(HfConfigTest, SlidingWindowAsTransformersDecidesIt) {
   absl::StatusOr<ModelSpec> all_full = ParseHfConfigJson(qwen2 + R"(, "max_window_layers": 4})");
   ASSERT_TRUE(all_full.ok()) << all_full.status();
   EXPECT_EQ(all_full->sliding_window, 0);
+  EXPECT_TRUE(all_full->sliding_layers.empty());
   absl::StatusOr<ModelSpec> some = ParseHfConfigJson(qwen2 + R"(, "max_window_layers": 2})");
   ASSERT_TRUE(some.ok()) << some.status();
   EXPECT_EQ(some->sliding_window, 512);
+  EXPECT_EQ(some->sliding_layers, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(some->LayerWindow(1), 0);
+  EXPECT_EQ(some->LayerWindow(2), 512);
   absl::StatusOr<ModelSpec> typed = ParseHfConfigJson(qwen2 + R"(, "layer_types":
       ["full_attention", "full_attention", "full_attention", "sliding_attention"]})");
   ASSERT_TRUE(typed.ok()) << typed.status();
   EXPECT_EQ(typed->sliding_window, 512);
+  EXPECT_EQ(typed->sliding_layers, (std::vector<int64_t>{3}));
+  // layer_types wins over max_window_layers, and needs one entry per layer.
+  absl::StatusOr<ModelSpec> both = ParseHfConfigJson(qwen2 + R"(, "max_window_layers": 0,
+      "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+      "full_attention"]})");
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ(both->sliding_layers, (std::vector<int64_t>{0, 2}));
+  const absl::StatusOr<ModelSpec> short_types =
+      ParseHfConfigJson(qwen2 + R"(, "layer_types": ["sliding_attention"]})");
+  ASSERT_FALSE(short_types.ok());
+  EXPECT_THAT(std::string(short_types.status().message()), HasSubstr("layer_types"));
+
+  // The config writer keeps which layers slide.
+  absl::StatusOr<ModelSpec> back = ParseHfConfigJson(ToHfConfigJson(*both, DType::kFloat32));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->sliding_window, 512);
+  EXPECT_EQ(back->sliding_layers, (std::vector<int64_t>{0, 2}));
 }
 
 TEST(HfConfigTest, ConfigWriterRoundTrips) {
@@ -242,6 +268,7 @@ TEST(HfConfigTest, ConfigWriterRoundTrips) {
     EXPECT_EQ(back->rope_scaling.original_max_position_embeddings,
               m->rope_scaling.original_max_position_embeddings);
     EXPECT_EQ(back->sliding_window, m->sliding_window);
+    EXPECT_EQ(back->sliding_layers, m->sliding_layers);
 
     ModelSpec rope_only;
     rope_only.family = m->family;

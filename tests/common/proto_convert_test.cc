@@ -72,6 +72,48 @@ TEST(ProtoConvertTest, ModelSpecRoundTripsForEveryPreset) {
   }
 }
 
+TEST(ProtoConvertTest, SlidingWindowLayersRoundTrip) {
+  ModelSpec m = *FindModelPreset("llama-tiny");
+  m.sliding_window = 512;
+  m.sliding_layers = {0, 2, 3};
+  const v1::ModelArch arch = ToProto(m);
+  EXPECT_EQ(arch.sliding_window(), 512);
+  EXPECT_EQ(arch.sliding_layers_size(), 3);
+  const ModelSpec back = ModelSpecFromProto(arch);
+  EXPECT_EQ(back.sliding_window, 512);
+  EXPECT_EQ(back.sliding_layers, m.sliding_layers);
+  EXPECT_EQ(back.LayerWindow(2), 512);
+  EXPECT_EQ(back.LayerWindow(1), 0);
+}
+
+TEST(ProtoConvertTest, MixtureOfExpertsFieldsRoundTrip) {
+  ModelSpec m = *FindModelPreset("llama-tiny");
+  m.family = "qwen3_moe";
+  m.num_experts = 128;
+  m.num_experts_per_tok = 8;
+  m.moe_intermediate_size = 768;
+  m.norm_topk_prob = true;
+  m.decoder_sparse_step = 2;
+  m.mlp_only_layers = {0, 3};
+  m.output_router_logits = true;
+  m.router_aux_loss_coef = 0.001;
+  const v1::ModelArch arch = ToProto(m);
+  EXPECT_EQ(arch.num_experts(), 128);
+  const ModelSpec back = ModelSpecFromProto(arch);
+  EXPECT_EQ(back.num_experts, 128);
+  EXPECT_EQ(back.num_experts_per_tok, 8);
+  EXPECT_EQ(back.moe_intermediate_size, 768);
+  EXPECT_TRUE(back.norm_topk_prob);
+  EXPECT_EQ(back.decoder_sparse_step, 2);
+  EXPECT_EQ(back.mlp_only_layers, m.mlp_only_layers);
+  EXPECT_TRUE(back.output_router_logits);
+  EXPECT_DOUBLE_EQ(back.router_aux_loss_coef, 0.001);
+  // A dense arch: no experts, and an unset decoder_sparse_step keeps its default of 1.
+  const ModelSpec dense = ModelSpecFromProto(ToProto(*FindModelPreset("llama-tiny")));
+  EXPECT_FALSE(dense.IsMoe());
+  EXPECT_EQ(dense.decoder_sparse_step, 1);
+}
+
 TEST(ProtoConvertTest, ModelArchZerosKeepDomainDefaults) {
   v1::ModelArch arch;
   arch.set_hidden_size(256);

@@ -2,7 +2,8 @@
 """Parity of memplan-agent with Hugging Face transformers, in fp32 on the CPU.
 
 For every architecture option the agent accepts (Llama tied and untied, Qwen2 q/k/v biases, Qwen3
-q/k norms, Mistral, the mixtures of experts Qwen3-MoE and Mixtral with and without their router
+q/k norms, Mistral, sliding windows shorter than the sequence on every layer (Mistral) or on some
+(Qwen2/Qwen3), the mixtures of experts Qwen3-MoE and Mixtral with and without their router
 load-balancing loss, every RoPE scaling type in both config layouts) this writes a tiny random
 checkpoint with transformers' save_pretrained, computes logits, loss, every parameter's gradient
 and the parameters after one torch.optim.AdamW step with transformers, then runs
@@ -100,6 +101,18 @@ CHECKPOINTS = {
     "qwen3-qknorm": ("qwen3", dict(rope_parameters=rope("default", 1e6)), None),
     "mistral": ("mistral", dict(), None),
     "mistral-window-above-seq": ("mistral", dict(sliding_window=SEQ), None),
+    # Sliding windows shorter than the sequence: Mistral's on every layer (tiles of 5 queries, the
+    # last one shorter); Qwen2's on the layers layer_types marks; Qwen3's from max_window_layers
+    # on (config.json without layer_types, as older checkpoints have it).
+    "mistral-window-below-seq": ("mistral", dict(sliding_window=5), None),
+    "qwen2-sliding-layer-types": ("qwen2", dict(use_sliding_window=True, sliding_window=7,
+                                                layer_types=["full_attention", "sliding_attention",
+                                                             "full_attention",
+                                                             "sliding_attention"]), None),
+    "qwen3-sliding-max-window-layers": ("qwen3", dict(use_sliding_window=True, sliding_window=6,
+                                                      max_window_layers=2),
+                                        lambda c: {k: v for k, v in c.items()
+                                                   if k != "layer_types"}),
     # Mixtures of experts, 4 experts: the load-balancing loss on with a coefficient large enough
     # that its share of the router gradients is far above the tolerance; Qwen3-MoE with a dense
     # layer (mlp_only_layers) and, in a second checkpoint, renormalised top-3 weights, sparse
@@ -156,7 +169,6 @@ REFUSED = {
         {"type": "linear", "factor": 2.0, "beta_fast": 3.0}, 1e4), "beta_fast"),
     "partial-rotary": ("llama", dict(), lambda c: dict(c, partial_rotary_factor=0.5),
                        "partial_rotary_factor"),
-    "mistral-window-below-seq": ("mistral", dict(sliding_window=SEQ // 2), None, "sliding_window"),
     "llama-attention-bias": ("llama", dict(attention_bias=True), None, "attention_bias"),
     "mixtral-router-jitter": ("mixtral", dict(router_jitter_noise=0.1), None,
                               "router_jitter_noise"),
@@ -412,13 +424,16 @@ def run_checkpoint(tally, tool, work, name, seed, plans, dtype, device):
         if rc != 0:
             continue
         ref32, low = refs[key]
-        if ("--head-chunk-rows" in plan_args or family in MOE_FAMILIES) and not bf16:
-            # The chunked head sums the loss and the head's gradients in another order, and a
-            # sparse layer groups tokens per expert and sums their outputs in another order than
-            # transformers: gradients agree within fp32 rounding, not bit for bit, and AdamW's
-            # first step (about lr * sign(g)) turns rounding-level differences of near-zero
-            # gradients into full steps. So the step is checked as torch's optimizer applied to
-            # memplan's gradients, which are themselves checked against transformers'.
+        if ("--head-chunk-rows" in plan_args or family in MOE_FAMILIES
+                or name in TILED_ATTENTION_CHECKPOINTS) and not bf16:
+            # The chunked head sums the loss and the head's gradients in another order, a sparse
+            # layer groups tokens per expert and sums their outputs in another order than
+            # transformers, and so does sliding-window attention in tiles (a tile's scores, the
+            # key and value gradients over tiles): gradients agree within fp32 rounding, not bit
+            # for bit, and AdamW's first step (about lr * sign(g)) turns rounding-level
+            # differences of near-zero gradients into full steps. So the step is checked as
+            # torch's optimizer applied to memplan's gradients, which are themselves checked
+            # against transformers'.
             got = load_file(out)
             ref32 = ref32[:3] + (hf_step_with(ckpt, got, clip, optimizer),)
         compare_run(tally, label, out, ref32, bf16_judge if bf16 else fp32_judge, low)
@@ -466,7 +481,8 @@ def main():
         if args.dtype == "bf16":
             run_checkpoint(tally, args.tool, work, name, seed, PLANS_ALL, "bf16", args.device)
             continue
-        plans = PLANS_FULL if name in FULL_PLAN_CHECKPOINTS else PLANS_ALL
+        plans = (PLANS_FULL if name in FULL_PLAN_CHECKPOINTS
+                 else PLANS_MODES if name in TILED_ATTENTION_CHECKPOINTS else PLANS_ALL)
         run_checkpoint(tally, args.tool, work, name, seed, plans, "fp32", args.device)
         if name == "llama-tied-llama3":
             run_checkpoint(tally, args.tool, work, name, seed, PLANS_ALL, "bf16", args.device)

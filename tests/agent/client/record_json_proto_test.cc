@@ -14,6 +14,8 @@ namespace {
 TEST(RecordJsonProtoTest, TraceFileIsProtoJson) {
   Trace t;
   t.arch = *FindModelPreset("llama-tiny");
+  t.arch.sliding_window = 16;
+  t.arch.sliding_layers = {1, 3};
   t.workload = Workload{2, 64, 1, 1};
   t.param_dtype = DType::kBFloat16;
   t.training.kind = TrainingKind::kLora;
@@ -33,6 +35,8 @@ TEST(RecordJsonProtoTest, TraceFileIsProtoJson) {
   absl::StatusOr<Trace> back = TraceFromProto(message, "");
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->param_dtype, DType::kBFloat16);
+  EXPECT_EQ(back->arch.sliding_window, 16);
+  EXPECT_EQ(back->arch.sliding_layers, (std::vector<int64_t>{1, 3}));
   EXPECT_EQ(back->training.kind, TrainingKind::kLora);
   EXPECT_EQ(back->forward_end_bytes, t.forward_end_bytes);
   EXPECT_EQ(back->chunk_param_bytes, t.chunk_param_bytes);

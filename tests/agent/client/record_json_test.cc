@@ -255,6 +255,8 @@ Trace SampleTrace() {
   Trace t;
   t.trace_id = "t-1";
   t.arch = *FindModelPreset("qwen2.5-0.5b");
+  t.arch.sliding_window = 1024;
+  t.arch.sliding_layers = {20, 22, 23};
   t.workload = Workload{4, 2048, 1, 2};
   t.param_dtype = DType::kFloat16;
   t.training.kind = TrainingKind::kLora;
@@ -296,6 +298,8 @@ TEST(RecordJsonTest, TraceRoundTripsEveryField) {
   EXPECT_EQ(b->arch.rope_theta, a.arch.rope_theta);
   EXPECT_EQ(b->arch.rms_norm_eps, a.arch.rms_norm_eps);
   EXPECT_EQ(b->arch.max_position_embeddings, a.arch.max_position_embeddings);
+  EXPECT_EQ(b->arch.sliding_window, 1024);
+  EXPECT_EQ(b->arch.sliding_layers, a.arch.sliding_layers);
   EXPECT_EQ(b->workload.micro_batch, 4);
   EXPECT_EQ(b->workload.seq_len, 2048);
   EXPECT_EQ(b->workload.grad_accum, 2);

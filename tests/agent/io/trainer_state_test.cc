@@ -78,6 +78,28 @@ void ExpectError(const std::function<void(nlohmann::json&)>& edit, const std::st
   EXPECT_THAT(std::string(m.status().message()), HasSubstr(key));
 }
 
+// Which layers slide survives; a state written before the list existed slid every layer (its
+// config.json said so).
+TEST(TrainerStateTest, SlidingLayersRoundTripAndDefaultToEveryLayer) {
+  CheckpointManifest m = Sample();
+  m.trainer.model.sliding_window = 32;
+  m.trainer.model.sliding_layers = {1};
+  absl::StatusOr<CheckpointManifest> back = DecodeCheckpointManifest(EncodeCheckpointManifest(m));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->trainer.model.sliding_window, 32);
+  EXPECT_EQ(back->trainer.model.sliding_layers, (std::vector<int64_t>{1}));
+
+  nlohmann::json j = nlohmann::json::parse(EncodeCheckpointManifest(m));
+  j["model"].erase("sliding_layers");
+  absl::StatusOr<CheckpointManifest> old = DecodeCheckpointManifest(j.dump());
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->trainer.model.sliding_layers, (std::vector<int64_t>{0, 1}));
+
+  ExpectError([](nlohmann::json& j) { j["model"]["sliding_layers"] = "all"; },
+              "\"model.sliding_layers\"");
+  ExpectError([](nlohmann::json& j) { j["model"]["sliding_layers"] = {5}; }, "sliding_layers");
+}
+
 TEST(TrainerStateTest, ErrorsNameTheKey) {
   ExpectError([](nlohmann::json& j) { j["format"] = "other"; }, "\"format\"");
   ExpectError([](nlohmann::json& j) { j["version"] = 2; }, "\"version\"");
