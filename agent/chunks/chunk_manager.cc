@@ -91,6 +91,16 @@
 // Checkpoint pieces, OptimizerState() and loading read the state from the shards, so a
 // checkpoint is the same whatever the layout, world size or plan.
 //
+// [Sharded frozen base]
+// A frozen manager (a LoRA run's base) with W > 1 shards as above: an offloaded chunk's host copy
+// is this rank's P / W elements, all-gathered into its home buffer where it would be uploaded;
+// with shard_persistent_params a persistent chunk's parameters are sharded and gathered on use
+// as in [Sharded persistent parameters] (there is no state, so shard_persistent_state is not
+// needed). Nothing else: no gradients, no reduce-scatter, Step() does nothing. In [Byte chunks]
+// (QLoRA: NF4 codes, scales and norms in one chunk) shards count bytes, so a boundary may cut a
+// parameter anywhere, even inside an NF4 block or an fp32 scale: the gathered chunk is the
+// concatenation of the shards, byte for byte the unsharded chunk.
+//
 // [Sharded persistent parameters]
 // With options.shard_persistent_params as well (ZeRO-3 over the persistent chunks, what FSDP2
 // does to every module) a persistent chunk's parameters are sharded like its state: the rank
@@ -249,16 +259,13 @@ absl::StatusOr<std::unique_ptr<ChunkManager>> ChunkManager::Create(
       return absl::InvalidArgumentError(
           "profile_only: on-demand profiling runs on one rank (world size 1)");
     }
-    if (options.frozen) {
-      return absl::InvalidArgumentError(
-          "frozen: a frozen base is not sharded yet; it runs on one rank (world size 1)");
-    }
-    if (options.shard_persistent_params && !options.shard_persistent_state) {
+    if (options.shard_persistent_params && !options.shard_persistent_state && !options.frozen) {
       return absl::InvalidArgumentError(
           "shard_persistent_params: needs shard_persistent_state (the parameters of a persistent "
           "chunk are sharded together with its optimizer state)");
     }
-    if (options.shard_persistent_state && options.optimizer == OptimizerKind::kAdamW8bit) {
+    if (options.shard_persistent_state && options.optimizer == OptimizerKind::kAdamW8bit &&
+        !options.frozen) {
       return absl::InvalidArgumentError(
           "shard_persistent_state: not with optimizer adamw8bit (its 256-element blocks would "
           "straddle shards); use adamw, adamw_bf16 or sgd, or keep the persistent state "

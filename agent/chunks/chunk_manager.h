@@ -107,7 +107,10 @@ struct ChunkManagerOptions {
   // A frozen base (LoRA, agent/model): parameters that take no gradient (requires_grad false,
   // checked at Create) and are never updated. As with profile_only only the parameters are held
   // (no grad staging, master or optimizer state, host or device); Step() and ZeroGrad() succeed
-  // and do nothing, so a trainer steps it beside the adapters' manager. One rank only.
+  // and do nothing, so a trainer steps it beside the adapters' manager. Sharded (W > 1): each
+  // rank stores 1/W of every offloaded chunk, and of every persistent one with
+  // shard_persistent_params (shard_persistent_state not needed), gathered before use
+  // ([Sharded frozen base] in chunk_manager.cc).
   bool frozen = false;
 };
 

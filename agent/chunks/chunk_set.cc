@@ -59,8 +59,11 @@ absl::Status ChunkSet::Init(const ParamGroups& groups, std::vector<Param> params
     chunk.padded_elems = chunk.span_elems;
     chunk.state_sharded =
         sharded() && chunk.persistent && options_.shard_persistent_state && !stateless();
-    chunk.params_sharded = chunk.state_sharded && options_.shard_persistent_params;
-    if (sharded() && (!chunk.persistent || chunk.state_sharded)) {
+    // [Sharded frozen base] a frozen chunk has no state to shard: its parameters alone.
+    chunk.params_sharded =
+        options_.shard_persistent_params &&
+        (chunk.state_sharded || (sharded() && chunk.persistent && options_.frozen));
+    if (sharded() && (!chunk.persistent || chunk.state_sharded || chunk.params_sharded)) {
       chunk.shard_elems = ShardElems(chunk.span_elems, world_);
       chunk.shard_begin = rank_ * chunk.shard_elems;
       chunk.padded_elems = PaddedElems(chunk.span_elems, world_);
@@ -109,10 +112,21 @@ absl::Status ChunkSet::Init(const ParamGroups& groups, std::vector<Param> params
       ASSIGN_OR_RETURN(chunk.param_host, AllocateTransfer(chunk.shard_elems * elem_bytes));
       CountHost(chunk.param_host);
       if (stateless()) {
+        // [Sharded frozen base] this rank's part of each parameter, in the arrays' units (bytes
+        // in [Byte chunks]: a shard boundary may cut an NF4 weight, its codes being bytes).
         for (int i : chunk.params) {
           Param& p = params_[i];
-          torch::Tensor host = ParamHostView(chunk.param_host.data(), p);
-          options_.deferred_values ? host.zero_() : host.copy_(p.tensor.detach().to(torch::kCPU));
+          const OwnedRange r = Owned(p, chunk);
+          if (r.len > 0) {
+            torch::Tensor host = HostFlat(chunk.param_host.data(), r.at, r.len, dtype_);
+            if (options_.deferred_values) {
+              host.zero_();
+            } else {
+              torch::Tensor value = p.tensor.detach().to(torch::kCPU).contiguous().reshape({-1});
+              if (p.dtype != dtype_) value = value.view(dtype_);
+              host.copy_(value.narrow(0, r.from, r.len));
+            }
+          }
           p.tensor.set_data(Placeholder(p));
         }
       } else {

@@ -130,9 +130,16 @@ class ChunkSet {
   // Shared buffers every group's non-persistent chunks need at once.
   int min_buffers() const { return min_buffers_; }
 
+  // p's length in the chunk arrays' elements: numel, or its bytes in [Byte chunks].
+  int64_t StorageElems(const Param& p) const {
+    if (p.dtype == dtype_) return p.numel;
+    return p.numel * static_cast<int64_t>(torch::elementSize(p.dtype)) / elem_size();
+  }
+  // Ranges count the chunk arrays' elements (bytes in [Byte chunks]).
   OwnedRange Owned(const Param& p, const Chunk& chunk) const {
     const int64_t lo = std::max(p.offset_elems, chunk.shard_begin);
-    const int64_t hi = std::min(p.offset_elems + p.numel, chunk.shard_begin + chunk.shard_elems);
+    const int64_t hi =
+        std::min(p.offset_elems + StorageElems(p), chunk.shard_begin + chunk.shard_elems);
     if (hi <= lo) return OwnedRange{};
     return OwnedRange{lo - p.offset_elems, lo - chunk.shard_begin, hi - lo};
   }
@@ -140,7 +147,7 @@ class ChunkSet {
   // else its part of this rank's shard ([Sharded persistent parameters] included).
   OwnedRange Stored(const Param& p) const {
     const Chunk& chunk = chunks_[p.chunk];
-    return chunk.params_replicated() ? OwnedRange{0, 0, p.numel} : Owned(p, chunk);
+    return chunk.params_replicated() ? OwnedRange{0, 0, StorageElems(p)} : Owned(p, chunk);
   }
   // The elements of p's optimizer state this rank stores: Stored(p), except in a persistent chunk
   // whose state is sharded ([Sharded persistent state]): its part of the shard.

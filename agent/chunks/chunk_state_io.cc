@@ -46,7 +46,7 @@ std::vector<NamedParam> ChunkStateIO::Params() {
     if (chunk.params_replicated()) {
       value = p.tensor.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
     } else if (set_.sharded()) {
-      value = gathered[p.chunk].narrow(0, p.offset_elems, p.numel).view(p.shape).clone();
+      value = set_.ParamView(gathered[p.chunk], p).clone();  // [Byte chunks] included
     } else {
       value = set_.ParamHostView(chunk.param_host.data(), p).clone();
     }
@@ -56,6 +56,7 @@ std::vector<NamedParam> ChunkStateIO::Params() {
 }
 
 std::vector<NamedParam> ChunkStateIO::Grads() {
+  if (set_.stateless()) return {};  // no grads are kept (and, sharded, none is reduced)
   optimizer_.WaitAll();
   std::map<int, torch::Tensor> gathered;  // sharded: chunks with a grad in this step
   if (set_.sharded()) {
@@ -104,6 +105,7 @@ std::vector<NamedParam> ChunkStateIO::Grads() {
 }
 
 std::vector<NamedParam> ChunkStateIO::OptimizerState() {
+  if (set_.stateless()) return {};
   optimizer_.WaitAll();
   if (optimizer_.quantized()) {
     std::vector<NamedParam> out;
@@ -360,7 +362,10 @@ absl::Status ChunkStateIO::LoadParamsAndState(const std::vector<NamedParam>& val
       }
       seen[i] = true;
       if (const OwnedRange r = set_.Stored(p); r.len > 0) {
-        InstallParam(i, v.param.detach().to(torch::kCPU).reshape({-1}).narrow(0, r.from, r.len));
+        torch::Tensor flat = v.param.detach().to(torch::kCPU).contiguous().reshape({-1});
+        // [Byte chunks]: ranges count bytes.
+        if (p.dtype != set_.dtype()) flat = flat.view(set_.dtype());
+        InstallParam(i, flat.narrow(0, r.from, r.len));
       }
     }
     for (int i = 0; i < set_.num_params(); ++i) {
@@ -421,8 +426,14 @@ absl::Status ChunkStateIO::LoadParamsAndState(const std::vector<NamedParam>& val
   return absl::OkStatus();
 }
 
-void ChunkStateIO::InstallParam(int i, const torch::Tensor& flat) {
+void ChunkStateIO::InstallParam(int i, const torch::Tensor& given) {
   const Param& p = set_.param(i);
+  // [Byte chunks]: a frozen manager's part of p in the arrays' units (bytes); a reader may give
+  // it in p's own dtype.
+  torch::Tensor flat = given;
+  if (p.dtype != set_.dtype() && flat.scalar_type() != set_.dtype()) {
+    flat = flat.contiguous().reshape({-1}).view(set_.dtype());
+  }
   const ParamState& s = optimizer_.state(i);
   Chunk& chunk = set_.chunk(p.chunk);
   const bool master = optimizer_.master();
@@ -434,7 +445,8 @@ void ChunkStateIO::InstallParam(int i, const torch::Tensor& flat) {
     return;
   }
   if (chunk.persistent) {
-    p.tensor.detach().copy_(flat.view(p.shape));
+    p.tensor.detach().copy_(p.dtype != set_.dtype() ? flat.view(p.dtype).view(p.shape)
+                                                    : flat.view(p.shape));
     if (master && s.master.defined()) {
       // [Sharded persistent state]: the master holds this rank's part only.
       const OwnedRange r = set_.StateStored(p);
@@ -442,11 +454,11 @@ void ChunkStateIO::InstallParam(int i, const torch::Tensor& flat) {
     }
     return;
   }
-  if (p.dtype != set_.dtype()) {  // [Byte chunks]: a frozen manager, one rank, whole parameters
-    set_.ParamHostView(chunk.param_host.data(), p).copy_(flat.view(p.shape));
+  const OwnedRange r = set_.Owned(p, chunk);
+  if (p.dtype != set_.dtype()) {
+    ChunkSet::HostFlat(chunk.param_host.data(), r.at, r.len, set_.dtype()).copy_(flat);
     return;
   }
-  const OwnedRange r = set_.Owned(p, chunk);
   ChunkSet::HostFlat(chunk.param_host.data(), r.at, r.len, set_.dtype()).copy_(flat);
   if (master && !set_.stateless()) {
     ChunkSet::HostFlat(optimizer_.chunk_state(p.chunk).master.data(), r.at, r.len,

@@ -146,11 +146,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
     return absl::InvalidArgumentError(absl::StrCat("trainer: ", problem, "; the model is ",
                                                    std::string(DTypeName(model->options().dtype))));
   }
-  if (model->has_lora() && options.communicator != nullptr &&
-      options.communicator->world_size() > 1) {
-    return absl::InvalidArgumentError(
-        "trainer: LoRA runs on one process for now (its frozen base is not sharded)");
-  }
   if (o.optimizer == OptimizerKind::kAdamW8bit && !o.managed) {
     return absl::InvalidArgumentError(
         "trainer: optimizer adamw8bit runs in the chunk manager (a managed run: a plan, "
@@ -178,12 +173,18 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
         // [LoRA managers]
         ChunkManagerOptions base = o.chunks;
         base.frozen = true;
-        ASSIGN_OR_RETURN(trainer->base_manager_, ChunkManager::Create(model->ParamGroups(), base));
+        ASSIGN_OR_RETURN(trainer->base_manager_,
+                         ChunkManager::Create(model->ParamGroups(), base, o.communicator));
+        // The plan's persistent-chunk sharding describes the base; the adapters are small, so
+        // their persistent chunks stay replicated with all-reduced grads (offloaded adapter chunks
+        // are sharded like a full fine-tune's).
         ChunkManagerOptions adapters = o.chunks;
         adapters.n_persist = o.adapter_n_persist < 0 ? std::numeric_limits<int>::max()
                                                      : o.adapter_n_persist;
+        adapters.shard_persistent_state = false;
+        adapters.shard_persistent_params = false;
         ASSIGN_OR_RETURN(trainer->chunk_manager_,
-                         ChunkManager::Create(model->AdapterGroups(), adapters));
+                         ChunkManager::Create(model->AdapterGroups(), adapters, o.communicator));
         trainer->lora_residency_ = std::make_unique<PairResidency>(
             trainer->base_manager_.get(), trainer->chunk_manager_.get());
       } else {
@@ -666,12 +667,14 @@ absl::Status Trainer::SaveCheckpoint(const std::string& dir, io::TrainerState st
   try {
     ASSIGN_OR_RETURN(std::vector<NamedParam> optimizer_state, OptimizerState());
     std::vector<NamedParam> params = Params();
-    if (model_->has_lora()) {
-      // [LoRA checkpoints] (agent/io/peft_adapter.h): adapters and their state only.
-      written = io::SaveLoraCheckpoint(dir, state, model_->options().lora, model_->spec().name,
-                                       params, optimizer_state);
-    } else if (!distributed() || options_.communicator->rank() == 0) {
-      written = io::SaveCheckpoint(dir, state, params, optimizer_state);
+    if (!distributed() || options_.communicator->rank() == 0) {
+      if (model_->has_lora()) {
+        // [LoRA checkpoints] (agent/io/peft_adapter.h): adapters and their state only.
+        written = io::SaveLoraCheckpoint(dir, state, model_->options().lora, model_->spec().name,
+                                         params, optimizer_state);
+      } else {
+        written = io::SaveCheckpoint(dir, state, params, optimizer_state);
+      }
     }
   } catch (const c10::Error& e) {
     return FromTorch(e, "trainer: saving checkpoint failed");
