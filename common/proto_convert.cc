@@ -164,7 +164,8 @@ v1::ModelArch ToProto(const ModelSpec& spec) {
   out.set_num_experts_per_tok(spec.num_experts_per_tok);
   out.set_moe_intermediate_size(spec.moe_intermediate_size);
   out.set_norm_topk_prob(spec.norm_topk_prob);
-  out.set_decoder_sparse_step(spec.decoder_sparse_step);
+  // Unset (0) reads back as 1, the default.
+  if (spec.decoder_sparse_step != 1) out.set_decoder_sparse_step(spec.decoder_sparse_step);
   for (int64_t l : spec.mlp_only_layers) out.add_mlp_only_layers(l);
   out.set_output_router_logits(spec.output_router_logits);
   out.set_router_aux_loss_coef(spec.router_aux_loss_coef);

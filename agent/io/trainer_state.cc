@@ -81,6 +81,45 @@ absl::StatusOr<const Json*> GetObject(const Json& obj, const char* key, const st
   return v;
 }
 
+// The mixture-of-experts fields, only for such a model (states of dense models stay as they were).
+void EncodeMoe(const ModelSpec& m, OrderedJson* j) {
+  if (!m.IsMoe()) return;
+  (*j)["num_experts"] = m.num_experts;
+  (*j)["num_experts_per_tok"] = m.num_experts_per_tok;
+  (*j)["moe_intermediate_size"] = m.moe_intermediate_size;
+  (*j)["norm_topk_prob"] = m.norm_topk_prob;
+  (*j)["decoder_sparse_step"] = m.decoder_sparse_step;
+  (*j)["mlp_only_layers"] = m.mlp_only_layers;
+  (*j)["output_router_logits"] = m.output_router_logits;
+  (*j)["router_aux_loss_coef"] = m.router_aux_loss_coef;
+}
+
+absl::Status DecodeMoe(const Json& j, ModelSpec* m) {
+  if (!j.contains("num_experts")) return absl::OkStatus();
+  constexpr int64_t kBig = std::numeric_limits<int64_t>::max();
+  ASSIGN_OR_RETURN(m->num_experts, GetInt(j, "num_experts", "model.num_experts", 1, kBig));
+  ASSIGN_OR_RETURN(m->num_experts_per_tok,
+                   GetInt(j, "num_experts_per_tok", "model.num_experts_per_tok", 1, kBig));
+  ASSIGN_OR_RETURN(m->moe_intermediate_size,
+                   GetInt(j, "moe_intermediate_size", "model.moe_intermediate_size", 1, kBig));
+  ASSIGN_OR_RETURN(m->norm_topk_prob, GetBool(j, "norm_topk_prob", "model.norm_topk_prob"));
+  ASSIGN_OR_RETURN(m->decoder_sparse_step,
+                   GetInt(j, "decoder_sparse_step", "model.decoder_sparse_step", 1, kBig));
+  ASSIGN_OR_RETURN(m->output_router_logits,
+                   GetBool(j, "output_router_logits", "model.output_router_logits"));
+  ASSIGN_OR_RETURN(m->router_aux_loss_coef,
+                   GetDouble(j, "router_aux_loss_coef", "model.router_aux_loss_coef", 0, 1e300));
+  ASSIGN_OR_RETURN(const Json* only, Member(j, "mlp_only_layers", "model.mlp_only_layers"));
+  if (!only->is_array()) return KeyError("model.mlp_only_layers", "must be an array of layers");
+  for (const Json& l : *only) {
+    if (!l.is_number_integer()) {
+      return KeyError("model.mlp_only_layers", "must be an array of layers");
+    }
+    m->mlp_only_layers.push_back(l.get<int64_t>());
+  }
+  return absl::OkStatus();
+}
+
 OrderedJson EncodeModel(const ModelSpec& m) {
   OrderedJson j;
   j["name"] = m.name;
@@ -102,6 +141,7 @@ OrderedJson EncodeModel(const ModelSpec& m) {
   j["rope_parameters"] = OrderedJson::parse(RopeParametersJson(m));
   j["sliding_window"] = m.sliding_window;
   j["sliding_layers"] = m.sliding_layers;
+  EncodeMoe(m, &j);
   return j;
 }
 
@@ -150,6 +190,7 @@ absl::StatusOr<ModelSpec> DecodeModel(const Json& j) {
     // every layer sliding, which is what they trained.
     for (int64_t l = 0; l < m.num_layers; ++l) m.sliding_layers.push_back(l);
   }
+  RETURN_IF_ERROR(DecodeMoe(j, &m));
   RETURN_IF_ERROR(ValidateModelSpec(m, "trainer.json: model."));
   return m;
 }

@@ -105,6 +105,13 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   RETURN_IF_ERROR(ValidateModelSpec(arch, "arch."));
   RETURN_IF_ERROR(ValidateWorkload(workload, "workload."));
   RETURN_IF_ERROR(ValidateTrainingMethod(training, arch, "training."));
+  if (arch.IsMoe()) {
+    // The per-token terms below model a dense SwiGLU MLP; a sparse layer's expert weights, routed
+    // activations and router would be mispriced, so the analytic path refuses rather than guess.
+    return absl::UnimplementedError(absl::StrCat(
+        "arch.family = \"", arch.family, "\": the analytic cost model does not price mixtures of "
+        "experts yet (", arch.num_experts, " experts, top ", arch.num_experts_per_tok, ")"));
+  }
   if (!(options.matmul_efficiency > 0 && options.matmul_efficiency <= 1) ||
       !(options.hbm_efficiency > 0 && options.hbm_efficiency <= 1)) {
     return absl::InvalidArgumentError("analytic efficiencies must be in (0, 1]");

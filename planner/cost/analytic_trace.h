@@ -20,7 +20,9 @@ struct AnalyticTraceOptions {
 
 // Builds the trace for (arch, workload, dtype, training) on `hardware` (rates only). The chunk
 // layout fields (chunk_bytes, chunk_param_bytes) are left empty: planner/cost/chunk_layout.h
-// fills them for a chosen chunk size. INVALID_ARGUMENT names the offending field.
+// fills them for a chosen chunk size. INVALID_ARGUMENT names the offending field; UNIMPLEMENTED
+// for a mixture of experts (ModelSpec::IsMoe), whose sparse layers this dense model would
+// misprice.
 absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& workload,
                                       DType param_dtype, const TrainingMethod& training,
                                       const HardwareSpec& hardware,

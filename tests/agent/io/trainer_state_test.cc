@@ -130,5 +130,45 @@ TEST(TrainerStateTest, ErrorsNameTheKey) {
               HasSubstr("malformed JSON"));
 }
 
+TEST(TrainerStateTest, MixtureOfExpertsFieldsRoundTrip) {
+  CheckpointManifest m = Sample();
+  ModelSpec& s = m.trainer.model;
+  s.family = "qwen3_moe";
+  s.qkv_bias = false;
+  s.qk_norm = true;
+  s.num_experts = 8;
+  s.num_experts_per_tok = 2;
+  s.moe_intermediate_size = 32;
+  s.norm_topk_prob = true;
+  s.decoder_sparse_step = 2;
+  s.mlp_only_layers = {0};
+  s.output_router_logits = true;
+  s.router_aux_loss_coef = 0.02;
+  absl::StatusOr<CheckpointManifest> back = DecodeCheckpointManifest(EncodeCheckpointManifest(m));
+  ASSERT_TRUE(back.ok()) << back.status();
+  const ModelSpec& b = back->trainer.model;
+  EXPECT_EQ(b.family, "qwen3_moe");
+  EXPECT_EQ(b.num_experts, 8);
+  EXPECT_EQ(b.num_experts_per_tok, 2);
+  EXPECT_EQ(b.moe_intermediate_size, 32);
+  EXPECT_TRUE(b.norm_topk_prob);
+  EXPECT_EQ(b.decoder_sparse_step, 2);
+  EXPECT_EQ(b.mlp_only_layers, (std::vector<int64_t>{0}));
+  EXPECT_TRUE(b.output_router_logits);
+  EXPECT_DOUBLE_EQ(b.router_aux_loss_coef, 0.02);
+
+  // A dense model's state carries no expert keys.
+  nlohmann::json dense = nlohmann::json::parse(EncodeCheckpointManifest(Sample()));
+  std::function<bool(const nlohmann::json&)> has_experts = [&](const nlohmann::json& j) {
+    if (j.is_object()) {
+      for (const auto& [k, v] : j.items()) {
+        if (k == "num_experts" || has_experts(v)) return true;
+      }
+    }
+    return false;
+  };
+  EXPECT_FALSE(has_experts(dense));
+}
+
 }  // namespace
 }  // namespace memplan::io

@@ -32,6 +32,25 @@ TEST(AnalyticTraceTest, ParameterCountsMatchPublishedModels) {
   EXPECT_EQ(Synth("qwen3-8b", 1, 128).total_param_count, 8190735360);     // qk norm
 }
 
+// Sparse layers are not priced: the analytic model refuses a mixture of experts instead of
+// pricing its experts as one dense MLP.
+TEST(AnalyticTraceTest, MixtureOfExpertsIsRefusedNotMispriced) {
+  ModelSpec m = *FindModelPreset("llama-tiny");
+  m.family = "mixtral";
+  m.num_experts = 8;
+  m.num_experts_per_tok = 2;
+  m.moe_intermediate_size = m.intermediate_size;
+  m.norm_topk_prob = true;
+  Workload w;
+  w.micro_batch = 1;
+  w.seq_len = 128;
+  const absl::StatusOr<Trace> t =
+      SynthesizeTrace(m, w, DType::kBFloat16, {}, *FindHardwarePreset("h200"));
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(t.status().message().find("mixtures of experts"), std::string::npos) << t.status();
+}
+
 TEST(AnalyticTraceTest, LoraTrainsOnlyAdapters) {
   TrainingMethod lora;
   lora.kind = TrainingKind::kLora;
