@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/head_chunking.h"
 #include "common/nf4_bytes.h"
+#include "common/sliding_window.h"
 #include "common/status.h"
 #include "common/validate.h"
 
@@ -234,6 +235,28 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   block.backward_seconds = bwd_flops / matmul_rate + bwd_mem / hbm_rate + dequant_seconds;
   block.recompute_seconds = block.forward_seconds;
   trace.blocks.assign(static_cast<size_t>(arch.num_layers), block);
+  // [Sliding-window tiles] (common/sliding_window.h): a layer whose window is shorter than the
+  // sequence runs its attention in query tiles. Beside the incoming gradients and the output's
+  // gradient, its attention step holds the tiles' bytes rather than flash attention's; the block
+  // is priced at the larger of the two. Each query scores a tile's W + T - 1 keys (masked ones
+  // too, no causal halving), and backward recomputes every tile before back-propagating it.
+  for (int64_t l = 0; l < arch.num_layers; ++l) {
+    const int64_t window = arch.LayerWindow(l);
+    const SlidingWindowAttentionBytes tiles =
+        SlidingWindowAttentionMemory(arch, window, workload.micro_batch, seq, d);
+    if (tiles.backward_transient == 0) continue;
+    BlockTrace& b = trace.blocks[static_cast<size_t>(l)];
+    const int64_t beside = tokens * (2 * d * h + d * hq) + dequant_transient;
+    b.forward_transient_bytes =
+        std::max(b.forward_transient_bytes, beside + tiles.forward_transient);
+    b.backward_transient_bytes =
+        std::max(b.backward_transient_bytes, beside + tiles.backward_transient);
+    const int64_t keys = std::min(seq, window + SlidingWindowTileRows(window) - 1);
+    const double tiled_flops = 4.0 * static_cast<double>(hq) * static_cast<double>(keys) * t;
+    b.forward_seconds += (tiled_flops - attn_flops) / matmul_rate;
+    b.backward_seconds += (3.5 * tiled_flops - 2.5 * attn_flops) / matmul_rate;
+    b.recompute_seconds = b.forward_seconds;
+  }
 
   // Embedding: the lookup keeps only the int64 ids; its output is the first block's input.
   trace.embedding.param_bytes = embed_params * d;

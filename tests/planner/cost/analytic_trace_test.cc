@@ -4,6 +4,7 @@
 
 #include "common/head_chunking.h"
 #include "common/presets.h"
+#include "common/sliding_window.h"
 #include "gtest/gtest.h"
 #include "planner/cost/cost_model.h"
 
@@ -142,6 +143,51 @@ TEST(AnalyticTraceTest, ScalingAcrossTheHeadChunkThresholdRebasesTheHead) {
   measured.head.saved_bytes += 12345;
   EXPECT_EQ(ScaleTraceToWorkload(measured, want.workload).head.saved_bytes,
             want.head.saved_bytes + 12345);
+}
+
+// [Sliding-window tiles]: a sliding layer at a sequence beyond its window is priced with the
+// tiles' bytes from common/sliding_window.h (the agent's own figures) and a window's worth of
+// attention per query; full layers, and every layer up to the window, are unchanged.
+TEST(AnalyticTraceTest, SlidingLayersBeyondTheWindowPayForTheirTiles) {
+  const ModelSpec full = *FindModelPreset("mistral-7b");
+  ModelSpec sliding = full;
+  sliding.sliding_window = 4096;
+  sliding.sliding_layers = {1, 3};
+  const HardwareSpec h200 = *FindHardwarePreset("h200");
+  auto synth = [&](const ModelSpec& m, int64_t seq) {
+    Workload w;
+    w.micro_batch = 1;
+    w.seq_len = seq;
+    absl::StatusOr<Trace> t = SynthesizeTrace(m, w, DType::kBFloat16, {}, h200);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return *std::move(t);
+  };
+  const Trace within = synth(sliding, 4096), within_full = synth(full, 4096);
+  EXPECT_EQ(within.blocks[1].backward_transient_bytes,
+            within_full.blocks[1].backward_transient_bytes);
+  EXPECT_EQ(within.blocks[1].forward_seconds, within_full.blocks[1].forward_seconds);
+
+  const int64_t seq = 32768;
+  const Trace a = synth(sliding, seq), b = synth(full, seq);
+  // Full layers as before.
+  EXPECT_EQ(a.blocks[0].backward_transient_bytes, b.blocks[0].backward_transient_bytes);
+  EXPECT_EQ(a.blocks[2].forward_seconds, b.blocks[2].forward_seconds);
+  // Sliding layers: at least the tiles' bytes beside the incoming and output gradients.
+  const SlidingWindowAttentionBytes tiles = SlidingWindowAttentionMemory(sliding, 4096, 1, seq, 2);
+  const int64_t beside = seq * (2 * 2 * 4096 + 2 * 4096);
+  EXPECT_GE(a.blocks[1].backward_transient_bytes, beside + tiles.backward_transient);
+  EXPECT_GE(a.blocks[3].forward_transient_bytes, beside + tiles.forward_transient);
+  EXPECT_GE(a.blocks[1].backward_transient_bytes, b.blocks[1].backward_transient_bytes);
+  // Saved bytes do not change (q, k and v are kept, as for flash attention).
+  EXPECT_EQ(a.blocks[1].saved_bytes, b.blocks[1].saved_bytes);
+  // 4 * hq * (4096 + 1023) flops per token instead of 2 * hq * 32768: forward is cheaper.
+  EXPECT_LT(a.blocks[1].forward_seconds, b.blocks[1].forward_seconds);
+  EXPECT_EQ(a.blocks[1].recompute_seconds, a.blocks[1].forward_seconds);
+  const double rate = h200.matmul_bf16_flops * AnalyticTraceOptions{}.matmul_efficiency;
+  const double t = static_cast<double>(seq);
+  const double saved_fwd = (2.0 * 4096 * t * t - 4.0 * 4096 * 5119 * t) / rate;
+  EXPECT_NEAR(b.blocks[1].forward_seconds - a.blocks[1].forward_seconds, saved_fwd,
+              1e-9 * saved_fwd);
 }
 
 TEST(AnalyticTraceTest, RejectsInvalidInputsNamingTheField) {
