@@ -90,7 +90,7 @@ std::optional<TrainingKind> TrainingKindFromJson(const Json& v) {
 // ---------------------------------------------------------------- writing
 
 Json ToJson(const ModelSpec& m) {
-  return Json{{"name", m.name},
+  Json j{{"name", m.name},
               {"family", m.family},
               {"hidden_size", m.hidden_size},
               {"num_layers", m.num_layers},
@@ -107,6 +107,18 @@ Json ToJson(const ModelSpec& m) {
               {"max_position_embeddings", m.max_position_embeddings},
               {"sliding_window", m.sliding_window},
               {"sliding_layers", m.sliding_layers}};
+  // A mixture of experts' fields (ModelArch's names); a dense model's record stays as it was.
+  if (m.IsMoe()) {
+    j["num_experts"] = m.num_experts;
+    j["num_experts_per_tok"] = m.num_experts_per_tok;
+    j["moe_intermediate_size"] = m.moe_intermediate_size;
+    j["norm_topk_prob"] = m.norm_topk_prob;
+    j["decoder_sparse_step"] = m.decoder_sparse_step;
+    j["mlp_only_layers"] = m.mlp_only_layers;
+    j["output_router_logits"] = m.output_router_logits;
+    j["router_aux_loss_coef"] = m.router_aux_loss_coef;
+  }
+  return j;
 }
 
 Json ToJson(const HardwareSpec& h) {
@@ -380,6 +392,25 @@ void Read(const Json& j, const std::string& path, absl::Status* s, ModelSpec* m)
         return r.Fail("sliding_layers", "must hold layer indices");
       }
       m->sliding_layers.push_back(index);
+    }
+  }
+  r.Get("num_experts", &m->num_experts);
+  r.Get("num_experts_per_tok", &m->num_experts_per_tok);
+  r.Get("moe_intermediate_size", &m->moe_intermediate_size);
+  r.Get("norm_topk_prob", &m->norm_topk_prob);
+  r.Get("decoder_sparse_step", &m->decoder_sparse_step);
+  r.Get("output_router_logits", &m->output_router_logits);
+  r.Get("router_aux_loss_coef", &m->router_aux_loss_coef);
+  if (const Json* layers = r.Find("mlp_only_layers"); layers != nullptr) {
+    if (!layers->is_array()) return r.Fail("mlp_only_layers", "must be a list");
+    for (const Json& l : *layers) {
+      int64_t index = 0;
+      if (l.is_number_integer()) {
+        index = l.get<int64_t>();
+      } else if (!l.is_string() || !absl::SimpleAtoi(l.get<std::string>(), &index)) {
+        return r.Fail("mlp_only_layers", "must hold layer indices");
+      }
+      m->mlp_only_layers.push_back(index);
     }
   }
 }

@@ -45,6 +45,43 @@ TEST(RecordJsonProtoTest, TraceFileIsProtoJson) {
   EXPECT_EQ(back->blocks[3].recompute_seconds, 0.125);
 }
 
+TEST(RecordJsonProtoTest, MixtureOfExpertsTraceKeepsItsExperts) {
+  Trace t;
+  t.arch = *FindModelPreset("llama-tiny");
+  t.arch.family = "qwen3_moe";
+  t.arch.qk_norm = true;
+  t.arch.num_experts = 16;
+  t.arch.num_experts_per_tok = 4;
+  t.arch.moe_intermediate_size = 96;
+  t.arch.norm_topk_prob = true;
+  t.arch.decoder_sparse_step = 2;
+  t.arch.mlp_only_layers = {1};
+  t.arch.output_router_logits = true;
+  t.arch.router_aux_loss_coef = 0.01;
+  t.workload = Workload{1, 32, 1, 1};
+  t.param_dtype = DType::kBFloat16;
+  t.hardware_name = "h200";
+  for (int64_t i = 0; i < t.arch.num_layers; ++i) {
+    t.blocks.push_back(BlockTrace{10, 20, 30, 40, 50, 0.5, 0.25, 0.125});
+  }
+  v1::Trace message;
+  google::protobuf::util::JsonParseOptions strict;
+  strict.ignore_unknown_fields = false;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(TraceToJson(t), &message, strict);
+  ASSERT_TRUE(parsed.ok()) << parsed.ToString();
+  EXPECT_EQ(message.arch().num_experts(), 16);
+  absl::StatusOr<Trace> back = TraceFromProto(message, "");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->arch.num_experts, 16);
+  EXPECT_EQ(back->arch.num_experts_per_tok, 4);
+  EXPECT_EQ(back->arch.moe_intermediate_size, 96);
+  EXPECT_TRUE(back->arch.norm_topk_prob);
+  EXPECT_EQ(back->arch.decoder_sparse_step, 2);
+  EXPECT_EQ(back->arch.mlp_only_layers, (std::vector<int64_t>{1}));
+  EXPECT_TRUE(back->arch.output_router_logits);
+  EXPECT_DOUBLE_EQ(back->arch.router_aux_loss_coef, 0.01);
+}
+
 TEST(RecordJsonProtoTest, HardwareFileIsProtoJson) {
   HardwareSpec h = *FindHardwarePreset("h200");
   h.measured = true;
