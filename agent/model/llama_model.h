@@ -111,8 +111,8 @@ class LlamaModel {
   torch::Tensor Loss(const torch::Tensor& input_ids, const torch::Tensor& targets);
   // Plain autograd forward to the LM head's output, [batch, seq, vocab] in the model dtype.
   torch::Tensor Logits(const torch::Tensor& input_ids);
-  // INVALID_ARGUMENT (naming config.json's "sliding_window") when a sequence of seq_len tokens
-  // would make the checkpoint's sliding-window attention differ from full causal attention.
+  // INVALID_ARGUMENT for a sequence length out of range or a sliding window out of range (naming
+  // config.json's "sliding_window"); sequences beyond the window are computed exactly.
   absl::Status CheckSequenceLength(int64_t seq_len) const;
   // Grouped: every group runs in its own autograd Function (agent/blocks/group_runner.h) with the
   // given per-block modes; `residency` (may be null) is told when each group runs. SWAP and
