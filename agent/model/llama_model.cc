@@ -17,8 +17,10 @@
 #include "agent/blocks/group_runner.h"
 #include "agent/model/attention.h"
 #include "agent/model/moe.h"
+#include "agent/model/sequence_tiling.h"
 #include "agent/quant/nf4_linear.h"
 #include "common/head_chunking.h"
+#include "common/mlp_tiling.h"
 #include "common/nf4_bytes.h"
 #include "common/param_shapes.h"
 #include "common/validate.h"
@@ -772,8 +774,9 @@ torch::Tensor LlamaModel::Block(const BlockParams& p, const torch::Tensor& hidde
   // forward's masks.
   const double dropout = train ? options_.lora.dropout : 0.0;
   const double scaling = has_lora() ? options_.lora.scaling() : 1.0;
-  auto proj = [&](const torch::Tensor& in, size_t module, const torch::Tensor& w,
-                  const torch::Tensor& b = torch::Tensor()) {
+  // By value but for the block's parameters: the sequence-tiled MLP calls it again in backward.
+  auto proj = [&p, dropout, scaling](const torch::Tensor& in, size_t module, const torch::Tensor& w,
+                                     const torch::Tensor& b = torch::Tensor()) {
     // [QLoRA] the NF4 weight dequantized for this product only (agent/quant/nf4_linear.h).
     const torch::Tensor base =
         p.nf4[module].has_value() ? quant::Nf4Linear(in, *p.nf4[module], b) : Linear(in, w, b);
@@ -804,10 +807,18 @@ torch::Tensor LlamaModel::Block(const BlockParams& p, const torch::Tensor& hidde
   if (p.moe) return h + MoeMlp(s, *p.moe, y, router_loss);
   // gate before up, as transformers evaluates them: with LoRA dropout each draws a mask, and the
   // order of the draws is part of the result.
-  const torch::Tensor gate = torch::silu(proj(y, 4, p.gate_proj));
-  const torch::Tensor up = proj(y, 5, p.up_proj);
-  const torch::Tensor mlp = proj(gate * up, 6, p.down_proj);
-  return h + mlp;
+  auto mlp = [&p, proj](const torch::Tensor& in) {
+    const torch::Tensor gate = torch::silu(proj(in, 4, p.gate_proj));
+    const torch::Tensor up = proj(in, 5, p.up_proj);
+    return proj(gate * up, 6, p.down_proj);
+  };
+  // [Sequence-tiled MLP] (common/mlp_tiling.h); an explicit mlp_tile_rows (tests) forces it.
+  const int64_t forced = options_.mlp_tile_rows;
+  const int64_t tile_rows =
+      forced != 0 ? forced
+                  : MlpTileRows(batch * seq, s.intermediate_size, DTypeBytes(options_.dtype));
+  if (tile_rows > 0 && tile_rows < batch * seq) return h + SequenceTiled(mlp, y, tile_rows);
+  return h + mlp(y);
 }
 
 torch::Tensor LlamaModel::HeadLoss(const torch::Tensor& hidden, const torch::Tensor& targets,

@@ -44,6 +44,10 @@ struct LlamaModelOptions {
   // of more tokens runs chunked. 0: HeadChunkRows(vocab) and HeadIsChunked(), what the planner
   // assumes.
   int64_t head_chunk_rows = 0;
+  // Tokens per tile of the MLP ([Sequence-tiled MLP], common/mlp_tiling.h): 0: MlpTileRows(), what
+  // the planner assumes; > 0: tiles of that many tokens whenever a micro-batch has more; < 0:
+  // never tiled.
+  int64_t mlp_tile_rows = 0;
   // LoRA adapters (rank > 0): every base parameter is frozen (requires_grad false: no gradient,
   // no optimizer state) and each targeted projection of every block computes
   // base(x) + B(A(dropout(x))) * alpha / rank, as PEFT's LoraLayer. A is drawn kaiming-uniform

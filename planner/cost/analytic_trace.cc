@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/head_chunking.h"
+#include "common/mlp_tiling.h"
 #include "common/nf4_bytes.h"
 #include "common/sliding_window.h"
 #include "common/status.h"
@@ -160,8 +161,13 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   saved_tok += d * (hq + 2 * hkv);               // q, k after RoPE, v (SDPA inputs)
   saved_tok += d * hq + 4 * arch.num_heads;      // attention output + logsumexp
   saved_tok += norm_saved(h, gate_in || up_in);  // post_attention_layernorm
-  saved_tok += 3 * d * inter;                    // gate out (silu), silu out, up out
-  saved_tok += down_in ? d * inter : 0;          // silu*up product (down_proj input)
+  // gate out (silu input), silu out, up out, and the silu*up product (down_proj input).
+  const int64_t mlp_saved_tok = 3 * d * inter + (down_in ? d * inter : 0);
+  // [Sequence-tiled MLP] (common/mlp_tiling.h): the tiled MLP keeps only its input (the norm's
+  // output, kept anyway when gate or up trains); a tile's intermediates are transient.
+  const int64_t mlp_tile = MlpTileRows(tokens, inter, d);
+  const bool mlp_tiled = mlp_tile > 0 && mlp_tile < tokens;
+  saved_tok += mlp_tiled ? (gate_in || up_in ? 0 : d * h) : mlp_saved_tok;
   const int lora_modules = lora.q + lora.k + lora.v + lora.o + lora.gate + lora.up + lora.down;
   saved_tok += lora_modules * d * rank;  // adapter B inputs (A x)
 
@@ -175,6 +181,14 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   const int64_t mlp_bwd = 3 * d * inter + 2 * d * h;
   const int64_t attn_bwd = 2 * d * (hq + 2 * hkv) + 4 * hq + 4 * arch.num_heads;
   const int64_t bwd_tr_tok = 2 * d * h + std::max({mlp_bwd, attn_bwd, int64_t{12} * h});
+  // Tiled: one tile's intermediates in forward; in backward the MLP stage holds the input
+  // gradient [T, H] being filled beside the incoming gradients, plus one tile recomputed
+  // (its four intermediates) and back-propagated (mlp_bwd per token of the tile).
+  const int64_t tile_fwd_tr = mlp_tiled ? mlp_tile * 4 * d * inter : 0;
+  const int64_t tiled_bwd_tr =
+      mlp_tiled ? std::max(tokens * (2 * d * h + std::max(attn_bwd, int64_t{12} * h)),
+                           tokens * 3 * d * h + mlp_tile * (4 * d * inter + mlp_bwd))
+                : 0;
 
   // ---- parameters ----
   const int64_t block_weights = h * hq + 2 * h * hkv + hq * h + 3 * h * inter;
@@ -199,7 +213,12 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   // only for frozen ones (1x); flash attention backward re-computes scores (2.5x forward).
   const double bwd_flops = (full ? 2.0 : 1.0) * lin_flops + 2.5 * attn_flops + 2.0 * lora_flops;
   const double fwd_mem = 2.0 * static_cast<double>(saved_tok) * t;  // write + read once
-  const double bwd_mem = 2.0 * fwd_mem;
+  double bwd_mem = 2.0 * fwd_mem;
+  // Tiled, backward runs the MLP's forward once more (tile by tile), writing and reading its
+  // intermediates.
+  const double mlp_recompute_flops =
+      mlp_tiled ? 2.0 * static_cast<double>(3 * h * inter) * t : 0.0;
+  if (mlp_tiled) bwd_mem += 2.0 * static_cast<double>(4 * d * inter) * t;
 
   // QLoRA: the projections are NF4 in the chunks and dequantized one at a time before their
   // matmul, in forward, recompute and again in backward ([Dequantization transient],
@@ -229,10 +248,12 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
       qlora ? QloraBlockBaseBytes(arch, d) + adapter_params * d : block_params * d;
   block.input_bytes = tokens * h * d;
   block.saved_bytes = tokens * saved_tok;
-  block.forward_transient_bytes = tokens * fwd_tr_tok + dequant_transient;
-  block.backward_transient_bytes = tokens * bwd_tr_tok + dequant_transient;
+  block.forward_transient_bytes = tokens * fwd_tr_tok + tile_fwd_tr + dequant_transient;
+  block.backward_transient_bytes =
+      (mlp_tiled ? tiled_bwd_tr : tokens * bwd_tr_tok) + dequant_transient;
   block.forward_seconds = fwd_flops / matmul_rate + fwd_mem / hbm_rate + dequant_seconds;
-  block.backward_seconds = bwd_flops / matmul_rate + bwd_mem / hbm_rate + dequant_seconds;
+  block.backward_seconds = (bwd_flops + mlp_recompute_flops) / matmul_rate + bwd_mem / hbm_rate +
+                           dequant_seconds;
   block.recompute_seconds = block.forward_seconds;
   trace.blocks.assign(static_cast<size_t>(arch.num_layers), block);
   // [Sliding-window tiles] (common/sliding_window.h): a layer whose window is shorter than the
@@ -361,6 +382,31 @@ Trace ScaleTraceToWorkload(const Trace& trace, const Workload& workload) {
     out.head.backward_transient_bytes = rebase(trace.head.backward_transient_bytes,
                                                was.backward_transient, now.backward_transient);
     out.forward_end_bytes += out.head.saved_bytes - scaled_saved;
+
+    // [Sequence-tiled MLP] A block keeps its MLP's intermediates only where the MLP runs whole:
+    // crossing the tiling threshold moves them in or out of every block's saved bytes (the
+    // transients keep their scaled, larger, figures).
+    const int64_t d = DTypeBytes(trace.param_dtype);
+    const int64_t inter = trace.arch.intermediate_size;
+    auto tiled_at = [&](const Workload& w) {
+      const int64_t tokens = w.micro_batch * w.seq_len;
+      const int64_t rows = MlpTileRows(tokens, inter, d);
+      return rows > 0 && rows < tokens;
+    };
+    const bool tiled_was = tiled_at(trace.workload), tiled_now = tiled_at(workload);
+    if (tiled_was != tiled_now) {
+      const LoraTargets lora = full ? LoraTargets{} : TargetsOf(trace.training);
+      const bool gate_up_train = full || lora.gate || lora.up;
+      const int64_t whole_tok = 3 * d * inter + (full || lora.down ? d * inter : 0);
+      const int64_t tiled_tok = gate_up_train ? 0 : d * trace.arch.hidden_size;
+      const int64_t tokens = workload.micro_batch * workload.seq_len;
+      const int64_t delta = tokens * (tiled_now ? tiled_tok - whole_tok : whole_tok - tiled_tok);
+      for (BlockTrace& b : out.blocks) {
+        const int64_t before = b.saved_bytes;
+        b.saved_bytes = std::max<int64_t>(0, b.saved_bytes + delta);
+        out.forward_end_bytes += b.saved_bytes - before;
+      }
+    }
   }
   return out;
 }

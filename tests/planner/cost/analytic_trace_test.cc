@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "common/head_chunking.h"
+#include "common/mlp_tiling.h"
 #include "common/presets.h"
 #include "common/sliding_window.h"
 #include "gtest/gtest.h"
@@ -188,6 +189,43 @@ TEST(AnalyticTraceTest, SlidingLayersBeyondTheWindowPayForTheirTiles) {
   const double saved_fwd = (2.0 * 4096 * t * t - 4.0 * 4096 * 5119 * t) / rate;
   EXPECT_NEAR(b.blocks[1].forward_seconds - a.blocks[1].forward_seconds, saved_fwd,
               1e-9 * saved_fwd);
+}
+
+// [Sequence-tiled MLP] qwen3-8b (I = 12 288, bf16) tiles its MLP beyond 87 381 tokens.
+TEST(AnalyticTraceTest, TiledMlpKeepsOnlyItsInputAndPaysOneMoreMlpForward) {
+  const int64_t d = 2, h = 4096, inter = 12288;
+  const Trace whole = Synth("qwen3-8b", 1, 65536);
+  const Trace tiled = Synth("qwen3-8b", 1, 131072);
+  ASSERT_EQ(MlpTileRows(65536, inter, d), 0);
+  const int64_t rows = MlpTileRows(131072, inter, d);
+  ASSERT_GT(rows, 0);
+  // Per token, the tiled block saves exactly the four [T, I] intermediates less.
+  EXPECT_EQ(2 * whole.blocks[0].saved_bytes - tiled.blocks[0].saved_bytes,
+            int64_t{131072} * 4 * d * inter);
+  // Forward adds one tile's intermediates; backward holds far less than the whole MLP's.
+  EXPECT_EQ(tiled.blocks[0].forward_transient_bytes - 2 * whole.blocks[0].forward_transient_bytes,
+            rows * 4 * d * inter);
+  EXPECT_LT(tiled.blocks[0].backward_transient_bytes, 2 * whole.blocks[0].backward_transient_bytes);
+  EXPECT_GE(tiled.blocks[0].backward_transient_bytes, int64_t{131072} * 3 * d * h);
+  // Time: the recomputed MLP forward on top of what doubling the tokens costs.
+  EXPECT_GT(tiled.blocks[0].backward_seconds, 2 * whole.blocks[0].backward_seconds);
+
+  // A trace scaled across the threshold moves the intermediates with it, both ways.
+  EXPECT_EQ(ScaleTraceToWorkload(whole, tiled.workload).blocks[0].saved_bytes,
+            tiled.blocks[0].saved_bytes);
+  EXPECT_EQ(ScaleTraceToWorkload(tiled, whole.workload).blocks[0].saved_bytes,
+            whole.blocks[0].saved_bytes);
+  // LoRA on attention only: the frozen MLP's input is kept by the tiled MLP alone.
+  TrainingMethod lora;
+  lora.kind = TrainingKind::kLora;
+  lora.lora_rank = 16;
+  lora.lora_target_modules = {"q_proj", "v_proj"};
+  const Trace lora_whole = Synth("qwen3-8b", 1, 65536, DType::kBFloat16, lora);
+  const Trace lora_tiled = Synth("qwen3-8b", 1, 131072, DType::kBFloat16, lora);
+  EXPECT_EQ(2 * lora_whole.blocks[0].saved_bytes - lora_tiled.blocks[0].saved_bytes,
+            int64_t{131072} * (3 * d * inter - d * h));
+  EXPECT_EQ(ScaleTraceToWorkload(lora_whole, lora_tiled.workload).blocks[0].saved_bytes,
+            lora_tiled.blocks[0].saved_bytes);
 }
 
 TEST(AnalyticTraceTest, RejectsInvalidInputsNamingTheField) {
