@@ -573,6 +573,11 @@ absl::Status ChunkStateIO::LoadRanges(const ChunkManager::RangeReader& read, boo
   if (optimizer_.quantized() && with_state) {
     return absl::UnimplementedError("per-rank checkpoint pieces: not for adamw8bit state");
   }
+  if (set_.dtype() == torch::kUInt8) {
+    // A reader counts a parameter's own elements; [Byte chunks] ranges count bytes.
+    return absl::UnimplementedError(
+        "loading ranges: not for byte chunks (a QLoRA base is quantized whole, then stored)");
+  }
   torch::NoGradGuard no_grad;
   optimizer_.WaitAll();
   const bool has_moments = optimizer_.has_moments();

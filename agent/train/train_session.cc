@@ -490,10 +490,11 @@ absl::Status TrainSession::BuildModel() {
   // [Sharded loading] A managed full fine-tune creates its parameters without values
   // (deferred_values: shapes only): the ChunkManager allocates what this rank stores and
   // FillShards() fills it from the checkpoint's byte ranges (or the initial values), so no rank
-  // ever holds the whole model, on one rank or many. LoRA (its base is quantised or frozen whole)
-  // creates the model on the CPU for the managers to take; an unmanaged run creates it on the
+  // ever holds the whole model, on one rank or many. LoRA's frozen base loads the same way (its
+  // adapters are drawn or loaded whole); a QLoRA base is quantized whole when the model is created
+  // (on the CPU, for the managers to take their shares); an unmanaged run creates it on the
   // device.
-  sharded_load_ = plan_.managed && !config_.lora.enabled();
+  sharded_load_ = plan_.managed && !config_.lora.nf4_base;
   before_model_ = ReadHostMemory();
   if (plan_.managed) model_options_.param_device = torch::Device(torch::kCPU);
   model_options_.deferred_values = sharded_load_;
@@ -618,8 +619,11 @@ absl::Status TrainSession::BuildTrainer() {
 }
 
 absl::Status TrainSession::FillShards() {
-  // A resumed run is filled by the checkpoint it resumes from (Resume()).
-  if (!sharded_load_ || !config_.resume_dir.empty()) return absl::OkStatus();
+  // A resumed run is filled by the checkpoint it resumes from (Resume()), except LoRA's base,
+  // which its checkpoints do not hold.
+  if (!sharded_load_ || (!config_.resume_dir.empty() && !config_.lora.enabled())) {
+    return absl::OkStatus();
+  }
   // [Sharded loading] Each rank reads what it stores: its shard of every offloaded chunk and
   // the whole persistent chunks, from the checkpoint's byte ranges or drawn as Create would.
   const torch::ScalarType param_dtype = model_->Params().front().param.scalar_type();
@@ -1000,32 +1004,41 @@ absl::Status TrainSession::Finish() {
       (config_.save_every == 0 || trainer_->step() % config_.save_every != 0)) {
     RETURN_IF_ERROR(Save());
   }
-  if (!config_.save_adapter_dir.empty() && lead_) {
+  // Params() and BaseParams() gather the ranks' shards (collectives): every rank reads them,
+  // rank 0 alone writes.
+  if (!config_.save_adapter_dir.empty()) {
     const std::vector<NamedParam> adapters = trainer_->Params();
-    RETURN_IF_ERROR(LoggedWrite(
-        "adapter", config_.save_adapter_dir, trainer_->step(), [&]() -> absl::Status {
-          RETURN_IF_ERROR(io::SavePeftAdapter(config_.save_adapter_dir, config_.lora,
-                                              !config_.model_dir.empty()   ? config_.model_dir
-                                              : !config_.arch_file.empty() ? config_.arch_file
-                                                                           : config_.arch,
-                                              adapters));
-          return CopyModelSideFiles(config_.save_adapter_dir);
-        }));
+    if (lead_) {
+      RETURN_IF_ERROR(LoggedWrite(
+          "adapter", config_.save_adapter_dir, trainer_->step(), [&]() -> absl::Status {
+            RETURN_IF_ERROR(io::SavePeftAdapter(config_.save_adapter_dir, config_.lora,
+                                                !config_.model_dir.empty()   ? config_.model_dir
+                                                : !config_.arch_file.empty() ? config_.arch_file
+                                                                             : config_.arch,
+                                                adapters));
+            return CopyModelSideFiles(config_.save_adapter_dir);
+          }));
+    }
   }
-  if (!config_.merge_export_dir.empty() && lead_) {
-    // [QLoRA] merged into the dequantized weights (what the adapters were trained against).
-    ASSIGN_OR_RETURN(const std::vector<NamedParam> base,
-                     model_->DequantizedBase(trainer_->BaseParams()));
-    ASSIGN_OR_RETURN(std::vector<NamedParam> merged,
-                     io::MergeLora(base, trainer_->Params(), config_.lora));
-    io::TrainerState state;
-    state.step = trainer_->step();
-    state.model = spec_;
-    state.param_dtype = dtype_;
-    RETURN_IF_ERROR(LoggedWrite("merged export", config_.merge_export_dir, trainer_->step(), [&] {
-      RETURN_IF_ERROR(io::SaveCheckpoint(config_.merge_export_dir, state, merged, {}));
-      return CopyModelSideFiles(config_.merge_export_dir);
-    }));
+  if (!config_.merge_export_dir.empty()) {
+    std::vector<NamedParam> base_values = trainer_->BaseParams();
+    const std::vector<NamedParam> adapters = trainer_->Params();
+    if (lead_) {
+      // [QLoRA] merged into the dequantized weights (what the adapters were trained against).
+      ASSIGN_OR_RETURN(const std::vector<NamedParam> base,
+                       model_->DequantizedBase(base_values));
+      ASSIGN_OR_RETURN(std::vector<NamedParam> merged,
+                       io::MergeLora(base, adapters, config_.lora));
+      io::TrainerState state;
+      state.step = trainer_->step();
+      state.model = spec_;
+      state.param_dtype = dtype_;
+      RETURN_IF_ERROR(
+          LoggedWrite("merged export", config_.merge_export_dir, trainer_->step(), [&] {
+            RETURN_IF_ERROR(io::SaveCheckpoint(config_.merge_export_dir, state, merged, {}));
+            return CopyModelSideFiles(config_.merge_export_dir);
+          }));
+    }
   }
   if (world_size_ > 1) RETURN_IF_ERROR(PrintRankFigures());
   if (!lead_) return absl::OkStatus();

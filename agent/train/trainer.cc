@@ -183,6 +183,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
                                                      : o.adapter_n_persist;
         adapters.shard_persistent_state = false;
         adapters.shard_persistent_params = false;
+        adapters.deferred_values = false;  // the model draws (or loads) adapters whole
         ASSIGN_OR_RETURN(trainer->chunk_manager_,
                          ChunkManager::Create(model->AdapterGroups(), adapters, o.communicator));
         trainer->lora_residency_ = std::make_unique<PairResidency>(
@@ -746,12 +747,14 @@ absl::Status Trainer::RestoreFromPieces(const io::CheckpointPieces& pieces) {
 }
 
 absl::Status Trainer::LoadParamRanges(const ChunkManager::RangeReader& read) {
-  if (chunk_manager_ == nullptr || model_->has_lora()) {
+  // A managed LoRA run stores parts of its frozen base ([Sharded frozen base]); its adapters
+  // have their values already.
+  ChunkManager* target = model_->has_lora() ? base_manager_.get() : chunk_manager_.get();
+  if (target == nullptr) {
     return absl::FailedPreconditionError(
-        "loading parameter ranges: only a managed full fine-tune stores parts of the model");
+        "loading parameter ranges: only a managed run stores parts of the model");
   }
-  return chunk_manager_->LoadRanges(read, /*with_state=*/false,
-                                    std::max(options_.chunks.cpu_threads, 1));
+  return target->LoadRanges(read, /*with_state=*/false, std::max(options_.chunks.cpu_threads, 1));
 }
 
 absl::Status Trainer::ImportOptimizerState(const std::vector<NamedParam>& state) {

@@ -137,8 +137,8 @@ class Trainer {
   // The same from a per-rank checkpoint of any world size, reading only what this rank stores
   // (managed runs; others load the assembled checkpoint with RestoreCheckpoint).
   absl::Status RestoreFromPieces(const io::CheckpointPieces& pieces);
-  // [Sharded loading] A managed full fine-tune of a model created with deferred_values: fills the
-  // parameters
+  // [Sharded loading] A managed run of a model created with deferred_values (a full fine-tune, or
+  // LoRA's frozen base, whose adapters have values): fills the parameters
   // this rank stores (its shards, the whole persistent chunks) through `read`, by name and element
   // range (e.g. LlamaModel::InitialValues, or ranges of a Hugging Face checkpoint), optimizer
   // state fresh. `read` runs on up to chunks.cpu_threads threads at once (it must be thread-safe).

@@ -1,6 +1,7 @@
 // `memplan-agent train --lora-*`: a LoRA run with dropout saved and resumed equals one that never
 // stopped (the adapter files byte for byte), a LoRA checkpoint resumes without the LoRA flags, and bad LoRA
-// flags fail naming the flag and the allowed range.
+// flags fail naming the flag and the allowed range; two ranks train LoRA and QLoRA like one
+// process.
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
@@ -165,6 +167,71 @@ TEST_F(TrainLoraTest, QloraResumedRunEqualsTheStraightOne) {
   ASSERT_EQ(plain.size(), 2u);
   EXPECT_NE(plain[0], all[0]) << "the NF4 base computed what the unquantized one does";
   EXPECT_NEAR(plain[0], all[0], 0.05 * plain[0]) << "NF4 is a close copy of the base";
+}
+
+// Several ranks ([Sharded frozen base] in agent/chunks/chunk_manager.cc): two Gloo ranks with
+// --batch 2 train LoRA (each rank drawing only its shares of the base) and QLoRA like one process
+// with --batch 4 (no dropout: the ranks would draw other masks than the one process), and rank 0
+// writes the adapter and the merged export.
+TEST_F(TrainLoraTest, TwoRanksTrainLikeOneProcessOnTheWholeBatch) {
+  for (const bool qlora : {false, true}) {
+    SCOPED_TRACE(qlora ? "qlora" : "lora");
+    auto args = [&](int batch) {
+      std::vector<std::string> a = With(LoraArgs(data_, 3), {"--clip", "1"});
+      if (qlora) a.push_back("--qlora");
+      for (size_t i = 0; i + 1 < a.size(); ++i) {
+        if (a[i] == "--lora-dropout") a[i + 1] = "0";
+        if (a[i] == "--batch") a[i + 1] = std::to_string(batch);
+      }
+      return a;
+    };
+    const Exit single = RunAgent(args(4), base_ + ".one");
+    ASSERT_EQ(single.code, 0) << single.err;
+    const std::vector<double> expected = StepLosses(single.err);
+    ASSERT_EQ(expected.size(), 3u) << single.err;
+
+    const int port = testing::FreeLoopbackPort();
+    ASSERT_GT(port, 0);
+    const std::vector<std::string> ranked = With(
+        args(2), {"--save-adapter", base_ + ".straight", "--merge-export", base_ + ".resumed"});
+    std::vector<testing::Child> ranks;
+    for (int r = 0; r < 2; ++r) {
+      ranks.push_back(testing::Spawn(
+          ranked,
+          {"WORLD_SIZE=2", absl::StrCat("RANK=", r), absl::StrCat("LOCAL_RANK=", r),
+           "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", port)},
+          absl::StrCat(base_, ".rank", r)));
+      ASSERT_GT(ranks.back().pid, 0);
+    }
+    std::string err[2];
+    for (int r = 0; r < 2; ++r) {
+      int status = 0;
+      EXPECT_EQ(waitpid(ranks[r].pid, &status, 0), ranks[r].pid);
+      err[r] = testing::ReadFile(ranks[r].err_path) + testing::ReadFile(ranks[r].out_path);
+      std::remove(ranks[r].out_path.c_str());
+      std::remove(ranks[r].err_path.c_str());
+      if (absl::StrContains(err[r], "no Gloo process group")) GTEST_SKIP() << err[r];
+      ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << r << ":\n"
+                                                                 << err[r];
+    }
+    const std::vector<double> got = StepLosses(err[0]);
+    ASSERT_EQ(got.size(), 3u) << err[0];
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_NEAR(got[i], expected[i], 1e-4 * std::abs(expected[i])) << "step " << i + 1;
+    }
+    EXPECT_NE(got[0], got[2]);
+    for (int r = 0; r < 2; ++r) {
+      // Each rank logged its share of the base; LoRA's was drawn into its shards.
+      EXPECT_THAT(err[r], HasSubstr("base_chunk_host_bytes=")) << r;
+      EXPECT_THAT(err[r], HasSubstr(qlora ? "sharded_load=0" : "sharded_load=1")) << r;
+    }
+    EXPECT_THAT(testing::ReadFile(base_ + ".straight/adapter_config.json"),
+                HasSubstr("\"peft_type\": \"LORA\""));
+    EXPECT_GT(testing::ReadFile(base_ + ".straight/adapter_model.safetensors").size(), 1000u);
+    EXPECT_GT(testing::ReadFile(base_ + ".resumed/model.safetensors").size(), 100000u);
+    std::filesystem::remove_all(base_ + ".straight");
+    std::filesystem::remove_all(base_ + ".resumed");
+  }
 }
 
 TEST_F(TrainLoraTest, BadFlagsNameTheFlagAndTheRange) {

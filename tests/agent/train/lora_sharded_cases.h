@@ -39,8 +39,13 @@ inline std::vector<LoraShardCase> LoraShardCases() {
   };
 }
 
-inline std::unique_ptr<LlamaModel> MakeLoraShardModel(const LoraShardCase& c) {
+// `deferred`: the base without values, as `memplan-agent train` creates a managed LoRA model
+// ([Sharded loading]; not QLoRA, whose base is quantized whole); the trainer then fills what its
+// rank stores from LlamaModel::InitialValues. The adapters always have their values.
+inline std::unique_ptr<LlamaModel> MakeLoraShardModel(const LoraShardCase& c,
+                                                      bool deferred = false) {
   LlamaModelOptions o;
+  o.deferred_values = deferred && !c.nf4;
   o.spec = TinySpec();
   o.seed = 3;
   o.param_device = torch::kCPU;

@@ -13,6 +13,9 @@
 //   per offloaded chunk of S bytes (and persistent chunks sharded on the device when asked);
 // * a LoRA checkpoint written by 2 ranks resumes on 1, and one written by 1 process resumes on 3,
 //   with the losses of the uninterrupted run (1e-5 relative).
+// Every rank (and the one-process runs that save and resume) loads as `memplan-agent train`
+// does: a LoRA base without values whose shards are drawn by LoadParamRanges; QLoRA's base is
+// quantized whole and then stored. The one-process step reference materialises the model.
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -241,9 +244,18 @@ INSTANTIATE_TEST_SUITE_P(Ranks, LoraShardedTest, ::testing::Values(2, 3),
 // after step 1 when `save`.
 std::vector<double> OneProcessLosses(const testing::LoraShardCase& c, const std::string& ckpt,
                                      bool save) {
-  std::unique_ptr<LlamaModel> model = testing::MakeLoraShardModel(c);
+  // One rank loads as `memplan-agent train` does too: the base's values drawn into its chunks.
+  std::unique_ptr<LlamaModel> model = testing::MakeLoraShardModel(c, /*deferred=*/true);
   auto trainer = Trainer::Create(model.get(), testing::LoraShardOptions(c));
   EXPECT_TRUE(trainer.ok()) << trainer.status();
+  if (model->options().deferred_values) {
+    EXPECT_TRUE((*trainer)
+                    ->LoadParamRanges([&model](const std::string& name, int64_t begin,
+                                               int64_t len) {
+                      return model->InitialValues(name, begin, len);
+                    })
+                    .ok());
+  }
   std::vector<double> losses;
   int first = 1;
   if (!save) {

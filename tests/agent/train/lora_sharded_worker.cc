@@ -39,11 +39,19 @@ absl::StatusOr<double> Step(Trainer& trainer, const testing::LoraShardCase& c, i
 absl::Status RunCase(const std::string& mode, const std::string& prefix,
                      const testing::LoraShardCase& c, Communicator& comm) {
   const int rank = comm.rank(), world = comm.world_size();
-  std::unique_ptr<LlamaModel> model = testing::MakeLoraShardModel(c);
+  // Every rank loads as `memplan-agent train` does: a LoRA base without values, and only what
+  // the rank stores drawn into its chunks (QLoRA: quantized whole, then its shares kept).
+  std::unique_ptr<LlamaModel> model = testing::MakeLoraShardModel(c, /*deferred=*/true);
   if (!model) return absl::InternalError("model creation failed");
   TrainerOptions options = testing::LoraShardOptions(c);
   options.communicator = &comm;
   ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(model.get(), options));
+  if (model->options().deferred_values) {
+    RETURN_IF_ERROR(trainer->LoadParamRanges(
+        [&model](const std::string& name, int64_t begin, int64_t len) {
+          return model->InitialValues(name, begin, len);
+        }));
+  }
   const std::string ckpt = prefix + "." + c.name + ".ckpt";
   std::vector<torch::Tensor> out;
   try {
