@@ -341,6 +341,11 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   t.gather_prefix.assign(c_count + 1, 0);
   t.pgrad_prefix.assign(c_count + 1, 0);
   const int32_t w_ranks = options_.world_size;
+  // The chunk arrays' element: the model dtype, or a byte for QLoRA's frozen base, whose NF4
+  // parts, scales and norms share byte chunks ([Byte chunks] in agent/chunks/chunk_manager.cc):
+  // it is sharded and padded in bytes.
+  const int64_t array_elem_bytes =
+      trace_.training.kind == TrainingKind::kQlora && adapters.has_value() ? 1 : dtype_bytes_;
   t.shard_state = options_.shard_persistent_state && CanShardPersistentState(trace_, options_);
   t.shard_params = t.shard_state && options_.shard_persistent_params;
   int64_t max_train = 0;
@@ -373,11 +378,12 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
     const double state_share =
         full_ft || fill == 0 ? 1.0 : static_cast<double>(train) / static_cast<double>(fill);
     // [LoRA managers]: a frozen base chunk holds its parameters only (QLoRA's NF4 chunks in
-    // bytes: [Byte chunks] in agent/chunks/chunk_manager.cc).
+    // bytes: [Byte chunks] in agent/chunks/chunk_manager.cc); with W ranks this rank's shard
+    // ([Sharded frozen base]).
     const OffloadedChunkHostBytes frozen = FrozenChunkHost(
         options_.world_size == 1
             ? fill
-            : ShardElems(fill / dtype_bytes_, options_.world_size) * dtype_bytes_);
+            : ShardElems(fill / array_elem_bytes, options_.world_size) * array_elem_bytes);
     const int64_t host =
         adapters.has_value()
             ? frozen.total()
@@ -521,8 +527,8 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
     const bool big = t.regular_prefix[c + 1] == t.regular_prefix[c];
     // The agent pads every buffer to a multiple of the world size (the all-gather's output).
     const int64_t bytes =
-        PaddedElems(t.layout.chunk_param_bytes[c] / dtype_bytes_, options_.world_size) *
-        dtype_bytes_;
+        PaddedElems(t.layout.chunk_param_bytes[c] / array_elem_bytes, options_.world_size) *
+        array_elem_bytes;
     t.oversized_suffix[c] = t.oversized_suffix[c + 1] + (big ? bytes : 0);
     if (!big) t.shared_buffer_bytes = std::max(t.shared_buffer_bytes, bytes);
   }

@@ -5,6 +5,7 @@
 
 #include "common/chunk_packing.h"
 #include "common/nf4_bytes.h"
+#include "common/optimizer_bytes.h"
 #include "common/presets.h"
 #include "gtest/gtest.h"
 #include "planner/cost/analytic_trace.h"
@@ -152,6 +153,50 @@ TEST(QloraCostTest, PeakBelowLoraBelowFull) {
   EXPECT_LT(lora, full);
   // The projections shrink from 2 bytes to ~0.52 per weight: ~10.3 GB less than LoRA.
   EXPECT_GT(lora - qlora, int64_t{9} << 30);
+}
+
+// [Sharded frozen base] (agent/chunks/chunk_manager.cc): with W ranks each rank's host holds its
+// shard of every offloaded base chunk, ceil(S / W) elements of S (bytes for QLoRA, whose frozen
+// chunks are byte arrays; bf16 elements for LoRA), what the agent's MemoryStats() reports; the
+// adapters stay replicated on the device (the same bytes for any W).
+TEST(QloraCostTest, SeveralRanksPriceTheirShardOfTheFrozenBase) {
+  const ModelSpec m = SmallSpec();
+  const HardwareSpec hw = *FindHardwarePreset("h200");
+  const int64_t chunk = 64 << 10;
+  for (const TrainingKind kind : {TrainingKind::kLora, TrainingKind::kQlora}) {
+    SCOPED_TRACE(kind == TrainingKind::kQlora ? "qlora" : "lora");
+    const Trace trace = Synth(m, kind, 1, 128);
+    ASSERT_TRUE(ArchMatchesTrace(trace));
+    const ChunkLayout layout = LayoutChunks(trace, chunk);
+    const int64_t elem = kind == TrainingKind::kQlora ? 1 : 2;
+    int64_t whole = 0;
+    for (const int64_t s : layout.chunk_param_bytes) whole += s;
+    int64_t adapters_device = -1;
+    for (const int32_t world : {1, 2, 3}) {
+      SCOPED_TRACE(world);
+      CostOptions options;
+      options.world_size = world;
+      absl::StatusOr<CostModel> model = CostModel::Create(trace, chunk, hw, options);
+      ASSERT_TRUE(model.ok()) << model.status();
+      ASSERT_EQ(model->num_chunks(), layout.num_chunks());
+      int64_t shards = 0;
+      for (const int64_t s : layout.chunk_param_bytes) shards += ShardElems(s / elem, world) * elem;
+      // Every base chunk offloaded: the host holds this rank's shards, nothing else.
+      EXPECT_EQ(model->HostBytes(0, ModeCounts{}), shards);
+      EXPECT_LE(shards * world, whole + world * elem * layout.num_chunks());
+      EXPECT_GE(shards * world, whole);
+      // A persistent base stays whole on every rank (the plan does not shard it), beside the
+      // replicated adapters.
+      const RankMemory all = model->RankChunkMemory(model->num_chunks(), 1,
+                                                    HostMemoryKind::kPinned, 0);
+      EXPECT_EQ(all.chunk_host_pinned_bytes + all.chunk_host_pageable_bytes, 0);
+      const RankMemory none = model->RankChunkMemory(0, 2, HostMemoryKind::kPinned, 0);
+      EXPECT_EQ(all.persistent_device_bytes - none.persistent_device_bytes, whole);
+      if (adapters_device < 0) adapters_device = none.persistent_device_bytes;
+      EXPECT_EQ(none.persistent_device_bytes, adapters_device);
+      EXPECT_GT(adapters_device, 0);
+    }
+  }
 }
 
 }  // namespace
