@@ -941,7 +941,10 @@ void TrainSession::ObserveStep(StepStats& stats) {
     sample.peak_allocated_bytes = stats.peak_allocated_bytes;
     sample.peak_reserved_bytes = stats.peak_reserved_bytes;
     if (ChunkManager* chunks = trainer_->chunk_manager(); chunks != nullptr) {
-      const int64_t total = chunks->UploadStats().bytes;
+      // LoRA: the frozen base's uploads (or gathers) are most of the traffic.
+      ChunkManager* base = trainer_->base_chunk_manager();
+      const int64_t total =
+          chunks->UploadStats().bytes + (base != nullptr ? base->UploadStats().bytes : 0);
       sample.chunk_upload_bytes = total - uploaded_bytes_;
       uploaded_bytes_ = total;
     }
@@ -951,6 +954,9 @@ void TrainSession::ObserveStep(StepStats& stats) {
     // [Collective timing] the gathers' figures PrintRankFigures() prints leave out the first step
     // (the communicator's connections are set up by its first collectives).
     trainer_->chunk_manager()->ResetUploadStats();
+    if (ChunkManager* base = trainer_->base_chunk_manager(); base != nullptr) {
+      base->ResetUploadStats();
+    }
     uploaded_bytes_ = 0;
   }
   if (lead_ && (stats.step % config_.log_every == 0 || stats.step == config_.steps)) {

@@ -153,7 +153,10 @@ absl::Status TrainSession::PrintRankFigures() {
   std::printf("rank %d steady peak: allocated %lld reserved %lld device_used %lld bytes\n",
               dist_.rank, static_cast<long long>(steady_allocated_),
               static_cast<long long>(steady_reserved_), static_cast<long long>(steady_device_));
-  if (ChunkManager* chunks = trainer_->chunk_manager(); chunks != nullptr) {
+  // LoRA: the frozen base's manager does the gathers ([Sharded frozen base]).
+  ChunkManager* chunks = trainer_->base_chunk_manager() != nullptr ? trainer_->base_chunk_manager()
+                                                                   : trainer_->chunk_manager();
+  if (chunks != nullptr) {
     // [Collective timing] the chunk all-gathers of steps 2.. as the backend timed them, with
     // nccl-tests' bus bandwidth (output bytes / time x (W - 1) / W), comparable with
     // `memplan-agent bench --world-size W`'s all-gather figure.

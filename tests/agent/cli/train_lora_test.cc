@@ -224,6 +224,13 @@ TEST_F(TrainLoraTest, TwoRanksTrainLikeOneProcessOnTheWholeBatch) {
       // Each rank logged its share of the base; LoRA's was drawn into its shards.
       EXPECT_THAT(err[r], HasSubstr("base_chunk_host_bytes=")) << r;
       EXPECT_THAT(err[r], HasSubstr(qlora ? "sharded_load=0" : "sharded_load=1")) << r;
+      // The rank figures count the base's gathers: LoRA's 17 offloaded chunks take turns in 5
+      // buffers, so steps 2 and 3 gather again (QLoRA's 3 stay resident in theirs).
+      EXPECT_THAT(err[r], HasSubstr(absl::StrCat("rank ", r, " chunk all-gathers (after step 1): ")));
+      if (!qlora) {
+        EXPECT_THAT(err[r], ::testing::Not(HasSubstr("chunk all-gathers (after step 1): 0,")))
+            << r;
+      }
     }
     EXPECT_THAT(testing::ReadFile(base_ + ".straight/adapter_config.json"),
                 HasSubstr("\"peft_type\": \"LORA\""));
