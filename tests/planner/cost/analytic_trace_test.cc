@@ -181,12 +181,13 @@ TEST(AnalyticTraceTest, SlidingLayersBeyondTheWindowPayForTheirTiles) {
   EXPECT_GE(a.blocks[1].backward_transient_bytes, b.blocks[1].backward_transient_bytes);
   // Saved bytes do not change (q, k and v are kept, as for flash attention).
   EXPECT_EQ(a.blocks[1].saved_bytes, b.blocks[1].saved_bytes);
-  // 4 * hq * (4096 + 1023) flops per token instead of 2 * hq * 32768: forward is cheaper.
+  // 4 * hq * (4096 + 1023) flops per token, at 1 / 2.3 of flash's rate, instead of 2 * hq * 32768:
+  // forward is cheaper, forward + backward about even (measured on an H200: 52.8 vs 56.7 ms).
   EXPECT_LT(a.blocks[1].forward_seconds, b.blocks[1].forward_seconds);
   EXPECT_EQ(a.blocks[1].recompute_seconds, a.blocks[1].forward_seconds);
   const double rate = h200.matmul_bf16_flops * AnalyticTraceOptions{}.matmul_efficiency;
   const double t = static_cast<double>(seq);
-  const double saved_fwd = (2.0 * 4096 * t * t - 4.0 * 4096 * 5119 * t) / rate;
+  const double saved_fwd = (2.0 * 4096 * t * t - 2.3 * 4.0 * 4096 * 5119 * t) / rate;
   EXPECT_NEAR(b.blocks[1].forward_seconds - a.blocks[1].forward_seconds, saved_fwd,
               1e-9 * saved_fwd);
 }
