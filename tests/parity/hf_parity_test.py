@@ -234,7 +234,6 @@ def moe_of(model):
     return c.model_type, getattr(c, "num_local_experts", 0) or getattr(c, "num_experts", 0)
 
 
-
 def randomise(model, seed):
     """Every parameter random (biases and norm weights too), so a misplaced one shows."""
     g = torch.Generator().manual_seed(seed)
