@@ -9,6 +9,7 @@
 #include <optional>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -645,12 +646,13 @@ std::vector<NamedParam> LlamaModel::TrainableParams() const {
 }
 
 std::vector<NamedParam> LlamaModel::Params() const {
+  // By TensorImpl: a mixture of experts has tens of thousands of parameters, and a pairwise
+  // is_same scan over them is quadratic.
   std::vector<NamedParam> out;
+  std::unordered_set<const c10::TensorImpl*> seen;
   for (auto& group : ParamGroups()) {
     for (auto& p : group) {
-      bool seen = false;
-      for (const auto& q : out) seen = seen || q.param.is_same(p.param);
-      if (!seen) out.push_back(std::move(p));
+      if (seen.insert(p.param.unsafeGetTensorImpl()).second) out.push_back(std::move(p));
     }
   }
   return out;
