@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The newer architectures on a GPU (docs/benchmarks.md, "Sliding windows and mixtures of experts
+# on a GPU"): memplan-agent train, bf16, synthetic data, on scripts/configs' mistral-1b-window-1024
+# (sliding-window tiles: 8 192 tokens over a 1 024 window, the planner's full-card plan) and
+# qwen3-moe-1b-16x4 (16 experts, top 4, load-balancing loss on).
+#   scripts/gpu-new-archs.sh OUT_DIR [BUILD_DIR]   (BUILD_DIR built by gpu-host-build.sh with
+#   memplan-agent; default build-gpu, built here when missing)
+set -uo pipefail
+out=${1:?usage: gpu-new-archs.sh OUT_DIR [BUILD_DIR]}; build=${2:-build-gpu}
+mkdir -p "$out"
+if [[ ! -x "$build/agent/cli/memplan-agent" ]]; then
+  bash scripts/gpu-host-build.sh .gpu-debs "$build" memplan-agent > "$out/build.log" 2>&1 ||
+    { tail -40 "$out/build.log"; exit 1; }
+fi
+# shellcheck disable=SC1091
+source "$build/env.sh"
+common=(--synthetic-data --device cuda --dtype bf16 --optimizer adamw_bf16 --clip 1 --lr 3e-4)
+run() {
+  local label=$1; shift
+  timeout --kill-after=5 150 "$build/agent/cli/memplan-agent" train "${common[@]}" "$@" \
+    > "$out/$label.log" 2>&1
+  echo "$label exit $?"
+  grep -E 'msg="step"|msg="done"' "$out/$label.log" | sed -E 's/ts=[^ ]+ //' | cut -c1-260 | tail -4
+}
+# `memplan plan --arch-file scripts/configs/mistral-1b-window-1024 --gpu h200 --batch 2 --seq 8192
+# --optimizer adamw_bf16 --grad-clipping`: every chunk persistent, no block mode (32 MiB chunks).
+run window-8k --arch-file scripts/configs/mistral-1b-window-1024 --batch 2 --seq 8192 --steps 8 \
+  --chunk-mib 32 --n-persist 66
+run window-8k-hs --arch-file scripts/configs/mistral-1b-window-1024 --batch 2 --seq 8192 --steps 4 \
+  --chunk-mib 32 --n-persist 45 --n-buffer 11 --n-ckpt 4 --n-hs-offload 1
+run moe-2k --arch-file scripts/configs/qwen3-moe-1b-16x4 --batch 4 --seq 2048 --steps 8
+run moe-2k-ckpt --arch-file scripts/configs/qwen3-moe-1b-16x4 --batch 4 --seq 2048 --steps 4 \
+  --chunk-mib 32 --n-persist 0 --n-buffer 4 --n-ckpt 8
