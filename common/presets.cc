@@ -37,6 +37,39 @@ ModelSpec Model(std::string name, std::string family, int64_t hidden, int64_t la
   return m;
 }
 
+// A mixture of experts as its config.json publishes it: every layer sparse (decoder_sparse_step 1,
+// no mlp_only_layers), the load-balancing loss off as output_router_logits is false there.
+ModelSpec WithExperts(ModelSpec m, int64_t experts, int64_t top_k, int64_t expert_intermediate,
+                      bool norm_topk_prob, double aux_coef) {
+  m.num_experts = experts;
+  m.num_experts_per_tok = top_k;
+  m.moe_intermediate_size = expert_intermediate;
+  m.norm_topk_prob = norm_topk_prob;
+  m.router_aux_loss_coef = aux_coef;
+  return m;
+}
+
+ModelSpec Qwen3MoeModel(std::string name, int64_t hidden, int64_t layers, int64_t heads,
+                        int64_t kv_heads, int64_t intermediate, int64_t experts, int64_t top_k,
+                        int64_t expert_intermediate) {
+  ModelSpec m = WithExperts(Model(std::move(name), "qwen3_moe", hidden, layers, heads, kv_heads,
+                                  intermediate, 151936, false, 128, 1000000),
+                            experts, top_k, expert_intermediate, true, 0.001);
+  m.qk_norm = true;  // as the dense Qwen3 models
+  return m;
+}
+
+ModelSpec MixtralModel(std::string name, int64_t hidden, int64_t layers, int64_t heads,
+                       int64_t kv_heads, int64_t intermediate, int64_t experts, int64_t top_k) {
+  // Mixtral's experts are as wide as intermediate_size; its top-k weights are always
+  // renormalised and its RMSNorm epsilon is Llama's.
+  ModelSpec m = WithExperts(Model(std::move(name), "mixtral", hidden, layers, heads, kv_heads,
+                                  intermediate, 32000, false, 128, 1000000),
+                            experts, top_k, intermediate, true, 0.02);
+  m.rms_norm_eps = 1e-5;
+  return m;
+}
+
 // Llama 3.1 / 3.2 checkpoints extend their 8192-token pre-training context with llama3 RoPE
 // scaling (factor 8 for 3.1, 32 for 3.2), as their config.json files say.
 ModelSpec WithLlama3Rope(ModelSpec m, double factor) {
@@ -81,6 +114,8 @@ std::vector<ModelSpec> BuildModelPresets() {
       Model("qwen3-14b", "qwen3", 5120, 40, 40, 8, 17408, 151936, false, 128, 1000000),
       Model("qwen3-32b", "qwen3", 5120, 64, 64, 8, 25600, 151936, false, 128, 1000000),
       Model("mistral-7b", "mistral", 4096, 32, 32, 8, 14336, 32768, false, 128, 1000000),
+      Qwen3MoeModel("qwen3-30b-a3b", 2048, 48, 32, 4, 6144, 128, 8, 768),
+      MixtralModel("mixtral-8x7b", 4096, 32, 32, 8, 14336, 8, 2),
   };
 }
 

@@ -98,6 +98,62 @@ HeadBytes HeadMemory(const ModelSpec& arch, DType dtype, bool full, int64_t toke
   return b;
 }
 
+// [Sparse layer price] What agent/model/moe.cc's MoeMlp keeps and allocates for T tokens, E
+// experts, top k, expert width I, hidden H, model dtype d bytes (docs/cost-model.md, "Mixtures of
+// experts"). Routed rows: each token goes to k distinct experts, so T * k rows in total whatever
+// the balance; only the largest expert's backward temporaries depend on it (kExpertImbalance).
+struct SparseLayerTerms {
+  int64_t saved_per_token = 0;     // beyond the router's input, which the caller counts
+  int64_t forward_transient = 0;   // whole micro-batch, the layer's output included
+  int64_t backward_transient = 0;  // whole micro-batch, beyond the incoming gradients
+  double forward_traffic = 0;      // bytes copied by routing, beyond the saved tensors
+  double backward_traffic = 0;     // bytes moved by routing's gradients
+};
+
+// The largest expert's share of the routed rows as a multiple of the even share T * k / E.
+constexpr int64_t kExpertImbalance = 2;
+
+SparseLayerTerms SparseLayerMemory(const ModelSpec& arch, int64_t d, int64_t tokens) {
+  const int64_t h = arch.hidden_size;
+  const int64_t e = arch.num_experts;
+  const int64_t k = arch.num_experts_per_tok;
+  const int64_t inter = arch.moe_intermediate_size;
+  const bool mixtral = arch.family == "mixtral";
+  SparseLayerTerms s;
+  // Saved per token: the fp32 softmax [T, E] (softmax's output, also the load-balancing hook's),
+  // the int64 top-k indices, the stable sort's order and its inverse permutation ([T * k] each,
+  // kept by index_select), the fp32 top-k weights and their sum when renormalised (the division
+  // keeps both), the sorted token copies [T * k, H] (the experts' gate/up input), each routed
+  // row's gate output, SiLU output, up output and their product (the down projection's input;
+  // the custom expert linear saves its input whether its weight trains or not), the concatenated
+  // expert outputs and the per-row routing weights (the weighting product keeps both; fp32 for
+  // Mixtral, the model dtype for Qwen3-MoE).
+  s.saved_per_token = 4 * e + 3 * 8 * k + (arch.norm_topk_prob ? 4 * k + 4 : 0) + d * k * h +
+                      4 * d * k * inter + d * k * h + (mixtral ? 4 * k : d * k);
+  // Forward, alive together at the end of MoeMlp: the router logits in the dtype, the tokens
+  // repeated k times before sorting, the expert outputs, the weighted rows, those rows put back in
+  // token order and the summed output. Mixtral weights in fp32: its product [T * k, H] in fp32
+  // sits beside the cast for a moment.
+  s.forward_transient =
+      tokens * (d * e + 2 * d * k * h +
+                std::max(2 * d * k * h + d * h, mixtral ? (4 + d) * k * h : int64_t{0}));
+  // Backward: the weighted rows' gradient, the expert outputs' gradient, the sorted copies'
+  // gradient being accumulated and one expert's slice gradient (slice backward materialises a
+  // full [T * k, H] zero tensor per expert), fp32 routing gradients for Mixtral, the softmax
+  // gradients; plus the largest expert's gradients of its intermediates and of its input.
+  const int64_t largest = std::min(tokens, (kExpertImbalance * tokens * k + e - 1) / e);
+  s.backward_transient = tokens * (3 * d * k * h + (mixtral ? 8 * k * h : 0) + 8 * e) +
+                         largest * (3 * d * inter + 2 * d * h);
+  // Routing copies in forward: the repeated tokens (written, read by the gather), the expert
+  // outputs' concatenation, the weighted rows and their un-permuted copy (written and read).
+  const double rows_bytes = static_cast<double>(tokens) * static_cast<double>(d * k * h);
+  s.forward_traffic = 8.0 * rows_bytes;
+  // Backward writes one zero-filled [T * k, H] slice gradient per expert and accumulates it
+  // (read twice, written once), then the gathers' and the concatenation's gradients.
+  s.backward_traffic = rows_bytes * static_cast<double>(4 * e + 8);
+  return s;
+}
+
 }  // namespace
 
 absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& workload,
@@ -107,13 +163,6 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   RETURN_IF_ERROR(ValidateModelSpec(arch, "arch."));
   RETURN_IF_ERROR(ValidateWorkload(workload, "workload."));
   RETURN_IF_ERROR(ValidateTrainingMethod(training, arch, "training."));
-  if (arch.IsMoe()) {
-    // The per-token terms below model a dense SwiGLU MLP; a sparse layer's expert weights, routed
-    // activations and router would be mispriced, so the analytic path refuses rather than guess.
-    return absl::UnimplementedError(absl::StrCat(
-        "arch.family = \"", arch.family, "\": the analytic cost model does not price mixtures of "
-        "experts yet (", arch.num_experts, " experts, top ", arch.num_experts_per_tok, ")"));
-  }
   if (!(options.matmul_efficiency > 0 && options.matmul_efficiency <= 1) ||
       !(options.hbm_efficiency > 0 && options.hbm_efficiency <= 1)) {
     return absl::InvalidArgumentError("analytic efficiencies must be in (0, 1]");
@@ -160,6 +209,7 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   }
   saved_tok += d * (hq + 2 * hkv);               // q, k after RoPE, v (SDPA inputs)
   saved_tok += d * hq + 4 * arch.num_heads;      // attention output + logsumexp
+  const int64_t attn_saved_tok = saved_tok;      // what a sparse layer keeps up to its MLP
   saved_tok += norm_saved(h, gate_in || up_in);  // post_attention_layernorm
   // gate out (silu input), silu out, up out, and the silu*up product (down_proj input).
   const int64_t mlp_saved_tok = 3 * d * inter + (down_in ? d * inter : 0);
@@ -181,6 +231,7 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   const int64_t mlp_bwd = 3 * d * inter + 2 * d * h;
   const int64_t attn_bwd = 2 * d * (hq + 2 * hkv) + 4 * hq + 4 * arch.num_heads;
   const int64_t bwd_tr_tok = 2 * d * h + std::max({mlp_bwd, attn_bwd, int64_t{12} * h});
+  const int64_t bwd_tr_attn_tok = 2 * d * h + std::max(attn_bwd, int64_t{12} * h);
   // Tiled: one tile's intermediates in forward; in backward the MLP stage holds the input
   // gradient [T, H] being filled beside the incoming gradients, plus one tile recomputed
   // (its four intermediates) and back-propagated (mlp_bwd per token of the tile).
@@ -242,6 +293,7 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   trace.trace_id = absl::StrCat("analytic:", arch.name, ":", workload.micro_batch, "x",
                                 workload.seq_len, ":", std::string(DTypeName(param_dtype)));
 
+  int64_t sparse_block_params = 0;
   BlockTrace block;
   // QLoRA's base: NF4 projections, the rest in the model dtype; adapters in the model dtype.
   block.param_bytes =
@@ -256,6 +308,47 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
                            dequant_seconds;
   block.recompute_seconds = block.forward_seconds;
   trace.blocks.assign(static_cast<size_t>(arch.num_layers), block);
+  if (arch.IsMoe()) {
+    // [Sparse layer price] The layers ModelSpec::IsMoeLayer names (the agent's rule) run the
+    // router and experts instead of the dense MLP; the others keep the block above.
+    const SparseLayerTerms sparse = SparseLayerMemory(arch, d, tokens);
+    const int64_t k = arch.num_experts_per_tok;
+    const int64_t e_inter = arch.moe_intermediate_size;
+    const int64_t attn_weights = h * hq + 2 * h * hkv + hq * h;
+    int64_t sparse_params =
+        attn_weights + 2 * h + h * arch.num_experts + arch.num_experts * 3 * h * e_inter;
+    if (arch.qkv_bias) sparse_params += hq + 2 * hkv;
+    if (arch.qk_norm) sparse_params += 2 * hd;
+    sparse_params += adapter_params;  // attention adapters only (CheckMoeAdapters)
+    // The router's input (the post-attention norm's output) is always kept: the router and the
+    // experts save their inputs whether or not their weights train.
+    const int64_t sparse_saved_tok =
+        attn_saved_tok + norm_saved(h, true) + sparse.saved_per_token + lora_modules * d * rank;
+    // Only the routed rows are computed: the router and top_k experts per token.
+    const double active_weights =
+        static_cast<double>(attn_weights + h * arch.num_experts + k * 3 * h * e_inter);
+    const double sparse_lin_flops = 2.0 * active_weights * t;
+    const double sparse_fwd_flops = sparse_lin_flops + attn_flops + lora_flops;
+    const double sparse_bwd_flops =
+        (full ? 2.0 : 1.0) * sparse_lin_flops + 2.5 * attn_flops + 2.0 * lora_flops;
+    const double sparse_fwd_mem =
+        2.0 * static_cast<double>(sparse_saved_tok) * t + sparse.forward_traffic;
+    const double sparse_bwd_mem = 2.0 * sparse_fwd_mem + sparse.backward_traffic;
+    BlockTrace sb;
+    sb.param_bytes = sparse_params * d;
+    sb.input_bytes = block.input_bytes;
+    sb.saved_bytes = tokens * sparse_saved_tok;
+    sb.forward_transient_bytes = std::max(tokens * fwd_tr_tok, sparse.forward_transient);
+    sb.backward_transient_bytes =
+        std::max(tokens * bwd_tr_attn_tok, tokens * 2 * d * h + sparse.backward_transient);
+    sb.forward_seconds = sparse_fwd_flops / matmul_rate + sparse_fwd_mem / hbm_rate;
+    sb.backward_seconds = sparse_bwd_flops / matmul_rate + sparse_bwd_mem / hbm_rate;
+    sb.recompute_seconds = sb.forward_seconds;
+    for (int64_t l = 0; l < arch.num_layers; ++l) {
+      if (arch.IsMoeLayer(l)) trace.blocks[static_cast<size_t>(l)] = sb;
+    }
+    sparse_block_params = sparse_params;
+  }
   // [Sliding-window tiles] (common/sliding_window.h): a layer whose window is shorter than the
   // sequence runs its attention in query tiles. Beside the incoming gradients and the output's
   // gradient, its attention step holds the tiles' bytes rather than flash attention's; the block
@@ -322,13 +415,16 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
         (head_trains ? 2.0 : 1.0) * head_flops / matmul_rate + head_bwd_mem / hbm_rate;
   }
 
-  trace.total_param_count = embed_params + head_params + arch.num_layers * block_params;
+  int64_t layer_params = 0;
+  double forward_end = static_cast<double>(trace.embedding.saved_bytes) +
+                       static_cast<double>(trace.head.saved_bytes);
+  for (int64_t l = 0; l < arch.num_layers; ++l) {
+    layer_params += arch.IsMoeLayer(l) ? sparse_block_params : block_params;
+    forward_end += static_cast<double>(trace.blocks[static_cast<size_t>(l)].saved_bytes);
+  }
+  trace.total_param_count = embed_params + head_params + layer_params;
   trace.trainable_param_count = full ? trace.total_param_count : arch.num_layers * adapter_params;
   // Saturating: absurd (but valid) sizes are rejected by the planner, not overflowed here.
-  const double forward_end =
-      static_cast<double>(trace.embedding.saved_bytes) +
-      static_cast<double>(arch.num_layers) * static_cast<double>(block.saved_bytes) +
-      static_cast<double>(trace.head.saved_bytes);
   trace.forward_end_bytes = static_cast<int64_t>(std::min(forward_end, 1152921504606846976.0));
   return trace;
 }
@@ -406,7 +502,10 @@ Trace ScaleTraceToWorkload(const Trace& trace, const Workload& workload) {
       const int64_t tiled_tok = gate_up_train ? 0 : d * trace.arch.hidden_size;
       const int64_t tokens = workload.micro_batch * workload.seq_len;
       const int64_t delta = tokens * (tiled_now ? tiled_tok - whole_tok : whole_tok - tiled_tok);
-      for (BlockTrace& b : out.blocks) {
+      for (size_t l = 0; l < out.blocks.size(); ++l) {
+        // A mixture of experts' sparse layers never tile (the agent tiles the dense MLP only).
+        if (trace.arch.IsMoeLayer(static_cast<int64_t>(l))) continue;
+        BlockTrace& b = out.blocks[l];
         const int64_t before = b.saved_bytes;
         b.saved_bytes = std::max<int64_t>(0, b.saved_bytes + delta);
         out.forward_end_bytes += b.saved_bytes - before;

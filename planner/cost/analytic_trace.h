@@ -20,9 +20,10 @@ struct AnalyticTraceOptions {
 
 // Builds the trace for (arch, workload, dtype, training) on `hardware` (rates only). The chunk
 // layout fields (chunk_bytes, chunk_param_bytes) are left empty: planner/cost/chunk_layout.h
-// fills them for a chosen chunk size. INVALID_ARGUMENT names the offending field; UNIMPLEMENTED
-// for a mixture of experts (ModelSpec::IsMoe), whose sparse layers this dense model would
-// misprice.
+// fills them for a chosen chunk size. INVALID_ARGUMENT names the offending field (a mixture of
+// experts with QLoRA or adapters on its MLP included, as the agent refuses them). A mixture of
+// experts' sparse layers (ModelSpec::IsMoeLayer) get their own BlockTrace, priced with every
+// expert's weights and the top-k routed activations.
 absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& workload,
                                       DType param_dtype, const TrainingMethod& training,
                                       const HardwareSpec& hardware,

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/param_shapes.h"
 #include "common/validate.h"
 
 namespace memplan {
@@ -35,6 +36,37 @@ TEST(PresetsTest, Llama8BMatchesPublishedConfig) {
   EXPECT_EQ(m->num_kv_heads, 8);
   EXPECT_EQ(m->intermediate_size, 14336);
   EXPECT_EQ(m->vocab_size, 128256);
+}
+
+// The mixtures of experts as their config.json files publish them: every layer sparse, and the
+// parameter counts of the checkpoints (as hf_config_test / param_shapes_test count them).
+TEST(PresetsTest, MixturesOfExpertsMatchPublishedConfigs) {
+  auto count = [](const ModelSpec& m) {
+    int64_t n = 0;
+    for (const ParamShape& p : HfParamShapes(m)) n += p.numel();
+    return n;
+  };
+  const auto qwen = FindModelPreset("qwen3-30b-a3b");
+  ASSERT_TRUE(qwen.has_value());
+  EXPECT_EQ(qwen->family, "qwen3_moe");
+  EXPECT_TRUE(qwen->qk_norm);
+  EXPECT_EQ(qwen->num_experts, 128);
+  EXPECT_EQ(qwen->num_experts_per_tok, 8);
+  EXPECT_EQ(qwen->moe_intermediate_size, 768);
+  EXPECT_TRUE(qwen->norm_topk_prob);
+  EXPECT_EQ(count(*qwen), 30532122624);
+  const auto mixtral = FindModelPreset("mixtral-8x7b");
+  ASSERT_TRUE(mixtral.has_value());
+  EXPECT_EQ(mixtral->family, "mixtral");
+  EXPECT_EQ(mixtral->num_experts, 8);
+  EXPECT_EQ(mixtral->num_experts_per_tok, 2);
+  EXPECT_EQ(mixtral->moe_intermediate_size, mixtral->intermediate_size);
+  EXPECT_DOUBLE_EQ(mixtral->rms_norm_eps, 1e-5);
+  EXPECT_EQ(count(*mixtral), 46702792704);
+  for (const ModelSpec& m : {*qwen, *mixtral}) {
+    EXPECT_TRUE(ValidateModelSpec(m, "arch.").ok()) << m.name;
+    for (int64_t l = 0; l < m.num_layers; ++l) EXPECT_TRUE(m.IsMoeLayer(l)) << m.name << " " << l;
+  }
 }
 
 TEST(PresetsTest, UnknownNamesAreAbsent) {

@@ -4,8 +4,10 @@
 
 #include "common/head_chunking.h"
 #include "common/mlp_tiling.h"
+#include "common/param_shapes.h"
 #include "common/presets.h"
 #include "common/sliding_window.h"
+#include "common/validate.h"
 #include "gtest/gtest.h"
 #include "planner/cost/cost_model.h"
 
@@ -34,23 +36,174 @@ TEST(AnalyticTraceTest, ParameterCountsMatchPublishedModels) {
   EXPECT_EQ(Synth("qwen3-8b", 1, 128).total_param_count, 8190735360);     // qk norm
 }
 
-// Sparse layers are not priced: the analytic model refuses a mixture of experts instead of
-// pricing its experts as one dense MLP.
-TEST(AnalyticTraceTest, MixtureOfExpertsIsRefusedNotMispriced) {
-  ModelSpec m = *FindModelPreset("llama-tiny");
-  m.family = "mixtral";
-  m.num_experts = 8;
-  m.num_experts_per_tok = 2;
-  m.moe_intermediate_size = m.intermediate_size;
-  m.norm_topk_prob = true;
+Trace SynthSpec(const ModelSpec& m, int64_t batch, int64_t seq, TrainingMethod training = {}) {
+  Workload w;
+  w.micro_batch = batch;
+  w.seq_len = seq;
+  auto t = SynthesizeTrace(m, w, DType::kBFloat16, training, *FindHardwarePreset("h200"));
+  EXPECT_TRUE(t.ok()) << t.status();
+  return *std::move(t);
+}
+
+// Bytes of parameter group g (0 embedding, 1..L the layers, L + 1 the head) as the chunk layout
+// sees them (common/param_shapes.h).
+std::vector<int64_t> GroupBytes(const ModelSpec& m, int64_t dtype_bytes) {
+  std::vector<int64_t> bytes(static_cast<size_t>(m.num_layers + 2), 0);
+  for (const ParamShape& p : HfParamShapes(m)) {
+    bytes[static_cast<size_t>(p.group)] += p.numel() * dtype_bytes;
+  }
+  return bytes;
+}
+
+ModelSpec QwenMoeWithDenseLayers() {
+  // Every second layer sparse and layer 1 forced dense: layers 3, 5, ... are sparse.
+  ModelSpec m = *FindModelPreset("qwen3-30b-a3b");
+  m.num_layers = 8;
+  m.decoder_sparse_step = 2;
+  m.mlp_only_layers = {1};
+  return m;
+}
+
+// A mixture of experts' layers hold every expert: the trace's bytes per layer are the chunk
+// layout's, byte for byte, and the totals are the published parameter counts.
+TEST(AnalyticTraceTest, MixtureOfExpertsParameterBytesEqualParamShapes) {
+  for (const ModelSpec& m : {*FindModelPreset("qwen3-30b-a3b"), *FindModelPreset("mixtral-8x7b"),
+                             QwenMoeWithDenseLayers()}) {
+    SCOPED_TRACE(m.name);
+    const Trace t = SynthSpec(m, 1, 256);
+    const std::vector<int64_t> groups = GroupBytes(m, 2);
+    ASSERT_EQ(t.blocks.size(), static_cast<size_t>(m.num_layers));
+    EXPECT_EQ(t.embedding.param_bytes, groups.front());
+    for (int64_t l = 0; l < m.num_layers; ++l) {
+      EXPECT_EQ(t.blocks[static_cast<size_t>(l)].param_bytes, groups[static_cast<size_t>(l + 1)])
+          << "layer " << l;
+    }
+    EXPECT_EQ(t.head.param_bytes, groups.back());
+    int64_t count = 0;
+    for (int64_t b : groups) count += b / 2;
+    EXPECT_EQ(t.total_param_count, count);
+  }
+  EXPECT_EQ(Synth("qwen3-30b-a3b", 1, 128).total_param_count, 30532122624);
+  EXPECT_EQ(Synth("mixtral-8x7b", 1, 128).total_param_count, 46702792704);
+}
+
+// Dense layers of a Qwen3-MoE model are priced as the dense model's blocks; the sparse ones differ.
+TEST(AnalyticTraceTest, MixtureOfExpertsPricesDenseAndSparseLayersApart) {
+  const ModelSpec m = QwenMoeWithDenseLayers();
+  const Trace t = SynthSpec(m, 1, 1024);
+  ModelSpec dense = m;
+  dense.family = "qwen3";
+  dense.num_experts = 0;
+  dense.num_experts_per_tok = 0;
+  dense.moe_intermediate_size = 0;
+  dense.mlp_only_layers.clear();
+  const Trace d = SynthSpec(dense, 1, 1024);
+  for (int64_t l = 0; l < m.num_layers; ++l) {
+    const BlockTrace& b = t.blocks[static_cast<size_t>(l)];
+    const BlockTrace& ref = d.blocks[static_cast<size_t>(l)];
+    if (m.IsMoeLayer(l)) {
+      EXPECT_NE(b.saved_bytes, ref.saved_bytes) << "layer " << l;
+      EXPECT_NE(b.param_bytes, ref.param_bytes) << "layer " << l;
+    } else {
+      EXPECT_EQ(b.saved_bytes, ref.saved_bytes) << "layer " << l;
+      EXPECT_EQ(b.param_bytes, ref.param_bytes) << "layer " << l;
+      EXPECT_EQ(b.forward_seconds, ref.forward_seconds) << "layer " << l;
+    }
+  }
+  EXPECT_FALSE(m.IsMoeLayer(1));
+  EXPECT_TRUE(m.IsMoeLayer(3));
+  EXPECT_FALSE(m.IsMoeLayer(0));
+}
+
+// The routed activations grow by the same step with each extra expert per token; weights stay.
+TEST(AnalyticTraceTest, MixtureOfExpertsActivationsScaleWithTopK) {
+  ModelSpec m = *FindModelPreset("qwen3-30b-a3b");
+  m.num_layers = 2;
+  std::vector<Trace> traces;
+  for (int64_t k : {2, 4, 6}) {
+    m.num_experts_per_tok = k;
+    traces.push_back(SynthSpec(m, 2, 512));
+  }
+  const int64_t step = traces[1].blocks[0].saved_bytes - traces[0].blocks[0].saved_bytes;
+  EXPECT_GT(step, 0);
+  EXPECT_EQ(traces[2].blocks[0].saved_bytes - traces[1].blocks[0].saved_bytes, step);
+  EXPECT_EQ(traces[0].blocks[0].param_bytes, traces[2].blocks[0].param_bytes);
+  EXPECT_LT(traces[0].blocks[0].forward_seconds, traces[2].blocks[0].forward_seconds);
+  // Two more routed rows per token: their sorted copies, four expert intermediates, expert
+  // outputs, weights (bf16), the top-k index, order, inverse and the fp32 renormalised weights.
+  const int64_t tokens = 2 * 512, h = m.hidden_size, inter = m.moe_intermediate_size;
+  EXPECT_EQ(step, tokens * 2 * (2 * 2 * h + 4 * 2 * inter + 2 + 3 * 8 + 4));
+}
+
+// Against a dense model with the same active parameters (intermediate = top_k x expert width), a
+// sparse layer keeps the same MLP intermediates plus the routing: softmax, indices, sorted copies,
+// expert outputs and weights.
+TEST(AnalyticTraceTest, SparseLayerKeepsTheDenseEquivalentPlusItsRouting) {
+  const ModelSpec moe = *FindModelPreset("qwen3-30b-a3b");
+  ModelSpec dense = moe;
+  dense.family = "qwen3";
+  dense.num_experts = 0;
+  dense.num_experts_per_tok = 0;
+  dense.intermediate_size = moe.num_experts_per_tok * moe.moe_intermediate_size;
+  dense.moe_intermediate_size = 0;
+  const int64_t tokens = 4096;
+  const Trace a = SynthSpec(moe, 1, tokens);
+  const Trace b = SynthSpec(dense, 1, tokens);
+  const int64_t e = moe.num_experts, k = moe.num_experts_per_tok, h = moe.hidden_size;
+  const int64_t routing = 4 * e + 3 * 8 * k + (4 * k + 4) + 2 * 2 * k * h + 2 * k;
+  EXPECT_EQ(a.blocks[0].saved_bytes - b.blocks[0].saved_bytes, tokens * routing);
+  // Same active expert flops, plus the router's: the sparse layer is slower, not by much in
+  // compute; its weights are E / k times the dense equivalent's MLP.
+  EXPECT_GT(a.blocks[0].forward_seconds, b.blocks[0].forward_seconds);
+  EXPECT_GT(a.blocks[0].param_bytes, 10 * b.blocks[0].param_bytes);
+}
+
+// The agent refuses QLoRA and adapters on the experts' projections for a mixture of experts;
+// the planner refuses the same requests with the same message (common/validate.h).
+TEST(AnalyticTraceTest, MixtureOfExpertsRefusesAdaptersTheAgentRefuses) {
+  const ModelSpec m = *FindModelPreset("qwen3-30b-a3b");
   Workload w;
   w.micro_batch = 1;
   w.seq_len = 128;
-  const absl::StatusOr<Trace> t =
-      SynthesizeTrace(m, w, DType::kBFloat16, {}, *FindHardwarePreset("h200"));
+  TrainingMethod lora;
+  lora.kind = TrainingKind::kLora;
+  lora.lora_rank = 16;
+  lora.lora_target_modules = {"q_proj", "up_proj"};
+  absl::StatusOr<Trace> t =
+      SynthesizeTrace(m, w, DType::kBFloat16, lora, *FindHardwarePreset("h200"));
   ASSERT_FALSE(t.ok());
-  EXPECT_EQ(t.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(t.status().message().find("mixtures of experts"), std::string::npos) << t.status();
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  const absl::Status agent = CheckMoeAdapters(m, false, lora.lora_target_modules, "training.");
+  EXPECT_EQ(t.status(), agent);
+  lora.kind = TrainingKind::kQlora;
+  lora.lora_target_modules = {"q_proj", "v_proj"};
+  t = SynthesizeTrace(m, w, DType::kBFloat16, lora, *FindHardwarePreset("h200"));
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("QLoRA"), std::string::npos) << t.status();
+  lora.kind = TrainingKind::kLora;
+  EXPECT_TRUE(SynthesizeTrace(m, w, DType::kBFloat16, lora, *FindHardwarePreset("h200")).ok());
+}
+
+// Sparse layers never run the sequence-tiled MLP (the agent tiles the dense MLP only): their
+// saved bytes stay linear in the tokens where a dense layer's drop at the tiling threshold.
+TEST(AnalyticTraceTest, SparseLayersAreNotTiledWhenScaled) {
+  ModelSpec m = QwenMoeWithDenseLayers();
+  m.num_layers = 4;  // layer 3 sparse, the others dense
+  const int64_t small = 8192;
+  const int64_t large = 4 * ((int64_t{2} << 30) / (m.intermediate_size * 2));
+  ASSERT_EQ(MlpTileRows(small, m.intermediate_size, 2), 0);
+  ASSERT_GT(MlpTileRows(large, m.intermediate_size, 2), 0);
+  const Trace a = SynthSpec(m, 1, small);
+  const Trace direct = SynthSpec(m, 1, large);
+  Workload w;
+  w.micro_batch = 1;
+  w.seq_len = large;
+  const Trace scaled = ScaleTraceToWorkload(a, w);
+  for (size_t l = 0; l < a.blocks.size(); ++l) {
+    EXPECT_EQ(scaled.blocks[l].saved_bytes, direct.blocks[l].saved_bytes) << "layer " << l;
+  }
+  EXPECT_EQ(direct.blocks[3].saved_bytes / large, a.blocks[3].saved_bytes / small);
+  EXPECT_LT(direct.blocks[0].saved_bytes / large, a.blocks[0].saved_bytes / small);
 }
 
 TEST(AnalyticTraceTest, LoraTrainsOnlyAdapters) {
