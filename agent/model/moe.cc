@@ -171,13 +171,15 @@ torch::Tensor MoeMlp(const ModelSpec& spec, const MoeParams& p, const torch::Ten
   // permuted: no index is read twice, so no backward accumulates through atomics.
   const torch::Tensor rows = x.unsqueeze(1).expand({tokens, k, h}).reshape({tokens * k, h});
   const torch::Tensor sorted = rows.index_select(0, order);
+  // One split (its backward is one concatenation), not a narrow per expert: each narrow's
+  // backward would fill a zero gradient of all T·k rows and add it in, E times per layer.
+  const std::vector<torch::Tensor> expert_rows =
+      sorted.split_with_sizes(c10::IntArrayRef(count, static_cast<size_t>(num_experts)), 0);
   std::vector<torch::Tensor> outs;
   outs.reserve(static_cast<size_t>(num_experts));
-  int64_t begin = 0;
   for (int64_t e = 0; e < num_experts; ++e) {
     // Every expert runs, empty ones on zero rows, so every expert weight gets a gradient.
-    const torch::Tensor in = sorted.narrow(0, begin, count[e]);
-    begin += count[e];
+    const torch::Tensor& in = expert_rows[static_cast<size_t>(e)];
     const torch::Tensor gate = torch::silu(ExpertLinear(in, p.expert(e, 0)));
     const torch::Tensor up = ExpertLinear(in, p.expert(e, 1));
     outs.push_back(ExpertLinear(gate * up, p.expert(e, 2)));

@@ -148,9 +148,9 @@ SparseLayerTerms SparseLayerMemory(const ModelSpec& arch, int64_t d, int64_t tok
   // outputs' concatenation, the weighted rows and their un-permuted copy (written and read).
   const double rows_bytes = static_cast<double>(tokens) * static_cast<double>(d * k * h);
   s.forward_traffic = 8.0 * rows_bytes;
-  // Backward writes one zero-filled [T * k, H] slice gradient per expert and accumulates it
-  // (read twice, written once), then the gathers' and the concatenation's gradients.
-  s.backward_traffic = rows_bytes * static_cast<double>(4 * e + 8);
+  // Backward: the split's gradient (one concatenation of the experts' input gradients), the
+  // gathers' and the concatenation's gradients.
+  s.backward_traffic = rows_bytes * 8.0;
   return s;
 }
 
