@@ -28,6 +28,7 @@ run window-8k --arch-file scripts/configs/mistral-1b-window-1024 --batch 2 --seq
   --chunk-mib 32 --n-persist 66
 run window-8k-hs --arch-file scripts/configs/mistral-1b-window-1024 --batch 2 --seq 8192 --steps 4 \
   --chunk-mib 32 --n-persist 45 --n-buffer 11 --n-ckpt 4 --n-hs-offload 1
-run moe-2k --arch-file scripts/configs/qwen3-moe-1b-16x4 --batch 4 --seq 2048 --steps 8
+run moe-2k --arch-file scripts/configs/qwen3-moe-1b-16x4 --batch 4 --seq 2048 --steps 8 \
+  --chunk-mib 32 --n-persist 16
 run moe-2k-ckpt --arch-file scripts/configs/qwen3-moe-1b-16x4 --batch 4 --seq 2048 --steps 4 \
-  --chunk-mib 32 --n-persist 0 --n-buffer 4 --n-ckpt 8
+  --chunk-mib 32 --n-persist 0 --n-buffer 8 --n-ckpt 8
