@@ -13,6 +13,7 @@
 
 #include "agent/chunks/chunk_manager.h"
 #include "agent/dist/process_group.h"
+#include "tests/agent/gloo_environment.h"
 #include "agent/model/llama_model.h"
 #include "tests/agent/chunks/sharded_memory_cases.h"
 #include "tests/agent/tiny_spec.h"
@@ -28,15 +29,8 @@ int Fail(int rank, const absl::Status& status) {
 int Run(const std::string& path) {
   torch::set_num_threads(1);
   absl::StatusOr<DistOptions> dist =
-      DistOptionsFromEnvironment([](const std::string& name) -> std::optional<std::string> {
-        const char* v = std::getenv(name.c_str());
-        if (v == nullptr) return std::nullopt;
-        return std::string(v);
-      });
+      testing::GlooOptionsFromEnvironment(30, 200);
   if (!dist.ok()) return Fail(-1, dist.status());
-  dist->backend = DistBackend::kGloo;
-  dist->timeout_seconds = 30;
-  dist->heartbeat_milliseconds = 200;
   absl::StatusOr<std::unique_ptr<ProcessGroup>> group = ProcessGroup::Join(*dist);
   if (!group.ok()) return Fail(dist->rank, group.status());
   const int rank = (*group)->rank();

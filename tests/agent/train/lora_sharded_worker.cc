@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "agent/dist/process_group.h"
+#include "tests/agent/gloo_environment.h"
 #include "agent/io/peft_adapter.h"
 #include "common/status.h"
 #include "tests/agent/train/lora_sharded_cases.h"
@@ -101,14 +102,8 @@ absl::Status RunCase(const std::string& mode, const std::string& prefix,
 int Run(const std::string& mode, const std::string& prefix) {
   torch::set_num_threads(1);
   absl::StatusOr<DistOptions> dist =
-      DistOptionsFromEnvironment([](const std::string& name) -> std::optional<std::string> {
-        const char* v = std::getenv(name.c_str());
-        if (v == nullptr) return std::nullopt;
-        return std::string(v);
-      });
+      testing::GlooOptionsFromEnvironment(60);
   if (!dist.ok()) return Fail(-1, dist.status());
-  dist->backend = DistBackend::kGloo;
-  dist->timeout_seconds = 60;
   absl::StatusOr<std::unique_ptr<ProcessGroup>> group = ProcessGroup::Join(*dist);
   if (!group.ok()) return Fail(dist->rank, group.status());
   for (const testing::LoraShardCase& c : testing::LoraShardCases()) {

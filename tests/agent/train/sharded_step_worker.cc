@@ -21,6 +21,7 @@
 
 #include "agent/dist/counting_communicator.h"
 #include "agent/dist/process_group.h"
+#include "tests/agent/gloo_environment.h"
 #include "tests/agent/train/sharded_cases.h"
 
 namespace memplan {
@@ -51,15 +52,8 @@ int Fail(int rank, const absl::Status& status) {
 int Run(const std::string& prefix, int kill_rank, int signal, int timeout_seconds) {
   torch::set_num_threads(1);
   absl::StatusOr<DistOptions> dist =
-      DistOptionsFromEnvironment([](const std::string& name) -> std::optional<std::string> {
-        const char* v = std::getenv(name.c_str());
-        if (v == nullptr) return std::nullopt;
-        return std::string(v);
-      });
+      testing::GlooOptionsFromEnvironment(timeout_seconds, 200);
   if (!dist.ok()) return Fail(-1, dist.status());
-  dist->backend = DistBackend::kGloo;
-  dist->timeout_seconds = timeout_seconds;
-  dist->heartbeat_milliseconds = 200;
   absl::StatusOr<std::unique_ptr<ProcessGroup>> group = ProcessGroup::Join(*dist);
   if (!group.ok()) return Fail(dist->rank, group.status());
   const int rank = (*group)->rank();
