@@ -261,30 +261,6 @@ absl::Status TrainSession::Run() {
 // [Nothing to resume] --steps counts optimizer steps in all (a resumed run continues up to it), so
 // a checkpoint at or past it leaves nothing to do: said plainly, with exit 0 (a job rerun after it
 // finished is not a failure), and no model is built, nothing saved or exported.
-absl::StatusOr<bool> TrainSession::ResumeIsComplete() {
-  if (config_.resume_dir.empty()) return false;
-  constexpr int64_t kMaxTrainerFileBytes = int64_t{16} << 20;
-  absl::StatusOr<std::string> text = io::ReadSmallFile(
-      io::JoinPath(config_.resume_dir, io::kCheckpointTrainerFile), kMaxTrainerFileBytes);
-  // An unreadable checkpoint is reported by Resume(), with the rest of its checks.
-  if (!text.ok()) return false;
-  absl::StatusOr<io::CheckpointManifest> manifest = io::DecodeCheckpointManifest(*text);
-  if (!manifest.ok() || manifest->trainer.step < config_.steps) return false;
-  const int64_t at = manifest->trainer.step;
-  if (lead_) {
-    std::printf(
-        "nothing trained: --resume %s is already at step %lld >= --steps %lld (--steps counts "
-        "steps in all; give --steps above %lld to train further)\n",
-        config_.resume_dir.c_str(), static_cast<long long>(at),
-        static_cast<long long>(config_.steps), static_cast<long long>(at));
-    MEMPLAN_LOG(kInfo, "nothing to train")
-        .Field("dir", config_.resume_dir)
-        .Field("checkpoint_step", at)
-        .Field("steps", config_.steps);
-  }
-  return true;
-}
-
 absl::Status TrainSession::PrepareDevice() {
   RETURN_IF_ERROR(CheckDistributedFlags(config_, loop_, world_size_));
   ASSIGN_OR_RETURN(device_, ResolveDevice(config_.device));
@@ -510,39 +486,6 @@ absl::Status TrainSession::BuildModel() {
   return absl::OkStatus();
 }
 
-absl::Status TrainSession::LoadWeights() {
-  if (checkpoint_ != nullptr) {  // --model, opened by ResolveModelSpec()
-    const std::vector<NamedParam> names = io::FlattenParamGroups(model_->ParamGroups());
-    if (sharded_load_) {
-      // Checked now (names, shapes, dtypes), read by FillShards() once the chunks exist.
-      ASSIGN_OR_RETURN(matched_, checkpoint_->Match(names, {}));
-    } else {
-      // [QLoRA] an NF4 base is quantized from the checkpoint's weights one at a time.
-      ASSIGN_OR_RETURN(io::HfLoadReport report, io::LoadModelCheckpoint(*checkpoint_, *model_));
-      MEMPLAN_LOG(kInfo, "loaded checkpoint")
-          .Field("dir", config_.model_dir)
-          .Field("tensors", report.tensors_loaded)
-          .Field("quantized_nf4", static_cast<int64_t>(model_->QuantizedWeightNames().size()))
-          .Field("bytes", report.bytes_read);
-    }
-  }
-  if (!config_.load_adapter_dir.empty()) {
-    ASSIGN_OR_RETURN(io::PeftAdapter adapter, io::ReadPeftAdapter(config_.load_adapter_dir));
-    if (LoraTrainingMethod(adapter.lora).lora_target_modules !=
-            LoraTrainingMethod(config_.lora).lora_target_modules ||
-        adapter.lora.rank != config_.lora.rank || adapter.lora.alpha != config_.lora.alpha) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--load-adapter ", config_.load_adapter_dir, ": r ", adapter.lora.rank,
-                       ", lora_alpha ", adapter.lora.alpha,
-                       " and target_modules must equal --lora-rank, --lora-alpha and "
-                       "--lora-targets"));
-    }
-    RETURN_IF_ERROR(io::CopyParamsByName(adapter.tensors, model_->TrainableParams()));
-    MEMPLAN_LOG(kInfo, "loaded adapter").Field("dir", config_.load_adapter_dir);
-  }
-  return absl::OkStatus();
-}
-
 absl::Status TrainSession::BuildTrainer() {
   TrainerOptions& options = trainer_options_;
   options.grad_accum = config_.grad_accum;
@@ -614,48 +557,6 @@ absl::Status TrainSession::BuildTrainer() {
     // The timeline's cpu_updates_started column: the CPU optimizer's overlap with backward.
     ChunkManager* chunks = trainer_->chunk_manager();
     timeline_->SetCpuUpdateCounter([chunks] { return chunks->UpdatesStartedBeforeStep(); });
-  }
-  return absl::OkStatus();
-}
-
-absl::Status TrainSession::FillShards() {
-  // A resumed run is filled by the checkpoint it resumes from (Resume()), except LoRA's base,
-  // which its checkpoints do not hold.
-  if (!sharded_load_ || (!config_.resume_dir.empty() && !config_.lora.enabled())) {
-    return absl::OkStatus();
-  }
-  // [Sharded loading] Each rank reads what it stores: its shard of every offloaded chunk and
-  // the whole persistent chunks, from the checkpoint's byte ranges or drawn as Create would.
-  const torch::ScalarType param_dtype = model_->Params().front().param.scalar_type();
-  std::atomic<int64_t> bytes_read{0};
-  ChunkManager::RangeReader read;
-  if (checkpoint_ != nullptr) {
-    read = [&](const std::string& name, int64_t begin,
-               int64_t len) -> absl::StatusOr<torch::Tensor> {
-      auto it = matched_.source_of.find(name);
-      if (it == matched_.source_of.end()) {
-        return absl::NotFoundError(
-            absl::StrCat(config_.model_dir, ": nothing loads \"", name, "\""));
-      }
-      ASSIGN_OR_RETURN(torch::Tensor part,
-                       checkpoint_->ReadRange(it->second, begin, len, param_dtype));
-      // ReadRange reads exactly len elements of the stored dtype.
-      bytes_read += len * static_cast<int64_t>(torch::elementSize(
-                              io::TorchDTypeOf(checkpoint_->Find(it->second)->dtype)));
-      return part;
-    };
-  } else {
-    read = [&](const std::string& name, int64_t begin, int64_t len) {
-      return model_->InitialValues(name, begin, len);
-    };
-  }
-  RETURN_IF_ERROR(trainer_->LoadParamRanges(read));
-  if (checkpoint_ != nullptr) {
-    MEMPLAN_LOG(kInfo, "loaded checkpoint")
-        .Field("dir", config_.model_dir)
-        .Field("tensors", matched_.loads.size())
-        .Field("bytes", bytes_read.load())
-        .Field("rank", dist_.rank);
   }
   return absl::OkStatus();
 }
