@@ -30,4 +30,10 @@ inline int64_t MlpTileRows(int64_t tokens, int64_t intermediate, int64_t dtype_b
   return std::max<int64_t>(1, kMlpTileBytes / row_bytes);
 }
 
+// Whether a micro-batch of `tokens` tokens runs the MLP in tiles under MlpTileRows().
+inline bool MlpIsTiled(int64_t tokens, int64_t intermediate, int64_t dtype_bytes) {
+  const int64_t rows = MlpTileRows(tokens, intermediate, dtype_bytes);
+  return rows > 0 && rows < tokens;
+}
+
 }  // namespace memplan

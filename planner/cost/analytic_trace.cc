@@ -98,6 +98,15 @@ HeadBytes HeadMemory(const ModelSpec& arch, DType dtype, bool full, int64_t toke
   return b;
 }
 
+// [Sequence-tiled MLP] Per-token bytes a dense block keeps for its MLP beside the norm's output:
+// whole, the gate output, SiLU output and up output, and the product when down_proj trains;
+// tiled, only the MLP's input, when no training gate or up linear keeps it already.
+int64_t MlpSavedPerToken(int64_t d, int64_t h, int64_t inter, bool gate_up_train,
+                         bool down_trains, bool tiled) {
+  if (tiled) return gate_up_train ? 0 : d * h;
+  return 3 * d * inter + (down_trains ? d * inter : 0);
+}
+
 // [Sparse layer price] What agent/model/moe.cc's MoeMlp keeps and allocates for T tokens, E
 // experts, top k, expert width I, hidden H, model dtype d bytes (docs/cost-model.md, "Mixtures of
 // experts"). Routed rows: each token goes to k distinct experts, so T * k rows in total whatever
@@ -211,13 +220,10 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   saved_tok += d * hq + 4 * arch.num_heads;      // attention output + logsumexp
   const int64_t attn_saved_tok = saved_tok;      // what a sparse layer keeps up to its MLP
   saved_tok += norm_saved(h, gate_in || up_in);  // post_attention_layernorm
-  // gate out (silu input), silu out, up out, and the silu*up product (down_proj input).
-  const int64_t mlp_saved_tok = 3 * d * inter + (down_in ? d * inter : 0);
-  // [Sequence-tiled MLP] (common/mlp_tiling.h): the tiled MLP keeps only its input (the norm's
-  // output, kept anyway when gate or up trains); a tile's intermediates are transient.
+  // [Sequence-tiled MLP] (common/mlp_tiling.h): a tile's intermediates are transient.
   const int64_t mlp_tile = MlpTileRows(tokens, inter, d);
-  const bool mlp_tiled = mlp_tile > 0 && mlp_tile < tokens;
-  saved_tok += mlp_tiled ? (gate_in || up_in ? 0 : d * h) : mlp_saved_tok;
+  const bool mlp_tiled = MlpIsTiled(tokens, inter, d);
+  saved_tok += MlpSavedPerToken(d, h, inter, gate_in || up_in, down_in, mlp_tiled);
   const int lora_modules = lora.q + lora.k + lora.v + lora.o + lora.gate + lora.up + lora.down;
   saved_tok += lora_modules * d * rank;  // adapter B inputs (A x)
 
@@ -490,18 +496,17 @@ Trace ScaleTraceToWorkload(const Trace& trace, const Workload& workload) {
     const int64_t d = DTypeBytes(trace.param_dtype);
     const int64_t inter = trace.arch.intermediate_size;
     auto tiled_at = [&](const Workload& w) {
-      const int64_t tokens = w.micro_batch * w.seq_len;
-      const int64_t rows = MlpTileRows(tokens, inter, d);
-      return rows > 0 && rows < tokens;
+      return MlpIsTiled(w.micro_batch * w.seq_len, inter, d);
     };
     const bool tiled_was = tiled_at(trace.workload), tiled_now = tiled_at(workload);
     if (tiled_was != tiled_now) {
       const LoraTargets lora = full ? LoraTargets{} : TargetsOf(trace.training);
-      const bool gate_up_train = full || lora.gate || lora.up;
-      const int64_t whole_tok = 3 * d * inter + (full || lora.down ? d * inter : 0);
-      const int64_t tiled_tok = gate_up_train ? 0 : d * trace.arch.hidden_size;
+      auto saved_tok = [&](bool tiled) {
+        return MlpSavedPerToken(d, trace.arch.hidden_size, inter, full || lora.gate || lora.up,
+                                full || lora.down, tiled);
+      };
       const int64_t tokens = workload.micro_batch * workload.seq_len;
-      const int64_t delta = tokens * (tiled_now ? tiled_tok - whole_tok : whole_tok - tiled_tok);
+      const int64_t delta = tokens * (saved_tok(tiled_now) - saved_tok(tiled_was));
       for (size_t l = 0; l < out.blocks.size(); ++l) {
         // A mixture of experts' sparse layers never tile (the agent tiles the dense MLP only).
         if (trace.arch.IsMoeLayer(static_cast<int64_t>(l))) continue;
