@@ -13,6 +13,9 @@
 # MEMPLAN_LOOP_TRAIN_FLAGS: extra flags for every `memplan-agent train` (e.g. --allocator-conf=).
 # MEMPLAN_LOOP_FIRST_INDEX (default 1): the number of the first workload (its files' i), so that
 # a loop split over several calls numbers its workloads as one.
+# A workload whose FLAGs hold `--ranks N` (N > 1) trains N ranks under torchrun (one node, NCCL,
+# --cpu-threads divided among them); MEMPLAN_LOOP_GPUS=N (default 1) benchmarks the card on N
+# ranks at once, so the profile carries the collectives' bandwidth that several-rank plans need.
 # Per workload i it writes the memory timeline of every step (timeline-i.tsv), the agent's per-step
 # log lines (steps-i.txt: the `ts=` lines with fb_seconds and opt_seconds, left out of run-i.txt)
 # and the stored plan with its prediction breakdown and measurement (plan-i.json).
@@ -22,7 +25,15 @@ mkdir -p "$out"
 agent=$build/agent/cli/memplan-agent
 source "$(dirname "$0")/start-planner.sh" "$out" "$build"
 threads=$(nproc)
-"$agent" bench --name "$hw" --planner "$addr" --out "$out/hw.json" 2>&1 | tee "$out/bench.txt"
+# NVLink multicast stays off on shared hosts (device tool, KINDS.md).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+on_ranks() {  # N CMD...: CMD as one process (N = 1) or N ranks under torchrun, each bounded by
+  local n=$1; shift  # MEMPLAN_LOOP_TIMEOUT seconds (default 0: no bound)
+  local t=(timeout "${MEMPLAN_LOOP_TIMEOUT:-0}")
+  if ((n > 1)); then "${t[@]}" torchrun --standalone --nproc-per-node "$n" --no-python "$@"; else "${t[@]}" "$@"; fi
+}
+on_ranks "${MEMPLAN_LOOP_GPUS:-1}" "$agent" bench --name "$hw" --planner "$addr" --out "$out/hw.json" \
+  2>&1 | tee "$out/bench.txt"
 configs=${MEMPLAN_LOOP_CONFIGS:-llama-3.2-1b 4 2048;llama-3.2-1b 2 4096;llama-3.2-3b 1 4096;qwen2.5-1.5b 4 2048}
 IFS=';' read -ra workloads <<<"$configs"
 extra=(${MEMPLAN_LOOP_TRAIN_FLAGS:-})
@@ -34,23 +45,29 @@ for cfg in "${workloads[@]}"; do
   margin=()
   [[ -n ${4:-} && ${4:-} != - ]] && margin=(--safety-margin "$4")
   card=(--hardware "$hw")
-  own=("${@:6}")
+  own=() n_ranks=1
+  for ((k = 6; k <= $#; k++)); do
+    if [[ ${!k} == --ranks ]]; then k=$((k + 1)); n_ranks=${!k}; else own+=("${!k}"); fi
+  done
+  timeline=(--memory-timeline "$out/timeline-$i.tsv")
+  ((n_ranks > 1)) && timeline=()  # one file per run; the ranks would write it at once
   if [[ -n ${5:-} && ${5:-} != - ]]; then
     python3 "$(dirname "$0")/cut-profile.py" "$out/hw.json" "$out/hw-$i.json" "$hw-cut-$i" "$5"
     profile_id=$("$build/planner/cli/memplan" --planner "$addr" --json hardware submit "$out/hw-$i.json" \
       | python3 -c 'import json, sys; d = json.load(sys.stdin); print(d.get("profile_id") or d.get("profileId"))')
     card=(--hardware-profile-id "$profile_id")
   fi
-  echo "=== $i: $1 ${2}x$3 ${4:+margin $4} ${5:+budget $5 GiB} ${own[*]}" | tee -a "$out/loop.txt"
+  ranks_note=; ((n_ranks > 1)) && ranks_note="$n_ranks ranks"
+  echo "=== $i: $1 ${2}x$3 ${4:+margin $4} ${5:+budget $5 GiB} ${own[*]} $ranks_note" | tee -a "$out/loop.txt"
   SECONDS=0
-  "$agent" train --planner "$addr" "${card[@]}" "${profile[@]}" --arch "$1" --batch "$2" --seq "$3" \
-    "${margin[@]}" --steps 5 --synthetic-data --device cuda --cpu-threads "$threads" \
-    --memory-timeline "$out/timeline-$i.tsv" "${extra[@]}" "${own[@]}" 2>&1 \
+  on_ranks "$n_ranks" "$agent" train --planner "$addr" "${card[@]}" "${profile[@]}" --arch "$1" --batch "$2" --seq "$3" \
+    "${margin[@]}" --steps 5 --synthetic-data --device cuda --cpu-threads $((threads / n_ranks)) \
+    "${timeline[@]}" "${extra[@]}" "${own[@]}" 2>&1 \
     | tee >(grep "^ts=" >"$out/steps-$i.txt") | grep -v "^ts=" | tee "$out/run-$i.txt" \
     >>"$out/loop.txt"
   echo "wall ${SECONDS} s" | tee -a "$out/loop.txt"
   grep -E "^(plan|predicted|measured|reported|profiled|device memory)" "$out/run-$i.txt"
-  plan_id=$(sed -n 's/^plan_id //p' "$out/run-$i.txt")
+  plan_id=$(sed -n 's/^plan_id \([^ ]*\).*/\1/p' "$out/run-$i.txt" | head -1)
   [[ -n $plan_id ]] && "$build/planner/cli/memplan" --planner "$addr" --json plans get "$plan_id" \
     >"$out/plan-$i.json" 2>&1
 done

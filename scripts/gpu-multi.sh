@@ -88,13 +88,13 @@ if has equal; then
   per=$((cores / ngpu))
   train equal-offl-1 1 "${common[@]}" --batch $((2 * ngpu)) --n-persist 4 --cpu-threads "$per"
   train equal-offl-n "$ngpu" "${common[@]}" --batch 2 --n-persist 4 --cpu-threads "$per"
-  train equal-pers-1 1 "${common[@]}" --batch $((2 * ngpu)) --n-persist 1000 --cpu-threads "$per"
-  train equal-pers-n "$ngpu" "${common[@]}" --batch 2 --n-persist 1000 --cpu-threads "$per"
+  train equal-pers-1 1 "${common[@]}" --batch $((2 * ngpu)) --n-persist 34 --cpu-threads "$per"
+  train equal-pers-n "$ngpu" "${common[@]}" --batch 2 --n-persist 34 --cpu-threads "$per"
   # [Sharded persistent state]: the same all-persistent plan with the state sharded.
-  train equal-shard-n "$ngpu" "${common[@]}" --batch 2 --n-persist 1000 --cpu-threads "$per" \
+  train equal-shard-n "$ngpu" "${common[@]}" --batch 2 --n-persist 34 --cpu-threads "$per" \
     --persistent-state sharded
   # [Sharded persistent parameters]: and the parameters sharded too, gathered on use.
-  train equal-params-n "$ngpu" "${common[@]}" --batch 2 --n-persist 1000 --cpu-threads "$per" \
+  train equal-params-n "$ngpu" "${common[@]}" --batch 2 --n-persist 34 --cpu-threads "$per" \
     --persistent-params sharded
 fi
 

@@ -5,14 +5,17 @@
 # prediction is a first, uncalibrated one. Then prints the loop-report table and the error
 # distribution (loop-report.py --summary).
 #   scripts/gpu-random-loop.sh SEED N OUT_DIR BUILD_DIR [HARDWARE_NAME]
-# Draws (uniform unless said): a model preset whose full AdamW state fits the host's memory; a
-# sequence length log-uniform in [512, 32768] rounded to 256; a micro-batch of 1..8 with at most
-# 32768 tokens; a budget in [16 GiB, the card] (MEMPLAN_RANDOM_MAX_GIB, default the card's
-# memory as torch reports it); a safety margin in [0.02, 0.30]. MEMPLAN_RANDOM_MODELS replaces the
-# model list (space-separated presets).
-# MEMPLAN_RANDOM_KNOBS=1 also draws, from a second generator (so the draws above stay those of
-# the seed), knobs the planner rarely picks by itself, fixed in its search ([Fixed knobs with
-# --planner]): a third of the workloads get --host-memory pageable, another third --n-swap 1..4.
+# Draws (scripts/random-workloads.py): a model preset whose full AdamW state fits the host's
+# memory, a sequence, a micro-batch, a budget in [16 GiB, the card] (MEMPLAN_RANDOM_MAX_GIB,
+# default the card's memory as torch reports it) and a safety margin. MEMPLAN_RANDOM_MODELS
+# replaces the model list (space-separated presets).
+# MEMPLAN_RANDOM_KNOBS=1 also draws knobs the planner rarely picks by itself, fixed in its search
+# ([Fixed knobs with --planner]): --host-memory pageable or --n-swap 1..4.
+# MEMPLAN_RANDOM_ENVELOPE=1 draws from the envelope users run instead (scripts/random-workloads.py
+# --envelope: full fine-tunes 0.5-14 B with every optimizer, LoRA and QLoRA 7-32 B, clipping on
+# and off, sequences up to 65 536, a third of the draws on every GPU of the host when it has
+# several), planned from the analytic trace unless MEMPLAN_LOOP_PROFILE says otherwise;
+# MEMPLAN_RANDOM_HOST_GIB (default 120) bounds the full fine-tunes' host state.
 # MEMPLAN_RANDOM_FIRST=K (default 1) runs draws K..N only (the draws before K are still drawn, so
 # the workloads are the seed's): a loop longer than one device call runs as several, their files
 # numbered by draw (MEMPLAN_LOOP_FIRST_INDEX), mergeable into one folder for loop-report.py.
@@ -24,32 +27,16 @@ card_gib=${MEMPLAN_RANDOM_MAX_GIB:-$(python3 -c \
   'import torch; print(torch.cuda.get_device_properties(0).total_memory / 2**30)' 2>/dev/null)}
 [[ -n $card_gib ]] || { echo "no GPU found: set MEMPLAN_RANDOM_MAX_GIB"; exit 2; }
 models=${MEMPLAN_RANDOM_MODELS:-llama-3.2-1b llama-3.2-3b qwen2.5-0.5b qwen2.5-1.5b qwen2.5-3b qwen3-0.6b qwen3-1.7b qwen3-4b}
-configs=$(python3 - "$seed" "$n" "$card_gib" "${MEMPLAN_RANDOM_KNOBS:-0}" $models <<'PY'
-import math, random, sys
-seed, n, card = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-knobs = sys.argv[4] == "1"
-models = sys.argv[5:]
-rng = random.Random(seed)
-knob_rng = random.Random(f"knobs-{seed}")
-rows = []
-for _ in range(n):
-    model = rng.choice(models)
-    seq = int(round(math.exp(rng.uniform(math.log(512), math.log(32768))) / 256)) * 256
-    seq = min(max(seq, 512), 32768)
-    batch = rng.randint(1, max(1, min(8, 32768 // seq)))
-    budget = rng.uniform(16.0, card)
-    margin = rng.uniform(0.02, 0.30)
-    row = f"{model} {batch} {seq} {margin:.3f} {budget:.1f}"
-    if knobs:
-        draw = knob_rng.random()
-        if draw < 1 / 3:
-            row += " --host-memory pageable"
-        elif draw < 2 / 3:
-            row += f" --n-swap {knob_rng.randint(1, 4)}"
-    rows.append(row)
-print(";".join(rows))
-PY
-)
+knob_flag=(); [[ ${MEMPLAN_RANDOM_KNOBS:-0} == 1 ]] && knob_flag=(--knobs)
+envelope=()
+if [[ ${MEMPLAN_RANDOM_ENVELOPE:-0} == 1 ]]; then
+  gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+  envelope=(--envelope --gpus "${MEMPLAN_RANDOM_GPUS:-${gpus:-1}}" --host-gib "${MEMPLAN_RANDOM_HOST_GIB:-120}")
+  export MEMPLAN_LOOP_GPUS=${MEMPLAN_RANDOM_GPUS:-${gpus:-1}}
+  export MEMPLAN_LOOP_PROFILE=${MEMPLAN_LOOP_PROFILE-}  # the analytic trace: the first answer
+fi
+configs=$(python3 "$(dirname "$0")/random-workloads.py" "$seed" "$n" "$card_gib" "${knob_flag[@]}" \
+  "${envelope[@]}" $models)
 echo "seed $seed: $configs" | tee "$out/draws.txt"
 first=${MEMPLAN_RANDOM_FIRST:-1}
 # MEMPLAN_RANDOM_AFTER=DIR[:DIR...]: go on after earlier calls' output folders: the first draw is

@@ -13,7 +13,9 @@ the prediction for the comparison).
 planned before the workload said so; re-predictions then model it.
 --skip LIST: workload numbers to leave out of the re-predictions.
 --summary: after the table, the error distribution of the peaks and step times as predicted
-(share within ±5 % and ±3 %, count under by more than 3 %, step times within ±10 %).
+(share within ±5 % and ±3 %, count under by more than 3 %, step times within ±10 %), then the
+same shares per method, optimizer, rank count and clipping. Rows other than full fine-tunes
+with AdamW on one rank with clipping name their category after the model.
 
 With --replay-from ADDR (a memplan-planner serving a copy of the run's planner.db) and --planner
 ADDR (one with an empty database), it re-predicts every executed plan from the run's own profiled
@@ -113,6 +115,31 @@ def last_error(path):
     return lines[-1][:160].replace("|", "/") if lines else "no error line"
 
 
+def category(req):
+    """(method, optimizer, ranks, clipping) of a stored request, as the summary groups them."""
+    kind = str(req.get("training", {}).get("kind", "FULL")).replace("KIND_UNSPECIFIED", "FULL")
+    w = req.get("workload", {})
+    return (kind.lower(), req.get("optimizer") or "adamw",
+            f"{int(w.get('world_size') or 1)} rank(s)",
+            "clip" if w.get("grad_clipping") else "no clip")
+
+
+def print_categories(measured):
+    """Per method, optimizer, rank count and clipping: the peak and step-time shares."""
+    print()
+    print("| category | workloads | peak within ±5 % | under by > 3 % | step within ±10 % |")
+    print("|---|---:|---:|---:|---:|")
+    for axis, name in enumerate(("method", "optimizer", "ranks", "clipping")):
+        groups = {}
+        for cat, peak, step in measured:
+            groups.setdefault(cat[axis], []).append((peak, step))
+        for value in sorted(groups):
+            g = groups[value]
+            steps = [s for _, s in g if s is not None]
+            print(f"| {name}: {value} | {len(g)} | {sum(abs(p) <= 5 for p, _ in g)} | "
+                  f"{sum(p < -3 for p, _ in g)} | {sum(abs(s) <= 10 for s in steps)} of {len(steps)} |")
+
+
 def print_summary(peak_errors, step_errors, ooms, planned):
     """The error distribution of the predictions as made (prediction minus measured, in %)."""
     def share(values, pred):
@@ -171,11 +198,14 @@ def main():
     print("| # | model | batch×seq | margin | plan | predicted MiB | raw model MiB | measured "
           "allocated / reserved MiB | error | raw error | predicted / measured step s |")
     print("|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|")
-    peak_errors, step_errors, ooms = [], [], 0
+    peak_errors, step_errors, ooms, measured = [], [], 0, []
     for i, req, resp, m in rows:
         w = req.get("workload", {})
         margin = req.get("safety_margin", 0.05) or 0.05
-        name = req.get("arch", {}).get("name", "?")
+        cat = category(req)
+        name = f'{req.get("arch", {}).get("name", "?")} ({", ".join(cat)})'
+        if cat == ("full", "adamw", "1 rank(s)", "clip"):
+            name = req.get("arch", {}).get("name", "?")
         if not m or m.get("oom"):
             print(f"| {i} | {name} | {w.get('micro_batch')}×{w.get('seq_len')} | {margin:.2f} | "
                   f"{knobs(resp['plan'])} | | | OOM | | | |")
@@ -185,9 +215,12 @@ def main():
         reserved = int(m["peak_reserved_bytes"])
         err = (pred_res - reserved) / reserved * 100
         peak_errors.append(err)
+        step_err = None
         if m.get("step_seconds"):
-            step_errors.append((resp["prediction"]["iteration_seconds"] - m["step_seconds"]) /
-                               m["step_seconds"] * 100)
+            step_err = ((resp["prediction"]["iteration_seconds"] - m["step_seconds"]) /
+                        m["step_seconds"] * 100)
+            step_errors.append(step_err)
+        measured.append((cat, err, step_err))
         raw_err = (raw - reserved) / reserved * 100
         print(f"| {i} | {name} | {w.get('micro_batch')}×{w.get('seq_len')} | {margin:.2f} | "
               f"{knobs(resp['plan'])} | {pred_res / MiB:,.0f} | {raw / MiB:,.0f} | "
@@ -198,6 +231,7 @@ def main():
         print(f"| {i} | {what} | | no plan: {error} | | | | | | |")
     if summary:
         print_summary(peak_errors, step_errors, ooms, len(rows))
+        print_categories(measured)
         if failed:
             print(f"runs that stopped before a plan: {len(failed)} "
                   f"({', '.join(str(i) for i, _, _ in failed)})")
