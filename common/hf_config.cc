@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -49,7 +51,13 @@ constexpr FamilyDefaults kFamilies[] = {
     {"mistral", "MistralForCausalLM", 10000.0, 1e-6, 4096 * 32, 0, false, false},
     {"qwen3_moe", "Qwen3MoeForCausalLM", 10000.0, 1e-6, 32768, 0, false, true},
     {"mixtral", "MixtralForCausalLM", 1000000.0, 1e-5, 4096 * 32, 0, false, false},
+    // The language model of Qwen2.5-VL is Qwen2's (q/k/v biases) with the multimodal RoPE.
+    {"qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", 1000000.0, 1e-5, 32768, 0, true, false},
 };
+
+bool IsVisionLanguageFamily(const FamilyDefaults& family) {
+  return std::string(family.model_type) == "qwen2_5_vl";
+}
 
 absl::Status KeyError(absl::string_view key, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("config.json: \"", key, "\" ", what));
@@ -194,8 +202,9 @@ constexpr const char* kRopeTypes[] = {"default", "linear", "dynamic", "yarn", "l
 
 // Keys each RoPE type may carry besides rope_type/type and rope_theta (Hugging Face's validators
 // accept the same sets). Anything else could change the math, so it is refused.
-std::set<std::string> AllowedRopeKeys(const std::string& type) {
+std::set<std::string> AllowedRopeKeys(const std::string& type, bool vision_language) {
   std::set<std::string> keys = {"rope_type", "type", "rope_theta", "partial_rotary_factor"};
+  if (vision_language) keys.insert("mrope_section");
   if (type == "linear" || type == "dynamic") keys.insert("factor");
   if (type == "llama3") {
     keys.insert({"factor", "low_freq_factor", "high_freq_factor",
@@ -251,6 +260,14 @@ absl::Status ParseRope(const Json& root, const FamilyDefaults& family, ModelSpec
   }
   RopeScaling r;
   r.type = type.value_or("default");
+  const bool vl = IsVisionLanguageFamily(family);
+  // transformers reads Qwen2.5-VL's "mrope" as the default frequencies split by mrope_section.
+  if (vl && r.type == "mrope") r.type = "default";
+  if (vl && r.type != "default") {
+    return KeyError(absl::StrCat(where, ".rope_type"),
+                    absl::StrCat("= \"", r.type, "\" is not supported for ", family.model_type,
+                                 "; allowed: default, mrope"));
+  }
   bool known = false;
   for (const char* t : kRopeTypes) known = known || r.type == t;
   if (!known) {
@@ -259,7 +276,7 @@ absl::Status ParseRope(const Json& root, const FamilyDefaults& family, ModelSpec
                                  "\" is not supported; allowed: default, linear, dynamic, yarn, "
                                  "llama3"));
   }
-  const std::set<std::string> allowed = AllowedRopeKeys(r.type);
+  const std::set<std::string> allowed = AllowedRopeKeys(r.type, vl);
   for (const auto& [key, value] : rp->items()) {
     if (allowed.count(key) == 0 && !value.is_null()) {
       return KeyError(absl::StrCat(where, ".", key),
@@ -327,6 +344,31 @@ absl::Status ParseRope(const Json& root, const FamilyDefaults& family, ModelSpec
     r.truncate = truncate.value_or(true);
   }
   spec->rope_scaling = r;
+  if (vl) {
+    // transformers' default when the key is absent.
+    spec->mrope_section = {16, 24, 24};
+    if (const Json* sections = Find(*rp, "mrope_section"); sections != nullptr) {
+      const std::string name = absl::StrCat(where, ".mrope_section");
+      if (!sections->is_array() || sections->size() != 3) {
+        return KeyError(name, absl::StrCat("must be three integers (temporal, height, width), "
+                                           "got ", sections->dump()));
+      }
+      spec->mrope_section.clear();
+      for (const Json& e : *sections) {
+        if (!e.is_number_integer() || e.get<int64_t>() < 1 || e.get<int64_t>() > 4096) {
+          return KeyError(name, absl::StrCat("contains ", e.dump(), "; allowed: integers in [1, "
+                                                                    "4096]"));
+        }
+        spec->mrope_section.push_back(e.get<int64_t>());
+      }
+    }
+    const int64_t sum = spec->mrope_section[0] + spec->mrope_section[1] + spec->mrope_section[2];
+    if (sum != spec->HeadDim() / 2) {
+      return KeyError(absl::StrCat(where, ".mrope_section"),
+                      absl::StrCat("sums to ", sum, "; must be head_dim / 2 = ",
+                                   spec->HeadDim() / 2, " (the rotary frequencies it splits)"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -344,6 +386,14 @@ absl::StatusOr<int64_t> ParseSlidingWindow(const Json& root, const FamilyDefault
   if (type == "mistral") return absent ? 4096 : window.value_or(0);
   if (type == "mixtral") return window.value_or(0);
   ASSIGN_OR_RETURN(std::optional<bool> use, OptionalBool(root, "use_sliding_window"));
+  if (type == "qwen2_5_vl") {
+    if (use.value_or(false)) {
+      return KeyError("use_sliding_window",
+                      "= true is not supported for qwen2_5_vl (transformers computes full "
+                      "attention there outside flash-attention)");
+    }
+    return 0;
+  }
   if (!use.value_or(false)) return 0;
   const int64_t w = absent ? 4096 : window.value_or(0);
   if (w == 0) return 0;
@@ -482,26 +532,130 @@ absl::Status ParseMoe(const Json& root, const FamilyDefaults& family, ModelSpec*
   return absl::OkStatus();
 }
 
-absl::StatusOr<ModelSpec> ParseConfig(absl::string_view json, bool* has_name) {
-  Json root;
-  try {
-    root = Json::parse(json.begin(), json.end());
-  } catch (const Json::parse_error& e) {
-    // nlohmann's message carries the byte position of the error.
-    return absl::InvalidArgumentError(absl::StrCat("config.json: malformed JSON: ", e.what()));
+// `status` (an error naming a key of a nested object) with the key prefixed by the object's name.
+absl::Status Nested(const absl::Status& status, absl::string_view prefix) {
+  constexpr absl::string_view kLead = "config.json: \"";
+  absl::string_view message = status.message();
+  if (!absl::StartsWith(message, kLead)) return status;
+  return absl::Status(status.code(), absl::StrCat(kLead, prefix, message.substr(kLead.size())));
+}
+
+// Qwen2.5-VL's "vision_config" (transformers' Qwen2_5_VLVisionConfig defaults for absent keys)
+// and the multimodal token ids at the top level.
+absl::Status ParseVisionConfig(const Json& v, VisionSpec* out) {
+  VisionSpec& vs = *out;
+  ASSIGN_OR_RETURN(std::optional<std::string> act, OptionalString(v, "hidden_act"));
+  if (act.value_or("silu") != "silu") {
+    return KeyError("hidden_act", absl::StrCat("= \"", *act, "\" is not supported; allowed: silu"));
   }
-  if (!root.is_object()) {
-    return absl::InvalidArgumentError("config.json: top level must be a JSON object");
+  struct IntKey {
+    const char* key;
+    int64_t* slot;
+    int64_t fallback;
+    int64_t hi;
+  };
+  const IntKey keys[] = {
+      {"depth", &vs.depth, 32, kMaxLayers},
+      {"hidden_size", &vs.hidden_size, 3584, kMaxHiddenSize},
+      {"intermediate_size", &vs.intermediate_size, 3420, kMaxIntermediateSize},
+      {"num_heads", &vs.num_heads, 16, kMaxHeads},
+      {"in_channels", &vs.in_channels, 3, 16},
+      {"patch_size", &vs.patch_size, 14, 1024},
+      {"spatial_merge_size", &vs.spatial_merge_size, 2, 64},
+      {"temporal_patch_size", &vs.temporal_patch_size, 2, 64},
+      {"window_size", &vs.window_size, 112, int64_t{1} << 20},
+      {"out_hidden_size", &vs.out_hidden_size, 3584, kMaxHiddenSize},
+  };
+  for (const IntKey& k : keys) {
+    ASSIGN_OR_RETURN(std::optional<int64_t> value, OptionalInt(v, k.key, 1, k.hi));
+    *k.slot = value.value_or(k.fallback);
   }
-  ASSIGN_OR_RETURN(const FamilyDefaults* family, ResolveFamily(root));
+  if (vs.hidden_size % vs.num_heads != 0 || (vs.hidden_size / vs.num_heads) % 4 != 0) {
+    return KeyError("num_heads", absl::StrCat("= ", vs.num_heads, " must divide \"hidden_size\" = ",
+                                              vs.hidden_size,
+                                              " into heads of a multiple of 4 dimensions (2-D "
+                                              "rotary embedding)"));
+  }
+  if (vs.WindowMergedPatches() < 1) {
+    return KeyError("window_size",
+                    absl::StrCat("= ", vs.window_size, " must span at least one merged patch (",
+                                 vs.spatial_merge_size * vs.patch_size, " pixels)"));
+  }
+  vs.fullatt_block_indexes = {7, 15, 23, 31};
+  if (const Json* full = Find(v, "fullatt_block_indexes"); full != nullptr) {
+    if (!full->is_array()) return KeyError("fullatt_block_indexes", "must be an array of blocks");
+    vs.fullatt_block_indexes.clear();
+    for (const Json& e : *full) {
+      if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= vs.depth) {
+        return KeyError("fullatt_block_indexes",
+                        absl::StrCat("contains ", e.dump(), "; allowed: block indices 0 to ",
+                                     vs.depth - 1, " (\"depth\" = ", vs.depth, ")"));
+      }
+      vs.fullatt_block_indexes.push_back(e.get<int64_t>());
+    }
+    std::sort(vs.fullatt_block_indexes.begin(), vs.fullatt_block_indexes.end());
+    vs.fullatt_block_indexes.erase(
+        std::unique(vs.fullatt_block_indexes.begin(), vs.fullatt_block_indexes.end()),
+        vs.fullatt_block_indexes.end());
+  } else {
+    // transformers' default names blocks of its 32-block tower; a shallower one keeps those
+    // that exist.
+    std::erase_if(vs.fullatt_block_indexes, [&](int64_t b) { return b >= vs.depth; });
+  }
+  if (const Json* rp = Find(v, "rope_parameters"); rp != nullptr) {
+    if (!rp->is_object()) return KeyError("rope_parameters", "must be an object");
+    ASSIGN_OR_RETURN(std::optional<std::string> type, OptionalString(*rp, "rope_type"));
+    if (type.value_or("axial") != "axial") {
+      return KeyError("rope_parameters.rope_type",
+                      absl::StrCat("= \"", *type, "\" is not supported; allowed: axial"));
+    }
+    ASSIGN_OR_RETURN(std::optional<double> theta, RopeNumber(*rp, "rope_parameters", "rope_theta",
+                                                             1e12));
+    vs.rope_theta = theta.value_or(10000.0);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseVisionLanguage(const Json& root, ModelSpec* spec) {
+  const Json empty = Json::object();
+  const Json* v = Find(root, "vision_config");
+  if (v == nullptr) v = &empty;
+  if (!v->is_object()) return KeyError("vision_config", "must be an object");
+  if (absl::Status s = ParseVisionConfig(*v, &spec->vision); !s.ok()) {
+    return Nested(s, "vision_config.");
+  }
+  if (spec->vision.out_hidden_size != spec->hidden_size) {
+    return KeyError("vision_config.out_hidden_size",
+                    absl::StrCat("= ", spec->vision.out_hidden_size, " must equal the language "
+                                 "model's \"hidden_size\" = ", spec->hidden_size));
+  }
+  struct IdKey {
+    const char* key;
+    int64_t* slot;
+    int64_t fallback;
+  };
+  const IdKey ids[] = {
+      {"image_token_id", &spec->image_token_id, 151655},
+      {"video_token_id", &spec->video_token_id, 151656},
+      {"vision_start_token_id", &spec->vision_start_token_id, 151652},
+      {"vision_end_token_id", &spec->vision_end_token_id, 151653},
+  };
+  for (const IdKey& k : ids) {
+    ASSIGN_OR_RETURN(std::optional<int64_t> id, OptionalInt(root, k.key, 0, spec->vocab_size - 1));
+    if (!id.has_value() && k.fallback >= spec->vocab_size) {
+      return KeyError(k.key, absl::StrCat("is required: its default ", k.fallback,
+                                          " is outside the vocabulary (\"vocab_size\" = ",
+                                          spec->vocab_size, ")"));
+    }
+    *k.slot = id.value_or(k.fallback);
+  }
+  return absl::OkStatus();
+}
+
+// The language model's keys of `root` (config.json's top level, or its "text_config").
+absl::Status ParseLanguageModel(const Json& root, const FamilyDefaults* family, ModelSpec* out) {
+  ModelSpec& spec = *out;
   RETURN_IF_ERROR(CheckUnsupportedFeatures(root, *family));
-
-  ModelSpec spec;
-  spec.family = family->model_type;
-  ASSIGN_OR_RETURN(std::optional<std::string> name, OptionalString(root, "_name_or_path"));
-  *has_name = name.has_value() && !name->empty();
-  spec.name = *has_name ? *name : family->model_type;
-
   ASSIGN_OR_RETURN(spec.hidden_size, RequiredInt(root, "hidden_size", 1, kMaxHiddenSize));
   ASSIGN_OR_RETURN(spec.num_layers, RequiredInt(root, "num_hidden_layers", 1, kMaxLayers));
   ASSIGN_OR_RETURN(spec.num_heads, RequiredInt(root, "num_attention_heads", 1, kMaxHeads));
@@ -543,11 +697,51 @@ absl::StatusOr<ModelSpec> ParseConfig(absl::string_view json, bool* has_name) {
   ASSIGN_OR_RETURN(spec.sliding_layers,
                    ParseSlidingLayers(root, *family, spec.num_layers, spec.sliding_window));
   RETURN_IF_ERROR(ParseMoe(root, *family, &spec));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelSpec> ParseConfig(absl::string_view json, bool* has_name) {
+  Json root;
+  try {
+    root = Json::parse(json.begin(), json.end());
+  } catch (const Json::parse_error& e) {
+    // nlohmann's message carries the byte position of the error.
+    return absl::InvalidArgumentError(absl::StrCat("config.json: malformed JSON: ", e.what()));
+  }
+  if (!root.is_object()) {
+    return absl::InvalidArgumentError("config.json: top level must be a JSON object");
+  }
+  ASSIGN_OR_RETURN(const FamilyDefaults* family, ResolveFamily(root));
+  ModelSpec spec;
+  spec.family = family->model_type;
+  ASSIGN_OR_RETURN(std::optional<std::string> name, OptionalString(root, "_name_or_path"));
+  *has_name = name.has_value() && !name->empty();
+  spec.name = *has_name ? *name : family->model_type;
+
+  // transformers 5 writes a vision-language model's language part under "text_config";
+  // published Qwen2.5-VL checkpoints keep it at the top level.
+  const Json* text = &root;
+  if (IsVisionLanguageFamily(*family)) {
+    if (const Json* t = Find(root, "text_config"); t != nullptr) {
+      if (!t->is_object()) return KeyError("text_config", "must be an object");
+      text = t;
+    }
+  }
+  if (absl::Status s = ParseLanguageModel(*text, family, &spec); !s.ok()) {
+    return text == &root ? s : Nested(s, "text_config.");
+  }
+  if (IsVisionLanguageFamily(*family)) {
+    // Pre-v5 saves kept tie_word_embeddings in text_config; transformers honours either.
+    ASSIGN_OR_RETURN(std::optional<bool> tie, OptionalBool(root, "tie_word_embeddings"));
+    spec.tie_word_embeddings = spec.tie_word_embeddings || tie.value_or(false);
+    RETURN_IF_ERROR(ParseVisionLanguage(root, &spec));
+  }
 
   // Backstop: the checks above name JSON keys; this one guards the ModelSpec invariants.
   if (absl::Status s = ValidateModelSpec(spec, "config.json -> arch."); !s.ok()) return s;
   return spec;
 }
+
 
 // The RoPE dictionary of `spec` in transformers 5.x's "rope_parameters" layout.
 Json RopeParametersObject(const ModelSpec& spec) {
@@ -571,6 +765,7 @@ Json RopeParametersObject(const ModelSpec& spec) {
     if (r.mscale_all_dim > 0) rp["mscale_all_dim"] = r.mscale_all_dim;
     rp["truncate"] = r.truncate;
   }
+  if (!spec.mrope_section.empty()) rp["mrope_section"] = spec.mrope_section;
   return rp;
 }
 
@@ -579,6 +774,43 @@ const FamilyDefaults* FamilyOf(const std::string& model_type) {
     if (model_type == f.model_type) return &f;
   }
   return nullptr;
+}
+
+// transformers 5's layout of a Qwen2.5-VL config: the language model's keys (`text`, as
+// ToHfConfigJson writes them for a causal LM) under "text_config", the tower under
+// "vision_config", the token ids at the top level.
+std::string VisionLanguageConfigJson(const ModelSpec& spec, nlohmann::ordered_json text) {
+  const VisionSpec& v = spec.vision;
+  nlohmann::ordered_json j;
+  j["architectures"] = text["architectures"];
+  j["model_type"] = spec.family;
+  j["dtype"] = text["dtype"];
+  j["tie_word_embeddings"] = spec.tie_word_embeddings;
+  j["image_token_id"] = spec.image_token_id;
+  j["video_token_id"] = spec.video_token_id;
+  j["vision_start_token_id"] = spec.vision_start_token_id;
+  j["vision_end_token_id"] = spec.vision_end_token_id;
+  text.erase("architectures");
+  text["model_type"] = "qwen2_5_vl_text";
+  text["use_sliding_window"] = false;
+  j["text_config"] = std::move(text);
+  nlohmann::ordered_json vj;
+  vj["model_type"] = "qwen2_5_vl_vision";
+  vj["depth"] = v.depth;
+  vj["hidden_size"] = v.hidden_size;
+  vj["intermediate_size"] = v.intermediate_size;
+  vj["num_heads"] = v.num_heads;
+  vj["hidden_act"] = "silu";
+  vj["in_channels"] = v.in_channels;
+  vj["patch_size"] = v.patch_size;
+  vj["spatial_merge_size"] = v.spatial_merge_size;
+  vj["temporal_patch_size"] = v.temporal_patch_size;
+  vj["window_size"] = v.window_size;
+  vj["out_hidden_size"] = v.out_hidden_size;
+  vj["fullatt_block_indexes"] = v.fullatt_block_indexes;
+  vj["rope_parameters"] = {{"rope_type", "axial"}, {"rope_theta", v.rope_theta}};
+  j["vision_config"] = std::move(vj);
+  return j.dump(2) + "\n";
 }
 
 }  // namespace
@@ -659,6 +891,7 @@ std::string ToHfConfigJson(const ModelSpec& spec, DType dtype) {
   j["dtype"] = dtype == DType::kBFloat16 ? "bfloat16"
                : dtype == DType::kFloat16 ? "float16"
                                           : "float32";
+  if (spec.IsVisionLanguage()) return VisionLanguageConfigJson(spec, std::move(j));
   return j.dump(2) + "\n";
 }
 

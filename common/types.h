@@ -50,9 +50,44 @@ struct RopeScaling {
   bool truncate = true;           // yarn
 };
 
+// The vision tower of a vision-language model (family qwen2_5_vl), as transformers'
+// Qwen2_5_VLVisionConfig describes it: a patch embedding (a linear over flattened
+// [in_channels, temporal_patch_size, patch_size, patch_size] patches), `depth` pre-norm blocks
+// (RMSNorm, attention with 2-D rotary positions over windows of window_size pixels, or over the
+// whole image for the blocks in fullatt_block_indexes; SwiGLU MLP with biases), and a merger of
+// spatial_merge_size² patches into one token of the language model's width (out_hidden_size).
+// depth 0: no vision tower.
+struct VisionSpec {
+  int64_t depth = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_heads = 0;
+  int64_t in_channels = 3;
+  int64_t patch_size = 14;
+  int64_t spatial_merge_size = 2;
+  int64_t temporal_patch_size = 2;
+  int64_t window_size = 112;  // pixels
+  int64_t out_hidden_size = 0;
+  std::vector<int64_t> fullatt_block_indexes;  // ascending
+  double rope_theta = 10000.0;                 // the 2-D rotary embedding's base
+
+  int64_t HeadDim() const { return num_heads > 0 ? hidden_size / num_heads : 0; }
+  // Elements of one flattened patch, as the processor emits pixel_values rows.
+  int64_t PatchDim() const {
+    return in_channels * temporal_patch_size * patch_size * patch_size;
+  }
+  // Patches a window spans along each side, in merged units (transformers'
+  // vit_merger_window_size).
+  int64_t WindowMergedPatches() const { return window_size / spatial_merge_size / patch_size; }
+  bool IsFullAttentionBlock(int64_t block) const {
+    return std::find(fullatt_block_indexes.begin(), fullatt_block_indexes.end(), block) !=
+           fullatt_block_indexes.end();
+  }
+};
+
 struct ModelSpec {
   std::string name;
-  std::string family = "llama";  // llama, qwen2, qwen3, mistral, qwen3_moe, mixtral
+  std::string family = "llama";  // llama, qwen2, qwen3, mistral, qwen3_moe, mixtral, qwen2_5_vl
   int64_t hidden_size = 0;
   int64_t num_layers = 0;
   int64_t num_heads = 0;
@@ -92,7 +127,19 @@ struct ModelSpec {
   bool output_router_logits = false;
   double router_aux_loss_coef = 0.001;
 
+  // Vision-language (family qwen2_5_vl): the vision tower, the token ids the processor puts in
+  // the text (one image_token_id per merged patch, between vision_start and vision_end), and the
+  // language model's multimodal rotary embedding: mrope_section splits the head_dim / 2 rotary
+  // frequencies into the parts rotated by the temporal, height and width positions (M-RoPE).
+  VisionSpec vision;
+  int64_t image_token_id = 0;
+  int64_t video_token_id = 0;
+  int64_t vision_start_token_id = 0;
+  int64_t vision_end_token_id = 0;
+  std::vector<int64_t> mrope_section;
+
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : hidden_size / num_heads; }
+  bool IsVisionLanguage() const { return vision.depth > 0; }
   // The window layer `layer` attends within, 0 for full causal attention.
   int64_t LayerWindow(int64_t layer) const {
     for (int64_t l : sliding_layers) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -40,6 +41,86 @@ absl::Status CheckBytes(absl::string_view field, absl::string_view value, size_t
   if (value.size() <= max_bytes) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       field, " is ", value.size(), " bytes; allowed at most ", max_bytes, " (", Quote(value), ")"));
+}
+
+// The vision tower and the multimodal token ids and rotary sections of a qwen2_5_vl spec.
+absl::Status ValidateVisionLanguage(const ModelSpec& m, absl::string_view prefix) {
+  const VisionSpec& v = m.vision;
+  const std::string vp = absl::StrCat(prefix, "vision.");
+  struct Field {
+    const char* name;
+    int64_t value;
+    int64_t hi;
+  };
+  const Field fields[] = {
+      {"depth", v.depth, kMaxLayers},
+      {"hidden_size", v.hidden_size, kMaxHiddenSize},
+      {"intermediate_size", v.intermediate_size, kMaxIntermediateSize},
+      {"num_heads", v.num_heads, kMaxHeads},
+      {"in_channels", v.in_channels, 16},
+      {"patch_size", v.patch_size, 1024},
+      {"spatial_merge_size", v.spatial_merge_size, 64},
+      {"temporal_patch_size", v.temporal_patch_size, 64},
+      {"window_size", v.window_size, int64_t{1} << 20},
+      {"out_hidden_size", v.out_hidden_size, kMaxHiddenSize},
+  };
+  for (const Field& f : fields) {
+    if (auto s = CheckInt(vp, f.name, f.value, 1, f.hi); !s.ok()) return s;
+  }
+  // The 2-D rotary embedding gives a quarter of each head's dimensions to the row and a quarter
+  // to the column frequencies, each rotated as halves.
+  if (v.hidden_size % v.num_heads != 0 || v.HeadDim() % 4 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        vp, "num_heads = ", v.num_heads, " must divide ", vp, "hidden_size = ", v.hidden_size,
+        " into heads of a multiple of 4 dimensions (2-D rotary embedding)"));
+  }
+  if (v.WindowMergedPatches() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        vp, "window_size = ", v.window_size, " must span at least one merged patch (",
+        vp, "spatial_merge_size * ", vp, "patch_size = ", v.spatial_merge_size * v.patch_size,
+        " pixels)"));
+  }
+  for (size_t i = 0; i < v.fullatt_block_indexes.size(); ++i) {
+    const int64_t b = v.fullatt_block_indexes[i];
+    if (b < 0 || b >= v.depth || (i > 0 && b <= v.fullatt_block_indexes[i - 1])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          vp, "fullatt_block_indexes[", i, "] = ", b, " must be ascending block indices in [0, ",
+          v.depth, ")"));
+    }
+  }
+  if (v.out_hidden_size != m.hidden_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        vp, "out_hidden_size = ", v.out_hidden_size, " must equal ", prefix,
+        "hidden_size = ", m.hidden_size, " (the merger feeds the language model)"));
+  }
+  if (!std::isfinite(v.rope_theta) || v.rope_theta <= 0 || v.rope_theta > 1e12) {
+    return OutOfRange(vp, "rope_theta", v.rope_theta, 1, 1e12);
+  }
+  const std::pair<const char*, int64_t> ids[] = {
+      {"image_token_id", m.image_token_id},
+      {"video_token_id", m.video_token_id},
+      {"vision_start_token_id", m.vision_start_token_id},
+      {"vision_end_token_id", m.vision_end_token_id},
+  };
+  for (const auto& [name, id] : ids) {
+    if (auto s = CheckInt(prefix, name, id, 0, m.vocab_size - 1); !s.ok()) return s;
+  }
+  int64_t sections = 0;
+  for (int64_t s : m.mrope_section) sections += s > 0 ? s : 0;
+  bool positive = true;
+  for (int64_t s : m.mrope_section) positive = positive && s > 0;
+  if (m.mrope_section.size() != 3 || !positive || sections != m.HeadDim() / 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "mrope_section = [", absl::StrJoin(m.mrope_section, ", "),
+        "] must be three positive sizes (temporal, height, width) summing to head_dim / 2 = ",
+        m.HeadDim() / 2));
+  }
+  if (m.sliding_window > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "sliding_window = ", m.sliding_window, " is not supported for family ",
+        Quote(m.family), " (transformers computes full attention there outside flash-attention)"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -93,11 +174,21 @@ absl::Status ValidateModelSpec(const ModelSpec& m, absl::string_view prefix) {
   }
   if (auto s = CheckInt(prefix, "vocab_size", m.vocab_size, 1, kMaxVocabSize); !s.ok()) return s;
   const bool moe_family = m.family == "qwen3_moe" || m.family == "mixtral";
+  const bool vl_family = m.family == "qwen2_5_vl";
   if (!(m.family == "llama" || m.family == "qwen2" || m.family == "qwen3" ||
-        m.family == "mistral" || moe_family)) {
+        m.family == "mistral" || moe_family || vl_family)) {
     return absl::InvalidArgumentError(absl::StrCat(prefix, "family = ", Quote(m.family),
                                                    " is not supported; allowed: llama, qwen2, "
-                                                   "qwen3, mistral, qwen3_moe, mixtral"));
+                                                   "qwen3, mistral, qwen3_moe, mixtral, "
+                                                   "qwen2_5_vl"));
+  }
+  if (vl_family != m.IsVisionLanguage()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "vision.depth = ", m.vision.depth, vl_family ? " must be >= 1" : " must be 0",
+        " for family ", Quote(m.family)));
+  }
+  if (vl_family) {
+    if (auto s = ValidateVisionLanguage(m, prefix); !s.ok()) return s;
   }
   if (moe_family != (m.num_experts > 0)) {
     return absl::InvalidArgumentError(absl::StrCat(

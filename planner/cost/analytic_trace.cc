@@ -172,6 +172,15 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   RETURN_IF_ERROR(ValidateModelSpec(arch, "arch."));
   RETURN_IF_ERROR(ValidateWorkload(workload, "workload."));
   RETURN_IF_ERROR(ValidateTrainingMethod(training, arch, "training."));
+  if (arch.IsVisionLanguage()) {
+    // The terms below price the language model only; a vision tower's weights and activations
+    // (per image, by resolution) would be left out, so the analytic path refuses rather than
+    // under-count.
+    return absl::UnimplementedError(absl::StrCat(
+        "arch.family = \"", arch.family, "\": the analytic cost model does not price the vision "
+        "tower yet (", arch.vision.depth, " vision blocks); a vision-language plan would count "
+        "the language model only"));
+  }
   if (!(options.matmul_efficiency > 0 && options.matmul_efficiency <= 1) ||
       !(options.hbm_efficiency > 0 && options.hbm_efficiency <= 1)) {
     return absl::InvalidArgumentError("analytic efficiencies must be in (0, 1]");

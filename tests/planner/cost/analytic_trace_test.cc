@@ -184,6 +184,32 @@ TEST(AnalyticTraceTest, MixtureOfExpertsRefusesAdaptersTheAgentRefuses) {
   EXPECT_TRUE(SynthesizeTrace(m, w, DType::kBFloat16, lora, *FindHardwarePreset("h200")).ok());
 }
 
+// A vision-language model is refused, never priced as its language model alone.
+TEST(AnalyticTraceTest, VisionLanguageIsRefusedNotUnderCounted) {
+  ModelSpec m = *FindModelPreset("qwen2.5-7b");
+  m.family = "qwen2_5_vl";
+  m.vision.depth = 32;
+  m.vision.hidden_size = 1280;
+  m.vision.intermediate_size = 3420;
+  m.vision.num_heads = 16;
+  m.vision.out_hidden_size = m.hidden_size;
+  m.vision.fullatt_block_indexes = {7, 15, 23, 31};
+  m.image_token_id = 151655;
+  m.video_token_id = 151656;
+  m.vision_start_token_id = 151652;
+  m.vision_end_token_id = 151653;
+  m.mrope_section = {16, 24, 24};
+  ASSERT_TRUE(ValidateModelSpec(m, "arch.").ok()) << ValidateModelSpec(m, "arch.");
+  Workload w;
+  w.micro_batch = 1;
+  w.seq_len = 128;
+  absl::StatusOr<Trace> t =
+      SynthesizeTrace(m, w, DType::kBFloat16, {}, *FindHardwarePreset("h200"));
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(t.status().message().find("vision tower"), std::string::npos) << t.status();
+}
+
 // Sparse layers never run the sequence-tiled MLP (the agent tiles the dense MLP only): their
 // saved bytes stay linear in the tokens where a dense layer's drop at the tiling threshold.
 TEST(AnalyticTraceTest, SparseLayersAreNotTiledWhenScaled) {
