@@ -162,8 +162,9 @@ absl::Status ValidateNf4(const Nf4Tensor& q) {
   return check(q.absmax_scale, "absmax_scale", torch::kFloat32, want.absmax_scale_bytes / 4);
 }
 
-absl::StatusOr<Nf4Tensor> QuantizeNf4(const torch::Tensor& weight, int64_t blocksize) {
-  if (auto s = CheckBlocksize(blocksize); !s.ok()) return s;
+namespace {
+
+absl::Status CheckQuantizable(const torch::Tensor& weight) {
   if (!weight.defined() || weight.numel() == 0) {
     return absl::InvalidArgumentError("weight is empty; NF4 needs at least one element");
   }
@@ -172,61 +173,117 @@ absl::StatusOr<Nf4Tensor> QuantizeNf4(const torch::Tensor& weight, int64_t block
     return absl::InvalidArgumentError(absl::StrCat("weight dtype ", c10::toString(dtype),
                                                    " cannot be quantized; allowed: fp32, bf16, fp16"));
   }
-  torch::NoGradGuard no_grad;
-  const torch::Device device = weight.device();
-  const torch::Tensor flat = weight.detach().reshape({-1});
-  if (!torch::isfinite(flat).all().item<bool>()) {
+  if (!torch::isfinite(weight).all().item<bool>()) {
     return absl::InvalidArgumentError("weight has non-finite values; NF4 needs finite ones");
   }
+  return absl::OkStatus();
+}
+
+// The 4-bit pass over `flat`, elements [first, first + flat.numel()) of a weight of `numel`
+// elements (first a multiple of blocksize; the range ends on a block boundary or at numel):
+// each block's absmax into `absmax` (its blocks, from 0) and, when `data` is defined, the packed
+// codes into it (its bytes, from 0). Every value depends only on its own block, so any range gives
+// the bytes the whole weight gives there ([Sharded NF4 loading]).
+void QuantizeBlocks(const torch::Tensor& flat, int64_t first, int64_t numel, int64_t blocksize,
+                    const torch::Tensor& absmax, const torch::Tensor& data) {
   const int64_t n = flat.numel();
-  const int64_t full_blocks = n / blocksize;
-  const int64_t blocks = (n + blocksize - 1) / blocksize;
-  const torch::Tensor bounds = Nf4Bounds(device);
-
-  Nf4Tensor q;
-  q.shape = weight.sizes().vec();
-  q.blocksize = blocksize;
-  q.data = torch::empty({(n + 1) / 2}, torch::TensorOptions().dtype(torch::kUInt8).device(device));
-  torch::Tensor absmax = torch::empty({blocks}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
-
+  const bool ends_partial = first + n == numel && numel % blocksize != 0;
+  const int64_t full_elems = ends_partial ? n - numel % blocksize : n;
+  const torch::Tensor bounds = data.defined() ? Nf4Bounds(flat.device()) : torch::Tensor();
   // Packs fp32 values already scaled to [-1, 1] (even count) into data from byte `first_byte`.
   auto pack = [&](const torch::Tensor& scaled, int64_t first_byte) {
+    if (!data.defined()) return;
     const torch::Tensor codes = torch::bucketize(scaled, bounds, /*out_int32=*/true).to(torch::kUInt8);
     const torch::Tensor pairs = codes.view({-1, 2});
     const torch::Tensor bytes =
         torch::bitwise_or(torch::bitwise_left_shift(pairs.select(1, 0), 4), pairs.select(1, 1));
-    q.data.slice(0, first_byte, first_byte + bytes.numel()).copy_(bytes);
+    data.slice(0, first_byte, first_byte + bytes.numel()).copy_(bytes);
   };
-
-  for (int64_t start = 0; start < full_blocks * blocksize; start += kQuantizeSliceElems) {
-    const int64_t end = std::min(start + kQuantizeSliceElems, full_blocks * blocksize);
+  for (int64_t start = 0; start < full_elems; start += kQuantizeSliceElems) {
+    const int64_t end = std::min(start + kQuantizeSliceElems, full_elems);
     const torch::Tensor x = flat.slice(0, start, end).to(torch::kFloat32).view({-1, blocksize});
     const torch::Tensor am = x.abs().amax(1);
     absmax.slice(0, start / blocksize, end / blocksize).copy_(am);
+    if (!data.defined()) continue;
     // bitsandbytes: A * (1.0 / absmax.clamp(min=1e-38)); 1.0 / t is t.reciprocal() in torch.
     const torch::Tensor scaled =
         (x * am.clamp_min(1e-38).reciprocal().unsqueeze(1)).clamp(-1.0, 1.0).view({-1});
     pack(scaled, start / 2);
   }
-  if (full_blocks < blocks) {
+  if (ends_partial) {
     // The trailing partial block: bitsandbytes divides by its (clamped) absmax and stores the
     // clamped value; an odd count pads with 0, whose code is that of 0.0.
-    const int64_t start = full_blocks * blocksize;
-    const torch::Tensor x = flat.slice(0, start).to(torch::kFloat32);
+    const torch::Tensor x = flat.slice(0, full_elems).to(torch::kFloat32);
     const torch::Tensor am = x.abs().max().clamp_min(1e-38);
-    absmax.slice(0, full_blocks).fill_(am);
+    absmax.slice(0, full_elems / blocksize).fill_(am);
     torch::Tensor scaled = (x / am).clamp(-1.0, 1.0);
     if (scaled.numel() % 2 != 0) scaled = torch::constant_pad_nd(scaled, {0, 1}, 0);
-    pack(scaled, start / 2);
+    pack(scaled, full_elems / 2);
   }
+}
 
-  // Double quantization of the absmax values.
+// Double quantization of every block's absmax (the whole weight's).
+Nf4AbsmaxState DoubleQuantize(const torch::Tensor& absmax) {
   const torch::Tensor offset = absmax.mean();
   auto [codes, scales] = QuantizeDynamic8(absmax - offset, kNf4AbsmaxBlocksize);
-  q.absmax_code = codes.contiguous();
-  q.absmax_scale = scales.contiguous();
-  q.absmax_offset = offset.item<float>();
+  return {codes.contiguous(), scales.contiguous(), offset.item<float>()};
+}
+
+torch::TensorOptions On(const torch::Device& device, torch::ScalarType dtype) {
+  return torch::TensorOptions().dtype(dtype).device(device);
+}
+
+}  // namespace
+
+absl::StatusOr<Nf4Tensor> QuantizeNf4(const torch::Tensor& weight, int64_t blocksize) {
+  if (auto s = CheckBlocksize(blocksize); !s.ok()) return s;
+  if (auto s = CheckQuantizable(weight); !s.ok()) return s;
+  torch::NoGradGuard no_grad;
+  const torch::Tensor flat = weight.detach().reshape({-1});
+  const int64_t n = flat.numel();
+  Nf4Tensor q;
+  q.shape = weight.sizes().vec();
+  q.blocksize = blocksize;
+  q.data = torch::empty({(n + 1) / 2}, On(flat.device(), torch::kUInt8));
+  const torch::Tensor absmax =
+      torch::empty({(n + blocksize - 1) / blocksize}, On(flat.device(), torch::kFloat32));
+  QuantizeBlocks(flat, 0, n, blocksize, absmax, q.data);
+  Nf4AbsmaxState state = DoubleQuantize(absmax);
+  q.absmax_code = std::move(state.absmax_code);
+  q.absmax_scale = std::move(state.absmax_scale);
+  q.absmax_offset = state.absmax_offset;
   return q;
+}
+
+absl::StatusOr<Nf4AbsmaxState> QuantizeNf4Absmax(const torch::Tensor& weight, int64_t blocksize) {
+  if (auto s = CheckBlocksize(blocksize); !s.ok()) return s;
+  if (auto s = CheckQuantizable(weight); !s.ok()) return s;
+  torch::NoGradGuard no_grad;
+  const torch::Tensor flat = weight.detach().reshape({-1});
+  const torch::Tensor absmax = torch::empty({(flat.numel() + blocksize - 1) / blocksize},
+                                            On(flat.device(), torch::kFloat32));
+  QuantizeBlocks(flat, 0, flat.numel(), blocksize, absmax, torch::Tensor());
+  return DoubleQuantize(absmax);
+}
+
+absl::StatusOr<torch::Tensor> QuantizeNf4Blocks(const torch::Tensor& values, int64_t first_block,
+                                                int64_t numel, int64_t blocksize) {
+  if (auto s = CheckBlocksize(blocksize); !s.ok()) return s;
+  if (auto s = CheckQuantizable(values); !s.ok()) return s;
+  const int64_t first = first_block * blocksize;
+  const int64_t n = values.numel();
+  if (first_block < 0 || first + n > numel || (first + n != numel && n % blocksize != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "elements [", first, ", ", first + n, ") of a weight of ", numel,
+        " are not whole blocks of ", blocksize, " (or the weight's last ones)"));
+  }
+  torch::NoGradGuard no_grad;
+  const torch::Tensor flat = values.detach().reshape({-1});
+  const torch::Tensor data = torch::empty({(n + 1) / 2}, On(flat.device(), torch::kUInt8));
+  const torch::Tensor absmax =
+      torch::empty({(n + blocksize - 1) / blocksize}, On(flat.device(), torch::kFloat32));
+  QuantizeBlocks(flat, first, numel, blocksize, absmax, data);
+  return data;
 }
 
 torch::Tensor DequantizeAbsmax(const Nf4Tensor& q) {

@@ -53,6 +53,23 @@ const torch::Tensor& DynamicMap8Bit();
 // of two, bitsandbytes' range) or non-finite values.
 absl::StatusOr<Nf4Tensor> QuantizeNf4(const torch::Tensor& weight, int64_t blocksize = 64);
 
+// [Sharded NF4 loading] QuantizeNf4 in parts, bit for bit its result (on the same device), so a
+// rank can quantize only the bytes it stores. A data byte depends only on its 64-element block;
+// the absmax codes and scales on every block's absmax (their mean is the offset).
+struct Nf4AbsmaxState {
+  torch::Tensor absmax_code;   // as Nf4Tensor's
+  torch::Tensor absmax_scale;  // as Nf4Tensor's
+  float absmax_offset = 0;
+};
+// The double-quantized absmax of the whole `weight` (its data is not packed).
+absl::StatusOr<Nf4AbsmaxState> QuantizeNf4Absmax(const torch::Tensor& weight,
+                                                 int64_t blocksize = 64);
+// The data bytes of elements [first_block * blocksize, + values.numel()) of a weight of `numel`
+// elements, given those elements: whole blocks, or the weight's last ones (the bytes of
+// QuantizeNf4(weight).data from first_block * blocksize / 2 on). INVALID_ARGUMENT otherwise.
+absl::StatusOr<torch::Tensor> QuantizeNf4Blocks(const torch::Tensor& values, int64_t first_block,
+                                                int64_t numel, int64_t blocksize = 64);
+
 // The weight back in `out_dtype` (fp32, bf16 or fp16), shaped q.shape, on q's device: the CUDA
 // kernel on a CUDA device when it was built (Nf4CudaKernelBuilt()), LibTorch ops otherwise. Both
 // give the same bits. Preconditions: q is what QuantizeNf4 made (ValidateNf4 passes).

@@ -270,6 +270,44 @@ TEST(Nf4Test, LargeWeightSpansSeveralPasses) {
   ExpectEqualsReference(TestWeight(1100, 4000, torch::kBFloat16, 8), 64);
 }
 
+// [Sharded NF4 loading] The absmax state of the whole weight and the data of any run of whole
+// blocks (or the last ones) are the bytes of QuantizeNf4's result.
+TEST(Nf4Test, PartsEqualTheWholeQuantization) {
+  struct Case {
+    int64_t rows, cols, blocksize;
+  };
+  for (const Case& c : {Case{96, 640, 64}, Case{37, 301, 64}, Case{7, 9, 64}, Case{1100, 4000, 64},
+                        Case{64, 256, 128}}) {
+    SCOPED_TRACE(testing::Message() << c.rows << "x" << c.cols << " / " << c.blocksize);
+    const torch::Tensor w = TestWeight(c.rows, c.cols, torch::kBFloat16, 21);
+    absl::StatusOr<Nf4Tensor> whole = QuantizeNf4(w, c.blocksize);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    absl::StatusOr<Nf4AbsmaxState> state = QuantizeNf4Absmax(w, c.blocksize);
+    ASSERT_TRUE(state.ok()) << state.status();
+    EXPECT_TRUE(torch::equal(state->absmax_code, whole->absmax_code));
+    EXPECT_TRUE(torch::equal(state->absmax_scale, whole->absmax_scale));
+    EXPECT_EQ(std::memcmp(&state->absmax_offset, &whole->absmax_offset, sizeof(float)), 0);
+    const int64_t n = w.numel(), blocks = whole->n_blocks();
+    const torch::Tensor flat = w.reshape({-1});
+    for (const auto& [b0, b1] : {std::pair<int64_t, int64_t>{0, blocks}, {0, 1}, {1, blocks},
+                                 {blocks / 3, 2 * blocks / 3 + 1}, {blocks - 1, blocks}}) {
+      if (b0 >= b1) continue;
+      const int64_t e0 = b0 * c.blocksize, e1 = std::min(b1 * c.blocksize, n);
+      absl::StatusOr<torch::Tensor> data =
+          QuantizeNf4Blocks(flat.slice(0, e0, e1), b0, n, c.blocksize);
+      ASSERT_TRUE(data.ok()) << data.status();
+      EXPECT_TRUE(torch::equal(*data, whole->data.slice(0, e0 / 2, (e1 + 1) / 2)))
+          << "blocks [" << b0 << ", " << b1 << ")";
+    }
+  }
+  // Not whole blocks, and not the weight's last elements.
+  const torch::Tensor w = torch::ones({200});
+  EXPECT_EQ(QuantizeNf4Blocks(w.slice(0, 0, 100), 0, 200).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(QuantizeNf4Blocks(w.slice(0, 0, 40), 1, 200).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(Nf4Test, ZeroBlocksDequantizeToZero) {
   const torch::Tensor w = torch::zeros({4, 64});
   absl::StatusOr<Nf4Tensor> q = QuantizeNf4(w);
