@@ -128,7 +128,7 @@ Several ranks (torchrun --nproc-per-node N --no-python memplan-agent train ...):
   --resume reads any world size's checkpoint, each rank only the ranges it stores.
   For comparisons: MEMPLAN_NCCL_HIGH_PRIORITY=0 (normal-priority NCCL streams) and
   MEMPLAN_COALESCE_GATHERS=0 (one all-gather per chunk instead of one per hook); both default 1.
-  Not yet with --memory-timeline, --profile.
+  --memory-timeline FILE: rank 0 writes FILE, rank R > 0 FILE.rank-R. Not yet with --profile.
 )";
 }
 

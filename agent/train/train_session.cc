@@ -190,7 +190,6 @@ absl::Status CheckDistributedFlags(const TrainConfig& c, const PlannerLoopOption
   if (world_size == 1) return absl::OkStatus();
   const std::string why =
       absl::StrCat(" is not supported with world size ", world_size, " (WORLD_SIZE) yet");
-  if (!c.memory_timeline.empty()) return absl::UnimplementedError("--memory-timeline" + why);
   if (loop.profile) return absl::UnimplementedError("--profile" + why);
   return absl::OkStatus();
 }
@@ -256,6 +255,11 @@ absl::Status TrainSession::Run() {
   }
   WriteTimelineOnExit();
   return status;
+}
+
+std::string TrainSession::TimelinePath() const {
+  if (dist_.rank == 0) return config_.memory_timeline;
+  return absl::StrCat(config_.memory_timeline, ".rank-", dist_.rank);
 }
 
 // [Nothing to resume] --steps counts optimizer steps in all (a resumed run continues up to it), so
@@ -888,9 +892,9 @@ void TrainSession::ObserveStep(StepStats& stats) {
 absl::Status TrainSession::Finish() {
   if (timeline_ != nullptr) {
     timeline_written_ = true;
-    RETURN_IF_ERROR(timeline_->WriteTsv(config_.memory_timeline));
+    RETURN_IF_ERROR(timeline_->WriteTsv(TimelinePath()));
     std::printf("memory timeline of steps 1-%lld: %s (%zu events)\n",
-                static_cast<long long>(trainer_->step()), config_.memory_timeline.c_str(),
+                static_cast<long long>(trainer_->step()), TimelinePath().c_str(),
                 timeline_->events().size());
     if (device_.is_cuda()) {
       for (absl::string_view line :

@@ -97,6 +97,9 @@ class TrainSession {
   absl::Status Summarize();
   void WriteTimelineOnExit();
 
+  // --memory-timeline FILE: rank 0 writes FILE, rank R > 0 of several writes FILE.rank-R.
+  std::string TimelinePath() const;
+
   const TrainConfig config_;
   const PlannerLoopOptions loop_;
   const DistOptions dist_;

@@ -221,7 +221,7 @@ void TrainSession::WriteTimelineOnExit() {
   // Finish() writes the timeline after the last step; a run that stopped before it still leaves
   // its curve, and a failure to write it must not hide the status that ended the run.
   if (timeline_ == nullptr || timeline_written_) return;
-  if (absl::Status s = timeline_->WriteTsv(config_.memory_timeline); !s.ok()) {
+  if (absl::Status s = timeline_->WriteTsv(TimelinePath()); !s.ok()) {
     MEMPLAN_LOG(kError, "memory timeline not written").Field("error", s.ToString());
   }
 }

@@ -17,6 +17,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -94,6 +95,11 @@ Exit Wait(const testing::Child& child) {
   return r;
 }
 
+std::vector<std::string> With(std::vector<std::string> args, const std::vector<std::string>& more) {
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
 TEST(TrainDistributedTest, TwoRanksTrainLikeOneProcessOnTheWholeBatch) {
   const std::string base = absl::StrCat(::testing::TempDir(), "/train_distributed_", getpid());
   const Exit single = Wait(testing::Spawn(TrainArgs(4), {}, base + ".single"));
@@ -104,9 +110,10 @@ TEST(TrainDistributedTest, TwoRanksTrainLikeOneProcessOnTheWholeBatch) {
   const int port = testing::FreeLoopbackPort();
   ASSERT_GT(port, 0);
   std::vector<testing::Child> ranks;
+  const std::string timeline = base + ".timeline.tsv";
   for (int r = 0; r < 2; ++r) {
     ranks.push_back(testing::Spawn(
-        TrainArgs(2),
+        With(TrainArgs(2), {"--memory-timeline", timeline}),
         {"WORLD_SIZE=2", absl::StrCat("RANK=", r), absl::StrCat("LOCAL_RANK=", r),
          "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", port)},
         absl::StrCat(base, ".rank", r)));
@@ -127,6 +134,13 @@ TEST(TrainDistributedTest, TwoRanksTrainLikeOneProcessOnTheWholeBatch) {
   }
   // The loss moved: a run that did not train would also "agree".
   EXPECT_GT(std::abs(expected[2] - expected[0]), 1e-3);
+  // --memory-timeline: each rank writes its own file (rank 0 the name given), three steps each.
+  for (const std::string& path : {timeline, timeline + ".rank-1"}) {
+    const std::string tsv = testing::ReadFile(path);
+    EXPECT_TRUE(absl::StartsWith(tsv, "step\tevent\tgroup\t")) << path << ":\n" << tsv;
+    EXPECT_THAT(tsv, HasSubstr("\n3\t")) << path;
+    std::remove(path.c_str());
+  }
 }
 
 // Runs `args` as world_size ranks at once on a fresh loopback port; returns every rank's stderr,
@@ -162,11 +176,6 @@ std::vector<std::string> RunEveryRank(const std::vector<std::string>& args, int 
 std::string RunRanks(const std::vector<std::string>& args, int world_size,
                      const std::string& base) {
   return RunEveryRank(args, world_size, base)[0];
-}
-
-std::vector<std::string> With(std::vector<std::string> args, const std::vector<std::string>& more) {
-  args.insert(args.end(), more.begin(), more.end());
-  return args;
 }
 
 // The resume matrix on a global batch of 6 rows: 2 ranks x 3 rows save after 2 steps and
@@ -409,15 +418,13 @@ TEST(TrainDistributedTest, ShardedLoadingReadsOnlyEachRanksPartOfTheCheckpoint) 
 TEST(TrainDistributedTest, WhatSeveralRanksDoNotRunYetIsRefusedNamingTheFlag) {
   const std::string base = absl::StrCat(::testing::TempDir(), "/train_distributed_bad_", getpid());
   std::vector<std::string> args = TrainArgs(2);
-  args.push_back("--memory-timeline");
-  args.push_back(base + ".tsv");
+  for (const char* flag : {"--planner", "127.0.0.1:1", "--profile"}) args.push_back(flag);
   const Exit run = Wait(testing::Spawn(
       args, {"WORLD_SIZE=2", "RANK=1", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=1"}, base));
   ASSERT_TRUE(WIFEXITED(run.status));
   EXPECT_EQ(WEXITSTATUS(run.status), 1);
-  EXPECT_THAT(
-      run.err,
-      HasSubstr("rank 1: UNIMPLEMENTED: --memory-timeline is not supported with world size 2"));
+  EXPECT_THAT(run.err,
+              HasSubstr("rank 1: UNIMPLEMENTED: --profile is not supported with world size 2"));
   const Exit bad_env = Wait(testing::Spawn(TrainArgs(2), {"WORLD_SIZE=2"}, base + ".env"));
   ASSERT_TRUE(WIFEXITED(bad_env.status));
   EXPECT_EQ(WEXITSTATUS(bad_env.status), 2);
