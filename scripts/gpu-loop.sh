@@ -49,8 +49,7 @@ for cfg in "${workloads[@]}"; do
   for ((k = 6; k <= $#; k++)); do
     if [[ ${!k} == --ranks ]]; then k=$((k + 1)); n_ranks=${!k}; else own+=("${!k}"); fi
   done
-  timeline=(--memory-timeline "$out/timeline-$i.tsv")
-  ((n_ranks > 1)) && timeline=()  # one file per run; the ranks would write it at once
+  timeline=(--memory-timeline "$out/timeline-$i.tsv")  # rank R > 0 of several: .rank-R
   if [[ -n ${5:-} && ${5:-} != - ]]; then
     python3 "$(dirname "$0")/cut-profile.py" "$out/hw.json" "$out/hw-$i.json" "$hw-cut-$i" "$5"
     profile_id=$("$build/planner/cli/memplan" --planner "$addr" --json hardware submit "$out/hw-$i.json" \
