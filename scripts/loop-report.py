@@ -154,7 +154,8 @@ def print_summary(peak_errors, step_errors, ooms, planned):
                 f"p90 {q(0.9):+.1f} %, max {v[-1]:+.1f} %")
 
     print()
-    print(f"workloads planned: {planned}; measured: {len(peak_errors)}; OOM: {ooms}")
+    print(f"workloads planned: {planned}; measured: {len(peak_errors)}; OOM: {ooms}; "
+          f"stopped unmeasured: {planned - len(peak_errors) - ooms}")
     print(f"peak (reserved) error: {spread(peak_errors)}")
     print(f"  within ±5 %: {share(peak_errors, lambda e: abs(e) <= 5)}; "
           f"within ±3 %: {share(peak_errors, lambda e: abs(e) <= 3)}; "
@@ -207,9 +208,11 @@ def main():
         if cat == ("full", "adamw", "1 rank(s)", "clip"):
             name = req.get("arch", {}).get("name", "?")
         if not m or m.get("oom"):
+            # No measurement at all: the run stopped after the plan (a time limit, a crash).
+            what = "OOM" if m else f"not measured: {last_error(f'{out}/run-{i}.txt')}"
             print(f"| {i} | {name} | {w.get('micro_batch')}×{w.get('seq_len')} | {margin:.2f} | "
-                  f"{knobs(resp['plan'])} | | | OOM | | | |")
-            ooms += 1
+                  f"{knobs(resp['plan'])} | | | {what} | | | |")
+            ooms += 1 if m else 0
             continue
         pred_res, raw = reserved_part(resp["prediction"])
         reserved = int(m["peak_reserved_bytes"])
