@@ -25,6 +25,39 @@ std::string MoeExpertName(const ModelSpec& m, int64_t layer, int64_t expert, Moe
                       expert, ".", proj, ".weight");
 }
 
+std::vector<ParamShape> VisionParamShapes(const ModelSpec& m) {
+  std::vector<ParamShape> out;
+  if (!m.IsVisionLanguage()) return out;
+  const VisionSpec& v = m.vision;
+  const int64_t h = v.hidden_size;
+  const int64_t ffn = v.intermediate_size;
+  const int64_t merged = h * v.spatial_merge_size * v.spatial_merge_size;
+  out.push_back({"visual.patch_embed.proj.weight",
+                 {h, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size},
+                 0});
+  for (int64_t b = 0; b < v.depth; ++b) {
+    const std::string p = absl::StrCat("visual.blocks.", b, ".");
+    out.push_back({p + "norm1.weight", {h}, 0});
+    out.push_back({p + "norm2.weight", {h}, 0});
+    out.push_back({p + "attn.qkv.weight", {3 * h, h}, 0});
+    out.push_back({p + "attn.qkv.bias", {3 * h}, 0});
+    out.push_back({p + "attn.proj.weight", {h, h}, 0});
+    out.push_back({p + "attn.proj.bias", {h}, 0});
+    out.push_back({p + "mlp.gate_proj.weight", {ffn, h}, 0});
+    out.push_back({p + "mlp.gate_proj.bias", {ffn}, 0});
+    out.push_back({p + "mlp.up_proj.weight", {ffn, h}, 0});
+    out.push_back({p + "mlp.up_proj.bias", {ffn}, 0});
+    out.push_back({p + "mlp.down_proj.weight", {h, ffn}, 0});
+    out.push_back({p + "mlp.down_proj.bias", {h}, 0});
+  }
+  out.push_back({"visual.merger.ln_q.weight", {h}, 0});
+  out.push_back({"visual.merger.mlp.0.weight", {merged, merged}, 0});
+  out.push_back({"visual.merger.mlp.0.bias", {merged}, 0});
+  out.push_back({"visual.merger.mlp.2.weight", {v.out_hidden_size, merged}, 0});
+  out.push_back({"visual.merger.mlp.2.bias", {v.out_hidden_size}, 0});
+  return out;
+}
+
 // See [Parameter order] in the header.
 std::vector<ParamShape> HfParamShapes(const ModelSpec& m) {
   const int64_t h = m.hidden_size;
@@ -35,6 +68,7 @@ std::vector<ParamShape> HfParamShapes(const ModelSpec& m) {
   const int head_group = static_cast<int>(m.num_layers) + 1;
   std::vector<ParamShape> out;
   out.push_back({"model.embed_tokens.weight", {m.vocab_size, h}, 0});
+  for (ParamShape& p : VisionParamShapes(m)) out.push_back(std::move(p));
   for (int64_t i = 0; i < m.num_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
     const int g = static_cast<int>(i) + 1;

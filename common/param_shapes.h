@@ -28,8 +28,16 @@ struct ParamShape {
 // post_attention_layernorm. A sparse (mixture-of-experts) layer lists, in place of mlp gate, up,
 // down, its router and then each expert in index order with its gate, up, down: the names of the
 // checkpoints on disk (MoeRouterName, MoeExpertName), which transformers 5 fuses into 3-D tensors
-// in memory only. Changing it changes every chunk layout and plan fingerprint.
+// in memory only. A vision-language model lists its vision tower (VisionParamShapes) in group 0,
+// after the embedding, as transformers runs it after the token embedding. Changing it changes
+// every chunk layout and plan fingerprint.
 std::vector<ParamShape> HfParamShapes(const ModelSpec& model);
+
+// The vision tower's parameters (empty without one), Hugging Face's names and order:
+// "visual.patch_embed.proj.weight" [hidden, channels, temporal_patch, patch, patch]; per block
+// norm1, norm2, attn.qkv (weight, bias), attn.proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj
+// (each weight then bias); merger ln_q, mlp.0, mlp.2.
+std::vector<ParamShape> VisionParamShapes(const ModelSpec& model);
 
 // Checkpoint names of a sparse layer's router and of one expert's projections:
 // "model.layers.<l>.mlp.gate.weight", "model.layers.<l>.mlp.experts.<e>.<gate|up|down>_proj.weight"

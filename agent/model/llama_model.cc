@@ -12,12 +12,15 @@
 #include <unordered_set>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "agent/blocks/activation_offloader.h"
 #include "agent/blocks/group_runner.h"
 #include "agent/model/attention.h"
+#include "agent/model/layers.h"
 #include "agent/model/moe.h"
+#include "agent/model/mrope.h"
 #include "agent/model/sequence_tiling.h"
 #include "agent/quant/nf4_linear.h"
 #include "common/head_chunking.h"
@@ -106,49 +109,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-torch::ScalarType ToScalarType(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return torch::kFloat32;
-    case DType::kBFloat16:
-      return torch::kBFloat16;
-    case DType::kFloat16:
-      return torch::kFloat16;
-  }
-  return torch::kFloat32;
-}
-
-// y = x·wᵀ + b as an autograd Function that saves the weight itself rather than the view w.t()
-// that aten::linear saves. A saved view pins the storage the weight had in forward; parameters
-// whose storage a chunk manager swaps (ParamResidency) must be read through the parameter, which
-// then holds whatever storage PreBackward gave it.
-class LinearFunction : public torch::autograd::Function<LinearFunction> {
- public:
-  // `b` is optional because custom Functions require every Tensor argument to be defined.
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
-                               const std::optional<torch::Tensor>& b) {
-    ctx->save_for_backward({x, w});
-    ctx->saved_data["has_bias"] = b.has_value();
-    const torch::Tensor x2 = x.reshape({-1, x.size(-1)});
-    const torch::Tensor y2 = b.has_value() ? at::addmm(*b, x2, w.t()) : at::mm(x2, w.t());
-    std::vector<int64_t> sizes = x.sizes().vec();
-    sizes.back() = w.size(0);
-    return y2.view(sizes);
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();
-    const torch::Tensor& x = saved[0];
-    const torch::Tensor& w = saved[1];
-    const torch::Tensor g2 = grads[0].reshape({-1, w.size(0)});
-    torch::Tensor gx, gw, gb;
-    if (ctx->needs_input_grad(0)) gx = g2.mm(w).view(x.sizes());
-    if (ctx->needs_input_grad(1)) gw = g2.t().mm(x.reshape({-1, x.size(-1)}));
-    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) gb = g2.sum(0);
-    return {gx, gw, gb};
-  }
-};
-
 // [Chunked head] (common/head_chunking.h): the LM head and cross-entropy over `rows` tokens at a
 // time. Forward computes the mean loss and, while each chunk's logits exist, the gradients of the
 // loss with respect to the head's input and weight (softmax minus one-hot, divided by the count of
@@ -222,25 +182,6 @@ class ChunkedHeadLossFunction : public torch::autograd::Function<ChunkedHeadLoss
     return {gx, gw, torch::Tensor(), torch::Tensor()};
   }
 };
-
-torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w,
-                     const torch::Tensor& b = torch::Tensor()) {
-  if (!b.defined()) return LinearFunction::apply(x, w, std::nullopt);
-  return LinearFunction::apply(x, w, std::optional<torch::Tensor>(b));
-}
-
-// Hugging Face LlamaRMSNorm: normalise in fp32, cast back, then scale.
-torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  const torch::Tensor x32 = x.to(torch::kFloat32);
-  const torch::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
-  const torch::Tensor normed = x32 * torch::rsqrt(variance + eps);
-  return weight * normed.to(x.scalar_type());
-}
-
-torch::Tensor RotateHalf(const torch::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return torch::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
-}
 
 // A leaf with the parameter's current storage: the tied head and the embedding each get one so
 // that their gradients can be summed before they reach the parameter (see [Tied head gradient]).
@@ -363,6 +304,21 @@ void LlamaModel::InitParams() {
   }
   ones(&norm_, {s.hidden_size});
   if (!s.tie_word_embeddings) normal(&lm_head_, {s.vocab_size, s.hidden_size});
+  if (s.IsVisionLanguage()) {
+    // Drawn after the language model's parameters, which so draw as the text model's do.
+    vision_ = std::make_unique<VisionParams>(VisionParams::Shaped(s));
+    for (size_t t = 0; t < vision_->tensors.size(); ++t) {
+      const std::vector<int64_t>& shape = vision_->shapes[t];
+      const bool bias = absl::EndsWith(vision_->names[t], ".bias");
+      if (shape.size() > 1) {
+        normal(&vision_->tensors[t], shape);
+      } else if (bias) {
+        zeros(&vision_->tensors[t], shape);
+      } else {
+        ones(&vision_->tensors[t], shape);
+      }
+    }
+  }
 
   // [QLoRA] Each projection weight is quantized as soon as it is drawn (in the model dtype, as a
   // bf16 checkpoint holds it), so the host never holds the unquantized base.
@@ -598,6 +554,9 @@ void LlamaModel::InitAdapters() {
 memplan::ParamGroups LlamaModel::ParamGroups() const {
   std::unordered_map<std::string, torch::Tensor> by_name;
   by_name.emplace("model.embed_tokens.weight", embed_tokens_);
+  if (vision_) {
+    for (NamedParam& p : vision_->Named()) by_name.emplace(std::move(p.name), std::move(p.param));
+  }
   for (const auto& b : blocks_) {
     for (NamedParam& p : b->Named()) by_name.emplace(std::move(p.name), std::move(p.param));
   }
@@ -673,7 +632,7 @@ double YarnMscale(double scale, double mscale) {
 
 }  // namespace
 
-LlamaModel::Rope LlamaModel::MakeRope(int64_t seq_len) const {
+LlamaModel::Rope LlamaModel::MakeRope(int64_t seq_len, const torch::Tensor& mrope_positions) const {
   const ModelSpec& s = options_.spec;
   const RopeScaling& r = s.rope_scaling;
   const int64_t d = s.HeadDim();
@@ -748,9 +707,14 @@ LlamaModel::Rope LlamaModel::MakeRope(int64_t seq_len) const {
       inv_freq = torch::where(medium, smoothed, scaled);
     }
   }
-  const torch::Tensor positions =
-      torch::arange(seq_len, i64.device(options_.device)).to(torch::kFloat32);
-  const torch::Tensor freqs = positions.unsqueeze(1) * inv_freq.to(options_.device);
+  torch::Tensor freqs;
+  if (mrope_positions.defined()) {
+    freqs = MropeAngles(mrope_positions.to(options_.device), inv_freq, s.mrope_section).unsqueeze(1);
+  } else {
+    const torch::Tensor positions =
+        torch::arange(seq_len, i64.device(options_.device)).to(torch::kFloat32);
+    freqs = positions.unsqueeze(1) * inv_freq.to(options_.device);
+  }
   const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
   const auto dtype = ToScalarType(options_.dtype);
   return Rope{(emb.cos() * attention_scaling).to(dtype), (emb.sin() * attention_scaling).to(dtype)};
@@ -762,6 +726,30 @@ absl::Status LlamaModel::CheckSequenceLength(int64_t seq_len) const {
 
 torch::Tensor LlamaModel::Embed(const torch::Tensor& input_ids, const torch::Tensor& weight) const {
   return at::embedding(weight, input_ids);
+}
+
+// [Vision-language inputs] transformers' order: the token embeddings, then the vision tower, whose
+// merged patches replace the embeddings of the image tokens (masked_scatter, row-major), and
+// M-RoPE positions computed from the same ids and grids (MropePositions checks that they agree).
+LlamaModel::Rope LlamaModel::InputRope(const torch::Tensor& input_ids,
+                                       const VisionInputs& images) const {
+  TORCH_CHECK(vision_ || images.num_images() == 0, "images given to ", options_.spec.family,
+              ", which has no vision tower");
+  if (!vision_) return MakeRope(input_ids.size(1));
+  absl::StatusOr<torch::Tensor> positions =
+      MropePositions(options_.spec, input_ids, images.image_grid_thw);
+  TORCH_CHECK(positions.ok(), positions.status().ToString());
+  return MakeRope(input_ids.size(1), *positions);
+}
+
+torch::Tensor LlamaModel::EmbedInputs(const torch::Tensor& input_ids, const torch::Tensor& weight,
+                                      const VisionInputs& images) const {
+  const torch::Tensor embeds = Embed(input_ids, weight);
+  if (!vision_ || images.num_images() == 0) return embeds;
+  const torch::Tensor features =
+      VisionTowerForward(options_.spec, *vision_, images).to(embeds.scalar_type());
+  const torch::Tensor mask = (input_ids == options_.spec.image_token_id).unsqueeze(-1);
+  return embeds.masked_scatter(mask, features);
 }
 
 torch::Tensor LlamaModel::Block(const BlockParams& p, const torch::Tensor& hidden,
@@ -843,28 +831,29 @@ torch::Tensor LlamaModel::HeadLoss(const torch::Tensor& hidden, const torch::Ten
                                 /*label_smoothing=*/0.0);
 }
 
-torch::Tensor LlamaModel::Logits(const torch::Tensor& input_ids) {
+torch::Tensor LlamaModel::Logits(const torch::Tensor& input_ids, const VisionInputs& images) {
   TORCH_CHECK(input_ids.dim() == 2, "Logits: input_ids must be [batch, seq]");
   const absl::Status seq_ok = CheckSequenceLength(input_ids.size(1));
   TORCH_CHECK(seq_ok.ok(), seq_ok.ToString());
-  const Rope rope = MakeRope(input_ids.size(1));
-  torch::Tensor h = Embed(input_ids, embed_tokens_);
+  const Rope rope = InputRope(input_ids, images);
+  torch::Tensor h = EmbedInputs(input_ids, embed_tokens_, images);
   for (const auto& b : blocks_) h = Block(*b, h, rope, /*train=*/false);
   return Linear(RmsNorm(h, norm_, options_.spec.rms_norm_eps),
                 lm_head_.defined() ? lm_head_ : embed_tokens_);
 }
 
-torch::Tensor LlamaModel::Loss(const torch::Tensor& input_ids, const torch::Tensor& targets) {
+torch::Tensor LlamaModel::Loss(const torch::Tensor& input_ids, const torch::Tensor& targets,
+                               const VisionInputs& images) {
   TORCH_CHECK(input_ids.dim() == 2 && targets.sizes() == input_ids.sizes(),
               "Loss: input_ids and targets must be [batch, seq] of the same shape");
   const absl::Status seq_ok = CheckSequenceLength(input_ids.size(1));
   TORCH_CHECK(seq_ok.ok(), seq_ok.ToString());
-  const Rope rope = MakeRope(input_ids.size(1));
+  const Rope rope = InputRope(input_ids, images);
   // [Router load balance] (agent/model/moe.h)
   std::optional<MoeRouterLoss> router_loss;
   if (options_.spec.HasRouterAuxLoss()) router_loss.emplace(options_.spec);
   MoeRouterLoss* aux = router_loss ? &*router_loss : nullptr;
-  torch::Tensor h = Embed(input_ids, embed_tokens_);
+  torch::Tensor h = EmbedInputs(input_ids, embed_tokens_, images);
   for (const auto& b : blocks_) h = Block(*b, h, rope, /*train=*/true, aux);
   const torch::Tensor loss = HeadLoss(h, targets, lm_head_.defined() ? lm_head_ : embed_tokens_);
   return aux != nullptr ? aux->AddTo(loss) : loss;
@@ -877,7 +866,7 @@ torch::Tensor LlamaModel::Loss(const torch::Tensor& input_ids, const torch::Tens
 // backward adds h + e to the parameter's .grad itself.
 torch::Tensor LlamaModel::Loss(const torch::Tensor& input_ids, const torch::Tensor& targets,
                                const BlockModes& modes, ParamResidency* residency,
-                               ActivationOffloader* offloader) {
+                               ActivationOffloader* offloader, const VisionInputs& images) {
   TORCH_CHECK(input_ids.dim() == 2 && targets.sizes() == input_ids.sizes(),
               "Loss: input_ids and targets must be [batch, seq] of the same shape");
   const absl::Status seq_ok = CheckSequenceLength(input_ids.size(1));
@@ -899,7 +888,7 @@ torch::Tensor LlamaModel::Loss(const torch::Tensor& input_ids, const torch::Tens
     offloader = default_offloader_.get();
   }
   const GroupRunnerOptions run{residency, offloader};
-  const Rope rope = MakeRope(input_ids.size(1));
+  const Rope rope = InputRope(input_ids, images);
   // [Router load balance] (agent/model/moe.h): every block records its routing, recomputes too.
   std::shared_ptr<MoeRouterLoss> router_loss;
   if (options_.spec.HasRouterAuxLoss()) router_loss = std::make_shared<MoeRouterLoss>(options_.spec);
@@ -914,10 +903,10 @@ torch::Tensor LlamaModel::Loss(const torch::Tensor& input_ids, const torch::Tens
 
   GroupSpec embed;
   embed.group = 0;
-  embed.body = [this, tied, tied_state](const torch::Tensor& ids) {
-    if (!tied) return Embed(ids, embed_tokens_);
+  embed.body = [this, tied, tied_state, images](const torch::Tensor& ids) {
+    if (!tied) return EmbedInputs(ids, embed_tokens_, images);
     tied_state->embed_alias = Alias(embed_tokens_);
-    return Embed(ids, tied_state->embed_alias);
+    return EmbedInputs(ids, tied_state->embed_alias, images);
   };
   if (tied) {
     embed.before_backward = [this, tied_state] {

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "agent/core/torch_pch.h"
 #include "agent/model/lora_options.h"
+#include "agent/model/vision_tower.h"
 #include "agent/core/param_residency.h"
 #include "agent/quant/nf4.h"
 #include "common/types.h"
@@ -112,9 +113,11 @@ class LlamaModel {
   // batcher makes them and as Hugging Face's `shift_labels` takes them (HF's `labels` = input_ids
   // corresponds to targets[t] = input_ids[t + 1], -100 at the end). input_ids/targets: int64
   // [batch, seq] on the device. Throws for a sequence that CheckSequenceLength refuses.
-  torch::Tensor Loss(const torch::Tensor& input_ids, const torch::Tensor& targets);
+  // [Vision-language inputs] `images`: the micro-batch's images, for a model with a vision tower.
+  torch::Tensor Loss(const torch::Tensor& input_ids, const torch::Tensor& targets,
+                     const VisionInputs& images = {});
   // Plain autograd forward to the LM head's output, [batch, seq, vocab] in the model dtype.
-  torch::Tensor Logits(const torch::Tensor& input_ids);
+  torch::Tensor Logits(const torch::Tensor& input_ids, const VisionInputs& images = {});
   // INVALID_ARGUMENT for a sequence length out of range or a sliding window out of range (naming
   // config.json's "sliding_window"); sequences beyond the window are computed exactly.
   absl::Status CheckSequenceLength(int64_t seq_len) const;
@@ -122,9 +125,10 @@ class LlamaModel {
   // given per-block modes; `residency` (may be null) is told when each group runs. SWAP and
   // HS_OFFLOAD need `offloader` (a default one for the model's device is created if null).
   // Gives bit-identical loss and gradients to Loss() when the device arithmetic is deterministic.
+  // The vision tower runs in group 0, with the embedding.
   torch::Tensor Loss(const torch::Tensor& input_ids, const torch::Tensor& targets,
                      const BlockModes& modes, ParamResidency* residency,
-                     ActivationOffloader* offloader = nullptr);
+                     ActivationOffloader* offloader = nullptr, const VisionInputs& images = {});
 
   ~LlamaModel();
 
@@ -150,8 +154,15 @@ class LlamaModel {
   // [QLoRA] `value` in NF4, quantized on options.device, parts on the parameter device.
   quant::Nf4Tensor QuantizeBaseWeight(const torch::Tensor& value) const;
   void InitAdapters();
-  Rope MakeRope(int64_t seq_len) const;
+  // `mrope_positions` ([3, batch, seq], MropePositions): a vision-language model's multimodal
+  // rotary embedding, cos/sin [batch, 1, seq, head_dim].
+  Rope MakeRope(int64_t seq_len, const torch::Tensor& mrope_positions = torch::Tensor()) const;
+  // The rotary embedding of a forward over `input_ids` (with `images` for a vision-language model).
+  Rope InputRope(const torch::Tensor& input_ids, const VisionInputs& images) const;
   torch::Tensor Embed(const torch::Tensor& input_ids, const torch::Tensor& weight) const;
+  // The token embeddings with the vision tower's features of `images` at the image tokens.
+  torch::Tensor EmbedInputs(const torch::Tensor& input_ids, const torch::Tensor& weight,
+                            const VisionInputs& images) const;
   // `train`: LoRA dropout active (training); Logits() runs without it, like PEFT in eval mode.
   // `router_loss` (may be null) collects a sparse layer's routing for the load-balancing loss.
   torch::Tensor Block(const BlockParams& p, const torch::Tensor& hidden, const Rope& rope,
@@ -165,6 +176,7 @@ class LlamaModel {
   std::vector<std::unique_ptr<BlockParams>> blocks_;
   torch::Tensor norm_;
   torch::Tensor lm_head_;  // undefined when tied
+  std::unique_ptr<VisionParams> vision_;  // vision-language models only
   std::unique_ptr<ActivationOffloader> default_offloader_;
 };
 

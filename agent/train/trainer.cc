@@ -245,8 +245,10 @@ torch::Tensor Trainer::MicroBatchLoss(const MicroBatch& batch) {
   const torch::Device device = model_->options().device;
   const torch::Tensor ids = batch.input_ids.to(device);
   const torch::Tensor labels = batch.labels.to(device);
+  VisionInputs images = batch.images;
+  if (images.pixel_values.defined()) images.pixel_values = images.pixel_values.to(device);
   if (!options_.managed && options_.plain_reference && AllNone(options_.block_modes)) {
-    return model_->Loss(ids, labels);
+    return model_->Loss(ids, labels, images);
   }
   ParamResidency* residency = lora_residency_ ? lora_residency_.get()
                                               : static_cast<ParamResidency*>(chunk_manager_.get());
@@ -255,9 +257,10 @@ torch::Tensor Trainer::MicroBatchLoss(const MicroBatch& batch) {
     if (!observed_) {
       observed_ = std::make_unique<ObservedResidency>(residency, options_.observer);
     }
-    return model_->Loss(ids, labels, options_.block_modes, observed_.get(), offloader_.get());
+    return model_->Loss(ids, labels, options_.block_modes, observed_.get(), offloader_.get(),
+                        images);
   }
-  return model_->Loss(ids, labels, options_.block_modes, residency, offloader_.get());
+  return model_->Loss(ids, labels, options_.block_modes, residency, offloader_.get(), images);
 }
 
 absl::Status Trainer::SetLearningRate(double lr) {

@@ -1,0 +1,26 @@
+// The operations every part of the model (decoder blocks, the vision tower) computes with, as
+// Hugging Face computes them: a linear layer whose autograd keeps the parameter itself, RMSNorm and
+// rotate_half.
+#pragma once
+
+#include "agent/core/torch_pch.h"
+#include "common/types.h"
+
+namespace memplan {
+
+torch::ScalarType ToScalarType(DType dtype);
+
+// y = x·wᵀ + b (b may be undefined); a weight of more than two dimensions is read as
+// [w.size(0), the rest flattened] (a Conv3d whose stride is its kernel, over flattened patches). Backward reads `w` through the parameter, never through a view
+// of the storage it had in forward: a chunk manager (ParamResidency) may swap that storage between
+// forward and backward.
+torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w,
+                     const torch::Tensor& b = torch::Tensor());
+
+// Hugging Face's RMSNorm (LlamaRMSNorm, Qwen2_5_VLRMSNorm): normalise in fp32, cast back, scale.
+torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
+// [-x2, x1] for x = [x1, x2] split in halves along the last dimension (RoPE).
+torch::Tensor RotateHalf(const torch::Tensor& x);
+
+}  // namespace memplan

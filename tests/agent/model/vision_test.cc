@@ -1,0 +1,221 @@
+// Qwen2.5-VL in the agent's model: M-RoPE positions (agent/model/mrope.h), the vision tower
+// (agent/model/vision_tower.h) and LlamaModel's image inputs. Parity with transformers is
+// tests/parity/vl_parity_test.py; here: positions by hand, grouped == plain bit for bit with
+// images in every block mode, and the refusals.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "agent/model/llama_model.h"
+#include "agent/model/mrope.h"
+#include "agent/model/vision_tower.h"
+#include "common/param_shapes.h"
+
+namespace memplan {
+namespace {
+
+const bool kSingleThread = [] {
+  torch::set_num_threads(1);
+  return true;
+}();
+
+constexpr int64_t kImage = 90, kVideo = 91, kStart = 92, kEnd = 93;
+
+ModelSpec VlSpec() {
+  ModelSpec s;
+  s.name = "tiny-vl";
+  s.family = "qwen2_5_vl";
+  s.hidden_size = 32;
+  s.num_layers = 2;
+  s.num_heads = 4;
+  s.num_kv_heads = 2;
+  s.intermediate_size = 48;
+  s.vocab_size = 96;
+  s.qkv_bias = true;
+  s.rope_theta = 10000.0;
+  s.rms_norm_eps = 1e-6;
+  s.mrope_section = {2, 1, 1};
+  s.image_token_id = kImage;
+  s.video_token_id = kVideo;
+  s.vision_start_token_id = kStart;
+  s.vision_end_token_id = kEnd;
+  VisionSpec& v = s.vision;
+  v.depth = 3;
+  v.hidden_size = 16;
+  v.intermediate_size = 24;
+  v.num_heads = 2;
+  v.patch_size = 2;
+  v.spatial_merge_size = 2;
+  v.temporal_patch_size = 2;
+  v.window_size = 8;  // two merged patches a side
+  v.out_hidden_size = 32;
+  v.fullatt_block_indexes = {1};
+  return s;
+}
+
+// Two images: 6x10 patches (3x5 merged: windows of 2x2, 2x1, 1x2, 1x1 cells) and 4x4 patches.
+VisionInputs TwoImages(const ModelSpec& s) {
+  VisionInputs in;
+  in.image_grid_thw = torch::tensor({1, 6, 10, 1, 4, 4}, torch::kLong).view({2, 3});
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  in.pixel_values = torch::randn({60 + 16, s.vision.PatchDim()}, gen);
+  return in;
+}
+
+// Row 0: text, image 0 (15 tokens), text; row 1: text, image 1 (4 tokens), text.
+std::vector<int64_t> Row(int64_t before, int64_t image_tokens, int64_t after, int64_t seq) {
+  std::vector<int64_t> row;
+  for (int64_t i = 0; i < before; ++i) row.push_back(1 + i % 80);
+  row.push_back(kStart);
+  for (int64_t i = 0; i < image_tokens; ++i) row.push_back(kImage);
+  row.push_back(kEnd);
+  for (int64_t i = 0; i < after; ++i) row.push_back(3 + i % 70);
+  while (static_cast<int64_t>(row.size()) < seq) row.push_back(5);
+  return row;
+}
+
+torch::Tensor Ids() {
+  std::vector<int64_t> a = Row(2, 15, 3, 24), b = Row(5, 4, 2, 24);
+  a.insert(a.end(), b.begin(), b.end());
+  return torch::tensor(a, torch::kLong).view({2, 24});
+}
+
+TEST(MropeTest, PositionsAsGetRopeIndex) {
+  const ModelSpec s = VlSpec();
+  const torch::Tensor ids = Ids();
+  absl::StatusOr<torch::Tensor> p = MropePositions(s, ids, TwoImages(s).image_grid_thw);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->sizes(), (std::vector<int64_t>{3, 2, 24}));
+  // Row 0: text 0..2 (two tokens and vision_start), image at 3 (3 rows x 5 columns), text resumes
+  // at 3 + max(6, 10) / 2 = 8.
+  for (int64_t c = 0; c < 3; ++c) {
+    for (int64_t t = 0; t < 3; ++t) EXPECT_EQ((*p)[c][0][t].item<int64_t>(), t);
+  }
+  for (int64_t k = 0; k < 15; ++k) {
+    EXPECT_EQ((*p)[0][0][3 + k].item<int64_t>(), 3);
+    EXPECT_EQ((*p)[1][0][3 + k].item<int64_t>(), 3 + k / 5);
+    EXPECT_EQ((*p)[2][0][3 + k].item<int64_t>(), 3 + k % 5);
+  }
+  for (int64_t c = 0; c < 3; ++c) EXPECT_EQ((*p)[c][0][18].item<int64_t>(), 8);  // vision_end
+  // Row 1 starts over at 0 and uses image 1: 2x2 cells at 6, text resumes at 8.
+  EXPECT_EQ((*p)[1][1][6 + 3].item<int64_t>(), 7);
+  EXPECT_EQ((*p)[2][1][6 + 3].item<int64_t>(), 7);
+  for (int64_t c = 0; c < 3; ++c) EXPECT_EQ((*p)[c][1][10].item<int64_t>(), 8);
+
+  // Without images the three streams are the plain positions.
+  absl::StatusOr<torch::Tensor> text =
+      MropePositions(s, torch::full({1, 5}, 4, torch::kLong), torch::Tensor());
+  ASSERT_TRUE(text.ok());
+  EXPECT_TRUE(torch::equal(*text, torch::arange(5).expand({3, 1, 5})));
+}
+
+TEST(MropeTest, RunsAndGridsMustAgree) {
+  const ModelSpec s = VlSpec();
+  const torch::Tensor grids = TwoImages(s).image_grid_thw;
+  torch::Tensor ids = Ids();
+  EXPECT_FALSE(MropePositions(s, ids, grids.slice(0, 0, 1)).ok());  // two runs, one image
+  EXPECT_FALSE(MropePositions(s, ids.slice(0, 0, 1), grids).ok());  // one run, two images
+  torch::Tensor short_run = ids.clone();
+  short_run[0][4] = 7;  // splits image 0's run
+  absl::StatusOr<torch::Tensor> p = MropePositions(s, short_run, grids);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("needs 15 image tokens"), std::string::npos) << p.status();
+  torch::Tensor video = ids.clone();
+  video[1][0] = kVideo;
+  p = MropePositions(s, video, grids);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("videos are not supported"), std::string::npos);
+}
+
+std::unique_ptr<LlamaModel> Model(const ModelSpec& s) {
+  LlamaModelOptions o;
+  o.spec = s;
+  o.seed = 3;
+  auto m = LlamaModel::Create(o);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return std::move(m).value();
+}
+
+TEST(VisionModelTest, VisionParametersInGroupZeroInHuggingFaceOrder) {
+  const ModelSpec s = VlSpec();
+  auto m = Model(s);
+  const ParamGroups groups = m->ParamGroups();
+  ASSERT_EQ(groups.size(), 4u);
+  ASSERT_EQ(groups[0].size(), 1u + 1 + 3 * 12 + 5);
+  EXPECT_EQ(groups[0][0].name, "model.embed_tokens.weight");
+  EXPECT_EQ(groups[0][1].name, "visual.patch_embed.proj.weight");
+  EXPECT_EQ(groups[0][1].param.sizes(), (std::vector<int64_t>{16, 3, 2, 2, 2}));
+  EXPECT_EQ(groups[0][4].name, "visual.blocks.0.attn.qkv.weight");
+  EXPECT_EQ(groups[0].back().name, "visual.merger.mlp.2.bias");
+  int64_t numel = 0;
+  for (const ParamShape& p : HfParamShapes(s)) numel += p.numel();
+  int64_t model_numel = 0;
+  for (const NamedParam& p : m->Params()) model_numel += p.param.numel();
+  EXPECT_EQ(numel, model_numel);
+}
+
+TEST(VisionModelTest, ImagesChangeOnlyTheirOwnTokensAndLaterOnes) {
+  const ModelSpec s = VlSpec();
+  auto m = Model(s);
+  torch::NoGradGuard no_grad;
+  const torch::Tensor ids = Ids();
+  VisionInputs images = TwoImages(s);
+  const torch::Tensor a = m->Logits(ids, images);
+  images.pixel_values = images.pixel_values.clone();
+  images.pixel_values.slice(0, 60).mul_(2);  // image 1 only: row 1
+  const torch::Tensor b = m->Logits(ids, images);
+  EXPECT_TRUE(torch::equal(a[0], b[0]));
+  // Row 1's image tokens start at 6 (five text tokens, vision_start).
+  EXPECT_TRUE(torch::equal(a[1].slice(0, 0, 6), b[1].slice(0, 0, 6)));
+  for (int64_t t = 6; t < 24; ++t) EXPECT_FALSE(torch::allclose(a[1][t], b[1][t])) << t;
+}
+
+TEST(VisionModelTest, GroupedEqualsPlainWithImagesInEveryMode) {
+  const ModelSpec s = VlSpec();
+  const torch::Tensor ids = Ids();
+  torch::Tensor targets = torch::roll(ids, -1, 1);
+  targets.masked_fill_(ids == kImage, -100);
+  const VisionInputs images = TwoImages(s);
+  auto ref = Model(s);
+  const torch::Tensor ref_loss = ref->Loss(ids, targets, images);
+  ref_loss.backward();
+  for (BlockMode mode : {BlockMode::kNone, BlockMode::kCkpt, BlockMode::kSwap,
+                         BlockMode::kHsOffload}) {
+    auto m = Model(s);
+    const torch::Tensor loss =
+        m->Loss(ids, targets, BlockModes(s.num_layers, mode), nullptr, nullptr, images);
+    loss.backward();
+    EXPECT_TRUE(torch::equal(loss, ref_loss)) << BlockModeName(mode);
+    const auto got = m->Params();
+    const auto want = ref->Params();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(want[i].param.grad().defined()) << want[i].name;
+      EXPECT_TRUE(torch::equal(got[i].param.grad(), want[i].param.grad()))
+          << got[i].name << " in " << BlockModeName(mode);
+    }
+  }
+}
+
+TEST(VisionModelTest, Refusals) {
+  const ModelSpec s = VlSpec();
+  auto m = Model(s);
+  const torch::Tensor ids = Ids();
+  // Image tokens without their images.
+  EXPECT_THROW(m->Logits(ids), c10::Error);
+  // Pixel values that do not match the grids.
+  VisionInputs bad = TwoImages(s);
+  bad.pixel_values = bad.pixel_values.slice(0, 0, 70);
+  EXPECT_THROW(m->Logits(ids, bad), c10::Error);
+  // Images for a model without a vision tower.
+  ModelSpec text = s;
+  text.family = "qwen2";
+  text.vision = VisionSpec();
+  text.mrope_section.clear();
+  auto t = Model(text);
+  EXPECT_THROW(t->Logits(ids, TwoImages(s)), c10::Error);
+}
+
+}  // namespace
+}  // namespace memplan
