@@ -794,7 +794,7 @@ torch::Tensor LlamaModel::Block(const BlockParams& p, const torch::Tensor& hidde
   const torch::Tensor h = hidden + attn_out;
 
   const torch::Tensor y = RmsNorm(h, p.post_attention_layernorm, s.rms_norm_eps);
-  if (p.moe) return h + MoeMlp(s, *p.moe, y, router_loss);
+  if (p.moe) return h + MoeMlp(s, *p.moe, y, router_loss, options_.moe_experts);
   // gate before up, as transformers evaluates them: with LoRA dropout each draws a mask, and the
   // order of the draws is part of the result.
   auto mlp = [&p, proj](const torch::Tensor& in) {

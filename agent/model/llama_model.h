@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "agent/core/torch_pch.h"
 #include "agent/model/lora_options.h"
+#include "agent/model/moe.h"
 #include "agent/model/vision_tower.h"
 #include "agent/core/param_residency.h"
 #include "agent/quant/nf4.h"
@@ -49,6 +50,9 @@ struct LlamaModelOptions {
   // the planner assumes; > 0: tiles of that many tokens whenever a micro-batch has more; < 0:
   // never tiled.
   int64_t mlp_tile_rows = 0;
+  // How the sparse layers run their experts ([Grouped experts], agent/model/moe.h): one grouped
+  // GEMM per projection where it runs, or the per-expert loop (for comparisons).
+  MoeExperts moe_experts = MoeExperts::kGrouped;
   // LoRA adapters (rank > 0): every base parameter is frozen (requires_grad false: no gradient,
   // no optimizer state) and each targeted projection of every block computes
   // base(x) + B(A(dropout(x))) * alpha / rank, as PEFT's LoraLayer. A is drawn kaiming-uniform

@@ -1,6 +1,9 @@
 #include "agent/model/moe.h"
 
+#include <cuda_runtime_api.h>
+
 #include <utility>
+#include <vector>
 
 #include "common/param_shapes.h"
 
@@ -36,7 +39,102 @@ torch::Tensor ExpertLinear(const torch::Tensor& x, const torch::Tensor& w) {
   return ExpertLinearFunction::apply(x, w);
 }
 
+// [Grouped experts] The rows of x [R, in] sorted by expert, expert e's rows ending at ends[e]
+// (int32, on the device), each multiplied by its expert's weight: y = x_e · w_eᵀ in one
+// at::_grouped_mm, so no row count reaches the host. The weights are separate parameters (their
+// chunks place them), so each call stacks them into one [E, out, in] tensor for the product and
+// drops it; the Function saves the parameters themselves, as ExpertLinearFunction does, and
+// stacks them again in backward rather than keep E·out·in elements per projection alive. Backward:
+// dx = _grouped_mm(dy, W) and dW = _grouped_mm(dyᵀ, x), the latter [E, out, in] with zeros for an
+// expert without rows (ATen's CUDA kernel accepts empty groups in this layout only: dyᵀ column-
+// major, x row-major), split into the experts' gradients as views.
+class GroupedExpertLinearFunction : public torch::autograd::Function<GroupedExpertLinearFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& ends, at::TensorList w) {
+    std::vector<torch::Tensor> saved = {x, ends};
+    saved.insert(saved.end(), w.begin(), w.end());
+    ctx->save_for_backward(saved);
+    return at::_grouped_mm(x, at::stack(w).transpose(1, 2), ends);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    const torch::Tensor& ends = saved[1];
+    const at::TensorList w(saved.data() + 2, saved.size() - 2);
+    const torch::Tensor g = grads[0].contiguous();
+    variable_list out(saved.size());
+    if (ctx->needs_input_grad(0)) out[0] = at::_grouped_mm(g, at::stack(w), ends);
+    bool weights = false;
+    for (size_t e = 0; e < w.size(); ++e) weights = weights || ctx->needs_input_grad(2 + e);
+    if (weights) {
+      const torch::Tensor gw = at::_grouped_mm(g.t(), x, ends);
+      for (size_t e = 0; e < w.size(); ++e) {
+        if (ctx->needs_input_grad(2 + e)) out[2 + e] = gw[static_cast<int64_t>(e)];
+      }
+    }
+    return out;
+  }
+};
+
+// Projection `which` (0 gate, 1 up, 2 down) of every expert on the sorted rows.
+torch::Tensor GroupedExpertLinear(const torch::Tensor& x, const torch::Tensor& ends,
+                                  const MoeParams& p, int which) {
+  const int64_t experts = static_cast<int64_t>(p.tensors.size() - 1) / 3;
+  std::vector<torch::Tensor> w;
+  w.reserve(static_cast<size_t>(experts));
+  for (int64_t e = 0; e < experts; ++e) w.push_back(p.expert(e, which));
+  return GroupedExpertLinearFunction::apply(x, ends, at::TensorList(w));
+}
+
+// The loop: each expert's rows sliced by counts read on the host, three ExpertLinears each.
+torch::Tensor LoopExperts(const torch::Tensor& sorted, const torch::Tensor& counts,
+                          const MoeParams& p) {
+  const int64_t num_experts = counts.size(0);
+  const torch::Tensor host = counts.to(torch::kCPU, torch::kLong);
+  const int64_t* count = host.data_ptr<int64_t>();
+  // One split (its backward is one concatenation), not a narrow per expert: each narrow's
+  // backward would fill a zero gradient of all T·k rows and add it in, E times per layer.
+  const std::vector<torch::Tensor> expert_rows =
+      sorted.split_with_sizes(c10::IntArrayRef(count, static_cast<size_t>(num_experts)), 0);
+  std::vector<torch::Tensor> outs;
+  outs.reserve(static_cast<size_t>(num_experts));
+  for (int64_t e = 0; e < num_experts; ++e) {
+    // Every expert runs, empty ones on zero rows, so every expert weight gets a gradient.
+    const torch::Tensor& in = expert_rows[static_cast<size_t>(e)];
+    const torch::Tensor gate = torch::silu(ExpertLinear(in, p.expert(e, 0)));
+    const torch::Tensor up = ExpertLinear(in, p.expert(e, 1));
+    outs.push_back(ExpertLinear(gate * up, p.expert(e, 2)));
+  }
+  return torch::cat(outs, 0);
+}
+
+int CudaComputeMajor(const torch::Device& device) {
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index()) !=
+      cudaSuccess) {
+    return 0;
+  }
+  return major;
+}
+
 }  // namespace
+
+bool MoeGroupedGemmRuns(const ModelSpec& spec, torch::ScalarType dtype,
+                        const torch::Device& device) {
+  if (dtype != torch::kFloat32 && dtype != torch::kBFloat16 && dtype != torch::kHalf) return false;
+  // Every operand's row stride is hidden or the expert width (16-byte multiples, ATen's check).
+  const int64_t bytes = static_cast<int64_t>(c10::elementSize(dtype));
+  if ((spec.hidden_size * bytes) % 16 != 0 || (spec.moe_intermediate_size * bytes) % 16 != 0) {
+    return false;
+  }
+  if (spec.num_experts >= 1024) return false;  // the CUDA kernel's limit on groups
+  if (device.is_cpu()) return true;            // ATen's CPU kernel: one mm per group, same values
+  if (!device.is_cuda() || dtype != torch::kBFloat16) return false;
+  const int major = CudaComputeMajor(device);
+  return major == 9 || major == 10;
+}
 
 MoeParams MoeParams::Shaped(const ModelSpec& spec, int64_t layer) {
   MoeParams p;
@@ -89,12 +187,13 @@ MoeRouterLoss::MoeRouterLoss(const ModelSpec& spec) : state_(std::make_shared<St
 }
 
 void MoeRouterLoss::Record(int64_t layer, const torch::Tensor& logits, const torch::Tensor& probs,
-                           const torch::Tensor& top_k_index) {
-  const int64_t e = state_->num_experts;
+                           const torch::Tensor& expert_counts) {
+  TORCH_CHECK(expert_counts.dim() == 1 && expert_counts.size(0) == state_->num_experts,
+              "router load-balancing loss: one count per expert expected");
   State::Layer& l = state_->layers[layer];
   {
     torch::NoGradGuard no_grad;
-    l.counts = at::bincount(top_k_index.reshape({-1}), {}, e).to(torch::kFloat32);
+    l.counts = expert_counts.to(torch::kFloat32);
     l.prob_sums = probs.detach().sum(0);
     l.rows = probs.size(0);
   }
@@ -146,7 +245,7 @@ torch::Tensor MoeRouterLoss::AddTo(const torch::Tensor& lm_loss) {
 torch::Tensor MoeRouterLoss::last_aux() const { return state_->aux; }
 
 torch::Tensor MoeMlp(const ModelSpec& spec, const MoeParams& p, const torch::Tensor& y,
-                     MoeRouterLoss* router_loss) {
+                     MoeRouterLoss* router_loss, MoeExperts experts) {
   const int64_t h = y.size(-1);
   const int64_t k = spec.num_experts_per_tok;
   const int64_t num_experts = spec.num_experts;
@@ -159,33 +258,34 @@ torch::Tensor MoeMlp(const ModelSpec& spec, const MoeParams& p, const torch::Ten
   if (spec.norm_topk_prob) top_w = top_w / top_w.sum(-1, /*keepdim=*/true);
   // Qwen3-MoE rounds the routing weights to the model dtype; Mixtral keeps them in fp32.
   if (spec.family != "mixtral") top_w = top_w.to(logits.scalar_type());
-  if (router_loss != nullptr) router_loss->Record(p.layer, logits, probs, top_i);
 
   // The (token, slot) rows grouped by expert with a stable sort, so each expert reads one
-  // contiguous slice; the per-expert row counts are needed on the host to slice.
+  // contiguous slice; expert e's slice ends where the sorted ids pass e (a search on the device,
+  // int32 as _grouped_mm takes its offsets), and the counts follow without a host read.
   const torch::Tensor flat_expert = top_i.reshape({-1});
-  const torch::Tensor order = std::get<1>(flat_expert.sort(/*stable=*/true, 0, false));
-  const torch::Tensor counts = at::bincount(flat_expert, {}, num_experts).cpu();
-  const int64_t* count = counts.data_ptr<int64_t>();
+  const auto [sorted_expert, order] = flat_expert.sort(/*stable=*/true, 0, false);
+  const torch::Tensor ends =
+      at::searchsorted(sorted_expert, at::arange(num_experts, sorted_expert.options()),
+                       /*out_int32=*/true, /*right=*/true);
+  const torch::Tensor counts = at::diff(ends, 1, 0, ends.new_zeros({1}));
+  if (router_loss != nullptr) router_loss->Record(p.layer, logits, probs, counts);
+
   // Each token repeated k times (its gradient sums back over the k copies in a fixed order), then
   // permuted: no index is read twice, so no backward accumulates through atomics.
   const torch::Tensor rows = x.unsqueeze(1).expand({tokens, k, h}).reshape({tokens * k, h});
   const torch::Tensor sorted = rows.index_select(0, order);
-  // One split (its backward is one concatenation), not a narrow per expert: each narrow's
-  // backward would fill a zero gradient of all T·k rows and add it in, E times per layer.
-  const std::vector<torch::Tensor> expert_rows =
-      sorted.split_with_sizes(c10::IntArrayRef(count, static_cast<size_t>(num_experts)), 0);
-  std::vector<torch::Tensor> outs;
-  outs.reserve(static_cast<size_t>(num_experts));
-  for (int64_t e = 0; e < num_experts; ++e) {
-    // Every expert runs, empty ones on zero rows, so every expert weight gets a gradient.
-    const torch::Tensor& in = expert_rows[static_cast<size_t>(e)];
-    const torch::Tensor gate = torch::silu(ExpertLinear(in, p.expert(e, 0)));
-    const torch::Tensor up = ExpertLinear(in, p.expert(e, 1));
-    outs.push_back(ExpertLinear(gate * up, p.expert(e, 2)));
+  torch::Tensor expert_out;
+  if (experts == MoeExperts::kGrouped && MoeGroupedGemmRuns(spec, x.scalar_type(), x.device())) {
+    // Every expert is in each product, empty ones included, so every expert weight gets a
+    // gradient (zeros for an expert without rows), as in the loop.
+    const torch::Tensor gate = torch::silu(GroupedExpertLinear(sorted, ends, p, 0));
+    const torch::Tensor up = GroupedExpertLinear(sorted, ends, p, 1);
+    expert_out = GroupedExpertLinear(gate * up, ends, p, 2);
+  } else {
+    expert_out = LoopExperts(sorted, counts, p);
   }
   const torch::Tensor weights = top_w.reshape({-1}).index_select(0, order).unsqueeze(1);
-  const torch::Tensor weighted = (torch::cat(outs, 0) * weights).to(y.scalar_type());
+  const torch::Tensor weighted = (expert_out * weights).to(y.scalar_type());
   const torch::Tensor inverse = at::empty_like(order).scatter_(
       0, order, at::arange(tokens * k, order.options()));
   // Back in (token, slot) order; the k contributions of a token summed in slot order.

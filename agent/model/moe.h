@@ -54,9 +54,10 @@ class MoeRouterLoss {
   explicit MoeRouterLoss(const ModelSpec& spec);
 
   // Layer `layer`'s router logits [tokens, E] (model dtype, the tensor the routing reads), its
-  // fp32 softmax and top-k expert indices [tokens, k].
+  // fp32 softmax and the top-k assignments per expert [E] (any numeric dtype, on the device: read
+  // without a host synchronisation).
   void Record(int64_t layer, const torch::Tensor& logits, const torch::Tensor& probs,
-              const torch::Tensor& top_k_index);
+              const torch::Tensor& expert_counts);
   // lm_loss + router_aux_loss_coef * aux over the layers recorded so far.
   torch::Tensor AddTo(const torch::Tensor& lm_loss);
   // The aux value of the last AddTo (fp32 scalar), for tests and reports.
@@ -67,14 +68,33 @@ class MoeRouterLoss {
   std::shared_ptr<State> state_;
 };
 
+// How MoeMlp runs the experts' projections ([Grouped experts] in moe.cc). Both compute the same
+// products, equal to within the GEMM kernels' rounding (an ulp now and then on the CPU).
+enum class MoeExperts {
+  // One grouped GEMM (at::_grouped_mm) per projection over every expert, no host synchronisation,
+  // wherever MoeGroupedGemmRuns holds; the loop elsewhere.
+  kGrouped,
+  // A GEMM per expert and projection, sliced by row counts read on the host (one synchronisation
+  // per layer on CUDA); the reference and the fallback.
+  kLoop,
+};
+
+// Whether the grouped path runs for `spec`'s experts on tensors of `dtype` on `device`: fp32,
+// bf16 or fp16 with 16-byte rows (hidden and expert width), fewer than 1 024 experts, and on CUDA
+// bf16 on compute capability 9.x or 10.x only (where ATen has grouped kernels; elsewhere its
+// _grouped_mm loops over the experts and reads their offsets on the host for every call).
+bool MoeGroupedGemmRuns(const ModelSpec& spec, torch::ScalarType dtype,
+                        const torch::Device& device);
+
 // The sparse MLP on `y` [batch, seq, hidden] (the post-attention norm's output): router logits,
 // softmax in fp32, top-k, renormalised when spec.norm_topk_prob, each expert's SwiGLU on the
 // tokens routed to it scaled by their routing weight, summed per token. Qwen3-MoE casts the
 // weights to the model dtype before scaling, Mixtral scales in fp32 and casts the product, as
 // transformers does. Deterministic on every device: tokens are grouped by a stable sort and put
 // back by a permutation, never summed with atomics. `router_loss` (may be null) records the
-// layer's statistics.
+// layer's statistics. `experts` picks the experts' path (kGrouped falls back to the loop where
+// MoeGroupedGemmRuns does not hold).
 torch::Tensor MoeMlp(const ModelSpec& spec, const MoeParams& p, const torch::Tensor& y,
-                     MoeRouterLoss* router_loss);
+                     MoeRouterLoss* router_loss, MoeExperts experts = MoeExperts::kGrouped);
 
 }  // namespace memplan

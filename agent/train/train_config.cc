@@ -57,6 +57,10 @@ Workload:
                            parameters (stochastic, the default: small updates add up as on an
                            fp32 master; nearest: bitsandbytes' AdamW8bit bit for bit)
   --device cpu|cuda|cuda:N|auto (auto)   --seed N (0)
+  --moe-experts grouped|loop   a mixture of experts' expert projections: one grouped GEMM per
+                           projection over every expert, no host synchronisation (grouped, the
+                           default; the loop where it cannot run: CUDA needs bf16 on compute
+                           capability 9.x or 10.x) or a GEMM per expert (loop, for comparisons)
 LoRA (adapters on a frozen base, as PEFT's LoraConfig):
   --lora-rank R            adapter rank, 1 to the hidden size (0 = full fine-tune, the default)
   --lora-alpha A (16)      the update is scaled by A / R; A > 0
@@ -223,6 +227,8 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
   flags
       .Choice("--param-rounding", &c.stochastic_rounding,
               FlagSet::Choices<bool>{{"stochastic", true}, {"nearest", false}})
+      .Choice("--moe-experts", &c.moe_loop_experts,
+              FlagSet::Choices<bool>{{"grouped", false}, {"loop", true}})
       .Custom("--device",
               [&c](absl::string_view v) -> absl::Status {
                 if (!(v == "cpu" || v == "cuda" || v == "auto" || absl::StartsWith(v, "cuda:"))) {

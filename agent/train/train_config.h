@@ -70,6 +70,9 @@ struct TrainConfig {
   std::string merge_export_dir;
   std::string device = "auto";  // cpu | cuda | cuda:N | auto
   bool plain = false;           // unmanaged, all NONE: plain autograd without per-group Functions
+  // --moe-experts loop: a mixture of experts' per-expert loop instead of its grouped GEMMs
+  // (LlamaModelOptions::moe_experts, [Grouped experts] in agent/model/moe.cc), for comparisons.
+  bool moe_loop_experts = false;
   uint64_t seed = 0;
   // Plan knobs; any chunk knob or a plan file makes the run managed (ChunkManager).
   std::optional<int64_t> chunk_bytes;

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -125,6 +128,132 @@ TEST(MoeMlpTest, AnExpertNoTokenReachesGetsAZeroGradient) {
   }
 }
 
+// [Grouped experts] The grouped path and the loop on the same parameters and input: the output
+// and the gradients of the input and of every parameter, for an output probe.
+struct PathResult {
+  torch::Tensor out;
+  std::vector<torch::Tensor> grads;  // input, then p.tensors
+};
+
+PathResult RunPath(const ModelSpec& spec, const MoeParams& p, const torch::Tensor& y,
+                   const torch::Tensor& probe, MoeExperts experts) {
+  const torch::Tensor input = y.detach().clone().requires_grad_(true);
+  PathResult r;
+  r.out = MoeMlp(spec, p, input, nullptr, experts);
+  std::vector<torch::Tensor> inputs = {input};
+  for (const torch::Tensor& t : p.tensors) inputs.push_back(t);
+  r.grads = torch::autograd::grad({(r.out * probe).sum()}, inputs);
+  return r;
+}
+
+// Expert `starved`'s router row at -5 * sum(x) with x > 0: it is never in the top k.
+void Starve(MoeParams& p, int64_t starved) {
+  torch::NoGradGuard no_grad;
+  p.tensors[0][starved].fill_(-5.0);
+}
+
+TEST(MoeExpertsTest, GroupedPathRunsWhereATenHasKernels) {
+  const ModelSpec spec = MoeSpec("qwen3_moe");  // hidden 32, expert width 24
+  EXPECT_TRUE(MoeGroupedGemmRuns(spec, torch::kFloat32, torch::kCPU));
+  EXPECT_TRUE(MoeGroupedGemmRuns(spec, torch::kBFloat16, torch::kCPU));
+  EXPECT_FALSE(MoeGroupedGemmRuns(spec, torch::kFloat64, torch::kCPU));
+  // CUDA: bf16 only (fp32 would take ATen's per-group loop with a host read per call).
+  EXPECT_FALSE(MoeGroupedGemmRuns(spec, torch::kFloat32, torch::Device(torch::kCUDA, 0)));
+  ModelSpec narrow = spec;
+  narrow.moe_intermediate_size = 20;  // 40-byte bf16 rows: not a 16-byte multiple
+  EXPECT_TRUE(MoeGroupedGemmRuns(narrow, torch::kFloat32, torch::kCPU));
+  EXPECT_FALSE(MoeGroupedGemmRuns(narrow, torch::kBFloat16, torch::kCPU));
+  ModelSpec many = spec;
+  many.num_experts = 1024;
+  EXPECT_FALSE(MoeGroupedGemmRuns(many, torch::kFloat32, torch::kCPU));
+}
+
+// max |got - want| <= tolerance * max |want|, in fp32.
+bool CloseTo(const torch::Tensor& got, const torch::Tensor& want, double tolerance) {
+  const torch::Tensor a = got.to(torch::kFloat32);
+  const torch::Tensor b = want.to(torch::kFloat32);
+  return (a - b).abs().max().item<double>() <= tolerance * b.abs().max().item<double>();
+}
+
+// On the CPU ATen's grouped kernel is one mm per expert into a slice of one output: the loop's
+// values to within the BLAS kernels' rounding (they differ by an ulp now and then: the output
+// slices are not aligned as fresh tensors are), fp32 and bf16, an expert without rows included
+// (exactly zero gradients in both).
+TEST(MoeExpertsTest, GroupedEqualsLoopOnTheCpu) {
+  for (const std::string family : {"qwen3_moe", "mixtral"}) {
+    for (const torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+      const double tolerance = dtype == torch::kFloat32 ? 1e-6 : 8e-3;
+      const ModelSpec spec = MoeSpec(family, 6, 2);
+      ASSERT_TRUE(MoeGroupedGemmRuns(spec, dtype, torch::kCPU));
+      MoeParams p = RandomParams(spec, 31);
+      Starve(p, 4);
+      for (torch::Tensor& t : p.tensors) t = t.detach().to(dtype).requires_grad_(true);
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(32);
+      const torch::Tensor y = (torch::rand({2, 9, spec.hidden_size}, gen) + 0.1).to(dtype);
+      const torch::Tensor probe = torch::randn(y.sizes(), gen).to(dtype);
+
+      const PathResult grouped = RunPath(spec, p, y, probe, MoeExperts::kGrouped);
+      const PathResult loop = RunPath(spec, p, y, probe, MoeExperts::kLoop);
+      EXPECT_TRUE(CloseTo(grouped.out, loop.out, tolerance)) << family << " " << dtype;
+      ASSERT_EQ(grouped.grads.size(), loop.grads.size());
+      for (size_t i = 0; i < loop.grads.size(); ++i) {
+        ASSERT_TRUE(grouped.grads[i].defined()) << i;
+        EXPECT_TRUE(CloseTo(grouped.grads[i], loop.grads[i], tolerance))
+            << family << " " << dtype << " " << i;
+      }
+      for (int which = 0; which < 3; ++which) {
+        const size_t starved = static_cast<size_t>(1 + 1 + 3 * 4 + which);  // input, router, ...
+        EXPECT_EQ(grouped.grads[starved].abs().max().item<float>(), 0.0f) << which;
+        EXPECT_GT(grouped.grads[2 + static_cast<size_t>(which)].abs().max().item<float>(), 0.0f);
+      }
+    }
+  }
+}
+
+// [Grouped experts] on CUDA in bf16 (compute capability 9.x or 10.x: ATen's grouped kernels),
+// against the loop's per-expert cuBLAS GEMMs. The two round differently (a different kernel and
+// summation order in fp32, outputs rounded to bf16), so they agree within a tolerance: for the
+// output and each gradient, max |grouped - loop| <= 2e-2 * max |loop| (bf16 keeps 8 bits of
+// mantissa, 2^-8 = 3.9e-3 relative per rounding, a few roundings deep); an expert that receives no
+// row gets exactly zero gradients in both.
+TEST(MoeExpertsGpuTest, GroupedMatchesLoopInBf16) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  const torch::Device cuda(torch::kCUDA, 0);
+  ModelSpec spec = MoeSpec("qwen3_moe", 16, 4);
+  spec.hidden_size = 256;
+  spec.moe_intermediate_size = 128;
+  if (!MoeGroupedGemmRuns(spec, torch::kBFloat16, cuda)) {
+    GTEST_SKIP() << "ATen's grouped GEMM needs compute capability 9.x or 10.x";
+  }
+  for (const std::string family : {"qwen3_moe", "mixtral"}) {
+    spec.family = family;
+    spec.norm_topk_prob = family == "mixtral";
+    MoeParams p = RandomParams(spec, 41);
+    Starve(p, 7);
+    for (torch::Tensor& t : p.tensors) {
+      t = (t.detach() * 0.5).to(cuda, torch::kBFloat16).requires_grad_(true);
+    }
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(42);
+    const torch::Tensor y =
+        (torch::rand({4, 96, spec.hidden_size}, gen) + 0.1).to(cuda, torch::kBFloat16);
+    const torch::Tensor probe = torch::randn(y.sizes(), gen).to(cuda, torch::kBFloat16);
+
+    const PathResult grouped = RunPath(spec, p, y, probe, MoeExperts::kGrouped);
+    const PathResult loop = RunPath(spec, p, y, probe, MoeExperts::kLoop);
+    EXPECT_TRUE(CloseTo(grouped.out, loop.out, 2e-2)) << family;
+    ASSERT_EQ(grouped.grads.size(), loop.grads.size());
+    for (size_t i = 0; i < loop.grads.size(); ++i) {
+      ASSERT_TRUE(grouped.grads[i].defined()) << i;
+      EXPECT_TRUE(CloseTo(grouped.grads[i], loop.grads[i], 2e-2)) << family << " " << i;
+    }
+    for (int which = 0; which < 3; ++which) {
+      const size_t starved = static_cast<size_t>(1 + 1 + 3 * 7 + which);
+      EXPECT_EQ(grouped.grads[starved].abs().max().item<float>(), 0.0f) << family << which;
+      EXPECT_EQ(loop.grads[starved].abs().max().item<float>(), 0.0f) << family << which;
+    }
+  }
+}
+
 // [Router load balance]: the value and the router-logit gradients of two recorded layers against
 // transformers' formula differentiated by autograd.
 TEST(MoeRouterLossTest, ValueAndGradientMatchTheFormula) {
@@ -141,7 +270,7 @@ TEST(MoeRouterLossTest, ValueAndGradientMatchTheFormula) {
     const torch::Tensor used = logits[static_cast<size_t>(l)] * 1.0;  // a non-leaf, as in a layer
     const torch::Tensor probs = torch::softmax(used, -1);
     const torch::Tensor top = std::get<1>(probs.topk(2, -1));
-    aux.Record(l, used, probs, top);
+    aux.Record(l, used, probs, at::bincount(top.reshape({-1}), {}, 4));
     routed.push_back(std::get<0>(probs.topk(2, -1)).sum());
   }
   const torch::Tensor lm = (routed[0] + routed[1]) * 0.25;
@@ -242,6 +371,41 @@ TEST(MoeModelTest, GroupedLossIsBitIdenticalToPlainWithTheAuxLoss) {
       const torch::Tensor diff = a[i].param.grad() - without->Params()[i].param.grad();
       EXPECT_GT(diff.abs().max().item<double>(), 1e-6) << family;
     }
+  }
+}
+
+// The model's option reaches every sparse layer: the loop and the grouped experts give the same
+// loss and gradients (to fp32 rounding on the CPU), in the grouped loss with every block mode.
+TEST(MoeModelTest, LoopAndGroupedExpertsGiveTheSameLossAndGradients) {
+  ModelSpec spec = MoeSpec("qwen3_moe");
+  spec.output_router_logits = true;
+  spec.router_aux_loss_coef = 0.1;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(23);
+  const torch::Tensor ids = torch::randint(spec.vocab_size, {2, 12}, gen, torch::kLong);
+  const torch::Tensor targets = torch::randint(spec.vocab_size, {2, 12}, gen, torch::kLong);
+  const BlockModes modes = {BlockMode::kCkpt, BlockMode::kSwap, BlockMode::kHsOffload,
+                            BlockMode::kNone};
+  std::vector<std::unique_ptr<LlamaModel>> models;
+  std::vector<float> losses;
+  for (const MoeExperts experts : {MoeExperts::kLoop, MoeExperts::kGrouped}) {
+    LlamaModelOptions options;
+    options.spec = spec;
+    options.seed = 9;
+    options.moe_experts = experts;
+    auto model = LlamaModel::Create(options);
+    ASSERT_TRUE(model.ok()) << model.status();
+    const torch::Tensor loss = model.value()->Loss(ids, targets, modes, nullptr);
+    loss.backward();
+    losses.push_back(loss.item<float>());
+    models.push_back(std::move(model).value());
+  }
+  EXPECT_NEAR(losses[0], losses[1], 1e-6 * std::abs(losses[0]));
+  const auto a = models[0]->Params();
+  const auto b = models[1]->Params();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_TRUE(b[i].param.grad().defined()) << b[i].name;
+    EXPECT_TRUE(CloseTo(b[i].param.grad(), a[i].param.grad(), 1e-5)) << a[i].name;
   }
 }
 

@@ -148,6 +148,22 @@ TEST(ParseTrainArgsTest, OptimizerFlag) {
   EXPECT_THAT(TrainUsage(), HasSubstr("--param-rounding stochastic|nearest"));
 }
 
+// [Grouped experts]: grouped by default, the per-expert loop on request (gpu-new-archs.sh's
+// before/after).
+TEST(ParseTrainArgsTest, MoeExpertsFlag) {
+  auto parse = [](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--arch", "x", "--synthetic-data"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return ParseTrainArgs(args);
+  };
+  EXPECT_FALSE(parse({})->moe_loop_experts);
+  EXPECT_FALSE(parse({"--moe-experts", "grouped"})->moe_loop_experts);
+  EXPECT_TRUE(parse({"--moe-experts", "loop"})->moe_loop_experts);
+  const absl::Status bad = parse({"--moe-experts", "fused"}).status();
+  EXPECT_THAT(bad.message(), HasSubstr("\"fused\" is not one of grouped, loop"));
+  EXPECT_THAT(TrainUsage(), HasSubstr("--moe-experts grouped|loop"));
+}
+
 TEST(ParsePlanOptimizerTest, FlagAndPlanFileMustAgree) {
   auto none = PlanFileFromJson(R"({"plan": {"nChunks": 3}})");
   ASSERT_TRUE(none.ok());
