@@ -107,20 +107,27 @@ int64_t MlpSavedPerToken(int64_t d, int64_t h, int64_t inter, bool gate_up_train
   return 3 * d * inter + (down_trains ? d * inter : 0);
 }
 
-// [Sparse layer price] What agent/model/moe.cc's MoeMlp keeps and allocates for T tokens, E
-// experts, top k, expert width I, hidden H, model dtype d bytes (docs/cost-model.md, "Mixtures of
-// experts"). Routed rows: each token goes to k distinct experts, so T * k rows in total whatever
-// the balance; only the largest expert's backward temporaries depend on it (kExpertImbalance).
+// [Sparse layer price] What agent/model/moe.cc's MoeMlp keeps, allocates and moves for T tokens,
+// E experts, top k, expert width I, hidden H, model dtype d bytes (docs/cost-model.md, "Mixtures
+// of experts"), on its grouped path ([Grouped experts]: one grouped GEMM per projection over all
+// experts; what runs on CPUs and, in bf16, on compute capability 9.x/10.x). Routed rows: each
+// token goes to k distinct experts, so T * k rows in total whatever the balance, and the grouped
+// GEMMs compute them all at once: no term depends on how the rows spread over the experts.
 struct SparseLayerTerms {
   int64_t saved_per_token = 0;     // beyond the router's input, which the caller counts
   int64_t forward_transient = 0;   // whole micro-batch, the layer's output included
   int64_t backward_transient = 0;  // whole micro-batch, beyond the incoming gradients
   double forward_traffic = 0;      // bytes copied by routing, beyond the saved tensors
   double backward_traffic = 0;     // bytes moved by routing's gradients
+  double stack_traffic = 0;        // bytes moved stacking the experts' weights, in each pass
 };
 
-// The largest expert's share of the routed rows as a multiple of the even share T * k / E.
-constexpr int64_t kExpertImbalance = 2;
+// One projection's weights of every expert stacked [E, I, H] for its grouped GEMM (the experts are
+// separate parameters), dropped after the product; in backward the stack again, then the [E, I, H]
+// weight gradient, one at a time. The one sparse-layer transient that does not grow with T.
+int64_t SparseLayerStackedBytes(const ModelSpec& arch, int64_t d) {
+  return arch.num_experts * arch.moe_intermediate_size * arch.hidden_size * d;
+}
 
 SparseLayerTerms SparseLayerMemory(const ModelSpec& arch, int64_t d, int64_t tokens) {
   const int64_t h = arch.hidden_size;
@@ -134,32 +141,39 @@ SparseLayerTerms SparseLayerMemory(const ModelSpec& arch, int64_t d, int64_t tok
   // kept by index_select), the fp32 top-k weights and their sum when renormalised (the division
   // keeps both), the sorted token copies [T * k, H] (the experts' gate/up input), each routed
   // row's gate output, SiLU output, up output and their product (the down projection's input;
-  // the custom expert linear saves its input whether its weight trains or not), the concatenated
-  // expert outputs and the per-row routing weights (the weighting product keeps both; fp32 for
-  // Mixtral, the model dtype for Qwen3-MoE).
+  // the expert linears save their input whether their weights train or not), the expert outputs
+  // and the per-row routing weights (the weighting product keeps both; fp32 for Mixtral, the
+  // model dtype for Qwen3-MoE).
   s.saved_per_token = 4 * e + 3 * 8 * k + (arch.norm_topk_prob ? 4 * k + 4 : 0) + d * k * h +
                       4 * d * k * inter + d * k * h + (mixtral ? 4 * k : d * k);
-  // Forward, alive together at the end of MoeMlp: the router logits in the dtype, the tokens
-  // repeated k times before sorting, the expert outputs, the weighted rows, those rows put back in
-  // token order and the summed output. Mixtral weights in fp32: its product [T * k, H] in fp32
-  // sits beside the cast for a moment.
+  const int64_t stacked = SparseLayerStackedBytes(arch, d);
+  // Forward: the router logits in the dtype and the tokens repeated k times before sorting live to
+  // the end of MoeMlp; beside them either a projection's stacked weights (during a GEMM) or, at the
+  // end, the weighted rows, those rows put back in token order and the summed output (Mixtral
+  // weights in fp32: its product [T * k, H] in fp32 sits beside the cast for a moment).
   s.forward_transient =
-      tokens * (d * e + 2 * d * k * h +
-                std::max(2 * d * k * h + d * h, mixtral ? (4 + d) * k * h : int64_t{0}));
-  // Backward: the weighted rows' gradient, the expert outputs' gradient, the sorted copies'
-  // gradient being accumulated and one expert's slice gradient (slice backward materialises a
-  // full [T * k, H] zero tensor per expert), fp32 routing gradients for Mixtral, the softmax
-  // gradients; plus the largest expert's gradients of its intermediates and of its input.
-  const int64_t largest = std::min(tokens, (kExpertImbalance * tokens * k + e - 1) / e);
-  s.backward_transient = tokens * (3 * d * k * h + (mixtral ? 8 * k * h : 0) + 8 * e) +
-                         largest * (3 * d * inter + 2 * d * h);
-  // Routing copies in forward: the repeated tokens (written, read by the gather), the expert
-  // outputs' concatenation, the weighted rows and their un-permuted copy (written and read).
+      tokens * (d * e + d * k * h) +
+      std::max(stacked,
+               tokens * std::max(2 * d * k * h + d * h, mixtral ? (4 + d) * k * h : int64_t{0}));
+  // Backward: fp32 routing gradients for Mixtral and the softmax gradients; the up and gate
+  // projections' backward, bounded together: two intermediates' gradients [T * k, I] (SiLU's and
+  // up's, or the gate's) and two input gradients [T * k, H] (one waiting to be summed with the
+  // other into the sorted rows'), beside the stacked weights or their gradient.
+  s.backward_transient = tokens * ((mixtral ? 8 * k * h : 0) + 8 * e) +
+                         tokens * k * (2 * d * inter + 2 * d * h) + stacked;
+  // Routing copies in forward: the repeated tokens (written, read by the sort's gather), the
+  // weighted rows and their un-permuted copy (written and read): 6 passes over the routed rows.
+  // The stable sort moves T * k int64 keys and indices, a few passes of 16 bytes a row against the
+  // rows' H * d: left out.
   const double rows_bytes = static_cast<double>(tokens) * static_cast<double>(d * k * h);
-  s.forward_traffic = 8.0 * rows_bytes;
-  // Backward: the split's gradient (one concatenation of the experts' input gradients), the
-  // gathers' and the concatenation's gradients.
-  s.backward_traffic = rows_bytes * 8.0;
+  s.forward_traffic = 6.0 * rows_bytes;
+  // Backward: the two gathers' gradients (a zero-filled [T * k, H] each, the rows added in); the
+  // grouped GEMMs write the experts' input gradients whole, with no concatenation. The GEMMs
+  // themselves (weight gradients included) are priced as flops.
+  s.backward_traffic = 4.0 * rows_bytes;
+  // Each of the three projections' weights read and written into their stack, once in forward
+  // (and its recompute) and once in backward; not scaled with the saved bytes as the routing is.
+  s.stack_traffic = 3.0 * 2.0 * static_cast<double>(stacked);
   return s;
 }
 
@@ -356,8 +370,13 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
     sb.forward_transient_bytes = std::max(tokens * fwd_tr_tok, sparse.forward_transient);
     sb.backward_transient_bytes =
         std::max(tokens * bwd_tr_attn_tok, tokens * 2 * d * h + sparse.backward_transient);
-    sb.forward_seconds = sparse_fwd_flops / matmul_rate + sparse_fwd_mem / hbm_rate;
-    sb.backward_seconds = sparse_bwd_flops / matmul_rate + sparse_bwd_mem / hbm_rate;
+    // [Sparse layer price] The experts' GEMMs run grouped, one per projection over every expert,
+    // at the GEMM rate like any other (only the active rows' flops above); beside them the
+    // routing's gathers and the stacking of the experts' weights, at the memory rate.
+    sb.forward_seconds =
+        sparse_fwd_flops / matmul_rate + (sparse_fwd_mem + sparse.stack_traffic) / hbm_rate;
+    sb.backward_seconds =
+        sparse_bwd_flops / matmul_rate + (sparse_bwd_mem + sparse.stack_traffic) / hbm_rate;
     sb.recompute_seconds = sb.forward_seconds;
     for (int64_t l = 0; l < arch.num_layers; ++l) {
       if (arch.IsMoeLayer(l)) trace.blocks[static_cast<size_t>(l)] = sb;
@@ -459,11 +478,22 @@ Trace ScaleTraceToWorkload(const Trace& trace, const Workload& workload) {
     const int64_t fixed = std::min(bytes, fixed_transient);
     return Scale(bytes - fixed, f) + fixed;
   };
-  for (BlockTrace& b : out.blocks) {
+  // [Sparse layer price] Nor do a sparse layer's stacked expert weights.
+  const bool valid_arch = ValidateModelSpec(trace.arch, "").ok();
+  for (size_t l = 0; l < out.blocks.size(); ++l) {
+    BlockTrace& b = out.blocks[l];
+    const int64_t stacked =
+        valid_arch && trace.arch.IsMoeLayer(static_cast<int64_t>(l))
+            ? SparseLayerStackedBytes(trace.arch, DTypeBytes(trace.param_dtype))
+            : 0;
+    auto scale_block_transient = [&](int64_t bytes) {
+      const int64_t fixed = std::min(bytes, stacked);
+      return scale_transient(bytes - fixed) + fixed;
+    };
     b.input_bytes = Scale(b.input_bytes, f);
     b.saved_bytes = Scale(b.saved_bytes, f);
-    b.forward_transient_bytes = scale_transient(b.forward_transient_bytes);
-    b.backward_transient_bytes = scale_transient(b.backward_transient_bytes);
+    b.forward_transient_bytes = scale_block_transient(b.forward_transient_bytes);
+    b.backward_transient_bytes = scale_block_transient(b.backward_transient_bytes);
     b.forward_seconds *= f;
     b.backward_seconds *= f;
     b.recompute_seconds *= f;

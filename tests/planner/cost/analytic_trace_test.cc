@@ -158,6 +158,35 @@ TEST(AnalyticTraceTest, SparseLayerKeepsTheDenseEquivalentPlusItsRouting) {
   EXPECT_GT(a.blocks[0].param_bytes, 10 * b.blocks[0].param_bytes);
 }
 
+// [Sparse layer price] The grouped experts stack one projection's weights of every expert
+// [E, I, H] for each GEMM: a transient of E·I·H·d bytes in both passes whatever the tokens (at 512
+// tokens of qwen3-30b-a3b it is most of the layer's), which scaling a trace keeps as it is; and
+// stacking moves bytes with E at a fixed k, so the layer's time grows with the expert count.
+TEST(AnalyticTraceTest, SparseLayerPricesTheStackedExpertWeights) {
+  ModelSpec m = *FindModelPreset("qwen3-30b-a3b");
+  m.num_layers = 2;
+  const int64_t stacked = m.num_experts * m.moe_intermediate_size * m.hidden_size * 2;
+  const Trace small = SynthSpec(m, 1, 512);
+  EXPECT_GT(small.blocks[0].forward_transient_bytes, stacked);
+  EXPECT_GT(small.blocks[0].backward_transient_bytes, stacked);
+  EXPECT_LT(small.blocks[0].forward_transient_bytes, 2 * stacked);
+
+  // Backward's transient is T-linear plus the stack: scaling 512 -> 2 048 tokens lands on the
+  // synthesised figure.
+  const Trace large = SynthSpec(m, 4, 512);
+  Workload w;
+  w.micro_batch = 4;
+  w.seq_len = 512;
+  EXPECT_EQ(ScaleTraceToWorkload(small, w).blocks[0].backward_transient_bytes,
+            large.blocks[0].backward_transient_bytes);
+
+  ModelSpec twice = m;
+  twice.num_experts = 2 * m.num_experts;
+  const Trace more = SynthSpec(twice, 1, 512);
+  EXPECT_GT(more.blocks[0].forward_seconds, small.blocks[0].forward_seconds);
+  EXPECT_GT(more.blocks[0].backward_seconds, small.blocks[0].backward_seconds);
+}
+
 // The agent refuses QLoRA and adapters on the experts' projections for a mixture of experts;
 // the planner refuses the same requests with the same message (common/validate.h).
 TEST(AnalyticTraceTest, MixtureOfExpertsRefusesAdaptersTheAgentRefuses) {
