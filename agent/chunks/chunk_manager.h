@@ -296,7 +296,8 @@ class ChunkManager : public ParamResidency {
   // Loads this rank's parameters and, when `with_state`, optimizer state through `read`, reading
   // only what this rank stores (its shards; whole persistent parameters): the counterpart of
   // LocalPieces() for any world size and layout. A parameter without "<name>.exp_avg" starts
-  // fresh (step 0).
+  // fresh (step 0). [Byte chunks] too: `read` gives a parameter's elements in its own dtype (QLoRA's
+  // NF4 parts in uint8 and fp32), whole elements around a shard boundary that cuts one.
   // `parallel_reads` > 1: up to that many parameters' values are read at once on worker threads
   // (`read` must then be thread-safe), together at most 1 GiB of whole fp32 parameters beyond the
   // first; installing stays in order on the calling thread.

@@ -573,11 +573,6 @@ absl::Status ChunkStateIO::LoadRanges(const ChunkManager::RangeReader& read, boo
   if (optimizer_.quantized() && with_state) {
     return absl::UnimplementedError("per-rank checkpoint pieces: not for adamw8bit state");
   }
-  if (set_.dtype() == torch::kUInt8) {
-    // A reader counts a parameter's own elements; [Byte chunks] ranges count bytes.
-    return absl::UnimplementedError(
-        "loading ranges: not for byte chunks (a QLoRA base is quantized whole, then stored)");
-  }
   torch::NoGradGuard no_grad;
   optimizer_.WaitAll();
   const bool has_moments = optimizer_.has_moments();
@@ -594,6 +589,18 @@ absl::Status ChunkStateIO::LoadRanges(const ChunkManager::RangeReader& read, boo
                                               ", ", r.from + r.len, ")"));
     }
     return t->reshape({-1});
+  };
+  // A parameter's stored part. [Byte chunks]: the reader counts the parameter's own elements and
+  // a shard boundary may cut one (an fp32 scale, a bf16 norm): the elements that hold the range's
+  // bytes are read and the bytes kept.
+  auto param_part = [&part, this](const Param& p,
+                                  const OwnedRange& r) -> absl::StatusOr<torch::Tensor> {
+    if (p.dtype == set_.dtype()) return part(p.name, r);
+    const int64_t size = static_cast<int64_t>(c10::elementSize(p.dtype));
+    const int64_t first = r.from / size, last = (r.from + r.len + size - 1) / size;
+    ASSIGN_OR_RETURN(const torch::Tensor values, part(p.name, OwnedRange{first, 0, last - first}));
+    return values.to(p.dtype).contiguous().view(set_.dtype()).narrow(0, r.from - first * size,
+                                                                    r.len);
   };
   try {
     int64_t step = 0;
@@ -629,9 +636,9 @@ absl::Status ChunkStateIO::LoadRanges(const ChunkManager::RangeReader& read, boo
         const Param& q = set_.param(next_read++);
         const OwnedRange rq = set_.Stored(q);
         ahead.push_back({std::async(parallel_reads > 1 ? std::launch::async : std::launch::deferred,
-                                    [&part, name = q.name, rq]() -> absl::StatusOr<torch::Tensor> {
+                                    [&param_part, &q, rq]() -> absl::StatusOr<torch::Tensor> {
                                       if (rq.len == 0) return torch::Tensor();
-                                      return part(name, rq);
+                                      return param_part(q, rq);
                                     }),
                          bytes});
       }

@@ -203,11 +203,6 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaModelO
     return absl::InvalidArgumentError(
         "lora.nf4_base (QLoRA) needs adapters: lora.rank must be >= 1");
   }
-  if (options.lora.nf4_base && options.deferred_values) {
-    return absl::InvalidArgumentError(
-        "lora.nf4_base: the base is quantized when the model is created, so its values cannot be "
-        "deferred (deferred_values)");
-  }
   if (options.device.is_cuda() && !torch::cuda::is_available()) {
     return absl::FailedPreconditionError("model: device cuda requested but CUDA is not available");
   }
@@ -244,16 +239,19 @@ void LlamaModel::InitParams() {
   const bool meta = device_opts.device().is_meta();
   std::vector<std::pair<torch::Tensor*, InitRecipe>> recipes;
   // deferred_values: every parameter's elements alias this one zero (stride 0, not a view).
-  const torch::Tensor deferred_zero =
-      options_.deferred_values && !meta ? torch::zeros({1}, device_opts) : torch::Tensor();
+  const bool deferred = options_.deferred_values && !meta;
+  auto deferred_value = [&](const std::vector<int64_t>& sizes, torch::ScalarType dtype) {
+    const torch::Tensor zero = torch::zeros({1}, device_opts.dtype(dtype));
+    torch::Tensor t = torch::empty({0}, device_opts.dtype(dtype));
+    t.set_(zero.storage(), 0, sizes, std::vector<int64_t>(sizes.size(), 0));
+    return t;
+  };
   auto make = [&](torch::Tensor* slot, InitRecipe recipe) {
     if (meta) {
       *slot = torch::empty(recipe.sizes, device_opts).requires_grad_(base_trainable);
-    } else if (deferred_zero.defined()) {
-      torch::Tensor t = torch::empty({0}, device_opts);
-      t.set_(deferred_zero.storage(), 0, recipe.sizes,
-             std::vector<int64_t>(recipe.sizes.size(), 0));
-      *slot = t.requires_grad_(base_trainable);
+    } else if (deferred) {
+      *slot = deferred_value(recipe.sizes, ToScalarType(options_.dtype))
+                  .requires_grad_(base_trainable);
     } else if (recipe.kind == InitRecipe::kNormal) {
       draws.push_back({slot, recipe.sizes});
     } else {
@@ -360,16 +358,31 @@ void LlamaModel::InitParams() {
   work();
   for (std::thread& t : pool) t.join();
   if (error) std::rethrow_exception(error);
-  if (meta) {
-    // [QLoRA] on kMeta: the NF4 parts' shapes and dtypes ([NF4 storage]), no values.
+  if (meta || deferred) {
+    // [QLoRA] on kMeta, or deferred ([Sharded NF4 loading]: a loader quantizes what the rank
+    // stores, and sets the offset): the NF4 parts' shapes and dtypes ([NF4 storage]), no values.
     for (auto& [slot, nf4] : quantized) {
-      const std::vector<int64_t> shape = slot->sizes().vec();
+      if (!slot->defined()) continue;
       const Nf4PartBytes parts = Nf4Parts(slot->numel());
-      const auto on = torch::TensorOptions().device(torch::kMeta);
-      *nf4 = quant::Nf4Tensor{torch::empty({parts.data_bytes}, on.dtype(torch::kUInt8)),
-                              torch::empty({parts.absmax_code_bytes}, on.dtype(torch::kUInt8)),
-                              torch::empty({parts.absmax_scale_bytes / 4}, on.dtype(torch::kFloat32)),
-                              0.0f, shape, kNf4Blocksize};
+      auto part = [&](int64_t n, torch::ScalarType dtype) {
+        return meta ? torch::empty({n}, device_opts.dtype(dtype)) : deferred_value({n}, dtype);
+      };
+      *nf4 = quant::Nf4Tensor{part(parts.data_bytes, torch::kUInt8),
+                              part(parts.absmax_code_bytes, torch::kUInt8),
+                              part(parts.absmax_scale_bytes / 4, torch::kFloat32), 0.0f,
+                              slot->sizes().vec(), kNf4Blocksize};
+    }
+  }
+  // A quantized weight's initial values under its Hugging Face name (InitialValues).
+  for (const auto& b : blocks_) {
+    const auto slots = b->Projections();
+    for (size_t m = 0; m < slots.size(); ++m) {
+      for (const auto& [slot, recipe] : recipes) {
+        if (slot == slots[m] && quantized.count(slot) != 0) {
+          init_recipes_[absl::StrCat("model.layers.", b->index, ".", BlockParams::ModulePath(m),
+                                     ".weight")] = recipe;
+        }
+      }
     }
   }
   for (auto& [slot, nf4] : quantized) *slot = torch::Tensor();
@@ -445,6 +458,15 @@ absl::Status LlamaModel::LoadQuantizedWeight(const std::string& name, const torc
     return absl::InvalidArgumentError(
         absl::StrCat("model: quantizing \"", name, "\": ", e.what_without_backtrace()));
   }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::SetQuantizedOffset(const std::string& name, float offset) {
+  const auto where = ProjectionOf(name, num_blocks());
+  if (!where || !blocks_[where->first]->nf4[where->second].has_value()) {
+    return absl::NotFoundError(absl::StrCat("model: \"", name, "\" is not a quantized weight"));
+  }
+  blocks_[where->first]->nf4[where->second]->absmax_offset = offset;
   return absl::OkStatus();
 }
 

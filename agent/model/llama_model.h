@@ -60,6 +60,7 @@ struct LlamaModelOptions {
   // lora.nf4_base (QLoRA): every block's projection weights are NF4 ([QLoRA quantized weights],
   // common/nf4_bytes.h), quantized from their model-dtype values when created (on `device`) or
   // loaded (LoadQuantizedWeight), and dequantized per product; ParamGroups() lists their parts.
+  // With deferred_values the parts have no values yet ([Sharded NF4 loading]).
   LoraOptions lora;
 };
 
@@ -93,6 +94,10 @@ class LlamaModel {
   // a ChunkManager takes the parameters. NOT_FOUND for a name QuantizedWeightNames() lacks,
   // INVALID_ARGUMENT for a wrong shape.
   absl::Status LoadQuantizedWeight(const std::string& name, const torch::Tensor& value);
+  // [Sharded NF4 loading] A model created with deferred_values has its NF4 parts without values
+  // (the chunk managers' loader fills what each rank stores) and every offset 0: this sets the
+  // offset (absmax mean) of weight `name`. NOT_FOUND as LoadQuantizedWeight.
+  absl::Status SetQuantizedOffset(const std::string& name, float offset);
   // `base` (values of Params() by name, e.g. a frozen ChunkManager's Params()) with each
   // quantized weight's NF4 parts replaced by the weight dequantized in the model dtype under its
   // Hugging Face name (what merging adapters into a checkpoint needs); other entries unchanged,
@@ -106,7 +111,8 @@ class LlamaModel {
   // What the optimizer updates: the adapters with LoRA (AdapterGroups() flattened), else Params().
   std::vector<NamedParam> TrainableParams() const;
   // Elements [begin, begin + len) of the flattened initial value of base parameter `name` (one
-  // of Params()), in the model dtype on the CPU: exactly what Create gives it, for a model created
+  // of Params(), or a quantized weight by its Hugging Face name, before quantization), in the
+  // model dtype on the CPU: exactly what Create gives it, for a model created
   // on kMeta or with deferred_values too. [Sharded loading] a rank fills only what it stores; the
   // parameter is drawn whole and dropped. NOT_FOUND for another name.
   absl::StatusOr<torch::Tensor> InitialValues(const std::string& name, int64_t begin,

@@ -472,10 +472,10 @@ absl::Status TrainSession::BuildModel() {
   // (deferred_values: shapes only): the ChunkManager allocates what this rank stores and
   // FillShards() fills it from the checkpoint's byte ranges (or the initial values), so no rank
   // ever holds the whole model, on one rank or many. LoRA's frozen base loads the same way (its
-  // adapters are drawn or loaded whole); a QLoRA base is quantized whole when the model is created
-  // (on the CPU, for the managers to take their shares); an unmanaged run creates it on the
-  // device.
-  sharded_load_ = plan_.managed && !config_.lora.nf4_base;
+  // adapters are drawn or loaded whole), a QLoRA base too, each rank quantizing the NF4 bytes it
+  // stores ([Sharded NF4 loading], agent/train/nf4_shard_reader.h); an unmanaged run creates the
+  // model on the device.
+  sharded_load_ = plan_.managed;
   before_model_ = ReadHostMemory();
   if (plan_.managed) model_options_.param_device = torch::Device(torch::kCPU);
   model_options_.deferred_values = sharded_load_;

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <ostream>
 #include <thread>
 #include <utility>
@@ -42,7 +43,10 @@
 #include "agent/profiler/memory_probe.h"
 #include "agent/profiler/memory_timeline.h"
 #include "agent/train/device_setup.h"
+#include "agent/model/layers.h"
 #include "common/hf_config.h"
+#include "common/nf4_bytes.h"
+#include "common/param_shapes.h"
 #include "common/log.h"
 #include "common/presets.h"
 #include "common/status.h"
@@ -78,8 +82,20 @@ absl::Status TrainSession::LoadWeights() {
   if (checkpoint_ != nullptr) {  // --model, opened by ResolveModelSpec()
     const std::vector<NamedParam> names = io::FlattenParamGroups(model_->ParamGroups());
     if (sharded_load_) {
-      // Checked now (names, shapes, dtypes), read by FillShards() once the chunks exist.
-      ASSIGN_OR_RETURN(matched_, checkpoint_->Match(names, {}));
+      // Checked now (names, shapes, dtypes), read by FillShards() once the chunks exist. QLoRA's
+      // NF4 parts are read as the weights they quantize ([Sharded NF4 loading]).
+      std::vector<NamedParam> sources;
+      for (const NamedParam& p : names) {
+        if (!IsNf4PartName(p.name)) sources.push_back(p);
+      }
+      std::map<std::string, std::vector<int64_t>> shapes;
+      for (const ParamShape& p : HfParamShapes(spec_)) shapes[p.name] = p.shape;
+      for (const std::string& name : model_->QuantizedWeightNames()) {
+        sources.push_back({name, torch::empty(shapes.at(name), torch::TensorOptions()
+                                                                   .dtype(ToScalarType(dtype_))
+                                                                   .device(torch::kMeta))});
+      }
+      ASSIGN_OR_RETURN(matched_, checkpoint_->Match(sources, {}));
     } else {
       // [QLoRA] an NF4 base is quantized from the checkpoint's weights one at a time.
       ASSIGN_OR_RETURN(io::HfLoadReport report, io::LoadModelCheckpoint(*checkpoint_, *model_));
@@ -145,6 +161,14 @@ absl::Status TrainSession::FillShards() {
         .Field("tensors", matched_.loads.size())
         .Field("bytes", bytes_read.load())
         .Field("rank", dist_.rank);
+  }
+  if (model_->has_nf4_base()) {
+    const Nf4ShardReader::Counts& n = trainer_->nf4_load_counts();
+    MEMPLAN_LOG(kInfo, "quantized base")
+        .Field("rank", dist_.rank)
+        .Field("nf4_data_bytes", n.data_bytes_quantized)
+        .Field("weight_elements_read", n.elements_read)
+        .Field("weights_read_whole", n.weights_read_whole);
   }
   return absl::OkStatus();
 }

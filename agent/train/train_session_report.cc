@@ -71,8 +71,8 @@ void TrainSession::ReportApplied() {
         .Field("device_peak_reserved_bytes", peaks.reserved_bytes)
         .Field("sharded_load", sharded_load_);
     if (const ChunkManager* base = trainer_->base_chunk_manager(); base != nullptr) {
-      // LoRA: the frozen base's part on this rank ([Sharded frozen base]); the peak above also
-      // counts the whole base the model was created with before the managers took their shares.
+      // LoRA: the frozen base's part on this rank ([Sharded frozen base]), all of the base the
+      // rank ever held when managed (QLoRA included: [Sharded NF4 loading]).
       const ChunkMemoryStats stats = base->MemoryStats();
       record.Field("base_chunk_host_bytes", stats.host_pinned_bytes + stats.host_pageable_bytes)
           .Field("base_chunk_device_bytes", stats.buffer_device_bytes +

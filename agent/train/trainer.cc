@@ -757,7 +757,18 @@ absl::Status Trainer::LoadParamRanges(const ChunkManager::RangeReader& read) {
     return absl::FailedPreconditionError(
         "loading parameter ranges: only a managed run stores parts of the model");
   }
-  return target->LoadRanges(read, /*with_state=*/false, std::max(options_.chunks.cpu_threads, 1));
+  const int threads = std::max(options_.chunks.cpu_threads, 1);
+  if (!model_->has_nf4_base()) return target->LoadRanges(read, /*with_state=*/false, threads);
+  // [Sharded NF4 loading] (nf4_shard_reader.h): this rank quantizes the NF4 bytes it stores.
+  Nf4ShardReader nf4(*model_, read);
+  RETURN_IF_ERROR(target->LoadRanges(
+      [&nf4](const std::string& name, int64_t begin, int64_t len) {
+        return nf4.Read(name, begin, len);
+      },
+      /*with_state=*/false, threads));
+  RETURN_IF_ERROR(nf4.SetOffsets(*model_, options_.communicator));
+  nf4_load_counts_ = nf4.counts();
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::ImportOptimizerState(const std::vector<NamedParam>& state) {

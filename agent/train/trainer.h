@@ -19,6 +19,7 @@
 #include "agent/dist/communicator.h"
 #include "agent/io/checkpoint.h"
 #include "agent/model/llama_model.h"
+#include "agent/train/nf4_shard_reader.h"
 
 namespace memplan {
 
@@ -143,7 +144,12 @@ class Trainer {
   // this rank stores (its shards, the whole persistent chunks) through `read`, by name and element
   // range (e.g. LlamaModel::InitialValues, or ranges of a Hugging Face checkpoint), optimizer
   // state fresh. `read` runs on up to chunks.cpu_threads threads at once (it must be thread-safe).
+  // QLoRA: `read` gives the quantized weights by their Hugging Face names, unquantized, and this
+  // rank quantizes the bytes it stores ([Sharded NF4 loading], nf4_shard_reader.h); every rank
+  // calls it (the offsets are all-gathered).
   absl::Status LoadParamRanges(const ChunkManager::RangeReader& read);
+  // What the last LoadParamRanges quantized and read of a QLoRA base (zeros otherwise).
+  const Nf4ShardReader::Counts& nf4_load_counts() const { return nf4_load_counts_; }
   // Whether SaveCheckpoint writes a per-rank checkpoint, and RestoreFromPieces can read one.
   bool UsesPerRankCheckpoints() const;
 
@@ -191,6 +197,7 @@ class Trainer {
   std::vector<NamedParam> params_;  // trainable, canonical order, unique
   std::unique_ptr<ChunkManager> chunk_manager_;
   std::unique_ptr<ChunkManager> base_manager_;      // LoRA, managed: the frozen base
+  Nf4ShardReader::Counts nf4_load_counts_;
   std::unique_ptr<ParamResidency> lora_residency_;  // LoRA, managed: base then adapters
   // Unmanaged only: torch::optim::AdamW (adamw) or SGD (sgd); for adamw_bf16 the state below,
   // updated by at::_fused_adamw_ (the kernel of torch.optim.AdamW(fused=True)), per params_ entry.

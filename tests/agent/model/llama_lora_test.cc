@@ -397,18 +397,41 @@ INSTANTIATE_TEST_SUITE_P(
                       LoraModeCase{"mixed_tied", true, {M::kCkpt, M::kHsOffload, M::kSwap}}),
     [](const ::testing::TestParamInfo<LoraModeCase>& info) { return info.param.name; });
 
-TEST(LlamaQloraTest, Nf4BaseNeedsAdaptersAndRealValues) {
+TEST(LlamaQloraTest, Nf4BaseNeedsAdaptersAndMayBeDeferred) {
   LlamaModelOptions o;
   o.spec = TinySpec();
   o.lora.nf4_base = true;
   auto no_rank = LlamaModel::Create(o);
   ASSERT_FALSE(no_rank.ok());
   EXPECT_NE(no_rank.status().message().find("lora.rank must be >= 1"), std::string::npos);
+  // [Sharded NF4 loading] deferred: the NF4 parts have their [NF4 storage] shapes and no values;
+  // the quantized weights' initial values are drawn by name, as the whole model's are.
   o.lora = Qlora({"q_proj"});
+  auto whole = LlamaModel::Create(o);
+  ASSERT_TRUE(whole.ok()) << whole.status();
   o.deferred_values = true;
   auto deferred = LlamaModel::Create(o);
-  ASSERT_FALSE(deferred.ok());
-  EXPECT_NE(deferred.status().message().find("deferred_values"), std::string::npos);
+  ASSERT_TRUE(deferred.ok()) << deferred.status();
+  const std::vector<NamedParam> a = (*whole)->Params(), b = (*deferred)->Params();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].name, b[i].name);
+    EXPECT_EQ(a[i].param.sizes(), b[i].param.sizes()) << a[i].name;
+    EXPECT_EQ(a[i].param.scalar_type(), b[i].param.scalar_type()) << a[i].name;
+  }
+  const std::string weight = "model.layers.1.mlp.down_proj.weight";
+  auto value = (*deferred)->InitialValues(weight, 0, 64 * 96);
+  ASSERT_TRUE(value.ok()) << value.status();
+  auto q = quant::QuantizeNf4(value->view({64, 96}));
+  ASSERT_TRUE(q.ok()) << q.status();
+  for (const NamedParam& p : a) {
+    if (p.name == weight + ".nf4_data") {
+      EXPECT_TRUE(torch::equal(p.param, q->data));
+    }
+  }
+  EXPECT_TRUE((*deferred)->SetQuantizedOffset(weight, q->absmax_offset).ok());
+  EXPECT_EQ((*deferred)->SetQuantizedOffset("model.norm.weight", 0).code(),
+            absl::StatusCode::kNotFound);
 }
 
 }  // namespace

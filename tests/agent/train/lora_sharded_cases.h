@@ -40,12 +40,13 @@ inline std::vector<LoraShardCase> LoraShardCases() {
 }
 
 // `deferred`: the base without values, as `memplan-agent train` creates a managed LoRA model
-// ([Sharded loading]; not QLoRA, whose base is quantized whole); the trainer then fills what its
-// rank stores from LlamaModel::InitialValues. The adapters always have their values.
+// ([Sharded loading]; QLoRA's NF4 parts too, [Sharded NF4 loading]); the trainer then fills what
+// its rank stores from LlamaModel::InitialValues (QLoRA: quantizing it). The adapters always have
+// their values.
 inline std::unique_ptr<LlamaModel> MakeLoraShardModel(const LoraShardCase& c,
                                                       bool deferred = false) {
   LlamaModelOptions o;
-  o.deferred_values = deferred && !c.nf4;
+  o.deferred_values = deferred;
   o.spec = TinySpec();
   o.seed = 3;
   o.param_device = torch::kCPU;
@@ -62,6 +63,22 @@ inline std::unique_ptr<LlamaModel> MakeLoraShardModel(const LoraShardCase& c,
     p.param.add_(at::empty_like(p.param).normal_(0, 0.05, gen));
   }
   return std::move(model).value();
+}
+
+// QLoRA: every quantized weight of `model` dequantized from `base` (values of its Params(), e.g.
+// gathered from the shards) with the model's offsets, fp32, flattened and concatenated; an empty
+// tensor without an NF4 base.
+inline torch::Tensor DequantizedWeights(const LlamaModel& model,
+                                        const std::vector<NamedParam>& base) {
+  std::vector<torch::Tensor> parts;
+  auto dequantized = model.DequantizedBase(base);
+  if (!dequantized.ok()) return torch::full({1}, -1.0f);
+  for (const std::string& name : model.QuantizedWeightNames()) {
+    for (const NamedParam& p : *dequantized) {
+      if (p.name == name) parts.push_back(p.param.reshape({-1}).to(torch::kFloat32));
+    }
+  }
+  return parts.empty() ? torch::empty({0}) : torch::cat(parts);
 }
 
 inline TrainerOptions LoraShardOptions(const LoraShardCase& c) {

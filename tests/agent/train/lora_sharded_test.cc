@@ -11,11 +11,15 @@
 // * the base gathered back from the shards equals the unsharded base byte for byte (NF4 codes,
 //   scales and norms included), and each rank's base host bytes are its shards: ceil(S / W)
 //   per offloaded chunk of S bytes (and persistent chunks sharded on the device when asked);
+// * QLoRA ([Sharded NF4 loading]): each rank quantized at most its 1/W of the NF4 data bytes (plus
+//   the blocks a shard boundary cuts), the ranks together all of them, no rank read every
+//   quantized weight, and the base dequantizes (offsets included) as the whole-model
+//   quantization's, bit for bit;
 // * a LoRA checkpoint written by 2 ranks resumes on 1, and one written by 1 process resumes on 3,
 //   with the losses of the uninterrupted run (1e-5 relative).
 // Every rank (and the one-process runs that save and resume) loads as `memplan-agent train`
-// does: a LoRA base without values whose shards are drawn by LoadParamRanges; QLoRA's base is
-// quantized whole and then stored. The one-process step reference materialises the model.
+// does: a LoRA base without values whose shards are drawn by LoadParamRanges (QLoRA: and
+// quantized there). The one-process step reference materialises the model, quantized whole.
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -26,6 +30,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/io/peft_adapter.h"
+#include "common/nf4_bytes.h"
 #include "common/optimizer_bytes.h"
 #include "gtest/gtest.h"
 #include "tests/agent/subprocess.h"
@@ -85,6 +90,7 @@ struct Reference {
   double loss = 0;
   double norm = 0;
   std::vector<NamedParam> grads, params, initial_adapters, base;
+  torch::Tensor dequantized;  // testing::DequantizedWeights of the whole-model quantization
 };
 
 Reference OneProcessStep(const testing::LoraShardCase& c) {
@@ -95,6 +101,7 @@ Reference OneProcessStep(const testing::LoraShardCase& c) {
     ref.initial_adapters.push_back({p.name, p.param.detach().clone()});
   }
   for (const NamedParam& p : model->Params()) ref.base.push_back({p.name, p.param.detach().clone()});
+  ref.dequantized = testing::DequantizedWeights(*model, ref.base);
   auto trainer = Trainer::Create(model.get(), testing::LoraShardOptions(c));
   EXPECT_TRUE(trainer.ok()) << trainer.status();
   auto loss = (*trainer)->ForwardBackward(testing::LoraGlobalBatches(c, 1));
@@ -106,6 +113,29 @@ Reference OneProcessStep(const testing::LoraShardCase& c) {
   ref.norm = *norm;
   ref.params = (*trainer)->Params();
   return ref;
+}
+
+// The NF4 data bytes rank `rank` of `world` stores of a QLoRA case's base: its byte range
+// [r P / W, (r + 1) P / W) of every chunk of S bytes padded to P = W ceil(S / W) ([Sharded frozen
+// base]), or the whole of a persistent chunk that is not sharded.
+int64_t StoredDataBytes(const testing::LoraShardCase& c, int rank, int world) {
+  std::unique_ptr<LlamaModel> model = testing::MakeLoraShardModel(c, /*deferred=*/true);
+  const ChunkManagerOptions options = testing::LoraShardOptions(c).chunks;
+  absl::StatusOr<ChunkPacking> layout = ChunkManager::LayoutOf(model->ParamGroups(), options);
+  EXPECT_TRUE(layout.ok()) << layout.status();
+  if (!layout.ok()) return 0;
+  int64_t stored = 0;
+  for (size_t i = 0; i < layout->params().size(); ++i) {
+    if (!layout->params()[i].name.ends_with(kNf4DataSuffix)) continue;
+    const ParamSlot& slot = layout->slots()[i];
+    const int64_t size = layout->chunks()[slot.chunk].size_bytes;
+    const int64_t padded = world * ((size + world - 1) / world);
+    int64_t from = padded * rank / world, to = padded * (rank + 1) / world;
+    if (slot.chunk < c.base_n_persist && !c.base_params_sharded) from = 0, to = size;
+    stored += std::max<int64_t>(
+        0, std::min(to, slot.offset_bytes + slot.size_bytes) - std::max(from, slot.offset_bytes));
+  }
+  return stored;
 }
 
 class LoraShardedTest : public ::testing::TestWithParam<int> {};
@@ -130,11 +160,18 @@ TEST_P(LoraShardedTest, OneStepEqualsOneProcessOnTheGlobalBatch) {
       moved = std::max(moved, MaxAbsDiff(ref.params[i].param, ref.initial_adapters[i].param));
     }
     EXPECT_GT(moved, 1e-3);
+    // The NF4 base's data bytes and its quantized weights' elements.
+    int64_t total_data_bytes = 0, total_elements = 0, quantized_sum = 0;
+    for (const NamedParam& p : ref.base) {
+      if (!p.name.ends_with(kNf4DataSuffix)) continue;
+      total_data_bytes += p.param.numel();
+      total_elements += 2 * p.param.numel();  // every tiny weight has an even size
+    }
     std::vector<torch::Tensor> rank0;
     for (int r = 0; r < world; ++r) {
       SCOPED_TRACE(absl::StrCat("rank ", r));
       const std::vector<torch::Tensor> got = LoadRank(prefix, c.name, r);
-      ASSERT_EQ(got.size(), 3 + n_grads + n_params + n_base);
+      ASSERT_EQ(got.size(), 5 + n_grads + n_params + n_base);
       EXPECT_NEAR(got[0].item<double>(), ref.loss, 1e-5 * std::abs(ref.loss));
       EXPECT_NEAR(got[1].item<double>(), ref.norm, 1e-5 * std::abs(ref.norm));
       for (size_t i = 0; i < n_grads; ++i) {
@@ -204,6 +241,29 @@ TEST_P(LoraShardedTest, OneStepEqualsOneProcessOnTheGlobalBatch) {
         EXPECT_EQ(b.scalar_type(), ref.base[i].param.scalar_type()) << ref.base[i].name;
         EXPECT_TRUE(torch::equal(b, ref.base[i].param)) << "base " << ref.base[i].name;
       }
+      // [Sharded NF4 loading] The rank quantized only what it stores, and the offsets it did not
+      // compute came from the others: every weight dequantizes as the whole-model quantization's.
+      EXPECT_TRUE(torch::equal(got[got.size() - 3], ref.dequantized)) << "dequantized base";
+      const torch::Tensor counts = got[got.size() - 2];
+      if (c.nf4) {
+        const int64_t quantized = counts[0].item<int64_t>(), read = counts[1].item<int64_t>();
+        std::printf("%s rank %d of %d: %lld of %lld NF4 data bytes quantized, %lld of %lld "
+                    "weight elements read, %lld weights read whole\n",
+                    c.name.c_str(), r, world, static_cast<long long>(quantized),
+                    static_cast<long long>(total_data_bytes), static_cast<long long>(read),
+                    static_cast<long long>(total_elements),
+                    static_cast<long long>(counts[2].item<int64_t>()));
+        quantized_sum += quantized;
+        // The data bytes this rank stores, and at most a partial block where a shard boundary
+        // cuts a weight's data, at either end of each chunk's shard.
+        const int64_t stored = StoredDataBytes(c, r, world);
+        EXPECT_LT(stored, total_data_bytes);
+        EXPECT_GE(quantized, stored);
+        EXPECT_LE(quantized, stored + static_cast<int64_t>(got.back().numel() - 3) * kNf4Blocksize);
+        EXPECT_LT(read, total_elements);
+      } else {
+        EXPECT_EQ(counts.sum().item<int64_t>(), 0);
+      }
       // The base's bytes on this rank: its shards.
       const torch::Tensor stats = got.back();
       const int64_t n_persist = stats[2].item<int64_t>();
@@ -223,6 +283,9 @@ TEST_P(LoraShardedTest, OneStepEqualsOneProcessOnTheGlobalBatch) {
       EXPECT_EQ(stats[0].item<int64_t>(), host);
       EXPECT_EQ(stats[1].item<int64_t>(), persistent);
       // Every rank holds the same adapters.
+      if (r == world - 1 && c.nf4) {
+        EXPECT_GE(quantized_sum, total_data_bytes);
+      }
       if (r == 0) {
         rank0 = got;
       } else {

@@ -2,6 +2,8 @@
 // torchrun's variables on a loopback port): joins the Gloo group and, for every LoraShardCase,
 //   step PREFIX:   one optimizer step on its rows of the global batch; saves [loss, grad norm,
 //                  adapter grads..., adapters after the step..., base values...,
+//                  the quantized weights dequantized (QLoRA: fp32, concatenated; else empty),
+//                  int64 [NF4 data bytes quantized, elements read, weights read whole],
 //                  int64 [base host bytes, base persistent device bytes, base n_persist,
 //                  base chunk bytes...]] to PREFIX.CASE.rankR.pt;
 //   save PREFIX:   steps 1 to 3, the LoRA checkpoint written after step 1 to PREFIX.CASE.ckpt;
@@ -41,7 +43,7 @@ absl::Status RunCase(const std::string& mode, const std::string& prefix,
                      const testing::LoraShardCase& c, Communicator& comm) {
   const int rank = comm.rank(), world = comm.world_size();
   // Every rank loads as `memplan-agent train` does: a LoRA base without values, and only what
-  // the rank stores drawn into its chunks (QLoRA: quantized whole, then its shares kept).
+  // the rank stores drawn into its chunks (QLoRA: and quantized, [Sharded NF4 loading]).
   std::unique_ptr<LlamaModel> model = testing::MakeLoraShardModel(c, /*deferred=*/true);
   if (!model) return absl::InternalError("model creation failed");
   TrainerOptions options = testing::LoraShardOptions(c);
@@ -65,7 +67,13 @@ absl::Status RunCase(const std::string& mode, const std::string& prefix,
       out = {torch::tensor(loss, torch::kFloat64), torch::tensor(norm, torch::kFloat64)};
       for (const NamedParam& g : grads) out.push_back(g.param);
       for (const NamedParam& p : trainer->Params()) out.push_back(p.param);
-      for (const NamedParam& p : trainer->BaseParams()) out.push_back(p.param);
+      const std::vector<NamedParam> base = trainer->BaseParams();
+      for (const NamedParam& p : base) out.push_back(p.param);
+      out.push_back(testing::DequantizedWeights(*model, base));
+      const Nf4ShardReader::Counts& n = trainer->nf4_load_counts();
+      out.push_back(torch::tensor(std::vector<int64_t>{n.data_bytes_quantized, n.elements_read,
+                                                       n.weights_read_whole},
+                                  torch::kInt64));
       const ChunkMemoryStats b = trainer->base_chunk_manager()->MemoryStats();
       std::vector<int64_t> stats = {b.host_pinned_bytes + b.host_pageable_bytes,
                                     b.persistent_device_bytes, b.n_persist};
