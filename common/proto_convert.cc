@@ -190,6 +190,10 @@ v1::HardwareProfile ToProto(const HardwareSpec& spec) {
   out.set_matmul_fp32_flops(spec.matmul_fp32_flops);
   out.set_nccl_allgather_bytes_per_second(spec.nccl_allgather_bytes_per_second);
   out.set_nccl_reduce_scatter_bytes_per_second(spec.nccl_reduce_scatter_bytes_per_second);
+  out.set_nccl_allgather_under_compute_bytes_per_second(
+      spec.nccl_allgather_under_compute_bytes_per_second);
+  out.set_nccl_reduce_scatter_under_compute_bytes_per_second(
+      spec.nccl_reduce_scatter_under_compute_bytes_per_second);
   out.set_cpu_adam_params_per_second(spec.cpu_adam_params_per_second);
   out.set_host_memory_bytes(spec.host_memory_bytes);
   out.set_pinned_limit_bytes(spec.pinned_limit_bytes);
@@ -427,6 +431,10 @@ HardwareSpec HardwareSpecFromProto(const v1::HardwareProfile& profile) {
   out.matmul_fp32_flops = profile.matmul_fp32_flops();
   out.nccl_allgather_bytes_per_second = profile.nccl_allgather_bytes_per_second();
   out.nccl_reduce_scatter_bytes_per_second = profile.nccl_reduce_scatter_bytes_per_second();
+  out.nccl_allgather_under_compute_bytes_per_second =
+      profile.nccl_allgather_under_compute_bytes_per_second();
+  out.nccl_reduce_scatter_under_compute_bytes_per_second =
+      profile.nccl_reduce_scatter_under_compute_bytes_per_second();
   out.cpu_adam_params_per_second = profile.cpu_adam_params_per_second();
   out.host_memory_bytes = profile.host_memory_bytes();
   out.pinned_limit_bytes = profile.pinned_limit_bytes();

@@ -176,6 +176,9 @@ struct HardwareSpec {
   double matmul_fp32_flops = 0;
   double nccl_allgather_bytes_per_second = 0;
   double nccl_reduce_scatter_bytes_per_second = 0;
+  // [Collectives under compute]: the same, beside a GEMM load; 0 = not measured.
+  double nccl_allgather_under_compute_bytes_per_second = 0;
+  double nccl_reduce_scatter_under_compute_bytes_per_second = 0;
   double cpu_adam_params_per_second = 0;
   int64_t host_memory_bytes = 0;
   int64_t pinned_limit_bytes = 0;  // 0 = unlimited

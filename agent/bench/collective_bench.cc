@@ -1,10 +1,15 @@
 #include "agent/bench/collective_bench.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -18,6 +23,11 @@
 #include "agent/dist/process_group.h"
 #include "agent/dist/process_group_c10d.h"
 #define MEMPLAN_BENCH_C10D 1
+#endif
+#if __has_include(<c10/cuda/CUDAStream.h>)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#define MEMPLAN_BENCH_CUDA_STREAMS 1
 #endif
 
 namespace memplan {
@@ -144,6 +154,17 @@ class CollectiveGroup {
   void SyncDevice() {
     if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
   }
+  // Waits for the current stream only (which Finish ordered after the collectives), not for
+  // work on the device's other streams: the compute load's.
+  void SyncCurrentStream() {
+#ifdef MEMPLAN_BENCH_CUDA_STREAMS
+    if (device_.is_cuda()) {
+      c10::cuda::getCurrentCUDAStream(device_.index()).synchronize();
+      return;
+    }
+#endif
+    SyncDevice();
+  }
 
   // Element-wise maximum over the ranks (also a barrier).
   std::vector<double> MaxOverRanks(const std::vector<double>& values) {
@@ -193,6 +214,110 @@ struct Collective {
   std::function<std::string(const Buffers&, int world_size)> check;
 };
 
+// Warm-up ops, then timed runs of ops_per_run back-to-back ops of `c`; sets f's times (the
+// slowest rank's median and best per op) or its status. under_load: the compute load runs beside
+// them, so the runs wait for the collectives' stream only, not for the whole device.
+void TimeOps(CollectiveGroup& group, Buffers& buffers, const Collective& c,
+             const CollectiveBenchOptions& o, bool under_load, CollectiveFigures* f) {
+  std::vector<double> per_op;
+  auto sync = [&] { under_load ? group.SyncCurrentStream() : group.SyncDevice(); };
+  f->status = Guarded(absl::StrCat(c.name, " failed"), [&]() -> absl::Status {
+    for (int i = 0; i < o.warmup_ops; ++i) group.Finish(c.run(buffers));
+    sync();
+    for (int rep = 0; rep < o.repetitions; ++rep) {
+      group.Barrier();
+      const auto start = Clock::now();
+      for (int i = 0; i < o.ops_per_run; ++i) group.Finish(c.run(buffers));
+      sync();
+      per_op.push_back(std::chrono::duration<double>(Clock::now() - start).count() / o.ops_per_run);
+    }
+    // The group is as fast as its slowest rank; every rank reports the same figures.
+    const std::vector<double> slowest =
+        group.MaxOverRanks({Median(per_op), *std::min_element(per_op.begin(), per_op.end())});
+    f->median_seconds = slowest[0];
+    f->best_seconds = slowest[1];
+    return absl::OkStatus();
+  });
+}
+
+// [Collectives under compute] A matrix-multiply load beside the collectives while it lives: on
+// CUDA bf16 8192 x 8192 GEMMs on a stream of its own (at most two queued, so that stopping waits
+// for little), on the CPU fp32 512 x 512 matmuls, from a thread of its own. Not thread-safe; the
+// destructor stops the load and waits for it.
+class ComputeLoad {
+ public:
+  // Returns once the load runs (its first product done) or has failed.
+  explicit ComputeLoad(const torch::Device& device) : device_(device) {
+    thread_ = std::thread([this] { Run(); });
+    std::unique_lock<std::mutex> lock(mu_);
+    running_.wait(lock, [this] { return started_; });
+  }
+  ~ComputeLoad() { Stop().IgnoreError(); }
+  ComputeLoad(const ComputeLoad&) = delete;
+  ComputeLoad& operator=(const ComputeLoad&) = delete;
+
+  // Stops the load and waits for it; whether it ran (at least one product) and did not fail.
+  absl::Status Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_.ok()) return error_;
+    if (products_ == 0) return absl::InternalError("the compute load ran no product");
+    return absl::OkStatus();
+  }
+
+ private:
+  void Run() {
+    absl::Status s = Guarded("the compute load", [this]() -> absl::Status {
+      const bool cuda = device_.is_cuda();
+      const int64_t n = cuda ? 8192 : 512;
+      const auto opts =
+          torch::TensorOptions().dtype(cuda ? torch::kBFloat16 : torch::kFloat32).device(device_);
+#ifdef MEMPLAN_BENCH_CUDA_STREAMS
+      std::optional<c10::cuda::CUDAStreamGuard> guard;
+      if (cuda) guard.emplace(c10::cuda::getStreamFromPool(false, device_.index()));
+#endif
+      const at::Tensor a = torch::randn({n, n}, opts), b = torch::randn({n, n}, opts);
+      at::Tensor out = torch::empty({n, n}, opts);
+      int64_t done = 0;
+      while (!stop_) {
+        at::mm_out(out, a, b);
+        ++done;
+#ifdef MEMPLAN_BENCH_CUDA_STREAMS
+        if (cuda && done % 2 == 0) c10::cuda::getCurrentCUDAStream(device_.index()).synchronize();
+#endif
+        if (done == 1) Started();
+      }
+#ifdef MEMPLAN_BENCH_CUDA_STREAMS
+      if (cuda) c10::cuda::getCurrentCUDAStream(device_.index()).synchronize();
+#endif
+      std::lock_guard<std::mutex> lock(mu_);
+      products_ = done;
+      return absl::OkStatus();
+    });
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      error_ = s;
+    }
+    Started();  // a load that failed before its first product
+  }
+
+  void Started() {
+    std::lock_guard<std::mutex> lock(mu_);
+    started_ = true;
+    running_.notify_all();
+  }
+
+  const torch::Device device_;
+  std::atomic<bool> stop_{false};
+  mutable std::mutex mu_;
+  std::condition_variable running_;
+  bool started_ = false;
+  absl::Status error_;
+  int64_t products_ = 0;
+  std::thread thread_;
+};
+
 // Runs `c` once with known input and checks the output on every rank (all ranks learn whether
 // any rank saw wrong data), then warm-up ops, then timed runs of ops_per_run back-to-back ops.
 // Fills everything but the bandwidths.
@@ -229,25 +354,7 @@ CollectiveFigures MeasureOne(CollectiveGroup& group, Buffers& buffers, const Col
     return f;
   }
   f.verified = true;
-
-  std::vector<double> per_op;
-  f.status = Guarded(absl::StrCat(c.name, " failed"), [&]() -> absl::Status {
-    for (int i = 0; i < o.warmup_ops; ++i) group.Finish(c.run(buffers));
-    group.SyncDevice();
-    for (int rep = 0; rep < o.repetitions; ++rep) {
-      group.Barrier();
-      const auto start = Clock::now();
-      for (int i = 0; i < o.ops_per_run; ++i) group.Finish(c.run(buffers));
-      group.SyncDevice();
-      per_op.push_back(std::chrono::duration<double>(Clock::now() - start).count() / o.ops_per_run);
-    }
-    // The group is as fast as its slowest rank; every rank reports the same figures.
-    const std::vector<double> slowest =
-        group.MaxOverRanks({Median(per_op), *std::min_element(per_op.begin(), per_op.end())});
-    f.median_seconds = slowest[0];
-    f.best_seconds = slowest[1];
-    return absl::OkStatus();
-  });
+  TimeOps(group, buffers, c, o, /*under_load=*/false, &f);
   return f;
 }
 
@@ -337,6 +444,35 @@ void MeasureOnGroup(const CollectiveBenchOptions& options, CollectiveGroup& g,
     result->reduce_scatter = finish(MeasureOne(g, buffers, reduce_scatter, options));
   } else {
     result->reduce_scatter.status = absl::AbortedError("the all-gather before it failed");
+  }
+  CollectiveFigures& ag = result->allgather_under_compute;
+  CollectiveFigures& rs = result->reduce_scatter_under_compute;
+  if (!options.under_compute) {
+    ag.status = rs.status = absl::FailedPreconditionError("under_compute is off");
+    return;
+  }
+  if (!result->allgather.status.ok() || !result->reduce_scatter.status.ok()) {
+    ag.status = rs.status = absl::AbortedError("the plain measurement before it failed");
+    return;
+  }
+  // [Collectives under compute]: the data was verified above; the same ops, timed beside the
+  // load. Every rank runs its own load; a rank whose load failed still takes part in the
+  // collectives (the op sequences stay aligned) and the figures carry its error.
+  absl::Status load_status;
+  {
+    ComputeLoad load(g.device());
+    TimeOps(g, buffers, allgather, options, /*under_load=*/true, &ag);
+    if (ag.status.ok()) TimeOps(g, buffers, reduce_scatter, options, /*under_load=*/true, &rs);
+    load_status = load.Stop();
+  }
+  if (!ag.status.ok()) {
+    rs.status = absl::AbortedError("the all-gather under compute before it failed");
+    return;
+  }
+  for (CollectiveFigures* f : {&ag, &rs}) {
+    if (f->status.ok() && !load_status.ok()) f->status = load_status;
+    f->verified = f->status.ok();
+    *f = finish(*f);
   }
 }
 

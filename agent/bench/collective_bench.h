@@ -43,6 +43,10 @@ struct CollectiveBenchOptions {
   int repetitions = 10;  // timed runs; the figure is the median (the slowest rank's)
   int ops_per_run = 5;   // back-to-back ops per timed run (amortises the start skew of the ranks)
   int timeout_seconds = 600;  // rendezvous and each collective
+  // [Collectives under compute] Also time both collectives while a matrix-multiply load runs
+  // beside them (CUDA: bf16 GEMMs on another stream of the same device; the CPU: fp32 matmuls on
+  // another thread), as chunk gathers and reduce-scatters run inside a training step.
+  bool under_compute = true;
 };
 
 // INVALID_ARGUMENT naming the field and its allowed range.
@@ -67,6 +71,11 @@ struct CollectiveBenchResult {
   int64_t message_bytes = 0;  // after rounding
   CollectiveFigures allgather;
   CollectiveFigures reduce_scatter;
+  // The same collectives and message, timed with the compute load running ([Collectives under
+  // compute]); status says why not when they were not measured (under_compute off, or the plain
+  // measurement failed).
+  CollectiveFigures allgather_under_compute;
+  CollectiveFigures reduce_scatter_under_compute;
 };
 
 // The group this benchmark joins (agent/dist's ProcessGroup), from its options.

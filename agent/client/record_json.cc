@@ -136,6 +136,10 @@ Json ToJson(const HardwareSpec& h) {
               {"matmul_fp32_flops", h.matmul_fp32_flops},
               {"nccl_allgather_bytes_per_second", h.nccl_allgather_bytes_per_second},
               {"nccl_reduce_scatter_bytes_per_second", h.nccl_reduce_scatter_bytes_per_second},
+              {"nccl_allgather_under_compute_bytes_per_second",
+               h.nccl_allgather_under_compute_bytes_per_second},
+              {"nccl_reduce_scatter_under_compute_bytes_per_second",
+               h.nccl_reduce_scatter_under_compute_bytes_per_second},
               {"cpu_adam_params_per_second", h.cpu_adam_params_per_second},
               {"host_memory_bytes", h.host_memory_bytes},
               {"pinned_limit_bytes", h.pinned_limit_bytes},
@@ -431,6 +435,10 @@ void Read(const Json& j, const std::string& path, absl::Status* s, HardwareSpec*
   r.Get("matmul_fp32_flops", &h->matmul_fp32_flops);
   r.Get("nccl_allgather_bytes_per_second", &h->nccl_allgather_bytes_per_second);
   r.Get("nccl_reduce_scatter_bytes_per_second", &h->nccl_reduce_scatter_bytes_per_second);
+  r.Get("nccl_allgather_under_compute_bytes_per_second",
+        &h->nccl_allgather_under_compute_bytes_per_second);
+  r.Get("nccl_reduce_scatter_under_compute_bytes_per_second",
+        &h->nccl_reduce_scatter_under_compute_bytes_per_second);
   r.Get("cpu_adam_params_per_second", &h->cpu_adam_params_per_second);
   r.Get("host_memory_bytes", &h->host_memory_bytes);
   r.Get("pinned_limit_bytes", &h->pinned_limit_bytes);

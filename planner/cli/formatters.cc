@@ -342,6 +342,11 @@ std::string FormatHardwareProfile(const v1::HardwareProfile& h) {
   kv.Add("Bidirectional pinned", Rate(h.bidirectional_pinned_bytes_per_second()));
   kv.Add("NCCL all-gather", Rate(h.nccl_allgather_bytes_per_second()));
   kv.Add("NCCL reduce-scatter", Rate(h.nccl_reduce_scatter_bytes_per_second()));
+  if (h.nccl_allgather_under_compute_bytes_per_second() > 0) {
+    kv.Add("NCCL all-gather beside GEMMs", Rate(h.nccl_allgather_under_compute_bytes_per_second()));
+    kv.Add("NCCL reduce-scatter beside GEMMs",
+           Rate(h.nccl_reduce_scatter_under_compute_bytes_per_second()));
+  }
   kv.Add("CPU Adam", absl::StrCat(FormatCount(h.cpu_adam_params_per_second()), " params/s"));
   // [Two CPU passes] (common/optimizer_bytes.h); an older profile has neither figure.
   kv.Add("CPU accumulate / update",

@@ -262,6 +262,10 @@ class CostModel {
   // One overlap window: compute `comp` beside the link's copies and `nccl` seconds of collectives
   // ([Pageable copies drain the queue] in cost_model.cc).
   double Window(double comp, double up_bytes, double down_bytes, int kind, double nccl) const;
+  // The bus bandwidths of the collectives inside the forward and backward windows ([Collectives
+  // under compute] in cost_time.cc).
+  double StepAllgatherRate() const;
+  double StepReduceScatterRate() const;
   double ForwardWindow(int32_t k, const PlanPoint& p, const Modes& m) const;
   double BackwardWindow(int32_t s, const PlanPoint& p, const Modes& m) const;
   double BackwardEdges(const PlanPoint& p) const;                        // pre- and post-windows

@@ -60,6 +60,22 @@ double CostModel::Window(double comp, double up_bytes, double down_bytes, int ki
   return std::max({comp, link, nccl});
 }
 
+// [Collectives under compute] (agent/bench/collective_bench.h): the gathers and reduce-scatters
+// of the forward and backward windows run beside the stages' GEMMs and share the GPU with them;
+// the bench's figure for that, where the profile has one. The edges of backward and the gathers
+// after the optimizer step have no compute beside them: the plain figures.
+double CostModel::StepAllgatherRate() const {
+  return hardware_.nccl_allgather_under_compute_bytes_per_second > 0
+             ? hardware_.nccl_allgather_under_compute_bytes_per_second
+             : hardware_.nccl_allgather_bytes_per_second;
+}
+
+double CostModel::StepReduceScatterRate() const {
+  return hardware_.nccl_reduce_scatter_under_compute_bytes_per_second > 0
+             ? hardware_.nccl_reduce_scatter_under_compute_bytes_per_second
+             : hardware_.nccl_reduce_scatter_bytes_per_second;
+}
+
 double CostModel::ForwardWindow(int32_t k, const PlanPoint& p, const Modes& m) const {
   // Window k: compute of stage k-1, overlapped with the prefetch of stage k's offloaded chunks
   // (H2D + all-gather) and the offload of stage k-2's activations (SWAP / HS_OFFLOAD).
@@ -86,7 +102,7 @@ double CostModel::ForwardWindow(int32_t k, const PlanPoint& p, const Modes& m) c
   const int32_t blk = k - 3;
   const double down = blk >= 0 && blk < n ? static_cast<double>(ActBytes(blk, m.Block(blk))) : 0.0;
   const double nccl =
-      w > 1 ? (load + gathered) * (w - 1) / w / hardware_.nccl_allgather_bytes_per_second : 0.0;
+      w > 1 ? (load + gathered) * (w - 1) / w / StepAllgatherRate() : 0.0;
   return Window(comp, load / w, down, p.kind, nccl);
 }
 
@@ -128,7 +144,7 @@ double CostModel::ForwardWindowPure(int32_t k, int key, int kind) const {
     if (act == 2) down = static_cast<double>(input_[blk]);
   }
   const double nccl =
-      w > 1 ? (load + gathered) * (w - 1) / w / hardware_.nccl_allgather_bytes_per_second : 0.0;
+      w > 1 ? (load + gathered) * (w - 1) / w / StepAllgatherRate() : 0.0;
   return Window(comp, load / w, down, kind, nccl);
 }
 
@@ -163,9 +179,9 @@ double CostModel::BackwardWindow(int32_t s, const PlanPoint& p, const Modes& m) 
   double nccl = 0;
   if (w > 1) {
     const double frac = (w - 1) / w;
-    nccl = (refetch + regather) * frac / hardware_.nccl_allgather_bytes_per_second +
+    nccl = (refetch + regather) * frac / StepAllgatherRate() +
            (gradoff + (p.lower_bound ? 1.0 : PersistentReduceFactor()) * ptrain) * frac *
-               ReduceWidening() / hardware_.nccl_reduce_scatter_bytes_per_second;
+               ReduceWidening() / StepReduceScatterRate();
   }
   return Window(comp, refetch / w + act_in, gradoff / w, p.kind, nccl);
 }
@@ -252,9 +268,8 @@ double CostModel::BackwardWindowPure(int32_t s, int key, int kind) const {
   double nccl = 0;
   if (w > 1) {
     const double frac = (w - 1) / w;
-    nccl = (refetch + regather) * frac / hardware_.nccl_allgather_bytes_per_second +
-           (gradoff + ptrain) * frac * ReduceWidening() /
-               hardware_.nccl_reduce_scatter_bytes_per_second;
+    nccl = (refetch + regather) * frac / StepAllgatherRate() +
+           (gradoff + ptrain) * frac * ReduceWidening() / StepReduceScatterRate();
   }
   return Window(comp, refetch / w + act_in, gradoff / w, kind, nccl);
 }

@@ -187,6 +187,13 @@ TEST(ProtoConvertTest, QloraAndTheDequantizationRateRoundTrip) {
   old.clear_cpu_adam_update_params_per_second();
   EXPECT_EQ(HardwareSpecFromProto(old).cpu_grad_accumulate_params_per_second, 0);
   EXPECT_EQ(HardwareSpecFromProto(old).cpu_adam_update_params_per_second, 0);
+  // [Collectives under compute]: fields 23 and 24.
+  hw.nccl_allgather_under_compute_bytes_per_second = 9e10;
+  hw.nccl_reduce_scatter_under_compute_bytes_per_second = 8e10;
+  const v1::HardwareProfile beside = ToProto(hw);
+  EXPECT_EQ(beside.nccl_allgather_under_compute_bytes_per_second(), 9e10);
+  EXPECT_EQ(HardwareSpecFromProto(beside).nccl_allgather_under_compute_bytes_per_second, 9e10);
+  EXPECT_EQ(HardwareSpecFromProto(beside).nccl_reduce_scatter_under_compute_bytes_per_second, 8e10);
 }
 
 TEST(ProtoConvertTest, TraceRoundTripsEveryField) {

@@ -85,10 +85,33 @@ TEST(CollectiveBenchTest, GlooWorldSizeTwoMeasuresAndVerifiesBothCollectives) {
     EXPECT_EQ(r.message_bytes, int64_t{1} << 20);
     ExpectMeasured(r.allgather);
     ExpectMeasured(r.reduce_scatter);
+    // [Collectives under compute]: the same ops again beside a matmul load (a thread here).
+    ExpectMeasured(r.allgather_under_compute);
+    ExpectMeasured(r.reduce_scatter_under_compute);
   }
   // Both ranks report the slowest rank's times.
   EXPECT_EQ(results[0].allgather.median_seconds, results[1].allgather.median_seconds);
   EXPECT_EQ(results[0].reduce_scatter.best_seconds, results[1].reduce_scatter.best_seconds);
+  EXPECT_EQ(results[0].allgather_under_compute.median_seconds,
+            results[1].allgather_under_compute.median_seconds);
+}
+
+TEST(CollectiveBenchTest, UnderComputeOffMeasuresThePlainCollectivesOnly) {
+  const LoopbackListener listener = ListenOnLoopback();
+  ASSERT_GT(listener.port, 0) << "no loopback socket";
+  const auto results = OnTwoRanks<CollectiveBenchResult>([&](int rank) {
+    CollectiveBenchOptions o = TwoRanks(rank, listener, CollectiveBackend::kGloo);
+    o.under_compute = false;
+    return MeasureCollectives(o);
+  });
+  for (const CollectiveBenchResult& r : results) {
+    if (r.status.code() == absl::StatusCode::kFailedPrecondition) GTEST_SKIP() << r.status;
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    ExpectMeasured(r.allgather);
+    EXPECT_EQ(r.allgather_under_compute.status.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_FALSE(r.allgather_under_compute.verified);
+    EXPECT_EQ(r.reduce_scatter_under_compute.busbw_bytes_per_second, 0);
+  }
 }
 
 TEST(CollectiveBenchTest, UnderAStoreServedElsewhereEveryRankIsAClient) {
@@ -148,23 +171,31 @@ TEST(CollectiveBenchTest, HardwareBenchAddsTheCollectiveRowsWithWorldSizeTwo) {
     EXPECT_EQ(r.collectives.message_bytes, int64_t{2} << 20);
     EXPECT_TRUE(r.collectives.allgather.verified);
     EXPECT_TRUE(r.collectives.reduce_scatter.verified);
-    for (const char* name :
-         {"allgather_algbw", "allgather_busbw", "reduce_scatter_algbw", "reduce_scatter_busbw"}) {
-      const BenchFigure* f = nullptr;
+    auto figure = [&r](absl::string_view name) -> const BenchFigure* {
       for (const BenchFigure& g : r.figures) {
-        if (g.name == name) f = &g;
+        if (g.name == name) return &g;
       }
+      return nullptr;
+    };
+    for (const char* name :
+         {"allgather_algbw", "allgather_busbw", "reduce_scatter_algbw", "reduce_scatter_busbw",
+          "allgather_under_compute_busbw", "reduce_scatter_under_compute_busbw"}) {
+      const BenchFigure* f = figure(name);
       ASSERT_NE(f, nullptr) << name;
       EXPECT_GT(f->value, 0) << name;
       EXPECT_EQ(f->unit, "GB/s");
       EXPECT_THAT(FormatBenchTable(r), HasSubstr(name));
     }
-    EXPECT_DOUBLE_EQ(r.figures.back().value,
+    EXPECT_DOUBLE_EQ(figure("reduce_scatter_busbw")->value,
                      r.collectives.reduce_scatter.busbw_bytes_per_second / 1e9);
+    EXPECT_DOUBLE_EQ(figure("reduce_scatter_under_compute_busbw")->value,
+                     r.collectives.reduce_scatter_under_compute.busbw_bytes_per_second / 1e9);
+    EXPECT_EQ(r.figures.back().name, "reduce_scatter_under_compute_busbw");
     EXPECT_EQ(lines[rank].size(), r.figures.size()) << "one progress line per figure";
     // Gloo's figures are not NCCL's: the profile's NCCL fields stay "not measured".
     EXPECT_EQ(r.spec.nccl_allgather_bytes_per_second, 0);
     EXPECT_EQ(r.spec.nccl_reduce_scatter_bytes_per_second, 0);
+    EXPECT_EQ(r.spec.nccl_allgather_under_compute_bytes_per_second, 0);
   }
 }
 

@@ -348,6 +348,8 @@ TEST(RecordJsonTest, HardwareRoundTripsEveryField) {
   a.bidirectional_pinned_bytes_per_second = 77e9;
   a.nccl_allgather_bytes_per_second = 1.5e11;
   a.nccl_reduce_scatter_bytes_per_second = 1.25e11;
+  a.nccl_allgather_under_compute_bytes_per_second = 0.9e11;
+  a.nccl_reduce_scatter_under_compute_bytes_per_second = 0.8e11;
   a.pinned_limit_bytes = int64_t{1} << 36;
   a.measured = true;
   a.cpu_grad_accumulate_params_per_second = 4.5e9;
@@ -368,6 +370,10 @@ TEST(RecordJsonTest, HardwareRoundTripsEveryField) {
   EXPECT_EQ(b->matmul_fp32_flops, a.matmul_fp32_flops);
   EXPECT_EQ(b->nccl_allgather_bytes_per_second, a.nccl_allgather_bytes_per_second);
   EXPECT_EQ(b->nccl_reduce_scatter_bytes_per_second, a.nccl_reduce_scatter_bytes_per_second);
+  EXPECT_EQ(b->nccl_allgather_under_compute_bytes_per_second,
+            a.nccl_allgather_under_compute_bytes_per_second);
+  EXPECT_EQ(b->nccl_reduce_scatter_under_compute_bytes_per_second,
+            a.nccl_reduce_scatter_under_compute_bytes_per_second);
   EXPECT_EQ(b->cpu_adam_params_per_second, a.cpu_adam_params_per_second);
   EXPECT_EQ(b->cpu_grad_accumulate_params_per_second, a.cpu_grad_accumulate_params_per_second);
   EXPECT_EQ(b->cpu_adam_update_params_per_second, a.cpu_adam_update_params_per_second);

@@ -547,6 +547,50 @@ TEST(StepTimeTest, ShardedPersistentParametersHoldAShardAndGatherPerStage) {
   EXPECT_LT(s3.optimizer_seconds, s2.optimizer_seconds);
 }
 
+// [Collectives under compute]: the windows' gathers run at the profile's figure beside GEMMs where
+// it has one; the gathers after the optimizer step (sharded state, replicated parameters) keep the
+// plain figure. Halving only the all-gather's under-compute figure leaves a plan without window
+// gathers as it was and adds one more pass of the gathered bytes to a ZeRO-3 plan on a slow link.
+TEST(StepTimeTest, WindowGathersUseTheUnderComputeFigure) {
+  const HardwareSpec hw = SlowLinkH200();
+  HardwareSpec beside = hw;
+  beside.nccl_allgather_under_compute_bytes_per_second = 0.5e9;  // half the plain 1 GB/s
+  auto trace = OneBTrace(hw, 2);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  CostOptions state;
+  state.world_size = 2;
+  state.shard_persistent_state = true;
+  CostOptions zero3 = state;
+  zero3.shard_persistent_params = true;
+  auto s2 = CostModel::Create(*trace, int64_t{64} << 20, hw, state);
+  auto s2_beside = CostModel::Create(*trace, int64_t{64} << 20, beside, state);
+  auto z3 = CostModel::Create(*trace, int64_t{64} << 20, hw, zero3);
+  auto z3_beside = CostModel::Create(*trace, int64_t{64} << 20, beside, zero3);
+  ASSERT_TRUE(s2.ok() && s2_beside.ok() && z3.ok() && z3_beside.ok());
+  const int32_t chunks = z3->num_chunks();
+  auto predict = [chunks](const CostModel& cm) {
+    return cm.Predict(cm.MakeResidencyPlan(chunks, 0, ModeCounts{}, HostMemoryKind::kPinned));
+  };
+  const Prediction a = predict(*s2), b = predict(*s2_beside);
+  EXPECT_DOUBLE_EQ(b.iteration_seconds, a.iteration_seconds);
+  EXPECT_DOUBLE_EQ(b.optimizer_seconds, a.optimizer_seconds);
+  EXPECT_GT(a.optimizer_seconds, 0);
+  const Prediction z = predict(*z3), zb = predict(*z3_beside);
+  // Forward and backward gather every chunk once each ((W-1)/W of its padded bytes), the tied
+  // embedding once more; at 1 GB/s that time is what the slower figure adds again.
+  double gathered = 0;
+  for (int64_t fill : z3->layout().chunk_param_bytes) {
+    gathered += static_cast<double>(PaddedElems(fill / 2, 2) * 2);
+  }
+  const double gathers = 0.5 * 2 * gathered / 1e9;
+  const double added = (zb.forward_seconds + zb.backward_seconds) -
+                       (z.forward_seconds + z.backward_seconds);
+  EXPECT_GT(added, 0.8 * gathers);
+  EXPECT_LT(added, 1.2 * gathers);
+  // No profile figure: the plain one, as before.
+  EXPECT_DOUBLE_EQ(z.iteration_seconds, predict(*z3).iteration_seconds);
+}
+
 // The in-flight buffers of the persistent chunks' reductions count persistent chunks only: with
 // n_persist of them, the replicated all-reduce holds the two largest persistent chunks' grads in
 // fp32, the sharded state's reduce-scatter the stage whose persistent chunks hold the most;
