@@ -8,6 +8,8 @@
 // Input: a safetensors file with int64 "input_ids" and "targets", [grad_accum * batch, seq]
 // (targets already shifted, -100 ignored), split into grad_accum micro-batches of `batch` rows.
 // --save-hf DIR also writes a memplan checkpoint after the step (a Hugging Face directory).
+// --images FILE: a vision-language model's images, a safetensors file with pixel_values
+// [patches, C·T·P·P] and int64 image_grid_thw [images, 3] of all rows, in order.
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -51,6 +53,7 @@ constexpr char kUsage[] =
     "  --clip F             max grad norm (default 0 = off)\n"
     "  --head-chunk-rows N  LM head + loss over N tokens at a time (default: the model's rule)\n"
     "  --save-hf DIR        write a checkpoint (Hugging Face layout) after the step\n"
+    "  --images FILE        safetensors with pixel_values and image_grid_thw of every row\n"
     "LoRA (grads and params are then the adapters'):\n"
     "  --lora-rank N --lora-alpha F --lora-dropout F --lora-targets LIST|all [--qlora 1]\n"
     "  --load-adapter DIR   initial adapter values from a PEFT adapter directory\n"
@@ -74,6 +77,7 @@ struct Flags {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01, clip = 0;
   int64_t head_chunk_rows = 0;
   std::string save_hf;
+  std::string images;
   LoraOptions lora;
   std::string load_adapter, save_adapter, merge_export;
   int64_t adapter_n_persist = -1;  // -1: all persistent
@@ -109,6 +113,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       .Double("--clip", &f.clip, 0, 1e12)
       .Int("--head-chunk-rows", &f.head_chunk_rows, 0, int64_t{1} << 40)
       .String("--save-hf", &f.save_hf)
+      .String("--images", &f.images)
       .Int("--lora-rank", &f.lora.rank, 0, kMaxLoraRank)
       .Double("--lora-alpha", &f.lora.alpha, DoubleRange{0, 1e12, /*lo_open=*/true})
       .Double("--lora-dropout", &f.lora.dropout, DoubleRange{0, 1, false, /*hi_open=*/true})
@@ -152,6 +157,17 @@ absl::Status Run(const Flags& f) {
   if (!ids.defined() || !targets.defined() || ids.sizes() != targets.sizes() || ids.dim() != 2) {
     return absl::InvalidArgumentError("--tokens: needs input_ids and targets of one [rows, seq]");
   }
+  VisionInputs images;
+  if (!f.images.empty()) {
+    ASSIGN_OR_RETURN(std::vector<NamedParam> read, io::ReadSafetensorsFile(f.images));
+    for (const NamedParam& t : read) {
+      if (t.name == "pixel_values") images.pixel_values = t.param;
+      if (t.name == "image_grid_thw") images.image_grid_thw = t.param;
+    }
+    if (!images.pixel_values.defined() || !images.image_grid_thw.defined()) {
+      return absl::InvalidArgumentError("--images: needs pixel_values and image_grid_thw");
+    }
+  }
   const int64_t grad_accum = f.grad_accum;
   if (ids.size(0) % grad_accum != 0) {
     return absl::InvalidArgumentError("--grad-accum must divide the token rows");
@@ -177,7 +193,9 @@ absl::Status Run(const Flags& f) {
   std::vector<NamedParam> out;
   {
     torch::NoGradGuard no_grad;
-    out.push_back({"logits", Fp32Cpu(model->Logits(ids.to(device)))});
+    VisionInputs on_device = images;
+    if (images.pixel_values.defined()) on_device.pixel_values = images.pixel_values.to(device);
+    out.push_back({"logits", Fp32Cpu(model->Logits(ids.to(device), on_device))});
   }
 
   TrainerOptions options;
@@ -206,7 +224,8 @@ absl::Status Run(const Flags& f) {
   const int64_t rows = ids.size(0) / grad_accum;
   for (int64_t i = 0; i < grad_accum; ++i) {
     batches.push_back({ids.slice(0, i * rows, (i + 1) * rows).contiguous(),
-                       targets.slice(0, i * rows, (i + 1) * rows).contiguous()});
+                       targets.slice(0, i * rows, (i + 1) * rows).contiguous(),
+                       ImagesOfRows(spec, images, ids, i * rows, (i + 1) * rows)});
   }
   if (f.seed.has_value()) torch::manual_seed(static_cast<uint64_t>(*f.seed));
   ASSIGN_OR_RETURN(double loss, trainer->ForwardBackward(batches));
