@@ -29,6 +29,10 @@ Data (one of):
   --data FILE              token file (memplan header, or raw with --raw-token-bytes 2|4);
                            every id is checked against the model's vocabulary before step 1
   --synthetic-data         a seeded learnable token stream (--synthetic-noise P, default 0.1)
+  --data-vl FILE           vision-language samples (token ids, pixel values, image grids) written
+                           by scripts/prepare-vl-data.py; a vision-language model (qwen2_5_vl)
+                           trains only on images: --data-vl or --synthetic-images
+  --synthetic-images N --image-size HxW   N seeded random images of H x W pixels per sample
 Workload:
   --batch N (1)  --seq N (128)  --steps N (10)  --grad-accum N (1)
   --lr X (1e-4)  --clip X (1.0; 0 = off)  --weight-decay X (0.01)
@@ -205,6 +209,20 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
       .NonEmptyString("--data", &c.data_file)
       .Choice("--raw-token-bytes", &c.raw_token_bytes, FlagSet::Choices<int>{{"2", 2}, {"4", 4}})
       .Switch("--synthetic-data", &c.synthetic_data)
+      .NonEmptyString("--data-vl", &c.vl_data_file)
+      .Int("--synthetic-images", &c.synthetic_images, 1, 1024)
+      .Custom("--image-size",
+              [&c](absl::string_view v) -> absl::Status {
+                const size_t x = v.find('x');
+                if (x == absl::string_view::npos ||
+                    !absl::SimpleAtoi(v.substr(0, x), &c.image_height) ||
+                    !absl::SimpleAtoi(v.substr(x + 1), &c.image_width) || c.image_height < 1 ||
+                    c.image_width < 1 || c.image_height > 65536 || c.image_width > 65536) {
+                  return absl::InvalidArgumentError(absl::StrCat(
+                      "--image-size = \"", v, "\": expected HEIGHTxWIDTH in pixels, e.g. 448x448"));
+                }
+                return absl::OkStatus();
+              })
       .Double("--synthetic-noise", &c.synthetic_noise, 0, 1)
       .Int(kBatchFlag, &c.batch)
       .Int(kSeqFlag, &c.seq)
@@ -311,8 +329,14 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
     return absl::InvalidArgumentError(
         "give exactly one of --arch PRESET, --arch-file CONFIG or --model DIR");
   }
-  if (c.data_file.empty() == !c.synthetic_data) {
-    return absl::InvalidArgumentError("give exactly one of --data FILE or --synthetic-data");
+  if (int{!c.data_file.empty()} + int{c.synthetic_data} + int{!c.vl_data_file.empty()} +
+          int{c.synthetic_images > 0} != 1) {
+    return absl::InvalidArgumentError(
+        "give exactly one of --data FILE, --synthetic-data, --data-vl FILE or --synthetic-images N "
+        "--image-size HxW");
+  }
+  if ((c.synthetic_images > 0) != flags.Given("--image-size")) {
+    return absl::InvalidArgumentError("--synthetic-images N and --image-size HxW go together");
   }
   if (c.plain && (c.chunk_bytes || c.n_persist || c.n_buffer || c.block_modes || c.n_ckpt ||
                   c.n_swap || c.n_hs_offload || c.shard_persistent_state ||

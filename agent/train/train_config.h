@@ -34,6 +34,13 @@ struct TrainConfig {
   int raw_token_bytes = 0;  // headerless token files: 2 or 4
   bool synthetic_data = false;
   double synthetic_noise = 0.1;
+  // Vision-language data (docs/agent.md, "Vision-language data"): a sample file of
+  // scripts/prepare-vl-data.py (--data-vl), or synthetic samples of synthetic_images images of
+  // image_height x image_width pixels each (--synthetic-images N --image-size HxW).
+  std::string vl_data_file;
+  int64_t synthetic_images = 0;
+  int64_t image_height = 0;
+  int64_t image_width = 0;
   // Workload and optimisation.
   int64_t batch = 1;
   int64_t seq = 128;

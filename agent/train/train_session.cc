@@ -39,6 +39,7 @@
 #include "agent/profiler/memory_probe.h"
 #include "agent/profiler/memory_timeline.h"
 #include "agent/train/device_setup.h"
+#include "agent/train/vl_data.h"
 #include "common/hf_config.h"
 #include "common/log.h"
 #include "common/presets.h"
@@ -385,6 +386,7 @@ absl::Status TrainSession::ResolveModelSpec() {
     }
     checkpoint_ = *std::move(opened);
   }
+  RETURN_IF_ERROR(CheckVlData(config_, spec_));
   RETURN_IF_ERROR(CheckSequenceLength(spec_, config_.seq));
   return CheckSeqWithinPositions(spec_, config_.seq);
 }
@@ -576,6 +578,7 @@ absl::Status TrainSession::Resume() {
   batcher_options.rank = dist_.rank;
   batcher_options.world_size = world_size_;
   ASSIGN_OR_RETURN(batcher_, io::TokenBatcher::Create(tokens_, batcher_options));
+  ASSIGN_OR_RETURN(vl_batcher_, OpenVlData(config_, spec_, dist_.rank, world_size_));
   if (config_.resume_dir.empty()) return absl::OkStatus();
   if (config_.lora.enabled() != io::IsLoraCheckpoint(config_.resume_dir)) {
     return absl::FailedPreconditionError(
@@ -669,7 +672,9 @@ absl::Status TrainSession::Loop() {
     if (timeline_ != nullptr) timeline_->BeginStep(trainer_->step() + 1);
     std::vector<MicroBatch> micro_batches;
     for (int i = 0; i < config_.grad_accum; ++i) {
-      ASSIGN_OR_RETURN(MicroBatch batch, NextBatch(*batcher_, data_position_++));
+      ASSIGN_OR_RETURN(MicroBatch batch, vl_batcher_ != nullptr
+                                             ? NextVlBatch(*vl_batcher_, data_position_++)
+                                             : NextBatch(*batcher_, data_position_++));
       micro_batches.push_back(std::move(batch));
     }
     if (config_.lora.dropout > 0) {

@@ -32,6 +32,7 @@ class ProcessGroup;
 namespace io {
 class TokenBatcher;
 class TokenFile;
+class VlBatcher;
 }  // namespace io
 
 // [LoRA resume settings] With --resume of a LoRA checkpoint, the rank, alpha, targets and dropout
@@ -136,6 +137,7 @@ class TrainSession {
   std::unique_ptr<Trainer> trainer_;
   std::shared_ptr<const io::TokenFile> tokens_;
   std::unique_ptr<io::TokenBatcher> batcher_;
+  std::unique_ptr<io::VlBatcher> vl_batcher_;  // a vision-language model's images and text
   int64_t data_position_ = 0;
   std::shared_ptr<const io::TokenFile> eval_tokens_;  // --eval-tokens
   std::unique_ptr<io::TokenBatcher> eval_batcher_;
