@@ -63,8 +63,8 @@ struct TrainerOptions {
 struct MicroBatch {
   torch::Tensor input_ids;  // int64 [batch, seq]
   torch::Tensor labels;     // int64 [batch, seq], -100 = ignored
-};
   VisionInputs images;      // a vision-language model's images of these rows (may be none)
+};
 
 struct StepStats {
   int64_t step = 0;      // optimizer steps completed, this one included
