@@ -20,6 +20,12 @@
 #   big      MEMPLAN_MULTI_BIG (default qwen2.5-32b; a preset, or a config.json / its directory,
 #            e.g. scripts/configs/llama-23b) 1x2048: the planner's verdict for one GPU of this host
 #            (host memory binds) and N ranks training under the planner's plan
+#   qlora    QLoRA over the ranks (issue 31), 1x2048 per rank: qwen3-32b r64 and llama-3.1-70b r16
+#            on every linear layer (MEMPLAN_MULTI_QLORA_MODELS picks: "qwen3-32b llama-3.1-70b"),
+#            planned for this card cut to MEMPLAN_MULTI_QLORA_GIB (default 24) on a host of
+#            MEMPLAN_MULTI_QLORA_HOST_GIB (default 32; needs the bench part's profile): the
+#            planner's verdict for 1 and N ranks, N ranks training under its plan, and qwen3-32b on
+#            1 rank too where the planner says it fits; load and steady peaks per rank
 # MEMPLAN_MULTI_TIMEOUT: seconds per training run (default 300); MEMPLAN_MULTI_FSDP2_TIMEOUT: per
 # FSDP2 baseline (default 300). MEMPLAN_MULTI_EQUAL: the equal part's runs to do (default all:
 # "offl-1 offl-n pers-1 pers-n shard-n params-n").
@@ -137,6 +143,37 @@ if has big; then
   train "big-n" "$ngpu" --planner "$addr" --hardware "$hw" "${model[@]}" --batch 1 --seq 2048 \
     --steps 3 --synthetic-data --device cuda --cpu-threads $((cores / ngpu))
   grep -E "load peak" "$out/big-n.log" | sed 's/^ts=[^ ]* //' | tee -a "$out/multi.txt"
+fi
+if has qlora; then
+  gib=${MEMPLAN_MULTI_QLORA_GIB:-24}; host_gib=${MEMPLAN_MULTI_QLORA_HOST_GIB:-32}
+  python3 "$here/cut-profile.py" "$out/hw.json" "$out/hw-qlora.json" "$hw-cut-$gib-host-$host_gib" \
+    "$gib" "$host_gib"
+  qlora_id=$("$build/planner/cli/memplan" --planner "$addr" --json hardware submit "$out/hw-qlora.json" \
+    | python3 -c 'import json, sys; d = json.load(sys.stdin); print(d.get("profile_id") or d.get("profileId"))')
+  for arch in ${MEMPLAN_MULTI_QLORA_MODELS:-qwen3-32b llama-3.1-70b}; do
+    case $arch in
+      qwen3-32b) lora=(--lora-rank 64 --lora-targets all --qlora); alpha=128 ;;
+      *) lora=(--lora-rank 16 --lora-targets all --qlora); alpha=32 ;;
+    esac
+    one_fits=0
+    for w in 1 "$ngpu"; do
+      say "planner: $arch QLoRA ${lora[*]} 1x2048 on $w rank(s), $gib GiB cards, $host_gib GiB host"
+      "$build/planner/cli/memplan" --planner "$addr" plan --arch "$arch" --hardware-id "$qlora_id" \
+        --batch 1 --seq 2048 --world-size "$w" "${lora[@]}" --skip-limits >"$out/qlora-$arch-plan-$w.txt" 2>&1
+      grep -E "^(Verdict|Why|Predicted|Host|Per rank)" "$out/qlora-$arch-plan-$w.txt" | tee -a "$out/multi.txt"
+      ((w == 1)) && grep -qE "^Verdict +FITS" "$out/qlora-$arch-plan-1.txt" && one_fits=1
+    done
+    run=(--planner "$addr" --hardware-profile-id "$qlora_id" --arch "$arch" --batch 1 --seq 2048
+         --steps 4 --synthetic-data --device cuda "${lora[@]}" --lora-alpha "$alpha")
+    train "qlora-$arch-n" "$ngpu" "${run[@]}" --cpu-threads $((cores / ngpu))
+    grep -E 'msg="(load peak|quantized base)"|rank [0-9]+ (steady|chunk memory)' "$out/qlora-$arch-n.log" \
+      | sed 's/^ts=[^ ]* //' | tee -a "$out/multi.txt"
+    if [[ $arch == qwen3-32b ]] && ((one_fits)); then
+      train "qlora-$arch-1" 1 "${run[@]}" --cpu-threads "$cores"
+      grep -E 'msg="(load peak|quantized base)"' "$out/qlora-$arch-1.log" | sed 's/^ts=[^ ]* //' \
+        | tee -a "$out/multi.txt"
+    fi
+  done
 fi
 "$build/planner/cli/memplan" --planner "$addr" plans list >"$out/plans.txt" 2>&1
 say "done"
