@@ -380,6 +380,26 @@ absl::Status CheckMoeAdapters(const ModelSpec& m, bool nf4_base,
   return absl::OkStatus();
 }
 
+absl::Status CheckVisionAdapters(const ModelSpec& m, bool nf4_base,
+                                 const std::vector<std::string>& targets,
+                                 absl::string_view prefix) {
+  if (!m.IsVisionLanguage()) return absl::OkStatus();
+  if (nf4_base) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "QLoRA (an NF4 base) is not supported for the vision-language ", Quote(m.family),
+        " yet; use LoRA on q_proj, k_proj, v_proj, o_proj or a full fine-tune"));
+  }
+  for (const std::string& name : targets) {
+    if (name == "gate_proj" || name == "up_proj" || name == "down_proj") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, "LoRA target ", Quote(name), " is not supported for the vision-language ",
+          Quote(m.family), ": PEFT's ", name, " also names the vision tower's visual.blocks.N.mlp.",
+          name, ", whose adapters are not implemented; allowed: q_proj, k_proj, v_proj, o_proj"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateTrainingMethod(const TrainingMethod& t, const ModelSpec& m,
                                     absl::string_view prefix) {
   if (auto s = CheckListSize(absl::StrCat(prefix, "lora_target_modules"),
@@ -400,7 +420,11 @@ absl::Status ValidateTrainingMethod(const TrainingMethod& t, const ModelSpec& m,
                                                      Quote(name), "; allowed: ", allowed));
     }
   }
-  return CheckMoeAdapters(m, t.kind == TrainingKind::kQlora, t.lora_target_modules, prefix);
+  if (auto s = CheckMoeAdapters(m, t.kind == TrainingKind::kQlora, t.lora_target_modules, prefix);
+      !s.ok()) {
+    return s;
+  }
+  return CheckVisionAdapters(m, t.kind == TrainingKind::kQlora, t.lora_target_modules, prefix);
 }
 
 }  // namespace memplan

@@ -83,6 +83,13 @@ absl::Status ValidateHardwareSpec(const HardwareSpec& h, absl::string_view prefi
 // adapters on gate_proj/up_proj/down_proj (which a sparse layer's experts replace) are refused.
 absl::Status CheckMoeAdapters(const ModelSpec& m, bool nf4_base,
                               const std::vector<std::string>& targets, absl::string_view prefix);
+// Vision-language models (qwen2_5_vl) take adapters on the language model's attention projections
+// only: PEFT's gate_proj/up_proj/down_proj also name the vision tower's MLP
+// (visual.blocks.N.mlp.*), whose adapters are not implemented, and QLoRA is not implemented for
+// them; both are refused rather than trained differently from PEFT.
+absl::Status CheckVisionAdapters(const ModelSpec& m, bool nf4_base,
+                                 const std::vector<std::string>& targets,
+                                 absl::string_view prefix);
 absl::Status ValidateTrainingMethod(const TrainingMethod& t, const ModelSpec& m,
                                     absl::string_view prefix);
 // A Plan request's host_memory_bytes: 0 (the hardware's) or [kMinHostMemoryGiB,

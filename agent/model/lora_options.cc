@@ -80,7 +80,8 @@ absl::Status ValidateLoraOptions(const LoraOptions& lora, const ModelSpec& spec,
   for (const char* name : kLoraModuleNames) {
     if (lora.Targets(name)) targets.push_back(name);
   }
-  return CheckMoeAdapters(spec, lora.nf4_base, targets, prefix);
+  if (absl::Status s = CheckMoeAdapters(spec, lora.nf4_base, targets, prefix); !s.ok()) return s;
+  return CheckVisionAdapters(spec, lora.nf4_base, targets, prefix);
 }
 
 TrainingMethod LoraTrainingMethod(const LoraOptions& lora) {

@@ -144,6 +144,25 @@ TEST(HfConfigVlTest, QwenVlWithoutVisionIsNotValid) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("arch.vision.depth = 2 must be 0"));
 }
 
+// The planner refuses the adapters the agent refuses, with the same message.
+TEST(HfConfigVlTest, AdaptersOnTheLanguageModelsAttentionOnly) {
+  absl::StatusOr<ModelSpec> m = ParseHfConfigJson(kQwen25Vl7B);
+  ASSERT_TRUE(m.ok());
+  TrainingMethod lora;
+  lora.kind = TrainingKind::kLora;
+  lora.lora_rank = 16;
+  lora.lora_target_modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  EXPECT_TRUE(ValidateTrainingMethod(lora, *m, "training.").ok());
+  lora.lora_target_modules.push_back("up_proj");
+  absl::Status s = ValidateTrainingMethod(lora, *m, "training.");
+  EXPECT_EQ(s, CheckVisionAdapters(*m, false, lora.lora_target_modules, "training."));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("visual.blocks.N.mlp.up_proj"));
+  lora.kind = TrainingKind::kQlora;
+  lora.lora_target_modules = {"q_proj"};
+  EXPECT_THAT(std::string(ValidateTrainingMethod(lora, *m, "training.").message()),
+              HasSubstr("QLoRA"));
+}
+
 struct VlBadCase {
   std::string json;
   std::string key;  // the error must name it

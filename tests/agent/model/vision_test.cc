@@ -198,6 +198,37 @@ TEST(VisionModelTest, GroupedEqualsPlainWithImagesInEveryMode) {
   }
 }
 
+// LoRA on the language model's attention: the tower is frozen with the base and trains nothing;
+// targets PEFT would also match in the tower (its MLP's gate/up/down_proj) and QLoRA are refused.
+TEST(VisionModelTest, LoraOnAttentionOnly) {
+  LlamaModelOptions o;
+  o.spec = VlSpec();
+  o.lora.rank = 4;
+  o.lora.targets = {"q_proj", "v_proj"};
+  auto m = LlamaModel::Create(o);
+  ASSERT_TRUE(m.ok()) << m.status();
+  for (const NamedParam& p : (*m)->Params()) EXPECT_FALSE(p.param.requires_grad()) << p.name;
+  for (const NamedParam& p : (*m)->TrainableParams()) {
+    EXPECT_EQ(p.name.rfind("model.layers.", 0), 0u) << p.name;
+  }
+  const torch::Tensor ids = Ids();
+  torch::Tensor targets = torch::roll(ids, -1, 1);
+  (*m)->Loss(ids, targets, TwoImages(o.spec)).backward();
+  for (const NamedParam& p : (*m)->TrainableParams()) {
+    EXPECT_TRUE(p.param.grad().defined()) << p.name;
+  }
+  o.lora.targets = {"q_proj", "gate_proj"};
+  auto mlp = LlamaModel::Create(o);
+  ASSERT_FALSE(mlp.ok());
+  EXPECT_NE(mlp.status().message().find("visual.blocks.N.mlp.gate_proj"), std::string::npos)
+      << mlp.status();
+  o.lora.targets = {"q_proj"};
+  o.lora.nf4_base = true;
+  auto qlora = LlamaModel::Create(o);
+  ASSERT_FALSE(qlora.ok());
+  EXPECT_NE(qlora.status().message().find("QLoRA"), std::string::npos) << qlora.status();
+}
+
 TEST(VisionModelTest, Refusals) {
   const ModelSpec s = VlSpec();
   auto m = Model(s);
