@@ -70,6 +70,12 @@ void TrainSession::ReportApplied() {
         .Field("host_rss_bytes", loaded.rss)
         .Field("device_peak_reserved_bytes", peaks.reserved_bytes)
         .Field("sharded_load", sharded_load_);
+    if (!loop_.address.empty()) {
+      // What the planner gave this rank of the node's RAM at the plan's steady state (its chunks
+      // and swapped activations); loading adds the weights in flight, which its reserve holds.
+      record.Field("planned_host_bytes",
+                   answer_.prediction.host_pinned_bytes + answer_.prediction.host_pageable_bytes);
+    }
     if (const ChunkManager* base = trainer_->base_chunk_manager(); base != nullptr) {
       // LoRA: the frozen base's part on this rank ([Sharded frozen base]), all of the base the
       // rank ever held when managed (QLoRA included: [Sharded NF4 loading]).

@@ -209,6 +209,8 @@ TEST_F(TrainWithPlannerTest, LoraAndQloraManagersAllocateWhatThePlannerPlanned) 
     EXPECT_THAT(output, HasSubstr(nf4 ? "nf4_base=1" : "nf4_base=0")) << output;
     EXPECT_THAT(output, HasSubstr("trained 2 steps"));
     ExpectChunkMemoryAsPlanned(output, 0);
+    // The load peak names the host bytes the planner gave the rank, beside the measured peak.
+    EXPECT_THAT(output, ::testing::ContainsRegex("msg=\"load peak\" .*planned_host_bytes=[0-9]+"));
   }
 }
 

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "common/nf4_bytes.h"
 #include "common/presets.h"
 #include "gtest/gtest.h"
 
@@ -383,6 +384,50 @@ TEST(PlanEngineTest, LoraNeedsFarLessMemory) {
   EXPECT_LT(l->prediction.host_pinned_bytes + l->prediction.breakdown.optimizer_state_bytes,
             f->prediction.host_pinned_bytes + f->prediction.breakdown.optimizer_state_bytes);
   EXPECT_TRUE(l->fits) << l->reason;
+}
+
+// Issue 31's user: qwen3-32b QLoRA (rank 64, every linear layer) on two 24 GB cards of a 32 GiB
+// host. Each rank loads and quantizes only its shards ([Sharded NF4 loading], agent/train), so
+// its host bytes are its shards of the offloaded NF4 base (plus its activations), and the two
+// ranks share the node's RAM less the reserve (which holds the weights in flight while loading).
+// The whole NF4 base on every rank, what the agent loaded before, would not fit the node; too
+// small a host makes the plan not fit, naming the RAM per rank.
+TEST(PlanEngineTest, QloraRanksShareTheNodesRamWithTheirShards) {
+  PlanInputs in = Inputs("qwen3-32b", "rtx-4090", 1, 2048, 2);
+  in.training.kind = TrainingKind::kQlora;
+  in.training.lora_rank = 64;
+  in.training.lora_target_modules = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                     "gate_proj", "up_proj", "down_proj"};
+  in.hardware.host_memory_bytes = 32 * kGiB;
+  in.skip_limits = true;
+  in.max_alternatives = 0;
+  auto two = MakePlan(in);
+  ASSERT_TRUE(two.ok()) << two.status();
+  ASSERT_TRUE(two->fits) << two->reason;
+  const RankMemory& r = two->prediction.rank_memory;
+  const int64_t rank_host = two->prediction.host_pinned_bytes + two->prediction.host_pageable_bytes;
+  EXPECT_EQ(r.local_world_size, 2);
+  EXPECT_EQ(r.node_host_bytes, 2 * rank_host);
+  EXPECT_LE(r.chunk_host_pinned_bytes + r.chunk_host_pageable_bytes, rank_host);
+  // [Host reserve]: 5 % of the RAM, at least 4 GiB, and 2 GiB per rank.
+  EXPECT_LE(r.node_host_bytes, in.hardware.host_memory_bytes - 4 * kGiB - 2 * 2 * kGiB);
+  // The blocks' NF4 base and the bf16 embedding and (untied) LM head.
+  ASSERT_FALSE(in.arch.tie_word_embeddings);
+  const int64_t nf4_base = QloraBlockBaseBytes(in.arch, 2) * in.arch.num_layers +
+                           2 * in.arch.vocab_size * in.arch.hidden_size * 2;
+  EXPECT_GT(2 * nf4_base, in.hardware.host_memory_bytes) << "the whole base per rank would fit";
+  std::printf("qwen3-32b QLoRA, 2 ranks, 32 GiB host: %d/%d chunks persistent, host %.2f GiB per "
+              "rank (the whole NF4 base %.2f GiB)\n",
+              two->plan.n_persist, two->plan.n_chunks, static_cast<double>(rank_host) / kGiB,
+              static_cast<double>(nf4_base) / kGiB);
+
+  in.hardware.host_memory_bytes = 10 * kGiB;
+  auto small = MakePlan(in);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_FALSE(small->fits);
+  EXPECT_NE(small->reason.find("1.0 GiB of RAM per rank (10.0 GiB shared by 2 local ranks"),
+            std::string::npos)
+      << small->reason;
 }
 
 TEST(PlanEngineTest, ExtremeButValidInputsAreHandled) {
