@@ -171,6 +171,27 @@ v1::ModelArch ToProto(const ModelSpec& spec) {
   out.set_router_aux_loss_coef(spec.router_aux_loss_coef);
   out.set_sliding_window(spec.sliding_window);
   for (int64_t l : spec.sliding_layers) out.add_sliding_layers(l);
+  if (spec.IsVisionLanguage()) {
+    const VisionSpec& v = spec.vision;
+    v1::VisionArch* vision = out.mutable_vision();
+    vision->set_depth(v.depth);
+    vision->set_hidden_size(v.hidden_size);
+    vision->set_intermediate_size(v.intermediate_size);
+    vision->set_num_heads(v.num_heads);
+    vision->set_in_channels(v.in_channels);
+    vision->set_patch_size(v.patch_size);
+    vision->set_spatial_merge_size(v.spatial_merge_size);
+    vision->set_temporal_patch_size(v.temporal_patch_size);
+    vision->set_window_size(v.window_size);
+    vision->set_out_hidden_size(v.out_hidden_size);
+    for (int64_t b : v.fullatt_block_indexes) vision->add_fullatt_block_indexes(b);
+    vision->set_rope_theta(v.rope_theta);
+    out.set_image_token_id(spec.image_token_id);
+    out.set_video_token_id(spec.video_token_id);
+    out.set_vision_start_token_id(spec.vision_start_token_id);
+    out.set_vision_end_token_id(spec.vision_end_token_id);
+  }
+  for (int64_t s : spec.mrope_section) out.add_mrope_section(s);
   return out;
 }
 
@@ -213,6 +234,9 @@ v1::Workload ToProto(const Workload& workload) {
   out.set_grad_accum(workload.grad_accum);
   out.set_grad_clipping(workload.grad_clipping);
   out.set_local_world_size(workload.local_world_size);
+  out.set_images_per_sample(workload.images_per_sample);
+  out.set_image_height(workload.image_height);
+  out.set_image_width(workload.image_width);
   return out;
 }
 
@@ -412,6 +436,28 @@ ModelSpec ModelSpecFromProto(const v1::ModelArch& arch) {
   out.router_aux_loss_coef = arch.router_aux_loss_coef();
   out.sliding_window = arch.sliding_window();
   out.sliding_layers.assign(arch.sliding_layers().begin(), arch.sliding_layers().end());
+  if (arch.has_vision()) {
+    const v1::VisionArch& v = arch.vision();
+    VisionSpec& vision = out.vision;
+    vision.depth = v.depth();
+    vision.hidden_size = v.hidden_size();
+    vision.intermediate_size = v.intermediate_size();
+    vision.num_heads = v.num_heads();
+    vision.in_channels = v.in_channels();
+    vision.patch_size = v.patch_size();
+    vision.spatial_merge_size = v.spatial_merge_size();
+    vision.temporal_patch_size = v.temporal_patch_size();
+    vision.window_size = v.window_size();
+    vision.out_hidden_size = v.out_hidden_size();
+    vision.fullatt_block_indexes.assign(v.fullatt_block_indexes().begin(),
+                                        v.fullatt_block_indexes().end());
+    if (v.rope_theta() != 0) vision.rope_theta = v.rope_theta();
+  }
+  out.image_token_id = arch.image_token_id();
+  out.video_token_id = arch.video_token_id();
+  out.vision_start_token_id = arch.vision_start_token_id();
+  out.vision_end_token_id = arch.vision_end_token_id();
+  out.mrope_section.assign(arch.mrope_section().begin(), arch.mrope_section().end());
   return out;
 }
 
@@ -456,6 +502,9 @@ Workload WorkloadFromProto(const v1::Workload& workload) {
   out.grad_accum = workload.grad_accum() == 0 ? 1 : workload.grad_accum();
   out.grad_clipping = workload.grad_clipping();
   out.local_world_size = workload.local_world_size();  // 0 = world_size: LocalRanks()
+  out.images_per_sample = workload.images_per_sample();
+  out.image_height = workload.image_height();
+  out.image_width = workload.image_width();
   return out;
 }
 

@@ -205,6 +205,10 @@ struct Workload {
   // Ranks per node, sharing its host memory (HardwareSpec::host_memory_bytes); 0 = world_size
   // (one node). LocalRanks() resolves it.
   int32_t local_world_size = 0;
+  // A vision-language model's images per sample and their size in pixels (0: text only).
+  int32_t images_per_sample = 0;
+  int64_t image_height = 0;
+  int64_t image_width = 0;
 };
 
 inline int32_t LocalRanks(const Workload& w) {

@@ -287,6 +287,19 @@ absl::Status ValidateWorkload(const Workload& w, absl::string_view prefix) {
   if (auto s = CheckInt(prefix, "local_world_size", w.local_world_size, 0, w.world_size); !s.ok()) {
     return s;
   }
+  if (auto s = CheckInt(prefix, "images_per_sample", w.images_per_sample, 0, 1024); !s.ok()) {
+    return s;
+  }
+  for (const auto& [field, pixels] : {std::pair<const char*, int64_t>{"image_height", w.image_height},
+                                      {"image_width", w.image_width}}) {
+    if (w.images_per_sample == 0 && pixels != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(prefix, field, " = ", pixels, " needs ",
+                                                     prefix, "images_per_sample >= 1"));
+    }
+    if (w.images_per_sample > 0) {
+      if (auto s = CheckInt(prefix, field, pixels, 1, 65536); !s.ok()) return s;
+    }
+  }
   if (w.micro_batch * w.seq_len > (int64_t{1} << 28)) {
     return absl::InvalidArgumentError(absl::StrCat(
         prefix, "micro_batch * ", prefix, "seq_len = ", w.micro_batch * w.seq_len,

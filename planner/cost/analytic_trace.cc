@@ -186,14 +186,26 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   RETURN_IF_ERROR(ValidateModelSpec(arch, "arch."));
   RETURN_IF_ERROR(ValidateWorkload(workload, "workload."));
   RETURN_IF_ERROR(ValidateTrainingMethod(training, arch, "training."));
+  if (!arch.IsVisionLanguage() && workload.images_per_sample > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "workload.images_per_sample = ", workload.images_per_sample, ": arch.family = \"",
+        arch.family, "\" has no vision tower"));
+  }
+  if (arch.IsVisionLanguage() && workload.images_per_sample == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "workload.images_per_sample is required for the vision-language arch.family = \"",
+        arch.family, "\", with workload.image_height and image_width (pixels): a plan without "
+        "them would count the language model only"));
+  }
   if (arch.IsVisionLanguage()) {
-    // The terms below price the language model only; a vision tower's weights and activations
+    // The terms below price the language model only; the vision tower's weights and activations
     // (per image, by resolution) would be left out, so the analytic path refuses rather than
     // under-count.
     return absl::UnimplementedError(absl::StrCat(
         "arch.family = \"", arch.family, "\": the analytic cost model does not price the vision "
-        "tower yet (", arch.vision.depth, " vision blocks); a vision-language plan would count "
-        "the language model only"));
+        "tower yet (", arch.vision.depth, " vision blocks, ", workload.images_per_sample,
+        " images of ", workload.image_height, "x", workload.image_width, " pixels per sample); a "
+        "vision-language plan would count the language model only"));
   }
   if (!(options.matmul_efficiency > 0 && options.matmul_efficiency <= 1) ||
       !(options.hbm_efficiency > 0 && options.hbm_efficiency <= 1)) {

@@ -114,6 +114,52 @@ TEST(ProtoConvertTest, MixtureOfExpertsFieldsRoundTrip) {
   EXPECT_EQ(dense.decoder_sparse_step, 1);
 }
 
+// A vision-language spec keeps its tower and image fields through the wire (a spec that lost
+// them would fail validation as qwen2_5_vl without a tower), and so does the workload's images.
+TEST(ProtoConvertTest, VisionLanguageFieldsRoundTrip) {
+  ModelSpec m = *FindModelPreset("qwen2.5-7b");
+  m.family = "qwen2_5_vl";
+  m.vision.depth = 32;
+  m.vision.hidden_size = 1280;
+  m.vision.intermediate_size = 3420;
+  m.vision.num_heads = 16;
+  m.vision.window_size = 112;
+  m.vision.out_hidden_size = m.hidden_size;
+  m.vision.fullatt_block_indexes = {7, 15, 23, 31};
+  m.vision.rope_theta = 10000.0;
+  m.image_token_id = 151655;
+  m.video_token_id = 151656;
+  m.vision_start_token_id = 151652;
+  m.vision_end_token_id = 151653;
+  m.mrope_section = {16, 24, 24};
+  const ModelSpec back = ModelSpecFromProto(ToProto(m));
+  EXPECT_EQ(back.family, "qwen2_5_vl");
+  EXPECT_EQ(back.vision.depth, 32);
+  EXPECT_EQ(back.vision.hidden_size, 1280);
+  EXPECT_EQ(back.vision.intermediate_size, 3420);
+  EXPECT_EQ(back.vision.num_heads, 16);
+  EXPECT_EQ(back.vision.patch_size, 14);
+  EXPECT_EQ(back.vision.spatial_merge_size, 2);
+  EXPECT_EQ(back.vision.temporal_patch_size, 2);
+  EXPECT_EQ(back.vision.in_channels, 3);
+  EXPECT_EQ(back.vision.window_size, 112);
+  EXPECT_EQ(back.vision.out_hidden_size, m.hidden_size);
+  EXPECT_EQ(back.vision.fullatt_block_indexes, m.vision.fullatt_block_indexes);
+  EXPECT_DOUBLE_EQ(back.vision.rope_theta, 10000.0);
+  EXPECT_EQ(back.image_token_id, 151655);
+  EXPECT_EQ(back.vision_end_token_id, 151653);
+  EXPECT_EQ(back.mrope_section, m.mrope_section);
+  EXPECT_FALSE(ModelSpecFromProto(ToProto(*FindModelPreset("llama-tiny"))).IsVisionLanguage());
+  Workload w;
+  w.images_per_sample = 2;
+  w.image_height = 448;
+  w.image_width = 336;
+  const Workload wb = WorkloadFromProto(ToProto(w));
+  EXPECT_EQ(wb.images_per_sample, 2);
+  EXPECT_EQ(wb.image_height, 448);
+  EXPECT_EQ(wb.image_width, 336);
+}
+
 TEST(ProtoConvertTest, ModelArchZerosKeepDomainDefaults) {
   v1::ModelArch arch;
   arch.set_hidden_size(256);

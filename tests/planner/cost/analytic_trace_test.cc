@@ -232,11 +232,29 @@ TEST(AnalyticTraceTest, VisionLanguageIsRefusedNotUnderCounted) {
   Workload w;
   w.micro_batch = 1;
   w.seq_len = 128;
+  // Without its images the workload is refused, naming the fields.
   absl::StatusOr<Trace> t =
       SynthesizeTrace(m, w, DType::kBFloat16, {}, *FindHardwarePreset("h200"));
   ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("workload.images_per_sample"), std::string::npos)
+      << t.status();
+  // With them, the tower is not priced yet: refused rather than left out.
+  w.images_per_sample = 1;
+  w.image_height = 448;
+  w.image_width = 448;
+  t = SynthesizeTrace(m, w, DType::kBFloat16, {}, *FindHardwarePreset("h200"));
+  ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(t.status().message().find("vision tower"), std::string::npos) << t.status();
+  // Images for a text model.
+  t = SynthesizeTrace(*FindModelPreset("qwen2.5-7b"), w, DType::kBFloat16, {},
+                      *FindHardwarePreset("h200"));
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  // An image size without images.
+  w.images_per_sample = 0;
+  EXPECT_FALSE(ValidateWorkload(w, "workload.").ok());
 }
 
 // Sparse layers never run the sequence-tiled MLP (the agent tiles the dense MLP only): their
