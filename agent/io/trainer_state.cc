@@ -120,6 +120,75 @@ absl::Status DecodeMoe(const Json& j, ModelSpec* m) {
   return absl::OkStatus();
 }
 
+// A vision-language model's tower and token ids, only for such a model.
+void EncodeVision(const ModelSpec& m, OrderedJson* j) {
+  if (!m.IsVisionLanguage()) return;
+  const VisionSpec& v = m.vision;
+  OrderedJson vj;
+  vj["depth"] = v.depth;
+  vj["hidden_size"] = v.hidden_size;
+  vj["intermediate_size"] = v.intermediate_size;
+  vj["num_heads"] = v.num_heads;
+  vj["in_channels"] = v.in_channels;
+  vj["patch_size"] = v.patch_size;
+  vj["spatial_merge_size"] = v.spatial_merge_size;
+  vj["temporal_patch_size"] = v.temporal_patch_size;
+  vj["window_size"] = v.window_size;
+  vj["out_hidden_size"] = v.out_hidden_size;
+  vj["fullatt_block_indexes"] = v.fullatt_block_indexes;
+  vj["rope_theta"] = v.rope_theta;
+  (*j)["vision"] = vj;
+  (*j)["image_token_id"] = m.image_token_id;
+  (*j)["video_token_id"] = m.video_token_id;
+  (*j)["vision_start_token_id"] = m.vision_start_token_id;
+  (*j)["vision_end_token_id"] = m.vision_end_token_id;
+}
+
+absl::Status DecodeVision(const Json& j, ModelSpec* m) {
+  if (!j.contains("vision")) return absl::OkStatus();
+  constexpr int64_t kBig = std::numeric_limits<int64_t>::max();
+  ASSIGN_OR_RETURN(const Json* vj, GetObject(j, "vision", "model.vision"));
+  VisionSpec& v = m->vision;
+  struct Field {
+    const char* key;
+    int64_t* slot;
+  };
+  const Field fields[] = {{"depth", &v.depth},
+                          {"hidden_size", &v.hidden_size},
+                          {"intermediate_size", &v.intermediate_size},
+                          {"num_heads", &v.num_heads},
+                          {"in_channels", &v.in_channels},
+                          {"patch_size", &v.patch_size},
+                          {"spatial_merge_size", &v.spatial_merge_size},
+                          {"temporal_patch_size", &v.temporal_patch_size},
+                          {"window_size", &v.window_size},
+                          {"out_hidden_size", &v.out_hidden_size}};
+  for (const Field& f : fields) {
+    ASSIGN_OR_RETURN(*f.slot, GetInt(*vj, f.key, absl::StrCat("model.vision.", f.key), 1, kBig));
+  }
+  ASSIGN_OR_RETURN(v.rope_theta,
+                   GetDouble(*vj, "rope_theta", "model.vision.rope_theta", 0, 1e300));
+  ASSIGN_OR_RETURN(const Json* full, Member(*vj, "fullatt_block_indexes",
+                                            "model.vision.fullatt_block_indexes"));
+  if (!full->is_array()) {
+    return KeyError("model.vision.fullatt_block_indexes", "must be an array of blocks");
+  }
+  for (const Json& b : *full) {
+    if (!b.is_number_integer()) {
+      return KeyError("model.vision.fullatt_block_indexes", "must be an array of blocks");
+    }
+    v.fullatt_block_indexes.push_back(b.get<int64_t>());
+  }
+  const Field ids[] = {{"image_token_id", &m->image_token_id},
+                       {"video_token_id", &m->video_token_id},
+                       {"vision_start_token_id", &m->vision_start_token_id},
+                       {"vision_end_token_id", &m->vision_end_token_id}};
+  for (const Field& f : ids) {
+    ASSIGN_OR_RETURN(*f.slot, GetInt(j, f.key, absl::StrCat("model.", f.key), 0, kBig));
+  }
+  return absl::OkStatus();
+}
+
 OrderedJson EncodeModel(const ModelSpec& m) {
   OrderedJson j;
   j["name"] = m.name;
@@ -142,6 +211,7 @@ OrderedJson EncodeModel(const ModelSpec& m) {
   j["sliding_window"] = m.sliding_window;
   j["sliding_layers"] = m.sliding_layers;
   EncodeMoe(m, &j);
+  EncodeVision(m, &j);
   return j;
 }
 
@@ -166,6 +236,8 @@ absl::StatusOr<ModelSpec> DecodeModel(const Json& j) {
   ASSIGN_OR_RETURN(m.rms_norm_eps, GetDouble(j, "rms_norm_eps", "model.rms_norm_eps", 0, 1e300));
   ASSIGN_OR_RETURN(m.max_position_embeddings,
                    GetInt(j, "max_position_embeddings", "model.max_position_embeddings", 1, kBig));
+  // Before the RoPE: a vision-language model's rope_parameters carry its mrope_section.
+  RETURN_IF_ERROR(DecodeVision(j, &m));
   if (auto rp = j.find("rope_parameters"); rp != j.end()) {
     if (absl::Status s = ParseRopeParametersJson(rp->dump(), &m); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("trainer.json: model.", s.message()));

@@ -170,5 +170,46 @@ TEST(TrainerStateTest, MixtureOfExpertsFieldsRoundTrip) {
   EXPECT_FALSE(has_experts(dense));
 }
 
+// A vision-language run resumes with its tower and M-RoPE sections (head_dim 16: 8 frequencies).
+TEST(TrainerStateTest, VisionLanguageFieldsRoundTrip) {
+  CheckpointManifest m = Sample();
+  ModelSpec& s = m.trainer.model;
+  s.family = "qwen2_5_vl";
+  s.mrope_section = {4, 2, 2};
+  s.image_token_id = 200;
+  s.video_token_id = 201;
+  s.vision_start_token_id = 202;
+  s.vision_end_token_id = 203;
+  s.vision.depth = 3;
+  s.vision.hidden_size = 32;
+  s.vision.intermediate_size = 48;
+  s.vision.num_heads = 2;
+  s.vision.patch_size = 2;
+  s.vision.window_size = 8;
+  s.vision.out_hidden_size = 64;
+  s.vision.fullatt_block_indexes = {1};
+  s.vision.rope_theta = 500.0;
+  absl::StatusOr<CheckpointManifest> back = DecodeCheckpointManifest(EncodeCheckpointManifest(m));
+  ASSERT_TRUE(back.ok()) << back.status();
+  const ModelSpec& b = back->trainer.model;
+  EXPECT_EQ(b.family, "qwen2_5_vl");
+  EXPECT_EQ(b.mrope_section, (std::vector<int64_t>{4, 2, 2}));
+  EXPECT_EQ(b.vision.depth, 3);
+  EXPECT_EQ(b.vision.hidden_size, 32);
+  EXPECT_EQ(b.vision.intermediate_size, 48);
+  EXPECT_EQ(b.vision.num_heads, 2);
+  EXPECT_EQ(b.vision.patch_size, 2);
+  EXPECT_EQ(b.vision.spatial_merge_size, 2);
+  EXPECT_EQ(b.vision.temporal_patch_size, 2);
+  EXPECT_EQ(b.vision.window_size, 8);
+  EXPECT_EQ(b.vision.out_hidden_size, 64);
+  EXPECT_EQ(b.vision.fullatt_block_indexes, (std::vector<int64_t>{1}));
+  EXPECT_DOUBLE_EQ(b.vision.rope_theta, 500.0);
+  EXPECT_EQ(b.image_token_id, 200);
+  EXPECT_EQ(b.vision_end_token_id, 203);
+  // A text model's state carries no vision keys.
+  EXPECT_EQ(EncodeCheckpointManifest(Sample()).find("vision"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace memplan::io
