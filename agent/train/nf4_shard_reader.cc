@@ -40,13 +40,12 @@ Nf4ShardReader::Nf4ShardReader(const LlamaModel& model, ChunkManager::RangeReade
     : values_(std::move(values)),
       device_(model.options().device),
       work_bytes_per_element_(4 + DTypeBytes(model.options().dtype)) {
-  std::map<std::string, int64_t> numel;
-  for (const ParamShape& p : HfParamShapes(model.spec())) numel[p.name] = p.numel();
+  for (const ParamShape& p : HfParamShapes(model.spec())) numel_[p.name] = p.numel();
   for (const std::string& name : model.QuantizedWeightNames()) {
     const int w = static_cast<int>(weights_.size());
     Weight weight;
     weight.name = name;
-    weight.numel = numel.at(name);
+    weight.numel = numel_.at(name);
     weights_.push_back(std::move(weight));
     parts_[name + std::string(kNf4DataSuffix)] = {w, Part::kData};
     parts_[name + std::string(kNf4AbsmaxCodeSuffix)] = {w, Part::kAbsmaxCode};
@@ -57,7 +56,13 @@ Nf4ShardReader::Nf4ShardReader(const LlamaModel& model, ChunkManager::RangeReade
 absl::StatusOr<torch::Tensor> Nf4ShardReader::Read(const std::string& name, int64_t begin,
                                                    int64_t len) {
   auto it = parts_.find(name);
-  if (it == parts_.end()) return values_(name, begin, len);
+  if (it == parts_.end()) {
+    // The base's other tensors (embedding, head, norms) count against the same budget, as drawn
+    // whole (InitialValues draws a tensor whole for any range).
+    auto n = numel_.find(name);
+    const Budget hold(*this, (n != numel_.end() ? n->second : len) * work_bytes_per_element_);
+    return values_(name, begin, len);
+  }
   const auto [w, part] = it->second;
   if (part == Part::kData) return DataRange(w, begin, len);
   RETURN_IF_ERROR(Whole(w, /*want_data=*/false).status());

@@ -16,7 +16,8 @@
 //   always did).
 // Weights are quantized on the model's device (as LlamaModel::Create does: the offset, a mean,
 // depends on the device's summation order), one at a time on a GPU. What is read and drawn in
-// flight, beyond the first, is at most kNf4LoadBudgetBytes (the planner's [Host reserve]).
+// flight (every base tensor counted as drawn whole), beyond the first, is at most
+// kNf4LoadBudgetBytes (the planner's [Host reserve]).
 #pragma once
 
 #include <condition_variable>
@@ -86,6 +87,7 @@ class Nf4ShardReader {
   torch::Device device_;
   int64_t work_bytes_per_element_;  // a drawn fp32 value and its model-dtype copy
   std::map<std::string, std::pair<int, Part>> parts_;  // NF4 part name -> (weight, part)
+  std::map<std::string, int64_t> numel_;               // Hugging Face name -> elements
 
   mutable std::mutex mu_;
   std::condition_variable changed_;  // a weight's state or the budget changed
