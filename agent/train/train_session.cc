@@ -460,6 +460,11 @@ PlanQuery TrainSession::PlannerQuery() const {
   // The ranks of one node share its RAM: the planner prices each rank's shards against the
   // node's memory divided by them.
   query.workload.local_world_size = dist_.local_world_size;
+  // A vision-language run's images (synthetic ones have one size; a sample file's vary and are
+  // not described yet, which the planner refuses rather than price the run as text).
+  query.workload.images_per_sample = static_cast<int32_t>(config_.synthetic_images);
+  query.workload.image_height = config_.image_height;
+  query.workload.image_width = config_.image_width;
   query.param_dtype = dtype_;
   // With --planner there is no plan file: the flag (validated by ParseTrainArgs) or adamw.
   query.optimizer = config_.optimizer.value_or(OptimizerKind::kAdamW);
