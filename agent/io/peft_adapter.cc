@@ -25,13 +25,16 @@ absl::Status ConfigError(const std::string& dir, const std::string& field,
 }
 
 constexpr absl::string_view kLoraA = ".lora_A.weight";
+// Where a decoder's layers are (memplan's names) and where transformers 5 keeps a Qwen2.5-VL's.
+constexpr absl::string_view kLanguageModelLayers = "model.layers.";
+constexpr absl::string_view kVisionLanguageLayers = "model.language_model.layers.";
 constexpr absl::string_view kLoraB = ".lora_B.weight";
 
 }  // namespace
 
 absl::Status SavePeftAdapter(const std::string& dir, const LoraOptions& lora,
                              const std::string& base_model,
-                             const std::vector<NamedParam>& adapters) {
+                             const std::vector<NamedParam>& adapters, bool vision_language) {
   Json config;
   config["peft_type"] = "LORA";
   config["task_type"] = "CAUSAL_LM";
@@ -55,7 +58,11 @@ absl::Status SavePeftAdapter(const std::string& dir, const LoraOptions& lora,
   std::vector<NamedParam> prefixed;
   prefixed.reserve(adapters.size());
   for (const NamedParam& p : adapters) {
-    prefixed.push_back({absl::StrCat(kPeftKeyPrefix, p.name), p.param.detach()});
+    std::string name = p.name;
+    if (vision_language && absl::StartsWith(name, kLanguageModelLayers)) {
+      name = absl::StrCat(kVisionLanguageLayers, name.substr(kLanguageModelLayers.size()));
+    }
+    prefixed.push_back({absl::StrCat(kPeftKeyPrefix, name), p.param.detach()});
   }
   RETURN_IF_ERROR(SaveSafetensorsFile(JoinPath(dir, kPeftWeightsFile), prefixed,
                                       SafetensorsMetadata{{"format", "pt"}}));
@@ -73,6 +80,9 @@ absl::StatusOr<PeftAdapter> ReadPeftAdapter(const std::string& dir) {
     }
     // peft writes the adapter name into the key only for non-default adapters.
     std::string name = t.name.substr(std::string(kPeftKeyPrefix).size());
+    if (absl::StartsWith(name, kVisionLanguageLayers)) {
+      name = absl::StrCat(kLanguageModelLayers, name.substr(kVisionLanguageLayers.size()));
+    }
     adapter.tensors.push_back({std::move(name), std::move(t.param)});
   }
   return adapter;
@@ -188,7 +198,8 @@ absl::Status SaveLoraCheckpoint(const std::string& dir, const TrainerState& trai
                                 const std::vector<NamedParam>& adapters,
                                 const std::vector<NamedParam>& optimizer_state) {
   RETURN_IF_ERROR(ValidateOptimizerState(adapters, optimizer_state));
-  RETURN_IF_ERROR(SavePeftAdapter(dir, lora, base_model, adapters));
+  RETURN_IF_ERROR(
+      SavePeftAdapter(dir, lora, base_model, adapters, trainer.model.IsVisionLanguage()));
   const std::string optimizer_path = JoinPath(dir, kCheckpointOptimizerFile);
   RETURN_IF_ERROR(SaveSafetensorsFile(
       optimizer_path, optimizer_state,

@@ -29,9 +29,12 @@ struct PeftAdapter {
 
 // Writes `dir` (created if needed; both files replaced): LoRA config with task_type CAUSAL_LM,
 // bias "none", and `adapters` (LlamaModel::TrainableParams() names) under the PEFT prefix.
+// vision_language: the keys as PEFT names a Qwen2.5-VL's adapters, whose language model
+// transformers 5 holds under model.language_model (ReadPeftAdapter reads both).
 absl::Status SavePeftAdapter(const std::string& dir, const LoraOptions& lora,
                              const std::string& base_model,
-                             const std::vector<NamedParam>& adapters);
+                             const std::vector<NamedParam>& adapters,
+                             bool vision_language = false);
 
 // Reads a LoRA adapter. INVALID_ARGUMENT naming the config field for what memplan does not run:
 // another peft_type, bias other than "none", rsLoRA, DoRA, fan_in_fan_out, per-layer rank or

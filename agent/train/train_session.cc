@@ -937,7 +937,7 @@ absl::Status TrainSession::Finish() {
                                                 !config_.model_dir.empty()   ? config_.model_dir
                                                 : !config_.arch_file.empty() ? config_.arch_file
                                                                              : config_.arch,
-                                                adapters));
+                                                adapters, spec_.IsVisionLanguage()));
             return CopyModelSideFiles(config_.save_adapter_dir);
           }));
     }

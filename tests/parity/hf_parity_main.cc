@@ -239,7 +239,8 @@ absl::Status Run(const Flags& f) {
   RETURN_IF_ERROR(io::SaveSafetensorsFile(f.out, out));
   if (!f.save_adapter.empty()) {
     RETURN_IF_ERROR(
-        io::SavePeftAdapter(f.save_adapter, model_options.lora, f.model, trainer->Params()));
+        io::SavePeftAdapter(f.save_adapter, model_options.lora, f.model, trainer->Params(),
+                            spec.IsVisionLanguage()));
   }
   if (!f.merge_export.empty()) {
     ASSIGN_OR_RETURN(const std::vector<NamedParam> base,

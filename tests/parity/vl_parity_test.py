@@ -17,6 +17,9 @@ the step is judged as torch's AdamW applied to memplan's gradients, which are th
 against transformers' (as hf_parity_test.py does for its tiled and sparse checkpoints). The
 checkpoint memplan saves after the step must load in transformers and give memplan's post-step
 logits.
+LoRA (peft 0.21, r 4, alpha 8, q_proj and v_proj: names that only the language model has) from a
+random peft adapter (--load-adapter): logits, loss, every adapter gradient and the step, and the
+adapter memplan saves loads in peft with memplan's post-step logits.
 
   vl_parity_test.py --tool PATH [--work DIR]
 Prints one line per comparison and ends with "N passed, M failed"; exits non-zero on a failure.
@@ -28,6 +31,7 @@ import shutil
 import sys
 import tempfile
 
+import peft
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
@@ -219,6 +223,84 @@ def run_checkpoint(tally, tool, work, name, tie, seed):
                 log.strip().splitlines()[-1] if log.strip() else f"exit {rc}")
 
 
+LORA_PLANS = [
+    ("plain", ["--plain"]),
+    ("grouped-ckpt", ["--block-modes", "ckpt,ckpt,ckpt"]),
+    ("managed-offload", ["--chunk-kib", "96", "--n-persist", "1", "--n-buffer", "2",
+                         "--block-modes", "ckpt,swap,none"]),
+]
+
+
+def peft_name(name):
+    """peft's in-memory adapter name -> memplan's."""
+    name = name.replace("base_model.model.", "", 1).replace(".default.", ".")
+    return disk_name(name)
+
+
+def lora_model(ckpt, adapter_dir=None):
+    base = load_hf(ckpt)
+    if adapter_dir is not None:
+        return peft.PeftModel.from_pretrained(base, adapter_dir, is_trainable=True).train()
+    config = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                             target_modules=["q_proj", "v_proj"])
+    return peft.get_peft_model(base, config).train()
+
+
+def run_lora(tally, tool, work, name, seed):
+    ckpt = os.path.join(work, name)
+    model = lora_model(ckpt)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_" in n:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    initial = os.path.join(work, f"{name}.lora-initial")
+    model.save_pretrained(initial)
+    ids, targets, pixels, grid = batch(300 + seed)
+    tok_path = os.path.join(work, f"{name}.lora.tokens.safetensors")
+    img_path = os.path.join(work, f"{name}.lora.images.safetensors")
+    save_file({"input_ids": ids, "targets": targets}, tok_path)
+    save_file({"pixel_values": pixels, "image_grid_thw": grid}, img_path)
+    with torch.no_grad():
+        logits = forward(model, ids, pixels, grid).float()
+    out = forward(model, ids, pixels, grid).float()
+    loss = torch.nn.functional.cross_entropy(out.view(-1, VOCAB), targets.reshape(-1),
+                                             ignore_index=-100)
+    loss.backward()
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    grads = {peft_name(n): p.grad.detach().clone() for n, p in trainable.items()}
+    ref = (logits, loss.item(), grads)
+    hyper = ["--lr", str(LR), "--beta1", str(BETAS[0]), "--beta2", str(BETAS[1]),
+             "--eps", str(EPS), "--weight-decay", str(WD), "--lora-rank", "4", "--lora-alpha",
+             "8", "--lora-targets", "q_proj,v_proj", "--load-adapter", initial]
+    for plan, plan_args in LORA_PLANS:
+        label = f"{name} LoRA q_proj,v_proj [{plan}]"
+        out_path = os.path.join(work, f"{name}.lora.{plan}.out.safetensors")
+        saved = os.path.join(work, f"{name}.lora.{plan}.adapter")
+        rc, log = run_tool(tool, ["--model", ckpt, "--tokens", tok_path, "--images", img_path,
+                                  "--out", out_path, "--save-adapter", saved] + hyper + plan_args)
+        tally.check(f"{label} runs", rc == 0, log.strip().splitlines()[-1] if log.strip() else "")
+        if rc != 0:
+            continue
+        got = load_file(out_path)
+        # The step: torch's AdamW over peft's trainable parameters with memplan's gradients.
+        stepper = lora_model(ckpt, initial)
+        params = {n: p for n, p in stepper.named_parameters() if p.requires_grad}
+        for n, p in params.items():
+            p.grad = got["grad." + peft_name(n)].clone()
+        stepped = {peft_name(n): t for n, t in optimizer_step(params, 0.0, "adamw").items()}
+        compare(tally, label, out_path, ref + (stepped,))
+        if plan == "plain":
+            # peft loads the adapter memplan saved: the logits of memplan's post-step values.
+            with torch.no_grad():
+                loaded = peft.PeftModel.from_pretrained(load_hf(ckpt), saved)
+                got_logits = forward(loaded, ids, pixels, grid)
+                want_logits = forward(stepper, ids, pixels, grid)
+            err = rel_err(got_logits, want_logits)
+            tally.check(f"{label} saved adapter loads in peft", err <= REL_TOL,
+                        f"logits rel err {err:.2e}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tool", required=True, help="memplan-hf-parity binary")
@@ -232,6 +314,7 @@ def main():
     tally = Tally()
     run_checkpoint(tally, args.tool, work, "qwen2_5_vl-untied", False, 1)
     run_checkpoint(tally, args.tool, work, "qwen2_5_vl-tied", True, 2)
+    run_lora(tally, args.tool, work, "qwen2_5_vl-untied", 3)
     print(f"{tally.passed} passed, {len(tally.failed)} failed")
     if tally.failed:
         print("failed: " + ", ".join(tally.failed))
