@@ -161,7 +161,10 @@ std::string FormatKnobs(const v1::ResidencyPlan& plan) {
                       ", host ", HostMemoryLabel(plan.host_memory()),
                       plan.world_size() > 1
                           ? absl::StrCat(", world ", plan.world_size(),
-                                         plan.shard_persistent_params() ? ", params and state sharded"
+                                         plan.shard_persistent_params()
+                                             ? (plan.shard_persistent_state()
+                                                    ? ", params and state sharded"
+                                                    : ", params sharded")
                                          : plan.shard_persistent_state() ? ", state sharded"
                                                                          : ", state replicated")
                           : "");

@@ -135,21 +135,24 @@ absl::Status ValidateInputs(const PlanInputs& in) {
     }
   }
   if (f.shard_persistent_params && *f.shard_persistent_params) {
-    // [Sharded persistent parameters] go with the sharded state.
+    // [Sharded persistent parameters] go with the sharded state; LoRA and QLoRA shard the frozen
+    // base's persistent chunks, which have no state ([Sharded frozen base]).
     if (in.workload.world_size <= 1) {
       return Invalid(absl::StrCat(
           "fixed.shard_persistent_params = true needs workload.world_size > 1 (got ",
           in.workload.world_size, "): one rank has nothing to shard the parameters over"));
     }
-    if (f.shard_persistent_state && !*f.shard_persistent_state) {
-      return Invalid(
-          "fixed.shard_persistent_params = true needs the state sharded too (fixed."
-          "shard_persistent_state = false was given)");
-    }
-    if (in.training.kind != TrainingKind::kFull || in.optimizer == OptimizerKind::kAdamW8bit) {
-      return Invalid(
-          "fixed.shard_persistent_params = true needs full fine-tuning with adamw, adamw_bf16 or "
-          "sgd");
+    if (in.training.kind == TrainingKind::kFull) {
+      if (f.shard_persistent_state && !*f.shard_persistent_state) {
+        return Invalid(
+            "fixed.shard_persistent_params = true needs the state sharded too (fixed."
+            "shard_persistent_state = false was given)");
+      }
+      if (in.optimizer == OptimizerKind::kAdamW8bit) {
+        return Invalid(
+            "fixed.shard_persistent_params = true needs full fine-tuning with adamw, adamw_bf16 "
+            "or sgd, or LoRA / QLoRA (adamw8bit's 256-element blocks would straddle shards)");
+      }
     }
   }
   const int64_t n = in.profiled_trace ? static_cast<int64_t>(in.profiled_trace->blocks.size())
@@ -275,8 +278,12 @@ std::string DescribePlan(const ResidencyPlan& p) {
                       " hidden-state offloaded, ", std::string(HostMemoryKindName(p.host_memory)),
                       " host memory",
                       p.world_size > 1
-                          ? (p.shard_persistent_params ? ", persistent chunks sharded (parameters "
-                                                         "gathered on use, optimizer state)"
+                          ? (p.shard_persistent_params
+                                 ? (p.shard_persistent_state
+                                        ? ", persistent chunks sharded (parameters gathered on "
+                                          "use, optimizer state)"
+                                        : ", persistent base chunks sharded (gathered on use), "
+                                          "adapters replicated")
                              : p.shard_persistent_state
                                  ? ", persistent chunks' optimizer state sharded"
                                  : ", persistent chunks' optimizer state replicated")

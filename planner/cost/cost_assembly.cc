@@ -26,7 +26,8 @@ absl::Status CostModel::ValidatePlan(const ResidencyPlan& plan) const {
     return bad(absl::StrCat(
         "plan.shard_persistent_params = ", plan.shard_persistent_params ? "true" : "false",
         " but this model ", chunks_->shard_params ? "shards" : "replicates",
-        " the persistent chunks' parameters (sharding them needs the state sharded too)"));
+        " the persistent chunks' parameters (sharding them needs world_size > 1 and the state "
+        "sharded too, or LoRA / QLoRA: the frozen base's)"));
   }
   if (plan.chunk_bytes != chunks_->layout.chunk_bytes) {
     return bad(absl::StrCat("plan.chunk_bytes = ", plan.chunk_bytes, " does not match the layout (",

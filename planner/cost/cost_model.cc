@@ -68,6 +68,11 @@ bool CostModel::CanShardPersistentState(const Trace& trace, const CostOptions& o
          options.optimizer != OptimizerKind::kAdamW8bit;
 }
 
+bool CostModel::CanShardPersistentParams(const Trace& trace, const CostOptions& options) {
+  return CanShardPersistentState(trace, options) ||
+         (options.world_size > 1 && trace.training.kind != TrainingKind::kFull);
+}
+
 std::vector<BlockMode> ArrangeBlockModes(int32_t num_blocks, const ModeCounts& counts) {
   std::vector<BlockMode> modes(static_cast<size_t>(std::max(num_blocks, 0)), BlockMode::kNone);
   int32_t j = 0;
@@ -347,7 +352,12 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   const int64_t array_elem_bytes =
       trace_.training.kind == TrainingKind::kQlora && adapters.has_value() ? 1 : dtype_bytes_;
   t.shard_state = options_.shard_persistent_state && CanShardPersistentState(trace_, options_);
-  t.shard_params = t.shard_state && options_.shard_persistent_params;
+  // A full fine-tune shards its persistent parameters with their state; a LoRA run's frozen base
+  // has no state, its persistent chunks' parameters are sharded alone ([Sharded frozen base]) and
+  // the adapters stay replicated.
+  t.shard_params = options_.shard_persistent_params &&
+                   CanShardPersistentParams(trace_, options_) &&
+                   (t.shard_state || trace_.training.kind != TrainingKind::kFull);
   int64_t max_train = 0;
   TopTwo fills;
   t.persistent_prefix.assign(c_count + 1, 0);
@@ -366,9 +376,10 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
     const int64_t train_params = train / dtype_bytes_;
     // The agent allocates a persistent chunk at its exact size (no tail padding); with sharded
     // state padded to a multiple of W elements, the all-gather's output.
-    // [Sharded persistent parameters]: this rank's shard of the parameters only.
+    // [Sharded persistent parameters]: this rank's shard of the parameters only (QLoRA's byte
+    // chunks: a shard of bytes).
     const int64_t alloc =
-        t.shard_params  ? ShardElems(fill / dtype_bytes_, w_ranks) * dtype_bytes_
+        t.shard_params  ? ShardElems(fill / array_elem_bytes, w_ranks) * array_elem_bytes
         : t.shard_state ? PaddedElems(fill / dtype_bytes_, w_ranks) * dtype_bytes_
                         : fill;
     // This rank's shard of the chunk ([Sharded chunks] in agent/chunks/chunk_manager.cc: every
@@ -511,8 +522,8 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
     if (tied_) used[n + 1].insert(used[n + 1].end(), used[0].begin(), used[0].end());
     std::vector<int64_t> gathered(c_count);
     for (int32_t c = 0; c < c_count; ++c) {
-      gathered[c] =
-          PaddedElems(t.layout.chunk_param_bytes[c] / dtype_bytes_, w_ranks) * dtype_bytes_;
+      gathered[c] = PaddedElems(t.layout.chunk_param_bytes[c] / array_elem_bytes, w_ranks) *
+                    array_elem_bytes;
     }
     t.persistent_gather_by_npersist = PersistentGatherBytesByNPersist(used, gathered);
   }

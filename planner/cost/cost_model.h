@@ -32,7 +32,8 @@ struct CostOptions {
   // the update 1/W per rank and the parameters all-gathered after it.
   bool shard_persistent_state = false;
   // [Sharded persistent parameters] (agent/chunks/chunk_manager.cc), with shard_persistent_state
-  // in effect: the persistent chunks' parameters 1/W per rank too, all-gathered (no host copy)
+  // in effect (LoRA and QLoRA: without it, the frozen base's persistent chunks, [Sharded frozen
+  // base]): the persistent chunks' parameters 1/W per rank too, all-gathered (no host copy)
   // before each stage that uses them, the next stage's prefetched beside the current one's
   // compute, and released after: a stage's and the next stage's gathered chunks on the device at
   // once; nothing is gathered after the update (ZeRO-3 over the persistent chunks).
@@ -153,6 +154,10 @@ class CostModel {
   // state]): several ranks, a full fine-tune (LoRA's adapters stay replicated), not adamw8bit
   // (its 256-element blocks would straddle shards). What the agent's ChunkManager accepts.
   static bool CanShardPersistentState(const Trace& trace, const CostOptions& options);
+  // Whether options.shard_persistent_params can take effect ([Sharded persistent parameters]):
+  // with the state sharded for a full fine-tune; alone for LoRA and QLoRA over several ranks (the
+  // frozen base's persistent chunks, [Sharded frozen base]; the adapters stay replicated).
+  static bool CanShardPersistentParams(const Trace& trace, const CostOptions& options);
   // Persistent chunks + their optimizer state only (a lower bound of StaticRawBytes).
   int64_t PersistentRawBytes(int32_t n_persist) const;
   // End of backward / optimizer step: every persistent chunk's grads exist, activations are gone.
@@ -328,7 +333,8 @@ class CostModel {
     // [Sharded persistent state]: all-gathering the updated parameters after the step.
     std::vector<double> gather_prefix;
     bool shard_state = false;  // the option, in effect (W > 1, full fine-tuning, not adamw8bit)
-    bool shard_params = false;  // [Sharded persistent parameters], in effect (with shard_state)
+    // [Sharded persistent parameters], in effect (with shard_state, or a LoRA run's frozen base)
+    bool shard_params = false;
     // [Sharded persistent parameters], per n_persist (size n_chunks + 1): the padded bytes of
     // the gathered persistent chunks held at once (a stage's and the next stage's, the tied
     // head's embedding chunks included); zeros otherwise.

@@ -428,6 +428,7 @@ absl::StatusOr<PlanSearch> PlanSearch::Create(const Trace& trace, const Hardware
   for (int64_t size : sizes) {
     CostOptions replicated = options;
     replicated.shard_persistent_state = false;
+    replicated.shard_persistent_params = false;
     ASSIGN_OR_RETURN(CostModel model, CostModel::Create(trace, size, hardware, replicated));
     models.push_back(std::move(model));
     // Several ranks: each chunk size also with the persistent chunks' state sharded ([Sharded
@@ -443,6 +444,14 @@ absl::StatusOr<PlanSearch> PlanSearch::Create(const Trace& trace, const Hardware
       sharded.shard_persistent_params = true;
       ASSIGN_OR_RETURN(CostModel zero3_model, CostModel::Create(trace, size, hardware, sharded));
       models.push_back(std::move(zero3_model));
+    } else if (CostModel::CanShardPersistentParams(trace, options)) {
+      // LoRA and QLoRA: the frozen base's persistent chunks sharded and gathered on use ([Sharded
+      // frozen base]); it has no state, the adapters stay replicated.
+      CostOptions sharded = options;
+      sharded.shard_persistent_state = false;
+      sharded.shard_persistent_params = true;
+      ASSIGN_OR_RETURN(CostModel base_model, CostModel::Create(trace, size, hardware, sharded));
+      models.push_back(std::move(base_model));
     }
   }
   return PlanSearch(std::move(models));

@@ -36,7 +36,9 @@ class PlanSearch {
  public:
   // One cost model per chunk-size candidate (deduplicated, each > 0); with world_size > 1 a
   // second one per size with the persistent chunks' optimizer state sharded
-  // (CostOptions::shard_persistent_state) where the workload allows it.
+  // (CostOptions::shard_persistent_state) where the workload allows it, and a third with the
+  // parameters sharded too (shard_persistent_params); LoRA and QLoRA: a second with the frozen
+  // base's persistent chunks sharded (shard_persistent_params alone).
   static absl::StatusOr<PlanSearch> Create(const Trace& trace, const HardwareSpec& hardware,
                                            const CostOptions& options,
                                            const std::vector<int64_t>& chunk_candidates_bytes);

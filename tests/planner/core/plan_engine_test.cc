@@ -391,7 +391,8 @@ TEST(PlanEngineTest, LoraNeedsFarLessMemory) {
 // its host bytes are its shards of the offloaded NF4 base (plus its activations), and the two
 // ranks share the node's RAM less the reserve (which holds the weights in flight while loading).
 // The whole NF4 base on every rank, what the agent loaded before, would not fit the node; too
-// small a host makes the plan not fit, naming the RAM per rank.
+// small a host makes the plan not fit, naming the RAM per rank, unless the persistent base is
+// sharded over the cards too.
 TEST(PlanEngineTest, QloraRanksShareTheNodesRamWithTheirShards) {
   PlanInputs in = Inputs("qwen3-32b", "rtx-4090", 1, 2048, 2);
   in.training.kind = TrainingKind::kQlora;
@@ -422,12 +423,87 @@ TEST(PlanEngineTest, QloraRanksShareTheNodesRamWithTheirShards) {
               static_cast<double>(nf4_base) / kGiB);
 
   in.hardware.host_memory_bytes = 10 * kGiB;
-  auto small = MakePlan(in);
+  // With the persistent base whole on every rank, 1 GiB of RAM per rank is too little.
+  PlanInputs replicated = in;
+  replicated.fixed.shard_persistent_params = false;
+  auto small = MakePlan(replicated);
   ASSERT_TRUE(small.ok()) << small.status();
   EXPECT_FALSE(small->fits);
   EXPECT_NE(small->reason.find("1.0 GiB of RAM per rank (10.0 GiB shared by 2 local ranks"),
             std::string::npos)
       << small->reason;
+  // Sharded over the two cards ([Sharded frozen base] with shard_persistent_params), the whole
+  // base stays on the devices, half on each: the small host is enough.
+  auto sharded = MakePlan(in);
+  ASSERT_TRUE(sharded.ok()) << sharded.status();
+  EXPECT_TRUE(sharded->fits) << sharded->reason;
+  EXPECT_TRUE(sharded->plan.shard_persistent_params);
+  EXPECT_EQ(sharded->plan.n_persist, sharded->plan.n_chunks);
+}
+
+// Issue 31's other user: llama-3.1-70b QLoRA (rank 16, every linear layer), 1x2048 per rank, on
+// two 24 GB cards of a 32 GiB host (the FSDP + QLoRA recipe). With the frozen base's persistent
+// chunks whole on every rank the leanest two-rank plan needs more than the card; sharding them
+// ([Sharded frozen base] with shard_persistent_params: each rank stores 1/W, gathered per stage)
+// makes it fit, and the search picks it. One rank does not fit (the host binds its offloading).
+TEST(PlanEngineTest, Llama70bQloraFitsTwoRanksOf24GbWithThePersistentBaseSharded) {
+  PlanInputs in = Inputs("llama-3.1-70b", "rtx-4090", 1, 2048, 2);
+  in.training.kind = TrainingKind::kQlora;
+  in.training.lora_rank = 16;
+  in.training.lora_target_modules = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                     "gate_proj", "up_proj", "down_proj"};
+  in.hardware.host_memory_bytes = 32 * kGiB;
+  in.skip_limits = true;
+  in.max_alternatives = 0;
+  ASSERT_LE(in.hardware.gpu_memory_bytes, 24 * kGiB);
+  auto two = MakePlan(in);
+  ASSERT_TRUE(two.ok()) << two.status();
+  ASSERT_TRUE(two->fits) << two->reason;
+  const ResidencyPlan& plan = two->plan;
+  EXPECT_TRUE(plan.shard_persistent_params);
+  EXPECT_FALSE(plan.shard_persistent_state);  // the base has none; the adapters' is replicated
+  EXPECT_GT(plan.n_persist, 0);
+  const RankMemory& r = two->prediction.rank_memory;
+  EXPECT_GT(r.persistent_gather_device_bytes, 0);
+  EXPECT_LE(r.node_host_bytes, in.hardware.host_memory_bytes);
+  std::printf("llama-3.1-70b QLoRA r16, 2 ranks of %.1f GiB, 32 GiB host: %s; peak %.2f GiB, "
+              "load %.2f GiB, persistent %.2f GiB + gathered %.2f GiB, host %.2f GiB per rank, "
+              "%.0f tokens/s per GPU\n",
+              static_cast<double>(in.hardware.gpu_memory_bytes) / kGiB, two->reason.c_str(),
+              static_cast<double>(two->prediction.peak_bytes) / kGiB,
+              static_cast<double>(two->prediction.load_peak_bytes) / kGiB,
+              static_cast<double>(r.persistent_device_bytes) / kGiB,
+              static_cast<double>(r.persistent_gather_device_bytes) / kGiB,
+              static_cast<double>(two->prediction.host_pinned_bytes +
+                                  two->prediction.host_pageable_bytes) /
+                  kGiB,
+              two->prediction.tokens_per_second);
+
+  // The persistent base kept whole on every rank (what the planner offered before): too big.
+  PlanInputs replicated = in;
+  replicated.fixed.shard_persistent_params = false;
+  auto whole = MakePlan(replicated);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_FALSE(whole->fits) << whole->reason;
+  EXPECT_FALSE(whole->plan.shard_persistent_params);
+  // Fixing it sharded is accepted for adapters and gives the same plan.
+  PlanInputs sharded = in;
+  sharded.fixed.shard_persistent_params = true;
+  auto fixed = MakePlan(sharded);
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  EXPECT_TRUE(fixed->fits) << fixed->reason;
+  EXPECT_TRUE(fixed->plan.shard_persistent_params);
+  EXPECT_EQ(fixed->plan.n_persist, plan.n_persist);
+  // The adapters' state is not sharded: that knob stays refused for QLoRA.
+  sharded.fixed.shard_persistent_state = true;
+  EXPECT_NE(ErrorOf(sharded).find("fixed.shard_persistent_state = true needs full fine-tuning"),
+            std::string::npos);
+
+  PlanInputs one = in;
+  one.workload.world_size = 1;
+  auto single = MakePlan(one);
+  ASSERT_TRUE(single.ok()) << single.status();
+  EXPECT_FALSE(single->fits) << single->reason;
 }
 
 TEST(PlanEngineTest, ExtremeButValidInputsAreHandled) {

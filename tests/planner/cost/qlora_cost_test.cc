@@ -1,6 +1,7 @@
 // QLoRA in the cost model: the NF4 base's bytes (common/nf4_bytes.h), the chunk layout of NF4
 // parts and adapters, the dequantization transient and time, and the resulting peaks.
 #include <algorithm>
+#include <cstdio>
 #include <numeric>
 
 #include "common/chunk_packing.h"
@@ -195,6 +196,107 @@ TEST(QloraCostTest, SeveralRanksPriceTheirShardOfTheFrozenBase) {
       if (adapters_device < 0) adapters_device = none.persistent_device_bytes;
       EXPECT_EQ(none.persistent_device_bytes, adapters_device);
       EXPECT_GT(adapters_device, 0);
+    }
+  }
+}
+
+// [Sharded frozen base] with shard_persistent_params ([Sharded persistent parameters]): each
+// rank keeps its shard of every persistent base chunk on the device, ceil(S / W) elements of S
+// (bytes for QLoRA's byte chunks, bf16 elements for LoRA), holds a stage's and the next stage's
+// chunks gathered (padded to a multiple of W elements), and all-gathers every base chunk before
+// its stage runs in forward and again in backward (the head's only in forward: its backward runs
+// right after its forward), beside compute. The base has no state: the state stays unsharded and
+// the adapters replicated.
+TEST(QloraCostTest, SeveralRanksShardThePersistentBaseAndGatherItPerStage) {
+  const ModelSpec m = SmallSpec();
+  ASSERT_FALSE(m.tie_word_embeddings);
+  HardwareSpec hw = *FindHardwarePreset("h200");
+  // A slow link: the gathers outweigh the tiny model's compute in every window.
+  hw.nccl_allgather_bytes_per_second = 1e6;
+  hw.nccl_allgather_under_compute_bytes_per_second = 0;
+  const int64_t chunk = 64 << 10;
+  for (const TrainingKind kind : {TrainingKind::kLora, TrainingKind::kQlora}) {
+    SCOPED_TRACE(kind == TrainingKind::kQlora ? "qlora" : "lora");
+    const Trace trace = Synth(m, kind, 1, 128, hw);
+    const ChunkLayout layout = LayoutChunks(trace, chunk);
+    const int64_t elem = kind == TrainingKind::kQlora ? 1 : 2;
+    for (const int32_t world : {2, 3}) {
+      SCOPED_TRACE(world);
+      CostOptions options;
+      options.world_size = world;
+      options.local_world_size = world;
+      EXPECT_FALSE(CostModel::CanShardPersistentState(trace, options));
+      EXPECT_TRUE(CostModel::CanShardPersistentParams(trace, options));
+      absl::StatusOr<CostModel> replicated = CostModel::Create(trace, chunk, hw, options);
+      options.shard_persistent_params = true;
+      absl::StatusOr<CostModel> sharded = CostModel::Create(trace, chunk, hw, options);
+      ASSERT_TRUE(replicated.ok() && sharded.ok());
+      EXPECT_TRUE(sharded->ShardsPersistentParams());
+      EXPECT_FALSE(sharded->ShardsPersistentState());
+      const int32_t chunks = sharded->num_chunks();
+      const ResidencyPlan rp =
+          replicated->MakeResidencyPlan(chunks, 0, ModeCounts{}, HostMemoryKind::kPinned);
+      const ResidencyPlan sp =
+          sharded->MakeResidencyPlan(chunks, 0, ModeCounts{}, HostMemoryKind::kPinned);
+      EXPECT_TRUE(sp.shard_persistent_params);
+      EXPECT_FALSE(sp.shard_persistent_state);
+      EXPECT_TRUE(sharded->ValidatePlan(sp).ok());
+      EXPECT_FALSE(replicated->ValidatePlan(sp).ok());
+      const Prediction r = replicated->Predict(rp);
+      const Prediction s = sharded->Predict(sp);
+
+      int64_t whole = 0, shards = 0;
+      std::vector<int64_t> padded;
+      for (const int64_t bytes : layout.chunk_param_bytes) {
+        whole += bytes;
+        shards += ShardElems(bytes / elem, world) * elem;
+        padded.push_back(PaddedElems(bytes / elem, world) * elem);
+      }
+      // Held gathered: the largest pair of adjacent stages' chunks.
+      int64_t held = 0;
+      for (size_t g = 0; g + 1 < layout.stage_first_chunk.size(); ++g) {
+        int64_t bytes = 0;
+        for (int32_t c = layout.stage_first_chunk[g]; c <= layout.stage_last_chunk[g + 1]; ++c) {
+          bytes += padded[c];
+        }
+        held = std::max(held, bytes);
+      }
+      const int64_t adapters = replicated->RankChunkMemory(0, 2, HostMemoryKind::kPinned, 0)
+                                   .persistent_device_bytes;
+      EXPECT_EQ(r.rank_memory.persistent_device_bytes, adapters + whole);
+      EXPECT_EQ(s.rank_memory.persistent_device_bytes, adapters + shards);
+      EXPECT_EQ(s.rank_memory.persistent_gather_device_bytes, held);
+      EXPECT_EQ(r.rank_memory.persistent_gather_device_bytes, 0);
+      EXPECT_EQ(s.rank_memory.persistent_state_device_bytes,
+                r.rank_memory.persistent_state_device_bytes);
+      EXPECT_EQ(r.peak_bytes - s.peak_bytes, whole - shards - held);
+      EXPECT_EQ(r.load_peak_bytes - s.load_peak_bytes, whole - shards);
+
+      // Forward gathers every chunk, backward every chunk before the head's; (W-1)/W of each
+      // crosses the link.
+      double fwd_bytes = 0, bwd_bytes = 0;
+      const int32_t head_first = layout.stage_first_chunk.back();
+      for (int32_t c = 0; c < chunks; ++c) {
+        fwd_bytes += static_cast<double>(layout.chunk_param_bytes[c]);
+        if (c < head_first) bwd_bytes += static_cast<double>(layout.chunk_param_bytes[c]);
+      }
+      const double frac = (world - 1.0) / world;
+      const double fwd = frac * fwd_bytes / hw.nccl_allgather_bytes_per_second;
+      const double bwd = frac * bwd_bytes / hw.nccl_allgather_bytes_per_second;
+      const double fwd_extra = s.forward_seconds - r.forward_seconds;
+      const double bwd_extra = s.backward_seconds - r.backward_seconds;
+      std::printf("%s W=%d: base %lld B, shards %lld B, held %lld B; gathers fwd %.4f s "
+                  "(+%.4f s), bwd %.4f s (+%.4f s)\n",
+                  kind == TrainingKind::kQlora ? "qlora" : "lora", world,
+                  static_cast<long long>(whole), static_cast<long long>(shards),
+                  static_cast<long long>(held), fwd, fwd_extra, bwd, bwd_extra);
+      EXPECT_LE(fwd_extra, fwd * 1.0001);
+      EXPECT_GE(fwd_extra, fwd * 0.98);
+      EXPECT_LE(bwd_extra, bwd * 1.0001);
+      EXPECT_GE(bwd_extra, bwd * 0.98);
+      // Nothing is gathered after the step (the base is never updated): the step adds what it
+      // did (the difference of the totals, to rounding).
+      EXPECT_NEAR(s.optimizer_seconds, r.optimizer_seconds, 1e-6 * r.optimizer_seconds);
     }
   }
 }
