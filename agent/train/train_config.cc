@@ -91,7 +91,8 @@ Residency plan (any chunk knob or --plan-file runs the chunk manager):
                            all-gathered after the update) or replicated (grads all-reduced)
   --persistent-params sharded|replicated   several ranks: the persistent chunks' parameters
                            sharded too, 1/W per rank, all-gathered before each group that uses
-                           them and released after (ZeRO-3; implies --persistent-state sharded)
+                           them and released after (ZeRO-3; implies --persistent-state sharded;
+                           LoRA / QLoRA: the frozen base's, the adapters stay replicated)
   --accumulate-offloaded-grads device|host   several ranks, --grad-accum > 1: sum the offloaded
                            chunks' grads on the device and reduce-scatter them once per step (no
                            collective before the last micro-batch; their fp32 grads stay on the
@@ -164,7 +165,10 @@ FixedKnobs PlannerFixedKnobs(const TrainConfig& c) {
   fixed.host_memory = c.host_memory;
   fixed.shard_persistent_state = c.shard_persistent_state;
   fixed.shard_persistent_params = c.shard_persistent_params;
-  if (c.shard_persistent_params.value_or(false)) fixed.shard_persistent_state = true;
+  // A LoRA run's sharded parameters are the frozen base's, which has no state to shard.
+  if (c.shard_persistent_params.value_or(false) && !c.lora.enabled()) {
+    fixed.shard_persistent_state = true;
+  }
   return fixed;
 }
 
@@ -499,11 +503,6 @@ absl::StatusOr<ResidencyPlan> RunnablePlan(const PlanFile& file) {
         "workload, the card or the fixed knobs and plan again"));
   }
   ResidencyPlan plan = file.answer.plan;
-  if (plan.shard_persistent_params && !plan.shard_persistent_state) {
-    return absl::InvalidArgumentError(
-        "plan.shard_persistent_params = true needs plan.shard_persistent_state = true (the "
-        "parameters are sharded together with the optimizer state)");
-  }
   if (plan.world_size == 0) plan.world_size = 1;
   return plan;
 }
@@ -580,17 +579,27 @@ absl::StatusOr<RunPlan> ResolveRunPlan(const TrainConfig& c, int num_blocks,
     run.n_buffer_source = "--n-buffer";
   }
   if (c.host_memory) run.host_memory = *c.host_memory;
+  // A full fine-tune shards its persistent parameters with their state ([Sharded persistent
+  // parameters]); a LoRA run's are the frozen base's, which has no state ([Sharded frozen base]):
+  // the planner's LoRA plans shard them with the state replicated (the adapters').
+  const bool full = !c.lora.enabled();
+  if (full && file.has_value() && file->shard_persistent_params && !file->shard_persistent_state) {
+    return absl::InvalidArgumentError(
+        "plan.shard_persistent_params = true needs plan.shard_persistent_state = true for a full "
+        "fine-tune (the parameters are sharded together with the optimizer state; only a LoRA "
+        "plan shards its frozen base's parameters alone)");
+  }
   if (c.shard_persistent_state) run.shard_persistent_state = *c.shard_persistent_state;
   if (c.shard_persistent_params) {
-    if (*c.shard_persistent_params && c.shard_persistent_state == false) {
+    if (*c.shard_persistent_params && c.shard_persistent_state == false && full) {
       return absl::InvalidArgumentError(
           "--persistent-params sharded needs the optimizer state sharded too; drop "
           "--persistent-state replicated");
     }
     run.shard_persistent_params = *c.shard_persistent_params;
-    if (run.shard_persistent_params) run.shard_persistent_state = true;
+    if (run.shard_persistent_params && full) run.shard_persistent_state = true;
   }
-  if (!run.shard_persistent_state) run.shard_persistent_params = false;
+  if (!run.shard_persistent_state && full) run.shard_persistent_params = false;
   if (c.shard_persistent_state.value_or(false) && world_size <= 1) {
     return absl::InvalidArgumentError(
         "--persistent-state sharded: this run has one rank (WORLD_SIZE unset or 1), nothing to "

@@ -93,7 +93,8 @@ struct TrainConfig {
   // --persistent-state sharded|replicated: several ranks ([Sharded persistent state]).
   std::optional<bool> shard_persistent_state;
   // --persistent-params sharded|replicated: several ranks, the persistent chunks' parameters
-  // sharded too ([Sharded persistent parameters]; implies the state sharded).
+  // sharded too ([Sharded persistent parameters]; implies the state sharded; LoRA: the frozen
+  // base's, [Sharded frozen base]).
   std::optional<bool> shard_persistent_params;
   // --accumulate-offloaded-grads device|host: several ranks, --grad-accum > 1: the offloaded
   // chunks' grads summed on the device and reduce-scattered once per step (true), or
@@ -134,7 +135,8 @@ struct RunPlan {
   // Several ranks: persistent chunks' optimizer state sharded, parameters replicated
   // (ChunkManagerOptions::shard_persistent_state).
   bool shard_persistent_state = false;
-  // And their parameters sharded, gathered on use (ChunkManagerOptions::shard_persistent_params).
+  // And their parameters sharded, gathered on use (ChunkManagerOptions::shard_persistent_params);
+  // LoRA: the frozen base's persistent chunks, without shard_persistent_state.
   bool shard_persistent_params = false;
   // Where n_persist and n_buffer came from ("--n-persist", "plan.n_buffer"); empty: the default.
   std::string n_persist_source;
@@ -164,7 +166,8 @@ absl::Status AdoptCheckpointLora(TrainConfig* config, const std::optional<LoraOp
 std::string TrainUsage();
 
 // The plan knob flags of `c` as the fixed knobs of a Plan request ([Fixed knobs with --planner]);
-// --persistent-params sharded implies the state sharded ([Sharded persistent parameters]).
+// --persistent-params sharded implies the state sharded ([Sharded persistent parameters]), except
+// for LoRA (the frozen base has no state; the adapters' stays replicated).
 FixedKnobs PlannerFixedKnobs(const TrainConfig& c);
 
 // "none,ckpt,swap,hs_offload,..." (case-insensitive; "hs-offload" accepted).
@@ -179,9 +182,8 @@ absl::StatusOr<std::vector<BlockMode>> BlockModesFromCounts(int num_blocks, int 
 // The plan a run may apply from a plan file (read by PlanFileFromJson, agent/client/record_json.h:
 // a bare ResidencyPlan or any object holding it under "plan", e.g. a PlanResponse).
 // FAILED_PRECONDITION quoting the planner's reason when a holder's verdict is "fits": false (a
-// PlanResponse that does not fit carries its least-bad plan, which must not be run);
-// INVALID_ARGUMENT for shard_persistent_params without shard_persistent_state. world_size 0 reads
-// as 1.
+// PlanResponse that does not fit carries its least-bad plan, which must not be run). world_size 0
+// reads as 1.
 absl::StatusOr<ResidencyPlan> RunnablePlan(const PlanFile& file);
 // PlanFileFromJson, then RunnablePlan.
 absl::StatusOr<ResidencyPlan> ParsePlanJson(absl::string_view json);

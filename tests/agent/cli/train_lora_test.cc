@@ -1,7 +1,7 @@
 // `memplan-agent train --lora-*`: a LoRA run with dropout saved and resumed equals one that never
 // stopped (the adapter files byte for byte), a LoRA checkpoint resumes without the LoRA flags, and bad LoRA
 // flags fail naming the flag and the allowed range; two ranks train LoRA and QLoRA like one
-// process.
+// process, QLoRA also with a plan that shards the persistent base chunks.
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
@@ -244,6 +244,89 @@ TEST_F(TrainLoraTest, TwoRanksTrainLikeOneProcessOnTheWholeBatch) {
     std::filesystem::remove_all(base_ + ".straight");
     std::filesystem::remove_all(base_ + ".resumed");
   }
+}
+
+// The integer `key=` of the first log line with msg="`msg`", or -1.
+int64_t LogField(const std::string& log, const std::string& msg, const std::string& key) {
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    if (!absl::StrContains(line, absl::StrCat("msg=\"", msg, "\""))) continue;
+    for (absl::string_view field : absl::StrSplit(line, ' ')) {
+      int64_t v = 0;
+      if (absl::ConsumePrefix(&field, key + "=") && absl::SimpleAtoi(field, &v)) return v;
+    }
+  }
+  return -1;
+}
+
+// [Sharded frozen base] as the planner prices a LoRA / QLoRA run over several ranks: a plan with
+// shard_persistent_params = true and shard_persistent_state = false (the base has no state, the
+// adapters' stays replicated), read from a plan file as from the planner. Two Gloo ranks of
+// QLoRA applying it train like one process on the whole batch, and each rank stores half of the
+// persistent base chunk (a byte chunk: ceil(S / 2) of its S bytes), gathered per stage.
+TEST_F(TrainLoraTest, QloraPlanShardingThePersistentBaseTrainsLikeOneProcess) {
+  auto args = [&](int batch) {
+    std::vector<std::string> a = With(LoraArgs(data_, 3), {"--clip", "1", "--qlora"});
+    for (size_t i = 0; i + 1 < a.size(); ++i) {
+      if (a[i] == "--lora-dropout") a[i + 1] = "0";
+      if (a[i] == "--batch") a[i + 1] = std::to_string(batch);
+    }
+    return a;
+  };
+  const Exit single = RunAgent(args(4), base_ + ".one");
+  ASSERT_EQ(single.code, 0) << single.err;
+  const std::vector<double> expected = StepLosses(single.err);
+  ASSERT_EQ(expected.size(), 3u) << single.err;
+  const int64_t whole = LogField(single.err, "plan applied", "persistent_device_bytes");
+  ASSERT_GT(whole, 0) << single.err;
+
+  const std::string plan = base_ + ".plan.json";
+  {
+    std::FILE* f = std::fopen(plan.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(R"({"plan": {"worldSize": 2, "shardPersistentState": false, )"
+               R"("shardPersistentParams": true}})",
+               f);
+    std::fclose(f);
+  }
+  const int port = testing::FreeLoopbackPort();
+  ASSERT_GT(port, 0);
+  std::vector<testing::Child> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(testing::Spawn(
+        With(args(2), {"--plan-file", plan}),
+        {"WORLD_SIZE=2", absl::StrCat("RANK=", r), absl::StrCat("LOCAL_RANK=", r),
+         "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", port)},
+        absl::StrCat(base_, ".prank", r)));
+    ASSERT_GT(ranks.back().pid, 0);
+  }
+  std::string err[2];
+  bool gloo = true;
+  for (int r = 0; r < 2; ++r) {
+    int status = 0;
+    EXPECT_EQ(waitpid(ranks[r].pid, &status, 0), ranks[r].pid);
+    err[r] = testing::ReadFile(ranks[r].err_path) + testing::ReadFile(ranks[r].out_path);
+    std::remove(ranks[r].out_path.c_str());
+    std::remove(ranks[r].err_path.c_str());
+    if (absl::StrContains(err[r], "no Gloo process group")) gloo = false;
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << r << ":\n"
+                                                               << err[r];
+  }
+  std::remove(plan.c_str());
+  if (!gloo) GTEST_SKIP() << err[0];
+  const std::vector<double> got = StepLosses(err[0]);
+  ASSERT_EQ(got.size(), 3u) << err[0];
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], expected[i], 1e-4 * std::abs(expected[i])) << "step " << i + 1;
+  }
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(LogField(err[r], "plan applied", "persistent_device_bytes"), (whole + 1) / 2)
+        << err[r];
+  }
+  std::printf("losses %.6f %.6f %.6f (one process %.6f %.6f %.6f); persistent base %lld bytes, "
+              "%lld per rank\n",
+              got[0], got[1], got[2], expected[0], expected[1], expected[2],
+              static_cast<long long>(whole),
+              static_cast<long long>(LogField(err[0], "plan applied", "persistent_device_bytes")));
 }
 
 TEST_F(TrainLoraTest, BadFlagsNameTheFlagAndTheRange) {

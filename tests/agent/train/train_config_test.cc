@@ -399,8 +399,11 @@ TEST(ResolveRunPlanTest, PersistentParameterShardingFromThePlanOrTheFlag) {
       R"({"plan": {"worldSize": 2, "shardPersistentState": true, "shardPersistentParams": true}})");
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_TRUE(plan->shard_persistent_params);
-  EXPECT_THAT(ParsePlanJson(R"({"shard_persistent_params": true})").status().message(),
-              HasSubstr("needs plan.shard_persistent_state = true"));
+  // A full fine-tune's plan shards its parameters with the state, never alone.
+  auto alone = ParsePlanJson(R"({"plan": {"worldSize": 2, "shardPersistentParams": true}})");
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_THAT(ResolveRunPlan(TrainConfig{}, 3, *alone, 2).status().message(),
+              HasSubstr("needs plan.shard_persistent_state = true for a full fine-tune"));
   auto run = ResolveRunPlan(TrainConfig{}, 3, *plan, 2);
   ASSERT_TRUE(run.ok()) << run.status();
   EXPECT_TRUE(run->shard_persistent_params);
@@ -432,6 +435,43 @@ TEST(ResolveRunPlanTest, PersistentParameterShardingFromThePlanOrTheFlag) {
                   .status()
                   .message(),
               HasSubstr("--persistent-params"));
+}
+
+// [Sharded frozen base]: the planner's LoRA / QLoRA plan shards the frozen base's persistent
+// chunks with the state replicated (the base has none, the adapters stay replicated); the run
+// applies it as priced, from a plan file or the planner, and --persistent-params sharded alone
+// does the same without implying a sharded state.
+TEST(ResolveRunPlanTest, LoraPlansShardTheFrozenBasesPersistentChunksAlone) {
+  auto plan = ParsePlanJson(
+      R"({"plan": {"worldSize": 2, "shardPersistentState": false, "shardPersistentParams": true}})");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->shard_persistent_params);
+  EXPECT_FALSE(plan->shard_persistent_state);
+  auto parsed = ParseTrainArgs({"--arch", "llama-tiny", "--synthetic-data", "--lora-rank", "4",
+                                "--lora-targets", "all", "--qlora"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  auto run = ResolveRunPlan(*parsed, 3, *plan, 2);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_TRUE(run->shard_persistent_params);
+  EXPECT_FALSE(run->shard_persistent_state);
+  parsed = ParseTrainArgs({"--arch", "llama-tiny", "--synthetic-data", "--lora-rank", "4",
+                           "--lora-targets", "all", "--persistent-params", "sharded"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  run = ResolveRunPlan(*parsed, 3, std::nullopt, 2);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_TRUE(run->shard_persistent_params);
+  EXPECT_FALSE(run->shard_persistent_state);
+  // With --planner the flag is a fixed knob without the state (which the planner refuses for
+  // adapters).
+  const FixedKnobs fixed = PlannerFixedKnobs(*parsed);
+  EXPECT_EQ(fixed.shard_persistent_params, true);
+  EXPECT_FALSE(fixed.shard_persistent_state.has_value());
+  parsed = ParseTrainArgs({"--arch", "llama-tiny", "--synthetic-data", "--lora-rank", "4",
+                           "--lora-targets", "all", "--persistent-params", "replicated"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  run = ResolveRunPlan(*parsed, 3, *plan, 2);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_FALSE(run->shard_persistent_params);
 }
 
 // --accumulate-offloaded-grads device: parsed, and refused on one rank.
