@@ -33,7 +33,10 @@ std::string PlanLine(const ResidencyPlan& p) {
       p.chunk_bytes, p.n_chunks, p.n_persist, p.n_buffer, p.n_swap, p.n_checkpoint, p.n_hs_offload,
       std::string(HostMemoryKindName(p.host_memory)), absl::StrJoin(modes, ","),
       p.world_size > 1
-          ? (p.shard_persistent_params  ? " persistent_state=sharded persistent_params=sharded"
+          ? (p.shard_persistent_params
+                 // LoRA: the frozen base's parameters alone, the adapters' state replicated.
+                 ? (p.shard_persistent_state ? " persistent_state=sharded persistent_params=sharded"
+                                             : " persistent_state=replicated persistent_params=sharded")
              : p.shard_persistent_state ? " persistent_state=sharded"
                                         : " persistent_state=replicated")
           : "");

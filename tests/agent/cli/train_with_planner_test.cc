@@ -214,6 +214,48 @@ TEST_F(TrainWithPlannerTest, LoraAndQloraManagersAllocateWhatThePlannerPlanned) 
   }
 }
 
+// LoRA / QLoRA over two ranks with the frozen base's persistent chunks sharded (fixed
+// --persistent-params sharded, which for adapters implies no sharded state): the planner prices it
+// ([Sharded frozen base] in docs/cost-model.md), its plan says so, and each rank's two managers
+// allocate exactly the planned per-rank bytes, the persistent base chunks as shards.
+TEST_F(TrainWithPlannerTest, QloraRanksShardingThePersistentBaseAllocateWhatWasPlanned) {
+  const int port = testing::FreeLoopbackPort();
+  ASSERT_GT(port, 0);
+  const std::vector<std::string> args = {
+      MEMPLAN_AGENT_BINARY, "train",          "--planner",         daemon_->address(),
+      "--arch",             "llama-tiny",     "--synthetic-data",  "--steps",
+      "2",                  "--batch",        "1",                 "--seq",
+      "32",                 "--device",       "cpu",               "--planner-retries",
+      "0",                  "--lora-rank",    "4",                 "--lora-targets",
+      "all",                "--qlora",        "--persistent-params", "sharded"};
+  std::vector<testing::Child> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(testing::Spawn(
+        args,
+        {"WORLD_SIZE=2", absl::StrCat("RANK=", r), absl::StrCat("LOCAL_RANK=", r),
+         "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", port)},
+        absl::StrCat(db_path_, ".qrank", r)));
+    ASSERT_GT(ranks.back().pid, 0);
+  }
+  std::string out[2];
+  for (int r = 0; r < 2; ++r) {
+    int rank_status = 0;
+    ASSERT_EQ(waitpid(ranks[r].pid, &rank_status, 0), ranks[r].pid);
+    out[r] = testing::ReadFile(ranks[r].out_path) + testing::ReadFile(ranks[r].err_path);
+    std::remove(ranks[r].out_path.c_str());
+    std::remove(ranks[r].err_path.c_str());
+    if (absl::StrContains(out[r], "no Gloo process group")) GTEST_SKIP() << out[r];
+    ASSERT_TRUE(WIFEXITED(rank_status) && WEXITSTATUS(rank_status) == 0) << out[r];
+  }
+  const std::string plan = LineValue(out[0], "plan:");
+  EXPECT_THAT(plan, HasSubstr("persistent_state=replicated persistent_params=sharded")) << out[0];
+  EXPECT_THAT(plan, Not(HasSubstr(" n_persist=0 "))) << "nothing persistent to shard";
+  EXPECT_THAT(out[0], HasSubstr("trained 2 steps"));
+  for (int r = 0; r < 2; ++r) ExpectChunkMemoryAsPlanned(out[r], r);
+  std::printf("plan: %s\nrank 0 chunk memory %s\n", plan.c_str(),
+              LineValue(out[0], "rank 0 chunk memory").c_str());
+}
+
 // Rank 0's failure to get a plan (here: the planner answers DOES NOT FIT for a 70B model on a
 // node whose 256 GiB two ranks share) reaches rank 1 through the process group: both exit
 // non-zero at once, rank 0 with the planner's reason and rank 1 naming rank 0, instead of rank 1
