@@ -11,6 +11,7 @@
 #include "agent/model/mrope.h"
 #include "agent/model/vision_tower.h"
 #include "common/param_shapes.h"
+#include "tests/agent/tiny_spec.h"
 
 namespace memplan {
 namespace {
@@ -20,39 +21,10 @@ const bool kSingleThread = [] {
   return true;
 }();
 
-constexpr int64_t kImage = 90, kVideo = 91, kStart = 92, kEnd = 93;
+constexpr int64_t kImage = testing::kTinyVlImage, kVideo = testing::kTinyVlVideo,
+                  kStart = testing::kTinyVlStart, kEnd = testing::kTinyVlEnd;
 
-ModelSpec VlSpec() {
-  ModelSpec s;
-  s.name = "tiny-vl";
-  s.family = "qwen2_5_vl";
-  s.hidden_size = 32;
-  s.num_layers = 2;
-  s.num_heads = 4;
-  s.num_kv_heads = 2;
-  s.intermediate_size = 48;
-  s.vocab_size = 96;
-  s.qkv_bias = true;
-  s.rope_theta = 10000.0;
-  s.rms_norm_eps = 1e-6;
-  s.mrope_section = {2, 1, 1};
-  s.image_token_id = kImage;
-  s.video_token_id = kVideo;
-  s.vision_start_token_id = kStart;
-  s.vision_end_token_id = kEnd;
-  VisionSpec& v = s.vision;
-  v.depth = 3;
-  v.hidden_size = 16;
-  v.intermediate_size = 24;
-  v.num_heads = 2;
-  v.patch_size = 2;
-  v.spatial_merge_size = 2;
-  v.temporal_patch_size = 2;
-  v.window_size = 8;  // two merged patches a side
-  v.out_hidden_size = 32;
-  v.fullatt_block_indexes = {1};
-  return s;
-}
+ModelSpec VlSpec() { return testing::TinyVlSpec(3); }
 
 // Two images: 6x10 patches (3x5 merged: windows of 2x2, 2x1, 1x2, 1x1 cells) and 4x4 patches.
 VisionInputs TwoImages(const ModelSpec& s) {

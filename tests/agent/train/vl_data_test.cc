@@ -10,38 +10,15 @@
 #include "agent/io/vl_samples.h"
 #include "agent/train/train_config.h"
 #include "agent/train/vl_data.h"
+#include "tests/agent/tiny_spec.h"
 
 namespace memplan {
 namespace {
 
-constexpr int64_t kImage = 90, kVideo = 91, kStart = 92, kEnd = 93;
+constexpr int64_t kImage = testing::kTinyVlImage, kVideo = testing::kTinyVlVideo,
+                  kStart = testing::kTinyVlStart, kEnd = testing::kTinyVlEnd;
 
-ModelSpec VlSpec() {
-  ModelSpec s;
-  s.name = "tiny-vl";
-  s.family = "qwen2_5_vl";
-  s.hidden_size = 32;
-  s.num_layers = 2;
-  s.num_heads = 4;
-  s.num_kv_heads = 2;
-  s.intermediate_size = 48;
-  s.vocab_size = 96;
-  s.qkv_bias = true;
-  s.mrope_section = {2, 1, 1};
-  s.image_token_id = kImage;
-  s.video_token_id = kVideo;
-  s.vision_start_token_id = kStart;
-  s.vision_end_token_id = kEnd;
-  s.vision.depth = 2;
-  s.vision.hidden_size = 16;
-  s.vision.intermediate_size = 24;
-  s.vision.num_heads = 2;
-  s.vision.patch_size = 2;
-  s.vision.window_size = 8;
-  s.vision.out_hidden_size = 32;
-  s.vision.fullatt_block_indexes = {1};
-  return s;
-}
+ModelSpec VlSpec() { return testing::TinyVlSpec(2); }
 
 std::string TempPath(const std::string& name) {
   return (std::filesystem::temp_directory_path() /
