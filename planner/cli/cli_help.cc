@@ -97,7 +97,8 @@ Fixed knobs (each one is a constraint; the rest is searched):
   --persistent-params sharded|replicated
                          several ranks, with the state sharded: the persistent chunks'
                          parameters sharded too, all-gathered before each group that uses them
-                         (ZeRO-3) or replicated; searched when not given
+                         (ZeRO-3) or replicated; LoRA / QLoRA: the frozen base's persistent
+                         chunks, the adapters replicated; searched when not given
 Output:
   --max-alternatives N   alternatives on the memory/speed frontier, 1 to 20 (planner default 5)
   --skip-limits          skip max batch / max sequence / min GPU memory (faster)
