@@ -63,6 +63,34 @@ std::vector<std::string> PlanBlockModes(const std::string& output) {
   return absl::StrSplit(plan.substr(at + 12), ',');
 }
 
+// Runs `args` as the two ranks of one node on a fresh loopback port (the files' names start with
+// `base`); each rank's stdout and stderr, and its wait status.
+struct TwoRankRun {
+  std::string out[2];
+  int status[2] = {0, 0};
+};
+TwoRankRun RunTwoRanks(const std::vector<std::string>& args, const std::string& base) {
+  TwoRankRun run;
+  const int port = testing::FreeLoopbackPort();
+  EXPECT_GT(port, 0);
+  std::vector<testing::Child> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(testing::Spawn(
+        args,
+        {"WORLD_SIZE=2", absl::StrCat("RANK=", r), absl::StrCat("LOCAL_RANK=", r),
+         "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", port)},
+        absl::StrCat(base, r)));
+    EXPECT_GT(ranks.back().pid, 0);
+  }
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(waitpid(ranks[r].pid, &run.status[r], 0), ranks[r].pid);
+    run.out[r] = testing::ReadFile(ranks[r].out_path) + testing::ReadFile(ranks[r].err_path);
+    std::remove(ranks[r].out_path.c_str());
+    std::remove(ranks[r].err_path.c_str());
+  }
+  return run;
+}
+
 class TrainWithPlannerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -141,8 +169,6 @@ TEST_F(TrainWithPlannerTest, TwoRanksAskTheirWorldSizeAndTrain) {
   const std::string predicted_single = LineValue(single, "predicted:");
   ASSERT_FALSE(predicted_single.empty()) << single;
 
-  const int port = testing::FreeLoopbackPort();
-  ASSERT_GT(port, 0);
   const std::vector<std::string> args = {MEMPLAN_AGENT_BINARY,
                                          "train",
                                          "--planner",
@@ -160,22 +186,10 @@ TEST_F(TrainWithPlannerTest, TwoRanksAskTheirWorldSizeAndTrain) {
                                          "cpu",
                                          "--planner-retries",
                                          "0"};
-  std::vector<testing::Child> ranks;
+  TwoRankRun run = RunTwoRanks(args, db_path_ + ".rank");
+  std::string* out = run.out;
   for (int r = 0; r < 2; ++r) {
-    ranks.push_back(testing::Spawn(
-        args,
-        {"WORLD_SIZE=2", absl::StrCat("RANK=", r), absl::StrCat("LOCAL_RANK=", r),
-         "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", port)},
-        absl::StrCat(db_path_, ".rank", r)));
-    ASSERT_GT(ranks.back().pid, 0);
-  }
-  std::string out[2];
-  for (int r = 0; r < 2; ++r) {
-    int rank_status = 0;
-    ASSERT_EQ(waitpid(ranks[r].pid, &rank_status, 0), ranks[r].pid);
-    out[r] = testing::ReadFile(ranks[r].out_path) + testing::ReadFile(ranks[r].err_path);
-    std::remove(ranks[r].out_path.c_str());
-    std::remove(ranks[r].err_path.c_str());
+    const int rank_status = run.status[r];
     if (absl::StrContains(out[r], "no Gloo process group")) GTEST_SKIP() << out[r];
     ASSERT_TRUE(WIFEXITED(rank_status) && WEXITSTATUS(rank_status) == 0) << out[r];
   }
@@ -219,8 +233,6 @@ TEST_F(TrainWithPlannerTest, LoraAndQloraManagersAllocateWhatThePlannerPlanned) 
 // ([Sharded frozen base] in docs/cost-model.md), its plan says so, and each rank's two managers
 // allocate exactly the planned per-rank bytes, the persistent base chunks as shards.
 TEST_F(TrainWithPlannerTest, QloraRanksShardingThePersistentBaseAllocateWhatWasPlanned) {
-  const int port = testing::FreeLoopbackPort();
-  ASSERT_GT(port, 0);
   const std::vector<std::string> args = {
       MEMPLAN_AGENT_BINARY, "train",          "--planner",         daemon_->address(),
       "--arch",             "llama-tiny",     "--synthetic-data",  "--steps",
@@ -228,22 +240,10 @@ TEST_F(TrainWithPlannerTest, QloraRanksShardingThePersistentBaseAllocateWhatWasP
       "32",                 "--device",       "cpu",               "--planner-retries",
       "0",                  "--lora-rank",    "4",                 "--lora-targets",
       "all",                "--qlora",        "--persistent-params", "sharded"};
-  std::vector<testing::Child> ranks;
+  TwoRankRun run = RunTwoRanks(args, db_path_ + ".qrank");
+  std::string* out = run.out;
   for (int r = 0; r < 2; ++r) {
-    ranks.push_back(testing::Spawn(
-        args,
-        {"WORLD_SIZE=2", absl::StrCat("RANK=", r), absl::StrCat("LOCAL_RANK=", r),
-         "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", port)},
-        absl::StrCat(db_path_, ".qrank", r)));
-    ASSERT_GT(ranks.back().pid, 0);
-  }
-  std::string out[2];
-  for (int r = 0; r < 2; ++r) {
-    int rank_status = 0;
-    ASSERT_EQ(waitpid(ranks[r].pid, &rank_status, 0), ranks[r].pid);
-    out[r] = testing::ReadFile(ranks[r].out_path) + testing::ReadFile(ranks[r].err_path);
-    std::remove(ranks[r].out_path.c_str());
-    std::remove(ranks[r].err_path.c_str());
+    const int rank_status = run.status[r];
     if (absl::StrContains(out[r], "no Gloo process group")) GTEST_SKIP() << out[r];
     ASSERT_TRUE(WIFEXITED(rank_status) && WEXITSTATUS(rank_status) == 0) << out[r];
   }
@@ -261,8 +261,6 @@ TEST_F(TrainWithPlannerTest, QloraRanksShardingThePersistentBaseAllocateWhatWasP
 // non-zero at once, rank 0 with the planner's reason and rank 1 naming rank 0, instead of rank 1
 // waiting out a collective timeout.
 TEST_F(TrainWithPlannerTest, RankZerosPlannerFailureStopsEveryRank) {
-  const int port = testing::FreeLoopbackPort();
-  ASSERT_GT(port, 0);
   const std::vector<std::string> args = {MEMPLAN_AGENT_BINARY,
                                          "train",
                                          "--planner",
@@ -280,22 +278,10 @@ TEST_F(TrainWithPlannerTest, RankZerosPlannerFailureStopsEveryRank) {
                                          "cpu",
                                          "--planner-retries",
                                          "0"};
-  std::vector<testing::Child> ranks;
+  TwoRankRun run = RunTwoRanks(args, db_path_ + ".fail.rank");
+  std::string* out = run.out;
   for (int r = 0; r < 2; ++r) {
-    ranks.push_back(testing::Spawn(
-        args,
-        {"WORLD_SIZE=2", absl::StrCat("RANK=", r), absl::StrCat("LOCAL_RANK=", r),
-         "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", port)},
-        absl::StrCat(db_path_, ".fail.rank", r)));
-    ASSERT_GT(ranks.back().pid, 0);
-  }
-  std::string out[2];
-  for (int r = 0; r < 2; ++r) {
-    int rank_status = 0;
-    ASSERT_EQ(waitpid(ranks[r].pid, &rank_status, 0), ranks[r].pid);
-    out[r] = testing::ReadFile(ranks[r].out_path) + testing::ReadFile(ranks[r].err_path);
-    std::remove(ranks[r].out_path.c_str());
-    std::remove(ranks[r].err_path.c_str());
+    const int rank_status = run.status[r];
     if (absl::StrContains(out[r], "no Gloo process group")) GTEST_SKIP() << out[r];
     ASSERT_TRUE(WIFEXITED(rank_status));
     EXPECT_NE(WEXITSTATUS(rank_status), 0) << out[r];
