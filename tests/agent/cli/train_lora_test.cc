@@ -169,6 +169,18 @@ TEST_F(TrainLoraTest, QloraResumedRunEqualsTheStraightOne) {
   EXPECT_NEAR(plain[0], all[0], 0.05 * plain[0]) << "NF4 is a close copy of the base";
 }
 
+// LoraArgs for 3 steps with clipping and `batch` rows, LoRA or QLoRA, without dropout (ranks
+// would draw other masks than one process on the whole batch).
+std::vector<std::string> RankArgs(const std::string& data, int batch, bool qlora) {
+  std::vector<std::string> a = With(LoraArgs(data, 3), {"--clip", "1"});
+  if (qlora) a.push_back("--qlora");
+  for (size_t i = 0; i + 1 < a.size(); ++i) {
+    if (a[i] == "--lora-dropout") a[i + 1] = "0";
+    if (a[i] == "--batch") a[i + 1] = std::to_string(batch);
+  }
+  return a;
+}
+
 // Several ranks ([Sharded frozen base] in agent/chunks/chunk_manager.cc): two Gloo ranks with
 // --batch 2 train LoRA (each rank drawing only its shares of the base) and QLoRA (each rank
 // quantizing only its shares) like one process
@@ -177,15 +189,7 @@ TEST_F(TrainLoraTest, QloraResumedRunEqualsTheStraightOne) {
 TEST_F(TrainLoraTest, TwoRanksTrainLikeOneProcessOnTheWholeBatch) {
   for (const bool qlora : {false, true}) {
     SCOPED_TRACE(qlora ? "qlora" : "lora");
-    auto args = [&](int batch) {
-      std::vector<std::string> a = With(LoraArgs(data_, 3), {"--clip", "1"});
-      if (qlora) a.push_back("--qlora");
-      for (size_t i = 0; i + 1 < a.size(); ++i) {
-        if (a[i] == "--lora-dropout") a[i + 1] = "0";
-        if (a[i] == "--batch") a[i + 1] = std::to_string(batch);
-      }
-      return a;
-    };
+    auto args = [&](int batch) { return RankArgs(data_, batch, qlora); };
     const Exit single = RunAgent(args(4), base_ + ".one");
     ASSERT_EQ(single.code, 0) << single.err;
     const std::vector<double> expected = StepLosses(single.err);
@@ -264,14 +268,7 @@ int64_t LogField(const std::string& log, const std::string& msg, const std::stri
 // QLoRA applying it train like one process on the whole batch, and each rank stores half of the
 // persistent base chunk (a byte chunk: ceil(S / 2) of its S bytes), gathered per stage.
 TEST_F(TrainLoraTest, QloraPlanShardingThePersistentBaseTrainsLikeOneProcess) {
-  auto args = [&](int batch) {
-    std::vector<std::string> a = With(LoraArgs(data_, 3), {"--clip", "1", "--qlora"});
-    for (size_t i = 0; i + 1 < a.size(); ++i) {
-      if (a[i] == "--lora-dropout") a[i + 1] = "0";
-      if (a[i] == "--batch") a[i + 1] = std::to_string(batch);
-    }
-    return a;
-  };
+  auto args = [&](int batch) { return RankArgs(data_, batch, /*qlora=*/true); };
   const Exit single = RunAgent(args(4), base_ + ".one");
   ASSERT_EQ(single.code, 0) << single.err;
   const std::vector<double> expected = StepLosses(single.err);
