@@ -475,24 +475,24 @@ absl::Status RecordCollectives(const CollectiveBenchResult& r, const CollectiveB
     const CollectiveFigures& f;
     const char* bytes;
     double* spec_field;
+    // [Collectives under compute] (collective_bench.h): a failure there is a "not measured" row,
+    // not the bench's status.
+    bool optional;
   };
   const Row rows[] = {
-      {"allgather", r.allgather, "output", &spec.nccl_allgather_bytes_per_second},
-      {"reduce_scatter", r.reduce_scatter, "input", &spec.nccl_reduce_scatter_bytes_per_second},
-      // [Collectives under compute] (collective_bench.h): optional, so a failure there is a
-      // "not measured" row, not the bench's status.
+      {"allgather", r.allgather, "output", &spec.nccl_allgather_bytes_per_second, false},
+      {"reduce_scatter", r.reduce_scatter, "input", &spec.nccl_reduce_scatter_bytes_per_second,
+       false},
       {"allgather_under_compute", r.allgather_under_compute, "output",
-       &spec.nccl_allgather_under_compute_bytes_per_second},
+       &spec.nccl_allgather_under_compute_bytes_per_second, true},
       {"reduce_scatter_under_compute", r.reduce_scatter_under_compute, "input",
-       &spec.nccl_reduce_scatter_under_compute_bytes_per_second}};
+       &spec.nccl_reduce_scatter_under_compute_bytes_per_second, true}};
   absl::Status first = absl::OkStatus();
   for (const Row& row : rows) {
     if (!row.f.status.ok()) {
       rec.Add(absl::StrCat(row.name, "_busbw"), 0, "GB/s",
               absl::StrCat("not measured: ", row.f.status.message()));
-      const bool optional = &row.f == &r.allgather_under_compute ||
-                            &row.f == &r.reduce_scatter_under_compute;
-      if (first.ok() && !optional) first = row.f.status;
+      if (first.ok() && !row.optional) first = row.f.status;
       continue;
     }
     rec.Add(absl::StrCat(row.name, "_algbw"), row.f.algbw_bytes_per_second / 1e9, "GB/s",
