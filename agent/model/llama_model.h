@@ -113,8 +113,9 @@ class LlamaModel {
   // Elements [begin, begin + len) of the flattened initial value of base parameter `name` (one
   // of Params(), or a quantized weight by its Hugging Face name, before quantization), in the
   // model dtype on the CPU: exactly what Create gives it, for a model created
-  // on kMeta or with deferred_values too. [Sharded loading] a rank fills only what it stores; the
-  // parameter is drawn whole and dropped. NOT_FOUND for another name.
+  // on kMeta or with deferred_values too. [Sharded loading] a rank fills only what it stores;
+  // only the draw's segments around the range are drawn ([Segmented draws]). NOT_FOUND for
+  // another name.
   absl::StatusOr<torch::Tensor> InitialValues(const std::string& name, int64_t begin,
                                               int64_t len) const;
 
@@ -159,8 +160,10 @@ class LlamaModel {
 
   explicit LlamaModel(const LlamaModelOptions& options);
   void InitParams();
-  // fp32 normal(0, 0.02) draw number k of `sizes`.
+  // fp32 normal(0, 0.02) draw number k of `sizes` ([Segmented draws] in llama_model.cc).
   torch::Tensor DrawNormal(const std::vector<int64_t>& sizes, int64_t k) const;
+  // The seed of draw number k.
+  uint64_t DrawSeed(int64_t k) const;
   // [QLoRA] `value` in NF4, quantized on options.device, parts on the parameter device.
   quant::Nf4Tensor QuantizeBaseWeight(const torch::Tensor& value) const;
   void InitAdapters();

@@ -57,10 +57,9 @@ absl::StatusOr<torch::Tensor> Nf4ShardReader::Read(const std::string& name, int6
                                                    int64_t len) {
   auto it = parts_.find(name);
   if (it == parts_.end()) {
-    // The base's other tensors (embedding, head, norms) count against the same budget, as drawn
-    // whole (InitialValues draws a tensor whole for any range).
-    auto n = numel_.find(name);
-    const Budget hold(*this, (n != numel_.end() ? n->second : len) * work_bytes_per_element_);
+    // The base's other tensors (embedding, head, norms) count against the same budget, by the
+    // range read (InitialValues draws the segments around it only: [Segmented draws]).
+    const Budget hold(*this, len * work_bytes_per_element_);
     return values_(name, begin, len);
   }
   const auto [w, part] = it->second;

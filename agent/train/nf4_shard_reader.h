@@ -16,7 +16,8 @@
 //   always did).
 // Weights are quantized on the model's device (as LlamaModel::Create does: the offset, a mean,
 // depends on the device's summation order), one at a time on a GPU. What is read and drawn in
-// flight (every base tensor counted as drawn whole), beyond the first, is at most
+// flight (a quantized weight's absmax read counted whole, any other read by its range), beyond
+// the first, is at most
 // kNf4LoadBudgetBytes (the planner's [Host reserve]).
 #pragma once
 

@@ -184,6 +184,34 @@ TEST(LlamaModelTest, InitialValuesAreCreatesValuesForAnyRange) {
   }
 }
 
+// [Segmented draws] A parameter of more than 2^22 elements (here the embedding: three segments)
+// is drawn by segments: any range, across segment boundaries too, is what Create gives it, and
+// the segments are draws of their own (not one segment repeated).
+TEST(LlamaModelTest, InitialValuesOfASegmentedDrawAreCreatesValues) {
+  constexpr int64_t kSegment = int64_t{1} << 22;
+  LlamaModelOptions options;
+  options.spec = TinySpec("llama");
+  options.spec.vocab_size = 2 * kSegment / options.spec.hidden_size + 7;
+  options.seed = 11;
+  auto real = LlamaModel::Create(options);
+  options.param_device = torch::kMeta;
+  auto meta = LlamaModel::Create(options);
+  ASSERT_TRUE(real.ok() && meta.ok());
+  const NamedParam embed = (*real)->Params()[0];
+  const torch::Tensor flat = embed.param.detach().reshape({-1});
+  const int64_t n = flat.numel();
+  ASSERT_GT(n, 2 * kSegment);
+  for (const auto& [begin, len] : std::vector<std::pair<int64_t, int64_t>>{
+           {0, n}, {kSegment - 5, 10}, {kSegment, kSegment}, {kSegment / 2, kSegment + 100},
+           {n - 3, 3}}) {
+    absl::StatusOr<torch::Tensor> got = (*meta)->InitialValues(embed.name, begin, len);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(torch::equal(*got, flat.narrow(0, begin, len))) << begin << " " << len;
+  }
+  EXPECT_FALSE(torch::equal(flat.narrow(0, 0, 1024), flat.narrow(0, kSegment, 1024)));
+  EXPECT_NEAR(flat.std().item<double>(), 0.02, 1e-4);
+}
+
 TEST(LlamaModelTest, RejectsInvalidSpec) {
   ModelSpec spec = TinySpec();
   spec.num_kv_heads = 3;
