@@ -11,6 +11,7 @@
 #include "common/sliding_window.h"
 #include "common/status.h"
 #include "common/validate.h"
+#include "common/vision_cost.h"
 
 namespace memplan {
 namespace {
@@ -197,16 +198,6 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
         arch.family, "\", with workload.image_height and image_width (pixels): a plan without "
         "them would count the language model only"));
   }
-  if (arch.IsVisionLanguage()) {
-    // The terms below price the language model only; the vision tower's weights and activations
-    // (per image, by resolution) would be left out, so the analytic path refuses rather than
-    // under-count.
-    return absl::UnimplementedError(absl::StrCat(
-        "arch.family = \"", arch.family, "\": the analytic cost model does not price the vision "
-        "tower yet (", arch.vision.depth, " vision blocks, ", workload.images_per_sample,
-        " images of ", workload.image_height, "x", workload.image_width, " pixels per sample); a "
-        "vision-language plan would count the language model only"));
-  }
   if (!(options.matmul_efficiency > 0 && options.matmul_efficiency <= 1) ||
       !(options.hbm_efficiency > 0 && options.hbm_efficiency <= 1)) {
     return absl::InvalidArgumentError("analytic efficiencies must be in (0, 1]");
@@ -333,6 +324,10 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   trace.analytic = true;
   trace.trace_id = absl::StrCat("analytic:", arch.name, ":", workload.micro_batch, "x",
                                 workload.seq_len, ":", std::string(DTypeName(param_dtype)));
+  if (arch.IsVisionLanguage()) {
+    absl::StrAppend(&trace.trace_id, ":", workload.images_per_sample, "x", workload.image_height,
+                    "x", workload.image_width, "px");
+  }
 
   int64_t sparse_block_params = 0;
   BlockTrace block;
@@ -433,6 +428,34 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
       full ? (2.0 * t * static_cast<double>(h * (d + 4)) + static_cast<double>(embed_params * d)) /
                  hbm_rate
            : 0.0;
+  int64_t vision_params = 0;
+  if (arch.IsVisionLanguage()) {
+    // [Vision tower price] The tower runs in the embedding's group (LlamaModel::EmbedInputs):
+    // its weights are packed with the embedding ([Parameter order]), its pixel values and saved
+    // set live to that group's backward, and its transients come on top of the token embeddings.
+    const VisionTowerCost tower =
+        VisionTowerCostFor(arch, workload.micro_batch * workload.images_per_sample,
+                           workload.image_height, workload.image_width, param_dtype, full);
+    vision_params = tower.param_count;
+    const int64_t embeds = tokens * h * d;
+    trace.embedding.param_bytes += tower.param_bytes;
+    // A trained embedding's masked_scatter keeps the image-token mask (one bool per token).
+    trace.embedding.saved_bytes += tower.pixel_bytes + tower.saved_bytes + (full ? tokens : 0);
+    // Then the scatter: the token embeddings, the tower's output, the mask and the result.
+    trace.embedding.forward_transient_bytes =
+        std::max({trace.embedding.forward_transient_bytes, embeds + tower.forward_transient_bytes,
+                  2 * embeds + tower.output_bytes + tokens});
+    if (full) {
+      // The scatter's backward: the embeddings' gradient beside the incoming one, then the tower's.
+      trace.embedding.backward_transient_bytes =
+          std::max(trace.embedding.backward_transient_bytes,
+                   2 * embeds + tower.output_bytes + tower.backward_transient_bytes);
+    }
+    trace.embedding.forward_seconds +=
+        tower.forward_flops / matmul_rate + tower.forward_traffic_bytes / hbm_rate;
+    trace.embedding.backward_seconds +=
+        tower.backward_flops / matmul_rate + tower.backward_traffic_bytes / hbm_rate;
+  }
 
   // Head: final norm, LM head, cross-entropy (HeadMemory).
   const int64_t tv = tokens * vocab;
@@ -468,7 +491,7 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
     layer_params += arch.IsMoeLayer(l) ? sparse_block_params : block_params;
     forward_end += static_cast<double>(trace.blocks[static_cast<size_t>(l)].saved_bytes);
   }
-  trace.total_param_count = embed_params + head_params + layer_params;
+  trace.total_param_count = embed_params + vision_params + head_params + layer_params;
   trace.trainable_param_count = full ? trace.total_param_count : arch.num_layers * adapter_params;
   // Saturating: absurd (but valid) sizes are rejected by the planner, not overflowed here.
   trace.forward_end_bytes = static_cast<int64_t>(std::min(forward_end, 1152921504606846976.0));

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/lora_shapes.h"
 #include "common/optimizer_bytes.h"
+#include "common/vision_cost.h"
 #include "planner/cost/cost_model_internal.h"
 
 namespace memplan {
@@ -226,9 +227,15 @@ void CostModel::PrecomputeBlocks() {
   // 0.15 to 2.2 such grads above the allocated peak over 34 runs on an H200 (docs/benchmarks.md,
   // seed 2027); the model reserves both, unscaled. Only when the embedding and head are trained.
   if (trace_.training.kind == TrainingKind::kFull) {
-    vocab_slack_ = trace_.embedding.param_bytes + (trace_.arch.tie_word_embeddings
-                                                       ? trace_.embedding.param_bytes
-                                                       : trace_.head.param_bytes);
+    // [Vision tower price] A vision tower's weights share the embedding's stage; its grads are
+    // allocated tensor by tensor, none vocabulary-sized.
+    const int64_t tower_bytes =
+        trace_.arch.IsVisionLanguage()
+            ? VisionTowerParamCount(trace_.arch) * DTypeBytes(trace_.param_dtype)
+            : 0;
+    const int64_t embedding_bytes = std::max<int64_t>(0, trace_.embedding.param_bytes - tower_bytes);
+    vocab_slack_ = embedding_bytes + (trace_.arch.tie_word_embeddings ? embedding_bytes
+                                                                      : trace_.head.param_bytes);
   }
 
   // Range-max tables over V_mode(j) (see ModeValue).
@@ -454,37 +461,40 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
           kGradStagingSlots * t.layout.grad_slot_bytes_by_first_offloaded[c] + nonblock;
     }
   }
+  t.sharded_staging_by_npersist.clear();
   if (options_.world_size > 1 && !adapters.has_value()) {
-    // Sharded ([Sharded chunks]): a chunk's grads collect in an fp32 tensor over the padded
-    // chunk until it is reduce-scattered (two chunks in flight, as above: the two largest), plus
-    // the fp32 shard the collective writes and its model-dtype rounding (CUDA); on CUDA the
-    // all-gather's input, one shard per gather in flight, is held as long (charged as two).
+    // Sharded ([Sharded chunks]): an offloaded chunk's grads collect in an fp32 tensor over the
+    // padded chunk until it is reduce-scattered (two chunks in flight, as above: the two largest),
+    // plus the fp32 shard the collective writes and its model-dtype rounding (CUDA); on CUDA the
+    // all-gather's input, one shard per gather in flight, is held as long (charged as two). Only
+    // the offloaded chunks [n_persist, C) take part: per n_persist, the two largest of them.
     const int w = options_.world_size;
-    const int64_t shard = ShardElems(fills.first / dtype_bytes_, w);
-    t.grad_staging_bytes =
-        (PaddedElems(fills.first / dtype_bytes_, w) + PaddedElems(fills.second / dtype_bytes_, w)) * 4 +
-        shard * (4 + dtype_bytes_) + 2 * shard * dtype_bytes_;
+    t.sharded_staging_by_npersist.assign(c_count + 1, 0);
+    TopTwo offloaded;
+    for (int32_t c = c_count - 1; c >= 0; --c) {
+      offloaded.Add(t.layout.chunk_param_bytes[c]);
+      const int64_t shard = ShardElems(offloaded.first / dtype_bytes_, w);
+      t.sharded_staging_by_npersist[c] =
+          (PaddedElems(offloaded.first / dtype_bytes_, w) +
+           PaddedElems(offloaded.second / dtype_bytes_, w)) * 4 +
+          shard * (4 + dtype_bytes_) + 2 * shard * dtype_bytes_;
+    }
   }
   // [Persistent all-reduce in backward] (agent/chunks/chunk_manager.cc): a persistent chunk's
   // grads are copied into an fp32 tensor and all-reduced beside the rest of backward, one left in
   // flight while the next is copied: the two largest chunks' trainable elements in fp32.
   // Only the persistent chunks (c < n_persist) take part: per n_persist, over chunks [0, n).
   t.persistent_reduce_by_npersist.assign(c_count + 1, 0);
+  t.state_reduce_prefix.assign(c_count + 1, 0);
   if (t.shard_state) {
-    // [Sharded persistent state], [State reduce-scatter per group] (agent/chunks/
-    // chunk_manager.cc): the chunks a group completes in backward (those its stage owns in
-    // forward) are reduce-scattered together and finished at the next group's hook: the fp32 flat
-    // tensors over their padded spans and the fp32 shards the collectives write, for the stage
-    // whose persistent chunks hold the most.
-    std::vector<int64_t> stage_bytes(t.fwd_owned_begin.size(), 0);
-    size_t s = 0;
-    int64_t worst = 0;
+    // [Sharded persistent state], [State reduce-scatter per group]: no constant. The chunks a
+    // stage owns in forward are reduce-scattered together at its backward hook and held until the
+    // next stage's hook: the bytes belong to the phase that runs in between (the next block's
+    // backward, or for the embedding's stage the end of backward), PersistentReduceBytes().
     for (int32_t c = 0; c < c_count; ++c) {
-      while (s + 1 < t.fwd_owned_begin.size() && c >= t.fwd_owned_begin[s + 1]) ++s;
-      const int64_t elems = t.layout.chunk_param_bytes[c] / dtype_bytes_;
-      stage_bytes[s] += (PaddedElems(elems, w_ranks) + ShardElems(elems, w_ranks)) * 4;
-      worst = std::max(worst, stage_bytes[s]);
-      t.persistent_reduce_by_npersist[c + 1] = worst;
+      t.state_reduce_prefix[c + 1] =
+          t.state_reduce_prefix[c] +
+          StateReduceScatterBytes(t.layout.chunk_param_bytes[c] / dtype_bytes_, w_ranks);
     }
   } else if (options_.world_size > 1 && !adapters.has_value()) {
     // The two largest persistent chunks' trainable elements in fp32.

@@ -1,0 +1,154 @@
+#include "common/vision_cost.h"
+
+#include <algorithm>
+#include <initializer_list>
+
+#include "common/param_shapes.h"
+
+namespace memplan {
+namespace {
+
+constexpr double kCapBytes = 1152921504606846976.0;  // 2^60
+
+int64_t Bytes(double v) {
+  return v >= kCapBytes ? static_cast<int64_t>(kCapBytes) : static_cast<int64_t>(v);
+}
+
+double Max(std::initializer_list<double> values) { return std::max(values); }
+
+// Σ over the windows along one side of their lengths squared, in merged patches: transformers'
+// windows of `span` merged patches, the last one cut by the image's edge.
+double SquaredWindowSides(int64_t merged, int64_t span) {
+  const double full = static_cast<double>(merged / span);
+  const double rest = static_cast<double>(merged % span);
+  return full * static_cast<double>(span * span) + rest * rest;
+}
+
+}  // namespace
+
+VisionGrid VisionGridFor(const VisionSpec& v, int64_t height, int64_t width) {
+  const int64_t unit = v.patch_size * v.spatial_merge_size;
+  auto side = [&](int64_t pixels) {
+    return std::max<int64_t>(1, (pixels + unit - 1) / unit) * v.spatial_merge_size;
+  };
+  return VisionGrid{side(height), side(width)};
+}
+
+int64_t VisionTowerParamCount(const ModelSpec& model) {
+  int64_t n = 0;
+  for (const ParamShape& p : VisionParamShapes(model)) n += p.numel();
+  return n;
+}
+
+// [Vision tower bytes] (header) in terms of agent/model/vision_tower.cc's statements.
+VisionTowerCost VisionTowerCostFor(const ModelSpec& model, int64_t images, int64_t height,
+                                   int64_t width, DType dtype, bool trains) {
+  const VisionSpec& v = model.vision;
+  const VisionGrid grid = VisionGridFor(v, height, width);
+  const double hv = static_cast<double>(v.hidden_size);
+  const double iv = static_cast<double>(v.intermediate_size);
+  const double nh = static_cast<double>(v.num_heads);
+  const double hd = static_cast<double>(v.HeadDim());
+  const double p = static_cast<double>(v.PatchDim());
+  const double ho = static_cast<double>(v.out_hidden_size);
+  const double u = static_cast<double>(v.spatial_merge_size * v.spatial_merge_size);
+  const double hm = hv * u;  // the merger's width
+  const double dd = static_cast<double>(DTypeBytes(dtype));
+  const bool narrow = DTypeBytes(dtype) < 4;
+  const double f32_copy = narrow ? 4.0 : 0.0;  // x.to(float32) is a copy only for 16-bit x
+  const double cast = narrow ? dd : 0.0;       // y.to(dtype) is a copy only for 16-bit dtypes
+
+  VisionTowerCost c;
+  c.images = images;
+  c.patches = images * grid.patches();
+  c.image_tokens = c.patches / (v.spatial_merge_size * v.spatial_merge_size);
+  c.param_count = VisionTowerParamCount(model);
+  c.param_bytes = c.param_count * DTypeBytes(dtype);
+  const double n = static_cast<double>(c.patches);
+  const double nm = static_cast<double>(c.image_tokens);
+  const double depth = static_cast<double>(v.depth);
+  c.pixel_bytes = Bytes(n * p * 4.0);
+  c.output_bytes = Bytes(nm * ho * dd);
+
+  // ---- saved for backward (per patch unless stated) ----
+  const double norm_saved = 4.0 * hv + 2.0 * dd * hv + 4.0;
+  const double block_saved = 2.0 * norm_saved + 7.0 * dd * hv + 4.0 * nh + 4.0 * dd * iv;
+  const double merger_saved = norm_saved + 2.0 * dd * hv;
+  const double saved_tok = cast * p + 8.0 * hd + depth * block_saved + merger_saved;
+  // Two int64 orders: the window order (index_select's) and its inverse (argsort's).
+  const double saved = n * saved_tok + 2.0 * 8.0 * nm;
+  if (trains) c.saved_bytes = Bytes(saved);
+
+  // ---- transients of a frozen tower (no autograd graph): live bytes at each stage ----
+  const double index = 8.0 * nm;
+  // Patch embedding: the cast pixels beside the output; the window permutation's copy.
+  const double embed_stage = n * (cast * p + dd * hv);
+  const double permute_stage = n * 2.0 * dd * hv + index;
+  // Rotary tables: positions (int64 [N, 2]), angles (fp32 [N, 2, hd / 4]), cos built (fp32
+  // [N, hd]) and sin being built (its cos, halves, concatenation and permuted copy).
+  const double tables = 16.0 + 2.0 * hd + 8.0 * hd;  // positions, angles, cos, sin
+  const double tables_stage = n * (dd * hv + 16.0 + 2.0 * hd + 4.0 * hd + 12.0 * hd) + index;
+  // Through the blocks: the residual stream and the tables.
+  const double base = n * (dd * hv + tables) + index;
+  // RMSNorm: the fp32 input, the normalised fp32 value, its cast and the output (and rstd).
+  const double norm_peak = (f32_copy + 4.0 + cast + dd) * hv + 4.0;
+  // Attention: the norm output, qkv, q rotated, and k's rotation (fp32 input, x·cos,
+  // rotate_half(x), its product with sin, their sum, the cast); later the norm output, qkv, q, k,
+  // the windows' outputs, their concatenation and the projection.
+  const double attn_peak =
+      Max({(5.0 * dd + f32_copy + 16.0 + cast) * hv, 9.0 * dd * hv});
+  // SwiGLU: the norm output, SiLU(gate), up, their product and the down projection.
+  const double mlp_peak = 2.0 * dd * hv + 3.0 * dd * iv;
+  const double block_peak = Max({norm_peak, attn_peak, mlp_peak, 3.0 * dd * hv});
+  // Merger: its norm; the first linear beside its input; GELU and the second linear beside the
+  // first's output; the output and its copy back in image order, with the inverse order.
+  const double merger_peak = Max({n * norm_peak, n * 2.0 * dd * hv,
+                                  n * 2.0 * dd * hv + nm * ho * dd,
+                                  2.0 * nm * ho * dd + index});
+  const double frozen_peak =
+      Max({embed_stage, permute_stage, tables_stage,
+           v.depth > 0 ? base + n * block_peak : 0.0, base + merger_peak});
+  // A trained tower holds its saved set beside the same transients: bounded by the frozen peak
+  // (the tensors both count are counted once in the agent, twice here: an over-count of a
+  // block's share at most).
+  c.forward_transient_bytes = Bytes(frozen_peak);
+
+  // ---- backward of a trained tower ----
+  if (trains) {
+    // Per patch: the residual's incoming and accumulated gradients, plus the widest of the
+    // attention (the gradient of its input; q, k, v's gradients per window grown to full size and
+    // summed; fp32 gradients through the rotation; qkv's gradient from each of its three parts),
+    // the MLP (four [N, Iv] gradients, two input gradients) and a norm (fp32 temporaries).
+    const double attn_bwd = 13.0 * dd * hv + 16.0 * hv;
+    const double mlp_bwd = 4.0 * dd * iv + 2.0 * dd * hv;
+    const double norm_bwd = 12.0 * hv + dd * hv;
+    // The largest weight gradient before it is added into the parameter's: the merger's.
+    const double weight_grad = dd * Max({hm * hm, ho * hm, 3.0 * hv * hv, iv * hv});
+    c.backward_transient_bytes =
+        Bytes(n * (2.0 * dd * hv + Max({attn_bwd, mlp_bwd, norm_bwd})) + weight_grad);
+  }
+
+  // ---- flops ----
+  const double rows = static_cast<double>(grid.rows), cols = static_cast<double>(grid.cols);
+  const int64_t span = v.WindowMergedPatches();
+  const double full_blocks = static_cast<double>(v.fullatt_block_indexes.size());
+  const double window_blocks = depth - full_blocks;
+  // Scores and weighted values, 4·Hv per query-key pair; windows never cross images.
+  const double window_pairs = u * u *
+                              SquaredWindowSides(grid.rows / v.spatial_merge_size, span) *
+                              SquaredWindowSides(grid.cols / v.spatial_merge_size, span);
+  const double attn_flops = static_cast<double>(images) * 4.0 * hv *
+                            (window_blocks * window_pairs + full_blocks * rows * cols * rows * cols);
+  const double block_linear = 2.0 * (4.0 * hv * hv + 3.0 * hv * iv);
+  const double linear_flops = n * (depth * block_linear) + nm * 2.0 * (hm * hm + hm * ho);
+  const double patch_flops = n * 2.0 * p * hv;
+  c.forward_flops = patch_flops + linear_flops + attn_flops;
+  // Backward: input and weight gradients (the patch embedding's weight gradient only: pixels need
+  // none); attention at flash attention's 2.5x.
+  if (trains) c.backward_flops = patch_flops + 2.0 * linear_flops + 2.5 * attn_flops;
+  c.forward_traffic_bytes = 2.0 * saved;
+  c.backward_traffic_bytes = trains ? 2.0 * c.forward_traffic_bytes : 0.0;
+  return c;
+}
+
+}  // namespace memplan
