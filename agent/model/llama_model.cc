@@ -20,7 +20,9 @@
 #include "agent/blocks/activation_offloader.h"
 #include "agent/blocks/group_runner.h"
 #include "agent/model/attention.h"
+#include "agent/model/block_params.h"
 #include "agent/model/layers.h"
+#include "agent/model/osft.h"
 #include "agent/model/moe.h"
 #include "agent/model/mrope.h"
 #include "agent/model/sequence_tiling.h"
@@ -32,79 +34,6 @@
 #include "common/validate.h"
 
 namespace memplan {
-
-struct LlamaModel::BlockParams {
-  int index = 0;
-  torch::Tensor q_proj, q_bias, k_proj, k_bias, v_proj, v_bias, o_proj;
-  torch::Tensor q_norm, k_norm;  // Qwen3 only
-  torch::Tensor gate_proj, up_proj, down_proj;
-  torch::Tensor input_layernorm, post_attention_layernorm;
-  // A sparse layer's router and experts (ModelSpec::IsMoeLayer); gate/up/down_proj are then
-  // undefined.
-  std::unique_ptr<MoeParams> moe;
-  // [LoRA] adapters, indexed like kLoraModuleNames; undefined for projections not targeted.
-  std::array<torch::Tensor, kLoraModuleNames.size()> lora_a, lora_b;
-  // [QLoRA] each projection's weight in NF4 (indexed like kLoraModuleNames) when the base is
-  // quantized; the projection's tensor above is then undefined. The three parts are parameters
-  // (frozen, chunk-managed); the offset is a number the model keeps.
-  std::array<std::optional<quant::Nf4Tensor>, kLoraModuleNames.size()> nf4;
-
-  // Hugging Face named_parameters() order; a quantized weight is listed as its three NF4 parts
-  // ("<weight name>.nf4_data", ".nf4_absmax_code", ".nf4_absmax_scale"), in its place.
-  std::vector<NamedParam> Named() const {
-    const std::string p = absl::StrCat("model.layers.", index, ".");
-    std::vector<NamedParam> out;
-    auto add = [&](const std::string& name, const torch::Tensor& t) {
-      if (t.defined()) out.push_back({p + name, t});
-    };
-    auto weight = [&](size_t module, const torch::Tensor& t) {
-      const std::string name = ModulePath(module) + ".weight";
-      if (!nf4[module].has_value()) return add(name, t);
-      add(name + std::string(kNf4DataSuffix), nf4[module]->data);
-      add(name + std::string(kNf4AbsmaxCodeSuffix), nf4[module]->absmax_code);
-      add(name + std::string(kNf4AbsmaxScaleSuffix), nf4[module]->absmax_scale);
-    };
-    weight(0, q_proj);
-    add("self_attn.q_proj.bias", q_bias);
-    weight(1, k_proj);
-    add("self_attn.k_proj.bias", k_bias);
-    weight(2, v_proj);
-    add("self_attn.v_proj.bias", v_bias);
-    weight(3, o_proj);
-    add("self_attn.q_norm.weight", q_norm);
-    add("self_attn.k_norm.weight", k_norm);
-    weight(4, gate_proj);
-    weight(5, up_proj);
-    weight(6, down_proj);
-    if (moe) {
-      for (NamedParam& m : moe->Named()) out.push_back(std::move(m));
-    }
-    add("input_layernorm.weight", input_layernorm);
-    add("post_attention_layernorm.weight", post_attention_layernorm);
-    return out;
-  }
-
-  // The projection tensors' slots, kLoraModuleNames order.
-  std::array<torch::Tensor*, kLoraModuleNames.size()> Projections() {
-    return {&q_proj, &k_proj, &v_proj, &o_proj, &gate_proj, &up_proj, &down_proj};
-  }
-
-  static std::string ModulePath(size_t module) {
-    return absl::StrCat(module < 4 ? "self_attn." : "mlp.", kLoraModuleNames[module]);
-  }
-
-  // PEFT's named_parameters() order (module by module, A then B), without its wrapper prefix.
-  std::vector<NamedParam> NamedAdapters() const {
-    const std::string p = absl::StrCat("model.layers.", index, ".");
-    std::vector<NamedParam> out;
-    for (size_t m = 0; m < kLoraModuleNames.size(); ++m) {
-      if (!lora_a[m].defined()) continue;
-      out.push_back({absl::StrCat(p, ModulePath(m), ".lora_A.weight"), lora_a[m]});
-      out.push_back({absl::StrCat(p, ModulePath(m), ".lora_B.weight"), lora_b[m]});
-    }
-    return out;
-  }
-};
 
 namespace {
 
@@ -205,6 +134,14 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaModelO
     return absl::InvalidArgumentError(
         "lora.nf4_base (QLoRA) needs adapters: lora.rank must be >= 1");
   }
+  if (options.osft.enabled()) {
+    if (absl::Status s = ValidateOsftOptions(options.osft, options.spec); !s.ok()) return s;
+    if (options.lora.enabled() || options.deferred_values ||
+        (options.param_device.has_value() && options.param_device->is_meta())) {
+      return absl::InvalidArgumentError("osft: needs the weights' values (no LoRA, meta or "
+                                        "deferred parameters): the SVD reads them");
+    }
+  }
   if (options.device.is_cuda() && !torch::cuda::is_available()) {
     return absl::FailedPreconditionError("model: device cuda requested but CUDA is not available");
   }
@@ -229,7 +166,7 @@ void LlamaModel::InitParams() {
                                .dtype(ToScalarType(options_.dtype))
                                .device(options_.param_device.value_or(options_.device));
   // [LoRA] The base is frozen: autograd computes no weight gradient for it.
-  const bool base_trainable = !options_.lora.enabled();
+  const bool base_trainable = !options_.lora.enabled() && !options_.osft.enabled();
   auto finish = [&](torch::Tensor t) { return t.to(device_opts).requires_grad_(base_trainable); };
   struct Draw {
     torch::Tensor* slot;
@@ -642,6 +579,9 @@ memplan::ParamGroups LlamaModel::ParamGroups() const {
   } else {
     for (const ParamShape& p : HfParamShapes(options_.spec)) order.emplace_back(p.name, p.group);
   }
+  if (osft_split_) {
+    order = ExpandOsftOrder(order, [&by_name](const std::string& n) { return by_name.count(n) > 0; });
+  }
   for (const auto& [name, group] : order) {
     auto it = by_name.find(name);
     TORCH_INTERNAL_ASSERT(it != by_name.end() && group >= 0 && group < num_groups(),
@@ -663,7 +603,7 @@ memplan::ParamGroups LlamaModel::AdapterGroups() const {
 }
 
 std::vector<NamedParam> LlamaModel::TrainableParams() const {
-  if (!has_lora()) return Params();
+  if (!has_lora() && !has_osft()) return Params();
   std::vector<NamedParam> out;
   for (auto& group : AdapterGroups()) {
     for (auto& p : group) out.push_back(std::move(p));
@@ -835,6 +775,7 @@ torch::Tensor LlamaModel::Block(const BlockParams& p, const torch::Tensor& hidde
   auto proj = [&p, dropout, scaling](const torch::Tensor& in, size_t module, const torch::Tensor& w,
                                      const torch::Tensor& b = torch::Tensor()) {
     // [QLoRA] the NF4 weight dequantized for this product only (agent/quant/nf4_linear.h).
+    if (p.osft[module]) return OsftLinear(in, *p.osft[module], b);
     const torch::Tensor base =
         p.nf4[module].has_value() ? quant::Nf4Linear(in, *p.nf4[module], b) : Linear(in, w, b);
     if (!p.lora_a[module].defined()) return base;

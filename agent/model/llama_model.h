@@ -15,6 +15,7 @@
 #include "agent/core/torch_pch.h"
 #include "agent/model/lora_options.h"
 #include "agent/model/moe.h"
+#include "agent/model/osft_options.h"
 #include "agent/model/vision_tower.h"
 #include "agent/core/param_residency.h"
 #include "agent/quant/nf4.h"
@@ -62,6 +63,9 @@ struct LlamaModelOptions {
   // loaded (LoadQuantizedWeight), and dequantized per product; ParamGroups() lists their parts.
   // With deferred_values the parts have no values yet ([Sharded NF4 loading]).
   LoraOptions lora;
+  // [OSFT] (agent/model/osft.h): the targeted projections are split by SVD when SplitOsft() runs
+  // (after the weights are loaded); the base is frozen, the low factors train. Not with LoRA.
+  OsftOptions osft;
 };
 
 // Not thread-safe: one training thread drives forward and backward.
@@ -86,6 +90,14 @@ class LlamaModel {
   std::vector<NamedParam> Params() const;
   bool has_lora() const { return options_.lora.enabled(); }
   bool has_nf4_base() const { return options_.lora.nf4_base; }
+  bool has_osft() const { return options_.osft.enabled(); }
+  bool osft_split() const { return osft_split_; }
+  // [OSFT] Replaces each targeted projection weight by its SVD factors (fp32 SVD on the model
+  // device): ParamGroups() then lists the frozen high factors in the weight's place,
+  // AdapterGroups() and TrainableParams() the low ones. Once, after loading the weights.
+  absl::Status SplitOsft();
+  // [OSFT] Projects the low factors' accumulated gradients orthogonal to the frozen subspaces.
+  void ProjectOsftGrads();
   // QLoRA: the Hugging Face names of the quantized weights (block order, kLoraModuleNames order);
   // empty otherwise.
   std::vector<std::string> QuantizedWeightNames() const;
@@ -191,6 +203,7 @@ class LlamaModel {
   torch::Tensor lm_head_;  // undefined when tied
   std::unique_ptr<VisionParams> vision_;  // vision-language models only
   std::unique_ptr<ActivationOffloader> default_offloader_;
+  bool osft_split_ = false;
 };
 
 }  // namespace memplan

@@ -151,6 +151,16 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
         "trainer: optimizer adamw8bit runs in the chunk manager (a managed run: a plan, "
         "--chunk-mib or --n-persist); the unmanaged path has no 8-bit state");
   }
+  if (model->has_osft()) {
+    // [OSFT] (agent/model/osft.h) The split reads the loaded weights; the low factors'
+    // gradients are projected at the end of every ForwardBackward.
+    if (o.managed) {
+      return absl::InvalidArgumentError(
+          "trainer: OSFT runs unmanaged for now (every parameter on the device, one process): no "
+          "plan, --chunk-mib or --n-persist");
+    }
+    RETURN_IF_ERROR(model->SplitOsft());
+  }
   trainer->params_ = model->TrainableParams();
   try {
     if (NeedsOffloader(o.block_modes)) {
@@ -196,7 +206,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
       // Unmanaged: every parameter (and adapter) lives on the compute device.
       torch::NoGradGuard no_grad;
       std::vector<torch::Tensor> tensors;
-      if (model->has_lora()) {
+      if (model->has_lora() || model->has_osft()) {
         for (const auto& p : model->Params()) {
           if (p.param.device() != model->options().device) {
             p.param.set_data(p.param.to(model->options().device));
@@ -339,6 +349,8 @@ absl::StatusOr<double> Trainer::ForwardBackward(const std::vector<MicroBatch>& m
       loss = loss.detach();
       loss_sum = loss_sum.defined() ? loss_sum + loss : loss;
     }
+    // [OSFT] Linear in the gradients: once on the accumulated sum, before clipping and the update.
+    if (model_->has_osft()) model_->ProjectOsftGrads();
     if (distributed()) {
       torch::Tensor total =
           loss_sum.to(torch::kFloat64).reshape({1}).to(options_.communicator->device());
