@@ -149,6 +149,15 @@ constexpr int64_t PaddedElems(int64_t elems, int world_size) {
   return ShardElems(elems, world_size) * (world_size > 1 ? world_size : 1);
 }
 
+// [State reduce-scatter per group] (agent/chunks/chunk_manager.cc): with sharded persistent
+// state, a persistent chunk of `elems` elements is reduce-scattered from an fp32 flat tensor over
+// its padded span into an fp32 shard; both live from the hook of the group that completes the
+// chunk in backward to the next group's hook (or the step's, after the last group). The device
+// bytes of that pair, which the agent allocates and the planner charges per stage.
+constexpr int64_t StateReduceScatterBytes(int64_t elems, int world_size) {
+  return (PaddedElems(elems, world_size) + ShardElems(elems, world_size)) * 4;
+}
+
 // One rank's host memory for an offloaded chunk of `chunk_bytes` over `world_size` ranks: the
 // unsharded figures of its shard (every host array is sized ShardElems()).
 constexpr OffloadedChunkHostBytes OffloadedShardHost(OptimizerKind kind, int64_t dtype_bytes,

@@ -107,7 +107,8 @@ Prediction CostModel::Assemble(const ResidencyPlan& plan, const Modes& m, bool f
   // The breakdown describes the moment of the peak: the activation walk's worst phase, a block's
   // backward next to the grads already produced ([Grads beside backward]), or the end of
   // backward when the persistent grads outweigh both.
-  const int64_t grad_phase = GradPhaseRawBytes(plan.n_persist);
+  const GradPhase grad_parts = GradPhaseParts(plan.n_persist);
+  const int64_t grad_phase = grad_parts.total();
   int bwd_block = -1;
   const int64_t bwd_grads = BackwardGradsImpl(m, plan.n_persist, &bwd_block);
   const bool grads_peak = grad_phase > std::max(dyn.total, bwd_grads);
@@ -116,17 +117,28 @@ Prediction CostModel::Assemble(const ResidencyPlan& plan, const Modes& m, bool f
   const int64_t staging = GradStagingBytes(plan.n_persist);
   b.persistent_chunks_bytes = chunks_->alloc_prefix[plan.n_persist];
   b.buffers_bytes = BufferBytes(plan.n_persist, plan.n_buffer);
-  b.grads_bytes = staging + (grads_peak ? chunks_->pgrad_prefix[plan.n_persist]
-                             : bwd_peak ? GradsLiveInBackward(bwd_block, plan.n_persist)
-                                        : 0);
+  // At the grad phase: the embedding's backward (beside the first block's reduce-scatter with
+  // sharded persistent state), the embedding stage's reduce-scatter at the end of backward, or
+  // the optimizer step's fp32 grad copy.
+  const bool step_copy =
+      grads_peak && grad_parts.step > std::max(grad_parts.embedding, grad_parts.last_reduce);
+  const bool last_reduce =
+      grads_peak && !step_copy && grad_parts.last_reduce > grad_parts.embedding;
+  const bool emb_phase = grads_peak && !step_copy && !last_reduce;
+  b.grads_bytes =
+      staging +
+      (grads_peak ? grad_parts.grads + (last_reduce ? grad_parts.last_reduce
+                                        : emb_phase ? ReduceBeyondShards(1, plan.n_persist)
+                                                    : 0)
+       : bwd_peak ? GradsLiveInBackward(bwd_block, plan.n_persist)
+                  : 0);
   b.optimizer_state_bytes = chunks_->opt_prefix[plan.n_persist];
-  // At the grad phase: the embedding's backward, or the optimizer step's fp32 grad copy.
-  const bool step_copy = grads_peak && (plan.n_persist > 0 || chunks_->adapters_persistent) &&
-                         chunks_->optimizer_step_extra_bytes > emb_retained_ + emb_extra_;
-  b.activations_bytes = grads_peak ? (step_copy ? 0 : emb_retained_) : phase.activations;
+  b.activations_bytes = grads_peak ? (emb_phase ? emb_retained_ : 0) : phase.activations;
   b.checkpoint_chain_bytes = grads_peak ? 0 : phase.checkpoint_chain;
-  b.transient_bytes =
-      grads_peak ? (step_copy ? chunks_->optimizer_step_extra_bytes : emb_extra_) : phase.transient;
+  b.transient_bytes = grads_peak ? (step_copy   ? chunks_->optimizer_step_extra_bytes
+                                    : emb_phase ? emb_extra_
+                                                : 0)
+                                 : phase.transient;
   b.cuda_context_bytes = hardware_.cuda_context_bytes;
   b.fragmentation_factor = options_.fragmentation_factor;
   b.calibration_residual_bytes = options_.residual_bytes;

@@ -115,23 +115,50 @@ int32_t CostModel::MaxPersistWithin(int64_t budget_bytes, int32_t max_persist) c
          1;
 }
 
-int64_t CostModel::GradPhaseRawBytes(int32_t n_persist) const {
+int64_t CostModel::ReduceBeyondShards(int32_t stage, int32_t n_persist) const {
+  if (!chunks_->shard_state || stage < 0 || stage > num_blocks_ + 1) return 0;
+  const int32_t lo = chunks_->fwd_owned_begin[stage];
+  const int32_t hi = std::min(n_persist, chunks_->fwd_owned_begin[stage + 1]);
+  if (hi <= lo) return 0;
+  return chunks_->state_reduce_prefix[hi] - chunks_->state_reduce_prefix[lo] -
+         (chunks_->pgrad_prefix[hi] - chunks_->pgrad_prefix[lo]);
+}
+
+int64_t CostModel::PersistentReduceBytes(int32_t stage, int32_t n_persist) const {
+  if (!chunks_->shard_state || stage < 0 || stage > num_blocks_ + 1) return 0;
+  const int32_t lo = chunks_->fwd_owned_begin[stage];
+  const int32_t hi = std::min(n_persist, chunks_->fwd_owned_begin[stage + 1]);
+  return hi > lo ? chunks_->state_reduce_prefix[hi] - chunks_->state_reduce_prefix[lo] : 0;
+}
+
+CostModel::GradPhase CostModel::GradPhaseParts(int32_t n_persist) const {
   // Persistent grads are produced during backward (nothing holds them before the first block's
   // backward); they are all alive when the embedding's backward ends, next to its transient,
   // and in the optimizer step, next to the fp32 copy of one chunk's grads (mixed precision).
+  // [State reduce-scatter per group]: the embedding's backward runs beside the first block's
+  // reduce-scatter, and the embedding stage's own is in flight from its hook to the step.
   const bool updates_on_device = n_persist > 0 || chunks_->adapters_persistent;
-  const int64_t step_extra = updates_on_device ? chunks_->optimizer_step_extra_bytes : 0;
-  return chunks_->pgrad_prefix[n_persist] + std::max(emb_retained_ + emb_extra_, step_extra);
+  GradPhase g;
+  g.grads = chunks_->pgrad_prefix[n_persist];
+  g.embedding = emb_retained_ + emb_extra_ + ReduceBeyondShards(1, n_persist);
+  g.last_reduce = ReduceBeyondShards(0, n_persist);
+  g.step = updates_on_device ? chunks_->optimizer_step_extra_bytes : 0;
+  return g;
+}
+
+int64_t CostModel::GradPhaseRawBytes(int32_t n_persist) const {
+  return GradPhaseParts(n_persist).total();
 }
 
 int64_t CostModel::GradsLiveInBackward(int32_t j, int32_t n_persist) const {
   // Chunks first used by a stage after block j's (stage j + 1) hold only later blocks' (or the
   // head's) parameters, whose grads are done; a chunk that block j shares with its successor is
-  // left out (at most one chunk).
+  // left out (at most one chunk). With sharded persistent state the next stage's (j + 2) chunks
+  // are being reduce-scattered beside block j's backward ([State reduce-scatter per group]).
   const int32_t begin = chunks_->fwd_owned_begin[j + 2];
   int64_t live = chunks_->tied_grad_bytes;
   if (n_persist > begin) live += chunks_->pgrad_prefix[n_persist] - chunks_->pgrad_prefix[begin];
-  return live;
+  return live + ReduceBeyondShards(j + 2, n_persist);
 }
 
 int64_t CostModel::BackwardGradsImpl(const Modes& m, int32_t n_persist, int* phase) const {
@@ -159,40 +186,53 @@ int64_t CostModel::StepDynamicRawBytes(const ModeCounts& counts, int64_t dyn,
 }
 
 CostModel::BackwardGradsByPersist CostModel::BackwardGradsTable(const ModeCounts& counts) const {
-  // BackwardGradsImpl's max over blocks j of phase_j + tied + (pgrad[n] - pgrad[begin_j] when
-  // n > begin_j): begin_j never decreases with j, so the blocks with begin_j < n are a prefix
-  // (their term grows with pgrad[n]) and the others a suffix (a constant).
+  // BackwardGradsImpl's max over blocks j of phase_j + GradsLiveInBackward(j, n). With the next
+  // stage's chunks [begin_j, end_j) (both never decrease with j, the ranges are disjoint):
+  //   n <= begin_j: phase_j + tied (a suffix of the blocks);
+  //   n >= end_j: phase_j + tied + pgrad[n] + (GradsLiveInBackward(j, end_j) - tied -
+  //     pgrad[end_j]), a constant plus pgrad[n] (a prefix of the blocks);
+  //   begin_j < n < end_j: at most one block, evaluated directly.
   Modes m;
   m.counts = counts;
   BackwardGradsByPersist t;
   t.model_ = this;
   const int32_t n = num_blocks_;
+  const int64_t tied = chunks_->tied_grad_bytes;
   t.begin_.resize(n);
+  t.end_.resize(n);
+  t.phase_.resize(n);
   t.prefix_max_.resize(n);
   t.suffix_max_.resize(n);
-  std::vector<int64_t> phase(n);
   for (int32_t j = 0; j < n; ++j) {
-    phase[j] = PhaseTotal(j, m);
+    t.phase_[j] = PhaseTotal(j, m);
     t.begin_[j] = chunks_->fwd_owned_begin[j + 2];
-    const int64_t v = phase[j] - chunks_->pgrad_prefix[t.begin_[j]];
+    t.end_[j] = chunks_->fwd_owned_begin[j + 3];
+    const int64_t v = t.phase_[j] + GradsLiveInBackward(j, t.end_[j]) - tied -
+                      chunks_->pgrad_prefix[t.end_[j]];
     t.prefix_max_[j] = j == 0 ? v : std::max(t.prefix_max_[j - 1], v);
   }
   for (int32_t j = n - 1; j >= 0; --j) {
-    t.suffix_max_[j] = j == n - 1 ? phase[j] : std::max(t.suffix_max_[j + 1], phase[j]);
+    t.suffix_max_[j] = j == n - 1 ? t.phase_[j] : std::max(t.suffix_max_[j + 1], t.phase_[j]);
   }
   return t;
 }
 
 int64_t CostModel::BackwardGradsByPersist::At(int32_t n_persist) const {
-  const ChunkTables& c = *model_->chunks_;
-  // Blocks [0, k) have begin_j < n_persist.
+  const CostModel& model = *model_;
+  // Blocks [0, k_full) have end_j <= n_persist, blocks [0, k) begin_j < n_persist.
+  const int32_t k_full = static_cast<int32_t>(
+      std::upper_bound(end_.begin(), end_.end(), n_persist) - end_.begin());
   const int32_t k = static_cast<int32_t>(
       std::lower_bound(begin_.begin(), begin_.end(), n_persist) - begin_.begin());
+  const int64_t tied = model.chunks_->tied_grad_bytes;
   int64_t best = std::numeric_limits<int64_t>::min();
-  if (k > 0) best = prefix_max_[k - 1] + c.pgrad_prefix[n_persist];
-  if (k < static_cast<int32_t>(begin_.size())) best = std::max(best, suffix_max_[k]);
+  if (k_full > 0) best = prefix_max_[k_full - 1] + model.chunks_->pgrad_prefix[n_persist] + tied;
+  for (int32_t j = k_full; j < k; ++j) {
+    best = std::max(best, phase_[j] + model.GradsLiveInBackward(j, n_persist));
+  }
+  if (k < static_cast<int32_t>(begin_.size())) best = std::max(best, suffix_max_[k] + tied);
   if (best == std::numeric_limits<int64_t>::min()) return 0;  // no blocks
-  return std::max<int64_t>(0, best + c.tied_grad_bytes);
+  return std::max<int64_t>(0, best);
 }
 
 int64_t CostModel::StepDynamicRawBytes(const BackwardGradsByPersist& grads, int64_t dyn,
@@ -238,7 +278,9 @@ int64_t CostModel::StaticRawBytes(int32_t n_persist, int32_t n_buffer) const {
 
 int64_t CostModel::GradStagingBytes(int32_t n_persist) const {
   const int64_t offloaded =
-      n_persist >= num_chunks_                    ? 0
+      n_persist >= num_chunks_ ? 0
+      : !chunks_->sharded_staging_by_npersist.empty()
+          ? chunks_->sharded_staging_by_npersist[std::max(n_persist, 0)]
       : !chunks_->grad_staging_by_npersist.empty() ? chunks_->grad_staging_by_npersist[n_persist]
                                                    : chunks_->grad_staging_bytes;
   // [Sharded persistent parameters]: the gathered chunks are held for the step as the buffers

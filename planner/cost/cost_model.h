@@ -5,6 +5,7 @@
 // Thread-safe after construction (all methods are const and touch no shared mutable state).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -134,9 +135,16 @@ class CostModel {
   // state, chunk buffers, grad staging for offloaded chunks. The steady peak is
   //   StaticRawBytes + StepDynamicRawBytes(modes, n_persist).
   int64_t StaticRawBytes(int32_t n_persist, int32_t n_buffer) const;
-  // Grad bytes besides the persistent grads themselves: offloaded chunks' staging, and with
-  // W > 1 the persistent all-reduce's fp32 copies in flight.
+  // Grad bytes besides the persistent grads themselves, held for the whole step: offloaded
+  // chunks' staging, with W > 1 the persistent all-reduce's fp32 copies in flight, and with
+  // sharded persistent parameters the gathered chunks. (Sharded persistent state's reduce-scatter
+  // buffers are not here: they belong to phases, PersistentReduceBytes.)
   int64_t GradStagingBytes(int32_t n_persist) const;
+  // [State reduce-scatter per group] With sharded persistent state: the device bytes of the
+  // reduce-scatter buffers (fp32 flat and fp32 shard) of the persistent chunks among [0, n_persist)
+  // that stage `stage` (0 = embedding, 1..N blocks, N + 1 head) owns in forward; they are issued
+  // at the stage's backward hook and live until the next stage's. 0 without sharded state.
+  int64_t PersistentReduceBytes(int32_t stage, int32_t n_persist) const;
   // Of that, the device slots the agent allocates for the blocks' offloaded grads ([Grad staging
   // slots], common/chunk_packing.h); 0 where the model does not price slots (several ranks,
   // adapters, an unknown layout) or nothing is offloaded.
@@ -180,8 +188,12 @@ class CostModel {
    private:
     friend class CostModel;
     const CostModel* model_ = nullptr;
-    std::vector<int32_t> begin_;       // per block j: the first chunk after its stage's
-    std::vector<int64_t> prefix_max_;  // max over i <= j of phase_i - pgrad_prefix[begin_i]
+    // Per block j: the chunks the next stage owns in forward, [begin_j, end_j) (later blocks'
+    // and the head's chunks start at begin_j), and the block's phase.
+    std::vector<int32_t> begin_, end_;
+    std::vector<int64_t> phase_;
+    // max over i <= j of phase_i + GradsLiveInBackward(i, n) - pgrad_prefix[n], for n >= end_i
+    std::vector<int64_t> prefix_max_;
     std::vector<int64_t> suffix_max_;  // max over i >= j of phase_i
   };
   BackwardGradsByPersist BackwardGradsTable(const ModeCounts& counts) const;
@@ -282,8 +294,20 @@ class CostModel {
   DynamicParts DynamicImpl(const Modes& m, bool fast) const;
   DynamicParts PhaseParts(int phase, const Modes& m) const;  // -1 emb, 0..N-1 block, N head
   int64_t PhaseTotal(int phase, const Modes& m) const;
-  // Grads live while block j runs backward ([Grads beside backward]).
+  // Grads live while block j runs backward ([Grads beside backward]), with sharded persistent
+  // state the next stage's reduce-scatter buffers in flight in place of its grad shards.
   int64_t GradsLiveInBackward(int32_t j, int32_t n_persist) const;
+  // Sharded persistent state: stage s's reduce-scatter buffers less the grad shards they become
+  // (which pgrad_prefix counts from the step's start); 0 otherwise. >= 0.
+  int64_t ReduceBeyondShards(int32_t stage, int32_t n_persist) const;
+  // GradPhaseRawBytes' parts: the persistent grads, and what comes on top of them at the
+  // embedding's backward, at the end of backward (the embedding stage's reduce-scatter in flight)
+  // and in the optimizer step.
+  struct GradPhase {
+    int64_t grads = 0, embedding = 0, last_reduce = 0, step = 0;
+    int64_t total() const { return grads + std::max({embedding, last_reduce, step}); }
+  };
+  GradPhase GradPhaseParts(int32_t n_persist) const;
   // BackwardGradsRawBytes for any Modes; *phase (if given) gets the block of the maximum.
   int64_t BackwardGradsImpl(const Modes& m, int32_t n_persist, int* phase) const;
   Prediction Assemble(const ResidencyPlan& plan, const Modes& m, bool fast) const;
@@ -343,10 +367,16 @@ class CostModel {
     // [Grad staging slots] per n_persist (world size 1, full fine-tuning, the agent's layout):
     // the staging of offloaded grads, replacing grad_staging_bytes; empty otherwise.
     std::vector<int64_t> grad_staging_by_npersist;
-    // Sharded (W > 1), per n_persist (size n_chunks + 1): the fp32 copies of persistent grads
-    // whose all-reduce is in flight during backward (two chunks: one reduced, one being copied),
-    // or with sharded state the stage's reduce-scatter buffers, over the persistent chunks only.
+    // Sharded (W > 1) with replicated persistent state, per n_persist (size n_chunks + 1): the
+    // fp32 copies of persistent grads whose all-reduce is in flight during backward (two chunks:
+    // one reduced, one being copied), over the persistent chunks only; zeros otherwise.
     std::vector<int64_t> persistent_reduce_by_npersist;
+    // [State reduce-scatter per group] With sharded persistent state, prefix sums over chunks
+    // (size C + 1) of StateReduceScatterBytes (common/optimizer_bytes.h); zeros otherwise.
+    std::vector<int64_t> state_reduce_prefix;
+    // Sharded (W > 1, full fine-tuning), per n_persist: the staging of the offloaded chunks'
+    // grads ([Sharded chunks]), sized by the two largest offloaded chunks; empty otherwise.
+    std::vector<int64_t> sharded_staging_by_npersist;
     // LoRA of a known architecture: the adapters' chunks, grads and state are in every
     // persistent prefix (index 0 included) and updated on the device ([LoRA managers]).
     bool adapters_persistent = false;

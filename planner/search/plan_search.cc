@@ -125,7 +125,8 @@ class Runner {
     h_hi_ = f.n_hs_offload ? *f.n_hs_offload : n_;
     k_lo_ = f.n_checkpoint ? *f.n_checkpoint : 0;
     k_hi_ = f.n_checkpoint ? *f.n_checkpoint : n_;
-    static_sufmin_ = SuffixMinima(StaticProfile(model, fixed_nb_, std::min(np_hi_, c_ - 1)));
+    static_profile_ = StaticProfile(model, fixed_nb_, std::min(np_hi_, c_ - 1));
+    static_sufmin_ = SuffixMinima(static_profile_);
   }
 
   // dive: stop after the first leaf whose n_persist range was searched (the most promising
@@ -296,8 +297,11 @@ class Runner {
     const int32_t np_hi = MaxPersistWithBuffers(room_ - model_.Scaled(dyn));
     if (np_hi < np_lo) return;
     if (any_fit_) {
-      // Static bytes at the fewest buffers never decrease with n_persist except at the very
-      // last chunk (the grad staging and buffers disappear): try both ends.
+      // Every other memory term never decreases with n_persist above the host's floor, so a
+      // plan is worth trying only where the static bytes at the fewest buffers fall below those
+      // of every plan tried before it (they may fall: a persistent chunk can save a buffer, or
+      // shrink the sharded grad staging, for less than it costs), and at the last chunk (the
+      // grad staging and buffers disappear).
       // With a fixed buffer count, start where that many buffers are enough (MinBuffers is
       // non-increasing in n_persist).
       int32_t start = np_lo;
@@ -314,6 +318,15 @@ class Runner {
         start = lo;
       }
       if (start <= np_hi && EvalPersist(m, dyn, start)) return;
+      const int32_t profiled = static_cast<int32_t>(static_profile_.size()) - 1;
+      if (start >= 0 && start <= std::min(np_hi, profiled)) {
+        int64_t lowest = static_profile_[start];
+        for (int32_t np = start + 1; np <= std::min(np_hi, profiled); ++np) {
+          if (static_profile_[np] >= lowest) continue;
+          lowest = static_profile_[np];
+          if (EvalPersist(m, dyn, np)) return;
+        }
+      }
       if (np_hi == c_ && start < c_) EvalPersist(m, dyn, c_);
       return;
     }
@@ -369,6 +382,7 @@ class Runner {
     return true;
   }
 
+  std::vector<int64_t> static_profile_;  // [np] = StaticAt over [0, min(np_hi_, C - 1)]
   std::vector<int64_t> static_sufmin_;  // [np] = min StaticAt over [np, min(np_hi_, C - 1)]
   // The backward-grads table of the mode counts evaluated last (a leaf evaluates several
   // n_persist at the same counts).

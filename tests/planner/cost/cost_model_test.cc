@@ -591,11 +591,11 @@ TEST(StepTimeTest, WindowGathersUseTheUnderComputeFigure) {
   EXPECT_DOUBLE_EQ(z.iteration_seconds, predict(*z3).iteration_seconds);
 }
 
-// The in-flight buffers of the persistent chunks' reductions count persistent chunks only: with
-// n_persist of them, the replicated all-reduce holds the two largest persistent chunks' grads in
-// fp32, the sharded state's reduce-scatter the stage whose persistent chunks hold the most;
-// nothing without persistent chunks. (GradStagingBytes(n) = the offloaded chunks' staging, the
-// same for every n < n_chunks, plus these buffers.)
+// The reductions' buffers count the chunks they reduce only. Offloaded chunks' staging: the two
+// largest offloaded chunks (a persistent embedding does not size it). Replicated persistent
+// state: the two largest persistent chunks' grads in fp32, held for the step. Sharded state: no
+// constant; each stage's persistent chunks' flat and shard in fp32 (PersistentReduceBytes), in
+// the phase after its hook: at the end of backward for the embedding's stage.
 TEST(StepTimeTest, PersistentReduceBuffersCountOnlyPersistentChunks) {
   const TwoRankModels models = TwoRankOneB(SlowLinkH200());
   ASSERT_TRUE(models.replicated && models.sharded);
@@ -604,30 +604,39 @@ TEST(StepTimeTest, PersistentReduceBuffersCountOnlyPersistentChunks) {
   const int32_t chunks = cms->num_chunks();
   ASSERT_GT(chunks, 4);
   const ChunkLayout& layout = cmr->layout();
-  auto top_two_fp32 = [&](int32_t n) {  // bf16 trainable bytes -> fp32 bytes of the two largest
-    std::vector<int64_t> t(layout.chunk_trainable_bytes.begin(),
-                           layout.chunk_trainable_bytes.begin() + n);
+  auto top_two = [&](const std::vector<int64_t>& v, int32_t lo, int32_t hi) {
+    std::vector<int64_t> t(v.begin() + lo, v.begin() + hi);
     std::sort(t.rbegin(), t.rend());
-    return ((n > 0 ? t[0] : 0) + (n > 1 ? t[1] : 0)) / 2 * 4;
+    return std::make_pair(t.size() > 0 ? t[0] : 0, t.size() > 1 ? t[1] : 0);
   };
-  const int64_t staging_r = cmr->GradStagingBytes(0), staging_s = cms->GradStagingBytes(0);
-  EXPECT_EQ(staging_r, staging_s) << "no persistent chunk: staging only";
-  for (int32_t n : {1, 2, chunks / 2}) {
+  auto staging = [&](int32_t n) {  // [Sharded chunks], bf16 over 2 ranks
+    const auto [a, b] = top_two(layout.chunk_param_bytes, n, chunks);
+    const int64_t shard = ShardElems(a / 2, 2);
+    return (PaddedElems(a / 2, 2) + PaddedElems(b / 2, 2)) * 4 + shard * 6 + 2 * shard * 2;
+  };
+  for (int32_t n : {0, 1, 2, chunks / 2, chunks - 1}) {
     SCOPED_TRACE(n);
-    EXPECT_EQ(cmr->GradStagingBytes(n) - staging_r, top_two_fp32(n));
+    const auto [a, b] = top_two(layout.chunk_trainable_bytes, 0, n);
+    EXPECT_EQ(cmr->GradStagingBytes(n), staging(n) + (a + b) / 2 * 4);
+    EXPECT_EQ(cms->GradStagingBytes(n), staging(n));
   }
-  EXPECT_EQ(cmr->GradStagingBytes(chunks), top_two_fp32(chunks));
-  // Sharded state: one persistent chunk reduce-scatters alone (its padded span and its shard in
-  // fp32); more persistent chunks never hold less.
+  EXPECT_LT(staging(1), staging(0)) << "the embedding's chunk is the largest";
+  EXPECT_EQ(cms->GradStagingBytes(chunks), 0);
+  // Sharded state per stage: the embedding's stage owns chunk 0.
   const int64_t e0 = layout.chunk_param_bytes[0] / 2;
-  EXPECT_EQ(cms->GradStagingBytes(1) - staging_s, (PaddedElems(e0, 2) + ShardElems(e0, 2)) * 4);
-  int64_t prev = 0;
-  for (int32_t n = 1; n < chunks; ++n) {
-    const int64_t held = cms->GradStagingBytes(n) - staging_s;
-    EXPECT_GE(held, prev) << n;
-    prev = held;
+  EXPECT_EQ(cms->PersistentReduceBytes(0, 1), (PaddedElems(e0, 2) + ShardElems(e0, 2)) * 4);
+  EXPECT_EQ(cms->PersistentReduceBytes(0, 0), 0);
+  EXPECT_EQ(cmr->PersistentReduceBytes(0, chunks), 0);
+  int64_t sum = 0;
+  for (int32_t s = 0; s <= cms->num_blocks() + 1; ++s) sum += cms->PersistentReduceBytes(s, chunks);
+  int64_t expect = 0;
+  for (int32_t c = 0; c < chunks; ++c) {
+    expect += StateReduceScatterBytes(layout.chunk_param_bytes[c] / 2, 2);
   }
-  EXPECT_GE(cms->GradStagingBytes(chunks), prev);
+  EXPECT_EQ(sum, expect) << "every chunk in exactly one stage";
+  // The embedding stage's buffers, larger than any block's, come at the end of backward: beside
+  // every persistent grad shard but no activation.
+  EXPECT_GE(cms->GradPhaseRawBytes(chunks), cms->PersistentReduceBytes(0, chunks));
 }
 
 TEST(StepTimeTest, ClippingRunsTheCpuOptimizerAfterBackward) {
