@@ -60,7 +60,11 @@ constexpr char kUsage[] =
     "  --adapter-n-persist N  managed: the adapters' persistent chunks (default all)\n"
     "  --seed N             torch::manual_seed(N) right before the step (dropout masks)\n"
     "  --save-adapter DIR   write the adapter after the step in PEFT's format\n"
-    "  --merge-export DIR   write base + merged adapter after the step (Hugging Face layout)\n";
+    "  --merge-export DIR   write base + merged adapter after the step (Hugging Face layout)\n"
+    "OSFT (grads and params are then the low factors'):\n"
+    "  --osft-rank-ratio R --osft-targets LIST|all\n"
+    "  --steps N            optimizer steps on the same batches (default 1); loss.K is step K's\n"
+    "                       loss (K >= 2), grads are the first step's, params after the last\n";
 
 // The flags, read by common/flags.h; unset ones keep these defaults.
 struct Flags {
@@ -82,6 +86,8 @@ struct Flags {
   std::string load_adapter, save_adapter, merge_export;
   int64_t adapter_n_persist = -1;  // -1: all persistent
   std::optional<int64_t> seed;
+  OsftOptions osft;
+  int64_t steps = 1;
 };
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
@@ -122,7 +128,14 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       .Int("--adapter-n-persist", &f.adapter_n_persist, -1, kMaxChunkCount)
       .Int("--seed", &f.seed, 0, std::numeric_limits<int64_t>::max())
       .String("--save-adapter", &f.save_adapter)
-      .String("--merge-export", &f.merge_export);
+      .String("--merge-export", &f.merge_export)
+      .Double("--osft-rank-ratio", &f.osft.rank_ratio, DoubleRange{0, 1, true, true})
+      .Custom("--osft-targets",
+              [&f](absl::string_view v) -> absl::Status {
+                ASSIGN_OR_RETURN(f.osft.targets, ParseLoraTargetList("--osft-targets", v));
+                return absl::OkStatus();
+              })
+      .Int("--steps", &f.steps, 1, 1000);
   AddDTypeFlag(&flags, "--dtype", &f.dtype);
   AddOptimizerFlag(&flags, &f.optimizer);
   AddLoraTargetsFlag(&flags, &f.lora.targets);
@@ -179,6 +192,7 @@ absl::Status Run(const Flags& f) {
   model_options.device = device;
   model_options.head_chunk_rows = f.head_chunk_rows;
   if (f.lora.enabled()) model_options.lora = f.lora;
+  if (f.osft.enabled()) model_options.osft = f.osft;
   ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LlamaModel::Create(model_options));
   ASSIGN_OR_RETURN(std::unique_ptr<io::HfCheckpoint> checkpoint, io::HfCheckpoint::Open(f.model));
   ASSIGN_OR_RETURN(io::HfLoadReport report, io::LoadModelCheckpoint(*checkpoint, *model));
@@ -233,6 +247,10 @@ absl::Status Run(const Flags& f) {
   for (const NamedParam& g : trainer->Grads()) out.push_back({"grad." + g.name, Fp32Cpu(g.param)});
   ASSIGN_OR_RETURN(double norm, trainer->OptimizerStep());
   (void)norm;
+  for (int64_t step = 2; step <= f.steps; ++step) {
+    ASSIGN_OR_RETURN(StepStats stats, trainer->Step(batches));
+    out.push_back({absl::StrCat("loss.", step), torch::tensor({static_cast<float>(stats.loss)})});
+  }
   for (const NamedParam& p : trainer->Params()) {
     out.push_back({"param." + p.name, Fp32Cpu(p.param)});
   }
