@@ -86,10 +86,11 @@ VisionTowerCost VisionTowerCostFor(const ModelSpec& model, int64_t images, int64
   const double permute_stage = n * 2.0 * dd * hv + index;
   // Rotary tables: positions (int64 [N, 2]), angles (fp32 [N, 2, hd / 4]), cos built (fp32
   // [N, hd]) and sin being built (its cos, halves, concatenation and permuted copy).
+  // (The inverse frequencies, hd / 4 floats, are the one fixed-size tensor.)
   const double tables = 16.0 + 2.0 * hd + 8.0 * hd;  // positions, angles, cos, sin
-  const double tables_stage = n * (dd * hv + 16.0 + 2.0 * hd + 4.0 * hd + 12.0 * hd) + index;
+  const double tables_stage = n * (dd * hv + 16.0 + 2.0 * hd + 4.0 * hd + 12.0 * hd) + index + hd;
   // Through the blocks: the residual stream and the tables.
-  const double base = n * (dd * hv + tables) + index;
+  const double base = n * (dd * hv + tables) + index + hd;
   // RMSNorm: the fp32 input, the normalised fp32 value, its cast and the output (and rstd).
   const double norm_peak = (f32_copy + 4.0 + cast + dd) * hv + 4.0;
   // Attention: the norm output, qkv, q rotated, and k's rotation (fp32 input, x·cos,
@@ -108,10 +109,20 @@ VisionTowerCost VisionTowerCostFor(const ModelSpec& model, int64_t images, int64
   const double frozen_peak =
       Max({embed_stage, permute_stage, tables_stage,
            v.depth > 0 ? base + n * block_peak : 0.0, base + merger_peak});
-  // A trained tower holds its saved set beside the same transients: bounded by the frozen peak
-  // (the tensors both count are counted once in the agent, twice here: an over-count of a
-  // block's share at most).
   c.forward_transient_bytes = Bytes(frozen_peak);
+  if (trains) {
+    // Most of a trained tower's transients are saved: beyond its saved set it holds, at the end,
+    // the merger's second output and its reordered copy beside the positions and angles (and the
+    // 16-bit residual, which no norm keeps); earlier, in the last block's rotation of k, the fp32
+    // input copy and three fp32 products (the sum too for 16-bit q), while the merger's share of
+    // the saved set is still to come.
+    const double unsaved_stream = 16.0 + 2.0 * hd + (narrow ? dd * hv : 0.0);
+    const double end_stage = 2.0 * nm * ho * dd + n * unsaved_stream + hd;
+    const double rotation_stage =
+        n * (unsaved_stream + (f32_copy + 12.0 + (narrow ? 4.0 : 0.0)) * hv - merger_saved) -
+        8.0 * nm;
+    c.forward_transient_bytes = Bytes(Max({end_stage, rotation_stage}));
+  }
 
   // ---- backward of a trained tower ----
   if (trains) {

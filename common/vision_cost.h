@@ -49,7 +49,9 @@ struct VisionTowerCost {
   int64_t pixel_bytes = 0;
   // What the tower's autograd keeps for backward (0 when frozen), beyond the pixel values.
   int64_t saved_bytes = 0;
-  // Largest live bytes beyond saved_bytes (and the pixel values) while the tower runs.
+  // Largest live bytes beyond saved_bytes (and the pixel values) while the tower runs: a frozen
+  // tower's stages walked statement by statement; a trained tower's bounded by its end and its
+  // last rotation, as if its whole saved set were already allocated.
   int64_t forward_transient_bytes = 0;
   // The tower's output: [image_tokens, out_hidden_size] in the dtype, freed after the scatter.
   int64_t output_bytes = 0;

@@ -120,12 +120,14 @@ TEST(VisionTraceTest, LoraAddsTheTowerToTheEmbeddingGroupOnly) {
   EXPECT_EQ(vl->embedding.param_bytes - text->embedding.param_bytes, kTowerParams * 2);
   EXPECT_EQ(vl->embedding.saved_bytes - text->embedding.saved_bytes, kPixelBytes);
   // The tower's peak is inside a block's attention: the residual (2·Hv), positions (16), angles
-  // (2·80), cos and sin (8·80) per patch and the window order (8 per merged patch) beside the
-  // norm output, qkv, q and k's rotation in fp32: (5·2 + 4 + 16 + 2)·Hv per patch.
-  const int64_t base = kPatches * (2 * kHv + 16 + 2 * kHeadDim + 8 * kHeadDim) + 8 * kMerged;
+  // (2·80), cos and sin (8·80) per patch, the window order (8 per merged patch) and the inverse
+  // frequencies (20 floats) beside the norm output, qkv, q and k's rotation in fp32:
+  // (5·2 + 4 + 16 + 2)·Hv per patch.
+  const int64_t base =
+      kPatches * (2 * kHv + 16 + 2 * kHeadDim + 8 * kHeadDim) + 8 * kMerged + kHeadDim;
   const int64_t rotation = kPatches * (5 * 2 + 4 + 16 + 2) * kHv;
   const int64_t embeds = kTokens * kLmHidden * 2;
-  EXPECT_EQ(base + rotation, 45402112);
+  EXPECT_EQ(base + rotation, 45402192);
   EXPECT_EQ(vl->embedding.forward_transient_bytes, embeds + base + rotation);
   EXPECT_EQ(vl->embedding.backward_transient_bytes, text->embedding.backward_transient_bytes);
   EXPECT_EQ(vl->embedding.backward_seconds, text->embedding.backward_seconds);

@@ -1,0 +1,141 @@
+// What the vision tower allocates on the CPU (MemoryProbe over c10's CPU allocator) against the
+// planner's [Vision tower bytes] (common/vision_cost.h): the saved set a trained tower keeps, its
+// forward peak, and a frozen tower's transients, for fp32 and bf16.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <memory>
+
+#include "agent/model/vision_tower.h"
+#include "agent/profiler/memory_probe.h"
+#include "common/vision_cost.h"
+#include "tests/agent/tiny_spec.h"
+
+namespace memplan {
+namespace {
+
+const bool kSingleThread = [] {
+  torch::set_num_threads(1);
+  return true;
+}();
+
+// A tower wide enough that its per-patch tensors outweigh the CPU attention kernel's scratch:
+// width 128 (4 heads of 32), MLP 256, 2x2-pixel patches, windows of 2x2 merged patches, full
+// attention at block 1.
+ModelSpec Spec() {
+  ModelSpec s = testing::TinyVlSpec(3);
+  s.vision.hidden_size = 128;
+  s.vision.intermediate_size = 256;
+  s.vision.num_heads = 4;
+  return s;
+}
+
+// Two images of 32x32 pixels: 16x16 patches each, 512 patches in all.
+constexpr int64_t kImages = 2, kSide = 32;
+
+VisionInputs Images(const ModelSpec& s) {
+  const int64_t g = kSide / s.vision.patch_size;
+  VisionInputs in;
+  in.image_grid_thw = torch::tensor({int64_t{1}, g, g}, torch::kLong).repeat({kImages, 1});
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  in.pixel_values = torch::randn({kImages * g * g, s.vision.PatchDim()}, gen);
+  return in;
+}
+
+VisionParams Params(const ModelSpec& s, torch::ScalarType dtype, bool trains) {
+  VisionParams p = VisionParams::Shaped(s);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  for (size_t i = 0; i < p.tensors.size(); ++i) {
+    p.tensors[i] = (torch::randn(p.shapes[i], gen) * 0.05).to(dtype).requires_grad_(trains);
+  }
+  return p;
+}
+
+struct Measured {
+  int64_t saved = 0;           // left after the forward, the output excluded
+  int64_t forward_peak = 0;    // above the start
+  int64_t backward_extra = 0;  // backward's peak above its start, parameter gradients excluded
+};
+
+Measured Measure(const ModelSpec& s, torch::ScalarType dtype, bool trains) {
+  const VisionParams params = Params(s, dtype, trains);
+  const VisionInputs images = Images(s);
+  int64_t param_bytes = 0;
+  for (const torch::Tensor& t : params.tensors) param_bytes += t.nbytes();
+  Measured m;
+  std::unique_ptr<MemoryProbe> probe = MemoryProbe::Create(torch::kCPU);
+  torch::Tensor out = VisionTowerForward(s, params, images);
+  m.forward_peak = probe->PeakAllocatedBytes();
+  m.saved = probe->AllocatedBytes() - static_cast<int64_t>(out.nbytes());
+  if (trains) {
+    const torch::Tensor grad = torch::ones_like(out);
+    probe->ResetPeak();
+    const int64_t start = probe->AllocatedBytes();
+    torch::autograd::backward({out}, {grad});
+    m.backward_extra = probe->PeakAllocatedBytes() - start - param_bytes;
+  }
+  return m;
+}
+
+double Ratio(int64_t predicted, int64_t measured) {
+  return static_cast<double>(predicted) / static_cast<double>(measured);
+}
+
+class VisionMemoryTest : public ::testing::TestWithParam<DType> {};
+
+// A trained tower (full fine-tuning): the planner's saved bytes within 1 % of what autograd keeps
+// (equal to the byte here); its forward peak (the saved set and an upper bound of the rest) not
+// under and within 5 % (a 3-block tower: its transients weigh more than in a 32-block one); its backward peak above its start and the parameters' gradients (the
+// saved set shrinking as backward goes) under the planner's transient, which it adds to the whole
+// saved set.
+TEST_P(VisionMemoryTest, TrainedTowerKeepsWhatThePlannerCharges) {
+  const ModelSpec s = Spec();
+  const DType dtype = GetParam();
+  const VisionTowerCost predicted =
+      VisionTowerCostFor(s, kImages, kSide, kSide, dtype, /*trains=*/true);
+  const Measured m = Measure(s, [&] {
+    return dtype == DType::kFloat32 ? torch::kFloat32 : torch::kBFloat16;
+  }(), /*trains=*/true);
+  std::printf("%s trained: saved %lld predicted %lld; forward peak %lld predicted %lld; "
+              "backward %lld predicted %lld\n",
+              std::string(DTypeName(dtype)).c_str(), static_cast<long long>(m.saved),
+              static_cast<long long>(predicted.saved_bytes),
+              static_cast<long long>(m.forward_peak),
+              static_cast<long long>(predicted.saved_bytes + predicted.forward_transient_bytes),
+              static_cast<long long>(m.backward_extra),
+              static_cast<long long>(predicted.backward_transient_bytes));
+  EXPECT_NEAR(Ratio(predicted.saved_bytes, m.saved), 1.0, 0.01);
+  const double peak = Ratio(predicted.saved_bytes + predicted.forward_transient_bytes,
+                            m.forward_peak);
+  EXPECT_GE(peak, 1.0);
+  EXPECT_LE(peak, 1.05);
+  EXPECT_GE(predicted.backward_transient_bytes, m.backward_extra);
+}
+
+// A frozen tower (LoRA) keeps nothing: its output alone survives, and its peak is the planner's
+// transient within 1 % (equal to the byte here).
+TEST_P(VisionMemoryTest, FrozenTowerKeepsNothing) {
+  const ModelSpec s = Spec();
+  const DType dtype = GetParam();
+  const VisionTowerCost predicted =
+      VisionTowerCostFor(s, kImages, kSide, kSide, dtype, /*trains=*/false);
+  const Measured m = Measure(s, [&] {
+    return dtype == DType::kFloat32 ? torch::kFloat32 : torch::kBFloat16;
+  }(), /*trains=*/false);
+  std::printf("%s frozen: left %lld; forward peak %lld predicted %lld\n",
+              std::string(DTypeName(dtype)).c_str(), static_cast<long long>(m.saved),
+              static_cast<long long>(m.forward_peak),
+              static_cast<long long>(predicted.forward_transient_bytes));
+  EXPECT_EQ(predicted.saved_bytes, 0);
+  EXPECT_EQ(m.saved, 0);
+  EXPECT_NEAR(Ratio(predicted.forward_transient_bytes, m.forward_peak), 1.0, 0.01);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, VisionMemoryTest,
+                         ::testing::Values(DType::kFloat32, DType::kBFloat16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return info.param == DType::kFloat32 ? "fp32" : "bf16";
+                         });
+
+}  // namespace
+}  // namespace memplan
