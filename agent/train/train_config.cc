@@ -77,6 +77,11 @@ LoRA (adapters on a frozen base, as PEFT's LoraConfig):
                            adapter_model.safetensors); its r, lora_alpha and targets must match
   --save-adapter DIR       write the trained adapter in PEFT's format at the end
   --merge-export DIR       write a Hugging Face checkpoint with W + B A * A/R at the end
+OSFT (orthogonal subspace fine-tuning; docs/agent.md, "OSFT"):
+  --osft-rank-ratio R      split each targeted weight by SVD; the fraction R of its spectrum
+                           (the smallest singular directions) trains, the rest stays frozen;
+                           0 < R < 1. Unmanaged, one process, no --save/--resume yet
+  --osft-targets LIST|all  the projections split (default all)
   --plain                  no plan: plain autograd, no per-group Functions (the baseline)
 Residency plan (any chunk knob or --plan-file runs the chunk manager):
   --plan-file FILE         JSON plan (`memplan plan --json` output or a bare plan); its
@@ -201,6 +206,9 @@ absl::StatusOr<std::vector<BlockMode>> BlockModesFromCounts(int num_blocks, int 
 namespace {
 // LoRA-only flags need a rank, and a rank needs targets.
 absl::Status CheckLoraFlags(const TrainConfig& c);
+// OSFT: targets need a ratio; a ratio defaults the targets to all and refuses what OSFT cannot
+// run yet.
+absl::Status CheckOsftFlags(TrainConfig* c, bool targets_given);
 }  // namespace
 
 absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args) {
@@ -296,6 +304,12 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
       .NonEmptyString("--load-adapter", &c.load_adapter_dir)
       .NonEmptyString("--save-adapter", &c.save_adapter_dir)
       .NonEmptyString("--merge-export", &c.merge_export_dir)
+      .Double("--osft-rank-ratio", &c.osft.rank_ratio, DoubleRange{0, 1, true, true})
+      .Custom("--osft-targets",
+              [&c](absl::string_view v) -> absl::Status {
+                ASSIGN_OR_RETURN(c.osft.targets, ParseLoraTargetList("--osft-targets", v));
+                return absl::OkStatus();
+              })
       .Custom("--memory-limit",
               [&c](absl::string_view v) -> absl::Status {
                 if (v == "off") {
@@ -372,12 +386,35 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
   if (c.optimizer.has_value()) {
     RETURN_IF_ERROR(ResolveOptimizer(c, std::nullopt).status());
   }
+  RETURN_IF_ERROR(CheckOsftFlags(&c, flags.Given("--osft-targets")));
   // [LoRA resume settings] A LoRA checkpoint may supply the rank and targets.
   if (c.resume_dir.empty()) RETURN_IF_ERROR(CheckLoraFlags(c));
   return c;
 }
 
 namespace {
+absl::Status CheckOsftFlags(TrainConfig* c, bool targets_given) {
+  if (!c->osft.enabled()) {
+    return targets_given ? FlagError("--osft-targets", "needs --osft-rank-ratio (an OSFT run)")
+                         : absl::OkStatus();
+  }
+  if (!targets_given) c->osft.targets.assign(kLoraModuleNames.begin(), kLoraModuleNames.end());
+  // [OSFT] runs unmanaged in one process and writes no checkpoint yet.
+  for (const auto& [flag, set] : std::vector<std::pair<const char*, bool>>{
+           {"--lora-rank", c->lora.enabled()},
+           {"--plan-file", !c->plan_file.empty()},
+           {"--chunk-mib/--n-persist/--n-buffer", c->chunk_bytes || c->n_persist || c->n_buffer},
+           {"--save", !c->save_dir.empty()},
+           {"--resume", !c->resume_dir.empty()}}) {
+    if (set) {
+      return FlagError("--osft-rank-ratio",
+                       absl::StrCat("runs unmanaged in one process without checkpoints for now; "
+                                    "drop ", flag));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckLoraFlags(const TrainConfig& c) {
   if (!c.lora.enabled()) {
     for (const auto& [flag, set] :

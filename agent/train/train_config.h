@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "agent/client/record_json.h"
 #include "agent/model/lora_options.h"
+#include "agent/model/osft_options.h"
 #include "common/types.h"
 
 namespace memplan {
@@ -72,6 +73,9 @@ struct TrainConfig {
   LoraOptions lora;
   bool lora_alpha_given = false;  // --lora-alpha / --lora-dropout on the command line
   bool lora_dropout_given = false;
+  // OSFT (--osft-rank-ratio in (0, 1)): [OSFT] in agent/model/osft.h; targets default to all
+  // projections. Unmanaged, one process, no checkpoints yet.
+  OsftOptions osft;
   std::string load_adapter_dir;
   std::string save_adapter_dir;
   std::string merge_export_dir;

@@ -308,6 +308,10 @@ absl::Status TrainSession::ResolvePlan() {
     RETURN_IF_ERROR(ValidateLoraOptions(config_.lora, spec_, "--lora-"));
     model_options_.lora = config_.lora;
   }
+  if (config_.osft.enabled()) {
+    RETURN_IF_ERROR(ValidateOsftOptions(config_.osft, spec_));
+    model_options_.osft = config_.osft;
+  }
   // The plan: from the planner (--planner), or from the plan file and flags.
   if (!loop_.address.empty()) {
     RETURN_IF_ERROR(PlanFromPlanner());
