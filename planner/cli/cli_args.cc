@@ -46,7 +46,22 @@ void AddPlanFlags(FlagSet* flags, PlanOptions* o) {
       .Int(kSeqFlag, &o->seq_len)
       .Int("--world-size", &o->world_size, 1, kMaxWorldSize)
       .Int(kGradAccumFlag, &o->grad_accum)
-      .Switch("--grad-clipping", &o->grad_clipping);
+      .Switch("--grad-clipping", &o->grad_clipping)
+      .Int("--images-per-sample", &o->images_per_sample, 1, 1024)
+      .Custom("--image-size", [o](absl::string_view v) -> absl::Status {
+        // HEIGHTxWIDTH in pixels, each side in ValidateWorkload's [1, 65536].
+        const std::vector<absl::string_view> sides = absl::StrSplit(v, absl::ByAnyChar("xX"));
+        int64_t height = 0, width = 0;
+        if (sides.size() != 2 || !absl::SimpleAtoi(sides[0], &height) ||
+            !absl::SimpleAtoi(sides[1], &width) || height < 1 || width < 1 || height > 65536 ||
+            width > 65536) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "\"", v, "\": expected HEIGHTxWIDTH in pixels, each in [1, 65536], e.g. 448x448"));
+        }
+        o->image_height = height;
+        o->image_width = width;
+        return absl::OkStatus();
+      });
   AddNodeFlags(flags, &o->local_world_size, &o->host_memory_bytes);
   AddDTypeFlag(flags, "--dtype", &o->param_dtype);
   AddOptimizerFlag(flags, &o->optimizer);
@@ -214,6 +229,10 @@ absl::Status CheckJob(const PlanOptions& o, absl::string_view command) {
                                   o.world_size.value_or(1),
                                   " (the ranks of one node are among the job's ranks)"));
   }
+  if (o.images_per_sample.has_value() != (o.image_height > 0)) {
+    return FlagError(o.images_per_sample ? "--images-per-sample" : "--image-size",
+                     "--images-per-sample N and --image-size HEIGHTxWIDTH go together");
+  }
   if (o.training.kind == TrainingKind::kFull && !o.training.lora_target_modules.empty()) {
     return FlagError("--lora-targets", "needs --lora-rank");
   }
@@ -311,12 +330,15 @@ Workload PlanWorkload(const PlanOptions& o) {
   w.grad_accum = o.grad_accum.value_or(1);
   w.grad_clipping = o.grad_clipping;
   w.local_world_size = o.local_world_size.value_or(0);
+  w.images_per_sample = o.images_per_sample.value_or(0);
+  w.image_height = o.image_height;
+  w.image_width = o.image_width;
   return w;
 }
 
 bool HasWorkloadFlags(const PlanOptions& o) {
   return o.micro_batch || o.seq_len || o.world_size || o.local_world_size || o.grad_accum ||
-         o.grad_clipping;
+         o.grad_clipping || o.images_per_sample;
 }
 
 absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {

@@ -67,6 +67,11 @@ struct PlanOptions {
   std::optional<int64_t> host_memory_bytes;
   std::optional<int32_t> grad_accum;
   bool grad_clipping = false;  // --grad-clipping
+  // A vision-language model's images: --images-per-sample N with --image-size HEIGHTxWIDTH
+  // (pixels); both or neither.
+  std::optional<int32_t> images_per_sample;
+  int64_t image_height = 0;
+  int64_t image_width = 0;
   std::optional<DType> param_dtype;
   std::string optimizer = "adamw";
   TrainingMethod training;              // kFull unless --lora-rank (kQlora with --qlora)

@@ -5,6 +5,7 @@
 #include <iostream>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <utility>
 
@@ -14,6 +15,7 @@
 #include "common/flags.h"
 #include "common/grpc_credentials.h"
 #include "common/hf_config.h"
+#include "common/presets.h"
 #include "common/proto_convert.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
@@ -248,7 +250,19 @@ int RunPlan(Session& s, const PlanOptions& options) {
   if (!request.ok()) return s.UsageError(std::string(request.status().message()));
   v1::PlanResponse response;
   if (!s.Call("Plan", &v1::Planner::Stub::Plan, *request, &response)) return kExitRpcError;
-  return s.Print(response, [](const v1::PlanResponse& r) { return FormatPlanResponse(r); });
+  // A vision-language model's tower, from the spec the request names (a trace's is the trace's).
+  std::optional<ModelSpec> model;
+  if (request->has_arch()) model = ModelSpecFromProto(request->arch());
+  if (!options.arch_preset.empty()) model = FindModelPreset(options.arch_preset);
+  return s.Print(response, [&](const v1::PlanResponse& r) {
+    std::string text = FormatPlanResponse(r);
+    if (model && r.prediction().peak_bytes() > 0) {
+      absl::StrAppend(&text, FormatVisionTower(*model, PlanWorkload(options),
+                                               options.param_dtype.value_or(kDefaultDType),
+                                               options.training.kind == TrainingKind::kFull, r));
+    }
+    return text;
+  });
 }
 
 int RunTraceSubmit(Session& s, const std::string& path) {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "common/relative_error.h"
+#include "common/vision_cost.h"
 #include "planner/cli/text_table.h"
 
 namespace memplan::cli {
@@ -136,6 +137,46 @@ std::string CompressBlockModes(const google::protobuf::RepeatedField<int>& modes
 
 std::string FormatGiB(int64_t bytes) {
   return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / kGiB);
+}
+
+std::string FormatVisionTower(const ModelSpec& model, const Workload& w, DType dtype, bool trains,
+                              const v1::PlanResponse& response) {
+  if (!model.IsVisionLanguage() || w.images_per_sample < 1) return "";
+  const VisionTowerCost c = VisionTowerCostFor(model, w.micro_batch * w.images_per_sample,
+                                               w.image_height, w.image_width, dtype, trains);
+  const VisionGrid grid = VisionGridFor(model.vision, w.image_height, w.image_width);
+  const int64_t kept = c.pixel_bytes + c.saved_bytes;
+  // The tower's figures span bytes to gigabytes: MiB below one GiB.
+  auto size = [](int64_t bytes) {
+    return bytes < (int64_t{1} << 30)
+               ? absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20))
+               : FormatGiB(bytes);
+  };
+  std::string text = absl::StrFormat(
+      "Vision tower (with the embedding, group 0): %d x %dx%d px image per sample = %dx%d "
+      "patches; %d patches, %d image tokens per micro-batch\n"
+      "  weights             %s (%s parameters, in the embedding's chunks)\n"
+      "  kept to backward    %s (fp32 pixels %s%s)\n"
+      "  forward transient   %s (beside the token embeddings)\n"
+      "  compute             %.2f TFLOP forward%s per micro-batch\n",
+      w.images_per_sample, w.image_height, w.image_width, grid.rows, grid.cols, c.patches,
+      c.image_tokens, size(c.param_bytes), FormatCount(static_cast<double>(c.param_count)),
+      size(kept), size(c.pixel_bytes),
+      trains ? absl::StrCat(", trained: saved activations ", size(c.saved_bytes))
+             : std::string(", frozen: no saved activations"),
+      size(c.forward_transient_bytes), c.forward_flops / 1e12,
+      trains ? absl::StrFormat(", %.2f backward", c.backward_flops / 1e12) : std::string());
+  const int64_t peak = response.prediction().peak_bytes();
+  if (peak > 0) {
+    const double share =
+        static_cast<double>(c.param_bytes + kept + c.forward_transient_bytes) /
+        static_cast<double>(peak);
+    absl::StrAppendFormat(&text,
+                          "  share of the peak   at most %.1f %% of %s (weights if resident, "
+                          "what it keeps, its transient)\n",
+                          100.0 * share, FormatGiB(peak));
+  }
+  return text;
 }
 
 std::string FormatSeconds(double seconds) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/types.h"
 #include "google/protobuf/repeated_field.h"
 #include "memplan/v1/planner.pb.h"
 
@@ -24,6 +25,11 @@ std::string FormatKnobs(const v1::ResidencyPlan& plan);
 // The full answer to `memplan plan`: verdict, knobs, blocks, breakdown, predictions, limits and
 // the alternatives table.
 std::string FormatPlanResponse(const v1::PlanResponse& response);
+// A vision-language plan's vision tower: its images, weights, what it keeps and its transients
+// ([Vision tower price], common/vision_cost.h) and their share of the predicted peak; empty for
+// a model without a tower or a workload without images.
+std::string FormatVisionTower(const ModelSpec& model, const Workload& workload, DType dtype,
+                              bool trains, const v1::PlanResponse& response);
 std::string FormatPresets(const v1::ListPresetsResponse& presets, bool models, bool hardware);
 std::string FormatHardwareProfile(const v1::HardwareProfile& profile);
 std::string FormatTrace(const v1::Trace& trace);
