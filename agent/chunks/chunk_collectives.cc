@@ -154,6 +154,7 @@ void ChunkCollectives::StartStateReduceScatter(int c, torch::Tensor flat) {
   pending.flat = std::move(flat);
   pending.shard = torch::empty({set_.chunk(c).shard_elems}, pending.flat.options());
   pending.work = comm_->ReduceScatterSum(pending.shard, pending.flat);
+  state_reduce_bytes_ += static_cast<int64_t>(pending.flat.nbytes() + pending.shard.nbytes());
   pending_state_reduces_.push_back(std::move(pending));
 }
 
@@ -170,6 +171,7 @@ absl::Status ChunkCollectives::FinishStateReduces() {
     state_shard_(pending.chunk, pending.shard);
   }
   pending_state_reduces_.clear();
+  state_reduce_bytes_ = 0;
   return first;
 }
 
@@ -212,6 +214,7 @@ void ChunkCollectives::ResetStep() {
   }
   for (PendingReduce& pending : pending_state_reduces_) (void)pending.work->Wait();
   pending_state_reduces_.clear();
+  state_reduce_bytes_ = 0;
   for (PendingShardReduce& r : pending_shard_reduces_) {
     if (r.work) (void)r.work->Wait();
   }

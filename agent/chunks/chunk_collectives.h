@@ -107,6 +107,10 @@ class ChunkCollectives {
   // divides by W and reports StateShardFn.
   void StartStateReduceScatter(int c, torch::Tensor flat);
   absl::Status FinishStateReduces();
+  // Device bytes of the state reduce-scatters in flight (their fp32 flat inputs and fp32 shard
+  // outputs, as allocated): what the planner charges per stage (StateReduceScatterBytes,
+  // common/optimizer_bytes.h).
+  int64_t state_reduce_bytes() const { return state_reduce_bytes_; }
   // Finishes the state reduce-scatters, then the all-reduce in flight.
   absl::Status FinishPersistentReduce();
 
@@ -156,6 +160,7 @@ class ChunkCollectives {
   ChunkUploadStats stats_;
   std::optional<PendingReduce> pending_reduce_;
   std::vector<PendingReduce> pending_state_reduces_;
+  int64_t state_reduce_bytes_ = 0;  // of pending_state_reduces_
   std::vector<PendingShardReduce> pending_shard_reduces_;
 };
 

@@ -143,6 +143,11 @@ struct ChunkMemoryStats {
   // grads (one rank, something offloaded), allocated for the manager's life.
   int64_t grad_slot_device_bytes = 0;
   int64_t grads_from_slots = 0;  // offloaded grads staged to the host from a slot so far
+  // [State reduce-scatter per group] Sharded persistent state: per group, the device bytes of
+  // the persistent chunks' reduce-scatter buffers left in flight by its backward hook in the
+  // latest backward (held beside the next group's backward, after group 0 until the step), as
+  // allocated; empty before the first sharded backward.
+  std::vector<int64_t> state_reduce_device_bytes_by_group;
   int64_t host_pinned_bytes = 0;    // transfer buffers (params + grad staging) when pinned
   int64_t host_pageable_bytes = 0;  // everything else on the host (master, grad sum, moments)
   bool pinned_fallback = false;     // pinned was requested but pageable is used

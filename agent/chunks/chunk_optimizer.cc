@@ -177,6 +177,7 @@ void ChunkOptimizer::AddStats(ChunkMemoryStats& stats) const {
   stats.persistent_state_device_bytes = persistent_state_device_bytes_;
   stats.grad_slot_device_bytes = grad_slot_device_bytes_;
   stats.grads_from_slots = grads_from_slots_;
+  stats.state_reduce_device_bytes_by_group = state_reduce_by_group_;
 }
 
 int ChunkOptimizer::UpdatesStartedBeforeStep() const {
@@ -414,6 +415,9 @@ void ChunkOptimizer::PostBackwardSharded(int group) {
     if (!s.ok()) collectives_.FailCollective(s);
     ++reduces_in_backward_;
   }
+  // What stays in flight beside the next group's backward (or up to the step after group 0).
+  if (state_reduce_by_group_.empty()) state_reduce_by_group_.assign(set_.num_groups(), 0);
+  state_reduce_by_group_[group] = collectives_.state_reduce_bytes();
 }
 
 void ChunkOptimizer::OnShardStaged(const ChunkCollectives::ShardStaged& staged) {

@@ -192,6 +192,8 @@ class ChunkOptimizer {
   bool persistent_reduced_ = false;     // this step's persistent grads are all-reduced already
   int reduces_in_backward_ = 0;         // persistent all-reduces started in backward this step
   int reduces_beside_backward_ = 0;     // reduce-scatters finished at a later group's hook
+  // ChunkMemoryStats::state_reduce_device_bytes_by_group, per group (the latest step's).
+  std::vector<int64_t> state_reduce_by_group_;
   double last_grad_norm_ = 0;
   bool last_step_skipped_ = false;  // [Non-finite steps]
   bool overrun_ = false;  // grads arrived for a chunk whose update already started

@@ -6,9 +6,15 @@
 // optimizer, accumulation and world size: the figures the plan reports in
 // Prediction.rank_memory. World sizes 2 and 3 (3 does not divide most chunk sizes: padding), and
 // 1 in this process without a communicator.
+// [State reduce-scatter per group]: with sharded persistent state each rank also trains a step,
+// and the reduce-scatter buffers each group's backward hook leaves in flight (the fp32 flats and
+// shards, as allocated) must equal the planner's CostModel::PersistentReduceBytes for that stage,
+// byte for byte; those buffers are no part of the step-long GradStagingBytes (with every chunk
+// persistent: the gathered chunks only), where the planner once charged the largest stage's.
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -36,15 +42,25 @@ struct Row {
   int n_buffer = 0, n_persist = 0, world_size = 0;
   std::string fingerprint;
   int64_t gathered = 0;  // [Sharded persistent parameters]
+  std::vector<int64_t> reduce_by_group;  // [State reduce-scatter per group], after one step
 };
 
 std::map<std::string, Row> ParseRows(const std::string& text) {
   std::map<std::string, Row> rows;
-  std::istringstream in(text);
-  std::string name;
-  Row r;
-  while (in >> name >> r.persistent_device >> r.persistent_state >> r.buffer >> r.pinned >>
-         r.pageable >> r.n_buffer >> r.n_persist >> r.world_size >> r.fingerprint >> r.gathered) {
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream in(line);
+    std::string name;
+    Row r;
+    size_t groups = 0;
+    if (!(in >> name >> r.persistent_device >> r.persistent_state >> r.buffer >> r.pinned >>
+          r.pageable >> r.n_buffer >> r.n_persist >> r.world_size >> r.fingerprint >> r.gathered >>
+          groups)) {
+      continue;
+    }
+    r.reduce_by_group.resize(groups);
+    for (int64_t& bytes : r.reduce_by_group) in >> bytes;
     rows[name] = r;
   }
   return rows;
@@ -100,6 +116,19 @@ void ExpectPlannerPrices(const testing::MemoryCase& c, int world_size, const Row
   if (n_persist < cost->num_chunks()) {
     EXPECT_GT(got.pageable, 0);
   }
+  if (c.shard_state && world_size > 1) {
+    ASSERT_TRUE(cost->ShardsPersistentState());
+    ASSERT_EQ(got.reduce_by_group.size(), static_cast<size_t>(cost->num_blocks() + 2));
+    int64_t largest = 0;
+    for (int32_t g = 0; g < cost->num_blocks() + 2; ++g) {
+      EXPECT_EQ(got.reduce_by_group[g], cost->PersistentReduceBytes(g, n_persist)) << "group " << g;
+      largest = std::max(largest, got.reduce_by_group[g]);
+    }
+    EXPECT_GT(largest, 0);
+    if (n_persist == cost->num_chunks()) {
+      EXPECT_EQ(cost->GradStagingBytes(n_persist), got.gathered);
+    }
+  }
   if (grad_slots.has_value()) {
     EXPECT_EQ(*grad_slots, cost->GradSlotBytes(n_persist));
     // Every case offloads a block's chunk unless all of them are persistent.
@@ -137,7 +166,8 @@ TEST(ShardedMemoryTest, OneProcessAllocatesWhatThePlannerPrices) {
             s.n_persist,
             s.world_size,
             s.layout_fingerprint,
-            s.persistent_gather_device_bytes};
+            s.persistent_gather_device_bytes,
+            {}};
     ExpectPlannerPrices(c, 1, row, s.grad_slot_device_bytes);
   }
 }

@@ -2,7 +2,11 @@
 // loopback port): joins the Gloo group, creates a ChunkManager for every MemoryCase and writes
 // what it allocated (ChunkMemoryStats) to PATH, one line per case:
 //   name persistent_device persistent_state buffer host_pinned host_pageable n_buffer n_persist
-//   world_size fingerprint
+//   world_size fingerprint gathered G reduce_0 ... reduce_{G-1}
+// With sharded persistent state the case then trains one step (grad_accum micro-batches of
+// 1 x 16 tokens through the grouped model, no clipping) and reduce_g is what group g's backward
+// hook left in flight of the persistent chunks' reduce-scatter buffers
+// (ChunkMemoryStats::state_reduce_device_bytes_by_group); G = 0 otherwise.
 //   sharded_memory_worker PATH
 // Exit status: 0, or 1 with "rank R: <error>" on stderr.
 #include <cstdio>
@@ -10,6 +14,7 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "agent/chunks/chunk_manager.h"
 #include "agent/dist/process_group.h"
@@ -56,11 +61,27 @@ int Run(const std::string& path) {
     absl::StatusOr<std::unique_ptr<ChunkManager>> manager =
         ChunkManager::Create((*model)->ParamGroups(), options, group->get());
     if (!manager.ok()) return Fail(rank, manager.status());
+    std::vector<int64_t> reduce_by_group;
+    if (c.shard_state) {
+      torch::manual_seed(11 + rank);
+      const BlockModes modes(static_cast<size_t>(model_options.spec.num_layers), BlockMode::kNone);
+      for (int micro = 0; micro < c.grad_accum; ++micro) {
+        const int64_t vocab = model_options.spec.vocab_size;
+        const torch::Tensor ids = torch::randint(vocab, {1, 16}, torch::kLong);
+        const torch::Tensor targets = torch::randint(vocab, {1, 16}, torch::kLong);
+        (*model)->Loss(ids, targets, modes, manager->get()).backward();
+      }
+      if (const absl::Status st = (*manager)->Step(0.0); !st.ok()) return Fail(rank, st);
+      reduce_by_group = (*manager)->MemoryStats().state_reduce_device_bytes_by_group;
+    }
     const ChunkMemoryStats s = (*manager)->MemoryStats();
     out << c.name << ' ' << s.persistent_device_bytes << ' ' << s.persistent_state_device_bytes
         << ' ' << s.buffer_device_bytes << ' ' << s.host_pinned_bytes << ' '
         << s.host_pageable_bytes << ' ' << s.n_buffer << ' ' << s.n_persist << ' ' << s.world_size
-        << ' ' << s.layout_fingerprint << ' ' << s.persistent_gather_device_bytes << '\n';
+        << ' ' << s.layout_fingerprint << ' ' << s.persistent_gather_device_bytes << ' '
+        << reduce_by_group.size();
+    for (int64_t bytes : reduce_by_group) out << ' ' << bytes;
+    out << '\n';
   }
   out.close();
   return out ? 0 : Fail(rank, absl::InternalError("writing " + path));
