@@ -9,6 +9,7 @@
 namespace memplan::cli {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -361,7 +362,8 @@ TEST(CliArgsTest, HelpTextCoversEveryPlanFlag) {
                            "--n-ckpt",       "--n-hs-offload",
                            "--host-memory",  "--max-alternatives",
                            "--skip-limits",  "--gpus-per-node",
-                           "--local-world-size", "--host-memory-gib"}) {
+                           "--local-world-size", "--host-memory-gib",
+                           "--images-per-sample", "--image-size"}) {
     EXPECT_THAT(help, HasSubstr(flag));
   }
 }
@@ -480,6 +482,38 @@ TEST(CliArgsTest, CrossFlagRules) {
   EXPECT_THAT(ErrorOf({"trace", "get"}), HasSubstr("trace get: missing TRACE_ID"));
   EXPECT_THAT(ErrorOf({"plans", "get", "a", "b"}), HasSubstr("unexpected argument 'b'"));
   EXPECT_THAT(ErrorOf({"presets", "extra"}), HasSubstr("presets: unexpected argument 'extra'"));
+}
+
+// A vision-language model's images: both flags or neither, the size as HEIGHTxWIDTH in pixels.
+TEST(CliArgsTest, ImagesOfAVisionLanguageWorkload) {
+  auto inv = Parse({"plan", "--arch-file", "f", "--gpu", "g", "--images-per-sample", "2",
+                    "--image-size", "448x336"});
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  EXPECT_EQ(inv->plan.images_per_sample, 2);
+  const Workload w = PlanWorkload(inv->plan);
+  EXPECT_EQ(w.images_per_sample, 2);
+  EXPECT_EQ(w.image_height, 448);
+  EXPECT_EQ(w.image_width, 336);
+  EXPECT_TRUE(HasWorkloadFlags(inv->plan));
+  // Without them the workload is text only (the planner refuses it for a vision-language model).
+  auto text = Parse({"plan", "--arch-file", "f", "--gpu", "g"});
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(PlanWorkload(text->plan).images_per_sample, 0);
+  EXPECT_EQ(PlanWorkload(text->plan).image_height, 0);
+
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--images-per-sample", "1"}),
+              HasSubstr("--images-per-sample: --images-per-sample N and --image-size"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--image-size", "448x448"}),
+              HasSubstr("--image-size: --images-per-sample N and --image-size"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--images-per-sample", "0",
+                       "--image-size", "448x448"}),
+              HasSubstr("--images-per-sample"));
+  for (const char* size : {"448", "448x", "0x448", "448x70000", "axb", "448x448x3"}) {
+    EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--images-per-sample", "1",
+                         "--image-size", size}),
+                AllOf(HasSubstr("--image-size"), HasSubstr("[1, 65536]")))
+        << size;
+  }
 }
 
 TEST(ParseByteSizeTest, UnitsAndErrors) {

@@ -225,6 +225,18 @@ TEST_F(CliRunnerTest, PlanSendsEveryFlagAndPrintsTheTable) {
   EXPECT_EQ(r.err, "");
 }
 
+TEST_F(CliRunnerTest, ImagesTravelInTheWorkload) {
+  Result r = Run({"plan", "--arch", "llama-3.1-8b", "--gpu", "h100-80gb", "--images-per-sample",
+                  "3", "--image-size", "448x224", "--skip-limits"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const v1::PlanRequest req = fake_.last_plan();
+  EXPECT_EQ(req.workload().images_per_sample(), 3);
+  EXPECT_EQ(req.workload().image_height(), 448);
+  EXPECT_EQ(req.workload().image_width(), 224);
+  // A text model has no tower to print (the planner would refuse its images).
+  EXPECT_THAT(r.out, Not(HasSubstr("Vision tower")));
+}
+
 TEST_F(CliRunnerTest, TraceIdLeavesUnsetFieldsToTheTrace) {
   Result r = Run({"plan", "--trace-id", "trace-9", "--hardware-id", "hw-2"});
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "common/presets.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -273,6 +274,36 @@ TEST(FormattersTest, TraceAndHardwareProfile) {
   h.set_cpu_adam_update_params_per_second(1.25e9);
   EXPECT_THAT(FormatHardwareProfile(h),
               HasSubstr("CPU accumulate / update  4,500,000,000 / 1,250,000,000 params/s"));
+}
+
+// The vision tower below a vision-language plan: Qwen2.5-VL-7B's tower with one 448x448 image.
+TEST(FormattersTest, VisionTowerShare) {
+  ModelSpec m = *FindModelPreset("qwen2.5-7b");
+  m.family = "qwen2_5_vl";
+  m.vision.depth = 32;
+  m.vision.hidden_size = 1280;
+  m.vision.intermediate_size = 3420;
+  m.vision.num_heads = 16;
+  m.vision.out_hidden_size = m.hidden_size;
+  m.vision.fullatt_block_indexes = {7, 15, 23, 31};
+  Workload w;
+  w.seq_len = 2048;
+  w.images_per_sample = 1;
+  w.image_height = 448;
+  w.image_width = 448;
+  v1::PlanResponse r = SampleResponse();
+  r.mutable_prediction()->set_peak_bytes(20 * kGiB);
+  const std::string lora = FormatVisionTower(m, w, DType::kBFloat16, /*trains=*/false, r);
+  EXPECT_THAT(lora, AllOf(HasSubstr("32x32 patches; 1024 patches, 256 image tokens"),
+                          HasSubstr("1.26 GiB (676,550,144 parameters"),
+                          HasSubstr("fp32 pixels 4.6 MiB, frozen"), HasSubstr("of 20.00 GiB")));
+  const std::string full = FormatVisionTower(m, w, DType::kBFloat16, /*trains=*/true, r);
+  EXPECT_THAT(full, AllOf(HasSubstr("trained: saved activations 2.03 GiB"),
+                          HasSubstr("backward per micro-batch")));
+  // No images, or no tower: nothing.
+  w.images_per_sample = 0;
+  EXPECT_EQ(FormatVisionTower(m, w, DType::kBFloat16, false, r), "");
+  EXPECT_EQ(FormatVisionTower(*FindModelPreset("qwen2.5-7b"), w, DType::kBFloat16, false, r), "");
 }
 
 }  // namespace
