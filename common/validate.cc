@@ -287,7 +287,8 @@ absl::Status ValidateWorkload(const Workload& w, absl::string_view prefix) {
   if (auto s = CheckInt(prefix, "local_world_size", w.local_world_size, 0, w.world_size); !s.ok()) {
     return s;
   }
-  if (auto s = CheckInt(prefix, "images_per_sample", w.images_per_sample, 0, 1024); !s.ok()) {
+  if (auto s = CheckInt(prefix, "images_per_sample", w.images_per_sample, 0, kMaxImagesPerSample);
+      !s.ok()) {
     return s;
   }
   for (const auto& [field, pixels] : {std::pair<const char*, int64_t>{"image_height", w.image_height},

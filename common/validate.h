@@ -19,6 +19,8 @@ inline constexpr int64_t kMaxIntermediateSize = int64_t{1} << 20;
 inline constexpr int64_t kMaxExperts = 1024;  // routed experts per sparse layer
 inline constexpr int64_t kMaxVocabSize = int64_t{1} << 24;
 inline constexpr int64_t kMaxMicroBatch = int64_t{1} << 16;
+// A vision-language workload's images per sample (Workload::images_per_sample).
+inline constexpr int64_t kMaxImagesPerSample = 1024;
 inline constexpr int64_t kMaxSeqLen = int64_t{1} << 24;
 inline constexpr int32_t kMaxWorldSize = 1 << 16;
 inline constexpr int32_t kMaxGradAccum = 1 << 16;

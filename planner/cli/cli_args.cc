@@ -47,7 +47,7 @@ void AddPlanFlags(FlagSet* flags, PlanOptions* o) {
       .Int("--world-size", &o->world_size, 1, kMaxWorldSize)
       .Int(kGradAccumFlag, &o->grad_accum)
       .Switch("--grad-clipping", &o->grad_clipping)
-      .Int("--images-per-sample", &o->images_per_sample, 1, 1024)
+      .Int("--images-per-sample", &o->images_per_sample, 1, kMaxImagesPerSample)
       .Custom("--image-size", [o](absl::string_view v) -> absl::Status {
         // HEIGHTxWIDTH in pixels, each side in ValidateWorkload's [1, 65536].
         const std::vector<absl::string_view> sides = absl::StrSplit(v, absl::ByAnyChar("xX"));

@@ -321,6 +321,17 @@ absl::StatusOr<int64_t> MaxTokens(const PlanInputs& in, const PlanSearch& search
     Workload w = in.workload;
     w.micro_batch = 1;
     w.seq_len = tokens;
+    if (w.images_per_sample > 0) {
+      // [Vision tower price] The tower's bytes follow the images, not the tokens: the probe
+      // carries the images of as many samples as the tokens hold (what a larger micro-batch
+      // brings), and never fewer than the workload's own (what a longer sequence keeps).
+      const Workload& w0 = in.workload;
+      const int64_t samples =
+          std::max(w0.micro_batch, (tokens + w0.seq_len - 1) / std::max<int64_t>(w0.seq_len, 1));
+      const int64_t images = samples * w0.images_per_sample;
+      if (images > kMaxImagesPerSample) return kNever;  // beyond what the planner models
+      w.images_per_sample = static_cast<int32_t>(images);
+    }
     absl::StatusOr<Trace> trace = TraceFor(in, w);
     if (!trace.ok()) {
       // Too large to model is too large to fit; other errors are real.

@@ -8,6 +8,7 @@
 #include "common/vision_cost.h"
 #include "gtest/gtest.h"
 #include "planner/cost/analytic_trace.h"
+#include "planner/core/plan_engine.h"
 #include "planner/cost/cost_model.h"
 
 namespace memplan {
@@ -207,6 +208,36 @@ TEST(VisionTraceTest, TowerFlopsByHand) {
       VisionTowerCostFor(Qwen25Vl7b(), 2, 450, 440, DType::kBFloat16, /*trains=*/false);
   EXPECT_EQ(odd.patches, 2 * 34 * 32);
   EXPECT_EQ(odd.pixel_bytes, 2 * 34 * 32 * kPatchDim * 4);
+}
+
+// The limits follow the images: the largest micro-batch brings its samples' images (2.03 GiB of
+// saved activations each when the tower trains), and a plan at that micro-batch fits while one
+// more sample does not.
+TEST(VisionTraceTest, LargestMicroBatchCountsItsImages) {
+  PlanInputs in;
+  in.arch = Qwen25Vl7b();
+  in.hardware = *FindHardwarePreset("h200");
+  in.workload = OneImage448();
+  absl::StatusOr<PlanOutcome> one = MakePlan(in);
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_TRUE(one->fits) << one->reason;
+  const int64_t max_batch = one->max_micro_batch;
+  ASSERT_GT(max_batch, 1);
+  in.skip_limits = true;
+  in.workload.micro_batch = max_batch;
+  absl::StatusOr<PlanOutcome> at = MakePlan(in);
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_TRUE(at->fits) << at->reason;
+  in.workload.micro_batch = max_batch + 1;
+  absl::StatusOr<PlanOutcome> above = MakePlan(in);
+  ASSERT_TRUE(above.ok()) << above.status();
+  EXPECT_FALSE(above->fits) << "micro-batch " << max_batch + 1;
+  // The longest sequence keeps one image per sample (the probe counts at least that many).
+  in.workload.micro_batch = 1;
+  in.workload.seq_len = one->max_seq_len;
+  absl::StatusOr<PlanOutcome> longest = MakePlan(in);
+  ASSERT_TRUE(longest.ok()) << longest.status();
+  EXPECT_TRUE(longest->fits) << longest->reason;
 }
 
 }  // namespace
