@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/Parallel.h>
+
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "agent/chunks/adamw8bit_torch.h"
@@ -627,6 +629,12 @@ absl::Status ChunkStateIO::LoadRanges(const ChunkManager::RangeReader& read, boo
     };
     int64_t in_flight = 0;
     int next_read = 0;
+    // [Reader threads] A new thread starts with OpenMP's default team size, which torchrun sets
+    // to 1 (OMP_NUM_THREADS): the readers' torch work (drawing a synthetic value by segments,
+    // converting it, quantizing it on the CPU) would run on one core each, and with the
+    // read-ahead budget holding one or two large weights at a time, a synthetic 32 B base took
+    // minutes to load. Each reader gets this thread's team size (the rank's --cpu-threads).
+    const int torch_threads = at::get_num_threads();
     auto read_ahead = [&] {
       while (next_read < set_.num_params() &&
              static_cast<int>(ahead.size()) < std::max(parallel_reads, 1)) {
@@ -636,8 +644,12 @@ absl::Status ChunkStateIO::LoadRanges(const ChunkManager::RangeReader& read, boo
         const Param& q = set_.param(next_read++);
         const OwnedRange rq = set_.Stored(q);
         ahead.push_back({std::async(parallel_reads > 1 ? std::launch::async : std::launch::deferred,
-                                    [&param_part, &q, rq]() -> absl::StatusOr<torch::Tensor> {
+                                    [&param_part, &q, rq,
+                                     torch_threads]() -> absl::StatusOr<torch::Tensor> {
                                       if (rq.len == 0) return torch::Tensor();
+                                      if (at::get_num_threads() != torch_threads) {
+                                        at::set_num_threads(torch_threads);
+                                      }
                                       return param_part(q, rq);
                                     }),
                          bytes});

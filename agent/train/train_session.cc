@@ -285,9 +285,10 @@ absl::Status TrainSession::PrepareDevice() {
         .Field("backend", std::string(DistBackendName(group_->backend())))
         .Field("device", device_.str());
   }
-  if (world_size_ > 1 && at::get_num_threads() < cpu_threads_) {
-    // torchrun sets OMP_NUM_THREADS=1 for every rank; a rank's CPU share is --cpu-threads (its
-    // torch CPU ops ran single-threaded: 3x slower steps measured on 2 H200s, docs/benchmarks.md).
+  if (at::get_num_threads() < cpu_threads_) {
+    // torchrun sets OMP_NUM_THREADS=1 for every rank (one rank too); a rank's CPU share is
+    // --cpu-threads (its torch CPU ops ran single-threaded: 3x slower steps measured on 2 H200s,
+    // docs/benchmarks.md).
     at::set_num_threads(cpu_threads_);
   }
   return absl::OkStatus();
