@@ -178,6 +178,40 @@ SparseLayerTerms SparseLayerMemory(const ModelSpec& arch, int64_t d, int64_t tok
   return s;
 }
 
+// The embedding group's activation bytes: the lookup, and a vision-language model's tower with
+// its images ([Vision tower price]): the tower runs in this group (LlamaModel::EmbedInputs), its
+// pixel values and saved set live to the group's backward, and its transients come on top of the
+// token embeddings.
+struct EmbeddingBytes {
+  int64_t saved = 0;
+  int64_t forward_transient = 0;
+  int64_t backward_transient = 0;
+};
+
+EmbeddingBytes EmbeddingMemory(const ModelSpec& arch, const Workload& workload, DType dtype,
+                               bool full) {
+  const int64_t d = DTypeBytes(dtype);
+  const int64_t tokens = workload.micro_batch * workload.seq_len;
+  const int64_t embeds = tokens * arch.hidden_size * d;
+  // The lookup keeps only the int64 ids; its output is the first block's input.
+  EmbeddingBytes b{full ? tokens * 8 : 0, embeds, full ? tokens * arch.hidden_size * (d + 4) : 0};
+  if (!arch.IsVisionLanguage() || workload.images_per_sample < 1) return b;
+  const VisionTowerCost tower =
+      VisionTowerCostFor(arch, workload.micro_batch * workload.images_per_sample,
+                         workload.image_height, workload.image_width, dtype, full);
+  // A trained embedding's masked_scatter keeps the image-token mask (one bool per token).
+  b.saved += tower.pixel_bytes + tower.saved_bytes + (full ? tokens : 0);
+  // Then the scatter: the token embeddings, the tower's output, the mask and the result.
+  b.forward_transient = std::max({b.forward_transient, embeds + tower.forward_transient_bytes,
+                                  2 * embeds + tower.output_bytes + tokens});
+  if (full) {
+    // The scatter's backward: the embeddings' gradient beside the incoming one, then the tower's.
+    b.backward_transient = std::max(
+        b.backward_transient, 2 * embeds + tower.output_bytes + tower.backward_transient_bytes);
+  }
+  return b;
+}
+
 }  // namespace
 
 absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& workload,
@@ -418,11 +452,12 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
     b.recompute_seconds = b.forward_seconds;
   }
 
-  // Embedding: the lookup keeps only the int64 ids; its output is the first block's input.
+  // Embedding (and a vision tower): EmbeddingMemory.
+  const EmbeddingBytes embedding = EmbeddingMemory(arch, workload, param_dtype, full);
   trace.embedding.param_bytes = embed_params * d;
-  trace.embedding.saved_bytes = full ? tokens * 8 : 0;
-  trace.embedding.forward_transient_bytes = tokens * h * d;
-  trace.embedding.backward_transient_bytes = full ? tokens * h * (d + 4) : 0;
+  trace.embedding.saved_bytes = embedding.saved;
+  trace.embedding.forward_transient_bytes = embedding.forward_transient;
+  trace.embedding.backward_transient_bytes = embedding.backward_transient;
   trace.embedding.forward_seconds = 2.0 * t * static_cast<double>(h * d) / hbm_rate;
   trace.embedding.backward_seconds =
       full ? (2.0 * t * static_cast<double>(h * (d + 4)) + static_cast<double>(embed_params * d)) /
@@ -430,27 +465,13 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
            : 0.0;
   int64_t vision_params = 0;
   if (arch.IsVisionLanguage()) {
-    // [Vision tower price] The tower runs in the embedding's group (LlamaModel::EmbedInputs):
-    // its weights are packed with the embedding ([Parameter order]), its pixel values and saved
-    // set live to that group's backward, and its transients come on top of the token embeddings.
+    // [Vision tower price] Its weights are packed with the embedding ([Parameter order]); its
+    // bytes are in EmbeddingMemory; its time at the matmul and memory rates like the blocks'.
     const VisionTowerCost tower =
         VisionTowerCostFor(arch, workload.micro_batch * workload.images_per_sample,
                            workload.image_height, workload.image_width, param_dtype, full);
     vision_params = tower.param_count;
-    const int64_t embeds = tokens * h * d;
     trace.embedding.param_bytes += tower.param_bytes;
-    // A trained embedding's masked_scatter keeps the image-token mask (one bool per token).
-    trace.embedding.saved_bytes += tower.pixel_bytes + tower.saved_bytes + (full ? tokens : 0);
-    // Then the scatter: the token embeddings, the tower's output, the mask and the result.
-    trace.embedding.forward_transient_bytes =
-        std::max({trace.embedding.forward_transient_bytes, embeds + tower.forward_transient_bytes,
-                  2 * embeds + tower.output_bytes + tokens});
-    if (full) {
-      // The scatter's backward: the embeddings' gradient beside the incoming one, then the tower's.
-      trace.embedding.backward_transient_bytes =
-          std::max(trace.embedding.backward_transient_bytes,
-                   2 * embeds + tower.output_bytes + tower.backward_transient_bytes);
-    }
     trace.embedding.forward_seconds +=
         tower.forward_flops / matmul_rate + tower.forward_traffic_bytes / hbm_rate;
     trace.embedding.backward_seconds +=
@@ -563,6 +584,25 @@ Trace ScaleTraceToWorkload(const Trace& trace, const Workload& workload) {
     out.head.backward_transient_bytes = rebase(trace.head.backward_transient_bytes,
                                                was.backward_transient, now.backward_transient);
     out.forward_end_bytes += out.head.saved_bytes - scaled_saved;
+
+    // [Vision tower price] A vision tower's bytes follow the images (micro_batch x
+    // images_per_sample), not the tokens: the embedding group is rebased the same way.
+    if (trace.arch.IsVisionLanguage() && trace.workload.images_per_sample > 0 &&
+        workload.images_per_sample > 0 && ValidateWorkload(workload, "").ok()) {
+      const EmbeddingBytes emb_was =
+          EmbeddingMemory(trace.arch, trace.workload, trace.param_dtype, full);
+      const EmbeddingBytes emb_now = EmbeddingMemory(trace.arch, workload, trace.param_dtype, full);
+      const int64_t scaled_emb_saved = out.embedding.saved_bytes;
+      out.embedding.saved_bytes =
+          rebase(trace.embedding.saved_bytes, emb_was.saved, emb_now.saved);
+      out.embedding.forward_transient_bytes =
+          rebase(trace.embedding.forward_transient_bytes, emb_was.forward_transient,
+                 emb_now.forward_transient);
+      out.embedding.backward_transient_bytes =
+          rebase(trace.embedding.backward_transient_bytes, emb_was.backward_transient,
+                 emb_now.backward_transient);
+      out.forward_end_bytes += out.embedding.saved_bytes - scaled_emb_saved;
+    }
 
     // [Sequence-tiled MLP] A block keeps its MLP's intermediates only where the MLP runs whole:
     // crossing the tiling threshold moves them in or out of every block's saved bytes (the

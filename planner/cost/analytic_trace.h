@@ -23,7 +23,9 @@ struct AnalyticTraceOptions {
 // fills them for a chosen chunk size. INVALID_ARGUMENT names the offending field (a mixture of
 // experts with QLoRA or adapters on its MLP included, as the agent refuses them). A mixture of
 // experts' sparse layers (ModelSpec::IsMoeLayer) get their own BlockTrace, priced with every
-// expert's weights and the top-k routed activations.
+// expert's weights and the top-k routed activations. A vision-language model needs its images
+// in the workload (INVALID_ARGUMENT naming workload.images_per_sample otherwise); its vision
+// tower is priced in the embedding's stage, where the agent runs it (common/vision_cost.h).
 absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& workload,
                                       DType param_dtype, const TrainingMethod& training,
                                       const HardwareSpec& hardware,
@@ -31,7 +33,9 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
 
 // Rescales a (profiled) trace to another micro-batch / sequence length: every activation byte
 // figure and every time scales linearly in tokens (micro_batch * seq_len); parameter bytes stay,
-// and so does QLoRA's dequantization transient (one weight copy, common/nf4_bytes.h).
+// and so does QLoRA's dequantization transient (one weight copy, common/nf4_bytes.h). A vision
+// tower's bytes follow the images instead (the embedding group rebased on its formula); its
+// time still scales with the tokens.
 // Used for limit probes when no architecture-driven re-synthesis is possible.
 Trace ScaleTraceToWorkload(const Trace& trace, const Workload& workload);
 

@@ -210,6 +210,32 @@ TEST(VisionTraceTest, TowerFlopsByHand) {
   EXPECT_EQ(odd.pixel_bytes, 2 * 34 * 32 * kPatchDim * 4);
 }
 
+// A trace scaled to another workload carries the tower of that workload's images: the embedding
+// group's bytes equal a synthesis there, whether the micro-batch (and so the images) or only the
+// sequence grows.
+TEST(VisionTraceTest, ScaledTraceFollowsTheImages) {
+  for (const TrainingMethod& training : {TrainingMethod{}, Lora()}) {
+    absl::StatusOr<Trace> base = Synth(Qwen25Vl7b(), OneImage448(), training);
+    ASSERT_TRUE(base.ok()) << base.status();
+    for (const auto& [batch, seq] : {std::pair<int64_t, int64_t>{2, 2048}, {1, 4096}}) {
+      Workload w = OneImage448();
+      w.micro_batch = batch;
+      w.seq_len = seq;
+      SCOPED_TRACE(testing::Message() << batch << "x" << seq << " kind "
+                                      << static_cast<int>(training.kind));
+      const Trace scaled = ScaleTraceToWorkload(*base, w);
+      absl::StatusOr<Trace> direct = Synth(Qwen25Vl7b(), w, training);
+      ASSERT_TRUE(direct.ok()) << direct.status();
+      EXPECT_EQ(scaled.embedding.saved_bytes, direct->embedding.saved_bytes);
+      EXPECT_EQ(scaled.embedding.forward_transient_bytes,
+                direct->embedding.forward_transient_bytes);
+      EXPECT_EQ(scaled.embedding.backward_transient_bytes,
+                direct->embedding.backward_transient_bytes);
+      EXPECT_EQ(scaled.forward_end_bytes, direct->forward_end_bytes);
+    }
+  }
+}
+
 // The limits follow the images: the largest micro-batch brings its samples' images (2.03 GiB of
 // saved activations each when the tower trains), and a plan at that micro-batch fits while one
 // more sample does not.
