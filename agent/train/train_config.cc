@@ -602,7 +602,8 @@ absl::StatusOr<RunPlan> ResolveRunPlan(const TrainConfig& c, int num_blocks,
     run.shard_persistent_state = file->shard_persistent_state;
     run.shard_persistent_params = file->shard_persistent_params;
   }
-  if (world_size > 1) run.managed = true;
+  // [OSFT across ranks] (trainer.cc): the model replicated, unmanaged, on every rank.
+  if (world_size > 1 && !c.osft.enabled()) run.managed = true;
   if (c.chunk_bytes || c.n_persist || c.n_buffer) run.managed = true;
   // adamw8bit's state lives in the chunk manager only.
   if (c.optimizer == OptimizerKind::kAdamW8bit) run.managed = true;

@@ -126,8 +126,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
         absl::StrCat("trainer: max_consecutive_nonfinite_skips = ",
                      options.max_consecutive_nonfinite_skips, " is outside [0, 2^31)"));
   }
+  // [OSFT across ranks] replicates the whole model instead of sharding it.
   if (options.communicator != nullptr && options.communicator->world_size() > 1 &&
-      !options.managed) {
+      !options.managed && !model->has_osft()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "trainer: world size ", options.communicator->world_size(),
         " needs a managed run (the chunk manager shards the parameters); unmanaged runs are one "
@@ -350,7 +351,10 @@ absl::StatusOr<double> Trainer::ForwardBackward(const std::vector<MicroBatch>& m
       loss_sum = loss_sum.defined() ? loss_sum + loss : loss;
     }
     // [OSFT] Linear in the gradients: once on the accumulated sum, before clipping and the update.
-    if (model_->has_osft()) model_->ProjectOsftGrads();
+    if (model_->has_osft()) {
+      if (distributed()) RETURN_IF_ERROR(AllReduceOsftGrads());
+      model_->ProjectOsftGrads();
+    }
     if (distributed()) {
       torch::Tensor total =
           loss_sum.to(torch::kFloat64).reshape({1}).to(options_.communicator->device());
@@ -362,6 +366,31 @@ absl::StatusOr<double> Trainer::ForwardBackward(const std::vector<MicroBatch>& m
     if (offloader_) offloader_->ClearAll();
     return FromTorch(e, "trainer: forward/backward failed");
   }
+}
+
+// [OSFT across ranks] Every rank holds the whole model (the frozen factors and the low ones) and
+// takes the same update: the low factors' gradients, all of them flattened into one buffer, are
+// summed in a single all-reduce per step and divided by the world size, the mean the chunk
+// managers' reductions take ([Data parallel loss] weights each rank's loss for it). The
+// projection that follows is local: U_high and V_high are the same on every rank.
+absl::Status Trainer::AllReduceOsftGrads() {
+  Communicator& comm = *options_.communicator;
+  std::vector<torch::Tensor> grads;
+  for (const NamedParam& p : params_) {
+    if (!p.param.grad().defined()) p.param.mutable_grad() = torch::zeros_like(p.param);
+    grads.push_back(p.param.grad());
+  }
+  std::vector<torch::Tensor> flat;
+  for (const torch::Tensor& g : grads) flat.push_back(g.reshape({-1}));
+  torch::Tensor all = torch::cat(flat).to(comm.device());
+  RETURN_IF_ERROR(comm.AllReduceSum(all)->Wait());
+  all.div_(comm.world_size());
+  int64_t offset = 0;
+  for (torch::Tensor& g : grads) {
+    g.copy_(all.narrow(0, offset, g.numel()).view_as(g));
+    offset += g.numel();
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<double>> Trainer::LossWeights(

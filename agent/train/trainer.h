@@ -169,6 +169,8 @@ class Trainer {
   }
   // [Data parallel loss]: per micro-batch, this rank's share of the targets the ranks score.
   absl::StatusOr<std::vector<double>> LossWeights(const std::vector<MicroBatch>& micro_batches);
+  // [OSFT across ranks] in trainer.cc: the low factors' gradients averaged in one all-reduce.
+  absl::Status AllReduceOsftGrads();
   void FusedBf16AdamWStep();  // unmanaged adamw_bf16
   // [Non-finite steps] The update of a step whose mean loss is `loss`, unless something is
   // non-finite: `nonfinite` says what ("" when all is finite), `applied` whether the parameters

@@ -415,6 +415,33 @@ TEST(TrainDistributedTest, ShardedLoadingReadsOnlyEachRanksPartOfTheCheckpoint) 
   std::filesystem::remove_all(model);
 }
 
+// [OSFT across ranks] (agent/train/trainer.cc): each rank holds the whole model, the low factors'
+// gradients are averaged in one all-reduce per step; 2 ranks x 2 rows train like 1 process x 4
+// rows (clipped, 3 steps: the later losses read the updated factors).
+TEST(TrainDistributedTest, OsftTwoRanksTrainLikeOneProcess) {
+  const std::string base = absl::StrCat(::testing::TempDir(), "/train_distributed_osft_", getpid());
+  auto osft = [](int batch) {
+    std::vector<std::string> args = {MEMPLAN_AGENT_BINARY, "train", "--arch", "llama-tiny",
+                                     "--device", "cpu", "--batch", std::to_string(batch), "--seq",
+                                     "32", "--steps", "3", "--lr", "1e-2", "--clip", "1.0",
+                                     "--synthetic-data", "--cpu-threads", "1",
+                                     "--osft-rank-ratio", "0.5", "--osft-targets",
+                                     "q_proj,v_proj,gate_proj,down_proj"};
+    return args;
+  };
+  const std::vector<double> expected = StepLosses(RunRanks(osft(4), 1, base + ".single"));
+  ASSERT_EQ(expected.size(), 3u);
+  const std::vector<std::string> logs = RunEveryRank(osft(2), 2, base + ".two");
+  if (absl::StrContains(logs[0], "no Gloo process group")) GTEST_SKIP() << logs[0];
+  EXPECT_THAT(logs[0], HasSubstr("managed=0"));
+  const std::vector<double> got = StepLosses(logs[0]);
+  ASSERT_EQ(got.size(), 3u) << logs[0];
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], expected[i], 1e-5 * std::abs(expected[i])) << "step " << i + 1;
+  }
+  EXPECT_NE(got[2], got[0]);
+}
+
 TEST(TrainDistributedTest, WhatSeveralRanksDoNotRunYetIsRefusedNamingTheFlag) {
   const std::string base = absl::StrCat(::testing::TempDir(), "/train_distributed_bad_", getpid());
   std::vector<std::string> args = TrainArgs(2);
