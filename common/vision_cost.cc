@@ -96,19 +96,16 @@ VisionTowerCost VisionTowerCostFor(const ModelSpec& model, int64_t images, int64
   // Attention: the norm output, qkv, q rotated, and k's rotation (fp32 input, x·cos,
   // rotate_half(x), its product with sin, their sum, the cast); later the norm output, qkv, q, k,
   // the windows' outputs, their concatenation and the projection.
-  const double attn_peak =
-      Max({(5.0 * dd + f32_copy + 16.0 + cast) * hv, 9.0 * dd * hv});
+  const double attn_peak = Max({(5.0 * dd + f32_copy + 16.0 + cast) * hv, 9.0 * dd * hv});
   // SwiGLU: the norm output, SiLU(gate), up, their product and the down projection.
   const double mlp_peak = 2.0 * dd * hv + 3.0 * dd * iv;
   const double block_peak = Max({norm_peak, attn_peak, mlp_peak, 3.0 * dd * hv});
   // Merger: its norm; the first linear beside its input; GELU and the second linear beside the
   // first's output; the output and its copy back in image order, with the inverse order.
   const double merger_peak = Max({n * norm_peak, n * 2.0 * dd * hv,
-                                  n * 2.0 * dd * hv + nm * ho * dd,
-                                  2.0 * nm * ho * dd + index});
-  const double frozen_peak =
-      Max({embed_stage, permute_stage, tables_stage,
-           v.depth > 0 ? base + n * block_peak : 0.0, base + merger_peak});
+                                  n * 2.0 * dd * hv + nm * ho * dd, 2.0 * nm * ho * dd + index});
+  const double frozen_peak = Max({embed_stage, permute_stage, tables_stage,
+                                  v.depth > 0 ? base + n * block_peak : 0.0, base + merger_peak});
   c.forward_transient_bytes = Bytes(frozen_peak);
   if (trains) {
     // Most of a trained tower's transients are saved: beyond its saved set it holds, at the end,
@@ -145,11 +142,11 @@ VisionTowerCost VisionTowerCostFor(const ModelSpec& model, int64_t images, int64
   const double full_blocks = static_cast<double>(v.fullatt_block_indexes.size());
   const double window_blocks = depth - full_blocks;
   // Scores and weighted values, 4·Hv per query-key pair; windows never cross images.
-  const double window_pairs = u * u *
-                              SquaredWindowSides(grid.rows / v.spatial_merge_size, span) *
+  const double window_pairs = u * u * SquaredWindowSides(grid.rows / v.spatial_merge_size, span) *
                               SquaredWindowSides(grid.cols / v.spatial_merge_size, span);
-  const double attn_flops = static_cast<double>(images) * 4.0 * hv *
-                            (window_blocks * window_pairs + full_blocks * rows * cols * rows * cols);
+  const double attn_flops =
+      static_cast<double>(images) * 4.0 * hv *
+      (window_blocks * window_pairs + full_blocks * rows * cols * rows * cols);
   const double block_linear = 2.0 * (4.0 * hv * hv + 3.0 * hv * iv);
   const double linear_flops = n * (depth * block_linear) + nm * 2.0 * (hm * hm + hm * ho);
   const double patch_flops = n * 2.0 * p * hv;

@@ -168,9 +168,8 @@ std::string FormatVisionTower(const ModelSpec& model, const Workload& w, DType d
       trains ? absl::StrFormat(", %.2f backward", c.backward_flops / 1e12) : std::string());
   const int64_t peak = response.prediction().peak_bytes();
   if (peak > 0) {
-    const double share =
-        static_cast<double>(c.param_bytes + kept + c.forward_transient_bytes) /
-        static_cast<double>(peak);
+    const double share = static_cast<double>(c.param_bytes + kept + c.forward_transient_bytes) /
+                         static_cast<double>(peak);
     absl::StrAppendFormat(&text,
                           "  share of the peak   at most %.1f %% of %s (weights if resident, "
                           "what it keeps, its transient)\n",

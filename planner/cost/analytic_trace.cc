@@ -593,8 +593,7 @@ Trace ScaleTraceToWorkload(const Trace& trace, const Workload& workload) {
           EmbeddingMemory(trace.arch, trace.workload, trace.param_dtype, full);
       const EmbeddingBytes emb_now = EmbeddingMemory(trace.arch, workload, trace.param_dtype, full);
       const int64_t scaled_emb_saved = out.embedding.saved_bytes;
-      out.embedding.saved_bytes =
-          rebase(trace.embedding.saved_bytes, emb_was.saved, emb_now.saved);
+      out.embedding.saved_bytes = rebase(trace.embedding.saved_bytes, emb_was.saved, emb_now.saved);
       out.embedding.forward_transient_bytes =
           rebase(trace.embedding.forward_transient_bytes, emb_was.forward_transient,
                  emb_now.forward_transient);

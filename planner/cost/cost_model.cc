@@ -233,9 +233,10 @@ void CostModel::PrecomputeBlocks() {
         trace_.arch.IsVisionLanguage()
             ? VisionTowerParamCount(trace_.arch) * DTypeBytes(trace_.param_dtype)
             : 0;
-    const int64_t embedding_bytes = std::max<int64_t>(0, trace_.embedding.param_bytes - tower_bytes);
-    vocab_slack_ = embedding_bytes + (trace_.arch.tie_word_embeddings ? embedding_bytes
-                                                                      : trace_.head.param_bytes);
+    const int64_t embedding_bytes =
+        std::max<int64_t>(0, trace_.embedding.param_bytes - tower_bytes);
+    vocab_slack_ = embedding_bytes +
+                   (trace_.arch.tie_word_embeddings ? embedding_bytes : trace_.head.param_bytes);
   }
 
   // Range-max tables over V_mode(j) (see ModeValue).

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "agent/model/layers.h"
 #include "agent/model/vision_tower.h"
 #include "agent/profiler/memory_probe.h"
 #include "common/vision_cost.h"
@@ -85,28 +86,26 @@ class VisionMemoryTest : public ::testing::TestWithParam<DType> {};
 
 // A trained tower (full fine-tuning): the planner's saved bytes within 1 % of what autograd keeps
 // (equal to the byte here); its forward peak (the saved set and an upper bound of the rest) not
-// under and within 5 % (a 3-block tower: its transients weigh more than in a 32-block one); its backward peak above its start and the parameters' gradients (the
-// saved set shrinking as backward goes) under the planner's transient, which it adds to the whole
-// saved set.
+// under and within 5 % (a 3-block tower: its transients weigh more than in a 32-block one); its
+// backward peak above its start and the parameters' gradients (the saved set shrinking as backward
+// goes) under the planner's transient, which it adds to the whole saved set.
 TEST_P(VisionMemoryTest, TrainedTowerKeepsWhatThePlannerCharges) {
   const ModelSpec s = Spec();
   const DType dtype = GetParam();
   const VisionTowerCost predicted =
       VisionTowerCostFor(s, kImages, kSide, kSide, dtype, /*trains=*/true);
-  const Measured m = Measure(s, [&] {
-    return dtype == DType::kFloat32 ? torch::kFloat32 : torch::kBFloat16;
-  }(), /*trains=*/true);
-  std::printf("%s trained: saved %lld predicted %lld; forward peak %lld predicted %lld; "
-              "backward %lld predicted %lld\n",
-              std::string(DTypeName(dtype)).c_str(), static_cast<long long>(m.saved),
-              static_cast<long long>(predicted.saved_bytes),
-              static_cast<long long>(m.forward_peak),
-              static_cast<long long>(predicted.saved_bytes + predicted.forward_transient_bytes),
-              static_cast<long long>(m.backward_extra),
-              static_cast<long long>(predicted.backward_transient_bytes));
+  const Measured m = Measure(s, ToScalarType(dtype), /*trains=*/true);
+  std::printf(
+      "%s trained: saved %lld predicted %lld; forward peak %lld predicted %lld; "
+      "backward %lld predicted %lld\n",
+      std::string(DTypeName(dtype)).c_str(), static_cast<long long>(m.saved),
+      static_cast<long long>(predicted.saved_bytes), static_cast<long long>(m.forward_peak),
+      static_cast<long long>(predicted.saved_bytes + predicted.forward_transient_bytes),
+      static_cast<long long>(m.backward_extra),
+      static_cast<long long>(predicted.backward_transient_bytes));
   EXPECT_NEAR(Ratio(predicted.saved_bytes, m.saved), 1.0, 0.01);
-  const double peak = Ratio(predicted.saved_bytes + predicted.forward_transient_bytes,
-                            m.forward_peak);
+  const double peak =
+      Ratio(predicted.saved_bytes + predicted.forward_transient_bytes, m.forward_peak);
   EXPECT_GE(peak, 1.0);
   EXPECT_LE(peak, 1.05);
   EXPECT_GE(predicted.backward_transient_bytes, m.backward_extra);
@@ -119,9 +118,7 @@ TEST_P(VisionMemoryTest, FrozenTowerKeepsNothing) {
   const DType dtype = GetParam();
   const VisionTowerCost predicted =
       VisionTowerCostFor(s, kImages, kSide, kSide, dtype, /*trains=*/false);
-  const Measured m = Measure(s, [&] {
-    return dtype == DType::kFloat32 ? torch::kFloat32 : torch::kBFloat16;
-  }(), /*trains=*/false);
+  const Measured m = Measure(s, ToScalarType(dtype), /*trains=*/false);
   std::printf("%s frozen: left %lld; forward peak %lld predicted %lld\n",
               std::string(DTypeName(dtype)).c_str(), static_cast<long long>(m.saved),
               static_cast<long long>(m.forward_peak),

@@ -7,8 +7,8 @@
 #include "common/validate.h"
 #include "common/vision_cost.h"
 #include "gtest/gtest.h"
-#include "planner/cost/analytic_trace.h"
 #include "planner/core/plan_engine.h"
+#include "planner/cost/analytic_trace.h"
 #include "planner/cost/cost_model.h"
 
 namespace memplan {
@@ -71,10 +71,10 @@ constexpr int64_t kHv = 1280, kIv = 3420, kHeads = 16, kHeadDim = 80, kPatchDim 
 constexpr int64_t kLmHidden = 3584;
 // Patch embedding; per block two norms, qkv and proj with biases, SwiGLU with biases; merger
 // (its norm, 5120 -> 5120 and 5120 -> 3584 with biases).
-constexpr int64_t kBlockParams =
-    2 * kHv + (3 * kHv * kHv + 3 * kHv) + (kHv * kHv + kHv) + 2 * (kIv * kHv + kIv) + kHv * kIv + kHv;
-constexpr int64_t kTowerParams = kHv * kPatchDim + 32 * kBlockParams + kHv +
-                                 (4 * kHv) * (4 * kHv) + 4 * kHv + kLmHidden * 4 * kHv + kLmHidden;
+constexpr int64_t kBlockParams = 2 * kHv + (3 * kHv * kHv + 3 * kHv) + (kHv * kHv + kHv) +
+                                 2 * (kIv * kHv + kIv) + kHv * kIv + kHv;
+constexpr int64_t kTowerParams = kHv * kPatchDim + 32 * kBlockParams + kHv + (4 * kHv) * (4 * kHv) +
+                                 4 * kHv + kLmHidden * 4 * kHv + kLmHidden;
 constexpr int64_t kPixelBytes = kPatches * kPatchDim * 4;  // fp32 on the device
 
 TEST(VisionTraceTest, TowerParametersAreThePublishedCount) {
@@ -95,8 +95,7 @@ TEST(VisionTraceTest, WithoutImagesRefusedNamingTheField) {
   absl::StatusOr<Trace> t = Synth(Qwen25Vl7b(), w, Lora());
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(t.status().message().find("workload.images_per_sample is required"),
-            std::string::npos)
+  EXPECT_NE(t.status().message().find("workload.images_per_sample is required"), std::string::npos)
       << t.status();
   // A size outside the allowed range names the field and the range.
   w = OneImage448();
@@ -154,8 +153,7 @@ TEST(VisionTraceTest, LoraAddsTheTowerToTheEmbeddingGroupOnly) {
       with->MakeResidencyPlan(with->num_chunks(), 0, ModeCounts{}, HostMemoryKind::kPinned));
   const Prediction b = without->Predict(
       without->MakeResidencyPlan(without->num_chunks(), 0, ModeCounts{}, HostMemoryKind::kPinned));
-  const int64_t weights =
-      a.breakdown.persistent_chunks_bytes - b.breakdown.persistent_chunks_bytes;
+  const int64_t weights = a.breakdown.persistent_chunks_bytes - b.breakdown.persistent_chunks_bytes;
   EXPECT_GE(weights, kTowerParams * 2);
   EXPECT_LT(weights, kTowerParams * 2 + chunk);
   EXPECT_EQ(a.breakdown.activations_bytes - b.breakdown.activations_bytes, kPixelBytes);
@@ -183,8 +181,7 @@ TEST(VisionTraceTest, FullFineTuningKeepsTheTowersActivations) {
       VisionTowerCostFor(Qwen25Vl7b(), 1, 448, 448, DType::kBFloat16, /*trains=*/true);
   EXPECT_EQ(tower.saved_bytes, saved);
   // With the scatter's image-token mask (a bool per token).
-  EXPECT_EQ(vl->embedding.saved_bytes - text->embedding.saved_bytes,
-            kPixelBytes + saved + kTokens);
+  EXPECT_EQ(vl->embedding.saved_bytes - text->embedding.saved_bytes, kPixelBytes + saved + kTokens);
   EXPECT_EQ(vl->forward_end_bytes - text->forward_end_bytes, kPixelBytes + saved + kTokens);
   EXPECT_GT(vl->embedding.backward_seconds, text->embedding.backward_seconds);
   EXPECT_GT(vl->embedding.backward_transient_bytes, text->embedding.backward_transient_bytes);
@@ -221,8 +218,8 @@ TEST(VisionTraceTest, ScaledTraceFollowsTheImages) {
       Workload w = OneImage448();
       w.micro_batch = batch;
       w.seq_len = seq;
-      SCOPED_TRACE(testing::Message() << batch << "x" << seq << " kind "
-                                      << static_cast<int>(training.kind));
+      SCOPED_TRACE(testing::Message()
+                   << batch << "x" << seq << " kind " << static_cast<int>(training.kind));
       const Trace scaled = ScaleTraceToWorkload(*base, w);
       absl::StatusOr<Trace> direct = Synth(Qwen25Vl7b(), w, training);
       ASSERT_TRUE(direct.ok()) << direct.status();
