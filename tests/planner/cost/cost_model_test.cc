@@ -637,6 +637,12 @@ TEST(StepTimeTest, PersistentReduceBuffersCountOnlyPersistentChunks) {
   // The embedding stage's buffers, larger than any block's, come at the end of backward: beside
   // every persistent grad shard but no activation.
   EXPECT_GE(cms->GradPhaseRawBytes(chunks), cms->PersistentReduceBytes(0, chunks));
+  for (const ModeCounts counts : {ModeCounts{}, ModeCounts{0, 0, 3}}) {  // the search's table
+    const CostModel::BackwardGradsByPersist table = cms->BackwardGradsTable(counts);
+    for (int32_t n = 0; n <= chunks; ++n) {
+      EXPECT_EQ(table.At(n), cms->BackwardGradsRawBytes(counts, n)) << n;
+    }
+  }
 }
 
 TEST(StepTimeTest, ClippingRunsTheCpuOptimizerAfterBackward) {

@@ -122,6 +122,9 @@ TEST(PlanSearchTest, MatchesBruteForceOnSmallModels) {
         hw.cpu_adam_update_params_per_second =
             hw.cpu_adam_params_per_second * (1.0 + 0.1 * static_cast<double>(extra() % 4));
       }
+      // Several ranks: the persistent state (and parameters) sharded where it can be.
+      options.shard_persistent_state = extra() % 2 == 0;
+      options.shard_persistent_params = options.shard_persistent_state && extra() % 2 == 0;
     }
     const std::vector<int64_t> chunks = {uni(40, 80) * kMiB, uni(81, 200) * kMiB};
     auto search = PlanSearch::Create(trace, hw, options, chunks);
