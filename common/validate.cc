@@ -278,6 +278,23 @@ absl::Status CheckSequenceLength(const ModelSpec& m, int64_t seq_len) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateImagesForModel(const ModelSpec& m, const Workload& w,
+                                    absl::string_view arch_prefix,
+                                    absl::string_view workload_prefix) {
+  if (!m.IsVisionLanguage() && w.images_per_sample > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        workload_prefix, "images_per_sample = ", w.images_per_sample, ": ", arch_prefix,
+        "family = ", Quote(m.family), " has no vision tower"));
+  }
+  if (m.IsVisionLanguage() && w.images_per_sample == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        workload_prefix, "images_per_sample is required for the vision-language ", arch_prefix,
+        "family = ", Quote(m.family), ", with ", workload_prefix, "image_height and image_width "
+        "(pixels): a plan without them would count the language model only"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateWorkload(const Workload& w, absl::string_view prefix) {
   if (auto s = CheckInt(prefix, "micro_batch", w.micro_batch, 1, kMaxMicroBatch); !s.ok()) return s;
   if (auto s = CheckInt(prefix, "seq_len", w.seq_len, 1, kMaxSeqLen); !s.ok()) return s;

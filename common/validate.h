@@ -79,6 +79,12 @@ absl::Status ValidateModelSpec(const ModelSpec& m, absl::string_view prefix);
 // length beyond the window is fine: the agent computes sliding-window attention exactly.
 absl::Status CheckSequenceLength(const ModelSpec& m, int64_t seq_len);
 absl::Status ValidateWorkload(const Workload& w, absl::string_view prefix);
+// A workload's images against the model: a vision-language model (ModelSpec::IsVisionLanguage)
+// needs images_per_sample >= 1 (never priced as text only), a text model takes none.
+// INVALID_ARGUMENT names `workload_prefix`images_per_sample.
+absl::Status ValidateImagesForModel(const ModelSpec& m, const Workload& w,
+                                    absl::string_view arch_prefix,
+                                    absl::string_view workload_prefix);
 // Also bounds h.name (CheckName).
 absl::Status ValidateHardwareSpec(const HardwareSpec& h, absl::string_view prefix);
 // Mixtures of experts train fully or with adapters on the attention projections only: QLoRA and

@@ -96,6 +96,7 @@ absl::Status ValidateInputs(const PlanInputs& in) {
   RETURN_IF_ERROR(ValidateHardwareSpec(in.hardware, "hardware."));
   RETURN_IF_ERROR(ValidateWorkload(in.workload, "workload."));
   RETURN_IF_ERROR(ValidateTrainingMethod(in.training, in.arch, "training."));
+  RETURN_IF_ERROR(ValidateImagesForModel(in.arch, in.workload, "arch.", "workload."));
   RETURN_IF_ERROR(CheckSafetyMargin("safety_margin", in.safety_margin));
   if (in.max_alternatives < 0 || in.max_alternatives > kMaxAlternatives) {
     return OutOfRange("max_alternatives", in.max_alternatives, 0, kMaxAlternatives);
@@ -200,7 +201,10 @@ absl::Status CheckMagnitude(const Trace& t) {
 absl::StatusOr<Trace> TraceFor(const PlanInputs& in, const Workload& workload) {
   if (in.profiled_trace) {
     const Trace& t = *in.profiled_trace;
-    if (t.workload.micro_batch == workload.micro_batch && t.workload.seq_len == workload.seq_len) {
+    if (t.workload.micro_batch == workload.micro_batch && t.workload.seq_len == workload.seq_len &&
+        t.workload.images_per_sample == workload.images_per_sample &&
+        t.workload.image_height == workload.image_height &&
+        t.workload.image_width == workload.image_width) {
       Trace out = t;
       out.workload.world_size = workload.world_size;
       out.workload.grad_accum = workload.grad_accum;
@@ -468,6 +472,8 @@ absl::Status ValidateTrace(const Trace& t, absl::string_view prefix) {
   RETURN_IF_ERROR(CheckName(p + "arch.name", t.arch.name));
   RETURN_IF_ERROR(ValidateWorkload(t.workload, p + "workload."));
   RETURN_IF_ERROR(ValidateTrainingMethod(t.training, t.arch, p + "training."));
+  // A vision-language profile without an image never ran the tower: it would under-count.
+  RETURN_IF_ERROR(ValidateImagesForModel(t.arch, t.workload, p + "arch.", p + "workload."));
   RETURN_IF_ERROR(CheckName(p + "hardware_name", t.hardware_name));
   RETURN_IF_ERROR(CheckId(p + "trace_id", t.trace_id));
   if (static_cast<int64_t>(t.blocks.size()) != t.arch.num_layers) {

@@ -221,17 +221,7 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   RETURN_IF_ERROR(ValidateModelSpec(arch, "arch."));
   RETURN_IF_ERROR(ValidateWorkload(workload, "workload."));
   RETURN_IF_ERROR(ValidateTrainingMethod(training, arch, "training."));
-  if (!arch.IsVisionLanguage() && workload.images_per_sample > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "workload.images_per_sample = ", workload.images_per_sample, ": arch.family = \"",
-        arch.family, "\" has no vision tower"));
-  }
-  if (arch.IsVisionLanguage() && workload.images_per_sample == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "workload.images_per_sample is required for the vision-language arch.family = \"",
-        arch.family, "\", with workload.image_height and image_width (pixels): a plan without "
-        "them would count the language model only"));
-  }
+  RETURN_IF_ERROR(ValidateImagesForModel(arch, workload, "arch.", "workload."));
   if (!(options.matmul_efficiency > 0 && options.matmul_efficiency <= 1) ||
       !(options.hbm_efficiency > 0 && options.hbm_efficiency <= 1)) {
     return absl::InvalidArgumentError("analytic efficiencies must be in (0, 1]");

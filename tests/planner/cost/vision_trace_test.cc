@@ -233,6 +233,48 @@ TEST(VisionTraceTest, ScaledTraceFollowsTheImages) {
   }
 }
 
+// A profile of a vision-language model without an image never ran the tower: refused. A plan
+// made from a profile with one image for a workload of two carries the second image's bytes; a
+// text-only workload for it is refused.
+TEST(VisionTraceTest, ProfilesAndPlansCarryTheirImages) {
+  absl::StatusOr<Trace> profile = Synth(Qwen25Vl7b(), OneImage448(), Lora());
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  profile->analytic = false;
+  EXPECT_TRUE(ValidateTrace(*profile, "trace.").ok()) << ValidateTrace(*profile, "trace.");
+  Trace text_profile = *profile;
+  text_profile.workload.images_per_sample = 0;
+  text_profile.workload.image_height = text_profile.workload.image_width = 0;
+  const absl::Status refused = ValidateTrace(text_profile, "trace.");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("trace.workload.images_per_sample is required"),
+            std::string::npos)
+      << refused;
+
+  PlanInputs in;
+  in.arch = Qwen25Vl7b();
+  in.profiled_trace = *profile;
+  in.hardware = *FindHardwarePreset("h200");
+  in.workload = OneImage448();
+  in.training = Lora();
+  in.skip_limits = true;
+  absl::StatusOr<PlanOutcome> one = MakePlan(in);
+  in.workload.images_per_sample = 2;
+  absl::StatusOr<PlanOutcome> two = MakePlan(in);
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->trace_used.embedding.saved_bytes - one->trace_used.embedding.saved_bytes,
+            kPixelBytes);
+  EXPECT_GT(two->trace_used.embedding.forward_transient_bytes,
+            one->trace_used.embedding.forward_transient_bytes);
+  in.workload.images_per_sample = 0;
+  in.workload.image_height = in.workload.image_width = 0;
+  absl::StatusOr<PlanOutcome> text = MakePlan(in);
+  ASSERT_FALSE(text.ok());
+  EXPECT_NE(text.status().message().find("workload.images_per_sample is required"),
+            std::string::npos)
+      << text.status();
+}
+
 // The limits follow the images: the largest micro-batch brings its samples' images (2.03 GiB of
 // saved activations each when the tower trains), and a plan at that micro-batch fits while one
 // more sample does not.
