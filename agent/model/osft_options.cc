@@ -13,16 +13,6 @@ bool OsftOptions::Targets(absl::string_view module) const {
   return std::find(targets.begin(), targets.end(), module) != targets.end();
 }
 
-OsftRanks OsftSplitRanks(int64_t out_features, int64_t in_features, double rank_ratio) {
-  const int64_t r = std::min(out_features, in_features);
-  OsftRanks ranks;
-  if (r < 2) return ranks;
-  const auto frozen = static_cast<int64_t>(std::floor((1.0 - rank_ratio) * static_cast<double>(r)));
-  ranks.high = std::clamp<int64_t>(frozen, 1, r - 1);
-  ranks.low = r - ranks.high;
-  return ranks;
-}
-
 absl::Status ValidateOsftOptions(const OsftOptions& osft, const ModelSpec& spec,
                                  absl::string_view prefix) {
   if (!(osft.rank_ratio > 0 && osft.rank_ratio < 1)) {

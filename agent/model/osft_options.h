@@ -10,28 +10,21 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "common/osft_cost.h"  // OsftSplitRanks, the rank rule the planner prices
 #include "common/types.h"
 
 namespace memplan {
 
 struct OsftOptions {
   // The fraction of each weight's spectrum that trains (mini_trainer's unfreeze_rank_ratio):
-  // 0 = no OSFT; (0, 1) = OSFT, OsftSplitRanks() says how many directions each part keeps.
+  // 0 = no OSFT; (0, 1) = OSFT, OsftSplitRanks() (common/osft_cost.h) says how many
+  // directions each part keeps.
   double rank_ratio = 0;
   std::vector<std::string> targets;  // subset of kLoraModuleNames (agent/model/lora_options.h)
 
   bool enabled() const { return rank_ratio > 0; }
   bool Targets(absl::string_view module) const;
 };
-
-// The split of a [out, in] weight, r = min(out, in): the frozen part keeps the
-// high = clamp(floor((1 - rank_ratio) * r), 1, r - 1) largest singular directions, the trainable
-// part the low = r - high others.
-struct OsftRanks {
-  int64_t high = 0;
-  int64_t low = 0;
-};
-OsftRanks OsftSplitRanks(int64_t out_features, int64_t in_features, double rank_ratio);
 
 // Range checks (rank_ratio in (0, 1), known targets, none repeated, at least one; dense decoder
 // projections only: no mixture-of-experts MLP, no vision tower); errors name `prefix` + the field.

@@ -80,7 +80,8 @@ LoRA (adapters on a frozen base, as PEFT's LoraConfig):
 OSFT (orthogonal subspace fine-tuning; docs/agent.md, "OSFT"):
   --osft-rank-ratio R      split each targeted weight by SVD; the fraction R of its spectrum
                            (the smallest singular directions) trains, the rest stays frozen;
-                           0 < R < 1. Unmanaged, one process, no --save/--resume yet
+                           0 < R < 1. Unmanaged (under torchrun each rank holds the whole
+                           model); no plan, --save or --resume yet
   --osft-targets LIST|all  the projections split (default all)
   --plain                  no plan: plain autograd, no per-group Functions (the baseline)
 Residency plan (any chunk knob or --plan-file runs the chunk manager):
@@ -408,8 +409,7 @@ absl::Status CheckOsftFlags(TrainConfig* c, bool targets_given) {
            {"--resume", !c->resume_dir.empty()}}) {
     if (set) {
       return FlagError("--osft-rank-ratio",
-                       absl::StrCat("runs unmanaged in one process without checkpoints for now; "
-                                    "drop ", flag));
+                       absl::StrCat("runs unmanaged without checkpoints for now; drop ", flag));
     }
   }
   return absl::OkStatus();

@@ -74,7 +74,7 @@ struct TrainConfig {
   bool lora_alpha_given = false;  // --lora-alpha / --lora-dropout on the command line
   bool lora_dropout_given = false;
   // OSFT (--osft-rank-ratio in (0, 1)): [OSFT] in agent/model/osft.h; targets default to all
-  // projections. Unmanaged, one process, no checkpoints yet.
+  // projections. Unmanaged (each rank holds the whole model), no checkpoints yet.
   OsftOptions osft;
   std::string load_adapter_dir;
   std::string save_adapter_dir;

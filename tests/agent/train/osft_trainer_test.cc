@@ -10,6 +10,7 @@
 
 #include "agent/model/osft.h"
 #include "agent/train/trainer.h"
+#include "common/osft_cost.h"
 #include "tests/agent/tiny_spec.h"
 
 namespace memplan {
@@ -184,6 +185,34 @@ TEST(OsftTrainer, StepsUpdateOnlyTheLowFactorsWithProjectedGradients) {
   for (size_t i = 0; i < after.size(); ++i) {
     EXPECT_FALSE(torch::equal(after[i].param, before[i].param)) << after[i].name;
   }
+}
+
+// The planner's price (common/osft_cost.h) counts what the agent holds after the split.
+TEST(OsftTrainer, PlannerCountsAreTheModelsAfterTheSplit) {
+  LlamaModelOptions o = OsftModelOptions(
+      {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}, "qwen2");
+  o.osft.rank_ratio = 0.3;
+  auto model = LlamaModel::Create(o);
+  ASSERT_TRUE(model.ok()) << model.status();
+  TrainerOptions options;
+  options.grad_accum = 2;
+  auto trainer = Trainer::Create(model->get(), options);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  OsftWorkload w;
+  w.rank_ratio = o.osft.rank_ratio;
+  w.targets = o.osft.targets;
+  w.dtype_bytes = 4;
+  auto cost = EstimateOsftCost(o.spec, w);
+  ASSERT_TRUE(cost.ok()) << cost.status();
+  int64_t frozen = 0, trainable = 0;
+  for (const NamedParam& p : (*model)->Params()) frozen += p.param.numel();
+  for (const NamedParam& p : (*model)->TrainableParams()) trainable += p.param.numel();
+  EXPECT_EQ(frozen, cost->frozen_params);
+  EXPECT_EQ(trainable, cost->trainable_params);
+  ASSERT_TRUE((*trainer)->ForwardBackward(Batches(2)).ok());
+  int64_t grad_bytes = 0;
+  for (const NamedParam& g : (*trainer)->Grads()) grad_bytes += g.param.numel() * 4;
+  EXPECT_EQ(grad_bytes, cost->grad_bytes);
 }
 
 TEST(OsftOptions, RefusesWhatItCannotRun) {

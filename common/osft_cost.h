@@ -1,0 +1,67 @@
+// OSFT (orthogonal subspace fine-tuning) as the agent runs it, torch-free: the rank split of a
+// weight (the one rule agent/model/osft.h and the planner share) and the price of a run — the
+// parameter counts and device bytes of its model states, the load-time SVD peak, the factorized
+// projections' FLOPs against the dense ones, the gradient projection's FLOPs, the all-reduce bytes.
+// The agent replaces each targeted projection W [out, in] (r = min(out, in)) by U [out, r],
+// S [r], V [in, r] split at the rank ratio, and trains unmanaged: every rank holds the whole model
+// (docs/cost-model.md, "OSFT"). Pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/types.h"
+
+namespace memplan {
+
+// The split of a [out, in] weight, r = min(out, in): the frozen part keeps the
+// high = clamp(floor((1 - rank_ratio) * r), 1, r - 1) largest singular directions, the trainable
+// part the low = r - high others (rank_ratio: the fraction of the spectrum that trains).
+struct OsftRanks {
+  int64_t high = 0;
+  int64_t low = 0;
+};
+OsftRanks OsftSplitRanks(int64_t out_features, int64_t in_features, double rank_ratio);
+
+struct OsftWorkload {
+  double rank_ratio = 0.5;
+  std::vector<std::string> targets;  // kLoraModules names (common/lora_shapes.h)
+  int64_t dtype_bytes = 2;           // the model dtype: parameters, factors, gradients
+  OptimizerKind optimizer = OptimizerKind::kAdamW;  // adamw, adamw_bf16 or sgd (unmanaged)
+  int world_size = 1;
+};
+
+struct OsftCost {
+  int64_t dense_params = 0;      // the model before the split
+  int64_t frozen_params = 0;     // high factors + every untargeted parameter
+  int64_t trainable_params = 0;  // low factors (U, S, V)
+  // Device bytes per rank: parameters, the low factors' gradients, the optimizer's state (torch
+  // AdamW on the parameters: exp_avg and exp_avg_sq in the model dtype; SGD none).
+  int64_t frozen_bytes = 0;
+  int64_t trainable_bytes = 0;
+  int64_t grad_bytes = 0;
+  int64_t optimizer_state_bytes = 0;
+  int64_t model_state_bytes = 0;  // the four above
+  // Load: the dense model is loaded, then split one weight at a time (its fp32 copy, U, S, Vᵀ
+  // and the sign-fixed U, V in fp32 beside it; LAPACK's workspace not counted): the highest
+  // device bytes of that sequence.
+  int64_t load_peak_bytes = 0;
+  // Per token, every block's targeted projections: forward FLOPs factorized and dense, and the
+  // backward's (input gradient through every factor, weight gradient of the low ones only).
+  double forward_flops_per_token = 0;
+  double dense_forward_flops_per_token = 0;
+  double backward_flops_per_token = 0;
+  // Per step: projecting dU_low and dV_low (2 thin products each, per target).
+  double projection_flops_per_step = 0;
+  // Per step with world_size > 1: one all-reduce of every low gradient (bytes of the buffer).
+  int64_t allreduce_bytes_per_step = 0;
+};
+
+// INVALID_ARGUMENT for a rank ratio outside (0, 1), an unknown or repeated target, a
+// mixture-of-experts or vision model (dense decoders only, as the agent) or adamw8bit (it runs in
+// the chunk manager, which OSFT does not use).
+absl::StatusOr<OsftCost> EstimateOsftCost(const ModelSpec& model, const OsftWorkload& workload);
+
+}  // namespace memplan
