@@ -70,6 +70,30 @@ ModelSpec MixtralModel(std::string name, int64_t hidden, int64_t layers, int64_t
   return m;
 }
 
+// Qwen2.5-VL as its config.json publishes it: Qwen2.5's language model (qkv biases, M-RoPE in
+// sections 16/24/24 of the 64 rotary frequencies) and a 32-block vision tower of width 1280
+// (windows of 112 pixels, full attention at blocks 7, 15, 23, 31).
+ModelSpec Qwen25VlModel(std::string name, int64_t hidden, int64_t layers, int64_t heads,
+                        int64_t kv_heads, int64_t intermediate, int64_t vocab, bool tie) {
+  ModelSpec m = Model(std::move(name), "qwen2_5_vl", hidden, layers, heads, kv_heads,
+                      intermediate, vocab, tie, 128, 1000000);
+  m.qkv_bias = true;
+  m.max_position_embeddings = 128000;
+  m.image_token_id = 151655;
+  m.video_token_id = 151656;
+  m.vision_start_token_id = 151652;
+  m.vision_end_token_id = 151653;
+  m.mrope_section = {16, 24, 24};
+  VisionSpec& v = m.vision;
+  v.depth = 32;
+  v.hidden_size = 1280;
+  v.intermediate_size = 3420;
+  v.num_heads = 16;
+  v.out_hidden_size = hidden;
+  v.fullatt_block_indexes = {7, 15, 23, 31};
+  return m;
+}
+
 // Llama 3.1 / 3.2 checkpoints extend their 8192-token pre-training context with llama3 RoPE
 // scaling (factor 8 for 3.1, 32 for 3.2), as their config.json files say.
 ModelSpec WithLlama3Rope(ModelSpec m, double factor) {
@@ -116,6 +140,8 @@ std::vector<ModelSpec> BuildModelPresets() {
       Model("mistral-7b", "mistral", 4096, 32, 32, 8, 14336, 32768, false, 128, 1000000),
       Qwen3MoeModel("qwen3-30b-a3b", 2048, 48, 32, 4, 6144, 128, 8, 768),
       MixtralModel("mixtral-8x7b", 4096, 32, 32, 8, 14336, 8, 2),
+      // Planned with its images (workload.images_per_sample and the image size).
+      Qwen25VlModel("qwen2.5-vl-7b", 3584, 28, 28, 4, 18944, 152064, false),
   };
 }
 

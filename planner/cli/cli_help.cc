@@ -108,8 +108,8 @@ Output:
 
 Example:
   memplan plan --arch llama-3.1-8b --gpu h100-80gb --batch 1 --seq 4096
-  memplan plan --arch-file scripts/configs/qwen2.5-vl-7b --gpu h100-80gb --seq 2048 \
-      --images-per-sample 1 --image-size 448x448 --lora-rank 16 --lora-targets q_proj,v_proj
+  memplan plan --arch qwen2.5-vl-7b --gpu rtx-4090 --seq 2048 --images-per-sample 1 \
+      --image-size 448x448 --lora-rank 16 --lora-targets q_proj,k_proj,v_proj,o_proj
 )";
 
 constexpr char kTrace[] = R"(Usage: memplan trace submit FILE

@@ -1,7 +1,9 @@
 // ParseHfConfigJson / ToHfConfigJson for the vision-language family qwen2_5_vl.
+#include <optional>
 #include <string>
 
 #include "common/hf_config.h"
+#include "common/presets.h"
 #include "common/validate.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -84,6 +86,53 @@ TEST(HfConfigVlTest, Qwen25Vl7BPublishedLayout) {
   EXPECT_EQ(m->vision_start_token_id, 151652);
   EXPECT_EQ(m->vision_end_token_id, 151653);
   EXPECT_TRUE(ValidateModelSpec(*m, "arch.").ok());
+}
+
+// The qwen2.5-vl-7b preset is the published config.json (scripts/configs/qwen2.5-vl-7b).
+TEST(HfConfigVlTest, PresetIsThePublishedConfig) {
+  absl::StatusOr<ModelSpec> parsed = ParseHfConfigJson(kQwen25Vl7B);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const std::optional<ModelSpec> preset = FindModelPreset("qwen2.5-vl-7b");
+  ASSERT_TRUE(preset.has_value());
+  const ModelSpec& a = *parsed;
+  const ModelSpec& b = *preset;
+  EXPECT_TRUE(ValidateModelSpec(b, "arch.").ok()) << ValidateModelSpec(b, "arch.");
+  EXPECT_EQ(b.family, a.family);
+  EXPECT_EQ(b.hidden_size, a.hidden_size);
+  EXPECT_EQ(b.num_layers, a.num_layers);
+  EXPECT_EQ(b.num_heads, a.num_heads);
+  EXPECT_EQ(b.num_kv_heads, a.num_kv_heads);
+  EXPECT_EQ(b.HeadDim(), a.HeadDim());
+  EXPECT_EQ(b.intermediate_size, a.intermediate_size);
+  EXPECT_EQ(b.vocab_size, a.vocab_size);
+  EXPECT_EQ(b.tie_word_embeddings, a.tie_word_embeddings);
+  EXPECT_EQ(b.qkv_bias, a.qkv_bias);
+  EXPECT_EQ(b.qk_norm, a.qk_norm);
+  EXPECT_DOUBLE_EQ(b.rope_theta, a.rope_theta);
+  EXPECT_DOUBLE_EQ(b.rms_norm_eps, a.rms_norm_eps);
+  EXPECT_EQ(b.max_position_embeddings, a.max_position_embeddings);
+  EXPECT_EQ(b.rope_scaling.type, a.rope_scaling.type);
+  EXPECT_EQ(b.sliding_window, a.sliding_window);
+  EXPECT_EQ(b.mrope_section, a.mrope_section);
+  EXPECT_EQ(b.image_token_id, a.image_token_id);
+  EXPECT_EQ(b.video_token_id, a.video_token_id);
+  EXPECT_EQ(b.vision_start_token_id, a.vision_start_token_id);
+  EXPECT_EQ(b.vision_end_token_id, a.vision_end_token_id);
+  const VisionSpec &va = a.vision, &vb = b.vision;
+  EXPECT_EQ(vb.depth, va.depth);
+  EXPECT_EQ(vb.hidden_size, va.hidden_size);
+  EXPECT_EQ(vb.intermediate_size, va.intermediate_size);
+  EXPECT_EQ(vb.num_heads, va.num_heads);
+  EXPECT_EQ(vb.in_channels, va.in_channels);
+  EXPECT_EQ(vb.patch_size, va.patch_size);
+  EXPECT_EQ(vb.spatial_merge_size, va.spatial_merge_size);
+  EXPECT_EQ(vb.temporal_patch_size, va.temporal_patch_size);
+  EXPECT_EQ(vb.window_size, va.window_size);
+  EXPECT_EQ(vb.out_hidden_size, va.out_hidden_size);
+  EXPECT_EQ(vb.fullatt_block_indexes, va.fullatt_block_indexes);
+  EXPECT_DOUBLE_EQ(vb.rope_theta, va.rope_theta);
+  // The Hugging Face repository's name finds it too.
+  ASSERT_TRUE(FindModelPreset("Qwen/Qwen2.5-VL-7B").has_value());
 }
 
 TEST(HfConfigVlTest, Transformers5NestedLayoutAndDefaults) {

@@ -56,8 +56,13 @@ TEST(PlanLayoutTest, PlannerLayoutIsTheAgentsForEveryPresetAndChunkCandidate) {
       const std::unique_ptr<LlamaModel> model = MetaModel(spec, dtype);
       ASSERT_NE(model, nullptr);
       const ParamGroups groups = model->ParamGroups();
-      absl::StatusOr<Trace> trace =
-          SynthesizeTrace(spec, workload, dtype, TrainingMethod{}, *hardware);
+      // A vision-language preset is planned with its images (its tower in group 0).
+      Workload w = workload;
+      if (spec.IsVisionLanguage()) {
+        w.images_per_sample = 1;
+        w.image_height = w.image_width = 448;
+      }
+      absl::StatusOr<Trace> trace = SynthesizeTrace(spec, w, dtype, TrainingMethod{}, *hardware);
       ASSERT_TRUE(trace.ok()) << trace.status();
       ASSERT_TRUE(ArchMatchesTrace(*trace));
       for (int64_t chunk_bytes : ChunkCandidates(FixedKnobs{}, *trace)) {
