@@ -136,12 +136,14 @@ CostModel::GradPhase CostModel::GradPhaseParts(int32_t n_persist) const {
   // backward); they are all alive when the embedding's backward ends, next to its transient,
   // and in the optimizer step, next to the fp32 copy of one chunk's grads (mixed precision).
   // [State reduce-scatter per group]: the embedding's backward runs beside the first block's
-  // reduce-scatter, and the embedding stage's own is in flight from its hook to the step.
+  // reduce-scatter, and the embedding stage's own is in flight from its hook to the step; with
+  // replicated state that stage's all-reduce copy is ([Persistent all-reduce in backward]).
   const bool updates_on_device = n_persist > 0 || chunks_->adapters_persistent;
   GradPhase g;
   g.grads = chunks_->pgrad_prefix[n_persist];
   g.embedding = emb_retained_ + emb_extra_ + ReduceBeyondShards(1, n_persist);
-  g.last_reduce = ReduceBeyondShards(0, n_persist);
+  g.last_reduce = chunks_->shard_state ? ReduceBeyondShards(0, n_persist)
+                                       : chunks_->replicated_last_reduce_by_npersist[n_persist];
   g.step = updates_on_device ? chunks_->optimizer_step_extra_bytes : 0;
   return g;
 }

@@ -486,6 +486,7 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   // flight while the next is copied: the two largest chunks' trainable elements in fp32.
   // Only the persistent chunks (c < n_persist) take part: per n_persist, over chunks [0, n).
   t.persistent_reduce_by_npersist.assign(c_count + 1, 0);
+  t.replicated_last_reduce_by_npersist.assign(c_count + 1, 0);
   t.state_reduce_prefix.assign(c_count + 1, 0);
   if (t.shard_state) {
     // [Sharded persistent state], [State reduce-scatter per group]: no constant. The chunks a
@@ -498,11 +499,20 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
           StateReduceScatterBytes(t.layout.chunk_param_bytes[c] / dtype_bytes_, w_ranks);
     }
   } else if (options_.world_size > 1 && !adapters.has_value()) {
-    // The two largest persistent chunks' trainable elements in fp32.
+    // Step-long: the two largest persistent chunks' trainable elements in fp32, among those a
+    // block or the head completes in backward. The embedding stage's chunks complete at the last
+    // hook of backward, when nothing but grads is left: the largest of them in fp32 is charged
+    // there (replicated_last_reduce_by_npersist, GradPhaseParts), not beside the blocks.
     TopTwo trains;
+    int64_t embedding = 0;
     for (int32_t c = 0; c < c_count; ++c) {
-      trains.Add(t.layout.chunk_trainable_bytes[c]);
+      if (c < t.fwd_owned_begin[1]) {
+        embedding = std::max(embedding, t.layout.chunk_trainable_bytes[c] / dtype_bytes_ * 4);
+      } else {
+        trains.Add(t.layout.chunk_trainable_bytes[c]);
+      }
       t.persistent_reduce_by_npersist[c + 1] = (trains.first + trains.second) / dtype_bytes_ * 4;
+      t.replicated_last_reduce_by_npersist[c + 1] = embedding;
     }
   }
   // The GPU optimizer updates one persistent chunk at a time; when it runs on an fp32 master

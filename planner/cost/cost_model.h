@@ -301,8 +301,8 @@ class CostModel {
   // (which pgrad_prefix counts from the step's start); 0 otherwise. >= 0.
   int64_t ReduceBeyondShards(int32_t stage, int32_t n_persist) const;
   // GradPhaseRawBytes' parts: the persistent grads, and what comes on top of them at the
-  // embedding's backward, at the end of backward (the embedding stage's reduce-scatter in flight)
-  // and in the optimizer step.
+  // embedding's backward, at the end of backward (the embedding stage's reduce-scatter, or its
+  // all-reduce copy with replicated state, in flight) and in the optimizer step.
   struct GradPhase {
     int64_t grads = 0, embedding = 0, last_reduce = 0, step = 0;
     int64_t total() const { return grads + std::max({embedding, last_reduce, step}); }
@@ -369,8 +369,12 @@ class CostModel {
     std::vector<int64_t> grad_staging_by_npersist;
     // Sharded (W > 1) with replicated persistent state, per n_persist (size n_chunks + 1): the
     // fp32 copies of persistent grads whose all-reduce is in flight during backward (two chunks:
-    // one reduced, one being copied), over the persistent chunks only; zeros otherwise.
+    // one reduced, one being copied), over the persistent chunks that blocks or the head
+    // complete (not the embedding stage's); zeros otherwise.
     std::vector<int64_t> persistent_reduce_by_npersist;
+    // The same, per n_persist: the fp32 copy of the largest embedding-stage persistent chunk,
+    // in flight from the last backward hook to the step (GradPhaseParts); zeros otherwise.
+    std::vector<int64_t> replicated_last_reduce_by_npersist;
     // [State reduce-scatter per group] With sharded persistent state, prefix sums over chunks
     // (size C + 1) of StateReduceScatterBytes (common/optimizer_bytes.h); zeros otherwise.
     std::vector<int64_t> state_reduce_prefix;
