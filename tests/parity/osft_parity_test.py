@@ -7,7 +7,7 @@ model with transformers, splits the targeted projections by SVD at the rank rati
 OSFT steps (two micro-batches each; gradients projected off the frozen subspaces; AdamW on the low
 factors). memplan-hf-parity runs the same two steps on the same checkpoint and tokens
 (--osft-rank-ratio, --osft-targets, --steps 2) under the plain and the grouped (checkpointed
-blocks) loss. Compared, each as max |memplan - reference| / max |reference| <= 1e-5: both steps'
+blocks, swapped and hidden-state-offloaded ones) loss. Compared, each as max |memplan - reference| / max |reference| <= 1e-5: both steps'
 losses, every low factor's projected gradient of the first step, every low factor after the second
 AdamW update. A run memplan must refuse (rank ratio out of (0, 1)) is checked for the error.
 
@@ -40,6 +40,7 @@ CASES = {
 PLANS = {
     "plain": ["--plain"],
     "grouped-ckpt": ["--block-modes", "ckpt,none,ckpt,none"],
+    "grouped-swap-hs-offload": ["--block-modes", "swap,hs_offload,ckpt,none"],
 }
 
 

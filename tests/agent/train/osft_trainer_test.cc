@@ -187,6 +187,28 @@ TEST(OsftTrainer, StepsUpdateOnlyTheLowFactorsWithProjectedGradients) {
   }
 }
 
+// [Sequence-tiled MLP] reruns the projections tile by tile in backward: the factors' gradients
+// are the untiled ones.
+TEST(OsftModel, TiledMlpGivesTheUntiledGradients) {
+  std::map<std::string, torch::Tensor> grads[2];
+  for (int tiled = 0; tiled < 2; ++tiled) {
+    LlamaModelOptions o = OsftModelOptions({"gate_proj", "up_proj", "down_proj", "q_proj"}, "llama");
+    o.mlp_tile_rows = tiled ? 5 : -1;
+    auto model = LlamaModel::Create(o);
+    ASSERT_TRUE(model.ok()) << model.status();
+    ASSERT_TRUE((*model)->SplitOsft().ok());
+    const MicroBatch batch = Batches(6)[0];
+    (*model)->Loss(batch.input_ids, batch.labels, BlockModes(4, BlockMode::kNone), nullptr)
+        .backward();
+    (*model)->ProjectOsftGrads();
+    for (const NamedParam& p : (*model)->TrainableParams()) {
+      ASSERT_TRUE(p.param.grad().defined()) << p.name;
+      grads[tiled][p.name] = p.param.grad();
+    }
+  }
+  for (const auto& [name, g] : grads[0]) EXPECT_LT(RelErr(grads[1][name], g), 1e-5) << name;
+}
+
 // The planner's price (common/osft_cost.h) counts what the agent holds after the split.
 TEST(OsftTrainer, PlannerCountsAreTheModelsAfterTheSplit) {
   LlamaModelOptions o = OsftModelOptions(
