@@ -43,6 +43,7 @@
 #include "agent/train/device_setup.h"
 #include "common/hf_config.h"
 #include "common/log.h"
+#include "common/osft_cost.h"
 #include "common/presets.h"
 #include "common/status.h"
 #include "common/validate.h"
@@ -113,6 +114,24 @@ void TrainSession::ReportApplied() {
           .Field("adapter_chunks", a.n_chunks)
           .Field("adapter_device_bytes", a.persistent_device_bytes)
           .Field("adapter_state_device_bytes", a.persistent_state_device_bytes);
+    }
+    // OSFT: what the split made and what the price (common/osft_cost.h) predicts for it.
+    if (model_->has_osft()) {
+      OsftWorkload w;
+      w.rank_ratio = config_.osft.rank_ratio;
+      w.targets = config_.osft.targets;
+      w.dtype_bytes = DTypeBytes(dtype_);
+      w.optimizer = optimizer_;
+      w.world_size = world_size_;
+      record.Field("osft_rank_ratio", w.rank_ratio)
+          .Field("osft_targets", absl::StrJoin(w.targets, ","));
+      if (absl::StatusOr<OsftCost> cost = EstimateOsftCost(spec_, w); cost.ok()) {
+        record.Field("osft_trainable_params", cost->trainable_params)
+            .Field("osft_frozen_params", cost->frozen_params)
+            .Field("osft_model_state_bytes_predicted", cost->model_state_bytes)
+            .Field("osft_load_peak_bytes_predicted", cost->load_peak_bytes)
+            .Field("osft_allreduce_bytes_per_step", cost->allreduce_bytes_per_step);
+      }
     }
     if (ChunkManager* chunks = trainer_->base_chunk_manager() ? trainer_->base_chunk_manager()
                                                               : trainer_->chunk_manager()) {

@@ -434,6 +434,9 @@ TEST(TrainDistributedTest, OsftTwoRanksTrainLikeOneProcess) {
   const std::vector<std::string> logs = RunEveryRank(osft(2), 2, base + ".two");
   if (absl::StrContains(logs[0], "no Gloo process group")) GTEST_SKIP() << logs[0];
   EXPECT_THAT(logs[0], HasSubstr("managed=0"));
+  // The price of the split (common/osft_cost.h), with its one all-reduce per step.
+  EXPECT_THAT(logs[0], HasSubstr("osft_trainable_params="));
+  EXPECT_THAT(logs[0], ::testing::Not(HasSubstr("osft_allreduce_bytes_per_step=0 ")));
   const std::vector<double> got = StepLosses(logs[0]);
   ASSERT_EQ(got.size(), 3u) << logs[0];
   for (size_t i = 0; i < got.size(); ++i) {
