@@ -125,13 +125,12 @@ Prediction CostModel::Assemble(const ResidencyPlan& plan, const Modes& m, bool f
   const bool last_reduce =
       grads_peak && !step_copy && grad_parts.last_reduce > grad_parts.embedding;
   const bool emb_phase = grads_peak && !step_copy && !last_reduce;
-  b.grads_bytes =
-      staging +
-      (grads_peak ? grad_parts.grads + (last_reduce ? grad_parts.last_reduce
-                                        : emb_phase ? ReduceBeyondShards(1, plan.n_persist)
-                                                    : 0)
-       : bwd_peak ? GradsLiveInBackward(bwd_block, plan.n_persist)
-                  : 0);
+  b.grads_bytes = staging + (grads_peak ? grad_parts.grads +
+                                              (last_reduce ? grad_parts.last_reduce
+                                               : emb_phase ? ReduceBeyondShards(1, plan.n_persist)
+                                                           : 0)
+                             : bwd_peak ? GradsLiveInBackward(bwd_block, plan.n_persist)
+                                        : 0);
   b.optimizer_state_bytes = chunks_->opt_prefix[plan.n_persist];
   b.activations_bytes = grads_peak ? (emb_phase ? emb_retained_ : 0) : phase.activations;
   b.checkpoint_chain_bytes = grads_peak ? 0 : phase.checkpoint_chain;

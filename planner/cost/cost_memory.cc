@@ -209,8 +209,8 @@ CostModel::BackwardGradsByPersist CostModel::BackwardGradsTable(const ModeCounts
     t.phase_[j] = PhaseTotal(j, m);
     t.begin_[j] = chunks_->fwd_owned_begin[j + 2];
     t.end_[j] = chunks_->fwd_owned_begin[j + 3];
-    const int64_t v = t.phase_[j] + GradsLiveInBackward(j, t.end_[j]) - tied -
-                      chunks_->pgrad_prefix[t.end_[j]];
+    const int64_t v =
+        t.phase_[j] + GradsLiveInBackward(j, t.end_[j]) - tied - chunks_->pgrad_prefix[t.end_[j]];
     t.prefix_max_[j] = j == 0 ? v : std::max(t.prefix_max_[j - 1], v);
   }
   for (int32_t j = n - 1; j >= 0; --j) {
@@ -222,8 +222,8 @@ CostModel::BackwardGradsByPersist CostModel::BackwardGradsTable(const ModeCounts
 int64_t CostModel::BackwardGradsByPersist::At(int32_t n_persist) const {
   const CostModel& model = *model_;
   // Blocks [0, k_full) have end_j <= n_persist, blocks [0, k) begin_j < n_persist.
-  const int32_t k_full = static_cast<int32_t>(
-      std::upper_bound(end_.begin(), end_.end(), n_persist) - end_.begin());
+  const int32_t k_full =
+      static_cast<int32_t>(std::upper_bound(end_.begin(), end_.end(), n_persist) - end_.begin());
   const int32_t k = static_cast<int32_t>(
       std::lower_bound(begin_.begin(), begin_.end(), n_persist) - begin_.begin());
   const int64_t tied = model.chunks_->tied_grad_bytes;
@@ -279,12 +279,12 @@ int64_t CostModel::StaticRawBytes(int32_t n_persist, int32_t n_buffer) const {
 }
 
 int64_t CostModel::GradStagingBytes(int32_t n_persist) const {
-  const int64_t offloaded =
-      n_persist >= num_chunks_ ? 0
-      : !chunks_->sharded_staging_by_npersist.empty()
-          ? chunks_->sharded_staging_by_npersist[std::max(n_persist, 0)]
-      : !chunks_->grad_staging_by_npersist.empty() ? chunks_->grad_staging_by_npersist[n_persist]
-                                                   : chunks_->grad_staging_bytes;
+  const int64_t offloaded = n_persist >= num_chunks_ ? 0
+                            : !chunks_->sharded_staging_by_npersist.empty()
+                                ? chunks_->sharded_staging_by_npersist[std::max(n_persist, 0)]
+                            : !chunks_->grad_staging_by_npersist.empty()
+                                ? chunks_->grad_staging_by_npersist[n_persist]
+                                : chunks_->grad_staging_bytes;
   // [Sharded persistent parameters]: the gathered chunks are held for the step as the buffers
   // are (a stage's and the next one's at any time).
   return offloaded + chunks_->persistent_reduce_by_npersist[n_persist] +

@@ -474,11 +474,12 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
     TopTwo offloaded;
     for (int32_t c = c_count - 1; c >= 0; --c) {
       offloaded.Add(t.layout.chunk_param_bytes[c]);
-      const int64_t shard = ShardElems(offloaded.first / dtype_bytes_, w);
+      const int64_t first = offloaded.first / dtype_bytes_,
+                    second = offloaded.second / dtype_bytes_;
+      const int64_t shard = ShardElems(first, w);
+      const int64_t flats = (PaddedElems(first, w) + PaddedElems(second, w)) * 4;
       t.sharded_staging_by_npersist[c] =
-          (PaddedElems(offloaded.first / dtype_bytes_, w) +
-           PaddedElems(offloaded.second / dtype_bytes_, w)) * 4 +
-          shard * (4 + dtype_bytes_) + 2 * shard * dtype_bytes_;
+          flats + shard * (4 + dtype_bytes_) + 2 * shard * dtype_bytes_;
     }
   }
   // [Persistent all-reduce in backward] (agent/chunks/chunk_manager.cc): a persistent chunk's

@@ -18,9 +18,9 @@
 
 #include "agent/chunks/chunk_manager.h"
 #include "agent/dist/process_group.h"
-#include "tests/agent/gloo_environment.h"
 #include "agent/model/llama_model.h"
 #include "tests/agent/chunks/sharded_memory_cases.h"
+#include "tests/agent/gloo_environment.h"
 #include "tests/agent/tiny_spec.h"
 
 namespace memplan {
