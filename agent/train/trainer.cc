@@ -157,8 +157,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
     // gradients are projected at the end of every ForwardBackward.
     if (o.managed) {
       return absl::InvalidArgumentError(
-          "trainer: OSFT runs unmanaged for now (every parameter on the device, one process): no "
-          "plan, --chunk-mib or --n-persist");
+          "trainer: OSFT runs unmanaged for now (every parameter on the device, the model "
+          "replicated over ranks): no plan, --chunk-mib or --n-persist");
     }
     RETURN_IF_ERROR(model->SplitOsft());
   }
