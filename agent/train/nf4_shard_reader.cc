@@ -1,10 +1,12 @@
 #include "agent/train/nf4_shard_reader.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "agent/quant/nf4.h"
 #include "common/nf4_bytes.h"
@@ -12,16 +14,24 @@
 #include "common/status.h"
 
 namespace memplan {
+namespace {
+using Clock = std::chrono::steady_clock;
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+}  // namespace
 
 class Nf4ShardReader::Budget {
  public:
   Budget(Nf4ShardReader& reader, int64_t bytes) : reader_(reader), bytes_(bytes) {
+    const Clock::time_point start = Clock::now();
     std::unique_lock<std::mutex> lock(reader_.mu_);
     reader_.changed_.wait(lock, [&] {
       return reader_.in_flight_bytes_ == 0 ||
              reader_.in_flight_bytes_ + bytes_ <= kNf4LoadBudgetBytes;
     });
     reader_.in_flight_bytes_ += bytes_;
+    reader_.counts_.budget_wait_seconds += SecondsSince(start);
   }
   ~Budget() {
     {
@@ -93,11 +103,16 @@ absl::StatusOr<torch::Tensor> Nf4ShardReader::Whole(int w, bool want_data) {
   }
   torch::Tensor data;
   quant::Nf4AbsmaxState state;
+  double read_seconds = 0, quantize_seconds = 0;
   absl::Status status = [&]() -> absl::Status {
     const Budget hold(*this, numel * work_bytes_per_element_);
+    const Clock::time_point read_start = Clock::now();
     ASSIGN_OR_RETURN(const torch::Tensor value, values_(name, 0, numel));
+    read_seconds = SecondsSince(read_start);
     std::unique_lock<std::mutex> device_lock(device_mu_, std::defer_lock);
     if (!device_.is_cpu()) device_lock.lock();
+    const Clock::time_point quantize_start = Clock::now();
+    absl::Cleanup timed = [&] { quantize_seconds = SecondsSince(quantize_start); };
     try {
       torch::NoGradGuard no_grad;
       const torch::Tensor on_device = value.to(device_);
@@ -127,6 +142,8 @@ absl::StatusOr<torch::Tensor> Nf4ShardReader::Whole(int w, bool want_data) {
     weight.offset = state.absmax_offset;
     counts_.elements_read += numel;
     counts_.weights_read_whole += 1;
+    counts_.read_seconds += read_seconds;
+    counts_.quantize_seconds += quantize_seconds;
     if (data.defined()) counts_.data_bytes_quantized += data.numel();
   }
   changed_.notify_all();
@@ -154,11 +171,16 @@ absl::StatusOr<torch::Tensor> Nf4ShardReader::DataRange(int w, int64_t begin, in
       (std::min(2 * (begin + len), numel) + kNf4Blocksize - 1) / kNf4Blocksize * kNf4Blocksize,
       numel);
   torch::Tensor data;
+  double read_seconds = 0, quantize_seconds = 0;
   {
     const Budget hold(*this, (end - first) * work_bytes_per_element_);
+    const Clock::time_point read_start = Clock::now();
     ASSIGN_OR_RETURN(const torch::Tensor values, values_(name, first, end - first));
+    read_seconds = SecondsSince(read_start);
     std::unique_lock<std::mutex> device_lock(device_mu_, std::defer_lock);
     if (!device_.is_cpu()) device_lock.lock();
+    const Clock::time_point quantize_start = Clock::now();
+    absl::Cleanup timed = [&] { quantize_seconds = SecondsSince(quantize_start); };
     try {
       torch::NoGradGuard no_grad;
       ASSIGN_OR_RETURN(data, quant::QuantizeNf4Blocks(values.to(device_), first_block, numel,
@@ -173,6 +195,8 @@ absl::StatusOr<torch::Tensor> Nf4ShardReader::DataRange(int w, int64_t begin, in
     std::lock_guard<std::mutex> lock(mu_);
     counts_.elements_read += end - first;
     counts_.data_bytes_quantized += data.numel();
+    counts_.read_seconds += read_seconds;
+    counts_.quantize_seconds += quantize_seconds;
   }
   return data.narrow(0, begin - first / 2, len).clone();
 }

@@ -47,6 +47,11 @@ class Nf4ShardReader {
     int64_t data_bytes_quantized = 0;  // nf4_data bytes packed (the stored ones, whole blocks)
     int64_t elements_read = 0;         // elements of quantized weights asked of `values`
     int64_t weights_read_whole = 0;    // weights read whole (their absmax state)
+    // Seconds summed over the reading threads: waiting for the in-flight budget, asking `values`
+    // (drawing or reading the unquantized elements), and moving and quantizing them.
+    double budget_wait_seconds = 0;
+    double read_seconds = 0;
+    double quantize_seconds = 0;
   };
 
   // `values` reads elements of the model's base tensors by Hugging Face name in the model dtype

@@ -168,7 +168,10 @@ absl::Status TrainSession::FillShards() {
         .Field("rank", dist_.rank)
         .Field("nf4_data_bytes", n.data_bytes_quantized)
         .Field("weight_elements_read", n.elements_read)
-        .Field("weights_read_whole", n.weights_read_whole);
+        .Field("weights_read_whole", n.weights_read_whole)
+        .Field("budget_wait_seconds", n.budget_wait_seconds)
+        .Field("read_seconds", n.read_seconds)
+        .Field("quantize_seconds", n.quantize_seconds);
   }
   return absl::OkStatus();
 }
