@@ -56,11 +56,13 @@ for cfg in "${workloads[@]}"; do
       | python3 -c 'import json, sys; d = json.load(sys.stdin); print(d.get("profile_id") or d.get("profileId"))')
     card=(--hardware-profile-id "$profile_id")
   fi
+  data=(--synthetic-data)  # unless the workload's flags name its data (e.g. --synthetic-images)
+  [[ " ${own[*]} " =~ \ --(synthetic-images|data|data-vl)\  ]] && data=()
   ranks_note=; ((n_ranks > 1)) && ranks_note="$n_ranks ranks"
   echo "=== $i: $1 ${2}x$3 ${4:+margin $4} ${5:+budget $5 GiB} ${own[*]} $ranks_note" | tee -a "$out/loop.txt"
   SECONDS=0
   on_ranks "$n_ranks" "$agent" train --planner "$addr" "${card[@]}" "${profile[@]}" --arch "$1" --batch "$2" --seq "$3" \
-    "${margin[@]}" --steps 5 --synthetic-data --device cuda --cpu-threads $((threads / n_ranks)) \
+    "${margin[@]}" --steps 5 "${data[@]}" --device cuda --cpu-threads $((threads / n_ranks)) \
     "${timeline[@]}" "${extra[@]}" "${own[@]}" 2>&1 \
     | tee >(grep "^ts=" >"$out/steps-$i.txt") | grep -v "^ts=" | tee "$out/run-$i.txt" \
     >>"$out/loop.txt"

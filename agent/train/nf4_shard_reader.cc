@@ -9,6 +9,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "agent/quant/nf4.h"
+#include "common/log.h"
 #include "common/nf4_bytes.h"
 #include "common/param_shapes.h"
 #include "common/status.h"
@@ -145,6 +146,7 @@ absl::StatusOr<torch::Tensor> Nf4ShardReader::Whole(int w, bool want_data) {
     counts_.read_seconds += read_seconds;
     counts_.quantize_seconds += quantize_seconds;
     if (data.defined()) counts_.data_bytes_quantized += data.numel();
+    LogProgressLocked();
   }
   changed_.notify_all();
   RETURN_IF_ERROR(status);
@@ -197,8 +199,23 @@ absl::StatusOr<torch::Tensor> Nf4ShardReader::DataRange(int w, int64_t begin, in
     counts_.data_bytes_quantized += data.numel();
     counts_.read_seconds += read_seconds;
     counts_.quantize_seconds += quantize_seconds;
+    LogProgressLocked();
   }
   return data.narrow(0, begin - first / 2, len).clone();
+}
+
+void Nf4ShardReader::LogProgressLocked() {
+  // Long work says how far it is: a 70 B base takes minutes on one rank.
+  const Clock::time_point now = Clock::now();
+  if (now - last_progress_ < std::chrono::seconds(20)) return;
+  last_progress_ = now;
+  MEMPLAN_LOG(kInfo, "quantizing base")
+      .Field("weights_read_whole", counts_.weights_read_whole)
+      .Field("of_weights", static_cast<int64_t>(weights_.size()))
+      .Field("elements_read", counts_.elements_read)
+      .Field("budget_wait_seconds", counts_.budget_wait_seconds)
+      .Field("read_seconds", counts_.read_seconds)
+      .Field("quantize_seconds", counts_.quantize_seconds);
 }
 
 absl::Status Nf4ShardReader::SetOffsets(LlamaModel& model, Communicator* communicator) {

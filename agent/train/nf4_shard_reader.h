@@ -21,6 +21,7 @@
 // kNf4LoadBudgetBytes (the planner's [Host reserve]).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -89,6 +90,9 @@ class Nf4ShardReader {
   // Holds `bytes` of kNf4LoadBudgetBytes while it lives (the first in flight always proceeds).
   class Budget;
 
+  // Logs the counts so far, at most every 20 s (mu_ held).
+  void LogProgressLocked();
+
   ChunkManager::RangeReader values_;
   torch::Device device_;
   int64_t work_bytes_per_element_;  // a drawn fp32 value and its model-dtype copy
@@ -100,6 +104,7 @@ class Nf4ShardReader {
   std::vector<Weight> weights_;      // guarded by mu_ (but name and numel: constant)
   int64_t in_flight_bytes_ = 0;      // guarded by mu_
   Counts counts_;                    // guarded by mu_
+  std::chrono::steady_clock::time_point last_progress_ = std::chrono::steady_clock::now();  // mu_
   std::mutex device_mu_;             // one quantization at a time on a GPU
 };
 
