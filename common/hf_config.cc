@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/hf_config_json.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/validate.h"
@@ -27,6 +28,15 @@ namespace memplan {
 namespace {
 
 using Json = nlohmann::json;
+using hf_json::Find;
+using hf_json::KeyError;
+using hf_json::Nested;
+using hf_json::OptionalBool;
+using hf_json::OptionalInt;
+using hf_json::OptionalPositiveDouble;
+using hf_json::OptionalString;
+using hf_json::RequiredInt;
+using hf_json::RopeNumber;
 
 // config.json files are a few KiB; anything far larger is not a model config.
 constexpr int64_t kMaxConfigFileBytes = int64_t{16} << 20;
@@ -53,77 +63,13 @@ constexpr FamilyDefaults kFamilies[] = {
     {"mixtral", "MixtralForCausalLM", 1000000.0, 1e-5, 4096 * 32, 0, false, false},
     // The language model of Qwen2.5-VL is Qwen2's (q/k/v biases) with the multimodal RoPE.
     {"qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", 1000000.0, 1e-5, 32768, 0, true, false},
+    // Qwen2-VL's language model is the same; its tower differs (hf_config_vision.cc).
+    {"qwen2_vl", "Qwen2VLForConditionalGeneration", 1000000.0, 1e-5, 32768, 0, true, false},
 };
 
 bool IsVisionLanguageFamily(const FamilyDefaults& family) {
-  return std::string(family.model_type) == "qwen2_5_vl";
-}
-
-absl::Status KeyError(absl::string_view key, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat("config.json: \"", key, "\" ", what));
-}
-
-// Null and absent are the same to Hugging Face ("head_dim": null means "derive it").
-const Json* Find(const Json& obj, const char* key) {
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-absl::StatusOr<std::optional<int64_t>> OptionalInt(const Json& obj, const char* key, int64_t lo,
-                                                   int64_t hi) {
-  const Json* v = Find(obj, key);
-  if (v == nullptr) return std::optional<int64_t>();
-  int64_t value = 0;
-  if (v->is_number_unsigned()) {
-    uint64_t u = v->get<uint64_t>();
-    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return KeyError(key, absl::StrCat("= ", u, " is out of range; allowed [", lo, ", ", hi, "]"));
-    }
-    value = static_cast<int64_t>(u);
-  } else if (v->is_number_integer()) {
-    value = v->get<int64_t>();
-  } else {
-    return KeyError(key, absl::StrCat("must be an integer, got ", v->dump()));
-  }
-  if (value < lo || value > hi) {
-    return KeyError(key,
-                    absl::StrCat("= ", value, " is out of range; allowed [", lo, ", ", hi, "]"));
-  }
-  return std::optional<int64_t>(value);
-}
-
-absl::StatusOr<int64_t> RequiredInt(const Json& obj, const char* key, int64_t lo, int64_t hi) {
-  ASSIGN_OR_RETURN(std::optional<int64_t> v, OptionalInt(obj, key, lo, hi));
-  if (!v.has_value()) return KeyError(key, "is required");
-  return *v;
-}
-
-absl::StatusOr<std::optional<double>> OptionalPositiveDouble(const Json& obj, const char* key,
-                                                             double hi) {
-  const Json* v = Find(obj, key);
-  if (v == nullptr) return std::optional<double>();
-  if (!v->is_number()) return KeyError(key, absl::StrCat("must be a number, got ", v->dump()));
-  double value = v->get<double>();
-  if (!std::isfinite(value) || value <= 0 || value > hi) {
-    return KeyError(key, absl::StrCat("= ", value, " is out of range; allowed (0, ", hi, "]"));
-  }
-  return std::optional<double>(value);
-}
-
-absl::StatusOr<std::optional<bool>> OptionalBool(const Json& obj, const char* key) {
-  const Json* v = Find(obj, key);
-  if (v == nullptr) return std::optional<bool>();
-  if (!v->is_boolean())
-    return KeyError(key, absl::StrCat("must be true or false, got ", v->dump()));
-  return std::optional<bool>(v->get<bool>());
-}
-
-absl::StatusOr<std::optional<std::string>> OptionalString(const Json& obj, const char* key) {
-  const Json* v = Find(obj, key);
-  if (v == nullptr) return std::optional<std::string>();
-  if (!v->is_string()) return KeyError(key, absl::StrCat("must be a string, got ", v->dump()));
-  return std::optional<std::string>(v->get<std::string>());
+  const std::string type = family.model_type;
+  return type == "qwen2_5_vl" || type == "qwen2_vl";
 }
 
 std::string AllowedModelTypes() {
@@ -217,20 +163,6 @@ std::set<std::string> AllowedRopeKeys(const std::string& type, bool vision_langu
   return keys;
 }
 
-// Reads "<where>.<key>" as a number > 0 (or 0 <= x when allow_zero).
-absl::StatusOr<std::optional<double>> RopeNumber(const Json& rp, const std::string& where,
-                                                 const char* key, double hi) {
-  const Json* v = Find(rp, key);
-  if (v == nullptr) return std::optional<double>();
-  const std::string name = absl::StrCat(where, ".", key);
-  if (!v->is_number()) return KeyError(name, absl::StrCat("must be a number, got ", v->dump()));
-  const double value = v->get<double>();
-  if (!std::isfinite(value) || value <= 0 || value > hi) {
-    return KeyError(name, absl::StrCat("= ", value, " is out of range; allowed (0, ", hi, "]"));
-  }
-  return std::optional<double>(value);
-}
-
 // rope_theta and the frequency scaling, the way transformers 5.x standardises them: the RoPE
 // dictionary is "rope_scaling" when set (older configs), else "rope_parameters"; its rope_theta
 // wins over a top-level one; llama3/yarn take original_max_position_embeddings from the top level
@@ -261,7 +193,7 @@ absl::Status ParseRope(const Json& root, const FamilyDefaults& family, ModelSpec
   RopeScaling r;
   r.type = type.value_or("default");
   const bool vl = IsVisionLanguageFamily(family);
-  // transformers reads Qwen2.5-VL's "mrope" as the default frequencies split by mrope_section.
+  // transformers reads Qwen2(.5)-VL's "mrope" as the default frequencies split by mrope_section.
   if (vl && r.type == "mrope") r.type = "default";
   if (vl && r.type != "default") {
     return KeyError(absl::StrCat(where, ".rope_type"),
@@ -386,11 +318,12 @@ absl::StatusOr<int64_t> ParseSlidingWindow(const Json& root, const FamilyDefault
   if (type == "mistral") return absent ? 4096 : window.value_or(0);
   if (type == "mixtral") return window.value_or(0);
   ASSIGN_OR_RETURN(std::optional<bool> use, OptionalBool(root, "use_sliding_window"));
-  if (type == "qwen2_5_vl") {
+  if (type == "qwen2_5_vl" || type == "qwen2_vl") {
     if (use.value_or(false)) {
       return KeyError("use_sliding_window",
-                      "= true is not supported for qwen2_5_vl (transformers computes full "
-                      "attention there outside flash-attention)");
+                      absl::StrCat("= true is not supported for ", type,
+                                   " (transformers computes full attention there outside "
+                                   "flash-attention)"));
     }
     return 0;
   }
@@ -532,126 +465,6 @@ absl::Status ParseMoe(const Json& root, const FamilyDefaults& family, ModelSpec*
   return absl::OkStatus();
 }
 
-// `status` (an error naming a key of a nested object) with the key prefixed by the object's name.
-absl::Status Nested(const absl::Status& status, absl::string_view prefix) {
-  constexpr absl::string_view kLead = "config.json: \"";
-  absl::string_view message = status.message();
-  if (!absl::StartsWith(message, kLead)) return status;
-  return absl::Status(status.code(), absl::StrCat(kLead, prefix, message.substr(kLead.size())));
-}
-
-// Qwen2.5-VL's "vision_config" (transformers' Qwen2_5_VLVisionConfig defaults for absent keys)
-// and the multimodal token ids at the top level.
-absl::Status ParseVisionConfig(const Json& v, VisionSpec* out) {
-  VisionSpec& vs = *out;
-  ASSIGN_OR_RETURN(std::optional<std::string> act, OptionalString(v, "hidden_act"));
-  if (act.value_or("silu") != "silu") {
-    return KeyError("hidden_act", absl::StrCat("= \"", *act, "\" is not supported; allowed: silu"));
-  }
-  struct IntKey {
-    const char* key;
-    int64_t* slot;
-    int64_t fallback;
-    int64_t hi;
-  };
-  const IntKey keys[] = {
-      {"depth", &vs.depth, 32, kMaxLayers},
-      {"hidden_size", &vs.hidden_size, 3584, kMaxHiddenSize},
-      {"intermediate_size", &vs.intermediate_size, 3420, kMaxIntermediateSize},
-      {"num_heads", &vs.num_heads, 16, kMaxHeads},
-      {"in_channels", &vs.in_channels, 3, 16},
-      {"patch_size", &vs.patch_size, 14, 1024},
-      {"spatial_merge_size", &vs.spatial_merge_size, 2, 64},
-      {"temporal_patch_size", &vs.temporal_patch_size, 2, 64},
-      {"window_size", &vs.window_size, 112, int64_t{1} << 20},
-      {"out_hidden_size", &vs.out_hidden_size, 3584, kMaxHiddenSize},
-  };
-  for (const IntKey& k : keys) {
-    ASSIGN_OR_RETURN(std::optional<int64_t> value, OptionalInt(v, k.key, 1, k.hi));
-    *k.slot = value.value_or(k.fallback);
-  }
-  if (vs.hidden_size % vs.num_heads != 0 || (vs.hidden_size / vs.num_heads) % 4 != 0) {
-    return KeyError("num_heads", absl::StrCat("= ", vs.num_heads, " must divide \"hidden_size\" = ",
-                                              vs.hidden_size,
-                                              " into heads of a multiple of 4 dimensions (2-D "
-                                              "rotary embedding)"));
-  }
-  if (vs.WindowMergedPatches() < 1) {
-    return KeyError("window_size",
-                    absl::StrCat("= ", vs.window_size, " must span at least one merged patch (",
-                                 vs.spatial_merge_size * vs.patch_size, " pixels)"));
-  }
-  vs.fullatt_block_indexes = {7, 15, 23, 31};
-  if (const Json* full = Find(v, "fullatt_block_indexes"); full != nullptr) {
-    if (!full->is_array()) return KeyError("fullatt_block_indexes", "must be an array of blocks");
-    vs.fullatt_block_indexes.clear();
-    for (const Json& e : *full) {
-      if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= vs.depth) {
-        return KeyError("fullatt_block_indexes",
-                        absl::StrCat("contains ", e.dump(), "; allowed: block indices 0 to ",
-                                     vs.depth - 1, " (\"depth\" = ", vs.depth, ")"));
-      }
-      vs.fullatt_block_indexes.push_back(e.get<int64_t>());
-    }
-    std::sort(vs.fullatt_block_indexes.begin(), vs.fullatt_block_indexes.end());
-    vs.fullatt_block_indexes.erase(
-        std::unique(vs.fullatt_block_indexes.begin(), vs.fullatt_block_indexes.end()),
-        vs.fullatt_block_indexes.end());
-  } else {
-    // transformers' default names blocks of its 32-block tower; a shallower one keeps those
-    // that exist.
-    std::erase_if(vs.fullatt_block_indexes, [&](int64_t b) { return b >= vs.depth; });
-  }
-  if (const Json* rp = Find(v, "rope_parameters"); rp != nullptr) {
-    if (!rp->is_object()) return KeyError("rope_parameters", "must be an object");
-    ASSIGN_OR_RETURN(std::optional<std::string> type, OptionalString(*rp, "rope_type"));
-    if (type.value_or("axial") != "axial") {
-      return KeyError("rope_parameters.rope_type",
-                      absl::StrCat("= \"", *type, "\" is not supported; allowed: axial"));
-    }
-    ASSIGN_OR_RETURN(std::optional<double> theta, RopeNumber(*rp, "rope_parameters", "rope_theta",
-                                                             1e12));
-    vs.rope_theta = theta.value_or(10000.0);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ParseVisionLanguage(const Json& root, ModelSpec* spec) {
-  const Json empty = Json::object();
-  const Json* v = Find(root, "vision_config");
-  if (v == nullptr) v = &empty;
-  if (!v->is_object()) return KeyError("vision_config", "must be an object");
-  if (absl::Status s = ParseVisionConfig(*v, &spec->vision); !s.ok()) {
-    return Nested(s, "vision_config.");
-  }
-  if (spec->vision.out_hidden_size != spec->hidden_size) {
-    return KeyError("vision_config.out_hidden_size",
-                    absl::StrCat("= ", spec->vision.out_hidden_size, " must equal the language "
-                                 "model's \"hidden_size\" = ", spec->hidden_size));
-  }
-  struct IdKey {
-    const char* key;
-    int64_t* slot;
-    int64_t fallback;
-  };
-  const IdKey ids[] = {
-      {"image_token_id", &spec->image_token_id, 151655},
-      {"video_token_id", &spec->video_token_id, 151656},
-      {"vision_start_token_id", &spec->vision_start_token_id, 151652},
-      {"vision_end_token_id", &spec->vision_end_token_id, 151653},
-  };
-  for (const IdKey& k : ids) {
-    ASSIGN_OR_RETURN(std::optional<int64_t> id, OptionalInt(root, k.key, 0, spec->vocab_size - 1));
-    if (!id.has_value() && k.fallback >= spec->vocab_size) {
-      return KeyError(k.key, absl::StrCat("is required: its default ", k.fallback,
-                                          " is outside the vocabulary (\"vocab_size\" = ",
-                                          spec->vocab_size, ")"));
-    }
-    *k.slot = id.value_or(k.fallback);
-  }
-  return absl::OkStatus();
-}
-
 // The language model's keys of `root` (config.json's top level, or its "text_config").
 absl::Status ParseLanguageModel(const Json& root, const FamilyDefaults* family, ModelSpec* out) {
   ModelSpec& spec = *out;
@@ -719,7 +532,7 @@ absl::StatusOr<ModelSpec> ParseConfig(absl::string_view json, bool* has_name) {
   spec.name = *has_name ? *name : family->model_type;
 
   // transformers 5 writes a vision-language model's language part under "text_config";
-  // published Qwen2.5-VL checkpoints keep it at the top level.
+  // published Qwen2-VL and Qwen2.5-VL checkpoints keep it at the top level.
   const Json* text = &root;
   if (IsVisionLanguageFamily(*family)) {
     if (const Json* t = Find(root, "text_config"); t != nullptr) {
@@ -734,7 +547,7 @@ absl::StatusOr<ModelSpec> ParseConfig(absl::string_view json, bool* has_name) {
     // Pre-v5 saves kept tie_word_embeddings in text_config; transformers honours either.
     ASSIGN_OR_RETURN(std::optional<bool> tie, OptionalBool(root, "tie_word_embeddings"));
     spec.tie_word_embeddings = spec.tie_word_embeddings || tie.value_or(false);
-    RETURN_IF_ERROR(ParseVisionLanguage(root, &spec));
+    RETURN_IF_ERROR(hf_json::ParseVisionLanguage(root, &spec));
   }
 
   // Backstop: the checks above name JSON keys; this one guards the ModelSpec invariants.
@@ -774,43 +587,6 @@ const FamilyDefaults* FamilyOf(const std::string& model_type) {
     if (model_type == f.model_type) return &f;
   }
   return nullptr;
-}
-
-// transformers 5's layout of a Qwen2.5-VL config: the language model's keys (`text`, as
-// ToHfConfigJson writes them for a causal LM) under "text_config", the tower under
-// "vision_config", the token ids at the top level.
-std::string VisionLanguageConfigJson(const ModelSpec& spec, nlohmann::ordered_json text) {
-  const VisionSpec& v = spec.vision;
-  nlohmann::ordered_json j;
-  j["architectures"] = text["architectures"];
-  j["model_type"] = spec.family;
-  j["dtype"] = text["dtype"];
-  j["tie_word_embeddings"] = spec.tie_word_embeddings;
-  j["image_token_id"] = spec.image_token_id;
-  j["video_token_id"] = spec.video_token_id;
-  j["vision_start_token_id"] = spec.vision_start_token_id;
-  j["vision_end_token_id"] = spec.vision_end_token_id;
-  text.erase("architectures");
-  text["model_type"] = "qwen2_5_vl_text";
-  text["use_sliding_window"] = false;
-  j["text_config"] = std::move(text);
-  nlohmann::ordered_json vj;
-  vj["model_type"] = "qwen2_5_vl_vision";
-  vj["depth"] = v.depth;
-  vj["hidden_size"] = v.hidden_size;
-  vj["intermediate_size"] = v.intermediate_size;
-  vj["num_heads"] = v.num_heads;
-  vj["hidden_act"] = "silu";
-  vj["in_channels"] = v.in_channels;
-  vj["patch_size"] = v.patch_size;
-  vj["spatial_merge_size"] = v.spatial_merge_size;
-  vj["temporal_patch_size"] = v.temporal_patch_size;
-  vj["window_size"] = v.window_size;
-  vj["out_hidden_size"] = v.out_hidden_size;
-  vj["fullatt_block_indexes"] = v.fullatt_block_indexes;
-  vj["rope_parameters"] = {{"rope_type", "axial"}, {"rope_theta", v.rope_theta}};
-  j["vision_config"] = std::move(vj);
-  return j.dump(2) + "\n";
 }
 
 }  // namespace
@@ -891,7 +667,7 @@ std::string ToHfConfigJson(const ModelSpec& spec, DType dtype) {
   j["dtype"] = dtype == DType::kBFloat16 ? "bfloat16"
                : dtype == DType::kFloat16 ? "float16"
                                           : "float32";
-  if (spec.IsVisionLanguage()) return VisionLanguageConfigJson(spec, std::move(j));
+  if (spec.IsVisionLanguage()) return hf_json::VisionLanguageConfigJson(spec, std::move(j));
   return j.dump(2) + "\n";
 }
 

@@ -1,7 +1,8 @@
 // Hugging Face config.json -> ModelSpec for LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
 // MistralForCausalLM, the mixtures of experts Qwen3MoeForCausalLM and MixtralForCausalLM, and the
-// vision-language Qwen2_5_VLForConditionalGeneration. The result passes ValidateModelSpec; every error is INVALID_ARGUMENT
-// (NOT_FOUND for a missing file) and names the offending JSON key. Torch-free, protobuf-free.
+// vision-language Qwen2_5_VLForConditionalGeneration and Qwen2VLForConditionalGeneration. The
+// result passes ValidateModelSpec; every error is INVALID_ARGUMENT (NOT_FOUND for a missing file)
+// and names the offending JSON key. Torch-free, protobuf-free.
 #pragma once
 
 #include <string>
@@ -27,11 +28,12 @@ namespace memplan {
 // Mixtures of experts: the expert count, top-k, expert width, norm_topk_prob,
 // decoder_sparse_step, mlp_only_layers, output_router_logits and router_aux_loss_coef with
 // transformers' defaults; Mixtral's router_jitter_noise > 0 is refused.
-// Vision-language (Qwen2_5_VLForConditionalGeneration): the language model's keys at the top level
+// Vision-language (Qwen2.5-VL, Qwen2-VL): the language model's keys at the top level
 // (published checkpoints) or under "text_config" (transformers 5; errors then name
 // "text_config.<key>"), RoPE "mrope"/"default" with rope_*.mrope_section, "vision_config" into
 // ModelSpec::vision (errors name "vision_config.<key>"), the image/video/vision start/end token
-// ids; a sliding window and any vision hidden_act but silu are refused.
+// ids; a sliding window and any vision hidden_act but silu (quick_gelu for Qwen2-VL, whose
+// embed_dim / hidden_size / mlp_ratio become the VisionSpec's widths) are refused.
 absl::StatusOr<ModelSpec> ParseHfConfigJson(absl::string_view json);
 
 // The RoPE of `spec` as a transformers 5.x "rope_parameters" JSON object, and back (into
@@ -41,7 +43,7 @@ std::string RopeParametersJson(const ModelSpec& spec);
 absl::Status ParseRopeParametersJson(absl::string_view json, ModelSpec* spec);
 
 // A config.json for `spec` that transformers loads as the same model (LlamaForCausalLM, ...;
-// transformers 5's nested layout for Qwen2.5-VL) and ParseHfConfigJson reads back to the same
+// transformers 5's nested layout for Qwen2.5-VL and Qwen2-VL) and ParseHfConfigJson reads back to the same
 // ModelSpec (name aside).
 std::string ToHfConfigJson(const ModelSpec& spec, DType dtype);
 

@@ -1,6 +1,7 @@
 #include "common/param_shapes.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/vision_kind.h"
 
 namespace memplan {
 
@@ -37,20 +38,27 @@ std::vector<ParamShape> VisionParamShapes(const ModelSpec& m) {
                  0});
   for (int64_t b = 0; b < v.depth; ++b) {
     const std::string p = absl::StrCat("visual.blocks.", b, ".");
-    out.push_back({p + "norm1.weight", {h}, 0});
-    out.push_back({p + "norm2.weight", {h}, 0});
+    for (const char* norm : {"norm1", "norm2"}) {
+      out.push_back({absl::StrCat(p, norm, ".weight"), {h}, 0});
+      if (VisionLayerNorm(m)) out.push_back({absl::StrCat(p, norm, ".bias"), {h}, 0});
+    }
     out.push_back({p + "attn.qkv.weight", {3 * h, h}, 0});
     out.push_back({p + "attn.qkv.bias", {3 * h}, 0});
     out.push_back({p + "attn.proj.weight", {h, h}, 0});
     out.push_back({p + "attn.proj.bias", {h}, 0});
-    out.push_back({p + "mlp.gate_proj.weight", {ffn, h}, 0});
-    out.push_back({p + "mlp.gate_proj.bias", {ffn}, 0});
-    out.push_back({p + "mlp.up_proj.weight", {ffn, h}, 0});
-    out.push_back({p + "mlp.up_proj.bias", {ffn}, 0});
-    out.push_back({p + "mlp.down_proj.weight", {h, ffn}, 0});
-    out.push_back({p + "mlp.down_proj.bias", {h}, 0});
+    if (VisionGatedMlp(m)) {
+      out.push_back({p + "mlp.gate_proj.weight", {ffn, h}, 0});
+      out.push_back({p + "mlp.gate_proj.bias", {ffn}, 0});
+    }
+    const char* up = VisionGatedMlp(m) ? "mlp.up_proj." : "mlp.fc1.";
+    const char* down = VisionGatedMlp(m) ? "mlp.down_proj." : "mlp.fc2.";
+    out.push_back({absl::StrCat(p, up, "weight"), {ffn, h}, 0});
+    out.push_back({absl::StrCat(p, up, "bias"), {ffn}, 0});
+    out.push_back({absl::StrCat(p, down, "weight"), {h, ffn}, 0});
+    out.push_back({absl::StrCat(p, down, "bias"), {h}, 0});
   }
   out.push_back({"visual.merger.ln_q.weight", {h}, 0});
+  if (VisionLayerNorm(m)) out.push_back({"visual.merger.ln_q.bias", {h}, 0});
   out.push_back({"visual.merger.mlp.0.weight", {merged, merged}, 0});
   out.push_back({"visual.merger.mlp.0.bias", {merged}, 0});
   out.push_back({"visual.merger.mlp.2.weight", {v.out_hidden_size, merged}, 0});

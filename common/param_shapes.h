@@ -36,7 +36,8 @@ std::vector<ParamShape> HfParamShapes(const ModelSpec& model);
 // The vision tower's parameters (empty without one), Hugging Face's names and order:
 // "visual.patch_embed.proj.weight" [hidden, channels, temporal_patch, patch, patch]; per block
 // norm1, norm2, attn.qkv (weight, bias), attn.proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj
-// (each weight then bias); merger ln_q, mlp.0, mlp.2.
+// (each weight then bias); merger ln_q, mlp.0, mlp.2. Qwen2-VL (common/vision_kind.h): each norm's
+// bias after its weight, mlp.fc1 and mlp.fc2 for the MLP.
 std::vector<ParamShape> VisionParamShapes(const ModelSpec& model);
 
 // Checkpoint names of a sparse layer's router and of one expert's projections:

@@ -94,6 +94,22 @@ ModelSpec Qwen25VlModel(std::string name, int64_t hidden, int64_t layers, int64_
   return m;
 }
 
+// Qwen2-VL as its config.json publishes it: the same language model as Qwen2.5-VL's (32768
+// positions) and a 32-block tower of width 1280 with LayerNorm, a QuickGELU MLP 4x wide and no
+// windows, merged into the language model's width.
+ModelSpec Qwen2VlModel(std::string name, int64_t hidden, int64_t layers, int64_t heads,
+                       int64_t kv_heads, int64_t intermediate, int64_t vocab, bool tie) {
+  ModelSpec m = Qwen25VlModel(std::move(name), hidden, layers, heads, kv_heads, intermediate,
+                              vocab, tie);
+  m.family = "qwen2_vl";
+  m.max_position_embeddings = 32768;
+  VisionSpec& v = m.vision;
+  v.intermediate_size = 4 * v.hidden_size;
+  v.window_size = 0;
+  v.fullatt_block_indexes.clear();
+  return m;
+}
+
 // Llama 3.1 / 3.2 checkpoints extend their 8192-token pre-training context with llama3 RoPE
 // scaling (factor 8 for 3.1, 32 for 3.2), as their config.json files say.
 ModelSpec WithLlama3Rope(ModelSpec m, double factor) {
@@ -142,6 +158,7 @@ std::vector<ModelSpec> BuildModelPresets() {
       MixtralModel("mixtral-8x7b", 4096, 32, 32, 8, 14336, 8, 2),
       // Planned with its images (workload.images_per_sample and the image size).
       Qwen25VlModel("qwen2.5-vl-7b", 3584, 28, 28, 4, 18944, 152064, false),
+      Qwen2VlModel("qwen2-vl-7b", 3584, 28, 28, 4, 18944, 152064, false),
   };
 }
 

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <initializer_list>
 
+#include "absl/strings/str_cat.h"
 #include "common/param_shapes.h"
+#include "common/vision_kind.h"
 
 namespace memplan {
 namespace {
@@ -32,6 +34,15 @@ VisionGrid VisionGridFor(const VisionSpec& v, int64_t height, int64_t width) {
     return std::max<int64_t>(1, (pixels + unit - 1) / unit) * v.spatial_merge_size;
   };
   return VisionGrid{side(height), side(width)};
+}
+
+absl::Status CheckVisionTowerPriced(const ModelSpec& model, absl::string_view arch_prefix) {
+  if (!model.IsVisionLanguage() || VisionGatedMlp(model)) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      arch_prefix, "family = \"", model.family,
+      "\": the planner does not price Qwen2-VL's vision tower yet (its LayerNorm blocks, "
+      "fc1 -> QuickGELU -> fc2 MLP and attention over each whole image have no byte and flop "
+      "model in common/vision_cost.cc; only Qwen2.5-VL's tower is priced)"));
 }
 
 int64_t VisionTowerParamCount(const ModelSpec& model) {

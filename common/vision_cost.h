@@ -22,6 +22,8 @@
 
 #include <cstdint>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "common/types.h"
 
 namespace memplan {
@@ -35,6 +37,11 @@ struct VisionGrid {
   int64_t patches() const { return rows * cols; }
 };
 VisionGrid VisionGridFor(const VisionSpec& v, int64_t height, int64_t width);
+
+// OK when VisionTowerCostFor prices `model`'s tower (none, or Qwen2.5-VL's); UNIMPLEMENTED for
+// Qwen2-VL's (common/vision_kind.h), whose LayerNorm, QuickGELU MLP and unwindowed attention the
+// [Vision tower bytes] and flops above do not describe yet. Planners check it before pricing.
+absl::Status CheckVisionTowerPriced(const ModelSpec& model, absl::string_view arch_prefix);
 
 // Parameters of the tower (VisionParamShapes' total); 0 without a tower.
 int64_t VisionTowerParamCount(const ModelSpec& model);

@@ -164,7 +164,9 @@ absl::Status DecodeVision(const Json& j, ModelSpec* m) {
                           {"window_size", &v.window_size},
                           {"out_hidden_size", &v.out_hidden_size}};
   for (const Field& f : fields) {
-    ASSIGN_OR_RETURN(*f.slot, GetInt(*vj, f.key, absl::StrCat("model.vision.", f.key), 1, kBig));
+    // window_size 0: a tower without windows (Qwen2-VL).
+    const int64_t lo = f.slot == &v.window_size ? 0 : 1;
+    ASSIGN_OR_RETURN(*f.slot, GetInt(*vj, f.key, absl::StrCat("model.vision.", f.key), lo, kBig));
   }
   ASSIGN_OR_RETURN(v.rope_theta,
                    GetDouble(*vj, "rope_theta", "model.vision.rope_theta", 0, 1e300));

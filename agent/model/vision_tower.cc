@@ -1,16 +1,26 @@
 #include "agent/model/vision_tower.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "agent/model/layers.h"
 #include "common/param_shapes.h"
+#include "common/vision_kind.h"
 
 namespace memplan {
 namespace {
 
-// transformers hard-codes the tower's RMSNorm epsilon.
+// transformers hard-codes the epsilon of the tower's norms (RMSNorm and LayerNorm alike).
 constexpr double kVisionNormEps = 1e-6;
+
+// The block's or merger's norm: LayerNorm with a bias (Qwen2-VL) or RMSNorm.
+torch::Tensor Norm(const ModelSpec& spec, const torch::Tensor& x, const torch::Tensor& weight,
+                   const torch::Tensor& bias) {
+  if (!VisionLayerNorm(spec)) return RmsNorm(x, weight, kVisionNormEps);
+  return at::layer_norm(x, {x.size(-1)}, weight, bias, kVisionNormEps);
+}
 
 struct Grid {
   int64_t t, h, w;
@@ -26,8 +36,8 @@ std::vector<Grid> Grids(const ModelSpec& spec, const VisionInputs& images) {
   int64_t patches = 0;
   for (int64_t i = 0; i < g.size(0); ++i) {
     const Grid grid{a[i][0], a[i][1], a[i][2]};
-    TORCH_CHECK(grid.t >= 1 && grid.h >= 1 && grid.w >= 1 &&
-                    grid.h % v.spatial_merge_size == 0 && grid.w % v.spatial_merge_size == 0,
+    TORCH_CHECK(grid.t >= 1 && grid.h >= 1 && grid.w >= 1 && grid.h % v.spatial_merge_size == 0 &&
+                    grid.w % v.spatial_merge_size == 0,
                 "vision tower: image ", i, " has grid (", grid.t, ", ", grid.h, ", ", grid.w,
                 "); h and w must be positive multiples of spatial_merge_size ",
                 v.spatial_merge_size);
@@ -117,9 +127,10 @@ torch::Tensor Attention(const ModelSpec& spec, const VisionParams& p, int64_t b,
   const int64_t n = x.size(0);
   const int64_t heads = v.num_heads;
   const int64_t d = v.HeadDim();
-  const torch::Tensor qkv = Linear(x, p.block(b, VisionParams::kQkvW), p.block(b, VisionParams::kQkvB))
-                                .reshape({n, 3, heads, d})
-                                .permute({1, 0, 2, 3});
+  const torch::Tensor qkv =
+      Linear(x, p.block(b, VisionParams::kQkvW), p.block(b, VisionParams::kQkvB))
+          .reshape({n, 3, heads, d})
+          .permute({1, 0, 2, 3});
   // 2-D rotary embedding in fp32, cast back (apply_rotary_pos_emb_vision).
   auto rotate = [&](const torch::Tensor& t) {
     const torch::Tensor f = t.to(torch::kFloat32);
@@ -132,16 +143,21 @@ torch::Tensor Attention(const ModelSpec& spec, const VisionParams& p, int64_t b,
   for (size_t i = 1; i < bounds.size(); ++i) {
     const int64_t a = bounds[i - 1], e = bounds[i];
     if (e == a) continue;
-    outs.push_back(at::scaled_dot_product_attention(q.slice(2, a, e), k.slice(2, a, e),
-                                                    vv.slice(2, a, e))
-                       .transpose(1, 2));  // [1, len, heads, d]
+    outs.push_back(
+        at::scaled_dot_product_attention(q.slice(2, a, e), k.slice(2, a, e), vv.slice(2, a, e))
+            .transpose(1, 2));  // [1, len, heads, d]
   }
   const torch::Tensor attn = torch::cat(outs, 1).reshape({n, heads * d});
   return Linear(attn, p.block(b, VisionParams::kProjW), p.block(b, VisionParams::kProjB));
 }
 
-torch::Tensor Mlp(const VisionParams& p, int64_t b, const torch::Tensor& x) {
+torch::Tensor Mlp(const ModelSpec& spec, const VisionParams& p, int64_t b, const torch::Tensor& x) {
   using V = VisionParams;
+  if (!VisionGatedMlp(spec)) {
+    // fc1 -> QuickGELU (x·sigmoid(1.702·x), transformers' quick_gelu) -> fc2.
+    const torch::Tensor h = Linear(x, p.block(b, V::kUpW), p.block(b, V::kUpB));
+    return Linear(h * torch::sigmoid(1.702 * h), p.block(b, V::kDownW), p.block(b, V::kDownB));
+  }
   const torch::Tensor gate = torch::silu(Linear(x, p.block(b, V::kGateW), p.block(b, V::kGateB)));
   const torch::Tensor up = Linear(x, p.block(b, V::kUpW), p.block(b, V::kUpB));
   return Linear(gate * up, p.block(b, V::kDownW), p.block(b, V::kDownB));
@@ -157,6 +173,49 @@ VisionParams VisionParams::Shaped(const ModelSpec& spec) {
     p.shapes.push_back(std::move(s.shape));
   }
   p.tensors.resize(p.names.size());
+  // Roles by the names' endings within block 0 and the merger.
+  const VisionSpec& v = spec.vision;
+  p.per_block =
+      v.depth > 0
+          ? (static_cast<int64_t>(p.names.size()) - 1 - (VisionLayerNorm(spec) ? 6 : 5)) / v.depth
+          : 0;
+  const std::pair<BlockTensor, const char*> block_roles[] = {
+      {kNorm1, "norm1.weight"},
+      {kNorm1Bias, "norm1.bias"},
+      {kNorm2, "norm2.weight"},
+      {kNorm2Bias, "norm2.bias"},
+      {kQkvW, "attn.qkv.weight"},
+      {kQkvB, "attn.qkv.bias"},
+      {kProjW, "attn.proj.weight"},
+      {kProjB, "attn.proj.bias"},
+      {kGateW, "mlp.gate_proj.weight"},
+      {kGateB, "mlp.gate_proj.bias"},
+      {kUpW, VisionGatedMlp(spec) ? "mlp.up_proj.weight" : "mlp.fc1.weight"},
+      {kUpB, VisionGatedMlp(spec) ? "mlp.up_proj.bias" : "mlp.fc1.bias"},
+      {kDownW, VisionGatedMlp(spec) ? "mlp.down_proj.weight" : "mlp.fc2.weight"},
+      {kDownB, VisionGatedMlp(spec) ? "mlp.down_proj.bias" : "mlp.fc2.bias"},
+  };
+  p.block_slot.fill(-1);
+  for (const auto& [role, suffix] : block_roles) {
+    for (int64_t i = 0; i < p.per_block; ++i) {
+      if (p.names[static_cast<size_t>(1 + i)] == absl::StrCat("visual.blocks.0.", suffix)) {
+        p.block_slot[role] = i;
+      }
+    }
+  }
+  const std::pair<MergerTensor, const char*> merger_roles[] = {
+      {kLnQ, "ln_q.weight"},  {kLnQBias, "ln_q.bias"},  {kMlp0W, "mlp.0.weight"},
+      {kMlp0B, "mlp.0.bias"}, {kMlp2W, "mlp.2.weight"}, {kMlp2B, "mlp.2.bias"},
+  };
+  p.merger_slot.fill(-1);
+  const size_t merger_begin = static_cast<size_t>(1 + p.depth * p.per_block);
+  for (const auto& [role, suffix] : merger_roles) {
+    for (size_t i = merger_begin; i < p.names.size(); ++i) {
+      if (p.names[i] == absl::StrCat("visual.merger.", suffix)) {
+        p.merger_slot[role] = static_cast<int64_t>(i - merger_begin);
+      }
+    }
+  }
   return p;
 }
 
@@ -200,9 +259,11 @@ torch::Tensor VisionTowerForward(const ModelSpec& spec, const VisionParams& p,
   // The patch embedding (a Conv3d whose stride is its kernel) is a linear map of each flattened
   // patch.
   torch::Tensor x = Linear(images.pixel_values.to(device, w.scalar_type()), w);
-  const Windows windows = WindowOrder(grids, m, v.WindowMergedPatches());
-  const torch::Tensor index = windows.index.to(device);
-  x = PermuteMerged(x, index, unit);
+  // A tower without windows keeps the processor's order (no permutation, whole-frame bounds).
+  const Windows windows =
+      VisionWindowed(v) ? WindowOrder(grids, m, v.WindowMergedPatches()) : Windows{};
+  const torch::Tensor index = VisionWindowed(v) ? windows.index.to(device) : torch::Tensor();
+  if (VisionWindowed(v)) x = PermuteMerged(x, index, unit);
 
   // 2-D rotary angles: a quarter of the head's dimensions turn with the row, a quarter with the
   // column, each pair as halves of the head (Qwen2_5_VLVisionRotaryEmbedding).
@@ -215,25 +276,29 @@ torch::Tensor VisionTowerForward(const ModelSpec& spec, const VisionParams& p,
       positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq.to(device);  // [n, 2, d / 4]
   auto layout = [&](const torch::Tensor& f) {
     const torch::Tensor hw = torch::cat({f.select(1, 0), f.select(1, 1)}, -1);
-    return PermuteMerged(torch::cat({hw, hw}, -1), index, unit).unsqueeze(-2);  // [n, 1, d]
+    const torch::Tensor both = torch::cat({hw, hw}, -1);
+    return (VisionWindowed(v) ? PermuteMerged(both, index, unit) : both)
+        .unsqueeze(-2);  // [n, 1, d]
   };
   const torch::Tensor cos = layout(angles.cos());
   const torch::Tensor sin = layout(angles.sin());
 
   const std::vector<int64_t> frames = FrameBoundaries(grids);
   for (int64_t b = 0; b < v.depth; ++b) {
-    const std::vector<int64_t>& bounds = v.IsFullAttentionBlock(b) ? frames : windows.boundaries;
-    x = x + Attention(spec, p, b, RmsNorm(x, p.block(b, VisionParams::kNorm1), kVisionNormEps),
+    const std::vector<int64_t>& bounds =
+        VisionFullAttentionBlock(v, b) ? frames : windows.boundaries;
+    using V = VisionParams;
+    x = x + Attention(spec, p, b, Norm(spec, x, p.block(b, V::kNorm1), p.block(b, V::kNorm1Bias)),
                       cos, sin, bounds);
-    x = x + Mlp(p, b, RmsNorm(x, p.block(b, VisionParams::kNorm2), kVisionNormEps));
+    x = x + Mlp(spec, p, b, Norm(spec, x, p.block(b, V::kNorm2), p.block(b, V::kNorm2Bias)));
   }
 
   using V = VisionParams;
   torch::Tensor merged =
-      RmsNorm(x, p.merger(V::kLnQ), kVisionNormEps).reshape({x.size(0) / unit, -1});
+      Norm(spec, x, p.merger(V::kLnQ), p.merger(V::kLnQBias)).reshape({x.size(0) / unit, -1});
   merged = Linear(merged, p.merger(V::kMlp0W), p.merger(V::kMlp0B));
   merged = Linear(torch::gelu(merged), p.merger(V::kMlp2W), p.merger(V::kMlp2B));
-  return merged.index_select(0, torch::argsort(index));
+  return VisionWindowed(v) ? merged.index_select(0, torch::argsort(index)) : merged;
 }
 
 }  // namespace memplan

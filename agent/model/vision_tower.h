@@ -1,8 +1,11 @@
 // Qwen2.5-VL's vision tower (transformers' Qwen2_5_VisionTransformerPretrainedModel): patches ->
 // patch embedding -> blocks with 2-D rotary attention over windows (or the whole image for the
 // full-attention blocks), never across images -> patch merger to the language model's width.
+// Qwen2-VL's (Qwen2VisionTransformerPretrainedModel) is the same with common/vision_kind.h's
+// differences: LayerNorm, fc1 -> QuickGELU -> fc2, every block over the whole image.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -31,22 +34,44 @@ struct VisionParams {
   // vector is never resized, so their addresses stay put).
   static VisionParams Shaped(const ModelSpec& spec);
 
-  static constexpr int64_t kPerBlock = 12;
-  // Index of each of a block's tensors in its kPerBlock.
+  // A block's and the merger's tensors by role. The variant lacks some (Qwen2.5-VL the norm
+  // biases, Qwen2-VL the gate; fc1/fc2 take the up/down roles): block() and merger() give an
+  // undefined tensor for those.
   enum BlockTensor {
-    kNorm1, kNorm2, kQkvW, kQkvB, kProjW, kProjB, kGateW, kGateB, kUpW, kUpB, kDownW, kDownB
+    kNorm1,
+    kNorm1Bias,
+    kNorm2,
+    kNorm2Bias,
+    kQkvW,
+    kQkvB,
+    kProjW,
+    kProjB,
+    kGateW,
+    kGateB,
+    kUpW,
+    kUpB,
+    kDownW,
+    kDownB,
+    kBlockRoles
   };
-  enum MergerTensor { kLnQ, kMlp0W, kMlp0B, kMlp2W, kMlp2B };
+  enum MergerTensor { kLnQ, kLnQBias, kMlp0W, kMlp0B, kMlp2W, kMlp2B, kMergerRoles };
   const torch::Tensor& patch_embed() const { return tensors[0]; }
   const torch::Tensor& block(int64_t b, BlockTensor which) const {
-    return tensors[static_cast<size_t>(1 + b * kPerBlock + which)];
+    const int64_t slot = block_slot[which];
+    return slot < 0 ? absent : tensors[static_cast<size_t>(1 + b * per_block + slot)];
   }
   const torch::Tensor& merger(MergerTensor which) const {
-    return tensors[static_cast<size_t>(1 + depth * kPerBlock + which)];
+    const int64_t slot = merger_slot[which];
+    return slot < 0 ? absent : tensors[static_cast<size_t>(1 + depth * per_block + slot)];
   }
   std::vector<NamedParam> Named() const;
 
   int64_t depth = 0;
+  int64_t per_block = 0;  // tensors of each block
+  // Each role's position within a block's (the merger's) tensors, -1 where the variant lacks it.
+  std::array<int64_t, kBlockRoles> block_slot{};
+  std::array<int64_t, kMergerRoles> merger_slot{};
+  torch::Tensor absent;
   std::vector<std::string> names;
   std::vector<std::vector<int64_t>> shapes;
   std::vector<torch::Tensor> tensors;

@@ -260,7 +260,7 @@ INSTANTIATE_TEST_SUITE_P(
                       "vision_config": []})",
                   "\"vision_config\" must be an object"},
         VlBadCase{TinyNested("", "", R"(, "image_token_id": 128)"), "\"image_token_id\""},
-        VlBadCase{R"({"model_type": "qwen2_vl", "hidden_size": 64})", "\"model_type\""}));
+        VlBadCase{R"({"model_type": "llava", "hidden_size": 64})", "\"model_type\""}));
 
 }  // namespace
 }  // namespace memplan

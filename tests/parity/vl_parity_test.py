@@ -20,12 +20,15 @@ logits.
 LoRA (peft 0.21, r 4, alpha 8, q_proj and v_proj: names that only the language model has) from a
 random peft adapter (--load-adapter): logits, loss, every adapter gradient and the step, and the
 adapter memplan saves loads in peft with memplan's post-step logits.
+The same checks, untied and with LoRA, for a tiny Qwen2VLForConditionalGeneration (qwen2_vl: the
+tower's LayerNorm, QuickGELU MLP and full attention over each image) on the same batch layout.
 
-  vl_parity_test.py --tool PATH [--work DIR]
+  vl_parity_test.py --tool PATH [--work DIR] [--arch qwen2_5_vl|qwen2_vl]
 Prints one line per comparison and ends with "N passed, M failed"; exits non-zero on a failure.
 """
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -61,7 +64,9 @@ PLANS = [
 ]
 
 
-def config(tie):
+def config(arch, tie):
+    if arch == "qwen2_vl":
+        return qwen2_vl_config(tie)
     return transformers.Qwen2_5_VLConfig(
         text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=112,
                          num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
@@ -76,6 +81,31 @@ def config(tie):
         vision_end_token_id=END, tie_word_embeddings=tie)
 
 
+def qwen2_vl_config(tie):
+    """Qwen2-VL: the same language model; a tower with LayerNorm, fc1 -> QuickGELU -> fc2 (mlp_ratio
+    2) and attention over each whole image in every block (no windows)."""
+    return transformers.Qwen2VLConfig(
+        text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=112,
+                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                         rms_norm_eps=1e-5, max_position_embeddings=128,
+                         rope_parameters=dict(rope_type="default", rope_theta=1e4,
+                                              mrope_section=[4, 2, 2])),
+        vision_config=dict(depth=3, embed_dim=32, hidden_size=64, mlp_ratio=2, num_heads=2,
+                           patch_size=PATCH, spatial_merge_size=MERGE,
+                           temporal_patch_size=TEMPORAL, in_channels=CHANNELS),
+        image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START,
+        vision_end_token_id=END, tie_word_embeddings=tie)
+
+
+MODEL_CLASSES = {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+                 "qwen2_vl": "Qwen2VLForConditionalGeneration"}
+
+
+def arch_of(name):
+    """The family a checkpoint's name starts with ("qwen2_vl-untied" -> "qwen2_vl")."""
+    return name.split("-")[0]
+
+
 def disk_name(name):
     """transformers 5's in-memory names -> the checkpoint's."""
     if name.startswith("model.visual."):
@@ -85,15 +115,17 @@ def disk_name(name):
     return name
 
 
-def write_checkpoint(directory, tie, seed):
+def write_checkpoint(directory, arch, tie, seed):
     torch.manual_seed(seed)
-    model = transformers.Qwen2_5_VLForConditionalGeneration(config(tie)).float()
+    model = getattr(transformers, MODEL_CLASSES[arch])(config(arch, tie)).float()
     randomise(model, seed)
     model.save_pretrained(directory)
 
 
 def load_hf(directory):
-    model = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(
+    with open(os.path.join(directory, "config.json")) as f:
+        arch = json.load(f)["model_type"]
+    model = getattr(transformers, MODEL_CLASSES[arch]).from_pretrained(
         directory, dtype=torch.float32, attn_implementation="sdpa")
     return model.train()
 
@@ -181,7 +213,7 @@ def compare(tally, label, out_path, ref):
 
 def run_checkpoint(tally, tool, work, name, tie, seed):
     ckpt = os.path.join(work, name)
-    write_checkpoint(ckpt, tie, seed)
+    write_checkpoint(ckpt, arch_of(name), tie, seed)
     hyper = ["--lr", str(LR), "--beta1", str(BETAS[0]), "--beta2", str(BETAS[1]),
              "--eps", str(EPS), "--weight-decay", str(WD)]
     ids, targets, pixels, grid = batch(100 + seed)
@@ -305,6 +337,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tool", required=True, help="memplan-hf-parity binary")
     parser.add_argument("--work", help="scratch directory (default: a temporary one)")
+    parser.add_argument("--arch", choices=sorted(MODEL_CLASSES),
+                        help="check only this family (default: every one)")
     args = parser.parse_args()
     torch.set_num_threads(2)
     work = args.work or tempfile.mkdtemp(prefix="memplan-vl-parity-")
@@ -312,9 +346,13 @@ def main():
     os.makedirs(work)
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, work dir {work}")
     tally = Tally()
-    run_checkpoint(tally, args.tool, work, "qwen2_5_vl-untied", False, 1)
-    run_checkpoint(tally, args.tool, work, "qwen2_5_vl-tied", True, 2)
-    run_lora(tally, args.tool, work, "qwen2_5_vl-untied", 3)
+    if args.arch in (None, "qwen2_5_vl"):
+        run_checkpoint(tally, args.tool, work, "qwen2_5_vl-untied", False, 1)
+        run_checkpoint(tally, args.tool, work, "qwen2_5_vl-tied", True, 2)
+        run_lora(tally, args.tool, work, "qwen2_5_vl-untied", 3)
+    if args.arch in (None, "qwen2_vl"):
+        run_checkpoint(tally, args.tool, work, "qwen2_vl-untied", False, 4)
+        run_lora(tally, args.tool, work, "qwen2_vl-untied", 5)
     print(f"{tally.passed} passed, {len(tally.failed)} failed")
     if tally.failed:
         print("failed: " + ", ".join(tally.failed))

@@ -1,0 +1,49 @@
+// Internal to hf_config*.cc: reading config.json values with errors that name the key, and the
+// vision-language parts of the config (hf_config_vision.cc). Not for use outside common/.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/types.h"
+#include "nlohmann/json.hpp"
+
+namespace memplan {
+namespace hf_json {
+
+using Json = nlohmann::json;
+
+// INVALID_ARGUMENT "config.json: \"<key>\" <what>".
+absl::Status KeyError(absl::string_view key, absl::string_view what);
+// `status` (an error naming a key of a nested object) with the key prefixed by `prefix`.
+absl::Status Nested(const absl::Status& status, absl::string_view prefix);
+
+// The member `key`, nullptr when absent or null (Hugging Face treats both as "use the default").
+const Json* Find(const Json& obj, const char* key);
+absl::StatusOr<std::optional<int64_t>> OptionalInt(const Json& obj, const char* key, int64_t lo,
+                                                   int64_t hi);
+absl::StatusOr<int64_t> RequiredInt(const Json& obj, const char* key, int64_t lo, int64_t hi);
+absl::StatusOr<std::optional<double>> OptionalPositiveDouble(const Json& obj, const char* key,
+                                                             double hi);
+absl::StatusOr<std::optional<bool>> OptionalBool(const Json& obj, const char* key);
+absl::StatusOr<std::optional<std::string>> OptionalString(const Json& obj, const char* key);
+// "<where>.<key>" as a number in (0, hi].
+absl::StatusOr<std::optional<double>> RopeNumber(const Json& rp, const std::string& where,
+                                                 const char* key, double hi);
+
+// The tower ("vision_config", errors name "vision_config.<key>") and the multimodal token ids at
+// the top level of `root`, for spec->family qwen2_5_vl or qwen2_vl; spec->hidden_size and
+// vocab_size must be set.
+absl::Status ParseVisionLanguage(const Json& root, ModelSpec* spec);
+
+// transformers 5's layout of a vision-language config: `text` (the language model's keys as
+// ToHfConfigJson writes them for a causal LM) under "text_config", the tower under
+// "vision_config", the token ids at the top level.
+std::string VisionLanguageConfigJson(const ModelSpec& spec, nlohmann::ordered_json text);
+
+}  // namespace hf_json
+}  // namespace memplan
