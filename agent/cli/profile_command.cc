@@ -8,7 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "agent/client/planner_client.h"
 #include "agent/client/record_json.h"
 #include "agent/profiler/memory_probe.h"
@@ -18,6 +21,7 @@
 #include "common/hf_config.h"
 #include "common/presets.h"
 #include "common/request_flags.h"
+#include "common/validate.h"
 
 namespace memplan {
 namespace {
@@ -26,11 +30,16 @@ constexpr char kProfileUsage[] =
     "usage: memplan-agent profile (--arch NAME | --arch-file CONFIG.json) [--batch B] [--seq S]\n"
     "         [--dtype fp32|bf16|fp16] [--device cpu|cuda|cuda:N] [--hardware NAME]\n"
     "         [--chunk-bytes N] [--on-demand] [--out FILE] [--planner ADDR]\n"
+    "         [--images-per-sample N --image-size HxW]\n"
     "         [--tls-ca FILE [--tls-cert FILE --tls-key FILE]] [--auth-token-file FILE]\n"
-    "  --arch-file      a Hugging Face config.json (Llama / Qwen2 / Qwen3 / Mistral)\n"
+    "  --arch-file      a Hugging Face config.json (Llama / Qwen2 / Qwen3 / Mistral /\n"
+    "                   Qwen2.5-VL ...)\n"
     "  --on-demand      keep the parameters in host memory and put one group's on the device at\n"
     "                   a time (models larger than the card; ProTrain's on-demand profiling)\n"
-    "  --chunk-bytes N  record the chunk layout for this chunk size in the trace\n";
+    "  --chunk-bytes N  record the chunk layout for this chunk size in the trace\n"
+    "  --images-per-sample N --image-size HxW\n"
+    "                   a vision-language model (required for one): each sample of the pass\n"
+    "                   holds N synthetic images of H x W pixels, recorded in the trace\n";
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
@@ -117,11 +126,26 @@ int RunProfileCommand(const std::vector<std::string>& args_in) {
       .String("--hardware", &options.hardware_name)
       .Int("--chunk-bytes", &options.chunk_bytes, kMinChunkBytes, kMaxChunkBytes)
       .String("--out", &out)
-      .String("--planner", &planner);
+      .String("--planner", &planner)
+      .Int("--images-per-sample", &options.workload.images_per_sample, 1, kMaxImagesPerSample)
+      .Custom("--image-size", [&options](absl::string_view v) -> absl::Status {
+        const std::vector<absl::string_view> sides = absl::StrSplit(v, absl::ByAnyChar("xX"));
+        Workload& w = options.workload;
+        if (sides.size() != 2 || !absl::SimpleAtoi(sides[0], &w.image_height) ||
+            !absl::SimpleAtoi(sides[1], &w.image_width) || w.image_height < 1 ||
+            w.image_width < 1 || w.image_height > 65536 || w.image_width > 65536) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "--image-size = \"", v, "\": expected HEIGHTxWIDTH in pixels, e.g. 448x448"));
+        }
+        return absl::OkStatus();
+      });
   AddDTypeFlag(&flags, "--dtype", &param_dtype);
   if (absl::Status s = flags.Parse(args); !s.ok()) return BadFlag(std::string(s.message()));
   if (arch.empty() == arch_file.empty())
     return BadFlag("give exactly one of --arch or --arch-file");
+  if ((options.workload.images_per_sample > 0) != (options.workload.image_height > 0)) {
+    return BadFlag("--images-per-sample N and --image-size HxW go together");
+  }
   if (planner.empty() && HasChannelSecurity(client_options.security)) {
     return BadFlag("--tls-* and --auth-token-file need --planner ADDR");
   }

@@ -70,6 +70,11 @@ absl::StatusOr<std::string> ProfileAndSubmit(PlannerClient& client,
   profiler.workload.seq_len = workload.seq_len;
   profiler.workload.grad_accum = workload.grad_accum;
   profiler.workload.grad_clipping = workload.grad_clipping;
+  // [Profiled images] (agent/profiler/model_profiler.cc): a vision-language model's pass runs
+  // the workload's images, and the trace records them.
+  profiler.workload.images_per_sample = workload.images_per_sample;
+  profiler.workload.image_height = workload.image_height;
+  profiler.workload.image_width = workload.image_width;
   profiler.hardware_name = hardware_name;
   // The profiling batch is drawn from the run's seed, the one the model is drawn from.
   profiler.seed = model_options.seed;
@@ -98,12 +103,18 @@ absl::StatusOr<std::string> ProfileAndSubmit(PlannerClient& client,
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const Workload& traced = result.trace.workload;
   std::printf(
       "profiled%s in %.2f s (%d passes; warm-up %.3f s, timed pass %.3f s), step peak %.2f MiB, "
-      "params %.2f MiB, memory from %s\n",
+      "params %.2f MiB, memory from %s%s\n",
       on_demand ? " on demand" : "", seconds, result.passes, result.warmup_seconds,
       result.step_seconds, MiB(result.step_peak_bytes), MiB(result.param_bytes),
-      result.memory_source.c_str());
+      result.memory_source.c_str(),
+      traced.images_per_sample > 0
+          ? absl::StrFormat(", with %d images of %dx%d per sample", traced.images_per_sample,
+                            traced.image_height, traced.image_width)
+                .c_str()
+          : "");
   ASSIGN_OR_RETURN(std::string trace_id, client.SubmitTrace(result.trace));
   std::printf("trace_id %s\n", trace_id.c_str());
   return trace_id;

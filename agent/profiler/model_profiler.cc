@@ -7,11 +7,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/chunk_packing.h"
+#include "agent/io/vl_samples.h"
 #include "agent/profiler/memory_probe.h"
+#include "common/chunk_packing.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/validate.h"
+#include "common/vision_cost.h"
 
 namespace memplan {
 namespace {
@@ -94,7 +96,59 @@ void ClearGrads(const std::vector<NamedParam>& params) {
   }
 }
 
-absl::StatusOr<PassResult> RunPass(LlamaModel& model, const torch::Tensor& ids,
+// One profiling micro-batch: token ids, their shifted targets and, for a vision-language model,
+// its images (already on the device).
+struct ProfilingBatch {
+  torch::Tensor ids;
+  torch::Tensor targets;
+  VisionInputs images;
+};
+
+// [Profiled images] A vision-language model is profiled with the workload's images: synthetic
+// samples of images_per_sample images each, on the grid the planner prices for image_height x
+// image_width (VisionGridFor rounds each side up), as --synthetic-images makes them. A profile
+// without images would leave the tower out of the trace, so it is refused here as the planner
+// refuses such a trace.
+absl::StatusOr<ProfilingBatch> MakeProfilingBatch(const ModelSpec& spec,
+                                                  const ProfilerOptions& options,
+                                                  const torch::Device& device) {
+  RETURN_IF_ERROR(ValidateImagesForModel(spec, options.workload, "arch.", "workload."));
+  const Workload& w = options.workload;
+  ProfilingBatch batch;
+  if (!spec.IsVisionLanguage()) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(options.seed);
+    batch.ids = at::randint(spec.vocab_size, {w.micro_batch, w.seq_len}, gen,
+                            torch::TensorOptions().dtype(torch::kInt64))
+                    .to(device);
+    batch.targets = batch.ids;
+    return batch;
+  }
+  const VisionGrid grid = VisionGridFor(spec.vision, w.image_height, w.image_width);
+  io::SyntheticVlOptions synthetic;
+  synthetic.images = w.images_per_sample;
+  synthetic.height = grid.rows * spec.vision.patch_size;
+  synthetic.width = grid.cols * spec.vision.patch_size;
+  synthetic.seed = options.seed;
+  io::VlBatcher::Options batcher_options;
+  batcher_options.seed = options.seed;
+  batcher_options.batch_size = w.micro_batch;
+  batcher_options.seq_len = w.seq_len;
+  absl::StatusOr<std::unique_ptr<io::VlBatcher>> batcher =
+      io::VlBatcher::Create(spec, nullptr, synthetic, batcher_options);
+  if (!batcher.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "profiling images: workload.images_per_sample = ", w.images_per_sample, " of ",
+        synthetic.height, "x", synthetic.width, " pixels: ", batcher.status().message()));
+  }
+  ASSIGN_OR_RETURN(io::VlBatch vl, (*batcher)->Batch(0));
+  batch.ids = vl.input_ids.to(device);
+  batch.targets = vl.targets.to(device);
+  batch.images = vl.images;
+  batch.images.pixel_values = batch.images.pixel_values.to(device);
+  return batch;
+}
+
+absl::StatusOr<PassResult> RunPass(LlamaModel& model, const ProfilingBatch& batch,
                                    const BlockModes& modes, MemoryProbe& probe,
                                    ParamResidency* inner) {
   const std::vector<NamedParam> params = model.Params();
@@ -105,7 +159,8 @@ absl::StatusOr<PassResult> RunPass(LlamaModel& model, const torch::Tensor& ids,
     probe.Synchronize();
     pass.start_bytes = probe.AllocatedBytes();
     const auto start = Clock::now();
-    torch::Tensor loss = model.Loss(ids, ids, modes, &recorder);
+    torch::Tensor loss =
+        model.Loss(batch.ids, batch.targets, modes, &recorder, nullptr, batch.images);
     probe.Synchronize();
     pass.forward_end_bytes = probe.AllocatedBytes() - pass.start_bytes;
     loss.backward();
@@ -180,10 +235,18 @@ absl::StatusOr<ProfileResult> ProfileModel(LlamaModel& model, const ProfilerOpti
 
   // The probe goes first: on CPU it only sees allocations made while it exists.
   std::unique_ptr<MemoryProbe> probe = MemoryProbe::Create(device);
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(options.seed);
-  const torch::Tensor ids =
-      at::randint(spec.vocab_size, {batch, seq}, gen, torch::TensorOptions().dtype(torch::kInt64))
-          .to(device);
+  ProfilingBatch inputs;
+  try {
+    ASSIGN_OR_RETURN(inputs, MakeProfilingBatch(spec, options, device));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("profiling batch failed: ", e.what_without_backtrace()));
+  }
+  // The pixel values are on the device before the pass, so no group's growth holds them; the
+  // trace puts them in the embedding group's saved bytes, where the tower's pricing has them
+  // ([Vision tower bytes], common/vision_cost.h).
+  const int64_t pixel_bytes =
+      inputs.images.pixel_values.defined() ? TensorBytes(inputs.images.pixel_values) : 0;
 
   // [Interleaved pass] Every block of a model has the same shapes, so one pass can measure both
   // modes: even blocks (0-based) run NONE and odd ones CKPT, and each CKPT block takes its NONE
@@ -199,11 +262,11 @@ absl::StatusOr<ProfileResult> ProfileModel(LlamaModel& model, const ProfilerOpti
   double warmup_seconds = 0;
   int passes = 0;
   for (int i = 0; i < options.warmup_steps; ++i, ++passes) {
-    ASSIGN_OR_RETURN(PassResult warm, RunPass(model, ids, modes, *probe, options.inner));
+    ASSIGN_OR_RETURN(PassResult warm, RunPass(model, inputs, modes, *probe, options.inner));
     MEMPLAN_LOG(kInfo, "profiler warm-up pass").Field("seconds", warm.seconds);
     warmup_seconds += warm.seconds;
   }
-  ASSIGN_OR_RETURN(PassResult plain, RunPass(model, ids, modes, *probe, options.inner));
+  ASSIGN_OR_RETURN(PassResult plain, RunPass(model, inputs, modes, *probe, options.inner));
   ++passes;
   MEMPLAN_LOG(kInfo, "profiler pass")
       .Field("seconds", plain.seconds)
@@ -213,10 +276,10 @@ absl::StatusOr<ProfileResult> ProfileModel(LlamaModel& model, const ProfilerOpti
   if (options.measure_recompute && !interleave) {
     const BlockModes all_ckpt(static_cast<size_t>(n), BlockMode::kCkpt);
     for (int i = 0; i < std::min(options.warmup_steps, 1); ++i, ++passes) {
-      ASSIGN_OR_RETURN(PassResult warm, RunPass(model, ids, all_ckpt, *probe, options.inner));
+      ASSIGN_OR_RETURN(PassResult warm, RunPass(model, inputs, all_ckpt, *probe, options.inner));
       MEMPLAN_LOG(kInfo, "profiler warm-up pass, every block CKPT").Field("seconds", warm.seconds);
     }
-    ASSIGN_OR_RETURN(ckpt, RunPass(model, ids, all_ckpt, *probe, options.inner));
+    ASSIGN_OR_RETURN(ckpt, RunPass(model, inputs, all_ckpt, *probe, options.inner));
     ++passes;
     MEMPLAN_LOG(kInfo, "profiler pass, every block CKPT").Field("seconds", ckpt.seconds);
   }
@@ -282,7 +345,7 @@ absl::StatusOr<ProfileResult> ProfileModel(LlamaModel& model, const ProfilerOpti
 
   const GroupMeasurement& emb = plain.groups.front();
   t.embedding.param_bytes = group_param_bytes.front();
-  t.embedding.saved_bytes = NonNegative(growth(emb) - input_bytes);
+  t.embedding.saved_bytes = NonNegative(growth(emb) - input_bytes) + pixel_bytes;
   t.embedding.forward_transient_bytes = fwd_transient(emb);
   t.embedding.backward_transient_bytes = bwd_transient(emb);
   t.embedding.forward_seconds = emb.forward_seconds;
@@ -290,7 +353,7 @@ absl::StatusOr<ProfileResult> ProfileModel(LlamaModel& model, const ProfilerOpti
 
   // The all-NONE forward-end bytes: what the timed pass kept, plus what its CKPT blocks would
   // have kept in NONE mode (their NONE partner's growth) beyond what they did keep.
-  int64_t forward_end = plain.forward_end_bytes;
+  int64_t forward_end = plain.forward_end_bytes + pixel_bytes;
   for (int i = 0; i < n; ++i) {
     // The NONE block whose figures block i takes (itself when it ran NONE), and the CKPT block
     // of its pair (the next block; the previous one for a last, unpaired NONE block).

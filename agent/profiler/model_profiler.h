@@ -17,7 +17,8 @@
 namespace memplan {
 
 struct ProfilerOptions {
-  Workload workload;              // micro_batch and seq_len are profiled; the rest is recorded
+  // micro_batch, seq_len and a vision-language model's images are profiled; the rest is recorded
+  Workload workload;
   std::string hardware_name;      // names the card in the trace (the planner matches on it)
   int warmup_steps = 1;           // untimed forward+backward passes first (kernels, allocator)
   bool measure_recompute = true;  // odd blocks run CKPT in the timed pass (see README)
@@ -62,9 +63,12 @@ struct ProfileResult {
 // batch of workload.micro_batch x workload.seq_len tokens. With measure_recompute the odd blocks
 // run CKPT in every pass and each CKPT block is paired with the NONE block before it (blocks
 // share their shapes), so two passes give every per-block figure (see [Interleaved pass]).
-// The trace describes the all-NONE model whatever ran. Gradients the passes produce are cleared
-// (the parameters are unchanged). INVALID_ARGUMENT for a bad workload, RESOURCE_EXHAUSTED when
-// the device runs out of memory.
+// The trace describes the all-NONE model whatever ran. A vision-language model's batch holds the
+// workload's images (synthetic, images_per_sample of image_height x image_width per sample), which
+// the trace records ([Profiled images] in model_profiler.cc). Gradients the passes produce are
+// cleared (the parameters are unchanged). INVALID_ARGUMENT for a bad workload (a vision-language
+// model without images: naming workload.images_per_sample), RESOURCE_EXHAUSTED when the device
+// runs out of memory.
 absl::StatusOr<ProfileResult> ProfileModel(LlamaModel& model, const ProfilerOptions& options);
 
 }  // namespace memplan
