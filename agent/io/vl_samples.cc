@@ -117,6 +117,25 @@ absl::StatusOr<std::unique_ptr<VlSampleFile>> VlSampleFile::Open(const std::stri
   return f;
 }
 
+VlSampleFile::ImageExtent VlSampleFile::LargestSample() const {
+  ImageExtent largest;
+  for (int64_t s = 0; s < num_samples(); ++s) {
+    const int64_t i0 = sample_images_[s], i1 = sample_images_[s + 1];
+    const int64_t patches = image_patches_[i1] - image_patches_[i0];
+    if (i1 == i0 || patches <= largest.patches) continue;
+    largest = ImageExtent{s, i1 - i0, patches, 0, 0};
+    int64_t most = 0;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t* g = &grids_[static_cast<size_t>(3 * i)];
+      if (g[0] * g[1] * g[2] <= most) continue;
+      most = g[0] * g[1] * g[2];
+      largest.largest_rows = g[1];
+      largest.largest_cols = g[2];
+    }
+  }
+  return largest;
+}
+
 absl::StatusOr<VlSample> VlSampleFile::Read(int64_t sample) const {
   if (sample < 0 || sample >= num_samples()) {
     return absl::OutOfRangeError(absl::StrCat("sample ", sample, " of ", num_samples()));

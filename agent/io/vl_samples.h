@@ -47,6 +47,17 @@ class VlSampleFile {
   int64_t max_sample_tokens() const { return max_tokens_; }
   absl::StatusOr<VlSample> Read(int64_t sample) const;
 
+  // The sample whose images have the most patches (the first of equals; sample -1 when no sample
+  // has an image): its image count and patches, and the grid of its image with the most patches.
+  struct ImageExtent {
+    int64_t sample = -1;
+    int64_t images = 0;
+    int64_t patches = 0;       // Σ t·h·w over the sample's images
+    int64_t largest_rows = 0;  // h of its largest image, in patches
+    int64_t largest_cols = 0;  // w of its largest image, in patches
+  };
+  ImageExtent LargestSample() const;
+
  private:
   VlSampleFile() = default;
 

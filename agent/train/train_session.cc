@@ -423,7 +423,11 @@ absl::Status TrainSession::PlanFromPlanner() {
   ASSIGN_OR_RETURN(client_, PlannerClient::Create(loop_.address, client_options));
   // Sharded: rank 0 asks, every rank trains under its answer (one stored plan per job).
   absl::StatusOr<PlanAnswer> asked = absl::UnavailableError("not asked: rank 0 asks");
-  if (lead_) asked = AskPlanner(*client_, loop_, PlannerQuery(), model_options_);
+  if (lead_) {
+    absl::StatusOr<PlanQuery> query = PlannerQuery();
+    asked = query.ok() ? AskPlanner(*client_, loop_, *std::move(query), model_options_)
+                       : absl::StatusOr<PlanAnswer>(query.status());
+  }
   if (group_ != nullptr) asked = ShareRankZeroAnswer(*group_, asked);
   ASSIGN_OR_RETURN(answer_, std::move(asked));
   if (!lead_) {
@@ -448,7 +452,7 @@ absl::Status TrainSession::PlanFromPlanner() {
   return absl::OkStatus();
 }
 
-PlanQuery TrainSession::PlannerQuery() const {
+absl::StatusOr<PlanQuery> TrainSession::PlannerQuery() const {
   PlanQuery query;
   // The architecture by its preset name when it has one; AskPlanner puts a profiled trace in its
   // place.
@@ -465,11 +469,23 @@ PlanQuery TrainSession::PlannerQuery() const {
   // The ranks of one node share its RAM: the planner prices each rank's shards against the
   // node's memory divided by them.
   query.workload.local_world_size = dist_.local_world_size;
-  // A vision-language run's images (synthetic ones have one size; a sample file's vary and are
-  // not described yet, which the planner refuses rather than price the run as text).
-  query.workload.images_per_sample = static_cast<int32_t>(config_.synthetic_images);
-  query.workload.image_height = config_.image_height;
-  query.workload.image_width = config_.image_width;
+  // A vision-language run's images: synthetic ones as given, a sample file's by its sample with
+  // the most patches ([Largest VL sample], agent/train/vl_data.h). With --profile the profiling
+  // pass runs these images too.
+  ASSIGN_OR_RETURN(const VlWorkloadImages images, DescribeVlImages(config_, spec_));
+  query.workload.images_per_sample = images.images_per_sample;
+  query.workload.image_height = images.image_height;
+  query.workload.image_width = images.image_width;
+  if (images.images_per_sample > 0) {
+    MEMPLAN_LOG(kInfo, "vision-language workload sent to the planner")
+        .Field("images_per_sample", images.images_per_sample)
+        .Field("image_size", absl::StrCat(images.image_height, "x", images.image_width))
+        .Field("source", config_.vl_data_file.empty() ? std::string("--synthetic-images")
+                                                      : "--data-vl " + config_.vl_data_file)
+        .Field("largest_sample", images.sample)
+        .Field("largest_sample_patches", images.sample_patches)
+        .Field("described_patches", images.described_patches);
+  }
   query.param_dtype = dtype_;
   // With --planner there is no plan file: the flag (validated by ParseTrainArgs) or adamw.
   query.optimizer = config_.optimizer.value_or(OptimizerKind::kAdamW);

@@ -84,7 +84,7 @@ class TrainSession {
   absl::Status ReadPlanFile();
   absl::Status ResolveModelSpec();
   absl::Status PlanFromPlanner();
-  PlanQuery PlannerQuery() const;
+  absl::StatusOr<PlanQuery> PlannerQuery() const;
   absl::Status StartLiveMetrics();
   absl::Status StopOnOutOfMemory(const absl::Status& step_status);
   void ObserveStep(StepStats& stats);

@@ -205,5 +205,50 @@ TEST(VlDataTest, FlagsAndRefusals) {
   EXPECT_EQ(mb->images.num_images(), 2);
 }
 
+// [Largest VL sample]: a file of images of several sizes is described to the planner by its
+// sample with the most patches, never fewer patches; synthetic images as given.
+TEST(VlDataTest, WorkloadDescribesTheLargestSample) {
+  const ModelSpec s = VlSpec();
+  const std::string path = TempPath("vl-largest");
+  ASSERT_TRUE(io::SaveSafetensorsFile(path, ThreeSamples(s)).ok());
+  auto file = io::VlSampleFile::Open(path, s);
+  ASSERT_TRUE(file.ok()) << file.status();
+  const io::VlSampleFile::ImageExtent largest = (*file)->LargestSample();
+  EXPECT_EQ(largest.sample, 2);
+  EXPECT_EQ(largest.images, 2);
+  EXPECT_EQ(largest.patches, 16 + 32);
+  EXPECT_EQ(largest.largest_rows, 4);
+  EXPECT_EQ(largest.largest_cols, 8);
+
+  TrainConfig c;
+  c.vl_data_file = path;
+  absl::StatusOr<VlWorkloadImages> d = DescribeVlImages(c, s);
+  ASSERT_TRUE(d.ok()) << d.status();
+  // Two images 4 patches tall and 6 wide (whole merged columns): 48 patches, the sample's 48.
+  EXPECT_EQ(d->images_per_sample, 2);
+  EXPECT_EQ(d->image_height, 4 * s.vision.patch_size);
+  EXPECT_EQ(d->image_width, 6 * s.vision.patch_size);
+  EXPECT_EQ(d->sample, 2);
+  EXPECT_EQ(d->sample_patches, 48);
+  EXPECT_EQ(d->described_patches, 48);
+  std::filesystem::remove(path);
+
+  TrainConfig synthetic;
+  synthetic.synthetic_images = 3;
+  synthetic.image_height = 448;
+  synthetic.image_width = 224;
+  d = DescribeVlImages(synthetic, s);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->images_per_sample, 3);
+  EXPECT_EQ(d->image_height, 448);
+  EXPECT_EQ(d->image_width, 224);
+  ModelSpec llama = s;
+  llama.family = "llama";
+  llama.vision = VisionSpec();
+  d = DescribeVlImages(synthetic, llama);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->images_per_sample, 0);
+}
+
 }  // namespace
 }  // namespace memplan
