@@ -12,8 +12,6 @@
 #include <unordered_set>
 #include <utility>
 
-#include <ATen/Parallel.h>
-
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -24,6 +22,7 @@
 #include "agent/model/layers.h"
 #include "agent/model/osft.h"
 #include "agent/model/moe.h"
+#include "agent/model/normal_draw.h"
 #include "agent/model/mrope.h"
 #include "agent/model/sequence_tiling.h"
 #include "agent/quant/nf4_linear.h"
@@ -435,44 +434,6 @@ absl::StatusOr<std::vector<NamedParam>> LlamaModel::DequantizedBase(
   return out;
 }
 
-namespace {
-// [Segmented draws] A normal draw of more than kDrawSegment elements is made of segments of
-// kDrawSegment elements, segment j drawn from its own generator: segment 0 from the whole draw's
-// seed (so a parameter of at most kDrawSegment elements has the values one draw gives it), the
-// others from that seed mixed with j. Any range then draws only the segments around it, and the
-// segments draw in parallel: a 70B QLoRA base, read by ranges on each rank, no longer draws every
-// weight whole on one thread.
-constexpr int64_t kDrawSegment = int64_t{1} << 22;
-
-uint64_t SegmentSeed(uint64_t seed, int64_t j) {
-  if (j == 0) return seed;
-  uint64_t z = seed + 0xBF58476D1CE4E5B9ull * static_cast<uint64_t>(j);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// Elements [begin, begin + len) of the segmented normal(0, 0.02) draw seeded by `seed` over
-// `numel` elements, fp32, flat.
-torch::Tensor DrawNormalRange(uint64_t seed, int64_t numel, int64_t begin, int64_t len) {
-  torch::Tensor out = at::empty({len}, torch::kFloat32);
-  if (len == 0) return out;
-  const int64_t first = begin / kDrawSegment;
-  const int64_t last = (begin + len - 1) / kDrawSegment;
-  at::parallel_for(first, last + 1, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t j = lo; j < hi; ++j) {
-      const int64_t seg_begin = j * kDrawSegment;
-      const int64_t seg_len = std::min(kDrawSegment, numel - seg_begin);
-      auto gen = at::make_generator<at::CPUGeneratorImpl>(SegmentSeed(seed, j));
-      torch::Tensor seg = at::empty({seg_len}, torch::kFloat32).normal_(0.0, 0.02, gen);
-      const int64_t a = std::max(begin, seg_begin);
-      const int64_t b = std::min(begin + len, seg_begin + seg_len);
-      out.narrow(0, a - begin, b - a).copy_(seg.narrow(0, a - seg_begin, b - a));
-    }
-  });
-  return out;
-}
-}  // namespace
 
 uint64_t LlamaModel::DrawSeed(int64_t k) const {
   return options_.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(k) + 1;
@@ -481,7 +442,8 @@ uint64_t LlamaModel::DrawSeed(int64_t k) const {
 torch::Tensor LlamaModel::DrawNormal(const std::vector<int64_t>& sizes, int64_t k) const {
   int64_t numel = 1;
   for (int64_t d : sizes) numel *= d;
-  return DrawNormalRange(DrawSeed(k), numel, 0, numel).view(sizes);
+  // Create draws parameters on several threads already: one thread per draw.
+  return DrawNormalRange(DrawSeed(k), numel, 0, numel, /*max_threads=*/1).view(sizes);
 }
 
 absl::StatusOr<torch::Tensor> LlamaModel::InitialValues(const std::string& name, int64_t begin,
@@ -501,7 +463,8 @@ absl::StatusOr<torch::Tensor> LlamaModel::InitialValues(const std::string& name,
     // Only the segments around the range are drawn ([Segmented draws]); the value is rounded to
     // the model dtype exactly as Create rounds it.
     const torch::Tensor part = r.kind == InitRecipe::kNormal
-                                   ? DrawNormalRange(DrawSeed(r.draw), numel, begin, len)
+                                   ? DrawNormalRange(DrawSeed(r.draw), numel, begin, len,
+                                                     at::get_num_threads())
                                : r.kind == InitRecipe::kOnes ? torch::ones({len})
                                                              : torch::zeros({len});
     return part.to(ToScalarType(options_.dtype), /*non_blocking=*/false, /*copy=*/true);

@@ -1,4 +1,5 @@
 #include "agent/model/llama_model.h"
+#include "agent/model/normal_draw.h"
 
 #include <gtest/gtest.h>
 
@@ -188,7 +189,7 @@ TEST(LlamaModelTest, InitialValuesAreCreatesValuesForAnyRange) {
 // is drawn by segments: any range, across segment boundaries too, is what Create gives it, and
 // the segments are draws of their own (not one segment repeated).
 TEST(LlamaModelTest, InitialValuesOfASegmentedDrawAreCreatesValues) {
-  constexpr int64_t kSegment = int64_t{1} << 22;
+  constexpr int64_t kSegment = kDrawSegment;
   LlamaModelOptions options;
   options.spec = TinySpec("llama");
   options.spec.vocab_size = 2 * kSegment / options.spec.hidden_size + 7;
@@ -210,6 +211,17 @@ TEST(LlamaModelTest, InitialValuesOfASegmentedDrawAreCreatesValues) {
   }
   EXPECT_FALSE(torch::equal(flat.narrow(0, 0, 1024), flat.narrow(0, kSegment, 1024)));
   EXPECT_NEAR(flat.std().item<double>(), 0.02, 1e-4);
+}
+
+// The threads that draw the segments do not change the values; a range inside one segment is
+// that segment's elements.
+TEST(NormalDrawTest, ThreadsDoNotChangeTheValues) {
+  const int64_t n = 3 * kDrawSegment + 17;
+  const torch::Tensor one = DrawNormalRange(9, n, 0, n, 1);
+  EXPECT_TRUE(torch::equal(one, DrawNormalRange(9, n, 0, n, 4)));
+  EXPECT_TRUE(torch::equal(one.narrow(0, kDrawSegment + 3, 5),
+                           DrawNormalRange(9, n, kDrawSegment + 3, 5, 3)));
+  EXPECT_FALSE(torch::equal(one, DrawNormalRange(10, n, 0, n, 4)));
 }
 
 TEST(LlamaModelTest, RejectsInvalidSpec) {
