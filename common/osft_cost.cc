@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/lora_shapes.h"
 #include "common/param_shapes.h"
 
@@ -105,6 +106,42 @@ absl::StatusOr<OsftCost> EstimateOsftCost(const ModelSpec& model, const OsftWork
   c.model_state_bytes = c.frozen_bytes + c.trainable_bytes + c.grad_bytes + c.optimizer_state_bytes;
   c.allreduce_bytes_per_step = w.world_size > 1 ? c.grad_bytes : 0;
   return c;
+}
+
+absl::Status ValidateOsftMethod(const TrainingMethod& t, const ModelSpec& m,
+                                absl::string_view prefix) {
+  if (!(t.osft_rank_ratio > 0 && t.osft_rank_ratio < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "osft_rank_ratio = ", t.osft_rank_ratio,
+                     " is out of range; allowed (0, 1), the fraction of each weight's spectrum "
+                     "that trains"));
+  }
+  const std::string allowed = absl::StrJoin(kLoraModules, ", ");
+  for (size_t i = 0; i < t.osft_target_modules.size(); ++i) {
+    const std::string& name = t.osft_target_modules[i];
+    if (std::find(kLoraModules.begin(), kLoraModules.end(), name) == kLoraModules.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(prefix, "osft_target_modules has \"", name,
+                                                     "\"; allowed: ", allowed));
+    }
+    if (std::find(t.osft_target_modules.begin(), t.osft_target_modules.begin() + i, name) !=
+        t.osft_target_modules.begin() + i) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, "osft_target_modules lists \"", name, "\" twice"));
+    }
+  }
+  if (t.lora_rank != 0 || !t.lora_target_modules.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "lora_rank and ", prefix,
+        "lora_target_modules must be unset for kind OSFT (the agent does not run LoRA together "
+        "with OSFT)"));
+  }
+  if (m.IsMoe() || m.IsVisionLanguage()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "kind = OSFT needs a dense decoder model; \"", m.family, "\"",
+                     m.IsMoe() ? " is a mixture of experts" : " is a vision-language model",
+                     " (the agent splits dense decoder projections only)"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace memplan

@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/types.h"
 
 namespace memplan {
@@ -63,5 +65,11 @@ struct OsftCost {
 // mixture-of-experts or vision model (dense decoders only, as the agent) or adamw8bit (it runs in
 // the chunk manager, which OSFT does not use).
 absl::StatusOr<OsftCost> EstimateOsftCost(const ModelSpec& model, const OsftWorkload& workload);
+
+// The checks of a TrainingMethod of kind kOsft (ValidateTrainingMethod's, common/validate.h):
+// osft_rank_ratio in (0, 1), osft_target_modules known and none repeated (empty: all), no LoRA
+// fields, a dense decoder. INVALID_ARGUMENT names `prefix` + the field.
+absl::Status ValidateOsftMethod(const TrainingMethod& method, const ModelSpec& model,
+                                absl::string_view prefix);
 
 }  // namespace memplan

@@ -22,7 +22,7 @@ constexpr absl::string_view kDTypeValues = "DTYPE_FP32, DTYPE_BF16, DTYPE_FP16";
 constexpr absl::string_view kBlockModeValues =
     "BLOCK_MODE_NONE, BLOCK_MODE_CKPT, BLOCK_MODE_SWAP, BLOCK_MODE_HS_OFFLOAD";
 constexpr absl::string_view kHostMemoryValues = "HOST_MEMORY_PINNED, HOST_MEMORY_PAGEABLE";
-constexpr absl::string_view kTrainingKindValues = "FULL, LORA, QLORA";
+constexpr absl::string_view kTrainingKindValues = "FULL, LORA, QLORA, OSFT";
 
 }  // namespace
 
@@ -72,6 +72,8 @@ v1::TrainingMethod::Kind ToProto(TrainingKind kind) {
       return v1::TrainingMethod::LORA;
     case TrainingKind::kQlora:
       return v1::TrainingMethod::QLORA;
+    case TrainingKind::kOsft:
+      return v1::TrainingMethod::OSFT;
   }
   return v1::TrainingMethod::KIND_UNSPECIFIED;
 }
@@ -135,6 +137,8 @@ absl::StatusOr<TrainingKind> TrainingKindFromProto(int value, absl::string_view 
       return TrainingKind::kLora;
     case v1::TrainingMethod::QLORA:
       return TrainingKind::kQlora;
+    case v1::TrainingMethod::OSFT:
+      return TrainingKind::kOsft;
     default:
       break;
   }
@@ -246,6 +250,10 @@ v1::TrainingMethod ToProto(const TrainingMethod& method) {
   out.set_lora_rank(method.lora_rank);
   for (const std::string& module : method.lora_target_modules) {
     out.add_lora_target_modules(module);
+  }
+  out.set_osft_rank_ratio(method.osft_rank_ratio);
+  for (const std::string& module : method.osft_target_modules) {
+    out.add_osft_target_modules(module);
   }
   return out;
 }
@@ -515,6 +523,9 @@ absl::StatusOr<TrainingMethod> TrainingMethodFromProto(const v1::TrainingMethod&
   out.lora_rank = method.lora_rank();
   out.lora_target_modules.assign(method.lora_target_modules().begin(),
                                  method.lora_target_modules().end());
+  out.osft_rank_ratio = method.osft_rank_ratio();
+  out.osft_target_modules.assign(method.osft_target_modules().begin(),
+                                 method.osft_target_modules().end());
   return out;
 }
 

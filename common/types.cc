@@ -49,6 +49,7 @@ std::string_view TrainingKindName(TrainingKind kind) {
     case TrainingKind::kFull: return "full";
     case TrainingKind::kLora: return "lora";
     case TrainingKind::kQlora: return "qlora";
+    case TrainingKind::kOsft: return "osft";
   }
   return "full";
 }

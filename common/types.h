@@ -17,8 +17,9 @@ enum class BlockMode { kNone, kCkpt, kSwap, kHsOffload };
 enum class HostMemoryKind { kPinned, kPageable };
 enum class OptimizerKind { kAdamW, kAdamWBf16States, kSgd, kAdamW8bit };
 // kQlora: LoRA adapters on a frozen base whose projection weights are 4-bit NF4
-// (common/nf4_bytes.h).
-enum class TrainingKind { kFull, kLora, kQlora };
+// (common/nf4_bytes.h). kOsft: orthogonal subspace fine-tuning, each targeted projection split by
+// SVD into frozen high and trainable low factors (common/osft_cost.h).
+enum class TrainingKind { kFull, kLora, kQlora, kOsft };
 
 int64_t DTypeBytes(DType dtype);
 std::string_view DTypeName(DType dtype);           // "fp32", "bf16", "fp16"
@@ -26,7 +27,7 @@ std::optional<DType> ParseDType(std::string_view name);
 std::string_view BlockModeName(BlockMode mode);    // "none", "ckpt", "swap", "hs_offload"
 std::string_view HostMemoryKindName(HostMemoryKind kind);  // "pinned", "pageable"
 std::string_view OptimizerName(OptimizerKind kind);  // "adamw", "adamw_bf16", "sgd", "adamw8bit"
-std::string_view TrainingKindName(TrainingKind kind);  // "full", "lora", "qlora"
+std::string_view TrainingKindName(TrainingKind kind);  // "full", "lora", "qlora", "osft"
 std::optional<OptimizerKind> ParseOptimizer(std::string_view name);
 // "adamw, adamw_bf16, sgd, adamw8bit": the allow-list, for error messages.
 std::string_view OptimizerAllowList();
@@ -219,6 +220,10 @@ struct TrainingMethod {
   TrainingKind kind = TrainingKind::kFull;
   int64_t lora_rank = 0;
   std::vector<std::string> lora_target_modules;
+  // kOsft: the fraction of each targeted weight's spectrum that trains, in (0, 1), and the
+  // projections split (kLoraModules names, none repeated).
+  double osft_rank_ratio = 0;
+  std::vector<std::string> osft_target_modules;
 };
 
 // Per transformer block, measured by the profiler or synthesised analytically.
@@ -363,7 +368,7 @@ struct Calibration {
   std::string hardware_name;
   DType param_dtype = DType::kBFloat16;
   std::string model_family;
-  std::string method;     // "full", "lora", "qlora"; empty: learned before keys named it
+  std::string method;     // "full", "lora", "qlora", "osft"; empty: learned before keys named it
   std::string optimizer;  // "adamw", ...; "*": the method's optimizers pooled; empty: as above
   double fragmentation_factor = 1.0;
   int64_t residual_bytes = 0;

@@ -47,6 +47,8 @@ std::string_view ProtoTrainingKindName(TrainingKind kind) {
       return "LORA";
     case TrainingKind::kQlora:
       return "QLORA";
+    case TrainingKind::kOsft:
+      return "OSFT";
     case TrainingKind::kFull:
       break;
   }

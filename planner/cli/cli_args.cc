@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/flags.h"
+#include "common/lora_shapes.h"
 #include "common/request_flags.h"
 #include "common/validate.h"
 
@@ -80,6 +81,15 @@ void AddPlanFlags(FlagSet* flags, PlanOptions* o) {
         if (o->training.kind != TrainingKind::kFull) o->training.kind = TrainingKind::kQlora;
       });
   AddLoraTargetsFlag(flags, &o->training.lora_target_modules);
+  // [OSFT plans] (planner/core/osft_plan.h): what `memplan-agent train --osft-rank-ratio` runs.
+  flags->Custom("--osft-rank-ratio", [o](absl::string_view v) -> absl::Status {
+    absl::StatusOr<double> ratio = ParseDoubleValue(v, DoubleRange{0, 1, true, true});
+    if (!ratio.ok()) return ratio.status();
+    o->training.kind = TrainingKind::kOsft;
+    o->training.osft_rank_ratio = *ratio;
+    return absl::OkStatus();
+  });
+  flags->List("--osft-targets", &o->training.osft_target_modules, kLoraModules, "all");
   flags->Double(kSafetyMarginFlag, &o->safety_margin)
       .Alias("--margin", kSafetyMarginFlag.name);  // --margin: the old spelling
   AddFixedKnobFlags(flags, &o->fixed);
@@ -232,6 +242,20 @@ absl::Status CheckJob(const PlanOptions& o, absl::string_view command) {
   if (o.images_per_sample.has_value() != (o.image_height > 0)) {
     return FlagError(o.images_per_sample ? "--images-per-sample" : "--image-size",
                      "--images-per-sample N and --image-size HEIGHTxWIDTH go together");
+  }
+  if (o.training.osft_rank_ratio > 0 && o.training.lora_rank > 0) {
+    return FlagError("--osft-rank-ratio",
+                     "and --lora-rank are exclusive (the agent does not run LoRA with OSFT)");
+  }
+  if (o.training.kind != TrainingKind::kOsft && !o.training.osft_target_modules.empty()) {
+    return FlagError("--osft-targets", "needs --osft-rank-ratio");
+  }
+  if (o.training.kind == TrainingKind::kOsft) {
+    if (!o.training.lora_target_modules.empty() || o.qlora) {
+      return FlagError(o.qlora ? "--qlora" : "--lora-targets",
+                       "does not apply to OSFT (--osft-targets chooses its projections)");
+    }
+    return absl::OkStatus();
   }
   if (o.training.kind == TrainingKind::kFull && !o.training.lora_target_modules.empty()) {
     return FlagError("--lora-targets", "needs --lora-rank");

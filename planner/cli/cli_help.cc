@@ -83,6 +83,11 @@ Workload:
                          down_proj, or 'all' (required with --lora-rank)
   --qlora                QLoRA: the LoRA above on a base whose q/k/v/o/gate/up/down projection
                          weights are 4-bit NF4 (bitsandbytes' nf4, double quantization)
+  --osft-rank-ratio R    OSFT (orthogonal subspace fine-tuning), as memplan-agent train runs it:
+                         each targeted weight split by SVD, the fraction R in (0, 1) of its
+                         spectrum trains; unmanaged (no chunks: only --n-ckpt, --n-swap and
+                         --n-hs-offload can be fixed; docs/cost-model.md, "OSFT")
+  --osft-targets LIST    the projections split, as --lora-targets (default all)
   --safety-margin F      fraction of GPU memory held back, 0 to 0.5 (0 or unset: the planner's
                          default, 0.05); --margin is the old spelling, still accepted
 Fixed knobs (each one is a constraint; the rest is searched):

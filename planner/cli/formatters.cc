@@ -195,6 +195,14 @@ std::string FormatCount(double value) {
 }
 
 std::string FormatKnobs(const v1::ResidencyPlan& plan) {
+  if (plan.chunk_bytes() == 0) {
+    // An OSFT plan: unmanaged, no chunks ([OSFT plans], planner/core/osft_plan.h).
+    return absl::StrCat("unmanaged (no chunks), swap ", plan.n_swap(), ", ckpt ",
+                        plan.n_checkpoint(), ", hs_offload ", plan.n_hs_offload(),
+                        plan.world_size() > 1
+                            ? absl::StrCat(", world ", plan.world_size(), ", model replicated")
+                            : std::string());
+  }
   return absl::StrCat("chunk ", plan.chunk_bytes() >> 20, " MiB × ", plan.n_chunks(), ", persist ",
                       plan.n_persist(), ", buffer ", plan.n_buffer(), ", swap ", plan.n_swap(),
                       ", ckpt ", plan.n_checkpoint(), ", hs_offload ", plan.n_hs_offload(),

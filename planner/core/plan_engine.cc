@@ -15,6 +15,7 @@
 #include "common/validate.h"
 #include "planner/cost/analytic_trace.h"
 #include "planner/cost/chunk_layout.h"
+#include "planner/core/osft_plan.h"
 #include "planner/cost/cost_model.h"
 #include "planner/search/plan_search.h"
 
@@ -536,8 +537,26 @@ int64_t RawModelBytes(const Prediction& prediction) {
          b.allocator_slack_bytes;
 }
 
+namespace {
+
+// [OSFT plans] (planner/core/osft_plan.h): the blocks' modes over an all-resident model.
+OsftPlanContext OsftContext(const PlanInputs& in) {
+  OsftPlanContext c;
+  c.cost_options = MakeCostOptions(in, true);
+  c.capacity_bytes = UsableBytes(in.hardware.gpu_memory_bytes, in.safety_margin);
+  c.host_bytes_per_rank = HostBytesPerRank(in);
+  c.usable_text =
+      absl::StrCat(GiB(c.capacity_bytes), " usable (", GiB(in.hardware.gpu_memory_bytes),
+                   " card, ", absl::StrFormat("%.0f%%", in.safety_margin * 100), " margin)");
+  c.host_limit_text = HostLimitText(in);
+  return c;
+}
+
+}  // namespace
+
 absl::StatusOr<PlanOutcome> MakePlan(const PlanInputs& in) {
   RETURN_IF_ERROR(ValidateInputs(in));
+  if (in.training.kind == TrainingKind::kOsft) return MakeOsftPlan(in, OsftContext(in));
   ASSIGN_OR_RETURN(Trace trace, TraceFor(in, in.workload));
   ASSIGN_OR_RETURN(
       PlanSearch search,
@@ -757,6 +776,9 @@ absl::StatusOr<PlanOutcome> MakePlan(const PlanInputs& in) {
 
 absl::StatusOr<Prediction> PredictPlan(const PlanInputs& inputs, const ResidencyPlan& plan) {
   RETURN_IF_ERROR(ValidateInputs(inputs));
+  if (inputs.training.kind == TrainingKind::kOsft) {
+    return PredictOsftPlan(inputs, OsftContext(inputs), plan);
+  }
   if (plan.chunk_bytes < kMinChunkBytes || plan.chunk_bytes > kMaxChunkBytes) {
     return OutOfRange("plan.chunk_bytes", plan.chunk_bytes, kMinChunkBytes, kMaxChunkBytes);
   }

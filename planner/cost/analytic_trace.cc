@@ -12,6 +12,7 @@
 #include "common/status.h"
 #include "common/validate.h"
 #include "common/vision_cost.h"
+#include "planner/cost/osft_terms.h"
 
 namespace memplan {
 namespace {
@@ -244,8 +245,17 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   const int64_t seq = workload.seq_len;
   const int64_t tokens = workload.micro_batch * workload.seq_len;
   const bool full = training.kind == TrainingKind::kFull;
-  const LoraTargets lora = full ? LoraTargets{} : TargetsOf(training);
-  const int64_t rank = full ? 0 : training.lora_rank;
+  // [OSFT] priced as a frozen base whose targeted projections keep their inputs (the low factors
+  // train), with the factors' own terms (planner/cost/osft_terms.h) on top.
+  const bool osft = training.kind == TrainingKind::kOsft;
+  OsftBlockTerms osft_terms;
+  if (osft) {
+    ASSIGN_OR_RETURN(osft_terms, OsftBlockTermsFor(arch, training, param_dtype));
+  }
+  TrainingMethod targets_of = training;
+  if (osft) targets_of.lora_target_modules = OsftTargetModules(training);
+  const LoraTargets lora = full ? LoraTargets{} : TargetsOf(targets_of);
+  const int64_t rank = full || osft ? 0 : training.lora_rank;
 
   // A linear keeps its input for backward only when its weight (or an adapter on it) trains.
   const bool q_in = full || lora.q, k_in = full || lora.k, v_in = full || lora.v;
@@ -276,17 +286,19 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   saved_tok += MlpSavedPerToken(d, h, inter, gate_in || up_in, down_in, mlp_tiled);
   const int lora_modules = lora.q + lora.k + lora.v + lora.o + lora.gate + lora.up + lora.down;
   saved_tok += lora_modules * d * rank;  // adapter B inputs (A x)
+  saved_tok += osft_terms.saved_bytes_per_token;
 
   // Forward transient: fp32 pow output and fp32 normalised tensor inside a norm, plus the
   // block output being written next to the residual.
   const int64_t norm_tmp = std::max(8 * h, arch.qk_norm ? 8 * (hq + hkv) : int64_t{0});
-  const int64_t fwd_tr_tok = norm_tmp + 2 * d * h;
+  const int64_t fwd_tr_tok = norm_tmp + 2 * d * h + osft_terms.transient_bytes_per_token;
   // Backward transient: incoming gradient + residual gradient accumulator, plus the widest of
   // the MLP (grad of product, silu out and up out alive together), attention (dq, dk, dv and
   // flash's fp32 dq accumulator) and norm (fp32 temporaries) backward.
   const int64_t mlp_bwd = 3 * d * inter + 2 * d * h;
   const int64_t attn_bwd = 2 * d * (hq + 2 * hkv) + 4 * hq + 4 * arch.num_heads;
-  const int64_t bwd_tr_tok = 2 * d * h + std::max({mlp_bwd, attn_bwd, int64_t{12} * h});
+  const int64_t bwd_tr_tok = 2 * d * h + std::max({mlp_bwd, attn_bwd, int64_t{12} * h}) +
+                             osft_terms.transient_bytes_per_token;
   const int64_t bwd_tr_attn_tok = 2 * d * h + std::max(attn_bwd, int64_t{12} * h);
   // Tiled: one tile's intermediates in forward; in backward the MLP stage holds the input
   // gradient [T, H] being filled beside the incoming gradients, plus one tile recomputed
@@ -306,7 +318,7 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
       rank * ((lora.q ? h + hq : 0) + (lora.k ? h + hkv : 0) + (lora.v ? h + hkv : 0) +
               (lora.o ? hq + h : 0) + (lora.gate ? h + inter : 0) + (lora.up ? h + inter : 0) +
               (lora.down ? inter + h : 0));
-  block_params += adapter_params;
+  block_params += adapter_params + osft_terms.extra_params;
   const int64_t embed_params = vocab * h;
   const int64_t head_params = h + (arch.tie_word_embeddings ? 0 : vocab * h);
 
@@ -315,10 +327,16 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   const double lin_flops = 2.0 * static_cast<double>(block_weights) * t;
   const double attn_flops = 2.0 * static_cast<double>(hq) * static_cast<double>(seq) * t;
   const double lora_flops = 2.0 * static_cast<double>(adapter_params) * t;
-  const double fwd_flops = lin_flops + attn_flops + lora_flops;
+  // OSFT: the targets' factorized products in place of their dense ones.
+  const double osft_fwd_delta =
+      (osft_terms.forward_flops_per_token - osft_terms.dense_forward_flops_per_token) * t;
+  const double osft_bwd_delta =
+      (osft_terms.backward_flops_per_token - osft_terms.dense_forward_flops_per_token) * t;
+  const double fwd_flops = lin_flops + attn_flops + lora_flops + osft_fwd_delta;
   // Backward: grad-input and grad-weight GEMMs for trained weights (2x forward), grad-input
   // only for frozen ones (1x); flash attention backward re-computes scores (2.5x forward).
-  const double bwd_flops = (full ? 2.0 : 1.0) * lin_flops + 2.5 * attn_flops + 2.0 * lora_flops;
+  const double bwd_flops =
+      (full ? 2.0 : 1.0) * lin_flops + 2.5 * attn_flops + 2.0 * lora_flops + osft_bwd_delta;
   const double fwd_mem = 2.0 * static_cast<double>(saved_tok) * t;  // write + read once
   double bwd_mem = 2.0 * fwd_mem;
   // Tiled, backward runs the MLP's forward once more (tile by tile), writing and reading its
@@ -504,6 +522,12 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   }
   trace.total_param_count = embed_params + vision_params + head_params + layer_params;
   trace.trainable_param_count = full ? trace.total_param_count : arch.num_layers * adapter_params;
+  if (osft) {
+    ASSIGN_OR_RETURN(const OsftCost cost,
+                     EstimateOsftCost(arch, OsftWorkloadFor(training, param_dtype,
+                                                            OptimizerKind::kAdamW, 1)));
+    trace.trainable_param_count = cost.trainable_params;
+  }
   // Saturating: absurd (but valid) sizes are rejected by the planner, not overflowed here.
   trace.forward_end_bytes = static_cast<int64_t>(std::min(forward_end, 1152921504606846976.0));
   return trace;

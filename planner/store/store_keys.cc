@@ -77,6 +77,13 @@ std::string TraceMatchKey(const memplan::v1::Trace& trace) {
     std::sort(training.mutable_lora_target_modules()->begin(),
               training.mutable_lora_target_modules()->end());
   }
+  if (training.kind() != memplan::v1::TrainingMethod::OSFT) {
+    training.clear_osft_rank_ratio();
+    training.clear_osft_target_modules();
+  } else {
+    std::sort(training.mutable_osft_target_modules()->begin(),
+              training.mutable_osft_target_modules()->end());
+  }
   key.set_hardware_name(trace.hardware_name());
 
   std::string bytes;

@@ -299,6 +299,34 @@ TEST(CliArgsTest, LoraTargetsAllExpands) {
   EXPECT_EQ(inv->plan.training.lora_target_modules.size(), 7u);
 }
 
+TEST(CliArgsTest, OsftRankRatioPlansAnOsftRun) {
+  auto inv = Parse({"plan", "--arch", "a", "--gpu", "g", "--osft-rank-ratio", "0.5"});
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  EXPECT_EQ(inv->plan.training.kind, TrainingKind::kOsft);
+  EXPECT_EQ(inv->plan.training.osft_rank_ratio, 0.5);
+  EXPECT_TRUE(inv->plan.training.osft_target_modules.empty());  // the planner's default: all
+  inv = Parse({"plan", "--arch", "a", "--gpu", "g", "--osft-rank-ratio", "0.25", "--osft-targets",
+               "q_proj,down_proj", "--n-ckpt", "4"});
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  EXPECT_THAT(inv->plan.training.osft_target_modules, ElementsAre("q_proj", "down_proj"));
+  EXPECT_EQ(inv->plan.fixed.n_checkpoint, 4);
+  for (const char* ratio : {"0", "1", "1.5", "-0.5", "x"}) {
+    EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--osft-rank-ratio", ratio}),
+                HasSubstr("--osft-rank-ratio"))
+        << ratio;
+  }
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--osft-targets", "all"}),
+              HasSubstr("--osft-targets: needs --osft-rank-ratio"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--osft-rank-ratio", "0.5",
+                       "--lora-rank", "8", "--lora-targets", "all"}),
+              HasSubstr("exclusive"));
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--osft-rank-ratio", "0.5",
+                       "--osft-targets", "lm_head"}),
+              HasSubstr("--osft-targets"));
+  EXPECT_THAT(HelpText(Command::kPlan), HasSubstr("--osft-rank-ratio"));
+  EXPECT_THAT(HelpText(Command::kPlan), HasSubstr("--osft-targets"));
+}
+
 TEST(CliArgsTest, QloraIsLoraOnAnNf4Base) {
   // Either order of --qlora and --lora-rank.
   for (const std::vector<std::string>& args :
