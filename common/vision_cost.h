@@ -15,6 +15,9 @@
 //   it; q and k rotated; the attention output per window and concatenated, logsumexp; SwiGLU's
 //   four [N, Iv] tensors), the rotary tables 8·hd, the merger's 4·Hv + 4·d·Hv + 4, the
 //   pixel values cast to the dtype (d < 4) and the two int64 window orders.
+// Qwen2-VL's tower (common/vision_kind.h) differs in three terms: each LayerNorm keeps
+// 2·d·Hv + 8 (input, output, fp32 mean and rstd) where an RMSNorm keeps 4·Hv + 2·d·Hv + 4; its
+// QuickGELU MLP keeps 3·d·Iv (fc1's output, the sigmoid, their product); no window orders.
 // What reaches the language model is the merged embeddings, scattered into the image tokens' rows
 // of the embedding output: those rows are part of seq_len, so nothing beyond the tower's output
 // (freed after the scatter) is added there.
@@ -22,8 +25,6 @@
 
 #include <cstdint>
 
-#include "absl/status/status.h"
-#include "absl/strings/string_view.h"
 #include "common/types.h"
 
 namespace memplan {
@@ -37,11 +38,6 @@ struct VisionGrid {
   int64_t patches() const { return rows * cols; }
 };
 VisionGrid VisionGridFor(const VisionSpec& v, int64_t height, int64_t width);
-
-// OK when VisionTowerCostFor prices `model`'s tower (none, or Qwen2.5-VL's); UNIMPLEMENTED for
-// Qwen2-VL's (common/vision_kind.h), whose LayerNorm, QuickGELU MLP and unwindowed attention the
-// [Vision tower bytes] and flops above do not describe yet. Planners check it before pricing.
-absl::Status CheckVisionTowerPriced(const ModelSpec& model, absl::string_view arch_prefix);
 
 // Parameters of the tower (VisionParamShapes' total); 0 without a tower.
 int64_t VisionTowerParamCount(const ModelSpec& model);

@@ -1,10 +1,13 @@
 // What the vision tower allocates on the CPU (MemoryProbe over c10's CPU allocator) against the
 // planner's [Vision tower bytes] (common/vision_cost.h): the saved set a trained tower keeps, its
-// forward peak, and a frozen tower's transients, for fp32 and bf16.
+// forward peak, and a frozen tower's transients, for fp32 and bf16, for Qwen2.5-VL's and
+// Qwen2-VL's towers.
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <memory>
+#include <string>
+#include <tuple>
 
 #include "agent/model/layers.h"
 #include "agent/model/vision_tower.h"
@@ -22,12 +25,17 @@ const bool kSingleThread = [] {
 
 // A tower wide enough that its per-patch tensors outweigh the CPU attention kernel's scratch:
 // width 128 (4 heads of 32), MLP 256, 2x2-pixel patches, windows of 2x2 merged patches, full
-// attention at block 1.
-ModelSpec Spec() {
+// attention at block 1; or the same as Qwen2-VL's (LayerNorm, QuickGELU MLP, no windows).
+ModelSpec Spec(const std::string& family) {
   ModelSpec s = testing::TinyVlSpec(3);
   s.vision.hidden_size = 128;
   s.vision.intermediate_size = 256;
   s.vision.num_heads = 4;
+  if (family == "qwen2_vl") {
+    s.family = family;
+    s.vision.window_size = 0;
+    s.vision.fullatt_block_indexes.clear();
+  }
   return s;
 }
 
@@ -82,7 +90,7 @@ double Ratio(int64_t predicted, int64_t measured) {
   return static_cast<double>(predicted) / static_cast<double>(measured);
 }
 
-class VisionMemoryTest : public ::testing::TestWithParam<DType> {};
+class VisionMemoryTest : public ::testing::TestWithParam<std::tuple<std::string, DType>> {};
 
 // A trained tower (full fine-tuning): the planner's saved bytes within 1 % of what autograd keeps
 // (equal to the byte here); its forward peak (the saved set and an upper bound of the rest) not
@@ -90,8 +98,8 @@ class VisionMemoryTest : public ::testing::TestWithParam<DType> {};
 // backward peak above its start and the parameters' gradients (the saved set shrinking as backward
 // goes) under the planner's transient, which it adds to the whole saved set.
 TEST_P(VisionMemoryTest, TrainedTowerKeepsWhatThePlannerCharges) {
-  const ModelSpec s = Spec();
-  const DType dtype = GetParam();
+  const ModelSpec s = Spec(std::get<0>(GetParam()));
+  const DType dtype = std::get<1>(GetParam());
   const VisionTowerCost predicted =
       VisionTowerCostFor(s, kImages, kSide, kSide, dtype, /*trains=*/true);
   const Measured m = Measure(s, ToScalarType(dtype), /*trains=*/true);
@@ -114,8 +122,8 @@ TEST_P(VisionMemoryTest, TrainedTowerKeepsWhatThePlannerCharges) {
 // A frozen tower (LoRA) keeps nothing: its output alone survives, and its peak is the planner's
 // transient within 1 % (equal to the byte here).
 TEST_P(VisionMemoryTest, FrozenTowerKeepsNothing) {
-  const ModelSpec s = Spec();
-  const DType dtype = GetParam();
+  const ModelSpec s = Spec(std::get<0>(GetParam()));
+  const DType dtype = std::get<1>(GetParam());
   const VisionTowerCost predicted =
       VisionTowerCostFor(s, kImages, kSide, kSide, dtype, /*trains=*/false);
   const Measured m = Measure(s, ToScalarType(dtype), /*trains=*/false);
@@ -129,9 +137,11 @@ TEST_P(VisionMemoryTest, FrozenTowerKeepsNothing) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, VisionMemoryTest,
-                         ::testing::Values(DType::kFloat32, DType::kBFloat16),
-                         [](const ::testing::TestParamInfo<DType>& info) {
-                           return info.param == DType::kFloat32 ? "fp32" : "bf16";
+                         ::testing::Combine(::testing::Values("qwen2_5_vl", "qwen2_vl"),
+                                            ::testing::Values(DType::kFloat32, DType::kBFloat16)),
+                         [](const ::testing::TestParamInfo<std::tuple<std::string, DType>>& info) {
+                           return std::get<0>(info.param) +
+                                  (std::get<1>(info.param) == DType::kFloat32 ? "_fp32" : "_bf16");
                          });
 
 }  // namespace

@@ -207,6 +207,51 @@ TEST(VisionTraceTest, TowerFlopsByHand) {
   EXPECT_EQ(odd.pixel_bytes, 2 * 34 * 32 * kPatchDim * 4);
 }
 
+// Qwen2-VL-7B (preset qwen2-vl-7b, scripts/configs/qwen2-vl-7b) with one 448x448 image, bf16, by
+// hand: per block two LayerNorms keeping 2·2·Hv + 8 each, attention 7·2·Hv + 4·heads, the QuickGELU
+// MLP 3·2·Iv (Iv = 4·1280); no window orders; every block attends over all 1024 patches.
+TEST(VisionTraceTest, Qwen2VlTowerByHand) {
+  const ModelSpec m = *FindModelPreset("qwen2-vl-7b");
+  constexpr int64_t kIv2 = 4 * kHv;
+  EXPECT_EQ(VisionTowerParamCount(m), 675759104);
+  const int64_t norm = 2 * 2 * kHv + 8;
+  const int64_t block = 2 * norm + 7 * 2 * kHv + 4 * kHeads + 3 * 2 * kIv2;
+  EXPECT_EQ(block, 58960);
+  const int64_t merger = norm + 2 * 2 * kHv;
+  const int64_t saved =
+      kPatches * (32 * block + 8 * kHeadDim + 2 * kPatchDim + merger);  // no window orders
+  EXPECT_EQ(saved, 1945559040);                                         // 1.81 GiB
+  const VisionTowerCost trained =
+      VisionTowerCostFor(m, 1, 448, 448, DType::kBFloat16, /*trains=*/true);
+  EXPECT_EQ(trained.saved_bytes, saved);
+  EXPECT_EQ(trained.param_count, 675759104);
+  EXPECT_EQ(trained.output_bytes, kMerged * kLmHidden * 2);
+  const double n = kPatches, hv = kHv, iv = kIv2;
+  const double linears = 2.0 * n * kPatchDim * hv + 32.0 * 2.0 * n * (4 * hv * hv + 2 * hv * iv) +
+                         2.0 * kMerged * (5120.0 * 5120.0 + 5120.0 * 3584.0);
+  const double attention = 32.0 * 4.0 * hv * n * n;
+  EXPECT_DOUBLE_EQ(trained.forward_flops, linears + attention);
+  // Backward: the patch embedding's weight gradient, both gradients of every other linear,
+  // attention at 2.5 times its forward.
+  const double patch = 2.0 * n * kPatchDim * hv;
+  EXPECT_DOUBLE_EQ(trained.backward_flops, patch + 2.0 * (linears - patch) + 2.5 * attention);
+  const VisionTowerCost frozen =
+      VisionTowerCostFor(m, 1, 448, 448, DType::kBFloat16, /*trains=*/false);
+  EXPECT_EQ(frozen.saved_bytes, 0);
+  EXPECT_EQ(frozen.image_tokens, kMerged);
+  // The planner prices it (LoRA on the language model's attention, one image per sample).
+  absl::StatusOr<Trace> t = Synth(m, OneImage448(), Lora());
+  ASSERT_TRUE(t.ok()) << t.status();
+  PlanInputs in;
+  in.arch = m;
+  in.hardware = *FindHardwarePreset("h200");
+  in.workload = OneImage448();
+  in.training = Lora();
+  absl::StatusOr<PlanOutcome> plan = MakePlan(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->fits);
+}
+
 // A trace scaled to another workload carries the tower of that workload's images: the embedding
 // group's bytes equal a synthesis there, whether the micro-batch (and so the images) or only the
 // sequence grows.
