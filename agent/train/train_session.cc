@@ -477,14 +477,17 @@ absl::StatusOr<PlanQuery> TrainSession::PlannerQuery() const {
   query.workload.image_height = images.image_height;
   query.workload.image_width = images.image_width;
   if (images.images_per_sample > 0) {
-    MEMPLAN_LOG(kInfo, "vision-language workload sent to the planner")
-        .Field("images_per_sample", images.images_per_sample)
-        .Field("image_size", absl::StrCat(images.image_height, "x", images.image_width))
-        .Field("source", config_.vl_data_file.empty() ? std::string("--synthetic-images")
-                                                      : "--data-vl " + config_.vl_data_file)
-        .Field("largest_sample", images.sample)
-        .Field("largest_sample_patches", images.sample_patches)
-        .Field("described_patches", images.described_patches);
+    LogRecord sent(LogLevel::kInfo, "vision-language workload sent to the planner");
+    sent.Field("images_per_sample", images.images_per_sample)
+        .Field("image_size", absl::StrCat(images.image_height, "x", images.image_width));
+    if (images.sample >= 0) {
+      sent.Field("source", "--data-vl " + config_.vl_data_file)
+          .Field("largest_sample", images.sample)
+          .Field("largest_sample_patches", images.sample_patches)
+          .Field("described_patches", images.described_patches);
+    } else {
+      sent.Field("source", std::string("--synthetic-images"));
+    }
   }
   query.param_dtype = dtype_;
   // With --planner there is no plan file: the flag (validated by ParseTrainArgs) or adamw.

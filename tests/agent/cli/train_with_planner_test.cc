@@ -312,6 +312,50 @@ TEST_F(TrainWithPlannerTest, ProfileSubmitsTheTraceThePlanThenUses) {
   EXPECT_THAT(output, HasSubstr("trained 2 steps"));
 }
 
+// [Profiled images]: a vision-language model (a tiny Qwen2.5-VL config) profiled with its
+// synthetic images is planned from the measured trace and trains; `profile` without images is
+// refused, naming the field.
+TEST_F(TrainWithPlannerTest, VisionLanguageProfileRunsItsImages) {
+  const std::string config = absl::StrCat(db_path_, ".vl-config.json");
+  ASSERT_TRUE(WriteTextFile(config, R"({"architectures": ["Qwen2_5_VLForConditionalGeneration"],
+      "model_type": "qwen2_5_vl", "image_token_id": 100, "video_token_id": 101,
+      "vision_start_token_id": 102, "vision_end_token_id": 103, "tie_word_embeddings": false,
+      "max_position_embeddings": 512,
+      "text_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
+        "model_type": "qwen2_5_vl_text", "use_sliding_window": false, "sliding_window": null,
+        "rope_parameters": {"mrope_section": [2, 1, 1], "rope_theta": 10000.0,
+                            "rope_type": "default"}},
+      "vision_config": {"depth": 2, "hidden_size": 16, "intermediate_size": 24, "num_heads": 2,
+        "out_hidden_size": 32, "patch_size": 4, "spatial_merge_size": 2,
+        "temporal_patch_size": 2, "window_size": 16, "fullatt_block_indexes": [1],
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "axial"}}})")
+                  .ok());
+  auto run = testing::RunToCompletion(
+      MEMPLAN_AGENT_BINARY,
+      {"train", "--planner", daemon_->address(), "--arch-file", config, "--synthetic-images", "1",
+       "--image-size", "32x32", "--steps", "1", "--batch", "2", "--seq", "40", "--device", "cpu",
+       "--planner-retries", "0", "--profile"});
+  ASSERT_TRUE(run.ok()) << run.status();
+  const std::string& output = run->second;
+  ASSERT_TRUE(WIFEXITED(run->first) && WEXITSTATUS(run->first) == 0) << output;
+  EXPECT_THAT(output, HasSubstr("with 1 images of 32x32 per sample"));
+  const std::string trace_id = LineValue(output, "trace_id");
+  ASSERT_FALSE(trace_id.empty()) << output;
+  EXPECT_THAT(output, HasSubstr(absl::StrCat("trace=", trace_id, " analytic_trace=false")));
+  EXPECT_THAT(output, HasSubstr("vision-language workload sent to the planner"));
+  EXPECT_THAT(output, HasSubstr("trained 1 steps"));
+
+  auto text = testing::RunToCompletion(
+      MEMPLAN_AGENT_BINARY, {"profile", "--arch-file", config, "--seq", "40", "--device", "cpu",
+                             "--planner", daemon_->address()});
+  std::remove(config.c_str());
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_TRUE(WIFEXITED(text->first) && WEXITSTATUS(text->first) == 1) << text->second;
+  EXPECT_THAT(text->second, HasSubstr("workload.images_per_sample is required"));
+  EXPECT_THAT(text->second, Not(HasSubstr("trace_id")));
+}
+
 // [Layout fingerprint]: a plan file from the planner names the layout the agent builds and is
 // applied; the same plan with another fingerprint or chunk count is refused naming both sides.
 TEST_F(TrainWithPlannerTest, PlanFilesMustBeForTheAgentsLayout) {
