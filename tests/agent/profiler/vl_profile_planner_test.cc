@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/client/planner_client.h"
 #include "agent/profiler/model_profiler.h"
+#include "agent/profiler/on_demand_profiler.h"
 #include "common/presets.h"
 #include "common/vision_cost.h"
 #include "daemon_process.h"
@@ -157,6 +158,35 @@ TEST_F(VlProfilePlannerTest, ProfileWithImagesIsStoredPlannedAndMatchesTheAnalyt
   ASSERT_TRUE(two.ok()) << two.status();
   EXPECT_FALSE(two->analytic_trace);
   EXPECT_GT(two->prediction.peak_bytes, answer->prediction.peak_bytes);
+}
+
+// On demand (parameters in host memory, one group's on the device at a time, the tower with the
+// embedding's): the same images and the resident profile's memory figures.
+TEST_F(VlProfilePlannerTest, OnDemandProfileRunsTheSameImages) {
+  const ModelSpec spec = testing::TinyVlSpec(/*vision_depth=*/2);
+  auto resident = MakeModel(spec);
+  ASSERT_NE(resident, nullptr);
+  absl::StatusOr<ProfileResult> want = ProfileModel(*resident, Options(VlWorkload()));
+  ASSERT_TRUE(want.ok()) << want.status();
+  LlamaModelOptions o;
+  o.spec = spec;
+  o.dtype = DType::kFloat32;
+  o.seed = 5;
+  o.param_device = torch::Device(torch::kCPU);
+  auto host = LlamaModel::Create(o);
+  ASSERT_TRUE(host.ok()) << host.status();
+  OnDemandOptions od;
+  od.host_memory = HostMemoryKind::kPageable;
+  absl::StatusOr<OnDemandProfile> got = ProfileModelOnDemand(**host, Options(VlWorkload()), od);
+  ASSERT_TRUE(got.ok()) << got.status();
+  const Trace& a = want->trace;
+  const Trace& b = got->result.trace;
+  EXPECT_EQ(b.workload.images_per_sample, 1);
+  EXPECT_EQ(b.embedding.param_bytes, a.embedding.param_bytes);
+  EXPECT_EQ(b.embedding.saved_bytes, a.embedding.saved_bytes);
+  EXPECT_EQ(b.forward_end_bytes, a.forward_end_bytes);
+  absl::StatusOr<std::string> id = client_->SubmitTrace(b);
+  EXPECT_TRUE(id.ok()) << id.status();
 }
 
 TEST_F(VlProfilePlannerTest, ProfileWithoutImagesIsRefusedNamingTheField) {
