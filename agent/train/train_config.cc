@@ -30,8 +30,8 @@ Data (one of):
                            every id is checked against the model's vocabulary before step 1
   --synthetic-data         a seeded learnable token stream (--synthetic-noise P, default 0.1)
   --data-vl FILE           vision-language samples (token ids, pixel values, image grids) written
-                           by scripts/prepare-vl-data.py; a vision-language model (qwen2_5_vl)
-                           trains only on images: --data-vl or --synthetic-images
+                           by scripts/prepare-vl-data.py; a vision-language model (qwen2_5_vl,
+                           qwen2_vl) trains only on images: --data-vl or --synthetic-images
   --synthetic-images N --image-size HxW   N seeded random images of H x W pixels per sample
 Workload:
   --batch N (1)  --seq N (128)  --steps N (10)  --grad-accum N (1)

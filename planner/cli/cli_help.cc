@@ -72,9 +72,9 @@ Workload:
   --grad-accum N         gradient accumulation steps (default 1)
   --grad-clipping        gradients are clipped by global norm (offloaded chunks then update
                          after backward instead of overlapping it)
-  --images-per-sample N  a vision-language model's (qwen2_5_vl) images per sample, 1 to 1024,
-                         with --image-size HEIGHTxWIDTH in pixels (e.g. 448x448); required for
-                         such a model, which is never planned as text only
+  --images-per-sample N  a vision-language model's (qwen2_5_vl, qwen2_vl) images per sample,
+                         1 to 1024, with --image-size HEIGHTxWIDTH in pixels (e.g. 448x448);
+                         required for such a model, which is never planned as text only
   --dtype fp32|bf16|fp16 parameter dtype (default bf16)
   --optimizer NAME       adamw (fp32 states, default), adamw_bf16, adamw8bit (bitsandbytes-style
                          8-bit block-wise states), sgd
