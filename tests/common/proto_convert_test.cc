@@ -278,6 +278,22 @@ TEST(ProtoConvertTest, UnknownEnumValuesAreRejectedWithField) {
               HasSubstr("trace.training.kind = 9"));
 }
 
+TEST(ProtoConvertTest, OsftRoundTrips) {
+  TrainingMethod t;
+  t.kind = TrainingKind::kOsft;
+  t.osft_rank_ratio = 0.25;
+  t.osft_target_modules = {"q_proj", "down_proj"};
+  const v1::TrainingMethod proto = ToProto(t);
+  EXPECT_EQ(proto.kind(), v1::TrainingMethod::OSFT);
+  EXPECT_EQ(proto.osft_rank_ratio(), 0.25);
+  auto back = TrainingMethodFromProto(proto, "training.");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->kind, TrainingKind::kOsft);
+  EXPECT_EQ(back->osft_rank_ratio, 0.25);
+  EXPECT_EQ(back->osft_target_modules, t.osft_target_modules);
+  EXPECT_EQ(TrainingKindName(TrainingKind::kOsft), "osft");
+}
+
 TEST(ProtoConvertTest, TrainingKindUnspecifiedIsFullFineTune) {
   v1::TrainingMethod m;
   auto out = TrainingMethodFromProto(m, "training.");
