@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "agent/client/planner_client.h"
 #include "agent/client/record_json.h"
+#include "agent/io/safetensors_writer.h"
 #include "common/presets.h"
 #include "daemon_process.h"
 #include "gmock/gmock.h"
@@ -312,12 +313,10 @@ TEST_F(TrainWithPlannerTest, ProfileSubmitsTheTraceThePlanThenUses) {
   EXPECT_THAT(output, HasSubstr("trained 2 steps"));
 }
 
-// [Profiled images]: a vision-language model (a tiny Qwen2.5-VL config) profiled with its
-// synthetic images is planned from the measured trace and trains; `profile` without images is
-// refused, naming the field.
-TEST_F(TrainWithPlannerTest, VisionLanguageProfileRunsItsImages) {
-  const std::string config = absl::StrCat(db_path_, ".vl-config.json");
-  ASSERT_TRUE(WriteTextFile(config, R"({"architectures": ["Qwen2_5_VLForConditionalGeneration"],
+// A tiny Qwen2.5-VL config.json (patches of 4 pixels, 2x2 merged; image token 100, vision
+// start 102 and end 103).
+void WriteTinyVlConfig(const std::string& path) {
+  EXPECT_TRUE(WriteTextFile(path, R"({"architectures": ["Qwen2_5_VLForConditionalGeneration"],
       "model_type": "qwen2_5_vl", "image_token_id": 100, "video_token_id": 101,
       "vision_start_token_id": 102, "vision_end_token_id": 103, "tie_word_embeddings": false,
       "max_position_embeddings": 512,
@@ -331,6 +330,14 @@ TEST_F(TrainWithPlannerTest, VisionLanguageProfileRunsItsImages) {
         "temporal_patch_size": 2, "window_size": 16, "fullatt_block_indexes": [1],
         "rope_parameters": {"rope_theta": 10000.0, "rope_type": "axial"}}})")
                   .ok());
+}
+
+// [Profiled images]: a vision-language model (a tiny Qwen2.5-VL config) profiled with its
+// synthetic images is planned from the measured trace and trains; `profile` without images is
+// refused, naming the field.
+TEST_F(TrainWithPlannerTest, VisionLanguageProfileRunsItsImages) {
+  const std::string config = absl::StrCat(db_path_, ".vl-config.json");
+  WriteTinyVlConfig(config);
   auto run = testing::RunToCompletion(
       MEMPLAN_AGENT_BINARY,
       {"train", "--planner", daemon_->address(), "--arch-file", config, "--synthetic-images", "1",
@@ -354,6 +361,54 @@ TEST_F(TrainWithPlannerTest, VisionLanguageProfileRunsItsImages) {
   EXPECT_TRUE(WIFEXITED(text->first) && WEXITSTATUS(text->first) == 1) << text->second;
   EXPECT_THAT(text->second, HasSubstr("workload.images_per_sample is required"));
   EXPECT_THAT(text->second, Not(HasSubstr("trace_id")));
+}
+
+// [Largest VL sample]: a --data-vl file with images of two sizes is described to the planner by
+// its sample with the most patches (two images, 16 + 32 patches: two of 4x6 patches, 16x24
+// pixels), which the profiling pass runs too; the run logs what it sent.
+TEST_F(TrainWithPlannerTest, DataVlWorkloadDescribesItsLargestSample) {
+  const std::string config = absl::StrCat(db_path_, ".vl-config.json");
+  WriteTinyVlConfig(config);
+  // Sample 0: one 4x4-patch image (4 tokens); sample 1: 4x4 and 4x8 images (4 and 8 tokens).
+  std::vector<int64_t> ids = {1, 2, 102, 100, 100, 100, 100, 103, 3, 4, 102, 100, 100, 100, 100,
+                              103, 102};
+  for (int i = 0; i < 8; ++i) ids.push_back(100);
+  ids.insert(ids.end(), {103, 5});
+  const std::vector<int64_t> sample_tokens = {0, 9, static_cast<int64_t>(ids.size())};
+  const std::vector<int64_t> grids = {1, 4, 4, 1, 4, 4, 1, 4, 8};
+  const std::vector<int64_t> sample_images = {0, 1, 3};
+  const int64_t patches = 16 + 16 + 32, patch_dim = 3 * 2 * 4 * 4;
+  std::vector<float> pixels(static_cast<size_t>(patches * patch_dim));
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<float>(i % 7) * 0.1f;
+  using io::SafetensorsDType;
+  const int64_t n = static_cast<int64_t>(ids.size());
+  const std::string data = absl::StrCat(db_path_, ".vl.safetensors");
+  ASSERT_TRUE(io::WriteSafetensorsFile(
+                  data,
+                  {{"input_ids", SafetensorsDType::kI64, {n}, ids.data()},
+                   {"sample_tokens", SafetensorsDType::kI64, {3}, sample_tokens.data()},
+                   {"image_grid_thw", SafetensorsDType::kI64, {3, 3}, grids.data()},
+                   {"sample_images", SafetensorsDType::kI64, {3}, sample_images.data()},
+                   {"pixel_values", SafetensorsDType::kF32, {patches, patch_dim}, pixels.data()}},
+                  {})
+                  .ok());
+  auto run = testing::RunToCompletion(
+      MEMPLAN_AGENT_BINARY,
+      {"train", "--planner", daemon_->address(), "--arch-file", config, "--data-vl", data,
+       "--steps", "1", "--batch", "1", "--seq", "32", "--device", "cpu", "--planner-retries", "0",
+       "--profile"});
+  std::remove(config.c_str());
+  std::remove(data.c_str());
+  ASSERT_TRUE(run.ok()) << run.status();
+  const std::string& output = run->second;
+  ASSERT_TRUE(WIFEXITED(run->first) && WEXITSTATUS(run->first) == 0) << output;
+  EXPECT_THAT(output, HasSubstr("msg=\"vision-language workload sent to the planner\" "
+                                "images_per_sample=2 image_size=\"16x24\""));
+  EXPECT_THAT(output, HasSubstr("largest_sample=1 largest_sample_patches=48 "
+                                "described_patches=48"));
+  EXPECT_THAT(output, HasSubstr("with 2 images of 16x24 per sample"));
+  EXPECT_THAT(output, HasSubstr("analytic_trace=false"));
+  EXPECT_THAT(output, HasSubstr("trained 1 steps"));
 }
 
 // [Layout fingerprint]: a plan file from the planner names the layout the agent builds and is
