@@ -209,6 +209,17 @@ TEST(TrainerStateTest, VisionLanguageFieldsRoundTrip) {
   EXPECT_EQ(b.vision_end_token_id, 203);
   // A text model's state carries no vision keys.
   EXPECT_EQ(EncodeCheckpointManifest(Sample()).find("vision"), std::string::npos);
+
+  // Qwen2-VL's tower has no windows: window_size 0 and no full-attention list round-trip.
+  s.family = "qwen2_vl";
+  s.vision.window_size = 0;
+  s.vision.fullatt_block_indexes.clear();
+  s.vision.intermediate_size = 64;  // embed_dim · an integer mlp_ratio
+  back = DecodeCheckpointManifest(EncodeCheckpointManifest(m));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->trainer.model.family, "qwen2_vl");
+  EXPECT_EQ(back->trainer.model.vision.window_size, 0);
+  EXPECT_TRUE(back->trainer.model.vision.fullatt_block_indexes.empty());
 }
 
 }  // namespace
