@@ -78,6 +78,17 @@ TEST(FormattersTest, CompressBlockModesRunsInOrder) {
       "ckpt×1 swap×1 ckpt×1");
 }
 
+TEST(FormattersTest, AnOsftPlanHasNoChunks) {
+  // [OSFT plans]: chunk_bytes 0, the blocks' modes and the ranks only.
+  v1::ResidencyPlan plan;
+  plan.set_n_checkpoint(4);
+  plan.set_n_hs_offload(1);
+  EXPECT_EQ(FormatKnobs(plan), "unmanaged (no chunks), swap 0, ckpt 4, hs_offload 1");
+  plan.set_world_size(2);
+  EXPECT_EQ(FormatKnobs(plan),
+            "unmanaged (no chunks), swap 0, ckpt 4, hs_offload 1, world 2, model replicated");
+}
+
 TEST(FormattersTest, NumberFormats) {
   EXPECT_EQ(FormatGiB(0), "0.00 GiB");
   EXPECT_EQ(FormatGiB(80 * kGiB + kGiB / 2), "80.50 GiB");
