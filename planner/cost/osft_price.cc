@@ -51,6 +51,8 @@ absl::StatusOr<OsftPricer> OsftPricer::Create(const Trace& trace, const Hardware
   const int64_t d = DTypeBytes(trace.param_dtype);
   p.largest_low_factor_bytes_ = terms.largest_low_factor * d;
   p.block_grad_bytes_ = p.cost_.grad_bytes / std::max<int64_t>(1, trace.arch.num_layers);
+  p.tokens_per_step_ = trace.workload.micro_batch * trace.workload.seq_len *
+                       std::max<int32_t>(1, options.grad_accum);
 
   // The walk's model: the same activations and block times with no parameter trained in chunks
   // (a frozen base without adapters) on one rank; the model states are priced here instead.
@@ -152,8 +154,8 @@ Prediction OsftPricer::Predict(const ModeCounts& counts) const {
   pred.backward_seconds = inner.backward_seconds;
   pred.iteration_seconds = inner.iteration_seconds + inner.time_factor * step_seconds_;
   pred.optimizer_seconds = pred.iteration_seconds - pred.forward_seconds - pred.backward_seconds;
-  const double tokens = static_cast<double>(
-      inner.iteration_seconds > 0 ? inner.tokens_per_second * inner.iteration_seconds : 0);
+  // One rank's tokens a step, as the other plans count them.
+  const double tokens = static_cast<double>(tokens_per_step_);
   pred.tokens_per_second = pred.iteration_seconds > 0 ? tokens / pred.iteration_seconds : 0;
   return pred;
 }

@@ -42,6 +42,7 @@ class OsftPricer {
   int32_t world_size_ = 1;
   int64_t largest_low_factor_bytes_ = 0;
   int64_t block_grad_bytes_ = 0;
+  int64_t tokens_per_step_ = 0;
   double step_seconds_ = 0;
 };
 
