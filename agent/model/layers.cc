@@ -18,7 +18,12 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
   // `b` is optional because custom Functions require every Tensor argument to be defined.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
                                const std::optional<torch::Tensor>& b) {
-    ctx->save_for_backward({x, w});
+    // [Frozen linear] The input is kept only when the weight's gradient needs it: a frozen
+    // projection (a LoRA base module without an adapter) keeps nothing of its own, as
+    // aten::linear keeps nothing for a weight that does not require grad, and as the planner
+    // prices it (planner/cost/analytic_trace.cc: a linear keeps its input only when it trains).
+    ctx->save_for_backward({w.requires_grad() ? x : torch::Tensor(), w});
+    ctx->saved_data["x_sizes"] = x.sizes().vec();
     ctx->saved_data["has_bias"] = b.has_value();
     const torch::Tensor x2 = x.reshape({-1, x.size(-1)});
     const torch::Tensor w2 = w.view({w.size(0), -1});
@@ -32,10 +37,11 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     const variable_list saved = ctx->get_saved_variables();
     const torch::Tensor& x = saved[0];
     const torch::Tensor& w = saved[1];
+    const std::vector<int64_t> x_sizes = ctx->saved_data["x_sizes"].toIntVector();
     const torch::Tensor w2 = w.view({w.size(0), -1});
     const torch::Tensor g2 = grads[0].reshape({-1, w.size(0)});
     torch::Tensor gx, gw, gb;
-    if (ctx->needs_input_grad(0)) gx = g2.mm(w2).view(x.sizes());
+    if (ctx->needs_input_grad(0)) gx = g2.mm(w2).view(x_sizes);
     if (ctx->needs_input_grad(1)) gw = g2.t().mm(x.reshape({-1, x.size(-1)})).view(w.sizes());
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) gb = g2.sum(0);
     return {gx, gw, gb};

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "agent/blocks/activation_offloader.h"
+#include "agent/model/layers.h"
 #include "agent/model/llama_model.h"
 #include "common/nf4_bytes.h"
 
@@ -87,6 +88,29 @@ std::map<std::string, torch::Tensor> TakeAdapterGrads(LlamaModel& model) {
     p.param.mutable_grad().reset();
   }
   return grads;
+}
+
+// [Frozen linear] A projection whose weight does not train keeps nothing of its input for
+// backward (a LoRA base module without an adapter: what the planner prices); one whose weight
+// trains keeps it. The input gradient is the same either way.
+TEST(LinearTest, AFrozenWeightKeepsNoInputForBackward) {
+  torch::manual_seed(3);
+  const torch::Tensor leaf = torch::randn({2, 8, 32}).requires_grad_();
+  const torch::Tensor frozen = torch::randn({16, 32});
+  const torch::Tensor trained = frozen.clone().requires_grad_();
+  std::vector<torch::Tensor> input_grads;
+  for (const torch::Tensor& w : {frozen, trained}) {
+    SCOPED_TRACE(w.requires_grad() ? "trained" : "frozen");
+    torch::Tensor x = leaf * 2;  // an intermediate: only the graph could keep it alive
+    const c10::weak_intrusive_ptr<c10::StorageImpl> storage = x.storage().getWeakStorageImpl();
+    const torch::Tensor y = Linear(x, w);
+    x = torch::Tensor();
+    EXPECT_EQ(storage.expired(), !w.requires_grad());
+    leaf.mutable_grad() = torch::Tensor();
+    y.square().sum().backward();
+    input_grads.push_back(leaf.grad().clone());
+  }
+  EXPECT_TRUE(torch::equal(input_grads[0], input_grads[1]));
 }
 
 TEST(LlamaLoraTest, BaseIsFrozenAndAdaptersFollowPeftNamesShapesAndInit) {
