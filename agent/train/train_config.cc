@@ -589,7 +589,9 @@ absl::StatusOr<RunPlan> ResolveRunPlan(const TrainConfig& c, int num_blocks,
           "plan.world_size = ", file->world_size, " but this run has world size ", world_size,
           " (WORLD_SIZE): plan again for ", world_size, world_size == 1 ? " rank" : " ranks"));
     }
-    run.managed = true;
+    // [OSFT plans] (planner/core/osft_plan.h): the planner's OSFT plan has no chunks; the run
+    // stays unmanaged and takes its block modes (below).
+    run.managed = !c.osft.enabled();
     if (file->chunk_bytes > 0) run.chunk_bytes = file->chunk_bytes;
     run.n_persist = file->n_persist;
     run.n_persist_source = "plan.n_persist";

@@ -410,6 +410,11 @@ absl::Status TrainSession::PlanFromPlanner() {
         "--n-persist, --n-buffer, --n-ckpt, --n-swap, --n-hs-offload, --host-memory, "
         "--persistent-state and --persistent-params are passed to the planner as fixed knobs)");
   }
+  if (loop_.profile && config_.osft.enabled()) {
+    return absl::InvalidArgumentError(
+        "--profile: profiling an OSFT run is not built yet; drop --profile (the planner plans "
+        "OSFT from the architecture)");
+  }
   if (loop_.profile && config_.lora.enabled()) {
     // The profiler measures a full fine-tune's trace (every parameter trains); submitted for a
     // LoRA run it would price the wrong method.
@@ -493,6 +498,13 @@ absl::StatusOr<PlanQuery> TrainSession::PlannerQuery() const {
   // With --planner there is no plan file: the flag (validated by ParseTrainArgs) or adamw.
   query.optimizer = config_.optimizer.value_or(OptimizerKind::kAdamW);
   query.training = LoraTrainingMethod(model_options_.lora);
+  if (config_.osft.enabled()) {
+    // [OSFT plans] (planner/core/osft_plan.h): the planner prices the unmanaged run and answers
+    // only the blocks' modes.
+    query.training.kind = TrainingKind::kOsft;
+    query.training.osft_rank_ratio = config_.osft.rank_ratio;
+    query.training.osft_target_modules = config_.osft.targets;
+  }
   // [Fixed knobs with --planner]
   query.fixed = PlannerFixedKnobs(config_);
   return query;
