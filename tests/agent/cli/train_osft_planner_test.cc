@@ -39,10 +39,24 @@ class TrainOsftPlannerTest : public ::testing::Test {
   }
 
   std::pair<int, std::string> Train(const std::vector<std::string>& extra) {
-    std::vector<std::string> args = {
-        "train",    "--planner", daemon_->address(),  "--arch", "llama-tiny", "--synthetic-data",
-        "--steps",  "2",         "--batch",           "1",      "--seq",      "32",
-        "--device", "cpu",       "--planner-retries", "0",      "--osft-rank-ratio", "0.5"};
+    std::vector<std::string> args = {"train",
+                                     "--planner",
+                                     daemon_->address(),
+                                     "--arch",
+                                     "llama-tiny",
+                                     "--synthetic-data",
+                                     "--steps",
+                                     "2",
+                                     "--batch",
+                                     "1",
+                                     "--seq",
+                                     "32",
+                                     "--device",
+                                     "cpu",
+                                     "--planner-retries",
+                                     "0",
+                                     "--osft-rank-ratio",
+                                     "0.5"};
     args.insert(args.end(), extra.begin(), extra.end());
     auto run = testing::RunToCompletion(MEMPLAN_AGENT_BINARY, args);
     EXPECT_TRUE(run.ok()) << run.status();

@@ -13,8 +13,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-PlanInputs OsftInputs(const std::string& model, const std::string& card, int64_t seq,
-                      double ratio, int32_t world = 1) {
+PlanInputs OsftInputs(const std::string& model, const std::string& card, int64_t seq, double ratio,
+                      int32_t world = 1) {
   PlanInputs in;
   in.arch = *FindModelPreset(model);
   in.hardware = *FindHardwarePreset(card);

@@ -3,6 +3,8 @@
 // model's parameter and gradient counts equal EstimateOsftCost's
 // (tests/agent/train/osft_trainer_test.cc, PlannerCountsAreTheModelsAfterTheSplit), and these
 // tests hold the planner's terms to EstimateOsftCost's.
+#include "planner/cost/osft_price.h"
+
 #include <cmath>
 
 #include "common/osft_cost.h"
@@ -11,7 +13,6 @@
 #include "gtest/gtest.h"
 #include "planner/core/plan_engine.h"
 #include "planner/cost/analytic_trace.h"
-#include "planner/cost/osft_price.h"
 #include "planner/cost/osft_terms.h"
 
 namespace memplan {
@@ -53,9 +54,9 @@ HardwareSpec Card() { return *FindHardwarePreset("h100-80gb"); }
 
 // Every projection at ratio 0.5 (r = min(out, in); low = r - floor(r / 2)): q, o [64, 64] and
 // gate, up, down (r 64) train 32 directions, k, v [32, 64] 16. Factors hold low (out + in + 1).
-constexpr int64_t kLowPerBlock = 32 * (64 + 64 + 1) * 2         // q, o
-                                 + 16 * (32 + 64 + 1) * 2       // k, v
-                                 + 32 * (96 + 64 + 1) * 3;      // gate, up, down
+constexpr int64_t kLowPerBlock = 32 * (64 + 64 + 1) * 2                    // q, o
+                                 + 16 * (32 + 64 + 1) * 2                  // k, v
+                                 + 32 * (96 + 64 + 1) * 3;                 // gate, up, down
 constexpr int64_t kSavedLowPerToken = 2 * 2 * (32 * 2 + 16 * 2 + 32 * 3);  // 2 tensors, bf16
 
 TEST(OsftTraceTest, TheBlocksKeepTheLowProductsBesideAFrozenBasesActivations) {
@@ -125,11 +126,11 @@ TEST(OsftPriceTest, ModelStatesAreEstimateOsftCostsAndTheAgents) {
   EXPECT_EQ(pricer->cost().load_peak_bytes, cost->load_peak_bytes);
   // Calibration contract: peak = exact + ceil(alpha (raw - exact)) + residual + context.
   const int64_t raw = RawModelBytes(p);
-  EXPECT_EQ(p.peak_bytes, p.breakdown.exact_bytes +
-                              static_cast<int64_t>(std::ceil(p.breakdown.fragmentation_factor *
-                                                             (raw - p.breakdown.exact_bytes))) +
-                              p.breakdown.calibration_residual_bytes +
-                              p.breakdown.cuda_context_bytes);
+  EXPECT_EQ(p.peak_bytes,
+            p.breakdown.exact_bytes +
+                static_cast<int64_t>(
+                    std::ceil(p.breakdown.fragmentation_factor * (raw - p.breakdown.exact_bytes))) +
+                p.breakdown.calibration_residual_bytes + p.breakdown.cuda_context_bytes);
   // Load: the SVD split's peak, with the context.
   EXPECT_EQ(p.load_peak_bytes, cost->load_peak_bytes + p.breakdown.calibration_residual_bytes +
                                    p.breakdown.cuda_context_bytes);
@@ -169,10 +170,10 @@ TEST(OsftPriceTest, RanksAddOneAllReduceAndAccumulationKeepsTheGrads) {
   // crosses each way with two ranks.
   const double half = 0.5 * static_cast<double>(p2->cost().grad_bytes);
   EXPECT_EQ(p2->cost().allreduce_bytes_per_step, p2->cost().grad_bytes);
-  EXPECT_NEAR(p2->StepSeconds() - p1->StepSeconds(),
-              half / hw.nccl_reduce_scatter_bytes_per_second +
-                  half / hw.nccl_allgather_bytes_per_second,
-              1e-12);
+  EXPECT_NEAR(
+      p2->StepSeconds() - p1->StepSeconds(),
+      half / hw.nccl_reduce_scatter_bytes_per_second + half / hw.nccl_allgather_bytes_per_second,
+      1e-12);
   const Prediction a = p1->Predict(ModeCounts{});
   const Prediction b = p2->Predict(ModeCounts{});
   EXPECT_GT(b.iteration_seconds, a.iteration_seconds);
