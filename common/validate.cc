@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/lora_shapes.h"
+#include "common/osft_cost.h"
+#include "common/vision_kind.h"
 
 namespace memplan {
 namespace {
@@ -43,7 +45,8 @@ absl::Status CheckBytes(absl::string_view field, absl::string_view value, size_t
       field, " is ", value.size(), " bytes; allowed at most ", max_bytes, " (", Quote(value), ")"));
 }
 
-// The vision tower and the multimodal token ids and rotary sections of a qwen2_5_vl spec.
+// The vision tower and the multimodal token ids and rotary sections of a qwen2_5_vl or qwen2_vl
+// spec.
 absl::Status ValidateVisionLanguage(const ModelSpec& m, absl::string_view prefix) {
   const VisionSpec& v = m.vision;
   const std::string vp = absl::StrCat(prefix, "vision.");
@@ -64,8 +67,21 @@ absl::Status ValidateVisionLanguage(const ModelSpec& m, absl::string_view prefix
       {"window_size", v.window_size, int64_t{1} << 20},
       {"out_hidden_size", v.out_hidden_size, kMaxHiddenSize},
   };
+  const bool qwen2 = m.family == "qwen2_vl";
   for (const Field& f : fields) {
-    if (auto s = CheckInt(vp, f.name, f.value, 1, f.hi); !s.ok()) return s;
+    // Qwen2-VL's tower has no windows: window_size 0.
+    const int64_t lo = qwen2 && std::string(f.name) == "window_size" ? 0 : 1;
+    if (auto s = CheckInt(vp, f.name, f.value, lo, f.hi); !s.ok()) return s;
+  }
+  if (qwen2 && (v.window_size != 0 || !v.fullatt_block_indexes.empty())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        vp, "window_size = ", v.window_size, " and ", v.fullatt_block_indexes.size(),
+        " fullatt_block_indexes: Qwen2-VL's tower has no windows (both must be 0/empty)"));
+  }
+  if (qwen2 && v.intermediate_size % v.hidden_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        vp, "intermediate_size = ", v.intermediate_size, " must be a multiple of ", vp,
+        "hidden_size = ", v.hidden_size, " (Qwen2-VL's integer mlp_ratio)"));
   }
   // The 2-D rotary embedding gives a quarter of each head's dimensions to the row and a quarter
   // to the column frequencies, each rotated as halves.
@@ -74,7 +90,7 @@ absl::Status ValidateVisionLanguage(const ModelSpec& m, absl::string_view prefix
         vp, "num_heads = ", v.num_heads, " must divide ", vp, "hidden_size = ", v.hidden_size,
         " into heads of a multiple of 4 dimensions (2-D rotary embedding)"));
   }
-  if (v.WindowMergedPatches() < 1) {
+  if (VisionWindowed(v) && v.WindowMergedPatches() < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         vp, "window_size = ", v.window_size, " must span at least one merged patch (",
         vp, "spatial_merge_size * ", vp, "patch_size = ", v.spatial_merge_size * v.patch_size,
@@ -174,13 +190,13 @@ absl::Status ValidateModelSpec(const ModelSpec& m, absl::string_view prefix) {
   }
   if (auto s = CheckInt(prefix, "vocab_size", m.vocab_size, 1, kMaxVocabSize); !s.ok()) return s;
   const bool moe_family = m.family == "qwen3_moe" || m.family == "mixtral";
-  const bool vl_family = m.family == "qwen2_5_vl";
+  const bool vl_family = m.family == "qwen2_5_vl" || m.family == "qwen2_vl";
   if (!(m.family == "llama" || m.family == "qwen2" || m.family == "qwen3" ||
         m.family == "mistral" || moe_family || vl_family)) {
     return absl::InvalidArgumentError(absl::StrCat(prefix, "family = ", Quote(m.family),
                                                    " is not supported; allowed: llama, qwen2, "
                                                    "qwen3, mistral, qwen3_moe, mixtral, "
-                                                   "qwen2_5_vl"));
+                                                   "qwen2_5_vl, qwen2_vl"));
   }
   if (vl_family != m.IsVisionLanguage()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -422,10 +438,16 @@ absl::Status CheckVisionAdapters(const ModelSpec& m, bool nf4_base,
   }
   for (const std::string& name : targets) {
     if (name == "gate_proj" || name == "up_proj" || name == "down_proj") {
+      // Qwen2-VL's tower names its MLP fc1/fc2, so there the name is not ambiguous; adapters on
+      // the language model's MLP of a vision-language model are simply not implemented.
+      const std::string why =
+          VisionGatedMlp(m)
+              ? absl::StrCat("PEFT's ", name, " also names the vision tower's visual.blocks.N.mlp.",
+                             name, ", whose adapters are not implemented")
+              : std::string("adapters on its MLP are not implemented");
       return absl::InvalidArgumentError(absl::StrCat(
           prefix, "LoRA target ", Quote(name), " is not supported for the vision-language ",
-          Quote(m.family), ": PEFT's ", name, " also names the vision tower's visual.blocks.N.mlp.",
-          name, ", whose adapters are not implemented; allowed: q_proj, k_proj, v_proj, o_proj"));
+          Quote(m.family), ": ", why, "; allowed: q_proj, k_proj, v_proj, o_proj"));
     }
   }
   return absl::OkStatus();
@@ -438,6 +460,12 @@ absl::Status ValidateTrainingMethod(const TrainingMethod& t, const ModelSpec& m,
       !s.ok()) {
     return s;
   }
+  if (auto s = CheckListSize(absl::StrCat(prefix, "osft_target_modules"),
+                             t.osft_target_modules.size(), kLoraModules.size());
+      !s.ok()) {
+    return s;
+  }
+  if (t.kind == TrainingKind::kOsft) return ValidateOsftMethod(t, m, prefix);
   if (t.kind == TrainingKind::kFull) return absl::OkStatus();
   if (auto s = CheckInt(prefix, "lora_rank", t.lora_rank, 1, m.hidden_size); !s.ok()) return s;
   const std::string allowed = absl::StrJoin(kLoraModules, ", ");
