@@ -5,21 +5,14 @@
 #include <gtest/gtest.h>
 
 #include "common/param_shapes.h"
+#include "tests/agent/tiny_spec.h"
 
 namespace memplan {
 namespace {
 
 ModelSpec Tiny() {
-  ModelSpec s;
-  s.name = "tiny";
-  s.family = "llama";
-  s.hidden_size = 64;
+  ModelSpec s = testing::TinySpec();
   s.num_layers = 2;
-  s.num_heads = 4;
-  s.num_kv_heads = 2;
-  s.intermediate_size = 96;
-  s.vocab_size = 128;
-  s.rope_theta = 10000.0;
   return s;
 }
 

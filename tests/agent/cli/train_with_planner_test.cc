@@ -663,5 +663,26 @@ TEST_F(TrainWithPlannerTest, BenchSubcommandWritesTheHostFigures) {
   EXPECT_GT(spec->host_memory_bytes, 0);
 }
 
+// [OSFT plans] (planner/core/osft_plan.h): an OSFT run is planned unmanaged, with block modes
+// only, and trains under that plan.
+TEST_F(TrainWithPlannerTest, OsftTrainsUnmanagedUnderThePlannersOsftPlan) {
+  const auto [status, output] = Train({"--osft-rank-ratio", "0.5"});
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+  EXPECT_THAT(output, HasSubstr("fits=true"));
+  EXPECT_THAT(output, HasSubstr("chunk_bytes=0"));
+  EXPECT_THAT(output, HasSubstr("trained 2 steps"));
+  // The split ran (the run is OSFT) and nothing was managed: no chunk layout to check.
+  EXPECT_THAT(output, HasSubstr("osft_rank_ratio=0.5"));
+  EXPECT_THAT(output, HasSubstr("osft_trainable_params="));
+  EXPECT_THAT(output, Not(HasSubstr("plan layout matches")));
+}
+
+TEST_F(TrainWithPlannerTest, OsftCheckpointCountIsFixedInTheSearchAndApplied) {
+  const auto [status, output] = Train({"--osft-rank-ratio", "0.5", "--n-ckpt", "1"});
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+  EXPECT_THAT(output, HasSubstr("n_ckpt=1"));
+  EXPECT_THAT(output, HasSubstr("trained 2 steps"));
+}
+
 }  // namespace
 }  // namespace memplan

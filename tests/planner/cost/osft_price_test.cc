@@ -14,22 +14,15 @@
 #include "planner/core/plan_engine.h"
 #include "planner/cost/analytic_trace.h"
 #include "planner/cost/osft_terms.h"
+#include "tests/agent/tiny_spec.h"
 
 namespace memplan {
 namespace {
 
 // hidden 64, 4 heads of 16 with 2 KV heads (k, v: [32, 64]), MLP 96, two blocks.
 ModelSpec Tiny() {
-  ModelSpec s;
-  s.name = "tiny";
-  s.family = "llama";
-  s.hidden_size = 64;
+  ModelSpec s = testing::TinySpec();
   s.num_layers = 2;
-  s.num_heads = 4;
-  s.num_kv_heads = 2;
-  s.intermediate_size = 96;
-  s.vocab_size = 128;
-  s.rope_theta = 10000.0;
   return s;
 }
 
