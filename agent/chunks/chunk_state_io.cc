@@ -614,9 +614,9 @@ absl::Status ChunkStateIO::LoadRanges(const ChunkManager::RangeReader& read, boo
         return s.status();
       }
     }
-    // Parameter values are read up to `parallel_reads` at a time on worker threads (drawing an
-    // initial value is serial per parameter) and installed in order on this thread.
-    // At most kReadAheadBytes of whole parameters (what drawing an initial value materialises)
+    // Parameter values are read up to `parallel_reads` at a time on worker threads and installed
+    // in order on this thread. At most kReadAheadBytes of whole parameters in fp32 (a bound on
+    // what reading a part materialises: a synthetic draw makes only the segments around it)
     // in flight beyond the first: the planner's host reserve counts on it ([Host reserve]).
     constexpr int64_t kReadAheadBytes = int64_t{1} << 30;
     struct Ahead {
