@@ -20,6 +20,7 @@
 #include "agent/chunks/cpu_adamw.h"
 #include "agent/chunks/thread_pool.h"
 #include "agent/chunks/torch_sqrt.h"
+#include "agent/core/seconds_since.h"
 #include "agent/core/torch_pch.h"
 #include "agent/quant/nf4.h"
 #include "common/log.h"
@@ -36,10 +37,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 class Recorder {
  public:

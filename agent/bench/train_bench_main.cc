@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "agent/core/seconds_since.h"
 #include "agent/core/torch_pch.h"
 #include "agent/train/train_config.h"
 #include "agent/train/trainer.h"
@@ -388,10 +389,8 @@ absl::Status Run(const BenchConfig& c) {
   if (managed) model_options.param_device = torch::Device(torch::kCPU);
   model_options.seed = c.seed;
   ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LlamaModel::Create(model_options));
-  std::fprintf(
-      stderr, "%s: model %s (tied=%d) created in %.1f s\n", c.label.c_str(), spec.name.c_str(),
-      spec.tie_word_embeddings ? 1 : 0,
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - init_start).count());
+  std::fprintf(stderr, "%s: model %s (tied=%d) created in %.1f s\n", c.label.c_str(),
+               spec.name.c_str(), spec.tie_word_embeddings ? 1 : 0, SecondsSince(init_start));
 
   // Synthetic tokens: uniform ids, each position's target the next input (the last one ignored),
   // two batches alternated so that consecutive steps see different data.

@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "agent/client/planner_client.h"
 #include "agent/client/record_json.h"
+#include "agent/core/seconds_since.h"
 #include "agent/profiler/memory_probe.h"
 #include "agent/profiler/model_profiler.h"
 #include "agent/profiler/on_demand_profiler.h"
@@ -42,10 +43,6 @@ constexpr char kProfileUsage[] =
     "                   holds N synthetic images of H x W pixels, recorded in the trace\n";
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-double Since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 // The device's total memory and what the allocator reserved at most, next to the model's size.
 void PrintDeviceMemory(const torch::Device& device) {
@@ -178,7 +175,8 @@ int RunProfileCommand(const std::vector<std::string>& args_in) {
   for (const NamedParam& p : (*model)->Params()) model_bytes += p.param.nbytes();
   std::printf("model %s: %lld blocks, %.2f GiB of parameters, built in %.1f s %s\n",
               spec->name.c_str(), static_cast<long long>(spec->num_layers), model_bytes / kGiB,
-              Since(start), on_demand ? "in host memory (on-demand profiling)" : "on the device");
+              SecondsSince(start),
+              on_demand ? "in host memory (on-demand profiling)" : "on the device");
   absl::StatusOr<ProfileResult> result;
   if (on_demand) {
     auto od = ProfileModelOnDemand(**model, options, OnDemandOptions{});
@@ -194,7 +192,7 @@ int RunProfileCommand(const std::vector<std::string>& args_in) {
   if (!result.ok()) return Fail(result.status().ToString());
   PrintTable(*result);
   std::printf("model built and profiled in %.1f s: %d forward+backward passes of %.3f s (timed)\n",
-              Since(start), result->passes, result->step_seconds);
+              SecondsSince(start), result->passes, result->step_seconds);
   PrintDeviceMemory(model_options.device);
   if (!out.empty()) {
     const absl::Status s = WriteTextFile(out, TraceToJson(result->trace));

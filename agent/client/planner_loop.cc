@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "agent/client/planner_client.h"
+#include "agent/core/seconds_since.h"
 #include "agent/model/llama_model.h"
 #include "agent/profiler/device_memory.h"
 #include "agent/profiler/model_profiler.h"
@@ -101,8 +102,7 @@ absl::StatusOr<std::string> ProfileAndSubmit(PlannerClient& client,
     ASSIGN_OR_RETURN(OnDemandProfile od, ProfileModelOnDemand(*model, profiler, OnDemandOptions{}));
     result = std::move(od.result);
   }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = SecondsSince(start);
   const Workload& traced = result.trace.workload;
   std::printf(
       "profiled%s in %.2f s (%d passes; warm-up %.3f s, timed pass %.3f s), step peak %.2f MiB, "

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "agent/core/seconds_since.h"
 #include "agent/io/writable_file.h"
 
 namespace memplan {
@@ -42,8 +43,7 @@ void MemoryTimeline::Record(const char* event, int group) {
   e.peak_active_since = detail.peak_active;
   e.inactive_split = detail.inactive_split;
   e.device_allocs = detail.device_allocs;
-  e.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start_).count();
+  e.seconds = SecondsSince(step_start_);
   e.cpu_updates = cpu_updates_ ? cpu_updates_() : -1;
   probe_->ResetPeak();
   step_peak_allocated_ = std::max(step_peak_allocated_, e.peak_since);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "agent/core/seconds_since.h"
 #include "agent/io/vl_samples.h"
 #include "agent/profiler/memory_probe.h"
 #include "common/chunk_packing.h"
@@ -19,10 +20,6 @@ namespace memplan {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // Brackets every group's forward and backward: the device is synchronised at each boundary so
 // the wall time is the group's own, and the probe's peak is reset so the peak is the group's.

@@ -8,6 +8,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "agent/core/seconds_since.h"
 #include "agent/quant/nf4.h"
 #include "common/log.h"
 #include "common/nf4_bytes.h"
@@ -17,9 +18,6 @@
 namespace memplan {
 namespace {
 using Clock = std::chrono::steady_clock;
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 }  // namespace
 
 class Nf4ShardReader::Budget {
