@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -14,14 +15,16 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // y = x·wᵀ for a 2-D x of any row count, zero included. Like the model's LinearFunction it saves
-// the weight itself (a chunk manager may swap the parameter's storage before backward); unlike
-// it, an expert that receives no token still gets a weight gradient (zeros), as the fused expert
-// tensor of transformers does, so its optimizer step (weight decay) matches.
+// the weight itself (a chunk manager may swap the parameter's storage before backward) and keeps
+// x only when the weight trains ([Frozen linear], agent/model/layers.cc: a LoRA run's router and
+// experts, which take no adapters, keep nothing of their own); unlike it, an expert that
+// receives no token still gets a weight gradient (zeros), as the fused expert tensor of
+// transformers does, so its optimizer step (weight decay) matches.
 class ExpertLinearFunction : public torch::autograd::Function<ExpertLinearFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& w) {
-    ctx->save_for_backward({x, w});
+    ctx->save_for_backward({w.requires_grad() ? x : torch::Tensor(), w});
     return at::mm(x, w.t());
   }
 
@@ -44,7 +47,8 @@ torch::Tensor ExpertLinear(const torch::Tensor& x, const torch::Tensor& w) {
 // at::_grouped_mm, so no row count reaches the host. The weights are separate parameters (their
 // chunks place them), so each call stacks them into one [E, out, in] tensor for the product and
 // drops it; the Function saves the parameters themselves, as ExpertLinearFunction does, and
-// stacks them again in backward rather than keep E·out·in elements per projection alive. Backward:
+// stacks them again in backward rather than keep E·out·in elements per projection alive; it keeps
+// x only when some expert's weight trains ([Frozen linear]). Backward:
 // dx = _grouped_mm(dy, W) and dW = _grouped_mm(dyᵀ, x), the latter [E, out, in] with zeros for an
 // expert without rows (ATen's CUDA kernel accepts empty groups in this layout only: dyᵀ column-
 // major, x row-major), split into the experts' gradients as views.
@@ -52,7 +56,9 @@ class GroupedExpertLinearFunction : public torch::autograd::Function<GroupedExpe
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& ends, at::TensorList w) {
-    std::vector<torch::Tensor> saved = {x, ends};
+    const bool weights_train =
+        std::any_of(w.begin(), w.end(), [](const torch::Tensor& t) { return t.requires_grad(); });
+    std::vector<torch::Tensor> saved = {weights_train ? x : torch::Tensor(), ends};
     saved.insert(saved.end(), w.begin(), w.end());
     ctx->save_for_backward(saved);
     return at::_grouped_mm(x, at::stack(w).transpose(1, 2), ends);

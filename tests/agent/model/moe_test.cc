@@ -1,8 +1,10 @@
 #include "agent/model/moe.h"
 
+#include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -216,6 +218,92 @@ TEST(MoeExpertsTest, GroupedEqualsLoopOnTheCpu) {
 // output and each gradient, max |grouped - loop| <= 2e-2 * max |loop| (bf16 keeps 8 bits of
 // mantissa, 2^-8 = 3.9e-3 relative per rounding, a few roundings deep); an expert that receives no
 // row gets exactly zero gradients in both.
+// Counts the live bytes of CPU tensors allocated while it is installed (CountingCpu::Scope),
+// through the default allocator. Not thread-safe to install; counts from any thread.
+class CountingCpu final : public c10::Allocator {
+ public:
+  static CountingCpu& Get() {
+    static CountingCpu* counting = new CountingCpu(c10::GetDefaultCPUAllocator());
+    return *counting;
+  }
+  c10::DataPtr allocate(size_t n) override {
+    auto* block = new Block{inner_->allocate(n), n};
+    live_bytes_ += static_cast<int64_t>(n);
+    void* data = block->data.get();
+    return {data, block, &Free, c10::Device(c10::kCPU)};
+  }
+  void copy_data(void* dest, const void* src, size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+  int64_t live_bytes() const { return live_bytes_.load(); }
+
+  struct Scope {
+    Scope() { c10::SetCPUAllocator(&Get()); }
+    ~Scope() { c10::SetCPUAllocator(Get().inner_); }
+  };
+
+ private:
+  struct Block {
+    c10::DataPtr data;
+    size_t n;
+  };
+  explicit CountingCpu(c10::Allocator* inner) : inner_(inner) {}
+  static void Free(void* ctx) {
+    auto* block = static_cast<Block*>(ctx);
+    Get().live_bytes_ -= static_cast<int64_t>(block->n);
+    delete block;
+  }
+  c10::Allocator* inner_;
+  std::atomic<int64_t> live_bytes_{0};
+};
+
+// [Frozen linear] (agent/model/layers.cc) on both expert paths: with the router and the experts
+// frozen (a LoRA run on a mixture of experts: no adapters on them) the layer keeps none of their
+// inputs for backward, the router's (the layer's input [T, H]), the experts' gate/up input (the
+// sorted rows [T * k, H]) nor the down projection's (the SwiGLU product [T * k, I]), and the
+// input gradient is the same; with them training it keeps all three.
+TEST(MoeMlpTest, FrozenRouterAndExpertsKeepNoInputsForBackward) {
+  const ModelSpec spec = MoeSpec("qwen3_moe");
+  ASSERT_TRUE(MoeGroupedGemmRuns(spec, torch::kFloat32, torch::kCPU));
+  const MoeParams trained = RandomParams(spec, 11);
+  const MoeParams frozen = [&] {
+    MoeParams p = trained;
+    for (torch::Tensor& t : p.tensors) t = t.detach();
+    return p;
+  }();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(12);
+  const torch::Tensor leaf = torch::randn({2, 6, spec.hidden_size}, gen).requires_grad_();
+  const int64_t tokens = 12, k = spec.num_experts_per_tok;
+  const int64_t inputs_bytes = 4 * (tokens * spec.hidden_size + tokens * k * spec.hidden_size +
+                                    tokens * k * spec.moe_intermediate_size);
+  for (MoeExperts experts : {MoeExperts::kGrouped, MoeExperts::kLoop}) {
+    SCOPED_TRACE(experts == MoeExperts::kGrouped ? "grouped" : "loop");
+    std::vector<int64_t> kept_bytes;
+    std::vector<torch::Tensor> input_grads;
+    for (const MoeParams* p : {&frozen, &trained}) {
+      const bool trains = p == &trained;
+      SCOPED_TRACE(trains ? "trained" : "frozen");
+      torch::Tensor out;
+      {
+        CountingCpu::Scope counting;
+        ASSERT_EQ(c10::GetCPUAllocator(), &CountingCpu::Get());
+        const int64_t before = CountingCpu::Get().live_bytes();
+        torch::Tensor y = leaf * 2;  // an intermediate: only the graph could keep it alive
+        const c10::weak_intrusive_ptr<c10::StorageImpl> storage = y.storage().getWeakStorageImpl();
+        out = MoeMlp(spec, *p, y, nullptr, experts);
+        y = torch::Tensor();
+        kept_bytes.push_back(CountingCpu::Get().live_bytes() - before);
+        EXPECT_EQ(storage.expired(), !trains);
+      }
+      leaf.mutable_grad() = torch::Tensor();
+      out.square().sum().backward();
+      input_grads.push_back(leaf.grad().clone());
+    }
+    EXPECT_EQ(kept_bytes[1] - kept_bytes[0], inputs_bytes);
+    EXPECT_TRUE(torch::equal(input_grads[0], input_grads[1]));
+  }
+}
+
 TEST(MoeExpertsGpuTest, GroupedMatchesLoopInBf16) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
   const torch::Device cuda(torch::kCUDA, 0);
