@@ -68,7 +68,7 @@ absl::StatusOr<OsftPricer> OsftPricer::Create(const Trace& trace, const Hardware
   walk_options.optimizer = OptimizerKind::kAdamW;
   ASSIGN_OR_RETURN(CostModel walk,
                    CostModel::Create(walk_trace, int64_t{64} << 20, hardware, walk_options));
-  p.walk_.emplace(std::move(walk));
+  p.walk_ = std::make_shared<const CostModel>(std::move(walk));
 
   // The step beside forward and backward: the update at the memory rate, the projection's thin
   // GEMMs at the blocks' GEMM rate, the all-reduce (a reduce-scatter then an all-gather of the

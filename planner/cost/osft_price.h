@@ -6,7 +6,7 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
+#include <memory>
 
 #include "absl/status/statusor.h"
 #include "common/osft_cost.h"
@@ -36,7 +36,9 @@ class OsftPricer {
   OsftPricer() = default;
 
   // The activation walk and block times: the trace with nothing trainable in chunks, one rank.
-  std::optional<CostModel> walk_;
+  // Shared and never null after Create() (an optional here trips GCC 13's -Wmaybe-uninitialized
+  // at -O3 where a StatusOr<OsftPricer> is moved).
+  std::shared_ptr<const CostModel> walk_;
   OsftCost cost_;
   CostOptions options_;
   int32_t world_size_ = 1;

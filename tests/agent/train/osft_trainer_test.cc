@@ -62,6 +62,25 @@ TEST(OsftSplit, FactorsRebuildTheWeightWithOrthonormalCanonicalVectors) {
   EXPECT_TRUE(f.u_low.requires_grad() && f.s_low.requires_grad() && f.v_low.requires_grad());
 }
 
+// On CUDA the split takes cuSOLVER's gesvda (wide matrices transposed) and checks it by
+// reconstruction: tall and wide weights rebuild, with the CPU split's spectrum.
+TEST(OsftSplit, OnCudaTallAndWideWeightsRebuildWithTheCpuSpectrum) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{384, 128}, {128, 384}}) {
+    const torch::Tensor w = Randn(shape, 11);
+    const OsftFactors f = OsftSplit(w, 0.5, torch::kCUDA,
+                                    torch::TensorOptions().dtype(torch::kFloat32).device(torch::kCUDA));
+    const torch::Tensor rebuilt = (torch::mm(f.u_high * f.s_high, f.v_high.t()) +
+                                   torch::mm(f.u_low * f.s_low, f.v_low.t())).cpu();
+    EXPECT_LT(RelErr(rebuilt, w), 1e-4) << shape[0] << "x" << shape[1];
+    const OsftFactors cpu = Split(w, 0.5);
+    EXPECT_LT(RelErr(f.s_high.cpu(), cpu.s_high), 1e-4);
+    EXPECT_LT(RelErr(f.s_low.cpu(), cpu.s_low), 1e-4);
+    EXPECT_EQ(f.u_low.size(0), shape[0]);
+    EXPECT_EQ(f.v_low.size(0), shape[1]);
+  }
+}
+
 TEST(OsftLinear, EqualsTheDenseLinearWithBias) {
   const torch::Tensor w = Randn({24, 16}, 2);
   const torch::Tensor b = Randn({24}, 3);
