@@ -43,7 +43,8 @@ int64_t VisionTowerParamCount(const ModelSpec& model) {
 
 // [Vision tower bytes] (header) in terms of agent/model/vision_tower.cc's statements.
 VisionTowerCost VisionTowerCostFor(const ModelSpec& model, int64_t images, int64_t height,
-                                   int64_t width, DType dtype, bool trains) {
+                                   int64_t width, DType dtype, bool trains,
+                                   bool checkpoint_blocks) {
   const VisionSpec& v = model.vision;
   const VisionGrid grid = VisionGridFor(v, height, width);
   const double hv = static_cast<double>(v.hidden_size);
@@ -62,6 +63,7 @@ VisionTowerCost VisionTowerCostFor(const ModelSpec& model, int64_t images, int64
   const bool layer_norm = VisionLayerNorm(model);
   const bool gated = VisionGatedMlp(model);
   const bool windowed = VisionWindowed(v);
+  const bool ckpt = trains && checkpoint_blocks && v.depth > 0;
 
   VisionTowerCost c;
   c.images = images;
@@ -86,7 +88,10 @@ VisionTowerCost VisionTowerCostFor(const ModelSpec& model, int64_t images, int64
   // Two int64 orders: the window order (index_select's) and its inverse (argsort's).
   const double index = windowed ? 8.0 * nm : 0.0;
   const double saved = n * saved_tok + 2.0 * index;
-  if (trains) c.saved_bytes = Bytes(saved);
+  // Checkpointed blocks: each keeps its input instead of its saved set.
+  const double saved_ckpt =
+      n * (cast * p + 8.0 * hd + depth * dd * hv + merger_saved) + 2.0 * index;
+  if (trains) c.saved_bytes = Bytes(ckpt ? saved_ckpt : saved);
 
   // ---- transients of a frozen tower (no autograd graph): live bytes at each stage ----
   // Patch embedding: the cast pixels beside the output; the window permutation's copy.
@@ -141,6 +146,16 @@ VisionTowerCost VisionTowerCostFor(const ModelSpec& model, int64_t images, int64
         gated ? 0.0
               : n * (unsaved_stream + dd * iv + dd * hv + (narrow ? 4.0 * hv : 0.0) - merger_saved);
     c.forward_transient_bytes = Bytes(Max({end_stage, rotation_stage, mlp_stage}));
+    if (ckpt) {
+      // Checkpointed: each block runs as the frozen tower's does, beside its input (held by the
+      // checkpoint, so one residual more than the frozen block's base during its second half)
+      // and the inputs already kept; the last one is the largest, before the merger's saves.
+      const double ckpt_block_peak =
+          Max({norm_peak + dd * hv, attn_peak, mlp_peak + dd * hv, 3.0 * dd * hv});
+      const double last_block_stage =
+          n * (16.0 + 2.0 * hd + ckpt_block_peak - merger_saved) + hd - index;
+      c.forward_transient_bytes = Bytes(Max({end_stage, last_block_stage}));
+    }
   }
 
   // ---- backward of a trained tower ----
@@ -155,8 +170,10 @@ VisionTowerCost VisionTowerCostFor(const ModelSpec& model, int64_t images, int64
     const double norm_bwd = 12.0 * hv + dd * hv;
     // The largest weight gradient before it is added into the parameter's: the merger's.
     const double weight_grad = dd * Max({hm * hm, ho * hm, 3.0 * hv * hv, iv * hv});
+    // A checkpointed block's recompute adds its saved set and its output while it runs.
+    const double recomputed = ckpt ? n * (block_saved + dd * hv) : 0.0;
     c.backward_transient_bytes =
-        Bytes(n * (2.0 * dd * hv + Max({attn_bwd, mlp_bwd, norm_bwd})) + weight_grad);
+        Bytes(n * (2.0 * dd * hv + Max({attn_bwd, mlp_bwd, norm_bwd})) + weight_grad + recomputed);
   }
 
   // ---- flops ----
@@ -178,8 +195,12 @@ VisionTowerCost VisionTowerCostFor(const ModelSpec& model, int64_t images, int64
   // Backward: input and weight gradients (the patch embedding's weight gradient only: pixels need
   // none); attention at flash attention's 2.5x.
   if (trains) c.backward_flops = patch_flops + 2.0 * linear_flops + 2.5 * attn_flops;
+  // Checkpointed blocks run their forward again in backward, and write their saved sets again.
+  if (ckpt) c.recompute_flops = n * depth * block_linear + attn_flops;
+  c.backward_flops += c.recompute_flops;
   c.forward_traffic_bytes = 2.0 * saved;
   c.backward_traffic_bytes = trains ? 2.0 * c.forward_traffic_bytes : 0.0;
+  if (ckpt) c.backward_traffic_bytes += 2.0 * n * depth * block_saved;
   return c;
 }
 

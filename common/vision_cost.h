@@ -15,6 +15,10 @@
 //   it; q and k rotated; the attention output per window and concatenated, logsumexp; SwiGLU's
 //   four [N, Iv] tensors), the rotary tables 8·hd, the merger's 4·Hv + 4·d·Hv + 4, the
 //   pixel values cast to the dtype (d < 4) and the two int64 window orders.
+// - a trained tower whose blocks are checkpointed ([Vision block checkpointing],
+//   agent/model/vision_tower.cc) keeps per block only its input, d·Hv, in place of the block's
+//   saved set; each block runs again in backward, where its whole saved set and output live
+//   while its gradients are computed, one block at a time.
 // Qwen2-VL's tower (common/vision_kind.h) differs in three terms: each LayerNorm keeps
 // 2·d·Hv + 8 (input, output, fp32 mean and rstd) where an RMSNorm keeps 4·Hv + 2·d·Hv + 4; its
 // QuickGELU MLP keeps 3·d·Iv (fc1's output, the sigmoid, their product); no window orders.
@@ -62,7 +66,8 @@ struct VisionTowerCost {
   // gradients; 0 when frozen (no backward runs through it).
   int64_t backward_transient_bytes = 0;
   double forward_flops = 0;
-  double backward_flops = 0;  // 0 when frozen
+  double backward_flops = 0;   // 0 when frozen; with checkpointed blocks, their recompute included
+  double recompute_flops = 0;  // of backward_flops: the checkpointed blocks' second forward
   // Elementwise traffic (each activation written and read once in forward; twice that in
   // backward), priced at the memory rate like the blocks'.
   double forward_traffic_bytes = 0;
@@ -70,9 +75,11 @@ struct VisionTowerCost {
 };
 
 // The tower's cost for `images` images of height x width pixels in one micro-batch, parameters in
-// `dtype`, trained (full fine-tuning) or frozen. `model` must be a valid vision-language spec.
-// Byte figures saturate at 2^60.
+// `dtype`, trained (full fine-tuning) or frozen, its blocks checkpointed or kept (a frozen tower
+// records nothing, so `checkpoint_blocks` changes nothing for it). `model` must be a valid
+// vision-language spec. Byte figures saturate at 2^60.
 VisionTowerCost VisionTowerCostFor(const ModelSpec& model, int64_t images, int64_t height,
-                                   int64_t width, DType dtype, bool trains);
+                                   int64_t width, DType dtype, bool trains,
+                                   bool checkpoint_blocks = false);
 
 }  // namespace memplan

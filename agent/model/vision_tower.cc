@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "agent/blocks/group_runner.h"
 #include "agent/model/layers.h"
 #include "common/param_shapes.h"
 #include "common/vision_kind.h"
@@ -163,6 +164,13 @@ torch::Tensor Mlp(const ModelSpec& spec, const VisionParams& p, int64_t b, const
   return Linear(gate * up, p.block(b, V::kDownW), p.block(b, V::kDownB));
 }
 
+bool BlockTrains(const VisionParams& p, int64_t b) {
+  for (int64_t i = 0; i < p.per_block; ++i) {
+    if (p.tensors[static_cast<size_t>(1 + b * p.per_block + i)].requires_grad()) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 VisionParams VisionParams::Shaped(const ModelSpec& spec) {
@@ -248,7 +256,7 @@ VisionInputs ImagesOfRows(const ModelSpec& spec, const VisionInputs& images,
 }
 
 torch::Tensor VisionTowerForward(const ModelSpec& spec, const VisionParams& p,
-                                 const VisionInputs& images) {
+                                 const VisionInputs& images, bool checkpoint_blocks) {
   const VisionSpec& v = spec.vision;
   const std::vector<Grid> grids = Grids(spec, images);
   const int64_t m = v.spatial_merge_size;
@@ -287,10 +295,34 @@ torch::Tensor VisionTowerForward(const ModelSpec& spec, const VisionParams& p,
   for (int64_t b = 0; b < v.depth; ++b) {
     const std::vector<int64_t>& bounds =
         VisionFullAttentionBlock(v, b) ? frames : windows.boundaries;
-    using V = VisionParams;
-    x = x + Attention(spec, p, b, Norm(spec, x, p.block(b, V::kNorm1), p.block(b, V::kNorm1Bias)),
-                      cos, sin, bounds);
-    x = x + Mlp(spec, p, b, Norm(spec, x, p.block(b, V::kNorm2), p.block(b, V::kNorm2Bias)));
+    // By value but for the spec and parameters, which outlive the step: a checkpointed block
+    // runs again in backward. The input is dropped once the attention's residual is added, so a
+    // block that records nothing holds one residual stream during its MLP, as common/vision_cost
+    // prices it.
+    auto block = [&spec, &p, b, cos, sin, bounds](torch::Tensor in) {
+      using V = VisionParams;
+      const torch::Tensor h =
+          in + Attention(spec, p, b,
+                         Norm(spec, in, p.block(b, V::kNorm1), p.block(b, V::kNorm1Bias)), cos, sin,
+                         bounds);
+      in.reset();
+      return h + Mlp(spec, p, b, Norm(spec, h, p.block(b, V::kNorm2), p.block(b, V::kNorm2Bias)));
+    };
+    // [Vision block checkpointing] The block runs in its own autograd node in CKPT mode
+    // (agent/blocks/group_runner.h, no residency: its parameters are group 0's): its forward
+    // keeps only its input, its backward recomputes it with the forward's RNG state and runs the
+    // recomputed graph's backward, accumulating the block's parameter gradients there. A tower
+    // recording no graph (frozen, or no grad mode) runs plainly: a node would only keep inputs.
+    if (checkpoint_blocks && torch::GradMode::is_enabled() &&
+        (x.requires_grad() || BlockTrains(p, b))) {
+      GroupSpec group;
+      group.group = -1;  // no ParamResidency is told
+      group.mode = BlockMode::kCkpt;
+      group.body = block;
+      x = RunGroup(group, x, GroupRunnerOptions{});
+    } else {
+      x = block(std::move(x));
+    }
   }
 
   using V = VisionParams;

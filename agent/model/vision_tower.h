@@ -86,7 +86,10 @@ VisionInputs ImagesOfRows(const ModelSpec& spec, const VisionInputs& images,
 // The tower's output: [sum over images of t·h·w / m², out_hidden_size] in the parameters' dtype,
 // images in order, each image's merged patches in row-major order. Checks the inputs against
 // `spec` (TORCH_CHECK, naming what disagrees).
+// `checkpoint_blocks` ([Vision block checkpointing] in the .cc): when the tower records a graph
+// (grad mode on and something in it trains), each block keeps only its input and is recomputed
+// in backward; same values and gradients. `spec` and `params` must then outlive the backward.
 torch::Tensor VisionTowerForward(const ModelSpec& spec, const VisionParams& params,
-                                 const VisionInputs& images);
+                                 const VisionInputs& images, bool checkpoint_blocks = false);
 
 }  // namespace memplan

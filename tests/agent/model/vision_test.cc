@@ -1,12 +1,13 @@
 // Qwen2.5-VL in the agent's model: M-RoPE positions (agent/model/mrope.h), the vision tower
 // (agent/model/vision_tower.h) and LlamaModel's image inputs. Parity with transformers is
 // tests/parity/vl_parity_test.py; here: positions by hand, grouped == plain bit for bit with
-// images in every block mode, and the refusals.
+// images in every block mode, the tower's checkpointed blocks == its kept ones, and the refusals.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
+#include "agent/blocks/group_runner.h"
 #include "agent/model/llama_model.h"
 #include "agent/model/mrope.h"
 #include "agent/model/vision_tower.h"
@@ -167,6 +168,62 @@ TEST(VisionModelTest, GroupedEqualsPlainWithImagesInEveryMode) {
       EXPECT_TRUE(torch::equal(got[i].param.grad(), want[i].param.grad()))
           << got[i].name << " in " << BlockModeName(mode);
     }
+  }
+}
+
+// [Vision block checkpointing]: the tower's blocks recomputed in backward give the output and
+// every gradient (parameters and pixels) of the tower kept whole, bit for bit, run plainly and
+// nested in a group as LlamaModel runs it, for both tower variants; under no grad it is the same
+// function.
+TEST(VisionTowerTest, CheckpointedBlocksEqualKeptBlocks) {
+  for (const std::string family : {"qwen2_5_vl", "qwen2_vl"}) {
+    ModelSpec s = VlSpec();
+    if (family == "qwen2_vl") {
+      s.family = family;
+      s.vision.window_size = 0;
+      s.vision.fullatt_block_indexes.clear();
+      s.vision.intermediate_size = 2 * s.vision.hidden_size;  // an integer mlp_ratio
+    }
+    VisionInputs images = TwoImages(s);
+    auto run = [&](bool checkpoint, bool grouped) {
+      VisionParams p = VisionParams::Shaped(s);
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+      for (size_t i = 0; i < p.tensors.size(); ++i) {
+        p.tensors[i] = (torch::randn(p.shapes[i], gen) * 0.1).requires_grad_(true);
+      }
+      VisionInputs in = images;
+      in.pixel_values = images.pixel_values.clone().requires_grad_(true);
+      torch::Tensor out;
+      if (grouped) {
+        GroupSpec group;
+        group.body = [&](const torch::Tensor&) { return VisionTowerForward(s, p, in, checkpoint); };
+        out = RunGroup(group, torch::zeros({1}), GroupRunnerOptions{});
+      } else {
+        out = VisionTowerForward(s, p, in, checkpoint);
+      }
+      auto gen_grad = at::make_generator<at::CPUGeneratorImpl>(9);
+      out.backward(torch::randn(out.sizes(), gen_grad));
+      std::vector<torch::Tensor> grads = {out.detach()};
+      for (const torch::Tensor& t : p.tensors) grads.push_back(t.grad());
+      if (in.pixel_values.grad().defined()) grads.push_back(in.pixel_values.grad());
+      return grads;
+    };
+    for (bool grouped : {false, true}) {
+      const std::vector<torch::Tensor> want = run(false, grouped);
+      const std::vector<torch::Tensor> got = run(true, grouped);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_TRUE(want[i].defined()) << i;
+        EXPECT_TRUE(torch::equal(got[i], want[i]))
+            << family << (grouped ? " grouped" : " plain") << " tensor " << i;
+      }
+    }
+    VisionParams p = VisionParams::Shaped(s);
+    for (size_t i = 0; i < p.tensors.size(); ++i) p.tensors[i] = torch::ones(p.shapes[i]) * 0.01;
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(torch::equal(VisionTowerForward(s, p, images, true),
+                             VisionTowerForward(s, p, images, false)))
+        << family;
   }
 }
 
