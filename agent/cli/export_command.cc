@@ -20,11 +20,13 @@ model.safetensors, which Hugging Face transformers loads (from_pretrained), plus
 optimizer.safetensors, from which any number of ranks resumes. OUT_DIR is replaced atomically if
 it is a checkpoint already; any other existing non-empty directory is refused.
   --params-only   leave the optimizer state out (no optimizer.safetensors; a run resumed from
-                  it starts the optimizer afresh)
+                  it starts the optimizer afresh); of an OSFT checkpoint, the factors too
+                  (osft_config.json, osft_factors.safetensors): the merged model alone
   --source-model DIR   copy the tokenizer files and generation_config.json from DIR (the
                   Hugging Face model the run trained); default: from CHECKPOINT_DIR, where
                   `memplan-agent train --model DIR --save` puts them
-The whole model is held in host memory while it is written.
+An OSFT checkpoint's osft_config.json and osft_factors.safetensors are copied along
+(docs/agent.md, "OSFT"). The whole model is held in host memory while it is written.
 )";
 
 }  // namespace
@@ -56,9 +58,15 @@ int RunExportCommand(const std::vector<std::string>& args) {
     std::fprintf(stderr, "memplan-agent export: %s\n", checkpoint.status().ToString().c_str());
     return 1;
   }
-  if (params_only) checkpoint->optimizer_state.clear();
-  const absl::Status saved = io::SaveCheckpoint(positional[1], checkpoint->trainer,
-                                                checkpoint->params, checkpoint->optimizer_state);
+  if (params_only) {
+    checkpoint->optimizer_state.clear();
+    // [OSFT checkpoints] The merged weights are the model; without its factors it is not an
+    // OSFT run's any more.
+    checkpoint->osft = io::OsftCheckpoint();
+  }
+  const absl::Status saved =
+      io::SaveCheckpoint(positional[1], checkpoint->trainer, checkpoint->params,
+                         checkpoint->optimizer_state, checkpoint->osft);
   if (!saved.ok()) {
     std::fprintf(stderr, "memplan-agent export: %s\n", saved.ToString().c_str());
     return 1;

@@ -203,7 +203,8 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
 
 absl::Status WriteStaged(const std::string& staged, const TrainerState& trainer,
                          const std::vector<NamedParam>& params,
-                         const std::vector<NamedParam>& optimizer_state) {
+                         const std::vector<NamedParam>& optimizer_state,
+                         const OsftCheckpoint& osft) {
   const std::string params_path = JoinPath(staged, kCheckpointParamsFile);
   const std::string optimizer_path = JoinPath(staged, kCheckpointOptimizerFile);
   // "format": "pt" is what Hugging Face tools expect of a model file.
@@ -213,11 +214,25 @@ absl::Status WriteStaged(const std::string& staged, const TrainerState& trainer,
   const SafetensorsMetadata metadata = {{"format", kCheckpointFormat},
                                         {"step", absl::StrCat(trainer.step)}};
   RETURN_IF_ERROR(SaveSafetensorsFile(params_path, params, params_metadata));
+  std::vector<std::string> files = {kCheckpointParamsFile};
+  // [OSFT checkpoints]
+  ASSIGN_OR_RETURN(const std::vector<std::string> osft_files, WriteOsftFiles(staged, osft));
+  files.insert(files.end(), osft_files.begin(), osft_files.end());
   // No state (a model export, a merged LoRA model): no optimizer file, rather than an empty one
   // that looks like state; a run resumed from it starts the optimizer afresh.
-  if (optimizer_state.empty()) return WriteManifest(staged, trainer, {kCheckpointParamsFile});
-  RETURN_IF_ERROR(SaveSafetensorsFile(optimizer_path, optimizer_state, metadata));
-  return WriteManifest(staged, trainer, {kCheckpointParamsFile, kCheckpointOptimizerFile});
+  if (!optimizer_state.empty()) {
+    RETURN_IF_ERROR(SaveSafetensorsFile(optimizer_path, optimizer_state, metadata));
+    files.push_back(kCheckpointOptimizerFile);
+  }
+  return WriteManifest(staged, trainer, files);
+}
+
+// The tensors the optimizer state may name: the parameters and, with OSFT, the factors.
+std::vector<NamedParam> StateOwners(const std::vector<NamedParam>& params,
+                                    const std::vector<NamedParam>& osft_factors) {
+  std::vector<NamedParam> owners = params;
+  owners.insert(owners.end(), osft_factors.begin(), osft_factors.end());
+  return owners;
 }
 
 }  // namespace
@@ -318,18 +333,24 @@ absl::Status ValidateOptimizerState(const std::vector<NamedParam>& params,
 
 absl::Status SaveCheckpoint(const std::string& dir, const TrainerState& trainer,
                             const std::vector<NamedParam>& params,
-                            const std::vector<NamedParam>& optimizer_state) {
+                            const std::vector<NamedParam>& optimizer_state,
+                            const OsftCheckpoint& osft) {
   RETURN_IF_ERROR(ValidateModelSpec(trainer.model, "trainer.model."));
   ASSIGN_OR_RETURN(std::vector<NamedParam> ordered,
                    CheckParamsAgainstModel(trainer, Dedup(params)));
-  RETURN_IF_ERROR(ValidateOptimizerState(ordered, optimizer_state));
+  OsftCheckpoint checked_osft;
+  checked_osft.settings = osft.settings;
+  ASSIGN_OR_RETURN(checked_osft.factors,
+                   CheckOsftCheckpoint(trainer.model, trainer.param_dtype, osft));
+  RETURN_IF_ERROR(
+      ValidateOptimizerState(StateOwners(ordered, checked_osft.factors), optimizer_state));
 
   if (dir.empty()) return absl::InvalidArgumentError("empty checkpoint path");
   const std::string target = AbsolutePath(dir);
   RETURN_IF_ERROR(CheckReplaceable(target));
   const std::string staged = TempSibling(target, "tmp");
   if (::mkdir(staged.c_str(), 0755) != 0) return Errno("mkdir", staged);
-  absl::Status status = WriteStaged(staged, trainer, ordered, optimizer_state);
+  absl::Status status = WriteStaged(staged, trainer, ordered, optimizer_state, checked_osft);
   if (status.ok()) status = Publish(staged, target);
   if (status.ok()) status = SyncDirectory(Dirname(target));
   if (!status.ok()) {
@@ -391,13 +412,26 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir) {
                        ReadSafetensorsFile(JoinPath(dir, kCheckpointOptimizerFile)));
     }
   }
+  // [OSFT checkpoints] Its files are listed in trainer.json (their sizes checked above).
+  if (manifest.file_size_bytes.count(kOsftConfigFile) > 0) {
+    ASSIGN_OR_RETURN(ckpt.osft, ReadOsftFiles(dir));
+    absl::StatusOr<std::vector<NamedParam>> factors =
+        CheckOsftCheckpoint(ckpt.trainer.model, ckpt.trainer.param_dtype, ckpt.osft);
+    if (!factors.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir, "/", kOsftFactorsFile, ": ", factors.status().message()));
+    }
+    ckpt.osft.factors = *std::move(factors);
+  }
   absl::StatusOr<std::vector<NamedParam>> ordered = CheckParamsAgainstModel(ckpt.trainer, params);
   if (!ordered.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(params_where, ": ", ordered.status().message()));
   }
   ckpt.params = *std::move(ordered);
-  if (absl::Status s = ValidateOptimizerState(ckpt.params, ckpt.optimizer_state); !s.ok()) {
+  if (absl::Status s =
+          ValidateOptimizerState(StateOwners(ckpt.params, ckpt.osft.factors), ckpt.optimizer_state);
+      !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(state_where, ": ", s.message()));
   }
   return ckpt;

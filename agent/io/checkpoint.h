@@ -1,6 +1,8 @@
 // Layout-independent training checkpoints: a directory with model.safetensors (Hugging Face
 // names, full tensors in the model dtype), config.json, optimizer.safetensors ("<name>.exp_avg",
-// "<name>.exp_avg_sq", optional "<name>.master", "step") and trainer.json (trainer_state.h).
+// "<name>.exp_avg_sq", optional "<name>.master", "step") and trainer.json (trainer_state.h); an
+// OSFT run's adds osft_config.json and osft_factors.safetensors ([OSFT checkpoints],
+// osft_checkpoint.h).
 // Written into a temporary sibling directory, fsynced and renamed into place, so a crash leaves
 // either the previous checkpoint or the new one, never a mix. Nothing in it depends on the
 // residency plan: a run may resume under a different plan.
@@ -13,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "agent/core/torch_pch.h"
+#include "agent/io/osft_checkpoint.h"
 #include "agent/io/trainer_state.h"
 #include "agent/core/param_residency.h"
 
@@ -31,6 +34,9 @@ struct Checkpoint {
   TrainerState trainer;
   std::vector<NamedParam> params;           // CPU tensors, in HfParamShapes(model) order
   std::vector<NamedParam> optimizer_state;  // CPU tensors, as saved
+  // [OSFT checkpoints] (osft_checkpoint.h) An OSFT run's split and every factor, CPU tensors in
+  // OsftFactorShapes order (params then hold the merged weights). Empty otherwise.
+  OsftCheckpoint osft;
 };
 
 // Checks `params` (deduplicated by tensor identity, first name kept) against
@@ -39,9 +45,12 @@ struct Checkpoint {
 // replacing an existing checkpoint there. An existing `dir` that is neither empty nor a checkpoint
 // is refused (FAILED_PRECONDITION), so a wrong path cannot destroy unrelated data. Empty
 // `optimizer_state` writes no optimizer.safetensors (LoadCheckpoint then reads no state).
+// [OSFT checkpoints] `osft` (checked by CheckOsftCheckpoint, osft_checkpoint.h) is written
+// beside them, and the optimizer state may name its factors.
 absl::Status SaveCheckpoint(const std::string& dir, const TrainerState& trainer,
                             const std::vector<NamedParam>& params,
-                            const std::vector<NamedParam>& optimizer_state);
+                            const std::vector<NamedParam>& optimizer_state,
+                            const OsftCheckpoint& osft = {});
 
 // Reads and validates everything: trainer.json, the file sizes it records, both safetensors
 // files, the parameter set against the model spec and the optimizer state against the params.

@@ -7,11 +7,15 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "agent/io/osft_checkpoint.h"
 #include "agent/io/peft_adapter.h"
+#include "agent/model/layers.h"
 #include "common/optimizer_bytes.h"
 #include "common/param_shapes.h"
 #include "common/status.h"
@@ -717,6 +721,22 @@ absl::Status Trainer::SaveCheckpoint(const std::string& dir, io::TrainerState st
         // [LoRA checkpoints] (agent/io/peft_adapter.h): adapters and their state only.
         written = io::SaveLoraCheckpoint(dir, state, model_->options().lora, model_->spec().name,
                                          params, optimizer_state);
+      } else if (model_->has_osft()) {
+        // [OSFT checkpoints] (agent/io/osft_checkpoint.h): the merged weights under Hugging Face
+        // names, the split and its factors beside them. Every rank holds the same model.
+        std::vector<NamedParam> named = model_->Params();
+        named.insert(named.end(), params.begin(), params.end());
+        absl::StatusOr<io::OsftCheckpointParts> parts =
+            io::SplitOsftCheckpointParts(named, ToScalarType(model_->options().dtype));
+        if (parts.ok()) {
+          io::OsftCheckpoint osft;
+          osft.settings.rank_ratio = model_->options().osft.rank_ratio;
+          osft.settings.targets = model_->options().osft.targets;
+          osft.factors = std::move(parts->factors);
+          written = io::SaveCheckpoint(dir, state, parts->params, optimizer_state, osft);
+        } else {
+          written = parts.status();
+        }
       } else {
         written = io::SaveCheckpoint(dir, state, params, optimizer_state);
       }
@@ -760,6 +780,56 @@ absl::Status Trainer::CheckResumable(const io::TrainerState& saved) const {
         ": its state cannot be converted; resume with --optimizer ", saved.optimizer.kind));
   }
   return absl::OkStatus();
+}
+
+// [OSFT checkpoints] The split is part of the state: a resume runs the checkpoint's rank ratio
+// and targets (the factors' shapes and the trained subspace depend on both).
+absl::Status Trainer::CheckOsftResumable(const io::OsftSettings& saved) const {
+  const OsftOptions& mine = model_->options().osft;
+  const std::string saved_targets = absl::StrJoin(saved.targets, ",");
+  const std::string resume_with =
+      absl::StrCat("--osft-rank-ratio ", saved.rank_ratio, " --osft-targets ", saved_targets);
+  if (!mine.enabled()) {
+    if (!saved.enabled()) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the checkpoint is an OSFT run's (no --osft-rank-ratio given): resume it with ",
+        resume_with, ", or start a new run from its merged weights with --model"));
+  }
+  if (!saved.enabled()) {
+    return absl::FailedPreconditionError(
+        "--osft-rank-ratio: the checkpoint is not an OSFT run's (it has no osft_config.json; its "
+        "weights can start an OSFT run with --model)");
+  }
+  if (saved.rank_ratio != mine.rank_ratio) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--osft-rank-ratio ", mine.rank_ratio, " differs from the checkpoint's ",
+                     saved.rank_ratio, ": resume it with ", resume_with));
+  }
+  std::vector<std::string> a = saved.targets, b = mine.targets;
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  if (a != b) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--osft-targets ", absl::StrJoin(mine.targets, ","), " differs from the checkpoint's ",
+        saved_targets, ": resume it with ", resume_with));
+  }
+  return absl::OkStatus();
+}
+
+// [OSFT checkpoints] The frozen parameters (the untargeted weights, norms, embedding from
+// model.safetensors; the high factors) and the low factors, by name; a split projection's merged
+// weight is not read back (it would not split into the trained factors again).
+absl::Status Trainer::RestoreOsftParams(const io::Checkpoint& checkpoint) {
+  std::vector<NamedParam> targets = model_->Params();
+  std::set<std::string> names;
+  for (const NamedParam& p : targets) names.insert(p.name);
+  targets.insert(targets.end(), params_.begin(), params_.end());
+  std::vector<NamedParam> source;
+  for (const NamedParam& p : checkpoint.params) {
+    if (names.count(p.name) != 0) source.push_back(p);
+  }
+  source.insert(source.end(), checkpoint.osft.factors.begin(), checkpoint.osft.factors.end());
+  return io::CopyParamsByName(source, targets);
 }
 
 absl::Status Trainer::RestoreFromPieces(const io::CheckpointPieces& pieces) {
@@ -844,13 +914,15 @@ absl::Status Trainer::ImportOptimizerState(const std::vector<NamedParam>& state)
 
 absl::Status Trainer::RestoreCheckpoint(const io::Checkpoint& checkpoint) {
   RETURN_IF_ERROR(CheckResumable(checkpoint.trainer));
+  RETURN_IF_ERROR(CheckOsftResumable(checkpoint.osft.settings));
   try {
     if (chunk_manager_) {
       RETURN_IF_ERROR(
           chunk_manager_->LoadParamsAndState(checkpoint.params, checkpoint.optimizer_state));
     } else {
       RETURN_IF_ERROR(io::ValidateOptimizerState(params_, checkpoint.optimizer_state));
-      RETURN_IF_ERROR(io::CopyParamsByName(checkpoint.params, params_));
+      RETURN_IF_ERROR(model_->has_osft() ? RestoreOsftParams(checkpoint)
+                                         : io::CopyParamsByName(checkpoint.params, params_));
       RETURN_IF_ERROR(ImportOptimizerState(checkpoint.optimizer_state));
     }
   } catch (const c10::Error& e) {

@@ -191,6 +191,10 @@ class Trainer {
   absl::Status ImportOptimizerState(const std::vector<NamedParam>& state);  // unmanaged
   // The checkpoint's dtype and optimizer are this run's (FAILED_PRECONDITION naming both).
   absl::Status CheckResumable(const io::TrainerState& saved) const;
+  // [OSFT checkpoints] The checkpoint's split is this run's: the same rank ratio and targets, or
+  // neither run OSFT (FAILED_PRECONDITION naming the flag).
+  absl::Status CheckOsftResumable(const io::OsftSettings& saved) const;
+  absl::Status RestoreOsftParams(const io::Checkpoint& checkpoint);  // unmanaged OSFT
   // [Data parallel checkpoints] Every rank's `mine`, agreed: an error if any rank failed.
   absl::Status AgreeAcrossRanks(const absl::Status& mine, absl::string_view what);
 
