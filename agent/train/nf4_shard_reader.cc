@@ -103,33 +103,21 @@ absl::StatusOr<torch::Tensor> Nf4ShardReader::Whole(int w, bool want_data) {
   torch::Tensor data;
   quant::Nf4AbsmaxState state;
   double read_seconds = 0, quantize_seconds = 0;
-  absl::Status status = [&]() -> absl::Status {
-    const Budget hold(*this, numel * work_bytes_per_element_);
-    const Clock::time_point read_start = Clock::now();
-    ASSIGN_OR_RETURN(const torch::Tensor value, values_(name, 0, numel));
-    read_seconds = SecondsSince(read_start);
-    std::unique_lock<std::mutex> device_lock(device_mu_, std::defer_lock);
-    if (!device_.is_cpu()) device_lock.lock();
-    const Clock::time_point quantize_start = Clock::now();
-    absl::Cleanup timed = [&] { quantize_seconds = SecondsSince(quantize_start); };
-    try {
-      torch::NoGradGuard no_grad;
-      const torch::Tensor on_device = value.to(device_);
-      if (want_data) {
-        ASSIGN_OR_RETURN(quant::Nf4Tensor q, quant::QuantizeNf4(on_device, kNf4Blocksize));
-        data = q.data.to(torch::kCPU);
-        state = {q.absmax_code.to(torch::kCPU), q.absmax_scale.to(torch::kCPU), q.absmax_offset};
-      } else {
-        ASSIGN_OR_RETURN(state, quant::QuantizeNf4Absmax(on_device, kNf4Blocksize));
-        state.absmax_code = state.absmax_code.to(torch::kCPU);
-        state.absmax_scale = state.absmax_scale.to(torch::kCPU);
-      }
-    } catch (const c10::Error& e) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("quantizing \"", name, "\": ", e.what_without_backtrace()));
-    }
-    return absl::OkStatus();
-  }();
+  absl::Status status = ReadAndQuantize(
+      name, 0, numel,
+      [&](const torch::Tensor& on_device) -> absl::Status {
+        if (want_data) {
+          ASSIGN_OR_RETURN(quant::Nf4Tensor q, quant::QuantizeNf4(on_device, kNf4Blocksize));
+          data = q.data.to(torch::kCPU);
+          state = {q.absmax_code.to(torch::kCPU), q.absmax_scale.to(torch::kCPU), q.absmax_offset};
+        } else {
+          ASSIGN_OR_RETURN(state, quant::QuantizeNf4Absmax(on_device, kNf4Blocksize));
+          state.absmax_code = state.absmax_code.to(torch::kCPU);
+          state.absmax_scale = state.absmax_scale.to(torch::kCPU);
+        }
+        return absl::OkStatus();
+      },
+      &read_seconds, &quantize_seconds);
   if (!status.ok()) status = absl::Status(status.code(), absl::StrCat(name, ": ", status.message()));
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -172,25 +160,15 @@ absl::StatusOr<torch::Tensor> Nf4ShardReader::DataRange(int w, int64_t begin, in
       numel);
   torch::Tensor data;
   double read_seconds = 0, quantize_seconds = 0;
-  {
-    const Budget hold(*this, (end - first) * work_bytes_per_element_);
-    const Clock::time_point read_start = Clock::now();
-    ASSIGN_OR_RETURN(const torch::Tensor values, values_(name, first, end - first));
-    read_seconds = SecondsSince(read_start);
-    std::unique_lock<std::mutex> device_lock(device_mu_, std::defer_lock);
-    if (!device_.is_cpu()) device_lock.lock();
-    const Clock::time_point quantize_start = Clock::now();
-    absl::Cleanup timed = [&] { quantize_seconds = SecondsSince(quantize_start); };
-    try {
-      torch::NoGradGuard no_grad;
-      ASSIGN_OR_RETURN(data, quant::QuantizeNf4Blocks(values.to(device_), first_block, numel,
-                                                      kNf4Blocksize));
-      data = data.to(torch::kCPU);
-    } catch (const c10::Error& e) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("quantizing \"", name, "\": ", e.what_without_backtrace()));
-    }
-  }
+  RETURN_IF_ERROR(ReadAndQuantize(
+      name, first, end - first,
+      [&](const torch::Tensor& on_device) -> absl::Status {
+        ASSIGN_OR_RETURN(data,
+                         quant::QuantizeNf4Blocks(on_device, first_block, numel, kNf4Blocksize));
+        data = data.to(torch::kCPU);
+        return absl::OkStatus();
+      },
+      &read_seconds, &quantize_seconds));
   {
     std::lock_guard<std::mutex> lock(mu_);
     counts_.elements_read += end - first;
@@ -200,6 +178,27 @@ absl::StatusOr<torch::Tensor> Nf4ShardReader::DataRange(int w, int64_t begin, in
     LogProgressLocked();
   }
   return data.narrow(0, begin - first / 2, len).clone();
+}
+
+absl::Status Nf4ShardReader::ReadAndQuantize(
+    const std::string& name, int64_t first, int64_t count,
+    const std::function<absl::Status(const torch::Tensor& on_device)>& quantize,
+    double* read_seconds, double* quantize_seconds) {
+  const Budget hold(*this, count * work_bytes_per_element_);
+  const Clock::time_point read_start = Clock::now();
+  ASSIGN_OR_RETURN(const torch::Tensor values, values_(name, first, count));
+  *read_seconds = SecondsSince(read_start);
+  std::unique_lock<std::mutex> device_lock(device_mu_, std::defer_lock);
+  if (!device_.is_cpu()) device_lock.lock();
+  const Clock::time_point quantize_start = Clock::now();
+  absl::Cleanup timed = [&] { *quantize_seconds = SecondsSince(quantize_start); };
+  try {
+    torch::NoGradGuard no_grad;
+    return quantize(values.to(device_));
+  } catch (const c10::Error& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("quantizing \"", name, "\": ", e.what_without_backtrace()));
+  }
 }
 
 void Nf4ShardReader::LogProgressLocked() {

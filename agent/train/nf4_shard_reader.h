@@ -24,6 +24,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -87,6 +88,13 @@ class Nf4ShardReader {
   // (undefined otherwise).
   absl::StatusOr<torch::Tensor> Whole(int w, bool want_data);
   absl::StatusOr<torch::Tensor> DataRange(int w, int64_t begin, int64_t len);
+  // Reads elements [first, first + count) of `name` under the budget and runs `quantize` on them
+  // on the device, one quantization at a time there; sets the seconds each step took. A LibTorch
+  // error while quantizing is RESOURCE_EXHAUSTED.
+  absl::Status ReadAndQuantize(
+      const std::string& name, int64_t first, int64_t count,
+      const std::function<absl::Status(const torch::Tensor& on_device)>& quantize,
+      double* read_seconds, double* quantize_seconds);
   // Holds `bytes` of kNf4LoadBudgetBytes while it lives (the first in flight always proceeds).
   class Budget;
 
