@@ -81,7 +81,10 @@ OSFT (orthogonal subspace fine-tuning; docs/agent.md, "OSFT"):
   --osft-rank-ratio R      split each targeted weight by SVD; the fraction R of its spectrum
                            (the smallest singular directions) trains, the rest stays frozen;
                            0 < R < 1. Unmanaged (under torchrun each rank holds the whole
-                           model); no plan, --save or --resume yet
+                           model); no plan. --save writes a checkpoint whose model.safetensors
+                           holds the merged weights (a Hugging Face model), osft_config.json
+                           and osft_factors.safetensors the split and its factors; --resume
+                           continues it with the same R and targets on any number of ranks
   --osft-targets LIST|all  the projections split (default all)
   --plain                  no plan: plain autograd, no per-group Functions (the baseline)
 Residency plan (any chunk knob or --plan-file runs the chunk manager):
@@ -208,7 +211,7 @@ namespace {
 // LoRA-only flags need a rank, and a rank needs targets.
 absl::Status CheckLoraFlags(const TrainConfig& c);
 // OSFT: targets need a ratio; a ratio defaults the targets to all and refuses what OSFT cannot
-// run yet.
+// run yet (LoRA, a residency plan).
 absl::Status CheckOsftFlags(TrainConfig* c, bool targets_given);
 }  // namespace
 
@@ -400,16 +403,15 @@ absl::Status CheckOsftFlags(TrainConfig* c, bool targets_given) {
                          : absl::OkStatus();
   }
   if (!targets_given) c->osft.targets.assign(kLoraModuleNames.begin(), kLoraModuleNames.end());
-  // [OSFT] runs unmanaged in one process and writes no checkpoint yet.
+  // [OSFT] runs unmanaged (every rank holds the whole model); its checkpoints are
+  // [OSFT checkpoints] (agent/io/osft_checkpoint.h).
   for (const auto& [flag, set] : std::vector<std::pair<const char*, bool>>{
            {"--lora-rank", c->lora.enabled()},
            {"--plan-file", !c->plan_file.empty()},
-           {"--chunk-mib/--n-persist/--n-buffer", c->chunk_bytes || c->n_persist || c->n_buffer},
-           {"--save", !c->save_dir.empty()},
-           {"--resume", !c->resume_dir.empty()}}) {
+           {"--chunk-mib/--n-persist/--n-buffer", c->chunk_bytes || c->n_persist || c->n_buffer}}) {
     if (set) {
       return FlagError("--osft-rank-ratio",
-                       absl::StrCat("runs unmanaged without checkpoints for now; drop ", flag));
+                       absl::StrCat("runs unmanaged, without LoRA, for now; drop ", flag));
     }
   }
   return absl::OkStatus();

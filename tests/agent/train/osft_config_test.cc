@@ -1,5 +1,5 @@
 // The OSFT side of `memplan-agent train`'s configuration: --osft-rank-ratio and --osft-targets,
-// and what an OSFT run refuses for now (LoRA, a residency plan, checkpoints).
+// what an OSFT run refuses for now (LoRA, a residency plan), and its checkpoint flags.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -42,17 +42,23 @@ TEST(OsftConfigTest, BadFlagsNameTheFlag) {
 }
 
 TEST(OsftConfigTest, RefusesWhatOsftDoesNotRunYet) {
-  for (const std::vector<std::string>& extra :
-       std::vector<std::vector<std::string>>{{"--lora-rank", "4", "--lora-targets", "all"},
-                                             {"--chunk-mib", "1"},
-                                             {"--save", "ckpt"},
-                                             {"--resume", "ckpt"}}) {
+  for (const std::vector<std::string>& extra : std::vector<std::vector<std::string>>{
+           {"--lora-rank", "4", "--lora-targets", "all"}, {"--chunk-mib", "1"}}) {
     std::vector<std::string> args = {"--osft-rank-ratio", "0.5"};
     args.insert(args.end(), extra.begin(), extra.end());
     const std::string error = Error(args);
     EXPECT_NE(error.find("--osft-rank-ratio"), std::string::npos) << extra[0] << ": " << error;
     EXPECT_NE(error.find(extra[0].substr(0, 7)), std::string::npos) << extra[0] << ": " << error;
   }
+}
+
+// [OSFT checkpoints] (agent/io/osft_checkpoint.h)
+TEST(OsftConfigTest, SavesAndResumes) {
+  auto c = ParseTrainArgs(
+      Args({"--osft-rank-ratio", "0.5", "--save", "a", "--save-every", "2", "--resume", "b"}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->save_dir, "a");
+  EXPECT_EQ(c->resume_dir, "b");
 }
 
 }  // namespace
