@@ -445,6 +445,110 @@ TEST(TrainDistributedTest, OsftTwoRanksTrainLikeOneProcess) {
   EXPECT_NE(got[2], got[0]);
 }
 
+// [OSFT checkpoints] (agent/io/osft_checkpoint.h): 2 ranks x 2 rows save after 2 steps and one
+// process x 4 rows resumes them to step 4, taking the uninterrupted run's steps 3 and 4; one
+// process saved and resumed takes them too (the same computation: the same logged losses). The
+// checkpoint is a Hugging Face model plus the factors; a resume with another rank ratio or other
+// targets is refused naming the flag.
+TEST(TrainDistributedTest, OsftCheckpointsResumeOnAnotherNumberOfRanks) {
+  const std::string base =
+      absl::StrCat(::testing::TempDir(), "/train_distributed_osft_ckpt_", getpid());
+  const std::string data = base + ".tokens";
+  const Exit made = Wait(testing::Spawn(
+      {MEMPLAN_MAKE_TOKENS_BINARY, "--out=" + data, "--tokens=8192", "--vocab=2048", "--seed=5"},
+      {}, base + ".make"));
+  ASSERT_TRUE(WIFEXITED(made.status) && WEXITSTATUS(made.status) == 0) << made.err;
+  auto osft = [&data](int batch, int steps, const std::string& ratio = "0.5",
+                      const std::string& targets = "q_proj,v_proj,gate_proj,down_proj") {
+    return std::vector<std::string>{MEMPLAN_AGENT_BINARY,
+                                    "train",
+                                    "--arch",
+                                    "llama-tiny",
+                                    "--device",
+                                    "cpu",
+                                    "--batch",
+                                    std::to_string(batch),
+                                    "--seq",
+                                    "32",
+                                    "--steps",
+                                    std::to_string(steps),
+                                    "--lr",
+                                    "1e-2",
+                                    "--clip",
+                                    "1.0",
+                                    "--data",
+                                    data,
+                                    "--cpu-threads",
+                                    "1",
+                                    "--osft-rank-ratio",
+                                    ratio,
+                                    "--osft-targets",
+                                    targets};
+  };
+  const std::vector<double> straight = StepLosses(RunRanks(osft(4, 4), 1, base + ".straight"));
+  ASSERT_EQ(straight.size(), 4u);
+
+  const std::string from_two = base + ".from2";
+  const std::vector<std::string> logs =
+      RunEveryRank(With(osft(2, 2), {"--save", from_two}), 2, base + ".two");
+  if (absl::StrContains(logs[0], "no Gloo process group")) GTEST_SKIP() << logs[0];
+  const std::vector<double> two = StepLosses(logs[0]);
+  ASSERT_EQ(two.size(), 2u) << logs[0];
+  for (const char* file : {"model.safetensors", "config.json", "osft_config.json",
+                           "osft_factors.safetensors", "optimizer.safetensors", "trainer.json"}) {
+    EXPECT_TRUE(std::filesystem::exists(absl::StrCat(from_two, "/", file))) << file;
+  }
+  const std::vector<double> two_to_one =
+      StepLosses(RunRanks(With(osft(4, 4), {"--resume", from_two}), 1, base + ".one"));
+  ASSERT_EQ(two_to_one.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_NEAR(two[i], straight[i], 1e-5 * straight[i]) << "step " << i + 1;
+    EXPECT_NEAR(two_to_one[i], straight[i + 2], 1e-5 * straight[i + 2]) << "step " << i + 3;
+  }
+  EXPECT_NE(straight[3], straight[0]);
+
+  const std::string from_one = base + ".from1";
+  const std::vector<double> first =
+      StepLosses(RunRanks(With(osft(4, 2), {"--save", from_one}), 1, base + ".first"));
+  const std::vector<double> second =
+      StepLosses(RunRanks(With(osft(4, 4), {"--resume", from_one}), 1, base + ".second"));
+  ASSERT_EQ(first.size(), 2u);
+  ASSERT_EQ(second.size(), 2u);
+  EXPECT_EQ(first[1], straight[1]);
+  EXPECT_EQ(second[0], straight[2]);
+  EXPECT_EQ(second[1], straight[3]);
+
+  for (const auto& [args, flag] :
+       {std::pair{osft(4, 4, "0.25"), "--osft-rank-ratio 0.25 differs from the checkpoint's 0.5"},
+        std::pair{osft(4, 4, "0.5", "q_proj,v_proj"), "--osft-targets q_proj,v_proj differs"}}) {
+    const Exit refused =
+        Wait(testing::Spawn(With(args, {"--resume", from_one}), {}, base + ".bad"));
+    ASSERT_TRUE(WIFEXITED(refused.status));
+    EXPECT_NE(WEXITSTATUS(refused.status), 0);
+    EXPECT_THAT(refused.err, HasSubstr(flag));
+  }
+  // `memplan-agent export` copies the factors along; --params-only leaves the merged model alone.
+  const std::string exported = base + ".exported", merged = base + ".merged";
+  for (const auto& [out, extra] : {std::pair{exported, ""}, std::pair{merged, "--params-only"}}) {
+    std::vector<std::string> args = {MEMPLAN_AGENT_BINARY, "export", from_one, out};
+    if (*extra != '\0') args.push_back(extra);
+    const Exit e = Wait(testing::Spawn(args, {}, base + ".export"));
+    ASSERT_TRUE(WIFEXITED(e.status) && WEXITSTATUS(e.status) == 0) << e.err;
+  }
+  EXPECT_TRUE(std::filesystem::exists(exported + "/osft_factors.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(merged + "/osft_factors.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(merged + "/osft_config.json"));
+  EXPECT_TRUE(std::filesystem::exists(merged + "/model.safetensors"));
+  const std::vector<double> from_export =
+      StepLosses(RunRanks(With(osft(4, 3), {"--resume", exported}), 1, base + ".from_export"));
+  ASSERT_EQ(from_export.size(), 1u);
+  EXPECT_EQ(from_export[0], straight[2]);
+  for (const std::string& dir : {from_two, from_one, exported, merged}) {
+    std::filesystem::remove_all(dir);
+  }
+  std::remove(data.c_str());
+}
+
 TEST(TrainDistributedTest, WhatSeveralRanksDoNotRunYetIsRefusedNamingTheFlag) {
   const std::string base = absl::StrCat(::testing::TempDir(), "/train_distributed_bad_", getpid());
   std::vector<std::string> args = TrainArgs(2);
