@@ -460,14 +460,13 @@ absl::StatusOr<torch::Tensor> LlamaModel::InitialValues(const std::string& name,
                                               ") of \"", name, "\", which has ", numel));
   }
   try {
-    // Only the segments around the range are drawn ([Segmented draws]); the value is rounded to
-    // the model dtype exactly as Create rounds it.
-    const torch::Tensor part = r.kind == InitRecipe::kNormal
-                                   ? DrawNormalRange(DrawSeed(r.draw), numel, begin, len,
-                                                     at::get_num_threads())
-                               : r.kind == InitRecipe::kOnes ? torch::ones({len})
-                                                             : torch::zeros({len});
-    return part.to(ToScalarType(options_.dtype), /*non_blocking=*/false, /*copy=*/true);
+    // Only the segments around the range are drawn ([Segmented draws]), each rounded to the model
+    // dtype exactly as Create rounds it, into the result (no fp32 copy of the range).
+    const torch::ScalarType dtype = ToScalarType(options_.dtype);
+    if (r.kind == InitRecipe::kNormal) {
+      return DrawNormalRange(DrawSeed(r.draw), numel, begin, len, at::get_num_threads(), dtype);
+    }
+    return r.kind == InitRecipe::kOnes ? torch::ones({len}, dtype) : torch::zeros({len}, dtype);
   } catch (const c10::Error& e) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "model: drawing the initial value of \"", name, "\": ", e.what_without_backtrace()));

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -23,9 +22,10 @@ uint64_t SegmentSeed(uint64_t seed, int64_t j) {
 }  // namespace
 
 torch::Tensor DrawNormalRange(uint64_t seed, int64_t numel, int64_t begin, int64_t len,
-                              int max_threads) {
-  torch::Tensor out = at::empty({len}, torch::kFloat32);
+                              int max_threads, torch::ScalarType dtype) {
+  torch::Tensor out = at::empty({len}, dtype);
   if (len == 0) return out;
+  const bool fp32 = dtype == torch::kFloat32;
   const int64_t first = begin / kDrawSegment;
   const int64_t last = (begin + len - 1) / kDrawSegment;
   auto draw = [&](int64_t j) {
@@ -34,13 +34,15 @@ torch::Tensor DrawNormalRange(uint64_t seed, int64_t numel, int64_t begin, int64
     auto gen = at::make_generator<at::CPUGeneratorImpl>(SegmentSeed(seed, j));
     const int64_t a = std::max(begin, seg_begin);
     const int64_t b = std::min(begin + len, seg_begin + seg_len);
-    float* dst = out.data_ptr<float>() + (a - begin);
-    if (a == seg_begin && b == seg_begin + seg_len) {
+    if (fp32 && a == seg_begin && b == seg_begin + seg_len) {
+      float* dst = out.data_ptr<float>() + (a - begin);
       torch::from_blob(dst, {seg_len}, torch::kFloat32).normal_(0.0, 0.02, gen);
       return;
     }
+    // One segment in fp32 (16 MiB), its part rounded into `out`: the same values as rounding the
+    // whole fp32 draw, without the fp32 copy of the range.
     const torch::Tensor seg = at::empty({seg_len}, torch::kFloat32).normal_(0.0, 0.02, gen);
-    std::memcpy(dst, seg.data_ptr<float>() + (a - seg_begin), (b - a) * sizeof(float));
+    out.narrow(0, a - begin, b - a).copy_(seg.narrow(0, a - seg_begin, b - a));
   };
   // Up to max_threads threads of our own: at::parallel_for's OpenMP team exists only in
   // translation units built with OpenMP, which this one is not (the segments ran one after

@@ -224,6 +224,18 @@ TEST(NormalDrawTest, ThreadsDoNotChangeTheValues) {
   EXPECT_FALSE(torch::equal(one, DrawNormalRange(10, n, 0, n, 4)));
 }
 
+// A draw in bf16 is the fp32 draw rounded, whole or in part, on any number of threads.
+TEST(NormalDrawTest, ADrawInBf16IsTheFp32DrawRounded) {
+  const int64_t n = 2 * kDrawSegment + 29;
+  const torch::Tensor fp32 = DrawNormalRange(5, n, 0, n, 2);
+  EXPECT_TRUE(torch::equal(DrawNormalRange(5, n, 0, n, 3, torch::kBFloat16),
+                           fp32.to(torch::kBFloat16)));
+  const int64_t begin = kDrawSegment - 7, len = kDrawSegment + 20;
+  const torch::Tensor part = DrawNormalRange(5, n, begin, len, 2, torch::kBFloat16);
+  EXPECT_EQ(part.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(part, fp32.narrow(0, begin, len).to(torch::kBFloat16)));
+}
+
 TEST(LlamaModelTest, RejectsInvalidSpec) {
   ModelSpec spec = TinySpec();
   spec.num_kv_heads = 3;
