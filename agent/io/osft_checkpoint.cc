@@ -215,6 +215,14 @@ absl::StatusOr<std::vector<std::string>> WriteOsftFiles(const std::string& dir,
 
 absl::StatusOr<OsftCheckpoint> ReadOsftFiles(const std::string& dir) {
   OsftCheckpoint out;
+  ASSIGN_OR_RETURN(out.settings, ReadOsftSettings(dir));
+  if (!out.settings.enabled()) return out;
+  ASSIGN_OR_RETURN(out.factors, ReadSafetensorsFile(JoinPath(dir, kOsftFactorsFile)));
+  return out;
+}
+
+absl::StatusOr<OsftSettings> ReadOsftSettings(const std::string& dir) {
+  OsftSettings out;
   const std::string path = JoinPath(dir, kOsftConfigFile);
   if (!IsRegularFile(path)) return out;
   ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(path, kMaxConfigBytes));
@@ -226,16 +234,47 @@ absl::StatusOr<OsftCheckpoint> ReadOsftFiles(const std::string& dir) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": expected {\"rank_ratio\": R, \"targets\": [...]}"));
   }
-  out.settings.rank_ratio = ratio->get<double>();
+  out.rank_ratio = ratio->get<double>();
   for (const nlohmann::json& t : *targets) {
     if (!t.is_string()) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": targets must be strings"));
     }
-    out.settings.targets.push_back(t.get<std::string>());
+    out.targets.push_back(t.get<std::string>());
   }
-  RETURN_IF_ERROR(CheckSettings(out.settings));
-  ASSIGN_OR_RETURN(out.factors, ReadSafetensorsFile(JoinPath(dir, kOsftFactorsFile)));
+  RETURN_IF_ERROR(CheckSettings(out));
   return out;
+}
+
+absl::Status CheckOsftResume(const OsftSettings& saved, double rank_ratio,
+                             const std::vector<std::string>& targets) {
+  const std::string saved_targets = absl::StrJoin(saved.targets, ",");
+  const std::string resume_with =
+      absl::StrCat("--osft-rank-ratio ", saved.rank_ratio, " --osft-targets ", saved_targets);
+  if (rank_ratio <= 0) {
+    if (!saved.enabled()) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the checkpoint is an OSFT run's (no --osft-rank-ratio given): resume it with ",
+        resume_with, ", or start a new run from its merged weights with --model"));
+  }
+  if (!saved.enabled()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--osft-rank-ratio: the checkpoint is not an OSFT run's (it has no ",
+                     kOsftConfigFile, "; its weights can start an OSFT run with --model)"));
+  }
+  if (saved.rank_ratio != rank_ratio) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--osft-rank-ratio ", rank_ratio, " differs from the checkpoint's ",
+                     saved.rank_ratio, ": resume it with ", resume_with));
+  }
+  std::vector<std::string> a = saved.targets, b = targets;
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  if (a != b) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--osft-targets ", absl::StrJoin(targets, ","), " differs from the checkpoint's ",
+        saved_targets, ": resume it with ", resume_with));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace memplan::io

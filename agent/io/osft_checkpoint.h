@@ -71,5 +71,13 @@ absl::StatusOr<std::vector<std::string>> WriteOsftFiles(const std::string& dir,
                                                         const OsftCheckpoint& osft);
 // Reads them back (unchecked: CheckOsftCheckpoint); empty when `dir` has no osft_config.json.
 absl::StatusOr<OsftCheckpoint> ReadOsftFiles(const std::string& dir);
+// osft_config.json alone (checked); not enabled when `dir` has none.
+absl::StatusOr<OsftSettings> ReadOsftSettings(const std::string& dir);
+
+// Whether a run that splits at `rank_ratio` (0: no OSFT) over `targets` may resume a checkpoint
+// whose split is `saved`: the same ratio and the same set of targets, or neither OSFT.
+// FAILED_PRECONDITION naming the flag and what to pass otherwise.
+absl::Status CheckOsftResume(const OsftSettings& saved, double rank_ratio,
+                             const std::vector<std::string>& targets);
 
 }  // namespace memplan::io

@@ -27,6 +27,7 @@
 #include "agent/io/checkpoint.h"
 #include "agent/io/file_system.h"
 #include "agent/io/model_files.h"
+#include "agent/io/osft_checkpoint.h"
 #include "agent/io/peft_adapter.h"
 #include "agent/io/random_access_file.h"
 #include "agent/io/safetensors_torch.h"
@@ -238,6 +239,19 @@ absl::Status TrainSession::Run() {
   // [Nothing to resume] A checkpoint already at --steps is reported before anything is built.
   ASSIGN_OR_RETURN(const bool nothing_to_train, ResumeIsComplete());
   if (nothing_to_train) return absl::OkStatus();
+  if (!config_.resume_dir.empty() &&
+      io::PathExists(io::JoinPath(config_.resume_dir, io::kCheckpointTrainerFile))) {
+    // [OSFT checkpoints] Another split than the checkpoint's is refused before the model is built
+    // and split (minutes for a large one); the Trainer checks it again with the factors. A
+    // missing or unreadable checkpoint is reported by Resume().
+    ASSIGN_OR_RETURN(const io::OsftSettings saved, io::ReadOsftSettings(config_.resume_dir));
+    if (absl::Status s = io::CheckOsftResume(
+            saved, config_.osft.enabled() ? config_.osft.rank_ratio : 0, config_.osft.targets);
+        !s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("--resume ", config_.resume_dir, ": ", s.message()));
+    }
+  }
   RETURN_IF_ERROR(PrepareDevice());
   RETURN_IF_ERROR(ResolvePlan());
   RETURN_IF_ERROR(BuildModel());

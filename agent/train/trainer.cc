@@ -12,7 +12,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "agent/io/osft_checkpoint.h"
 #include "agent/io/peft_adapter.h"
 #include "agent/model/layers.h"
@@ -786,34 +785,7 @@ absl::Status Trainer::CheckResumable(const io::TrainerState& saved) const {
 // and targets (the factors' shapes and the trained subspace depend on both).
 absl::Status Trainer::CheckOsftResumable(const io::OsftSettings& saved) const {
   const OsftOptions& mine = model_->options().osft;
-  const std::string saved_targets = absl::StrJoin(saved.targets, ",");
-  const std::string resume_with =
-      absl::StrCat("--osft-rank-ratio ", saved.rank_ratio, " --osft-targets ", saved_targets);
-  if (!mine.enabled()) {
-    if (!saved.enabled()) return absl::OkStatus();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the checkpoint is an OSFT run's (no --osft-rank-ratio given): resume it with ",
-        resume_with, ", or start a new run from its merged weights with --model"));
-  }
-  if (!saved.enabled()) {
-    return absl::FailedPreconditionError(
-        "--osft-rank-ratio: the checkpoint is not an OSFT run's (it has no osft_config.json; its "
-        "weights can start an OSFT run with --model)");
-  }
-  if (saved.rank_ratio != mine.rank_ratio) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--osft-rank-ratio ", mine.rank_ratio, " differs from the checkpoint's ",
-                     saved.rank_ratio, ": resume it with ", resume_with));
-  }
-  std::vector<std::string> a = saved.targets, b = mine.targets;
-  std::sort(a.begin(), a.end());
-  std::sort(b.begin(), b.end());
-  if (a != b) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--osft-targets ", absl::StrJoin(mine.targets, ","), " differs from the checkpoint's ",
-        saved_targets, ": resume it with ", resume_with));
-  }
-  return absl::OkStatus();
+  return io::CheckOsftResume(saved, mine.enabled() ? mine.rank_ratio : 0, mine.targets);
 }
 
 // [OSFT checkpoints] The frozen parameters (the untargeted weights, norms, embedding from

@@ -449,7 +449,7 @@ TEST(TrainDistributedTest, OsftTwoRanksTrainLikeOneProcess) {
 // process x 4 rows resumes them to step 4, taking the uninterrupted run's steps 3 and 4; one
 // process saved and resumed takes them too (the same computation: the same logged losses). The
 // checkpoint is a Hugging Face model plus the factors; a resume with another rank ratio or other
-// targets is refused naming the flag.
+// targets is refused naming the flag, before the model is built.
 TEST(TrainDistributedTest, OsftCheckpointsResumeOnAnotherNumberOfRanks) {
   const std::string base =
       absl::StrCat(::testing::TempDir(), "/train_distributed_osft_ckpt_", getpid());
@@ -526,6 +526,8 @@ TEST(TrainDistributedTest, OsftCheckpointsResumeOnAnotherNumberOfRanks) {
     ASSERT_TRUE(WIFEXITED(refused.status));
     EXPECT_NE(WEXITSTATUS(refused.status), 0);
     EXPECT_THAT(refused.err, HasSubstr(flag));
+    // Refused before the model is built and split.
+    EXPECT_THAT(refused.err, ::testing::Not(HasSubstr("msg=\"model created\""))) << refused.err;
   }
   // `memplan-agent export` copies the factors along; --params-only leaves the merged model alone.
   const std::string exported = base + ".exported", merged = base + ".merged";
