@@ -65,6 +65,8 @@ constexpr FamilyDefaults kFamilies[] = {
     {"qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", 1000000.0, 1e-5, 32768, 0, true, false},
     // Qwen2-VL's language model is the same; its tower differs (hf_config_vision.cc).
     {"qwen2_vl", "Qwen2VLForConditionalGeneration", 1000000.0, 1e-5, 32768, 0, true, false},
+    // Gemma 2's block differs (four norms, GeGLU, soft caps: hf_config_gemma.cc).
+    {"gemma2", "Gemma2ForCausalLM", 10000.0, 1e-6, 8192, 256, false, false},
 };
 
 bool IsVisionLanguageFamily(const FamilyDefaults& family) {
@@ -128,6 +130,8 @@ absl::StatusOr<const FamilyDefaults*> ResolveFamily(const Json& root) {
 // Rejects features the ModelSpec (and the agent's model) cannot represent, so a checkpoint
 // never silently loads into the wrong architecture.
 absl::Status CheckUnsupportedFeatures(const Json& root, const FamilyDefaults& family) {
+  // Gemma 2's activation and biases are its own keys (hf_json::ParseGemma).
+  if (std::string(family.model_type) == "gemma2") return absl::OkStatus();
   ASSIGN_OR_RETURN(std::optional<std::string> act, OptionalString(root, "hidden_act"));
   if (act.has_value() && *act != "silu") {
     return KeyError("hidden_act", absl::StrCat("= \"", *act, "\" is not supported; allowed: silu"));
@@ -311,7 +315,7 @@ absl::Status ParseRope(const Json& root, const FamilyDefaults& family, ModelSpec
 absl::StatusOr<int64_t> ParseSlidingWindow(const Json& root, const FamilyDefaults& family,
                                            int64_t num_layers) {
   const std::string type = family.model_type;
-  if (type == "llama") return 0;
+  if (type == "llama" || type == "gemma2") return 0;  // Gemma 2: hf_json::ParseGemma
   const bool absent = root.find("sliding_window") == root.end();
   ASSIGN_OR_RETURN(std::optional<int64_t> window,
                    OptionalInt(root, "sliding_window", 1, kMaxPositionEmbeddings));
@@ -510,6 +514,9 @@ absl::Status ParseLanguageModel(const Json& root, const FamilyDefaults* family, 
   ASSIGN_OR_RETURN(spec.sliding_layers,
                    ParseSlidingLayers(root, *family, spec.num_layers, spec.sliding_window));
   RETURN_IF_ERROR(ParseMoe(root, *family, &spec));
+  if (std::string(family->model_type) == "gemma2") {
+    RETURN_IF_ERROR(hf_json::ParseGemma(root, &spec));
+  }
   return absl::OkStatus();
 }
 
@@ -667,6 +674,7 @@ std::string ToHfConfigJson(const ModelSpec& spec, DType dtype) {
   j["dtype"] = dtype == DType::kBFloat16 ? "bfloat16"
                : dtype == DType::kFloat16 ? "float16"
                                           : "float32";
+  if (spec.IsGemma()) hf_json::GemmaConfigJson(spec, &j);
   if (spec.IsVisionLanguage()) return hf_json::VisionLanguageConfigJson(spec, std::move(j));
   return j.dump(2) + "\n";
 }

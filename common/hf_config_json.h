@@ -1,5 +1,6 @@
 // Internal to hf_config*.cc: reading config.json values with errors that name the key, and the
-// vision-language parts of the config (hf_config_vision.cc). Not for use outside common/.
+// vision-language parts of the config (hf_config_vision.cc) and Gemma 2's (hf_config_gemma.cc).
+// Not for use outside common/.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +45,17 @@ absl::Status ParseVisionLanguage(const Json& root, ModelSpec* spec);
 // ToHfConfigJson writes them for a causal LM) under "text_config", the tower under
 // "vision_config", the token ids at the top level.
 std::string VisionLanguageConfigJson(const ModelSpec& spec, nlohmann::ordered_json text);
+
+// Gemma 2's keys (hf_config_gemma.cc): hidden_activation (gelu_pytorch_tanh only); attention
+// biases, attention dropout and bidirectional attention refused; query_pre_attn_scalar, both soft
+// caps (absent: transformers' defaults, null: off), tie_word_embeddings (default true),
+// pad_token_id (the embedding's padding row, default 0) and the sliding layers ("layer_types",
+// else every even layer) with their window. spec->num_layers and vocab_size must be set.
+absl::Status ParseGemma(const Json& root, ModelSpec* spec);
+
+// Gemma 2's keys of config.json, written into `j` (a causal LM's keys as ToHfConfigJson writes
+// them).
+void GemmaConfigJson(const ModelSpec& spec, nlohmann::ordered_json* j);
 
 }  // namespace hf_json
 }  // namespace memplan

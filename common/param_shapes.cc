@@ -106,6 +106,10 @@ std::vector<ParamShape> HfParamShapes(const ModelSpec& m) {
     }
     out.push_back({p + "input_layernorm.weight", {h}, g});
     out.push_back({p + "post_attention_layernorm.weight", {h}, g});
+    if (m.IsGemma()) {
+      out.push_back({p + "pre_feedforward_layernorm.weight", {h}, g});
+      out.push_back({p + "post_feedforward_layernorm.weight", {h}, g});
+    }
   }
   out.push_back({"model.norm.weight", {h}, head_group});
   if (!m.tie_word_embeddings) out.push_back({"lm_head.weight", {m.vocab_size, h}, head_group});

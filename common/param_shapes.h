@@ -1,5 +1,6 @@
-// The Hugging Face parameter names and shapes of a Llama/Qwen2/Qwen3/Mistral/Qwen3-MoE/Mixtral
-// causal LM, derived from its ModelSpec: what a checkpoint of that model must contain. Torch-free.
+// The Hugging Face parameter names and shapes of a Llama/Qwen2/Qwen3/Mistral/Qwen3-MoE/Mixtral/
+// Gemma 2 causal LM, derived from its ModelSpec: what a checkpoint of that model must contain.
+// Torch-free.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +26,8 @@ struct ParamShape {
 // unless tie_word_embeddings, a tied head being the embedding's tensor, listed once, in group 0);
 // inside a block Hugging Face's named_parameters() order: self_attn q, k, v, o (each weight
 // followed by its bias), q_norm, k_norm; mlp gate, up, down; input_layernorm,
-// post_attention_layernorm. A sparse (mixture-of-experts) layer lists, in place of mlp gate, up,
+// post_attention_layernorm (Gemma 2: then pre_feedforward_layernorm, post_feedforward_layernorm).
+// A sparse (mixture-of-experts) layer lists, in place of mlp gate, up,
 // down, its router and then each expert in index order with its gate, up, down: the names of the
 // checkpoints on disk (MoeRouterName, MoeExpertName), which transformers 5 fuses into 3-D tensors
 // in memory only. A vision-language model lists its vision tower (VisionParamShapes) in group 0,

@@ -110,6 +110,24 @@ ModelSpec Qwen2VlModel(std::string name, int64_t hidden, int64_t layers, int64_t
   return m;
 }
 
+// Gemma 2 as its config.json publishes it: tied embeddings over a 256 000-token vocabulary,
+// head_dim apart from the width, every even layer sliding within 4 096 tokens, attention scores
+// capped at 50 and logits at 30, the padding row 0.
+ModelSpec Gemma2Model(std::string name, int64_t hidden, int64_t layers, int64_t heads,
+                      int64_t kv_heads, int64_t intermediate, int64_t head_dim,
+                      double query_pre_attn_scalar) {
+  ModelSpec m = Model(std::move(name), "gemma2", hidden, layers, heads, kv_heads, intermediate,
+                      256000, true, head_dim, 10000);
+  m.max_position_embeddings = 8192;
+  m.query_pre_attn_scalar = query_pre_attn_scalar;
+  m.attn_logit_softcapping = 50.0;
+  m.final_logit_softcapping = 30.0;
+  m.embedding_padding_idx = 0;
+  m.sliding_window = 4096;
+  for (int64_t l = 0; l < layers; l += 2) m.sliding_layers.push_back(l);
+  return m;
+}
+
 // Llama 3.1 / 3.2 checkpoints extend their 8192-token pre-training context with llama3 RoPE
 // scaling (factor 8 for 3.1, 32 for 3.2), as their config.json files say.
 ModelSpec WithLlama3Rope(ModelSpec m, double factor) {
@@ -159,6 +177,9 @@ std::vector<ModelSpec> BuildModelPresets() {
       // Planned with its images (workload.images_per_sample and the image size).
       Qwen25VlModel("qwen2.5-vl-7b", 3584, 28, 28, 4, 18944, 152064, false),
       Qwen2VlModel("qwen2-vl-7b", 3584, 28, 28, 4, 18944, 152064, false),
+      Gemma2Model("gemma-2-2b", 2304, 26, 8, 4, 9216, 256, 256),
+      Gemma2Model("gemma-2-9b", 3584, 42, 16, 8, 14336, 256, 256),
+      Gemma2Model("gemma-2-27b", 4608, 46, 32, 16, 36864, 128, 144),
   };
 }
 

@@ -196,6 +196,9 @@ v1::ModelArch ToProto(const ModelSpec& spec) {
     out.set_vision_end_token_id(spec.vision_end_token_id);
   }
   for (int64_t s : spec.mrope_section) out.add_mrope_section(s);
+  out.set_query_pre_attn_scalar(spec.query_pre_attn_scalar);
+  out.set_attn_logit_softcapping(spec.attn_logit_softcapping);
+  out.set_final_logit_softcapping(spec.final_logit_softcapping);
   return out;
 }
 
@@ -241,6 +244,7 @@ v1::Workload ToProto(const Workload& workload) {
   out.set_images_per_sample(workload.images_per_sample);
   out.set_image_height(workload.image_height);
   out.set_image_width(workload.image_width);
+  out.set_vision_checkpoint(workload.vision_checkpoint);
   return out;
 }
 
@@ -333,6 +337,7 @@ v1::ResidencyPlan ToProto(const ResidencyPlan& plan) {
   out.set_world_size(plan.world_size);
   out.set_shard_persistent_state(plan.shard_persistent_state);
   out.set_shard_persistent_params(plan.shard_persistent_params);
+  out.set_vision_checkpoint(plan.vision_checkpoint);
   out.set_layout_fingerprint(plan.layout_fingerprint);
   return out;
 }
@@ -466,6 +471,9 @@ ModelSpec ModelSpecFromProto(const v1::ModelArch& arch) {
   out.vision_start_token_id = arch.vision_start_token_id();
   out.vision_end_token_id = arch.vision_end_token_id();
   out.mrope_section.assign(arch.mrope_section().begin(), arch.mrope_section().end());
+  out.query_pre_attn_scalar = arch.query_pre_attn_scalar();
+  out.attn_logit_softcapping = arch.attn_logit_softcapping();
+  out.final_logit_softcapping = arch.final_logit_softcapping();
   return out;
 }
 
@@ -513,6 +521,7 @@ Workload WorkloadFromProto(const v1::Workload& workload) {
   out.images_per_sample = workload.images_per_sample();
   out.image_height = workload.image_height();
   out.image_width = workload.image_width();
+  out.vision_checkpoint = workload.vision_checkpoint();
   return out;
 }
 
@@ -622,6 +631,7 @@ absl::StatusOr<ResidencyPlan> ResidencyPlanFromProto(const v1::ResidencyPlan& pl
   out.world_size = plan.world_size() == 0 ? 1 : plan.world_size();
   out.shard_persistent_state = plan.shard_persistent_state();
   out.shard_persistent_params = plan.shard_persistent_params();
+  out.vision_checkpoint = plan.vision_checkpoint();
   out.layout_fingerprint = plan.layout_fingerprint();
   return out;
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -88,7 +89,8 @@ struct VisionSpec {
 
 struct ModelSpec {
   std::string name;
-  std::string family = "llama";  // llama, qwen2, qwen3, mistral, qwen3_moe, mixtral, qwen2_5_vl
+  // llama, qwen2, qwen3, mistral, qwen3_moe, mixtral, qwen2_5_vl, qwen2_vl, gemma2
+  std::string family = "llama";
   int64_t hidden_size = 0;
   int64_t num_layers = 0;
   int64_t num_heads = 0;
@@ -128,6 +130,19 @@ struct ModelSpec {
   bool output_router_logits = false;
   double router_aux_loss_coef = 0.001;
 
+  // Gemma 2 (family gemma2): the embedding is scaled by sqrt(hidden_size) (rounded to the model
+  // dtype), every RMSNorm multiplies by (1 + weight) in fp32, a block has four norms (around the
+  // attention and around the MLP, each output normed before the residual add) and a GeGLU MLP
+  // (gelu, tanh approximation). Attention scores are scaled by query_pre_attn_scalar^-1/2 and,
+  // when attn_logit_softcapping > 0, capped as tanh(s / cap) * cap before the mask; the logits
+  // likewise with final_logit_softcapping. 0 disables a cap. embedding_padding_idx is
+  // config.json's pad_token_id, the row nn.Embedding(padding_idx) gives no gradient from the
+  // lookup (-1: none).
+  double query_pre_attn_scalar = 0;
+  double attn_logit_softcapping = 0;
+  double final_logit_softcapping = 0;
+  int64_t embedding_padding_idx = -1;
+
   // Vision-language (family qwen2_5_vl): the vision tower, the token ids the processor puts in
   // the text (one image_token_id per merged patch, between vision_start and vision_end), and the
   // language model's multimodal rotary embedding: mrope_section splits the head_dim / 2 rotary
@@ -141,6 +156,14 @@ struct ModelSpec {
 
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : hidden_size / num_heads; }
   bool IsVisionLanguage() const { return vision.depth > 0; }
+  bool IsGemma() const { return family == "gemma2"; }
+  // The factor attention scores are multiplied by before softmax (and before a soft cap).
+  double AttentionScale() const {
+    // pow(x, -0.5), as Python's x ** -0.5 computes transformers' scaling.
+    return std::pow(query_pre_attn_scalar > 0 ? query_pre_attn_scalar
+                                              : static_cast<double>(HeadDim()),
+                    -0.5);
+  }
   // The window layer `layer` attends within, 0 for full causal attention.
   int64_t LayerWindow(int64_t layer) const {
     for (int64_t l : sliding_layers) {
@@ -210,6 +233,10 @@ struct Workload {
   int32_t images_per_sample = 0;
   int64_t image_height = 0;
   int64_t image_width = 0;
+  // A trained vision tower recomputes its blocks in backward ([Vision tower bytes],
+  // common/vision_cost.h); ignored without a tower. Set by the caller, or by the planner when the
+  // plan does not fit otherwise (ResidencyPlan::vision_checkpoint).
+  bool vision_checkpoint = false;
 };
 
 inline int32_t LocalRanks(const Workload& w) {
@@ -299,6 +326,9 @@ struct ResidencyPlan {
   // With shard_persistent_state: the persistent chunks' parameters sharded too, all-gathered on
   // use ([Sharded persistent parameters], ZeRO-3 over them); false: replicated.
   bool shard_persistent_params = false;
+  // The vision tower's blocks checkpointed (LlamaModelOptions::vision_checkpoint in the agent):
+  // the workload's vision_checkpoint as given, or set by the planner when only that fits.
+  bool vision_checkpoint = false;
 };
 
 struct MemoryBreakdown {

@@ -139,6 +139,38 @@ absl::Status ValidateVisionLanguage(const ModelSpec& m, absl::string_view prefix
   return absl::OkStatus();
 }
 
+// Gemma 2's fields: non-negative, finite, and only on family gemma2 (other families would
+// silently ignore them); a gemma2 model's padding row inside its vocabulary.
+absl::Status ValidateGemma(const ModelSpec& m, absl::string_view prefix) {
+  const std::pair<const char*, double> fields[] = {
+      {"query_pre_attn_scalar", m.query_pre_attn_scalar},
+      {"attn_logit_softcapping", m.attn_logit_softcapping},
+      {"final_logit_softcapping", m.final_logit_softcapping},
+  };
+  for (const auto& [name, value] : fields) {
+    if (!std::isfinite(value) || value < 0 || value > 1e6) {
+      return OutOfRange(prefix, name, value, 0, 1e6);
+    }
+    if (value != 0 && !m.IsGemma()) {
+      return absl::InvalidArgumentError(absl::StrCat(prefix, name, " = ", value,
+                                                     " is only supported for family gemma2"));
+    }
+  }
+  if (m.embedding_padding_idx != -1) {
+    if (!m.IsGemma()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, "embedding_padding_idx = ", m.embedding_padding_idx,
+          " is only supported for family gemma2"));
+    }
+    if (auto s = CheckInt(prefix, "embedding_padding_idx", m.embedding_padding_idx, -1,
+                          m.vocab_size - 1);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string Quote(absl::string_view value) {
@@ -192,12 +224,13 @@ absl::Status ValidateModelSpec(const ModelSpec& m, absl::string_view prefix) {
   const bool moe_family = m.family == "qwen3_moe" || m.family == "mixtral";
   const bool vl_family = m.family == "qwen2_5_vl" || m.family == "qwen2_vl";
   if (!(m.family == "llama" || m.family == "qwen2" || m.family == "qwen3" ||
-        m.family == "mistral" || moe_family || vl_family)) {
+        m.family == "mistral" || moe_family || vl_family || m.IsGemma())) {
     return absl::InvalidArgumentError(absl::StrCat(prefix, "family = ", Quote(m.family),
                                                    " is not supported; allowed: llama, qwen2, "
                                                    "qwen3, mistral, qwen3_moe, mixtral, "
-                                                   "qwen2_5_vl, qwen2_vl"));
+                                                   "qwen2_5_vl, qwen2_vl, gemma2"));
   }
+  if (auto s = ValidateGemma(m, prefix); !s.ok()) return s;
   if (vl_family != m.IsVisionLanguage()) {
     return absl::InvalidArgumentError(absl::StrCat(
         prefix, "vision.depth = ", m.vision.depth, vl_family ? " must be >= 1" : " must be 0",

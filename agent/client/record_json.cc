@@ -109,6 +109,12 @@ Json ToJson(const ModelSpec& m) {
               {"max_position_embeddings", m.max_position_embeddings},
               {"sliding_window", m.sliding_window},
               {"sliding_layers", m.sliding_layers}};
+  // Gemma 2's fields (ModelArch's names); other families' records stay as they were.
+  if (m.IsGemma()) {
+    j["query_pre_attn_scalar"] = m.query_pre_attn_scalar;
+    j["attn_logit_softcapping"] = m.attn_logit_softcapping;
+    j["final_logit_softcapping"] = m.final_logit_softcapping;
+  }
   // A mixture of experts' fields (ModelArch's names); a dense model's record stays as it was.
   if (m.IsMoe()) {
     j["num_experts"] = m.num_experts;
@@ -201,7 +207,8 @@ Json ToJson(const ResidencyPlan& p) {
               {"world_size", p.world_size},
               {"layout_fingerprint", p.layout_fingerprint},
               {"shard_persistent_state", p.shard_persistent_state},
-              {"shard_persistent_params", p.shard_persistent_params}};
+              {"shard_persistent_params", p.shard_persistent_params},
+              {"vision_checkpoint", p.vision_checkpoint}};
 }
 
 Json ToJson(const MemoryBreakdown& b) {
@@ -400,6 +407,9 @@ void Read(const Json& j, const std::string& path, absl::Status* s, ModelSpec* m)
       m->sliding_layers.push_back(index);
     }
   }
+  r.Get("query_pre_attn_scalar", &m->query_pre_attn_scalar);
+  r.Get("attn_logit_softcapping", &m->attn_logit_softcapping);
+  r.Get("final_logit_softcapping", &m->final_logit_softcapping);
   r.Get("num_experts", &m->num_experts);
   r.Get("num_experts_per_tok", &m->num_experts_per_tok);
   r.Get("moe_intermediate_size", &m->moe_intermediate_size);
@@ -513,6 +523,7 @@ void Read(const Json& j, const std::string& path, absl::Status* s, ResidencyPlan
   r.Get("layout_fingerprint", &p->layout_fingerprint);
   r.Get("shard_persistent_state", &p->shard_persistent_state);
   r.Get("shard_persistent_params", &p->shard_persistent_params);
+  r.Get("vision_checkpoint", &p->vision_checkpoint);
   if (const Json* modes = r.Find("block_modes"); modes != nullptr) {
     if (!modes->is_array()) return r.Fail("block_modes", "must be a list");
     for (size_t i = 0; i < modes->size(); ++i) {

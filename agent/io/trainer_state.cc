@@ -120,6 +120,29 @@ absl::Status DecodeMoe(const Json& j, ModelSpec* m) {
   return absl::OkStatus();
 }
 
+// Gemma 2's fields (family gemma2 only; other families' states stay as they were).
+void EncodeGemma(const ModelSpec& m, OrderedJson* j) {
+  if (!m.IsGemma()) return;
+  (*j)["query_pre_attn_scalar"] = m.query_pre_attn_scalar;
+  (*j)["attn_logit_softcapping"] = m.attn_logit_softcapping;
+  (*j)["final_logit_softcapping"] = m.final_logit_softcapping;
+  (*j)["embedding_padding_idx"] = m.embedding_padding_idx;
+}
+
+absl::Status DecodeGemma(const Json& j, ModelSpec* m) {
+  if (!m->IsGemma()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(m->query_pre_attn_scalar, GetDouble(j, "query_pre_attn_scalar",
+                                                       "model.query_pre_attn_scalar", 0, 1e6));
+  ASSIGN_OR_RETURN(m->attn_logit_softcapping, GetDouble(j, "attn_logit_softcapping",
+                                                        "model.attn_logit_softcapping", 0, 1e6));
+  ASSIGN_OR_RETURN(m->final_logit_softcapping,
+                   GetDouble(j, "final_logit_softcapping", "model.final_logit_softcapping", 0, 1e6));
+  ASSIGN_OR_RETURN(m->embedding_padding_idx,
+                   GetInt(j, "embedding_padding_idx", "model.embedding_padding_idx", -1,
+                          std::numeric_limits<int64_t>::max()));
+  return absl::OkStatus();
+}
+
 // A vision-language model's tower and token ids, only for such a model.
 void EncodeVision(const ModelSpec& m, OrderedJson* j) {
   if (!m.IsVisionLanguage()) return;
@@ -213,6 +236,7 @@ OrderedJson EncodeModel(const ModelSpec& m) {
   j["sliding_window"] = m.sliding_window;
   j["sliding_layers"] = m.sliding_layers;
   EncodeMoe(m, &j);
+  EncodeGemma(m, &j);
   EncodeVision(m, &j);
   return j;
 }
@@ -265,6 +289,7 @@ absl::StatusOr<ModelSpec> DecodeModel(const Json& j) {
     for (int64_t l = 0; l < m.num_layers; ++l) m.sliding_layers.push_back(l);
   }
   RETURN_IF_ERROR(DecodeMoe(j, &m));
+  RETURN_IF_ERROR(DecodeGemma(j, &m));
   RETURN_IF_ERROR(ValidateModelSpec(m, "trainer.json: model."));
   return m;
 }

@@ -21,6 +21,7 @@ struct LlamaModel::BlockParams {
   torch::Tensor q_norm, k_norm;  // Qwen3 only
   torch::Tensor gate_proj, up_proj, down_proj;
   torch::Tensor input_layernorm, post_attention_layernorm;
+  torch::Tensor pre_feedforward_layernorm, post_feedforward_layernorm;  // Gemma 2 only
   // A sparse layer's router and experts (ModelSpec::IsMoeLayer); gate/up/down_proj are then
   // undefined.
   std::unique_ptr<MoeParams> moe;
@@ -71,8 +72,16 @@ struct LlamaModel::BlockParams {
     }
     add("input_layernorm.weight", input_layernorm);
     add("post_attention_layernorm.weight", post_attention_layernorm);
+    add("pre_feedforward_layernorm.weight", pre_feedforward_layernorm);
+    add("post_feedforward_layernorm.weight", post_feedforward_layernorm);
     return out;
   }
+
+  // Projection `module` (kLoraModuleNames index) of `in` with weight `w` and bias `b` (may be
+  // undefined), with its adapter when it has one: base(x) + B(A(dropout(x))) * scaling
+  // ([LoRA] in llama_model.cc). Defined in llama_model.cc.
+  torch::Tensor Project(const torch::Tensor& in, size_t module, const torch::Tensor& w,
+                        const torch::Tensor& b, double dropout, double scaling) const;
 
   // The projection tensors' slots, kLoraModuleNames order.
   std::array<torch::Tensor*, kLoraModuleNames.size()> Projections() {

@@ -47,8 +47,10 @@ using torch::autograd::variable_list;
 // the weight is not read in backward (a chunk manager may have moved it by then).
 class ChunkedHeadLossFunction : public torch::autograd::Function<ChunkedHeadLossFunction> {
  public:
+  // softcap > 0: the logits are capped as tanh(z / softcap) * softcap in the model dtype (Gemma
+  // 2's final_logit_softcapping), their gradient times the cap's derivative 1 - tanh².
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
-                               const torch::Tensor& targets, int64_t rows) {
+                               const torch::Tensor& targets, int64_t rows, double softcap) {
     const bool want_gx = x.requires_grad();
     const bool want_gw = w.requires_grad();
     const torch::Tensor x2 = x.reshape({-1, x.size(-1)});
@@ -66,7 +68,13 @@ class ChunkedHeadLossFunction : public torch::autograd::Function<ChunkedHeadLoss
       const int64_t b = std::min(n, a + rows);
       const torch::Tensor xc = x2.slice(0, a, b);
       const torch::Tensor tc = t.slice(0, a, b);
-      torch::Tensor logits = at::mm(xc, w.t()).to(torch::kFloat32);
+      torch::Tensor raw = at::mm(xc, w.t());
+      torch::Tensor tanh_z;
+      if (softcap > 0) {
+        tanh_z = torch::tanh(raw / softcap);
+        raw = tanh_z * softcap;
+      }
+      torch::Tensor logits = raw.to(torch::kFloat32);
       const torch::Tensor lse = at::logsumexp(logits, {1});
       const torch::Tensor valid = (tc != -100).to(torch::kFloat32);
       const torch::Tensor safe = at::where(tc != -100, tc, 0).unsqueeze(1);
@@ -75,6 +83,10 @@ class ChunkedHeadLossFunction : public torch::autograd::Function<ChunkedHeadLoss
       logits.sub_(lse.unsqueeze(1)).exp_();  // softmax, in place of the logits
       logits.scatter_add_(1, safe, torch::full({b - a, 1}, -1.0, f32));
       logits.mul_((valid * inv_count).unsqueeze(1));  // ignored rows: zero
+      if (softcap > 0) {
+        const torch::Tensor t32 = tanh_z.to(torch::kFloat32);
+        logits.mul_(1 - t32 * t32);
+      }
       const torch::Tensor grad_logits = logits.to(x2.scalar_type());
       if (want_gx) {
         torch::Tensor rows_out = gx.slice(0, a, b);
@@ -109,7 +121,7 @@ class ChunkedHeadLossFunction : public torch::autograd::Function<ChunkedHeadLoss
       gw.mul_(g);
       gw = gw.to(w_dtype);
     }
-    return {gx, gw, torch::Tensor(), torch::Tensor()};
+    return {gx, gw, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -209,6 +221,12 @@ void LlamaModel::InitParams() {
     make(slot, {InitRecipe::kZeros, std::move(sizes), -1});
   };
 
+  // Gemma 2 scales by (1 + weight): its norms start at zero, as transformers initialises them.
+  auto norm = [&](torch::Tensor* slot, std::vector<int64_t> sizes) {
+    if (s.IsGemma()) return zeros(slot, std::move(sizes));
+    ones(slot, std::move(sizes));
+  };
+
   normal(&embed_tokens_, {s.vocab_size, s.hidden_size});
   for (int64_t i = 0; i < s.num_layers; ++i) {
     auto b = std::make_unique<BlockParams>();
@@ -234,11 +252,15 @@ void LlamaModel::InitParams() {
       normal(&b->up_proj, {s.intermediate_size, s.hidden_size});
       normal(&b->down_proj, {s.hidden_size, s.intermediate_size});
     }
-    ones(&b->input_layernorm, {s.hidden_size});
-    ones(&b->post_attention_layernorm, {s.hidden_size});
+    norm(&b->input_layernorm, {s.hidden_size});
+    norm(&b->post_attention_layernorm, {s.hidden_size});
+    if (s.IsGemma()) {
+      norm(&b->pre_feedforward_layernorm, {s.hidden_size});
+      norm(&b->post_feedforward_layernorm, {s.hidden_size});
+    }
     blocks_.push_back(std::move(b));
   }
-  ones(&norm_, {s.hidden_size});
+  norm(&norm_, {s.hidden_size});
   if (!s.tie_word_embeddings) normal(&lm_head_, {s.vocab_size, s.hidden_size});
   if (s.IsVisionLanguage()) {
     // Drawn after the language model's parameters, which so draw as the text model's do.
@@ -694,6 +716,7 @@ absl::Status LlamaModel::CheckSequenceLength(int64_t seq_len) const {
 }
 
 torch::Tensor LlamaModel::Embed(const torch::Tensor& input_ids, const torch::Tensor& weight) const {
+  if (options_.spec.IsGemma()) return GemmaEmbed(input_ids, weight);
   return at::embedding(weight, input_ids);
 }
 
@@ -716,9 +739,22 @@ torch::Tensor LlamaModel::EmbedInputs(const torch::Tensor& input_ids, const torc
   const torch::Tensor embeds = Embed(input_ids, weight);
   if (!vision_ || images.num_images() == 0) return embeds;
   const torch::Tensor features =
-      VisionTowerForward(options_.spec, *vision_, images).to(embeds.scalar_type());
+      VisionTowerForward(options_.spec, *vision_, images, options_.vision_checkpoint)
+          .to(embeds.scalar_type());
   const torch::Tensor mask = (input_ids == options_.spec.image_token_id).unsqueeze(-1);
   return embeds.masked_scatter(mask, features);
+}
+
+torch::Tensor LlamaModel::BlockParams::Project(const torch::Tensor& in, size_t module,
+                                               const torch::Tensor& w, const torch::Tensor& b,
+                                               double dropout, double scaling) const {
+  // [QLoRA] the NF4 weight dequantized for this product only (agent/quant/nf4_linear.h).
+  if (osft[module]) return OsftLinear(in, *osft[module], b);
+  const torch::Tensor base =
+      nf4[module].has_value() ? quant::Nf4Linear(in, *nf4[module], b) : Linear(in, w, b);
+  if (!lora_a[module].defined()) return base;
+  const torch::Tensor dropped = dropout > 0 ? at::dropout(in, dropout, /*train=*/true) : in;
+  return base + Linear(Linear(dropped, lora_a[module]), lora_b[module]) * scaling;
 }
 
 torch::Tensor LlamaModel::Block(const BlockParams& p, const torch::Tensor& hidden,
@@ -733,16 +769,11 @@ torch::Tensor LlamaModel::Block(const BlockParams& p, const torch::Tensor& hidde
   // forward's masks.
   const double dropout = train ? options_.lora.dropout : 0.0;
   const double scaling = has_lora() ? options_.lora.scaling() : 1.0;
+  if (s.IsGemma()) return GemmaBlock(p, hidden, rope, dropout, scaling);
   // By value but for the block's parameters: the sequence-tiled MLP calls it again in backward.
   auto proj = [&p, dropout, scaling](const torch::Tensor& in, size_t module, const torch::Tensor& w,
                                      const torch::Tensor& b = torch::Tensor()) {
-    // [QLoRA] the NF4 weight dequantized for this product only (agent/quant/nf4_linear.h).
-    if (p.osft[module]) return OsftLinear(in, *p.osft[module], b);
-    const torch::Tensor base =
-        p.nf4[module].has_value() ? quant::Nf4Linear(in, *p.nf4[module], b) : Linear(in, w, b);
-    if (!p.lora_a[module].defined()) return base;
-    const torch::Tensor dropped = dropout > 0 ? at::dropout(in, dropout, /*train=*/true) : in;
-    return base + Linear(Linear(dropped, p.lora_a[module]), p.lora_b[module]) * scaling;
+    return p.Project(in, module, w, b, dropout, scaling);
   };
 
   const torch::Tensor x = RmsNorm(hidden, p.input_layernorm, s.rms_norm_eps);
@@ -783,7 +814,7 @@ torch::Tensor LlamaModel::Block(const BlockParams& p, const torch::Tensor& hidde
 
 torch::Tensor LlamaModel::HeadLoss(const torch::Tensor& hidden, const torch::Tensor& targets,
                                    const torch::Tensor& head_weight) const {
-  const torch::Tensor x = RmsNorm(hidden, norm_, options_.spec.rms_norm_eps);
+  const torch::Tensor x = FinalNorm(hidden);
   // An explicit head_chunk_rows (tests) forces chunking beyond that many tokens; otherwise the
   // rule the planner prices (common/head_chunking.h).
   const ModelSpec& s = options_.spec;
@@ -791,9 +822,10 @@ torch::Tensor LlamaModel::HeadLoss(const torch::Tensor& hidden, const torch::Ten
   const int64_t forced = options_.head_chunk_rows;
   const int64_t rows = forced > 0 ? forced : HeadChunkRows(s.vocab_size);
   if (forced > 0 ? tokens > forced : HeadIsChunked(tokens, s.vocab_size, s.hidden_size)) {
-    return ChunkedHeadLossFunction::apply(x, head_weight, targets, rows);
+    return ChunkedHeadLossFunction::apply(x, head_weight, targets, rows,
+                                          s.final_logit_softcapping);
   }
-  const torch::Tensor logits = Linear(x, head_weight).to(torch::kFloat32);
+  const torch::Tensor logits = CapLogits(Linear(x, head_weight)).to(torch::kFloat32);
   // Hugging Face's ForCausalLMLoss given shift_labels: the sum over non-ignored positions divided
   // by their count, in fp32.
   return at::cross_entropy_loss(logits.view({-1, logits.size(-1)}), targets.reshape({-1}),
@@ -808,8 +840,7 @@ torch::Tensor LlamaModel::Logits(const torch::Tensor& input_ids, const VisionInp
   const Rope rope = InputRope(input_ids, images);
   torch::Tensor h = EmbedInputs(input_ids, embed_tokens_, images);
   for (const auto& b : blocks_) h = Block(*b, h, rope, /*train=*/false);
-  return Linear(RmsNorm(h, norm_, options_.spec.rms_norm_eps),
-                lm_head_.defined() ? lm_head_ : embed_tokens_);
+  return CapLogits(Linear(FinalNorm(h), lm_head_.defined() ? lm_head_ : embed_tokens_));
 }
 
 torch::Tensor LlamaModel::Loss(const torch::Tensor& input_ids, const torch::Tensor& targets,

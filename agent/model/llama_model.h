@@ -1,7 +1,8 @@
-// LlamaModel: a Llama-family decoder (Llama 3.x, Qwen2/2.5 qkv bias, Qwen3 q/k norm, Mistral, and
-// the mixtures of experts Qwen3-MoE and Mixtral through agent/model/moe.h) in LibTorch with Hugging
-// Face parameter names, a plain-autograd reference loss, and a grouped loss that runs every
-// parameter group through agent/blocks (block activation modes + ParamResidency).
+// LlamaModel: a Llama-family decoder (Llama 3.x, Qwen2/2.5 qkv bias, Qwen3 q/k norm, Mistral, the
+// mixtures of experts Qwen3-MoE and Mixtral through agent/model/moe.h, and Gemma 2's block in
+// llama_model_gemma.cc) in LibTorch with Hugging Face parameter names, a plain-autograd reference
+// loss, and a grouped loss that runs every parameter group through agent/blocks (block activation
+// modes + ParamResidency).
 #pragma once
 
 #include <cstdint>
@@ -54,6 +55,10 @@ struct LlamaModelOptions {
   // How the sparse layers run their experts ([Grouped experts], agent/model/moe.h): one grouped
   // GEMM per projection where it runs, or the per-expert loop (for comparisons).
   MoeExperts moe_experts = MoeExperts::kGrouped;
+  // A vision-language model's tower recomputes each of its blocks in backward, keeping only the
+  // block's input ([Vision block checkpointing], agent/model/vision_tower.cc); the planner's
+  // ResidencyPlan::vision_checkpoint.
+  bool vision_checkpoint = false;
   // LoRA adapters (rank > 0): every base parameter is frozen (requires_grad false: no gradient,
   // no optimizer state) and each targeted projection of every block computes
   // base(x) + B(A(dropout(x))) * alpha / rank, as PEFT's LoraLayer. A is drawn kaiming-uniform
@@ -192,6 +197,14 @@ class LlamaModel {
   // `router_loss` (may be null) collects a sparse layer's routing for the load-balancing loss.
   torch::Tensor Block(const BlockParams& p, const torch::Tensor& hidden, const Rope& rope,
                       bool train, MoeRouterLoss* router_loss = nullptr) const;
+  // [Gemma 2] (llama_model_gemma.cc): the block (four norms, soft-capped attention in tiles,
+  // GeGLU MLP), the scaled embedding lookup with its padding row, and for every family the final
+  // norm and the logits' soft cap (identity unless final_logit_softcapping).
+  torch::Tensor GemmaBlock(const BlockParams& p, const torch::Tensor& hidden, const Rope& rope,
+                           double dropout, double scaling) const;
+  torch::Tensor GemmaEmbed(const torch::Tensor& input_ids, const torch::Tensor& weight) const;
+  torch::Tensor FinalNorm(const torch::Tensor& hidden) const;
+  torch::Tensor CapLogits(const torch::Tensor& logits) const;
   torch::Tensor HeadLoss(const torch::Tensor& hidden, const torch::Tensor& targets,
                          const torch::Tensor& head_weight) const;
 

@@ -33,6 +33,9 @@ Data (one of):
                            by scripts/prepare-vl-data.py; a vision-language model (qwen2_5_vl,
                            qwen2_vl) trains only on images: --data-vl or --synthetic-images
   --synthetic-images N --image-size HxW   N seeded random images of H x W pixels per sample
+  --vision-checkpoint      a trained vision tower recomputes each block in backward, keeping
+                           only the block's input (the planner also turns it on when a plan
+                           fits only so)
 Workload:
   --batch N (1)  --seq N (128)  --steps N (10)  --grad-accum N (1)
   --lr X (1e-4)  --clip X (1.0; 0 = off)  --weight-decay X (0.01)
@@ -227,6 +230,7 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
       .Switch("--synthetic-data", &c.synthetic_data)
       .NonEmptyString("--data-vl", &c.vl_data_file)
       .Int("--synthetic-images", &c.synthetic_images, 1, 1024)
+      .Switch("--vision-checkpoint", &c.vision_checkpoint)
       .Custom("--image-size",
               [&c](absl::string_view v) -> absl::Status {
                 const size_t x = v.find('x');

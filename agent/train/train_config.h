@@ -42,6 +42,9 @@ struct TrainConfig {
   int64_t synthetic_images = 0;
   int64_t image_height = 0;
   int64_t image_width = 0;
+  // --vision-checkpoint: the vision tower's blocks recompute in backward
+  // (LlamaModelOptions::vision_checkpoint); a plan may also turn it on (its vision_checkpoint).
+  bool vision_checkpoint = false;
   // Workload and optimisation.
   int64_t batch = 1;
   int64_t seq = 128;

@@ -66,6 +66,9 @@ absl::Status TrainSession::ResolvePlan() {
   }
   ASSIGN_OR_RETURN(
       plan_, ResolveRunPlan(knobs, static_cast<int>(spec_.num_layers), file_plan_, world_size_));
+  // [Vision block checkpointing] asked for, or chosen by the planner for the plan to fit.
+  model_options_.vision_checkpoint =
+      config_.vision_checkpoint || (file_plan_.has_value() && file_plan_->vision_checkpoint);
   return ApplyMemoryLimit(config_, device_, loop_.address.empty() ? nullptr : &answer_);
 }
 
@@ -212,6 +215,7 @@ absl::StatusOr<PlanQuery> TrainSession::PlannerQuery() const {
   query.workload.images_per_sample = images.images_per_sample;
   query.workload.image_height = images.image_height;
   query.workload.image_width = images.image_width;
+  query.workload.vision_checkpoint = config_.vision_checkpoint;
   if (images.images_per_sample > 0) {
     LogRecord sent(LogLevel::kInfo, "vision-language workload sent to the planner");
     sent.Field("images_per_sample", images.images_per_sample)

@@ -49,6 +49,7 @@ void AddPlanFlags(FlagSet* flags, PlanOptions* o) {
       .Int(kGradAccumFlag, &o->grad_accum)
       .Switch("--grad-clipping", &o->grad_clipping)
       .Int("--images-per-sample", &o->images_per_sample, 1, kMaxImagesPerSample)
+      .Switch("--vision-checkpoint", &o->vision_checkpoint)
       .Custom("--image-size", [o](absl::string_view v) -> absl::Status {
         // HEIGHTxWIDTH in pixels, each side in ValidateWorkload's [1, 65536].
         const std::vector<absl::string_view> sides = absl::StrSplit(v, absl::ByAnyChar("xX"));
@@ -243,6 +244,10 @@ absl::Status CheckJob(const PlanOptions& o, absl::string_view command) {
     return FlagError(o.images_per_sample ? "--images-per-sample" : "--image-size",
                      "--images-per-sample N and --image-size HEIGHTxWIDTH go together");
   }
+  if (o.vision_checkpoint && !o.images_per_sample.has_value()) {
+    return FlagError("--vision-checkpoint",
+                     "needs --images-per-sample (a vision-language model's tower)");
+  }
   if (o.training.osft_rank_ratio > 0 && o.training.lora_rank > 0) {
     return FlagError("--osft-rank-ratio",
                      "and --lora-rank are exclusive (the agent does not run LoRA with OSFT)");
@@ -357,6 +362,7 @@ Workload PlanWorkload(const PlanOptions& o) {
   w.images_per_sample = o.images_per_sample.value_or(0);
   w.image_height = o.image_height;
   w.image_width = o.image_width;
+  w.vision_checkpoint = o.vision_checkpoint;
   return w;
 }
 

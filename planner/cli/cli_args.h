@@ -72,6 +72,7 @@ struct PlanOptions {
   std::optional<int32_t> images_per_sample;
   int64_t image_height = 0;
   int64_t image_width = 0;
+  bool vision_checkpoint = false;  // --vision-checkpoint: needs --images-per-sample
   std::optional<DType> param_dtype;
   std::string optimizer = "adamw";
   TrainingMethod training;              // kFull unless --lora-rank (kQlora with --qlora)

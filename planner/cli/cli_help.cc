@@ -75,6 +75,9 @@ Workload:
   --images-per-sample N  a vision-language model's (qwen2_5_vl, qwen2_vl) images per sample,
                          1 to 1024, with --image-size HEIGHTxWIDTH in pixels (e.g. 448x448);
                          required for such a model, which is never planned as text only
+  --vision-checkpoint    the vision tower's blocks recompute in backward, keeping only their
+                         inputs (full fine-tuning; the planner also turns it on by itself when
+                         nothing fits without it)
   --dtype fp32|bf16|fp16 parameter dtype (default bf16)
   --optimizer NAME       adamw (fp32 states, default), adamw_bf16, adamw8bit (bitsandbytes-style
                          8-bit block-wise states), sgd

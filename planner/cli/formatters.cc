@@ -142,8 +142,11 @@ std::string FormatGiB(int64_t bytes) {
 std::string FormatVisionTower(const ModelSpec& model, const Workload& w, DType dtype, bool trains,
                               const v1::PlanResponse& response) {
   if (!model.IsVisionLanguage() || w.images_per_sample < 1) return "";
-  const VisionTowerCost c = VisionTowerCostFor(model, w.micro_batch * w.images_per_sample,
-                                               w.image_height, w.image_width, dtype, trains);
+  // The planner may have checkpointed the tower's blocks itself ([Vision block checkpointing]).
+  const bool checkpointed = trains && (w.vision_checkpoint || response.plan().vision_checkpoint());
+  const VisionTowerCost c =
+      VisionTowerCostFor(model, w.micro_batch * w.images_per_sample, w.image_height, w.image_width,
+                         dtype, trains, checkpointed);
   const VisionGrid grid = VisionGridFor(model.vision, w.image_height, w.image_width);
   const int64_t kept = c.pixel_bytes + c.saved_bytes;
   // The tower's figures span bytes to gigabytes: MiB below one GiB.
@@ -162,7 +165,8 @@ std::string FormatVisionTower(const ModelSpec& model, const Workload& w, DType d
       w.images_per_sample, w.image_height, w.image_width, grid.rows, grid.cols, c.patches,
       c.image_tokens, size(c.param_bytes), FormatCount(static_cast<double>(c.param_count)),
       size(kept), size(c.pixel_bytes),
-      trains ? absl::StrCat(", trained: saved activations ", size(c.saved_bytes))
+      trains ? absl::StrCat(", trained: saved activations ", size(c.saved_bytes),
+                            checkpointed ? ", blocks checkpointed: their inputs only" : "")
              : std::string(", frozen: no saved activations"),
       size(c.forward_transient_bytes), c.forward_flops / 1e12,
       trains ? absl::StrFormat(", %.2f backward", c.backward_flops / 1e12) : std::string());

@@ -205,7 +205,8 @@ absl::StatusOr<Trace> TraceFor(const PlanInputs& in, const Workload& workload) {
     if (t.workload.micro_batch == workload.micro_batch && t.workload.seq_len == workload.seq_len &&
         t.workload.images_per_sample == workload.images_per_sample &&
         t.workload.image_height == workload.image_height &&
-        t.workload.image_width == workload.image_width) {
+        t.workload.image_width == workload.image_width &&
+        t.workload.vision_checkpoint == workload.vision_checkpoint) {
       Trace out = t;
       out.workload.world_size = workload.world_size;
       out.workload.grad_accum = workload.grad_accum;
@@ -554,7 +555,19 @@ OsftPlanContext OsftContext(const PlanInputs& in) {
 
 }  // namespace
 
-absl::StatusOr<PlanOutcome> MakePlan(const PlanInputs& in) {
+namespace {
+
+// [Vision block checkpointing] A trained vision tower may recompute its blocks in backward
+// (common/vision_cost.h): the plan is searched as the workload asks and, when nothing fits that
+// way and the caller left it off, searched again with it on; the answer says which in
+// ResidencyPlan::vision_checkpoint. (A profiled trace is rebased to it by ScaleTraceToWorkload:
+// its bytes follow the formula, its time does not add the recompute.)
+bool MayCheckpointVision(const PlanInputs& in) {
+  return in.arch.IsVisionLanguage() && in.training.kind == TrainingKind::kFull &&
+         in.workload.images_per_sample > 0 && !in.workload.vision_checkpoint;
+}
+
+absl::StatusOr<PlanOutcome> MakePlanAsAsked(const PlanInputs& in) {
   RETURN_IF_ERROR(ValidateInputs(in));
   if (in.training.kind == TrainingKind::kOsft) return MakeOsftPlan(in, OsftContext(in));
   ASSIGN_OR_RETURN(Trace trace, TraceFor(in, in.workload));
@@ -744,6 +757,9 @@ absl::StatusOr<PlanOutcome> MakePlan(const PlanInputs& in) {
     }
   }
 
+  out.plan.vision_checkpoint = in.workload.vision_checkpoint;
+  for (auto& [alt, prediction] : out.alternatives)
+    alt.vision_checkpoint = out.plan.vision_checkpoint;
   out.trace_used = WithChunkLayout(trace, search.model(0).layout());
   for (int i = 0; i < search.num_models(); ++i) {
     if (search.model(i).chunk_bytes() == out.plan.chunk_bytes) {
@@ -774,7 +790,35 @@ absl::StatusOr<PlanOutcome> MakePlan(const PlanInputs& in) {
   return out;
 }
 
-absl::StatusOr<Prediction> PredictPlan(const PlanInputs& inputs, const ResidencyPlan& plan) {
+}  // namespace
+
+absl::StatusOr<PlanOutcome> MakePlan(const PlanInputs& in) {
+  ASSIGN_OR_RETURN(PlanOutcome out, MakePlanAsAsked(in));
+  if (!MayCheckpointVision(in)) return out;
+  PlanInputs ckpt = in;
+  ckpt.workload.vision_checkpoint = true;
+  absl::StatusOr<PlanOutcome> with = MakePlanAsAsked(ckpt);
+  if (!with.ok()) return out;
+  if (!out.fits && with->fits) {
+    with->reason = absl::StrCat(with->reason,
+                                "; the vision tower's blocks checkpointed (nothing fits without)");
+    return with;
+  }
+  // The limits are what some plan reaches, the checkpoint being the planner's to turn on.
+  out.max_micro_batch = std::max(out.max_micro_batch, with->max_micro_batch);
+  out.max_seq_len = std::max(out.max_seq_len, with->max_seq_len);
+  if (with->min_gpu_memory_bytes > 0) {
+    out.min_gpu_memory_bytes = out.min_gpu_memory_bytes > 0
+                                   ? std::min(out.min_gpu_memory_bytes, with->min_gpu_memory_bytes)
+                                   : with->min_gpu_memory_bytes;
+  }
+  return out;
+}
+
+absl::StatusOr<Prediction> PredictPlan(const PlanInputs& asked, const ResidencyPlan& plan) {
+  // A plan with the vision tower's blocks checkpointed is priced so, whatever the workload says.
+  PlanInputs inputs = asked;
+  inputs.workload.vision_checkpoint = inputs.workload.vision_checkpoint || plan.vision_checkpoint;
   RETURN_IF_ERROR(ValidateInputs(inputs));
   if (inputs.training.kind == TrainingKind::kOsft) {
     return PredictOsftPlan(inputs, OsftContext(inputs), plan);

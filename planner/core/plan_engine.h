@@ -61,10 +61,14 @@ struct PlanOutcome {
 // checkpoint chain, transients) and exact_bytes (breakdown.exact_bytes) the part of them allocated
 // once at its exact size (persistent chunks with their optimizer state, chunk buffers, grad
 // staging), which the factor does not scale. RawModelBytes() recovers raw_bytes from a Prediction.
+//
+// A fully trained vision tower whose plan fits nowhere as asked is planned again with its blocks
+// checkpointed (workload.vision_checkpoint); plan.vision_checkpoint says which was chosen.
 absl::StatusOr<PlanOutcome> MakePlan(const PlanInputs& inputs);
 
 // Prediction for one given plan (used to re-predict a stored plan, e.g. for calibration). The plan
 // is validated against the trace (chunk count, n_persist range, block_modes length...).
+// plan.vision_checkpoint prices the vision tower's blocks checkpointed.
 absl::StatusOr<Prediction> PredictPlan(const PlanInputs& inputs, const ResidencyPlan& plan);
 
 // The one check of a trace, profiled or submitted: every figure in range (bytes [0, 2^50],

@@ -9,6 +9,7 @@
 #include "common/mlp_tiling.h"
 #include "common/nf4_bytes.h"
 #include "common/sliding_window.h"
+#include "common/softcap_attention.h"
 #include "common/status.h"
 #include "common/validate.h"
 #include "common/vision_cost.h"
@@ -62,6 +63,17 @@ int64_t NormSavedBytes(int64_t width, int64_t d, bool weight_trains, bool out_ne
          4;
 }
 
+// [Gemma 2 block price] Per-token bytes a Gemma2RMSNorm of `width` keeps (agent/model/
+// llama_model_gemma.cc): the fp32 view of its input (a copy for 16-bit models; for fp32 the input
+// itself, counted here unless something else already keeps it, `input_kept`), the fp32 normalised
+// value when the weight trains (the (1 + weight) product keeps it), the output when the following
+// linears need it, and the fp32 rstd.
+int64_t GemmaNormSavedBytes(int64_t width, int64_t d, bool input_kept, bool weight_trains,
+                            bool out_needed) {
+  return (d < 4 || !input_kept ? 4 * width : 0) + (weight_trains ? 4 * width : 0) +
+         (out_needed ? d * width : 0) + 4;
+}
+
 // The head group's memory: final norm, LM head, cross-entropy (model dtype d bytes, T tokens).
 struct HeadBytes {
   int64_t saved = 0;
@@ -76,7 +88,10 @@ HeadBytes HeadMemory(const ModelSpec& arch, DType dtype, bool full, int64_t toke
   const int64_t vocab = arch.vocab_size;
   const bool head_trains = full;  // LM head weight (or tied embedding) trains
   // The final RMSNorm, as the blocks' norms.
-  auto norm_saved = [&](bool out_needed) { return NormSavedBytes(h, d, full, out_needed); };
+  auto norm_saved = [&](bool out_needed) {
+    return arch.IsGemma() ? GemmaNormSavedBytes(h, d, true, full, out_needed)
+                          : NormSavedBytes(h, d, full, out_needed);
+  };
   HeadBytes b;
   if (chunked) {
     // [Chunked head] (common/head_chunking.h): one row chunk's logits at a time; the loss
@@ -85,6 +100,10 @@ HeadBytes HeadMemory(const ModelSpec& arch, DType dtype, bool full, int64_t toke
     const ChunkedHeadBytes c = ChunkedHeadMemory(h, vocab, d, tokens, head_trains);
     b.saved = tokens * norm_saved(false) + c.saved + tokens * 8;
     b.forward_transient = c.forward_transient + tokens * 8;
+    // Gemma 2's final soft cap: per chunk the tanh in the dtype and its fp32 derivative.
+    if (arch.final_logit_softcapping > 0) {
+      b.forward_transient += std::min(tokens, HeadChunkRows(vocab)) * vocab * (d + 12);
+    }
     b.backward_transient = c.backward_transient + tokens * 12 * h;
     return b;
   }
@@ -97,6 +116,12 @@ HeadBytes HeadMemory(const ModelSpec& arch, DType dtype, bool full, int64_t toke
   b.forward_transient = (narrow ? tv * 4 : 0) + tokens * 8;
   b.backward_transient =
       8 * tv + 2 * tokens * h * d + tokens * 12 * h + (head_trains ? vocab * h * d : 0);
+  // Gemma 2's final soft cap keeps the tanh output; backward passes two more [T, V] gradients.
+  if (arch.final_logit_softcapping > 0) {
+    b.saved += tv * d;
+    b.forward_transient += tv * d;
+    b.backward_transient += 2 * tv * d;
+  }
   return b;
 }
 
@@ -131,7 +156,9 @@ int64_t SparseLayerStackedBytes(const ModelSpec& arch, int64_t d) {
   return arch.num_experts * arch.moe_intermediate_size * arch.hidden_size * d;
 }
 
-SparseLayerTerms SparseLayerMemory(const ModelSpec& arch, int64_t d, int64_t tokens) {
+// `trains`: the router's and the experts' weights train (a full fine-tune; a LoRA run freezes
+// them, adapters going on attention only: CheckMoeAdapters).
+SparseLayerTerms SparseLayerMemory(const ModelSpec& arch, int64_t d, int64_t tokens, bool trains) {
   const int64_t h = arch.hidden_size;
   const int64_t e = arch.num_experts;
   const int64_t k = arch.num_experts_per_tok;
@@ -141,13 +168,14 @@ SparseLayerTerms SparseLayerMemory(const ModelSpec& arch, int64_t d, int64_t tok
   // Saved per token: the fp32 softmax [T, E] (softmax's output, also the load-balancing hook's),
   // the int64 top-k indices, the stable sort's order and its inverse permutation ([T * k] each,
   // kept by index_select), the fp32 top-k weights and their sum when renormalised (the division
-  // keeps both), the sorted token copies [T * k, H] (the experts' gate/up input), each routed
-  // row's gate output, SiLU output, up output and their product (the down projection's input;
-  // the expert linears save their input whether their weights train or not), the expert outputs
-  // and the per-row routing weights (the weighting product keeps both; fp32 for Mixtral, the
-  // model dtype for Qwen3-MoE).
-  s.saved_per_token = 4 * e + 3 * 8 * k + (arch.norm_topk_prob ? 4 * k + 4 : 0) + d * k * h +
-                      4 * d * k * inter + d * k * h + (mixtral ? 4 * k : d * k);
+  // keeps both), each routed row's gate output, SiLU output and up output, the expert outputs and
+  // the per-row routing weights (the weighting product keeps both; fp32 for Mixtral, the model
+  // dtype for Qwen3-MoE); when the experts train, the sorted token copies [T * k, H] (the gate/up
+  // input) and the gate/up product (the down projection's input) too ([Frozen linear]: the
+  // expert linears keep their input only for their weights' gradients).
+  s.saved_per_token = 4 * e + 3 * 8 * k + (arch.norm_topk_prob ? 4 * k + 4 : 0) +
+                      (trains ? d * k * h + d * k * inter : 0) + 3 * d * k * inter + d * k * h +
+                      (mixtral ? 4 * k : d * k);
   const int64_t stacked = SparseLayerStackedBytes(arch, d);
   // Forward: the router logits in the dtype and the tokens repeated k times before sorting live to
   // the end of MoeMlp; beside them either a projection's stacked weights (during a GEMM) or, at the
@@ -197,9 +225,9 @@ EmbeddingBytes EmbeddingMemory(const ModelSpec& arch, const Workload& workload, 
   // The lookup keeps only the int64 ids; its output is the first block's input.
   EmbeddingBytes b{full ? tokens * 8 : 0, embeds, full ? tokens * arch.hidden_size * (d + 4) : 0};
   if (!arch.IsVisionLanguage() || workload.images_per_sample < 1) return b;
-  const VisionTowerCost tower =
-      VisionTowerCostFor(arch, workload.micro_batch * workload.images_per_sample,
-                         workload.image_height, workload.image_width, dtype, full);
+  const VisionTowerCost tower = VisionTowerCostFor(
+      arch, workload.micro_batch * workload.images_per_sample, workload.image_height,
+      workload.image_width, dtype, full, workload.vision_checkpoint);
   // A trained embedding's masked_scatter keeps the image-token mask (one bool per token).
   b.saved += tower.pixel_bytes + tower.saved_bytes + (full ? tokens : 0);
   // Then the scatter: the token embeddings, the tower's output, the mask and the result.
@@ -287,10 +315,28 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   const int lora_modules = lora.q + lora.k + lora.v + lora.o + lora.gate + lora.up + lora.down;
   saved_tok += lora_modules * d * rank;  // adapter B inputs (A x)
   saved_tok += osft_terms.saved_bytes_per_token;
+  if (arch.IsGemma()) {
+    // [Gemma 2 block price] The block input, its four norms (GemmaNormSavedBytes: the post-
+    // attention and post-MLP norms' inputs are the projections' outputs, kept by nothing else,
+    // and their outputs go to an addition, which keeps nothing), q, k and v ([Soft-capped
+    // attention tiles] keep nothing else: no log-sum-exp, no output), the attention output when
+    // o_proj's input is needed, and the GeGLU MLP as SwiGLU's (gelu keeps its input, the product
+    // both factors).
+    auto gnorm = [&](bool input_kept, bool out_needed) {
+      return GemmaNormSavedBytes(h, d, input_kept, full, out_needed);
+    };
+    saved_tok =
+        d * h + gnorm(true, q_in || k_in || v_in) + d * (hq + 2 * hkv) +
+        (full || lora.o ? d * hq : 0) + gnorm(false, false) + gnorm(false, gate_in || up_in) +
+        MlpSavedPerToken(d, h, inter, gate_in || up_in, down_in, MlpIsTiled(tokens, inter, d)) +
+        gnorm(false, false) + lora_modules * d * rank + osft_terms.saved_bytes_per_token;
+  }
 
   // Forward transient: fp32 pow output and fp32 normalised tensor inside a norm, plus the
   // block output being written next to the residual.
-  const int64_t norm_tmp = std::max(8 * h, arch.qk_norm ? 8 * (hq + hkv) : int64_t{0});
+  // Gemma 2's norm: the fp32 input, its square, the normalised value and its (1 + weight) product.
+  const int64_t norm_tmp =
+      std::max(arch.IsGemma() ? 16 * h : 8 * h, arch.qk_norm ? 8 * (hq + hkv) : int64_t{0});
   const int64_t fwd_tr_tok = norm_tmp + 2 * d * h + osft_terms.transient_bytes_per_token;
   // Backward transient: incoming gradient + residual gradient accumulator, plus the widest of
   // the MLP (grad of product, silu out and up out alive together), attention (dq, dk, dv and
@@ -311,7 +357,8 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
 
   // ---- parameters ----
   const int64_t block_weights = h * hq + 2 * h * hkv + hq * h + 3 * h * inter;
-  int64_t block_params = block_weights + 2 * h;  // two RMSNorm weights
+  // Two RMSNorm weights (Gemma 2: four).
+  int64_t block_params = block_weights + (arch.IsGemma() ? 4 : 2) * h;
   if (arch.qkv_bias) block_params += hq + 2 * hkv;
   if (arch.qk_norm) block_params += 2 * hd;
   const int64_t adapter_params =
@@ -368,7 +415,7 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
                                 workload.seq_len, ":", std::string(DTypeName(param_dtype)));
   if (arch.IsVisionLanguage()) {
     absl::StrAppend(&trace.trace_id, ":", workload.images_per_sample, "x", workload.image_height,
-                    "x", workload.image_width, "px");
+                    "x", workload.image_width, "px", workload.vision_checkpoint ? ":vckpt" : "");
   }
 
   int64_t sparse_block_params = 0;
@@ -389,7 +436,7 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   if (arch.IsMoe()) {
     // [Sparse layer price] The layers ModelSpec::IsMoeLayer names (the agent's rule) run the
     // router and experts instead of the dense MLP; the others keep the block above.
-    const SparseLayerTerms sparse = SparseLayerMemory(arch, d, tokens);
+    const SparseLayerTerms sparse = SparseLayerMemory(arch, d, tokens, full);
     const int64_t k = arch.num_experts_per_tok;
     const int64_t e_inter = arch.moe_intermediate_size;
     const int64_t attn_weights = h * hq + 2 * h * hkv + hq * h;
@@ -398,10 +445,10 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
     if (arch.qkv_bias) sparse_params += hq + 2 * hkv;
     if (arch.qk_norm) sparse_params += 2 * hd;
     sparse_params += adapter_params;  // attention adapters only (CheckMoeAdapters)
-    // The router's input (the post-attention norm's output) is always kept: the router and the
-    // experts save their inputs whether or not their weights train.
+    // The router's input (the post-attention norm's output) is kept when the router trains
+    // ([Frozen linear]); nothing else keeps it (the experts take copies of its rows).
     const int64_t sparse_saved_tok =
-        attn_saved_tok + norm_saved(h, true) + sparse.saved_per_token + lora_modules * d * rank;
+        attn_saved_tok + norm_saved(h, full) + sparse.saved_per_token + lora_modules * d * rank;
     // Only the routed rows are computed: the router and top_k experts per token.
     const double active_weights =
         static_cast<double>(attn_weights + h * arch.num_experts + k * 3 * h * e_inter);
@@ -441,7 +488,7 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   // rate on an H200 (bf16, 8 K-32 K tokens, W 1500-4096: 212-259 against 520-554 TFLOP/s
   // counted this way), hence kTiledAttentionSlowdown.
   constexpr double kTiledAttentionSlowdown = 2.3;
-  for (int64_t l = 0; l < arch.num_layers; ++l) {
+  for (int64_t l = 0; l < arch.num_layers && !arch.IsGemma(); ++l) {
     const int64_t window = arch.LayerWindow(l);
     const SlidingWindowAttentionBytes tiles =
         SlidingWindowAttentionMemory(arch, window, workload.micro_batch, seq, d);
@@ -460,6 +507,39 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
     b.recompute_seconds = b.forward_seconds;
   }
 
+  // [Gemma 2 block price] Every gemma2 layer runs its attention as eager tiles ([Soft-capped
+  // attention tiles], common/softcap_attention.h): beside the incoming gradients and the output's,
+  // a tile's scores (SoftcapAttentionMemory) instead of flash attention's workspace. Time: the two
+  // products per score at the GEMM rate over every key a tile reads (masked ones too), and the
+  // elementwise passes over the scores (scale, cap, mask, fp32 softmax and its casts: about
+  // 12 d + 8 bytes a score) at the memory rate; backward recomputes the tile and runs twice its
+  // products and passes. Not yet checked against a GPU run.
+  for (int64_t l = 0; l < arch.num_layers && arch.IsGemma(); ++l) {
+    const int64_t window = arch.LayerWindow(l);
+    const SoftcapAttentionBytes tiles =
+        SoftcapAttentionMemory(arch, window, workload.micro_batch, seq, d);
+    BlockTrace& b = trace.blocks[static_cast<size_t>(l)];
+    const int64_t beside = tokens * (2 * d * h + d * hq) + dequant_transient;
+    b.forward_transient_bytes =
+        std::max(b.forward_transient_bytes, beside + tiles.forward_transient);
+    b.backward_transient_bytes =
+        std::max(b.backward_transient_bytes, beside + tiles.backward_transient);
+    const int64_t rows = SoftcapTileRows(workload.micro_batch, arch.num_heads, seq, window);
+    double scores = 0;
+    for (int64_t q0 = 0; q0 < seq; q0 += rows) {
+      const int64_t r = std::min(rows, seq - q0);
+      const int64_t k0 = window > 0 ? std::max<int64_t>(0, q0 - window + 1) : 0;
+      scores += static_cast<double>(r) * static_cast<double>(q0 + r - k0);
+    }
+    scores *= static_cast<double>(workload.micro_batch * arch.num_heads);
+    const double gemm_flops = 4.0 * static_cast<double>(hd) * scores;
+    const double passes = scores * static_cast<double>(12 * d + 8);
+    b.forward_seconds += (gemm_flops - attn_flops) / matmul_rate + passes / hbm_rate;
+    b.backward_seconds +=
+        (3.0 * gemm_flops - 2.5 * attn_flops) / matmul_rate + 3.0 * passes / hbm_rate;
+    b.recompute_seconds = b.forward_seconds;
+  }
+
   // Embedding (and a vision tower): EmbeddingMemory.
   const EmbeddingBytes embedding = EmbeddingMemory(arch, workload, param_dtype, full);
   trace.embedding.param_bytes = embed_params * d;
@@ -475,9 +555,9 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   if (arch.IsVisionLanguage()) {
     // [Vision tower price] Its weights are packed with the embedding ([Parameter order]); its
     // bytes are in EmbeddingMemory; its time at the matmul and memory rates like the blocks'.
-    const VisionTowerCost tower =
-        VisionTowerCostFor(arch, workload.micro_batch * workload.images_per_sample,
-                           workload.image_height, workload.image_width, param_dtype, full);
+    const VisionTowerCost tower = VisionTowerCostFor(
+        arch, workload.micro_batch * workload.images_per_sample, workload.image_height,
+        workload.image_width, param_dtype, full, workload.vision_checkpoint);
     vision_params = tower.param_count;
     trace.embedding.param_bytes += tower.param_bytes;
     trace.embedding.forward_seconds +=

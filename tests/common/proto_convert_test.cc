@@ -72,6 +72,17 @@ TEST(ProtoConvertTest, ModelSpecRoundTripsForEveryPreset) {
   }
 }
 
+TEST(ProtoConvertTest, GemmaFieldsRoundTrip) {
+  const ModelSpec m = *FindModelPreset("gemma-2-27b");
+  const ModelSpec back = ModelSpecFromProto(ToProto(m));
+  EXPECT_EQ(back.family, "gemma2");
+  EXPECT_EQ(back.query_pre_attn_scalar, 144);
+  EXPECT_EQ(back.attn_logit_softcapping, 50);
+  EXPECT_EQ(back.final_logit_softcapping, 30);
+  EXPECT_EQ(back.sliding_layers, m.sliding_layers);
+  EXPECT_EQ(back.HeadDim(), 128);
+}
+
 TEST(ProtoConvertTest, SlidingWindowLayersRoundTrip) {
   ModelSpec m = *FindModelPreset("llama-tiny");
   m.sliding_window = 512;
@@ -158,6 +169,14 @@ TEST(ProtoConvertTest, VisionLanguageFieldsRoundTrip) {
   EXPECT_EQ(wb.images_per_sample, 2);
   EXPECT_EQ(wb.image_height, 448);
   EXPECT_EQ(wb.image_width, 336);
+  EXPECT_FALSE(wb.vision_checkpoint);
+  w.vision_checkpoint = true;
+  EXPECT_TRUE(WorkloadFromProto(ToProto(w)).vision_checkpoint);
+  ResidencyPlan plan;
+  plan.vision_checkpoint = true;
+  absl::StatusOr<ResidencyPlan> plan_back = ResidencyPlanFromProto(ToProto(plan), "plan.");
+  ASSERT_TRUE(plan_back.ok()) << plan_back.status();
+  EXPECT_TRUE(plan_back->vision_checkpoint);
 }
 
 TEST(ProtoConvertTest, ModelArchZerosKeepDomainDefaults) {

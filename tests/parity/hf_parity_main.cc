@@ -54,6 +54,7 @@ constexpr char kUsage[] =
     "  --head-chunk-rows N  LM head + loss over N tokens at a time (default: the model's rule)\n"
     "  --save-hf DIR        write a checkpoint (Hugging Face layout) after the step\n"
     "  --images FILE        safetensors with pixel_values and image_grid_thw of every row\n"
+    "  --vision-checkpoint  recompute the vision tower's blocks in backward\n"
     "LoRA (grads and params are then the adapters'):\n"
     "  --lora-rank N --lora-alpha F --lora-dropout F --lora-targets LIST|all [--qlora 1]\n"
     "  --load-adapter DIR   initial adapter values from a PEFT adapter directory\n"
@@ -82,6 +83,7 @@ struct Flags {
   int64_t head_chunk_rows = 0;
   std::string save_hf;
   std::string images;
+  bool vision_checkpoint = false;
   LoraOptions lora;
   std::string load_adapter, save_adapter, merge_export;
   int64_t adapter_n_persist = -1;  // -1: all persistent
@@ -120,6 +122,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       .Int("--head-chunk-rows", &f.head_chunk_rows, 0, int64_t{1} << 40)
       .String("--save-hf", &f.save_hf)
       .String("--images", &f.images)
+      .Switch("--vision-checkpoint", &f.vision_checkpoint)
       .Int("--lora-rank", &f.lora.rank, 0, kMaxLoraRank)
       .Double("--lora-alpha", &f.lora.alpha, DoubleRange{0, 1e12, /*lo_open=*/true})
       .Double("--lora-dropout", &f.lora.dropout, DoubleRange{0, 1, false, /*hi_open=*/true})
@@ -191,6 +194,7 @@ absl::Status Run(const Flags& f) {
   model_options.dtype = *dtype;
   model_options.device = device;
   model_options.head_chunk_rows = f.head_chunk_rows;
+  model_options.vision_checkpoint = f.vision_checkpoint;
   if (f.lora.enabled()) model_options.lora = f.lora;
   if (f.osft.enabled()) model_options.osft = f.osft;
   ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LlamaModel::Create(model_options));

@@ -4,7 +4,9 @@
 For every architecture option the agent accepts (Llama tied and untied, Qwen2 q/k/v biases, Qwen3
 q/k norms, Mistral, sliding windows shorter than the sequence on every layer (Mistral) or on some
 (Qwen2/Qwen3), the mixtures of experts Qwen3-MoE and Mixtral with and without their router
-load-balancing loss, every RoPE scaling type in both config layouts) this writes a tiny random
+load-balancing loss, every RoPE scaling type in both config layouts, Gemma 2 with both soft caps,
+its query scalar, a head_dim apart from the width, alternating sliding layers and a padding row
+that the batch uses) this writes a tiny random
 checkpoint with transformers' save_pretrained, computes logits, loss, every parameter's gradient
 and the parameters after one torch.optim.AdamW step with transformers, then runs
 memplan-hf-parity (tests/parity/hf_parity_main.cc) on the same checkpoint and tokens under several
@@ -58,10 +60,14 @@ def base_config(family, **over):
         c.update(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=40)
     if family == "mixtral":
         c.update(num_local_experts=4, num_experts_per_tok=2)
+    if family == "gemma2":
+        # head_dim 24 against a width of 64 over 4 heads; scores scaled by 20^-1/2.
+        c.update(head_dim=24, query_pre_attn_scalar=20)
     c.update(over)
     classes = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
                "qwen3": transformers.Qwen3Config, "mistral": transformers.MistralConfig,
-               "qwen3_moe": transformers.Qwen3MoeConfig, "mixtral": transformers.MixtralConfig}
+               "qwen3_moe": transformers.Qwen3MoeConfig, "mixtral": transformers.MixtralConfig,
+               "gemma2": transformers.Gemma2Config}
     return classes[family](**c)
 
 
@@ -122,6 +128,17 @@ CHECKPOINTS = {
     "qwen3moe-norm-topk3": ("qwen3_moe", dict(num_experts_per_tok=3, norm_topk_prob=True,
                                               decoder_sparse_step=2), None),
     "mixtral-aux": ("mixtral", dict(output_router_logits=True, router_aux_loss_coef=0.3), None),
+    # Gemma 2: caps small enough to bend the scores and logits of this tiny model (about 1 in
+    # magnitude), windows of 5 and 7 tokens on the even layers (the default) or on the layers
+    # layer_types marks, tied and untied heads, and a padding row (pad_token_id) that the
+    # batch's inputs contain, whose embedding gets no gradient from the lookup.
+    "gemma2-softcap-window": ("gemma2", dict(sliding_window=5, attn_logit_softcapping=1.5,
+                                             final_logit_softcapping=1.0,
+                                             tie_word_embeddings=True, pad_token_id=0), None),
+    "gemma2-layer-types-untied": ("gemma2", dict(
+        sliding_window=7, attn_logit_softcapping=None, final_logit_softcapping=2.0,
+        pad_token_id=7, layer_types=["full_attention", "sliding_attention", "sliding_attention",
+                                     "full_attention"]), None),
 }
 
 # Plans: (name, memplan-hf-parity arguments). The first group runs for every checkpoint.
@@ -151,14 +168,16 @@ MOE_FAMILIES = ("qwen3_moe", "mixtral")
 # Seeds of the mixture-of-experts checkpoints, apart from the others' (their position in the
 # sorted list), so that adding these left the others' data unchanged.
 MOE_SEEDS = {"mixtral-aux": 41, "qwen3moe-aux": 42, "qwen3moe-norm-topk3": 43}
+# Gemma 2's likewise; their inputs contain the padding token (0 for seed 51, 7 for seed 52).
+FIXED_SEEDS = dict(MOE_SEEDS, **{"gemma2-softcap-window": 51, "gemma2-layer-types-untied": 52})
 # The checkpoints whose attention runs in sliding-window tiles: every block mode (recompute, swap,
 # host offload) for them.
 PLANS_MODES = PLANS_ALL + [p for p in PLANS_FULL
                            if p[0] in ("grouped-ckpt", "grouped-swap", "grouped-hs-offload")]
 TILED_ATTENTION_CHECKPOINTS = {"mistral-window-below-seq", "qwen2-sliding-layer-types",
-                               "qwen3-sliding-max-window-layers"}
+                               "qwen3-sliding-max-window-layers", "gemma2-layer-types-untied"}
 FULL_PLAN_CHECKPOINTS = {"llama-untied-theta5e5", "llama-tied-llama3", "qwen2-tied-bias",
-                         "qwen3moe-aux", "mixtral-aux"}
+                         "qwen3moe-aux", "mixtral-aux", "gemma2-softcap-window"}
 
 # Configs the agent must refuse at load, with a word its error must contain.
 REFUSED = {
@@ -172,6 +191,7 @@ REFUSED = {
     "llama-attention-bias": ("llama", dict(attention_bias=True), None, "attention_bias"),
     "mixtral-router-jitter": ("mixtral", dict(router_jitter_noise=0.1), None,
                               "router_jitter_noise"),
+    "gemma2-erf-gelu": ("gemma2", dict(hidden_activation="gelu"), None, "hidden_activation"),
 }
 
 
@@ -423,12 +443,12 @@ def run_checkpoint(tally, tool, work, name, seed, plans, dtype, device):
         if rc != 0:
             continue
         ref32, low = refs[key]
-        if ("--head-chunk-rows" in plan_args or family in MOE_FAMILIES
+        if ("--head-chunk-rows" in plan_args or family in MOE_FAMILIES or family == "gemma2"
                 or name in TILED_ATTENTION_CHECKPOINTS) and not bf16:
             # The chunked head sums the loss and the head's gradients in another order, a sparse
             # layer groups tokens per expert and sums their outputs in another order than
-            # transformers, and so does sliding-window attention in tiles (a tile's scores, the
-            # key and value gradients over tiles): gradients agree within fp32 rounding, not bit
+            # transformers, and so does attention in tiles (sliding windows; Gemma 2's every
+            # layer: a tile's scores, the key and value gradients over tiles): gradients agree within fp32 rounding, not bit
             # for bit, and AdamW's first step (about lr * sign(g)) turns rounding-level
             # differences of near-zero gradients into full steps. So the step is checked as
             # torch's optimizer applied to memplan's gradients, which are themselves checked
@@ -472,8 +492,8 @@ def main():
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, work dir {work}")
     tally = Tally()
 
-    dense = sorted(n for n in CHECKPOINTS if n not in MOE_SEEDS)
-    seeds = dict(zip(dense, range(1, len(dense) + 1)), **MOE_SEEDS)
+    dense = sorted(n for n in CHECKPOINTS if n not in FIXED_SEEDS)
+    seeds = dict(zip(dense, range(1, len(dense) + 1)), **FIXED_SEEDS)
     for name, seed in sorted(seeds.items()):
         if args.only and args.only not in name:
             continue

@@ -8,7 +8,8 @@ cut by its edge), row 1 a 4x4- and a 4x8-patch image. pixel_values and image_gri
 directly (no image processor: pillow/torchvision are not needed), mm_token_type_ids marks the
 image tokens as the processor does. transformers computes logits, the loss, every parameter's
 gradient (vision tower included) and one torch.optim.AdamW step; memplan-hf-parity
-(tests/parity/hf_parity_main.cc, --images) runs the same under several residency plans. Each
+(tests/parity/hf_parity_main.cc, --images) runs the same under several residency plans, two of
+them with the vision tower's blocks checkpointed (--vision-checkpoint). Each
 tensor's max |memplan - transformers| / max |transformers| must be <= 1e-5. The patch embedding
 (transformers' Conv3d, memplan's matrix product over flattened patches) and the attention kernels
 sum in other orders, so gradients agree within fp32 rounding, not bit for bit, and AdamW's first
@@ -61,6 +62,11 @@ PLANS = [
     ("managed-all-offloaded", ["--chunk-kib", "64", "--n-persist", "0", "--n-buffer", "2"]),
     ("managed-grad-accum-2", ["--chunk-kib", "96", "--n-persist", "1", "--grad-accum", "2",
                               "--block-modes", "none,ckpt,hs_offload"]),
+    # The vision tower's blocks recomputed in backward ([Vision block checkpointing]).
+    ("plain-vision-ckpt", ["--plain", "--vision-checkpoint"]),
+    ("managed-vision-ckpt", ["--chunk-kib", "96", "--n-persist", "1", "--n-buffer", "2",
+                             "--grad-accum", "2", "--block-modes", "ckpt,swap,none",
+                             "--vision-checkpoint"]),
 ]
 
 

@@ -34,6 +34,7 @@ ResidencyPlan SamplePlan() {
                    BlockMode::kNone};
   p.world_size = 1;
   p.layout_fingerprint = "0123456789abcdef";
+  p.vision_checkpoint = true;
   return p;
 }
 
@@ -97,6 +98,7 @@ void ExpectSamePlan(const ResidencyPlan& a, const ResidencyPlan& b) {
   EXPECT_EQ(a.block_modes, b.block_modes);
   EXPECT_EQ(a.world_size, b.world_size);
   EXPECT_EQ(a.layout_fingerprint, b.layout_fingerprint);
+  EXPECT_EQ(a.vision_checkpoint, b.vision_checkpoint);
 }
 
 void ExpectSamePrediction(const Prediction& a, const Prediction& b) {

@@ -100,6 +100,31 @@ TEST(TrainerStateTest, SlidingLayersRoundTripAndDefaultToEveryLayer) {
   ExpectError([](nlohmann::json& j) { j["model"]["sliding_layers"] = {5}; }, "sliding_layers");
 }
 
+TEST(TrainerStateTest, GemmaFieldsRoundTrip) {
+  CheckpointManifest m = Sample();
+  ModelSpec& g = m.trainer.model;
+  g.family = "gemma2";
+  g.qkv_bias = false;
+  g.head_dim = 24;
+  g.query_pre_attn_scalar = 20;
+  g.attn_logit_softcapping = 50;
+  g.final_logit_softcapping = 30;
+  g.embedding_padding_idx = 0;
+  g.sliding_window = 16;
+  g.sliding_layers = {0};
+  absl::StatusOr<CheckpointManifest> back = DecodeCheckpointManifest(EncodeCheckpointManifest(m));
+  ASSERT_TRUE(back.ok()) << back.status();
+  const ModelSpec& b = back->trainer.model;
+  EXPECT_EQ(b.family, "gemma2");
+  EXPECT_EQ(b.query_pre_attn_scalar, 20);
+  EXPECT_EQ(b.attn_logit_softcapping, 50);
+  EXPECT_EQ(b.final_logit_softcapping, 30);
+  EXPECT_EQ(b.embedding_padding_idx, 0);
+  EXPECT_EQ(b.sliding_layers, (std::vector<int64_t>{0}));
+  // Other families' states carry none of these keys.
+  EXPECT_EQ(EncodeCheckpointManifest(Sample()).find("softcapping"), std::string::npos);
+}
+
 TEST(TrainerStateTest, ErrorsNameTheKey) {
   ExpectError([](nlohmann::json& j) { j["format"] = "other"; }, "\"format\"");
   ExpectError([](nlohmann::json& j) { j["version"] = 2; }, "\"version\"");

@@ -101,10 +101,11 @@ TEST(MropeTest, RunsAndGridsMustAgree) {
   EXPECT_NE(p.status().message().find("videos are not supported"), std::string::npos);
 }
 
-std::unique_ptr<LlamaModel> Model(const ModelSpec& s) {
+std::unique_ptr<LlamaModel> Model(const ModelSpec& s, bool vision_checkpoint = false) {
   LlamaModelOptions o;
   o.spec = s;
   o.seed = 3;
+  o.vision_checkpoint = vision_checkpoint;
   auto m = LlamaModel::Create(o);
   EXPECT_TRUE(m.ok()) << m.status();
   return std::move(m).value();
@@ -224,6 +225,47 @@ TEST(VisionTowerTest, CheckpointedBlocksEqualKeptBlocks) {
     EXPECT_TRUE(torch::equal(VisionTowerForward(s, p, images, true),
                              VisionTowerForward(s, p, images, false)))
         << family;
+  }
+}
+
+// [Vision block checkpointing] through LlamaModelOptions::vision_checkpoint: the model's loss and
+// every gradient equal those with the tower kept whole, bit for bit, plain and grouped, for both
+// tower variants; its logits (no grad) too.
+TEST(VisionModelTest, CheckpointedTowerEqualsKeptTower) {
+  for (const std::string family : {"qwen2_5_vl", "qwen2_vl"}) {
+    ModelSpec s = VlSpec();
+    if (family == "qwen2_vl") {
+      s.family = family;
+      s.vision.window_size = 0;
+      s.vision.fullatt_block_indexes.clear();
+      s.vision.intermediate_size = 2 * s.vision.hidden_size;  // an integer mlp_ratio
+    }
+    const torch::Tensor ids = Ids();
+    torch::Tensor targets = torch::roll(ids, -1, 1);
+    targets.masked_fill_(ids == kImage, -100);
+    const VisionInputs images = TwoImages(s);
+    for (bool grouped : {false, true}) {
+      auto kept = Model(s);
+      auto ckpt = Model(s, /*vision_checkpoint=*/true);
+      const BlockModes modes(s.num_layers, BlockMode::kNone);
+      const torch::Tensor want = grouped ? kept->Loss(ids, targets, modes, nullptr, nullptr, images)
+                                         : kept->Loss(ids, targets, images);
+      const torch::Tensor got = grouped ? ckpt->Loss(ids, targets, modes, nullptr, nullptr, images)
+                                        : ckpt->Loss(ids, targets, images);
+      want.backward();
+      got.backward();
+      EXPECT_TRUE(torch::equal(got, want)) << family << (grouped ? " grouped" : " plain");
+      const auto a = ckpt->Params();
+      const auto b = kept->Params();
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        ASSERT_TRUE(b[i].param.grad().defined()) << b[i].name;
+        EXPECT_TRUE(torch::equal(a[i].param.grad(), b[i].param.grad()))
+            << family << " " << a[i].name << (grouped ? " grouped" : " plain");
+      }
+      torch::NoGradGuard no_grad;
+      EXPECT_TRUE(torch::equal(ckpt->Logits(ids, images), kept->Logits(ids, images))) << family;
+    }
   }
 }
 

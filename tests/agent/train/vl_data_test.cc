@@ -170,6 +170,10 @@ TEST(VlDataTest, FlagsAndRefusals) {
   EXPECT_EQ(c->synthetic_images, 2);
   EXPECT_EQ(c->image_height, 448);
   EXPECT_EQ(c->image_width, 224);
+  EXPECT_FALSE(c->vision_checkpoint);
+  auto ckpt = parse({"--synthetic-images", "2", "--image-size", "448x224", "--vision-checkpoint"});
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_TRUE(ckpt->vision_checkpoint);
   EXPECT_TRUE(parse({"--data-vl", "samples.safetensors"}).ok());
   EXPECT_FALSE(parse({"--synthetic-images", "2"}).ok());
   EXPECT_FALSE(parse({"--synthetic-images", "1", "--image-size", "448"}).ok());

@@ -378,20 +378,37 @@ TEST(CliArgsTest, HelpOnEveryCommand) {
 
 TEST(CliArgsTest, HelpTextCoversEveryPlanFlag) {
   const std::string help = HelpText(Command::kPlan);
-  for (const char* flag : {"--arch",         "--arch-file",
-                           "--trace-id",     "--gpu",
-                           "--hardware-id",  "--batch",
-                           "--seq",          "--world-size",
-                           "--grad-accum",   "--dtype",
-                           "--optimizer",    "--lora-rank",
-                           "--lora-targets", "--qlora",        "--margin", "--safety-margin",
-                           "--chunk-mib",    "--n-persist",
-                           "--n-buffer",     "--n-swap",
-                           "--n-ckpt",       "--n-hs-offload",
-                           "--host-memory",  "--max-alternatives",
-                           "--skip-limits",  "--gpus-per-node",
-                           "--local-world-size", "--host-memory-gib",
-                           "--images-per-sample", "--image-size"}) {
+  for (const char* flag : {"--arch",
+                           "--arch-file",
+                           "--trace-id",
+                           "--gpu",
+                           "--hardware-id",
+                           "--batch",
+                           "--seq",
+                           "--world-size",
+                           "--grad-accum",
+                           "--dtype",
+                           "--optimizer",
+                           "--lora-rank",
+                           "--lora-targets",
+                           "--qlora",
+                           "--margin",
+                           "--safety-margin",
+                           "--chunk-mib",
+                           "--n-persist",
+                           "--n-buffer",
+                           "--n-swap",
+                           "--n-ckpt",
+                           "--n-hs-offload",
+                           "--host-memory",
+                           "--max-alternatives",
+                           "--skip-limits",
+                           "--gpus-per-node",
+                           "--local-world-size",
+                           "--host-memory-gib",
+                           "--images-per-sample",
+                           "--image-size",
+                           "--vision-checkpoint"}) {
     EXPECT_THAT(help, HasSubstr(flag));
   }
 }
@@ -542,6 +559,14 @@ TEST(CliArgsTest, ImagesOfAVisionLanguageWorkload) {
                 AllOf(HasSubstr("--image-size"), HasSubstr("[1, 65536]")))
         << size;
   }
+  // --vision-checkpoint: the tower's blocks recomputed; only with images.
+  EXPECT_FALSE(w.vision_checkpoint);
+  auto ckpt = Parse({"plan", "--arch-file", "f", "--gpu", "g", "--images-per-sample", "1",
+                     "--image-size", "448x448", "--vision-checkpoint"});
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_TRUE(PlanWorkload(ckpt->plan).vision_checkpoint);
+  EXPECT_THAT(ErrorOf({"plan", "--arch", "a", "--gpu", "g", "--vision-checkpoint"}),
+              HasSubstr("--vision-checkpoint: needs --images-per-sample"));
 }
 
 TEST(ParseByteSizeTest, UnitsAndErrors) {

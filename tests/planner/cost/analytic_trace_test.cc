@@ -158,6 +158,36 @@ TEST(AnalyticTraceTest, SparseLayerKeepsTheDenseEquivalentPlusItsRouting) {
   EXPECT_GT(a.blocks[0].param_bytes, 10 * b.blocks[0].param_bytes);
 }
 
+// [Frozen linear] A LoRA run's router and experts are frozen (adapters on attention only) and keep
+// no inputs (agent/model/moe.cc): against the dense equivalent with its MLP frozen too, a sparse
+// layer keeps the routing alone, without the layer input, sorted copies or gate/up product.
+TEST(AnalyticTraceTest, LoraSparseLayerKeepsNoInputsOfItsFrozenRouterAndExperts) {
+  const ModelSpec moe = *FindModelPreset("qwen3-30b-a3b");
+  ModelSpec dense = moe;
+  dense.family = "qwen3";
+  dense.num_experts = 0;
+  dense.num_experts_per_tok = 0;
+  dense.intermediate_size = moe.num_experts_per_tok * moe.moe_intermediate_size;
+  dense.moe_intermediate_size = 0;
+  TrainingMethod lora;
+  lora.kind = TrainingKind::kLora;
+  lora.lora_rank = 16;
+  lora.lora_target_modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  const int64_t tokens = 4096;
+  const Trace a = SynthSpec(moe, 1, tokens, lora);
+  const Trace b = SynthSpec(dense, 1, tokens, lora);
+  const int64_t e = moe.num_experts, k = moe.num_experts_per_tok, h = moe.hidden_size;
+  const int64_t routing = 4 * e + 3 * 8 * k + (4 * k + 4) + 2 * k * h + 2 * k;
+  EXPECT_EQ(a.blocks[0].saved_bytes - b.blocks[0].saved_bytes, tokens * routing);
+  // A full fine-tune's keeps the sorted copies [T * k, H] on top (the layer input and the gate/up
+  // product as its dense equivalent keeps its own).
+  const Trace full = SynthSpec(moe, 1, tokens);
+  const Trace dense_full = SynthSpec(dense, 1, tokens);
+  EXPECT_EQ((full.blocks[0].saved_bytes - dense_full.blocks[0].saved_bytes) -
+                (a.blocks[0].saved_bytes - b.blocks[0].saved_bytes),
+            tokens * 2 * k * h);
+}
+
 // [Sparse layer price] The grouped experts stack one projection's weights of every expert
 // [E, I, H] for each GEMM: a transient of E·I·H·d bytes in both passes whatever the tokens (at 512
 // tokens of qwen3-30b-a3b it is most of the layer's), which scaling a trace keeps as it is; and

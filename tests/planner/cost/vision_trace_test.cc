@@ -187,6 +187,80 @@ TEST(VisionTraceTest, FullFineTuningKeepsTheTowersActivations) {
   EXPECT_GT(vl->embedding.backward_transient_bytes, text->embedding.backward_transient_bytes);
 }
 
+// [Vision block checkpointing] Checkpointed blocks keep their inputs (bf16 [patches, 1280]) in
+// place of their saved sets: the embedding group's saved bytes drop by exactly that, by hand, and
+// its backward takes the blocks' forward once more.
+TEST(VisionTraceTest, CheckpointedTowerKeepsOnlyBlockInputs) {
+  Workload w = OneImage448();
+  absl::StatusOr<Trace> kept = Synth(Qwen25Vl7b(), w, {});
+  w.vision_checkpoint = true;
+  absl::StatusOr<Trace> ckpt = Synth(Qwen25Vl7b(), w, {});
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  const int64_t block = 8 * kHv + 11 * 2 * kHv + 4 * kHeads + 8 + 4 * 2 * kIv;
+  const int64_t drop = kPatches * 32 * (block - 2 * kHv);
+  EXPECT_EQ(kept->embedding.saved_bytes - ckpt->embedding.saved_bytes, drop);
+  EXPECT_EQ(kept->forward_end_bytes - ckpt->forward_end_bytes, drop);
+  const VisionTowerCost a = VisionTowerCostFor(Qwen25Vl7b(), 1, 448, 448, DType::kBFloat16, true);
+  const VisionTowerCost b =
+      VisionTowerCostFor(Qwen25Vl7b(), 1, 448, 448, DType::kBFloat16, true, true);
+  EXPECT_EQ(a.saved_bytes - b.saved_bytes, drop);
+  EXPECT_GT(ckpt->embedding.backward_seconds, kept->embedding.backward_seconds);
+  EXPECT_EQ(ckpt->embedding.forward_seconds, kept->embedding.forward_seconds);
+  EXPECT_GT(ckpt->embedding.backward_transient_bytes, kept->embedding.backward_transient_bytes);
+  EXPECT_NE(ckpt->trace_id, kept->trace_id);
+  // A frozen tower records nothing: the flag changes nothing.
+  w.vision_checkpoint = false;
+  absl::StatusOr<Trace> lora = Synth(Qwen25Vl7b(), w, Lora());
+  w.vision_checkpoint = true;
+  absl::StatusOr<Trace> lora_ckpt = Synth(Qwen25Vl7b(), w, Lora());
+  ASSERT_TRUE(lora.ok() && lora_ckpt.ok());
+  EXPECT_EQ(lora->embedding.saved_bytes, lora_ckpt->embedding.saved_bytes);
+  EXPECT_EQ(lora->embedding.backward_seconds, lora_ckpt->embedding.backward_seconds);
+}
+
+// The planner checkpoints the tower by itself when only that fits: at the largest micro-batch a
+// checkpointed tower allows, a plan that leaves it off is answered with it on; where the kept
+// tower fits, it stays off (faster). The stored plan prices as planned.
+TEST(VisionTraceTest, PlannerCheckpointsTheTowerWhenMemoryIsShort) {
+  PlanInputs in;
+  in.arch = Qwen25Vl7b();
+  in.hardware = *FindHardwarePreset("h200");
+  in.workload = OneImage448();
+  in.workload.vision_checkpoint = true;
+  absl::StatusOr<PlanOutcome> forced = MakePlan(in);
+  ASSERT_TRUE(forced.ok()) << forced.status();
+  ASSERT_TRUE(forced->fits) << forced->reason;
+  EXPECT_TRUE(forced->plan.vision_checkpoint);
+  const int64_t max_batch = forced->max_micro_batch;
+  ASSERT_GT(max_batch, 1);
+
+  in.skip_limits = true;
+  in.workload.vision_checkpoint = false;
+  absl::StatusOr<PlanOutcome> small = MakePlan(in);
+  ASSERT_TRUE(small.ok()) << small.status();
+  ASSERT_TRUE(small->fits) << small->reason;
+  EXPECT_FALSE(small->plan.vision_checkpoint);
+
+  in.workload.micro_batch = max_batch;
+  absl::StatusOr<PlanOutcome> tight = MakePlan(in);
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  ASSERT_TRUE(tight->fits) << tight->reason;
+  EXPECT_TRUE(tight->plan.vision_checkpoint) << tight->reason;
+  EXPECT_TRUE(tight->trace_used.workload.vision_checkpoint);
+  EXPECT_NE(tight->reason.find("vision tower's blocks checkpointed"), std::string::npos)
+      << tight->reason;
+  absl::StatusOr<Prediction> again = PredictPlan(in, tight->plan);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->peak_bytes, tight->prediction.peak_bytes);
+  ResidencyPlan kept_plan = tight->plan;
+  kept_plan.vision_checkpoint = false;
+  absl::StatusOr<Prediction> kept = PredictPlan(in, kept_plan);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_GT(kept->peak_bytes, tight->prediction.peak_bytes);
+  EXPECT_LT(kept->iteration_seconds, tight->prediction.iteration_seconds);
+}
+
 // Flops: the patch embedding, every block's linears, the merger, and attention inside 16 windows
 // of 8x8 patches (28 blocks) or over the whole image (4 blocks).
 TEST(VisionTraceTest, TowerFlopsByHand) {

@@ -1,0 +1,87 @@
+// [Gemma 2 block price] against the agent: a tiny gemma2 model profiled on the CPU (the profiler
+// measures what each block keeps for backward through c10's allocator) keeps what the planner's
+// analytic trace charges per block, in fp32 and bf16, full fine-tuning and LoRA.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "agent/profiler/model_profiler.h"
+#include "common/presets.h"
+#include "planner/cost/analytic_trace.h"
+
+namespace memplan {
+namespace {
+
+ModelSpec TinyGemma() {
+  ModelSpec s;
+  s.name = "gemma2-tiny";
+  s.family = "gemma2";
+  s.hidden_size = 128;
+  s.num_layers = 2;
+  s.num_heads = 4;
+  s.num_kv_heads = 2;
+  s.head_dim = 48;
+  s.intermediate_size = 256;
+  s.vocab_size = 256;
+  s.tie_word_embeddings = true;
+  s.rms_norm_eps = 1e-6;
+  s.rope_theta = 10000;
+  s.query_pre_attn_scalar = 32;
+  s.attn_logit_softcapping = 50;
+  s.final_logit_softcapping = 30;
+  s.embedding_padding_idx = 0;
+  s.sliding_window = 16;
+  s.sliding_layers = {0};
+  return s;
+}
+
+class GemmaProfilePlannerTest : public ::testing::TestWithParam<std::tuple<DType, bool>> {};
+
+TEST_P(GemmaProfilePlannerTest, BlocksKeepWhatThePlannerCharges) {
+  const DType dtype = std::get<0>(GetParam());
+  const bool lora = std::get<1>(GetParam());
+  const ModelSpec spec = TinyGemma();
+  LlamaModelOptions o;
+  o.spec = spec;
+  o.dtype = dtype;
+  o.seed = 3;
+  TrainingMethod training;
+  if (lora) {
+    o.lora.rank = 8;
+    o.lora.alpha = 16;
+    o.lora.targets = {"q_proj", "v_proj"};
+    training.kind = TrainingKind::kLora;
+    training.lora_rank = 8;
+    training.lora_target_modules = {"q_proj", "v_proj"};
+  }
+  absl::StatusOr<std::unique_ptr<LlamaModel>> model = LlamaModel::Create(o);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ProfilerOptions p;
+  p.workload.micro_batch = 2;
+  p.workload.seq_len = 64;
+  p.hardware_name = "test-cpu";
+  p.chunk_bytes = 64 << 10;
+  absl::StatusOr<ProfileResult> measured = ProfileModel(**model, p);
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  absl::StatusOr<Trace> priced =
+      SynthesizeTrace(spec, p.workload, dtype, training, *FindHardwarePreset("h200"));
+  ASSERT_TRUE(priced.ok()) << priced.status();
+  for (int l = 0; l < spec.num_layers; ++l) {
+    const int64_t got = measured->trace.blocks[l].saved_bytes;
+    const int64_t want = priced->blocks[l].saved_bytes;
+    std::printf("%s %s block %d: measured %lld, planner %lld (%.3f)\n",
+                std::string(DTypeName(dtype)).c_str(), lora ? "lora" : "full", l,
+                static_cast<long long>(got), static_cast<long long>(want),
+                static_cast<double>(want) / static_cast<double>(got));
+    EXPECT_NEAR(static_cast<double>(want) / static_cast<double>(got), 1.0, 0.03) << l;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, GemmaProfilePlannerTest,
+                         ::testing::Combine(::testing::Values(DType::kFloat32, DType::kBFloat16),
+                                            ::testing::Bool()));
+
+}  // namespace
+}  // namespace memplan
