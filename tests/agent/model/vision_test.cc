@@ -111,6 +111,37 @@ std::unique_ptr<LlamaModel> Model(const ModelSpec& s, bool vision_checkpoint = f
   return std::move(m).value();
 }
 
+// VlSpec as `family` builds it: "qwen2_5_vl", or "qwen2_vl" (no windows, an integer mlp_ratio).
+ModelSpec VlSpecOf(const std::string& family) {
+  ModelSpec s = VlSpec();
+  if (family == "qwen2_vl") {
+    s.family = family;
+    s.vision.window_size = 0;
+    s.vision.fullatt_block_indexes.clear();
+    s.vision.intermediate_size = 2 * s.vision.hidden_size;  // an integer mlp_ratio
+  }
+  return s;
+}
+
+// The next token of each of `ids`, image tokens masked.
+torch::Tensor Targets(const torch::Tensor& ids) {
+  torch::Tensor targets = torch::roll(ids, -1, 1);
+  targets.masked_fill_(ids == kImage, -100);
+  return targets;
+}
+
+// Every parameter of `want` has a gradient and `got`'s equals it bit for bit; `what` names the
+// run in failures.
+void ExpectSameGrads(LlamaModel& got, LlamaModel& want, const std::string& what) {
+  const auto a = got.Params();
+  const auto b = want.Params();
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_TRUE(b[i].param.grad().defined()) << b[i].name << " in " << what;
+    EXPECT_TRUE(torch::equal(a[i].param.grad(), b[i].param.grad())) << a[i].name << " in " << what;
+  }
+}
+
 TEST(VisionModelTest, VisionParametersInGroupZeroInHuggingFaceOrder) {
   const ModelSpec s = VlSpec();
   auto m = Model(s);
@@ -148,8 +179,7 @@ TEST(VisionModelTest, ImagesChangeOnlyTheirOwnTokensAndLaterOnes) {
 TEST(VisionModelTest, GroupedEqualsPlainWithImagesInEveryMode) {
   const ModelSpec s = VlSpec();
   const torch::Tensor ids = Ids();
-  torch::Tensor targets = torch::roll(ids, -1, 1);
-  targets.masked_fill_(ids == kImage, -100);
+  const torch::Tensor targets = Targets(ids);
   const VisionInputs images = TwoImages(s);
   auto ref = Model(s);
   const torch::Tensor ref_loss = ref->Loss(ids, targets, images);
@@ -161,14 +191,7 @@ TEST(VisionModelTest, GroupedEqualsPlainWithImagesInEveryMode) {
         m->Loss(ids, targets, BlockModes(s.num_layers, mode), nullptr, nullptr, images);
     loss.backward();
     EXPECT_TRUE(torch::equal(loss, ref_loss)) << BlockModeName(mode);
-    const auto got = m->Params();
-    const auto want = ref->Params();
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      ASSERT_TRUE(want[i].param.grad().defined()) << want[i].name;
-      EXPECT_TRUE(torch::equal(got[i].param.grad(), want[i].param.grad()))
-          << got[i].name << " in " << BlockModeName(mode);
-    }
+    ASSERT_NO_FATAL_FAILURE(ExpectSameGrads(*m, *ref, std::string(BlockModeName(mode))));
   }
 }
 
@@ -178,13 +201,7 @@ TEST(VisionModelTest, GroupedEqualsPlainWithImagesInEveryMode) {
 // function.
 TEST(VisionTowerTest, CheckpointedBlocksEqualKeptBlocks) {
   for (const std::string family : {"qwen2_5_vl", "qwen2_vl"}) {
-    ModelSpec s = VlSpec();
-    if (family == "qwen2_vl") {
-      s.family = family;
-      s.vision.window_size = 0;
-      s.vision.fullatt_block_indexes.clear();
-      s.vision.intermediate_size = 2 * s.vision.hidden_size;  // an integer mlp_ratio
-    }
+    const ModelSpec s = VlSpecOf(family);
     VisionInputs images = TwoImages(s);
     auto run = [&](bool checkpoint, bool grouped) {
       VisionParams p = VisionParams::Shaped(s);
@@ -233,16 +250,9 @@ TEST(VisionTowerTest, CheckpointedBlocksEqualKeptBlocks) {
 // tower variants; its logits (no grad) too.
 TEST(VisionModelTest, CheckpointedTowerEqualsKeptTower) {
   for (const std::string family : {"qwen2_5_vl", "qwen2_vl"}) {
-    ModelSpec s = VlSpec();
-    if (family == "qwen2_vl") {
-      s.family = family;
-      s.vision.window_size = 0;
-      s.vision.fullatt_block_indexes.clear();
-      s.vision.intermediate_size = 2 * s.vision.hidden_size;  // an integer mlp_ratio
-    }
+    const ModelSpec s = VlSpecOf(family);
     const torch::Tensor ids = Ids();
-    torch::Tensor targets = torch::roll(ids, -1, 1);
-    targets.masked_fill_(ids == kImage, -100);
+    const torch::Tensor targets = Targets(ids);
     const VisionInputs images = TwoImages(s);
     for (bool grouped : {false, true}) {
       auto kept = Model(s);
@@ -255,14 +265,8 @@ TEST(VisionModelTest, CheckpointedTowerEqualsKeptTower) {
       want.backward();
       got.backward();
       EXPECT_TRUE(torch::equal(got, want)) << family << (grouped ? " grouped" : " plain");
-      const auto a = ckpt->Params();
-      const auto b = kept->Params();
-      ASSERT_EQ(a.size(), b.size());
-      for (size_t i = 0; i < a.size(); ++i) {
-        ASSERT_TRUE(b[i].param.grad().defined()) << b[i].name;
-        EXPECT_TRUE(torch::equal(a[i].param.grad(), b[i].param.grad()))
-            << family << " " << a[i].name << (grouped ? " grouped" : " plain");
-      }
+      ASSERT_NO_FATAL_FAILURE(
+          ExpectSameGrads(*ckpt, *kept, family + (grouped ? " grouped" : " plain")));
       torch::NoGradGuard no_grad;
       EXPECT_TRUE(torch::equal(ckpt->Logits(ids, images), kept->Logits(ids, images))) << family;
     }
