@@ -1,5 +1,5 @@
-// Tiny models for agent tests, fast on the CPU: a Llama-family one (4 blocks of hidden size 64)
-// and a Qwen2.5-VL one.
+// Tiny models for agent tests, fast on the CPU: a Llama-family one (4 blocks of hidden size 64;
+// llama, qwen2, qwen3 or gemma2) and a Qwen2.5-VL one.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +23,18 @@ inline ModelSpec TinySpec(bool tied = false, const std::string& family = "llama"
   s.tie_word_embeddings = tied;
   if (family == "qwen2") s.qkv_bias = true;
   if (family == "qwen3") s.qk_norm = true;
+  if (family == "gemma2") {
+    // Gemma 2's own fields: a head_dim and an attention scale apart from hidden / heads, both
+    // logit caps, a padding row, and a sliding window on the first layer only.
+    s.head_dim = 48;
+    s.query_pre_attn_scalar = 32;
+    s.attn_logit_softcapping = 50;
+    s.final_logit_softcapping = 30;
+    s.embedding_padding_idx = 0;
+    s.sliding_window = 16;
+    s.sliding_layers = {0};
+    s.rms_norm_eps = 1e-6;
+  }
   return s;
 }
 

@@ -10,30 +10,18 @@
 #include "agent/profiler/model_profiler.h"
 #include "common/presets.h"
 #include "planner/cost/analytic_trace.h"
+#include "tests/agent/tiny_spec.h"
 
 namespace memplan {
 namespace {
 
+// TinySpec's Gemma 2, tied as Gemma's checkpoints are, in 2 blocks twice as wide.
 ModelSpec TinyGemma() {
-  ModelSpec s;
-  s.name = "gemma2-tiny";
-  s.family = "gemma2";
+  ModelSpec s = testing::TinySpec(/*tied=*/true, "gemma2");
   s.hidden_size = 128;
   s.num_layers = 2;
-  s.num_heads = 4;
-  s.num_kv_heads = 2;
-  s.head_dim = 48;
   s.intermediate_size = 256;
   s.vocab_size = 256;
-  s.tie_word_embeddings = true;
-  s.rms_norm_eps = 1e-6;
-  s.rope_theta = 10000;
-  s.query_pre_attn_scalar = 32;
-  s.attn_logit_softcapping = 50;
-  s.final_logit_softcapping = 30;
-  s.embedding_padding_idx = 0;
-  s.sliding_window = 16;
-  s.sliding_layers = {0};
   return s;
 }
 
