@@ -12,14 +12,11 @@ source's (the weights are the trained ones).
   osft_export_test.py --agent PATH [--work DIR]
 """
 
-import argparse
 import os
 import re
-import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 
 import torch
 import transformers
@@ -28,6 +25,7 @@ from safetensors.torch import load_file
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import hf_parity_test as hf  # noqa: E402  (checkpoints, vocabulary, tally)
+import osft_common  # noqa: E402  (command line, checkpoints by name, report)
 
 SEQ = 24
 ALL = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
@@ -59,8 +57,7 @@ def window_loss(model_dir, window):
 def run_case(tally, agent, work, name, seed):
     ckpt_name, ratio, targets = CASES[name]
     source = os.path.join(work, f"{name}-source")
-    family, overrides, edit = hf.CHECKPOINTS[ckpt_name]
-    hf.write_checkpoint(source, family, overrides, edit, seed)
+    osft_common.write_checkpoint(source, ckpt_name, seed)
     g = torch.Generator().manual_seed(seed)
     train = os.path.join(work, f"{name}-train.tokens")
     held_out = os.path.join(work, f"{name}-eval.tokens")
@@ -112,22 +109,11 @@ def run_case(tally, agent, work, name, seed):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--agent", required=True, help="memplan-agent binary")
-    parser.add_argument("--work", help="scratch directory (default: a temporary one)")
-    args = parser.parse_args()
-    torch.set_num_threads(2)
-    work = args.work or tempfile.mkdtemp(prefix="memplan-osft-export-")
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    print(f"transformers {transformers.__version__}, torch {torch.__version__}, work dir {work}")
-    tally = hf.Tally()
+    args, work, tally = osft_common.setup(__doc__, "--agent", "memplan-agent binary",
+                                          "memplan-osft-export-")
     for seed, case in enumerate(sorted(CASES), start=1):
         run_case(tally, args.agent, work, case, seed)
-    print(f"{tally.passed} passed, {len(tally.failed)} failed")
-    if tally.failed:
-        print("failed: " + ", ".join(tally.failed))
-    return 1 if tally.failed else 0
+    return osft_common.report(tally)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,8 @@ AdamW update. A run memplan must refuse (rank ratio out of (0, 1)) is checked fo
   osft_parity_test.py --tool PATH [--work DIR] [--only NAME]
 """
 
-import argparse
 import os
-import shutil
 import sys
-import tempfile
 
 import torch
 import transformers
@@ -28,6 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 import hf_parity_test as hf  # noqa: E402  (checkpoints, tokens, tolerance, tally)
+import osft_common  # noqa: E402  (command line, checkpoints by name, report)
 import osft_reference as ref  # noqa: E402
 
 STEPS, GRAD_ACCUM, ROWS = 2, 2, 4
@@ -58,8 +56,7 @@ def run_case(tally, tool, work, name, seed):
     ckpt_name, ratio, targets_list = CASES[name]
     ckpt = os.path.join(work, ckpt_name)
     if not os.path.isdir(ckpt):
-        family, overrides, edit = hf.CHECKPOINTS[ckpt_name]
-        hf.write_checkpoint(ckpt, family, overrides, edit, seed)
+        osft_common.write_checkpoint(ckpt, ckpt_name, seed)
     ids, targets = hf.tokens(seed, ROWS)
     tokens_path = os.path.join(work, f"{name}-tokens.safetensors")
     save_file({"input_ids": ids, "targets": targets}, tokens_path)
@@ -109,17 +106,8 @@ def check_refused(tally, tool, work):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tool", required=True, help="memplan-hf-parity binary")
-    parser.add_argument("--work", help="scratch directory (default: a temporary one)")
-    parser.add_argument("--only", help="run only cases whose name contains this")
-    args = parser.parse_args()
-    torch.set_num_threads(2)
-    work = args.work or tempfile.mkdtemp(prefix="memplan-osft-parity-")
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    print(f"transformers {transformers.__version__}, torch {torch.__version__}, work dir {work}")
-    tally = hf.Tally()
+    args, work, tally = osft_common.setup(__doc__, "--tool", "memplan-hf-parity binary",
+                                          "memplan-osft-parity-", only=True)
     for seed, case in enumerate(sorted(CASES), start=1):
         if args.only and args.only not in case:
             continue
@@ -127,13 +115,9 @@ def main():
     if not args.only or "refuse" in args.only:
         ckpt = os.path.join(work, "llama-untied-theta5e5")
         if not os.path.isdir(ckpt):
-            family, overrides, edit = hf.CHECKPOINTS["llama-untied-theta5e5"]
-            hf.write_checkpoint(ckpt, family, overrides, edit, 1)
+            osft_common.write_checkpoint(ckpt, "llama-untied-theta5e5", 1)
         check_refused(tally, args.tool, work)
-    print(f"{tally.passed} passed, {len(tally.failed)} failed")
-    if tally.failed:
-        print("failed: " + ", ".join(tally.failed))
-    return 1 if tally.failed else 0
+    return osft_common.report(tally)
 
 
 if __name__ == "__main__":
