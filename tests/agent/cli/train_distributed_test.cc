@@ -44,8 +44,10 @@ std::vector<double> StepLosses(const std::string& log) {
 }
 
 // `data`: a token file, or "" for --synthetic-data (whose stream, and so the sample order,
-// depends on --steps).
-std::vector<std::string> TrainArgs(int batch, int steps = 3, const std::string& data = "") {
+// depends on --steps). `chunk_knobs`: the chunk manager's --chunk-mib, --n-persist, --n-ckpt and
+// --host-memory.
+std::vector<std::string> TrainArgs(int batch, int steps = 3, const std::string& data = "",
+                                   const std::string& lr = "1e-3", bool chunk_knobs = true) {
   std::vector<std::string> args = {MEMPLAN_AGENT_BINARY,
                                    "train",
                                    "--arch",
@@ -59,19 +61,17 @@ std::vector<std::string> TrainArgs(int batch, int steps = 3, const std::string& 
                                    "--steps",
                                    std::to_string(steps),
                                    "--lr",
-                                   "1e-3",
+                                   lr,
                                    "--clip",
                                    "1.0",
-                                   "--chunk-mib",
-                                   "4",
-                                   "--n-persist",
-                                   "1",
-                                   "--n-ckpt",
-                                   "2",
-                                   "--host-memory",
-                                   "pageable",
                                    "--cpu-threads",
                                    "1"};
+  if (chunk_knobs) {
+    for (const char* knob :
+         {"--chunk-mib", "4", "--n-persist", "1", "--n-ckpt", "2", "--host-memory", "pageable"}) {
+      args.push_back(knob);
+    }
+  }
   if (data.empty()) {
     args.push_back("--synthetic-data");
   } else {
@@ -98,6 +98,14 @@ Exit Wait(const testing::Child& child) {
 std::vector<std::string> With(std::vector<std::string> args, const std::vector<std::string>& more) {
   args.insert(args.end(), more.begin(), more.end());
   return args;
+}
+
+// TrainArgs for an OSFT run (no chunk manager) splitting `targets` at `ratio`.
+std::vector<std::string> OsftArgs(
+    int batch, int steps, const std::string& data, const std::string& ratio = "0.5",
+    const std::string& targets = "q_proj,v_proj,gate_proj,down_proj") {
+  return With(TrainArgs(batch, steps, data, "1e-2", /*chunk_knobs=*/false),
+              {"--osft-rank-ratio", ratio, "--osft-targets", targets});
 }
 
 TEST(TrainDistributedTest, TwoRanksTrainLikeOneProcessOnTheWholeBatch) {
@@ -178,6 +186,15 @@ std::string RunRanks(const std::vector<std::string>& args, int world_size,
   return RunEveryRank(args, world_size, base)[0];
 }
 
+// Writes a token file of 8192 ids below 2048 drawn with `seed` to `path`.
+void MakeTokens(const std::string& path, int seed, const std::string& log_base) {
+  const Exit made =
+      Wait(testing::Spawn({MEMPLAN_MAKE_TOKENS_BINARY, "--out=" + path, "--tokens=8192",
+                           "--vocab=2048", absl::StrCat("--seed=", seed)},
+                          {}, log_base));
+  ASSERT_TRUE(WIFEXITED(made.status) && WEXITSTATUS(made.status) == 0) << made.err;
+}
+
 // The resume matrix on a global batch of 6 rows: 2 ranks x 3 rows save after 2 steps and
 // 3 ranks x 2 rows resume; 3 ranks save and 1 process x 6 rows resumes. The first run shards the
 // persistent chunk's parameters and optimizer state ([Sharded persistent parameters]: gathered
@@ -189,10 +206,7 @@ TEST(TrainDistributedTest, CheckpointsResumeOnAnotherNumberOfRanks) {
   const std::string base = absl::StrCat(::testing::TempDir(), "/train_distributed_ckpt_", getpid());
   // One token file for every run: the same samples whatever --steps says.
   const std::string data = base + ".tokens";
-  const Exit made = Wait(testing::Spawn(
-      {MEMPLAN_MAKE_TOKENS_BINARY, "--out=" + data, "--tokens=8192", "--vocab=2048", "--seed=3"},
-      {}, base + ".make"));
-  ASSERT_TRUE(WIFEXITED(made.status) && WEXITSTATUS(made.status) == 0) << made.err;
+  ASSERT_NO_FATAL_FAILURE(MakeTokens(data, 3, base + ".make"));
   const std::vector<double> straight =
       StepLosses(RunRanks(TrainArgs(6, 3, data), 1, base + ".straight"));
   ASSERT_EQ(straight.size(), 3u);
@@ -225,13 +239,9 @@ TEST(TrainDistributedTest, CheckpointsResumeOnAnotherNumberOfRanks) {
       << export_run.err;
   EXPECT_TRUE(std::filesystem::exists(exported + "/model.safetensors"));
   EXPECT_TRUE(std::filesystem::exists(exported + "/config.json"));
-  std::vector<std::string> plain = TrainArgs(6, 3, data);
-  for (const char* knob : {"--chunk-mib", "--n-persist", "--n-ckpt", "--host-memory"}) {
-    auto it = std::find(plain.begin(), plain.end(), knob);
-    if (it != plain.end()) plain.erase(it, it + 2);
-  }
-  const std::vector<double> exported_to_plain = StepLosses(
-      RunRanks(With(plain, {"--plain", "--resume", exported}), 1, base + ".plain"));
+  const std::vector<double> exported_to_plain = StepLosses(RunRanks(
+      With(TrainArgs(6, 3, data, "1e-3", /*chunk_knobs=*/false), {"--plain", "--resume", exported}),
+      1, base + ".plain"));
   ASSERT_EQ(exported_to_plain.size(), 1u);
 
   for (size_t i = 0; i < 2; ++i) {
@@ -420,18 +430,10 @@ TEST(TrainDistributedTest, ShardedLoadingReadsOnlyEachRanksPartOfTheCheckpoint) 
 // rows (clipped, 3 steps: the later losses read the updated factors).
 TEST(TrainDistributedTest, OsftTwoRanksTrainLikeOneProcess) {
   const std::string base = absl::StrCat(::testing::TempDir(), "/train_distributed_osft_", getpid());
-  auto osft = [](int batch) {
-    std::vector<std::string> args = {MEMPLAN_AGENT_BINARY, "train", "--arch", "llama-tiny",
-                                     "--device", "cpu", "--batch", std::to_string(batch), "--seq",
-                                     "32", "--steps", "3", "--lr", "1e-2", "--clip", "1.0",
-                                     "--synthetic-data", "--cpu-threads", "1",
-                                     "--osft-rank-ratio", "0.5", "--osft-targets",
-                                     "q_proj,v_proj,gate_proj,down_proj"};
-    return args;
-  };
-  const std::vector<double> expected = StepLosses(RunRanks(osft(4), 1, base + ".single"));
+  const std::vector<double> expected =
+      StepLosses(RunRanks(OsftArgs(4, 3, ""), 1, base + ".single"));
   ASSERT_EQ(expected.size(), 3u);
-  const std::vector<std::string> logs = RunEveryRank(osft(2), 2, base + ".two");
+  const std::vector<std::string> logs = RunEveryRank(OsftArgs(2, 3, ""), 2, base + ".two");
   if (absl::StrContains(logs[0], "no Gloo process group")) GTEST_SKIP() << logs[0];
   EXPECT_THAT(logs[0], HasSubstr("managed=0"));
   // The price of the split (common/osft_cost.h), with its one all-reduce per step.
@@ -454,43 +456,14 @@ TEST(TrainDistributedTest, OsftCheckpointsResumeOnAnotherNumberOfRanks) {
   const std::string base =
       absl::StrCat(::testing::TempDir(), "/train_distributed_osft_ckpt_", getpid());
   const std::string data = base + ".tokens";
-  const Exit made = Wait(testing::Spawn(
-      {MEMPLAN_MAKE_TOKENS_BINARY, "--out=" + data, "--tokens=8192", "--vocab=2048", "--seed=5"},
-      {}, base + ".make"));
-  ASSERT_TRUE(WIFEXITED(made.status) && WEXITSTATUS(made.status) == 0) << made.err;
-  auto osft = [&data](int batch, int steps, const std::string& ratio = "0.5",
-                      const std::string& targets = "q_proj,v_proj,gate_proj,down_proj") {
-    return std::vector<std::string>{MEMPLAN_AGENT_BINARY,
-                                    "train",
-                                    "--arch",
-                                    "llama-tiny",
-                                    "--device",
-                                    "cpu",
-                                    "--batch",
-                                    std::to_string(batch),
-                                    "--seq",
-                                    "32",
-                                    "--steps",
-                                    std::to_string(steps),
-                                    "--lr",
-                                    "1e-2",
-                                    "--clip",
-                                    "1.0",
-                                    "--data",
-                                    data,
-                                    "--cpu-threads",
-                                    "1",
-                                    "--osft-rank-ratio",
-                                    ratio,
-                                    "--osft-targets",
-                                    targets};
-  };
-  const std::vector<double> straight = StepLosses(RunRanks(osft(4, 4), 1, base + ".straight"));
+  ASSERT_NO_FATAL_FAILURE(MakeTokens(data, 5, base + ".make"));
+  const std::vector<double> straight =
+      StepLosses(RunRanks(OsftArgs(4, 4, data), 1, base + ".straight"));
   ASSERT_EQ(straight.size(), 4u);
 
   const std::string from_two = base + ".from2";
   const std::vector<std::string> logs =
-      RunEveryRank(With(osft(2, 2), {"--save", from_two}), 2, base + ".two");
+      RunEveryRank(With(OsftArgs(2, 2, data), {"--save", from_two}), 2, base + ".two");
   if (absl::StrContains(logs[0], "no Gloo process group")) GTEST_SKIP() << logs[0];
   const std::vector<double> two = StepLosses(logs[0]);
   ASSERT_EQ(two.size(), 2u) << logs[0];
@@ -499,7 +472,7 @@ TEST(TrainDistributedTest, OsftCheckpointsResumeOnAnotherNumberOfRanks) {
     EXPECT_TRUE(std::filesystem::exists(absl::StrCat(from_two, "/", file))) << file;
   }
   const std::vector<double> two_to_one =
-      StepLosses(RunRanks(With(osft(4, 4), {"--resume", from_two}), 1, base + ".one"));
+      StepLosses(RunRanks(With(OsftArgs(4, 4, data), {"--resume", from_two}), 1, base + ".one"));
   ASSERT_EQ(two_to_one.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
     EXPECT_NEAR(two[i], straight[i], 1e-5 * straight[i]) << "step " << i + 1;
@@ -509,9 +482,9 @@ TEST(TrainDistributedTest, OsftCheckpointsResumeOnAnotherNumberOfRanks) {
 
   const std::string from_one = base + ".from1";
   const std::vector<double> first =
-      StepLosses(RunRanks(With(osft(4, 2), {"--save", from_one}), 1, base + ".first"));
+      StepLosses(RunRanks(With(OsftArgs(4, 2, data), {"--save", from_one}), 1, base + ".first"));
   const std::vector<double> second =
-      StepLosses(RunRanks(With(osft(4, 4), {"--resume", from_one}), 1, base + ".second"));
+      StepLosses(RunRanks(With(OsftArgs(4, 4, data), {"--resume", from_one}), 1, base + ".second"));
   ASSERT_EQ(first.size(), 2u);
   ASSERT_EQ(second.size(), 2u);
   EXPECT_EQ(first[1], straight[1]);
@@ -519,8 +492,10 @@ TEST(TrainDistributedTest, OsftCheckpointsResumeOnAnotherNumberOfRanks) {
   EXPECT_EQ(second[1], straight[3]);
 
   for (const auto& [args, flag] :
-       {std::pair{osft(4, 4, "0.25"), "--osft-rank-ratio 0.25 differs from the checkpoint's 0.5"},
-        std::pair{osft(4, 4, "0.5", "q_proj,v_proj"), "--osft-targets q_proj,v_proj differs"}}) {
+       {std::pair{OsftArgs(4, 4, data, "0.25"),
+                  "--osft-rank-ratio 0.25 differs from the checkpoint's 0.5"},
+        std::pair{OsftArgs(4, 4, data, "0.5", "q_proj,v_proj"),
+                  "--osft-targets q_proj,v_proj differs"}}) {
     const Exit refused =
         Wait(testing::Spawn(With(args, {"--resume", from_one}), {}, base + ".bad"));
     ASSERT_TRUE(WIFEXITED(refused.status));
@@ -541,8 +516,8 @@ TEST(TrainDistributedTest, OsftCheckpointsResumeOnAnotherNumberOfRanks) {
   EXPECT_FALSE(std::filesystem::exists(merged + "/osft_factors.safetensors"));
   EXPECT_FALSE(std::filesystem::exists(merged + "/osft_config.json"));
   EXPECT_TRUE(std::filesystem::exists(merged + "/model.safetensors"));
-  const std::vector<double> from_export =
-      StepLosses(RunRanks(With(osft(4, 3), {"--resume", exported}), 1, base + ".from_export"));
+  const std::vector<double> from_export = StepLosses(
+      RunRanks(With(OsftArgs(4, 3, data), {"--resume", exported}), 1, base + ".from_export"));
   ASSERT_EQ(from_export.size(), 1u);
   EXPECT_EQ(from_export[0], straight[2]);
   for (const std::string& dir : {from_two, from_one, exported, merged}) {
