@@ -282,7 +282,11 @@ def write_checkpoint(directory, family, overrides, edit, seed):
 
 
 def load_hf(directory, dtype=torch.float32, device="cpu"):
-    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
+    # Gemma 2 pinned to eager attention, the math memplan implements: some transformers 5.x
+    # releases (5.17) default it to sdpa, which drops attn_logit_softcapping without a word.
+    config = transformers.AutoConfig.from_pretrained(directory)
+    pin = {"attn_implementation": "eager"} if config.model_type == "gemma2" else {}
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **pin)
     return model.to(device).train()
 
 
