@@ -24,7 +24,16 @@ adapter memplan saves loads in peft with memplan's post-step logits.
 The same checks, untied and with LoRA, for a tiny Qwen2VLForConditionalGeneration (qwen2_vl: the
 tower's LayerNorm, QuickGELU MLP and full attention over each image) on the same batch layout.
 
-  vl_parity_test.py --tool PATH [--work DIR] [--arch qwen2_5_vl|qwen2_vl]
+bf16 (--dtype bf16, e.g. on a GPU with --device cuda): the bound of hf_parity_test.py (bf16_judge):
+memplan's bf16 error against transformers' fp32 result on the same device must be at most
+BF16_FACTOR times transformers' own bf16 error plus BF16_FLOOR. memplan steps with pure-bf16 AdamW
+(adamw_bf16), transformers' bf16 run with torch.optim.AdamW(fused=True) on its bf16 parameters and
+the fp32 truth with torch.optim.AdamW. peft's adapters stay bf16 as memplan's do
+(autocast_adapter_dtype=False). Saved checkpoints and adapters load in bf16 and give, within 1e-5,
+the logits of transformers' bf16 model holding memplan's post-step values.
+
+  vl_parity_test.py --tool PATH [--work DIR] [--arch qwen2_5_vl|qwen2_vl] [--dtype fp32|bf16]
+                    [--device cpu|cuda]
 Prints one line per comparison and ends with "N passed, M failed"; exits non-zero on a failure.
 """
 
@@ -41,8 +50,8 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_parity_test import (BETAS, EPS, LR, REL_TOL, WD, Tally, fp32_judge,  # noqa: E402
-                            optimizer_step, randomise, rel_err, run_tool)
+from hf_parity_test import (BETAS, EPS, LR, REL_TOL, WD, Tally, bf16_judge,  # noqa: E402
+                            fp32_judge, optimizer_step, randomise, rel_err, run_tool)
 
 VOCAB = 96
 SEQ = 40
@@ -128,12 +137,15 @@ def write_checkpoint(directory, arch, tie, seed):
     model.save_pretrained(directory)
 
 
-def load_hf(directory):
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def load_hf(directory, dtype=torch.float32, device="cpu"):
     with open(os.path.join(directory, "config.json")) as f:
         arch = json.load(f)["model_type"]
     model = getattr(transformers, MODEL_CLASSES[arch]).from_pretrained(
-        directory, dtype=torch.float32, attn_implementation="sdpa")
-    return model.train()
+        directory, dtype=dtype, attn_implementation="sdpa")
+    return model.to(device).train()
 
 
 def batch(seed):
@@ -167,14 +179,20 @@ def images_of_rows(ids, pixels, grid, begin, end):
 
 
 def forward(model, ids, pixels, grid):
-    return model(input_ids=ids, pixel_values=pixels, image_grid_thw=grid,
+    """Logits of the model on its own device (pixel_values in its dtype, as transformers casts)."""
+    device = next(model.parameters()).device
+    ids = ids.to(device)
+    return model(input_ids=ids, pixel_values=pixels.to(device), image_grid_thw=grid.to(device),
                  mm_token_type_ids=(ids == IMAGE).int()).logits
 
 
-def hf_reference(directory, ids, targets, pixels, grid, grad_accum):
-    model = load_hf(directory)
+def hf_reference(directory, ids, targets, pixels, grid, grad_accum, dtype=torch.float32,
+                 device="cpu", optimizer=None):
+    """Logits, loss and grads as transformers computes them in `dtype` on `device`, with
+    `optimizer` also the parameters after its step; returned in fp32 on the CPU."""
+    model = load_hf(directory, dtype, device)
     with torch.no_grad():
-        logits = forward(model, ids, pixels, grid).float()
+        logits = forward(model, ids, pixels, grid).float().cpu()
     params = dict(model.named_parameters())
     rows = ids.shape[0] // grad_accum
     loss_sum = 0.0
@@ -183,12 +201,16 @@ def hf_reference(directory, ids, targets, pixels, grid, grad_accum):
         sl = slice(i * rows, (i + 1) * rows)
         out = forward(model, ids[sl], pv, gr).float()
         # transformers' ForCausalLMLoss given shift_labels: mean over the scored targets.
-        loss = torch.nn.functional.cross_entropy(out.view(-1, VOCAB), targets[sl].reshape(-1),
+        loss = torch.nn.functional.cross_entropy(out.view(-1, VOCAB),
+                                                 targets[sl].reshape(-1).to(device),
                                                  ignore_index=-100)
         (loss / grad_accum).backward()
         loss_sum += loss.item()
-    grads = {disk_name(n): p.grad.detach().clone() for n, p in params.items()}
-    return logits, loss_sum / grad_accum, grads
+    grads = {disk_name(n): p.grad.detach().float().cpu().clone() for n, p in params.items()}
+    ref = (logits, loss_sum / grad_accum, grads)
+    if optimizer is None:
+        return ref
+    return ref + ({disk_name(n): t for n, t in optimizer_step(params, 0.0, optimizer).items()},)
 
 
 def hf_step_with(directory, got):
@@ -199,16 +221,20 @@ def hf_step_with(directory, got):
     return {disk_name(n): t for n, t in optimizer_step(params, 0.0, "adamw").items()}
 
 
-def compare(tally, label, out_path, ref):
+def compare(tally, label, out_path, ref, low=None):
+    """Judges one memplan run against the reference: fp32_judge, or with `low` (transformers' bf16
+    run) hf_parity_test.py's bf16_judge against the fp32 `ref`."""
     got = load_file(out_path)
-    ratio, detail = fp32_judge(got["logits"], ref[0], None)
+    judge = fp32_judge if low is None else bf16_judge
+    low = low or ref
+    ratio, detail = judge(got["logits"], ref[0], low[0])
     tally.check(f"{label} logits", ratio <= 1, detail)
-    ratio, detail = fp32_judge(got["loss"], torch.tensor([ref[1]]), None)
+    ratio, detail = judge(got["loss"], torch.tensor([ref[1]]), torch.tensor([low[1]]))
     tally.check(f"{label} loss", ratio <= 1,
                 f"memplan {got['loss'].item():.8f} transformers {ref[1]:.8f}, {detail}")
     for index, prefix, what in ((2, "grad.", "grads"), (3, "param.", "params after the step")):
         missing = [n for n in ref[index] if prefix + n not in got]
-        judged = [fp32_judge(got[prefix + n], want, None) + (n,)
+        judged = [judge(got[prefix + n], want, low[index][n]) + (n,)
                   for n, want in ref[index].items() if prefix + n in got]
         ratio, detail, name = max(judged, key=lambda r: r[0], default=(0.0, "", ""))
         visual = sum(1 for n in ref[index] if n.startswith("visual."))
@@ -217,11 +243,22 @@ def compare(tally, label, out_path, ref):
                     f"{detail}" + (f", missing {missing}" if missing else ""))
 
 
-def run_checkpoint(tally, tool, work, name, tie, seed):
+def precision_args(dtype, device):
+    """The tool's dtype, device and optimizer flags: pure-bf16 AdamW at bf16 (hf_parity_test.py)."""
+    return ["--dtype", dtype, "--device", device] + (
+        ["--optimizer", "adamw_bf16"] if dtype == "bf16" else [])
+
+
+def precision_tag(dtype, device):
+    return f", {dtype} {device}" if dtype != "fp32" or device != "cpu" else ""
+
+
+def run_checkpoint(tally, tool, work, name, tie, seed, dtype, device):
     ckpt = os.path.join(work, name)
     write_checkpoint(ckpt, arch_of(name), tie, seed)
+    bf16 = dtype == "bf16"
     hyper = ["--lr", str(LR), "--beta1", str(BETAS[0]), "--beta2", str(BETAS[1]),
-             "--eps", str(EPS), "--weight-decay", str(WD)]
+             "--eps", str(EPS), "--weight-decay", str(WD)] + precision_args(dtype, device)
     ids, targets, pixels, grid = batch(100 + seed)
     tok_path = os.path.join(work, f"{name}.tokens.safetensors")
     img_path = os.path.join(work, f"{name}.images.safetensors")
@@ -232,31 +269,42 @@ def run_checkpoint(tally, tool, work, name, tie, seed):
         grad_accum = int(plan_args[plan_args.index("--grad-accum") + 1]) \
             if "--grad-accum" in plan_args else 1
         if grad_accum not in refs:
-            refs[grad_accum] = hf_reference(ckpt, ids, targets, pixels, grid, grad_accum)
-        out = os.path.join(work, f"{name}.{plan}.out.safetensors")
-        save_hf = os.path.join(work, f"{name}.{plan}.saved")
+            # fp32: the step is torch's AdamW on memplan's gradients (hf_step_with below). bf16:
+            # the fp32 truth and transformers' own bf16 run, the yardstick, each with its step.
+            refs[grad_accum] = (
+                hf_reference(ckpt, ids, targets, pixels, grid, grad_accum, torch.float32, device,
+                             "adamw" if bf16 else None),
+                hf_reference(ckpt, ids, targets, pixels, grid, grad_accum, torch.bfloat16,
+                             device, "adamw_bf16") if bf16 else None)
+        tag = f"{name}.{dtype}.{plan}"
+        out = os.path.join(work, f"{tag}.out.safetensors")
+        save_hf = os.path.join(work, f"{tag}.saved")
         rc, log = run_tool(tool, ["--model", ckpt, "--tokens", tok_path, "--images", img_path,
                                   "--out", out, "--save-hf", save_hf] + hyper + plan_args)
-        label = f"{name} [{plan}]"
+        label = f"{name} [{plan}{precision_tag(dtype, device)}]"
         tally.check(f"{label} runs", rc == 0, log.strip().splitlines()[-1] if log.strip() else "")
         if rc != 0:
             continue
-        compare(tally, label, out, refs[grad_accum] + (hf_step_with(ckpt, load_file(out)),))
+        ref32, low = refs[grad_accum]
+        if not bf16:
+            ref32 = ref32 + (hf_step_with(ckpt, load_file(out)),)
+        compare(tally, label, out, ref32, low)
         if plan == "plain":
             with torch.no_grad():
-                got = forward(load_hf(save_hf), ids, pixels, grid)
-                ref_model = load_hf(ckpt)
+                got = forward(load_hf(save_hf, TORCH_DTYPES[dtype], device), ids, pixels, grid)
+                ref_model = load_hf(ckpt, TORCH_DTYPES[dtype], device)
                 post = load_file(out)
                 for n, p in ref_model.named_parameters():
                     p.copy_(post["param." + disk_name(n)])
                 want = forward(ref_model, ids, pixels, grid)
-            err = rel_err(got, want)
+            err = rel_err(got.float().cpu(), want.float().cpu())
             tally.check(f"{label} saved checkpoint loads in transformers", err <= REL_TOL,
                         f"logits rel err {err:.2e}")
 
     # Image tokens without their images are refused, never run as text.
     out = os.path.join(work, f"{name}.no-images.out.safetensors")
-    rc, log = run_tool(tool, ["--model", ckpt, "--tokens", tok_path, "--out", out, "--plain"])
+    rc, log = run_tool(tool, ["--model", ckpt, "--tokens", tok_path, "--out", out, "--plain"]
+                       + precision_args(dtype, device))
     tally.check(f"{name} image tokens without images refused", rc != 0 and "image" in log,
                 log.strip().splitlines()[-1] if log.strip() else f"exit {rc}")
 
@@ -275,17 +323,38 @@ def peft_name(name):
     return disk_name(name)
 
 
-def lora_model(ckpt, adapter_dir=None):
-    base = load_hf(ckpt)
+def lora_model(ckpt, adapter_dir=None, dtype=torch.float32, device="cpu"):
+    """peft over transformers' model in `dtype`; the adapters in it too (memplan's are)."""
+    base = load_hf(ckpt, dtype, device)
     if adapter_dir is not None:
-        return peft.PeftModel.from_pretrained(base, adapter_dir, is_trainable=True).train()
+        return peft.PeftModel.from_pretrained(base, adapter_dir, is_trainable=True,
+                                              autocast_adapter_dtype=False).train()
     config = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
                              target_modules=["q_proj", "v_proj"])
-    return peft.get_peft_model(base, config).train()
+    return peft.get_peft_model(base, config, autocast_adapter_dtype=False).train()
 
 
-def run_lora(tally, tool, work, name, seed):
+def lora_reference(ckpt, initial, ids, targets, pixels, grid, dtype, device, optimizer):
+    """peft's logits, loss and adapter grads from the initial adapter in `dtype` on `device`, with
+    `optimizer` also the adapters after its step; returned in fp32 on the CPU."""
+    model = lora_model(ckpt, initial, dtype, device)
+    with torch.no_grad():
+        logits = forward(model, ids, pixels, grid).float().cpu()
+    out = forward(model, ids, pixels, grid).float()
+    loss = torch.nn.functional.cross_entropy(out.view(-1, VOCAB), targets.reshape(-1).to(device),
+                                             ignore_index=-100)
+    loss.backward()
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    grads = {peft_name(n): p.grad.detach().float().cpu().clone() for n, p in trainable.items()}
+    ref = (logits, loss.item(), grads)
+    if optimizer is None:
+        return ref
+    return ref + ({peft_name(n): t for n, t in optimizer_step(trainable, 0.0, optimizer).items()},)
+
+
+def run_lora(tally, tool, work, name, seed, dtype, device):
     ckpt = os.path.join(work, name)
+    bf16 = dtype == "bf16"
     model = lora_model(ckpt)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -299,28 +368,44 @@ def run_lora(tally, tool, work, name, seed):
     img_path = os.path.join(work, f"{name}.lora.images.safetensors")
     save_file({"input_ids": ids, "targets": targets}, tok_path)
     save_file({"pixel_values": pixels, "image_grid_thw": grid}, img_path)
-    with torch.no_grad():
-        logits = forward(model, ids, pixels, grid).float()
-    out = forward(model, ids, pixels, grid).float()
-    loss = torch.nn.functional.cross_entropy(out.view(-1, VOCAB), targets.reshape(-1),
-                                             ignore_index=-100)
-    loss.backward()
-    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    grads = {peft_name(n): p.grad.detach().clone() for n, p in trainable.items()}
-    ref = (logits, loss.item(), grads)
+    # fp32: the step is torch's AdamW on memplan's gradients (below). bf16: the fp32 truth and
+    # peft's own bf16 run, each with its step.
+    ref = lora_reference(ckpt, initial, ids, targets, pixels, grid, torch.float32, device,
+                         "adamw" if bf16 else None)
+    low = lora_reference(ckpt, initial, ids, targets, pixels, grid, torch.bfloat16, device,
+                         "adamw_bf16") if bf16 else None
     hyper = ["--lr", str(LR), "--beta1", str(BETAS[0]), "--beta2", str(BETAS[1]),
              "--eps", str(EPS), "--weight-decay", str(WD), "--lora-rank", "4", "--lora-alpha",
              "8", "--lora-targets", "q_proj,v_proj", "--load-adapter", initial]
+    hyper += precision_args(dtype, device)
     for plan, plan_args in LORA_PLANS:
-        label = f"{name} LoRA q_proj,v_proj [{plan}]"
-        out_path = os.path.join(work, f"{name}.lora.{plan}.out.safetensors")
-        saved = os.path.join(work, f"{name}.lora.{plan}.adapter")
+        label = f"{name} LoRA q_proj,v_proj [{plan}{precision_tag(dtype, device)}]"
+        out_path = os.path.join(work, f"{name}.lora.{dtype}.{plan}.out.safetensors")
+        saved = os.path.join(work, f"{name}.lora.{dtype}.{plan}.adapter")
         rc, log = run_tool(tool, ["--model", ckpt, "--tokens", tok_path, "--images", img_path,
                                   "--out", out_path, "--save-adapter", saved] + hyper + plan_args)
         tally.check(f"{label} runs", rc == 0, log.strip().splitlines()[-1] if log.strip() else "")
         if rc != 0:
             continue
         got = load_file(out_path)
+        if bf16:
+            compare(tally, label, out_path, ref, low)
+            if plan == "plain":
+                # peft loads the adapter memplan saved: the logits of peft's bf16 model holding
+                # memplan's post-step adapters.
+                with torch.no_grad():
+                    loaded = peft.PeftModel.from_pretrained(
+                        load_hf(ckpt, torch.bfloat16, device), saved, autocast_adapter_dtype=False)
+                    got_logits = forward(loaded, ids, pixels, grid)
+                    holder = lora_model(ckpt, initial, torch.bfloat16, device)
+                    for n, p in holder.named_parameters():
+                        if p.requires_grad:
+                            p.copy_(got["param." + peft_name(n)])
+                    want_logits = forward(holder, ids, pixels, grid)
+                err = rel_err(got_logits.float().cpu(), want_logits.float().cpu())
+                tally.check(f"{label} saved adapter loads in peft", err <= REL_TOL,
+                            f"logits rel err {err:.2e}")
+            continue
         # The step: torch's AdamW over peft's trainable parameters with memplan's gradients.
         stepper = lora_model(ckpt, initial)
         params = {n: p for n, p in stepper.named_parameters() if p.requires_grad}
@@ -345,20 +430,25 @@ def main():
     parser.add_argument("--work", help="scratch directory (default: a temporary one)")
     parser.add_argument("--arch", choices=sorted(MODEL_CLASSES),
                         help="check only this family (default: every one)")
+    parser.add_argument("--dtype", choices=sorted(TORCH_DTYPES), default="fp32",
+                        help="fp32 (default; 1e-5 relative) or bf16 (hf_parity_test.py's bound)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    if args.device == "cpu":
+        torch.set_num_threads(2)
     work = args.work or tempfile.mkdtemp(prefix="memplan-vl-parity-")
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, work dir {work}")
     tally = Tally()
+    at = (args.dtype, args.device)
     if args.arch in (None, "qwen2_5_vl"):
-        run_checkpoint(tally, args.tool, work, "qwen2_5_vl-untied", False, 1)
-        run_checkpoint(tally, args.tool, work, "qwen2_5_vl-tied", True, 2)
-        run_lora(tally, args.tool, work, "qwen2_5_vl-untied", 3)
+        run_checkpoint(tally, args.tool, work, "qwen2_5_vl-untied", False, 1, *at)
+        run_checkpoint(tally, args.tool, work, "qwen2_5_vl-tied", True, 2, *at)
+        run_lora(tally, args.tool, work, "qwen2_5_vl-untied", 3, *at)
     if args.arch in (None, "qwen2_vl"):
-        run_checkpoint(tally, args.tool, work, "qwen2_vl-untied", False, 4)
-        run_lora(tally, args.tool, work, "qwen2_vl-untied", 5)
+        run_checkpoint(tally, args.tool, work, "qwen2_vl-untied", False, 4, *at)
+        run_lora(tally, args.tool, work, "qwen2_vl-untied", 5, *at)
     print(f"{tally.passed} passed, {len(tally.failed)} failed")
     if tally.failed:
         print("failed: " + ", ".join(tally.failed))
