@@ -108,6 +108,27 @@ absl::StatusOr<OsftCost> EstimateOsftCost(const ModelSpec& model, const OsftWork
   return c;
 }
 
+std::vector<std::pair<size_t, size_t>> OsftAllReduceBuckets(const std::vector<int64_t>& bytes,
+                                                             int64_t bucket_bytes) {
+  std::vector<std::pair<size_t, size_t>> buckets;
+  size_t begin = 0;
+  int64_t filled = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (i > begin && filled + bytes[i] > bucket_bytes) {
+      buckets.emplace_back(begin, i);
+      begin = i;
+      filled = 0;
+    }
+    filled += bytes[i];
+  }
+  if (begin < bytes.size()) buckets.emplace_back(begin, bytes.size());
+  return buckets;
+}
+
+int64_t OsftBucketBufferBytes(int64_t total_bytes, int64_t largest_bytes, int64_t bucket_bytes) {
+  return std::min(total_bytes, std::max(bucket_bytes, largest_bytes));
+}
+
 absl::Status ValidateOsftMethod(const TrainingMethod& t, const ModelSpec& m,
                                 absl::string_view prefix) {
   if (!(t.osft_rank_ratio > 0 && t.osft_rank_ratio < 1)) {

@@ -16,6 +16,7 @@
 #include "agent/io/peft_adapter.h"
 #include "agent/model/layers.h"
 #include "common/optimizer_bytes.h"
+#include "common/osft_cost.h"
 #include "common/param_shapes.h"
 #include "common/status.h"
 
@@ -381,26 +382,31 @@ absl::StatusOr<double> Trainer::ForwardBackward(const std::vector<MicroBatch>& m
 }
 
 // [OSFT across ranks] Every rank holds the whole model (the frozen factors and the low ones) and
-// takes the same update: the low factors' gradients, all of them flattened into one buffer, are
-// summed in a single all-reduce per step and divided by the world size, the mean the chunk
-// managers' reductions take ([Data parallel loss] weights each rank's loss for it). The
-// projection that follows is local: U_high and V_high are the same on every rank.
+// takes the same update: the low factors' gradients are summed by all-reduces of buckets of them,
+// each flattened into one buffer ([OSFT all-reduce buckets], common/osft_cost.h), and divided by
+// the world size, the mean the chunk managers' reductions take ([Data parallel loss] weights each
+// rank's loss for it). The projection that follows is local: U_high and V_high are the same on
+// every rank.
 absl::Status Trainer::AllReduceOsftGrads() {
   Communicator& comm = *options_.communicator;
   std::vector<torch::Tensor> grads;
+  std::vector<int64_t> bytes;
   for (const NamedParam& p : params_) {
     if (!p.param.grad().defined()) p.param.mutable_grad() = torch::zeros_like(p.param);
     grads.push_back(p.param.grad());
+    bytes.push_back(p.param.grad().numel() * p.param.grad().element_size());
   }
-  std::vector<torch::Tensor> flat;
-  for (const torch::Tensor& g : grads) flat.push_back(g.reshape({-1}));
-  torch::Tensor all = torch::cat(flat).to(comm.device());
-  RETURN_IF_ERROR(comm.AllReduceSum(all)->Wait());
-  all.div_(comm.world_size());
-  int64_t offset = 0;
-  for (torch::Tensor& g : grads) {
-    g.copy_(all.narrow(0, offset, g.numel()).view_as(g));
-    offset += g.numel();
+  for (const auto& [begin, end] : OsftAllReduceBuckets(bytes, kOsftAllReduceBucketBytes)) {
+    std::vector<torch::Tensor> flat;
+    for (size_t i = begin; i < end; ++i) flat.push_back(grads[i].reshape({-1}));
+    torch::Tensor bucket = torch::cat(flat).to(comm.device());
+    RETURN_IF_ERROR(comm.AllReduceSum(bucket)->Wait());
+    bucket.div_(comm.world_size());
+    int64_t offset = 0;
+    for (size_t i = begin; i < end; ++i) {
+      grads[i].copy_(bucket.narrow(0, offset, grads[i].numel()).view_as(grads[i]));
+      offset += grads[i].numel();
+    }
   }
   return absl::OkStatus();
 }

@@ -111,11 +111,14 @@ Prediction OsftPricer::Predict(const ModeCounts& counts) const {
   // [OSFT grads] The agent sets the gradients to none after every update: they are allocated in
   // backward, block by block from the last. The walk's worst phase (the head or a late block's
   // backward) holds about one block's; with several micro-batches all of them exist throughout.
-  // At the update: every gradient, with several ranks the flat copy being all-reduced, else
-  // AdamW's temporaries of one factor.
+  // At the update: every gradient, with several ranks the bucket being all-reduced ([OSFT
+  // all-reduce buckets], common/osft_cost.h), and AdamW's temporaries of one factor.
   const int64_t grads_in_walk = options_.grad_accum > 1 ? cost_.grad_bytes : block_grad_bytes_;
-  const int64_t step_extra =
-      std::max(world_size_ > 1 ? cost_.allreduce_bytes_per_step : 0, 2 * largest_low_factor_bytes_);
+  const int64_t bucket = world_size_ > 1
+                             ? OsftBucketBufferBytes(cost_.grad_bytes, largest_low_factor_bytes_,
+                                                     kOsftAllReduceBucketBytes)
+                             : 0;
+  const int64_t step_extra = std::max(bucket, 2 * largest_low_factor_bytes_);
   const int64_t walk_phase = dyn_walk + grads_in_walk;
   const int64_t step_phase = cost_.grad_bytes + step_extra;
   const bool walk_peak = walk_phase >= step_phase;

@@ -94,5 +94,33 @@ TEST(OsftCostTest, RefusesWhatTheAgentDoesNotRun) {
   EXPECT_FALSE(EstimateOsftCost(moe, w).ok());
 }
 
+TEST(OsftAllReduceBucketsTest, ParameterOrderClosedBeforeTheLimitLargeOnesAlone) {
+  using Ranges = std::vector<std::pair<size_t, size_t>>;
+  EXPECT_EQ(OsftAllReduceBuckets({}, 100), Ranges{});
+  // 40 + 50 fit; 30 would pass 100; 30 + 70 = 100 fit exactly; 150 alone; 1 after it.
+  EXPECT_EQ(OsftAllReduceBuckets({40, 50, 30, 70, 150, 1}, 100),
+            (Ranges{{0, 2}, {2, 4}, {4, 5}, {5, 6}}));
+  EXPECT_EQ(OsftAllReduceBuckets({10, 10, 10}, 1000), (Ranges{{0, 3}}));
+  // Every gradient in exactly one bucket, in order.
+  const std::vector<int64_t> sizes = {7, 300, 5, 5, 90, 11, 64, 64, 64, 2};
+  const Ranges buckets = OsftAllReduceBuckets(sizes, 128);
+  size_t next = 0;
+  for (const auto& [begin, end] : buckets) {
+    EXPECT_EQ(begin, next);
+    EXPECT_LT(begin, end);
+    int64_t filled = 0;
+    for (size_t i = begin; i < end; ++i) filled += sizes[i];
+    if (end - begin > 1) {
+      EXPECT_LE(filled, 128);
+    }
+    EXPECT_LE(filled, std::max<int64_t>(128, OsftBucketBufferBytes(1000, 300, 128)));
+    next = end;
+  }
+  EXPECT_EQ(next, sizes.size());
+  EXPECT_EQ(OsftBucketBufferBytes(1000, 300, 128), 300);  // a large gradient alone
+  EXPECT_EQ(OsftBucketBufferBytes(1000, 50, 128), 128);
+  EXPECT_EQ(OsftBucketBufferBytes(100, 50, 128), 100);    // all of it in one bucket
+}
+
 }  // namespace
 }  // namespace memplan

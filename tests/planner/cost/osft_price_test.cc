@@ -181,6 +181,30 @@ TEST(OsftPriceTest, RanksAddOneAllReduceAndAccumulationKeepsTheGrads) {
   EXPECT_GE(c.peak_bytes, a.peak_bytes);
 }
 
+// [OSFT all-reduce buckets] A model whose update outweighs its activations (llama-3.1-8b, 16
+// tokens): a second rank adds one bucket beside the gradients, not a copy of all of them (9.25 GiB
+// here), less the one factor's AdamW temporaries the single rank already holds there.
+TEST(OsftPriceTest, RanksAddOneBucketAtTheUpdateNotACopyOfEveryGradient) {
+  const ModelSpec model = *FindModelPreset("llama-3.1-8b");
+  Prediction peaks[2];
+  int64_t grad_bytes = 0;
+  for (int world : {1, 2}) {
+    auto trace = SynthesizeTrace(model, Work(1, 16, world), DType::kBFloat16, Osft(0.5), Card());
+    ASSERT_TRUE(trace.ok()) << trace.status();
+    CostOptions options;
+    options.world_size = world;
+    options.local_world_size = world;
+    auto pricer = OsftPricer::Create(*trace, Card(), options);
+    ASSERT_TRUE(pricer.ok()) << pricer.status();
+    peaks[world - 1] = pricer->Predict(ModeCounts{});
+    grad_bytes = pricer->cost().grad_bytes;
+  }
+  const int64_t added = peaks[1].peak_bytes - peaks[0].peak_bytes;
+  EXPECT_GT(grad_bytes, 8 * kOsftAllReduceBucketBytes);
+  EXPECT_GT(added, 0);
+  EXPECT_LE(added, kOsftAllReduceBucketBytes * 11 / 10);  // the uncalibrated factor on top
+}
+
 TEST(OsftPriceTest, RefusesWhatTheAgentRefuses) {
   auto trace = SynthesizeTrace(Tiny(), Work(1, 64), DType::kBFloat16, Osft(0.5), Card());
   ASSERT_TRUE(trace.ok());
