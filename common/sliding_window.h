@@ -12,7 +12,9 @@
 // recomputes each tile under autograd and adds its key and value gradients into per-layer sums
 // (fp32 for 16-bit models, so each sum is rounded once, as flash attention's are): what is kept
 // for backward is q, k and v alone. Grouped-query layers repeat a tile's keys and values for
-// every query head.
+// every query head; in backward the repeated heads' gradients are summed back per kv head in the
+// same dtype as the sums (so a 16-bit key gradient is rounded once, as one kernel over the whole
+// sequence rounds it).
 #pragma once
 
 #include <algorithm>
@@ -51,7 +53,8 @@ struct SlidingWindowAttentionBytes {
   int64_t forward_transient = 0;
   // Backward, beside q, k, v, the output and its gradient: the gradients of q, k and v, the fp32
   // key and value sums (16-bit models), and per tile the mask (twice while built), the repeated
-  // keys and values and their gradients, the recomputed output, its log-sum-exp, the tile's query
+  // keys and values and their gradients, the tile's key and value gradients (summed over the
+  // groups in fp32 for grouped layers), the recomputed output, its log-sum-exp, the tile's query
   // gradient and the kernel's fp32 query-gradient workspace.
   int64_t backward_transient = 0;
 };
@@ -70,7 +73,8 @@ inline SlidingWindowAttentionBytes SlidingWindowAttentionMemory(const ModelSpec&
   const int64_t repeated = grouped ? 2 * batch * keys * hq * d : 0;
   b.forward_transient = mask + repeated + batch * rows * hq * d;
   const int64_t lse = batch * m.num_heads * ((rows + 31) / 32 * 32) * 4;
-  const int64_t tile_grads = 2 * batch * keys * hkv * d + (grouped ? repeated : 0) +
+  const int64_t kv_grad_bytes = grouped ? std::max<int64_t>(d, 4) : d;
+  const int64_t tile_grads = 2 * batch * keys * hkv * kv_grad_bytes + (grouped ? repeated : 0) +
                              batch * rows * hq * d + batch * rows * hq * 4;
   const int64_t tile = mask + repeated + batch * rows * hq * d + lse + tile_grads;
   const int64_t sums = d < 4 ? 2 * batch * seq * hkv * 4 : 0;

@@ -1,5 +1,5 @@
 // Gemma 2's attention (soft-capped scores, its own scale) in query tiles: the one definition the
-// agent's attention (agent/model/softcap_attention.cc) and the planner's block terms
+// agent's attention (SoftcapAttention, agent/model/attention.cc) and the planner's block terms
 // (planner/cost/analytic_trace.cc) share. Torch-free, header-only.
 //
 // [Soft-capped attention tiles] Flash and memory-efficient SDPA kernels cannot apply
@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/sliding_window.h"
 #include "common/types.h"
 
 namespace memplan {
@@ -45,8 +46,9 @@ inline int64_t SoftcapTileKeys(int64_t rows, int64_t seq, int64_t window) {
 // output's gradient, as upper bounds of what is live at once (see [Soft-capped attention tiles]);
 // E = batch · heads · rows · keys scores of one tile, d the model dtype's bytes:
 struct SoftcapAttentionBytes {
-  // Forward: the tile's mask and its queries regrouped, then two score tensors at a time in the
-  // dtype, or the dtype's scores beside the fp32 softmax: E · (d + 4).
+  // Forward: the tile's mask (the band mask of [Sliding-window tiles]: padded rows in the dtype,
+  // twice while a windowed one is built) and its queries regrouped, then two score tensors at a
+  // time in the dtype, or the dtype's scores beside the fp32 softmax: E · (d + 4).
   int64_t forward_transient = 0;
   // Backward: the gradients of q, k, v, the fp32 key and value sums (16-bit models), and per
   // tile the recomputed graph's saved scores (tanh output and probabilities in the dtype, fp32
@@ -64,7 +66,7 @@ inline SoftcapAttentionBytes SoftcapAttentionMemory(const ModelSpec& m, int64_t 
   const int64_t rows = SoftcapTileRows(batch, m.num_heads, seq, window);
   const int64_t keys = SoftcapTileKeys(rows, seq, window);
   const int64_t scores = batch * m.num_heads * rows * keys;
-  const int64_t mask = rows * keys * (d + 1);
+  const int64_t mask = (window > 0 ? 2 : 1) * rows * SlidingWindowMaskRowElems(keys) * d;
   const int64_t queries = batch * rows * hq * d;
   b.tile_scores = scores;
   b.forward_transient = mask + 2 * queries + scores * (d + 4);

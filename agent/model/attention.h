@@ -1,6 +1,9 @@
-// Causal self-attention of one decoder layer, full or within a sliding window, on q, k, v after
-// RoPE. The sliding case is exact (transformers' mask) and runs in O(seq · window) memory by
-// query tiles ([Sliding-window tiles], common/sliding_window.h).
+// Causal self-attention of one decoder layer on q, k, v after RoPE, full or within a sliding
+// window, in two flavours that share one tiled autograd function (attention.cc):
+//  - CausalAttention: SDPA's kernels, the Llama-family layers. A sequence longer than the window
+//    runs in query tiles under a band mask ([Sliding-window tiles], common/sliding_window.h).
+//  - SoftcapAttention: transformers' eager math with Gemma 2's optional tanh cap of the scores,
+//    always in query tiles ([Soft-capped attention tiles], common/softcap_attention.h).
 #pragma once
 
 #include <cstdint>
@@ -15,7 +18,15 @@ namespace memplan {
 // keys j with i - W < j <= i, as SDPA's causal kernel when seq <= W and in tiles beyond.
 // Differentiable in q, k and v; the forward is deterministic given its inputs, so a recomputed
 // block reproduces it.
-torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                              int64_t window);
+torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, int64_t window);
+
+// Same shapes and window rule; scores are q kᵀ · scale, capped as tanh(s / softcap) · softcap when
+// softcap > 0, softmax in fp32. The result is stored as [batch, seq, heads, head_dim]. tile_rows
+// > 0 forces tiles of that many queries (tests); 0 takes SoftcapTileRows(), what the planner
+// prices. Differentiable and deterministic as CausalAttention.
+torch::Tensor SoftcapAttention(const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, int64_t window, double scale, double softcap,
+                               int64_t tile_rows = 0);
 
 }  // namespace memplan

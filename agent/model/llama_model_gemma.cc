@@ -4,11 +4,11 @@
 // agree to rounding.
 #include <cmath>
 
+#include "agent/model/attention.h"
 #include "agent/model/block_params.h"
 #include "agent/model/layers.h"
 #include "agent/model/llama_model.h"
 #include "agent/model/sequence_tiling.h"
-#include "agent/model/softcap_attention.h"
 #include "common/mlp_tiling.h"
 
 namespace memplan {

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <memory>
 #include <string>
@@ -10,6 +11,7 @@
 #include "agent/blocks/activation_offloader.h"
 #include "agent/model/llama_model.h"
 #include "common/sliding_window.h"
+#include "tests/agent/model/dense_attention.h"
 
 namespace memplan {
 namespace {
@@ -18,23 +20,6 @@ const bool kSingleThread = [] {
   torch::set_num_threads(1);
   return true;
 }();
-
-// Dense reference: every score of [seq, seq] computed, then transformers' mask (the query at i
-// sees the keys j with j <= i and, with a window, i - j < window) applied before the softmax.
-torch::Tensor DenseReference(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                             int64_t window) {
-  const int64_t groups = q.size(1) / k.size(1);
-  const torch::Tensor kr = k.repeat_interleave(groups, 1);
-  const torch::Tensor vr = v.repeat_interleave(groups, 1);
-  const int64_t seq = q.size(2);
-  const torch::Tensor i = torch::arange(seq).unsqueeze(1);
-  const torch::Tensor j = torch::arange(seq).unsqueeze(0);
-  torch::Tensor seen = j <= i;
-  if (window > 0) seen = seen.logical_and(i - j < window);
-  const torch::Tensor scores =
-      torch::matmul(q, kr.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(3)));
-  return torch::matmul(torch::softmax(scores.masked_fill(seen.logical_not(), -INFINITY), -1), vr);
-}
 
 struct Inputs {
   torch::Tensor q, k, v, grad;
@@ -55,13 +40,6 @@ Inputs MakeInputs(int64_t heads, int64_t kv_heads, int64_t seq, uint64_t seed) {
   return in;
 }
 
-// Max |got - want| over max |want|; absolute where want is all zero (a one-token window's query and
-// key gradients: a softmax over one key has none).
-double RelErr(const torch::Tensor& got, const torch::Tensor& want) {
-  const double scale = want.abs().max().item<double>();
-  return (got - want).abs().max().item<double>() / (scale > 0 ? scale : 1.0);
-}
-
 struct AttentionCase {
   std::string name;
   int64_t heads, kv_heads, seq, window;
@@ -79,7 +57,8 @@ TEST_P(CausalAttentionTest, MatchesTheDenseMaskedReference) {
            a.v.detach().clone().requires_grad_(true), a.grad};
 
   const torch::Tensor got = CausalAttention(a.q, a.k, a.v, c.window);
-  const torch::Tensor want = DenseReference(b.q, b.k, b.v, c.window);
+  const torch::Tensor want =
+      DenseAttention(b.q, b.k, b.v, c.window, 1.0 / std::sqrt(static_cast<double>(b.q.size(3))));
   ASSERT_EQ(got.sizes(), want.sizes());
   EXPECT_LT(RelErr(got, want), 1e-6);
   got.backward(a.grad);
@@ -117,8 +96,8 @@ TEST(CausalAttentionTest, UpToTheWindowItIsTheCausalKernel) {
 // A recomputed block must reproduce its forward: the same inputs give the same bits.
 TEST(CausalAttentionTest, TiledForwardIsDeterministic) {
   Inputs in = MakeInputs(4, 2, 40, 9);
-  EXPECT_TRUE(torch::equal(CausalAttention(in.q, in.k, in.v, 6),
-                           CausalAttention(in.q, in.k, in.v, 6)));
+  EXPECT_TRUE(
+      torch::equal(CausalAttention(in.q, in.k, in.v, 6), CausalAttention(in.q, in.k, in.v, 6)));
 }
 
 // With a window of one token each query sees only itself: the output is its value.
@@ -143,7 +122,8 @@ TEST(SlidingWindowBytesTest, ZeroUntilTiledThenBoundedByTheWindow) {
   EXPECT_EQ(b.forward_transient, mask + repeated + 1024 * 4096 * 2);
   const int64_t full_grads = 8192 * (4096 + 2 * 1024) * 2;
   const int64_t fp32_sums = 2 * 8192 * 1024 * 4;
-  const int64_t tile = mask + repeated + 1024 * 4096 * 2 + 32 * 1024 * 4 + 2 * 5119 * 1024 * 2 +
+  // The key and value gradients of a tile: the 4 query heads of a kv head summed in fp32.
+  const int64_t tile = mask + repeated + 1024 * 4096 * 2 + 32 * 1024 * 4 + 2 * 5119 * 1024 * 4 +
                        repeated + 1024 * 4096 * 2 + 1024 * 4096 * 4;
   EXPECT_EQ(b.backward_transient, full_grads + fp32_sums + tile);
   // The per-tile share does not grow with the sequence: doubling it adds only full-size terms.

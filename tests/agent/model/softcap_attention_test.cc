@@ -1,13 +1,13 @@
-// [Soft-capped attention tiles] (agent/model/softcap_attention.h): tiles of a few queries, full
-// and sliding, grouped-query heads, capped or not, against a dense eager reference (every score of
-// [seq, seq], repeated kv heads, the mask added after the cap) computed by plain autograd: output
-// and the gradients of q, k and v, in fp32 and bf16.
-#include "agent/model/softcap_attention.h"
-
+// [Soft-capped attention tiles] (SoftcapAttention, agent/model/attention.h): tiles of a few
+// queries, full and sliding, grouped-query heads, capped or not, against the dense eager reference
+// (dense_attention.h): output and the gradients of q, k and v, in fp32 and bf16.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <tuple>
+
+#include "agent/model/attention.h"
+#include "tests/agent/model/dense_attention.h"
 
 namespace memplan {
 namespace {
@@ -16,28 +16,6 @@ const bool kSingleThread = [] {
   torch::set_num_threads(1);
   return true;
 }();
-
-torch::Tensor DenseReference(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                             int64_t window, double scale, double cap) {
-  const int64_t groups = q.size(1) / k.size(1);
-  const torch::Tensor kr = k.repeat_interleave(groups, 1);
-  const torch::Tensor vr = v.repeat_interleave(groups, 1);
-  const int64_t seq = q.size(2);
-  const torch::Tensor i = torch::arange(seq).unsqueeze(1);
-  const torch::Tensor j = torch::arange(seq).unsqueeze(0);
-  torch::Tensor seen = j <= i;
-  if (window > 0) seen = seen.logical_and(i - j < window);
-  torch::Tensor s = torch::matmul(q, kr.transpose(-2, -1)) * scale;
-  if (cap > 0) s = torch::tanh(s / cap) * cap;
-  s = s.masked_fill(seen.logical_not(), -INFINITY);
-  return torch::matmul(torch::softmax(s, -1, torch::kFloat32).to(q.scalar_type()), vr);
-}
-
-double RelErr(const torch::Tensor& got, const torch::Tensor& want) {
-  const double scale = want.abs().max().item<double>();
-  return (got.to(torch::kFloat32) - want.to(torch::kFloat32)).abs().max().item<double>() /
-         (scale > 0 ? scale : 1.0);
-}
 
 // (window, cap, tile rows, dtype)
 class SoftcapAttentionTest
@@ -60,7 +38,7 @@ TEST_P(SoftcapAttentionTest, TilesMatchTheDenseEagerMath) {
   const torch::Tensor q32 = q.detach().to(torch::kFloat32).requires_grad_(true);
   const torch::Tensor k32 = k.detach().to(torch::kFloat32).requires_grad_(true);
   const torch::Tensor v32 = v.detach().to(torch::kFloat32).requires_grad_(true);
-  const torch::Tensor want = DenseReference(q32, k32, v32, window, scale, cap);
+  const torch::Tensor want = DenseAttention(q32, k32, v32, window, scale, cap);
   const auto w = torch::autograd::grad({want}, {q32, k32, v32}, {grad.to(torch::kFloat32)});
   const double tol = dtype == torch::kFloat32 ? 2e-6 : 2e-2;
   EXPECT_LT(RelErr(got, want), tol);
