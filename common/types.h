@@ -89,7 +89,7 @@ struct VisionSpec {
 
 struct ModelSpec {
   std::string name;
-  // llama, qwen2, qwen3, mistral, qwen3_moe, mixtral, qwen2_5_vl, qwen2_vl, gemma2
+  // llama, qwen2, qwen3, mistral, qwen3_moe, mixtral, qwen2_5_vl, qwen2_vl, gemma2, gemma3_text
   std::string family = "llama";
   int64_t hidden_size = 0;
   int64_t num_layers = 0;
@@ -142,6 +142,11 @@ struct ModelSpec {
   double attn_logit_softcapping = 0;
   double final_logit_softcapping = 0;
   int64_t embedding_padding_idx = -1;
+  // Gemma 3 (family gemma3_text) is Gemma 2's block with qk_norm as Gemma's (1 + weight) norm on
+  // every head's query and key before RoPE, and two RoPEs: the sliding layers rotate with the
+  // default frequencies of base rope_local_base_freq, the full layers with rope_theta and
+  // rope_scaling. 0: every layer uses rope_theta and rope_scaling.
+  double rope_local_base_freq = 0;
 
   // Vision-language (family qwen2_5_vl): the vision tower, the token ids the processor puts in
   // the text (one image_token_id per merged patch, between vision_start and vision_end), and the
@@ -156,7 +161,8 @@ struct ModelSpec {
 
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : hidden_size / num_heads; }
   bool IsVisionLanguage() const { return vision.depth > 0; }
-  bool IsGemma() const { return family == "gemma2"; }
+  // Gemma 2 and Gemma 3 share the block, norms, embedding and caps.
+  bool IsGemma() const { return family == "gemma2" || family == "gemma3_text"; }
   // The factor attention scores are multiplied by before softmax (and before a soft cap).
   double AttentionScale() const {
     // pow(x, -0.5), as Python's x ** -0.5 computes transformers' scaling.
