@@ -101,6 +101,19 @@ class LlamaModel {
   // device): ParamGroups() then lists the frozen high factors in the weight's place,
   // AdapterGroups() and TrainableParams() the low ones. Once, after loading the weights.
   absl::Status SplitOsft();
+  // [OSFT resume without the SVD] Instead of SplitOsft(), for a resume whose checkpoint holds
+  // every factor: the same factors in shape, dtype, device and trainability (OsftZeroFactors),
+  // zero-filled until the checkpoint's values are copied in; the dense weights are dropped
+  // unread. Once.
+  absl::Status ShapeOsftFactors();
+  // How the factors were made: projections split by SVD, projections shaped for a checkpoint,
+  // and the seconds that took (all 0 before SplitOsft() or ShapeOsftFactors()).
+  struct OsftFactorOrigin {
+    int svd_splits = 0;
+    int shaped = 0;
+    double seconds = 0;
+  };
+  const OsftFactorOrigin& osft_factor_origin() const { return osft_origin_; }
   // [OSFT] Projects the low factors' accumulated gradients orthogonal to the frozen subspaces.
   void ProjectOsftGrads();
   // QLoRA: the Hugging Face names of the quantized weights (block order, kLoraModuleNames order);
@@ -184,6 +197,8 @@ class LlamaModel {
   // [QLoRA] `value` in NF4, quantized on options.device, parts on the parameter device.
   quant::Nf4Tensor QuantizeBaseWeight(const torch::Tensor& value) const;
   void InitAdapters();
+  // Both [OSFT] ways to the factors: by SVD of the loaded weights or zero-filled for a checkpoint.
+  absl::Status MakeOsftFactors(bool svd);
   // `mrope_positions` ([3, batch, seq], MropePositions): a vision-language model's multimodal
   // rotary embedding, cos/sin [batch, 1, seq, head_dim].
   Rope MakeRope(int64_t seq_len, const torch::Tensor& mrope_positions = torch::Tensor()) const;
@@ -217,6 +232,7 @@ class LlamaModel {
   std::unique_ptr<VisionParams> vision_;  // vision-language models only
   std::unique_ptr<ActivationOffloader> default_offloader_;
   bool osft_split_ = false;
+  OsftFactorOrigin osft_origin_;
 };
 
 }  // namespace memplan

@@ -67,6 +67,24 @@ OsftFactors OsftSplit(const torch::Tensor& weight, double rank_ratio, const torc
   return f;
 }
 
+OsftFactors OsftZeroFactors(int64_t out_features, int64_t in_features, double rank_ratio,
+                            const torch::TensorOptions& store) {
+  const OsftRanks ranks = OsftSplitRanks(out_features, in_features, rank_ratio);
+  TORCH_CHECK(ranks.low > 0, "OSFT: a [", out_features, ", ", in_features,
+              "] weight has no spectrum to split");
+  auto zeros = [&store](std::vector<int64_t> shape, bool trainable) {
+    return torch::zeros(shape, store).requires_grad_(trainable);
+  };
+  OsftFactors f;
+  f.u_high = zeros({out_features, ranks.high}, false);
+  f.s_high = zeros({ranks.high}, false);
+  f.v_high = zeros({in_features, ranks.high}, false);
+  f.u_low = zeros({out_features, ranks.low}, true);
+  f.s_low = zeros({ranks.low}, true);
+  f.v_low = zeros({in_features, ranks.low}, true);
+  return f;
+}
+
 torch::Tensor OsftLinear(const torch::Tensor& x, const OsftFactors& f, const torch::Tensor& bias) {
   const torch::Tensor x2 = x.reshape({-1, x.size(-1)});
   const torch::Tensor high = torch::mm(x2, f.v_high) * f.s_high;

@@ -358,6 +358,11 @@ absl::Status TrainSession::BuildTrainer() {
   options.offload.host_memory = plan_.host_memory;
   options.offload.max_in_flight_groups = config_.offload_in_flight;
   options.communicator = group_.get();
+  // [OSFT resume without the SVD] (agent/model/osft.h): Run() has checked the checkpoint's split
+  // against this run's; its factors fill the shaped ones in Resume().
+  options.osft_factors_from_checkpoint =
+      config_.osft.enabled() && !config_.resume_dir.empty() &&
+      io::IsRegularFile(io::JoinPath(config_.resume_dir, io::kOsftFactorsFile));
   if (group_ != nullptr) options.chunks.coalesce_gathers = group_->options().coalesce_gathers;
   const std::string plan_source = loop_.address.empty()
                                       ? "--plan-file " + config_.plan_file
@@ -399,6 +404,14 @@ absl::Status TrainSession::BuildTrainer() {
     options.observer = timeline_.get();
   }
   ASSIGN_OR_RETURN(trainer_, Trainer::Create(model_.get(), options));
+  if (model_->has_osft()) {
+    const LlamaModel::OsftFactorOrigin& made = model_->osft_factor_origin();
+    MEMPLAN_LOG(kInfo, "osft factors")
+        .Field("source", made.svd_splits > 0 ? "svd" : "checkpoint")
+        .Field("svd_splits", made.svd_splits)
+        .Field("shaped_for_checkpoint", made.shaped)
+        .Field("seconds", made.seconds);
+  }
   if (timeline_ != nullptr && trainer_->chunk_manager() != nullptr) {
     // The timeline's cpu_updates_started column: the CPU optimizer's overlap with backward.
     ChunkManager* chunks = trainer_->chunk_manager();

@@ -164,7 +164,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
           "trainer: OSFT runs unmanaged for now (every parameter on the device, the model "
           "replicated over ranks): no plan, --chunk-mib or --n-persist");
     }
-    RETURN_IF_ERROR(model->SplitOsft());
+    // [OSFT resume without the SVD] (agent/model/osft.h): shaped factors, and no step until the
+    // checkpoint has filled them.
+    if (o.osft_factors_from_checkpoint) {
+      RETURN_IF_ERROR(model->ShapeOsftFactors());
+      trainer->osft_factors_pending_ = true;
+    } else {
+      RETURN_IF_ERROR(model->SplitOsft());
+    }
     if (const torch::Device device = model->options().device; device.is_cuda()) {
       // The split replaced every dense target weight by factors of other sizes and freed its
       // float32 copies and SVD workspaces: the cache is left full of holes that training's
@@ -303,6 +310,7 @@ absl::Status Trainer::SetLearningRate(double lr) {
 }
 
 absl::StatusOr<double> Trainer::EvalLoss(const MicroBatch& batch) {
+  RETURN_IF_ERROR(CheckOsftFactorsRestored());
   try {
     torch::NoGradGuard no_grad;
     const torch::Device device = model_->options().device;
@@ -327,7 +335,15 @@ absl::StatusOr<double> Trainer::EvalLoss(const MicroBatch& batch) {
   }
 }
 
+absl::Status Trainer::CheckOsftFactorsRestored() const {
+  if (!osft_factors_pending_) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "trainer: the OSFT factors were shaped for a checkpoint (osft_factors_from_checkpoint) and "
+      "none has been restored: RestoreCheckpoint first");
+}
+
 absl::StatusOr<double> Trainer::ForwardBackward(const std::vector<MicroBatch>& micro_batches) {
+  RETURN_IF_ERROR(CheckOsftFactorsRestored());
   if (static_cast<int>(micro_batches.size()) != options_.grad_accum) {
     return absl::InvalidArgumentError(absl::StrCat("trainer: got ", micro_batches.size(),
                                                    " micro-batches, grad_accum is ",
@@ -911,6 +927,7 @@ absl::Status Trainer::RestoreCheckpoint(const io::Checkpoint& checkpoint) {
       RETURN_IF_ERROR(model_->has_osft() ? RestoreOsftParams(checkpoint)
                                          : io::CopyParamsByName(checkpoint.params, params_));
       RETURN_IF_ERROR(ImportOptimizerState(checkpoint.optimizer_state));
+      osft_factors_pending_ = false;  // every factor was copied (CopyParamsByName checks)
     }
   } catch (const c10::Error& e) {
     return FromTorch(e, "trainer: restoring checkpoint failed");

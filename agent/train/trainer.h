@@ -58,6 +58,10 @@ struct TrainerOptions {
   // more than max_consecutive_nonfinite_skips steps in a row were non-finite.
   bool skip_nonfinite = false;
   int max_consecutive_nonfinite_skips = 8;
+  // [OSFT resume without the SVD] (agent/model/osft.h): an OSFT model's factors are shaped, not
+  // split (LlamaModel::ShapeOsftFactors), for a RestoreCheckpoint that supplies them; until it
+  // has, ForwardBackward and EvalLoss are refused.
+  bool osft_factors_from_checkpoint = false;
 };
 
 struct MicroBatch {
@@ -195,6 +199,8 @@ class Trainer {
   // neither run OSFT (FAILED_PRECONDITION naming the flag).
   absl::Status CheckOsftResumable(const io::OsftSettings& saved) const;
   absl::Status RestoreOsftParams(const io::Checkpoint& checkpoint);  // unmanaged OSFT
+  // FAILED_PRECONDITION while shaped OSFT factors wait for RestoreCheckpoint.
+  absl::Status CheckOsftFactorsRestored() const;
   // [Data parallel checkpoints] Every rank's `mine`, agreed: an error if any rank failed.
   absl::Status AgreeAcrossRanks(const absl::Status& mine, absl::string_view what);
 
@@ -213,6 +219,7 @@ class Trainer {
   std::unique_ptr<ActivationOffloader> offloader_;
   std::unique_ptr<ParamResidency> observed_;  // chunk manager + options_.observer
   int64_t step_ = 0;
+  bool osft_factors_pending_ = false;  // shaped, not yet restored
   int consecutive_nonfinite_ = 0;
 };
 

@@ -2,7 +2,8 @@
 // train llama-tiny with --batch 2 each; one process with --batch 4 reads the same samples (the
 // batcher gives rank r rows [2r, 2r + 2) of each global batch of 4). The per-step losses agree up
 // to fp32 summation order; only rank 0 logs steps. Then checkpoints: saved by 2 ranks and resumed
-// by 3, saved by 3 and resumed by 1, against one process that never stopped.
+// by 3, saved by 3 and resumed by 1, against one process that never stopped; OSFT's saved by 2
+// and resumed by 1, saved by 1 and resumed by 3, each resume without the SVD split.
 #include <sys/wait.h>
 
 #include <cmath>
@@ -428,6 +429,19 @@ TEST(TrainDistributedTest, ShardedLoadingReadsOnlyEachRanksPartOfTheCheckpoint) 
 // [OSFT across ranks] (agent/train/trainer.cc): each rank holds the whole model, the low factors'
 // gradients are averaged in one all-reduce per step; 2 ranks x 2 rows train like 1 process x 4
 // rows (clipped, 3 steps: the later losses read the updated factors).
+// The `msg="osft factors"` log line (how the factors were made), or "".
+std::string OsftFactorsLine(const std::string& log) {
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    if (absl::StrContains(line, "msg=\"osft factors\"")) return std::string(line);
+  }
+  return "";
+}
+
+// [OSFT resume without the SVD] (agent/model/osft.h): a run from weights splits them; a resume
+// shapes the factors for the checkpoint's and runs no SVD.
+constexpr char kSplitBySvd[] = "source=\"svd\"";
+constexpr char kNoSvd[] = "source=\"checkpoint\" svd_splits=0 ";
+
 TEST(TrainDistributedTest, OsftTwoRanksTrainLikeOneProcess) {
   const std::string base = absl::StrCat(::testing::TempDir(), "/train_distributed_osft_", getpid());
   const std::vector<double> expected =
@@ -457,8 +471,9 @@ TEST(TrainDistributedTest, OsftCheckpointsResumeOnAnotherNumberOfRanks) {
       absl::StrCat(::testing::TempDir(), "/train_distributed_osft_ckpt_", getpid());
   const std::string data = base + ".tokens";
   ASSERT_NO_FATAL_FAILURE(MakeTokens(data, 5, base + ".make"));
-  const std::vector<double> straight =
-      StepLosses(RunRanks(OsftArgs(4, 4, data), 1, base + ".straight"));
+  const std::string straight_log = RunRanks(OsftArgs(4, 4, data), 1, base + ".straight");
+  EXPECT_THAT(OsftFactorsLine(straight_log), HasSubstr(kSplitBySvd)) << straight_log;
+  const std::vector<double> straight = StepLosses(straight_log);
   ASSERT_EQ(straight.size(), 4u);
 
   const std::string from_two = base + ".from2";
@@ -471,8 +486,10 @@ TEST(TrainDistributedTest, OsftCheckpointsResumeOnAnotherNumberOfRanks) {
                            "osft_factors.safetensors", "optimizer.safetensors", "trainer.json"}) {
     EXPECT_TRUE(std::filesystem::exists(absl::StrCat(from_two, "/", file))) << file;
   }
-  const std::vector<double> two_to_one =
-      StepLosses(RunRanks(With(OsftArgs(4, 4, data), {"--resume", from_two}), 1, base + ".one"));
+  const std::string two_to_one_log =
+      RunRanks(With(OsftArgs(4, 4, data), {"--resume", from_two}), 1, base + ".one");
+  EXPECT_THAT(OsftFactorsLine(two_to_one_log), HasSubstr(kNoSvd)) << two_to_one_log;
+  const std::vector<double> two_to_one = StepLosses(two_to_one_log);
   ASSERT_EQ(two_to_one.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
     EXPECT_NEAR(two[i], straight[i], 1e-5 * straight[i]) << "step " << i + 1;
@@ -523,6 +540,38 @@ TEST(TrainDistributedTest, OsftCheckpointsResumeOnAnotherNumberOfRanks) {
   for (const std::string& dir : {from_two, from_one, exported, merged}) {
     std::filesystem::remove_all(dir);
   }
+  std::remove(data.c_str());
+}
+
+// 1 -> N: one process x 6 rows saves an OSFT run after 2 steps and 3 ranks x 2 rows resume it to
+// step 3 with the uninterrupted run's third loss; no resuming rank splits its weights by SVD.
+TEST(TrainDistributedTest, OsftCheckpointOfOneProcessResumesOnThreeRanks) {
+  const std::string base =
+      absl::StrCat(::testing::TempDir(), "/train_distributed_osft_1to3_", getpid());
+  const std::string data = base + ".tokens";
+  ASSERT_NO_FATAL_FAILURE(MakeTokens(data, 7, base + ".make"));
+  const std::string straight_log = RunRanks(OsftArgs(6, 3, data), 1, base + ".straight");
+  const std::vector<double> straight = StepLosses(straight_log);
+  ASSERT_EQ(straight.size(), 3u) << straight_log;
+
+  const std::string from_one = base + ".from1";
+  const std::vector<double> first =
+      StepLosses(RunRanks(With(OsftArgs(6, 2, data), {"--save", from_one}), 1, base + ".first"));
+  ASSERT_EQ(first.size(), 2u);
+  const std::vector<std::string> logs =
+      RunEveryRank(With(OsftArgs(2, 3, data), {"--resume", from_one}), 3, base + ".three");
+  if (absl::StrContains(logs[0], "no Gloo process group")) GTEST_SKIP() << logs[0];
+  for (size_t r = 0; r < logs.size(); ++r) {
+    EXPECT_THAT(OsftFactorsLine(logs[r]), HasSubstr(kNoSvd)) << "rank " << r << ":\n" << logs[r];
+  }
+  std::printf("straight: %s\nresumed:  %s\n", OsftFactorsLine(straight_log).c_str(),
+              OsftFactorsLine(logs[0]).c_str());
+  const std::vector<double> resumed = StepLosses(logs[0]);
+  ASSERT_EQ(resumed.size(), 1u) << logs[0];
+  EXPECT_EQ(first[1], straight[1]);  // the same process, the same computation
+  EXPECT_NEAR(resumed[0], straight[2], 1e-5 * std::abs(straight[2]));
+  EXPECT_NE(straight[2], straight[0]);
+  std::filesystem::remove_all(from_one);
   std::remove(data.c_str());
 }
 

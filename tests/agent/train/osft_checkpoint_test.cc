@@ -50,7 +50,9 @@ struct OsftRun {
   std::unique_ptr<Trainer> trainer;
 };
 
-OsftRun Make(const LlamaModelOptions& o) {
+// `shaped`: the factors are shaped for a checkpoint instead of split ([OSFT resume without the
+// SVD], agent/model/osft.h).
+OsftRun Make(const LlamaModelOptions& o, bool shaped = false) {
   OsftRun r;
   auto model = LlamaModel::Create(o);
   EXPECT_TRUE(model.ok()) << model.status();
@@ -60,6 +62,7 @@ OsftRun Make(const LlamaModelOptions& o) {
   t.adamw.lr = 3e-3;
   t.max_grad_norm = 1.0;
   t.block_modes = BlockModes(4, BlockMode::kCkpt);
+  t.osft_factors_from_checkpoint = shaped;
   auto trainer = Trainer::Create(r.model.get(), t);
   EXPECT_TRUE(trainer.ok()) << trainer.status();
   r.trainer = *std::move(trainer);
@@ -142,23 +145,68 @@ TEST_F(OsftCheckpointTest, ResumedRunEqualsTheStraightOneAndExportsMergedWeights
   EXPECT_EQ(loaded->osft.settings.rank_ratio, 0.5);
   EXPECT_EQ(loaded->osft.settings.targets, kTargets);
   EXPECT_EQ(loaded->osft.factors.size(), 4u * kTargets.size() * 6u);
-  // A fresh model splits its own (initial) weights; the checkpoint's factors replace them.
-  OsftRun resumed = Make(Options(0.5, kTargets));
-  ASSERT_TRUE(resumed.trainer->RestoreCheckpoint(*loaded).ok());
-  EXPECT_EQ(resumed.trainer->step(), 2);
-  for (int64_t step = 2; step < 4; ++step) {
-    auto stats = resumed.trainer->Step(StepBatches(step));
-    ASSERT_TRUE(stats.ok()) << stats.status();
-    EXPECT_EQ(stats->loss, losses[static_cast<size_t>(step)]) << "step " << step + 1;
-  }
+  // Resumed into a fresh model that splits its own (initial) weights, the checkpoint's factors
+  // replacing them, and into one whose factors are only shaped for them: no SVD runs, the same
+  // steps bit for bit.
   const auto want = ByName(straight.trainer->Params());
-  for (const NamedParam& p : resumed.trainer->Params()) {
-    EXPECT_TRUE(torch::equal(p.param, want.at(p.name))) << p.name;
-  }
   const auto frozen = ByName(straight.model->Params());
-  for (const NamedParam& p : resumed.model->Params()) {
-    EXPECT_TRUE(torch::equal(p.param, frozen.at(p.name))) << p.name;
+  for (const bool shaped : {false, true}) {
+    SCOPED_TRACE(shaped ? "shaped for the checkpoint" : "split, then overwritten");
+    OsftRun resumed = Make(Options(0.5, kTargets), shaped);
+    EXPECT_EQ(resumed.model->osft_factor_origin().svd_splits, shaped ? 0 : 20);
+    EXPECT_EQ(resumed.model->osft_factor_origin().shaped, shaped ? 20 : 0);
+    ASSERT_TRUE(resumed.trainer->RestoreCheckpoint(*loaded).ok());
+    EXPECT_EQ(resumed.trainer->step(), 2);
+    for (int64_t step = 2; step < 4; ++step) {
+      auto stats = resumed.trainer->Step(StepBatches(step));
+      ASSERT_TRUE(stats.ok()) << stats.status();
+      EXPECT_EQ(stats->loss, losses[static_cast<size_t>(step)]) << "step " << step + 1;
+    }
+    for (const NamedParam& p : resumed.trainer->Params()) {
+      EXPECT_TRUE(torch::equal(p.param, want.at(p.name))) << p.name;
+    }
+    for (const NamedParam& p : resumed.model->Params()) {
+      EXPECT_TRUE(torch::equal(p.param, frozen.at(p.name))) << p.name;
+    }
   }
+}
+
+// [OSFT resume without the SVD] (agent/model/osft.h): the shaped factors are the split's in name,
+// order, shape, dtype, layout and trainability, without an SVD; nothing trains on them until a
+// checkpoint has filled them.
+TEST_F(OsftCheckpointTest, ShapedFactorsAreTheSplitsWithoutAnSvdAndWaitForTheCheckpoint) {
+  OsftRun split = Make(Options(0.5, kTargets));
+  OsftRun shaped = Make(Options(0.5, kTargets), /*shaped=*/true);
+  EXPECT_EQ(split.model->osft_factor_origin().svd_splits, 20);
+  EXPECT_EQ(shaped.model->osft_factor_origin().svd_splits, 0);
+  EXPECT_EQ(shaped.model->osft_factor_origin().shaped, 20);
+  auto same = [](const std::vector<NamedParam>& a, const std::vector<NamedParam>& b) {
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].name, b[i].name);
+      EXPECT_EQ(a[i].param.sizes(), b[i].param.sizes()) << a[i].name;
+      EXPECT_EQ(a[i].param.strides(), b[i].param.strides()) << a[i].name;
+      EXPECT_EQ(a[i].param.scalar_type(), b[i].param.scalar_type()) << a[i].name;
+      EXPECT_EQ(a[i].param.requires_grad(), b[i].param.requires_grad()) << a[i].name;
+    }
+  };
+  same(split.model->Params(), shaped.model->Params());
+  same(split.model->TrainableParams(), shaped.model->TrainableParams());
+
+  const absl::Status refused = shaped.trainer->Step(StepBatches(0)).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("RestoreCheckpoint first"));
+  EXPECT_EQ(shaped.trainer->EvalLoss(StepBatches(0)[0]).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // A refused restore (another split) leaves it waiting.
+  ASSERT_TRUE(split.trainer->SaveCheckpoint(root_ + "/ckpt", io::TrainerState()).ok());
+  auto loaded = io::LoadCheckpoint(root_ + "/ckpt");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  OsftRun other = Make(Options(0.25, kTargets), /*shaped=*/true);
+  EXPECT_FALSE(other.trainer->RestoreCheckpoint(*loaded).ok());
+  EXPECT_FALSE(other.trainer->Step(StepBatches(0)).ok());
+  ASSERT_TRUE(shaped.trainer->RestoreCheckpoint(*loaded).ok());
+  EXPECT_TRUE(shaped.trainer->Step(StepBatches(0)).ok());
 }
 
 TEST_F(OsftCheckpointTest, ResumeWithAnotherSplitIsRefusedNamingTheFlag) {
