@@ -67,7 +67,14 @@ constexpr FamilyDefaults kFamilies[] = {
     {"qwen2_vl", "Qwen2VLForConditionalGeneration", 1000000.0, 1e-5, 32768, 0, true, false},
     // Gemma 2's block differs (four norms, GeGLU, soft caps: hf_config_gemma.cc).
     {"gemma2", "Gemma2ForCausalLM", 10000.0, 1e-6, 8192, 256, false, false},
+    // Gemma 3's text decoder: Gemma 2's block with q/k norms and a RoPE per layer type.
+    {"gemma3_text", "Gemma3ForCausalLM", 1000000.0, 1e-6, 131072, 256, false, true},
 };
+
+bool IsGemmaFamily(const FamilyDefaults& family) {
+  const std::string type = family.model_type;
+  return type == "gemma2" || type == "gemma3_text";
+}
 
 bool IsVisionLanguageFamily(const FamilyDefaults& family) {
   const std::string type = family.model_type;
@@ -97,6 +104,14 @@ absl::StatusOr<const FamilyDefaults*> ResolveFamily(const Json& root) {
   if (model_type.has_value()) {
     for (const FamilyDefaults& f : kFamilies) {
       if (*model_type == f.model_type) family = &f;
+    }
+    if (family == nullptr && *model_type == "gemma3") {
+      // Gemma3ForConditionalGeneration: a vision tower and the text decoder under
+      // "language_model."; only the decoder's own config is read.
+      return KeyError("model_type",
+                      "= \"gemma3\" (Gemma3ForConditionalGeneration, vision + text) is not "
+                      "supported; give the text decoder's config (its \"text_config\", "
+                      "model_type \"gemma3_text\", Gemma3ForCausalLM)");
     }
     if (family == nullptr) {
       return KeyError(
@@ -131,7 +146,7 @@ absl::StatusOr<const FamilyDefaults*> ResolveFamily(const Json& root) {
 // never silently loads into the wrong architecture.
 absl::Status CheckUnsupportedFeatures(const Json& root, const FamilyDefaults& family) {
   // Gemma 2's activation and biases are its own keys (hf_json::ParseGemma).
-  if (std::string(family.model_type) == "gemma2") return absl::OkStatus();
+  if (IsGemmaFamily(family)) return absl::OkStatus();
   ASSIGN_OR_RETURN(std::optional<std::string> act, OptionalString(root, "hidden_act"));
   if (act.has_value() && *act != "silu") {
     return KeyError("hidden_act", absl::StrCat("= \"", *act, "\" is not supported; allowed: silu"));
@@ -315,7 +330,7 @@ absl::Status ParseRope(const Json& root, const FamilyDefaults& family, ModelSpec
 absl::StatusOr<int64_t> ParseSlidingWindow(const Json& root, const FamilyDefaults& family,
                                            int64_t num_layers) {
   const std::string type = family.model_type;
-  if (type == "llama" || type == "gemma2") return 0;  // Gemma 2: hf_json::ParseGemma
+  if (type == "llama" || IsGemmaFamily(family)) return 0;  // Gemma: hf_json::ParseGemma
   const bool absent = root.find("sliding_window") == root.end();
   ASSIGN_OR_RETURN(std::optional<int64_t> window,
                    OptionalInt(root, "sliding_window", 1, kMaxPositionEmbeddings));
@@ -509,12 +524,17 @@ absl::Status ParseLanguageModel(const Json& root, const FamilyDefaults* family, 
   spec.max_position_embeddings = max_pos.value_or(family->max_position_embeddings);
   spec.qkv_bias = family->qkv_bias;
   spec.qk_norm = family->qk_norm;
-  RETURN_IF_ERROR(ParseRope(root, *family, &spec));
+  if (std::string(family->model_type) == "gemma3_text") {
+    ASSIGN_OR_RETURN(const Json rope_root, hf_json::Gemma3RopeRoot(root, &spec));
+    RETURN_IF_ERROR(ParseRope(rope_root, *family, &spec));
+  } else {
+    RETURN_IF_ERROR(ParseRope(root, *family, &spec));
+  }
   ASSIGN_OR_RETURN(spec.sliding_window, ParseSlidingWindow(root, *family, spec.num_layers));
   ASSIGN_OR_RETURN(spec.sliding_layers,
                    ParseSlidingLayers(root, *family, spec.num_layers, spec.sliding_window));
   RETURN_IF_ERROR(ParseMoe(root, *family, &spec));
-  if (std::string(family->model_type) == "gemma2") {
+  if (IsGemmaFamily(*family)) {
     RETURN_IF_ERROR(hf_json::ParseGemma(root, &spec));
   }
   return absl::OkStatus();

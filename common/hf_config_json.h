@@ -46,15 +46,22 @@ absl::Status ParseVisionLanguage(const Json& root, ModelSpec* spec);
 // "vision_config", the token ids at the top level.
 std::string VisionLanguageConfigJson(const ModelSpec& spec, nlohmann::ordered_json text);
 
-// Gemma 2's keys (hf_config_gemma.cc): hidden_activation (gelu_pytorch_tanh only); attention
+// Gemma 2's and Gemma 3's keys (hf_config_gemma.cc; spec->family picks the defaults that differ:
+// caps, the sliding layers' pattern): hidden_activation (gelu_pytorch_tanh only); attention
 // biases, attention dropout and bidirectional attention refused; query_pre_attn_scalar, both soft
 // caps (absent: transformers' defaults, null: off), tie_word_embeddings (default true),
 // pad_token_id (the embedding's padding row, default 0) and the sliding layers ("layer_types",
 // else every even layer) with their window. spec->num_layers and vocab_size must be set.
 absl::Status ParseGemma(const Json& root, ModelSpec* spec);
 
-// Gemma 2's keys of config.json, written into `j` (a causal LM's keys as ToHfConfigJson writes
-// them).
+// Gemma 3's RoPE keys: "rope_parameters" per layer type (transformers 5) or "rope_scaling" /
+// "rope_theta" with "rope_local_base_freq" (published configs). Sets spec->rope_local_base_freq
+// (default 10000) and returns `root` with the full layers' dictionary as its "rope_parameters",
+// the one-RoPE layout the common parser reads.
+absl::StatusOr<Json> Gemma3RopeRoot(const Json& root, ModelSpec* spec);
+
+// Gemma 2's (and Gemma 3's) keys of config.json, written into `j` (a causal LM's keys as
+// ToHfConfigJson writes them).
 void GemmaConfigJson(const ModelSpec& spec, nlohmann::ordered_json* j);
 
 }  // namespace hf_json

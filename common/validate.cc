@@ -139,8 +139,8 @@ absl::Status ValidateVisionLanguage(const ModelSpec& m, absl::string_view prefix
   return absl::OkStatus();
 }
 
-// Gemma 2's fields: non-negative, finite, and only on family gemma2 (other families would
-// silently ignore them); a gemma2 model's padding row inside its vocabulary.
+// Gemma's fields: non-negative, finite, and only on the Gemma families (other families would
+// silently ignore them); a Gemma model's padding row inside its vocabulary.
 absl::Status ValidateGemma(const ModelSpec& m, absl::string_view prefix) {
   const std::pair<const char*, double> fields[] = {
       {"query_pre_attn_scalar", m.query_pre_attn_scalar},
@@ -152,15 +152,24 @@ absl::Status ValidateGemma(const ModelSpec& m, absl::string_view prefix) {
       return OutOfRange(prefix, name, value, 0, 1e6);
     }
     if (value != 0 && !m.IsGemma()) {
-      return absl::InvalidArgumentError(absl::StrCat(prefix, name, " = ", value,
-                                                     " is only supported for family gemma2"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, name, " = ", value, " is only supported for families gemma2, gemma3_text"));
     }
+  }
+  if (!std::isfinite(m.rope_local_base_freq) || m.rope_local_base_freq < 0 ||
+      m.rope_local_base_freq > 1e12) {
+    return OutOfRange(prefix, "rope_local_base_freq", m.rope_local_base_freq, 0, 1e12);
+  }
+  if (m.rope_local_base_freq != 0 && m.family != "gemma3_text") {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, "rope_local_base_freq = ",
+                                                   m.rope_local_base_freq,
+                                                   " is only supported for family gemma3_text"));
   }
   if (m.embedding_padding_idx != -1) {
     if (!m.IsGemma()) {
       return absl::InvalidArgumentError(absl::StrCat(
           prefix, "embedding_padding_idx = ", m.embedding_padding_idx,
-          " is only supported for family gemma2"));
+          " is only supported for families gemma2, gemma3_text"));
     }
     if (auto s = CheckInt(prefix, "embedding_padding_idx", m.embedding_padding_idx, -1,
                           m.vocab_size - 1);
@@ -228,7 +237,7 @@ absl::Status ValidateModelSpec(const ModelSpec& m, absl::string_view prefix) {
     return absl::InvalidArgumentError(absl::StrCat(prefix, "family = ", Quote(m.family),
                                                    " is not supported; allowed: llama, qwen2, "
                                                    "qwen3, mistral, qwen3_moe, mixtral, "
-                                                   "qwen2_5_vl, qwen2_vl, gemma2"));
+                                                   "qwen2_5_vl, qwen2_vl, gemma2, gemma3_text"));
   }
   if (auto s = ValidateGemma(m, prefix); !s.ok()) return s;
   if (vl_family != m.IsVisionLanguage()) {

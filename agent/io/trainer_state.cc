@@ -120,13 +120,14 @@ absl::Status DecodeMoe(const Json& j, ModelSpec* m) {
   return absl::OkStatus();
 }
 
-// Gemma 2's fields (family gemma2 only; other families' states stay as they were).
+// Gemma's fields (families gemma2 and gemma3_text only; other families' states stay as they were).
 void EncodeGemma(const ModelSpec& m, OrderedJson* j) {
   if (!m.IsGemma()) return;
   (*j)["query_pre_attn_scalar"] = m.query_pre_attn_scalar;
   (*j)["attn_logit_softcapping"] = m.attn_logit_softcapping;
   (*j)["final_logit_softcapping"] = m.final_logit_softcapping;
   (*j)["embedding_padding_idx"] = m.embedding_padding_idx;
+  if (m.rope_local_base_freq > 0) (*j)["rope_local_base_freq"] = m.rope_local_base_freq;
 }
 
 absl::Status DecodeGemma(const Json& j, ModelSpec* m) {
@@ -140,6 +141,10 @@ absl::Status DecodeGemma(const Json& j, ModelSpec* m) {
   ASSIGN_OR_RETURN(m->embedding_padding_idx,
                    GetInt(j, "embedding_padding_idx", "model.embedding_padding_idx", -1,
                           std::numeric_limits<int64_t>::max()));
+  if (j.contains("rope_local_base_freq")) {
+    ASSIGN_OR_RETURN(m->rope_local_base_freq, GetDouble(j, "rope_local_base_freq",
+                                                        "model.rope_local_base_freq", 0, 1e12));
+  }
   return absl::OkStatus();
 }
 

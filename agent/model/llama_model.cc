@@ -221,7 +221,7 @@ void LlamaModel::InitParams() {
     make(slot, {InitRecipe::kZeros, std::move(sizes), -1});
   };
 
-  // Gemma 2 scales by (1 + weight): its norms start at zero, as transformers initialises them.
+  // Gemma scales by (1 + weight): its norms start at zero, as transformers initialises them.
   auto norm = [&](torch::Tensor* slot, std::vector<int64_t> sizes) {
     if (s.IsGemma()) return zeros(slot, std::move(sizes));
     ones(slot, std::move(sizes));
@@ -239,8 +239,8 @@ void LlamaModel::InitParams() {
     if (s.qkv_bias) zeros(&b->v_bias, {s.num_kv_heads * d});
     normal(&b->o_proj, {s.hidden_size, s.num_heads * d});
     if (s.qk_norm) {
-      ones(&b->q_norm, {d});
-      ones(&b->k_norm, {d});
+      norm(&b->q_norm, {d});
+      norm(&b->k_norm, {d});
     }
     if (s.IsMoeLayer(i)) {
       b->moe = std::make_unique<MoeParams>(MoeParams::Shaped(s, i));
@@ -698,17 +698,32 @@ LlamaModel::Rope LlamaModel::MakeRope(int64_t seq_len, const torch::Tensor& mrop
       inv_freq = torch::where(medium, smoothed, scaled);
     }
   }
-  torch::Tensor freqs;
-  if (mrope_positions.defined()) {
-    freqs = MropeAngles(mrope_positions.to(options_.device), inv_freq, s.mrope_section).unsqueeze(1);
-  } else {
-    const torch::Tensor positions =
-        torch::arange(seq_len, i64.device(options_.device)).to(torch::kFloat32);
-    freqs = positions.unsqueeze(1) * inv_freq.to(options_.device);
-  }
-  const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
   const auto dtype = ToScalarType(options_.dtype);
-  return Rope{(emb.cos() * attention_scaling).to(dtype), (emb.sin() * attention_scaling).to(dtype)};
+  // cos and sin of the angles `freqs` (both halves), scaled, in the model dtype.
+  auto rotation = [dtype](const torch::Tensor& freqs, double scaling, torch::Tensor* cos,
+                          torch::Tensor* sin) {
+    const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
+    *cos = (emb.cos() * scaling).to(dtype);
+    *sin = (emb.sin() * scaling).to(dtype);
+  };
+  Rope rope;
+  if (mrope_positions.defined()) {
+    rotation(
+        MropeAngles(mrope_positions.to(options_.device), inv_freq, s.mrope_section).unsqueeze(1),
+        attention_scaling, &rope.cos, &rope.sin);
+    return rope;
+  }
+  const torch::Tensor positions =
+      torch::arange(seq_len, i64.device(options_.device)).to(torch::kFloat32);
+  rotation(positions.unsqueeze(1) * inv_freq.to(options_.device), attention_scaling, &rope.cos,
+           &rope.sin);
+  if (s.rope_local_base_freq > 0) {
+    // Gemma 3's sliding layers: the default frequencies of their own base, never scaled.
+    const torch::Tensor local = RDiv(1.0, torch::pow(s.rope_local_base_freq, exponent));
+    rotation(positions.unsqueeze(1) * local.to(options_.device), 1.0, &rope.local_cos,
+             &rope.local_sin);
+  }
+  return rope;
 }
 
 absl::Status LlamaModel::CheckSequenceLength(int64_t seq_len) const {

@@ -178,6 +178,8 @@ class LlamaModel {
   struct Rope {
     torch::Tensor cos;  // [seq, head_dim], model dtype
     torch::Tensor sin;
+    // Gemma 3's sliding layers (rope_local_base_freq > 0), else undefined.
+    torch::Tensor local_cos, local_sin;
   };
 
   // How Create initialises one base parameter: normal(0, 0.02) from generator `draw`, or
@@ -212,7 +214,8 @@ class LlamaModel {
   // `router_loss` (may be null) collects a sparse layer's routing for the load-balancing loss.
   torch::Tensor Block(const BlockParams& p, const torch::Tensor& hidden, const Rope& rope,
                       bool train, MoeRouterLoss* router_loss = nullptr) const;
-  // [Gemma 2] (llama_model_gemma.cc): the block (four norms, soft-capped attention in tiles,
+  // [Gemma 2] (llama_model_gemma.cc): the block (four norms, Gemma 3's q/k norms and local RoPE,
+  // soft-capped attention in tiles,
   // GeGLU MLP), the scaled embedding lookup with its padding row, and for every family the final
   // norm and the logits' soft cap (identity unless final_logit_softcapping).
   torch::Tensor GemmaBlock(const BlockParams& p, const torch::Tensor& hidden, const Rope& rope,

@@ -1,6 +1,7 @@
-// LlamaModel's Gemma 2 parts ([Gemma 2], ModelSpec's gemma2 fields in common/types.h): the
-// block, the scaled embedding, the (1 + weight) RMSNorm, the logits' soft cap. The math follows
-// transformers' Gemma2ForCausalLM operation by operation (order and precision), so fp32 results
+// LlamaModel's Gemma parts ([Gemma 2], ModelSpec's gemma fields in common/types.h): the block,
+// the scaled embedding, the (1 + weight) RMSNorm, the logits' soft cap; Gemma 3 adds q/k norms and
+// its sliding layers' RoPE. The math follows transformers' Gemma2ForCausalLM and
+// Gemma3ForCausalLM operation by operation (order and precision), so fp32 results
 // agree to rounding.
 #include <cmath>
 
@@ -66,10 +67,19 @@ torch::Tensor LlamaModel::GemmaBlock(const BlockParams& p, const torch::Tensor& 
   torch::Tensor k = proj(x, 1, p.k_proj).view({batch, seq, s.num_kv_heads, d}).transpose(1, 2);
   const torch::Tensor v =
       proj(x, 2, p.v_proj).view({batch, seq, s.num_kv_heads, d}).transpose(1, 2);
-  q = q * rope.cos + RotateHalf(q) * rope.sin;
-  k = k * rope.cos + RotateHalf(k) * rope.sin;
+  if (s.qk_norm) {
+    // Gemma 3: every head's query and key normed before RoPE.
+    q = GemmaRmsNorm(q, p.q_norm, eps);
+    k = GemmaRmsNorm(k, p.k_norm, eps);
+  }
+  const int64_t window = s.LayerWindow(p.index);
+  const bool local = window > 0 && rope.local_cos.defined();
+  const torch::Tensor& cos = local ? rope.local_cos : rope.cos;
+  const torch::Tensor& sin = local ? rope.local_sin : rope.sin;
+  q = q * cos + RotateHalf(q) * sin;
+  k = k * cos + RotateHalf(k) * sin;
   // [Soft-capped attention tiles] every layer, capped or not (common/softcap_attention.h).
-  const torch::Tensor attn = SoftcapAttention(q, k, v, s.LayerWindow(p.index), s.AttentionScale(),
+  const torch::Tensor attn = SoftcapAttention(q, k, v, window, s.AttentionScale(),
                                               s.attn_logit_softcapping);
   const torch::Tensor attn_out =
       proj(attn.transpose(1, 2).reshape({batch, seq, s.num_heads * d}), 3, p.o_proj);

@@ -5,6 +5,7 @@ For every architecture option the agent accepts (Llama tied and untied, Qwen2 q/
 q/k norms, Mistral, sliding windows shorter than the sequence on every layer (Mistral) or on some
 (Qwen2/Qwen3), the mixtures of experts Qwen3-MoE and Mixtral with and without their router
 load-balancing loss, every RoPE scaling type in both config layouts, Gemma 2 with both soft caps,
+Gemma 3 with q/k norms and a RoPE per layer type,
 its query scalar, a head_dim apart from the width, alternating sliding layers and a padding row
 that the batch uses) this writes a tiny random
 checkpoint with transformers' save_pretrained, computes logits, loss, every parameter's gradient
@@ -60,15 +61,18 @@ def base_config(family, **over):
         c.update(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=40)
     if family == "mixtral":
         c.update(num_local_experts=4, num_experts_per_tok=2)
-    if family == "gemma2":
+    if family in GEMMA_FAMILIES:
         # head_dim 24 against a width of 64 over 4 heads; scores scaled by 20^-1/2.
         c.update(head_dim=24, query_pre_attn_scalar=20)
     c.update(over)
     classes = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
                "qwen3": transformers.Qwen3Config, "mistral": transformers.MistralConfig,
                "qwen3_moe": transformers.Qwen3MoeConfig, "mixtral": transformers.MixtralConfig,
-               "gemma2": transformers.Gemma2Config}
+               "gemma2": transformers.Gemma2Config, "gemma3_text": transformers.Gemma3TextConfig}
     return classes[family](**c)
+
+
+GEMMA_FAMILIES = ("gemma2", "gemma3_text")
 
 
 def rope(rope_type, theta, **params):
@@ -139,6 +143,25 @@ CHECKPOINTS = {
         sliding_window=7, attn_logit_softcapping=None, final_logit_softcapping=2.0,
         pad_token_id=7, layer_types=["full_attention", "sliding_attention", "sliding_attention",
                                      "full_attention"]), None),
+    # Gemma 3: q/k norms, two RoPEs (the sliding layers' own base, the full layers' rope_theta
+    # with a linear factor as the 4B+ checkpoints have), windows shorter than the sequence, no
+    # attention cap; the sliding layers from layer_types, from rope_parameters per layer type,
+    # or (published layout) from sliding_window_pattern with rope_scaling and
+    # rope_local_base_freq at the top level.
+    "gemma3-pattern-tied-cap": ("gemma3_text", dict(
+        sliding_window=5, final_logit_softcapping=1.0, tie_word_embeddings=True, pad_token_id=0),
+        lambda c: dict({k: v for k, v in c.items() if k not in ("layer_types", "rope_parameters")},
+                       sliding_window_pattern=2, rope_theta=5e4, rope_local_base_freq=100.0)),
+    "gemma3-layer-types-linear": ("gemma3_text", dict(
+        sliding_window=7, pad_token_id=7, rope_parameters={
+            "full_attention": rope("linear", 1e6, factor=8.0),
+            "sliding_attention": rope("default", 1e4)},
+        layer_types=["full_attention", "sliding_attention", "sliding_attention",
+                     "full_attention"]), None),
+    "gemma3-published-layout": ("gemma3_text", dict(sliding_window=6), lambda c: dict(
+        {k: v for k, v in c.items() if k not in ("layer_types", "rope_parameters")},
+        sliding_window_pattern=3, rope_theta=1e6, rope_local_base_freq=1e3,
+        rope_scaling={"rope_type": "linear", "factor": 8.0})),
 }
 
 # Plans: (name, memplan-hf-parity arguments). The first group runs for every checkpoint.
@@ -169,15 +192,19 @@ MOE_FAMILIES = ("qwen3_moe", "mixtral")
 # sorted list), so that adding these left the others' data unchanged.
 MOE_SEEDS = {"mixtral-aux": 41, "qwen3moe-aux": 42, "qwen3moe-norm-topk3": 43}
 # Gemma 2's likewise; their inputs contain the padding token (0 for seed 51, 7 for seed 52).
-FIXED_SEEDS = dict(MOE_SEEDS, **{"gemma2-softcap-window": 51, "gemma2-layer-types-untied": 52})
+FIXED_SEEDS = dict(MOE_SEEDS, **{"gemma2-softcap-window": 51, "gemma2-layer-types-untied": 52,
+                                  "gemma3-pattern-tied-cap": 61, "gemma3-layer-types-linear": 62,
+                                  "gemma3-published-layout": 63})
 # The checkpoints whose attention runs in sliding-window tiles: every block mode (recompute, swap,
 # host offload) for them.
 PLANS_MODES = PLANS_ALL + [p for p in PLANS_FULL
                            if p[0] in ("grouped-ckpt", "grouped-swap", "grouped-hs-offload")]
 TILED_ATTENTION_CHECKPOINTS = {"mistral-window-below-seq", "qwen2-sliding-layer-types",
-                               "qwen3-sliding-max-window-layers", "gemma2-layer-types-untied"}
+                               "qwen3-sliding-max-window-layers", "gemma2-layer-types-untied",
+                               "gemma3-layer-types-linear"}
 FULL_PLAN_CHECKPOINTS = {"llama-untied-theta5e5", "llama-tied-llama3", "qwen2-tied-bias",
-                         "qwen3moe-aux", "mixtral-aux", "gemma2-softcap-window"}
+                         "qwen3moe-aux", "mixtral-aux", "gemma2-softcap-window",
+                         "gemma3-pattern-tied-cap"}
 
 # Configs the agent must refuse at load, with a word its error must contain.
 REFUSED = {
@@ -192,6 +219,9 @@ REFUSED = {
     "mixtral-router-jitter": ("mixtral", dict(router_jitter_noise=0.1), None,
                               "router_jitter_noise"),
     "gemma2-erf-gelu": ("gemma2", dict(hidden_activation="gelu"), None, "hidden_activation"),
+    "gemma3-sliding-linear-rope": ("gemma3_text", dict(rope_parameters={
+        "full_attention": rope("default", 1e6),
+        "sliding_attention": rope("linear", 1e4, factor=2.0)}), None, "sliding_attention"),
 }
 
 
@@ -285,7 +315,7 @@ def load_hf(directory, dtype=torch.float32, device="cpu"):
     # Gemma 2 pinned to eager attention, the math memplan implements: some transformers 5.x
     # releases (5.17) default it to sdpa, which drops attn_logit_softcapping without a word.
     config = transformers.AutoConfig.from_pretrained(directory)
-    pin = {"attn_implementation": "eager"} if config.model_type == "gemma2" else {}
+    pin = {"attn_implementation": "eager"} if config.model_type in GEMMA_FAMILIES else {}
     model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **pin)
     return model.to(device).train()
 
@@ -447,7 +477,7 @@ def run_checkpoint(tally, tool, work, name, seed, plans, dtype, device):
         if rc != 0:
             continue
         ref32, low = refs[key]
-        if ("--head-chunk-rows" in plan_args or family in MOE_FAMILIES or family == "gemma2"
+        if ("--head-chunk-rows" in plan_args or family in MOE_FAMILIES or family in GEMMA_FAMILIES
                 or name in TILED_ATTENTION_CHECKPOINTS) and not bf16:
             # The chunked head sums the loss and the head's gradients in another order, a sparse
             # layer groups tokens per expert and sums their outputs in another order than

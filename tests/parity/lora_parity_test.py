@@ -57,9 +57,11 @@ CASES = {
     "qlora-qv-tied-bias": ("qwen2-tied-bias", ["q_proj", "v_proj"], 0.0, True),
     # Gemma 2 (soft caps, sliding layers, four norms, GeGLU): the same PEFT names.
     "gemma2-all-dropout": ("gemma2-softcap-window", ALL, 0.1, False),
+    # Gemma 3 (q/k norms, a RoPE per layer type, linear scaling on the full layers).
+    "gemma3-all-dropout": ("gemma3-layer-types-linear", ALL, 0.1, False),
 }
 # Seeds of cases added later, apart from the others' (their position in the sorted list).
-FIXED_SEEDS = {"gemma2-all-dropout": 11}
+FIXED_SEEDS = {"gemma2-all-dropout": 11, "gemma3-all-dropout": 12}
 # QLoRA runs these plans only (the others exercise nothing the NF4 base changes).
 QLORA_PLANS = ("plain", "grouped-ckpt", "managed-base-offloaded",
                "managed-base-persistent-adapters-offloaded")
