@@ -128,6 +128,36 @@ ModelSpec Gemma2Model(std::string name, int64_t hidden, int64_t layers, int64_t 
   return m;
 }
 
+// Gemma 3's text decoder as its config.json publishes it (the text_config from 4B up): Gemma 2's
+// preset with q/k norms and no caps, five layers sliding within `window` tokens on RoPE base
+// 10 000 to each full one on rope_theta 1e6, linearly scaled by `rope_factor` from 4B up
+// (131 072 positions; 1B: 32 768, unscaled).
+ModelSpec Gemma3Model(std::string name, int64_t hidden, int64_t layers, int64_t heads,
+                      int64_t kv_heads, int64_t intermediate, int64_t head_dim,
+                      double query_pre_attn_scalar, int64_t vocab, int64_t window,
+                      double rope_factor) {
+  ModelSpec m = Gemma2Model(std::move(name), hidden, layers, heads, kv_heads, intermediate,
+                            head_dim, query_pre_attn_scalar);
+  m.family = "gemma3_text";
+  m.vocab_size = vocab;
+  m.qk_norm = true;
+  m.attn_logit_softcapping = 0;
+  m.final_logit_softcapping = 0;
+  m.rope_theta = 1e6;
+  m.rope_local_base_freq = 1e4;
+  m.max_position_embeddings = rope_factor > 1 ? 131072 : 32768;
+  if (rope_factor > 1) {
+    m.rope_scaling.type = "linear";
+    m.rope_scaling.factor = rope_factor;
+  }
+  m.sliding_window = window;
+  m.sliding_layers.clear();
+  for (int64_t l = 0; l < layers; ++l) {
+    if ((l + 1) % 6 != 0) m.sliding_layers.push_back(l);
+  }
+  return m;
+}
+
 // Llama 3.1 / 3.2 checkpoints extend their 8192-token pre-training context with llama3 RoPE
 // scaling (factor 8 for 3.1, 32 for 3.2), as their config.json files say.
 ModelSpec WithLlama3Rope(ModelSpec m, double factor) {
@@ -180,6 +210,11 @@ std::vector<ModelSpec> BuildModelPresets() {
       Gemma2Model("gemma-2-2b", 2304, 26, 8, 4, 9216, 256, 256),
       Gemma2Model("gemma-2-9b", 3584, 42, 16, 8, 14336, 256, 256),
       Gemma2Model("gemma-2-27b", 4608, 46, 32, 16, 36864, 128, 144),
+      // Text decoders only (4B and up are published as Gemma3ForConditionalGeneration).
+      Gemma3Model("gemma-3-1b", 1152, 26, 4, 1, 6912, 256, 256, 262144, 512, 1.0),
+      Gemma3Model("gemma-3-4b", 2560, 34, 8, 4, 10240, 256, 256, 262208, 1024, 8.0),
+      Gemma3Model("gemma-3-12b", 3840, 48, 16, 8, 15360, 256, 256, 262208, 1024, 8.0),
+      Gemma3Model("gemma-3-27b", 5376, 62, 32, 16, 21504, 128, 168, 262208, 1024, 8.0),
   };
 }
 

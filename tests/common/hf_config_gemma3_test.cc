@@ -81,6 +81,43 @@ TEST(HfConfigGemma3Test, PublishedConfig) {
   EXPECT_TRUE(ValidateModelSpec(*spec, "arch.").ok());
 }
 
+TEST(HfConfigGemma3Test, PublishedConfigIsThePreset) {
+  const absl::StatusOr<ModelSpec> spec = ParseHfConfigJson(PublishedConfig());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const std::optional<ModelSpec> preset = FindModelPreset("gemma-3-1b");
+  ASSERT_TRUE(preset.has_value());
+  EXPECT_TRUE(ValidateModelSpec(*preset, "arch.").ok());
+  EXPECT_EQ(preset->family, spec->family);
+  EXPECT_EQ(preset->hidden_size, spec->hidden_size);
+  EXPECT_EQ(preset->num_layers, spec->num_layers);
+  EXPECT_EQ(preset->num_heads, spec->num_heads);
+  EXPECT_EQ(preset->num_kv_heads, spec->num_kv_heads);
+  EXPECT_EQ(preset->HeadDim(), spec->HeadDim());
+  EXPECT_EQ(preset->intermediate_size, spec->intermediate_size);
+  EXPECT_EQ(preset->vocab_size, spec->vocab_size);
+  EXPECT_EQ(preset->tie_word_embeddings, spec->tie_word_embeddings);
+  EXPECT_EQ(preset->qk_norm, spec->qk_norm);
+  EXPECT_EQ(preset->sliding_window, spec->sliding_window);
+  EXPECT_EQ(preset->sliding_layers, spec->sliding_layers);
+  EXPECT_EQ(preset->query_pre_attn_scalar, spec->query_pre_attn_scalar);
+  EXPECT_EQ(preset->attn_logit_softcapping, spec->attn_logit_softcapping);
+  EXPECT_EQ(preset->final_logit_softcapping, spec->final_logit_softcapping);
+  EXPECT_EQ(preset->embedding_padding_idx, spec->embedding_padding_idx);
+  EXPECT_EQ(preset->rms_norm_eps, spec->rms_norm_eps);
+  EXPECT_EQ(preset->rope_theta, spec->rope_theta);
+  EXPECT_EQ(preset->rope_local_base_freq, spec->rope_local_base_freq);
+  EXPECT_EQ(preset->rope_scaling.type, spec->rope_scaling.type);
+  EXPECT_EQ(preset->max_position_embeddings, spec->max_position_embeddings);
+  // From 4B up the full layers' RoPE is scaled linearly by 8; every preset validates.
+  for (const char* name : {"gemma-3-4b", "gemma-3-12b", "gemma-3-27b"}) {
+    const ModelSpec m = *FindModelPreset(name);
+    EXPECT_TRUE(ValidateModelSpec(m, "arch.").ok()) << name;
+    EXPECT_EQ(m.rope_scaling.type, "linear") << name;
+    EXPECT_EQ(m.rope_scaling.factor, 8.0) << name;
+    EXPECT_EQ(m.sliding_window, 1024) << name;
+  }
+}
+
 TEST(HfConfigGemma3Test, DefaultsAreGemma3TextConfigs) {
   const absl::StatusOr<ModelSpec> spec = ParseHfConfigJson(Tiny(""));
   ASSERT_TRUE(spec.ok()) << spec.status();
