@@ -74,13 +74,16 @@ struct ChunkManagerOptions {
   // (LastStepSkipped()). It therefore holds every CPU update until Step(), as clipping does; with
   // grad_accum > 1 the norm costs one pass over the offloaded chunks' host gradients.
   bool skip_nonfinite = false;
-  // [Deferred CPU updates] The offloaded chunks' CPU updates that Step() itself runs (clipping,
-  // a non-finite check, or anything else that held them back during backward) are queued in
-  // chunk order, the order the next forward needs them, and Step() returns without waiting: the
-  // next forward uploads each chunk as soon as its own update is done (the pager waits per
-  // chunk), so the updates run beside that forward instead of stalling the step. The arithmetic
-  // is the same; state I/O and the next Step() wait for every update, and a failed update is
-  // reported by the next Step(). Not with sharded chunks (their gathers read the host shards).
+  // [Deferred CPU updates] Step() returns without waiting for the offloaded chunks' CPU updates.
+  // Those it runs itself (clipping, a non-finite check, anything else that held them back during
+  // backward) are queued in chunk order, the order the next forward needs them; those that
+  // started in backward (no clipping) are left running as they are. The next forward uploads
+  // each chunk as soon as its own update is done (the pager waits per chunk), so the updates run
+  // beside that forward instead of stalling the step. The arithmetic is the same; state I/O
+  // (Params(), checkpoints, export), ZeroGrad() and the next Step() wait for every update, the
+  // next backward for a chunk's before staging its grads, and a failed update is reported by the
+  // next Step(). Not with sharded chunks (their gathers read the host shards): common/
+  // optimizer_bytes.h StepUpdatesDeferred, which the planner prices the step from.
   bool defer_step_updates = true;
   // Sharded (world size W > 1): persistent chunks keep their parameters replicated on every rank
   // but their optimizer state sharded ([Sharded persistent state] in chunk_manager.cc, ZeRO-2

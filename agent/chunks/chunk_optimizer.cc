@@ -510,11 +510,13 @@ absl::Status ChunkOptimizer::AllReducePersistentGrads() {
   return collectives_.FinishPersistentReduce();
 }
 
-void ChunkOptimizer::WaitAll() {
+void ChunkOptimizer::WaitInFlight(bool started_updates) {
   (void)collectives_.FinishShardReduces();  // a failure is kept for Step()
   pager_.FinishGathers();
   streams_.Synchronize();
-  for (ChunkState& chunk : chunks_) chunk.tasks->Wait();
+  for (ChunkState& chunk : chunks_) {
+    if (started_updates || !chunk.update_started) chunk.tasks->Wait();
+  }
 }
 
 void ChunkOptimizer::ResetStep() {

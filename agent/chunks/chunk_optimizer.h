@@ -99,7 +99,7 @@ class ChunkOptimizer {
   absl::Status Step(double max_grad_norm);
   void ZeroGrad();
   // Finishes everything in flight: reduce-scatters, gathers, side streams, CPU work.
-  void WaitAll();
+  void WaitAll() { WaitInFlight(/*started_updates=*/true); }
   // Waits for the CPU work on chunk c (ChunkPager::HostWritesFn).
   void WaitTasks(int c) { chunks_[c].tasks->Wait(); }
   void WaitAllTasks() {
@@ -163,6 +163,9 @@ class ChunkOptimizer {
   // Step()'s CPU updates of the offloaded chunks that did not start in backward, in chunk order.
   void ScheduleStepUpdates(float grad_scale);
   bool AnyUpdateStarted() const;
+  // WaitAll(), except that with `started_updates` false the CPU work of the chunks whose update
+  // already started is left running ([Deferred CPU updates]: the pager waits for it per chunk).
+  void WaitInFlight(bool started_updates);
   // Whether an offloaded chunk's CPU update may start as soon as its final grads arrive: only
   // when nothing is clipped and no non-finite check must see the whole step first.
   bool UpdatesDuringBackward() const {

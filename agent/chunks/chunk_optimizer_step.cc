@@ -410,20 +410,25 @@ absl::Status ChunkOptimizer::Step(double max_grad_norm) {
         "Step(): this chunk manager was created with profile_only (no optimizer state)");
   }
   torch::NoGradGuard no_grad;
-  WaitAll();
+  // [Deferred CPU updates] One rule for both ways an offloaded update starts: those that started
+  // in backward (nothing clipped) keep running past Step() as the ones queued below do, and the
+  // next forward meets each chunk's own update. Everything else in flight finishes here.
+  const bool defer = options.defer_step_updates && StepUpdatesDeferred(set_.world());
+  WaitInFlight(/*started_updates=*/!defer);
   pager_.ReleaseAllPersistent();  // stale once updated; the next forward gathers the new shards
   const bool started = AnyUpdateStarted();
   last_step_skipped_ = false;
-  // Every failure drops the step: buffers are stale, the gradients gone.
+  // Every failure drops the step: buffers are stale, the gradients gone, no update left running.
   auto fail = [this](absl::Status status) {
+    WaitAllTasks();
     pager_.InvalidateBuffers();
     ResetStep();
     return status;
   };
   if (worker_failed_.exchange(false)) {  // [Deferred CPU updates] of the previous step
     return fail(absl::InternalError(
-        "optimizer step: a CPU update of the previous step failed (see the log); this step's "
-        "gradients were dropped"));
+        "optimizer step: a CPU update left running by the previous step (or started in this "
+        "step's backward) failed (see the log); this step's gradients were dropped"));
   }
   if (overrun_) {
     return fail(absl::FailedPreconditionError(absl::StrCat(
@@ -467,6 +472,7 @@ absl::Status ChunkOptimizer::Step(double max_grad_norm) {
         }
         if (!s.grad_in_step) continue;
         if (!s.grad_norm.defined()) {
+          WaitTasks(p.chunk);  // a deferred chunk's accumulation may still be writing it
           s.grad_norm = ChunkSet::HostView(HostGrad(p.chunk), p.offset_elems, p.shape, p.numel,
                                            host_grad_dtype())
                             .norm(2.0);
@@ -509,7 +515,6 @@ absl::Status ChunkOptimizer::Step(double max_grad_norm) {
 
     // [Deferred CPU updates] Queued first, in chunk order, so the pool works beside the
     // persistent chunks' device update below and then beside the next forward.
-    const bool defer = options.defer_step_updates && StepUpdatesDeferred(set_.world());
     if (defer) ScheduleStepUpdates(grad_scale);
 
     // Persistent chunks: on the device, one fused call per chunk, so that the fp32 copies of a

@@ -463,6 +463,53 @@ TEST(ChunkManagerTest, DeferredClippedUpdatesTrainExactlyAsWaitingOnes) {
   }
 }
 
+// [Deferred CPU updates] Without clipping the offloaded chunks' CPU updates start in backward and
+// Step() leaves the unfinished ones running (the same rule as the clipped queue above): every
+// step's losses and the final parameters and state equal those of waiting for all updates inside
+// Step(), with one micro-batch per step and with two (the second step's first micro-batch then
+// meets the first step's updates). Removing the pager's per-chunk wait makes it fail.
+TEST(ChunkManagerTest, DeferredUnclippedUpdatesTrainExactlyAsWaitingOnes) {
+  for (const OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kSgd}) {
+    for (const int grad_accum : {1, 2}) {
+      std::vector<std::vector<float>> losses(2);
+      std::vector<std::map<std::string, torch::Tensor>> finals(2);
+      for (const bool defer : {false, true}) {
+        const ToyModel model = ToyModel::Make(6, true, 64, 48, 77, torch::kFloat32);
+        ChunkManagerOptions options = CpuOptions(0, 1);
+        options.chunk_bytes = 40000;
+        options.optimizer = kind;
+        options.max_grad_norm = 0;  // the updates start as each chunk's grads are final
+        options.grad_accum = grad_accum;
+        options.defer_step_updates = defer;
+        auto manager = ChunkManager::Create(model.Groups(), options);
+        ASSERT_TRUE(manager.ok()) << manager.status();
+        for (int step = 0; step < 5; ++step) {
+          for (int micro = 0; micro < grad_accum; ++micro) {
+            const Batch batch = MakeBatch(48, 700 + 10 * step + micro, torch::kCPU);
+            losses[defer].push_back(
+                RunMicroBatch(model, manager->get(), false, batch.tokens, batch.targets)
+                    .item<float>());
+          }
+          EXPECT_GT((*manager)->UpdatesStartedBeforeStep(), 0) << "updates should start early";
+          ASSERT_TRUE((*manager)->Step(0).ok());
+        }
+        for (const NamedParam& p : (*manager)->Params()) finals[defer][p.name] = p.param.clone();
+        for (const NamedParam& s : (*manager)->OptimizerState()) {
+          finals[defer][s.name] = s.param.clone();
+        }
+      }
+      const std::string label =
+          absl::StrCat(std::string(OptimizerName(kind)), " grad_accum ", grad_accum);
+      EXPECT_EQ(losses[0], losses[1]) << label;
+      EXPECT_NE(losses[1].front(), losses[1].back()) << "training moved the loss";
+      ASSERT_EQ(finals[0].size(), finals[1].size());
+      for (const auto& [name, value] : finals[0]) {
+        EXPECT_TRUE(torch::equal(value, finals[1].at(name))) << label << " " << name;
+      }
+    }
+  }
+}
+
 TEST(ChunkManagerTest, Bf16ModelKeepsFp32MasterWeights) {
   const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16);
   const ToyModel model = ToyModel::Make(4, false, 16, 32, 12, bf16);
