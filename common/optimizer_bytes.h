@@ -133,10 +133,11 @@ constexpr OffloadedChunkHostBytes FrozenChunkHost(int64_t chunk_bytes) {
   return b;
 }
 
-// [Deferred CPU updates] (agent/chunks/chunk_manager.h): when the CPU updates of the offloaded
-// chunks wait for Step() (clipping), one rank leaves them running beside the next step's forward,
-// which meets each chunk's update before uploading it; sharded runs wait inside Step(). The
-// planner prices the step from the same rule (planner/cost, StepTime).
+// [Deferred CPU updates] (agent/chunks/chunk_manager.h): one rank's Step() leaves the offloaded
+// chunks' CPU updates running beside the next step's forward, which meets each chunk's update
+// before uploading it, whether they started in backward (no clipping) or in Step() (clipping);
+// sharded runs wait inside Step(). The planner prices the step from the same rule (planner/cost,
+// StepTime).
 constexpr bool StepUpdatesDeferred(int world_size) { return world_size <= 1; }
 
 // [Sharded chunks] (agent/chunks/chunk_manager.cc): with W ranks a non-persistent chunk of

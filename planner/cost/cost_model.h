@@ -86,13 +86,14 @@ struct StepTime {
   double cpu_norm_seconds = 0;
   double fixed_seconds = 0;            // per-step overhead of offloading (not overlapped)
   bool cpu_optimizer_overlaps = true;  // CostOptions::cpu_optimizer_overlaps
-  // Clipping: the CPU updates run beside the next step's forward (StepUpdatesDeferred).
+  // What is left of the CPU updates after the step runs beside the next step's forward, clipped
+  // or not (StepUpdatesDeferred).
   bool cpu_optimizer_deferred = false;
   // One optimizer step over grad_accum micro-batches (eq. 2, GA micro-batches):
   //   overlapped: GA T_fwd + (GA-1) max(T_bwd, T_acc) + max(T_bwd + T_gpu, T_acc + T_upd)
   //   clipping:   GA T_fwd + GA max(T_bwd, T_acc) + T_norm + max(T_gpu, T_upd)
-  //   clipping, deferred: the same with max(T_gpu, T_upd - T_fwd), the next forward hiding the
-  //               rest of the updates (steady state: each step's forward overlaps the last updates)
+  //   deferred:   T_upd less T_fwd in both, the next forward hiding the rest of the updates
+  //               (steady state: each step's forward overlaps the last step's updates)
   // plus fixed_seconds.
   double IterationSeconds(int32_t grad_accum) const;
 };

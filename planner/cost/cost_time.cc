@@ -21,16 +21,16 @@ double StepTime::IterationSeconds(int32_t grad_accum) const {
   // backward runs first, so the pass runs beside the micro-batch's backward and ends with it
   // unless it is the longer of the two.
   const double bwd = std::max(backward_seconds, cpu_accumulate_seconds);
+  // [Deferred CPU updates]: the next forward runs beside what is left of the CPU updates and
+  // hides up to T_fwd of it, clipped or not.
+  const double hidden = cpu_optimizer_deferred ? forward_seconds : 0.0;
   // Written so that T_acc = T_norm = 0 (a profile without the two-pass figures) gives the
   // single-pass formula bit for bit.
-  const double tail =
-      cpu_optimizer_overlaps
-          ? std::max(backward_seconds + gpu_optimizer_seconds,
-                     cpu_accumulate_seconds + cpu_optimizer_seconds)
-          : bwd + cpu_norm_seconds +
-                std::max(gpu_optimizer_seconds,
-                         cpu_optimizer_deferred ? cpu_optimizer_seconds - forward_seconds
-                                                : cpu_optimizer_seconds);
+  const double tail = cpu_optimizer_overlaps
+                          ? std::max(backward_seconds + gpu_optimizer_seconds,
+                                     cpu_accumulate_seconds + cpu_optimizer_seconds - hidden)
+                          : bwd + cpu_norm_seconds +
+                                std::max(gpu_optimizer_seconds, cpu_optimizer_seconds - hidden);
   return ga * forward_seconds + (ga - 1) * bwd + tail + fixed_seconds;
 }
 
@@ -315,8 +315,7 @@ StepTime CostModel::TimeImpl(const PlanPoint& p, const Modes& m, bool fast) cons
   const int32_t n = num_blocks_;
   StepTime t;
   t.cpu_optimizer_overlaps = options_.cpu_optimizer_overlaps;
-  t.cpu_optimizer_deferred =
-      !options_.cpu_optimizer_overlaps && StepUpdatesDeferred(options_.world_size);
+  t.cpu_optimizer_deferred = StepUpdatesDeferred(options_.world_size);
   if (!fast || m.explicit_modes != nullptr || !options_.build_time_tables) {
     for (int32_t k = 0; k <= n + 2; ++k) t.forward_seconds += ForwardWindow(k, p, m);
     for (int32_t s = 0; s <= n + 1; ++s) t.backward_seconds += BackwardWindow(s, p, m);

@@ -664,26 +664,6 @@ TEST(StepTimeTest, ClippingRunsTheCpuOptimizerAfterBackward) {
   EXPECT_DOUBLE_EQ(t.IterationSeconds(2), 2.0 + 2.0 + 2.0 + 1.5 + 0.125);
 }
 
-// [Deferred CPU updates]: clipped, one rank, the next forward hides up to T_fwd of the CPU
-// updates; never less than the GPU update.
-TEST(StepTimeTest, DeferredClippedUpdatesOverlapTheNextForward) {
-  StepTime t;
-  t.forward_seconds = 1.0;
-  t.backward_seconds = 2.0;
-  t.gpu_optimizer_seconds = 0.25;
-  t.cpu_optimizer_seconds = 1.5;
-  t.fixed_seconds = 0.125;
-  t.cpu_optimizer_overlaps = false;
-  t.cpu_optimizer_deferred = true;
-  EXPECT_DOUBLE_EQ(t.IterationSeconds(1), 1.0 + 2.0 + (1.5 - 1.0) + 0.125);
-  EXPECT_DOUBLE_EQ(t.IterationSeconds(2), 2.0 + 2.0 + 2.0 + (1.5 - 1.0) + 0.125);
-  t.cpu_optimizer_seconds = 0.75;  // hidden by the forward: the GPU update is what is left
-  EXPECT_DOUBLE_EQ(t.IterationSeconds(1), 1.0 + 2.0 + 0.25 + 0.125);
-  // The rule both sides read: one rank defers, sharded ranks wait.
-  EXPECT_TRUE(StepUpdatesDeferred(1));
-  EXPECT_FALSE(StepUpdatesDeferred(2));
-}
-
 // [Two CPU passes]: T_acc per micro-batch beside its backward; with clipping the host norm and
 // then T_upd beside the GPU update after backward, without it T_acc + T_upd against the last
 // backward and the GPU update.
@@ -868,15 +848,14 @@ TEST(CostModelTest, ProfilesWithoutTwoPassFiguresKeepThePreviousPrediction) {
       EXPECT_EQ(t.cpu_norm_seconds, 0);
       EXPECT_EQ(t.cpu_optimizer_seconds, prefix[chunks] - prefix[np]);
       const double ga = c.options.grad_accum;
+      // [Deferred CPU updates] on one rank, clipped or not.
+      const double left = StepUpdatesDeferred(c.options.world_size)
+                              ? t.cpu_optimizer_seconds - t.forward_seconds
+                              : t.cpu_optimizer_seconds;
       const double tail =
           c.options.cpu_optimizer_overlaps
-              ? std::max(t.backward_seconds + t.gpu_optimizer_seconds, t.cpu_optimizer_seconds)
-              : t.backward_seconds +
-                    std::max(t.gpu_optimizer_seconds,
-                             // [Deferred CPU updates] on one rank.
-                             StepUpdatesDeferred(c.options.world_size)
-                                 ? t.cpu_optimizer_seconds - t.forward_seconds
-                                 : t.cpu_optimizer_seconds);
+              ? std::max(t.backward_seconds + t.gpu_optimizer_seconds, left)
+              : t.backward_seconds + std::max(t.gpu_optimizer_seconds, left);
       const double previous =
           ga * t.forward_seconds + (ga - 1) * t.backward_seconds + tail + t.fixed_seconds;
       const Prediction pred =
