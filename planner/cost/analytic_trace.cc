@@ -330,13 +330,21 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
         (full || lora.o ? d * hq : 0) + gnorm(false, false) + gnorm(false, gate_in || up_in) +
         MlpSavedPerToken(d, h, inter, gate_in || up_in, down_in, MlpIsTiled(tokens, inter, d)) +
         gnorm(false, false) + lora_modules * d * rank + osft_terms.saved_bytes_per_token;
+    if (arch.qk_norm) {
+      // Gemma 3's q and k norms: per head rows, each norm's input kept by nothing else, and its
+      // output consumed by RoPE, which keeps only cos and sin; one fp32 rstd per head.
+      saved_tok += GemmaNormSavedBytes(hq, d, false, full, false) +
+                   GemmaNormSavedBytes(hkv, d, false, full, false) - 8 +
+                   4 * (arch.num_heads + arch.num_kv_heads);
+    }
   }
 
   // Forward transient: fp32 pow output and fp32 normalised tensor inside a norm, plus the
   // block output being written next to the residual.
-  // Gemma 2's norm: the fp32 input, its square, the normalised value and its (1 + weight) product.
+  // Gemma's norm: the fp32 input, its square, the normalised value and its (1 + weight) product.
   const int64_t norm_tmp =
-      std::max(arch.IsGemma() ? 16 * h : 8 * h, arch.qk_norm ? 8 * (hq + hkv) : int64_t{0});
+      std::max(arch.IsGemma() ? 16 * h : 8 * h,
+               arch.qk_norm ? (arch.IsGemma() ? 16 : 8) * (hq + hkv) : int64_t{0});
   const int64_t fwd_tr_tok = norm_tmp + 2 * d * h + osft_terms.transient_bytes_per_token;
   // Backward transient: incoming gradient + residual gradient accumulator, plus the widest of
   // the MLP (grad of product, silu out and up out alive together), attention (dq, dk, dv and

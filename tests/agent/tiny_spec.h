@@ -1,5 +1,5 @@
 // Tiny models for agent tests, fast on the CPU: a Llama-family one (4 blocks of hidden size 64;
-// llama, qwen2, qwen3 or gemma2) and a Qwen2.5-VL one.
+// llama, qwen2, qwen3, gemma2 or gemma3_text) and a Qwen2.5-VL one.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +23,7 @@ inline ModelSpec TinySpec(bool tied = false, const std::string& family = "llama"
   s.tie_word_embeddings = tied;
   if (family == "qwen2") s.qkv_bias = true;
   if (family == "qwen3") s.qk_norm = true;
-  if (family == "gemma2") {
+  if (family == "gemma2" || family == "gemma3_text") {
     // Gemma 2's own fields: a head_dim and an attention scale apart from hidden / heads, both
     // logit caps, a padding row, and a sliding window on the first layer only.
     s.head_dim = 48;
@@ -34,6 +34,14 @@ inline ModelSpec TinySpec(bool tied = false, const std::string& family = "llama"
     s.sliding_window = 16;
     s.sliding_layers = {0};
     s.rms_norm_eps = 1e-6;
+  }
+  if (family == "gemma3_text") {
+    // Gemma 3: q/k norms, no attention cap, the sliding layer's RoPE on its own base.
+    s.qk_norm = true;
+    s.attn_logit_softcapping = 0;
+    s.final_logit_softcapping = 0;
+    s.rope_theta = 1e6;
+    s.rope_local_base_freq = 1e4;
   }
   return s;
 }

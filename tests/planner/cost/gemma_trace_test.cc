@@ -1,6 +1,7 @@
-// The analytic trace of Gemma 2 ([Gemma 2 block price] in planner/cost/analytic_trace.cc): four
-// norms per block, the eager soft-capped attention in tiles ([Soft-capped attention tiles],
-// common/softcap_attention.h), the capped logits, and a plan for the gemma-2-9b preset.
+// The analytic trace of Gemma 2 and 3 ([Gemma 2 block price] in planner/cost/analytic_trace.cc):
+// four norms per block (Gemma 3: and q/k norms), the eager soft-capped attention in tiles
+// ([Soft-capped attention tiles], common/softcap_attention.h) on local and global layers, the
+// capped logits, and plans for the gemma-2-9b and gemma-3 presets.
 #include <string>
 
 #include "common/param_shapes.h"
@@ -102,6 +103,70 @@ TEST(GemmaTraceTest, PresetPlans) {
   absl::StatusOr<PlanOutcome> lora = MakePlan(in);
   ASSERT_TRUE(lora.ok()) << lora.status();
   EXPECT_TRUE(lora->fits) << lora->reason;
+}
+
+// gemma-3-1b: the checkpoint's tensors (q/k norms included), 999 885 952 parameters as published.
+TEST(GemmaTraceTest, Gemma3ParametersAreTheCheckpointsTensors) {
+  const ModelSpec m = *FindModelPreset("gemma-3-1b");
+  const absl::StatusOr<Trace> t = Synth(m, Tokens(1, 4096), DType::kBFloat16);
+  ASSERT_TRUE(t.ok()) << t.status();
+  int64_t block0 = 0, total = 0;
+  for (const ParamShape& p : HfParamShapes(m)) {
+    total += p.numel();
+    if (p.group == 1) block0 += p.numel();
+  }
+  EXPECT_EQ(t->blocks[0].param_bytes, 2 * block0);
+  EXPECT_EQ(t->total_param_count, total);
+  EXPECT_EQ(total, 999885952);
+}
+
+// Gemma 2's per-token bytes plus the q and k norms (bf16, H = 1152, q = 4 * 256, kv = 256,
+// I = 6912): each keeps its fp32 input copy and fp32 normalised value, and one fp32 rstd per head.
+TEST(GemmaTraceTest, Gemma3SavedBytesByHand) {
+  const ModelSpec m = *FindModelPreset("gemma-3-1b");
+  const int64_t h = 1152, q = 4 * 256, kv = 256, inter = 6912;
+  const int64_t gemma2 = 2 * h + (10 * h + 4) + 2 * (q + 2 * kv) + 2 * q + (8 * h + 4) +
+                         (10 * h + 4) + 8 * inter + (8 * h + 4);
+  const int64_t qk_norms = 8 * q + 8 * kv + 4 * (4 + 1);
+  for (int64_t l : {0, 5}) {  // a local and a global layer keep the same
+    const absl::StatusOr<Trace> t = Synth(m, Tokens(1, 1024), DType::kBFloat16);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ(t->blocks[l].saved_bytes, 1024 * (gemma2 + qk_norms)) << l;
+  }
+}
+
+// 5 local : 1 global: the local layers' tiles read at most the window's keys.
+TEST(GemmaTraceTest, Gemma3LocalLayersReadTheWindow) {
+  const ModelSpec m = *FindModelPreset("gemma-3-4b");
+  const absl::StatusOr<Trace> t = Synth(m, Tokens(1, 8192), DType::kBFloat16);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(m.LayerWindow(4), 1024);
+  EXPECT_EQ(m.LayerWindow(5), 0);
+  for (int64_t l : {4, 5}) {
+    const SoftcapAttentionBytes tiles = SoftcapAttentionMemory(m, m.LayerWindow(l), 1, 8192, 2);
+    EXPECT_GE(t->blocks[l].backward_transient_bytes, tiles.backward_transient) << l;
+  }
+  EXPECT_LT(t->blocks[4].forward_seconds, t->blocks[5].forward_seconds);
+}
+
+// Every gemma-3 preset plans on an H200 at 4096 tokens: full fine-tuning up to 12b, LoRA for 27b
+// (whose full fine-tune needs about 500 GiB of host memory for its offloaded states).
+TEST(GemmaTraceTest, Gemma3PresetPlans) {
+  for (const char* name : {"gemma-3-1b", "gemma-3-4b", "gemma-3-12b", "gemma-3-27b"}) {
+    PlanInputs in;
+    in.arch = *FindModelPreset(name);
+    in.hardware = *FindHardwarePreset("h200");
+    in.workload = Tokens(1, 4096);
+    in.skip_limits = true;
+    if (std::string(name) == "gemma-3-27b") {
+      in.training.kind = TrainingKind::kLora;
+      in.training.lora_rank = 16;
+      in.training.lora_target_modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
+    }
+    absl::StatusOr<PlanOutcome> plan = MakePlan(in);
+    ASSERT_TRUE(plan.ok()) << name << ": " << plan.status();
+    EXPECT_TRUE(plan->fits) << name << ": " << plan->reason;
+  }
 }
 
 }  // namespace
