@@ -7,6 +7,7 @@
 #include "common/param_shapes.h"
 #include "common/presets.h"
 #include "common/validate.h"
+#include "tests/common/expect_gemma_preset.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -76,25 +77,7 @@ TEST(HfConfigGemma2Test, PublishedConfigIsThePreset) {
 
   const std::optional<ModelSpec> preset = FindModelPreset("gemma-2-9b");
   ASSERT_TRUE(preset.has_value());
-  for (const ModelSpec* m : {&*spec, &*preset}) {
-    EXPECT_TRUE(ValidateModelSpec(*m, "arch.").ok());
-  }
-  EXPECT_EQ(preset->hidden_size, spec->hidden_size);
-  EXPECT_EQ(preset->num_layers, spec->num_layers);
-  EXPECT_EQ(preset->num_heads, spec->num_heads);
-  EXPECT_EQ(preset->num_kv_heads, spec->num_kv_heads);
-  EXPECT_EQ(preset->HeadDim(), spec->HeadDim());
-  EXPECT_EQ(preset->intermediate_size, spec->intermediate_size);
-  EXPECT_EQ(preset->vocab_size, spec->vocab_size);
-  EXPECT_EQ(preset->tie_word_embeddings, spec->tie_word_embeddings);
-  EXPECT_EQ(preset->sliding_window, spec->sliding_window);
-  EXPECT_EQ(preset->sliding_layers, spec->sliding_layers);
-  EXPECT_EQ(preset->query_pre_attn_scalar, spec->query_pre_attn_scalar);
-  EXPECT_EQ(preset->attn_logit_softcapping, spec->attn_logit_softcapping);
-  EXPECT_EQ(preset->final_logit_softcapping, spec->final_logit_softcapping);
-  EXPECT_EQ(preset->embedding_padding_idx, spec->embedding_padding_idx);
-  EXPECT_EQ(preset->rms_norm_eps, spec->rms_norm_eps);
-  EXPECT_EQ(preset->rope_theta, spec->rope_theta);
+  testing::ExpectPresetIsConfig(*preset, *spec);
 }
 
 TEST(HfConfigGemma2Test, LayerTypesNullCapsAndRoundTrip) {
