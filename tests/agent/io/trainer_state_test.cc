@@ -123,6 +123,16 @@ TEST(TrainerStateTest, GemmaFieldsRoundTrip) {
   EXPECT_EQ(b.sliding_layers, (std::vector<int64_t>{0}));
   // Other families' states carry none of these keys.
   EXPECT_EQ(EncodeCheckpointManifest(Sample()).find("softcapping"), std::string::npos);
+
+  // Gemma 3 adds its q/k norms and the sliding layers' RoPE base.
+  g.family = "gemma3_text";
+  g.qk_norm = true;
+  g.rope_local_base_freq = 1e4;
+  back = DecodeCheckpointManifest(EncodeCheckpointManifest(m));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->trainer.model.family, "gemma3_text");
+  EXPECT_TRUE(back->trainer.model.qk_norm);
+  EXPECT_EQ(back->trainer.model.rope_local_base_freq, 1e4);
 }
 
 TEST(TrainerStateTest, ErrorsNameTheKey) {
