@@ -1,7 +1,8 @@
 // Hugging Face config.json -> ModelSpec for LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
 // MistralForCausalLM, the mixtures of experts Qwen3MoeForCausalLM and MixtralForCausalLM, the
 // vision-language Qwen2_5_VLForConditionalGeneration and Qwen2VLForConditionalGeneration, and
-// Gemma2ForCausalLM (its keys: hf_json::ParseGemma in common/hf_config_json.h). The
+// Gemma2ForCausalLM and Gemma3ForCausalLM (their keys: hf_json::ParseGemma and Gemma3RopeRoot in
+// common/hf_config_json.h). The
 // result passes ValidateModelSpec; every error is INVALID_ARGUMENT (NOT_FOUND for a missing file)
 // and names the offending JSON key. Torch-free, protobuf-free.
 #pragma once
