@@ -424,89 +424,68 @@ TEST(ChunkManagerTest, StepRefusesToClipAfterOverlappedUpdates) {
   EXPECT_NE(status.message().find("max_grad_norm"), absl::string_view::npos);
 }
 
-// [Deferred CPU updates] With clipping, Step() returns while the offloaded chunks' CPU updates
-// still run and the next forward waits for each chunk's own update: the losses of every step and
-// the final parameters and state equal those of waiting for all updates inside Step(). No
-// Params() between steps (it would wait for everything), so the next forward really meets
-// updates in flight.
-TEST(ChunkManagerTest, DeferredClippedUpdatesTrainExactlyAsWaitingOnes) {
-  for (const OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kSgd}) {
-    std::vector<std::vector<float>> losses(2);
-    std::vector<std::map<std::string, torch::Tensor>> finals(2);
-    for (const bool defer : {false, true}) {
-      const ToyModel model = ToyModel::Make(6, true, 64, 48, 77, torch::kFloat32);
-      ChunkManagerOptions options = CpuOptions(0, 1);
-      options.chunk_bytes = 40000;
-      options.optimizer = kind;
-      options.defer_step_updates = defer;
-      auto manager = ChunkManager::Create(model.Groups(), options);
-      ASSERT_TRUE(manager.ok()) << manager.status();
-      for (int step = 0; step < 5; ++step) {
-        const Batch batch = MakeBatch(48, 500 + step, torch::kCPU);
+// [Deferred CPU updates] Five steps of the toy model, Step() deferring and Step() waiting for
+// every CPU update: the losses of every micro-batch and the final parameters and state must be
+// equal bit for bit. No Params() between steps (it would wait for everything), so the next forward
+// really meets updates in flight. `max_grad_norm` > 0 clips (Step() queues the updates); 0
+// promises no clipping (the updates start in backward and Step() leaves them running).
+void ExpectDeferredTrainsAsWaiting(OptimizerKind kind, double max_grad_norm, int grad_accum) {
+  const std::string label = absl::StrCat(std::string(OptimizerName(kind)), " clip ",
+                                         max_grad_norm, " grad_accum ", grad_accum);
+  std::vector<std::vector<float>> losses(2);
+  std::vector<std::map<std::string, torch::Tensor>> finals(2);
+  for (const bool defer : {false, true}) {
+    const ToyModel model = ToyModel::Make(6, true, 64, 48, 77, torch::kFloat32);
+    ChunkManagerOptions options = CpuOptions(0, 1);
+    options.chunk_bytes = 40000;
+    options.optimizer = kind;
+    options.grad_accum = grad_accum;
+    if (max_grad_norm == 0) options.max_grad_norm = 0;
+    options.defer_step_updates = defer;
+    auto manager = ChunkManager::Create(model.Groups(), options);
+    ASSERT_TRUE(manager.ok()) << manager.status();
+    for (int step = 0; step < 5; ++step) {
+      for (int micro = 0; micro < grad_accum; ++micro) {
+        const Batch batch = MakeBatch(48, 500 + 10 * step + micro, torch::kCPU);
         losses[defer].push_back(
             RunMicroBatch(model, manager->get(), false, batch.tokens, batch.targets)
                 .item<float>());
-        ASSERT_TRUE((*manager)->Step(0.05).ok());
-        EXPECT_GT((*manager)->LastGradNorm(), 0.05) << "the case should actually clip";
       }
-      for (const NamedParam& p : (*manager)->Params()) finals[defer][p.name] = p.param.clone();
-      for (const NamedParam& s : (*manager)->OptimizerState()) {
-        finals[defer][s.name] = s.param.clone();
+      if (max_grad_norm == 0) {
+        EXPECT_GT((*manager)->UpdatesStartedBeforeStep(), 0) << label << ": none started early";
+      }
+      ASSERT_TRUE((*manager)->Step(max_grad_norm).ok()) << label;
+      if (max_grad_norm > 0) {
+        EXPECT_GT((*manager)->LastGradNorm(), max_grad_norm) << label << ": nothing was clipped";
       }
     }
-    EXPECT_EQ(losses[0], losses[1]) << OptimizerName(kind);
-    EXPECT_NE(losses[1].front(), losses[1].back()) << "training moved the loss";
-    ASSERT_EQ(finals[0].size(), finals[1].size());
-    for (const auto& [name, value] : finals[0]) {
-      EXPECT_TRUE(torch::equal(value, finals[1].at(name))) << OptimizerName(kind) << " " << name;
+    for (const NamedParam& p : (*manager)->Params()) finals[defer][p.name] = p.param.clone();
+    for (const NamedParam& s : (*manager)->OptimizerState()) {
+      finals[defer][s.name] = s.param.clone();
     }
+  }
+  EXPECT_EQ(losses[0], losses[1]) << label;
+  EXPECT_NE(losses[1].front(), losses[1].back()) << "training moved the loss";
+  ASSERT_EQ(finals[0].size(), finals[1].size());
+  for (const auto& [name, value] : finals[0]) {
+    EXPECT_TRUE(torch::equal(value, finals[1].at(name))) << label << " " << name;
   }
 }
 
-// [Deferred CPU updates] Without clipping the offloaded chunks' CPU updates start in backward and
-// Step() leaves the unfinished ones running (the same rule as the clipped queue above): every
-// step's losses and the final parameters and state equal those of waiting for all updates inside
-// Step(), with one micro-batch per step and with two (the second step's first micro-batch then
-// meets the first step's updates). Removing the pager's per-chunk wait makes it fail.
+// With clipping Step() queues the offloaded chunks' CPU updates in chunk order and returns.
+// Fails when the pager's per-chunk wait is removed.
+TEST(ChunkManagerTest, DeferredClippedUpdatesTrainExactlyAsWaitingOnes) {
+  for (const OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kSgd}) {
+    ExpectDeferredTrainsAsWaiting(kind, 0.05, 1);
+  }
+}
+
+// Without clipping the updates start in backward and Step() leaves the unfinished ones running,
+// by the same rule; with two micro-batches the next step's first one meets them. Fails when the
+// pager's per-chunk wait is removed.
 TEST(ChunkManagerTest, DeferredUnclippedUpdatesTrainExactlyAsWaitingOnes) {
   for (const OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kSgd}) {
-    for (const int grad_accum : {1, 2}) {
-      std::vector<std::vector<float>> losses(2);
-      std::vector<std::map<std::string, torch::Tensor>> finals(2);
-      for (const bool defer : {false, true}) {
-        const ToyModel model = ToyModel::Make(6, true, 64, 48, 77, torch::kFloat32);
-        ChunkManagerOptions options = CpuOptions(0, 1);
-        options.chunk_bytes = 40000;
-        options.optimizer = kind;
-        options.max_grad_norm = 0;  // the updates start as each chunk's grads are final
-        options.grad_accum = grad_accum;
-        options.defer_step_updates = defer;
-        auto manager = ChunkManager::Create(model.Groups(), options);
-        ASSERT_TRUE(manager.ok()) << manager.status();
-        for (int step = 0; step < 5; ++step) {
-          for (int micro = 0; micro < grad_accum; ++micro) {
-            const Batch batch = MakeBatch(48, 700 + 10 * step + micro, torch::kCPU);
-            losses[defer].push_back(
-                RunMicroBatch(model, manager->get(), false, batch.tokens, batch.targets)
-                    .item<float>());
-          }
-          EXPECT_GT((*manager)->UpdatesStartedBeforeStep(), 0) << "updates should start early";
-          ASSERT_TRUE((*manager)->Step(0).ok());
-        }
-        for (const NamedParam& p : (*manager)->Params()) finals[defer][p.name] = p.param.clone();
-        for (const NamedParam& s : (*manager)->OptimizerState()) {
-          finals[defer][s.name] = s.param.clone();
-        }
-      }
-      const std::string label =
-          absl::StrCat(std::string(OptimizerName(kind)), " grad_accum ", grad_accum);
-      EXPECT_EQ(losses[0], losses[1]) << label;
-      EXPECT_NE(losses[1].front(), losses[1].back()) << "training moved the loss";
-      ASSERT_EQ(finals[0].size(), finals[1].size());
-      for (const auto& [name, value] : finals[0]) {
-        EXPECT_TRUE(torch::equal(value, finals[1].at(name))) << label << " " << name;
-      }
-    }
+    for (const int grad_accum : {1, 2}) ExpectDeferredTrainsAsWaiting(kind, 0, grad_accum);
   }
 }
 

@@ -20,15 +20,58 @@ void ExpectNear(double a, double b, const char* what) {
   EXPECT_NEAR(a, b, 1e-9 * std::max(1.0, std::fabs(b))) << what;
 }
 
-// [Deferred CPU updates]: clipped, one rank, the next forward hides up to T_fwd of the CPU
-// updates; never less than the GPU update.
-TEST(StepTimeTest, DeferredClippedUpdatesOverlapTheNextForward) {
+// The example times the tests below start from (T_fwd 1 s, T_bwd 2 s, T_gpu 0.25 s, T_upd
+// 1.5 s, 0.125 s fixed), every term exact in binary.
+StepTime ExampleTimes() {
   StepTime t;
   t.forward_seconds = 1.0;
   t.backward_seconds = 2.0;
   t.gpu_optimizer_seconds = 0.25;
   t.cpu_optimizer_seconds = 1.5;
   t.fixed_seconds = 0.125;
+  return t;
+}
+
+TEST(StepTimeTest, ClippingRunsTheCpuOptimizerAfterBackward) {
+  StepTime t = ExampleTimes();
+  // Overlapped: the CPU updates hide behind backward.
+  EXPECT_DOUBLE_EQ(t.IterationSeconds(1), 1.0 + 2.25 + 0.125);
+  EXPECT_DOUBLE_EQ(t.IterationSeconds(2), 2.0 + 2.0 + 2.25 + 0.125);
+  // Clipping: they wait for the global norm, then run beside the GPU optimizer.
+  t.cpu_optimizer_overlaps = false;
+  EXPECT_DOUBLE_EQ(t.IterationSeconds(1), 1.0 + 2.0 + 1.5 + 0.125);
+  EXPECT_DOUBLE_EQ(t.IterationSeconds(2), 2.0 + 2.0 + 2.0 + 1.5 + 0.125);
+}
+
+// [Two CPU passes]: T_acc per micro-batch beside its backward; with clipping the host norm and
+// then T_upd beside the GPU update after backward, without it T_acc + T_upd against the last
+// backward and the GPU update.
+TEST(StepTimeTest, TwoCpuPassesBesideBackwardAndAfterIt) {
+  StepTime t = ExampleTimes();
+  t.cpu_accumulate_seconds = 0.5;
+  t.cpu_optimizer_overlaps = false;
+  // Clipped, accumulate hidden by backward: 1 + max(2, 0.5) + max(0.25, 1.5) + 0.125.
+  EXPECT_DOUBLE_EQ(t.IterationSeconds(1), 4.625);
+  // Clipped, two micro-batches whose accumulate (3 s) outlasts backward, 0.25 s of host norm:
+  // 2 x 1 + 2 x max(2, 3) + 0.25 + max(0.25, 1.5) + 0.125.
+  t.cpu_accumulate_seconds = 3.0;
+  t.cpu_norm_seconds = 0.25;
+  EXPECT_DOUBLE_EQ(t.IterationSeconds(2), 9.875);
+  // Unclipped: 2 x 1 + 1 x max(2, 3) + max(2 + 0.25, 3 + 1.5) + 0.125 (no host norm).
+  t.cpu_optimizer_overlaps = true;
+  EXPECT_DOUBLE_EQ(t.IterationSeconds(2), 9.625);
+  // Unclipped, one micro-batch: 1 + max(2 + 0.25, 0.5 + 1.5) + 0.125, then with T_acc = 1 s
+  // the CPU side (2.5 s) is the longer one.
+  t.cpu_accumulate_seconds = 0.5;
+  EXPECT_DOUBLE_EQ(t.IterationSeconds(1), 3.375);
+  t.cpu_accumulate_seconds = 1.0;
+  EXPECT_DOUBLE_EQ(t.IterationSeconds(1), 3.625);
+}
+
+// [Deferred CPU updates]: clipped, one rank, the next forward hides up to T_fwd of the CPU
+// updates; never less than the GPU update.
+TEST(StepTimeTest, DeferredClippedUpdatesOverlapTheNextForward) {
+  StepTime t = ExampleTimes();
   t.cpu_optimizer_overlaps = false;
   t.cpu_optimizer_deferred = true;
   EXPECT_DOUBLE_EQ(t.IterationSeconds(1), 1.0 + 2.0 + (1.5 - 1.0) + 0.125);
@@ -43,13 +86,9 @@ TEST(StepTimeTest, DeferredClippedUpdatesOverlapTheNextForward) {
 // [Deferred CPU updates] without clipping: the updates start in backward and what is left of
 // them after backward and the GPU update runs beside the next forward, hiding up to T_fwd.
 TEST(StepTimeTest, DeferredUnclippedUpdatesOverlapTheNextForward) {
-  StepTime t;
-  t.forward_seconds = 1.0;
-  t.backward_seconds = 2.0;
-  t.gpu_optimizer_seconds = 0.25;
+  StepTime t = ExampleTimes();
   t.cpu_accumulate_seconds = 0.5;
   t.cpu_optimizer_seconds = 3.0;
-  t.fixed_seconds = 0.125;
   // Waiting: the CPU side, 0.5 + 3, outlasts backward and the GPU update.
   EXPECT_DOUBLE_EQ(t.IterationSeconds(1), 1.0 + 3.5 + 0.125);
   t.cpu_optimizer_deferred = true;
