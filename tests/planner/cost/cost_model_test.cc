@@ -707,6 +707,21 @@ TEST(CostModelTest, TwoPassProfilePricesEachPass) {
                 .Time(np, nb, {}, HostMemoryKind::kPinned)
                 .cpu_norm_seconds,
             0);
+  // Unclipped on one rank, [Deferred CPU updates] as well: what is left of T_acc + T_upd after
+  // backward and the GPU update runs beside the next forward (an update slow enough to leave some).
+  hw.cpu_adam_update_params_per_second = 1.25e7;
+  const CostModel unclipped = MustCreate(trace, 32 * kMiB, hw, o);
+  const StepTime u = unclipped.Time(np, nb, {}, HostMemoryKind::kPinned);
+  EXPECT_TRUE(u.cpu_optimizer_deferred);
+  const double cpu_side = u.cpu_accumulate_seconds + u.cpu_optimizer_seconds;
+  ASSERT_GT(cpu_side - u.forward_seconds, u.backward_seconds + u.gpu_optimizer_seconds);
+  ExpectNear(
+      unclipped.Predict(unclipped.MakeResidencyPlan(np, nb, {}, HostMemoryKind::kPinned))
+          .iteration_seconds,
+      2 * u.forward_seconds + std::max(u.backward_seconds, u.cpu_accumulate_seconds) + cpu_side -
+          u.forward_seconds + u.fixed_seconds,
+      "unclipped step");
+  hw.cpu_adam_update_params_per_second = 1.25e9;
   // adamw8bit: the same accumulate, its own update rate; adamw_bf16 reads bf16 grads for the norm.
   o.cpu_optimizer_overlaps = false;
   o.optimizer = OptimizerKind::kAdamW8bit;

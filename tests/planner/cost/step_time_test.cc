@@ -1,24 +1,12 @@
-// [Deferred CPU updates] priced: one rank's step leaves what is left of the CPU updates to run
-// beside the next forward, clipped or not (common/optimizer_bytes.h StepUpdatesDeferred).
-#include <algorithm>
-#include <cmath>
-#include <random>
+// StepTime::IterationSeconds (eq. 2): the CPU optimizer overlapped with backward, after it
+// (clipping), in two passes and [Deferred CPU updates] beside the next forward, clipped or not.
 
 #include "common/optimizer_bytes.h"
 #include "gtest/gtest.h"
 #include "planner/cost/cost_model.h"
-#include "tests/planner/cost/random_trace.h"
 
 namespace memplan {
 namespace {
-
-using testing::kMiB;
-using testing::RandomHardware;
-using testing::RandomTrace;
-
-void ExpectNear(double a, double b, const char* what) {
-  EXPECT_NEAR(a, b, 1e-9 * std::max(1.0, std::fabs(b))) << what;
-}
 
 // The example times the tests below start from (T_fwd 1 s, T_bwd 2 s, T_gpu 0.25 s, T_upd
 // 1.5 s, 0.125 s fixed), every term exact in binary.
@@ -98,37 +86,6 @@ TEST(StepTimeTest, DeferredUnclippedUpdatesOverlapTheNextForward) {
   // Hidden entirely: backward and the GPU update are what is left.
   t.cpu_optimizer_seconds = 2.0;
   EXPECT_DOUBLE_EQ(t.IterationSeconds(1), 1.0 + 2.25 + 0.125);
-}
-
-// The cost model sets the deferral from StepUpdatesDeferred alone, clipped or not: one rank's
-// unclipped step prices T_acc + T_upd - T_fwd after backward.
-TEST(CostModelTest, UnclippedStepOnOneRankIsDeferred) {
-  std::mt19937_64 rng(37);
-  Trace trace = RandomTrace(rng, 10);
-  trace.param_dtype = DType::kBFloat16;
-  trace.training.kind = TrainingKind::kFull;
-  trace.trainable_param_count = trace.total_param_count;
-  HardwareSpec hw = RandomHardware(rng);
-  hw.cpu_adam_params_per_second = 1.0e8;
-  hw.cpu_grad_accumulate_params_per_second = 4.0e8;
-  hw.cpu_adam_update_params_per_second = 1.25e8;
-  CostOptions o;
-  o.cpu_optimizer_overlaps = true;
-  auto model = CostModel::Create(trace, 32 * kMiB, hw, o);
-  ASSERT_TRUE(model.ok()) << model.status();
-  const int32_t np = model->num_chunks() / 3;
-  const int32_t nb = model->MinBuffers(np);
-  const StepTime t = model->Time(np, nb, ModeCounts{}, HostMemoryKind::kPinned);
-  EXPECT_TRUE(t.cpu_optimizer_deferred);
-  ASSERT_GT(t.cpu_accumulate_seconds + t.cpu_optimizer_seconds,
-            t.backward_seconds + t.gpu_optimizer_seconds + t.forward_seconds)
-      << "the case should have CPU updates left after backward";
-  const Prediction pred =
-      model->Predict(model->MakeResidencyPlan(np, nb, {}, HostMemoryKind::kPinned));
-  ExpectNear(pred.iteration_seconds,
-             t.forward_seconds + t.cpu_accumulate_seconds + t.cpu_optimizer_seconds -
-                 t.forward_seconds + t.fixed_seconds,
-             "unclipped deferred step");
 }
 
 }  // namespace
