@@ -195,7 +195,7 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
       }
       if (keeps_master) RoundToBf16(w.len, master32 + w.begin, param16 + w.begin);
       tracker->Done();
-    });
+    }, /*order=*/c);  // [Deferred CPU updates]: the next forward needs chunk c after c - 1
   }
 }
 
@@ -415,6 +415,9 @@ absl::Status ChunkOptimizer::Step(double max_grad_norm) {
   // next forward meets each chunk's own update. Everything else in flight finishes here.
   const bool defer = options.defer_step_updates && StepUpdatesDeferred(set_.world());
   WaitInFlight(/*started_updates=*/!defer);
+  // Those that started in backward were queued last block first; the next forward meets them
+  // first block first, so what is not running yet runs in chunk order, as the clipped step's.
+  if (defer) pool_.QueueInOrder();
   pager_.ReleaseAllPersistent();  // stale once updated; the next forward gathers the new shards
   const bool started = AnyUpdateStarted();
   last_step_skipped_ = false;

@@ -1,5 +1,6 @@
 #include "agent/chunks/thread_pool.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace memplan {
@@ -16,13 +17,19 @@ ThreadPool::~ThreadPool() {
   for (std::thread& worker : workers_) worker.join();
 }
 
-void ThreadPool::Schedule(std::function<void()> task) {
+void ThreadPool::Schedule(std::function<void()> task, int64_t order) {
   if (workers_.empty()) {
     task();
     return;
   }
   absl::MutexLock lock(&mu_);
-  queue_.push_back(std::move(task));
+  queue_.emplace_back(order, std::move(task));
+}
+
+void ThreadPool::QueueInOrder() {
+  absl::MutexLock lock(&mu_);
+  std::stable_sort(queue_.begin(), queue_.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
 }
 
 void ThreadPool::WorkerLoop() {
@@ -34,7 +41,7 @@ void ThreadPool::WorkerLoop() {
                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (queue_.empty()) return;  // stopping and drained
-      task = std::move(queue_.front());
+      task = std::move(queue_.front().second);
       queue_.pop_front();
     }
     task();

@@ -3,9 +3,11 @@
 // Both are thread-safe.
 #pragma once
 
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -22,14 +24,19 @@ class ThreadPool {
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
-  void Schedule(std::function<void()> task);
+  // Tasks run in the order they were scheduled, until QueueInOrder() reorders those not started.
+  void Schedule(std::function<void()> task, int64_t order = 0);
+  // Stable-sorts the tasks still queued by their `order` (smallest first); running ones go on.
+  // [Deferred CPU updates]: an unclipped step's updates were queued as backward freed their
+  // chunks, last block first; the next forward needs them first block first.
+  void QueueInOrder();
   int num_threads() const { return static_cast<int>(workers_.size()); }
 
  private:
   void WorkerLoop();
 
   absl::Mutex mu_;
-  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<int64_t, std::function<void()>>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };

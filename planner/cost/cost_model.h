@@ -89,16 +89,11 @@ struct StepTime {
   // What is left of the CPU updates after the step runs beside the next step's forward, clipped
   // or not (StepUpdatesDeferred).
   bool cpu_optimizer_deferred = false;
-  // T_pre: the next forward's windows before the first one that uploads an offloaded chunk.
-  double forward_before_offloaded_seconds = 0;
   // One optimizer step over grad_accum micro-batches (eq. 2, GA micro-batches):
   //   overlapped: GA T_fwd + (GA-1) max(T_bwd, T_acc) + max(T_bwd + T_gpu, T_acc + T_upd)
   //   clipping:   GA T_fwd + GA max(T_bwd, T_acc) + T_norm + max(T_gpu, T_upd)
-  //   deferred:   the next forward hides part of T_upd (steady state: each step's forward overlaps
-  //               the last step's updates). Clipped, the updates are queued in forward order and
-  //               the forward meets each as it finishes: T_upd less T_fwd. Unclipped, they were
-  //               queued in backward as the grads landed, the first block's chunk last, so the
-  //               forward's first offloaded chunk waits for all of them: T_acc + T_upd less T_pre.
+  //   deferred:   T_upd less T_fwd in both, the next forward hiding the rest of the updates
+  //               (steady state: each step's forward overlaps the last step's updates)
   // plus fixed_seconds.
   double IterationSeconds(int32_t grad_accum) const;
 };

@@ -21,12 +21,9 @@ double StepTime::IterationSeconds(int32_t grad_accum) const {
   // backward runs first, so the pass runs beside the micro-batch's backward and ends with it
   // unless it is the longer of the two.
   const double bwd = std::max(backward_seconds, cpu_accumulate_seconds);
-  // [Deferred CPU updates]: the next forward runs beside what is left of the CPU updates: clipped,
-  // queued in forward order, up to T_fwd of it is hidden; unclipped, queued in backward order, only
-  // the forward before the first offloaded chunk (whose update is the last) hides any.
-  const double hidden = !cpu_optimizer_deferred ? 0.0
-                        : cpu_optimizer_overlaps ? forward_before_offloaded_seconds
-                                                 : forward_seconds;
+  // [Deferred CPU updates]: the next forward runs beside what is left of the CPU updates and
+  // hides up to T_fwd of it, clipped or not.
+  const double hidden = cpu_optimizer_deferred ? forward_seconds : 0.0;
   // Written so that T_acc = T_norm = 0 (a profile without the two-pass figures) gives the
   // single-pass formula bit for bit.
   const double tail = cpu_optimizer_overlaps
@@ -319,37 +316,28 @@ StepTime CostModel::TimeImpl(const PlanPoint& p, const Modes& m, bool fast) cons
   StepTime t;
   t.cpu_optimizer_overlaps = options_.cpu_optimizer_overlaps;
   t.cpu_optimizer_deferred = StepUpdatesDeferred(options_.world_size);
-  // Stage f's window is the first that can upload an offloaded chunk: only stage f can straddle
-  // n_persist (stages before it are persistent, after it not).
-  const int32_t f = std::clamp(
-      static_cast<int32_t>(std::upper_bound(chunks_->fwd_owned_begin.begin(),
-                                            chunks_->fwd_owned_begin.end(), p.n_persist) -
-                           chunks_->fwd_owned_begin.begin()) -
-          1,
-      0, n + 3);
   if (!fast || m.explicit_modes != nullptr || !options_.build_time_tables) {
-    for (int32_t k = 0; k <= n + 2; ++k) {
-      const double w = ForwardWindow(k, p, m);
-      t.forward_seconds += w;
-      if (k < f) t.forward_before_offloaded_seconds += w;
-    }
+    for (int32_t k = 0; k <= n + 2; ++k) t.forward_seconds += ForwardWindow(k, p, m);
     for (int32_t s = 0; s <= n + 1; ++s) t.backward_seconds += BackwardWindow(s, p, m);
   } else {
     const ModeCounts& c = m.counts;
     const int32_t seg[3] = {c.n_swap, c.n_swap + c.n_hs_offload, c.total()};
     // Forward: keys change at the edges, where the activation traffic (block k-3) changes mode,
-    // and around stage f.
+    // and around the stage whose owned chunks straddle n_persist.
+    const int32_t f =
+        static_cast<int32_t>(std::upper_bound(chunks_->fwd_owned_begin.begin(),
+                                              chunks_->fwd_owned_begin.end(), p.n_persist) -
+                             chunks_->fwd_owned_begin.begin()) -
+        1;
+    // Only stage f can straddle n_persist (stages before it are persistent, after it not).
     Cuts cuts;
     for (int32_t x : {0, 1, 3, n + 1}) cuts.Add(x);
     for (int32_t b : seg) cuts.Add(b + 3);
     cuts.Add(f);
     cuts.Add(f + 1);
-    const auto key = [&](int32_t k) { return ForwardKey(k, p, m); };
-    const auto window = [&](int32_t k) { return ForwardWindow(k, p, m); };
-    Cuts before = cuts;  // SumWindows sorts and clamps its cuts in place
-    t.forward_seconds = SumWindows(0, n + 3, cuts, key, window, fwd_prefix_[p.kind]);
-    t.forward_before_offloaded_seconds =
-        SumWindows(0, f, before, key, window, fwd_prefix_[p.kind]);
+    t.forward_seconds = SumWindows(
+        0, n + 3, cuts, [&](int32_t k) { return ForwardKey(k, p, m); },
+        [&](int32_t k) { return ForwardWindow(k, p, m); }, fwd_prefix_[p.kind]);
     // Backward: keys change at the edges, at mode boundaries (stage b+1 is the first of a
     // segment), and around the stages whose chunks straddle n_persist or the eviction bound.
     Cuts bcuts;

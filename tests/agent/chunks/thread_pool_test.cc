@@ -1,8 +1,10 @@
 #include "agent/chunks/thread_pool.h"
 
 #include <atomic>
+#include <utility>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 
 namespace memplan {
@@ -33,6 +35,49 @@ TEST(ThreadPoolTest, DestructorDrainsTheQueue) {
     for (int i = 0; i < 100; ++i) pool.Schedule([&ran] { ran.fetch_add(1); });
   }
   EXPECT_EQ(ran.load(), 100);
+}
+
+// [Deferred CPU updates] What is queued behind a running task runs by its order once
+// QueueInOrder() is called (equal orders keep their scheduling order); the running one goes on.
+TEST(ThreadPoolTest, QueueInOrderRunsWhatWaitsSmallestOrderFirst) {
+  ThreadPool pool(1);
+  TaskTracker tracker;
+  absl::Mutex mu;
+  bool release = false;
+  bool started = false;
+  std::vector<int> ran;
+  auto record = [&](int id) {
+    absl::MutexLock lock(&mu);
+    ran.push_back(id);
+  };
+  tracker.Add(6);
+  // The one worker holds this task until the queue behind it is sorted.
+  pool.Schedule([&] {
+    absl::MutexLock lock(&mu);
+    started = true;
+    mu.Await(absl::Condition(&release));
+    ran.push_back(0);
+    tracker.Done();
+  }, /*order=*/9);
+  {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(&started));
+  }
+  // Queued as backward frees chunks: last first; two tasks of chunk 3 in their own order.
+  for (const auto& [id, order] : std::vector<std::pair<int, int64_t>>{
+           {31, 3}, {32, 3}, {2, 2}, {11, 1}, {12, 1}}) {
+    pool.Schedule([&record, &tracker, id = id] {
+      record(id);
+      tracker.Done();
+    }, order);
+  }
+  pool.QueueInOrder();
+  {
+    absl::MutexLock lock(&mu);
+    release = true;
+  }
+  tracker.Wait();
+  EXPECT_EQ(ran, (std::vector<int>{0, 11, 12, 2, 31, 32}));
 }
 
 }  // namespace
