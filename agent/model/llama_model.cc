@@ -785,7 +785,6 @@ torch::Tensor LlamaModel::Block(const BlockParams& p, const torch::Tensor& hidde
   const double dropout = train ? options_.lora.dropout : 0.0;
   const double scaling = has_lora() ? options_.lora.scaling() : 1.0;
   if (s.IsGemma()) return GemmaBlock(p, hidden, rope, dropout, scaling);
-  // By value but for the block's parameters: the sequence-tiled MLP calls it again in backward.
   auto proj = [&p, dropout, scaling](const torch::Tensor& in, size_t module, const torch::Tensor& w,
                                      const torch::Tensor& b = torch::Tensor()) {
     return p.Project(in, module, w, b, dropout, scaling);
@@ -811,20 +810,28 @@ torch::Tensor LlamaModel::Block(const BlockParams& p, const torch::Tensor& hidde
 
   const torch::Tensor y = RmsNorm(h, p.post_attention_layernorm, s.rms_norm_eps);
   if (p.moe) return h + MoeMlp(s, *p.moe, y, router_loss, options_.moe_experts);
-  // gate before up, as transformers evaluates them: with LoRA dropout each draws a mask, and the
+  return h + GatedMlp(p, y, /*gelu_tanh=*/false, dropout, scaling);
+}
+
+torch::Tensor LlamaModel::GatedMlp(const BlockParams& p, const torch::Tensor& y, bool gelu_tanh,
+                                   double dropout, double scaling) const {
+  // By value but for the block's parameters: the sequence-tiled MLP calls it again in backward.
+  // Gate before up, as transformers evaluates them: with LoRA dropout each draws a mask, and the
   // order of the draws is part of the result.
-  auto mlp = [&p, proj](const torch::Tensor& in) {
-    const torch::Tensor gate = torch::silu(proj(in, 4, p.gate_proj));
-    const torch::Tensor up = proj(in, 5, p.up_proj);
-    return proj(gate * up, 6, p.down_proj);
+  auto mlp = [&p, dropout, scaling, gelu_tanh](const torch::Tensor& in) {
+    const torch::Tensor g = p.Project(in, 4, p.gate_proj, torch::Tensor(), dropout, scaling);
+    const torch::Tensor gate = gelu_tanh ? at::gelu(g, "tanh") : torch::silu(g);
+    const torch::Tensor up = p.Project(in, 5, p.up_proj, torch::Tensor(), dropout, scaling);
+    return p.Project(gate * up, 6, p.down_proj, torch::Tensor(), dropout, scaling);
   };
   // [Sequence-tiled MLP] (common/mlp_tiling.h); an explicit mlp_tile_rows (tests) forces it.
+  const int64_t rows = y.size(0) * y.size(1);
   const int64_t forced = options_.mlp_tile_rows;
   const int64_t tile_rows =
-      forced != 0 ? forced
-                  : MlpTileRows(batch * seq, s.intermediate_size, DTypeBytes(options_.dtype));
-  if (tile_rows > 0 && tile_rows < batch * seq) return h + SequenceTiled(mlp, y, tile_rows);
-  return h + mlp(y);
+      forced != 0
+          ? forced
+          : MlpTileRows(rows, options_.spec.intermediate_size, DTypeBytes(options_.dtype));
+  return tile_rows > 0 && tile_rows < rows ? SequenceTiled(mlp, y, tile_rows) : mlp(y);
 }
 
 torch::Tensor LlamaModel::HeadLoss(const torch::Tensor& hidden, const torch::Tensor& targets,

@@ -214,6 +214,10 @@ class LlamaModel {
   // `router_loss` (may be null) collects a sparse layer's routing for the load-balancing loss.
   torch::Tensor Block(const BlockParams& p, const torch::Tensor& hidden, const Rope& rope,
                       bool train, MoeRouterLoss* router_loss = nullptr) const;
+  // The gated MLP down(act(gate(y)) * up(y)) of every dense block (act: SiLU, or GELU with the tanh
+  // approximation for Gemma), sequence-tiled when MlpTileRows() says so ([Sequence-tiled MLP]).
+  torch::Tensor GatedMlp(const BlockParams& p, const torch::Tensor& y, bool gelu_tanh,
+                         double dropout, double scaling) const;
   // [Gemma 2] (llama_model_gemma.cc): the block (four norms, Gemma 3's q/k norms and local RoPE,
   // soft-capped attention in tiles,
   // GeGLU MLP), the scaled embedding lookup with its padding row, and for every family the final

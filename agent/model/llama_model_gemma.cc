@@ -9,8 +9,6 @@
 #include "agent/model/block_params.h"
 #include "agent/model/layers.h"
 #include "agent/model/llama_model.h"
-#include "agent/model/sequence_tiling.h"
-#include "common/mlp_tiling.h"
 
 namespace memplan {
 namespace {
@@ -86,19 +84,8 @@ torch::Tensor LlamaModel::GemmaBlock(const BlockParams& p, const torch::Tensor& 
   const torch::Tensor h = hidden + GemmaRmsNorm(attn_out, p.post_attention_layernorm, eps);
 
   const torch::Tensor y = GemmaRmsNorm(h, p.pre_feedforward_layernorm, eps);
-  // GeGLU (gelu, tanh approximation); gate before up, as transformers evaluates them.
-  auto mlp = [&p, proj](const torch::Tensor& in) {
-    const torch::Tensor gate = at::gelu(proj(in, 4, p.gate_proj), "tanh");
-    const torch::Tensor up = proj(in, 5, p.up_proj);
-    return proj(gate * up, 6, p.down_proj);
-  };
-  // [Sequence-tiled MLP] as the other families' blocks.
-  const int64_t forced = options_.mlp_tile_rows;
-  const int64_t tile_rows =
-      forced != 0 ? forced
-                  : MlpTileRows(batch * seq, s.intermediate_size, DTypeBytes(options_.dtype));
-  const torch::Tensor m =
-      tile_rows > 0 && tile_rows < batch * seq ? SequenceTiled(mlp, y, tile_rows) : mlp(y);
+  // GeGLU (gelu, tanh approximation), sequence-tiled as the other families' MLP.
+  const torch::Tensor m = GatedMlp(p, y, /*gelu_tanh=*/true, dropout, scaling);
   return h + GemmaRmsNorm(m, p.post_feedforward_layernorm, eps);
 }
 
