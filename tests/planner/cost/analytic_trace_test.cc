@@ -135,17 +135,23 @@ TEST(AnalyticTraceTest, MixtureOfExpertsActivationsScaleWithTopK) {
   EXPECT_EQ(step, tokens * 2 * (2 * 2 * h + 4 * 2 * inter + 2 + 3 * 8 + 4));
 }
 
-// Against a dense model with the same active parameters (intermediate = top_k x expert width), a
-// sparse layer keeps the same MLP intermediates plus the routing: softmax, indices, sorted copies,
-// expert outputs and weights.
-TEST(AnalyticTraceTest, SparseLayerKeepsTheDenseEquivalentPlusItsRouting) {
-  const ModelSpec moe = *FindModelPreset("qwen3-30b-a3b");
+// The dense model with a sparse one's active parameters: intermediate = top_k x expert width.
+ModelSpec DenseEquivalent(const ModelSpec& moe) {
   ModelSpec dense = moe;
   dense.family = "qwen3";
   dense.num_experts = 0;
   dense.num_experts_per_tok = 0;
   dense.intermediate_size = moe.num_experts_per_tok * moe.moe_intermediate_size;
   dense.moe_intermediate_size = 0;
+  return dense;
+}
+
+// Against a dense model with the same active parameters (intermediate = top_k x expert width), a
+// sparse layer keeps the same MLP intermediates plus the routing: softmax, indices, sorted copies,
+// expert outputs and weights.
+TEST(AnalyticTraceTest, SparseLayerKeepsTheDenseEquivalentPlusItsRouting) {
+  const ModelSpec moe = *FindModelPreset("qwen3-30b-a3b");
+  const ModelSpec dense = DenseEquivalent(moe);
   const int64_t tokens = 4096;
   const Trace a = SynthSpec(moe, 1, tokens);
   const Trace b = SynthSpec(dense, 1, tokens);
@@ -163,12 +169,7 @@ TEST(AnalyticTraceTest, SparseLayerKeepsTheDenseEquivalentPlusItsRouting) {
 // layer keeps the routing alone, without the layer input, sorted copies or gate/up product.
 TEST(AnalyticTraceTest, LoraSparseLayerKeepsNoInputsOfItsFrozenRouterAndExperts) {
   const ModelSpec moe = *FindModelPreset("qwen3-30b-a3b");
-  ModelSpec dense = moe;
-  dense.family = "qwen3";
-  dense.num_experts = 0;
-  dense.num_experts_per_tok = 0;
-  dense.intermediate_size = moe.num_experts_per_tok * moe.moe_intermediate_size;
-  dense.moe_intermediate_size = 0;
+  const ModelSpec dense = DenseEquivalent(moe);
   TrainingMethod lora;
   lora.kind = TrainingKind::kLora;
   lora.lora_rank = 16;
