@@ -5,6 +5,8 @@
 # --clip 0, --clip 1 ([Deferred CPU updates]) and --clip 1 --wait-step-updates (the old path).
 #   scripts/gpu-step-overlap.sh OUT_DIR
 # MEMPLAN_OVERLAP_OPTIMIZERS: optimizers of the 8B runs (default "adamw_bf16 adamw8bit").
+# MEMPLAN_OVERLAP_VARIANTS: which runs (default "clip0 clip0-waiting clip1-deferred clip1-waiting";
+# clip0 defers the updates still running after backward, clip0-waiting waits for them in Step()).
 set -uo pipefail
 out=${1:?usage: gpu-step-overlap.sh OUT_DIR}
 mkdir -p "$out"
@@ -29,8 +31,11 @@ plan=(--arch llama-3.1-8b --batch 1 --seq 4096 --dtype bf16 --device cuda --mode
       --chunk-mib 128 --n-persist 68 --n-buffer 8 --n-ckpt 3 --n-hs-offload 23
       --warmup 2 --steps 4)
 for opt in ${MEMPLAN_OVERLAP_OPTIMIZERS:-adamw_bf16 adamw8bit}; do
-  for variant in "clip0:--clip 0" "clip1-deferred:--clip 1" "clip1-waiting:--clip 1 --wait-step-updates"; do
+  for variant in "clip0:--clip 0" "clip0-waiting:--clip 0 --wait-step-updates" \
+      "clip1-deferred:--clip 1" "clip1-waiting:--clip 1 --wait-step-updates"; do
     label=${variant%%:*}
+    wanted=${MEMPLAN_OVERLAP_VARIANTS:-clip0 clip0-waiting clip1-deferred clip1-waiting}
+    [[ " $wanted " == *" $label "* ]] || continue
     # shellcheck disable=SC2206
     extra=(${variant#*:})
     say "8B $opt $label"

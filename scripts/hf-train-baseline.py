@@ -11,7 +11,7 @@ caching allocator's peak allocated / reserved bytes over those steps.
   hf-train-baseline.py --preset llama-3.2-1b --batch 4 --seq 2048 [--steps 15] [--warmup 3]
                        [--no-checkpointing] [--config config.json] [--fsdp2-offload | --fsdp2]
                        [--lora-rank R [--lora-alpha A] [--lora-targets all|q_proj,v_proj,...]]
-                       [--qlora] [--optim adamw|adamw8bit]
+                       [--qlora] [--optim adamw|adamw8bit] [--kernel-trace FILE]
 
 --lora-rank: PEFT LoRA (get_peft_model, dropout 0) on the bf16 model; only the adapters train
 (fused AdamW; PEFT keeps the adapter weights in fp32, its default autocast_adapter_dtype).
@@ -144,6 +144,10 @@ def main():
     p.add_argument("--lora-targets", default="all")
     p.add_argument("--qlora", action="store_true")
     p.add_argument("--optim", default="adamw", choices=["adamw", "adamw8bit"])
+    p.add_argument("--kernel-trace", metavar="FILE",
+                   help="a torch.profiler trace (Chrome JSON) of step --kernel-trace-step, as "
+                        "memplan-agent train --kernel-trace writes (scripts/kernel-trace-summary.py)")
+    p.add_argument("--kernel-trace-step", type=int, default=3)
     args = p.parse_args()
     if args.steps <= args.warmup:
         p.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
@@ -229,6 +233,11 @@ def main():
             torch.cuda.reset_peak_memory_stats()
         ids = batches[step % 2]
         torch.cuda.synchronize()
+        profiler = None
+        if args.kernel_trace and step + 1 == args.kernel_trace_step:
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                          torch.profiler.ProfilerActivity.CUDA])
+            profiler.__enter__()
         start = time.perf_counter()
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
@@ -237,6 +246,9 @@ def main():
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
+        if profiler is not None:
+            profiler.__exit__(None, None, None)
+            profiler.export_chrome_trace(args.kernel_trace)
         losses.append(loss.item())
         print(f"step {step + 1} loss {losses[-1]:.4f} {times[-1]:.3f} s", flush=True)
     steady = times[args.warmup:]

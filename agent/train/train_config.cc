@@ -128,6 +128,10 @@ Checkpoints and output:
                            second signal ends the process at once
 Diagnostics and device memory:
   --memory-timeline FILE   per-group allocated/reserved bytes of every step, as TSV
+  --kernel-trace FILE      a Kineto trace (CPU ops and CUDA kernels, Chrome-trace JSON, as
+                           torch.profiler writes) of step --kernel-trace-step (3), for
+                           scripts/kernel-trace-summary.py; rank R > 0 writes FILE.rank-R (the
+                           traced step runs slower: compare the other steps' times)
   --metrics HOST:PORT      serve live Prometheus metrics while training (GET /metrics: step time,
                            tokens/s, device memory and peaks, chunk bytes moved host to device,
                            with the planner's prediction for the plan; port 0 picks a free port,
@@ -304,6 +308,8 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
       .NonEmptyString("--resume", &c.resume_dir)
       .Int("--log-every", &c.log_every, 1, int64_t{1} << 40)
       .NonEmptyString("--memory-timeline", &c.memory_timeline)
+      .NonEmptyString("--kernel-trace", &c.kernel_trace)
+      .Int("--kernel-trace-step", &c.kernel_trace_step, 1, int64_t{1} << 40)
       .NonEmptyString("--metrics", &c.metrics_address)
       .Int(kLoraRankFlag, &c.lora.rank)
       .Double("--lora-alpha", &c.lora.alpha, DoubleRange{0, 1e12, /*lo_open=*/true})

@@ -118,6 +118,9 @@ struct TrainConfig {
   int64_t log_every = 1;
   // Diagnostics: per-group device memory of every step, as TSV (agent/profiler/memory_timeline.h).
   std::string memory_timeline;
+  // Diagnostics: a Kineto trace of step kernel_trace_step (agent/profiler/kernel_trace.h).
+  std::string kernel_trace;
+  int64_t kernel_trace_step = 3;
   // Cap on the CUDA caching allocator's reserved bytes (setMemoryFraction): 0 = none; -1 = the
   // plan's predicted reserved peak (its peak less the CUDA context; needs --planner). At the cap
   // the allocator gives its cached free blocks back and retries before it reports out of memory.

@@ -38,6 +38,7 @@
 #include "agent/io/writable_file.h"
 #include "agent/metrics/agent_metrics.h"
 #include "agent/profiler/memory_probe.h"
+#include "agent/profiler/kernel_trace.h"
 #include "agent/profiler/memory_timeline.h"
 #include "agent/train/device_setup.h"
 #include "agent/train/vl_data.h"
@@ -273,8 +274,12 @@ absl::Status TrainSession::Run() {
 }
 
 std::string TrainSession::TimelinePath() const {
-  if (dist_.rank == 0) return config_.memory_timeline;
-  return absl::StrCat(config_.memory_timeline, ".rank-", dist_.rank);
+  return RankPath(config_.memory_timeline);
+}
+
+std::string TrainSession::RankPath(const std::string& path) const {
+  if (dist_.rank == 0) return path;
+  return absl::StrCat(path, ".rank-", dist_.rank);
 }
 
 // [Nothing to resume] --steps counts optimizer steps in all (a resumed run continues up to it), so
@@ -535,11 +540,23 @@ absl::Status TrainSession::Loop() {
       torch::manual_seed(config_.seed * 0x9E3779B97F4A7C15ull +
                          static_cast<uint64_t>(trainer_->step()));
     }
+    std::unique_ptr<KernelTrace> kernel_trace;
+    if (!config_.kernel_trace.empty() && trainer_->step() + 1 == config_.kernel_trace_step) {
+      ASSIGN_OR_RETURN(kernel_trace, KernelTrace::Start(device_.is_cuda()));
+    }
     absl::StatusOr<StepStats> step;
     try {
       step = trainer_->Step(micro_batches);
     } catch (const c10::OutOfMemoryError& e) {  // the trainer converts, but be sure
       step = absl::ResourceExhaustedError(e.what_without_backtrace());
+    }
+    if (kernel_trace != nullptr) {
+      // The step's deferred CPU updates may still run: the trace ends where the step returns.
+      if (device_.is_cuda()) torch::cuda::synchronize();
+      RETURN_IF_ERROR(kernel_trace->StopAndSave(RankPath(config_.kernel_trace)));
+      MEMPLAN_LOG(kInfo, "kernel trace written")
+          .Field("file", RankPath(config_.kernel_trace))
+          .Field("step", config_.kernel_trace_step);
     }
     if (timeline_ != nullptr) timeline_->EndStep();
     if (!step.ok() && IsOutOfMemory(step.status())) return StopOnOutOfMemory(step.status());

@@ -100,6 +100,8 @@ class TrainSession {
 
   // --memory-timeline FILE: rank 0 writes FILE, rank R > 0 of several writes FILE.rank-R.
   std::string TimelinePath() const;
+  // `path` for rank 0, `path`.rank-R for rank R > 0.
+  std::string RankPath(const std::string& path) const;
 
   const TrainConfig config_;
   const PlannerLoopOptions loop_;
