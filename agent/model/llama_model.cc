@@ -74,13 +74,17 @@ class ChunkedHeadLossFunction : public torch::autograd::Function<ChunkedHeadLoss
         tanh_z = torch::tanh(raw / softcap);
         raw = tanh_z * softcap;
       }
-      torch::Tensor logits = raw.to(torch::kFloat32);
-      const torch::Tensor lse = at::logsumexp(logits, {1});
+      // fp32 log-softmax in one kernel: on a GPU straight from the model-dtype logits (the
+      // kernel reads and widens them, as log_softmax does on logits.float()), else after the cast.
+      torch::Tensor logits =
+          raw.is_cuda() && raw.scalar_type() != torch::kFloat32
+              ? at::_log_softmax(raw, 1, /*half_to_float=*/true)
+              : at::_log_softmax(raw.to(torch::kFloat32), 1, /*half_to_float=*/false);
       const torch::Tensor valid = (tc != -100).to(torch::kFloat32);
       const torch::Tensor safe = at::where(tc != -100, tc, 0).unsqueeze(1);
-      loss_sum += ((lse - logits.gather(1, safe).squeeze(1)) * valid).sum();
+      loss_sum -= (logits.gather(1, safe).squeeze(1) * valid).sum();
       if (!want_gx && !want_gw) continue;
-      logits.sub_(lse.unsqueeze(1)).exp_();  // softmax, in place of the logits
+      logits.exp_();  // softmax, in place of the log-softmax
       logits.scatter_add_(1, safe, torch::full({b - a, 1}, -1.0, f32));
       logits.mul_((valid * inv_count).unsqueeze(1));  // ignored rows: zero
       if (softcap > 0) {
@@ -842,8 +846,10 @@ torch::Tensor LlamaModel::HeadLoss(const torch::Tensor& hidden, const torch::Ten
   const ModelSpec& s = options_.spec;
   const int64_t tokens = x.numel() / x.size(-1);
   const int64_t forced = options_.head_chunk_rows;
-  const int64_t rows = forced > 0 ? forced : HeadChunkRows(s.vocab_size);
-  if (forced > 0 ? tokens > forced : HeadIsChunked(tokens, s.vocab_size, s.hidden_size)) {
+  const int64_t logit_bytes = options_.head_chunk_logit_bytes;
+  const int64_t rows = forced > 0 ? forced : HeadChunkRows(s.vocab_size, logit_bytes);
+  if (forced > 0 ? tokens > forced
+                 : HeadIsChunked(tokens, s.vocab_size, s.hidden_size, logit_bytes)) {
     return ChunkedHeadLossFunction::apply(x, head_weight, targets, rows,
                                           s.final_logit_softcapping);
   }

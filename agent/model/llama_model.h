@@ -20,6 +20,7 @@
 #include "agent/model/vision_tower.h"
 #include "agent/core/param_residency.h"
 #include "agent/quant/nf4.h"
+#include "common/head_chunking.h"
 #include "common/types.h"
 
 namespace memplan {
@@ -48,6 +49,9 @@ struct LlamaModelOptions {
   // of more tokens runs chunked. 0: HeadChunkRows(vocab) and HeadIsChunked(), what the planner
   // assumes.
   int64_t head_chunk_rows = 0;
+  // fp32 logit bytes of one head chunk when head_chunk_rows is 0: kHeadChunkLogitBytes (what the
+  // planner prices) or, for --plain, kPlainHeadChunkLogitBytes.
+  int64_t head_chunk_logit_bytes = kHeadChunkLogitBytes;
   // Tokens per tile of the MLP ([Sequence-tiled MLP], common/mlp_tiling.h): 0: MlpTileRows(), what
   // the planner assumes; > 0: tiles of that many tokens whenever a micro-batch has more; < 0:
   // never tiled.

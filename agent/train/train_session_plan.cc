@@ -36,6 +36,7 @@ absl::Status TrainSession::ResolvePlan() {
   model_options_.device = device_;
   model_options_.seed = config_.seed;
   model_options_.moe_experts = config_.moe_loop_experts ? MoeExperts::kLoop : MoeExperts::kGrouped;
+  if (config_.plain) model_options_.head_chunk_logit_bytes = kPlainHeadChunkLogitBytes;
   if (config_.lora.enabled()) {
     RETURN_IF_ERROR(ValidateLoraOptions(config_.lora, spec_, "--lora-"));
     model_options_.lora = config_.lora;

@@ -462,9 +462,26 @@ absl::StatusOr<double> Trainer::OptimizerStep() {
 
 absl::StatusOr<double> Trainer::ClipUnmanagedGrads(absl::string_view failure) {
   try {
-    std::vector<torch::Tensor> tensors;
-    for (const auto& p : params_) tensors.push_back(p.param);
-    return torch::nn::utils::clip_grad_norm_(tensors, options_.max_grad_norm);
+    // torch.nn.utils.clip_grad_norm_ as Python runs it on a GPU (foreach=True): one norm kernel
+    // and one scaling kernel per device and dtype, not two per parameter (LibTorch's C++ version;
+    // 3.5 % of llama-3.2-1b's --plain step on an H200). Norms in the grads' dtype, their 2-norm,
+    // coefficient max_norm / (norm + 1e-6) clamped at 1, every grad scaled by it.
+    torch::NoGradGuard no_grad;
+    std::map<std::pair<std::string, int>, std::vector<torch::Tensor>> by_kind;
+    for (const auto& p : params_) {
+      const torch::Tensor& g = p.param.grad();
+      if (g.defined()) by_kind[{g.device().str(), static_cast<int>(g.scalar_type())}].push_back(g);
+    }
+    if (by_kind.empty()) return 0.0;
+    std::vector<torch::Tensor> norms;
+    const torch::Device first = by_kind.begin()->second.front().device();
+    for (auto& [kind, grads] : by_kind) {
+      for (const torch::Tensor& n : at::_foreach_norm(grads, 2.0)) norms.push_back(n.to(first));
+    }
+    const torch::Tensor total = at::linalg_vector_norm(torch::stack(norms), 2.0);
+    const torch::Tensor coef = torch::clamp(options_.max_grad_norm / (total + 1e-6), c10::nullopt, 1.0);
+    for (auto& [kind, grads] : by_kind) at::_foreach_mul_(grads, coef.to(grads.front().device()));
+    return total.item<double>();
   } catch (const c10::Error& e) {
     return FromTorch(e, failure);
   }
