@@ -74,12 +74,14 @@ class ChunkedHeadLossFunction : public torch::autograd::Function<ChunkedHeadLoss
         tanh_z = torch::tanh(raw / softcap);
         raw = tanh_z * softcap;
       }
-      // fp32 log-softmax in one kernel: on a GPU straight from the model-dtype logits (the
-      // kernel reads and widens them, as log_softmax does on logits.float()), else after the cast.
-      torch::Tensor logits =
-          raw.is_cuda() && raw.scalar_type() != torch::kFloat32
-              ? at::_log_softmax(raw, 1, /*half_to_float=*/true)
-              : at::_log_softmax(raw.to(torch::kFloat32), 1, /*half_to_float=*/false);
+      // fp32 log-softmax in one kernel, on logits.float() as transformers' loss takes it. The
+      // model-dtype logits and then the fp32 copy are dropped as soon as they are read, so the
+      // chunk holds at most 8 bytes a logit (fp32 copy and output), as ChunkedHeadMemory prices.
+      // (CUDA's half_to_float path would skip the copy but takes fp16 only, not bf16.)
+      torch::Tensor widened = raw.to(torch::kFloat32);
+      raw = torch::Tensor();
+      torch::Tensor logits = at::_log_softmax(widened, 1, /*half_to_float=*/false);
+      widened = torch::Tensor();
       const torch::Tensor valid = (tc != -100).to(torch::kFloat32);
       const torch::Tensor safe = at::where(tc != -100, tc, 0).unsqueeze(1);
       loss_sum -= (logits.gather(1, safe).squeeze(1) * valid).sum();
