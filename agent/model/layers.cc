@@ -79,4 +79,8 @@ torch::Tensor RotateHalf(const torch::Tensor& x) {
   return torch::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
 }
 
+torch::Tensor SwapHalves(const torch::Tensor& x) {
+  return x.unflatten(-1, {2, x.size(-1) / 2}).flip(-2).flatten(-2);
+}
+
 }  // namespace memplan

@@ -88,12 +88,22 @@ class ChunkedHeadLossFunction : public torch::autograd::Function<ChunkedHeadLoss
       if (!want_gx && !want_gw) continue;
       logits.exp_();  // softmax, in place of the log-softmax
       logits.scatter_add_(1, safe, torch::full({b - a, 1}, -1.0, f32));
-      logits.mul_((valid * inv_count).unsqueeze(1));  // ignored rows: zero
-      if (softcap > 0) {
-        const torch::Tensor t32 = tanh_z.to(torch::kFloat32);
-        logits.mul_(1 - t32 * t32);
+      const torch::Tensor scale = (valid * inv_count).unsqueeze(1);  // ignored rows: zero
+      torch::Tensor grad_logits;
+      if (softcap > 0 || x2.scalar_type() == torch::kFloat32) {
+        logits.mul_(scale);
+        if (softcap > 0) {
+          const torch::Tensor t32 = tanh_z.to(torch::kFloat32);
+          logits.mul_(1 - t32 * t32);
+        }
+        grad_logits = logits.to(x2.scalar_type());
+      } else {
+        // The scaling and the cast to the model dtype in one pass (the product in fp32, rounded
+        // once on store: what mul_ then to() computes, without a second pass over the chunk).
+        grad_logits = torch::empty(logits.sizes(), x2.options());
+        at::mul_out(grad_logits, logits, scale);
       }
-      const torch::Tensor grad_logits = logits.to(x2.scalar_type());
+      logits = torch::Tensor();
       if (want_gx) {
         torch::Tensor rows_out = gx.slice(0, a, b);
         at::mm_out(rows_out, grad_logits, w);
@@ -705,12 +715,14 @@ LlamaModel::Rope LlamaModel::MakeRope(int64_t seq_len, const torch::Tensor& mrop
     }
   }
   const auto dtype = ToScalarType(options_.dtype);
-  // cos and sin of the angles `freqs` (both halves), scaled, in the model dtype.
+  // cos and sin of the angles `freqs` (both halves), scaled, in the model dtype; the sin table's
+  // first half negated (Rope::sin).
   auto rotation = [dtype](const torch::Tensor& freqs, double scaling, torch::Tensor* cos,
                           torch::Tensor* sin) {
     const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
     *cos = (emb.cos() * scaling).to(dtype);
-    *sin = (emb.sin() * scaling).to(dtype);
+    const torch::Tensor half_sin = freqs.sin();
+    *sin = (torch::cat({-half_sin, half_sin}, -1) * scaling).to(dtype);
   };
   Rope rope;
   if (mrope_positions.defined()) {
@@ -807,8 +819,8 @@ torch::Tensor LlamaModel::Block(const BlockParams& p, const torch::Tensor& hidde
   q = q.transpose(1, 2);
   k = k.transpose(1, 2);
   v = v.transpose(1, 2);
-  q = q * rope.cos + RotateHalf(q) * rope.sin;
-  k = k * rope.cos + RotateHalf(k) * rope.sin;
+  q = q * rope.cos + SwapHalves(q) * rope.sin;
+  k = k * rope.cos + SwapHalves(k) * rope.sin;
   const torch::Tensor attn = CausalAttention(q, k, v, s.LayerWindow(p.index));
   const torch::Tensor attn_out =
       proj(attn.transpose(1, 2).reshape({batch, seq, s.num_heads * d}), 3, p.o_proj);

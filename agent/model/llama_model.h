@@ -181,6 +181,8 @@ class LlamaModel {
   struct BlockParams;
   struct Rope {
     torch::Tensor cos;  // [seq, head_dim], model dtype
+    // sin with its first half negated: x * cos + SwapHalves(x) * sin is transformers'
+    // x * cos + rotate_half(x) * sin, bit for bit (negation is exact).
     torch::Tensor sin;
     // Gemma 3's sliding layers (rope_local_base_freq > 0), else undefined.
     torch::Tensor local_cos, local_sin;

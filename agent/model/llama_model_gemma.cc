@@ -74,8 +74,8 @@ torch::Tensor LlamaModel::GemmaBlock(const BlockParams& p, const torch::Tensor& 
   const bool local = window > 0 && rope.local_cos.defined();
   const torch::Tensor& cos = local ? rope.local_cos : rope.cos;
   const torch::Tensor& sin = local ? rope.local_sin : rope.sin;
-  q = q * cos + RotateHalf(q) * sin;
-  k = k * cos + RotateHalf(k) * sin;
+  q = q * cos + SwapHalves(q) * sin;
+  k = k * cos + SwapHalves(k) * sin;
   // [Soft-capped attention tiles] every layer, capped or not (common/softcap_attention.h).
   const torch::Tensor attn = SoftcapAttention(q, k, v, window, s.AttentionScale(),
                                               s.attn_logit_softcapping);

@@ -24,6 +24,11 @@ struct SearchConstraints {
   int64_t pinned_limit_bytes = 0;  // 0 = unlimited
 };
 
+// [Near ties keep the chunks] (plan_search.cc): the fastest plan offloads chunks, yet the plan
+// with every chunk persistent and the same block modes fits and is predicted at most this much
+// slower: the search answers the persistent one.
+inline constexpr double kPersistentTieTolerance = 0.01;
+
 struct SearchResult {
   bool found = false;
   int model_index = -1;  // which chunk-size candidate

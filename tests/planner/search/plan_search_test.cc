@@ -89,7 +89,8 @@ TEST(PlanSearchTest, MatchesBruteForceOnSmallModels) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   };
   int feasible_cases = 0, infeasible_cases = 0, fixed_cases = 0;
-  int arch_cases = 0, oversized_cases = 0;  // agent-rule layouts, with oversized chunks
+  int arch_cases = 0, oversized_cases = 0;
+  int near_tie_cases = 0;  // answered all-persistent within kPersistentTieTolerance of the oracle  // agent-rule layouts, with oversized chunks
   // 3500 draws: draw 3346 (one chunk, a host too small for the activations of the most
   // offloaded mode counts at any n_persist) once made FindLeanest return a plan over the
   // pinned limit. MEMPLAN_ORACLE_DRAWS lowers the count where each draw runs many times slower
@@ -177,7 +178,16 @@ TEST(PlanSearchTest, MatchesBruteForceOnSmallModels) {
       continue;
     }
     ++feasible_cases;
-    EXPECT_NEAR(fast.prediction.iteration_seconds, oracle.seconds, 1e-9 * oracle.seconds);
+    const bool all_persistent =
+        fast.plan.n_persist == search->model(fast.model_index).num_chunks();
+    if (all_persistent && fast.prediction.iteration_seconds > oracle.seconds * (1 + 1e-9)) {
+      // [Near ties keep the chunks]: an offloading plan was faster by less than the tolerance.
+      ++near_tie_cases;
+      EXPECT_LE(fast.prediction.iteration_seconds,
+                oracle.seconds * (1 + kPersistentTieTolerance) * (1 + 1e-9));
+    } else {
+      EXPECT_NEAR(fast.prediction.iteration_seconds, oracle.seconds, 1e-9 * oracle.seconds);
+    }
     // The returned plans honour every constraint and their own prediction.
     for (const SearchResult* r : {&fast, &any}) {
       const CostModel& model = search->model(r->model_index);
@@ -216,6 +226,7 @@ TEST(PlanSearchTest, MatchesBruteForceOnSmallModels) {
   EXPECT_GT(fixed_cases, floor(40));
   EXPECT_GT(arch_cases, floor(100));
   EXPECT_GT(oversized_cases, floor(50));
+  EXPECT_GT(near_tie_cases, floor(3)) << near_tie_cases;
 }
 
 TEST(PlanSearchTest, PrefersNoOffloadWhenEverythingFits) {
