@@ -382,6 +382,14 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
         "--param-rounding applies to --optimizer adamw8bit (the others keep an fp32 master or "
         "use torch's fused AdamW); got --optimizer ", std::string(OptimizerName(*c.optimizer))));
   }
+  if (!c.kernel_trace.empty() && c.kernel_trace_step > c.steps) {
+    return FlagError("--kernel-trace-step",
+                     absl::StrCat(c.kernel_trace_step, " is past --steps ", c.steps,
+                                  ": the step to trace never runs"));
+  }
+  if (flags.Given("--kernel-trace-step") && c.kernel_trace.empty()) {
+    return FlagError("--kernel-trace-step", "needs --kernel-trace FILE");
+  }
   if (c.plain && c.optimizer == OptimizerKind::kAdamW8bit) {
     return absl::InvalidArgumentError(
         "--optimizer adamw8bit keeps its 8-bit state in the chunk manager; drop --plain");

@@ -444,5 +444,30 @@ TEST_F(TrainRunControlTest, ExportsCarryTheTokenizerAndNoEmptyOptimizerFile) {
   EXPECT_EQ(e.code, 0) << e.out;
 }
 
+// --kernel-trace writes one step's Kineto trace (CPU operators on a CPU run) as Chrome-trace JSON,
+// says which step it was, and refuses a step that never runs.
+TEST_F(TrainRunControlTest, AKernelTraceRecordsTheChosenStepAsChromeJson) {
+  const std::string trace = Path("step2.json");
+  const Exit e =
+      RunChild(With(Train(3), {"--kernel-trace", trace, "--kernel-trace-step", "2"}), Path("kt"));
+  ASSERT_EQ(e.code, 0) << e.out;
+  const auto written = Records(e.out, "kernel trace written");
+  ASSERT_EQ(written.size(), 1u) << e.out;
+  EXPECT_EQ(written[0].at("step"), "2");
+  EXPECT_EQ(written[0].at("file"), trace);
+  const std::string json = testing::ReadFile(trace);
+  EXPECT_THAT(json, HasSubstr("\"traceEvents\""));
+  EXPECT_THAT(json, HasSubstr("\"cat\": \"cpu_op\""));
+  EXPECT_THAT(json, HasSubstr("aten::mm"));  // the step's projections ran inside the trace
+
+  const Exit late =
+      RunChild(With(Train(3), {"--kernel-trace", trace, "--kernel-trace-step", "4"}), Path("kt4"));
+  EXPECT_NE(late.code, 0);
+  EXPECT_THAT(late.out, HasSubstr("--kernel-trace-step: 4 is past --steps 3"));
+  const Exit alone = RunChild(With(Train(3), {"--kernel-trace-step", "2"}), Path("kt5"));
+  EXPECT_NE(alone.code, 0);
+  EXPECT_THAT(alone.out, HasSubstr("needs --kernel-trace FILE"));
+}
+
 }  // namespace
 }  // namespace memplan
