@@ -11,6 +11,10 @@
 # MEMPLAN_LOOP_PROFILE (default --profile): how the model is traced; empty = the planner's
 # analytic trace of the architecture.
 # MEMPLAN_LOOP_TRAIN_FLAGS: extra flags for every `memplan-agent train` (e.g. --allocator-conf=).
+# MEMPLAN_LOOP_KERNEL_TRACE=1: each workload's step 3 is traced (--kernel-trace) and summarised
+# by scripts/kernel-trace-summary.py into kernels-i.txt (device busy / idle, kernel count, time
+# per kernel class); the JSON is kept only with MEMPLAN_LOOP_KEEP_TRACES=1. The traced step is
+# left out of the measured step time.
 # MEMPLAN_LOOP_FIRST_INDEX (default 1): the number of the first workload (its files' i), so that
 # a loop split over several calls numbers its workloads as one.
 # A workload whose FLAGs hold `--ranks N` (N > 1) trains N ranks under torchrun (one node, NCCL,
@@ -50,6 +54,7 @@ for cfg in "${workloads[@]}"; do
     if [[ ${!k} == --ranks ]]; then k=$((k + 1)); n_ranks=${!k}; else own+=("${!k}"); fi
   done
   timeline=(--memory-timeline "$out/timeline-$i.tsv")  # rank R > 0 of several: .rank-R
+  [[ ${MEMPLAN_LOOP_KERNEL_TRACE:-0} == 1 ]] && timeline+=(--kernel-trace "$out/kernels-$i.json")
   if [[ -n ${5:-} && ${5:-} != - ]]; then
     python3 "$(dirname "$0")/cut-profile.py" "$out/hw.json" "$out/hw-$i.json" "$hw-cut-$i" "$5"
     profile_id=$("$build/planner/cli/memplan" --planner "$addr" --json hardware submit "$out/hw-$i.json" \
@@ -67,6 +72,10 @@ for cfg in "${workloads[@]}"; do
     | tee >(grep "^ts=" >"$out/steps-$i.txt") | grep -v "^ts=" | tee "$out/run-$i.txt" \
     >>"$out/loop.txt"
   echo "wall ${SECONDS} s" | tee -a "$out/loop.txt"
+  if [[ -f $out/kernels-$i.json ]]; then
+    python3 "$(dirname "$0")/kernel-trace-summary.py" "$out/kernels-$i.json" >"$out/kernels-$i.txt" 2>&1
+    [[ ${MEMPLAN_LOOP_KEEP_TRACES:-0} == 1 ]] || rm -f "$out"/kernels-$i.json*
+  fi
   grep -E "^(plan|predicted|measured|reported|profiled|device memory)" "$out/run-$i.txt"
   plan_id=$(sed -n 's/^plan_id \([^ ]*\).*/\1/p' "$out/run-$i.txt" | head -1)
   [[ -n $plan_id ]] && "$build/planner/cli/memplan" --planner "$addr" --json plans get "$plan_id" \

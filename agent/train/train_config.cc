@@ -131,7 +131,8 @@ Diagnostics and device memory:
   --kernel-trace FILE      a Kineto trace (CPU ops and CUDA kernels, Chrome-trace JSON, as
                            torch.profiler writes) of step --kernel-trace-step (3), for
                            scripts/kernel-trace-summary.py; rank R > 0 writes FILE.rank-R (the
-                           traced step runs slower: compare the other steps' times)
+                           traced step runs slower and is left out of the mean step time
+                           and the steady peaks when the run has three steps or more)
   --metrics HOST:PORT      serve live Prometheus metrics while training (GET /metrics: step time,
                            tokens/s, device memory and peaks, chunk bytes moved host to device,
                            with the planner's prediction for the plan; port 0 picks a free port,

@@ -699,7 +699,13 @@ void TrainSession::ObserveStep(StepStats& stats) {
   const int64_t device_used = DeviceUsedBytes(device_);
   peak_allocated_ = std::max(peak_allocated_, stats.peak_allocated_bytes);
   peak_reserved_ = std::max(peak_reserved_, stats.peak_reserved_bytes);
-  if (stats.step > 1 || config_.steps == 1) {  // the first step warms up allocators and kernels
+  // The step under --kernel-trace runs slower (the profiler's own work): it is left out of the
+  // steady figures (and of what is reported to the planner) when the run has other steps after
+  // the first.
+  const bool traced = !config_.kernel_trace.empty() &&
+                      stats.step == config_.kernel_trace_step && config_.steps > 2;
+  // The first step warms up allocators and kernels.
+  if ((stats.step > 1 || config_.steps == 1) && !traced) {
     tokens_per_second_sum_ += stats.tokens_per_second;
     seconds_sum_ += stats.seconds;
     steady_allocated_ = std::max(steady_allocated_, stats.peak_allocated_bytes);
