@@ -467,20 +467,19 @@ absl::StatusOr<double> Trainer::ClipUnmanagedGrads(absl::string_view failure) {
     // 3.5 % of llama-3.2-1b's --plain step on an H200). Norms in the grads' dtype, their 2-norm,
     // coefficient max_norm / (norm + 1e-6) clamped at 1, every grad scaled by it.
     torch::NoGradGuard no_grad;
-    std::map<std::pair<std::string, int>, std::vector<torch::Tensor>> by_kind;
-    for (const auto& p : params_) {
-      const torch::Tensor& g = p.param.grad();
-      if (g.defined()) by_kind[{g.device().str(), static_cast<int>(g.scalar_type())}].push_back(g);
-    }
-    if (by_kind.empty()) return 0.0;
+    const std::vector<std::vector<torch::Tensor>> groups = GradsByDeviceAndDtype();
+    if (groups.empty()) return 0.0;
     std::vector<torch::Tensor> norms;
-    const torch::Device first = by_kind.begin()->second.front().device();
-    for (auto& [kind, grads] : by_kind) {
+    const torch::Device first = groups.front().front().device();
+    for (const std::vector<torch::Tensor>& grads : groups) {
       for (const torch::Tensor& n : at::_foreach_norm(grads, 2.0)) norms.push_back(n.to(first));
     }
     const torch::Tensor total = at::linalg_vector_norm(torch::stack(norms), 2.0);
-    const torch::Tensor coef = torch::clamp(options_.max_grad_norm / (total + 1e-6), c10::nullopt, 1.0);
-    for (auto& [kind, grads] : by_kind) at::_foreach_mul_(grads, coef.to(grads.front().device()));
+    const torch::Tensor coef =
+        torch::clamp(options_.max_grad_norm / (total + 1e-6), c10::nullopt, 1.0);
+    for (const std::vector<torch::Tensor>& grads : groups) {
+      at::_foreach_mul_(grads, coef.to(grads.front().device()));
+    }
     return total.item<double>();
   } catch (const c10::Error& e) {
     return FromTorch(e, failure);
@@ -570,18 +569,24 @@ bool Trainer::UnmanagedGradsNonFinite() {
   // The largest magnitude of every grad (_foreach_norm with ord inf: one kernel per device and
   // dtype): NaN propagates through it and, unlike the 2-norm, finite values cannot overflow it.
   // AMP's non-finite check would be one call too, but CUDA has no bf16 version of it.
+  for (const std::vector<torch::Tensor>& grads : GradsByDeviceAndDtype()) {
+    const std::vector<torch::Tensor> maxima =
+        at::_foreach_norm(grads, std::numeric_limits<double>::infinity());
+    if (!torch::stack(maxima).isfinite().all().item<bool>()) return true;
+  }
+  return false;
+}
+
+std::vector<std::vector<torch::Tensor>> Trainer::GradsByDeviceAndDtype() const {
   std::map<std::pair<std::string, int>, std::vector<torch::Tensor>> by_kind;
   for (const auto& p : params_) {
     const torch::Tensor& g = p.param.grad();
     if (!g.defined()) continue;
     by_kind[{g.device().str(), static_cast<int>(g.scalar_type())}].push_back(g);
   }
-  for (auto& [kind, grads] : by_kind) {
-    const std::vector<torch::Tensor> maxima =
-        at::_foreach_norm(grads, std::numeric_limits<double>::infinity());
-    if (!torch::stack(maxima).isfinite().all().item<bool>()) return true;
-  }
-  return false;
+  std::vector<std::vector<torch::Tensor>> groups;
+  for (auto& [kind, grads] : by_kind) groups.push_back(std::move(grads));
+  return groups;
 }
 
 void Trainer::FusedBf16AdamWStep() {

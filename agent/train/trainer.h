@@ -187,6 +187,9 @@ class Trainer {
   absl::StatusOr<CheckedUpdate> UpdateIfFinite(double loss);
   // Unmanaged: whether any accumulated gradient holds a NaN or an infinity (one fused pass).
   bool UnmanagedGradsNonFinite();
+  // Unmanaged: the defined grads grouped by device and dtype (in a fixed order), the lists one
+  // foreach kernel takes each.
+  std::vector<std::vector<torch::Tensor>> GradsByDeviceAndDtype() const;
   // Unmanaged, max_grad_norm > 0: clips the grads by their global norm and returns it; a LibTorch
   // error becomes a Status prefixed with `failure`.
   absl::StatusOr<double> ClipUnmanagedGrads(absl::string_view failure);
