@@ -15,6 +15,7 @@
 #include "agent/chunks/adamw8bit_torch.h"
 #include "agent/chunks/cpu_adamw.h"
 #include "agent/chunks/torch_sqrt.h"
+#include "agent/core/foreach_groups.h"
 #include "common/log.h"
 #include "common/optimizer_bytes.h"
 #include "common/status.h"
@@ -246,15 +247,30 @@ absl::StatusOr<double> ChunkOptimizer::ShardedSquaredNorm() {
 // [Persistent update] One chunk's update on the device-resident state, shared by the replicated
 // persistent chunks (whole parameters) and the sharded ones (this rank's ranges): AdamW fused on
 // the device (the exact CPU kernel on a CPU device), adamw_bf16 fused, SGD with torch's ops; the
-// clip coefficient applied where each optimizer applies it. Add() every (parameter, range), then
-// Flush() (also when the batch passes slice_elems elements: the fp32 grad copies of a
-// mixed-precision model then stay one regular chunk's, [Sliced grad copy]); nothing is flushed
-// on destruction.
+// clip coefficient applied where each optimizer applies it. ClipGrads() the grads of all the
+// ranges first (one foreach kernel per device and dtype where the clip scales the model-dtype grad
+// in place), then Add() every (parameter, range), then Flush() (also when the batch passes
+// slice_elems elements: the fp32 grad copies of a mixed-precision model then stay one regular
+// chunk's, [Sliced grad copy]); nothing is flushed on destruction.
 class ChunkOptimizer::PersistentUpdate {
  public:
   PersistentUpdate(ChunkOptimizer& m, const torch::Tensor& clip_coef, float grad_scale,
                    int64_t slice_elems)
       : m_(m), clip_coef_(clip_coef), grad_scale_(grad_scale), slice_elems_(slice_elems) {}
+
+  // `grads`: every grad that Add() will be given. Where Add() would clip the model-dtype grad in
+  // place (grad.mul_(coef)), clips them all now with one _foreach_mul_ per device and dtype
+  // (clip_grad_norm_'s foreach path; each product is that mul_'s, bit for bit: the coefficient
+  // keeps its dtype) and Add() leaves them as they are; elsewhere the clip stays in Add() (SGD
+  // with a master scales the fp32 copy, the CPU kernel scales inside its update).
+  void ClipGrads(const std::vector<torch::Tensor>& grads) {
+    if (!clip_coef_.defined() || m_.quantized()) return;  // adamw8bit: not through Add()
+    const bool in_place =
+        m_.optimizer() == OptimizerKind::kSgd ? !m_.master() : m_.set_.cuda() || m_.pure();
+    if (!in_place) return;
+    ForeachMulInPlace(grads, clip_coef_);
+    grads_clipped_ = true;
+  }
 
   // `grad`: the range's grad in the model dtype, clipped here (in place where the optimizer
   // clips the model-dtype grad); `target`: the fp32 master's range with a master, else the
@@ -267,14 +283,14 @@ class ChunkOptimizer::PersistentUpdate {
       // torch::optim::SGD's ops (in place on the grad, dropped after the step). With a master the
       // clip scales the fp32 copy, like the offloaded chunks' kernel.
       torch::Tensor d = m_.master() ? grad.to(torch::kFloat32) : grad;
-      if (clip_coef_.defined()) d.mul_(clip_coef_);
+      if (clip_coef_.defined() && !grads_clipped_) d.mul_(clip_coef_);
       if (o.weight_decay != 0) d.add_(target, o.weight_decay);
       target.add_(d, -1 * o.lr);
       return;
     }
     if (m_.set_.cuda() || m_.pure()) {
       // torch.optim.AdamW(fused=True) after clip_grad_norm_ (adamw_bf16 on any device).
-      if (clip_coef_.defined()) grad.mul_(clip_coef_);
+      if (clip_coef_.defined() && !grads_clipped_) grad.mul_(clip_coef_);
       s.fused_step.fill_(static_cast<double>(s.step));  // the fused kernel reads, not bumps
       const bool sliceable = grad.is_contiguous() && target.is_contiguous() &&
                              exp_avg.is_contiguous() && exp_avg_sq.is_contiguous();
@@ -331,6 +347,7 @@ class ChunkOptimizer::PersistentUpdate {
   const torch::Tensor clip_coef_;
   const float grad_scale_;
   const int64_t slice_elems_;
+  bool grads_clipped_ = false;  // ClipGrads() scaled them
   std::vector<torch::Tensor> targets_, grads_, exp_avgs_, exp_avg_sqs_, steps_;
   int64_t batch_elems_ = 0;
 };
@@ -360,19 +377,27 @@ absl::Status ChunkOptimizer::UpdateShardedPersistent(const torch::Tensor& clip_c
     if (!layout.state_sharded || !chunk.grad_shard.defined()) continue;
     {
       PersistentUpdate update(*this, clip_coef, grad_scale, slice_elems);
+      std::vector<int> held;  // the parameters with a grad of which this rank stores a part
+      std::vector<torch::Tensor> grads;
       for (int i : layout.params) {
-        const Param& p = set_.param(i);
         ParamState& s = params_[i];
         if (!s.grad_in_step) continue;
         ++s.step;  // on every rank, whether or not it stores part of p
-        const OwnedRange r = set_.Owned(p, layout);
+        const OwnedRange r = set_.Owned(set_.param(i), layout);
         if (r.len == 0) continue;
+        held.push_back(i);
+        grads.push_back(chunk.grad_shard.narrow(0, r.at, r.len));
+      }
+      update.ClipGrads(grads);
+      for (size_t k = 0; k < held.size(); ++k) {
+        ParamState& s = params_[held[k]];
+        const OwnedRange r = set_.Owned(set_.param(held[k]), layout);
         // [Sharded persistent parameters]: the shard is all the rank holds.
         const torch::Tensor target =
             master()                ? s.master
             : layout.params_sharded ? layout.param_shard.narrow(0, r.at, r.len)
                                     : layout.device.narrow(0, layout.shard_begin + r.at, r.len);
-        update.Add(s, target, chunk.grad_shard.narrow(0, r.at, r.len), s.exp_avg, s.exp_avg_sq);
+        update.Add(s, target, grads[k], s.exp_avg, s.exp_avg_sq);
       }
       update.Flush();
     }
@@ -462,15 +487,33 @@ absl::Status ChunkOptimizer::Step(double max_grad_norm) {
       if (!reduced.ok() || !squares.ok()) return fail(reduced.ok() ? squares.status() : reduced);
       sharded_norm = std::sqrt(*squares);
     }
+    // The replicated persistent parameters with a grad (device-resident, all-reduced by now):
+    // their norms and the update below.
+    std::vector<int> resident;
+    std::vector<torch::Tensor> resident_grads;
+    for (int i = 0; i < set_.num_params(); ++i) {
+      const Param& p = set_.param(i);
+      const Chunk& owner = set_.chunk(p.chunk);
+      if (owner.persistent && !owner.state_sharded && p.tensor.grad().defined()) {
+        resident.push_back(i);
+        resident_grads.push_back(p.tensor.grad());
+      }
+    }
     std::vector<torch::Tensor> norms;
     if (want_norm && !set_.sharded()) {
+      // The persistent grads' norms as clip_grad_norm_'s foreach path takes them: one
+      // _foreach_norm per device and dtype, not a kernel per parameter; then every norm in
+      // ParamOrder() (a manager that trains holds one dtype, so that is clip_grad_norm_'s order:
+      // one group in parameter order).
+      const std::vector<torch::Tensor> resident_norms = ForeachNorms(resident_grads);
+      size_t next_resident = 0;
       for (int i = 0; i < set_.num_params(); ++i) {
         const Param& p = set_.param(i);
         ParamState& s = params_[i];
         // Norms stay on the compute device: one synchronisation for the whole step (reading
         // each one back cost a device round trip per parameter).
         if (set_.chunk(p.chunk).persistent) {
-          if (p.tensor.grad().defined()) norms.push_back(p.tensor.grad().norm(2.0));
+          if (p.tensor.grad().defined()) norms.push_back(resident_norms[next_resident++]);
           continue;
         }
         if (!s.grad_in_step) continue;
@@ -530,12 +573,11 @@ absl::Status ChunkOptimizer::Step(double max_grad_norm) {
     std::vector<int> updated;
     {
       PersistentUpdate update(*this, clip_coef, grad_scale, slice_elems);
+      update.ClipGrads(resident_grads);  // not adamw8bit's: it clips inside its update
       int batch_chunk = -1;
-      for (int i = 0; i < set_.num_params(); ++i) {
+      for (int i : resident) {
         const Param& p = set_.param(i);
         ParamState& s = params_[i];
-        const Chunk& owner = set_.chunk(p.chunk);
-        if (!owner.persistent || owner.state_sharded || !p.tensor.grad().defined()) continue;
         if (p.chunk != batch_chunk) {
           update.Flush();  // one fused call per chunk at most
           batch_chunk = p.chunk;

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "agent/core/foreach_groups.h"
 #include "agent/io/osft_checkpoint.h"
 #include "agent/io/peft_adapter.h"
 #include "agent/model/layers.h"
@@ -578,15 +579,11 @@ bool Trainer::UnmanagedGradsNonFinite() {
 }
 
 std::vector<std::vector<torch::Tensor>> Trainer::GradsByDeviceAndDtype() const {
-  std::map<std::pair<std::string, int>, std::vector<torch::Tensor>> by_kind;
+  std::vector<torch::Tensor> grads;
   for (const auto& p : params_) {
-    const torch::Tensor& g = p.param.grad();
-    if (!g.defined()) continue;
-    by_kind[{g.device().str(), static_cast<int>(g.scalar_type())}].push_back(g);
+    if (p.param.grad().defined()) grads.push_back(p.param.grad());
   }
-  std::vector<std::vector<torch::Tensor>> groups;
-  for (auto& [kind, grads] : by_kind) groups.push_back(std::move(grads));
-  return groups;
+  return GroupByDeviceAndDtype(grads);
 }
 
 void Trainer::FusedBf16AdamWStep() {

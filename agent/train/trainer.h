@@ -188,7 +188,7 @@ class Trainer {
   // Unmanaged: whether any accumulated gradient holds a NaN or an infinity (one fused pass).
   bool UnmanagedGradsNonFinite();
   // Unmanaged: the defined grads grouped by device and dtype (in a fixed order), the lists one
-  // foreach kernel takes each.
+  // foreach kernel takes each (GroupByDeviceAndDtype, agent/core/foreach_groups.h).
   std::vector<std::vector<torch::Tensor>> GradsByDeviceAndDtype() const;
   // Unmanaged, max_grad_norm > 0: clips the grads by their global norm and returns it; a LibTorch
   // error becomes a Status prefixed with `failure`.

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/chunks/cpu_adamw.h"
 #include "agent/chunks/torch_sqrt.h"
+#include "agent/core/foreach_groups.h"
 #include "agent/core/torch_pch.h"
 #include "agent/dist/communicator.h"
 #include "agent/dist/counting_communicator.h"
@@ -488,6 +489,119 @@ TEST(ChunkManagerTest, DeferredUnclippedUpdatesTrainExactlyAsWaitingOnes) {
     for (const int grad_accum : {1, 2}) ExpectDeferredTrainsAsWaiting(kind, 0, grad_accum);
   }
 }
+
+// agent/core/foreach_groups.h, on tensors of three dtypes interleaved (and one not contiguous):
+// the foreach norms and the foreach scaling equal the per-tensor ops bit for bit, each in its
+// tensor's place, whatever the dtype of the coefficient.
+TEST(ForeachGroupsTest, NormsAndScalingEqualThePerTensorOps) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(5);
+  const std::vector<torch::ScalarType> dtypes = {torch::kFloat32, torch::kBFloat16, torch::kFloat32,
+                                                 torch::kFloat64, torch::kBFloat16};
+  std::vector<torch::Tensor> tensors;
+  for (size_t i = 0; i < dtypes.size(); ++i) {
+    tensors.push_back(
+        (torch::randn({static_cast<int64_t>(37 + 11 * i)}) * (1.0 + i)).to(dtypes[i]));
+  }
+  tensors.push_back(torch::randn({8, 6}).t());  // fp32, not contiguous
+  ASSERT_EQ(IndicesByDeviceAndDtype(tensors).size(), 3u);
+  const std::vector<torch::Tensor> norms = ForeachNorms(tensors);
+  ASSERT_EQ(norms.size(), tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    EXPECT_EQ(norms[i].scalar_type(), tensors[i].scalar_type()) << i;
+    EXPECT_TRUE(torch::equal(norms[i], tensors[i].norm(2.0))) << i;
+  }
+  // 0.3 is no bf16 value: on the CPU a bf16 tensor times the fp32 coefficient is not the tensor
+  // times its bf16 rounding, so a coefficient converted to the grads' dtype would show here.
+  const torch::Tensor coef32 = torch::full({}, 0.3, torch::kFloat32);
+  ASSERT_FALSE(torch::equal(tensors[1] * coef32, tensors[1] * coef32.to(torch::kBFloat16)));
+  for (const torch::Tensor& coef : {coef32, coef32.to(torch::kBFloat16)}) {
+    std::vector<torch::Tensor> scaled, expected;
+    for (const torch::Tensor& t : tensors) {
+      scaled.push_back(t.clone());
+      expected.push_back(t.clone().mul_(coef));
+    }
+    ForeachMulInPlace(scaled, coef);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      EXPECT_EQ(scaled[i].scalar_type(), tensors[i].scalar_type()) << i;
+      EXPECT_TRUE(torch::equal(scaled[i], expected[i])) << i << " times a " << coef.dtype();
+    }
+  }
+}
+
+// Step()'s clipping of the persistent grads (one _foreach_norm and one _foreach_mul_ per device
+// and dtype) against clip_grad_norm_ done parameter by parameter: every chunk persistent, the
+// reference a second manager on a copy of the model whose grads the test clips one by one (each
+// grad's norm, the norm of the stacked norms, grad.mul_(coef)) before an unclipped Step(). The
+// reported norm and the parameters after each step are equal bit for bit, for the optimizers that
+// clip the model-dtype grad: adamw (fp32: the CPU kernel's product is mul_'s), sgd (fp32) and
+// adamw_bf16 (bf16 parameters, grads and coefficient).
+struct ClipCase {
+  OptimizerKind kind;
+  bool bf16;
+};
+
+std::string ClipCaseName(const ::testing::TestParamInfo<ClipCase>& info) {
+  return std::string(OptimizerName(info.param.kind)) + (info.param.bf16 ? "_bf16" : "_fp32");
+}
+
+class ChunkManagerClipTest : public ::testing::TestWithParam<ClipCase> {};
+
+TEST_P(ChunkManagerClipTest, ForeachClipEqualsPerParameterClip) {
+  const ClipCase c = GetParam();
+  const ToyModel model =
+      ToyModel::Make(4, true, 16, 32, 21, c.bf16 ? torch::kBFloat16 : torch::kFloat32);
+  const ToyModel reference = model.Clone();
+  ChunkManagerOptions options = CpuOptions(99, 1);
+  options.optimizer = c.kind;
+  if (c.bf16) options.chunk_bytes = 1500;  // the same number of chunks at half the bytes
+  auto managed = ChunkManager::Create(model.Groups(), options);
+  auto unclipped = ChunkManager::Create(reference.Groups(), options);
+  ASSERT_TRUE(managed.ok()) << managed.status();
+  ASSERT_TRUE(unclipped.ok()) << unclipped.status();
+  const ChunkMemoryStats stats = (*managed)->MemoryStats();
+  ASSERT_GE(stats.n_chunks, 4);
+  ASSERT_EQ(stats.n_persist, stats.n_chunks);
+  const std::map<std::string, torch::Tensor> ref_by_name = reference.ByName();
+  constexpr double kMaxNorm = 0.05;
+  for (int step = 0; step < 3; ++step) {
+    const Batch batch = MakeBatch(32, 700 + step, torch::kCPU);
+    RunMicroBatch(model, managed->get(), false, batch.tokens, batch.targets);
+    RunMicroBatch(reference, unclipped->get(), false, batch.tokens, batch.targets);
+    double ref_norm = 0;
+    {
+      torch::NoGradGuard no_grad;
+      std::vector<torch::Tensor> grads, norms;
+      for (const NamedParam& p : (*unclipped)->ParamOrder()) {
+        grads.push_back(ref_by_name.at(p.name).grad());
+        ASSERT_TRUE(grads.back().defined()) << p.name;
+        norms.push_back(grads.back().norm(2.0));
+      }
+      const torch::Tensor total = torch::stack(norms).norm(2.0);
+      const torch::Tensor coef = torch::clamp(kMaxNorm / (total + 1e-6), std::nullopt, 1.0);
+      ASSERT_LT(coef.item<double>(), 1.0) << "the case should actually clip";
+      for (torch::Tensor& g : grads) g.mul_(coef);
+      ref_norm = total.item<double>();
+    }
+    ASSERT_TRUE((*unclipped)->Step(0).ok());
+    ASSERT_TRUE((*managed)->Step(kMaxNorm).ok());
+    EXPECT_EQ((*managed)->LastGradNorm(), ref_norm) << "step " << step;
+    const std::vector<NamedParam> expected = (*unclipped)->Params();
+    const std::vector<NamedParam> actual = (*managed)->Params();
+    ASSERT_EQ(actual.size(), expected.size());
+    for (size_t i = 0; i < actual.size(); ++i) {
+      ASSERT_EQ(actual[i].name, expected[i].name);
+      ASSERT_TRUE(torch::equal(actual[i].param, expected[i].param))
+          << actual[i].name << " after step " << step;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, ChunkManagerClipTest,
+                         ::testing::Values(ClipCase{OptimizerKind::kAdamW, false},
+                                           ClipCase{OptimizerKind::kSgd, false},
+                                           ClipCase{OptimizerKind::kAdamWBf16States, true}),
+                         ClipCaseName);
 
 TEST(ChunkManagerTest, Bf16ModelKeepsFp32MasterWeights) {
   const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16);
