@@ -1,5 +1,5 @@
 // The LM head + cross-entropy in row chunks: the one definition the agent's model
-// (agent/model/llama_model.cc, [Chunked head]) and the planner's memory terms
+// (agent/model/chunked_head.cc, [Chunked head]) and the planner's memory terms
 // (planner/cost/analytic_trace.cc) share. Torch-free, header-only.
 //
 // [Chunked head] The full-vocabulary logits of a long sequence are the largest tensors of a step

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/head_chunking.h"
@@ -251,9 +252,23 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   RETURN_IF_ERROR(ValidateWorkload(workload, "workload."));
   RETURN_IF_ERROR(ValidateTrainingMethod(training, arch, "training."));
   RETURN_IF_ERROR(ValidateImagesForModel(arch, workload, "arch.", "workload."));
-  if (!(options.matmul_efficiency > 0 && options.matmul_efficiency <= 1) ||
-      !(options.hbm_efficiency > 0 && options.hbm_efficiency <= 1)) {
-    return absl::InvalidArgumentError("analytic efficiencies must be in (0, 1]");
+  for (const auto& [name, value] :
+       {std::pair<const char*, double>{"matmul_efficiency", options.matmul_efficiency},
+        {"hbm_efficiency", options.hbm_efficiency},
+        {"block_gemm_efficiency", options.block_gemm_efficiency},
+        {"attention_efficiency", options.attention_efficiency},
+        {"block_hbm_efficiency", options.block_hbm_efficiency}}) {
+    if (!(value > 0 && value <= 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("analytic options.", name, " = ", value, " must be in (0, 1]"));
+    }
+  }
+  if (!(options.block_forward_floor_seconds >= 0) || !(options.block_backward_floor_seconds >= 0) ||
+      !(options.host_overlap_exponent >= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "analytic options: block floors (", options.block_forward_floor_seconds, ", ",
+        options.block_backward_floor_seconds, " s) must be >= 0 and host_overlap_exponent (",
+        options.host_overlap_exponent, ") >= 1"));
   }
   const double matmul_rate = MatmulRate(hardware, param_dtype) * options.matmul_efficiency;
   const double hbm_rate = hardware.hbm_bytes_per_second * options.hbm_efficiency;
@@ -261,6 +276,14 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
     return absl::InvalidArgumentError(
         "hardware matmul and hbm rates must be positive to synthesise a trace");
   }
+  // [Block time]: the dense blocks' rates, from what the card achieves.
+  const double achievable_matmul =
+      MatmulRate(hardware, param_dtype) * (hardware.measured ? 1.0 : kPresetMatmulAchieved);
+  const double lin_rate = achievable_matmul * options.block_gemm_efficiency;
+  const double attn_rate = achievable_matmul * options.attention_efficiency;
+  const double block_hbm_rate = hardware.hbm_bytes_per_second *
+                                (hardware.measured ? 1.0 : kPresetHbmAchieved) *
+                                options.block_hbm_efficiency;
 
   // All sizes in elements or bytes per token unless stated; T = tokens per micro-batch.
   const int64_t d = DTypeBytes(param_dtype);
@@ -436,8 +459,10 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   block.forward_transient_bytes = tokens * fwd_tr_tok + tile_fwd_tr + dequant_transient;
   block.backward_transient_bytes =
       (mlp_tiled ? tiled_bwd_tr : tokens * bwd_tr_tok) + dequant_transient;
-  block.forward_seconds = fwd_flops / matmul_rate + fwd_mem / hbm_rate + dequant_seconds;
-  block.backward_seconds = (bwd_flops + mlp_recompute_flops) / matmul_rate + bwd_mem / hbm_rate +
+  block.forward_seconds = (fwd_flops - attn_flops) / lin_rate + attn_flops / attn_rate +
+                          fwd_mem / block_hbm_rate + dequant_seconds;
+  block.backward_seconds = (bwd_flops - 2.5 * attn_flops + mlp_recompute_flops) / lin_rate +
+                           2.5 * attn_flops / attn_rate + bwd_mem / block_hbm_rate +
                            dequant_seconds;
   block.recompute_seconds = block.forward_seconds;
   trace.blocks.assign(static_cast<size_t>(arch.num_layers), block);
@@ -510,8 +535,8 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
     const int64_t keys = std::min(seq, window + SlidingWindowTileRows(window) - 1);
     const double tiled_flops =
         kTiledAttentionSlowdown * 4.0 * static_cast<double>(hq) * static_cast<double>(keys) * t;
-    b.forward_seconds += (tiled_flops - attn_flops) / matmul_rate;
-    b.backward_seconds += (3.5 * tiled_flops - 2.5 * attn_flops) / matmul_rate;
+    b.forward_seconds += (tiled_flops - attn_flops) / attn_rate;
+    b.backward_seconds += (3.5 * tiled_flops - 2.5 * attn_flops) / attn_rate;
     b.recompute_seconds = b.forward_seconds;
   }
 
@@ -542,9 +567,20 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
     scores *= static_cast<double>(workload.micro_batch * arch.num_heads);
     const double gemm_flops = 4.0 * static_cast<double>(hd) * scores;
     const double passes = scores * static_cast<double>(12 * d + 8);
-    b.forward_seconds += (gemm_flops - attn_flops) / matmul_rate + passes / hbm_rate;
-    b.backward_seconds +=
-        (3.0 * gemm_flops - 2.5 * attn_flops) / matmul_rate + 3.0 * passes / hbm_rate;
+    b.forward_seconds += gemm_flops / lin_rate - attn_flops / attn_rate + passes / hbm_rate;
+    b.backward_seconds += 3.0 * gemm_flops / lin_rate - 2.5 * attn_flops / attn_rate +
+                          3.0 * passes / hbm_rate;
+    b.recompute_seconds = b.forward_seconds;
+  }
+
+  // [Block time] The host's floor under every block (a sparse one included).
+  const double p = options.host_overlap_exponent;
+  const auto with_floor = [p](double device, double floor) {
+    return floor > 0 ? std::pow(std::pow(device, p) + std::pow(floor, p), 1.0 / p) : device;
+  };
+  for (BlockTrace& b : trace.blocks) {
+    b.forward_seconds = with_floor(b.forward_seconds, options.block_forward_floor_seconds);
+    b.backward_seconds = with_floor(b.backward_seconds, options.block_backward_floor_seconds);
     b.recompute_seconds = b.forward_seconds;
   }
 

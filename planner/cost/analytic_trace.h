@@ -8,11 +8,33 @@
 
 namespace memplan {
 
+// A preset card (HardwareSpec::measured false) carries datasheet peaks; the benches of an H200
+// reached these fractions of them (792 of 989 dense bf16 TFLOP/s, a 4.18 of 4.8 TB/s HBM copy:
+// docs/benchmarks.md, "Eighteenth session"). [Block time] prices from the achievable rates.
+inline constexpr double kPresetMatmulAchieved = 0.80;
+inline constexpr double kPresetHbmAchieved = 0.87;
+
 struct AnalyticTraceOptions {
-  // Fraction of the card's dense matmul peak reached by the model's GEMMs.
+  // Fraction of the card's dense matmul peak reached by the GEMMs of the embedding, the head, a
+  // vision tower and the experts of a mixture (the dense blocks: [Block time] below).
   double matmul_efficiency = 0.55;
-  // Fraction of HBM bandwidth reached by memory-bound (elementwise, norm, loss) kernels.
+  // Fraction of HBM bandwidth reached by their memory-bound (elementwise, norm, loss) kernels.
   double hbm_efficiency = 0.7;
+  // [Block time] (docs/cost-model.md) A decoder block's time, fitted on one H200 host's profiled
+  // blocks (0.5-14 B presets, 512-16 384 tokens; docs/benchmarks.md, "Eighteenth session"):
+  // the projections' GEMMs at block_gemm_efficiency of the achievable matmul rate (the bench's,
+  // or kPresetMatmulAchieved of a preset's datasheet peak), attention at attention_efficiency of
+  // it, the saved-activation traffic at block_hbm_efficiency of the achievable HBM rate; and the
+  // host's floor: the CPU issues a block's few hundred kernels in about block_forward_floor_seconds
+  // (backward: block_backward_floor_seconds), so a block takes
+  // (device^p + floor^p)^(1/p) with p = host_overlap_exponent (the device waits on the host for
+  // small blocks, the host on the device for large ones, and both in between).
+  double block_gemm_efficiency = 1.0;
+  double attention_efficiency = 0.65;
+  double block_hbm_efficiency = 0.47;
+  double block_forward_floor_seconds = 0.83e-3;
+  double block_backward_floor_seconds = 1.455e-3;
+  double host_overlap_exponent = 1.5;
   // The agent's LM head + loss: chunked beyond one chunk of tokens (common/head_chunking.h).
   // false: eager PyTorch's plain head at every length (what peer baselines run).
   bool chunked_head = true;
