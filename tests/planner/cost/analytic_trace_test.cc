@@ -334,9 +334,13 @@ TEST(AnalyticTraceTest, ActivationsScaleWithTokensAndDtype) {
   const Trace f = Synth("llama-3.2-1b", 1, 2048, DType::kFloat32);
   EXPECT_GT(f.blocks[0].saved_bytes, a.blocks[0].saved_bytes);
   EXPECT_EQ(f.blocks[0].param_bytes, 2 * a.blocks[0].param_bytes);
-  // Attention FLOPs grow with the square of the sequence: per-token time rises with seq.
-  const Trace longer = Synth("llama-3.2-1b", 1, 8192);
-  EXPECT_GT(longer.blocks[0].forward_seconds, 4 * a.blocks[0].forward_seconds);
+  // Attention FLOPs grow with the square of the sequence: per-token device time rises with seq.
+  AnalyticTraceOptions device_only;
+  device_only.block_forward_floor_seconds = 0;
+  device_only.block_backward_floor_seconds = 0;
+  const Trace shorter = Synth("llama-3.2-1b", 1, 2048, DType::kBFloat16, {}, device_only);
+  const Trace longer = Synth("llama-3.2-1b", 1, 8192, DType::kBFloat16, {}, device_only);
+  EXPECT_GT(longer.blocks[0].forward_seconds, 4 * shorter.blocks[0].forward_seconds);
   EXPECT_EQ(longer.blocks[0].saved_bytes, 4 * a.blocks[0].saved_bytes);  // no S x S scores
 }
 
@@ -414,7 +418,10 @@ TEST(AnalyticTraceTest, SlidingLayersBeyondTheWindowPayForTheirTiles) {
     Workload w;
     w.micro_batch = 1;
     w.seq_len = seq;
-    absl::StatusOr<Trace> t = SynthesizeTrace(m, w, DType::kBFloat16, {}, h200);
+    AnalyticTraceOptions device_only;  // the tiles' time, without the host's floor
+    device_only.block_forward_floor_seconds = 0;
+    device_only.block_backward_floor_seconds = 0;
+    absl::StatusOr<Trace> t = SynthesizeTrace(m, w, DType::kBFloat16, {}, h200, device_only);
     EXPECT_TRUE(t.ok()) << t.status();
     return *std::move(t);
   };
@@ -440,7 +447,9 @@ TEST(AnalyticTraceTest, SlidingLayersBeyondTheWindowPayForTheirTiles) {
   // forward is cheaper, forward + backward about even (measured on an H200: 52.8 vs 56.7 ms).
   EXPECT_LT(a.blocks[1].forward_seconds, b.blocks[1].forward_seconds);
   EXPECT_EQ(a.blocks[1].recompute_seconds, a.blocks[1].forward_seconds);
-  const double rate = h200.matmul_bf16_flops * AnalyticTraceOptions{}.matmul_efficiency;
+  // [Block time]: attention, flash or tiled, at the attention rate of the preset's achievable peak.
+  const double rate =
+      h200.matmul_bf16_flops * kPresetMatmulAchieved * AnalyticTraceOptions{}.attention_efficiency;
   const double t = static_cast<double>(seq);
   const double saved_fwd = (2.0 * 4096 * t * t - 2.3 * 4.0 * 4096 * 5119 * t) / rate;
   EXPECT_NEAR(b.blocks[1].forward_seconds - a.blocks[1].forward_seconds, saved_fwd,
@@ -539,6 +548,88 @@ TEST(AnalyticTraceTest, PeakMatchesPeerAnchorsWithin15Percent) {
       "anchors (GiB): 1B 4x2048 %.1f (peer 33.6), ckpt %.1f (20.8), 8B 1x4096 %.1f "
       "(75.5)\n",
       one_b, one_b_ckpt, eight_b);
+}
+
+// [Block time] The host's floor: a block of a few hundred tokens takes about the floor (the device
+// waits on the CPU issuing its kernels), a large one about its device time, and never less than
+// either; the combination is (device^p + floor^p)^(1/p).
+TEST(AnalyticTraceTest, BlocksTakeTheHostsFloorWhenSmallAndTheirDeviceTimeWhenLarge) {
+  AnalyticTraceOptions device_only;
+  device_only.block_forward_floor_seconds = 0;
+  device_only.block_backward_floor_seconds = 0;
+  const AnalyticTraceOptions with_floor;
+  for (const int64_t seq : {256, 2048, 32768}) {
+    SCOPED_TRACE(seq);
+    const Trace dev = Synth("llama-3.1-8b", 1, seq, DType::kBFloat16, {}, device_only);
+    const Trace all = Synth("llama-3.1-8b", 1, seq, DType::kBFloat16, {}, with_floor);
+    const double p = with_floor.host_overlap_exponent;
+    for (size_t i : {size_t{0}, dev.blocks.size() - 1}) {
+      const BlockTrace& d = dev.blocks[i];
+      const BlockTrace& a = all.blocks[i];
+      const double f = with_floor.block_forward_floor_seconds;
+      const double b = with_floor.block_backward_floor_seconds;
+      EXPECT_NEAR(a.forward_seconds,
+                  std::pow(std::pow(d.forward_seconds, p) + std::pow(f, p), 1.0 / p), 1e-12);
+      EXPECT_NEAR(a.backward_seconds,
+                  std::pow(std::pow(d.backward_seconds, p) + std::pow(b, p), 1.0 / p), 1e-12);
+      EXPECT_GT(a.forward_seconds, std::max(d.forward_seconds, f));
+      EXPECT_EQ(a.recompute_seconds, a.forward_seconds);
+      // The same bytes: the floor is time only.
+      EXPECT_EQ(a.saved_bytes, d.saved_bytes);
+    }
+    // The edges keep their own time.
+    EXPECT_EQ(all.head.forward_seconds, dev.head.forward_seconds);
+    EXPECT_EQ(all.embedding.backward_seconds, dev.embedding.backward_seconds);
+  }
+  // 256 tokens: within 40 % of the floor; 32 768 tokens: within 5 % of the device time.
+  const Trace small_dev = Synth("llama-3.1-8b", 1, 256, DType::kBFloat16, {}, device_only);
+  const Trace small = Synth("llama-3.1-8b", 1, 256);
+  EXPECT_LT(small_dev.blocks[0].forward_seconds, with_floor.block_forward_floor_seconds);
+  EXPECT_LT(small.blocks[0].forward_seconds, 1.4 * with_floor.block_forward_floor_seconds);
+  const Trace large_dev = Synth("llama-3.1-8b", 1, 32768, DType::kBFloat16, {}, device_only);
+  const Trace large = Synth("llama-3.1-8b", 1, 32768);
+  EXPECT_LT(large.blocks[0].backward_seconds, 1.05 * large_dev.blocks[0].backward_seconds);
+  // Out-of-range options are refused, naming the option.
+  AnalyticTraceOptions bad;
+  bad.attention_efficiency = 1.5;
+  Workload w;
+  w.seq_len = 128;
+  absl::StatusOr<Trace> refused = SynthesizeTrace(*FindModelPreset("llama-3.2-1b"), w,
+                                                  DType::kBFloat16, {}, *FindHardwarePreset("h200"),
+                                                  bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("attention_efficiency"), std::string::npos);
+  bad = {};
+  bad.host_overlap_exponent = 0.5;
+  EXPECT_FALSE(SynthesizeTrace(*FindModelPreset("llama-3.2-1b"), w, DType::kBFloat16, {},
+                               *FindHardwarePreset("h200"), bad)
+                   .ok());
+}
+
+// [Block time] A measured card prices from its bench; a preset from kPresetMatmulAchieved and
+// kPresetHbmAchieved of its datasheet peaks: the same card either way when the bench reached them.
+TEST(AnalyticTraceTest, APresetPricesBlocksAtTheFractionOfItsPeakThatABenchReaches) {
+  const HardwareSpec preset = *FindHardwarePreset("h200");
+  HardwareSpec benched = preset;
+  benched.measured = true;
+  benched.matmul_bf16_flops = preset.matmul_bf16_flops * kPresetMatmulAchieved;
+  benched.hbm_bytes_per_second = preset.hbm_bytes_per_second * kPresetHbmAchieved;
+  AnalyticTraceOptions device_only;
+  device_only.block_forward_floor_seconds = 0;
+  device_only.block_backward_floor_seconds = 0;
+  Workload w;
+  w.seq_len = 4096;
+  const ModelSpec m = *FindModelPreset("qwen3-8b");
+  const Trace a = *SynthesizeTrace(m, w, DType::kBFloat16, {}, preset, device_only);
+  const Trace b = *SynthesizeTrace(m, w, DType::kBFloat16, {}, benched, device_only);
+  EXPECT_NEAR(a.blocks[3].forward_seconds, b.blocks[3].forward_seconds,
+              1e-9 * b.blocks[3].forward_seconds);
+  EXPECT_NEAR(a.blocks[3].backward_seconds, b.blocks[3].backward_seconds,
+              1e-9 * b.blocks[3].backward_seconds);
+  // Measured at the bench's own rates, the same card with half the matmul rate is slower.
+  benched.matmul_bf16_flops /= 2;
+  const Trace c = *SynthesizeTrace(m, w, DType::kBFloat16, {}, benched, device_only);
+  EXPECT_GT(c.blocks[3].forward_seconds, 1.5 * b.blocks[3].forward_seconds);
 }
 
 }  // namespace
