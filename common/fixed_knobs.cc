@@ -34,6 +34,7 @@ const FixedKnobEntry kTable[] = {
     MEMPLAN_FIXED_KNOB(host_memory, "--host-memory", true),
     MEMPLAN_FIXED_KNOB(shard_persistent_state, "--persistent-state", false),
     MEMPLAN_FIXED_KNOB(shard_persistent_params, "--persistent-params", false),
+    MEMPLAN_FIXED_KNOB(head_chunk_logit_bytes, "--head-chunk-mib", true),
 };
 
 #undef MEMPLAN_FIXED_KNOB

@@ -17,14 +17,22 @@
 
 namespace memplan {
 
-// fp32 logits of one chunk, at most (a chunk of rows never drops below 1): what planned runs use
-// and the planner prices.
+// fp32 logits of one chunk, at most (a chunk of rows never drops below 1): the default of planned
+// runs (ResidencyPlan::head_chunk_logit_bytes 0), which the planner prices.
 inline constexpr int64_t kHeadChunkLogitBytes = int64_t{256} << 20;
 // The same for `memplan-agent train --plain`, which no plan holds to a budget. Each chunk adds
 // its [V, H] product into the fp32 weight-gradient sum (a read and a write of 8·V·H bytes), so
 // fewer chunks cost less: on an H200, llama-3.2-1b 4×2048 spent 7.5 ms of a 186 ms step on those
 // sums with 16 chunks of 256 MiB; chunks of 1 GiB take four.
 inline constexpr int64_t kPlainHeadChunkLogitBytes = int64_t{1} << 30;
+// ResidencyPlan::head_chunk_logit_bytes: 0 (kHeadChunkLogitBytes) or in this range.
+inline constexpr int64_t kMinHeadChunkLogitBytes = int64_t{1} << 20;
+inline constexpr int64_t kMaxHeadChunkLogitBytes = int64_t{4} << 30;
+
+// The chunk size a plan's head_chunk_logit_bytes means: 0 (old plans) is kHeadChunkLogitBytes.
+inline int64_t HeadChunkLogitBytes(int64_t plan_value) {
+  return plan_value > 0 ? plan_value : kHeadChunkLogitBytes;
+}
 
 // Tokens per head chunk for a vocabulary of `vocab`.
 inline int64_t HeadChunkRows(int64_t vocab, int64_t logit_bytes = kHeadChunkLogitBytes) {
@@ -41,6 +49,15 @@ inline bool HeadIsChunked(int64_t tokens, int64_t vocab, int64_t hidden,
                           int64_t logit_bytes = kHeadChunkLogitBytes) {
   const int64_t rows = HeadChunkRows(vocab, logit_bytes);
   return tokens > rows && 14 * tokens > 4 * hidden + 8 * rows;
+}
+
+// [Head chunk sums] Bytes the chunked head moves adding each chunk's [V, H] weight-gradient
+// product into the fp32 sum (a read and a write, 8·V·H per chunk), when the head weight trains;
+// what makes fewer, larger chunks faster. The planner prices it at the head's HBM rate.
+inline int64_t HeadChunkSumBytes(int64_t tokens, int64_t vocab, int64_t hidden,
+                                 int64_t logit_bytes = kHeadChunkLogitBytes) {
+  const int64_t rows = HeadChunkRows(vocab, logit_bytes);
+  return (tokens + rows - 1) / rows * 8 * vocab * hidden;
 }
 
 // Bytes of the chunked head, for a model of hidden size h, vocabulary v, dtype_bytes d and a
@@ -61,8 +78,9 @@ struct ChunkedHeadBytes {
 };
 
 inline ChunkedHeadBytes ChunkedHeadMemory(int64_t h, int64_t v, int64_t d, int64_t tokens,
-                                          bool weight_trains) {
-  const int64_t rows = std::min(tokens, HeadChunkRows(v));
+                                          bool weight_trains,
+                                          int64_t logit_bytes = kHeadChunkLogitBytes) {
+  const int64_t rows = std::min(tokens, HeadChunkRows(v, logit_bytes));
   ChunkedHeadBytes b;
   b.saved = tokens * h * d + (weight_trains ? v * h * 4 : 0);
   b.forward_transient = rows * v * (d + 4 + d) + (weight_trains && d == 4 ? v * h * d : 0);

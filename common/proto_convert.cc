@@ -320,6 +320,7 @@ v1::FixedKnobs ToProto(const FixedKnobs& knobs) {
   if (knobs.shard_persistent_params) {
     out.set_shard_persistent_params(*knobs.shard_persistent_params);
   }
+  if (knobs.head_chunk_logit_bytes) out.set_head_chunk_logit_bytes(*knobs.head_chunk_logit_bytes);
   return out;
 }
 
@@ -339,6 +340,7 @@ v1::ResidencyPlan ToProto(const ResidencyPlan& plan) {
   out.set_shard_persistent_params(plan.shard_persistent_params);
   out.set_vision_checkpoint(plan.vision_checkpoint);
   out.set_layout_fingerprint(plan.layout_fingerprint);
+  out.set_head_chunk_logit_bytes(plan.head_chunk_logit_bytes);
   return out;
 }
 
@@ -606,6 +608,9 @@ absl::StatusOr<FixedKnobs> FixedKnobsFromProto(const v1::FixedKnobs& knobs,
   if (knobs.has_shard_persistent_params()) {
     out.shard_persistent_params = knobs.shard_persistent_params();
   }
+  if (knobs.has_head_chunk_logit_bytes()) {
+    out.head_chunk_logit_bytes = knobs.head_chunk_logit_bytes();
+  }
   return out;
 }
 
@@ -633,6 +638,7 @@ absl::StatusOr<ResidencyPlan> ResidencyPlanFromProto(const v1::ResidencyPlan& pl
   out.shard_persistent_params = plan.shard_persistent_params();
   out.vision_checkpoint = plan.vision_checkpoint();
   out.layout_fingerprint = plan.layout_fingerprint();
+  out.head_chunk_logit_bytes = plan.head_chunk_logit_bytes();
   return out;
 }
 

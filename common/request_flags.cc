@@ -7,6 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "common/fixed_knobs.h"
+#include "common/head_chunking.h"
 #include "common/lora_shapes.h"
 
 namespace memplan {
@@ -88,6 +89,13 @@ void AddFixedKnobFlags(FlagSet* flags, FixedKnobs* knobs, int32_t min_n_buffer) 
   const FlagSet::Choices<bool> sharding = {{"sharded", true}, {"replicated", false}};
   flags->Choice(KnobFlag("shard_persistent_state"), &knobs->shard_persistent_state, sharding);
   flags->Choice(KnobFlag("shard_persistent_params"), &knobs->shard_persistent_params, sharding);
+  flags->Custom(KnobFlag("head_chunk_logit_bytes"), [knobs](absl::string_view v) -> absl::Status {
+    absl::StatusOr<int64_t> mib =
+        ParseIntValue(v, kMinHeadChunkLogitBytes >> 20, kMaxHeadChunkLogitBytes >> 20);
+    if (!mib.ok()) return mib.status();
+    knobs->head_chunk_logit_bytes = *mib << 20;
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace memplan

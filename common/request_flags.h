@@ -48,7 +48,8 @@ void AddLoraTargetsFlag(FlagSet* flags, std::vector<std::string>* out);
 // Every fixed knob's flag (FixedKnobTable's names) into `knobs`: --chunk-mib N (kChunkMibFlag),
 // --n-persist and --n-buffer in [0, kMaxChunkCount] (n_buffer from `min_n_buffer`), --n-swap,
 // --n-ckpt and --n-hs-offload in [0, kMaxLayers], --host-memory pinned|pageable (also
-// HOST_MEMORY_PINNED, any case), --persistent-state and --persistent-params sharded|replicated.
+// HOST_MEMORY_PINNED, any case), --persistent-state and --persistent-params sharded|replicated,
+// --head-chunk-mib N in [1, 4096] (head_chunk_logit_bytes, common/head_chunking.h).
 void AddFixedKnobFlags(FlagSet* flags, FixedKnobs* knobs, int32_t min_n_buffer = 0);
 
 }  // namespace memplan

@@ -310,6 +310,7 @@ struct FixedKnobs {
   std::optional<HostMemoryKind> host_memory;
   std::optional<bool> shard_persistent_state;
   std::optional<bool> shard_persistent_params;
+  std::optional<int64_t> head_chunk_logit_bytes;
 };
 
 struct ResidencyPlan {
@@ -335,6 +336,9 @@ struct ResidencyPlan {
   // The vision tower's blocks checkpointed (LlamaModelOptions::vision_checkpoint in the agent):
   // the workload's vision_checkpoint as given, or set by the planner when only that fits.
   bool vision_checkpoint = false;
+  // fp32 logit bytes per chunk of the chunked LM head ([Chunked head], common/head_chunking.h);
+  // 0 (older planners and plans): kHeadChunkLogitBytes.
+  int64_t head_chunk_logit_bytes = 0;
 };
 
 struct MemoryBreakdown {

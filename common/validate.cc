@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/head_chunking.h"
 #include "common/lora_shapes.h"
 #include "common/osft_cost.h"
 #include "common/vision_kind.h"
@@ -439,6 +440,15 @@ absl::Status ValidateHardwareSpec(const HardwareSpec& h, absl::string_view prefi
     return s;
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckHeadChunkLogitBytes(absl::string_view field, int64_t bytes) {
+  if (bytes == 0 || (bytes >= kMinHeadChunkLogitBytes && bytes <= kMaxHeadChunkLogitBytes)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, " = ", bytes, " is out of range; allowed 0 (", kHeadChunkLogitBytes >> 20,
+      " MiB) or [", kMinHeadChunkLogitBytes, ", ", kMaxHeadChunkLogitBytes, "] (1 MiB to 4 GiB)"));
 }
 
 absl::Status CheckHostMemoryOverride(absl::string_view field, int64_t bytes) {

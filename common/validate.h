@@ -103,5 +103,9 @@ absl::Status ValidateTrainingMethod(const TrainingMethod& t, const ModelSpec& m,
 // A Plan request's host_memory_bytes: 0 (the hardware's) or [kMinHostMemoryGiB,
 // kMaxHostMemoryGiB] GiB; the error names `field` and the range in bytes and in GiB.
 absl::Status CheckHostMemoryOverride(absl::string_view field, int64_t bytes);
+// A plan's (or fixed knob's) head_chunk_logit_bytes: 0 (kHeadChunkLogitBytes) or
+// [kMinHeadChunkLogitBytes, kMaxHeadChunkLogitBytes] (common/head_chunking.h); the error names
+// `field` and the range.
+absl::Status CheckHeadChunkLogitBytes(absl::string_view field, int64_t bytes);
 
 }  // namespace memplan

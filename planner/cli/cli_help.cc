@@ -110,6 +110,8 @@ Fixed knobs (each one is a constraint; the rest is searched):
                          parameters sharded too, all-gathered before each group that uses them
                          (ZeRO-3) or replicated; LoRA / QLoRA: the frozen base's persistent
                          chunks, the adapters replicated; searched when not given
+  --head-chunk-mib N     fp32 logits per LM head chunk, 1 to 4096 MiB; not given: 1024 where
+                         the fastest plan still fits with them, else 256
 Output:
   --max-alternatives N   alternatives on the memory/speed frontier, 1 to 20 (planner default 5)
   --skip-limits          skip max batch / max sequence / min GPU memory (faster)

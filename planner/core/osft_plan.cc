@@ -34,6 +34,7 @@ absl::Status CheckOsftKnobs(const PlanInputs& in) {
                       : f.host_memory             ? "fixed.host_memory"
                       : f.shard_persistent_state  ? "fixed.shard_persistent_state"
                       : f.shard_persistent_params ? "fixed.shard_persistent_params"
+                      : f.head_chunk_logit_bytes  ? "fixed.head_chunk_logit_bytes"
                                                   : nullptr;
   if (field != nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(

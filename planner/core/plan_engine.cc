@@ -52,6 +52,7 @@ CostOptions MakeCostOptions(const PlanInputs& in, bool time_tables) {
   o.residual_bytes = in.residual_bytes;
   o.time_factor = in.time_factor > 0 ? in.time_factor : 1.0;
   o.build_time_tables = time_tables;
+  o.head_chunk_logit_bytes = in.fixed.head_chunk_logit_bytes.value_or(0);
   return o;
 }
 
@@ -121,6 +122,10 @@ absl::Status ValidateInputs(const PlanInputs& in) {
   const FixedKnobs& f = in.fixed;
   if (f.chunk_bytes && (*f.chunk_bytes < kMinChunkBytes || *f.chunk_bytes > kMaxChunkBytes)) {
     return OutOfRange("fixed.chunk_bytes", *f.chunk_bytes, kMinChunkBytes, kMaxChunkBytes);
+  }
+  if (f.head_chunk_logit_bytes) {
+    RETURN_IF_ERROR(
+        CheckHeadChunkLogitBytes("fixed.head_chunk_logit_bytes", *f.head_chunk_logit_bytes));
   }
   if (f.shard_persistent_state && *f.shard_persistent_state) {
     // [Sharded persistent state] shards over ranks, and only full fine-tuning's state.
@@ -826,8 +831,11 @@ absl::StatusOr<Prediction> PredictPlan(const PlanInputs& asked, const ResidencyP
   if (plan.chunk_bytes < kMinChunkBytes || plan.chunk_bytes > kMaxChunkBytes) {
     return OutOfRange("plan.chunk_bytes", plan.chunk_bytes, kMinChunkBytes, kMaxChunkBytes);
   }
+  RETURN_IF_ERROR(
+      CheckHeadChunkLogitBytes("plan.head_chunk_logit_bytes", plan.head_chunk_logit_bytes));
   ASSIGN_OR_RETURN(Trace trace, TraceFor(inputs, inputs.workload));
   CostOptions options = MakeCostOptions(inputs, true);
+  options.head_chunk_logit_bytes = plan.head_chunk_logit_bytes;
   options.shard_persistent_state = plan.shard_persistent_state;
   options.shard_persistent_params = plan.shard_persistent_params;
   ASSIGN_OR_RETURN(CostModel model,

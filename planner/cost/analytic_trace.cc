@@ -82,7 +82,8 @@ struct HeadBytes {
   int64_t backward_transient = 0;
 };
 
-HeadBytes HeadMemory(const ModelSpec& arch, DType dtype, bool full, int64_t tokens, bool chunked) {
+HeadBytes HeadMemory(const ModelSpec& arch, DType dtype, bool full, int64_t tokens, bool chunked,
+                     int64_t logit_bytes = kHeadChunkLogitBytes) {
   const int64_t d = DTypeBytes(dtype);
   const bool narrow = d < 4;
   const int64_t h = arch.hidden_size;
@@ -98,12 +99,12 @@ HeadBytes HeadMemory(const ModelSpec& arch, DType dtype, bool full, int64_t toke
     // [Chunked head] (common/head_chunking.h): one row chunk's logits at a time; the loss
     // gradients of the head's input and weight are made in forward and held until backward (the
     // head keeps no input of its own). Norm backward temporaries as in the plain case.
-    const ChunkedHeadBytes c = ChunkedHeadMemory(h, vocab, d, tokens, head_trains);
+    const ChunkedHeadBytes c = ChunkedHeadMemory(h, vocab, d, tokens, head_trains, logit_bytes);
     b.saved = tokens * norm_saved(false) + c.saved + tokens * 8;
     b.forward_transient = c.forward_transient + tokens * 8;
     // Gemma 2's final soft cap: per chunk the tanh in the dtype and its fp32 derivative.
     if (arch.final_logit_softcapping > 0) {
-      b.forward_transient += std::min(tokens, HeadChunkRows(vocab)) * vocab * (d + 12);
+      b.forward_transient += std::min(tokens, HeadChunkRows(vocab, logit_bytes)) * vocab * (d + 12);
     }
     b.backward_transient = c.backward_transient + tokens * 12 * h;
     return b;
@@ -124,6 +125,43 @@ HeadBytes HeadMemory(const ModelSpec& arch, DType dtype, bool full, int64_t toke
     b.backward_transient += 2 * tv * d;
   }
   return b;
+}
+
+// The head group's forward and backward seconds (T tokens) at the head's matmul and HBM rates.
+struct HeadSeconds {
+  double forward = 0;
+  double backward = 0;
+};
+
+HeadSeconds HeadTime(const ModelSpec& arch, DType dtype, bool full, int64_t tokens, bool chunked,
+                     int64_t logit_bytes, double matmul_rate, double hbm_rate) {
+  const int64_t d = DTypeBytes(dtype);
+  const int64_t h = arch.hidden_size;
+  const int64_t vocab = arch.vocab_size;
+  const bool head_trains = full;  // LM head weight (or tied embedding) trains
+  const double t = static_cast<double>(tokens);
+  const double tv = t * static_cast<double>(vocab);
+  const double head_flops = 2.0 * t * static_cast<double>(h) * static_cast<double>(vocab);
+  HeadSeconds s;
+  if (chunked) {
+    // Every GEMM of the head runs in forward (logits, input gradient, weight gradient) along
+    // with the elementwise passes over each chunk's logits and, per chunk, the weight-gradient
+    // product's add into the fp32 sum ([Head chunk sums]); backward only scales the gradients.
+    const double gemms = head_trains ? 3.0 : 2.0;
+    const double chunk_mem = tv * static_cast<double>(3 * d + 24);
+    const double sums =
+        head_trains ? static_cast<double>(HeadChunkSumBytes(tokens, vocab, h, logit_bytes)) : 0.0;
+    s.forward = gemms * head_flops / matmul_rate + (chunk_mem + sums) / hbm_rate;
+    s.backward =
+        static_cast<double>(2 * tokens * h * d + (head_trains ? vocab * h * (4 + 2 * d) : 0)) /
+        hbm_rate;
+  } else {
+    const double head_fwd_mem = tv * static_cast<double>(d + 12);
+    const double head_bwd_mem = tv * static_cast<double>(d + 16);
+    s.forward = head_flops / matmul_rate + head_fwd_mem / hbm_rate;
+    s.backward = (head_trains ? 2.0 : 1.0) * head_flops / matmul_rate + head_bwd_mem / hbm_rate;
+  }
+  return s;
 }
 
 // [Sequence-tiled MLP] Per-token bytes a dense block keeps for its MLP beside the norm's output:
@@ -610,32 +648,18 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
         tower.backward_flops / matmul_rate + tower.backward_traffic_bytes / hbm_rate;
   }
 
-  // Head: final norm, LM head, cross-entropy (HeadMemory).
-  const int64_t tv = tokens * vocab;
-  const bool head_trains = full;  // LM head weight (or tied embedding) trains
+  // Head: final norm, LM head, cross-entropy (HeadMemory, HeadTime), at the default head chunk
+  // (RepriceHeadChunks prices another).
   const bool chunked_head = options.chunked_head && HeadIsChunked(tokens, vocab, h);
   const HeadBytes head = HeadMemory(arch, param_dtype, full, tokens, chunked_head);
   trace.head.param_bytes = head_params * d;
   trace.head.saved_bytes = head.saved;
   trace.head.forward_transient_bytes = head.forward_transient;
   trace.head.backward_transient_bytes = head.backward_transient;
-  const double head_flops = 2.0 * t * static_cast<double>(h) * static_cast<double>(vocab);
-  if (chunked_head) {
-    // Every GEMM of the head runs in forward (logits, input gradient, weight gradient) along
-    // with the elementwise passes over each chunk's logits; backward only scales the gradients.
-    const double gemms = head_trains ? 3.0 : 2.0;
-    const double chunk_mem = static_cast<double>(tv) * static_cast<double>(3 * d + 24);
-    trace.head.forward_seconds = gemms * head_flops / matmul_rate + chunk_mem / hbm_rate;
-    trace.head.backward_seconds =
-        static_cast<double>(2 * tokens * h * d + (head_trains ? vocab * h * (4 + 2 * d) : 0)) /
-        hbm_rate;
-  } else {
-    const double head_fwd_mem = static_cast<double>(tv) * static_cast<double>(d + 12);
-    const double head_bwd_mem = static_cast<double>(tv) * static_cast<double>(d + 16);
-    trace.head.forward_seconds = head_flops / matmul_rate + head_fwd_mem / hbm_rate;
-    trace.head.backward_seconds =
-        (head_trains ? 2.0 : 1.0) * head_flops / matmul_rate + head_bwd_mem / hbm_rate;
-  }
+  const HeadSeconds head_time = HeadTime(arch, param_dtype, full, tokens, chunked_head,
+                                         kHeadChunkLogitBytes, matmul_rate, hbm_rate);
+  trace.head.forward_seconds = head_time.forward;
+  trace.head.backward_seconds = head_time.backward;
 
   int64_t layer_params = 0;
   double forward_end = static_cast<double>(trace.embedding.saved_bytes) +
@@ -767,6 +791,44 @@ Trace ScaleTraceToWorkload(const Trace& trace, const Workload& workload) {
         out.forward_end_bytes += b.saved_bytes - before;
       }
     }
+  }
+  return out;
+}
+
+Trace RepriceHeadChunks(const Trace& trace, const HardwareSpec& hardware, int64_t from_logit_bytes,
+                        int64_t to_logit_bytes, const AnalyticTraceOptions& options) {
+  const int64_t from = HeadChunkLogitBytes(from_logit_bytes);
+  const int64_t to = HeadChunkLogitBytes(to_logit_bytes);
+  if (from == to || !options.chunked_head || !ValidateModelSpec(trace.arch, "").ok()) return trace;
+  const int64_t tokens = trace.workload.micro_batch * trace.workload.seq_len;
+  const int64_t vocab = trace.arch.vocab_size, h = trace.arch.hidden_size;
+  const bool full = trace.training.kind == TrainingKind::kFull;
+  const bool chunked_was = HeadIsChunked(tokens, vocab, h, from);
+  const bool chunked_now = HeadIsChunked(tokens, vocab, h, to);
+  // As ScaleTraceToWorkload: keep what the trace holds beyond the formula, add the new formula.
+  const HeadBytes was = HeadMemory(trace.arch, trace.param_dtype, full, tokens, chunked_was, from);
+  const HeadBytes now = HeadMemory(trace.arch, trace.param_dtype, full, tokens, chunked_now, to);
+  auto rebase = [](int64_t measured, int64_t formula_was, int64_t formula_now) {
+    return std::max<int64_t>(0, measured - formula_was + formula_now);
+  };
+  Trace out = trace;
+  out.head.saved_bytes = rebase(trace.head.saved_bytes, was.saved, now.saved);
+  out.head.forward_transient_bytes =
+      rebase(trace.head.forward_transient_bytes, was.forward_transient, now.forward_transient);
+  out.head.backward_transient_bytes =
+      rebase(trace.head.backward_transient_bytes, was.backward_transient, now.backward_transient);
+  out.forward_end_bytes += out.head.saved_bytes - trace.head.saved_bytes;
+  const double matmul_rate = MatmulRate(hardware, trace.param_dtype) * options.matmul_efficiency;
+  const double hbm_rate = hardware.hbm_bytes_per_second * options.hbm_efficiency;
+  if (matmul_rate > 0 && hbm_rate > 0) {
+    const HeadSeconds t_was = HeadTime(trace.arch, trace.param_dtype, full, tokens, chunked_was,
+                                       from, matmul_rate, hbm_rate);
+    const HeadSeconds t_now = HeadTime(trace.arch, trace.param_dtype, full, tokens, chunked_now, to,
+                                       matmul_rate, hbm_rate);
+    out.head.forward_seconds =
+        std::max(0.0, trace.head.forward_seconds - t_was.forward + t_now.forward);
+    out.head.backward_seconds =
+        std::max(0.0, trace.head.backward_seconds - t_was.backward + t_now.backward);
   }
   return out;
 }

@@ -61,4 +61,12 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
 // Used for limit probes when no architecture-driven re-synthesis is possible.
 Trace ScaleTraceToWorkload(const Trace& trace, const Workload& workload);
 
+// The trace with its LM head priced for head chunks of `to_logit_bytes` fp32 logits instead of
+// `from_logit_bytes` (0 = kHeadChunkLogitBytes, SynthesizeTrace's; common/head_chunking.h): the
+// head's bytes rebased on HeadMemory (the chunk's logits, or the plain head where the new size no
+// longer chunks), its seconds on the head's time formula ([Head chunk sums]: n_chunks x 8·V·H
+// bytes at the head's HBM rate in forward). A trace without a valid architecture is returned as is.
+Trace RepriceHeadChunks(const Trace& trace, const HardwareSpec& hardware, int64_t from_logit_bytes,
+                        int64_t to_logit_bytes, const AnalyticTraceOptions& options = {});
+
 }  // namespace memplan

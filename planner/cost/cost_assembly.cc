@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/head_chunking.h"
 #include "common/optimizer_bytes.h"
 #include "planner/cost/cost_model_internal.h"
 
@@ -15,6 +16,12 @@ namespace memplan {
 
 absl::Status CostModel::ValidatePlan(const ResidencyPlan& plan) const {
   auto bad = [](const std::string& msg) { return absl::InvalidArgumentError(msg); };
+  if (HeadChunkLogitBytes(plan.head_chunk_logit_bytes) !=
+      HeadChunkLogitBytes(options_.head_chunk_logit_bytes)) {
+    return bad(absl::StrCat("plan.head_chunk_logit_bytes = ", plan.head_chunk_logit_bytes,
+                            " but this model prices head chunks of ",
+                            HeadChunkLogitBytes(options_.head_chunk_logit_bytes), " bytes"));
+  }
   if (options_.world_size > 1 && plan.shard_persistent_state != chunks_->shard_state) {
     return bad(absl::StrCat(
         "plan.shard_persistent_state = ", plan.shard_persistent_state ? "true" : "false",
@@ -91,6 +98,7 @@ ResidencyPlan CostModel::MakeResidencyPlan(int32_t n_persist, int32_t n_buffer,
   plan.world_size = options_.world_size;
   plan.shard_persistent_state = chunks_->shard_state;
   plan.shard_persistent_params = chunks_->shard_params;
+  plan.head_chunk_logit_bytes = options_.head_chunk_logit_bytes;
   return plan;
 }
 

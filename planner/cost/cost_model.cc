@@ -10,9 +10,11 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/head_chunking.h"
 #include "common/lora_shapes.h"
 #include "common/optimizer_bytes.h"
 #include "common/vision_cost.h"
+#include "planner/cost/analytic_trace.h"
 #include "planner/cost/cost_model_internal.h"
 
 namespace memplan {
@@ -152,8 +154,17 @@ absl::StatusOr<CostModel> CostModel::Create(const Trace& trace, int64_t chunk_by
       hardware.hbm_bytes_per_second <= 0 || hardware.cpu_adam_params_per_second <= 0) {
     return absl::InvalidArgumentError("hardware transfer, HBM and CPU Adam rates must be > 0");
   }
+  if (options.head_chunk_logit_bytes != 0 &&
+      (options.head_chunk_logit_bytes < kMinHeadChunkLogitBytes ||
+       options.head_chunk_logit_bytes > kMaxHeadChunkLogitBytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("head_chunk_logit_bytes = ", options.head_chunk_logit_bytes,
+                     " is out of range; allowed 0 or [", kMinHeadChunkLogitBytes, ", ",
+                     kMaxHeadChunkLogitBytes, "]"));
+  }
   CostModel model;
-  model.trace_ = trace;
+  model.trace_ =
+      RepriceHeadChunks(trace, hardware, kHeadChunkLogitBytes, options.head_chunk_logit_bytes);
   model.hardware_ = hardware;
   model.options_ = options;
   model.num_blocks_ = static_cast<int32_t>(trace.blocks.size());
@@ -172,7 +183,8 @@ absl::StatusOr<CostModel> CostModel::ForTrace(const Trace& trace, bool build_tim
   }
   // A fresh model sharing the chunk tables: nothing O(chunks) is copied.
   CostModel model;
-  model.trace_ = trace;
+  model.trace_ =
+      RepriceHeadChunks(trace, hardware_, kHeadChunkLogitBytes, options_.head_chunk_logit_bytes);
   model.hardware_ = hardware_;
   model.options_ = options_;
   model.options_.build_time_tables = build_time_tables;
@@ -186,6 +198,14 @@ absl::StatusOr<CostModel> CostModel::ForTrace(const Trace& trace, bool build_tim
     model.d2h_[k] = d2h_[k];
   }
   model.bidir_ = bidir_;
+  model.Precompute();
+  return model;
+}
+
+CostModel CostModel::WithHeadChunkLogitBytes(int64_t logit_bytes) const {
+  CostModel model = *this;
+  model.trace_ = RepriceHeadChunks(trace_, hardware_, options_.head_chunk_logit_bytes, logit_bytes);
+  model.options_.head_chunk_logit_bytes = logit_bytes;
   model.Precompute();
   return model;
 }

@@ -54,6 +54,9 @@ struct CostOptions {
   // Build the O(N) overlap-window tables that make Time() O(log N). Memory-only users (limit
   // probes) skip them; Time() then walks every window.
   bool build_time_tables = true;
+  // The plans' head chunk (ResidencyPlan::head_chunk_logit_bytes; 0: kHeadChunkLogitBytes, the
+  // trace's): another size re-prices the trace's head (RepriceHeadChunks, analytic_trace.h).
+  int64_t head_chunk_logit_bytes = 0;
 };
 
 // How many blocks use each non-default mode. Blocks are arranged (block 0 first) as
@@ -110,6 +113,11 @@ class CostModel {
   // reused and only the O(N log N) block tables are rebuilt. Options may differ only in
   // build_time_tables.
   absl::StatusOr<CostModel> ForTrace(const Trace& trace, bool build_time_tables) const;
+  // The same model with the plans' head chunk of `logit_bytes` (CostOptions::
+  // head_chunk_logit_bytes): the head re-priced, the chunk tables shared.
+  CostModel WithHeadChunkLogitBytes(int64_t logit_bytes) const;
+  // The (head-re-priced) trace this model prices.
+  const Trace& trace() const { return trace_; }
 
   // Structural validity of `plan` for this model (chunk size and count, knob ranges, buffers
   // needed by the layout, block_modes length). Names the field in the error.

@@ -7,6 +7,7 @@
 #include <optional>
 #include <vector>
 
+#include "common/head_chunking.h"
 #include "common/status.h"
 
 namespace memplan {
@@ -447,6 +448,26 @@ std::vector<HostMemoryKind> KindsToTry(const SearchConstraints& c) {
   return kinds;
 }
 
+// [Wide head chunks] FindFastest's plan with head chunks of kPlainHeadChunkLogitBytes instead of
+// the default: each chunk adds its [V, H] weight-gradient product into the fp32 sum, so four
+// times fewer chunks are faster (the head's forward, [Head chunk sums] in common/head_chunking.h)
+// and hold four times the chunk's logits. Only where the head is chunked at that size (else the
+// head would run plain, slower and larger) and the plans' head chunk is the default.
+std::vector<CostModel> WideHeadModels(const std::vector<CostModel>& models) {
+  std::vector<CostModel> wide;
+  if (models.empty() || models[0].options().head_chunk_logit_bytes != 0) return wide;
+  const Trace& t = models[0].trace();
+  if (!HeadIsChunked(t.workload.micro_batch * t.workload.seq_len, t.arch.vocab_size,
+                     t.arch.hidden_size, kPlainHeadChunkLogitBytes)) {
+    return wide;
+  }
+  wide.reserve(models.size());
+  for (const CostModel& m : models) {
+    wide.push_back(m.WithHeadChunkLogitBytes(kPlainHeadChunkLogitBytes));
+  }
+  return wide;
+}
+
 }  // namespace
 
 absl::StatusOr<PlanSearch> PlanSearch::Create(const Trace& trace, const HardwareSpec& hardware,
@@ -487,7 +508,8 @@ absl::StatusOr<PlanSearch> PlanSearch::Create(const Trace& trace, const Hardware
       models.push_back(std::move(base_model));
     }
   }
-  return PlanSearch(std::move(models));
+  std::vector<CostModel> wide = WideHeadModels(models);
+  return PlanSearch(std::move(models), std::move(wide));
 }
 
 namespace {
@@ -699,11 +721,29 @@ absl::StatusOr<PlanSearch> PlanSearch::ForTrace(const Trace& trace, bool build_t
     ASSIGN_OR_RETURN(CostModel model, m.ForTrace(trace, build_time_tables));
     models.push_back(std::move(model));
   }
-  return PlanSearch(std::move(models));
+  // Memory-only probes (FindAnyFit, FindLeanest) keep the default head chunk.
+  std::vector<CostModel> wide =
+      build_time_tables ? WideHeadModels(models) : std::vector<CostModel>{};
+  return PlanSearch(std::move(models), std::move(wide));
 }
 
 SearchResult PlanSearch::FindFastest(const SearchConstraints& constraints) const {
-  return Run(constraints, /*any_fit=*/false);
+  SearchResult result = Run(constraints, /*any_fit=*/false);
+  // [Wide head chunks]: the head alone changes, so the plan keeps its host bytes; it is kept when
+  // its GPU peaks still fit, and it is then faster.
+  if (!result.found || constraints.fixed.head_chunk_logit_bytes || wide_models_.empty()) {
+    return result;
+  }
+  const CostModel& wide = wide_models_[static_cast<size_t>(result.model_index)];
+  ResidencyPlan plan = result.plan;
+  plan.head_chunk_logit_bytes = wide.options().head_chunk_logit_bytes;
+  const Prediction p = wide.Predict(plan);
+  if (std::max(p.peak_bytes, p.load_peak_bytes) <= constraints.capacity_bytes &&
+      p.iteration_seconds < result.prediction.iteration_seconds) {
+    result.plan = std::move(plan);
+    result.prediction = p;
+  }
+  return result;
 }
 
 SearchResult PlanSearch::FindAnyFit(const SearchConstraints& constraints) const {

@@ -43,12 +43,15 @@ class PlanSearch {
   // second one per size with the persistent chunks' optimizer state sharded
   // (CostOptions::shard_persistent_state) where the workload allows it, and a third with the
   // parameters sharded too (shard_persistent_params); LoRA and QLoRA: a second with the frozen
-  // base's persistent chunks sharded (shard_persistent_params alone).
+  // base's persistent chunks sharded (shard_persistent_params alone). The plans' head chunk is
+  // options.head_chunk_logit_bytes.
   static absl::StatusOr<PlanSearch> Create(const Trace& trace, const HardwareSpec& hardware,
                                            const CostOptions& options,
                                            const std::vector<int64_t>& chunk_candidates_bytes);
 
   // Fastest feasible plan; ties keep the first found (smaller chunk, pinned, fewer swaps...).
+  // [Wide head chunks] (plan_search.cc): unless fixed.head_chunk_logit_bytes is set, the plan
+  // found then takes head chunks of kPlainHeadChunkLogitBytes when it still fits with them.
   SearchResult FindFastest(const SearchConstraints& constraints) const;
   // Some feasible plan, found without optimising time (used by limit probes).
   SearchResult FindAnyFit(const SearchConstraints& constraints) const;
@@ -64,10 +67,15 @@ class PlanSearch {
   const CostModel& model(int i) const { return models_[static_cast<size_t>(i)]; }
 
  private:
-  explicit PlanSearch(std::vector<CostModel> models) : models_(std::move(models)) {}
+  PlanSearch(std::vector<CostModel> models, std::vector<CostModel> wide_models)
+      : models_(std::move(models)), wide_models_(std::move(wide_models)) {}
   SearchResult Run(const SearchConstraints& constraints, bool any_fit) const;
 
   std::vector<CostModel> models_;
+  // models_[i] with kPlainHeadChunkLogitBytes head chunks, where the workload's head is chunked
+  // at that size and the head chunk is not fixed (CostOptions::head_chunk_logit_bytes 0); else
+  // empty.
+  std::vector<CostModel> wide_models_;
 };
 
 }  // namespace memplan

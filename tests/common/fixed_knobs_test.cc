@@ -20,6 +20,7 @@ FixedKnobs AllSet() {
   f.host_memory = HostMemoryKind::kPageable;
   f.shard_persistent_state = true;
   f.shard_persistent_params = false;
+  f.head_chunk_logit_bytes = int64_t{1} << 30;
   return f;
 }
 
@@ -30,8 +31,8 @@ TEST(FixedKnobTableTest, CoversEveryMemberOnce) {
     fields.insert(std::string(e.field));
     flags.insert(std::string(e.flag));
   }
-  EXPECT_EQ(fields.size(), 9u);
-  EXPECT_EQ(flags.size(), 9u);
+  EXPECT_EQ(fields.size(), 10u);
+  EXPECT_EQ(flags.size(), 10u);
   EXPECT_FALSE(AnyFixedKnob(FixedKnobs{}));
   EXPECT_TRUE(AnyFixedKnob(AllSet()));
 }
@@ -59,9 +60,11 @@ TEST(FixedKnobTableTest, TextNamesFieldAndValue) {
                                             "fixed.n_checkpoint = 12", "fixed.n_hs_offload = 4",
                                             "fixed.host_memory = pageable",
                                             "fixed.shard_persistent_state = true",
-                                            "fixed.shard_persistent_params = false"));
+                                            "fixed.shard_persistent_params = false",
+                                            "fixed.head_chunk_logit_bytes = 1073741824"));
   EXPECT_THAT(relaxed, ::testing::ElementsAre("chunk_bytes", "n_persist", "n_buffer", "n_swap",
-                                              "n_checkpoint", "n_hs_offload", "host_memory"));
+                                              "n_checkpoint", "n_hs_offload", "host_memory",
+                                              "head_chunk_logit_bytes"));
 }
 
 }  // namespace

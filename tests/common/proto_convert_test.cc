@@ -367,10 +367,27 @@ TEST(ProtoConvertTest, ResidencyPlanRoundTrips) {
   p.block_modes = {BlockMode::kSwap, BlockMode::kHsOffload, BlockMode::kCkpt, BlockMode::kCkpt,
                    BlockMode::kNone};
   p.world_size = 4;
+  p.head_chunk_logit_bytes = int64_t{1} << 30;
   auto back = ResidencyPlanFromProto(ToProto(p), "plan.");
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->block_modes, p.block_modes);
+  EXPECT_EQ(back->head_chunk_logit_bytes, int64_t{1} << 30);
   ExpectSameProto(*back, p);
+  // An older planner's plan has no head chunk: 0, the default chunk.
+  v1::ResidencyPlan old = ToProto(p);
+  old.clear_head_chunk_logit_bytes();
+  back = ResidencyPlanFromProto(old, "plan.");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->head_chunk_logit_bytes, 0);
+}
+
+TEST(ProtoConvertTest, FixedHeadChunkKeepsPresence) {
+  FixedKnobs f;
+  EXPECT_FALSE(ToProto(f).has_head_chunk_logit_bytes());
+  f.head_chunk_logit_bytes = int64_t{256} << 20;
+  auto back = FixedKnobsFromProto(ToProto(f), "fixed.");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->head_chunk_logit_bytes, f.head_chunk_logit_bytes);
 }
 
 TEST(ProtoConvertTest, ResidencyPlanNamesBadBlockModeIndex) {

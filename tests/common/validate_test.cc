@@ -154,5 +154,17 @@ TEST(CheckSequenceLengthTest, AcceptsAnyLengthBeyondTheWindow) {
   EXPECT_THAT(CheckSequenceLength(m, 8).message(), HasSubstr("sliding_window"));
 }
 
+TEST(CheckHeadChunkLogitBytesTest, ZeroOrOneMibToFourGib) {
+  EXPECT_TRUE(CheckHeadChunkLogitBytes("plan.head_chunk_logit_bytes", 0).ok());
+  EXPECT_TRUE(CheckHeadChunkLogitBytes("plan.head_chunk_logit_bytes", int64_t{1} << 20).ok());
+  EXPECT_TRUE(CheckHeadChunkLogitBytes("plan.head_chunk_logit_bytes", int64_t{4} << 30).ok());
+  for (const int64_t bad : {int64_t{-1}, (int64_t{1} << 20) - 1, (int64_t{4} << 30) + 1}) {
+    const absl::Status s = CheckHeadChunkLogitBytes("plan.head_chunk_logit_bytes", bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(s.message(), ::testing::HasSubstr("plan.head_chunk_logit_bytes"));
+    EXPECT_THAT(s.message(), ::testing::HasSubstr("[1048576, 4294967296]"));
+  }
+}
+
 }  // namespace
 }  // namespace memplan

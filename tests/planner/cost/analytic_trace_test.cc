@@ -357,6 +357,52 @@ TEST(AnalyticTraceTest, LogitsDominateThePlainHeadAtLargeVocab) {
   EXPECT_EQ(t.embedding.param_bytes, int64_t{128256} * 2048 * 2);
 }
 
+// [Head chunk sums]: a plan's head chunk re-prices the head. Its bytes are ChunkedHeadMemory's at
+// either size; four times fewer chunks save three quarters of the 8·V·H-byte sums, at the head's
+// HBM rate (the h200 preset's, times hbm_efficiency 0.7).
+TEST(AnalyticTraceTest, HeadChunkSizeRepricesTheHead) {
+  const int64_t h = 2048, v = 128256, tokens = 4 * 2048, d = 2;
+  ASSERT_TRUE(HeadIsChunked(tokens, v, h, kPlainHeadChunkLogitBytes));
+  const HardwareSpec hw = *FindHardwarePreset("h200");
+  const Trace t = Synth("llama-3.2-1b", 4, 2048);
+  const Trace wide = RepriceHeadChunks(t, hw, 0, kPlainHeadChunkLogitBytes);
+  const ChunkedHeadBytes narrow_c = ChunkedHeadMemory(h, v, d, tokens, true);
+  const ChunkedHeadBytes wide_c =
+      ChunkedHeadMemory(h, v, d, tokens, true, kPlainHeadChunkLogitBytes);
+  EXPECT_EQ(HeadChunkRows(v), 523);
+  EXPECT_EQ(HeadChunkRows(v, kPlainHeadChunkLogitBytes), 2092);
+  // HeadMemory: the chunked head's bytes and 8 bytes a token (loss terms) in forward.
+  EXPECT_EQ(t.head.forward_transient_bytes, narrow_c.forward_transient + tokens * 8);
+  EXPECT_EQ(wide.head.forward_transient_bytes, wide_c.forward_transient + tokens * 8);
+  EXPECT_EQ(wide.head.forward_transient_bytes - t.head.forward_transient_bytes,
+            (2092 - 523) * v * (d + 4 + d));
+  EXPECT_EQ(wide.head.saved_bytes - t.head.saved_bytes, wide_c.saved - narrow_c.saved);
+  EXPECT_EQ(wide.head.backward_transient_bytes, t.head.backward_transient_bytes);
+  EXPECT_EQ(wide.forward_end_bytes, t.forward_end_bytes);
+  // 16 chunks of 523 rows, 4 of 2092: 12 fewer sums of 8·V·H bytes.
+  EXPECT_EQ(HeadChunkSumBytes(tokens, v, h), 16 * 8 * v * h);
+  EXPECT_EQ(HeadChunkSumBytes(tokens, v, h, kPlainHeadChunkLogitBytes), 4 * 8 * v * h);
+  const double hbm_rate = hw.hbm_bytes_per_second * 0.7;
+  EXPECT_NEAR(t.head.forward_seconds - wide.head.forward_seconds, 12.0 * 8 * v * h / hbm_rate,
+              1e-9);
+  EXPECT_GT(12.0 * 8 * v * h / hbm_rate, 5e-3);  // the 7.5 ms the H200 spent on 16 sums
+  EXPECT_DOUBLE_EQ(wide.head.backward_seconds, t.head.backward_seconds);
+  // And back: the default chunk's trace again.
+  const Trace back = RepriceHeadChunks(wide, hw, kPlainHeadChunkLogitBytes, 0);
+  EXPECT_EQ(back.head.saved_bytes, t.head.saved_bytes);
+  EXPECT_EQ(back.head.forward_transient_bytes, t.head.forward_transient_bytes);
+  EXPECT_NEAR(back.head.forward_seconds, t.head.forward_seconds, 1e-12);
+  // LoRA: the head weight does not train, no sums to save.
+  TrainingMethod lora;
+  lora.kind = TrainingKind::kLora;
+  lora.lora_rank = 8;
+  lora.lora_target_modules = {"q_proj", "v_proj"};
+  const Trace l = Synth("llama-3.2-1b", 4, 2048, DType::kBFloat16, lora);
+  const Trace l_wide = RepriceHeadChunks(l, hw, 0, kPlainHeadChunkLogitBytes);
+  EXPECT_NEAR(l_wide.head.forward_seconds, l.head.forward_seconds, 1e-12);
+  EXPECT_GT(l_wide.head.forward_transient_bytes, l.head.forward_transient_bytes);
+}
+
 // [Chunked head]: beyond one chunk the logits are never whole. The head holds the gradients of
 // its input (T×H bf16) and weight (V×H fp32) plus one chunk's logits, whatever the length, and
 // less than the plain head would at its peak.

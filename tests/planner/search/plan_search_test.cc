@@ -6,7 +6,10 @@
 #include <limits>
 #include <random>
 
+#include "common/head_chunking.h"
+#include "common/presets.h"
 #include "gtest/gtest.h"
+#include "planner/cost/analytic_trace.h"
 #include "planner/cost/chunk_layout.h"
 #include "tests/planner/cost/random_trace.h"
 
@@ -90,7 +93,8 @@ TEST(PlanSearchTest, MatchesBruteForceOnSmallModels) {
   };
   int feasible_cases = 0, infeasible_cases = 0, fixed_cases = 0;
   int arch_cases = 0, oversized_cases = 0;
-  int near_tie_cases = 0;  // answered all-persistent within kPersistentTieTolerance of the oracle  // agent-rule layouts, with oversized chunks
+  int near_tie_cases = 0;  // answered all-persistent within kPersistentTieTolerance of the oracle
+                           // // agent-rule layouts, with oversized chunks
   // 3500 draws: draw 3346 (one chunk, a host too small for the activations of the most
   // offloaded mode counts at any n_persist) once made FindLeanest return a plan over the
   // pinned limit. MEMPLAN_ORACLE_DRAWS lowers the count where each draw runs many times slower
@@ -155,7 +159,25 @@ TEST(PlanSearchTest, MatchesBruteForceOnSmallModels) {
       }
     }
     const Oracle oracle = BruteForce(*search, c);
-    const SearchResult fast = search->FindFastest(c);
+    // The oracle prices the default head chunk; [Wide head chunks] is checked against it below.
+    SearchConstraints narrow_c = c;
+    narrow_c.fixed.head_chunk_logit_bytes = kHeadChunkLogitBytes;
+    const SearchResult fast = search->FindFastest(narrow_c);
+    const SearchResult widened = search->FindFastest(c);
+    ASSERT_EQ(widened.found, fast.found);
+    if (widened.found) {
+      EXPECT_EQ(widened.plan.chunk_bytes, fast.plan.chunk_bytes);
+      EXPECT_EQ(widened.plan.n_persist, fast.plan.n_persist);
+      EXPECT_EQ(widened.plan.n_buffer, fast.plan.n_buffer);
+      EXPECT_EQ(widened.plan.block_modes, fast.plan.block_modes);
+      EXPECT_EQ(widened.plan.host_memory, fast.plan.host_memory);
+      if (widened.plan.head_chunk_logit_bytes != 0) {
+        EXPECT_LT(widened.prediction.iteration_seconds, fast.prediction.iteration_seconds);
+        EXPECT_TRUE(Feasible(widened.prediction, c, widened.plan.host_memory));
+      } else {
+        EXPECT_EQ(widened.prediction.iteration_seconds, fast.prediction.iteration_seconds);
+      }
+    }
     const SearchResult any = search->FindAnyFit(c);
     const SearchResult lean = search->FindLeanest(c);
     ASSERT_EQ(lean.found, oracle.any_host_feasible);
@@ -250,6 +272,90 @@ TEST(PlanSearchTest, RejectsBadChunkCandidates) {
   const Trace trace = testing::RandomTrace(rng, 2);
   EXPECT_FALSE(PlanSearch::Create(trace, testing::RandomHardware(rng), CostOptions{}, {}).ok());
   EXPECT_FALSE(PlanSearch::Create(trace, testing::RandomHardware(rng), CostOptions{}, {0}).ok());
+}
+
+// [Wide head chunks]: llama-3.2-1b 4×2048 runs 16 head chunks of 256 MiB or 4 of 1 GiB. The
+// fastest plan takes 1 GiB where it fits with them, 256 MiB where only that fits; FindLeanest and
+// a fixed head chunk keep theirs.
+TEST(PlanSearchTest, TakesWideHeadChunksWhenTheyFit) {
+  Workload w;
+  w.micro_batch = 4;
+  w.seq_len = 2048;
+  const HardwareSpec hw = *FindHardwarePreset("h200");
+  auto trace =
+      SynthesizeTrace(*FindModelPreset("llama-3.2-1b"), w, DType::kBFloat16, TrainingMethod{}, hw);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  auto search = PlanSearch::Create(*trace, hw, CostOptions{}, {256 * kMiB});
+  ASSERT_TRUE(search.ok()) << search.status();
+  auto required = [](const Prediction& p) { return std::max(p.peak_bytes, p.load_peak_bytes); };
+
+  SearchConstraints c;
+  c.capacity_bytes = 1000 * kGiB;
+  c.host_memory_bytes = 1000 * kGiB;
+  c.fixed.head_chunk_logit_bytes = kHeadChunkLogitBytes;
+  const SearchResult narrow = search->FindFastest(c);  // fixed: no wide head chunks
+  ASSERT_TRUE(narrow.found);
+  EXPECT_EQ(narrow.plan.head_chunk_logit_bytes, 0);
+  c.fixed.head_chunk_logit_bytes.reset();
+  const SearchResult wide = search->FindFastest(c);
+  ASSERT_TRUE(wide.found);
+  EXPECT_EQ(wide.plan.head_chunk_logit_bytes, kPlainHeadChunkLogitBytes);
+  EXPECT_EQ(wide.plan.n_persist, narrow.plan.n_persist);
+  EXPECT_EQ(wide.plan.block_modes, narrow.plan.block_modes);
+  EXPECT_LT(wide.prediction.iteration_seconds, narrow.prediction.iteration_seconds - 5e-3);
+  ASSERT_GT(required(wide.prediction), required(narrow.prediction));
+  // The search's model re-prices it identically, and refuses it for the default chunk.
+  const CostModel& model = search->model(wide.model_index);
+  EXPECT_FALSE(model.ValidatePlan(wide.plan).ok());
+  const CostModel wide_model = model.WithHeadChunkLogitBytes(kPlainHeadChunkLogitBytes);
+  ASSERT_TRUE(wide_model.ValidatePlan(wide.plan).ok());
+  EXPECT_EQ(wide_model.Predict(wide.plan).peak_bytes, wide.prediction.peak_bytes);
+
+  // Exactly the wide plan's bytes: it fits.
+  c.capacity_bytes = required(wide.prediction);
+  SearchResult r = search->FindFastest(c);
+  ASSERT_TRUE(r.found);
+  EXPECT_EQ(r.plan.head_chunk_logit_bytes, kPlainHeadChunkLogitBytes);
+  // A budget between the two: only 256 MiB chunks fit.
+  c.capacity_bytes = required(wide.prediction) - 1;
+  ASSERT_GE(c.capacity_bytes, required(narrow.prediction));
+  r = search->FindFastest(c);
+  ASSERT_TRUE(r.found);
+  EXPECT_EQ(r.plan.head_chunk_logit_bytes, 0);
+  EXPECT_LE(required(r.prediction), c.capacity_bytes);
+  // FindLeanest and FindAnyFit keep the default chunk.
+  EXPECT_EQ(search->FindLeanest(c).plan.head_chunk_logit_bytes, 0);
+  EXPECT_EQ(search->FindAnyFit(c).plan.head_chunk_logit_bytes, 0);
+  // A search for a fixed head chunk prices its plans with it.
+  CostOptions fixed_options;
+  fixed_options.head_chunk_logit_bytes = kPlainHeadChunkLogitBytes;
+  auto fixed = PlanSearch::Create(*trace, hw, fixed_options, {256 * kMiB});
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  c.capacity_bytes = 1000 * kGiB;
+  c.fixed.head_chunk_logit_bytes = kPlainHeadChunkLogitBytes;
+  r = fixed->FindFastest(c);
+  ASSERT_TRUE(r.found);
+  EXPECT_EQ(r.plan.head_chunk_logit_bytes, kPlainHeadChunkLogitBytes);
+  EXPECT_EQ(r.prediction.peak_bytes, wide.prediction.peak_bytes);
+}
+
+// Where the workload's head is not chunked at 1 GiB, nothing changes.
+TEST(PlanSearchTest, KeepsDefaultHeadChunksWhereWideOnesWouldNotChunk) {
+  Workload w;
+  w.micro_batch = 1;
+  w.seq_len = 1024;  // chunked at 256 MiB (523 rows), one chunk of 2092 rows at 1 GiB
+  const HardwareSpec hw = *FindHardwarePreset("h200");
+  auto trace =
+      SynthesizeTrace(*FindModelPreset("llama-3.2-1b"), w, DType::kBFloat16, TrainingMethod{}, hw);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  auto search = PlanSearch::Create(*trace, hw, CostOptions{}, {256 * kMiB});
+  ASSERT_TRUE(search.ok()) << search.status();
+  SearchConstraints c;
+  c.capacity_bytes = 1000 * kGiB;
+  c.host_memory_bytes = 1000 * kGiB;
+  const SearchResult r = search->FindFastest(c);
+  ASSERT_TRUE(r.found);
+  EXPECT_EQ(r.plan.head_chunk_logit_bytes, 0);
 }
 
 }  // namespace
