@@ -208,7 +208,8 @@ Json ToJson(const ResidencyPlan& p) {
               {"layout_fingerprint", p.layout_fingerprint},
               {"shard_persistent_state", p.shard_persistent_state},
               {"shard_persistent_params", p.shard_persistent_params},
-              {"vision_checkpoint", p.vision_checkpoint}};
+              {"vision_checkpoint", p.vision_checkpoint},
+              {"head_chunk_logit_bytes", p.head_chunk_logit_bytes}};
 }
 
 Json ToJson(const MemoryBreakdown& b) {
@@ -524,6 +525,8 @@ void Read(const Json& j, const std::string& path, absl::Status* s, ResidencyPlan
   r.Get("shard_persistent_state", &p->shard_persistent_state);
   r.Get("shard_persistent_params", &p->shard_persistent_params);
   r.Get("vision_checkpoint", &p->vision_checkpoint);
+  // The range proper (0 or [1 MiB, 4 GiB]) is the agent's check (CheckHeadChunkLogitBytes).
+  r.GetInt("head_chunk_logit_bytes", &p->head_chunk_logit_bytes, 0, kMaxChunkBytes);
   if (const Json* modes = r.Find("block_modes"); modes != nullptr) {
     if (!modes->is_array()) return r.Fail("block_modes", "must be a list");
     for (size_t i = 0; i < modes->size(); ++i) {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
+#include "common/head_chunking.h"
 #include "common/optimizer_bytes.h"
 #include "common/request_flags.h"
 #include "common/status.h"
@@ -105,6 +106,8 @@ Residency plan (any chunk knob or --plan-file runs the chunk manager):
                            sharded too, 1/W per rank, all-gathered before each group that uses
                            them and released after (ZeRO-3; implies --persistent-state sharded;
                            LoRA / QLoRA: the frozen base's, the adapters stay replicated)
+  --head-chunk-mib N       fp32 logits per LM head chunk, 1 to 4096 MiB (default: the plan's;
+                           256, or 1024 with --plain); larger chunks are faster and hold more
   --accumulate-offloaded-grads device|host   several ranks, --grad-accum > 1: sum the offloaded
                            chunks' grads on the device and reduce-scatter them once per step (no
                            collective before the last micro-batch; their fp32 grads stay on the
@@ -182,6 +185,7 @@ FixedKnobs PlannerFixedKnobs(const TrainConfig& c) {
   fixed.host_memory = c.host_memory;
   fixed.shard_persistent_state = c.shard_persistent_state;
   fixed.shard_persistent_params = c.shard_persistent_params;
+  fixed.head_chunk_logit_bytes = c.head_chunk_logit_bytes;
   // A LoRA run's sharded parameters are the frozen base's, which has no state to shard.
   if (c.shard_persistent_params.value_or(false) && !c.lora.enabled()) {
     fixed.shard_persistent_state = true;
@@ -354,6 +358,7 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
   c.host_memory = fixed.host_memory;
   c.shard_persistent_state = fixed.shard_persistent_state;
   c.shard_persistent_params = fixed.shard_persistent_params;
+  c.head_chunk_logit_bytes = fixed.head_chunk_logit_bytes;
   c.param_rounding_given = flags.Given("--param-rounding");
   c.lora_alpha_given = flags.Given("--lora-alpha");
   c.lora_dropout_given = flags.Given("--lora-dropout");
@@ -624,7 +629,15 @@ absl::StatusOr<RunPlan> ResolveRunPlan(const TrainConfig& c, int num_blocks,
     run.host_memory = file->host_memory;
     run.shard_persistent_state = file->shard_persistent_state;
     run.shard_persistent_params = file->shard_persistent_params;
+    RETURN_IF_ERROR(
+        CheckHeadChunkLogitBytes("plan.head_chunk_logit_bytes", file->head_chunk_logit_bytes));
   }
+  // [Chunked head] (common/head_chunking.h): the chunk the plan was priced with.
+  run.head_chunk_logit_bytes = c.head_chunk_logit_bytes ? *c.head_chunk_logit_bytes
+                               : file.has_value()
+                                   ? HeadChunkLogitBytes(file->head_chunk_logit_bytes)
+                               : c.plain ? kPlainHeadChunkLogitBytes
+                                         : kHeadChunkLogitBytes;
   // [OSFT across ranks] (trainer.cc): the model replicated, unmanaged, on every rank.
   if (world_size > 1 && !c.osft.enabled()) run.managed = true;
   if (c.chunk_bytes || c.n_persist || c.n_buffer) run.managed = true;

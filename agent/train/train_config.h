@@ -103,6 +103,9 @@ struct TrainConfig {
   // sharded too ([Sharded persistent parameters]; implies the state sharded; LoRA: the frozen
   // base's, [Sharded frozen base]).
   std::optional<bool> shard_persistent_params;
+  // --head-chunk-mib N: fp32 logit bytes per LM head chunk (ResidencyPlan::head_chunk_logit_bytes,
+  // common/head_chunking.h); else the plan's, or kPlainHeadChunkLogitBytes with --plain.
+  std::optional<int64_t> head_chunk_logit_bytes;
   // --accumulate-offloaded-grads device|host: several ranks, --grad-accum > 1: the offloaded
   // chunks' grads summed on the device and reduce-scattered once per step (true), or
   // reduce-scattered every micro-batch into the host sum (false, the default; what the planner
@@ -148,6 +151,10 @@ struct RunPlan {
   // And their parameters sharded, gathered on use (ChunkManagerOptions::shard_persistent_params);
   // LoRA: the frozen base's persistent chunks, without shard_persistent_state.
   bool shard_persistent_params = false;
+  // fp32 logit bytes per LM head chunk the model runs (LlamaModelOptions::head_chunk_logit_bytes):
+  // --head-chunk-mib, else the plan's (0 read as kHeadChunkLogitBytes), else
+  // kPlainHeadChunkLogitBytes for --plain, else kHeadChunkLogitBytes.
+  int64_t head_chunk_logit_bytes = 0;
   // Where n_persist and n_buffer came from ("--n-persist", "plan.n_buffer"); empty: the default.
   std::string n_persist_source;
   std::string n_buffer_source;
@@ -221,15 +228,17 @@ absl::StatusOr<OptimizerKind> ResolveOptimizer(const TrainConfig& config,
 // Flags override the plan file field by field; block modes come from --block-modes, else the
 // counts flags, else the plan's list, else the plan's counts, else all NONE. `world_size` is the
 // run's (WORLD_SIZE): a plan made for another world size is refused, and world size > 1 always
-// runs managed (the chunks are what is sharded; --plain is refused).
+// runs managed (the chunks are what is sharded; --plain is refused). A plan's
+// head_chunk_logit_bytes outside 0 or [1 MiB, 4 GiB] is INVALID_ARGUMENT naming it.
 absl::StatusOr<RunPlan> ResolveRunPlan(const TrainConfig& config, int num_blocks,
                                        const std::optional<ResidencyPlan>& plan_file,
                                        int world_size = 1);
 
 // [Plan knobs are refused, never clamped] The resolved n_persist and n_buffer against the chunk
 // layout the run builds (`n_chunks`): n_persist in [0, n_chunks]; with offloaded chunks n_buffer
-// in [1, n_chunks - n_persist]; with every chunk persistent no n_buffer may be given. INVALID_ARGUMENT
-// naming the knob (the flag, or `plan_source`'s field), its value and the allowed range.
+// in [1, n_chunks - n_persist]; with every chunk persistent no n_buffer may be given.
+// INVALID_ARGUMENT naming the knob (the flag, or `plan_source`'s field), its value and the allowed
+// range.
 absl::Status CheckRunPlanKnobs(const RunPlan& plan, int n_chunks, const std::string& plan_source);
 
 // --seq against the positions the model was made for: max_position_embeddings, or with RoPE

@@ -36,7 +36,6 @@ absl::Status TrainSession::ResolvePlan() {
   model_options_.device = device_;
   model_options_.seed = config_.seed;
   model_options_.moe_experts = config_.moe_loop_experts ? MoeExperts::kLoop : MoeExperts::kGrouped;
-  if (config_.plain) model_options_.head_chunk_logit_bytes = kPlainHeadChunkLogitBytes;
   if (config_.lora.enabled()) {
     RETURN_IF_ERROR(ValidateLoraOptions(config_.lora, spec_, "--lora-"));
     model_options_.lora = config_.lora;
@@ -67,6 +66,9 @@ absl::Status TrainSession::ResolvePlan() {
   }
   ASSIGN_OR_RETURN(
       plan_, ResolveRunPlan(knobs, static_cast<int>(spec_.num_layers), file_plan_, world_size_));
+  // [Chunked head] The head's row chunks: the plan's (checked by ResolveRunPlan), what it was
+  // priced with; --plain's are kPlainHeadChunkLogitBytes.
+  model_options_.head_chunk_logit_bytes = plan_.head_chunk_logit_bytes;
   // [Vision block checkpointing] asked for, or chosen by the planner for the plan to fit.
   model_options_.vision_checkpoint =
       config_.vision_checkpoint || (file_plan_.has_value() && file_plan_->vision_checkpoint);

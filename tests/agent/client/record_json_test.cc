@@ -35,6 +35,7 @@ ResidencyPlan SamplePlan() {
   p.world_size = 1;
   p.layout_fingerprint = "0123456789abcdef";
   p.vision_checkpoint = true;
+  p.head_chunk_logit_bytes = int64_t{1} << 30;
   return p;
 }
 
@@ -99,6 +100,7 @@ void ExpectSamePlan(const ResidencyPlan& a, const ResidencyPlan& b) {
   EXPECT_EQ(a.world_size, b.world_size);
   EXPECT_EQ(a.layout_fingerprint, b.layout_fingerprint);
   EXPECT_EQ(a.vision_checkpoint, b.vision_checkpoint);
+  EXPECT_EQ(a.head_chunk_logit_bytes, b.head_chunk_logit_bytes);
 }
 
 void ExpectSamePrediction(const Prediction& a, const Prediction& b) {

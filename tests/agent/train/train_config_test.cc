@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "common/fixed_knobs.h"
+#include "common/head_chunking.h"
 
 namespace memplan {
 namespace {
@@ -314,6 +315,46 @@ TEST(ResolveRunPlanTest, FlagsOverrideThePlanFile) {
   EXPECT_THAT(ResolveRunPlan(c, 4, file)->block_modes,
               ElementsAre(M::kSwap, M::kNone, M::kNone, M::kNone));
   EXPECT_FALSE(ResolveRunPlan(c, 5, file).ok());  // 4 modes for 5 blocks
+}
+
+// [Chunked head] The model runs the head chunk its plan was priced with (TrainSession sets
+// LlamaModelOptions::head_chunk_logit_bytes from RunPlan's): 2 092 rows a chunk for a 1 GiB plan
+// at a 128 256 vocabulary, 523 for an older plan (0), --head-chunk-mib over both, 1 GiB for
+// --plain; a plan out of range is refused naming the field.
+TEST(ResolveRunPlanTest, HeadChunkFromThePlanOrTheFlag) {
+  const int64_t vocab = 128256;
+  ResidencyPlan file;
+  file.head_chunk_logit_bytes = kPlainHeadChunkLogitBytes;
+  auto run = ResolveRunPlan(TrainConfig{}, 2, file);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(HeadChunkRows(vocab, run->head_chunk_logit_bytes), 2092);
+  file.head_chunk_logit_bytes = 0;
+  run = ResolveRunPlan(TrainConfig{}, 2, file);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->head_chunk_logit_bytes, kHeadChunkLogitBytes);
+  EXPECT_EQ(HeadChunkRows(vocab, run->head_chunk_logit_bytes), 523);
+  EXPECT_EQ(ResolveRunPlan(TrainConfig{}, 2, std::nullopt)->head_chunk_logit_bytes,
+            kHeadChunkLogitBytes);
+
+  auto c =
+      ParseTrainArgs({"--arch", "llama-3.2-1b", "--synthetic-data", "--head-chunk-mib", "512"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_chunk_logit_bytes, int64_t{512} << 20);
+  EXPECT_EQ(PlannerFixedKnobs(*c).head_chunk_logit_bytes, int64_t{512} << 20);
+  EXPECT_EQ(ResolveRunPlan(*c, 2, file)->head_chunk_logit_bytes, int64_t{512} << 20);
+  EXPECT_FALSE(
+      ParseTrainArgs({"--arch", "llama-3.2-1b", "--synthetic-data", "--head-chunk-mib", "8192"})
+          .ok());
+  auto plain = ParseTrainArgs({"--arch", "llama-3.2-1b", "--synthetic-data", "--plain"});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(ResolveRunPlan(*plain, 2, std::nullopt)->head_chunk_logit_bytes,
+            kPlainHeadChunkLogitBytes);
+
+  file.head_chunk_logit_bytes = 4096;
+  run = ResolveRunPlan(TrainConfig{}, 2, file);
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(run.status().message(), HasSubstr("plan.head_chunk_logit_bytes = 4096"));
+  EXPECT_THAT(run.status().message(), HasSubstr("[1048576, 4294967296]"));
 }
 
 TEST(ResolveRunPlanTest, NoPlanNoKnobsIsUnmanagedAllNone) {
