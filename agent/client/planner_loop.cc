@@ -30,7 +30,7 @@ std::string PlanLine(const ResidencyPlan& p) {
   for (BlockMode m : p.block_modes) modes.emplace_back(BlockModeName(m));
   return absl::StrFormat(
       "chunk_bytes=%d n_chunks=%d n_persist=%d n_buffer=%d n_swap=%d n_ckpt=%d n_hs_offload=%d "
-      "host_memory=%s block_modes=%s%s%s",
+      "host_memory=%s block_modes=%s%s%s%s",
       p.chunk_bytes, p.n_chunks, p.n_persist, p.n_buffer, p.n_swap, p.n_checkpoint, p.n_hs_offload,
       std::string(HostMemoryKindName(p.host_memory)), absl::StrJoin(modes, ","),
       p.world_size > 1
@@ -42,7 +42,11 @@ std::string PlanLine(const ResidencyPlan& p) {
                  : p.shard_persistent_state ? " persistent_state=sharded"
                                             : " persistent_state=replicated")
           : "",
-      p.vision_checkpoint ? " vision_checkpoint=1" : "");
+      p.vision_checkpoint ? " vision_checkpoint=1" : "",
+      // [Wide head chunks]: shown where the plan is not at the default.
+      p.head_chunk_logit_bytes > 0
+          ? absl::StrCat(" head_chunk_logit_bytes=", p.head_chunk_logit_bytes)
+          : std::string());
 }
 
 absl::StatusOr<std::string> ProfileAndSubmit(PlannerClient& client,

@@ -298,6 +298,10 @@ std::string DescribePlan(const ResidencyPlan& p) {
                              : p.shard_persistent_state
                                  ? ", persistent chunks' optimizer state sharded"
                                  : ", persistent chunks' optimizer state replicated")
+                          : "",
+                      p.head_chunk_logit_bytes > 0
+                          ? absl::StrCat(", head chunks of ", p.head_chunk_logit_bytes / kMiB,
+                                         " MiB of logits")
                           : "");
 }
 
