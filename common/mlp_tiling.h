@@ -2,8 +2,8 @@
 // sequence_tiling.h, [Sequence-tiled MLP]) and the planner's block terms
 // (planner/cost/analytic_trace.cc) share. Torch-free, header-only.
 //
-// [Sequence-tiled MLP] At long sequences a block's MLP intermediates (gate, SiLU, up and their
-// product: four [T, I] tensors, I = intermediate size) are most of what the block keeps for
+// [Sequence-tiled MLP] At long sequences a block's MLP intermediates (gate, up and their gated
+// product: three [T, I] tensors, I = intermediate size) are most of what the block keeps for
 // backward and of what its backward allocates: at 131 072 tokens of an 8 B model each is 3 GiB.
 // When one of them would exceed kMlpTileThresholdBytes, the MLP runs MlpTileRows() tokens at a
 // time and keeps only its input for backward; backward recomputes each tile's intermediates and

@@ -1,7 +1,15 @@
 #include "agent/model/layers.h"
 
 #include <optional>
+#include <tuple>
 #include <vector>
+
+#ifdef MEMPLAN_GATED_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "agent/model/gated_kernel.h"
+#endif
 
 namespace memplan {
 namespace {
@@ -48,6 +56,138 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
   }
 };
 
+
+// [Fused norm] Hugging Face's RMSNorm as one autograd Function that keeps the input and the fp32
+// rstd for backward, where the eager graph keeps an fp32 copy of the input, the normalised value
+// cast back and the rstd. On CUDA it runs PyTorch's fused kernels (_fused_rms_norm and its
+// backward: one pass each way, the product with the weight taken in fp32 before the one rounding,
+// where eager rounds the normalised value first: the two differ by at most one rounding of the
+// dtype). On the CPU, forward is the eager ops themselves and backward their derivative in fp32.
+// The weight is saved as the parameter itself (see LinearFunction).
+class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, double eps) {
+    torch::Tensor out, rstd;
+    if (x.is_cuda()) {
+      std::tie(out, rstd) = at::_fused_rms_norm(x.contiguous(), {x.size(-1)}, weight, eps);
+    } else {
+      const torch::Tensor x32 = x.to(torch::kFloat32);
+      rstd = torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+      out = weight * (x32 * rstd).to(x.scalar_type());
+    }
+    ctx->save_for_backward({x, weight, rstd});
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    const torch::Tensor& w = saved[1];
+    const torch::Tensor& rstd = saved[2];
+    const bool want_x = ctx->needs_input_grad(0);
+    const bool want_w = ctx->needs_input_grad(1);
+    if (x.is_cuda()) {
+      auto [gx, gw] = at::_fused_rms_norm_backward(grads[0].contiguous(), x.contiguous(),
+                                                   {x.size(-1)}, rstd, w, {want_x, want_w});
+      return {want_x ? gx : torch::Tensor(), want_w ? gw : torch::Tensor(), torch::Tensor()};
+    }
+    // y = w * cast(n), n = x * rstd: the weight's gradient sums g * cast(n) over the rows (in
+    // the dtype, as eager's broadcast backward); the input's is rstd * (gn - n * mean(gn * n))
+    // with gn = g * w, the cast undone in fp32.
+    const torch::Tensor& g = grads[0];
+    const torch::Tensor n = x.to(torch::kFloat32) * rstd;
+    torch::Tensor gx, gw;
+    if (want_w) {
+      std::vector<int64_t> rows(static_cast<size_t>(g.dim() - 1));
+      for (int64_t d = 0; d < g.dim() - 1; ++d) rows[static_cast<size_t>(d)] = d;
+      gw = (g * n.to(x.scalar_type())).sum(rows).to(w.scalar_type());
+    }
+    if (want_x) {
+      const torch::Tensor gn = (g * w).to(torch::kFloat32);
+      gx = (rstd * (gn - n * (gn * n).mean(-1, /*keepdim=*/true))).to(x.scalar_type());
+    }
+    return {gx, gw, torch::Tensor()};
+  }
+};
+
+// [Fused gate] silu(g) * u (gelu_tanh(g) * u for Gemma's GeGLU) as one autograd Function that
+// keeps g and u, where the eager graph keeps the activation's output as well; backward recomputes
+// it. SiLU on CUDA runs gated_kernel.cu (one pass each way, the eager ops' roundings); elsewhere the
+// eager ops themselves.
+class GatedProductFunction : public torch::autograd::Function<GatedProductFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& g, const torch::Tensor& u,
+                               bool gelu_tanh) {
+    ctx->save_for_backward({g, u});
+    ctx->saved_data["gelu_tanh"] = gelu_tanh;
+#ifdef MEMPLAN_GATED_CUDA
+    if (!gelu_tanh && g.is_cuda() && SameLayout(g, u)) {
+      const c10::cuda::CUDAGuard guard(g.device());
+      const torch::Tensor gc = g.contiguous();
+      const torch::Tensor uc = u.contiguous();
+      torch::Tensor out = torch::empty_like(gc);
+      CheckLaunch(model_cuda::LaunchSiluGateForward(gc.data_ptr(), uc.data_ptr(), out.data_ptr(),
+                                                    gc.numel(), KernelDtype(g),
+                                                    CurrentStream(g)));
+      return out;
+    }
+#endif
+    return Activate(g, gelu_tanh) * u;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& g = saved[0];
+    const torch::Tensor& u = saved[1];
+    const bool gelu_tanh = ctx->saved_data["gelu_tanh"].toBool();
+    const torch::Tensor& dy = grads[0];
+#ifdef MEMPLAN_GATED_CUDA
+    if (!gelu_tanh && g.is_cuda() && SameLayout(g, u) && SameLayout(g, dy)) {
+      const c10::cuda::CUDAGuard guard(g.device());
+      const torch::Tensor gc = g.contiguous();
+      const torch::Tensor uc = u.contiguous();
+      const torch::Tensor dc = dy.contiguous();
+      torch::Tensor dg = torch::empty_like(gc);
+      torch::Tensor du = torch::empty_like(gc);
+      CheckLaunch(model_cuda::LaunchSiluGateBackward(dc.data_ptr(), gc.data_ptr(), uc.data_ptr(),
+                                                     dg.data_ptr(), du.data_ptr(), gc.numel(),
+                                                     KernelDtype(g), CurrentStream(g)));
+      return {dg, du, torch::Tensor()};
+    }
+#endif
+    // The eager ops' backward: mul's two products, then the activation's own backward.
+    torch::Tensor du = dy * Activate(g, gelu_tanh);
+    const torch::Tensor da = dy * u;
+    torch::Tensor dg = gelu_tanh ? at::gelu_backward(da, g, "tanh") : at::silu_backward(da, g);
+    return {dg, du, torch::Tensor()};
+  }
+
+ private:
+  static torch::Tensor Activate(const torch::Tensor& g, bool gelu_tanh) {
+    return gelu_tanh ? at::gelu(g, "tanh") : at::silu(g);
+  }
+#ifdef MEMPLAN_GATED_CUDA
+  static bool SameLayout(const torch::Tensor& a, const torch::Tensor& b) {
+    return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
+           a.device() == b.device() &&
+           (a.scalar_type() == torch::kFloat32 || a.scalar_type() == torch::kBFloat16 ||
+            a.scalar_type() == torch::kFloat16);
+  }
+  static model_cuda::GatedDtype KernelDtype(const torch::Tensor& t) {
+    if (t.scalar_type() == torch::kBFloat16) return model_cuda::GatedDtype::kBFloat16;
+    if (t.scalar_type() == torch::kFloat16) return model_cuda::GatedDtype::kFloat16;
+    return model_cuda::GatedDtype::kFloat32;
+  }
+  static void* CurrentStream(const torch::Tensor& t) {
+    return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+  }
+  static void CheckLaunch(int err) {
+    TORCH_CHECK(err == 0, "the fused SwiGLU kernel failed to launch: CUDA error ", err);
+  }
+#endif
+};
+
 }  // namespace
 
 torch::ScalarType ToScalarType(DType dtype) {
@@ -68,10 +208,18 @@ torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w, const torch
 }
 
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  return RmsNormFunction::apply(x, weight, eps);
+}
+
+torch::Tensor RmsNormUnfused(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   const torch::Tensor x32 = x.to(torch::kFloat32);
   const torch::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
   const torch::Tensor normed = x32 * torch::rsqrt(variance + eps);
   return weight * normed.to(x.scalar_type());
+}
+
+torch::Tensor GatedProduct(const torch::Tensor& g, const torch::Tensor& u, GateActivation act) {
+  return GatedProductFunction::apply(g, u, act == GateActivation::kGeluTanh);
 }
 
 torch::Tensor RotateHalf(const torch::Tensor& x) {

@@ -18,7 +18,23 @@ torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w,
                      const torch::Tensor& b = torch::Tensor());
 
 // Hugging Face's RMSNorm (LlamaRMSNorm, Qwen2_5_VLRMSNorm): normalise in fp32, cast back, scale.
+// [Fused norm] One autograd Function keeping the input and the fp32 rstd for backward (PyTorch's
+// fused kernels on CUDA, within one rounding of the dtype of the eager ops; the eager ops and
+// their derivative on the CPU). The decoder's norms; the planner prices what it keeps
+// (planner/cost/analytic_trace.cc, NormSavedBytes).
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
+// The same RMSNorm as the eager ops, autograd keeping what they keep (the vision tower, whose
+// price, common/vision_cost.cc, counts those tensors).
+torch::Tensor RmsNormUnfused(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
+enum class GateActivation { kSilu, kGeluTanh };
+
+// [Fused gate] act(g) * u of a gated MLP (SwiGLU; Gemma's GeGLU with kGeluTanh), keeping g and u
+// for backward and recomputing act(g) there; the eager ops' values and roundings. SiLU on CUDA is
+// one kernel each way (gated_kernel.cu) when the project built CUDA kernels.
+torch::Tensor GatedProduct(const torch::Tensor& g, const torch::Tensor& u,
+                           GateActivation act = GateActivation::kSilu);
 
 // [-x2, x1] for x = [x1, x2] split in halves along the last dimension (RoPE).
 torch::Tensor RotateHalf(const torch::Tensor& x);

@@ -21,6 +21,7 @@
 #include "agent/model/block_params.h"
 #include "agent/model/chunked_head.h"
 #include "agent/model/layers.h"
+#include "agent/model/rope.h"
 #include "agent/model/osft.h"
 #include "agent/model/moe.h"
 #include "agent/model/normal_draw.h"
@@ -712,11 +713,10 @@ torch::Tensor LlamaModel::Block(const BlockParams& p, const torch::Tensor& hidde
     q = RmsNorm(q, p.q_norm, s.rms_norm_eps);
     k = RmsNorm(k, p.k_norm, s.rms_norm_eps);
   }
-  q = q.transpose(1, 2);
-  k = k.transpose(1, 2);
+  // [Fused RoPE] on the [B, S, heads, head_dim] projections, then the heads-first view.
+  q = ApplyRope(q, rope.cos, rope.sin).transpose(1, 2);
+  k = ApplyRope(k, rope.cos, rope.sin).transpose(1, 2);
   v = v.transpose(1, 2);
-  q = q * rope.cos + SwapHalves(q) * rope.sin;
-  k = k * rope.cos + SwapHalves(k) * rope.sin;
   const torch::Tensor attn = CausalAttention(q, k, v, s.LayerWindow(p.index));
   const torch::Tensor attn_out =
       proj(attn.transpose(1, 2).reshape({batch, seq, s.num_heads * d}), 3, p.o_proj);
@@ -734,9 +734,10 @@ torch::Tensor LlamaModel::GatedMlp(const BlockParams& p, const torch::Tensor& y,
   // order of the draws is part of the result.
   auto mlp = [&p, dropout, scaling, gelu_tanh](const torch::Tensor& in) {
     const torch::Tensor g = p.Project(in, 4, p.gate_proj, torch::Tensor(), dropout, scaling);
-    const torch::Tensor gate = gelu_tanh ? at::gelu(g, "tanh") : torch::silu(g);
     const torch::Tensor up = p.Project(in, 5, p.up_proj, torch::Tensor(), dropout, scaling);
-    return p.Project(gate * up, 6, p.down_proj, torch::Tensor(), dropout, scaling);
+    const torch::Tensor product =
+        GatedProduct(g, up, gelu_tanh ? GateActivation::kGeluTanh : GateActivation::kSilu);
+    return p.Project(product, 6, p.down_proj, torch::Tensor(), dropout, scaling);
   };
   // [Sequence-tiled MLP] (common/mlp_tiling.h); an explicit mlp_tile_rows (tests) forces it.
   const int64_t rows = y.size(0) * y.size(1);

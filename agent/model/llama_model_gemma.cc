@@ -8,6 +8,7 @@
 #include "agent/model/attention.h"
 #include "agent/model/block_params.h"
 #include "agent/model/layers.h"
+#include "agent/model/rope.h"
 #include "agent/model/llama_model.h"
 
 namespace memplan {
@@ -61,12 +62,13 @@ torch::Tensor LlamaModel::GemmaBlock(const BlockParams& p, const torch::Tensor& 
   };
 
   const torch::Tensor x = GemmaRmsNorm(hidden, p.input_layernorm, eps);
-  torch::Tensor q = proj(x, 0, p.q_proj).view({batch, seq, s.num_heads, d}).transpose(1, 2);
-  torch::Tensor k = proj(x, 1, p.k_proj).view({batch, seq, s.num_kv_heads, d}).transpose(1, 2);
+  torch::Tensor q = proj(x, 0, p.q_proj).view({batch, seq, s.num_heads, d});
+  torch::Tensor k = proj(x, 1, p.k_proj).view({batch, seq, s.num_kv_heads, d});
   const torch::Tensor v =
       proj(x, 2, p.v_proj).view({batch, seq, s.num_kv_heads, d}).transpose(1, 2);
   if (s.qk_norm) {
-    // Gemma 3: every head's query and key normed before RoPE.
+    // Gemma 3: every head's query and key normed before RoPE (over head_dim alone, so the
+    // [B, S, heads, head_dim] layout gives the values the heads-first one does).
     q = GemmaRmsNorm(q, p.q_norm, eps);
     k = GemmaRmsNorm(k, p.k_norm, eps);
   }
@@ -74,8 +76,9 @@ torch::Tensor LlamaModel::GemmaBlock(const BlockParams& p, const torch::Tensor& 
   const bool local = window > 0 && rope.local_cos.defined();
   const torch::Tensor& cos = local ? rope.local_cos : rope.cos;
   const torch::Tensor& sin = local ? rope.local_sin : rope.sin;
-  q = q * cos + SwapHalves(q) * sin;
-  k = k * cos + SwapHalves(k) * sin;
+  // [Fused RoPE], then the heads-first view attention takes.
+  q = ApplyRope(q, cos, sin).transpose(1, 2);
+  k = ApplyRope(k, cos, sin).transpose(1, 2);
   // [Soft-capped attention tiles] every layer, capped or not (common/softcap_attention.h).
   const torch::Tensor attn = SoftcapAttention(q, k, v, window, s.AttentionScale(),
                                               s.attn_logit_softcapping);

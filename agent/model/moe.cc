@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "agent/model/layers.h"
 #include "common/param_shapes.h"
 
 namespace memplan {
@@ -109,9 +110,9 @@ torch::Tensor LoopExperts(const torch::Tensor& sorted, const torch::Tensor& coun
   for (int64_t e = 0; e < num_experts; ++e) {
     // Every expert runs, empty ones on zero rows, so every expert weight gets a gradient.
     const torch::Tensor& in = expert_rows[static_cast<size_t>(e)];
-    const torch::Tensor gate = torch::silu(ExpertLinear(in, p.expert(e, 0)));
+    const torch::Tensor gate = ExpertLinear(in, p.expert(e, 0));
     const torch::Tensor up = ExpertLinear(in, p.expert(e, 1));
-    outs.push_back(ExpertLinear(gate * up, p.expert(e, 2)));
+    outs.push_back(ExpertLinear(GatedProduct(gate, up), p.expert(e, 2)));
   }
   return torch::cat(outs, 0);
 }
@@ -284,9 +285,9 @@ torch::Tensor MoeMlp(const ModelSpec& spec, const MoeParams& p, const torch::Ten
   if (experts == MoeExperts::kGrouped && MoeGroupedGemmRuns(spec, x.scalar_type(), x.device())) {
     // Every expert is in each product, empty ones included, so every expert weight gets a
     // gradient (zeros for an expert without rows), as in the loop.
-    const torch::Tensor gate = torch::silu(GroupedExpertLinear(sorted, ends, p, 0));
+    const torch::Tensor gate = GroupedExpertLinear(sorted, ends, p, 0);
     const torch::Tensor up = GroupedExpertLinear(sorted, ends, p, 1);
-    expert_out = GroupedExpertLinear(gate * up, ends, p, 2);
+    expert_out = GroupedExpertLinear(GatedProduct(gate, up), ends, p, 2);
   } else {
     expert_out = LoopExperts(sorted, counts, p);
   }

@@ -19,7 +19,7 @@ constexpr double kVisionNormEps = 1e-6;
 // The block's or merger's norm: LayerNorm with a bias (Qwen2-VL) or RMSNorm.
 torch::Tensor Norm(const ModelSpec& spec, const torch::Tensor& x, const torch::Tensor& weight,
                    const torch::Tensor& bias) {
-  if (!VisionLayerNorm(spec)) return RmsNorm(x, weight, kVisionNormEps);
+  if (!VisionLayerNorm(spec)) return RmsNormUnfused(x, weight, kVisionNormEps);
   return at::layer_norm(x, {x.size(-1)}, weight, bias, kVisionNormEps);
 }
 

@@ -56,12 +56,11 @@ int64_t Scale(int64_t bytes, double factor) {
   return v >= kCap ? static_cast<int64_t>(kCap) : static_cast<int64_t>(v);
 }
 
-// Per-token bytes an RMSNorm of `width` keeps for backward (model dtype d bytes): the fp32 copy
-// of its input when the dtype is narrower, the normalised value cast back to the dtype when its
-// weight trains, the output when the following linears need their input, and the fp32 rstd.
-int64_t NormSavedBytes(int64_t width, int64_t d, bool weight_trains, bool out_needed) {
-  return (d < 4 ? 4 * width : 0) + (weight_trains ? d * width : 0) + (out_needed ? d * width : 0) +
-         4;
+// [Fused norm] Per-token bytes an RMSNorm of `width` keeps for backward (model dtype d bytes;
+// agent/model/layers.cc, RmsNormFunction): its input unless something else keeps it already
+// (`input_kept`), the output when the following linears need their input, and the fp32 rstd.
+int64_t NormSavedBytes(int64_t width, int64_t d, bool input_kept, bool out_needed) {
+  return (input_kept ? 0 : d * width) + (out_needed ? d * width : 0) + 4;
 }
 
 // [Gemma 2 block price] Per-token bytes a Gemma2RMSNorm of `width` keeps (agent/model/
@@ -91,8 +90,9 @@ HeadBytes HeadMemory(const ModelSpec& arch, DType dtype, bool full, int64_t toke
   const bool head_trains = full;  // LM head weight (or tied embedding) trains
   // The final RMSNorm, as the blocks' norms.
   auto norm_saved = [&](bool out_needed) {
+    // The input is the last block's output, which nothing else keeps.
     return arch.IsGemma() ? GemmaNormSavedBytes(h, d, true, full, out_needed)
-                          : NormSavedBytes(h, d, full, out_needed);
+                          : NormSavedBytes(h, d, /*input_kept=*/false, out_needed);
   };
   HeadBytes b;
   if (chunked) {
@@ -165,12 +165,13 @@ HeadSeconds HeadTime(const ModelSpec& arch, DType dtype, bool full, int64_t toke
 }
 
 // [Sequence-tiled MLP] Per-token bytes a dense block keeps for its MLP beside the norm's output:
-// whole, the gate output, SiLU output and up output, and the product when down_proj trains;
-// tiled, only the MLP's input, when no training gate or up linear keeps it already.
+// whole, the gate and up outputs ([Fused gate]: agent/model/layers.cc, GatedProductFunction,
+// recomputes the activation in backward) and the product when down_proj trains; tiled, only the
+// MLP's input, when no training gate or up linear keeps it already.
 int64_t MlpSavedPerToken(int64_t d, int64_t h, int64_t inter, bool gate_up_train,
                          bool down_trains, bool tiled) {
   if (tiled) return gate_up_train ? 0 : d * h;
-  return 3 * d * inter + (down_trains ? d * inter : 0);
+  return 2 * d * inter + (down_trains ? d * inter : 0);
 }
 
 // [Sparse layer price] What agent/model/moe.cc's MoeMlp keeps, allocates and moves for T tokens,
@@ -207,13 +208,13 @@ SparseLayerTerms SparseLayerMemory(const ModelSpec& arch, int64_t d, int64_t tok
   // Saved per token: the fp32 softmax [T, E] (softmax's output, also the load-balancing hook's),
   // the int64 top-k indices, the stable sort's order and its inverse permutation ([T * k] each,
   // kept by index_select), the fp32 top-k weights and their sum when renormalised (the division
-  // keeps both), each routed row's gate output, SiLU output and up output, the expert outputs and
+  // keeps both), each routed row's gate and up outputs ([Fused gate]), the expert outputs and
   // the per-row routing weights (the weighting product keeps both; fp32 for Mixtral, the model
   // dtype for Qwen3-MoE); when the experts train, the sorted token copies [T * k, H] (the gate/up
   // input) and the gate/up product (the down projection's input) too ([Frozen linear]: the
   // expert linears keep their input only for their weights' gradients).
   s.saved_per_token = 4 * e + 3 * 8 * k + (arch.norm_topk_prob ? 4 * k + 4 : 0) +
-                      (trains ? d * k * h + d * k * inter : 0) + 3 * d * k * inter + d * k * h +
+                      (trains ? d * k * h + d * k * inter : 0) + 2 * d * k * inter + d * k * h +
                       (mixtral ? 4 * k : d * k);
   const int64_t stacked = SparseLayerStackedBytes(arch, d);
   // Forward: the router logits in the dtype and the tokens repeated k times before sorting live to
@@ -350,25 +351,26 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   const bool q_in = full || lora.q, k_in = full || lora.k, v_in = full || lora.v;
   const bool gate_in = full || lora.gate, up_in = full || lora.up, down_in = full || lora.down;
 
-  // RMSNorm in eager PyTorch: x.float() (kept by pow/mul when x is bf16/fp16), rsqrt(var) [T,1],
-  // weight * normed.to(dtype) keeps the cast tensor when the weight trains, and the output is
-  // kept by the following linears when they need their input.
-  auto norm_saved = [&](int64_t width, bool out_needed) {
-    return NormSavedBytes(width, d, full, out_needed);
+  // [Fused norm] RMSNorm keeps its input, its fp32 rstd, and its output is kept by the following
+  // linears when they need their input (NormSavedBytes).
+  auto norm_saved = [&](int64_t width, bool input_kept, bool out_needed) {
+    return NormSavedBytes(width, d, input_kept, out_needed);
   };
 
   // ---- per-token saved bytes of one block (derivation in docs/cost-model.md) ----
   int64_t saved_tok = d * h;                         // block input (residual stream)
-  saved_tok += norm_saved(h, q_in || k_in || v_in);  // input_layernorm
+  // input_layernorm: its input is the block input, counted above.
+  saved_tok += norm_saved(h, /*input_kept=*/true, q_in || k_in || v_in);
   if (arch.qk_norm) {
-    // Per-head RMSNorm on q and k: the fp32 view of q/k (the projection output itself for fp32)
-    // and, when the norm weight trains, the cast normalised tensor.
-    saved_tok += 4 * (hq + hkv) + (full ? d * (hq + hkv) : 0) + 8;
+    // Per-head RMSNorm on q and k: the projections' outputs (kept by nothing else; RoPE keeps
+    // only its tables) and one fp32 rstd per head.
+    saved_tok += d * (hq + hkv) + 4 * (arch.num_heads + arch.num_kv_heads);
   }
   saved_tok += d * (hq + 2 * hkv);               // q, k after RoPE, v (SDPA inputs)
   saved_tok += d * hq + 4 * arch.num_heads;      // attention output + logsumexp
   const int64_t attn_saved_tok = saved_tok;      // what a sparse layer keeps up to its MLP
-  saved_tok += norm_saved(h, gate_in || up_in);  // post_attention_layernorm
+  // post_attention_layernorm: its input, the residual after attention, is kept by nothing else.
+  saved_tok += norm_saved(h, /*input_kept=*/false, gate_in || up_in);
   // [Sequence-tiled MLP] (common/mlp_tiling.h): a tile's intermediates are transient.
   const int64_t mlp_tile = MlpTileRows(tokens, inter, d);
   const bool mlp_tiled = MlpIsTiled(tokens, inter, d);
@@ -381,8 +383,8 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
     // attention and post-MLP norms' inputs are the projections' outputs, kept by nothing else,
     // and their outputs go to an addition, which keeps nothing), q, k and v ([Soft-capped
     // attention tiles] keep nothing else: no log-sum-exp, no output), the attention output when
-    // o_proj's input is needed, and the GeGLU MLP as SwiGLU's (gelu keeps its input, the product
-    // both factors).
+    // o_proj's input is needed, and the GeGLU MLP as SwiGLU's ([Fused gate]: the gate and up
+    // outputs, the GELU recomputed in backward).
     auto gnorm = [&](bool input_kept, bool out_needed) {
       return GemmaNormSavedBytes(h, d, input_kept, full, out_needed);
     };
@@ -400,15 +402,14 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
     }
   }
 
-  // Forward transient: fp32 pow output and fp32 normalised tensor inside a norm, plus the
-  // block output being written next to the residual.
-  // Gemma's norm: the fp32 input, its square, the normalised value and its (1 + weight) product.
+  // Forward transient: a norm's temporaries, plus the block output being written next to the
+  // residual. [Fused norm] RMSNorm has none on the GPU (one kernel); Gemma's norm keeps the eager
+  // ops: the fp32 input, its square, the normalised value and its (1 + weight) product.
   const int64_t norm_tmp =
-      std::max(arch.IsGemma() ? 16 * h : 8 * h,
-               arch.qk_norm ? (arch.IsGemma() ? 16 : 8) * (hq + hkv) : int64_t{0});
+      arch.IsGemma() ? std::max(16 * h, arch.qk_norm ? 16 * (hq + hkv) : int64_t{0}) : 0;
   const int64_t fwd_tr_tok = norm_tmp + 2 * d * h + osft_terms.transient_bytes_per_token;
   // Backward transient: incoming gradient + residual gradient accumulator, plus the widest of
-  // the MLP (grad of product, silu out and up out alive together), attention (dq, dk, dv and
+  // the MLP (the product's gradient beside the gate's and up's), attention (dq, dk, dv and
   // flash's fp32 dq accumulator) and norm (fp32 temporaries) backward.
   const int64_t mlp_bwd = 3 * d * inter + 2 * d * h;
   const int64_t attn_bwd = 2 * d * (hq + 2 * hkv) + 4 * hq + 4 * arch.num_heads;
@@ -417,11 +418,12 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   const int64_t bwd_tr_attn_tok = 2 * d * h + std::max(attn_bwd, int64_t{12} * h);
   // Tiled: one tile's intermediates in forward; in backward the MLP stage holds the input
   // gradient [T, H] being filled beside the incoming gradients, plus one tile recomputed
-  // (its four intermediates) and back-propagated (mlp_bwd per token of the tile).
-  const int64_t tile_fwd_tr = mlp_tiled ? mlp_tile * 4 * d * inter : 0;
+  // (its three intermediates: gate, up and their [Fused gate] product) and back-propagated
+  // (mlp_bwd per token of the tile).
+  const int64_t tile_fwd_tr = mlp_tiled ? mlp_tile * 3 * d * inter : 0;
   const int64_t tiled_bwd_tr =
       mlp_tiled ? std::max(tokens * (2 * d * h + std::max(attn_bwd, int64_t{12} * h)),
-                           tokens * 3 * d * h + mlp_tile * (4 * d * inter + mlp_bwd))
+                           tokens * 3 * d * h + mlp_tile * (3 * d * inter + mlp_bwd))
                 : 0;
 
   // ---- parameters ----
@@ -459,7 +461,7 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   // intermediates.
   const double mlp_recompute_flops =
       mlp_tiled ? 2.0 * static_cast<double>(3 * h * inter) * t : 0.0;
-  if (mlp_tiled) bwd_mem += 2.0 * static_cast<double>(4 * d * inter) * t;
+  if (mlp_tiled) bwd_mem += 2.0 * static_cast<double>(3 * d * inter) * t;
 
   // QLoRA: the projections are NF4 in the chunks and dequantized one at a time before their
   // matmul, in forward, recompute and again in backward ([Dequantization transient],
@@ -519,7 +521,8 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
     // The router's input (the post-attention norm's output) is kept when the router trains
     // ([Frozen linear]); nothing else keeps it (the experts take copies of its rows).
     const int64_t sparse_saved_tok =
-        attn_saved_tok + norm_saved(h, full) + sparse.saved_per_token + lora_modules * d * rank;
+        attn_saved_tok + norm_saved(h, /*input_kept=*/false, full) + sparse.saved_per_token +
+        lora_modules * d * rank;
     // Only the routed rows are computed: the router and top_k experts per token.
     const double active_weights =
         static_cast<double>(attn_weights + h * arch.num_experts + k * 3 * h * e_inter);

@@ -1,7 +1,8 @@
-// [Gemma 2 block price] against the agent: a tiny gemma2 or gemma3_text model profiled on the CPU
-// (the profiler measures what each block keeps for backward through c10's allocator) keeps what
-// the planner's analytic trace charges per block, within 3 %, in fp32 and bf16, full fine-tuning
-// and LoRA; Gemma 3's blocks add q/k norms and a sliding layer on its own RoPE.
+// [Gemma 2 block price] and [Fused norm] / [Fused gate] against the agent: a tiny gemma2,
+// gemma3_text, llama or qwen3 model profiled on the CPU (the profiler measures what each block
+// keeps for backward through c10's allocator) keeps what the planner's analytic trace charges per
+// block, within 3 %, in fp32 and bf16, full fine-tuning and LoRA; Gemma 3's blocks add q/k norms
+// and a sliding layer on its own RoPE, Qwen3's q/k norms.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -16,7 +17,7 @@
 namespace memplan {
 namespace {
 
-// TinySpec's Gemma, tied as Gemma's checkpoints are, in 2 blocks twice as wide.
+// TinySpec's model of `family`, tied (as Gemma's checkpoints are), in 2 blocks twice as wide.
 ModelSpec TinyGemma(const std::string& family) {
   ModelSpec s = testing::TinySpec(/*tied=*/true, family);
   s.hidden_size = 128;
@@ -73,7 +74,7 @@ TEST_P(GemmaProfilePlannerTest, BlocksKeepWhatThePlannerCharges) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, GemmaProfilePlannerTest,
                          ::testing::Combine(::testing::Values(DType::kFloat32, DType::kBFloat16),
                                             ::testing::Bool(),
-                                            ::testing::Values("gemma2", "gemma3_text")));
+                                            ::testing::Values("gemma2", "gemma3_text", "llama", "qwen3")));
 
 }  // namespace
 }  // namespace memplan

@@ -129,10 +129,11 @@ TEST(AnalyticTraceTest, MixtureOfExpertsActivationsScaleWithTopK) {
   EXPECT_EQ(traces[2].blocks[0].saved_bytes - traces[1].blocks[0].saved_bytes, step);
   EXPECT_EQ(traces[0].blocks[0].param_bytes, traces[2].blocks[0].param_bytes);
   EXPECT_LT(traces[0].blocks[0].forward_seconds, traces[2].blocks[0].forward_seconds);
-  // Two more routed rows per token: their sorted copies, four expert intermediates, expert
-  // outputs, weights (bf16), the top-k index, order, inverse and the fp32 renormalised weights.
+  // Two more routed rows per token: their sorted copies, three expert intermediates (gate, up and
+  // their [Fused gate] product), expert outputs, weights (bf16), the top-k index, order, inverse
+  // and the fp32 renormalised weights.
   const int64_t tokens = 2 * 512, h = m.hidden_size, inter = m.moe_intermediate_size;
-  EXPECT_EQ(step, tokens * 2 * (2 * 2 * h + 4 * 2 * inter + 2 + 3 * 8 + 4));
+  EXPECT_EQ(step, tokens * 2 * (2 * 2 * h + 3 * 2 * inter + 2 + 3 * 8 + 4));
 }
 
 // The dense model with a sparse one's active parameters: intermediate = top_k x expert width.
@@ -510,12 +511,13 @@ TEST(AnalyticTraceTest, TiledMlpKeepsOnlyItsInputAndPaysOneMoreMlpForward) {
   ASSERT_EQ(MlpTileRows(65536, inter, d), 0);
   const int64_t rows = MlpTileRows(131072, inter, d);
   ASSERT_GT(rows, 0);
-  // Per token, the tiled block saves exactly the four [T, I] intermediates less.
+  // Per token, the tiled block saves exactly the three [T, I] intermediates less ([Fused gate]:
+  // gate, up and their product).
   EXPECT_EQ(2 * whole.blocks[0].saved_bytes - tiled.blocks[0].saved_bytes,
-            int64_t{131072} * 4 * d * inter);
+            int64_t{131072} * 3 * d * inter);
   // Forward adds one tile's intermediates; backward holds far less than the whole MLP's.
   EXPECT_EQ(tiled.blocks[0].forward_transient_bytes - 2 * whole.blocks[0].forward_transient_bytes,
-            rows * 4 * d * inter);
+            rows * 3 * d * inter);
   EXPECT_LT(tiled.blocks[0].backward_transient_bytes, 2 * whole.blocks[0].backward_transient_bytes);
   EXPECT_GE(tiled.blocks[0].backward_transient_bytes, int64_t{131072} * 3 * d * h);
   // Time: the recomputed MLP forward on top of what doubling the tokens costs.
@@ -534,7 +536,7 @@ TEST(AnalyticTraceTest, TiledMlpKeepsOnlyItsInputAndPaysOneMoreMlpForward) {
   const Trace lora_whole = Synth("qwen3-8b", 1, 65536, DType::kBFloat16, lora);
   const Trace lora_tiled = Synth("qwen3-8b", 1, 131072, DType::kBFloat16, lora);
   EXPECT_EQ(2 * lora_whole.blocks[0].saved_bytes - lora_tiled.blocks[0].saved_bytes,
-            int64_t{131072} * (3 * d * inter - d * h));
+            int64_t{131072} * (2 * d * inter - d * h));
   EXPECT_EQ(ScaleTraceToWorkload(lora_whole, lora_tiled.workload).blocks[0].saved_bytes,
             lora_tiled.blocks[0].saved_bytes);
 }

@@ -1,0 +1,167 @@
+#include "agent/model/gated_kernel.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+namespace memplan::model_cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename T>
+__device__ float ToFloat(T v);
+template <>
+__device__ float ToFloat<float>(float v) { return v; }
+template <>
+__device__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <>
+__device__ float ToFloat<__half>(__half v) { return __half2float(v); }
+
+template <typename T>
+__device__ T FromFloat(float v);
+template <>
+__device__ float FromFloat<float>(float v) { return v; }
+template <>
+__device__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __half FromFloat<__half>(float v) { return __float2half_rn(v); }
+
+// The eager kernels' formulas (ATen's silu and silu_backward on CUDA compute in fp32 for 16-bit
+// tensors with expf), each result rounded to T where the eager op writes a T tensor.
+template <typename T>
+__device__ T Silu(T g) {
+  const float x = ToFloat(g);
+  return FromFloat<T>(x / (1.0f + expf(-x)));
+}
+
+template <typename T>
+__device__ T SiluBackward(T dy, T g) {
+  const float d = ToFloat(dy);
+  const float x = ToFloat(g);
+  const float s = 1.0f / (1.0f + expf(-x));
+  return FromFloat<T>(d * s * (1.0f + x * (1.0f - s)));
+}
+
+template <typename T>
+__device__ T Mul(T a, T b) {
+  return FromFloat<T>(ToFloat(a) * ToFloat(b));
+}
+
+// kVec elements per thread and step: one 16-byte load or store per tensor when the launcher
+// found every pointer 16-byte aligned and n a multiple of kVec; kVec = 1 otherwise.
+template <typename T, int kVec>
+struct alignas(sizeof(T) * kVec) Pack {
+  T v[kVec];
+};
+
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kThreads)
+    SiluGateForward(const T* __restrict__ g, const T* __restrict__ u, T* __restrict__ out,
+                    int64_t packs) {
+  using P = Pack<T, kVec>;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < packs;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const P a = reinterpret_cast<const P*>(g)[i];
+    const P b = reinterpret_cast<const P*>(u)[i];
+    P o;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) o.v[k] = Mul(Silu(a.v[k]), b.v[k]);
+    reinterpret_cast<P*>(out)[i] = o;
+  }
+}
+
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kThreads)
+    SiluGateBackward(const T* __restrict__ grad, const T* __restrict__ g, const T* __restrict__ u,
+                     T* __restrict__ grad_g, T* __restrict__ grad_u, int64_t packs) {
+  using P = Pack<T, kVec>;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < packs;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const P dy = reinterpret_cast<const P*>(grad)[i];
+    const P a = reinterpret_cast<const P*>(g)[i];
+    const P b = reinterpret_cast<const P*>(u)[i];
+    P dg, du;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      du.v[k] = Mul(dy.v[k], Silu(a.v[k]));
+      dg.v[k] = SiluBackward(Mul(dy.v[k], b.v[k]), a.v[k]);
+    }
+    reinterpret_cast<P*>(grad_g)[i] = dg;
+    reinterpret_cast<P*>(grad_u)[i] = du;
+  }
+}
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+unsigned Blocks(int64_t packs) {
+  // Enough blocks to fill any current GPU several times over; the loops stride past the rest.
+  const int64_t want = (packs + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(want < 65535 ? (want > 0 ? want : 1) : 65535);
+}
+
+template <typename T>
+int Forward(const void* g, const void* u, void* out, int64_t n, cudaStream_t s) {
+  constexpr int kVec = 16 / sizeof(T);
+  const auto* gp = static_cast<const T*>(g);
+  const auto* up = static_cast<const T*>(u);
+  auto* op = static_cast<T*>(out);
+  if (n % kVec == 0 && Aligned16(g) && Aligned16(u) && Aligned16(out)) {
+    SiluGateForward<T, kVec><<<Blocks(n / kVec), kThreads, 0, s>>>(gp, up, op, n / kVec);
+  } else {
+    SiluGateForward<T, 1><<<Blocks(n), kThreads, 0, s>>>(gp, up, op, n);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <typename T>
+int Backward(const void* grad, const void* g, const void* u, void* grad_g, void* grad_u,
+             int64_t n, cudaStream_t s) {
+  constexpr int kVec = 16 / sizeof(T);
+  const auto* dp = static_cast<const T*>(grad);
+  const auto* gp = static_cast<const T*>(g);
+  const auto* up = static_cast<const T*>(u);
+  auto* dgp = static_cast<T*>(grad_g);
+  auto* dup = static_cast<T*>(grad_u);
+  if (n % kVec == 0 && Aligned16(grad) && Aligned16(g) && Aligned16(u) && Aligned16(grad_g) &&
+      Aligned16(grad_u)) {
+    SiluGateBackward<T, kVec><<<Blocks(n / kVec), kThreads, 0, s>>>(dp, gp, up, dgp, dup, n / kVec);
+  } else {
+    SiluGateBackward<T, 1><<<Blocks(n), kThreads, 0, s>>>(dp, gp, up, dgp, dup, n);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace
+
+int LaunchSiluGateForward(const void* g, const void* u, void* out, int64_t n, GatedDtype dtype,
+                          void* stream) {
+  if (n <= 0) return 0;
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case GatedDtype::kFloat32:
+      return Forward<float>(g, u, out, n, s);
+    case GatedDtype::kBFloat16:
+      return Forward<__nv_bfloat16>(g, u, out, n, s);
+    case GatedDtype::kFloat16:
+      return Forward<__half>(g, u, out, n, s);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+int LaunchSiluGateBackward(const void* grad, const void* g, const void* u, void* grad_g,
+                           void* grad_u, int64_t n, GatedDtype dtype, void* stream) {
+  if (n <= 0) return 0;
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case GatedDtype::kFloat32:
+      return Backward<float>(grad, g, u, grad_g, grad_u, n, s);
+    case GatedDtype::kBFloat16:
+      return Backward<__nv_bfloat16>(grad, g, u, grad_g, grad_u, n, s);
+    case GatedDtype::kFloat16:
+      return Backward<__half>(grad, g, u, grad_g, grad_u, n, s);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+}  // namespace memplan::model_cuda
