@@ -18,10 +18,9 @@ torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w,
                      const torch::Tensor& b = torch::Tensor());
 
 // Hugging Face's RMSNorm (LlamaRMSNorm, Qwen2_5_VLRMSNorm): normalise in fp32, cast back, scale.
-// [Fused norm] One autograd Function keeping the input and the fp32 rstd for backward (PyTorch's
-// fused kernels on CUDA, within one rounding of the dtype of the eager ops; the eager ops and
-// their derivative on the CPU). The decoder's norms; the planner prices what it keeps
-// (planner/cost/analytic_trace.cc, NormSavedBytes).
+// [Fused norm] One autograd Function keeping the input and the fp32 rstd for backward: the eager
+// ops forward, their derivative in fp32 backward (rounded where eager rounds). The decoder's
+// norms; the planner prices what it keeps (planner/cost/analytic_trace.cc, NormSavedBytes).
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
 // The same RMSNorm as the eager ops, autograd keeping what they keep (the vision tower, whose

@@ -88,8 +88,10 @@ TEST_F(PlannerCoreTest, MeasurementIsStoredAndRecalibratesLaterPredictions) {
   const int64_t predicted = first->prediction().peak_bytes();
   EXPECT_EQ(first->prediction().breakdown().fragmentation_factor(), 1.05);  // the default before any measurement
 
-  // The run used 10% more than predicted.
-  const int64_t measured = predicted + predicted / 10;
+  // The run used 5% more than predicted (within what the dynamic terms, scaled by at most
+  // max_fragmentation_factor, can cover: the tiny model's activations are a small share of its
+  // peak since [Fused norm] and [Fused gate]; 10% needed a factor above that cap).
+  const int64_t measured = predicted + predicted / 20;
   v1::ReportMeasurementRequest report;
   report.mutable_measurement()->set_plan_id(first->plan_id());
   report.mutable_measurement()->set_peak_reserved_bytes(measured);
