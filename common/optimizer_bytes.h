@@ -151,10 +151,12 @@ constexpr int64_t PaddedElems(int64_t elems, int world_size) {
 }
 
 // [State reduce-scatter per group] (agent/chunks/chunk_manager.cc): with sharded persistent
-// state, a persistent chunk of `elems` elements is reduce-scattered from an fp32 flat tensor over
-// its padded span into an fp32 shard; both live from the hook of the group that completes the
-// chunk in backward to the next group's hook (or the step's, after the last group). The device
-// bytes of that pair, which the agent allocates and the planner charges per stage.
+// state, a persistent chunk of `elems` elements is reduce-scattered from a flat tensor over its
+// padded span into an fp32 shard: an fp32 flat, or for a 16-bit model ([Narrow reduce-scatter])
+// a 16-bit flat and the 16-bit receive buffer of its exchange, the same bytes. They live from the
+// hook of the group that completes the chunk in backward to the next group's hook (or the step's,
+// after the last group). The device bytes, which the agent allocates and the planner charges per
+// stage.
 constexpr int64_t StateReduceScatterBytes(int64_t elems, int world_size) {
   return (PaddedElems(elems, world_size) + ShardElems(elems, world_size)) * 4;
 }

@@ -89,11 +89,12 @@ has scale8b && scale scale8b llama-3.1-8b 1 4096
 has scale3b && scale scale3b llama-3.2-3b 2 4096
 
 if has equal; then
+  # Buffers only where chunks stream (an all-persistent plan refuses --n-buffer).
   common=(--arch llama-3.2-1b --seq 1024 --steps 4 --log-every 1 --synthetic-data --device cuda
-          --lr 1e-4 --clip 1.0 --chunk-mib 64 --n-buffer 4 --n-ckpt 8)
+          --lr 1e-4 --clip 1.0 --chunk-mib 64 --n-ckpt 8)
   per=$((cores / ngpu))
-  train equal-offl-1 1 "${common[@]}" --batch $((2 * ngpu)) --n-persist 4 --cpu-threads "$per"
-  train equal-offl-n "$ngpu" "${common[@]}" --batch 2 --n-persist 4 --cpu-threads "$per"
+  train equal-offl-1 1 "${common[@]}" --batch $((2 * ngpu)) --n-persist 4 --n-buffer 4 --cpu-threads "$per"
+  train equal-offl-n "$ngpu" "${common[@]}" --batch 2 --n-persist 4 --n-buffer 4 --cpu-threads "$per"
   train equal-pers-1 1 "${common[@]}" --batch $((2 * ngpu)) --n-persist 34 --cpu-threads "$per"
   train equal-pers-n "$ngpu" "${common[@]}" --batch 2 --n-persist 34 --cpu-threads "$per"
   # [Sharded persistent state]: the same all-persistent plan with the state sharded.

@@ -152,9 +152,17 @@ void ChunkCollectives::StartStateReduceScatter(int c, torch::Tensor flat) {
   PendingReduce pending;
   pending.chunk = c;
   pending.flat = std::move(flat);
-  pending.shard = torch::empty({set_.chunk(c).shard_elems}, pending.flat.options());
-  pending.work = comm_->ReduceScatterSum(pending.shard, pending.flat);
-  state_reduce_bytes_ += static_cast<int64_t>(pending.flat.nbytes() + pending.shard.nbytes());
+  pending.shard = torch::empty({set_.chunk(c).shard_elems},
+                               pending.flat.options().dtype(torch::kFloat32));
+  // [Narrow reduce-scatter] A 16-bit model's grads go on the link in their own dtype and are
+  // summed in fp32 on arrival: an fp32 reduce-scatter's values for half its bytes. The exchange's
+  // receive buffer is as large as the flat, so flat, receive buffer and fp32 shard take the bytes
+  // an fp32 flat and shard took (StateReduceScatterBytes).
+  const bool narrow = pending.flat.scalar_type() != torch::kFloat32;
+  pending.work = narrow ? comm_->ReduceScatterSumWidened(pending.shard, pending.flat)
+                        : comm_->ReduceScatterSum(pending.shard, pending.flat);
+  state_reduce_bytes_ += static_cast<int64_t>((narrow ? 2 : 1) * pending.flat.nbytes() +
+                                              pending.shard.nbytes());
   pending_state_reduces_.push_back(std::move(pending));
 }
 

@@ -438,17 +438,22 @@ absl::Status ChunkOptimizer::StartPersistentReduce(int c) {
   const Chunk& layout = set_.chunk(c);
   ChunkState& chunk = chunks_[c];
   if (layout.state_sharded) {
-    // [Sharded persistent state]: the grads at their layout offsets in an fp32 flat tensor over
-    // the padded chunk (alignment gaps and padding zeroed, nothing else written twice),
-    // reduce-scattered; the parameters' own grads are not needed any more. The chunks a group
-    // completes are all in flight together and finish at the next group's hook, beside that
-    // group's backward ([State reduce-scatter per group]).
+    // [Sharded persistent state]: the grads at their layout offsets in a flat tensor over the
+    // padded chunk (alignment gaps and padding zeroed, nothing else written twice),
+    // reduce-scattered into an fp32 shard; the parameters' own grads are not needed any more.
+    // The flat is in the model dtype ([Narrow reduce-scatter]: a 16-bit grad widens exactly, and
+    // the sum runs in fp32 either way). The chunks a group completes are all in flight together
+    // and finish at the next group's hook, beside that group's backward ([State reduce-scatter
+    // per group]).
     chunk.grads_reduced = true;
     bool any = false;
     for (int i : layout.params) any = any || set_.param(i).tensor.grad().defined();
     if (!any) return absl::OkStatus();
-    torch::Tensor flat =
-        torch::empty({layout.padded_elems}, set_.DeviceOptions().dtype(torch::kFloat32));
+    // Every grad in the chunk's 16-bit dtype.
+    bool narrow = set_.dtype() == torch::kBFloat16 || set_.dtype() == torch::kHalf;
+    for (int i : layout.params) narrow = narrow && set_.param(i).dtype == set_.dtype();
+    torch::Tensor flat = torch::empty(
+        {layout.padded_elems}, set_.DeviceOptions().dtype(narrow ? set_.dtype() : torch::kFloat32));
     std::vector<int> by_offset = layout.params;
     std::sort(by_offset.begin(), by_offset.end(), [this](int a, int b) {
       return set_.param(a).offset_elems < set_.param(b).offset_elems;

@@ -91,6 +91,15 @@ class Communicator {
                                                               torch::Tensor input) = 0;
   // tensor ← the sum over ranks, in place.
   virtual std::unique_ptr<PendingCollective> AllReduceSum(torch::Tensor tensor) = 0;
+  // [Narrow reduce-scatter] output (fp32, contiguous, input.numel() / world_size) ← the sum over
+  // ranks of this rank's slice of a 16-bit input, each term widened to fp32 and summed there: the
+  // values of an fp32 reduce-scatter of the widened input, for half its bytes on the link. The
+  // default widens and reduce-scatters in fp32; a backend may exchange the 16-bit slices and sum
+  // them locally (ProcessGroup: an all-to-all, then the sum in rank order when Wait() returns).
+  virtual std::unique_ptr<PendingCollective> ReduceScatterSumWidened(torch::Tensor output,
+                                                                     torch::Tensor input) {
+    return ReduceScatterSum(std::move(output), input.to(torch::kFloat32));
+  }
 };
 
 }  // namespace memplan

@@ -42,6 +42,11 @@ class CountingCommunicator final : public Communicator {
     ++counts_.reduce_scatters;
     return inner_->ReduceScatterSum(std::move(output), std::move(input));
   }
+  std::unique_ptr<PendingCollective> ReduceScatterSumWidened(torch::Tensor output,
+                                                             torch::Tensor input) override {
+    ++counts_.reduce_scatters;
+    return inner_->ReduceScatterSumWidened(std::move(output), std::move(input));
+  }
   std::unique_ptr<PendingCollective> AllReduceSum(torch::Tensor tensor) override {
     ++counts_.all_reduces;
     return inner_->AllReduceSum(std::move(tensor));

@@ -108,6 +108,10 @@ std::unique_ptr<PendingCollective> ProcessGroup::AllGatherCoalesced(std::vector<
 std::unique_ptr<PendingCollective> ProcessGroup::ReduceScatterSum(torch::Tensor, torch::Tensor) {
   return nullptr;
 }
+std::unique_ptr<PendingCollective> ProcessGroup::ReduceScatterSumWidened(torch::Tensor,
+                                                                         torch::Tensor) {
+  return nullptr;
+}
 std::unique_ptr<PendingCollective> ProcessGroup::AllReduceSum(torch::Tensor) { return nullptr; }
 absl::Status ProcessGroup::Barrier() { return absl::FailedPreconditionError("no c10d"); }
 
@@ -463,6 +467,56 @@ std::unique_ptr<PendingCollective> ProcessGroup::ReduceScatterSum(torch::Tensor 
                                                                   torch::Tensor input) {
   return StartCollective(impl_.get(), "reduce-scatter",
                          [&] { return impl_->backend()->_reduce_scatter_base(output, input); });
+}
+
+namespace {
+
+// [Narrow reduce-scatter] The 16-bit slices exchanged by an all-to-all (`received`: rank r's slice
+// for this rank at r * k), widened and summed into `output` in rank order once the exchange is
+// done: on CUDA the sum is queued on the compute stream behind the exchange's wait.
+class WidenedReduce final : public PendingCollective {
+ public:
+  WidenedReduce(std::unique_ptr<PendingCollective> exchange, torch::Tensor received,
+                torch::Tensor output, int world)
+      : exchange_(std::move(exchange)), received_(std::move(received)),
+        output_(std::move(output)), world_(world) {}
+  absl::Status Wait() override {
+    if (done_) return status_;
+    done_ = true;
+    status_ = exchange_->Wait();
+    if (status_.ok()) {
+      const int64_t k = output_.numel();
+      output_.copy_(received_.narrow(0, 0, k).view(output_.sizes()));
+      for (int r = 1; r < world_; ++r) {
+        output_.add_(received_.narrow(0, r * k, k).view(output_.sizes()));
+      }
+    }
+    received_ = torch::Tensor();
+    return status_;
+  }
+  absl::StatusOr<double> DeviceSeconds(bool wait) override {
+    return exchange_->DeviceSeconds(wait);
+  }
+
+ private:
+  std::unique_ptr<PendingCollective> exchange_;
+  torch::Tensor received_, output_;
+  int world_;
+  bool done_ = false;
+  absl::Status status_;
+};
+
+}  // namespace
+
+std::unique_ptr<PendingCollective> ProcessGroup::ReduceScatterSumWidened(torch::Tensor output,
+                                                                         torch::Tensor input) {
+  torch::Tensor received = torch::empty_like(input);
+  auto exchange = StartCollective(impl_.get(), "reduce-scatter (16-bit exchange)", [&] {
+    std::vector<int64_t> equal;  // empty: equal splits
+    return impl_->backend()->alltoall_base(received, input, equal, equal);
+  });
+  return std::make_unique<WidenedReduce>(std::move(exchange), std::move(received),
+                                         std::move(output), world_size());
 }
 
 std::unique_ptr<PendingCollective> ProcessGroup::AllReduceSum(torch::Tensor tensor) {

@@ -47,6 +47,8 @@ class ProcessGroup final : public Communicator {
                                                         std::vector<torch::Tensor> inputs) override;
   std::unique_ptr<PendingCollective> ReduceScatterSum(torch::Tensor output,
                                                       torch::Tensor input) override;
+  std::unique_ptr<PendingCollective> ReduceScatterSumWidened(torch::Tensor output,
+                                                             torch::Tensor input) override;
   std::unique_ptr<PendingCollective> AllReduceSum(torch::Tensor tensor) override;
   absl::Status Barrier();
 

@@ -198,6 +198,10 @@ torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w, const torch
 }
 
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  // An fp32 input is its own fp32 view, so eager autograd sums the norm's two gradient paths into
+  // the input's gradient one by one beside the residual's; the Function sums them first, which
+  // rounds otherwise. fp32 keeps the eager graph (and its saved tensors: NormSavedBytes).
+  if (x.scalar_type() == torch::kFloat32) return RmsNormUnfused(x, weight, eps);
   return RmsNormFunction::apply(x, weight, eps);
 }
 

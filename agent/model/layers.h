@@ -18,9 +18,11 @@ torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w,
                      const torch::Tensor& b = torch::Tensor());
 
 // Hugging Face's RMSNorm (LlamaRMSNorm, Qwen2_5_VLRMSNorm): normalise in fp32, cast back, scale.
-// [Fused norm] One autograd Function keeping the input and the fp32 rstd for backward: the eager
-// ops forward, their derivative in fp32 backward (rounded where eager rounds). The decoder's
-// norms; the planner prices what it keeps (planner/cost/analytic_trace.cc, NormSavedBytes).
+// [Fused norm] For 16-bit inputs one autograd Function keeping the input and the fp32 rstd for
+// backward: the eager ops forward, the eager graph's backward ops backward (bit for bit). fp32
+// inputs take the eager graph itself (RmsNormUnfused), whose gradient sums only it reproduces. The
+// decoder's norms; the planner prices what each keeps (planner/cost/analytic_trace.cc,
+// NormSavedBytes).
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
 // The same RMSNorm as the eager ops, autograd keeping what they keep (the vision tower, whose

@@ -57,10 +57,14 @@ int64_t Scale(int64_t bytes, double factor) {
 }
 
 // [Fused norm] Per-token bytes an RMSNorm of `width` keeps for backward (model dtype d bytes;
-// agent/model/layers.cc, RmsNormFunction): its input unless something else keeps it already
-// (`input_kept`), the output when the following linears need their input, and the fp32 rstd.
-int64_t NormSavedBytes(int64_t width, int64_t d, bool input_kept, bool out_needed) {
-  return (input_kept ? 0 : d * width) + (out_needed ? d * width : 0) + 4;
+// agent/model/layers.cc, RmsNorm): its input unless something else keeps it already
+// (`input_kept`), the output when the following linears need their input, and the fp32 rstd; an
+// fp32 model's norm is the eager graph, which also keeps the normalised value when the weight
+// trains.
+int64_t NormSavedBytes(int64_t width, int64_t d, bool input_kept, bool out_needed,
+                       bool weight_trains) {
+  return (input_kept ? 0 : d * width) + (out_needed ? d * width : 0) + 4 +
+         (d == 4 && weight_trains ? 4 * width : 0);
 }
 
 // [Gemma 2 block price] Per-token bytes a Gemma2RMSNorm of `width` keeps (agent/model/
@@ -92,7 +96,7 @@ HeadBytes HeadMemory(const ModelSpec& arch, DType dtype, bool full, int64_t toke
   auto norm_saved = [&](bool out_needed) {
     // The input is the last block's output, which nothing else keeps.
     return arch.IsGemma() ? GemmaNormSavedBytes(h, d, true, full, out_needed)
-                          : NormSavedBytes(h, d, /*input_kept=*/false, out_needed);
+                          : NormSavedBytes(h, d, /*input_kept=*/false, out_needed, full);
   };
   HeadBytes b;
   if (chunked) {
@@ -354,7 +358,7 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   // [Fused norm] RMSNorm keeps its input, its fp32 rstd, and its output is kept by the following
   // linears when they need their input (NormSavedBytes).
   auto norm_saved = [&](int64_t width, bool input_kept, bool out_needed) {
-    return NormSavedBytes(width, d, input_kept, out_needed);
+    return NormSavedBytes(width, d, input_kept, out_needed, full);
   };
 
   // ---- per-token saved bytes of one block (derivation in docs/cost-model.md) ----
@@ -363,8 +367,9 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   saved_tok += norm_saved(h, /*input_kept=*/true, q_in || k_in || v_in);
   if (arch.qk_norm) {
     // Per-head RMSNorm on q and k: the projections' outputs (kept by nothing else; RoPE keeps
-    // only its tables) and one fp32 rstd per head.
-    saved_tok += d * (hq + hkv) + 4 * (arch.num_heads + arch.num_kv_heads);
+    // only its tables) and one fp32 rstd per head (fp32: and the normalised values, as above).
+    saved_tok += d * (hq + hkv) + 4 * (arch.num_heads + arch.num_kv_heads) +
+                 (d == 4 && full ? 4 * (hq + hkv) : 0);
   }
   saved_tok += d * (hq + 2 * hkv);               // q, k after RoPE, v (SDPA inputs)
   saved_tok += d * hq + 4 * arch.num_heads;      // attention output + logsumexp
@@ -403,10 +408,12 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   }
 
   // Forward transient: a norm's temporaries, plus the block output being written next to the
-  // residual. [Fused norm] RMSNorm has none on the GPU (one kernel); Gemma's norm keeps the eager
-  // ops: the fp32 input, its square, the normalised value and its (1 + weight) product.
+  // residual. RMSNorm: the fp32 square or normalised value beside the fp32 input, which a 16-bit
+  // model's [Fused norm] holds only during forward (12 bytes a value with the cast; fp32 8);
+  // Gemma's norm the fp32 input, its square, the normalised value and its (1 + weight) product.
+  const int64_t norm_bytes = arch.IsGemma() ? 16 : (d < 4 ? 12 : 8);
   const int64_t norm_tmp =
-      arch.IsGemma() ? std::max(16 * h, arch.qk_norm ? 16 * (hq + hkv) : int64_t{0}) : 0;
+      std::max(norm_bytes * h, arch.qk_norm ? norm_bytes * (hq + hkv) : int64_t{0});
   const int64_t fwd_tr_tok = norm_tmp + 2 * d * h + osft_terms.transient_bytes_per_token;
   // Backward transient: incoming gradient + residual gradient accumulator, plus the widest of
   // the MLP (the product's gradient beside the gate's and up's), attention (dq, dk, dv and

@@ -10,6 +10,7 @@
 
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <string>
 #include <thread>
 
@@ -89,6 +90,41 @@ TEST(ProcessGroupTest, GlooCollectivesGiveTheExpectedData) {
         torch::equal(scattered[rank], torch::tensor({0.f, 3.f, 6.f, 9.f}).narrow(0, 2 * rank, 2)));
     EXPECT_TRUE(torch::equal(reduced[rank], torch::full({2}, 3.0, torch::kFloat64)));
   }
+}
+
+// [Narrow reduce-scatter] bf16 slices exchanged, summed in fp32: the fp32 reduce-scatter of the
+// widened inputs bit for bit, where a bf16 reduce-scatter rounds (1 + 2^-8 is no bf16 value).
+TEST(ProcessGroupTest, GlooWidenedReduceScatterSumsBf16InFp32) {
+  if (!GlooBuilt()) GTEST_SKIP() << ResolveDistBackend(DistBackend::kGloo).status();
+  const LoopbackListener listener = ListenOnLoopback();
+  ASSERT_GT(listener.port, 0);
+  std::array<torch::Tensor, 2> widened, reference, inputs;
+  std::array<absl::Status, 2> status;
+  torch::manual_seed(11);
+  const torch::Tensor draws = torch::randn({2, 1000}).to(torch::kBFloat16);
+  inputs[0] = draws[0].clone();
+  inputs[1] = draws[1].clone();
+  inputs[0][0] = 1.0;
+  inputs[1][0] = std::ldexp(1.0, -8);
+  OnTwoRanks([&](int rank) {
+    absl::StatusOr<std::unique_ptr<ProcessGroup>> group =
+        ProcessGroup::Join(Rank(rank, 2, listener));
+    if (!group.ok()) {
+      status[rank] = group.status();
+      return;
+    }
+    widened[rank] = torch::zeros({500}, torch::kFloat32);
+    status[rank] = (*group)->ReduceScatterSumWidened(widened[rank], inputs[rank])->Wait();
+    if (!status[rank].ok()) return;
+    reference[rank] = torch::zeros({500}, torch::kFloat32);
+    status[rank] =
+        (*group)->ReduceScatterSum(reference[rank], inputs[rank].to(torch::kFloat32))->Wait();
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(status[rank].ok()) << status[rank];
+    EXPECT_TRUE(torch::equal(widened[rank], reference[rank])) << rank;
+  }
+  EXPECT_EQ(widened[0][0].item<float>(), 1.0f + std::ldexp(1.0f, -8));
 }
 
 TEST(ProcessGroupTest, ARankThatLeavesIsNamedByTheRankWaitingForIt) {
