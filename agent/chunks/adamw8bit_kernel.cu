@@ -4,19 +4,15 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "agent/core/cuda_convert.cuh"
+
 namespace memplan::chunks_cuda {
 namespace {
 
 constexpr int kBlock = 256;  // kQuantBlockElems (common/optimizer_bytes.h): one CUDA block each
 
-__device__ float ToFloat(float v) { return v; }
-__device__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T>
-__device__ T FromFloat(float v);
-template <>
-__device__ float FromFloat<float>(float v) { return v; }
-template <>
-__device__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+using memplan::cuda::FromFloat;
+using memplan::cuda::ToFloat;
 
 // Number of midpoints strictly below x: torch::bucketize(x, mids, right=false), the code whose
 // map value is nearest (ties to the lower code).

@@ -4,28 +4,15 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "agent/core/cuda_convert.cuh"
+
 namespace memplan::model_cuda {
 namespace {
 
 constexpr int kThreads = 256;
 
-template <typename T>
-__device__ float ToFloat(T v);
-template <>
-__device__ float ToFloat<float>(float v) { return v; }
-template <>
-__device__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <>
-__device__ float ToFloat<__half>(__half v) { return __half2float(v); }
-
-template <typename T>
-__device__ T FromFloat(float v);
-template <>
-__device__ float FromFloat<float>(float v) { return v; }
-template <>
-__device__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <>
-__device__ __half FromFloat<__half>(float v) { return __float2half_rn(v); }
+using memplan::cuda::FromFloat;
+using memplan::cuda::ToFloat;
 
 // The eager kernels' formulas (ATen's silu and silu_backward on CUDA compute in fp32 for 16-bit
 // tensors with expf), each result rounded to T where the eager op writes a T tensor.

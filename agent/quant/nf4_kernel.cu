@@ -4,6 +4,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "agent/core/cuda_convert.cuh"
+
 namespace memplan::quant {
 namespace {
 
@@ -17,14 +19,7 @@ __constant__ float kNf4[16] = {
 constexpr int kThreads = 256;
 constexpr int kAbsmaxBlock = 256;
 
-template <typename T>
-__device__ T FromFloat(float v);
-template <>
-__device__ float FromFloat<float>(float v) { return v; }
-template <>
-__device__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <>
-__device__ __half FromFloat<__half>(float v) { return __float2half_rn(v); }
+using memplan::cuda::FromFloat;
 
 // The block's absmax; _rn intrinsics keep nvcc from contracting the product and sum into an FMA,
 // which would round once where bitsandbytes rounds twice.
