@@ -55,15 +55,14 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
   }
 };
 
-
 // [Fused norm] Hugging Face's RMSNorm as one autograd Function that keeps the input and the fp32
 // rstd for backward, where the eager graph keeps an fp32 copy of the input, the normalised value
 // cast back and the rstd. Forward is the eager ops themselves; backward the eager graph's backward
-// ops, recomputing the normalised value from the input. PyTorch's _fused_rms_norm kernels round once where eager
-// rounds twice: on the GPU that moved three of the bf16 parity suite's 23 checkpoints past its
-// bound (one a MoE routing decision flipped), so the norm keeps the eager roundings. Values and
-// gradients are the eager graph's bit for bit (agent_fused_ops_test).
-// The weight is saved as the parameter itself (see LinearFunction).
+// ops, recomputing the normalised value from the input. PyTorch's _fused_rms_norm kernels round
+// once where eager rounds twice: on the GPU that moved three of the bf16 parity suite's 23
+// checkpoints past its bound (a MoE routing decision flipped in one), so the norm keeps the eager
+// roundings. Values and gradients are the eager graph's bit for bit (agent_fused_ops_test). The
+// weight is saved as the parameter itself (see LinearFunction).
 class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
@@ -80,7 +79,8 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const torch::Tensor& w = saved[1];
     const torch::Tensor& rstd = saved[2];
     // The eager graph's backward op for op, each rounding where autograd's rounds (so the
-    // gradients are its own bit for bit): y = w * cast(n), n = x32 * r, r = rsqrt(mean(x32²) + eps).
+    // gradients are its own bit for bit): y = w * cast(n), n = x32 * r,
+    // r = rsqrt(mean(x32²) + eps).
     const torch::Tensor& g = grads[0];
     const torch::Tensor x32 = x.to(torch::kFloat32);
     torch::Tensor gx, gw;
@@ -103,8 +103,8 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
 
 // [Fused gate] silu(g) * u (gelu_tanh(g) * u for Gemma's GeGLU) as one autograd Function that
 // keeps g and u, where the eager graph keeps the activation's output as well; backward recomputes
-// it. SiLU on CUDA runs gated_kernel.cu (one pass each way, the eager ops' roundings); elsewhere the
-// eager ops themselves.
+// it. SiLU on CUDA runs gated_kernel.cu (one pass each way, the eager ops' roundings); elsewhere
+// the eager ops themselves.
 class GatedProductFunction : public torch::autograd::Function<GatedProductFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& g, const torch::Tensor& u,

@@ -19,8 +19,8 @@ struct Grads {
 
 // Runs `fn(x, w)` forward and backward with a fixed upstream gradient.
 template <typename Fn>
-Grads ForwardBackward(Fn fn, const torch::Tensor& x0, const torch::Tensor& w0, const torch::Tensor& up,
-          bool w_trains = true) {
+Grads ForwardBackward(Fn fn, const torch::Tensor& x0, const torch::Tensor& w0,
+                      const torch::Tensor& up, bool w_trains = true) {
   torch::Tensor x = x0.detach().clone().requires_grad_(true);
   torch::Tensor w = w0.detach().clone().requires_grad_(w_trains);
   torch::Tensor out = fn(x, w);
@@ -118,7 +118,8 @@ TEST(FusedGateTest, CpuIsTheEagerOpsBitForBit) {
     const torch::Tensor up = Draw({4, 9, 40}, dtype, torch::kCPU);
     for (bool gelu : {false, true}) {
       const Grads a = gelu ? ForwardBackward(GeluGate, g, u, up) : ForwardBackward(Gate, g, u, up);
-      const Grads b = gelu ? ForwardBackward(EagerGeluGate, g, u, up) : ForwardBackward(EagerGate, g, u, up);
+      const Grads b =
+          gelu ? ForwardBackward(EagerGeluGate, g, u, up) : ForwardBackward(EagerGate, g, u, up);
       EXPECT_TRUE(torch::equal(a.out, b.out)) << dtype << " gelu " << gelu;
       EXPECT_TRUE(torch::equal(a.dx, b.dx)) << dtype << " gelu " << gelu;  // d/dg
       EXPECT_TRUE(torch::equal(a.dw, b.dw)) << dtype << " gelu " << gelu;  // d/du
