@@ -11,7 +11,9 @@ namespace {
 
 constexpr int kThreads = 256;
 
+using memplan::cuda::Aligned16;
 using memplan::cuda::FromFloat;
+using memplan::cuda::Pack;
 using memplan::cuda::ToFloat;
 
 // The eager kernels' formulas (ATen's silu and silu_backward on CUDA compute in fp32 for 16-bit
@@ -35,12 +37,6 @@ __device__ T Mul(T a, T b) {
   return FromFloat<T>(ToFloat(a) * ToFloat(b));
 }
 
-// kVec elements per thread and step: one 16-byte load or store per tensor when the launcher
-// found every pointer 16-byte aligned and n a multiple of kVec; kVec = 1 otherwise.
-template <typename T, int kVec>
-struct alignas(sizeof(T) * kVec) Pack {
-  T v[kVec];
-};
 
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kThreads)
@@ -79,13 +75,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
-unsigned Blocks(int64_t packs) {
-  // Enough blocks to fill any current GPU several times over; the loops stride past the rest.
-  const int64_t want = (packs + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(want < 65535 ? (want > 0 ? want : 1) : 65535);
-}
+unsigned Blocks(int64_t items) { return memplan::cuda::GridBlocks(items, kThreads); }
 
 template <typename T>
 int Forward(const void* g, const void* u, void* out, int64_t n, cudaStream_t s) {

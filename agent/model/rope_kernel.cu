@@ -11,7 +11,9 @@ namespace {
 
 constexpr int kThreads = 256;
 
+using memplan::cuda::Aligned16;
 using memplan::cuda::FromFloat;
+using memplan::cuda::Pack;
 using memplan::cuda::ToFloat;
 
 // a * b + c * d as the eager mul, mul and add kernels compute it: each op in fp32 and its result
@@ -24,12 +26,6 @@ __device__ T DotRounded(T a, T b, T c, T d) {
   return FromFloat<T>(__fadd_rn(ToFloat(p), ToFloat(q)));
 }
 
-// kVec elements of one half of a head's row: one 16-byte load or store when the launcher found
-// every pointer 16-byte aligned and the half row a multiple of kVec; kVec = 1 otherwise.
-template <typename T, int kVec>
-struct alignas(sizeof(T) * kVec) Pack {
-  T v[kVec];
-};
 
 // One item is kVec elements at offset c of the first half of one (batch, seq, head) row and the
 // kVec elements half a row further, which are each other's partners under SwapHalves. Forward
@@ -72,13 +68,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
-unsigned Blocks(int64_t items) {
-  // Enough blocks to fill any current GPU several times over; the loop strides past the rest.
-  const int64_t want = (items + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(want < 65535 ? (want > 0 ? want : 1) : 65535);
-}
+unsigned Blocks(int64_t items) { return memplan::cuda::GridBlocks(items, kThreads); }
 
 template <typename T, bool kBackward>
 int Launch(const void* in, const void* cos, const void* sin, void* out, const RopeShape& shape,

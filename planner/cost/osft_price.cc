@@ -72,8 +72,8 @@ absl::StatusOr<OsftPricer> OsftPricer::Create(const Trace& trace, const Hardware
 
   // The step beside forward and backward: the update at the memory rate, the projection's thin
   // GEMMs at the analytic trace's edge rate (matmul_efficiency; the dense blocks' [Block time]
-  // rates were fitted on whole blocks, not on thin GEMMs), the all-reduce (a reduce-scatter then an all-gather of the
-  // model-dtype buffer) with nothing to hide behind.
+  // rates were fitted on whole blocks, not on thin GEMMs), the all-reduce (a reduce-scatter then
+  // an all-gather of the model-dtype buffer) with nothing to hide behind.
   const double hbm = hardware.hbm_bytes_per_second * options.hbm_efficiency;
   const double matmul =
       MatmulFlops(hardware, trace.param_dtype) * AnalyticTraceOptions{}.matmul_efficiency;
