@@ -111,31 +111,31 @@ int Backward(const void* grad, const void* g, const void* u, void* grad_g, void*
 
 }  // namespace
 
-int LaunchSiluGateForward(const void* g, const void* u, void* out, int64_t n, GatedDtype dtype,
+int LaunchSiluGateForward(const void* g, const void* u, void* out, int64_t n, KernelDtype dtype,
                           void* stream) {
   if (n <= 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
-    case GatedDtype::kFloat32:
+    case KernelDtype::kFloat32:
       return Forward<float>(g, u, out, n, s);
-    case GatedDtype::kBFloat16:
+    case KernelDtype::kBFloat16:
       return Forward<__nv_bfloat16>(g, u, out, n, s);
-    case GatedDtype::kFloat16:
+    case KernelDtype::kFloat16:
       return Forward<__half>(g, u, out, n, s);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }
 
 int LaunchSiluGateBackward(const void* grad, const void* g, const void* u, void* grad_g,
-                           void* grad_u, int64_t n, GatedDtype dtype, void* stream) {
+                           void* grad_u, int64_t n, KernelDtype dtype, void* stream) {
   if (n <= 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
-    case GatedDtype::kFloat32:
+    case KernelDtype::kFloat32:
       return Backward<float>(grad, g, u, grad_g, grad_u, n, s);
-    case GatedDtype::kBFloat16:
+    case KernelDtype::kBFloat16:
       return Backward<__nv_bfloat16>(grad, g, u, grad_g, grad_u, n, s);
-    case GatedDtype::kFloat16:
+    case KernelDtype::kFloat16:
       return Backward<__half>(grad, g, u, grad_g, grad_u, n, s);
   }
   return static_cast<int>(cudaErrorInvalidValue);

@@ -5,8 +5,8 @@
 
 #ifdef MEMPLAN_GATED_CUDA
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
+#include "agent/core/kernel_launch.h"
 #include "agent/model/gated_kernel.h"
 #endif
 
@@ -112,14 +112,16 @@ class GatedProductFunction : public torch::autograd::Function<GatedProductFuncti
     ctx->save_for_backward({g, u});
     ctx->saved_data["gelu_tanh"] = gelu_tanh;
 #ifdef MEMPLAN_GATED_CUDA
-    if (!gelu_tanh && g.is_cuda() && SameLayout(g, u)) {
+    if (!gelu_tanh && SameLayout(g, u)) {
       const c10::cuda::CUDAGuard guard(g.device());
       const torch::Tensor gc = g.contiguous();
       const torch::Tensor uc = u.contiguous();
       torch::Tensor out = torch::empty_like(gc);
-      CheckLaunch(model_cuda::LaunchSiluGateForward(gc.data_ptr(), uc.data_ptr(), out.data_ptr(),
-                                                    gc.numel(), KernelDtype(g),
-                                                    CurrentStream(g)));
+      cuda::CheckLaunch(
+          model_cuda::LaunchSiluGateForward(gc.data_ptr(), uc.data_ptr(), out.data_ptr(),
+                                            gc.numel(), *cuda::KernelDtypeOf(g),
+                                            cuda::CurrentStream(g)),
+          "fused SwiGLU");
       return out;
     }
 #endif
@@ -133,16 +135,18 @@ class GatedProductFunction : public torch::autograd::Function<GatedProductFuncti
     const bool gelu_tanh = ctx->saved_data["gelu_tanh"].toBool();
     const torch::Tensor& dy = grads[0];
 #ifdef MEMPLAN_GATED_CUDA
-    if (!gelu_tanh && g.is_cuda() && SameLayout(g, u) && SameLayout(g, dy)) {
+    if (!gelu_tanh && SameLayout(g, u) && SameLayout(g, dy)) {
       const c10::cuda::CUDAGuard guard(g.device());
       const torch::Tensor gc = g.contiguous();
       const torch::Tensor uc = u.contiguous();
       const torch::Tensor dc = dy.contiguous();
       torch::Tensor dg = torch::empty_like(gc);
       torch::Tensor du = torch::empty_like(gc);
-      CheckLaunch(model_cuda::LaunchSiluGateBackward(dc.data_ptr(), gc.data_ptr(), uc.data_ptr(),
-                                                     dg.data_ptr(), du.data_ptr(), gc.numel(),
-                                                     KernelDtype(g), CurrentStream(g)));
+      cuda::CheckLaunch(
+          model_cuda::LaunchSiluGateBackward(dc.data_ptr(), gc.data_ptr(), uc.data_ptr(),
+                                             dg.data_ptr(), du.data_ptr(), gc.numel(),
+                                             *cuda::KernelDtypeOf(g), cuda::CurrentStream(g)),
+          "fused SwiGLU");
       return {dg, du, torch::Tensor()};
     }
 #endif
@@ -160,20 +164,7 @@ class GatedProductFunction : public torch::autograd::Function<GatedProductFuncti
 #ifdef MEMPLAN_GATED_CUDA
   static bool SameLayout(const torch::Tensor& a, const torch::Tensor& b) {
     return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
-           a.device() == b.device() &&
-           (a.scalar_type() == torch::kFloat32 || a.scalar_type() == torch::kBFloat16 ||
-            a.scalar_type() == torch::kFloat16);
-  }
-  static model_cuda::GatedDtype KernelDtype(const torch::Tensor& t) {
-    if (t.scalar_type() == torch::kBFloat16) return model_cuda::GatedDtype::kBFloat16;
-    if (t.scalar_type() == torch::kFloat16) return model_cuda::GatedDtype::kFloat16;
-    return model_cuda::GatedDtype::kFloat32;
-  }
-  static void* CurrentStream(const torch::Tensor& t) {
-    return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
-  }
-  static void CheckLaunch(int err) {
-    TORCH_CHECK(err == 0, "the fused SwiGLU kernel failed to launch: CUDA error ", err);
+           a.device() == b.device() && cuda::KernelDtypeOf(a).has_value();
   }
 #endif
 };

@@ -6,8 +6,8 @@
 
 #ifdef MEMPLAN_ROPE_CUDA
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
+#include "agent/core/kernel_launch.h"
 #include "agent/model/rope_kernel.h"
 #endif
 
@@ -63,11 +63,7 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
 
  private:
 #ifdef MEMPLAN_ROPE_CUDA
-  static bool UseKernel(const torch::Tensor& t) {
-    const auto type = t.scalar_type();
-    return t.is_cuda() &&
-           (type == torch::kFloat32 || type == torch::kBFloat16 || type == torch::kFloat16);
-  }
+  static bool UseKernel(const torch::Tensor& t) { return cuda::KernelDtypeOf(t).has_value(); }
 
   static torch::Tensor RunKernel(const torch::Tensor& in, const torch::Tensor& cos,
                                  const torch::Tensor& sin, bool backward) {
@@ -81,16 +77,14 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
     shape.heads = ic.size(2);
     shape.head_dim = ic.size(3);
     shape.table_batch = cos.size(0);
-    model_cuda::RopeDtype dtype = model_cuda::RopeDtype::kFloat32;
-    if (ic.scalar_type() == torch::kBFloat16) dtype = model_cuda::RopeDtype::kBFloat16;
-    if (ic.scalar_type() == torch::kFloat16) dtype = model_cuda::RopeDtype::kFloat16;
-    void* stream = c10::cuda::getCurrentCUDAStream(ic.device().index()).stream();
+    const cuda::KernelDtype dtype = *cuda::KernelDtypeOf(ic);
+    void* stream = cuda::CurrentStream(ic);
     const int err =
         backward ? model_cuda::LaunchRopeBackward(ic.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                                                   out.data_ptr(), shape, dtype, stream)
                  : model_cuda::LaunchRopeForward(ic.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                                                  out.data_ptr(), shape, dtype, stream);
-    TORCH_CHECK(err == 0, "the fused RoPE kernel failed to launch: CUDA error ", err);
+    cuda::CheckLaunch(err, "fused RoPE");
     return out;
   }
 #endif

@@ -98,7 +98,7 @@ int Launch(const void* in, const void* cos, const void* sin, void* out, const Ro
 
 template <bool kBackward>
 int Dispatch(const void* in, const void* cos, const void* sin, void* out, const RopeShape& shape,
-             RopeDtype dtype, void* stream) {
+             KernelDtype dtype, void* stream) {
   if (shape.head_dim % 2 != 0 || shape.head_dim < 0 ||
       (shape.table_batch != 1 && shape.table_batch != shape.batch)) {
     return static_cast<int>(cudaErrorInvalidValue);
@@ -106,11 +106,11 @@ int Dispatch(const void* in, const void* cos, const void* sin, void* out, const 
   if (shape.batch * shape.seq * shape.heads * shape.head_dim <= 0) return 0;
   const auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
-    case RopeDtype::kFloat32:
+    case KernelDtype::kFloat32:
       return Launch<float, kBackward>(in, cos, sin, out, shape, s);
-    case RopeDtype::kBFloat16:
+    case KernelDtype::kBFloat16:
       return Launch<__nv_bfloat16, kBackward>(in, cos, sin, out, shape, s);
-    case RopeDtype::kFloat16:
+    case KernelDtype::kFloat16:
       return Launch<__half, kBackward>(in, cos, sin, out, shape, s);
   }
   return static_cast<int>(cudaErrorInvalidValue);
@@ -119,12 +119,12 @@ int Dispatch(const void* in, const void* cos, const void* sin, void* out, const 
 }  // namespace
 
 int LaunchRopeForward(const void* x, const void* cos, const void* sin, void* out,
-                      const RopeShape& shape, RopeDtype dtype, void* stream) {
+                      const RopeShape& shape, KernelDtype dtype, void* stream) {
   return Dispatch<false>(x, cos, sin, out, shape, dtype, stream);
 }
 
 int LaunchRopeBackward(const void* grad, const void* cos, const void* sin, void* grad_x,
-                       const RopeShape& shape, RopeDtype dtype, void* stream) {
+                       const RopeShape& shape, KernelDtype dtype, void* stream) {
   return Dispatch<true>(grad, cos, sin, grad_x, shape, dtype, stream);
 }
 

@@ -8,9 +8,11 @@
 
 #include <cstdint>
 
+#include "agent/core/kernel_dtype.h"
+
 namespace memplan::model_cuda {
 
-enum class RopeDtype { kFloat32, kBFloat16, kFloat16 };
+using cuda::KernelDtype;
 
 // The shapes of one launch. x, out and the gradients are [batch, seq, heads, head_dim]
 // contiguous; cos and sin are [table_batch, seq, head_dim] contiguous, table_batch 1 (one table
@@ -26,11 +28,11 @@ struct RopeShape {
 // out = x * cos + SwapHalves(x) * sin, each product rounded to the dtype, then the sum.
 // Launches on `stream` (a cudaStream_t); returns the cudaError_t of the launch (0 = success).
 int LaunchRopeForward(const void* x, const void* cos, const void* sin, void* out,
-                      const RopeShape& shape, RopeDtype dtype, void* stream);
+                      const RopeShape& shape, KernelDtype dtype, void* stream);
 
 // The adjoint: grad_x = grad * cos + SwapHalves(grad * sin), each product rounded to the dtype,
 // then the sum.
 int LaunchRopeBackward(const void* grad, const void* cos, const void* sin, void* grad_x,
-                       const RopeShape& shape, RopeDtype dtype, void* stream);
+                       const RopeShape& shape, KernelDtype dtype, void* stream);
 
 }  // namespace memplan::model_cuda
