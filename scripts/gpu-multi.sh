@@ -26,6 +26,8 @@
 #            MEMPLAN_MULTI_QLORA_HOST_GIB (default 32; needs the bench part's profile): the
 #            planner's verdict for 1 and N ranks, N ranks training under its plan, and qwen3-32b on
 #            1 rank too where the planner says it fits; load and steady peaks per rank
+# MEMPLAN_MULTI_KERNEL_TRACE=1: the scale parts also write Kineto traces of step 3 (every rank)
+# and scripts/kernel-trace-summary.py's comparison of them (NAME.trace-summary.txt).
 # MEMPLAN_MULTI_TIMEOUT: seconds per training run (default 300); MEMPLAN_MULTI_FSDP2_TIMEOUT: per
 # FSDP2 baseline (default 300). MEMPLAN_MULTI_EQUAL: the equal part's runs to do (default all:
 # "offl-1 offl-n pers-1 pers-n shard-n params-n").
@@ -82,8 +84,17 @@ scale() {  # NAME ARCH BATCH SEQ: the planner's plan for one GPU and for N ranks
   local name=$1 arch=$2 batch=$3 seq=$4
   local args=(--planner "$addr" --hardware "$hw" --arch "$arch" --batch "$batch" --seq "$seq"
               --steps 6 --synthetic-data --device cuda)
-  train "$name-1" 1 "${args[@]}" --cpu-threads "$cores"
-  train "$name-n" "$ngpu" "${args[@]}" --cpu-threads $((cores / ngpu))
+  local t1=() tn=()
+  if [[ -n ${MEMPLAN_MULTI_KERNEL_TRACE:-} ]]; then
+    t1=(--kernel-trace "$out/$name-1.trace.json"); tn=(--kernel-trace "$out/$name-n.trace.json")
+  fi
+  train "$name-1" 1 "${args[@]}" --cpu-threads "$cores" "${t1[@]}"
+  train "$name-n" "$ngpu" "${args[@]}" --cpu-threads $((cores / ngpu)) "${tn[@]}"
+  if [[ -n ${MEMPLAN_MULTI_KERNEL_TRACE:-} ]]; then
+    python3 "$here/kernel-trace-summary.py" "$out/$name-1.trace.json" "$out/$name-n.trace.json" \
+      "$out/$name-n.trace.json.rank-1" --top 25 >"$out/$name.trace-summary.txt" 2>&1
+    head -24 "$out/$name.trace-summary.txt" | tee -a "$out/multi.txt"
+  fi
 }
 has scale8b && scale scale8b llama-3.1-8b 1 4096
 has scale3b && scale scale3b llama-3.2-3b 2 4096

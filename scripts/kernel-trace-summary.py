@@ -16,6 +16,7 @@ import re
 import sys
 
 CLASSES = [
+    ("nccl", re.compile(r"nccl", re.I)),
     ("gemm", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|sm\d+_.*_tn|splitK", re.I)),
     ("attention", re.compile(r"flash|fmha|attention|mem_eff", re.I)),
     ("norm/softmax/loss", re.compile(r"norm|softmax|cross_entropy|nll|log_softmax", re.I)),
@@ -51,6 +52,30 @@ def union_length(intervals):
     return total
 
 
+def intersect_length(a, b):
+    """Length of the overlap of two interval sets (each merged first)."""
+    def merged(xs):
+        out = []
+        for s, e in sorted(xs):
+            if out and s <= out[-1][1]:
+                out[-1][1] = max(out[-1][1], e)
+            else:
+                out.append([s, e])
+        return out
+    a, b = merged(a), merged(b)
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if hi > lo:
+            total += hi - lo
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
 def summarise(path):
     with open(path) as f:
         trace = json.load(f)
@@ -72,8 +97,16 @@ def summarise(path):
         by_name[key] += e["dur"]
         count[key] += 1
     kernels = sum(1 for e in device if e["cat"] == "kernel")
+    # Collectives beside compute: how much NCCL time no other device work covers (exposed), and
+    # how much compute ran while a collective was on the device (where the two share SMs).
+    nccl = [(e["ts"], e["ts"] + e["dur"]) for e in device if classify(e["name"], e["cat"]) == "nccl"]
+    compute = [(e["ts"], e["ts"] + e["dur"]) for e in device
+               if e["cat"] == "kernel" and classify(e["name"], e["cat"]) != "nccl"]
+    compute_busy = union_length(compute)
+    both = intersect_length(nccl, compute)
     return dict(path=path, span=span, busy=busy, kernels=kernels, by_class=by_class,
-                by_name=by_name, count=count)
+                by_name=by_name, count=count, compute_busy=compute_busy,
+                nccl_busy=union_length(nccl), nccl_beside_compute=both)
 
 
 def main():
@@ -88,6 +121,12 @@ def main():
     print(f"{'device busy ms':24}" + "".join(f"{ms(r['busy']):>24}" for r in rows))
     print(f"{'device idle ms':24}" + "".join(f"{ms(r['span'] - r['busy']):>24}" for r in rows))
     print(f"{'kernels':24}" + "".join(f"{r['kernels']:>24}" for r in rows))
+    print(f"{'compute busy ms':24}" + "".join(f"{ms(r['compute_busy']):>24}" for r in rows))
+    print(f"{'nccl busy ms':24}" + "".join(f"{ms(r['nccl_busy']):>24}" for r in rows))
+    print(f"{'nccl beside compute ms':24}" +
+          "".join(f"{ms(r['nccl_beside_compute']):>24}" for r in rows))
+    print(f"{'nccl exposed ms':24}" +
+          "".join(f"{ms(r['nccl_busy'] - r['nccl_beside_compute']):>24}" for r in rows))
     classes = sorted({c for r in rows for c in r["by_class"]},
                      key=lambda c: -max(r["by_class"][c] for r in rows))
     for c in classes:

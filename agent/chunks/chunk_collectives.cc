@@ -175,7 +175,6 @@ absl::Status ChunkCollectives::FinishStateReduces() {
       if (first.ok()) first = s;
       continue;
     }
-    pending.shard.div_(set_.world());
     state_shard_(pending.chunk, pending.shard);
   }
   pending_state_reduces_.clear();

@@ -50,9 +50,10 @@ class ChunkCollectives {
     torch::Tensor squares;
   };
   using ShardStagedFn = std::function<void(const ShardStaged&)>;
-  // [Sharded persistent state] A persistent chunk's reduce-scatter finished: `shard` is the mean
-  // over the ranks (fp32, on the device).
-  using StateShardFn = std::function<void(int chunk, const torch::Tensor& shard)>;
+  // [Sharded persistent state] A persistent chunk's reduce-scatter finished: `sum` is this rank's
+  // shard of the sum over the ranks (fp32, on the device); the callee divides by the world size
+  // (in place where it likes: the tensor is the callee's from then on).
+  using StateShardFn = std::function<void(int chunk, const torch::Tensor& sum)>;
 
   // `comm`: null unless the world size is > 1. `set` and `streams` outlive this.
   ChunkCollectives(ChunkSet& set, ChunkStreams& streams, Communicator* comm)
@@ -103,8 +104,9 @@ class ChunkCollectives {
   // [Persistent all-reduce in backward] All-reduces `flat` (fp32, the concatenated `grads`),
   // then copies the mean back into `grads`; one in flight (call FinishPersistentReduce first).
   void StartAllReduce(torch::Tensor flat, std::vector<torch::Tensor> grads);
-  // [State reduce-scatter per group] Reduce-scatters chunk c's padded fp32 grads; finishing
-  // divides by W and reports StateShardFn.
+  // [State reduce-scatter per group] Reduce-scatters chunk c's padded grads (fp32, or the model's
+  // 16-bit dtype: [Narrow reduce-scatter]) into an fp32 sum; finishing reports it to
+  // StateShardFn.
   void StartStateReduceScatter(int c, torch::Tensor flat);
   absl::Status FinishStateReduces();
   // Device bytes of the state reduce-scatters in flight (their fp32 flat inputs and fp32 shard

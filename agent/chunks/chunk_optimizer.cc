@@ -11,6 +11,13 @@
 #include "common/log.h"
 #include "common/status.h"
 
+#ifdef MEMPLAN_SHARD_MEAN_CUDA
+#include <c10/cuda/CUDAGuard.h>
+
+#include "agent/chunks/shard_mean_kernel.h"
+#include "agent/core/kernel_launch.h"
+#endif
+
 namespace memplan::chunks {
 
 ChunkOptimizer::ChunkOptimizer(ChunkSet& set, ChunkStreams& streams,
@@ -427,10 +434,32 @@ void ChunkOptimizer::OnShardStaged(const ChunkCollectives::ShardStaged& staged) 
   ScheduleChunkWork(staged.chunk, /*accumulate=*/true, staged.update_now, 1.0f);
 }
 
-void ChunkOptimizer::OnStateShardReduced(int c, const torch::Tensor& shard) {
-  // [Sharded persistent state]: the mean, rounded once to the model dtype, and its squares.
+void ChunkOptimizer::OnStateShardReduced(int c, const torch::Tensor& sum) {
+  // [Sharded persistent state]: the mean over the ranks, rounded once to the model dtype, and its
+  // squares.
   ChunkState& chunk = chunks_[c];
-  chunk.grad_shard = set_.dtype() == torch::kFloat32 ? shard : shard.to(set_.dtype());
+#ifdef MEMPLAN_SHARD_MEAN_CUDA
+  // A 16-bit model on the GPU: one kernel for the ops below (shard_mean_kernel.h).
+  if (sum.is_cuda() && sum.is_contiguous() && set_.dtype() != torch::kFloat32) {
+    const c10::cuda::CUDAGuard guard(sum.device());
+    chunk.grad_shard = torch::empty(sum.sizes(), sum.options().dtype(set_.dtype()));
+    const auto dtype = cuda::KernelDtypeOf(chunk.grad_shard);
+    if (dtype.has_value()) {
+      torch::Tensor partials = torch::empty({chunks_cuda::ShardMeanPartials(sum.numel())},
+                                            sum.options().dtype(torch::kFloat64));
+      cuda::CheckLaunch(chunks_cuda::LaunchShardMean(
+                            sum.data_ptr<float>(), sum.numel(), set_.world(), *dtype,
+                            chunk.grad_shard.data_ptr(), partials.data_ptr<double>(),
+                            cuda::CurrentStream(sum)),
+                        "shard mean");
+      chunk.shard_squares = partials.sum();
+      return;
+    }
+  }
+#endif
+  torch::Tensor mean = sum;
+  mean.div_(set_.world());
+  chunk.grad_shard = set_.dtype() == torch::kFloat32 ? mean : mean.to(set_.dtype());
   chunk.shard_squares = chunk.grad_shard.to(torch::kFloat64).pow(2).sum();
 }
 

@@ -94,7 +94,7 @@ class ChunkOptimizer {
   void PostBackward(int group);
   // ChunkCollectives' callbacks.
   void OnShardStaged(const ChunkCollectives::ShardStaged& staged);
-  void OnStateShardReduced(int c, const torch::Tensor& shard);
+  void OnStateShardReduced(int c, const torch::Tensor& sum);
 
   absl::Status Step(double max_grad_norm);
   void ZeroGrad();

@@ -15,6 +15,13 @@
 #include "common/log.h"
 #include "common/status.h"
 
+#ifdef MEMPLAN_WIDEN_CUDA
+#include <c10/cuda/CUDAGuard.h>
+
+#include "agent/core/kernel_launch.h"
+#include "agent/dist/widened_sum_kernel.h"
+#endif
+
 #if defined(USE_DISTRIBUTED) && __has_include(<torch/csrc/distributed/c10d/TCPStore.hpp>)
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -484,13 +491,7 @@ class WidenedReduce final : public PendingCollective {
     if (done_) return status_;
     done_ = true;
     status_ = exchange_->Wait();
-    if (status_.ok()) {
-      const int64_t k = output_.numel();
-      output_.copy_(received_.narrow(0, 0, k).view(output_.sizes()));
-      for (int r = 1; r < world_; ++r) {
-        output_.add_(received_.narrow(0, r * k, k).view(output_.sizes()));
-      }
-    }
+    if (status_.ok()) Sum();
     received_ = torch::Tensor();
     return status_;
   }
@@ -499,6 +500,27 @@ class WidenedReduce final : public PendingCollective {
   }
 
  private:
+  void Sum() {
+    const int64_t k = output_.numel();
+#ifdef MEMPLAN_WIDEN_CUDA
+    // On the GPU one pass (widened_sum_kernel.h) computes the loop's values.
+    const auto dtype = cuda::KernelDtypeOf(received_);
+    if (dtype.has_value() && output_.is_cuda() && output_.scalar_type() == torch::kFloat32 &&
+        output_.is_contiguous() && received_.is_contiguous()) {
+      const c10::cuda::CUDAGuard guard(output_.device());
+      cuda::CheckLaunch(dist_cuda::LaunchWidenedSum(received_.data_ptr(), world_, k, *dtype,
+                                                    output_.data_ptr<float>(),
+                                                    cuda::CurrentStream(output_)),
+                        "widened sum");
+      return;
+    }
+#endif
+    output_.copy_(received_.narrow(0, 0, k).view(output_.sizes()));
+    for (int r = 1; r < world_; ++r) {
+      output_.add_(received_.narrow(0, r * k, k).view(output_.sizes()));
+    }
+  }
+
   std::unique_ptr<PendingCollective> exchange_;
   torch::Tensor received_, output_;
   int world_;
