@@ -292,6 +292,9 @@ class CostModel {
   // under compute] in cost_time.cc).
   double StepAllgatherRate() const;
   double StepReduceScatterRate() const;
+  // [Local reduce passes] Device seconds, on the compute stream, of the copies and element-wise
+  // passes around the collective of `grad_bytes` of persistent chunks' grads (model dtype).
+  double LocalReduceSeconds(double grad_bytes) const;
   double ForwardWindow(int32_t k, const PlanPoint& p, const Modes& m) const;
   double BackwardWindow(int32_t s, const PlanPoint& p, const Modes& m) const;
   double BackwardEdges(const PlanPoint& p) const;                        // pre- and post-windows

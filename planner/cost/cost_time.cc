@@ -70,6 +70,31 @@ double CostModel::StepAllgatherRate() const {
              : hardware_.nccl_allgather_bytes_per_second;
 }
 
+// [Local reduce passes] With several ranks a persistent chunk's grads pass through device memory
+// on the compute stream around their collective (agent/chunks/chunk_optimizer.cc,
+// StartPersistentReduce; chunk_collectives.cc): bytes read and written per grad byte, d the
+// model dtype's bytes and W the ranks:
+//   sharded state, 16-bit: the grads copied into a flat (2), the exchanged slices summed into an
+//     fp32 shard (1 + 4/(d·W), widened_sum_kernel.cu), its mean rounded with its squares
+//     (4/(d·W) + 1/W, shard_mean_kernel.cu);
+//   sharded state, fp32: the flat copy (2), the division in place (2/W), the squares through an
+//     fp64 copy, its square and their sum (3/W + 4/W + 2/W);
+//   all-reduced: the grads widened into an fp32 flat (1 + 4/d), divided in place (8/d) and copied
+//     back (4/d + 1).
+// The collectives themselves run beside compute (Window); these passes do not.
+double CostModel::LocalReduceSeconds(double grad_bytes) const {
+  const double w = options_.world_size;
+  if (w <= 1 || grad_bytes <= 0) return 0.0;
+  const double d = static_cast<double>(dtype_bytes_);
+  double per_byte;
+  if (chunks_->shard_state) {
+    per_byte = d < 4 ? 2 + 1 + 4 / (d * w) + 4 / (d * w) + 1 / w : 2 + 11 / w;
+  } else {
+    per_byte = 2 + 16 / d;
+  }
+  return grad_bytes * per_byte / (hardware_.hbm_bytes_per_second * options_.hbm_efficiency);
+}
+
 double CostModel::StepReduceScatterRate() const {
   return hardware_.nccl_reduce_scatter_under_compute_bytes_per_second > 0
              ? hardware_.nccl_reduce_scatter_under_compute_bytes_per_second
@@ -182,6 +207,8 @@ double CostModel::BackwardWindow(int32_t s, const PlanPoint& p, const Modes& m) 
     nccl = (refetch + regather) * frac / StepAllgatherRate() +
            (gradoff + (p.lower_bound ? 1.0 : PersistentReduceFactor()) * ptrain) * frac *
                ReduceWidening() / StepReduceScatterRate();
+    // The lower bound leaves them out, which keeps it monotone in n_persist.
+    if (!p.lower_bound) comp += LocalReduceSeconds(ptrain);
   }
   return Window(comp, refetch / w + act_in, gradoff / w, p.kind, nccl);
 }
@@ -208,6 +235,7 @@ double CostModel::BackwardEdges(const PlanPoint& p) const {
     post = std::max(post, (gradoff + (p.lower_bound ? 1.0 : PersistentReduceFactor()) * ptrain) *
                               frac * ReduceWidening() /
                               hardware_.nccl_reduce_scatter_bytes_per_second);
+    if (!p.lower_bound) post += LocalReduceSeconds(ptrain);
   }
   return pre + post;
 }
@@ -270,6 +298,7 @@ double CostModel::BackwardWindowPure(int32_t s, int key, int kind) const {
     const double frac = (w - 1) / w;
     nccl = (refetch + regather) * frac / StepAllgatherRate() +
            (gradoff + ptrain) * frac * ReduceWidening() / StepReduceScatterRate();
+    if (fst == 0) comp += LocalReduceSeconds(owned_train);  // not in the lower bound (fst 1)
   }
   return Window(comp, refetch / w + act_in, gradoff / w, kind, nccl);
 }

@@ -473,6 +473,50 @@ TEST(StepTimeTest, ShardedPersistentStateHoldsAShardAndReducesOnce) {
               0.02 * r.optimizer_seconds + 1e-6);
 }
 
+// [Local reduce passes]: with several ranks the persistent chunks' grads pass through device
+// memory on the compute stream around their collective, bytes per grad byte (bf16, W = 2): the
+// all-reduce's widen, divide and copy back 2 + 16/2; the sharded state's flat copy, widened sum
+// and rounded mean 2 + 1 + 1 + 1 + 1/2. Priced at the device's memory bandwidth beside backward's
+// compute (a fast link: the collectives stay hidden), so halving the bandwidth's price halves
+// them and changes nothing else in backward.
+TEST(StepTimeTest, PersistentGradsPassThroughDeviceMemoryAroundTheirCollective) {
+  HardwareSpec hw = *FindHardwarePreset("h200");
+  hw.nccl_allgather_bytes_per_second = 1e13;
+  hw.nccl_reduce_scatter_bytes_per_second = 1e13;
+  HardwareSpec fast_hbm = hw;
+  fast_hbm.hbm_bytes_per_second *= 2;
+  auto trace = OneBTrace(hw, 2);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  for (bool sharded : {false, true}) {
+    CostOptions options;
+    options.world_size = 2;
+    options.shard_persistent_state = sharded;
+    auto slow = CostModel::Create(*trace, int64_t{64} << 20, hw, options);
+    auto fast = CostModel::Create(*trace, int64_t{64} << 20, fast_hbm, options);
+    ASSERT_TRUE(slow.ok() && fast.ok());
+    const int32_t chunks = slow->num_chunks();
+    const ResidencyPlan plan =
+        slow->MakeResidencyPlan(chunks, 0, ModeCounts{}, HostMemoryKind::kPinned);
+    int64_t train = 0;
+    for (int64_t b : slow->layout().chunk_trainable_bytes) train += b;
+    const double per_byte = sharded ? 2 + 1 + 1 + 1 + 0.5 : 2 + 16 / 2.0;
+    const double local = static_cast<double>(train) * per_byte /
+                         (hw.hbm_bytes_per_second * CostOptions().hbm_efficiency);
+    const double saved =
+        slow->Predict(plan).backward_seconds - fast->Predict(plan).backward_seconds;
+    EXPECT_NEAR(saved, local / 2, 1e-3 * local) << (sharded ? "sharded" : "all-reduced");
+  }
+  // One rank has no collective and no such passes.
+  auto one_trace = OneBTrace(hw, 1);
+  ASSERT_TRUE(one_trace.ok());
+  auto slow1 = CostModel::Create(*one_trace, int64_t{64} << 20, hw, CostOptions());
+  auto fast1 = CostModel::Create(*one_trace, int64_t{64} << 20, fast_hbm, CostOptions());
+  ASSERT_TRUE(slow1.ok() && fast1.ok());
+  const ResidencyPlan plan1 = slow1->MakeResidencyPlan(slow1->num_chunks(), 0, ModeCounts{},
+                                                       HostMemoryKind::kPinned);
+  EXPECT_DOUBLE_EQ(slow1->Predict(plan1).backward_seconds, fast1->Predict(plan1).backward_seconds);
+}
+
 // [Sharded persistent parameters]: each rank holds 1/W of the persistent chunks' parameters as
 // well; a stage's chunks are all-gathered before it runs, in forward and again in backward, and
 // a stage's and the next one's are held at once; nothing is gathered after the update.
