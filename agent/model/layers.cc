@@ -3,11 +3,16 @@
 #include <optional>
 #include <vector>
 
-#ifdef MEMPLAN_GATED_CUDA
+#if defined(MEMPLAN_GATED_CUDA) || defined(MEMPLAN_RMS_NORM_CUDA)
 #include <c10/cuda/CUDAGuard.h>
 
 #include "agent/core/kernel_launch.h"
+#endif
+#ifdef MEMPLAN_GATED_CUDA
 #include "agent/model/gated_kernel.h"
+#endif
+#ifdef MEMPLAN_RMS_NORM_CUDA
+#include "agent/model/rms_norm_kernel.h"
 #endif
 
 namespace memplan {
@@ -67,6 +72,30 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, double eps) {
+#ifdef MEMPLAN_RMS_NORM_CUDA
+    if (UseKernel(x, weight)) {
+      // The squares and the output in one pass each (rms_norm_kernel.h); the mean and rsqrt are
+      // the ops below on the same fp32 squares.
+      const c10::cuda::CUDAGuard guard(x.device());
+      const auto dtype = *cuda::KernelDtypeOf(x);
+      void* stream = cuda::CurrentStream(x);
+      torch::Tensor sq = torch::empty(x.sizes(), x.options().dtype(torch::kFloat32));
+      cuda::CheckLaunch(model_cuda::LaunchRmsNormSquares(x.data_ptr(), x.numel(), dtype,
+                                                         sq.data_ptr<float>(), stream),
+                        "RMSNorm");
+      const torch::Tensor rstd = torch::rsqrt(sq.mean(-1, /*keepdim=*/true) + eps);
+      sq = torch::Tensor();
+      torch::Tensor y = torch::empty_like(x);
+      const int64_t width = x.size(-1);
+      cuda::CheckLaunch(model_cuda::LaunchRmsNormForward(x.data_ptr(), weight.data_ptr(),
+                                                         rstd.data_ptr<float>(),
+                                                         x.numel() / width, width, dtype,
+                                                         y.data_ptr(), stream),
+                        "RMSNorm");
+      ctx->save_for_backward({x, weight, rstd});
+      return y;
+    }
+#endif
     const torch::Tensor x32 = x.to(torch::kFloat32);
     const torch::Tensor rstd = torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
     ctx->save_for_backward({x, weight, rstd});
@@ -82,13 +111,48 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     // gradients are its own bit for bit): y = w * cast(n), n = x32 * r,
     // r = rsqrt(mean(x32²) + eps).
     const torch::Tensor& g = grads[0];
-    const torch::Tensor x32 = x.to(torch::kFloat32);
     torch::Tensor gx, gw;
+#ifdef MEMPLAN_RMS_NORM_CUDA
+    if (UseKernel(x, w) && g.is_contiguous() && g.scalar_type() == x.scalar_type() &&
+        g.sizes() == x.sizes()) {
+      // The same ops with their element-wise passes fused (rms_norm_kernel.h); the row sums are
+      // ATen's on the same tensors.
+      const c10::cuda::CUDAGuard guard(x.device());
+      const auto dtype = *cuda::KernelDtypeOf(x);
+      void* stream = cuda::CurrentStream(x);
+      const int64_t width = x.size(-1);
+      const int64_t rows = x.numel() / width;
+      if (ctx->needs_input_grad(1)) {
+        torch::Tensor gwp = torch::empty_like(x);
+        cuda::CheckLaunch(model_cuda::LaunchRmsNormWeightGradProduct(
+                              g.data_ptr(), x.data_ptr(), rstd.data_ptr<float>(), rows, width,
+                              dtype, gwp.data_ptr(), stream),
+                          "RMSNorm backward");
+        gw = gwp.sum(RowDims(g)).to(w.scalar_type());
+      }
+      if (ctx->needs_input_grad(0)) {
+        torch::Tensor prod = torch::empty(x.sizes(), x.options().dtype(torch::kFloat32));
+        cuda::CheckLaunch(model_cuda::LaunchRmsNormGradProduct(g.data_ptr(), w.data_ptr(),
+                                                               x.data_ptr(), rows, width, dtype,
+                                                               prod.data_ptr<float>(), stream),
+                          "RMSNorm backward");
+        const torch::Tensor gr = prod.sum(-1, /*keepdim=*/true);
+        prod = torch::Tensor();
+        const torch::Tensor gvar = -0.5 * gr * rstd.pow(3);
+        const torch::Tensor gsq = (gvar / x.size(-1)).contiguous();
+        gx = torch::empty_like(x);
+        cuda::CheckLaunch(model_cuda::LaunchRmsNormGradInput(
+                              g.data_ptr(), w.data_ptr(), x.data_ptr(), rstd.data_ptr<float>(),
+                              gsq.data_ptr<float>(), rows, width, dtype, gx.data_ptr(), stream),
+                          "RMSNorm backward");
+      }
+      return {gx, gw, torch::Tensor()};
+    }
+#endif
+    const torch::Tensor x32 = x.to(torch::kFloat32);
     if (ctx->needs_input_grad(1)) {
       // w's gradient: g * cast(n), summed over the broadcast rows.
-      std::vector<int64_t> rows(static_cast<size_t>(g.dim() - 1));
-      for (int64_t d = 0; d < g.dim() - 1; ++d) rows[static_cast<size_t>(d)] = d;
-      gw = (g * (x32 * rstd).to(x.scalar_type())).sum(rows).to(w.scalar_type());
+      gw = (g * (x32 * rstd).to(x.scalar_type())).sum(RowDims(g)).to(w.scalar_type());
     }
     if (ctx->needs_input_grad(0)) {
       const torch::Tensor gn = (g * w).to(torch::kFloat32);            // through the cast
@@ -99,6 +163,24 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     }
     return {gx, gw, torch::Tensor()};
   }
+
+ private:
+  // Every dimension but the last: the rows a weight's gradient is summed over.
+  static std::vector<int64_t> RowDims(const torch::Tensor& t) {
+    std::vector<int64_t> rows(static_cast<size_t>(t.dim() - 1));
+    for (int64_t d = 0; d < t.dim() - 1; ++d) rows[static_cast<size_t>(d)] = d;
+    return rows;
+  }
+#ifdef MEMPLAN_RMS_NORM_CUDA
+  // A contiguous 16-bit CUDA input with a contiguous weight of its dtype over its last dimension.
+  static bool UseKernel(const torch::Tensor& x, const torch::Tensor& w) {
+    const auto dtype = cuda::KernelDtypeOf(x);
+    return dtype.has_value() && *dtype != cuda::KernelDtype::kFloat32 && x.is_contiguous() &&
+           x.dim() >= 1 && x.numel() > 0 && w.defined() && w.device() == x.device() &&
+           w.scalar_type() == x.scalar_type() && w.is_contiguous() && w.dim() == 1 &&
+           w.size(0) == x.size(-1);
+  }
+#endif
 };
 
 // [Fused gate] silu(g) * u (gelu_tanh(g) * u for Gemma's GeGLU) as one autograd Function that

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "agent/model/layers.h"
 
@@ -155,22 +156,42 @@ TEST_P(FusedCudaTest, GateKernelRoundsAsTheEagerOps) {
   }
 }
 
+// A 16-bit norm runs rms_norm_kernel.cu's passes on the GPU (the vector path for a width that is a
+// multiple of 4 and aligned tensors, single elements otherwise: a width of 1022, an upstream
+// gradient that starts one element into its storage), fp32 the eager graph; both bit for bit.
 TEST_P(FusedCudaTest, NormIsTheEagerNormOnTheGpu) {
   const torch::ScalarType dtype = GetParam();
   torch::manual_seed(9);
-  const torch::Tensor x = Draw({2, 512, 2048}, dtype, torch::kCUDA, 2.0);
-  const torch::Tensor w = Draw({2048}, dtype, torch::kCUDA);
-  const torch::Tensor up = Draw({2, 512, 2048}, dtype, torch::kCUDA);
-  const Grads a = ForwardBackward(Fused, x, w, up);
-  const Grads b = ForwardBackward(Eager, x, w, up);
-  std::printf("%s: exact out %.4f, dx %.4f, dw %.4f; rel dx %.3g, dw %.3g\n",
-              std::string(c10::toString(dtype)).c_str(), ExactShare(a.out, b.out),
-              ExactShare(a.dx, b.dx), ExactShare(a.dw, b.dw), RelDiff(a.dx, b.dx),
-              RelDiff(a.dw, b.dw));
-  // The eager graph's values and gradients bit for bit on the GPU too.
-  EXPECT_TRUE(torch::equal(a.out, b.out));
-  EXPECT_TRUE(torch::equal(a.dx, b.dx));
-  EXPECT_TRUE(torch::equal(a.dw, b.dw));
+  const std::vector<std::vector<int64_t>> shapes = {
+      {2, 512, 2048}, {2, 64, 8, 128}, {3, 5, 1022}, {7, 96}};
+  for (const std::vector<int64_t>& shape : shapes) {
+    for (bool misaligned : {false, true}) {
+      const int64_t width = shape.back();
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      const torch::Tensor flat = Draw({n + 1}, dtype, torch::kCUDA, 2.0);
+      const torch::Tensor x = flat.narrow(0, misaligned ? 1 : 0, n).view(shape);
+      const torch::Tensor w = Draw({width}, dtype, torch::kCUDA);
+      // (ForwardBackward clones x, so the upstream gradient is what starts misaligned.)
+      const torch::Tensor up_flat = Draw({n + 1}, dtype, torch::kCUDA);
+      const torch::Tensor up = up_flat.narrow(0, misaligned ? 1 : 0, n).view(shape);
+      const Grads a = ForwardBackward(Fused, x, w, up);
+      const Grads b = ForwardBackward(Eager, x, w, up);
+      std::printf("%s %s%s: exact out %.4f, dx %.4f, dw %.4f; rel dx %.3g, dw %.3g\n",
+                  std::string(c10::toString(dtype)).c_str(),
+                  c10::str(c10::IntArrayRef(shape)).c_str(), misaligned ? " misaligned" : "",
+                  ExactShare(a.out, b.out), ExactShare(a.dx, b.dx), ExactShare(a.dw, b.dw),
+                  RelDiff(a.dx, b.dx), RelDiff(a.dw, b.dw));
+      // The eager graph's values and gradients bit for bit on the GPU too.
+      EXPECT_TRUE(torch::equal(a.out, b.out)) << c10::IntArrayRef(shape);
+      EXPECT_TRUE(torch::equal(a.dx, b.dx)) << c10::IntArrayRef(shape);
+      EXPECT_TRUE(torch::equal(a.dw, b.dw)) << c10::IntArrayRef(shape);
+      // A frozen weight (LoRA, the vision tower's norms): the input's gradient alone.
+      const Grads c = ForwardBackward(Fused, x, w, up, /*w_trains=*/false);
+      EXPECT_TRUE(torch::equal(c.dx, b.dx)) << c10::IntArrayRef(shape);
+      EXPECT_FALSE(c.dw.defined());
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, FusedCudaTest,
