@@ -74,15 +74,10 @@ int LaunchShardMean(const float* sum, int64_t n, int world, KernelDtype dtype, v
   auto s = static_cast<cudaStream_t>(stream);
   // ATen's CUDA division by a scalar multiplies by the reciprocal computed in the op's math type.
   const float inv_world = 1.0f / static_cast<float>(world);
-  switch (dtype) {
-    case KernelDtype::kBFloat16:
-      return Launch<__nv_bfloat16>(sum, n, inv_world, mean, partials, s);
-    case KernelDtype::kFloat16:
-      return Launch<__half>(sum, n, inv_world, mean, partials, s);
-    case KernelDtype::kFloat32:
-      break;
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return memplan::cuda::DispatchDtype(
+      dtype,
+      [&](auto tag) { return Launch<decltype(tag)>(sum, n, inv_world, mean, partials, s); },
+      /*sixteen_bit_only=*/true);
 }
 
 }  // namespace memplan::chunks_cuda

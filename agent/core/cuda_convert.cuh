@@ -6,8 +6,11 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "agent/core/kernel_dtype.h"
 
 namespace memplan::cuda {
 
@@ -38,6 +41,23 @@ inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 inline unsigned GridBlocks(int64_t items, int threads) {
   const int64_t want = (items + threads - 1) / threads;
   return static_cast<unsigned>(want < 65535 ? (want > 0 ? want : 1) : 65535);
+}
+
+// A launcher's dtype switch: body(T{}) with T the element type of `dtype` (float, __nv_bfloat16,
+// __half), returning what body returns (a cudaError_t). kFloat32 gives cudaErrorInvalidValue
+// when the kernel takes 16-bit tensors only.
+template <typename Body>
+int DispatchDtype(KernelDtype dtype, Body body, bool sixteen_bit_only = false) {
+  switch (dtype) {
+    case KernelDtype::kFloat32:
+      if (sixteen_bit_only) break;
+      return body(float{});
+    case KernelDtype::kBFloat16:
+      return body(__nv_bfloat16{});
+    case KernelDtype::kFloat16:
+      return body(__half{});
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
 }
 
 }  // namespace memplan::cuda

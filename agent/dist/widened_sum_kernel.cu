@@ -54,15 +54,8 @@ int LaunchWidenedSum(const void* in, int world, int64_t k, KernelDtype dtype, fl
                      void* stream) {
   if (k <= 0 || world <= 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case KernelDtype::kFloat32:
-      return Launch<float>(in, world, k, out, s);
-    case KernelDtype::kBFloat16:
-      return Launch<__nv_bfloat16>(in, world, k, out, s);
-    case KernelDtype::kFloat16:
-      return Launch<__half>(in, world, k, out, s);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return memplan::cuda::DispatchDtype(
+      dtype, [&](auto tag) { return Launch<decltype(tag)>(in, world, k, out, s); });
 }
 
 }  // namespace memplan::dist_cuda

@@ -115,30 +115,17 @@ int LaunchSiluGateForward(const void* g, const void* u, void* out, int64_t n, Ke
                           void* stream) {
   if (n <= 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case KernelDtype::kFloat32:
-      return Forward<float>(g, u, out, n, s);
-    case KernelDtype::kBFloat16:
-      return Forward<__nv_bfloat16>(g, u, out, n, s);
-    case KernelDtype::kFloat16:
-      return Forward<__half>(g, u, out, n, s);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return memplan::cuda::DispatchDtype(
+      dtype, [&](auto tag) { return Forward<decltype(tag)>(g, u, out, n, s); });
 }
 
 int LaunchSiluGateBackward(const void* grad, const void* g, const void* u, void* grad_g,
                            void* grad_u, int64_t n, KernelDtype dtype, void* stream) {
   if (n <= 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case KernelDtype::kFloat32:
-      return Backward<float>(grad, g, u, grad_g, grad_u, n, s);
-    case KernelDtype::kBFloat16:
-      return Backward<__nv_bfloat16>(grad, g, u, grad_g, grad_u, n, s);
-    case KernelDtype::kFloat16:
-      return Backward<__half>(grad, g, u, grad_g, grad_u, n, s);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return memplan::cuda::DispatchDtype(dtype, [&](auto tag) {
+    return Backward<decltype(tag)>(grad, g, u, grad_g, grad_u, n, s);
+  });
 }
 
 }  // namespace memplan::model_cuda

@@ -15,6 +15,7 @@ constexpr int kThreads = 256;
 constexpr int kVec = 4;  // four 16-bit elements (8 bytes) or four fp32 ones (16 bytes) a step
 
 using memplan::cuda::Aligned16;
+using memplan::cuda::DispatchDtype;
 using memplan::cuda::FromFloat;
 using memplan::cuda::GridBlocks;
 using memplan::cuda::Pack;
@@ -43,26 +44,31 @@ struct Squares {
   }
 };
 
+// out = round(other · round(float(x) · rstd[row])): forward with the weight as `other` (one value
+// per column), and the weight's gradient product with the upstream gradient (one per element).
 template <typename T>
-struct Forward {
+struct NormTimes {
   const T* x;
-  const T* w;
+  const T* other;
+  bool other_per_column;
   const float* rstd;
   int64_t width;
-  T* y;
+  T* out;
   template <int V>
   __device__ void Apply(int64_t i) const {
     const int64_t at = i * V;
     const float r = rstd[at / width];
     const Pack<T, V> a = reinterpret_cast<const Pack<T, V>*>(x)[i];
-    const Pack<T, V> b = reinterpret_cast<const Pack<T, V>*>(w + at % width)[0];
+    const Pack<T, V> b = other_per_column
+                             ? reinterpret_cast<const Pack<T, V>*>(other + at % width)[0]
+                             : reinterpret_cast<const Pack<T, V>*>(other)[i];
     Pack<T, V> o;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const T n = MulRound<T>(ToFloat(a.v[k]), r);
       o.v[k] = MulRound<T>(ToFloat(b.v[k]), ToFloat(n));
     }
-    reinterpret_cast<Pack<T, V>*>(y)[i] = o;
+    reinterpret_cast<Pack<T, V>*>(out)[i] = o;
   }
 };
 
@@ -119,29 +125,6 @@ struct GradInput {
   }
 };
 
-template <typename T>
-struct WeightGradProduct {
-  const T* g;
-  const T* x;
-  const float* rstd;
-  int64_t width;
-  T* gwp;
-  template <int V>
-  __device__ void Apply(int64_t i) const {
-    const int64_t at = i * V;
-    const float r = rstd[at / width];
-    const Pack<T, V> dg = reinterpret_cast<const Pack<T, V>*>(g)[i];
-    const Pack<T, V> a = reinterpret_cast<const Pack<T, V>*>(x)[i];
-    Pack<T, V> o;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const T n = MulRound<T>(ToFloat(a.v[k]), r);
-      o.v[k] = MulRound<T>(ToFloat(dg.v[k]), ToFloat(n));
-    }
-    reinterpret_cast<Pack<T, V>*>(gwp)[i] = o;
-  }
-};
-
 template <int V, typename Op>
 __global__ void __launch_bounds__(kThreads) EachPack(Op op, int64_t packs) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < packs;
@@ -163,20 +146,6 @@ int Launch(const Op& op, int64_t n, int64_t width, bool aligned, cudaStream_t s)
   return static_cast<int>(cudaGetLastError());
 }
 
-// Runs `body` with the 16-bit element type of `dtype`; kFloat32 is refused.
-template <typename Body>
-int With16Bit(KernelDtype dtype, Body body) {
-  switch (dtype) {
-    case KernelDtype::kBFloat16:
-      return body(__nv_bfloat16{});
-    case KernelDtype::kFloat16:
-      return body(__half{});
-    case KernelDtype::kFloat32:
-      break;
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
-}
-
 bool AllAligned(std::initializer_list<const void*> ptrs) {
   for (const void* p : ptrs) {
     if (!Aligned16(p)) return false;
@@ -188,55 +157,55 @@ bool AllAligned(std::initializer_list<const void*> ptrs) {
 
 int LaunchRmsNormSquares(const void* x, int64_t n, KernelDtype dtype, float* sq, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  return With16Bit(dtype, [&](auto tag) {
+  return DispatchDtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     return Launch(Squares<T>{static_cast<const T*>(x), sq}, n, n, AllAligned({x, sq}), s);
-  });
+  }, /*sixteen_bit_only=*/true);
 }
 
 int LaunchRmsNormForward(const void* x, const void* w, const float* rstd, int64_t rows,
                          int64_t width, KernelDtype dtype, void* y, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  return With16Bit(dtype, [&](auto tag) {
+  return DispatchDtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    const Forward<T> op{static_cast<const T*>(x), static_cast<const T*>(w), rstd, width,
-                        static_cast<T*>(y)};
+    const NormTimes<T> op{static_cast<const T*>(x), static_cast<const T*>(w), true, rstd, width,
+                          static_cast<T*>(y)};
     return Launch(op, rows * width, width, AllAligned({x, w, y}), s);
-  });
+  }, /*sixteen_bit_only=*/true);
 }
 
 int LaunchRmsNormGradProduct(const void* g, const void* w, const void* x, int64_t rows,
                              int64_t width, KernelDtype dtype, float* prod, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  return With16Bit(dtype, [&](auto tag) {
+  return DispatchDtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     const GradProduct<T> op{static_cast<const T*>(g), static_cast<const T*>(w),
                             static_cast<const T*>(x), width, prod};
     return Launch(op, rows * width, width, AllAligned({g, w, x, prod}), s);
-  });
+  }, /*sixteen_bit_only=*/true);
 }
 
 int LaunchRmsNormGradInput(const void* g, const void* w, const void* x, const float* rstd,
                            const float* gsq, int64_t rows, int64_t width, KernelDtype dtype,
                            void* gx, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  return With16Bit(dtype, [&](auto tag) {
+  return DispatchDtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     const GradInput<T> op{static_cast<const T*>(g), static_cast<const T*>(w),
                           static_cast<const T*>(x), rstd, gsq, width, static_cast<T*>(gx)};
     return Launch(op, rows * width, width, AllAligned({g, w, x, gx}), s);
-  });
+  }, /*sixteen_bit_only=*/true);
 }
 
 int LaunchRmsNormWeightGradProduct(const void* g, const void* x, const float* rstd, int64_t rows,
                                    int64_t width, KernelDtype dtype, void* gwp, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  return With16Bit(dtype, [&](auto tag) {
+  return DispatchDtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    const WeightGradProduct<T> op{static_cast<const T*>(g), static_cast<const T*>(x), rstd, width,
-                                  static_cast<T*>(gwp)};
+    const NormTimes<T> op{static_cast<const T*>(x), static_cast<const T*>(g), false, rstd, width,
+                          static_cast<T*>(gwp)};
     return Launch(op, rows * width, width, AllAligned({g, x, gwp}), s);
-  });
+  }, /*sixteen_bit_only=*/true);
 }
 
 }  // namespace memplan::model_cuda

@@ -105,15 +105,9 @@ int Dispatch(const void* in, const void* cos, const void* sin, void* out, const 
   }
   if (shape.batch * shape.seq * shape.heads * shape.head_dim <= 0) return 0;
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case KernelDtype::kFloat32:
-      return Launch<float, kBackward>(in, cos, sin, out, shape, s);
-    case KernelDtype::kBFloat16:
-      return Launch<__nv_bfloat16, kBackward>(in, cos, sin, out, shape, s);
-    case KernelDtype::kFloat16:
-      return Launch<__half, kBackward>(in, cos, sin, out, shape, s);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return memplan::cuda::DispatchDtype(dtype, [&](auto tag) {
+    return Launch<decltype(tag), kBackward>(in, cos, sin, out, shape, s);
+  });
 }
 
 }  // namespace
