@@ -205,8 +205,10 @@ double CostModel::BackwardWindow(int32_t s, const PlanPoint& p, const Modes& m) 
   if (w > 1) {
     const double frac = (w - 1) / w;
     nccl = (refetch + regather) * frac / StepAllgatherRate() +
-           (gradoff + (p.lower_bound ? 1.0 : PersistentReduceFactor()) * ptrain) * frac *
-               ReduceWidening() / StepReduceScatterRate();
+           (gradoff * ReduceWidening() +
+            (p.lower_bound ? 1.0 : PersistentReduceFactor() * PersistentReduceWidening()) *
+                ptrain) *
+               frac / StepReduceScatterRate();
     // The lower bound leaves them out, which keeps it monotone in n_persist.
     if (!p.lower_bound) comp += LocalReduceSeconds(ptrain);
   }
@@ -232,9 +234,11 @@ double CostModel::BackwardEdges(const PlanPoint& p) const {
       static_cast<double>(ChunkSum(chunks_->train_prefix, lo, std::min(hi, p.n_persist)));
   double post = Link(0, gradoff / w, p.kind);
   if (w > 1) {
-    post = std::max(post, (gradoff + (p.lower_bound ? 1.0 : PersistentReduceFactor()) * ptrain) *
-                              frac * ReduceWidening() /
-                              hardware_.nccl_reduce_scatter_bytes_per_second);
+    post = std::max(
+        post, (gradoff * ReduceWidening() +
+               (p.lower_bound ? 1.0 : PersistentReduceFactor() * PersistentReduceWidening()) *
+                   ptrain) *
+                  frac / hardware_.nccl_reduce_scatter_bytes_per_second);
     if (!p.lower_bound) post += LocalReduceSeconds(ptrain);
   }
   return pre + post;
@@ -288,16 +292,19 @@ double CostModel::BackwardWindowPure(int32_t s, int key, int kind) const {
   const double owned_train = static_cast<double>(ChunkSum(
       chunks_->train_prefix, chunks_->fwd_owned_begin[s + 1], chunks_->fwd_owned_begin[s + 2]));
   const double gradoff = fst == 2 ? owned_train : 0.0;
-  // Persistent grads are all-reduced (twice the reduce-scatter traffic); the lower-bound
-  // variant charges them a reduce-scatter only, which keeps it monotone in n_persist.
-  const double ptrain = fst == 0   ? PersistentReduceFactor() * owned_train
-                        : fst == 1 ? owned_train
-                                   : 0.0;
+  // Persistent grads are all-reduced (twice the reduce-scatter traffic, widened to fp32) or
+  // reduce-scattered in their own dtype; the lower-bound variant charges them one model-dtype
+  // reduce-scatter, never more than an offloaded chunk's fp32 one, so it stays monotone in
+  // n_persist.
+  const double ptrain =
+      fst == 0   ? PersistentReduceFactor() * PersistentReduceWidening() * owned_train
+      : fst == 1 ? owned_train
+                 : 0.0;
   double nccl = 0;
   if (w > 1) {
     const double frac = (w - 1) / w;
     nccl = (refetch + regather) * frac / StepAllgatherRate() +
-           (gradoff + ptrain) * frac * ReduceWidening() / StepReduceScatterRate();
+           (gradoff * ReduceWidening() + ptrain) * frac / StepReduceScatterRate();
     if (fst == 0) comp += LocalReduceSeconds(owned_train);  // not in the lower bound (fst 1)
   }
   return Window(comp, refetch / w + act_in, gradoff / w, kind, nccl);
