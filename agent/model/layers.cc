@@ -138,8 +138,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
                           "RMSNorm backward");
         const torch::Tensor gr = prod.sum(-1, /*keepdim=*/true);
         prod = torch::Tensor();
-        const torch::Tensor gvar = -0.5 * gr * rstd.pow(3);
-        const torch::Tensor gsq = (gvar / x.size(-1)).contiguous();
+        const torch::Tensor gsq = SquaresGrad(gr, rstd, width).contiguous();
         gx = torch::empty_like(x);
         cuda::CheckLaunch(model_cuda::LaunchRmsNormGradInput(
                               g.data_ptr(), w.data_ptr(), x.data_ptr(), rstd.data_ptr<float>(),
@@ -157,14 +156,20 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     if (ctx->needs_input_grad(0)) {
       const torch::Tensor gn = (g * w).to(torch::kFloat32);            // through the cast
       const torch::Tensor gr = (gn * x32).sum(-1, /*keepdim=*/true);   // n's factor r
-      const torch::Tensor gvar = -0.5 * gr * rstd.pow(3);               // rsqrt's backward
-      const torch::Tensor gsq = gvar / x.size(-1);                      // mean's backward
+      const torch::Tensor gsq = SquaresGrad(gr, rstd, x.size(-1));
       gx = (gn * rstd + gsq * (2.0 * x32)).to(x.scalar_type());         // n's and pow's paths
     }
     return {gx, gw, torch::Tensor()};
   }
 
  private:
+  // The gradient of each row's mean of squares from gr, the row sum that multiplies rstd: rsqrt's
+  // backward, then mean's; the eager graph's ops, shared by both paths of backward.
+  static torch::Tensor SquaresGrad(const torch::Tensor& gr, const torch::Tensor& rstd,
+                                   int64_t width) {
+    const torch::Tensor gvar = -0.5 * gr * rstd.pow(3);  // rsqrt's backward
+    return gvar / width;                                  // mean's backward
+  }
   // Every dimension but the last: the rows a weight's gradient is summed over.
   static std::vector<int64_t> RowDims(const torch::Tensor& t) {
     std::vector<int64_t> rows(static_cast<size_t>(t.dim() - 1));

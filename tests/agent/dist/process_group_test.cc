@@ -50,6 +50,22 @@ void OnTwoRanks(Fn fn) {
   other.join();
 }
 
+// Joins ranks 0 and 1 on two threads at once and runs fn(rank, group) on each; a rank that cannot
+// join leaves its error in status[rank].
+template <typename Fn>
+void OnTwoJoinedRanks(const LoopbackListener& listener, std::array<absl::Status, 2>& status,
+                      Fn fn) {
+  OnTwoRanks([&](int rank) {
+    absl::StatusOr<std::unique_ptr<ProcessGroup>> group =
+        ProcessGroup::Join(Rank(rank, 2, listener));
+    if (!group.ok()) {
+      status[rank] = group.status();
+      return;
+    }
+    fn(rank, **group);
+  });
+}
+
 bool GlooBuilt() { return ResolveDistBackend(DistBackend::kGloo).ok(); }
 
 TEST(ProcessGroupTest, GlooCollectivesGiveTheExpectedData) {
@@ -58,14 +74,7 @@ TEST(ProcessGroupTest, GlooCollectivesGiveTheExpectedData) {
   ASSERT_GT(listener.port, 0);
   std::array<torch::Tensor, 2> gathered, scattered, reduced;
   std::array<absl::Status, 2> status;
-  OnTwoRanks([&](int rank) {
-    absl::StatusOr<std::unique_ptr<ProcessGroup>> group =
-        ProcessGroup::Join(Rank(rank, 2, listener));
-    if (!group.ok()) {
-      status[rank] = group.status();
-      return;
-    }
-    ProcessGroup& g = **group;
+  OnTwoJoinedRanks(listener, status, [&](int rank, ProcessGroup& g) {
     EXPECT_EQ(g.rank(), rank);
     EXPECT_EQ(g.world_size(), 2);
     EXPECT_TRUE(g.device().is_cpu());
@@ -106,19 +115,12 @@ TEST(ProcessGroupTest, GlooWidenedReduceScatterSumsBf16InFp32) {
   inputs[1] = draws[1].clone();
   inputs[0][0] = 1.0;
   inputs[1][0] = std::ldexp(1.0, -8);
-  OnTwoRanks([&](int rank) {
-    absl::StatusOr<std::unique_ptr<ProcessGroup>> group =
-        ProcessGroup::Join(Rank(rank, 2, listener));
-    if (!group.ok()) {
-      status[rank] = group.status();
-      return;
-    }
+  OnTwoJoinedRanks(listener, status, [&](int rank, ProcessGroup& g) {
     widened[rank] = torch::zeros({500}, torch::kFloat32);
-    status[rank] = (*group)->ReduceScatterSumWidened(widened[rank], inputs[rank])->Wait();
+    status[rank] = g.ReduceScatterSumWidened(widened[rank], inputs[rank])->Wait();
     if (!status[rank].ok()) return;
     reference[rank] = torch::zeros({500}, torch::kFloat32);
-    status[rank] =
-        (*group)->ReduceScatterSum(reference[rank], inputs[rank].to(torch::kFloat32))->Wait();
+    status[rank] = g.ReduceScatterSum(reference[rank], inputs[rank].to(torch::kFloat32))->Wait();
   });
   for (int rank = 0; rank < 2; ++rank) {
     ASSERT_TRUE(status[rank].ok()) << status[rank];
