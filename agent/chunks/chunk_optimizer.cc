@@ -440,21 +440,19 @@ void ChunkOptimizer::OnStateShardReduced(int c, const torch::Tensor& sum) {
   ChunkState& chunk = chunks_[c];
 #ifdef MEMPLAN_SHARD_MEAN_CUDA
   // A 16-bit model on the GPU: one kernel for the ops below (shard_mean_kernel.h).
-  if (sum.is_cuda() && sum.is_contiguous() && set_.dtype() != torch::kFloat32) {
+  if (sum.is_cuda() && sum.is_contiguous() &&
+      (set_.dtype() == torch::kBFloat16 || set_.dtype() == torch::kHalf)) {
     const c10::cuda::CUDAGuard guard(sum.device());
     chunk.grad_shard = torch::empty(sum.sizes(), sum.options().dtype(set_.dtype()));
-    const auto dtype = cuda::KernelDtypeOf(chunk.grad_shard);
-    if (dtype.has_value()) {
-      torch::Tensor partials = torch::empty({chunks_cuda::ShardMeanPartials(sum.numel())},
-                                            sum.options().dtype(torch::kFloat64));
-      cuda::CheckLaunch(chunks_cuda::LaunchShardMean(
-                            sum.data_ptr<float>(), sum.numel(), set_.world(), *dtype,
-                            chunk.grad_shard.data_ptr(), partials.data_ptr<double>(),
-                            cuda::CurrentStream(sum)),
-                        "shard mean");
-      chunk.shard_squares = partials.sum();
-      return;
-    }
+    torch::Tensor partials = torch::empty({chunks_cuda::ShardMeanPartials(sum.numel())},
+                                          sum.options().dtype(torch::kFloat64));
+    cuda::CheckLaunch(chunks_cuda::LaunchShardMean(
+                          sum.data_ptr<float>(), sum.numel(), set_.world(),
+                          *cuda::KernelDtypeOf(chunk.grad_shard), chunk.grad_shard.data_ptr(),
+                          partials.data_ptr<double>(), cuda::CurrentStream(sum)),
+                      "shard mean");
+    chunk.shard_squares = partials.sum();
+    return;
   }
 #endif
   torch::Tensor mean = sum;
