@@ -390,6 +390,7 @@ void ChunkManager::ZeroGrad() { impl_->optimizer_.ZeroGrad(); }
 void ChunkManager::SetLearningRate(double lr) { impl_->options_.adamw.lr = lr; }
 double ChunkManager::LastGradNorm() const { return impl_->optimizer_.LastGradNorm(); }
 bool ChunkManager::LastStepSkipped() const { return impl_->optimizer_.LastStepSkipped(); }
+CpuPassStats ChunkManager::TakeCpuPassStats() { return impl_->optimizer_.TakeCpuPassStats(); }
 int ChunkManager::UpdatesStartedBeforeStep() const {
   return impl_->optimizer_.UpdatesStartedBeforeStep();
 }

@@ -158,6 +158,19 @@ struct ChunkMemoryStats {
 };
 
 // Host-to-device chunk uploads (parameters into device buffers), for bandwidth reports.
+// The CPU workers' passes over offloaded chunks since the last TakeCpuPassStats(): thread-seconds
+// inside the grad accumulation and inside the optimizer update (task time, the wait for the
+// grads' copy excluded), and the elements updated. Divided by the pool's threads, the seconds are
+// the wall time of a fully parallel pool: what the planner's CPU rates price
+// (HardwareSpec::cpu_adam_update_params_per_second, cpu_grad_accumulate_params_per_second).
+struct CpuPassStats {
+  int threads = 0;
+  double accumulate_thread_seconds = 0;
+  double update_thread_seconds = 0;
+  int64_t accumulated_elems = 0;
+  int64_t updated_elems = 0;
+};
+
 struct ChunkUploadStats {
   int64_t uploads = 0;
   int64_t bytes = 0;
@@ -312,6 +325,10 @@ class ChunkManager : public ParamResidency {
   absl::Status LoadRanges(const RangeReader& read, bool with_state, int parallel_reads = 1);
 
   ChunkMemoryStats MemoryStats() const;
+  // The CPU passes that finished since the last call (CpuPassStats); resets the counters. With
+  // [Deferred CPU updates] a step's updates finish during the next one, so per-step figures are
+  // what finished in the step's interval.
+  CpuPassStats TakeCpuPassStats();
   // Uploads since creation or the last ResetUploadStats(); waits for the uploads still in flight.
   ChunkUploadStats UploadStats();
   void ResetUploadStats();

@@ -187,6 +187,17 @@ void ChunkOptimizer::AddStats(ChunkMemoryStats& stats) const {
   stats.state_reduce_device_bytes_by_group = state_reduce_by_group_;
 }
 
+CpuPassStats ChunkOptimizer::TakeCpuPassStats() {
+  CpuPassStats s;
+  s.threads = pool_.num_threads();
+  s.accumulate_thread_seconds =
+      static_cast<double>(cpu_passes_.accumulate_ns.exchange(0)) * 1e-9;
+  s.update_thread_seconds = static_cast<double>(cpu_passes_.update_ns.exchange(0)) * 1e-9;
+  s.accumulated_elems = cpu_passes_.accumulated.exchange(0);
+  s.updated_elems = cpu_passes_.updated.exchange(0);
+  return s;
+}
+
 int ChunkOptimizer::UpdatesStartedBeforeStep() const {
   int n = 0;
   for (const ChunkState& chunk : chunks_) n += chunk.update_started ? 1 : 0;

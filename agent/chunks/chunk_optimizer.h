@@ -141,6 +141,7 @@ class ChunkOptimizer {
   double LastGradNorm() const { return last_grad_norm_; }
   bool LastStepSkipped() const { return last_step_skipped_; }
   int UpdatesStartedBeforeStep() const;
+  CpuPassStats TakeCpuPassStats();
   int PersistentReducesInBackward() const { return reduces_in_backward_; }
   int ShardReducesBesideBackward() const { return reduces_beside_backward_; }
 
@@ -201,6 +202,14 @@ class ChunkOptimizer {
   bool last_step_skipped_ = false;  // [Non-finite steps]
   bool overrun_ = false;  // grads arrived for a chunk whose update already started
   std::atomic<bool> worker_failed_{false};  // a CPU update threw (reported by Step())
+  // TakeCpuPassStats(): added by the workers, in nanoseconds and elements.
+  struct CpuPassCounters {
+    std::atomic<int64_t> accumulate_ns{0};
+    std::atomic<int64_t> update_ns{0};
+    std::atomic<int64_t> accumulated{0};
+    std::atomic<int64_t> updated{0};
+  };
+  CpuPassCounters cpu_passes_;
 };
 
 }  // namespace memplan::chunks

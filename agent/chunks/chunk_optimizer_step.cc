@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <deque>
 #include <limits>
@@ -105,12 +106,19 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
   uint16_t* param16 = layout.param_host.as<uint16_t>();
   uint16_t* accum16 = chunk.grad_accum.as<uint16_t>();
   std::atomic<bool>* failed = &worker_failed_;
+  CpuPassCounters* passes = &cpu_passes_;
   TaskTracker* tracker = chunk.tasks.get();
   tracker->Add(static_cast<int>(work.size()));
   for (const RangeWork& w : work) {
     pool_.Schedule([=] {
       if (copied) copied->synchronize();
+      auto since = [](std::chrono::steady_clock::time_point t) {
+        return std::chrono::duration_cast<std::chrono::nanoseconds>(
+                   std::chrono::steady_clock::now() - t)
+            .count();
+      };
       if (w.accumulate) {
+        const auto accumulate_start = std::chrono::steady_clock::now();
         const uint16_t* in16 = reinterpret_cast<const uint16_t*>(stage) + w.begin;
         if (kind == OptimizerKind::kAdamWBf16States ||
             (kind == OptimizerKind::kAdamW8bit && narrow)) {
@@ -122,12 +130,15 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
           AccumulateGrad(w.first, w.len, reinterpret_cast<const float*>(stage) + w.begin,
                          grad32 + w.begin);
         }
+        passes->accumulate_ns.fetch_add(since(accumulate_start), std::memory_order_relaxed);
+        passes->accumulated.fetch_add(w.len, std::memory_order_relaxed);
       }
       if (!w.update) {
         tracker->Done();
         return;
       }
       if (uploaded) uploaded->synchronize();  // param_host may still be the upload source
+      const auto update_start = std::chrono::steady_clock::now();
       switch (kind) {
         case OptimizerKind::kAdamW:
           AdamWUpdate(w.scalars, grad_scale, w.len, master32 + w.begin, grad32 + w.begin,
@@ -195,8 +206,11 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
           break;
       }
       if (keeps_master) RoundToBf16(w.len, master32 + w.begin, param16 + w.begin);
+      passes->update_ns.fetch_add(since(update_start), std::memory_order_relaxed);
+      passes->updated.fetch_add(w.len, std::memory_order_relaxed);
       tracker->Done();
-    }, /*order=*/c);  // [Deferred CPU updates]: the next forward needs chunk c after c - 1
+    }, /*order=*/c,  // [Deferred CPU updates]: the next forward needs chunk c after c - 1
+       /*urgent=*/!update);  // [Urgent accumulations] (README): the next hook may wait for it
   }
 }
 

@@ -17,13 +17,17 @@ ThreadPool::~ThreadPool() {
   for (std::thread& worker : workers_) worker.join();
 }
 
-void ThreadPool::Schedule(std::function<void()> task, int64_t order) {
+void ThreadPool::Schedule(std::function<void()> task, int64_t order, bool urgent) {
   if (workers_.empty()) {
     task();
     return;
   }
   absl::MutexLock lock(&mu_);
-  queue_.emplace_back(order, std::move(task));
+  if (urgent) {
+    urgent_.push_back(std::move(task));
+  } else {
+    queue_.emplace_back(order, std::move(task));
+  }
 }
 
 void ThreadPool::QueueInOrder() {
@@ -37,12 +41,19 @@ void ThreadPool::WorkerLoop() {
     std::function<void()> task;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]()
-                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !urgent_.empty() || !queue_.empty();
+      };
       mu_.Await(absl::Condition(&ready));
-      if (queue_.empty()) return;  // stopping and drained
-      task = std::move(queue_.front().second);
-      queue_.pop_front();
+      if (!urgent_.empty()) {
+        task = std::move(urgent_.front());
+        urgent_.pop_front();
+      } else if (!queue_.empty()) {
+        task = std::move(queue_.front().second);
+        queue_.pop_front();
+      } else {
+        return;  // stopping and drained
+      }
     }
     task();
   }

@@ -25,8 +25,12 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   // Tasks run in the order they were scheduled, until QueueInOrder() reorders those not started.
-  void Schedule(std::function<void()> task, int64_t order = 0);
-  // Stable-sorts the tasks still queued by their `order` (smallest first); running ones go on.
+  // An urgent task runs before every queued task that is not urgent (urgent ones keep their
+  // scheduling order among themselves): [Urgent accumulations] a caller that will soon wait for
+  // it must not wait behind the whole queue.
+  void Schedule(std::function<void()> task, int64_t order = 0, bool urgent = false);
+  // Stable-sorts the tasks still queued by their `order` (smallest first); running ones and
+  // urgent ones go on as they were.
   // [Deferred CPU updates]: an unclipped step's updates were queued as backward freed their
   // chunks, last block first; the next forward needs them first block first.
   void QueueInOrder();
@@ -37,6 +41,7 @@ class ThreadPool {
 
   absl::Mutex mu_;
   std::deque<std::pair<int64_t, std::function<void()>>> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::function<void()>> urgent_ ABSL_GUARDED_BY(mu_);  // taken before queue_
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };

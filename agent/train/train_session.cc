@@ -766,7 +766,13 @@ void TrainSession::ObserveStep(StepStats& stats) {
         .Field("tokens_per_second", stats.tokens_per_second * world_size_)
         .Field("peak_allocated_bytes", stats.peak_allocated_bytes)
         .Field("peak_reserved_bytes", stats.peak_reserved_bytes)
-        .Field("cpu_updates_in_backward", stats.offloaded_updates_in_backward);
+        .Field("cpu_updates_in_backward", stats.offloaded_updates_in_backward)
+        .Field("cpu_accumulate_seconds", stats.cpu_accumulate_seconds)
+        .Field("cpu_update_seconds", stats.cpu_update_seconds)
+        .Field("cpu_update_params_per_second",
+               stats.cpu_update_seconds > 0
+                   ? static_cast<double>(stats.cpu_updated_params) / stats.cpu_update_seconds
+                   : 0.0);
   }
 }
 

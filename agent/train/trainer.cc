@@ -671,6 +671,13 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<MicroBatch>& micro_bat
   stats.step = step_;
   for (const MicroBatch& b : micro_batches) stats.tokens += b.input_ids.numel();
   stats.tokens_per_second = stats.seconds > 0 ? stats.tokens / stats.seconds : 0;
+  if (chunk_manager_) {
+    const CpuPassStats passes = chunk_manager_->TakeCpuPassStats();
+    const double threads = std::max(1, passes.threads);
+    stats.cpu_accumulate_seconds = passes.accumulate_thread_seconds / threads;
+    stats.cpu_update_seconds = passes.update_thread_seconds / threads;
+    stats.cpu_updated_params = passes.updated_elems;
+  }
   if (cuda) {
     const auto mem = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
     const auto aggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);

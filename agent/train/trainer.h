@@ -86,6 +86,14 @@ struct StepStats {
   // Managed runs: offloaded chunks whose CPU update started during backward (overlap), i.e.
   // before OptimizerStep(); 0 with clipping, which needs the global norm first.
   int offloaded_updates_in_backward = 0;
+  // Managed runs: the CPU workers' grad accumulation and optimizer update of offloaded chunks
+  // that finished in this step's interval, as the wall seconds of the whole pool working in
+  // parallel (chunks::CpuPassStats thread-seconds over its threads), and the parameters updated.
+  // cpu_updated_params / cpu_update_seconds is the update rate training reaches, beside the one
+  // the hardware bench measured (the planner's price).
+  double cpu_accumulate_seconds = 0;
+  double cpu_update_seconds = 0;
+  int64_t cpu_updated_params = 0;
   // skip_nonfinite: the step's loss or gradients were non-finite (what, in `nonfinite`) and its
   // update was skipped.
   bool skipped = false;

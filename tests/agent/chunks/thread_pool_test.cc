@@ -1,6 +1,7 @@
 #include "agent/chunks/thread_pool.h"
 
 #include <atomic>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -78,6 +79,47 @@ TEST(ThreadPoolTest, QueueInOrderRunsWhatWaitsSmallestOrderFirst) {
   }
   tracker.Wait();
   EXPECT_EQ(ran, (std::vector<int>{0, 11, 12, 2, 31, 32}));
+}
+
+// [Urgent accumulations] An urgent task queued behind others runs before every queued task that
+// is not urgent, urgent ones in their own order, and QueueInOrder() leaves them first.
+TEST(ThreadPoolTest, UrgentTasksRunBeforeTheQueuedOnes) {
+  ThreadPool pool(1);
+  TaskTracker tracker;
+  absl::Mutex mu;
+  bool release = false;
+  bool started = false;
+  std::vector<int> ran;
+  tracker.Add(7);
+  pool.Schedule([&] {
+    absl::MutexLock lock(&mu);
+    started = true;
+    mu.Await(absl::Condition(&release));
+    ran.push_back(0);
+    tracker.Done();
+  });
+  {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(&started));
+  }
+  // Updates of chunks 5 and 4, then an accumulation of chunk 3, an update of 2, another
+  // accumulation (of chunk 1).
+  for (const auto& [id, order, urgent] : std::vector<std::tuple<int, int64_t, bool>>{
+           {5, 5, false}, {4, 4, false}, {103, 3, true}, {2, 2, false}, {101, 1, true},
+           {6, 0, false}}) {
+    pool.Schedule([&mu, &ran, &tracker, id = id] {
+      absl::MutexLock lock(&mu);
+      ran.push_back(id);
+      tracker.Done();
+    }, order, urgent);
+  }
+  pool.QueueInOrder();
+  {
+    absl::MutexLock lock(&mu);
+    release = true;
+  }
+  tracker.Wait();
+  EXPECT_EQ(ran, (std::vector<int>{0, 103, 101, 6, 2, 4, 5}));
 }
 
 }  // namespace
