@@ -250,35 +250,79 @@ inline constexpr double kCpuAccumulateBytesPerParam = 10;
 inline constexpr double kCpuUpdateBytesPerParam = 32;
 inline constexpr double kCpuFusedPassBytesPerParam = 38;
 
-struct CpuPassRates {
-  // 0: the profile has no separate accumulate figure; nothing is charged beside backward and
-  // update_params_per_second is the whole pass.
-  double accumulate_params_per_second = 0;
-  double update_params_per_second = 0;
-};
-
-// The offloaded-chunk CPU rates of `kind` on `hardware` ([Two CPU passes]). The bench's passes
-// are adamw's on a bf16 model; the other optimizers accumulate at the same rate and update at
-// adamw's rate over CpuOptimizerTimeFactor, or adamw8bit at its measured update rate.
-constexpr CpuPassRates CpuOptimizerPassRates(OptimizerKind kind, const HardwareSpec& hardware) {
-  CpuPassRates r;
-  if (hardware.cpu_grad_accumulate_params_per_second <= 0 ||
-      hardware.cpu_adam_update_params_per_second <= 0) {
-    r.update_params_per_second = CpuOptimizerParamsPerSecond(kind, hardware);
-    return r;
-  }
-  r.accumulate_params_per_second = hardware.cpu_grad_accumulate_params_per_second;
-  r.update_params_per_second =
-      kind == OptimizerKind::kAdamW8bit && hardware.cpu_adamw8bit_params_per_second > 0
-          ? hardware.cpu_adamw8bit_params_per_second
-          : hardware.cpu_adam_update_params_per_second / CpuOptimizerTimeFactor(kind);
-  return r;
-}
-
 // Bytes per element of an offloaded chunk's grad array as the update reads it: fp32 when the
 // update runs on a master (or the model is fp32), else the parameter dtype.
 constexpr int64_t HostGradElemBytes(OptimizerKind kind, int64_t dtype_bytes) {
   return OptimizerKeepsMaster(kind, dtype_bytes) ? 4 : dtype_bytes;
 }
+
+// [CPU pass bytes] Host bytes the update pass touches per element, by optimizer (a written cache
+// line counted as read too): the grad array as the update reads it (HostGradElemBytes), the fp32
+// master read and written plus the model-dtype parameter written, or the parameter alone read and
+// written, and each moment read and written. bf16 model: adamw 4 + 8 + 4 + 16 = 32
+// (kCpuUpdateBytesPerParam), adamw_bf16 2 + 4 + 8 = 14, sgd 4 + 8 + 4 = 16, adamw8bit 2 + 4 + 4
+// = 10 (its codes; it is priced from its own bench figure, the dequantizing work being the
+// cost). The passes are memory-bound, so an optimizer the bench did not time updates at adamw's
+// measured rate times 32 over its bytes. Measured in training on the H200 host (qwen2.5-1.5b, 46
+// offloaded chunks, 16 threads, the step log's cpu_update_params_per_second): adamw 3.7-4.1e9,
+// adamw_bf16 8.5-9.2e9 (2.2x; 2.29x priced), sgd 7.4-7.6e9 (1.9x; 2.0x priced).
+constexpr int64_t CpuUpdateBytesPerParam(OptimizerKind kind, int64_t dtype_bytes) {
+  const bool master = OptimizerKeepsMaster(kind, dtype_bytes);
+  const int64_t param = master ? 2 * 4 + 2 * dtype_bytes : 2 * dtype_bytes;
+  return HostGradElemBytes(kind, dtype_bytes) + param +
+         2 * OptimizerMoments(kind) * OptimizerMomentElemBytes(kind, dtype_bytes);
+}
+
+// Whether the agent runs the accumulate pass at all: only into a grad sum
+// (GradSumElemBytes > 0); otherwise the update reads the staging copy itself.
+constexpr bool CpuAccumulatePass(OptimizerKind kind, int64_t dtype_bytes, int grad_accum) {
+  return GradSumElemBytes(kind, dtype_bytes, grad_accum) > 0;
+}
+
+struct CpuPassRates {
+  // 0: the profile has no separate accumulate figure, or the optimizer has no accumulate pass
+  // (CpuAccumulatePass); nothing is charged beside backward and update_params_per_second is the
+  // whole pass.
+  double accumulate_params_per_second = 0;
+  double update_params_per_second = 0;
+};
+
+// The offloaded-chunk CPU rates of `kind` on `hardware` for a model of `dtype_bytes` with
+// `grad_accum` micro-batches ([Two CPU passes]). The bench's passes are adamw's on a bf16 model:
+// the optimizers with an accumulate pass (CpuAccumulatePass) accumulate at its rate; adamw8bit
+// updates at its measured rate (else adamw's over CpuOptimizerTimeFactor), the others at adamw's
+// scaled by their bytes ([CPU pass bytes]). A profile without the two figures prices one whole
+// pass, scaled the same way.
+constexpr CpuPassRates CpuOptimizerPassRates(OptimizerKind kind, const HardwareSpec& hardware,
+                                             int64_t dtype_bytes = 2, int grad_accum = 1) {
+  CpuPassRates r;
+  const double bytes_scale =
+      kind == OptimizerKind::kAdamW8bit
+          ? 1.0
+          : static_cast<double>(kCpuUpdateBytesPerParam) /
+                static_cast<double>(CpuUpdateBytesPerParam(kind, dtype_bytes));
+  const bool accumulates = CpuAccumulatePass(kind, dtype_bytes, grad_accum);
+  if (hardware.cpu_grad_accumulate_params_per_second <= 0 ||
+      hardware.cpu_adam_update_params_per_second <= 0) {
+    // The whole-pass figure is adamw's fused pass, 38 B: its update's 32 and the 6 the
+    // accumulation adds when the fp32 grad stays in cache (bf16 read, fp32 written).
+    const double pass_bytes = static_cast<double>(CpuUpdateBytesPerParam(kind, dtype_bytes)) +
+                              (accumulates ? kCpuFusedPassBytesPerParam - kCpuUpdateBytesPerParam
+                                           : 0.0);
+    r.update_params_per_second =
+        kind == OptimizerKind::kAdamW8bit
+            ? CpuOptimizerParamsPerSecond(kind, hardware)
+            : hardware.cpu_adam_params_per_second * kCpuFusedPassBytesPerParam / pass_bytes;
+    return r;
+  }
+  if (accumulates) r.accumulate_params_per_second = hardware.cpu_grad_accumulate_params_per_second;
+  r.update_params_per_second =
+      kind == OptimizerKind::kAdamW8bit && hardware.cpu_adamw8bit_params_per_second > 0
+          ? hardware.cpu_adamw8bit_params_per_second
+          : hardware.cpu_adam_update_params_per_second * bytes_scale /
+                CpuOptimizerTimeFactor(kind);
+  return r;
+}
+
 
 }  // namespace memplan

@@ -42,8 +42,8 @@ constexpr int kBwdKeys = 36;
 // process alone on the host. (Charging each rank the whole rate under-predicted a two-rank step:
 // docs/benchmarks.md, "Sharded training on two GPUs".)
 CpuPassRates RankCpuPassRates(OptimizerKind kind, const HardwareSpec& hardware,
-                              int32_t local_ranks) {
-  CpuPassRates r = CpuOptimizerPassRates(kind, hardware);
+                              int64_t dtype_bytes, int32_t grad_accum, int32_t local_ranks) {
+  CpuPassRates r = CpuOptimizerPassRates(kind, hardware, dtype_bytes, grad_accum);
   if (local_ranks > 1) {
     r.accumulate_params_per_second /= local_ranks;
     r.update_params_per_second /= local_ranks;
@@ -370,7 +370,8 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   t.gpu_opt_prefix.assign(c_count + 1, 0);
   t.cpu_opt_prefix.assign(c_count + 1, 0);
   t.cpu_acc_prefix.assign(c_count + 1, 0);
-  const CpuPassRates cpu_rates = RankCpuPassRates(opt, hardware_, options_.local_world_size);
+  const CpuPassRates cpu_rates = RankCpuPassRates(opt, hardware_, dtype_bytes_,
+                                                  options_.grad_accum, options_.local_world_size);
   t.gather_prefix.assign(c_count + 1, 0);
   t.pgrad_prefix.assign(c_count + 1, 0);
   const int32_t w_ranks = options_.world_size;

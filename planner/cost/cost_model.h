@@ -92,11 +92,19 @@ struct StepTime {
   // What is left of the CPU updates after the step runs beside the next step's forward, clipped
   // or not (StepUpdatesDeferred).
   bool cpu_optimizer_deferred = false;
+  // [CPU windows] The CPU optimizer cannot use the whole step: backward runs
+  // cpu_backward_lead_seconds before the first offloaded chunk's grads are final (the stages from
+  // the head down to the first one using the last chunk), and the next forward hides deferred
+  // updates only until it needs the last chunk (cpu_forward_tail_seconds: its windows from the
+  // one that uploads that chunk to the end). 0 and 0 give the unbounded formulas.
+  double cpu_backward_lead_seconds = 0;
+  double cpu_forward_tail_seconds = 0;
   // One optimizer step over grad_accum micro-batches (eq. 2, GA micro-batches):
   //   overlapped: GA T_fwd + (GA-1) max(T_bwd, T_acc) + max(T_bwd + T_gpu, T_acc + T_upd)
   //   clipping:   GA T_fwd + GA max(T_bwd, T_acc) + T_norm + max(T_gpu, T_upd)
   //   deferred:   T_upd less T_fwd in both, the next forward hiding the rest of the updates
   //               (steady state: each step's forward overlaps the last step's updates)
+  //   [CPU windows]: T_lead + T_acc + T_upd in the overlapped maximum, T_fwd - T_tail hidden
   // plus fixed_seconds.
   double IterationSeconds(int32_t grad_accum) const;
 };

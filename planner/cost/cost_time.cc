@@ -22,13 +22,16 @@ double StepTime::IterationSeconds(int32_t grad_accum) const {
   // unless it is the longer of the two.
   const double bwd = std::max(backward_seconds, cpu_accumulate_seconds);
   // [Deferred CPU updates]: the next forward runs beside what is left of the CPU updates and
-  // hides up to T_fwd of it, clipped or not.
-  const double hidden = cpu_optimizer_deferred ? forward_seconds : 0.0;
-  // Written so that T_acc = T_norm = 0 (a profile without the two-pass figures) gives the
-  // single-pass formula bit for bit.
+  // hides up to T_fwd of it, clipped or not; [CPU windows]: less the forward's tail after the
+  // last offloaded chunk's upload.
+  const double hidden =
+      cpu_optimizer_deferred ? std::max(0.0, forward_seconds - cpu_forward_tail_seconds) : 0.0;
+  // Written so that T_acc = T_norm = T_lead = T_tail = 0 (a profile without the two-pass
+  // figures) gives the single-pass formula bit for bit.
   const double tail = cpu_optimizer_overlaps
                           ? std::max(backward_seconds + gpu_optimizer_seconds,
-                                     cpu_accumulate_seconds + cpu_optimizer_seconds - hidden)
+                                     cpu_backward_lead_seconds + cpu_accumulate_seconds +
+                                         cpu_optimizer_seconds - hidden)
                           : bwd + cpu_norm_seconds +
                                 std::max(gpu_optimizer_seconds, cpu_optimizer_seconds - hidden);
   return ga * forward_seconds + (ga - 1) * bwd + tail + fixed_seconds;
@@ -416,6 +419,20 @@ StepTime CostModel::TimeImpl(const PlanPoint& p, const Modes& m, bool fast) cons
                          kCpuAccumulateBytesPerParam;
   }
   t.fixed_seconds = p.n_persist < num_chunks_ ? options_.offload_step_overhead_seconds : 0.0;
+  if (p.n_persist < num_chunks_) {
+    // [CPU windows] The last chunk (offloaded whenever any is) is first used by stage f in
+    // forward: window f uploads it, so deferred updates must be done by then; in backward its
+    // grads are final after stage f's backward, the first offloaded grads the CPU can take.
+    const auto& owned = chunks_->fwd_owned_begin;
+    const int32_t f = static_cast<int32_t>(
+        std::upper_bound(owned.begin(), owned.end(), num_chunks_ - 1) - owned.begin() - 1);
+    for (int32_t k = std::max(f, 0); k <= n + 2; ++k) {
+      t.cpu_forward_tail_seconds += ForwardWindow(k, p, m);
+    }
+    for (int32_t s = std::max(f, 0); s <= n + 1; ++s) {
+      t.cpu_backward_lead_seconds += BackwardWindow(s, p, m);
+    }
+  }
   return t;
 }
 

@@ -733,11 +733,17 @@ TEST(CostModelTest, TwoPassProfilePricesEachPass) {
   const Prediction pred =
       model.Predict(model.MakeResidencyPlan(np, nb, {}, HostMemoryKind::kPinned));
   const double bwd = std::max(t.backward_seconds, p / 4.0e9);
+  // [CPU windows]: real windows of this plan, inside the forward and the backward.
+  ASSERT_GT(t.cpu_forward_tail_seconds, 0);
+  ASSERT_LT(t.cpu_forward_tail_seconds, t.forward_seconds);
+  ASSERT_GT(t.cpu_backward_lead_seconds, 0);
+  ASSERT_LT(t.cpu_backward_lead_seconds, t.backward_seconds);
+  const double hidden = t.forward_seconds - t.cpu_forward_tail_seconds;
   ExpectNear(pred.iteration_seconds,
              2 * t.forward_seconds + 2 * bwd + p * 4 / 4.0e10 +
-                 // [Deferred CPU updates]: one rank, the next forward hides T_fwd of T_upd.
-                 std::max(t.gpu_optimizer_seconds, p / 1.25e9 - t.forward_seconds) +
-                 t.fixed_seconds,
+                 // [Deferred CPU updates]: one rank, the next forward hides T_upd until it
+                 // uploads the last offloaded chunk.
+                 std::max(t.gpu_optimizer_seconds, p / 1.25e9 - hidden) + t.fixed_seconds,
              "clipped step");
 
   // One micro-batch: the norms come from the device grads.
@@ -759,13 +765,16 @@ TEST(CostModelTest, TwoPassProfilePricesEachPass) {
   const CostModel unclipped = MustCreate(trace, 32 * kMiB, hw, o);
   const StepTime u = unclipped.Time(np, nb, {}, HostMemoryKind::kPinned);
   EXPECT_TRUE(u.cpu_optimizer_deferred);
-  const double cpu_side = u.cpu_accumulate_seconds + u.cpu_optimizer_seconds;
-  ASSERT_GT(cpu_side - u.forward_seconds, u.backward_seconds + u.gpu_optimizer_seconds);
+  // [CPU windows]: the CPU starts T_lead into the last backward.
+  const double cpu_side =
+      u.cpu_backward_lead_seconds + u.cpu_accumulate_seconds + u.cpu_optimizer_seconds -
+      (u.forward_seconds - u.cpu_forward_tail_seconds);
+  ASSERT_GT(cpu_side, u.backward_seconds + u.gpu_optimizer_seconds);
   ExpectNear(
       unclipped.Predict(unclipped.MakeResidencyPlan(np, nb, {}, HostMemoryKind::kPinned))
           .iteration_seconds,
-      2 * u.forward_seconds + std::max(u.backward_seconds, u.cpu_accumulate_seconds) + cpu_side -
-          u.forward_seconds + u.fixed_seconds,
+      2 * u.forward_seconds + std::max(u.backward_seconds, u.cpu_accumulate_seconds) + cpu_side +
+          u.fixed_seconds,
       "unclipped step");
   hw.cpu_adam_update_params_per_second = 1.25e9;
   // adamw8bit: the same accumulate, its own update rate; adamw_bf16 reads bf16 grads for the norm.
@@ -834,7 +843,7 @@ TEST(StepTimeTest, LocalRanksShareTheHostCpuPasses) {
 // A profile without the two figures (older agents) is priced as before they existed: one whole
 // pass per step, after backward when clipping, no accumulate or norm term. The previous formula
 // and prefix sums are spelled out here and must match bit for bit.
-TEST(CostModelTest, ProfilesWithoutTwoPassFiguresKeepThePreviousPrediction) {
+TEST(CostModelTest, ProfilesWithoutTwoPassFiguresPriceOneWholePass) {
   std::mt19937_64 rng(31);
   for (int iter = 0; iter < 60; ++iter) {
     RandomCase c = MakeCase(rng);
@@ -847,7 +856,10 @@ TEST(CostModelTest, ProfilesWithoutTwoPassFiguresKeepThePreviousPrediction) {
     const CostModel model = MustCreate(c.trace, c.chunk_bytes, c.hardware, c.options);
     const int32_t chunks = model.num_chunks();
     const int64_t dtype_bytes = DTypeBytes(c.trace.param_dtype);
-    const double rate = CpuOptimizerParamsPerSecond(c.options.optimizer, c.hardware);
+    // The whole pass at the optimizer's rate ([CPU pass bytes]).
+    const double rate = CpuOptimizerPassRates(c.options.optimizer, c.hardware, dtype_bytes,
+                                              c.options.grad_accum)
+                            .update_params_per_second;
     std::vector<double> prefix(static_cast<size_t>(chunks) + 1, 0.0);
     for (int32_t k = 0; k < chunks; ++k) {
       prefix[k + 1] =
@@ -863,19 +875,23 @@ TEST(CostModelTest, ProfilesWithoutTwoPassFiguresKeepThePreviousPrediction) {
       EXPECT_EQ(t.cpu_norm_seconds, 0);
       EXPECT_EQ(t.cpu_optimizer_seconds, prefix[chunks] - prefix[np]);
       const double ga = c.options.grad_accum;
-      // [Deferred CPU updates] on one rank, clipped or not.
-      const double left = StepUpdatesDeferred(c.options.world_size)
-                              ? t.cpu_optimizer_seconds - t.forward_seconds
-                              : t.cpu_optimizer_seconds;
+      // [Deferred CPU updates] on one rank, clipped or not, hidden until the forward uploads
+      // the last offloaded chunk ([CPU windows]).
+      const double left =
+          StepUpdatesDeferred(c.options.world_size)
+              ? t.cpu_optimizer_seconds -
+                    std::max(0.0, t.forward_seconds - t.cpu_forward_tail_seconds)
+              : t.cpu_optimizer_seconds;
       const double tail =
           c.options.cpu_optimizer_overlaps
-              ? std::max(t.backward_seconds + t.gpu_optimizer_seconds, left)
+              ? std::max(t.backward_seconds + t.gpu_optimizer_seconds,
+                         t.cpu_backward_lead_seconds + left)
               : t.backward_seconds + std::max(t.gpu_optimizer_seconds, left);
       const double previous =
           ga * t.forward_seconds + (ga - 1) * t.backward_seconds + tail + t.fixed_seconds;
       const Prediction pred =
           model.Predict(model.MakeResidencyPlan(np, nb, m, HostMemoryKind::kPinned));
-      EXPECT_EQ(pred.iteration_seconds, c.options.time_factor * previous);
+      EXPECT_DOUBLE_EQ(pred.iteration_seconds, c.options.time_factor * previous);
     }
   }
 }

@@ -88,5 +88,28 @@ TEST(StepTimeTest, DeferredUnclippedUpdatesOverlapTheNextForward) {
   EXPECT_DOUBLE_EQ(t.IterationSeconds(1), 1.0 + 2.25 + 0.125);
 }
 
+// [CPU windows]: the CPU starts on the first offloaded grads T_lead into backward, and the next
+// forward hides deferred updates only until its window that uploads the last offloaded chunk.
+TEST(StepTimeTest, CpuWindowsBoundTheOverlap) {
+  StepTime t = ExampleTimes();
+  t.cpu_accumulate_seconds = 0.5;
+  t.cpu_optimizer_seconds = 3.0;
+  t.cpu_optimizer_deferred = true;
+  t.cpu_backward_lead_seconds = 0.25;
+  t.cpu_forward_tail_seconds = 0.375;
+  // Unclipped: 1 + max(2 + 0.25, 0.25 + 0.5 + 3 - (1 - 0.375)) + 0.125.
+  EXPECT_DOUBLE_EQ(t.IterationSeconds(1), 1.0 + 3.125 + 0.125);
+  // Clipped: 1 + max(2, 0.5) + max(0.25, 3 - 0.625) + 0.125; the lead is inside backward.
+  t.cpu_optimizer_overlaps = false;
+  EXPECT_DOUBLE_EQ(t.IterationSeconds(1), 1.0 + 2.0 + 2.375 + 0.125);
+  // A tail longer than the forward hides nothing.
+  t.cpu_forward_tail_seconds = 1.5;
+  EXPECT_DOUBLE_EQ(t.IterationSeconds(1), 1.0 + 2.0 + 3.0 + 0.125);
+  // Without deferral the tail does not matter; the lead still delays the unclipped CPU side.
+  t.cpu_optimizer_deferred = false;
+  t.cpu_optimizer_overlaps = true;
+  EXPECT_DOUBLE_EQ(t.IterationSeconds(1), 1.0 + 3.75 + 0.125);
+}
+
 }  // namespace
 }  // namespace memplan
