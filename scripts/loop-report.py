@@ -107,12 +107,22 @@ def replay_row(head, i, req, resp, m, cli, addr, with_measured_step):
 
 
 def last_error(path):
-    """The agent's last error line in a run's output, shortened."""
+    """The agent's own error in a run's output, shortened: its first 'memplan-agent train:' line
+    (rank 0's cause; the other ranks report that rank 0 failed), else the last line naming the
+    agent (a launcher's)."""
     try:
-        lines = [l for l in open(path).read().splitlines() if "memplan-agent" in l and ": " in l]
+        lines = open(path).read().splitlines()
     except OSError:
         return "no output"
-    return lines[-1][:160].replace("|", "/") if lines else "no error line"
+    own = [l for l in lines if l.startswith("memplan-agent ") and ": " in l]
+    other = [l for l in lines if "memplan-agent" in l and ": " in l]
+    line = own[0] if own else other[-1] if other else "no error line"
+    return line[:200].replace("|", "/")
+
+
+def does_not_fit(reason):
+    """The planner answered that nothing fits the drawn card: a right answer, not a failure."""
+    return "found no plan that fits" in reason
 
 
 def category(req):
@@ -140,7 +150,7 @@ def print_categories(measured):
                   f"{sum(p < -3 for p, _ in g)} | {sum(abs(s) <= 10 for s in steps)} of {len(steps)} |")
 
 
-def print_summary(peak_errors, step_errors, ooms, planned):
+def print_summary(peak_errors, step_errors, ooms, planned, no_fit=0):
     """The error distribution of the predictions as made (prediction minus measured, in %)."""
     def share(values, pred):
         return f"{sum(1 for v in values if pred(v))} of {len(values)}"
@@ -155,7 +165,8 @@ def print_summary(peak_errors, step_errors, ooms, planned):
 
     print()
     print(f"workloads planned: {planned}; measured: {len(peak_errors)}; OOM: {ooms}; "
-          f"stopped unmeasured: {planned - len(peak_errors) - ooms}")
+          f"nothing fits the card (the planner said so): {no_fit}; "
+          f"stopped unmeasured: {planned - len(peak_errors) - ooms - no_fit}")
     print(f"peak (reserved) error: {spread(peak_errors)}")
     print(f"  within ±5 %: {share(peak_errors, lambda e: abs(e) <= 5)}; "
           f"within ±3 %: {share(peak_errors, lambda e: abs(e) <= 3)}; "
@@ -199,7 +210,7 @@ def main():
     print("| # | model | batch×seq | margin | plan | predicted MiB | raw model MiB | measured "
           "allocated / reserved MiB | error | raw error | predicted / measured step s |")
     print("|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|")
-    peak_errors, step_errors, ooms, measured = [], [], 0, []
+    peak_errors, step_errors, ooms, measured, no_fit = [], [], 0, [], 0
     for i, req, resp, m in rows:
         w = req.get("workload", {})
         margin = req.get("safety_margin", 0.05) or 0.05
@@ -209,7 +220,9 @@ def main():
             name = req.get("arch", {}).get("name", "?")
         if not m or m.get("oom"):
             # No measurement at all: the run stopped after the plan (a time limit, a crash).
-            what = "OOM" if m else f"not measured: {last_error(f'{out}/run-{i}.txt')}"
+            reason = last_error(f"{out}/run-{i}.txt")
+            no_fit += 0 if m else 1 if does_not_fit(reason) else 0
+            what = "OOM" if m else f"not measured: {reason}"
             print(f"| {i} | {name} | {w.get('micro_batch')}×{w.get('seq_len')} | {margin:.2f} | "
                   f"{knobs(resp['plan'])} | | | {what} | | | |")
             ooms += 1 if m else 0
@@ -233,7 +246,7 @@ def main():
     for i, what, error in failed:
         print(f"| {i} | {what} | | no plan: {error} | | | | | | |")
     if summary:
-        print_summary(peak_errors, step_errors, ooms, len(rows))
+        print_summary(peak_errors, step_errors, ooms, len(rows), no_fit)
         print_categories(measured)
         if failed:
             print(f"runs that stopped before a plan: {len(failed)} "
