@@ -230,6 +230,8 @@ v1::HardwareProfile ToProto(const HardwareSpec& spec) {
   out.set_cpu_adamw8bit_params_per_second(spec.cpu_adamw8bit_params_per_second);
   out.set_cpu_grad_accumulate_params_per_second(spec.cpu_grad_accumulate_params_per_second);
   out.set_cpu_adam_update_params_per_second(spec.cpu_adam_update_params_per_second);
+  out.set_cpu_adamw_bf16_params_per_second(spec.cpu_adamw_bf16_params_per_second);
+  out.set_cpu_sgd_params_per_second(spec.cpu_sgd_params_per_second);
   return out;
 }
 
@@ -507,6 +509,8 @@ HardwareSpec HardwareSpecFromProto(const v1::HardwareProfile& profile) {
   out.cpu_adamw8bit_params_per_second = profile.cpu_adamw8bit_params_per_second();
   out.cpu_grad_accumulate_params_per_second = profile.cpu_grad_accumulate_params_per_second();
   out.cpu_adam_update_params_per_second = profile.cpu_adam_update_params_per_second();
+  out.cpu_adamw_bf16_params_per_second = profile.cpu_adamw_bf16_params_per_second();
+  out.cpu_sgd_params_per_second = profile.cpu_sgd_params_per_second();
   return out;
 }
 

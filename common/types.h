@@ -224,6 +224,10 @@ struct HardwareSpec {
   // pass of cpu_adam_params_per_second.
   double cpu_grad_accumulate_params_per_second = 0;
   double cpu_adam_update_params_per_second = 0;
+  // [CPU pass bytes]: the update pass of adamw_bf16 and of sgd as the chunk manager runs them;
+  // 0 = not measured (cpu_adam_update_params_per_second scaled by the bytes each touches).
+  double cpu_adamw_bf16_params_per_second = 0;
+  double cpu_sgd_params_per_second = 0;
 };
 
 struct Workload {

@@ -426,6 +426,8 @@ absl::Status ValidateHardwareSpec(const HardwareSpec& h, absl::string_view prefi
       {"cpu_adamw8bit_params_per_second", h.cpu_adamw8bit_params_per_second, false},
       {"cpu_grad_accumulate_params_per_second", h.cpu_grad_accumulate_params_per_second, false},
       {"cpu_adam_update_params_per_second", h.cpu_adam_update_params_per_second, false},
+      {"cpu_adamw_bf16_params_per_second", h.cpu_adamw_bf16_params_per_second, false},
+      {"cpu_sgd_params_per_second", h.cpu_sgd_params_per_second, false},
   };
   for (const Rate& r : rates) {
     if (auto s = CheckRate(prefix, r.field, r.value, r.required); !s.ok()) return s;

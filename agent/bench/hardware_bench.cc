@@ -201,6 +201,41 @@ PassRate CpuAdamW8bitRate(const HardwareBenchOptions& options, ThreadPool& pool)
   });
 }
 
+// [CPU pass bytes] adamw_bf16's update as ScheduleChunkWork runs it on an offloaded chunk
+// (AdamWBf16Update: bf16 parameter, grad and moments in place, torch's fused AdamW bit for bit);
+// nullopt where torch's CPU dispatch is one that kernel does not reproduce (training then calls
+// at::_fused_adamw_ per range, which is not timed here).
+std::optional<PassRate> CpuAdamWBf16Rate(const HardwareBenchOptions& options, ThreadPool& pool) {
+  const int64_t vector_elems = TorchBf16VectorElems();
+  if (vector_elems <= 0) return std::nullopt;
+  const int64_t n = options.adam_params;
+  std::vector<uint16_t> grad16(n, 0x3c24), param16(n, 0x3f00), exp_avg(n, 0), exp_avg_sq(n, 0);
+  return TimePass(options, n, [&](int run) {
+    const AdamWStepScalars s = MakeAdamWStepScalars(AdamWOptions{}, run + 1);
+    OverRanges(pool, n, [&](int64_t begin, int64_t len) {
+      AdamWBf16Update(s, 0.5f, len, param16.data() + begin, grad16.data() + begin,
+                      exp_avg.data() + begin, exp_avg_sq.data() + begin, vector_elems);
+    });
+  });
+}
+
+// [CPU pass bytes] sgd's update pass on a bf16 model's offloaded chunk: the fp32 master from the
+// fp32 grad array (the accumulate pass's output, out of cache as after the norm), rounded into
+// the bf16 parameters, as ScheduleChunkWork runs it.
+PassRate CpuSgdRate(const HardwareBenchOptions& options, ThreadPool& pool) {
+  const int64_t n = options.adam_params;
+  std::vector<float> master(n, 0.5f), grad(n, 0.01f);
+  std::vector<uint16_t> param16(n, 0);
+  const AdamWOptions defaults;
+  const SgdStepScalars s = MakeSgdStepScalars(defaults.lr, defaults.weight_decay);
+  return TimePass(options, n, [&](int) {
+    OverRanges(pool, n, [&](int64_t begin, int64_t len) {
+      SgdUpdate(s, 0.5f, len, master.data() + begin, grad.data() + begin);
+      RoundToBf16(len, master.data() + begin, param16.data() + begin);
+    });
+  });
+}
+
 // ---------------------------------------------------------------- GPU figures
 
 #ifdef MEMPLAN_BENCH_CUDA
@@ -543,6 +578,19 @@ HardwareBenchResult MeasureHardware(const HardwareBenchOptions& options) {
             absl::StrFormat(
                 "%s; time x%.2f of cpu_adamw", PassNote(eight, threads, n, "bf16 -> 8-bit states"),
                 spec.cpu_adam_params_per_second / spec.cpu_adamw8bit_params_per_second));
+    if (const std::optional<PassRate> bf16 = CpuAdamWBf16Rate(options, pool); bf16.has_value()) {
+      spec.cpu_adamw_bf16_params_per_second = bf16->params_per_second;
+      rec.Add("cpu_adamw_bf16", spec.cpu_adamw_bf16_params_per_second / 1e6, "Mparams/s",
+              PassNote(*bf16, threads, n, "bf16 params, grads and moments in place"));
+    } else {
+      rec.Add("cpu_adamw_bf16", 0, "Mparams/s",
+              "not measured: torch's CPU dispatch is neither AVX2 nor AVX-512 (the planner scales "
+              "cpu_adam_update by bytes)");
+    }
+    const PassRate sgd = CpuSgdRate(options, pool);
+    spec.cpu_sgd_params_per_second = sgd.params_per_second;
+    rec.Add("cpu_sgd", spec.cpu_sgd_params_per_second / 1e6, "Mparams/s",
+            PassNote(sgd, threads, n, "fp32 grads -> fp32 SGD -> bf16 params"));
   }
 
   result.gpu_status = MeasureGpu(options, rec, spec);

@@ -155,7 +155,9 @@ Json ToJson(const HardwareSpec& h) {
               {"nf4_dequant_bytes_per_second", h.nf4_dequant_bytes_per_second},
               {"cpu_adamw8bit_params_per_second", h.cpu_adamw8bit_params_per_second},
               {"cpu_grad_accumulate_params_per_second", h.cpu_grad_accumulate_params_per_second},
-              {"cpu_adam_update_params_per_second", h.cpu_adam_update_params_per_second}};
+              {"cpu_adam_update_params_per_second", h.cpu_adam_update_params_per_second},
+              {"cpu_adamw_bf16_params_per_second", h.cpu_adamw_bf16_params_per_second},
+              {"cpu_sgd_params_per_second", h.cpu_sgd_params_per_second}};
 }
 
 Json ToJson(const Workload& w) {
@@ -460,6 +462,8 @@ void Read(const Json& j, const std::string& path, absl::Status* s, HardwareSpec*
   r.Get("cpu_adamw8bit_params_per_second", &h->cpu_adamw8bit_params_per_second);
   r.Get("cpu_grad_accumulate_params_per_second", &h->cpu_grad_accumulate_params_per_second);
   r.Get("cpu_adam_update_params_per_second", &h->cpu_adam_update_params_per_second);
+  r.Get("cpu_adamw_bf16_params_per_second", &h->cpu_adamw_bf16_params_per_second);
+  r.Get("cpu_sgd_params_per_second", &h->cpu_sgd_params_per_second);
 }
 
 void Read(const Json& j, const std::string& path, absl::Status* s, Workload* w) {

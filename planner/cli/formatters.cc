@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "common/optimizer_bytes.h"
 #include "common/relative_error.h"
 #include "common/vision_cost.h"
 #include "planner/cli/text_table.h"
@@ -409,6 +410,18 @@ std::string FormatHardwareProfile(const v1::HardwareProfile& h) {
              ? absl::StrCat(FormatCount(h.cpu_grad_accumulate_params_per_second()), " / ",
                             FormatCount(h.cpu_adam_update_params_per_second()), " params/s")
              : "not measured (one CPU Adam pass priced)");
+  // The other optimizers' updates, each where the bench timed it ([CPU pass bytes]).
+  auto per_optimizer = [](double rate, absl::string_view otherwise) {
+    return rate > 0 ? absl::StrCat(FormatCount(rate), " params/s")
+                    : absl::StrCat("not measured (", otherwise, ")");
+  };
+  kv.Add("CPU update adamw8bit",
+         per_optimizer(h.cpu_adamw8bit_params_per_second(),
+                       absl::StrFormat("adamw's time x%.1f", kAdamW8bitCpuTimeFactor)));
+  kv.Add("CPU update adamw_bf16",
+         per_optimizer(h.cpu_adamw_bf16_params_per_second(), "adamw's update scaled by bytes"));
+  kv.Add("CPU update sgd",
+         per_optimizer(h.cpu_sgd_params_per_second(), "adamw's update scaled by bytes"));
   kv.Add("Host memory", FormatGiB(h.host_memory_bytes()));
   kv.Add("Pinned limit",
          h.pinned_limit_bytes() == 0 ? "unlimited" : FormatGiB(h.pinned_limit_bytes()));

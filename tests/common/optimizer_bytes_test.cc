@@ -73,6 +73,18 @@ TEST(OptimizerBytesTest, CpuPassBytesAndAccumulatePassPerOptimizer) {
   r = CpuOptimizerPassRates(OptimizerKind::kAdamW8bit, hw, 2, 1);
   EXPECT_EQ(r.accumulate_params_per_second, 0);
   EXPECT_DOUBLE_EQ(r.update_params_per_second, 4.5e9);
+  // The bench's own figures, where it timed them, take precedence over the bytes.
+  hw.cpu_adamw_bf16_params_per_second = 8.5e9;
+  hw.cpu_sgd_params_per_second = 7.25e9;
+  EXPECT_DOUBLE_EQ(
+      CpuOptimizerPassRates(OptimizerKind::kAdamWBf16States, hw, 2, 1).update_params_per_second,
+      8.5e9);
+  r = CpuOptimizerPassRates(OptimizerKind::kSgd, hw, 2, 1);
+  EXPECT_DOUBLE_EQ(r.update_params_per_second, 7.25e9);
+  EXPECT_DOUBLE_EQ(r.accumulate_params_per_second, 2e10);
+  // sgd on an fp32 model has no master to round: the bf16 bench figure is not its pass.
+  EXPECT_DOUBLE_EQ(CpuOptimizerPassRates(OptimizerKind::kSgd, hw, 4, 1).update_params_per_second,
+                   4e9 * 32 / (4 + 8));
   // A whole-pass profile: adamw's fused pass is 38 B; adamw_bf16's whole pass is its 14 B update.
   HardwareSpec whole;
   whole.cpu_adam_params_per_second = 3.8e9;

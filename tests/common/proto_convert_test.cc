@@ -252,6 +252,15 @@ TEST(ProtoConvertTest, QloraAndTheDequantizationRateRoundTrip) {
   old.clear_cpu_adam_update_params_per_second();
   EXPECT_EQ(HardwareSpecFromProto(old).cpu_grad_accumulate_params_per_second, 0);
   EXPECT_EQ(HardwareSpecFromProto(old).cpu_adam_update_params_per_second, 0);
+  // [CPU pass bytes]: fields 25 and 26; an older profile reads back 0 (priced by bytes).
+  hw.cpu_adamw_bf16_params_per_second = 8.5e9;
+  hw.cpu_sgd_params_per_second = 7.25e9;
+  const v1::HardwareProfile each = ToProto(hw);
+  EXPECT_EQ(each.cpu_adamw_bf16_params_per_second(), 8.5e9);
+  EXPECT_EQ(each.cpu_sgd_params_per_second(), 7.25e9);
+  EXPECT_EQ(HardwareSpecFromProto(each).cpu_adamw_bf16_params_per_second, 8.5e9);
+  EXPECT_EQ(HardwareSpecFromProto(each).cpu_sgd_params_per_second, 7.25e9);
+  EXPECT_EQ(HardwareSpecFromProto(two).cpu_sgd_params_per_second, 0);
   // [Collectives under compute]: fields 23 and 24.
   hw.nccl_allgather_under_compute_bytes_per_second = 9e10;
   hw.nccl_reduce_scatter_under_compute_bytes_per_second = 8e10;

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "agent/chunks/torch_sqrt.h"
 #include "agent/core/torch_pch.h"
 #include "common/validate.h"
 
@@ -72,6 +73,21 @@ TEST(HardwareBenchTest, TwoCpuPassesAreMeasuredApart) {
   EXPECT_THAT(upd->note, HasSubstr("1M params"));
   EXPECT_THAT(FormatBenchTable(r), HasSubstr("cpu_grad_accumulate"));
   EXPECT_THAT(FormatBenchTable(r), HasSubstr("cpu_adam_update"));
+  // [CPU pass bytes]: sgd's and adamw_bf16's updates, each timed as the chunk manager runs it
+  // (adamw_bf16 where torch's CPU dispatch is one AdamWBf16Update reproduces).
+  EXPECT_GT(r.spec.cpu_sgd_params_per_second, 0);
+  const BenchFigure* sgd = Find(r, "cpu_sgd");
+  ASSERT_NE(sgd, nullptr);
+  EXPECT_DOUBLE_EQ(sgd->value, r.spec.cpu_sgd_params_per_second / 1e6);
+  const BenchFigure* bf16 = Find(r, "cpu_adamw_bf16");
+  ASSERT_NE(bf16, nullptr);
+  if (TorchBf16VectorElems() > 0) {
+    EXPECT_GT(r.spec.cpu_adamw_bf16_params_per_second, 0);
+    EXPECT_DOUBLE_EQ(bf16->value, r.spec.cpu_adamw_bf16_params_per_second / 1e6);
+  } else {
+    EXPECT_EQ(r.spec.cpu_adamw_bf16_params_per_second, 0);
+    EXPECT_THAT(bf16->note, HasSubstr("not measured"));
+  }
 }
 
 TEST(HardwareBenchTest, WithoutCudaTheGpuPartIsAFailedPrecondition) {

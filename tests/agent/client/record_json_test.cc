@@ -358,6 +358,8 @@ TEST(RecordJsonTest, HardwareRoundTripsEveryField) {
   a.measured = true;
   a.cpu_grad_accumulate_params_per_second = 4.5e9;
   a.cpu_adam_update_params_per_second = 1.4e9;
+  a.cpu_adamw_bf16_params_per_second = 8.5e9;
+  a.cpu_sgd_params_per_second = 7.25e9;
   absl::StatusOr<HardwareSpec> b = HardwareSpecFromJson(HardwareSpecToJson(a));
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(b->name, a.name);
@@ -381,6 +383,8 @@ TEST(RecordJsonTest, HardwareRoundTripsEveryField) {
   EXPECT_EQ(b->cpu_adam_params_per_second, a.cpu_adam_params_per_second);
   EXPECT_EQ(b->cpu_grad_accumulate_params_per_second, a.cpu_grad_accumulate_params_per_second);
   EXPECT_EQ(b->cpu_adam_update_params_per_second, a.cpu_adam_update_params_per_second);
+  EXPECT_EQ(b->cpu_adamw_bf16_params_per_second, a.cpu_adamw_bf16_params_per_second);
+  EXPECT_EQ(b->cpu_sgd_params_per_second, a.cpu_sgd_params_per_second);
   EXPECT_EQ(b->host_memory_bytes, a.host_memory_bytes);
   EXPECT_EQ(b->pinned_limit_bytes, a.pinned_limit_bytes);
   EXPECT_TRUE(b->measured);

@@ -2,6 +2,10 @@
 
 #include <string>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+
 #include "common/presets.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -285,6 +289,21 @@ TEST(FormattersTest, TraceAndHardwareProfile) {
   h.set_cpu_adam_update_params_per_second(1.25e9);
   EXPECT_THAT(FormatHardwareProfile(h),
               HasSubstr("CPU accumulate / update  4,500,000,000 / 1,250,000,000 params/s"));
+  // [CPU pass bytes]: each optimizer's own update figure, or what is priced without it.
+  auto line_of = [](const std::string& text, absl::string_view key) {
+    for (absl::string_view line : absl::StrSplit(text, '\n')) {
+      if (absl::StartsWith(line, key)) return std::string(line);
+    }
+    return std::string();
+  };
+  EXPECT_THAT(line_of(hw, "CPU update adamw_bf16"),
+              HasSubstr("not measured (adamw's update scaled by bytes)"));
+  EXPECT_THAT(line_of(hw, "CPU update adamw8bit"), HasSubstr("not measured (adamw's time x1.4)"));
+  h.set_cpu_adamw_bf16_params_per_second(8.5e9);
+  h.set_cpu_sgd_params_per_second(7.25e9);
+  const std::string measured = FormatHardwareProfile(h);
+  EXPECT_THAT(line_of(measured, "CPU update adamw_bf16"), HasSubstr("8,500,000,000 params/s"));
+  EXPECT_THAT(line_of(measured, "CPU update sgd"), HasSubstr("7,250,000,000 params/s"));
 }
 
 // The vision tower below a vision-language plan: Qwen2.5-VL-7B's tower with one 448x448 image.
