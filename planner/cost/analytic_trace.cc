@@ -1,4 +1,5 @@
 #include "planner/cost/analytic_trace.h"
+#include <tuple>
 
 #include <algorithm>
 #include <cmath>
@@ -307,11 +308,11 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
     }
   }
   if (!(options.block_forward_floor_seconds >= 0) || !(options.block_backward_floor_seconds >= 0) ||
-      !(options.host_overlap_exponent >= 1)) {
+      !(options.host_overlap_exponent == 0 || options.host_overlap_exponent >= 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "analytic options: block floors (", options.block_forward_floor_seconds, ", ",
         options.block_backward_floor_seconds, " s) must be >= 0 and host_overlap_exponent (",
-        options.host_overlap_exponent, ") >= 1"));
+        options.host_overlap_exponent, ") 0 (the larger) or >= 1"));
   }
   const double matmul_rate = MatmulRate(hardware, param_dtype) * options.matmul_efficiency;
   const double hbm_rate = hardware.hbm_bytes_per_second * options.hbm_efficiency;
@@ -452,6 +453,23 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   const double lin_flops = 2.0 * static_cast<double>(block_weights) * t;
   const double attn_flops = 2.0 * static_cast<double>(hq) * static_cast<double>(seq) * t;
   const double lora_flops = 2.0 * static_cast<double>(adapter_params) * t;
+  // [Adapter traffic] An adapted projection adds B(A x) * scaling to the base output: forward
+  // reads x (A) and writes, scales and adds the output (out + 2 out + 3 out); backward scales
+  // the output's gradient (2 out), reads it twice more (B's weight and input gradients), reads x
+  // (A's weight gradient), writes x's gradient and adds it to the base path's (in + 3 in).
+  // Skinny products and elementwise passes alike: memory-bound, priced at the HBM rate.
+  int64_t adapted_in = 0, adapted_out = 0;
+  for (const auto& [on, in, out] :
+       {std::tuple<bool, int64_t, int64_t>{lora.q, h, hq}, {lora.k, h, hkv}, {lora.v, h, hkv},
+        {lora.o, hq, h}, {lora.gate, h, inter}, {lora.up, h, inter}, {lora.down, inter, h}}) {
+    if (!on || rank == 0) continue;
+    adapted_in += in;
+    adapted_out += out;
+  }
+  const double adapter_fwd_seconds =
+      static_cast<double>(d * (adapted_in + 6 * adapted_out)) * t / hbm_rate;
+  const double adapter_bwd_seconds =
+      static_cast<double>(d * (5 * adapted_in + 4 * adapted_out)) * t / hbm_rate;
   // OSFT: the targets' factorized products in place of their dense ones.
   const double osft_fwd_delta =
       (osft_terms.forward_flops_per_token - osft_terms.dense_forward_flops_per_token) * t;
@@ -507,10 +525,10 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   block.backward_transient_bytes =
       (mlp_tiled ? tiled_bwd_tr : tokens * bwd_tr_tok) + dequant_transient;
   block.forward_seconds = (fwd_flops - attn_flops) / lin_rate + attn_flops / attn_rate +
-                          fwd_mem / block_hbm_rate + dequant_seconds;
+                          fwd_mem / block_hbm_rate + dequant_seconds + adapter_fwd_seconds;
   block.backward_seconds = (bwd_flops - 2.5 * attn_flops + mlp_recompute_flops) / lin_rate +
                            2.5 * attn_flops / attn_rate + bwd_mem / block_hbm_rate +
-                           dequant_seconds;
+                           dequant_seconds + adapter_bwd_seconds;
   block.recompute_seconds = block.forward_seconds;
   trace.blocks.assign(static_cast<size_t>(arch.num_layers), block);
   if (arch.IsMoe()) {
@@ -550,10 +568,10 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
     // [Sparse layer price] The experts' GEMMs run grouped, one per projection over every expert,
     // at the GEMM rate like any other (only the active rows' flops above); beside them the
     // routing's gathers and the stacking of the experts' weights, at the memory rate.
-    sb.forward_seconds =
-        sparse_fwd_flops / matmul_rate + (sparse_fwd_mem + sparse.stack_traffic) / hbm_rate;
-    sb.backward_seconds =
-        sparse_bwd_flops / matmul_rate + (sparse_bwd_mem + sparse.stack_traffic) / hbm_rate;
+    sb.forward_seconds = sparse_fwd_flops / matmul_rate +
+                         (sparse_fwd_mem + sparse.stack_traffic) / hbm_rate + adapter_fwd_seconds;
+    sb.backward_seconds = sparse_bwd_flops / matmul_rate +
+                          (sparse_bwd_mem + sparse.stack_traffic) / hbm_rate + adapter_bwd_seconds;
     sb.recompute_seconds = sb.forward_seconds;
     for (int64_t l = 0; l < arch.num_layers; ++l) {
       if (arch.IsMoeLayer(l)) trace.blocks[static_cast<size_t>(l)] = sb;
@@ -624,7 +642,9 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   // [Block time] The host's floor under every block (a sparse one included).
   const double p = options.host_overlap_exponent;
   const auto with_floor = [p](double device, double floor) {
-    return floor > 0 ? std::pow(std::pow(device, p) + std::pow(floor, p), 1.0 / p) : device;
+    if (floor <= 0) return device;
+    if (p == 0) return std::max(device, floor);
+    return std::pow(std::pow(device, p) + std::pow(floor, p), 1.0 / p);
   };
   for (BlockTrace& b : trace.blocks) {
     b.forward_seconds = with_floor(b.forward_seconds, options.block_forward_floor_seconds);

@@ -26,15 +26,17 @@ struct AnalyticTraceOptions {
   // or kPresetMatmulAchieved of a preset's datasheet peak), attention at attention_efficiency of
   // it, the saved-activation traffic at block_hbm_efficiency of the achievable HBM rate; and the
   // host's floor: the CPU issues a block's few hundred kernels in about block_forward_floor_seconds
-  // (backward: block_backward_floor_seconds), so a block takes
-  // (device^p + floor^p)^(1/p) with p = host_overlap_exponent (the device waits on the host for
-  // small blocks, the host on the device for large ones, and both in between).
+  // (backward: block_backward_floor_seconds). [Host runs ahead] A training step does not wait
+  // for the device between blocks, so the host queues the next kernels while the device runs
+  // the last ones and a block takes the larger of its device time and its floor
+  // (host_overlap_exponent 0). The fit itself timed blocks with a synchronisation on either side,
+  // where the two add up in part: (device^p + floor^p)^(1/p) with p = 1.5 there.
   double block_gemm_efficiency = 1.0;
   double attention_efficiency = 0.65;
   double block_hbm_efficiency = 0.47;
   double block_forward_floor_seconds = 0.83e-3;
   double block_backward_floor_seconds = 1.455e-3;
-  double host_overlap_exponent = 1.5;
+  double host_overlap_exponent = 0;
   // The agent's LM head + loss: chunked beyond one chunk of tokens (common/head_chunking.h).
   // false: eager PyTorch's plain head at every length (what peer baselines run).
   bool chunked_head = true;
