@@ -243,9 +243,11 @@ void CostModel::PrecomputeBlocks() {
   // grads: the head's weight grad at the start of backward (with tied weights, the embedding's
   // tensor) and the embedding's at its end (with tied weights, a fresh one autograd adds into the
   // first). By then backward has interleaved grads that stay with transients that went, and no
-  // hole is that large: the caching allocator maps each above everything else. Reserved ran
+  // hole may be that large: the caching allocator can map one above everything else. Reserved ran
   // 0.15 to 2.2 such grads above the allocated peak over 34 runs on an H200 (docs/benchmarks.md,
-  // seed 2027); the model reserves both, unscaled. Only when the embedding and head are trained.
+  // seed 2027), and 0.2 to 0.7 of one (0.20-0.66 GiB) over the twelve full fine-tunes of the
+  // twenty-second session, where reserving both left them +0.6 ... +11.5 % over. The model
+  // reserves one, unscaled. Only when the embedding and head are trained.
   if (trace_.training.kind == TrainingKind::kFull) {
     // [Vision tower price] A vision tower's weights share the embedding's stage; its grads are
     // allocated tensor by tensor, none vocabulary-sized.
@@ -255,8 +257,7 @@ void CostModel::PrecomputeBlocks() {
             : 0;
     const int64_t embedding_bytes =
         std::max<int64_t>(0, trace_.embedding.param_bytes - tower_bytes);
-    vocab_slack_ = embedding_bytes +
-                   (trace_.arch.tie_word_embeddings ? embedding_bytes : trace_.head.param_bytes);
+    vocab_slack_ = embedding_bytes;  // an untied head's weight is the same [V, H]
   }
 
   // Range-max tables over V_mode(j) (see ModeValue).
@@ -345,7 +346,11 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   const int64_t norm_bpp = trace_.workload.grad_clipping     ? 3 * dtype_bytes_
                            : trace_.workload.grad_accum <= 1 ? dtype_bytes_
                                                              : 0;
-  const int64_t touch_bpp = GpuOptimizerTouchBytesPerElem(opt, dtype_bytes_) + norm_bpp;
+  // [Fused 8-bit kernel time]: adamw8bit's pass at its measured share of the copy rate.
+  const double touch_bpp =
+      static_cast<double>(GpuOptimizerTouchBytesPerElem(opt, dtype_bytes_)) /
+          (opt == OptimizerKind::kAdamW8bit ? kFusedAdamW8bitHbmShare : 1.0) +
+      static_cast<double>(norm_bpp);
   // Full fine-tuning: the agent's state spans each chunk exactly (alignment gaps included). With
   // LoRA only the trainable share holds state.
   const bool full_ft = StageTrainableBytes(trace_) == StageParamBytes(trace_);
@@ -397,7 +402,7 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
     t.train_prefix[0] = adapters->grad_bytes;
     t.pgrad_prefix[0] = adapters->grad_bytes;
     t.persistent_prefix[0] = t.alloc_prefix[0] + t.opt_prefix[0];
-    t.gpu_opt_prefix[0] = static_cast<double>(adapters->params * touch_bpp) / hbm;
+    t.gpu_opt_prefix[0] = static_cast<double>(adapters->params) * touch_bpp / hbm;
   }
   for (int32_t c = 0; c < c_count; ++c) {
     const int64_t fill = t.layout.chunk_param_bytes[c];
@@ -447,7 +452,7 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
     const int64_t updated_params = t.shard_state ? ShardElems(train_params, w_ranks) : train_params;
     t.pgrad_prefix[c + 1] = t.pgrad_prefix[c] + updated_params * dtype_bytes_;
     t.gpu_opt_prefix[c + 1] =
-        t.gpu_opt_prefix[c] + static_cast<double>(updated_params * touch_bpp) / hbm;
+        t.gpu_opt_prefix[c] + static_cast<double>(updated_params) * touch_bpp / hbm;
     // (Not with sharded parameters: they are gathered where a stage uses them, in the windows.)
     t.gather_prefix[c + 1] =
         t.gather_prefix[c] +

@@ -1005,5 +1005,52 @@ TEST(CostModelOptimizerTest, ChargesWhatEachOptimizerHolds) {
   EXPECT_NE(refused.message().find("adamw_bf16"), std::string::npos) << refused;
 }
 
+// [Vocabulary-sized allocations]: a full fine-tune reserves one vocabulary-sized grad ([V, H] in
+// the model dtype, tied or not), adapters none.
+// [Fused 8-bit kernel time]: adamw8bit's persistent pass is priced at kFusedAdamW8bitHbmShare
+// of the rate its bytes would take, against adamw_bf16's full rate.
+TEST(CostModelOptimizerTest, VocabularyReserveAndTheFused8bitPass) {
+  const HardwareSpec hw = *FindHardwarePreset("h200");
+  Workload workload;
+  workload.micro_batch = 1;
+  workload.seq_len = 1024;
+  for (const char* name : {"llama-3.2-1b", "llama-3.1-8b"}) {  // tied, untied
+    SCOPED_TRACE(name);
+    const ModelSpec arch = *FindModelPreset(name);
+    auto full = SynthesizeTrace(arch, workload, DType::kBFloat16, TrainingMethod(), hw);
+    ASSERT_TRUE(full.ok()) << full.status();
+    const CostModel cm = MustCreate(*full, int64_t{64} << 20, hw, CostOptions{});
+    const Prediction p = cm.Predict(
+        cm.MakeResidencyPlan(cm.num_chunks(), 0, ModeCounts{}, HostMemoryKind::kPinned));
+    EXPECT_EQ(p.breakdown.allocator_slack_bytes, arch.vocab_size * arch.hidden_size * 2);
+    TrainingMethod lora;
+    lora.kind = TrainingKind::kLora;
+    lora.lora_rank = 8;
+    lora.lora_target_modules = {"q_proj", "v_proj"};
+    auto adapted = SynthesizeTrace(arch, workload, DType::kBFloat16, lora, hw);
+    ASSERT_TRUE(adapted.ok()) << adapted.status();
+    const CostModel la = MustCreate(*adapted, int64_t{64} << 20, hw, CostOptions{});
+    EXPECT_EQ(la.Predict(la.MakeResidencyPlan(la.num_chunks(), 0, ModeCounts{},
+                                              HostMemoryKind::kPinned))
+                  .breakdown.allocator_slack_bytes,
+              0);
+  }
+  const ModelSpec arch = *FindModelPreset("llama-3.2-1b");
+  workload.grad_clipping = true;
+  auto trace = SynthesizeTrace(arch, workload, DType::kBFloat16, TrainingMethod(), hw);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  auto gpu_pass = [&](OptimizerKind kind) {
+    CostOptions options;
+    options.optimizer = kind;
+    const CostModel cm = MustCreate(*trace, int64_t{64} << 20, hw, options);
+    return cm.GpuOptimizerSeconds(cm.num_chunks());
+  };
+  const double bf16 = gpu_pass(OptimizerKind::kAdamWBf16States);
+  const double q8 = gpu_pass(OptimizerKind::kAdamW8bit);
+  const double norm = 3 * 2;  // clipping: the grads read for the norm, then scaled in place
+  ExpectNear(q8 / bf16, (10 / kFusedAdamW8bitHbmShare + norm) / (14 + norm), "8-bit / bf16");
+}
+
+
 }  // namespace
 }  // namespace memplan
