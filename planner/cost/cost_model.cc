@@ -246,7 +246,7 @@ void CostModel::PrecomputeBlocks() {
   // hole may be that large: the caching allocator can map one above everything else. Reserved ran
   // 0.15 to 2.2 such grads above the allocated peak over 34 runs on an H200 (docs/benchmarks.md,
   // seed 2027), and 0.2 to 0.7 of one (0.20-0.66 GiB) over the twelve full fine-tunes of the
-  // twenty-second session, where reserving both left them +0.6 ... +11.5 % over. The model
+  // twenty-second session, where reserving both left them -0.6 ... +11.5 % off. The model
   // reserves one, unscaled. Only when the embedding and head are trained.
   if (trace_.training.kind == TrainingKind::kFull) {
     // [Vision tower price] A vision tower's weights share the embedding's stage; its grads are
