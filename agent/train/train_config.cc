@@ -294,9 +294,9 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
               })
       .Switch("--plain", &c.plain);
   // [Plan knobs are refused, never clamped] A run streams its offloaded chunks through at least
-  // one buffer and takes no --n-buffer when every chunk is persistent, so 0 is never a run's
-  // (a Plan request's 0 means "every chunk persistent").
-  AddFixedKnobFlags(&flags, &fixed, /*min_n_buffer=*/1);
+  // one buffer; 0 is accepted only when every chunk is persistent, as the planner prints such a
+  // plan ("buffer 0"), and checked against the layout in CheckRunPlanKnobs.
+  AddFixedKnobFlags(&flags, &fixed, /*min_n_buffer=*/0);
   flags
       .Custom("--block-modes",
               [&c](absl::string_view v) -> absl::Status {
@@ -726,10 +726,12 @@ absl::Status CheckRunPlanKnobs(const RunPlan& plan, int n_chunks, const std::str
   if (plan.n_buffer_source.empty()) return absl::OkStatus();
   const int offloaded = n_chunks - plan.n_persist;
   if (offloaded == 0) {
+    if (plan.n_buffer == 0) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(
         name(plan.n_buffer_source), " = ", plan.n_buffer, " is outside [0, 0]: every one of the ",
         n_chunks, " chunks is persistent (", name(plan.n_persist_source), " = ", plan.n_persist,
-        "), so nothing streams through buffers; drop it or keep fewer chunks persistent"));
+        "), so nothing streams through buffers; give 0, drop it or keep fewer chunks "
+        "persistent"));
   }
   if (plan.n_buffer < 1 || plan.n_buffer > offloaded) {
     return absl::InvalidArgumentError(absl::StrCat(

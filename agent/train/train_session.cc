@@ -350,7 +350,9 @@ absl::Status TrainSession::BuildTrainer() {
   options.plain_reference = config_.plain;
   options.chunks.chunk_bytes = plan_.chunk_bytes;
   options.chunks.n_persist = plan_.n_persist;
-  options.chunks.n_buffer = plan_.n_buffer;
+  // --n-buffer 0 (every chunk persistent: CheckRunPlanKnobs below) streams nothing; the manager
+  // still takes at least one buffer, which it does not allocate without offloaded chunks.
+  options.chunks.n_buffer = std::max(1, plan_.n_buffer);
   options.chunks.host_memory = plan_.host_memory;
   options.chunks.shard_persistent_state = plan_.shard_persistent_state;
   options.chunks.shard_persistent_params = plan_.shard_persistent_params;

@@ -585,6 +585,18 @@ TEST(CheckRunPlanKnobsTest, RefusesKnobsOutsideTheLayoutNamingFieldValueAndRange
   c.n_buffer = 1;
   run = ResolveRunPlan(c, 4, std::nullopt);
   EXPECT_THAT(CheckRunPlanKnobs(*run, 5, "").message(), HasSubstr("--n-buffer = 1 is outside [0, 0]"));
+  // 0, as the planner prints an all-persistent plan: accepted only when nothing is offloaded.
+  const auto zero = ParseTrainArgs(
+      {"--arch", "llama-3.2-1b", "--synthetic-data", "--n-persist", "5", "--n-buffer", "0"});
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_EQ(zero->n_buffer, 0);
+  c.n_buffer = 0;
+  run = ResolveRunPlan(c, 4, std::nullopt);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_TRUE(CheckRunPlanKnobs(*run, 5, "").ok());
+  c.n_persist = 4;
+  run = ResolveRunPlan(c, 4, std::nullopt);
+  EXPECT_THAT(CheckRunPlanKnobs(*run, 5, "").message(), HasSubstr("--n-buffer = 0 is outside [1, 1]"));
 }
 
 TEST(CheckRunPlanKnobsTest, AcceptsWhatThePlannerWritesAndTheDefaults) {
