@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Tables for docs/benchmarks.md from a gpu-loop.sh output folder.
 
-  scripts/loop-report.py OUT_DIR [--planner HOST:PORT --memplan PATH]
+  scripts/loop-report.py OUT_DIR[:OUT_DIR...] [--planner HOST:PORT --memplan PATH]
+
+Several folders joined with ':' (one seed's draws over several calls: MEMPLAN_RANDOM_FIRST) make
+one table and one summary; a draw found in several takes the last folder that holds its plan.
 
 Per workload (plan-i.json, the stored plan with its measurement): the executed plan, the
 planner's prediction as it was made (calibrated by the workloads before it), the raw model's
@@ -180,29 +183,35 @@ def main():
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv else 2
-    out = argv[0]
+    outs = argv[0].split(":")
+    out = outs[0]  # the replays below read its hw.json
     global ASSUME_CLIPPING
     ASSUME_CLIPPING = "--assume-clipping" in argv
     summary = "--summary" in argv
     argv = [a for a in argv if a not in ("--assume-clipping", "--summary")]
     opts = dict(zip(argv[1::2], argv[2::2]))
-    rows, failed = [], []
     # Draws by their own number ("=== K: MODEL BxS ..."): a loop that starts at a later draw
     # (MEMPLAN_RANDOM_FIRST) or loop.txt files of several calls concatenated (a draw cut by one
     # call and re-run by the next: the later header counts) number them as they ran.
-    draws = {}
-    if os.path.exists(f"{out}/loop.txt"):
-        for d in open(f"{out}/loop.txt").read().splitlines():
-            if d.startswith("=== ") and d.split()[1].rstrip(":").isdigit():
-                draws[int(d.split()[1].rstrip(":"))] = d.split()
-    numbers = set(draws) | {int(f[5:-5]) for f in os.listdir(out)
-                            if f.startswith("plan-") and f.endswith(".json") and f[5:-5].isdigit()}
-    for i in sorted(numbers):
-        stored = load(out, i)
+    draws, where = {}, {}
+    for d_out in outs:
+        if os.path.exists(f"{d_out}/loop.txt"):
+            for d in open(f"{d_out}/loop.txt").read().splitlines():
+                if d.startswith("=== ") and d.split()[1].rstrip(":").isdigit():
+                    k = int(d.split()[1].rstrip(":"))
+                    draws[k] = d.split()
+                    if load(where.get(k, d_out), k) is None:
+                        where[k] = d_out
+        for f in os.listdir(d_out):
+            if f.startswith("plan-") and f.endswith(".json") and f[5:-5].isdigit():
+                where[int(f[5:-5])] = d_out
+    rows, failed = [], []
+    for i in sorted(where):
+        stored = load(where[i], i)
         if stored is None:
             # No stored plan: the run stopped before the planner answered (see run-i.txt).
             failed.append((i, " ".join(draws[i][2:4]) if i in draws else "?",
-                           last_error(f"{out}/run-{i}.txt")))
+                           last_error(f"{where[i]}/run-{i}.txt")))
             continue
         req, resp = stored["request"], stored["response"]
         m = (stored.get("measurements") or [{}])[0]
@@ -220,7 +229,7 @@ def main():
             name = req.get("arch", {}).get("name", "?")
         if not m or m.get("oom"):
             # No measurement at all: the run stopped after the plan (a time limit, a crash).
-            reason = last_error(f"{out}/run-{i}.txt")
+            reason = last_error(f"{where[i]}/run-{i}.txt")
             no_fit += 0 if m else 1 if does_not_fit(reason) else 0
             what = "OOM" if m else f"not measured: {reason}"
             print(f"| {i} | {name} | {w.get('micro_batch')}×{w.get('seq_len')} | {margin:.2f} | "
