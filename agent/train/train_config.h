@@ -236,7 +236,7 @@ absl::StatusOr<RunPlan> ResolveRunPlan(const TrainConfig& config, int num_blocks
 
 // [Plan knobs are refused, never clamped] The resolved n_persist and n_buffer against the chunk
 // layout the run builds (`n_chunks`): n_persist in [0, n_chunks]; with offloaded chunks n_buffer
-// in [1, n_chunks - n_persist]; with every chunk persistent no n_buffer may be given.
+// in [1, n_chunks - n_persist]; with every chunk persistent only 0 (as the planner prints it).
 // INVALID_ARGUMENT naming the knob (the flag, or `plan_source`'s field), its value and the allowed
 // range.
 absl::Status CheckRunPlanKnobs(const RunPlan& plan, int n_chunks, const std::string& plan_source);
