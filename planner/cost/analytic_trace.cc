@@ -1,9 +1,9 @@
 #include "planner/cost/analytic_trace.h"
-#include <tuple>
 
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
