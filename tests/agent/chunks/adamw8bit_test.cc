@@ -242,9 +242,11 @@ INSTANTIATE_TEST_SUITE_P(Options, AdamW8bitTest,
 // The fused CUDA kernel (persistent chunks on a GPU) against the reference run on the CPU, with
 // absmax entries strided as the chunk manager lays them out. The kernel does each operation in
 // the reference's order with fp32 rounding, but torch's CPU ops may contract a product into an
-// FMA: allowed are parameters within 2 ulp (of their dtype) of the update's largest operand (a
+// FMA: allowed are parameters within 4 ulp (of their dtype) of the update's largest operand (a
 // result near zero by cancellation was off by 1e-10 in fp32 while far below 1 ulp of the
-// operands), absmax within 1e-6 relative, and codes off by one on at most 0.1 % of the elements
+// operands; with PyTorch 2.11 on an H200 host one fp32 element of 1 M was off by 3.18e-12 where
+// 2 ulp were 3.05e-12, the same with two kernel variants: docs/benchmarks.md, "Twenty-second
+// session"), absmax within 1e-6 relative, and codes off by one on at most 0.1 % of the elements
 // (a value at a midpoint tie). Skips without CUDA.
 TEST_P(AdamW8bitTest, FusedCudaKernelMatchesTheReference) {
   if (!torch::cuda::is_available() || !AdamW8bitFusedKernelBuilt()) {
@@ -278,10 +280,10 @@ TEST_P(AdamW8bitTest, FusedCudaKernelMatchesTheReference) {
                            CaseRounding(c, step));
       const std::string at = "n=" + std::to_string(n) + " step " + std::to_string(step);
       const torch::Tensor p32 = dev.cpu().to(torch::kFloat32), r32 = ref.to(torch::kFloat32);
-      // 2 ulp of the largest operand of the update's last add (the decayed parameter or the
+      // 4 ulp of the largest operand of the update's last add (the decayed parameter or the
       // step): a result that cancels to near zero keeps the operands' absolute error.
       const torch::Tensor bound =
-          (r32.abs() + before.abs() + (r32 - before).abs()).clamp_min(1e-30) * (2 * ulp);
+          (r32.abs() + before.abs() + (r32 - before).abs()).clamp_min(1e-30) * (4 * ulp);
       const torch::Tensor excess = (p32 - r32).abs() / bound;
       const int64_t worst = excess.argmax().item<int64_t>();
       // The worst element's inputs and results, for whoever has to diagnose a failure.
