@@ -37,6 +37,10 @@ constexpr bool OptimizerKeepsMaster(OptimizerKind kind, int64_t dtype_bytes) {
 
 // [8-bit optimizer state] constants.
 inline constexpr int64_t kQuantBlockElems = 256;  // elements per absmax block of a parameter
+// Absmax blocks of a parameter of `elems` elements (the last one partial).
+constexpr int64_t QuantBlockCount(int64_t elems) {
+  return (elems + kQuantBlockElems - 1) / kQuantBlockElems;
+}
 inline constexpr int64_t kQuantSlotBytes = 256;   // parameter bytes per absmax slot; also the
                                                   // chunk alignment adamw8bit requires
 constexpr int64_t QuantSlotElems(int64_t dtype_bytes) { return kQuantSlotBytes / dtype_bytes; }

@@ -193,18 +193,19 @@ def main():
     # Draws by their own number ("=== K: MODEL BxS ..."): a loop that starts at a later draw
     # (MEMPLAN_RANDOM_FIRST) or loop.txt files of several calls concatenated (a draw cut by one
     # call and re-run by the next: the later header counts) number them as they ran.
-    draws, where = {}, {}
+    # Each draw's folder: the last one holding its plan, else the last that ran it.
+    draws, ran, planned = {}, {}, {}
     for d_out in outs:
         if os.path.exists(f"{d_out}/loop.txt"):
             for d in open(f"{d_out}/loop.txt").read().splitlines():
                 if d.startswith("=== ") and d.split()[1].rstrip(":").isdigit():
                     k = int(d.split()[1].rstrip(":"))
                     draws[k] = d.split()
-                    if load(where.get(k, d_out), k) is None:
-                        where[k] = d_out
+                    ran[k] = d_out
         for f in os.listdir(d_out):
             if f.startswith("plan-") and f.endswith(".json") and f[5:-5].isdigit():
-                where[int(f[5:-5])] = d_out
+                planned[int(f[5:-5])] = d_out
+    where = {**ran, **planned}
     rows, failed = [], []
     for i in sorted(where):
         stored = load(where[i], i)

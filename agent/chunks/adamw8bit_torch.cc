@@ -14,12 +14,10 @@
 namespace memplan {
 namespace {
 
-int64_t Blocks(int64_t n) { return (n + kQuantBlockElems - 1) / kQuantBlockElems; }
-
 // `flat` (n elements) zero-padded to whole blocks, viewed [blocks, 256].
 torch::Tensor AsBlocks(const torch::Tensor& flat) {
   const int64_t n = flat.numel();
-  const int64_t padded = Blocks(n) * kQuantBlockElems;
+  const int64_t padded = QuantBlockCount(n) * kQuantBlockElems;
   if (padded == n) return flat.view({-1, kQuantBlockElems});
   return torch::constant_pad_nd(flat, {0, padded - n}, 0).view({-1, kQuantBlockElems});
 }
@@ -33,7 +31,7 @@ bool FusedCudaUpdate(const AdamWOptions& o, int64_t step, const torch::Tensor& c
                      const ParamRounding& rounding) {
   const auto dtype = param.scalar_type();
   const int64_t n = param.numel();
-  const int64_t blocks = Blocks(n);
+  const int64_t blocks = QuantBlockCount(n);
   auto codes_ok = [&](const torch::Tensor& c) {
     return c.scalar_type() == torch::kUInt8 && c.numel() == n && c.is_contiguous() &&
            c.device() == param.device();

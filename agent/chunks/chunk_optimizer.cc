@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/chunk_packing.h"
 #include "common/log.h"
+#include "common/optimizer_bytes.h"
 #include "common/status.h"
 
 #ifdef MEMPLAN_SHARD_MEAN_CUDA
@@ -82,7 +83,7 @@ absl::Status ChunkOptimizer::InitChunk(int c) {
       if (quantized()) {
         // Block k of the parameter starts at chunk element offset + 256 k: slot
         // (offset + 256 k) / slot_elems, a multiple of the alignment.
-        const int64_t blocks = (p.numel + kQuantBlockElems - 1) / kQuantBlockElems;
+        const int64_t blocks = QuantBlockCount(p.numel);
         const int64_t first = p.offset_elems / slot_elems();
         const int64_t stride = kQuantBlockElems / slot_elems();
         auto slots = [&](const torch::Tensor& flat) {

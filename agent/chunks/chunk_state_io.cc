@@ -228,7 +228,7 @@ void ChunkStateIO::OptimizerState8bit(std::vector<NamedParam>& out) {
     step = std::max(step, s.step);
     const Chunk& chunk = set_.chunk(p.chunk);
     const ChunkState& state = optimizer_.chunk_state(p.chunk);
-    const int64_t blocks = (p.numel + kQuantBlockElems - 1) / kQuantBlockElems;
+    const int64_t blocks = QuantBlockCount(p.numel);
     for (int k = 0; k < 2; ++k) {
       torch::Tensor codes, absmax;
       if (chunk.persistent) {
@@ -290,7 +290,7 @@ absl::Status ChunkStateIO::LoadState8bit(const std::map<std::string, torch::Tens
   const Param& p = set_.param(i);
   ParamState& s = optimizer_.state(i);
   const int64_t g = optimizer_.slot_elems();
-  const int64_t blocks = (p.numel + kQuantBlockElems - 1) / kQuantBlockElems;
+  const int64_t blocks = QuantBlockCount(p.numel);
   const char* names[2] = {".exp_avg", ".exp_avg_sq"};
   const Chunk& chunk = set_.chunk(p.chunk);
   ChunkState& state = optimizer_.chunk_state(p.chunk);

@@ -11,6 +11,7 @@
 
 #include "agent/chunks/adamw8bit_torch.h"
 #include "agent/core/torch_pch.h"
+#include "common/optimizer_bytes.h"
 
 int main(int argc, char** argv) {
   if (argc > 1 && (std::string(argv[1]) == "-h" || std::string(argv[1]) == "--help")) {
@@ -32,7 +33,7 @@ int main(int argc, char** argv) {
   }
   const torch::Device cuda(torch::kCUDA);
   const auto bf16 = torch::dtype(torch::kBFloat16).device(cuda);
-  const int64_t blocks = (n + 255) / 256;
+  const int64_t blocks = memplan::QuantBlockCount(n);
   torch::Tensor param = torch::randn({n}, bf16);
   torch::Tensor grad = torch::randn({n}, bf16);
   torch::Tensor m = torch::zeros({n}, torch::dtype(torch::kUInt8).device(cuda));
