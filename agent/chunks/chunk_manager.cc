@@ -3,6 +3,7 @@
 #include "agent/chunks/chunk_manager.h"
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -157,6 +158,7 @@ class ChunkManager::Impl {
   absl::Status Init(const ParamGroups& groups, std::vector<chunks::Param> params,
                     std::vector<std::vector<int>> group_params) {
     streams_.Init();
+    const auto init_start = std::chrono::steady_clock::now();
     try {
       optimizer_.PrepareInit();
     } catch (const c10::Error& e) {
@@ -174,7 +176,10 @@ class ChunkManager::Impl {
         .Field("n_buffer", stats.n_buffer)
         .Field("layout_bytes", stats.layout_bytes)
         .Field("host_pinned_bytes", stats.host_pinned_bytes)
-        .Field("host_pageable_bytes", stats.host_pageable_bytes);
+        .Field("host_pageable_bytes", stats.host_pageable_bytes)
+        .Field("seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                        init_start)
+                              .count());
     return absl::OkStatus();
   }
 

@@ -7,6 +7,9 @@
 //   adamw_bf16_torch  bf16 parameters and moments, no master: torch's at::_fused_adamw_ on the
 //                 range (what the chunk manager calls)
 //   adamw_bf16    the same update by the torch-free AdamWBf16Update (bit-identical)
+//   adamw_bf16_direct  AdamWBf16Update alone, on the bf16 grad: an offloaded chunk's pass in
+//                 training (one micro-batch: no accumulation copy)
+//   adamw_bf16_params  its parameter results alone (AdamWBf16ParamPass: moments not written)
 //   adamw8bit     bf16 parameters, 8-bit moments: AdamW8bitUpdateBf16, stochastic rounding
 //   sgd           bf16 model, fp32 master: widen the grad, SgdUpdate, round to bf16
 // vs_adamw is a pass's time over adamw's (common/optimizer_bytes.h's kAdamW8bitCpuTimeFactor is
@@ -169,6 +172,22 @@ int main(int argc, char** argv) {
                                                len, param16.data() + b, accum16.data() + b,
                                                m16.data() + b, v16.data() + b,
                                                torch_vector_elems);
+                    }});
+  }
+  if (torch_vector_elems > 0) {
+    // What an offloaded adamw_bf16 chunk runs in training (no accumulation pass: the update reads
+    // the staged grad), and its parameter part alone (AdamWBf16ParamPass).
+    passes.push_back({"adamw_bf16_direct", [&](int64_t step, int64_t b, int64_t len) {
+                      memplan::AdamWBf16Update(memplan::MakeAdamWStepScalars(options, step), 1.0f,
+                                               len, param16.data() + b, grad16.data() + b,
+                                               m16.data() + b, v16.data() + b,
+                                               torch_vector_elems);
+                    }});
+    passes.push_back({"adamw_bf16_params", [&](int64_t step, int64_t b, int64_t len) {
+                      memplan::AdamWBf16ParamPass(memplan::MakeAdamWStepScalars(options, step),
+                                                  1.0f, len, param16.data() + b,
+                                                  grad16.data() + b, m16.data() + b,
+                                                  v16.data() + b, torch_vector_elems);
                     }});
   }
   passes.push_back({"adamw8bit", [&](int64_t step, int64_t b, int64_t len) {

@@ -388,6 +388,14 @@ void AdamWBf16Update(const AdamWStepScalars& s, float grad_scale, int64_t n, uin
                            torch_vector_elems);
 }
 
+void AdamWBf16ParamPass(const AdamWStepScalars& s, float grad_scale, int64_t n, uint16_t* param,
+                        const uint16_t* grad, const uint16_t* exp_avg,
+                        const uint16_t* exp_avg_sq, int64_t torch_vector_elems) {
+  // The kernel's moment pointers are not written through (kMoments false).
+  BestKernels().adamw_bf16_params(s, grad_scale, n, param, grad, const_cast<uint16_t*>(exp_avg),
+                                  const_cast<uint16_t*>(exp_avg_sq), torch_vector_elems);
+}
+
 void AccumulateGrad(bool first, int64_t n, const float* in, float* accum) {
   BestKernels().accumulate(first, n, in, accum);
 }

@@ -60,6 +60,13 @@ void AdamWBf16Update(const AdamWStepScalars& s, float grad_scale, int64_t n, uin
                      const uint16_t* grad, uint16_t* exp_avg, uint16_t* exp_avg_sq,
                      int64_t torch_vector_elems);
 
+// AdamWBf16Update's parameter results alone, bit for bit; the moments are read and left as they
+// were. For memplan-cpu-adam-bench: the memory traffic of a clipped step's critical pass if the
+// moments were written later (the parameters are what the next forward waits for).
+void AdamWBf16ParamPass(const AdamWStepScalars& s, float grad_scale, int64_t n, uint16_t* param,
+                        const uint16_t* grad, const uint16_t* exp_avg,
+                        const uint16_t* exp_avg_sq, int64_t torch_vector_elems);
+
 // accum[i] = first ? in[i] : accum[i] + in[i]  (autograd's accumulation order).
 void AccumulateGrad(bool first, int64_t n, const float* in, float* accum);
 // Same for a bf16 input (raw bits), widened exactly to fp32.
@@ -173,6 +180,8 @@ struct CpuKernels {
   void (*nearest_codes)(const float* map, int64_t n, const float* normed, uint8_t* codes);
   void (*dequantize_block)(const float* map, float absmax, int64_t n, const uint8_t* codes,
                            float* out);
+  void (*adamw_bf16_params)(const AdamWStepScalars&, float, int64_t, uint16_t*, const uint16_t*,
+                            uint16_t*, uint16_t*, int64_t);
 };
 // CpuIsaSupported(isa) must hold.
 const CpuKernels& KernelsFor(CpuIsa isa);

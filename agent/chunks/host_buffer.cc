@@ -2,10 +2,13 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -18,8 +21,34 @@ namespace memplan {
 namespace {
 
 // 64 B keeps every AVX-512 load within one cache line pair; parameters inside a chunk are
-// aligned further by the layout.
+// aligned further by the layout. Pinned buffers start on a 2 MiB boundary (a huge page where
+// the kernel gives one; cudaHostRegister pins whole pages).
 constexpr std::align_val_t kPageableAlignment{64};
+constexpr std::align_val_t kPinnedAlignment{size_t{2} << 20};
+
+// [Parallel zero fill] Zeroing is what commits a fresh buffer's pages, and a page fault costs
+// more than writing the page: one thread commits about 2 GB/s, so a 64 GB base took half a
+// minute before the first value was read. Up to 16 threads each fill a slice of at least
+// 256 MiB.
+void ZeroFill(void* data, int64_t bytes) {
+  constexpr int64_t kSlice = int64_t{256} << 20;
+  const int64_t hardware = std::max<int64_t>(std::thread::hardware_concurrency(), 1);
+  const int64_t threads = std::clamp<int64_t>(bytes / kSlice, 1, std::min<int64_t>(hardware, 16));
+  if (threads == 1) {
+    std::memset(data, 0, static_cast<size_t>(bytes));
+    return;
+  }
+  char* base = static_cast<char*>(data);
+  const int64_t per = (bytes + threads - 1) / threads;
+  std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(threads));
+  for (int64_t t = 0; t < threads; ++t) {
+    const int64_t from = t * per, len = std::min(per, bytes - from);
+    if (len <= 0) break;
+    pool.emplace_back([base, from, len] { std::memset(base + from, 0, static_cast<size_t>(len)); });
+  }
+  for (std::thread& t : pool) t.join();
+}
 
 std::string MemlockLimit() {
   struct rlimit limit;
@@ -39,16 +68,24 @@ absl::StatusOr<HostBuffer> HostBuffer::AllocatePinned(int64_t bytes) {
         "pinned host memory needs a CUDA device and none is available");
   }
   if (bytes == 0) return HostBuffer(nullptr, 0, true);
-  void* data = nullptr;
-  const cudaError_t err = cudaHostAlloc(&data, static_cast<size_t>(bytes), cudaHostAllocDefault);
+  // Committed by ZeroFill's threads, then pinned where it lies (cudaHostRegister): cudaHostAlloc
+  // faults and pins page by page on one thread (about 1.7 GB/s on an H200 host).
+  void* data = ::operator new(static_cast<size_t>(bytes), kPinnedAlignment, std::nothrow);
+  if (data == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("allocating ", bytes, " bytes of host memory to pin failed"));
+  }
+  ZeroFill(data, bytes);
+  const cudaError_t err = cudaHostRegister(data, static_cast<size_t>(bytes),
+                                           cudaHostRegisterDefault);
   if (err != cudaSuccess) {
     cudaGetLastError();
+    ::operator delete(data, kPinnedAlignment);
     return absl::ResourceExhaustedError(
-        absl::StrCat("cudaHostAlloc of ", bytes, " bytes failed: ", cudaGetErrorString(err),
+        absl::StrCat("cudaHostRegister of ", bytes, " bytes failed: ", cudaGetErrorString(err),
                      " (RLIMIT_MEMLOCK soft limit: ", MemlockLimit(),
                      "; raise it with ulimit -l or the container's memlock setting)"));
   }
-  std::memset(data, 0, static_cast<size_t>(bytes));
   return HostBuffer(data, bytes, true);
 #else
   return absl::FailedPreconditionError(
@@ -60,7 +97,7 @@ HostBuffer HostBuffer::AllocatePageable(int64_t bytes) {
   if (bytes == 0) return HostBuffer(nullptr, 0, false);
   void* data = ::operator new(static_cast<size_t>(bytes), kPageableAlignment);
   // Touch every page now so the memory is committed where the plan says, not at first use.
-  std::memset(data, 0, static_cast<size_t>(bytes));
+  ZeroFill(data, bytes);
   return HostBuffer(data, bytes, false);
 }
 
@@ -85,8 +122,9 @@ void HostBuffer::Release() {
   if (data_ == nullptr) return;
   if (pinned_) {
 #ifdef MEMPLAN_HOST_BUFFER_CUDA
-    cudaFreeHost(data_);
+    cudaHostUnregister(data_);
 #endif
+    ::operator delete(data_, kPinnedAlignment);
   } else {
     ::operator delete(data_, kPageableAlignment);
   }

@@ -1,5 +1,6 @@
-// HostBuffer: an exactly sized, zero-filled host allocation, either pinned (cudaHostAlloc, no
-// caching-allocator rounding) or pageable (the OS may swap it). Move-only RAII owner.
+// HostBuffer: an exactly sized, zero-filled host allocation, either pinned (committed by several
+// threads, then page-locked with cudaHostRegister; no caching-allocator rounding) or pageable
+// (the OS may swap it). Move-only RAII owner.
 // Thread-compatible.
 #pragma once
 

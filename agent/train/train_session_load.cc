@@ -154,7 +154,14 @@ absl::Status TrainSession::FillShards() {
       return model_->InitialValues(name, begin, len);
     };
   }
+  const auto load_start = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(trainer_->LoadParamRanges(read));
+  // Drawing or reading a 32 B base takes a while: how long, on every rank.
+  MEMPLAN_LOG(kInfo, "parameters filled")
+      .Field("rank", dist_.rank)
+      .Field("source", checkpoint_ != nullptr ? "checkpoint" : "synthetic draw")
+      .Field("seconds",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
   if (checkpoint_ != nullptr) {
     MEMPLAN_LOG(kInfo, "loaded checkpoint")
         .Field("dir", config_.model_dir)

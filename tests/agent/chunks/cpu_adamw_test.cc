@@ -213,6 +213,36 @@ TEST(CpuAdamWBf16Test, MatchesTorchFusedAdamWBitForBit) {
   }
 }
 
+// AdamWBf16ParamPass: the full update's parameters bit for bit (vector body and scalar tail, with
+// and without a clip coefficient); the moments are read, not written.
+TEST(CpuAdamWBf16Test, ParamPassGivesTheUpdatesParametersAndLeavesTheMoments) {
+  torch::manual_seed(99);
+  AdamWOptions o;
+  o.lr = 2e-3;
+  o.weight_decay = 0.1;
+  const int64_t vector_elems = TorchBf16VectorElems() > 0 ? TorchBf16VectorElems() : 16;
+  for (const float clip : {1.0f, 0.5f}) {
+    const int64_t n = 1000 * vector_elems + 7;
+    torch::Tensor p = torch::randn({n}).to(torch::kBFloat16);
+    torch::Tensor m = (torch::randn({n}) * 0.01).to(torch::kBFloat16);
+    torch::Tensor v = (torch::rand({n}) * 1e-4).to(torch::kBFloat16);
+    const torch::Tensor g = (torch::randn({n}) * 0.1).to(torch::kBFloat16);
+    torch::Tensor full_p = p.clone(), full_m = m.clone(), full_v = v.clone();
+    torch::Tensor pass_p = p.clone(), pass_m = m.clone(), pass_v = v.clone();
+    auto bits = [](torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); };
+    const auto* grad = reinterpret_cast<const uint16_t*>(g.data_ptr());
+    AdamWBf16Update(MakeAdamWStepScalars(o, 3), clip, n, bits(full_p), grad, bits(full_m),
+                    bits(full_v), vector_elems);
+    AdamWBf16ParamPass(MakeAdamWStepScalars(o, 3), clip, n, bits(pass_p), grad, bits(pass_m),
+                       bits(pass_v), vector_elems);
+    EXPECT_TRUE(torch::equal(pass_p, full_p)) << "clip " << clip;
+    EXPECT_FALSE(torch::equal(pass_p, p)) << "the update should change the parameters";
+    EXPECT_TRUE(torch::equal(pass_m, m));
+    EXPECT_TRUE(torch::equal(pass_v, v));
+    EXPECT_FALSE(torch::equal(full_m, m)) << "the full update should change the moments";
+  }
+}
+
 // [Bit-exact variants]: each instruction set's elementwise kernels give the portable ones' bits on
 // random data with NaN, infinities, denormals and zeros, at a length no vector width divides.
 TEST(CpuIsaVariantsTest, ElementwiseKernelsMatchPortable) {

@@ -224,7 +224,8 @@ TEST(NormalDrawTest, ThreadsDoNotChangeTheValues) {
   EXPECT_FALSE(torch::equal(one, DrawNormalRange(10, n, 0, n, 4)));
 }
 
-// A draw in bf16 is the fp32 draw rounded, whole or in part, on any number of threads.
+// A draw in bf16 (or fp16) is the fp32 draw rounded as torch rounds it, whole or in part, on any
+// number of threads.
 TEST(NormalDrawTest, ADrawInBf16IsTheFp32DrawRounded) {
   const int64_t n = 2 * kDrawSegment + 29;
   const torch::Tensor fp32 = DrawNormalRange(5, n, 0, n, 2);
@@ -234,6 +235,10 @@ TEST(NormalDrawTest, ADrawInBf16IsTheFp32DrawRounded) {
   const torch::Tensor part = DrawNormalRange(5, n, begin, len, 2, torch::kBFloat16);
   EXPECT_EQ(part.scalar_type(), torch::kBFloat16);
   EXPECT_TRUE(torch::equal(part, fp32.narrow(0, begin, len).to(torch::kBFloat16)));
+  EXPECT_TRUE(torch::equal(DrawNormalRange(5, n, begin, len, 3, torch::kHalf),
+                           fp32.narrow(0, begin, len).to(torch::kHalf)));
+  // A range inside one fp32 segment that does not cover it (the segment is drawn whole).
+  EXPECT_TRUE(torch::equal(DrawNormalRange(5, n, 11, 100, 1), fp32.narrow(0, 11, 100)));
 }
 
 TEST(LlamaModelTest, RejectsInvalidSpec) {
