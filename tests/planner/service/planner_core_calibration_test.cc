@@ -57,12 +57,13 @@ TEST_F(CalibrationKeysTest, ALoraSampleDoesNotMoveAFullFineTunesPrediction) {
   const v1::ReportMeasurementResponse reported = Report(*lora, 1.2);
   EXPECT_EQ(reported.calibration().method(), "lora");
   EXPECT_EQ(reported.calibration().optimizer(), "adamw");
-  EXPECT_GT(reported.calibration().fragmentation_factor(), 1.05);
+  EXPECT_GT(reported.calibration().fragmentation_factor(), kDefaultFragmentationFactor);
 
   absl::StatusOr<v1::PlanResponse> full_again = Plan(Pinned(TinyRequest(), full->plan()));
   ASSERT_TRUE(full_again.ok()) << full_again.status();
   EXPECT_EQ(full_again->prediction().peak_bytes(), full->prediction().peak_bytes());
-  EXPECT_EQ(full_again->prediction().breakdown().fragmentation_factor(), 1.05);
+  EXPECT_EQ(full_again->prediction().breakdown().fragmentation_factor(),
+            kDefaultFragmentationFactor);
   EXPECT_EQ(full_again->prediction().breakdown().calibration_residual_bytes(), 0);
 
   absl::StatusOr<v1::PlanResponse> lora_again = Plan(Pinned(Lora(TinyRequest()), lora->plan()));
@@ -88,7 +89,7 @@ TEST_F(CalibrationKeysTest, AnUnmeasuredOptimizerOfAMethodUsesTheMethodsPooledSa
   sgd.set_optimizer("sgd");
   absl::StatusOr<v1::PlanResponse> answer = Plan(sgd);
   ASSERT_TRUE(answer.ok()) << answer.status();
-  EXPECT_GT(reported.calibration().fragmentation_factor(), 1.05);
+  EXPECT_GT(reported.calibration().fragmentation_factor(), kDefaultFragmentationFactor);
   EXPECT_EQ(answer->prediction().breakdown().fragmentation_factor(),
             reported.calibration().fragmentation_factor());
   EXPECT_EQ(answer->prediction().breakdown().calibration_residual_bytes(),

@@ -86,7 +86,8 @@ TEST_F(PlannerCoreTest, MeasurementIsStoredAndRecalibratesLaterPredictions) {
   auto first = Plan(TinyRequest());
   ASSERT_TRUE(first.ok()) << first.status();
   const int64_t predicted = first->prediction().peak_bytes();
-  EXPECT_EQ(first->prediction().breakdown().fragmentation_factor(), 1.05);  // the default before any measurement
+  // The default before any measurement.
+  EXPECT_EQ(first->prediction().breakdown().fragmentation_factor(), kDefaultFragmentationFactor);
 
   // The run used 5% more than predicted (within what the dynamic terms, scaled by at most
   // max_fragmentation_factor, can cover: the tiny model's activations are a small share of its

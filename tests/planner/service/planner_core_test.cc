@@ -546,7 +546,8 @@ TEST_F(PlannerCoreTest, CalibrationIsKeyedByHardwareDtypeAndFamily) {
   other.set_hardware_preset("rtx-4090");
   auto response = Plan(other);
   ASSERT_TRUE(response.ok());
-  EXPECT_EQ(response->prediction().breakdown().fragmentation_factor(), 1.05);  // only the default
+  EXPECT_EQ(response->prediction().breakdown().fragmentation_factor(),
+            kDefaultFragmentationFactor);  // only the default
   EXPECT_EQ(response->prediction().breakdown().calibration_residual_bytes(), 0);
 }
 
