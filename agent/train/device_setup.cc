@@ -44,7 +44,7 @@ void ConfigureAllocator(const TrainConfig& config, const torch::Device& device) 
   if (config.allocator_conf.has_value()) {
     conf = *config.allocator_conf;
   } else if (std::getenv("PYTORCH_CUDA_ALLOC_CONF") == nullptr) {
-    conf = kDefaultAllocatorConf;
+    conf = "expandable_segments:True";
   }
   if (!conf.empty()) c10::CachingAllocator::setAllocatorSettings(conf);
   // Initialise the context and the caching allocator now: their statistics are read before the

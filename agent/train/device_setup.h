@@ -17,13 +17,6 @@ namespace memplan {
 // does not parse, FAILED_PRECONDITION for CUDA without CUDA.
 absl::StatusOr<torch::Device> ResolveDevice(const std::string& name);
 
-// The allocator settings without --allocator-conf or PYTORCH_CUDA_ALLOC_CONF: expandable segments
-// (the reserved peak stays near the allocated one), and pinned host blocks (activation swap and
-// hidden-state offload buffers) pinned by cudaHostRegister on 8 threads instead of cudaHostAlloc,
-// which pins about 2 GB/s: a plan swapping 165 GB of activations spent its first step there.
-inline constexpr char kDefaultAllocatorConf[] =
-    "expandable_segments:True,pinned_use_cuda_host_register:True,pinned_num_register_threads:8";
-
 // Applies --allocator-conf (PYTORCH_CUDA_ALLOC_CONF syntax; TrainConfig::allocator_conf says which
 // setting wins) and starts the CUDA context and the allocator; logs the settings. No-op on CPU.
 void ConfigureAllocator(const TrainConfig& config, const torch::Device& device);

@@ -146,9 +146,8 @@ Diagnostics and device memory:
                            the cap the allocator returns cached free blocks and retries before
                            it fails (default off; the retries are counted at the end)
   --allocator-conf STR     CUDA caching-allocator settings, PYTORCH_CUDA_ALLOC_CONF syntax
-                           (default expandable_segments:True,
-                           pinned_use_cuda_host_register:True,pinned_num_register_threads:8
-                           unless that variable is set; "" = PyTorch's own default)
+                           (default expandable_segments:True unless that variable is set;
+                           "" = PyTorch's own default)
 Several ranks (torchrun --nproc-per-node N --no-python memplan-agent train ...):
   WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment;
   one process per GPU (LOCAL_RANK), NCCL on CUDA and Gloo on the CPU. Every rank reads its own
