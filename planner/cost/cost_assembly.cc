@@ -150,7 +150,7 @@ Prediction CostModel::Assemble(const ResidencyPlan& plan, const Modes& m, bool f
   b.fragmentation_factor = options_.fragmentation_factor;
   b.calibration_residual_bytes = options_.residual_bytes;
   b.head_bytes = grads_peak ? 0 : phase.head;
-  b.allocator_slack_bytes = vocab_slack_;
+  b.allocator_slack_bytes = VocabSlackBytes(plan.n_persist);
   b.exact_bytes = StaticRawBytes(plan.n_persist, plan.n_buffer);
   pred.peak_bytes = Peak(b.exact_bytes, std::max({dyn.total, grad_phase, bwd_grads}));
   pred.load_peak_bytes = Peak(LoadRawBytes(plan.n_persist, plan.n_buffer), 0);

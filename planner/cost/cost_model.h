@@ -157,6 +157,10 @@ class CostModel {
   // sharded persistent parameters the gathered chunks. (Sharded persistent state's reduce-scatter
   // buffers are not here: they belong to phases, PersistentReduceBytes.)
   int64_t GradStagingBytes(int32_t n_persist) const;
+  // [Vocabulary-sized allocations] the allocator's reserve for the step's largest allocation:
+  // one [V, H] grad, or with sharded persistent state over a persistent embedding stage its
+  // reduce-scatter working set (MemoryBreakdown::allocator_slack_bytes).
+  int64_t VocabSlackBytes(int32_t n_persist) const;
   // [State reduce-scatter per group] With sharded persistent state: the device bytes of the
   // reduce-scatter buffers (fp32 flat and fp32 shard) of the persistent chunks among [0, n_persist)
   // that stage `stage` (0 = embedding, 1..N blocks, N + 1 head) owns in forward; they are issued

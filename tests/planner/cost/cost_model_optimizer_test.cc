@@ -167,5 +167,39 @@ TEST(CostModelOptimizerTest, VocabularyReserveAndTheFused8bitPass) {
 }
 
 
+// [Vocabulary-sized allocations] with sharded persistent state on two ranks: once the embedding's
+// chunks are persistent, the reserve is their reduce-scatter working set (flat, receive buffer,
+// fp32 shard: StateReduceScatterBytes), not one grad; one grad while they are offloaded, and on
+// one rank.
+TEST(CostModelOptimizerTest, ShardedStateReservesTheEmbeddingsReduceScatter) {
+  const HardwareSpec hw = *FindHardwarePreset("h200");
+  const ModelSpec arch = *FindModelPreset("llama-3.2-1b");
+  Workload workload;
+  workload.micro_batch = 1;
+  workload.seq_len = 1024;
+  auto trace = SynthesizeTrace(arch, workload, DType::kBFloat16, TrainingMethod(), hw);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  const int64_t grad = arch.vocab_size * arch.hidden_size * 2;
+  auto slack = [&](int world_size, bool shard, bool embedding_persistent) {
+    CostOptions options;
+    options.world_size = world_size;
+    options.shard_persistent_state = shard;
+    auto cm = CostModel::Create(*trace, int64_t{64} << 20, hw, options);
+    EXPECT_TRUE(cm.ok()) << cm.status();
+    if (!cm.ok()) return int64_t{-1};
+    const int32_t n_persist = embedding_persistent ? cm->num_chunks() : 0;
+    const Prediction p = cm->Predict(cm->MakeResidencyPlan(
+        n_persist, cm->MinBuffers(n_persist), ModeCounts{}, HostMemoryKind::kPinned));
+    return p.breakdown.allocator_slack_bytes;
+  };
+  EXPECT_EQ(slack(1, false, true), grad);
+  EXPECT_EQ(slack(2, false, true), grad);
+  EXPECT_EQ(slack(2, true, false), grad);
+  // The tied embedding's chunk holds the [V, H] table alone (oversized: a chunk of its own).
+  const int64_t elems = arch.vocab_size * arch.hidden_size;
+  EXPECT_EQ(slack(2, true, true), StateReduceScatterBytes(elems, 2));
+  EXPECT_GT(StateReduceScatterBytes(elems, 2), 2 * grad);
+}
+
 }  // namespace
 }  // namespace memplan
