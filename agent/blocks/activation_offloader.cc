@@ -3,6 +3,7 @@
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 
@@ -12,6 +13,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -29,26 +31,45 @@ namespace {
 // host copies are kept when their entries die and handed to the next copy of the same byte size:
 // every step after the first writes into mapped memory. The pool holds at most the largest
 // amount of host copies alive at once so far (what the step needs anyway). Pinned copies come
-// from the caching host allocator, which already reuses them.
+// from the caching host allocator, which already reuses them, unless [Exact pinned host copies].
+//
+// [Exact pinned host copies] (ActivationOffloadOptions::exact_pinned_host) torch's caching host
+// allocator rounds every pinned block up to a power of two: a [T, I] MLP activation of qwen3-8b
+// at 49 152 tokens (1.21 GB) takes 2 GiB. A plan whose swapped activations the planner priced at
+// 165 GB (exact bytes) could then ask well over 200 GB of a 256 GiB host (seed 5757 draw 6,
+// docs/benchmarks.md). With the option the pinned copies are page-locked at their exact size
+// (cudaHostRegister) and kept in a second pool like the pageable one; a kept storage is handed
+// out again only once the copies that read or wrote it (its entry's events) have finished.
 class HostStoragePool {
  public:
-  // A storage of exactly `nbytes` bytes kept before, or an undefined one.
+  // A storage of exactly `nbytes` bytes kept before whose copies have finished, or an undefined
+  // one.
   c10::Storage Take(int64_t nbytes) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = free_.find(nbytes);
-    if (it == free_.end() || it->second.empty()) return c10::Storage();
-    c10::Storage s = std::move(it->second.back());
-    it->second.pop_back();
-    held_ -= nbytes;
-    ++reuses_;
-    return s;
+    if (it == free_.end()) return c10::Storage();
+    std::vector<Kept>& kept = it->second;
+    for (size_t i = kept.size(); i-- > 0;) {
+      bool done = true;
+      for (at::cuda::CUDAEvent& e : kept[i].guards) done = done && e.query();
+      if (!done) continue;
+      c10::Storage s = std::move(kept[i].storage);
+      kept.erase(kept.begin() + static_cast<std::ptrdiff_t>(i));
+      held_ -= nbytes;
+      ++reuses_;
+      return s;
+    }
+    return c10::Storage();
   }
-  // Keeps `storage` (of nbytes bytes) unless that would hold more than `limit` bytes.
-  void Give(c10::Storage storage, int64_t nbytes, int64_t limit) {
+  // Keeps `storage` (of nbytes bytes) unless that would hold more than `limit` bytes; `guards`
+  // are the events of the copies that used it (none for pageable memory, whose copies are
+  // synchronous).
+  void Give(c10::Storage storage, int64_t nbytes, int64_t limit,
+            std::vector<at::cuda::CUDAEvent> guards = {}) {
     std::lock_guard<std::mutex> lock(mu_);
     if (held_ + nbytes > limit) return;
     held_ += nbytes;
-    free_[nbytes].push_back(std::move(storage));
+    free_[nbytes].push_back(Kept{std::move(storage), std::move(guards)});
   }
   int64_t reuses() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -56,11 +77,35 @@ class HostStoragePool {
   }
 
  private:
+  struct Kept {
+    c10::Storage storage;
+    std::vector<at::cuda::CUDAEvent> guards;
+  };
   mutable std::mutex mu_;
-  std::map<int64_t, std::vector<c10::Storage>> free_;
+  std::map<int64_t, std::vector<Kept>> free_;
   int64_t held_ = 0;
   int64_t reuses_ = 0;
 };
+
+// [Exact pinned host copies] `nbytes` of host memory page-locked where it lies; undefined when
+// the driver refuses (the caller falls back as for any pinning failure).
+void FreeRegistered(void* data) {
+  cudaHostUnregister(data);
+  ::operator delete(data, std::align_val_t{4096});
+}
+c10::Storage AllocateExactPinned(int64_t nbytes) {
+  void* data = ::operator new(static_cast<size_t>(nbytes), std::align_val_t{4096}, std::nothrow);
+  if (data == nullptr) return c10::Storage();
+  if (cudaHostRegister(data, static_cast<size_t>(nbytes), cudaHostRegisterDefault) !=
+      cudaSuccess) {
+    cudaGetLastError();
+    ::operator delete(data, std::align_val_t{4096});
+    return c10::Storage();
+  }
+  return c10::Storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(nbytes),
+                      c10::DataPtr(data, data, &FreeRegistered, c10::Device(c10::kCPU)),
+                      /*allocator=*/nullptr, /*resizable=*/false);
+}
 
 // One tensor moved to the host: its host copy and, once prefetched, its device copy. On CUDA the
 // events order the copies: d2h_done (offload stream) before the upload, h2d_done (prefetch
@@ -96,10 +141,6 @@ struct OffloadedTensor {
     if (host_bytes_counter != nullptr && host.defined()) {
       host_bytes_counter->fetch_sub(static_cast<int64_t>(host.nbytes()));
     }
-    if (pool != nullptr && host.defined() && host.storage().use_count() == 1) {
-      const auto nbytes = static_cast<int64_t>(host.storage().nbytes());
-      pool->Give(host.storage(), nbytes, pool_limit->load());
-    }
     // [Upload memory] An upload dropped before its use: its memory returns to the stream's pool
     // now, so that stream must not run past the copy into it.
     if (device.defined() && h2d_done.has_value() && device_stream.has_value()) {
@@ -111,6 +152,14 @@ struct OffloadedTensor {
             .Field("error", std::string(e.what_without_backtrace()));
         h2d_done->synchronize();
       }
+    }
+    if (pool != nullptr && host.defined() && host.storage().use_count() == 1) {
+      const auto nbytes = static_cast<int64_t>(host.storage().nbytes());
+      // [Exact pinned host copies] the copies into and out of it may still run.
+      std::vector<at::cuda::CUDAEvent> guards;
+      if (d2h_done.has_value()) guards.push_back(std::move(*d2h_done));
+      if (h2d_done.has_value()) guards.push_back(std::move(*h2d_done));
+      pool->Give(host.storage(), nbytes, pool_limit->load(), std::move(guards));
     }
   }
 };
@@ -172,9 +221,10 @@ class ActivationOffloader::Impl {
   // Copies `t` to host memory (asynchronously on CUDA).
   std::shared_ptr<OffloadedTensor> Offload(const torch::Tensor& t) {
     auto entry = std::make_shared<OffloadedTensor>();
-    entry->host = EmptyHostLike(t);
-    if (!pinned_) {  // EmptyHostLike fell back or pageable was asked for
-      entry->pool = &pool_;
+    bool exact_pinned = false;
+    entry->host = EmptyHostLike(t, &exact_pinned);
+    if (!pinned_ || exact_pinned) {  // EmptyHostLike fell back, pageable was asked for, or exact
+      entry->pool = exact_pinned ? &pinned_pool_ : &pool_;
       entry->pool_limit = &host_bytes_peak_;
     }
     if (cuda_) {
@@ -421,6 +471,7 @@ class ActivationOffloader::Impl {
     stats.in_flight_waits = in_flight_waits_.load();
     stats.pinned = pinned_;
     stats.pageable_reuses = pool_.reuses();
+    stats.exact_pinned_reuses = pinned_pool_.reuses();
     stats.shared_saves = shared_saves_.load();
     return stats;
   }
@@ -428,8 +479,22 @@ class ActivationOffloader::Impl {
   const ActivationOffloadOptions& options() const { return options_; }
 
  private:
-  torch::Tensor EmptyHostLike(const torch::Tensor& t) {
+  torch::Tensor EmptyHostLike(const torch::Tensor& t, bool* exact_pinned) {
     auto opts = t.options().device(torch::kCPU);
+    if (pinned_ && options_.exact_pinned_host && t.is_non_overlapping_and_dense()) {
+      // [Exact pinned host copies]
+      const int64_t nbytes = t.numel() * static_cast<int64_t>(t.element_size());
+      c10::Storage kept = pinned_pool_.Take(nbytes);
+      if (!kept) kept = AllocateExactPinned(nbytes);
+      if (kept) {
+        *exact_pinned = true;
+        return at::empty({0}, opts).set_(kept, /*storage_offset=*/0, t.sizes(), t.strides());
+      }
+      pinned_ = false;
+      MEMPLAN_LOG(kWarning, "activation offload falls back to pageable host memory")
+          .Field("reason", "cudaHostRegister refused an exact-size host copy")
+          .Field("bytes", nbytes);
+    }
     if (pinned_) {
       try {
         return EmptyLayoutLike(t, opts.pinned_memory(true));
@@ -464,6 +529,7 @@ class ActivationOffloader::Impl {
 
   ActivationOffloadOptions options_;
   HostStoragePool pool_;  // before the records: entries give their storage back to it
+  HostStoragePool pinned_pool_;  // [Exact pinned host copies]
   bool cuda_ = false;
   bool pinned_ = false;
   std::optional<c10::cuda::CUDAStream> offload_stream_;

@@ -22,6 +22,10 @@ struct ActivationOffloadOptions {
   // model prices it (ForwardWindow) and holds one predecessor's saved set beside a group's own
   // (ModeValue).
   int max_in_flight_groups = 2;
+  // [Exact pinned host copies] (activation_offloader.cc): pinned copies at their exact size in a
+  // pool of this offloader's, instead of torch's caching host allocator (which rounds each to a
+  // power of two). Not yet measured on a GPU: off by default.
+  bool exact_pinned_host = false;
 };
 
 struct ActivationOffloadStats {
@@ -33,6 +37,7 @@ struct ActivationOffloadStats {
   int64_t in_flight_waits = 0;      // forward waited for an old group's copies
   bool pinned = false;              // host copies are in pinned memory
   int64_t pageable_reuses = 0;      // pageable host copies written into a kept storage
+  int64_t exact_pinned_reuses = 0;  // exact-size pinned copies written into a kept storage
   int64_t shared_saves = 0;         // saves of a tensor already offloaded in its group
 };
 

@@ -117,6 +117,11 @@ Residency plan (any chunk knob or --plan-file runs the chunk manager):
                            group g's offloaded activations are freed at the end of group
                            g + N - 1's forward, their copy done (the planner prices N = 2);
                            in backward, the host waits for the grad copies N groups back
+  --pinned-activations caching|exact
+                           pinned host copies of swapped and offloaded activations: torch's
+                           caching host allocator, which rounds each to a power of two
+                           (default), or page-locked at their exact size in the agent's own pool
+                           (the bytes the planner prices; not yet measured on a GPU)
   --cpu-threads N (0)      CPU optimizer threads; 0: the host's hardware threads divided by the
                            ranks on this host (what the planner's CPU figures assume)
 Held-out evaluation:
@@ -307,6 +312,8 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
               FlagSet::Choices<bool>{{"device", true}, {"host", false}})
       .NonEmptyString("--plan-file", &c.plan_file)
       .Int("--offload-in-flight", &c.offload_in_flight, 1, 1024)
+      .Choice("--pinned-activations", &c.exact_pinned_activations,
+              FlagSet::Choices<bool>{{"caching", false}, {"exact", true}})
       .Int("--cpu-threads", &c.cpu_threads, 0, 1024)
       .NonEmptyString("--save", &c.save_dir)
       .Int("--save-every", &c.save_every, 0, int64_t{1} << 40)

@@ -113,6 +113,8 @@ struct TrainConfig {
   bool accumulate_offloaded_grads_on_device = false;
   std::string plan_file;
   int offload_in_flight = 2;
+  // --pinned-activations exact: ActivationOffloadOptions::exact_pinned_host.
+  bool exact_pinned_activations = false;
   int cpu_threads = 0;  // 0: the host's hardware threads / the ranks on this host
   // Checkpoints and output.
   std::string save_dir;

@@ -364,6 +364,7 @@ absl::Status TrainSession::BuildTrainer() {
   options.chunks.max_grad_copy_groups = config_.offload_in_flight;
   options.offload.host_memory = plan_.host_memory;
   options.offload.max_in_flight_groups = config_.offload_in_flight;
+  options.offload.exact_pinned_host = config_.exact_pinned_activations;
   options.communicator = group_.get();
   // [OSFT resume without the SVD] (agent/model/osft.h): Run() has checked the checkpoint's split
   // against this run's; its factors fill the shaped ones in Resume().

@@ -21,9 +21,10 @@ struct GpuCase {
   torch::TensorOptions f32;
 };
 constexpr int64_t kGpuElems = int64_t{16} << 20;  // 64 MiB of fp32
-GpuCase MakeGpuCase() {
+GpuCase MakeGpuCase(bool exact_pinned_host = false) {
   ActivationOffloadOptions options;
   options.device = torch::Device(torch::kCUDA, 0);
+  options.exact_pinned_host = exact_pinned_host;
   return {MakeOffloader(options),
           torch::TensorOptions().dtype(torch::kFloat32).device(options.device)};
 }
@@ -247,6 +248,35 @@ TEST(ActivationOffloaderGpuTest, SourcesAreFreedAtTheEndOfTheNextGroup) {
     torch::Tensor back = offloader->TakeInput(g);
     EXPECT_TRUE((back == static_cast<float>(g + 1)).all().item<bool>()) << "group " << g;
     offloader->Clear(g);
+  }
+}
+
+// [Exact pinned host copies] Pinned copies at their exact size: the values come back, the copies
+// stay pinned, and a second step writes into the storages the first one kept (one reuse per
+// group), each only after the copies that used it finished.
+TEST(ActivationOffloaderGpuTest, ExactPinnedCopiesComeBackAndAreReused) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  auto [offloader, f32] = MakeGpuCase(/*exact_pinned_host=*/true);
+  constexpr int64_t kElems = kGpuElems + 3;  // not a power of two's worth of bytes
+  constexpr int kGroups = 4;
+  for (int step = 0; step < 2; ++step) {
+    for (int g = 0; g < kGroups; ++g) {
+      offloader->OffloadInput(g, torch::full({kElems}, static_cast<float>(10 * step + g), f32));
+      offloader->EndForwardGroup(g);
+    }
+    offloader->Prefetch(kGroups - 1);
+    for (int g = kGroups - 1; g >= 0; --g) {
+      if (g > 0) offloader->Prefetch(g - 1);
+      torch::Tensor back = offloader->TakeInput(g);
+      EXPECT_TRUE((back == static_cast<float>(10 * step + g)).all().item<bool>())
+          << "step " << step << " group " << g;
+      offloader->Clear(g);
+    }
+    const ActivationOffloadStats stats = offloader->Stats();
+    EXPECT_TRUE(stats.pinned);
+    EXPECT_EQ(stats.host_bytes, 0);
+    EXPECT_EQ(stats.host_bytes_peak, kGroups * kElems * 4) << "exact sizes, every group's copy";
+    EXPECT_EQ(stats.exact_pinned_reuses, step == 0 ? 0 : kGroups) << "step " << step;
   }
 }
 

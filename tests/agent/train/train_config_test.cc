@@ -763,5 +763,21 @@ TEST(ParseTrainArgsTest, ScheduleAndEvaluationFlags) {
               HasSubstr("--eval-batches"));
 }
 
+// --pinned-activations: caching (the default) or exact; anything else is refused by name.
+TEST(TrainConfigTest, PinnedActivationsChoosesTheHostAllocator) {
+  auto plain = ParseTrainArgs({"--arch", "llama-tiny", "--synthetic-data"});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->exact_pinned_activations);
+  auto exact = ParseTrainArgs(
+      {"--arch", "llama-tiny", "--synthetic-data", "--pinned-activations", "exact"});
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  EXPECT_TRUE(exact->exact_pinned_activations);
+  EXPECT_THAT(ParseTrainArgs(
+                  {"--arch", "llama-tiny", "--synthetic-data", "--pinned-activations", "pow2"})
+                  .status()
+                  .message(),
+              HasSubstr("--pinned-activations: \"pow2\" is not one of caching, exact"));
+}
+
 }  // namespace
 }  // namespace memplan
