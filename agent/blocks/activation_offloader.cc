@@ -3,7 +3,6 @@
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 
@@ -13,12 +12,14 @@
 #include <limits>
 #include <map>
 #include <mutex>
-#include <new>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "agent/chunks/host_buffer.h"
 #include "common/log.h"
+#include "common/status.h"
 
 namespace memplan {
 namespace {
@@ -87,24 +88,17 @@ class HostStoragePool {
   int64_t reuses_ = 0;
 };
 
-// [Exact pinned host copies] `nbytes` of host memory page-locked where it lies; undefined when
-// the driver refuses (the caller falls back as for any pinning failure).
-void FreeRegistered(void* data) {
-  cudaHostUnregister(data);
-  ::operator delete(data, std::align_val_t{4096});
-}
-c10::Storage AllocateExactPinned(int64_t nbytes) {
-  void* data = ::operator new(static_cast<size_t>(nbytes), std::align_val_t{4096}, std::nothrow);
-  if (data == nullptr) return c10::Storage();
-  if (cudaHostRegister(data, static_cast<size_t>(nbytes), cudaHostRegisterDefault) !=
-      cudaSuccess) {
-    cudaGetLastError();
-    ::operator delete(data, std::align_val_t{4096});
-    return c10::Storage();
-  }
-  return c10::Storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(nbytes),
-                      c10::DataPtr(data, data, &FreeRegistered, c10::Device(c10::kCPU)),
-                      /*allocator=*/nullptr, /*resizable=*/false);
+// [Exact pinned host copies] `nbytes` of pinned host memory (HostBuffer::AllocatePinned, the
+// chunks' host arrays' allocation) as a storage that owns it.
+absl::StatusOr<c10::Storage> AllocateExactPinned(int64_t nbytes) {
+  ASSIGN_OR_RETURN(HostBuffer buffer, HostBuffer::AllocatePinned(nbytes));
+  auto* owner = new HostBuffer(std::move(buffer));
+  return c10::Storage(
+      c10::Storage::use_byte_size_t(), static_cast<size_t>(nbytes),
+      c10::DataPtr(owner->data(), owner,
+                   [](void* ctx) { delete static_cast<HostBuffer*>(ctx); },
+                   c10::Device(c10::kCPU)),
+      /*allocator=*/nullptr, /*resizable=*/false);
 }
 
 // One tensor moved to the host: its host copy and, once prefetched, its device copy. On CUDA the
@@ -484,16 +478,15 @@ class ActivationOffloader::Impl {
     if (pinned_ && options_.exact_pinned_host && t.is_non_overlapping_and_dense()) {
       // [Exact pinned host copies]
       const int64_t nbytes = t.numel() * static_cast<int64_t>(t.element_size());
-      c10::Storage kept = pinned_pool_.Take(nbytes);
-      if (!kept) kept = AllocateExactPinned(nbytes);
-      if (kept) {
+      absl::StatusOr<c10::Storage> kept = pinned_pool_.Take(nbytes);  // undefined: none to reuse
+      if (!*kept) kept = AllocateExactPinned(nbytes);
+      if (kept.ok()) {
         *exact_pinned = true;
-        return at::empty({0}, opts).set_(kept, /*storage_offset=*/0, t.sizes(), t.strides());
+        return at::empty({0}, opts).set_(*kept, /*storage_offset=*/0, t.sizes(), t.strides());
       }
       pinned_ = false;
       MEMPLAN_LOG(kWarning, "activation offload falls back to pageable host memory")
-          .Field("reason", "cudaHostRegister refused an exact-size host copy")
-          .Field("bytes", nbytes);
+          .Field("reason", std::string(kept.status().message()));
     }
     if (pinned_) {
       try {

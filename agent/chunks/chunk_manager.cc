@@ -18,6 +18,7 @@
 #include "agent/chunks/chunk_set.h"
 #include "agent/chunks/chunk_state_io.h"
 #include "agent/chunks/chunk_streams.h"
+#include "agent/core/seconds_since.h"
 #include "common/chunk_packing.h"
 #include "common/log.h"
 #include "common/optimizer_bytes.h"
@@ -177,9 +178,7 @@ class ChunkManager::Impl {
         .Field("layout_bytes", stats.layout_bytes)
         .Field("host_pinned_bytes", stats.host_pinned_bytes)
         .Field("host_pageable_bytes", stats.host_pageable_bytes)
-        .Field("seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                        init_start)
-                              .count());
+        .Field("seconds", SecondsSince(init_start));
     return absl::OkStatus();
   }
 

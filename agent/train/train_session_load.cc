@@ -25,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "agent/chunks/chunk_manager.h"
 #include "agent/client/plan_share.h"
+#include "agent/core/seconds_since.h"
 #include "agent/client/planner_client.h"
 #include "agent/client/planner_loop.h"
 #include "agent/dist/process_group.h"
@@ -160,8 +161,7 @@ absl::Status TrainSession::FillShards() {
   MEMPLAN_LOG(kInfo, "parameters filled")
       .Field("rank", dist_.rank)
       .Field("source", checkpoint_ != nullptr ? "checkpoint" : "synthetic draw")
-      .Field("seconds",
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
+      .Field("seconds", SecondsSince(load_start));
   if (checkpoint_ != nullptr) {
     MEMPLAN_LOG(kInfo, "loaded checkpoint")
         .Field("dir", config_.model_dir)
