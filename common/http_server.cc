@@ -92,9 +92,13 @@ class PlainStream : public HttpStream {
 
 bool WaitForSocket(int fd, bool for_write, HttpDeadline deadline) {
   while (true) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return false;
+    // Rounded up: a wait cut short of the deadline (poll counts whole milliseconds) would report
+    // a timeout while Clock::now() < deadline, and ReadAndHandle would then drop a client that
+    // stopped sending without its 408 (one run in five of AdmissionWebhookE2ETest's
+    // IdleAndDrippingClientsDoNotBlockAReview).
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) return false;
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
     pollfd p{fd, static_cast<short>(for_write ? POLLOUT : POLLIN), 0};
     const int ready = poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1 << 30)));
     if (ready > 0) return true;  // readable, writable, or hung up: the next call says which
