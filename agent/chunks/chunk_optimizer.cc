@@ -92,10 +92,6 @@ absl::Status ChunkOptimizer::InitChunk(int c) {
         s.exp_avg_absmax = slots(state.device_exp_avg_absmax);
         s.exp_avg_sq_absmax = slots(state.device_exp_avg_sq_absmax);
       }
-      // at::_fused_adamw_ reads the step from a tensor on the parameters' device.
-      if (has_moments() && !quantized() && (set_.cuda() || pure())) {
-        s.fused_step = torch::zeros({}, fp32);
-      }
     }
     persistent_state_device_bytes_ += PersistentStateBytes(optimizer(), elem_bytes, state_elems);
     return absl::OkStatus();

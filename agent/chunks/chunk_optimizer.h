@@ -39,7 +39,6 @@ struct ParamState {
   torch::Tensor master;   // fp32 copy when OptimizerKeepsMaster()
   torch::Tensor exp_avg;  // moments: fp32 (adamw) or the model dtype (adamw_bf16); none for sgd
   torch::Tensor exp_avg_sq;
-  torch::Tensor fused_step;  // the step counter at::_fused_adamw_ keeps on the device
   // adamw8bit: the absmax of each of its 256-element blocks, strided views into the chunk's slots
   // ([8-bit optimizer state]); the moments above are then uint8 codes.
   torch::Tensor exp_avg_absmax, exp_avg_sq_absmax;
@@ -157,6 +156,8 @@ class ChunkOptimizer {
   // [Persistent all-reduce in backward] / [State reduce-scatter per group]
   absl::Status StartPersistentReduce(int c);
   absl::StatusOr<double> ShardedSquaredNorm();
+  // The replicated persistent parameters `updated` (in chunk order) take their fp32 masters.
+  void CopyMastersToParams(const std::vector<int>& updated);
   // [Sharded persistent state]: the step's updates of the shards and the all-gathers after them.
   absl::Status UpdateShardedPersistent(const torch::Tensor& clip_coef, float grad_scale);
   // Accumulates chunk c's staged grads and/or updates it on the CPU workers.

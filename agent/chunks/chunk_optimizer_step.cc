@@ -305,11 +305,11 @@ class ChunkOptimizer::PersistentUpdate {
     if (m_.set_.cuda() || m_.pure()) {
       // torch.optim.AdamW(fused=True) after clip_grad_norm_ (adamw_bf16 on any device).
       if (clip_coef_.defined() && !grads_clipped_) grad.mul_(clip_coef_);
-      s.fused_step.fill_(static_cast<double>(s.step));  // the fused kernel reads, not bumps
+      const torch::Tensor step = StepTensor(s.step, target);
       const bool sliceable = grad.is_contiguous() && target.is_contiguous() &&
                              exp_avg.is_contiguous() && exp_avg_sq.is_contiguous();
       if (!m_.master() || !sliceable) {
-        Batch(target, m_.master() ? grad.to(torch::kFloat32) : grad, exp_avg, exp_avg_sq, s);
+        Batch(target, m_.master() ? grad.to(torch::kFloat32) : grad, exp_avg, exp_avg_sq, step);
         return;
       }
       const torch::Tensor g = grad.view(-1), t = target.view(-1);
@@ -318,8 +318,8 @@ class ChunkOptimizer::PersistentUpdate {
       for (int64_t off = 0; off < n;) {
         if (batch_elems_ >= slice_elems_) Flush();
         const int64_t len = std::min(n - off, slice_elems_ - batch_elems_);
-        Batch(t.narrow(0, off, len), g.narrow(0, off, len).to(torch::kFloat32),
-              mv.narrow(0, off, len), vv.narrow(0, off, len), s);
+        Batch(t.narrow(0, off, len), g.narrow(0, off, len), mv.narrow(0, off, len),
+              vv.narrow(0, off, len), step, /*widen=*/true);
         off += len;
       }
       return;
@@ -335,6 +335,7 @@ class ChunkOptimizer::PersistentUpdate {
   void Flush() {
     batch_elems_ = 0;
     if (targets_.empty()) return;
+    WidenGrads();
     const AdamWOptions& o = m_.set_.options().adamw;
     at::_fused_adamw_(targets_, grads_, exp_avgs_, exp_avg_sqs_, /*max_exp_avg_sqs=*/{}, steps_,
                       o.lr, o.beta1, o.beta2, o.weight_decay, o.eps, /*amsgrad=*/false,
@@ -344,17 +345,61 @@ class ChunkOptimizer::PersistentUpdate {
     exp_avgs_.clear();
     exp_avg_sqs_.clear();
     steps_.clear();
+    widen_.clear();
   }
 
  private:
+  // [Shared step tensors] at::_fused_adamw_ reads each parameter's step from a device scalar (it
+  // does not bump it). Parameters at the same step share one, filled once per update, instead of a
+  // fill kernel per parameter (hundreds of launches for a model's or an adapter set's tensors).
+  torch::Tensor StepTensor(int64_t step, const torch::Tensor& like) {
+    for (const auto& [value, tensor] : step_tensors_) {
+      if (value == step) return tensor;
+    }
+    step_tensors_.emplace_back(step, torch::full({}, static_cast<double>(step),
+                                                 like.options().dtype(torch::kFloat32)));
+    return step_tensors_.back().second;
+  }
+
+  // `widen`: `grad` is a contiguous 1-D slice in the model dtype that the fp32 master's update
+  // reads widened (WidenGrads() at Flush()).
   void Batch(const torch::Tensor& target, const torch::Tensor& grad, const torch::Tensor& exp_avg,
-             const torch::Tensor& exp_avg_sq, ParamState& s) {
+             const torch::Tensor& exp_avg_sq, const torch::Tensor& step, bool widen = false) {
     targets_.push_back(target);
     grads_.push_back(grad);
     exp_avgs_.push_back(exp_avg);
     exp_avg_sqs_.push_back(exp_avg_sq);
-    steps_.push_back(s.fused_step);
+    steps_.push_back(step);
+    widen_.push_back(widen);
     batch_elems_ += target.numel();
+  }
+
+  // [Batched widening] The fp32 copies of the batch's model-dtype grad slices: one fp32 flat of
+  // their elements (at most slice_elems_, the transient StepGradCopyElems() prices) and one
+  // _foreach_copy_, which converts in its multi-tensor kernel, in place of a .to(kFloat32) launch
+  // per parameter. Each value is that conversion's, exactly.
+  void WidenGrads() {
+    // Each copy starts on a 256-byte boundary, as a block of its own did (the fused kernel's
+    // vectorised loads need 16-byte alignment).
+    constexpr int64_t kAlignElems = 64;
+    auto padded = [](int64_t n) { return (n + kAlignElems - 1) / kAlignElems * kAlignElems; };
+    std::vector<torch::Tensor> src, dst;
+    int64_t total = 0;
+    for (size_t k = 0; k < grads_.size(); ++k) {
+      if (widen_[k]) total += padded(grads_[k].numel());
+    }
+    if (total == 0) return;
+    const torch::Tensor flat =
+        torch::empty({total}, grads_.front().options().dtype(torch::kFloat32));
+    int64_t at = 0;
+    for (size_t k = 0; k < grads_.size(); ++k) {
+      if (!widen_[k]) continue;
+      src.push_back(grads_[k]);
+      dst.push_back(flat.narrow(0, at, grads_[k].numel()));
+      grads_[k] = dst.back();
+      at += padded(src.back().numel());
+    }
+    at::_foreach_copy_(dst, src);
   }
 
   ChunkOptimizer& m_;
@@ -363,8 +408,33 @@ class ChunkOptimizer::PersistentUpdate {
   const int64_t slice_elems_;
   bool grads_clipped_ = false;  // ClipGrads() scaled them
   std::vector<torch::Tensor> targets_, grads_, exp_avgs_, exp_avg_sqs_, steps_;
+  std::vector<bool> widen_;
+  std::vector<std::pair<int64_t, torch::Tensor>> step_tensors_;
   int64_t batch_elems_ = 0;
 };
+
+void ChunkOptimizer::CopyMastersToParams(const std::vector<int>& updated) {
+  // [Whole-chunk master copy] A chunk whose every parameter was updated takes its whole fp32
+  // master in one copy (alignment gaps included: the master was made from the same span, so they
+  // round back to what they were); otherwise one copy per updated parameter. Either way each
+  // parameter becomes its master rounded to the model dtype.
+  for (size_t k = 0; k < updated.size();) {
+    const int c = set_.param(updated[k]).chunk;
+    size_t end = k;
+    while (end < updated.size() && set_.param(updated[end]).chunk == c) ++end;
+    Chunk& layout = set_.chunk(c);
+    const torch::Tensor& flat = chunks_[c].device_master;
+    if (!layout.state_sharded && flat.defined() && flat.numel() == layout.span_elems &&
+        end - k == layout.params.size()) {
+      layout.device.narrow(0, layout.shard_begin, layout.span_elems).copy_(flat);
+    } else {
+      for (size_t j = k; j < end; ++j) {
+        set_.param(updated[j]).tensor.detach().copy_(params_[updated[j]].master);
+      }
+    }
+    k = end;
+  }
+}
 
 absl::Status ChunkOptimizer::UpdateShardedPersistent(const torch::Tensor& clip_coef,
                                                      float grad_scale) {
@@ -612,9 +682,7 @@ absl::Status ChunkOptimizer::Step(double max_grad_norm) {
       }
       update.Flush();
     }
-    if (master()) {
-      for (int i : updated) set_.param(i).tensor.detach().copy_(params_[i].master);
-    }
+    if (master()) CopyMastersToParams(updated);
     if (set_.sharded() && options.shard_persistent_state) {
       if (const absl::Status s = UpdateShardedPersistent(clip_coef, grad_scale); !s.ok()) {
         return fail(s);

@@ -499,7 +499,6 @@ void ChunkStateIO::InstallState(int i, const torch::Tensor& m, const torch::Tens
     }
   }
   s.step = step;
-  if (s.fused_step.defined()) s.fused_step.fill_(static_cast<double>(s.step));
 }
 
 // [Per-rank checkpoint pieces] A persistent parameter is replicated: rank r writes elements

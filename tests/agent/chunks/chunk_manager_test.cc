@@ -160,6 +160,62 @@ TEST(ChunkManagerGpuTest, Bf16TrainingTracksTheFp32Reference) {
   }
 }
 
+// The persistent chunks' device update with an fp32 master ([Batched widening], [Shared step
+// tensors], [Whole-chunk master copy] in chunk_optimizer_step.cc) is, bit for bit, at::_fused_adamw_
+// per parameter on its own fp32 master with its grad widened by .to(kFloat32), then the master
+// rounded into the parameter: with whole chunks and with 4 KiB chunks (updates in slices).
+TEST(ChunkManagerGpuTest, PersistentMasterUpdateIsPerParameterFusedAdamWExactly) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const torch::Device gpu(torch::kCUDA, 0);
+  const auto bf16 = torch::TensorOptions().device(gpu).dtype(torch::kBFloat16);
+  for (const int64_t chunk_bytes : {int64_t{40000}, int64_t{4096}}) {
+    SCOPED_TRACE(absl::StrCat("chunk_bytes ", chunk_bytes));
+    const ToyModel model = ToyModel::Make(3, true, 64, 128, 23, bf16);
+    ChunkManagerOptions options = CpuOptions(0, 2);
+    options.adamw.lr = 1e-3;
+    options.adamw.weight_decay = 0.01;
+    options.chunk_bytes = chunk_bytes;
+    options.device = gpu;
+    options.max_grad_norm = 0;
+    options.n_persist = 1000;
+    auto manager = ChunkManager::Create(model.Groups(), options);
+    ASSERT_TRUE(manager.ok()) << manager.status();
+    std::map<std::string, torch::Tensor> master, exp_avg, exp_avg_sq;
+    for (const NamedParam& p : (*manager)->ParamOrder()) {
+      master[p.name] = p.param.detach().to(torch::kFloat32);
+      exp_avg[p.name] = torch::zeros_like(master[p.name]);
+      exp_avg_sq[p.name] = torch::zeros_like(master[p.name]);
+    }
+    const AdamWOptions& a = options.adamw;
+    for (int step = 1; step <= 3; ++step) {
+      const Batch batch = MakeBatch(128, 700 + step, gpu);
+      RunMicroBatch(model, manager->get(), false, batch.tokens, batch.targets);
+      std::map<std::string, torch::Tensor> grads;
+      for (const NamedParam& p : (*manager)->ParamOrder()) {
+        ASSERT_TRUE(p.param.grad().defined()) << p.name;
+        grads[p.name] = p.param.grad().clone();
+      }
+      ASSERT_TRUE((*manager)->Step(0).ok());
+      const torch::Tensor step_tensor =
+          torch::full({}, static_cast<double>(step), bf16.dtype(torch::kFloat32));
+      for (const auto& [name, grad] : grads) {
+        at::_fused_adamw_({master[name]}, {grad.to(torch::kFloat32)}, {exp_avg[name]},
+                          {exp_avg_sq[name]}, {}, {step_tensor}, a.lr, a.beta1, a.beta2,
+                          a.weight_decay, a.eps, false, false);
+      }
+    }
+    std::map<std::string, torch::Tensor> state;
+    for (const NamedParam& s : (*manager)->OptimizerState()) state[s.name] = s.param;
+    for (const NamedParam& p : (*manager)->ParamOrder()) {
+      EXPECT_TRUE(torch::equal(p.param.detach().cpu(), master[p.name].to(torch::kBFloat16).cpu()))
+          << p.name;
+      EXPECT_TRUE(torch::equal(state.at(p.name + ".master").cpu(), master[p.name].cpu())) << p.name;
+      EXPECT_TRUE(torch::equal(state.at(p.name + ".exp_avg_sq").cpu(), exp_avg_sq[p.name].cpu()))
+          << p.name;
+    }
+  }
+}
+
 TEST(ChunkManagerGpuTest, OffloadingEverythingLowersThePeak) {
 #ifndef MEMPLAN_TEST_CUDA
   GTEST_SKIP() << "built without CUDA headers";
