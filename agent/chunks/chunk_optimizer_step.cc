@@ -295,11 +295,25 @@ class ChunkOptimizer::PersistentUpdate {
     const AdamWOptions& o = m_.set_.options().adamw;
     if (m_.optimizer() == OptimizerKind::kSgd) {
       // torch::optim::SGD's ops (in place on the grad, dropped after the step). With a master the
-      // clip scales the fp32 copy, like the offloaded chunks' kernel.
-      torch::Tensor d = m_.master() ? grad.to(torch::kFloat32) : grad;
-      if (clip_coef_.defined() && !grads_clipped_) d.mul_(clip_coef_);
-      if (o.weight_decay != 0) d.add_(target, o.weight_decay);
-      target.add_(d, -1 * o.lr);
+      // clip scales the fp32 copy, like the offloaded chunks' kernel, and that copy is made at most
+      // slice_elems_ elements at a time ([Sliced grad copy]: the transient the planner prices;
+      // the whole fp32 grad of a vocabulary embedding took 2 GiB at the step).
+      auto sgd = [&](const torch::Tensor& t, const torch::Tensor& g) {
+        torch::Tensor d = m_.master() ? g.to(torch::kFloat32) : g;
+        if (clip_coef_.defined() && !grads_clipped_) d.mul_(clip_coef_);
+        if (o.weight_decay != 0) d.add_(t, o.weight_decay);
+        t.add_(d, -1 * o.lr);
+      };
+      const int64_t n = grad.numel();
+      if (!m_.master() || n <= slice_elems_ || !grad.is_contiguous() || !target.is_contiguous()) {
+        sgd(target, grad);
+        return;
+      }
+      const torch::Tensor g = grad.view(-1), t = target.view(-1);
+      for (int64_t off = 0; off < n; off += slice_elems_) {
+        const int64_t len = std::min(n - off, slice_elems_);
+        sgd(t.narrow(0, off, len), g.narrow(0, off, len));
+      }
       return;
     }
     if (m_.set_.cuda() || m_.pure()) {

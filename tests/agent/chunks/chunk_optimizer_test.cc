@@ -473,6 +473,38 @@ void ExpectDeferredTrainsAsWaiting(OptimizerKind kind, double max_grad_norm, int
   }
 }
 
+// [Sliced grad copy] for SGD with an fp32 master: a parameter larger than a regular chunk (the
+// 512-element embedding with 400-byte chunks: 200 elements a slice) is updated slice by slice,
+// bit for bit as in one piece (1500-byte chunks), clipped and with weight decay.
+TEST(ChunkManagerTest, SlicedSgdMasterUpdateEqualsTheWholeOne) {
+  const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16);
+  std::vector<std::map<std::string, torch::Tensor>> finals;
+  for (const int64_t chunk_bytes : {int64_t{1500}, int64_t{400}}) {
+    const ToyModel model = ToyModel::Make(2, true, 16, 32, 17, bf16);
+    ChunkManagerOptions options = CpuOptions(1000, 1);
+    options.optimizer = OptimizerKind::kSgd;
+    options.adamw.weight_decay = 0.01;
+    options.chunk_bytes = chunk_bytes;
+    options.max_grad_norm = 0.05;
+    auto manager = ChunkManager::Create(model.Groups(), options);
+    ASSERT_TRUE(manager.ok()) << manager.status();
+    for (int step = 0; step < 3; ++step) {
+      const Batch batch = MakeBatch(32, 900 + step, torch::kCPU);
+      RunMicroBatch(model, manager->get(), false, batch.tokens, batch.targets);
+      ASSERT_TRUE((*manager)->Step(options.max_grad_norm).ok());
+    }
+    std::map<std::string, torch::Tensor> values;
+    for (const NamedParam& p : (*manager)->Params()) values[p.name] = p.param.clone();
+    for (const NamedParam& s : (*manager)->OptimizerState()) values[s.name] = s.param.clone();
+    finals.push_back(std::move(values));
+  }
+  ASSERT_EQ(finals[0].size(), finals[1].size());
+  EXPECT_TRUE(finals[0].count("model.embed_tokens.weight.master"));
+  for (const auto& [name, value] : finals[0]) {
+    EXPECT_TRUE(torch::equal(value, finals[1].at(name))) << name;
+  }
+}
+
 // With clipping Step() queues the offloaded chunks' CPU updates in chunk order and returns.
 // Fails when the pager's per-chunk wait is removed.
 TEST(ChunkManagerTest, DeferredClippedUpdatesTrainExactlyAsWaitingOnes) {
