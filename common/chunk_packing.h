@@ -62,8 +62,9 @@ struct ChunkInfo {
 // holes that the caching allocator covered with new memory: reserved up to 2.4 GB above allocated
 // on an H200 for llama-3.2-3b 7x1536 with 105 of 113 chunks offloaded). The embedding's and the
 // head's grads (once per step, at the two ends of backward) and a parameter several groups use are
-// not staged in slots. The planner charges kGradStagingSlots x GradSlotBytes(n_persist); the
-// agent allocates exactly that.
+// not staged in slots (the planner prices those two inside the head's and the embedding's
+// backward phases). The planner charges kGradStagingSlots x GradSlotBytes(n_persist); the agent
+// allocates exactly that.
 inline constexpr int kGradStagingSlots = 2;
 
 // [Layout fingerprint] 16 lowercase hex digits: FNV-1a (64 bit) of the ordered

@@ -73,7 +73,6 @@ ChunkLayout AgentLayout(const Trace& trace, const std::vector<LayoutParam>& para
     layout.chunk_oversized[c] = packing->chunks()[c].oversized;
   }
   layout.grad_slot_bytes_by_first_offloaded = packing->GradSlotBytesByFirstOffloaded();
-  layout.chunk_nonblock_bytes.assign(packing->num_chunks(), 0);
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamSlot& slot = packing->slots()[i];
     const size_t s = static_cast<size_t>(params[i].group);
@@ -85,7 +84,6 @@ ChunkLayout AgentLayout(const Trace& trace, const std::vector<LayoutParam>& para
                                    std::max<int64_t>(stage_params[s], 1));
     }
     layout.chunk_trainable_bytes[slot.chunk] += train;
-    if (!packing->IsBlockGroup(params[i].group)) layout.chunk_nonblock_bytes[slot.chunk] += train;
     if (layout.stage_first_chunk[s] < 0) layout.stage_first_chunk[s] = slot.chunk;
     layout.stage_first_chunk[s] = std::min(layout.stage_first_chunk[s], slot.chunk);
     layout.stage_last_chunk[s] = std::max(layout.stage_last_chunk[s], slot.chunk);

@@ -32,10 +32,8 @@ struct ChunkLayout {
   std::vector<int32_t> stage_last_chunk;
   // [Grad staging slots] (common/chunk_packing.h), from the agent's packing (empty when the
   // stages were split byte-wise): element f = the size of one slot when chunks [f, num_chunks())
-  // are offloaded (GradSlotBytesByFirstOffloaded); per chunk, the bytes of its parameters that
-  // are not a block's (embedding, final norm, head), whose grads are not staged in slots.
+  // are offloaded (GradSlotBytesByFirstOffloaded).
   std::vector<int64_t> grad_slot_bytes_by_first_offloaded;
-  std::vector<int64_t> chunk_nonblock_bytes;
   // LayoutFingerprint of the agent's packing ([Layout fingerprint], common/chunk_packing.h);
   // empty when the stages were split byte-wise (no parameter list: the agent's layout unknown).
   std::string fingerprint;

@@ -477,15 +477,17 @@ void CostModel::PrecomputeChunks(ChunkLayout layout) {
   if (options_.world_size == 1 && !adapters.has_value() && full_ft &&
       !t.layout.grad_slot_bytes_by_first_offloaded.empty()) {
     // [Grad staging slots] (common/chunk_packing.h): the blocks' offloaded grads in
-    // kGradStagingSlots slots the agent allocates for the step; the embedding's or the head's
-    // grad, when its chunk is offloaded, comes and goes once at an end of backward: the largest
-    // such chunk's.
+    // kGradStagingSlots slots the agent allocates for the step. [Vocabulary grads in their phase]
+    // The embedding's or the head's grad, when its chunk is offloaded, comes and goes once at an
+    // end of backward, where the head's and the embedding's backward transients already hold it
+    // (HeadMemory, EmbeddingMemory, or the profiler's measurement of the same backward); charging
+    // it for the whole step too put every offloaded full fine-tune of an untied model one [V, H]
+    // grad high (seeds 3131 and 2727, docs/benchmarks.md: +7.0 ... +11.5 % on four runs whose
+    // peak was the head's or a block's backward).
     t.grad_staging_by_npersist.assign(c_count + 1, 0);
-    int64_t nonblock = 0;
     for (int32_t c = c_count - 1; c >= 0; --c) {
-      nonblock = std::max(nonblock, t.layout.chunk_nonblock_bytes[c]);
       t.grad_staging_by_npersist[c] =
-          kGradStagingSlots * t.layout.grad_slot_bytes_by_first_offloaded[c] + nonblock;
+          kGradStagingSlots * t.layout.grad_slot_bytes_by_first_offloaded[c];
     }
   }
   t.sharded_staging_by_npersist.clear();
