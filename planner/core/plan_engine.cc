@@ -58,14 +58,14 @@ CostOptions MakeCostOptions(const PlanInputs& in, bool time_tables) {
 
 // [Host reserve] Not all of a node's RAM is the plan's: the operating system and page cache keep
 // 5 % of it (at least 4 GiB), and every agent process needs its own runtime beside its chunks and
-// activation copies: 3 GiB per local rank. Measured on the GPU hosts (the `load peak` log line,
-// less the plan's host bytes): 0.5-0.9 GB resident before the model (Torch, CUDA, NCCL), up to
-// 4.2 GiB at the load's peak (a QLoRA base quantized from bf16 reads) and up to 3.0 GiB in
-// training, when the activation copies exist (the load's extra comes before them). A plan that
-// filled the RAM exactly got its ranks OOM-killed while loading (docs/benchmarks.md, qwen2.5-32b on
-// 4 H200s); with 2 GiB per rank a qwen3-8b QLoRA plan that priced 117 GiB of pinned activations on
-// a 126 GiB host was SIGKILLed in its first step.
-constexpr int64_t kHostRuntimeBytesPerRank = int64_t{3} << 30;
+// activation copies: 4 GiB per local rank. Measured on the GPU hosts: 0.5-0.9 GB resident before
+// the model (Torch, CUDA, NCCL); beyond the plan's host bytes up to 4.2 GiB at a load's peak (a
+// QLoRA base quantized from bf16 reads, before any activation copy exists) and 3.0 GiB in
+// training; 3.9 GB beyond them in the first step of a qwen3-8b QLoRA plan with 101 GiB of pinned
+// activation copies, which a 3 GiB share left SIGKILLed on a 126 GiB host (`free`: 0.8 GB
+// available). A plan that filled the RAM exactly got its ranks OOM-killed while loading
+// (docs/benchmarks.md, qwen2.5-32b on 4 H200s).
+constexpr int64_t kHostRuntimeBytesPerRank = int64_t{4} << 30;
 int64_t HostReserveBytes(const PlanInputs& in) {
   const int64_t ram = in.hardware.host_memory_bytes;
   return std::max<int64_t>(ram / 20, int64_t{4} << 30) +
