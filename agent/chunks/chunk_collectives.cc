@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "agent/core/foreach_groups.h"
 #include "common/status.h"
 
 namespace memplan::chunks {
@@ -190,11 +191,13 @@ absl::Status ChunkCollectives::FinishPersistentReduce() {
   // CUDA: the compute stream waits for it.
   RETURN_IF_ERROR(NoteCollective(pending.work->Wait()));
   pending.flat.div_(set_.world());
+  std::vector<torch::Tensor> slices;
   int64_t at = 0;
   for (torch::Tensor& g : pending.grads) {
-    g.copy_(pending.flat.narrow(0, at, g.numel()).view(g.sizes()));
+    slices.push_back(pending.flat.narrow(0, at, g.numel()).view(g.sizes()));
     at += g.numel();
   }
+  ForeachCopy(pending.grads, slices);  // one kernel, not a copy per grad
   return absl::OkStatus();
 }
 

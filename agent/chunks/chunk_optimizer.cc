@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "agent/core/foreach_groups.h"
 #include "common/chunk_packing.h"
 #include "common/log.h"
 #include "common/optimizer_bytes.h"
@@ -494,22 +495,25 @@ absl::Status ChunkOptimizer::StartPersistentReduce(int c) {
       return set_.param(a).offset_elems < set_.param(b).offset_elems;
     });
     int64_t covered = 0;  // elements written so far, from the start of the chunk
+    std::vector<torch::Tensor> dst, src;
     for (int i : by_offset) {
       Param& p = set_.param(i);
       if (p.offset_elems > covered) flat.narrow(0, covered, p.offset_elems - covered).zero_();
-      torch::Tensor dst = flat.narrow(0, p.offset_elems, p.numel);
+      torch::Tensor slice = flat.narrow(0, p.offset_elems, p.numel);
       if (p.tensor.grad().defined()) {
-        dst.copy_(p.tensor.grad().reshape({-1}));
-        p.tensor.mutable_grad().reset();
+        dst.push_back(slice);
+        src.push_back(p.tensor.grad().reshape({-1}));
         params_[i].grad_in_step = true;
       } else {
-        dst.zero_();
+        slice.zero_();
       }
       covered = p.offset_elems + p.numel;
     }
     if (layout.padded_elems > covered) {
       flat.narrow(0, covered, layout.padded_elems - covered).zero_();
     }
+    ForeachCopy(dst, src);
+    for (int i : by_offset) set_.param(i).tensor.mutable_grad().reset();
     collectives_.StartStateReduceScatter(c, std::move(flat));
     return absl::OkStatus();
   }
@@ -528,11 +532,14 @@ absl::Status ChunkOptimizer::StartPersistentReduce(int c) {
   if (grads.empty()) return absl::OkStatus();
   // Reduced in fp32 whatever the model dtype, each grad widened straight into its slice.
   torch::Tensor flat = torch::empty({numel}, set_.DeviceOptions().dtype(torch::kFloat32));
+  std::vector<torch::Tensor> dst, src;
   int64_t at = 0;
   for (const torch::Tensor& g : grads) {
-    flat.narrow(0, at, g.numel()).copy_(g.reshape({-1}));
+    dst.push_back(flat.narrow(0, at, g.numel()));
+    src.push_back(g.reshape({-1}));
     at += g.numel();
   }
+  ForeachCopy(dst, src);
   collectives_.StartAllReduce(std::move(flat), std::move(grads));
   return absl::OkStatus();
 }

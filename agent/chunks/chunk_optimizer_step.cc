@@ -413,7 +413,7 @@ class ChunkOptimizer::PersistentUpdate {
       grads_[k] = dst.back();
       at += padded(src.back().numel());
     }
-    at::_foreach_copy_(dst, src);
+    ForeachCopy(dst, src);
   }
 
   ChunkOptimizer& m_;

@@ -66,4 +66,14 @@ inline void ForeachMulInPlace(const std::vector<torch::Tensor>& tensors,
   }
 }
 
+// dst[k].copy_(src[k]) for every k (same shapes, any dtypes: each value converted as copy_
+// converts it, with the same static_cast), in one at::_foreach_copy_: on CUDA one multi-tensor
+// kernel when every src shares a dtype and every dst shares one, instead of a launch per tensor
+// (torch's per-tensor path otherwise, and on the CPU). The persistent chunks' grads widened for
+// an fp32 master, copied into a reduce's flat and back ([Batched widening],
+// agent/chunks/chunk_optimizer_step.cc).
+inline void ForeachCopy(const std::vector<torch::Tensor>& dst, const std::vector<torch::Tensor>& src) {
+  if (!dst.empty()) at::_foreach_copy_(dst, src);
+}
+
 }  // namespace memplan
