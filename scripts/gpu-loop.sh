@@ -11,7 +11,9 @@
 # MEMPLAN_LOOP_PROFILE (default --profile): how the model is traced; empty = the planner's
 # analytic trace of the architecture.
 # MEMPLAN_LOOP_TRAIN_FLAGS: extra flags for every `memplan-agent train` (e.g. --allocator-conf=).
-# MEMPLAN_LOOP_KERNEL_TRACE=1: each workload's step 3 is traced (--kernel-trace) and summarised
+# MEMPLAN_LOOP_KERNEL_TRACE=1: each workload's last step (5) is traced (--kernel-trace
+# --kernel-trace-step 5: the steps after a Kineto-traced one ran 50-70 % slower on an H200,
+# so none follows it) and summarised
 # by scripts/kernel-trace-summary.py into kernels-i.txt (device busy / idle, kernel count, time
 # per kernel class); the JSON is kept only with MEMPLAN_LOOP_KEEP_TRACES=1. The traced step is
 # left out of the measured step time.
@@ -54,7 +56,7 @@ for cfg in "${workloads[@]}"; do
     if [[ ${!k} == --ranks ]]; then k=$((k + 1)); n_ranks=${!k}; else own+=("${!k}"); fi
   done
   timeline=(--memory-timeline "$out/timeline-$i.tsv")  # rank R > 0 of several: .rank-R
-  [[ ${MEMPLAN_LOOP_KERNEL_TRACE:-0} == 1 ]] && timeline+=(--kernel-trace "$out/kernels-$i.json")
+  [[ ${MEMPLAN_LOOP_KERNEL_TRACE:-0} == 1 ]] && timeline+=(--kernel-trace "$out/kernels-$i.json" --kernel-trace-step 5)
   if [[ -n ${5:-} && ${5:-} != - ]]; then
     python3 "$(dirname "$0")/cut-profile.py" "$out/hw.json" "$out/hw-$i.json" "$hw-cut-$i" "$5"
     profile_id=$("$build/planner/cli/memplan" --planner "$addr" --json hardware submit "$out/hw-$i.json" \

@@ -333,7 +333,7 @@ class ChunkOptimizer::PersistentUpdate {
         if (batch_elems_ >= slice_elems_) Flush();
         const int64_t len = std::min(n - off, slice_elems_ - batch_elems_);
         Batch(t.narrow(0, off, len), g.narrow(0, off, len), mv.narrow(0, off, len),
-              vv.narrow(0, off, len), step, /*widen=*/true);
+              vv.narrow(0, off, len), step, /*widen=*/g.scalar_type() != torch::kFloat32);
         off += len;
       }
       return;
