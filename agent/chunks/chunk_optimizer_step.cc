@@ -319,7 +319,7 @@ class ChunkOptimizer::PersistentUpdate {
     if (m_.set_.cuda() || m_.pure()) {
       // torch.optim.AdamW(fused=True) after clip_grad_norm_ (adamw_bf16 on any device).
       if (clip_coef_.defined() && !grads_clipped_) grad.mul_(clip_coef_);
-      const torch::Tensor step = StepTensor(s.step, target);
+      const torch::Tensor step = step_tensors_.For(s.step, target);
       const bool sliceable = grad.is_contiguous() && target.is_contiguous() &&
                              exp_avg.is_contiguous() && exp_avg_sq.is_contiguous();
       if (!m_.master() || !sliceable) {
@@ -363,18 +363,6 @@ class ChunkOptimizer::PersistentUpdate {
   }
 
  private:
-  // [Shared step tensors] at::_fused_adamw_ reads each parameter's step from a device scalar (it
-  // does not bump it). Parameters at the same step share one, filled once per update, instead of a
-  // fill kernel per parameter (hundreds of launches for a model's or an adapter set's tensors).
-  torch::Tensor StepTensor(int64_t step, const torch::Tensor& like) {
-    for (const auto& [value, tensor] : step_tensors_) {
-      if (value == step) return tensor;
-    }
-    step_tensors_.emplace_back(step, torch::full({}, static_cast<double>(step),
-                                                 like.options().dtype(torch::kFloat32)));
-    return step_tensors_.back().second;
-  }
-
   // `widen`: `grad` is a contiguous 1-D slice in the model dtype that the fp32 master's update
   // reads widened (WidenGrads() at Flush()).
   void Batch(const torch::Tensor& target, const torch::Tensor& grad, const torch::Tensor& exp_avg,
@@ -423,7 +411,7 @@ class ChunkOptimizer::PersistentUpdate {
   bool grads_clipped_ = false;  // ClipGrads() scaled them
   std::vector<torch::Tensor> targets_, grads_, exp_avgs_, exp_avg_sqs_, steps_;
   std::vector<bool> widen_;
-  std::vector<std::pair<int64_t, torch::Tensor>> step_tensors_;
+  FusedStepTensors step_tensors_;  // [Shared step tensors], agent/core/foreach_groups.h
   int64_t batch_elems_ = 0;
 };
 

@@ -76,4 +76,28 @@ inline void ForeachCopy(const std::vector<torch::Tensor>& dst, const std::vector
   if (!dst.empty()) at::_foreach_copy_(dst, src);
 }
 
+// [Shared step tensors] at::_fused_adamw_ reads each parameter's step from a float32 scalar on
+// the parameter's device and does not bump it. Parameters at the same step (on the same device)
+// share one, made once per update, instead of a fill kernel per parameter (hundreds of launches
+// for a model's or an adapter set's tensors). Keep the object alive until the fused call is made.
+class FusedStepTensors {
+ public:
+  // The step tensor for `step` on the device of `like`.
+  torch::Tensor For(int64_t step, const torch::Tensor& like) {
+    for (const Entry& e : entries_) {
+      if (e.step == step && e.tensor.device() == like.device()) return e.tensor;
+    }
+    entries_.push_back(Entry{step, torch::full({}, static_cast<double>(step),
+                                               like.options().dtype(torch::kFloat32))});
+    return entries_.back().tensor;
+  }
+
+ private:
+  struct Entry {
+    int64_t step;
+    torch::Tensor tensor;
+  };
+  std::vector<Entry> entries_;
+};
+
 }  // namespace memplan

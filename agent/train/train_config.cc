@@ -121,7 +121,7 @@ Residency plan (any chunk knob or --plan-file runs the chunk manager):
                            pinned host copies of swapped and offloaded activations: torch's
                            caching host allocator, which rounds each to a power of two
                            (default), or page-locked at their exact size in the agent's own pool
-                           (the bytes the planner prices; not yet measured on a GPU)
+                           (the bytes the planner prices; speed not yet measured)
   --cpu-threads N (0)      CPU optimizer threads; 0: the host's hardware threads divided by the
                            ranks on this host (what the planner's CPU figures assume)
 Held-out evaluation:

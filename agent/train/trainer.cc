@@ -259,7 +259,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(LlamaModel* model,
           for (const torch::Tensor& t : tensors) {
             trainer->exp_avg_.push_back(torch::zeros_like(t));
             trainer->exp_avg_sq_.push_back(torch::zeros_like(t));
-            trainer->fused_step_.push_back(torch::zeros({}, t.options().dtype(torch::kFloat32)));
             trainer->param_steps_.push_back(0);
           }
           break;
@@ -589,6 +588,7 @@ std::vector<std::vector<torch::Tensor>> Trainer::GradsByDeviceAndDtype() const {
 void Trainer::FusedBf16AdamWStep() {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+  FusedStepTensors step_tensors;  // [Shared step tensors]
   for (size_t i = 0; i < params_.size(); ++i) {
     const torch::Tensor& p = params_[i].param;
     if (!p.grad().defined()) continue;  // like torch: no state, no step without a grad
@@ -596,8 +596,7 @@ void Trainer::FusedBf16AdamWStep() {
     grads.push_back(p.grad());
     exp_avgs.push_back(exp_avg_[i]);
     exp_avg_sqs.push_back(exp_avg_sq_[i]);
-    fused_step_[i].fill_(static_cast<double>(++param_steps_[i]));  // torch bumps, then calls
-    steps.push_back(fused_step_[i]);
+    steps.push_back(step_tensors.For(++param_steps_[i], p));  // torch bumps, then calls
   }
   if (!params.empty()) {
     const AdamWOptions& o = options_.adamw;

@@ -225,7 +225,7 @@ class Trainer {
   // Unmanaged only: torch::optim::AdamW (adamw) or SGD (sgd); for adamw_bf16 the state below,
   // updated by at::_fused_adamw_ (the kernel of torch.optim.AdamW(fused=True)), per params_ entry.
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
-  std::vector<torch::Tensor> exp_avg_, exp_avg_sq_, fused_step_;
+  std::vector<torch::Tensor> exp_avg_, exp_avg_sq_;
   std::vector<int64_t> param_steps_;
   std::unique_ptr<ActivationOffloader> offloader_;
   std::unique_ptr<ParamResidency> observed_;  // chunk manager + options_.observer
