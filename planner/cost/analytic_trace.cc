@@ -301,7 +301,8 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
         {"hbm_efficiency", options.hbm_efficiency},
         {"block_gemm_efficiency", options.block_gemm_efficiency},
         {"attention_efficiency", options.attention_efficiency},
-        {"block_hbm_efficiency", options.block_hbm_efficiency}}) {
+        {"block_hbm_efficiency", options.block_hbm_efficiency},
+        {"adapter_hbm_efficiency", options.adapter_hbm_efficiency}}) {
     if (!(value > 0 && value <= 1)) {
       return absl::InvalidArgumentError(
           absl::StrCat("analytic options.", name, " = ", value, " must be in (0, 1]"));
@@ -325,9 +326,10 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
       MatmulRate(hardware, param_dtype) * (hardware.measured ? 1.0 : kPresetMatmulAchieved);
   const double lin_rate = achievable_matmul * options.block_gemm_efficiency;
   const double attn_rate = achievable_matmul * options.attention_efficiency;
-  const double block_hbm_rate = hardware.hbm_bytes_per_second *
-                                (hardware.measured ? 1.0 : kPresetHbmAchieved) *
-                                options.block_hbm_efficiency;
+  const double achievable_hbm =
+      hardware.hbm_bytes_per_second * (hardware.measured ? 1.0 : kPresetHbmAchieved);
+  const double block_hbm_rate = achievable_hbm * options.block_hbm_efficiency;
+  const double adapter_hbm_rate = achievable_hbm * options.adapter_hbm_efficiency;
 
   // All sizes in elements or bytes per token unless stated; T = tokens per micro-batch.
   const int64_t d = DTypeBytes(param_dtype);
@@ -457,7 +459,7 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   // reads x (A) and writes, scales and adds the output (out + 2 out + 3 out); backward scales
   // the output's gradient (2 out), reads it twice more (B's weight and input gradients), reads x
   // (A's weight gradient), writes x's gradient and adds it to the base path's (in + 3 in).
-  // Skinny products and elementwise passes alike: memory-bound, priced at the HBM rate.
+  // Skinny products and elementwise passes alike: memory-bound, priced at adapter_hbm_rate.
   int64_t adapted_in = 0, adapted_out = 0;
   for (const auto& [on, in, out] :
        {std::tuple<bool, int64_t, int64_t>{lora.q, h, hq}, {lora.k, h, hkv}, {lora.v, h, hkv},
@@ -467,9 +469,9 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
     adapted_out += out;
   }
   const double adapter_fwd_seconds =
-      static_cast<double>(d * (adapted_in + 6 * adapted_out)) * t / hbm_rate;
+      static_cast<double>(d * (adapted_in + 6 * adapted_out)) * t / adapter_hbm_rate;
   const double adapter_bwd_seconds =
-      static_cast<double>(d * (5 * adapted_in + 4 * adapted_out)) * t / hbm_rate;
+      static_cast<double>(d * (5 * adapted_in + 4 * adapted_out)) * t / adapter_hbm_rate;
   // OSFT: the targets' factorized products in place of their dense ones.
   const double osft_fwd_delta =
       (osft_terms.forward_flops_per_token - osft_terms.dense_forward_flops_per_token) * t;

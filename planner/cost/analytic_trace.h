@@ -34,6 +34,10 @@ struct AnalyticTraceOptions {
   double block_gemm_efficiency = 1.0;
   double attention_efficiency = 0.65;
   double block_hbm_efficiency = 0.47;
+  // [Adapter traffic] An adapter's elementwise passes and skinny products stream their tensors:
+  // measured on an H200 (docs/benchmarks.md, "Twenty-fifth session") at 0.87-0.98 of the
+  // bench's device copy rate; priced at adapter_hbm_efficiency of the achievable HBM rate.
+  double adapter_hbm_efficiency = 0.85;
   double block_forward_floor_seconds = 0.83e-3;
   double block_backward_floor_seconds = 1.455e-3;
   double host_overlap_exponent = 0;
