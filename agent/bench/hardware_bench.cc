@@ -20,6 +20,7 @@
 #include "agent/chunks/cpu_adamw.h"
 #include "agent/chunks/thread_pool.h"
 #include "agent/chunks/torch_sqrt.h"
+#include "agent/core/host_ram.h"
 #include "agent/core/seconds_since.h"
 #include "agent/core/torch_pch.h"
 #include "agent/quant/nf4.h"
@@ -60,12 +61,6 @@ class Recorder {
 };
 
 // ---------------------------------------------------------------- host figures
-
-int64_t HostMemoryBytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page_size = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page_size > 0 ? static_cast<int64_t>(pages) * page_size : 0;
-}
 
 // RLIMIT_MEMLOCK soft limit; 0 = unlimited.
 int64_t MemlockLimitBytes() {
@@ -550,7 +545,7 @@ HardwareBenchResult MeasureHardware(const HardwareBenchOptions& options) {
   HardwareSpec& spec = result.spec;
   spec.name = options.name;
 
-  spec.host_memory_bytes = HostMemoryBytes();
+  spec.host_memory_bytes = HostRamBytes();
   rec.Add("host_memory", static_cast<double>(spec.host_memory_bytes) / kGiB, "GiB");
   spec.pinned_limit_bytes = MemlockLimitBytes();
   rec.Add("memlock_limit", static_cast<double>(spec.pinned_limit_bytes) / kGiB, "GiB",

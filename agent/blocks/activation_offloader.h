@@ -25,7 +25,8 @@ struct ActivationOffloadOptions {
   // [Exact pinned host copies] (activation_offloader.cc): pinned copies at their exact size in a
   // pool of this offloader's, instead of torch's caching host allocator (which rounds each to a
   // power of two). Its GPU test passes; its speed against the caching allocator is not yet
-  // measured: off by default.
+  // measured. memplan-agent train sets it where the plan leaves no room for the rounding
+  // ([Pinned copies by the plan's room], agent/train/train_config.h).
   bool exact_pinned_host = false;
 };
 

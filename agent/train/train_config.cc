@@ -7,10 +7,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
 #include "common/head_chunking.h"
+#include "common/host_reserve.h"
 #include "common/optimizer_bytes.h"
 #include "common/request_flags.h"
 #include "common/status.h"
@@ -117,11 +119,13 @@ Residency plan (any chunk knob or --plan-file runs the chunk manager):
                            group g's offloaded activations are freed at the end of group
                            g + N - 1's forward, their copy done (the planner prices N = 2);
                            in backward, the host waits for the grad copies N groups back
-  --pinned-activations caching|exact
+  --pinned-activations auto|caching|exact
                            pinned host copies of swapped and offloaded activations: torch's
-                           caching host allocator, which rounds each to a power of two
-                           (default), or page-locked at their exact size in the agent's own pool
-                           (the bytes the planner prices; speed not yet measured)
+                           caching host allocator, which rounds each up to a power of two, or
+                           page-locked at their exact size in the agent's own pool (the bytes the
+                           planner prices); auto (default): exact when the planner's plan would
+                           not fit the host's RAM with every copy rounded up to twice its size,
+                           else caching (logged as "pinned activations")
   --cpu-threads N (0)      CPU optimizer threads; 0: the host's hardware threads divided by the
                            ranks on this host (what the planner's CPU figures assume)
 Held-out evaluation:
@@ -312,8 +316,10 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
               FlagSet::Choices<bool>{{"device", true}, {"host", false}})
       .NonEmptyString("--plan-file", &c.plan_file)
       .Int("--offload-in-flight", &c.offload_in_flight, 1, 1024)
-      .Choice("--pinned-activations", &c.exact_pinned_activations,
-              FlagSet::Choices<bool>{{"caching", false}, {"exact", true}})
+      .Choice("--pinned-activations", &c.pinned_activations,
+              FlagSet::Choices<PinnedActivations>{{"auto", PinnedActivations::kAuto},
+                                                  {"caching", PinnedActivations::kCaching},
+                                                  {"exact", PinnedActivations::kExact}})
       .Int("--cpu-threads", &c.cpu_threads, 0, 1024)
       .NonEmptyString("--save", &c.save_dir)
       .Int("--save-every", &c.save_every, 0, int64_t{1} << 40)
@@ -779,6 +785,40 @@ absl::Status CheckSeqWithinPositions(const ModelSpec& spec, int64_t seq) {
       r.original_max_position_embeddings > 0 ? r.original_max_position_embeddings
                                              : spec.max_position_embeddings,
       "; max_position_embeddings = ", spec.max_position_embeddings, "); use --seq <= ", limit));
+}
+
+// [Pinned copies by the plan's room] The planner prices the activation copies at their exact
+// bytes, torch's caching host allocator hands out a power of two for each: up to twice as many.
+// Where even that fits beside the plan's other host bytes, the caching allocator (which the
+// swapped runs measured so far used) is kept; where it may not, the copies are page-locked at
+// their exact size. Seen on a 126 GiB H200 host: a qwen2.5-14b LoRA plan with 24 swapped blocks at
+// 45 824 tokens, 115 GiB of pinned copies priced, did not finish its first step in two minutes
+// (docs/benchmarks.md, "Twenty-fifth session").
+PinnedActivationsChoice ChoosePinnedActivations(PinnedActivations mode,
+                                                const PinnedActivationsRoom& room) {
+  if (mode == PinnedActivations::kExact) return {true, "--pinned-activations exact"};
+  if (mode == PinnedActivations::kCaching) return {false, "--pinned-activations caching"};
+  if (!room.prediction_known) {
+    return {false, "no planner prediction of the host bytes (a plan file or knobs)"};
+  }
+  if (!room.pinned_plan || room.pinned_activation_bytes <= 0) {
+    return {false, "the plan pins no activation copies"};
+  }
+  const int32_t ranks = std::max<int32_t>(room.local_ranks, 1);
+  const int64_t usable =
+      room.host_memory_bytes - HostReserveBytes(room.host_memory_bytes, ranks);
+  const int64_t worst = ranks * (room.planned_host_bytes + room.pinned_activation_bytes);
+  auto gib = [](int64_t b) { return absl::StrFormat("%.1f GiB", static_cast<double>(b) / (1 << 30)); };
+  if (room.host_memory_bytes <= 0 || worst > usable) {
+    return {true, absl::StrCat(gib(room.pinned_activation_bytes),
+                               " of activation copies a rank, rounded up to powers of two, could "
+                               "take up to ", gib(worst), " of the ",
+                               room.host_memory_bytes > 0 ? gib(usable) : "unknown",
+                               " of RAM a plan may use; exact sizes keep to the planned ",
+                               gib(ranks * room.planned_host_bytes))};
+  }
+  return {false, absl::StrCat("up to ", gib(worst), " with every activation copy rounded up fits ",
+                              "the ", gib(usable), " of RAM a plan may use")};
 }
 
 }  // namespace memplan

@@ -24,6 +24,12 @@ struct LrSchedule {
   double min_lr_ratio = 0;  // cosine: the floor, as a fraction of --lr
 };
 
+// Where the pinned host copies of swapped and offloaded activations come from: torch's caching
+// host allocator (each copy rounded up to a power of two), page-locked at their exact size in the
+// offloader's own pool ([Exact pinned host copies], agent/blocks/activation_offloader.cc), or
+// whichever of the two the plan leaves room for (ChoosePinnedActivations).
+enum class PinnedActivations { kAuto, kCaching, kExact };
+
 struct TrainConfig {
   // Model: a preset (common/presets.h) with random init, or a Hugging Face checkpoint directory.
   std::string arch;
@@ -113,8 +119,9 @@ struct TrainConfig {
   bool accumulate_offloaded_grads_on_device = false;
   std::string plan_file;
   int offload_in_flight = 2;
-  // --pinned-activations exact: ActivationOffloadOptions::exact_pinned_host.
-  bool exact_pinned_activations = false;
+  // --pinned-activations auto|caching|exact: ActivationOffloadOptions::exact_pinned_host, chosen
+  // by ChoosePinnedActivations.
+  PinnedActivations pinned_activations = PinnedActivations::kAuto;
   int cpu_threads = 0;  // 0: the host's hardware threads / the ranks on this host
   // Checkpoints and output.
   std::string save_dir;
@@ -249,5 +256,26 @@ absl::Status CheckRunPlanKnobs(const RunPlan& plan, int n_chunks, const std::str
 // INVALID_ARGUMENT naming both numbers.
 int64_t MaxTrainablePositions(const ModelSpec& spec);
 absl::Status CheckSeqWithinPositions(const ModelSpec& spec, int64_t seq);
+
+// [Pinned copies by the plan's room] What --pinned-activations auto decides from, per rank: the
+// planner's prediction (absent for a --plan-file or knob run) and the node's RAM.
+struct PinnedActivationsRoom {
+  bool prediction_known = false;
+  bool pinned_plan = false;             // the plan's host memory is pinned
+  int64_t planned_host_bytes = 0;       // the prediction's pinned + pageable host bytes
+  int64_t pinned_activation_bytes = 0;  // of them, the activation copies' (pinned less chunks')
+  int32_t local_ranks = 1;
+  int64_t host_memory_bytes = 0;        // the node's RAM; 0 unknown
+};
+struct PinnedActivationsChoice {
+  bool exact = false;
+  std::string reason;
+};
+// kExact and kCaching as given. kAuto: exact when the caching allocator's worst case, every
+// activation copy rounded up to twice its bytes, would not fit the node's RAM less the [Host
+// reserve] (common/host_reserve.h) on every local rank, where the plan's exact bytes do; the
+// caching allocator otherwise (and without a prediction or activation copies).
+PinnedActivationsChoice ChoosePinnedActivations(PinnedActivations mode,
+                                                const PinnedActivationsRoom& room);
 
 }  // namespace memplan

@@ -23,6 +23,7 @@
 #include "agent/client/plan_share.h"
 #include "agent/client/planner_client.h"
 #include "agent/client/planner_loop.h"
+#include "agent/core/host_ram.h"
 #include "agent/dist/process_group.h"
 #include "agent/io/checkpoint.h"
 #include "agent/io/file_system.h"
@@ -364,7 +365,28 @@ absl::Status TrainSession::BuildTrainer() {
   options.chunks.max_grad_copy_groups = config_.offload_in_flight;
   options.offload.host_memory = plan_.host_memory;
   options.offload.max_in_flight_groups = config_.offload_in_flight;
-  options.offload.exact_pinned_host = config_.exact_pinned_activations;
+  {
+    // [Pinned copies by the plan's room] (agent/train/train_config.cc)
+    PinnedActivationsRoom room;
+    room.prediction_known = !loop_.address.empty();
+    room.pinned_plan = plan_.host_memory == HostMemoryKind::kPinned;
+    const Prediction& p = answer_.prediction;
+    room.planned_host_bytes = p.host_pinned_bytes + p.host_pageable_bytes;
+    room.pinned_activation_bytes = p.host_pinned_bytes - p.rank_memory.chunk_host_pinned_bytes;
+    room.local_ranks = std::max(1, dist_.local_world_size);
+    room.host_memory_bytes = HostRamBytes();
+    const PinnedActivationsChoice pinned = ChoosePinnedActivations(config_.pinned_activations, room);
+    options.offload.exact_pinned_host = pinned.exact;
+    const bool copies = std::any_of(plan_.block_modes.begin(), plan_.block_modes.end(),
+                                    [](BlockMode m) {
+                                      return m == BlockMode::kSwap || m == BlockMode::kHsOffload;
+                                    });
+    if (device_.is_cuda() && copies && room.pinned_plan) {
+      MEMPLAN_LOG(kInfo, "pinned activations")
+          .Field("copies", pinned.exact ? "exact" : "caching")
+          .Field("reason", pinned.reason);
+    }
+  }
   options.communicator = group_.get();
   // [OSFT resume without the SVD] (agent/model/osft.h): Run() has checked the checkpoint's split
   // against this run's; its factors fill the shaped ones in Resume().

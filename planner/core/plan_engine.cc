@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/fixed_knobs.h"
+#include "common/host_reserve.h"
 #include "common/safety_margin.h"
 #include "common/status.h"
 #include "common/validate.h"
@@ -56,20 +57,9 @@ CostOptions MakeCostOptions(const PlanInputs& in, bool time_tables) {
   return o;
 }
 
-// [Host reserve] Not all of a node's RAM is the plan's: the operating system and page cache keep
-// 5 % of it (at least 4 GiB), and every agent process needs its own runtime beside its chunks and
-// activation copies: 4 GiB per local rank. Measured on the GPU hosts: 0.5-0.9 GB resident before
-// the model (Torch, CUDA, NCCL); beyond the plan's host bytes up to 4.2 GiB at a load's peak (a
-// QLoRA base quantized from bf16 reads, before any activation copy exists) and 3.0 GiB in
-// training; 3.9 GB beyond them in the first step of a qwen3-8b QLoRA plan with 101 GiB of pinned
-// activation copies, which a 3 GiB share left SIGKILLed on a 126 GiB host (`free`: 0.8 GB
-// available). A plan that filled the RAM exactly got its ranks OOM-killed while loading
-// (docs/benchmarks.md, qwen2.5-32b on 4 H200s).
-constexpr int64_t kHostRuntimeBytesPerRank = int64_t{4} << 30;
+// [Host reserve] (common/host_reserve.h) the OS, the page cache and every local rank's runtime.
 int64_t HostReserveBytes(const PlanInputs& in) {
-  const int64_t ram = in.hardware.host_memory_bytes;
-  return std::max<int64_t>(ram / 20, int64_t{4} << 30) +
-         kHostRuntimeBytesPerRank * LocalRanks(in.workload);
+  return ::memplan::HostReserveBytes(in.hardware.host_memory_bytes, LocalRanks(in.workload));
 }
 
 // The host memory one rank may use: the node's RAM less the reserve, shared evenly by its local

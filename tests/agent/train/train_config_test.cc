@@ -10,6 +10,7 @@
 
 #include "common/fixed_knobs.h"
 #include "common/head_chunking.h"
+#include "common/host_reserve.h"
 
 namespace memplan {
 namespace {
@@ -763,20 +764,75 @@ TEST(ParseTrainArgsTest, ScheduleAndEvaluationFlags) {
               HasSubstr("--eval-batches"));
 }
 
-// --pinned-activations: caching (the default) or exact; anything else is refused by name.
+// --pinned-activations: auto (the default), caching or exact; anything else is refused by name.
 TEST(TrainConfigTest, PinnedActivationsChoosesTheHostAllocator) {
   auto plain = ParseTrainArgs({"--arch", "llama-tiny", "--synthetic-data"});
   ASSERT_TRUE(plain.ok()) << plain.status();
-  EXPECT_FALSE(plain->exact_pinned_activations);
-  auto exact = ParseTrainArgs(
-      {"--arch", "llama-tiny", "--synthetic-data", "--pinned-activations", "exact"});
-  ASSERT_TRUE(exact.ok()) << exact.status();
-  EXPECT_TRUE(exact->exact_pinned_activations);
+  EXPECT_EQ(plain->pinned_activations, PinnedActivations::kAuto);
+  for (const auto& [name, mode] : {std::pair<std::string, PinnedActivations>{
+                                       "auto", PinnedActivations::kAuto},
+                                   {"caching", PinnedActivations::kCaching},
+                                   {"exact", PinnedActivations::kExact}}) {
+    auto parsed = ParseTrainArgs(
+        {"--arch", "llama-tiny", "--synthetic-data", "--pinned-activations", name});
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(parsed->pinned_activations, mode) << name;
+  }
   EXPECT_THAT(ParseTrainArgs(
                   {"--arch", "llama-tiny", "--synthetic-data", "--pinned-activations", "pow2"})
                   .status()
                   .message(),
-              HasSubstr("--pinned-activations: \"pow2\" is not one of caching, exact"));
+              HasSubstr("--pinned-activations: \"pow2\" is not one of auto, caching, exact"));
+}
+
+// [Pinned copies by the plan's room] auto page-locks the copies at their exact size exactly when
+// twice them (the caching allocator's worst case) beside the plan's other host bytes would not
+// fit the node's RAM less the planner's [Host reserve], on every local rank.
+TEST(TrainConfigTest, AutoPinnedActivationsGoExactWhereRoundingCouldNotFit) {
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  PinnedActivationsRoom room;
+  room.prediction_known = true;
+  room.pinned_plan = true;
+  room.local_ranks = 1;
+  room.host_memory_bytes = 126 * kGiB;
+  // The reserve of 126 GiB and one rank: 6.3 + 4 GiB; a plan may use 115.7 GiB.
+  const int64_t usable = room.host_memory_bytes - HostReserveBytes(room.host_memory_bytes, 1);
+  EXPECT_NEAR(static_cast<double>(usable) / kGiB, 115.7, 0.05);
+  // The seed-4848 plan: 115.3 GiB of host bytes, nearly all of them activation copies.
+  room.planned_host_bytes = static_cast<int64_t>(115.3 * kGiB);
+  room.pinned_activation_bytes = static_cast<int64_t>(115.0 * kGiB);
+  PinnedActivationsChoice c = ChoosePinnedActivations(PinnedActivations::kAuto, room);
+  EXPECT_TRUE(c.exact);
+  EXPECT_THAT(c.reason, HasSubstr("115.0 GiB of activation copies a rank"));
+  EXPECT_THAT(c.reason, HasSubstr("230.3 GiB of the 115.7 GiB"));
+  // At the edge: worst case = usable fits, one byte more does not.
+  room.planned_host_bytes = usable / 2;
+  room.pinned_activation_bytes = usable - usable / 2;
+  EXPECT_FALSE(ChoosePinnedActivations(PinnedActivations::kAuto, room).exact);
+  room.pinned_activation_bytes += 1;
+  EXPECT_TRUE(ChoosePinnedActivations(PinnedActivations::kAuto, room).exact);
+  // Two local ranks share the node: each rank's bytes count twice, and the reserve holds 4 GiB
+  // more.
+  room.planned_host_bytes = 30 * kGiB;
+  room.pinned_activation_bytes = 27 * kGiB;  // 57 GiB fits 115.7; 2 x 57 does not fit 111.7
+  EXPECT_FALSE(ChoosePinnedActivations(PinnedActivations::kAuto, room).exact);
+  room.local_ranks = 2;
+  EXPECT_TRUE(ChoosePinnedActivations(PinnedActivations::kAuto, room).exact);
+  // No prediction, no pinned copies or pageable copies: the caching allocator.
+  PinnedActivationsRoom unknown = room;
+  unknown.prediction_known = false;
+  c = ChoosePinnedActivations(PinnedActivations::kAuto, unknown);
+  EXPECT_FALSE(c.exact);
+  EXPECT_THAT(c.reason, HasSubstr("no planner prediction"));
+  PinnedActivationsRoom pageable = room;
+  pageable.pinned_plan = false;
+  EXPECT_FALSE(ChoosePinnedActivations(PinnedActivations::kAuto, pageable).exact);
+  PinnedActivationsRoom no_copies = room;
+  no_copies.pinned_activation_bytes = 0;
+  EXPECT_FALSE(ChoosePinnedActivations(PinnedActivations::kAuto, no_copies).exact);
+  // The flags win either way.
+  EXPECT_FALSE(ChoosePinnedActivations(PinnedActivations::kCaching, room).exact);
+  EXPECT_TRUE(ChoosePinnedActivations(PinnedActivations::kExact, no_copies).exact);
 }
 
 }  // namespace
