@@ -805,14 +805,16 @@ PinnedActivationsChoice ChoosePinnedActivations(PinnedActivations mode,
     return {false, "the plan pins no activation copies"};
   }
   const int32_t ranks = std::max<int32_t>(room.local_ranks, 1);
-  const int64_t usable =
-      room.host_memory_bytes - HostReserveBytes(room.host_memory_bytes, ranks);
+  const int64_t usable = room.host_memory_bytes - HostReserveBytes(room.host_memory_bytes, ranks);
   const int64_t worst = ranks * (room.planned_host_bytes + room.pinned_activation_bytes);
-  auto gib = [](int64_t b) { return absl::StrFormat("%.1f GiB", static_cast<double>(b) / (1 << 30)); };
+  auto gib = [](int64_t b) {
+    return absl::StrFormat("%.1f GiB", static_cast<double>(b) / (1 << 30));
+  };
   if (room.host_memory_bytes <= 0 || worst > usable) {
     return {true, absl::StrCat(gib(room.pinned_activation_bytes),
                                " of activation copies a rank, rounded up to powers of two, could "
-                               "take up to ", gib(worst), " of the ",
+                               "take up to ",
+                               gib(worst), " of the ",
                                room.host_memory_bytes > 0 ? gib(usable) : "unknown",
                                " of RAM a plan may use; exact sizes keep to the planned ",
                                gib(ranks * room.planned_host_bytes))};

@@ -375,12 +375,12 @@ absl::Status TrainSession::BuildTrainer() {
     room.pinned_activation_bytes = p.host_pinned_bytes - p.rank_memory.chunk_host_pinned_bytes;
     room.local_ranks = std::max(1, dist_.local_world_size);
     room.host_memory_bytes = HostRamBytes();
-    const PinnedActivationsChoice pinned = ChoosePinnedActivations(config_.pinned_activations, room);
+    const PinnedActivationsChoice pinned =
+        ChoosePinnedActivations(config_.pinned_activations, room);
     options.offload.exact_pinned_host = pinned.exact;
-    const bool copies = std::any_of(plan_.block_modes.begin(), plan_.block_modes.end(),
-                                    [](BlockMode m) {
-                                      return m == BlockMode::kSwap || m == BlockMode::kHsOffload;
-                                    });
+    const bool copies = std::any_of(
+        plan_.block_modes.begin(), plan_.block_modes.end(),
+        [](BlockMode m) { return m == BlockMode::kSwap || m == BlockMode::kHsOffload; });
     if (device_.is_cuda() && copies && room.pinned_plan) {
       MEMPLAN_LOG(kInfo, "pinned activations")
           .Field("copies", pinned.exact ? "exact" : "caching")
