@@ -32,4 +32,10 @@ inline int64_t HostReserveBytes(int64_t host_memory_bytes, int32_t local_ranks) 
          kHostRuntimeBytesPerRank * std::max<int32_t>(local_ranks, 1);
 }
 
+// The node's RAM a plan of `local_ranks` ranks may use, all ranks together: what is left after
+// the reserve (0 when the reserve takes it all).
+inline int64_t PlanHostBytes(int64_t host_memory_bytes, int32_t local_ranks) {
+  return std::max<int64_t>(host_memory_bytes - HostReserveBytes(host_memory_bytes, local_ranks), 0);
+}
+
 }  // namespace memplan

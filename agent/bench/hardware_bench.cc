@@ -5,7 +5,6 @@
 #include <c10/cuda/CUDAStream.h>
 #include <dlfcn.h>
 #include <sys/resource.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>

@@ -805,7 +805,7 @@ PinnedActivationsChoice ChoosePinnedActivations(PinnedActivations mode,
     return {false, "the plan pins no activation copies"};
   }
   const int32_t ranks = std::max<int32_t>(room.local_ranks, 1);
-  const int64_t usable = room.host_memory_bytes - HostReserveBytes(room.host_memory_bytes, ranks);
+  const int64_t usable = PlanHostBytes(room.host_memory_bytes, ranks);
   const int64_t worst = ranks * (room.planned_host_bytes + room.pinned_activation_bytes);
   auto gib = [](int64_t b) {
     return absl::StrFormat("%.1f GiB", static_cast<double>(b) / (1 << 30));

@@ -65,7 +65,7 @@ int64_t HostReserveBytes(const PlanInputs& in) {
 // The host memory one rank may use: the node's RAM less the reserve, shared evenly by its local
 // ranks (every rank of a sharded plan allocates the same bytes: shards are padded to one size).
 int64_t HostBytesPerRank(const PlanInputs& in) {
-  return std::max<int64_t>(in.hardware.host_memory_bytes - HostReserveBytes(in), 0) /
+  return PlanHostBytes(in.hardware.host_memory_bytes, LocalRanks(in.workload)) /
          LocalRanks(in.workload);
 }
 
