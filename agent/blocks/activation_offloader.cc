@@ -176,9 +176,33 @@ struct SavedCopy {
   c10::weak_intrusive_ptr<c10::StorageImpl> storage;
 };
 
+// [One copy per storage] A dense copy and the span of its storage it holds: elements
+// [offset, offset + numel) of the storage, in the storage's own layout.
+struct SpanCopy {
+  std::weak_ptr<OffloadedTensor> entry;
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  int64_t offset = 0;
+  int64_t numel = 0;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+};
+
+// A saved tensor read out of another one's copy: its sizes, strides and offset into that copy.
+struct ViewOfCopy {
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
+};
+
+// What a pack hook holds: the copy, and the view of it the unpack hook gives back (none: the
+// copy itself).
+struct PackedTensor {
+  std::shared_ptr<OffloadedTensor> entry;
+  std::optional<ViewOfCopy> view;
+};
+
 struct GroupRecord {
   std::vector<std::shared_ptr<OffloadedTensor>> saved;  // SWAP
   std::map<SavedKey, SavedCopy> by_key;
+  std::map<std::pair<const c10::StorageImpl*, int64_t>, SpanCopy> by_storage;  // and version
   std::shared_ptr<OffloadedTensor> input;               // HS_OFFLOAD
   bool prefetched = false;
 };
@@ -318,8 +342,7 @@ class ActivationOffloader::Impl {
     return device;
   }
 
-  std::shared_ptr<OffloadedTensor> Pack(int group, const torch::Tensor& t,
-                                        const c10::TensorImpl* block_input) {
+  PackedTensor Pack(int group, const torch::Tensor& t, const c10::TensorImpl* block_input) {
     const bool parameter =
         t.is_leaf() && t.requires_grad() && t.unsafeGetTensorImpl() != block_input;
     const bool foreign_device = t.device() != options_.device;
@@ -330,23 +353,44 @@ class ActivationOffloader::Impl {
       passthrough_.fetch_add(1);
       std::lock_guard<std::mutex> lock(mu_);
       records_[group].saved.push_back(entry);
-      return entry;
+      return {entry, std::nullopt};
     }
     // [One copy per saved tensor] Autograd packs a tensor once per op that saves it (a block's
     // normalised input feeds q, k and v): copying each would move and hold it several times,
     // where the profiler (and so the planner) counts the block's saved storage once. The second
     // and later packs share the first's copies.
+    // [One copy per storage] So do other views of a storage already copied whole, as long as
+    // they lie inside the copied span: on a GPU, attention keeps its output [b, heads, s, d] as
+    // a view of a [b, s, heads·d] buffer, and o_proj's input is that buffer itself; copied apart,
+    // they moved and held the output twice (hidden·2 bytes a token and swapped block beyond the
+    // plan: 6.6 GB for qwen2.5-7b at 44 032 tokens with 21 swapped blocks).
     std::optional<SavedKey> key;
+    std::pair<const c10::StorageImpl*, int64_t> storage_key{nullptr, 0};
     if (t.has_storage()) {
       key = SavedKey{t.storage().unsafeGetStorageImpl(), t.storage_offset(), t.sizes().vec(),
                      t.strides().vec(), t.scalar_type(), t._version()};
+      storage_key = {t.storage().unsafeGetStorageImpl(), t._version()};
       std::lock_guard<std::mutex> lock(mu_);
-      auto& known = records_[group].by_key;
-      if (auto it = known.find(*key); it != known.end()) {
+      GroupRecord& record = records_[group];
+      if (auto it = record.by_key.find(*key); it != record.by_key.end()) {
         if (std::shared_ptr<OffloadedTensor> shared = it->second.entry.lock()) {
           ++shared->consumers;
           shared_saves_.fetch_add(1);
-          return shared;
+          return {shared, std::nullopt};
+        }
+      }
+      if (auto it = record.by_storage.find(storage_key); it != record.by_storage.end()) {
+        const SpanCopy& span = it->second;
+        std::shared_ptr<OffloadedTensor> shared = span.entry.lock();
+        if (shared && span.dtype == t.scalar_type() && t.numel() > 0) {
+          int64_t last = t.storage_offset();  // the view's last element
+          for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+          if (t.storage_offset() >= span.offset && last < span.offset + span.numel) {
+            ++shared->consumers;
+            shared_saves_.fetch_add(1);
+            return {shared, ViewOfCopy{t.sizes().vec(), t.strides().vec(),
+                                       t.storage_offset() - span.offset}};
+          }
         }
       }
     }
@@ -357,8 +401,15 @@ class ActivationOffloader::Impl {
     if (key.has_value()) {
       record.by_key.insert_or_assign(std::move(*key),
                                      SavedCopy{entry, t.storage().getWeakStorageImpl()});
+      // The copy has the tensor's own strides when it is dense (EmptyHostLike, EmptyDeviceLike):
+      // then it holds the storage's elements [offset, offset + numel) in their own layout.
+      if (t.is_non_overlapping_and_dense() && entry->host.strides() == t.strides()) {
+        record.by_storage.try_emplace(
+            storage_key, SpanCopy{entry, t.storage().getWeakStorageImpl(), t.storage_offset(),
+                                  t.numel(), t.scalar_type()});
+      }
     }
-    return entry;
+    return {entry, std::nullopt};
   }
 
   void OffloadInput(int group, const torch::Tensor& input) {
@@ -563,15 +614,20 @@ class SwapHooks : public torch::autograd::SavedVariableHooks {
   SwapHooks(ActivationOffloader::Impl* impl, int group, const c10::TensorImpl* block_input)
       : impl_(impl), group_(group), block_input_(block_input) {}
   void call_pack_hook(const at::Tensor& tensor) override {
-    entry_ = impl_->Pack(group_, tensor, block_input_);
+    packed_ = impl_->Pack(group_, tensor, block_input_);
   }
-  at::Tensor call_unpack_hook() override { return impl_->Use(*entry_); }
+  at::Tensor call_unpack_hook() override {
+    at::Tensor copy = impl_->Use(*packed_.entry);
+    if (!packed_.view.has_value()) return copy;
+    const ViewOfCopy& v = *packed_.view;  // [One copy per storage]
+    return copy.as_strided(v.sizes, v.strides, copy.storage_offset() + v.offset);
+  }
 
  private:
   ActivationOffloader::Impl* impl_;
   int group_;
   const c10::TensorImpl* block_input_;
-  std::shared_ptr<OffloadedTensor> entry_;
+  PackedTensor packed_;
 };
 
 class SavedTensorHookEngine : public torch::autograd::Engine {

@@ -1,6 +1,7 @@
 #include "agent/model/layers.h"
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #if defined(MEMPLAN_GATED_CUDA) || defined(MEMPLAN_RMS_NORM_CUDA)
@@ -34,7 +35,7 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     // projection (a LoRA base module without an adapter) keeps nothing of its own, as
     // aten::linear keeps nothing for a weight that does not require grad, and as the planner
     // prices it (planner/cost/analytic_trace.cc: a linear keeps its input only when it trains).
-    ctx->save_for_backward({w.requires_grad() ? x : torch::Tensor(), w});
+    SaveForBackward(ctx, {w.requires_grad() ? x : torch::Tensor()}, {w});
     ctx->saved_data["x_sizes"] = x.sizes().vec();
     ctx->saved_data["has_bias"] = b.has_value();
     const torch::Tensor x2 = x.reshape({-1, x.size(-1)});
@@ -46,7 +47,7 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();
+    const variable_list saved = SavedForBackward(ctx);
     const torch::Tensor& x = saved[0];
     const torch::Tensor& w = saved[1];
     const std::vector<int64_t> x_sizes = ctx->saved_data["x_sizes"].toIntVector();
@@ -92,21 +93,21 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
                                                          x.numel() / width, width, dtype,
                                                          y.data_ptr(), stream),
                         "RMSNorm");
-      ctx->save_for_backward({x, weight, rstd});
+      SaveForBackward(ctx, {x, rstd}, {weight});
       return y;
     }
 #endif
     const torch::Tensor x32 = x.to(torch::kFloat32);
     const torch::Tensor rstd = torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
-    ctx->save_for_backward({x, weight, rstd});
+    SaveForBackward(ctx, {x, rstd}, {weight});
     return weight * (x32 * rstd).to(x.scalar_type());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();
+    const variable_list saved = SavedForBackward(ctx);
     const torch::Tensor& x = saved[0];
-    const torch::Tensor& w = saved[1];
-    const torch::Tensor& rstd = saved[2];
+    const torch::Tensor& rstd = saved[1];
+    const torch::Tensor& w = saved[2];
     // The eager graph's backward op for op, each rounding where autograd's rounds (so the
     // gradients are its own bit for bit): y = w * cast(n), n = x32 * r,
     // r = rsqrt(mean(x32²) + eps).
@@ -256,6 +257,22 @@ class GatedProductFunction : public torch::autograd::Function<GatedProductFuncti
 #endif
 };
 
+// weight * n for a weight that needs no gradient, as eager's mul (same values, and the same
+// gradient of n: grad * weight), keeping the weight beyond swap's hooks ([Frozen weights stay on
+// the device]): the fp32 and the vision tower's RMSNorm of a frozen base.
+class FrozenScaleFunction : public torch::autograd::Function<FrozenScaleFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& weight,
+                               const torch::Tensor& n) {
+    SaveForBackward(ctx, {}, {weight});
+    return weight * n;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {torch::Tensor(), grads[0] * SavedForBackward(ctx)[0]};
+  }
+};
+
 }  // namespace
 
 torch::ScalarType ToScalarType(DType dtype) {
@@ -268,6 +285,33 @@ torch::ScalarType ToScalarType(DType dtype) {
       return torch::kFloat16;
   }
   return torch::kFloat32;
+}
+
+namespace {
+std::string FrozenKey(size_t i) { return "frozen_weight_" + std::to_string(i); }
+}  // namespace
+
+void SaveForBackward(torch::autograd::AutogradContext* ctx, std::vector<torch::Tensor> activations,
+                     const std::vector<torch::Tensor>& weights) {
+  for (const torch::Tensor& w : weights) {
+    if (w.defined() && !w.requires_grad()) {
+      ctx->saved_data[FrozenKey(activations.size())] = w;
+      activations.emplace_back();
+    } else {
+      activations.push_back(w);
+    }
+  }
+  ctx->save_for_backward(activations);
+}
+
+torch::autograd::variable_list SavedForBackward(torch::autograd::AutogradContext* ctx) {
+  variable_list saved = ctx->get_saved_variables();
+  for (size_t i = 0; i < saved.size(); ++i) {
+    if (auto it = ctx->saved_data.find(FrozenKey(i)); it != ctx->saved_data.end()) {
+      saved[i] = it->second.toTensor();
+    }
+  }
+  return saved;
 }
 
 torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
@@ -287,7 +331,8 @@ torch::Tensor RmsNormUnfused(const torch::Tensor& x, const torch::Tensor& weight
   const torch::Tensor x32 = x.to(torch::kFloat32);
   const torch::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
   const torch::Tensor normed = x32 * torch::rsqrt(variance + eps);
-  return weight * normed.to(x.scalar_type());
+  if (weight.requires_grad()) return weight * normed.to(x.scalar_type());
+  return FrozenScaleFunction::apply(weight, normed.to(x.scalar_type()));
 }
 
 torch::Tensor GatedProduct(const torch::Tensor& g, const torch::Tensor& u, GateActivation act) {

@@ -17,6 +17,18 @@ torch::ScalarType ToScalarType(DType dtype);
 torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w,
                      const torch::Tensor& b = torch::Tensor());
 
+// [Frozen weights stay on the device] save_for_backward of `activations` then `weights`, except
+// that a weight which needs no gradient (a LoRA or QLoRA base's projections and norms, a frozen
+// expert, RoPE's tables) is kept in the context's saved_data, where saved-tensor hooks do not see
+// it. Swap's hooks ([Saved-tensor hooks], agent/blocks/activation_offloader.cc) copy to the host
+// whatever they are handed but a parameter that trains; a frozen weight would be copied at every
+// swapped block and step although it stays on the device (or in its chunk) all along, and the
+// planner counts no such copy (llama-3.1-8b's frozen base is 15 GB). Read back with
+// SavedForBackward, in the same order.
+void SaveForBackward(torch::autograd::AutogradContext* ctx, std::vector<torch::Tensor> activations,
+                     const std::vector<torch::Tensor>& weights);
+torch::autograd::variable_list SavedForBackward(torch::autograd::AutogradContext* ctx);
+
 // Hugging Face's RMSNorm (LlamaRMSNorm, Qwen2_5_VLRMSNorm): normalise in fp32, cast back, scale.
 // [Fused norm] For 16-bit inputs one autograd Function keeping the input and the fp32 rstd for
 // backward: the eager ops forward, the eager graph's backward ops backward (bit for bit). fp32

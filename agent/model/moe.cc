@@ -25,12 +25,12 @@ class ExpertLinearFunction : public torch::autograd::Function<ExpertLinearFuncti
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& w) {
-    ctx->save_for_backward({w.requires_grad() ? x : torch::Tensor(), w});
+    SaveForBackward(ctx, {w.requires_grad() ? x : torch::Tensor()}, {w});
     return at::mm(x, w.t());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();
+    const variable_list saved = SavedForBackward(ctx);
     const torch::Tensor& g = grads[0];
     torch::Tensor gx, gw;
     if (ctx->needs_input_grad(0)) gx = g.mm(saved[1]);
@@ -59,14 +59,12 @@ class GroupedExpertLinearFunction : public torch::autograd::Function<GroupedExpe
                                const torch::Tensor& ends, at::TensorList w) {
     const bool weights_train =
         std::any_of(w.begin(), w.end(), [](const torch::Tensor& t) { return t.requires_grad(); });
-    std::vector<torch::Tensor> saved = {weights_train ? x : torch::Tensor(), ends};
-    saved.insert(saved.end(), w.begin(), w.end());
-    ctx->save_for_backward(saved);
+    SaveForBackward(ctx, {weights_train ? x : torch::Tensor(), ends}, w.vec());
     return at::_grouped_mm(x, at::stack(w).transpose(1, 2), ends);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();
+    const variable_list saved = SavedForBackward(ctx);
     const torch::Tensor& x = saved[0];
     const torch::Tensor& ends = saved[1];
     const at::TensorList w(saved.data() + 2, saved.size() - 2);

@@ -40,7 +40,7 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
   // cos and sin [table_batch, seq, head_dim] contiguous, checked by ApplyRope.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& cos, const torch::Tensor& sin) {
-    ctx->save_for_backward({cos, sin});
+    SaveForBackward(ctx, {}, {cos, sin});
 #ifdef MEMPLAN_ROPE_CUDA
     if (UseKernel(x)) return RunKernel(x, cos, sin, /*backward=*/false);
 #endif
@@ -49,7 +49,7 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();
+    const variable_list saved = SavedForBackward(ctx);
     const torch::Tensor& cos = saved[0];
     const torch::Tensor& sin = saved[1];
     const torch::Tensor& g = grads[0];

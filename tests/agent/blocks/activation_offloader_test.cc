@@ -166,6 +166,57 @@ TEST(ActivationOffloaderTest, ATensorSavedSeveralTimesIsCopiedOnce) {
   EXPECT_EQ(offloader->Stats().offloaded_bytes, stats.offloaded_bytes + 2 * 3 * 4);
 }
 
+// [One copy per storage] Two views of one storage saved by different ops (as attention's output
+// [b, heads, s, d] and o_proj's input [b, s, heads*d] share one buffer on a GPU) are copied once
+// when the first copy spans the second; a view reaching past the copied span gets its own copy.
+// Every unpack gets its own view's values: the gradients equal the unhooked run's.
+TEST(ActivationOffloaderTest, ViewsOfOneStorageAreCopiedOnce) {
+  auto offloader = MakeOffloader();
+  torch::Tensor x = torch::randn({2, 3, 4}).requires_grad_(true);
+  torch::Tensor w = torch::randn({4, 5}).requires_grad_(true);
+  auto run = [&](torch::Tensor* big_out) {
+    torch::Tensor big = x.exp();                       // [2, 3, 4], saved by exp itself
+    torch::Tensor a = big.transpose(0, 1).sin();       // saves the transposed view
+    torch::Tensor b = torch::mm(big.view({6, 4}), w);  // saves the flattened view
+    torch::Tensor part = big.narrow(1, 0, 2);          // a view inside the copied span
+    torch::Tensor c = part * part;
+    torch::Tensor d = b.sin();  // saves mm's output
+    if (big_out != nullptr) *big_out = big;
+    return a.sum() + d.sum() + c.sum();
+  };
+  torch::Tensor y, big;
+  {
+    auto scope = offloader->BeginSwap(1, x);
+    y = run(&big);
+  }
+  const auto stats = offloader->Stats();
+  // exp saves its output (the whole storage): copied once; the transposed, flattened and narrowed
+  // views share it. mm's output is a copy of its own.
+  EXPECT_EQ(stats.offloaded_bytes, (2 * 3 * 4 + 6 * 5) * 4);
+  EXPECT_EQ(stats.shared_saves, 4);  // transposed, flattened, narrowed twice
+  offloader->Prefetch(1);
+  y.backward();
+  const torch::Tensor gx = x.grad().clone(), gw = w.grad().clone();
+  x.mutable_grad().reset();
+  w.mutable_grad().reset();
+  run(nullptr).backward();
+  EXPECT_TRUE(torch::equal(gx, x.grad()));
+  EXPECT_TRUE(torch::equal(gw, w.grad()));
+
+  // A narrowed view saved first is copied alone; a wider view of the same storage saved later
+  // does not fit inside that copy and gets its own.
+  torch::Tensor z = torch::randn({4, 3}).requires_grad_(true);
+  torch::Tensor out;
+  {
+    auto scope = offloader->BeginSwap(2, z);
+    torch::Tensor e = z * 2.0;  // saves nothing
+    torch::Tensor head = e.narrow(0, 0, 2);
+    torch::Tensor first = (head * head).sum();  // head: 6 values
+    out = first + e.sin().sum();                // then e itself: 12
+  }
+  EXPECT_EQ(offloader->Stats().offloaded_bytes, stats.offloaded_bytes + (6 + 12) * 4);
+}
+
 // [Upload memory] on a GPU: uploads come from the compute stream's pool without record_stream on
 // the prefetch stream. Block inputs of 64 MiB, prefetched one group ahead and taken in reverse
 // order while the compute stream allocates and fills tensors of the same size: every value comes

@@ -229,6 +229,38 @@ INSTANTIATE_TEST_SUITE_P(
                       LoraModeCase{"mixed_tied", true, {M::kCkpt, M::kHsOffload, M::kSwap}}),
     [](const ::testing::TestParamInfo<LoraModeCase>& info) { return info.param.name; });
 
+// [Frozen weights stay on the device] A swapped block copies its activations to the host, not
+// the frozen base's projections and norms or RoPE's tables, which stay on the device for the
+// whole step anyway and which the planner does not count among a block's saved bytes. Every
+// activation grows with the batch: twice the rows must copy exactly twice the bytes, which a
+// copied weight or table (the same at any batch) would break.
+TEST(LlamaLoraTest, SwapCopiesActivationsNotTheFrozenBase) {
+  for (const auto& targets :
+       {std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj"},
+        std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                 "down_proj"}}) {
+    SCOPED_TRACE(targets.size() == 4 ? "attention adapters" : "all adapters");
+    auto model = MakeModel(TinySpec(), Lora(targets));
+    PerturbAdapters(*model);
+    std::vector<int64_t> copied;
+    for (int64_t rows : {2, 4}) {
+      auto offloader = ActivationOffloader::Create({});
+      ASSERT_TRUE(offloader.ok());
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+      const torch::Tensor ids = torch::randint(128, {rows, 12}, gen, torch::kLong);
+      const torch::Tensor labels = torch::randint(128, {rows, 12}, gen, torch::kLong);
+      model
+          ->Loss(ids, labels, {BlockMode::kSwap, BlockMode::kSwap, BlockMode::kSwap}, nullptr,
+                 offloader->get())
+          .backward();
+      copied.push_back((*offloader)->Stats().offloaded_bytes);
+      for (auto& p : model->TrainableParams()) p.param.mutable_grad().reset();
+    }
+    EXPECT_GT(copied[0], 0);
+    EXPECT_EQ(copied[1], 2 * copied[0]) << "at 2 rows " << copied[0] << " bytes";
+  }
+}
+
 TEST(LlamaLoraTest, LogitsRunWithoutDropout) {
   auto model = MakeModel(TinySpec(), Lora({"q_proj", "up_proj"}, 0.5));
   PerturbAdapters(*model);
