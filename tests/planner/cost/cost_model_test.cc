@@ -118,6 +118,24 @@ TEST(CostModelTest, FastPredictionMatchesReferenceWalk) {
   }
 }
 
+// [Swapped inputs] (cost_memory.cc) A SWAP block's input stays on the device until its backward,
+// as a CKPT block's does: with a head large enough to set the peak, every block SWAP costs what
+// every block CKPT costs plus the last block's saved set in flight to the host, nothing less.
+TEST(CostModelTest, SwappedBlocksKeepTheirInputsOnTheDevice) {
+  std::mt19937_64 rng(31);
+  Trace t = RandomTrace(rng, 8);
+  for (BlockTrace& b : t.blocks) {
+    b.input_bytes = 32 * kMiB;
+    b.saved_bytes = 320 * kMiB;
+    b.forward_transient_bytes = b.backward_transient_bytes = 16 * kMiB;
+  }
+  t.head.saved_bytes = 8192 * kMiB;
+  const CostModel model = MustCreate(t, 64 * kMiB, RandomHardware(rng), CostOptions{});
+  const int64_t swap = model.DynamicRawBytes(ModeCounts{8, 0, 0});
+  const int64_t ckpt = model.DynamicRawBytes(ModeCounts{0, 0, 8});
+  EXPECT_EQ(swap - ckpt, 320 * kMiB);
+}
+
 TEST(CostModelTest, CalibrationContractHolds) {
   std::mt19937_64 rng(11);
   for (int iter = 0; iter < 50; ++iter) {
