@@ -95,9 +95,9 @@ absl::StatusOr<c10::Storage> AllocateExactPinned(int64_t nbytes) {
   auto* owner = new HostBuffer(std::move(buffer));
   return c10::Storage(
       c10::Storage::use_byte_size_t(), static_cast<size_t>(nbytes),
-      c10::DataPtr(owner->data(), owner,
-                   [](void* ctx) { delete static_cast<HostBuffer*>(ctx); },
-                   c10::Device(c10::kCPU)),
+      c10::DataPtr(
+          owner->data(), owner, [](void* ctx) { delete static_cast<HostBuffer*>(ctx); },
+          c10::Device(c10::kCPU)),
       /*allocator=*/nullptr, /*resizable=*/false);
 }
 
@@ -203,7 +203,7 @@ struct GroupRecord {
   std::vector<std::shared_ptr<OffloadedTensor>> saved;  // SWAP
   std::map<SavedKey, SavedCopy> by_key;
   std::map<std::pair<const c10::StorageImpl*, int64_t>, SpanCopy> by_storage;  // and version
-  std::shared_ptr<OffloadedTensor> input;               // HS_OFFLOAD
+  std::shared_ptr<OffloadedTensor> input;                                      // HS_OFFLOAD
   bool prefetched = false;
 };
 
@@ -367,8 +367,12 @@ class ActivationOffloader::Impl {
     std::optional<SavedKey> key;
     std::pair<const c10::StorageImpl*, int64_t> storage_key{nullptr, 0};
     if (t.has_storage()) {
-      key = SavedKey{t.storage().unsafeGetStorageImpl(), t.storage_offset(), t.sizes().vec(),
-                     t.strides().vec(), t.scalar_type(), t._version()};
+      key = SavedKey{t.storage().unsafeGetStorageImpl(),
+                     t.storage_offset(),
+                     t.sizes().vec(),
+                     t.strides().vec(),
+                     t.scalar_type(),
+                     t._version()};
       storage_key = {t.storage().unsafeGetStorageImpl(), t._version()};
       std::lock_guard<std::mutex> lock(mu_);
       GroupRecord& record = records_[group];
@@ -572,7 +576,7 @@ class ActivationOffloader::Impl {
   }
 
   ActivationOffloadOptions options_;
-  HostStoragePool pool_;  // before the records: entries give their storage back to it
+  HostStoragePool pool_;         // before the records: entries give their storage back to it
   HostStoragePool pinned_pool_;  // [Exact pinned host copies]
   bool cuda_ = false;
   bool pinned_ = false;

@@ -88,11 +88,10 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
       sq = torch::Tensor();
       torch::Tensor y = torch::empty_like(x);
       const int64_t width = x.size(-1);
-      cuda::CheckLaunch(model_cuda::LaunchRmsNormForward(x.data_ptr(), weight.data_ptr(),
-                                                         rstd.data_ptr<float>(),
-                                                         x.numel() / width, width, dtype,
-                                                         y.data_ptr(), stream),
-                        "RMSNorm");
+      cuda::CheckLaunch(
+          model_cuda::LaunchRmsNormForward(x.data_ptr(), weight.data_ptr(), rstd.data_ptr<float>(),
+                                           x.numel() / width, width, dtype, y.data_ptr(), stream),
+          "RMSNorm");
       SaveForBackward(ctx, {x, rstd}, {weight});
       return y;
     }
@@ -133,10 +132,10 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
       }
       if (ctx->needs_input_grad(0)) {
         torch::Tensor prod = torch::empty(x.sizes(), x.options().dtype(torch::kFloat32));
-        cuda::CheckLaunch(model_cuda::LaunchRmsNormGradProduct(g.data_ptr(), w.data_ptr(),
-                                                               x.data_ptr(), rows, width, dtype,
-                                                               prod.data_ptr<float>(), stream),
-                          "RMSNorm backward");
+        cuda::CheckLaunch(
+            model_cuda::LaunchRmsNormGradProduct(g.data_ptr(), w.data_ptr(), x.data_ptr(), rows,
+                                                 width, dtype, prod.data_ptr<float>(), stream),
+            "RMSNorm backward");
         const torch::Tensor gr = prod.sum(-1, /*keepdim=*/true);
         prod = torch::Tensor();
         const torch::Tensor gsq = SquaresGrad(gr, rstd, width).contiguous();
@@ -155,10 +154,10 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
       gw = (g * (x32 * rstd).to(x.scalar_type())).sum(RowDims(g)).to(w.scalar_type());
     }
     if (ctx->needs_input_grad(0)) {
-      const torch::Tensor gn = (g * w).to(torch::kFloat32);            // through the cast
-      const torch::Tensor gr = (gn * x32).sum(-1, /*keepdim=*/true);   // n's factor r
+      const torch::Tensor gn = (g * w).to(torch::kFloat32);           // through the cast
+      const torch::Tensor gr = (gn * x32).sum(-1, /*keepdim=*/true);  // n's factor r
       const torch::Tensor gsq = SquaresGrad(gr, rstd, x.size(-1));
-      gx = (gn * rstd + gsq * (2.0 * x32)).to(x.scalar_type());         // n's and pow's paths
+      gx = (gn * rstd + gsq * (2.0 * x32)).to(x.scalar_type());  // n's and pow's paths
     }
     return {gx, gw, torch::Tensor()};
   }
@@ -169,7 +168,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
   static torch::Tensor SquaresGrad(const torch::Tensor& gr, const torch::Tensor& rstd,
                                    int64_t width) {
     const torch::Tensor gvar = -0.5 * gr * rstd.pow(3);  // rsqrt's backward
-    return gvar / width;                                  // mean's backward
+    return gvar / width;                                 // mean's backward
   }
   // Every dimension but the last: the rows a weight's gradient is summed over.
   static std::vector<int64_t> RowDims(const torch::Tensor& t) {
@@ -205,11 +204,10 @@ class GatedProductFunction : public torch::autograd::Function<GatedProductFuncti
       const torch::Tensor gc = g.contiguous();
       const torch::Tensor uc = u.contiguous();
       torch::Tensor out = torch::empty_like(gc);
-      cuda::CheckLaunch(
-          model_cuda::LaunchSiluGateForward(gc.data_ptr(), uc.data_ptr(), out.data_ptr(),
-                                            gc.numel(), *cuda::KernelDtypeOf(g),
-                                            cuda::CurrentStream(g)),
-          "fused SwiGLU");
+      cuda::CheckLaunch(model_cuda::LaunchSiluGateForward(
+                            gc.data_ptr(), uc.data_ptr(), out.data_ptr(), gc.numel(),
+                            *cuda::KernelDtypeOf(g), cuda::CurrentStream(g)),
+                        "fused SwiGLU");
       return out;
     }
 #endif

@@ -11,9 +11,9 @@ namespace memplan {
 torch::ScalarType ToScalarType(DType dtype);
 
 // y = x·wᵀ + b (b may be undefined); a weight of more than two dimensions is read as
-// [w.size(0), the rest flattened] (a Conv3d whose stride is its kernel, over flattened patches). Backward reads `w` through the parameter, never through a view
-// of the storage it had in forward: a chunk manager (ParamResidency) may swap that storage between
-// forward and backward.
+// [w.size(0), the rest flattened] (a Conv3d whose stride is its kernel, over flattened patches).
+// Backward reads `w` through the parameter, never through a view of the storage it had in forward:
+// a chunk manager (ParamResidency) may swap that storage between forward and backward.
 torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w,
                      const torch::Tensor& b = torch::Tensor());
 

@@ -291,8 +291,8 @@ torch::Tensor MoeMlp(const ModelSpec& spec, const MoeParams& p, const torch::Ten
   }
   const torch::Tensor weights = top_w.reshape({-1}).index_select(0, order).unsqueeze(1);
   const torch::Tensor weighted = (expert_out * weights).to(y.scalar_type());
-  const torch::Tensor inverse = at::empty_like(order).scatter_(
-      0, order, at::arange(tokens * k, order.options()));
+  const torch::Tensor inverse =
+      at::empty_like(order).scatter_(0, order, at::arange(tokens * k, order.options()));
   // Back in (token, slot) order; the k contributions of a token summed in slot order.
   const torch::Tensor per_slot = weighted.index_select(0, inverse).view({tokens, k, h});
   return per_slot.sum(1).view(y.sizes());

@@ -1,12 +1,11 @@
 // The cost model's memory: peak device bytes (ProTrain eqs. 8-11), load-time and host bytes, the
 // raw terms the search bounds with (cost_model.h).
-#include "planner/cost/cost_model.h"
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "common/optimizer_bytes.h"
+#include "planner/cost/cost_model.h"
 #include "planner/cost/cost_model_internal.h"
 
 namespace memplan {
@@ -69,8 +68,6 @@ double CostModel::ChunkSumD(const std::vector<double>& prefix, int64_t lo, int64
   hi = std::clamp<int64_t>(hi, 0, num_chunks_);
   return hi > lo ? prefix[hi] - prefix[lo] : 0.0;
 }
-
-
 
 int32_t CostModel::MinBuffers(int32_t n_persist) const {
   if (n_persist >= num_chunks_) return 0;
@@ -232,8 +229,8 @@ int64_t CostModel::BackwardGradsByPersist::At(int32_t n_persist) const {
   // Blocks [0, k_full) have end_j <= n_persist, blocks [0, k) begin_j < n_persist.
   const int32_t k_full =
       static_cast<int32_t>(std::upper_bound(end_.begin(), end_.end(), n_persist) - end_.begin());
-  const int32_t k = static_cast<int32_t>(
-      std::lower_bound(begin_.begin(), begin_.end(), n_persist) - begin_.begin());
+  const int32_t k = static_cast<int32_t>(std::lower_bound(begin_.begin(), begin_.end(), n_persist) -
+                                         begin_.begin());
   const int64_t tied = model.chunks_->tied_grad_bytes;
   int64_t best = std::numeric_limits<int64_t>::min();
   if (k_full > 0) best = prefix_max_[k_full - 1] + model.chunks_->pgrad_prefix[n_persist] + tied;

@@ -175,9 +175,7 @@ class CostModel {
   double ReduceWidening() const { return 4.0 / static_cast<double>(dtype_bytes_); }
   // The persistent chunks' link bytes per grad byte: [Narrow reduce-scatter] sends a 16-bit
   // model's sharded-state grads in their own dtype; the all-reduce widens them to fp32.
-  double PersistentReduceWidening() const {
-    return chunks_->shard_state ? 1.0 : ReduceWidening();
-  }
+  double PersistentReduceWidening() const { return chunks_->shard_state ? 1.0 : ReduceWidening(); }
   // A persistent chunk's grads cross the link twice when all-reduced, once when reduce-scattered
   // ([Sharded persistent state]).
   double PersistentReduceFactor() const { return chunks_->shard_state ? 1.0 : 2.0; }

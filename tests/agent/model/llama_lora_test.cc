@@ -235,10 +235,9 @@ INSTANTIATE_TEST_SUITE_P(
 // activation grows with the batch: twice the rows must copy exactly twice the bytes, which a
 // copied weight or table (the same at any batch) would break.
 TEST(LlamaLoraTest, SwapCopiesActivationsNotTheFrozenBase) {
-  for (const auto& targets :
-       {std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj"},
-        std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                 "down_proj"}}) {
+  for (const auto& targets : {std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj"},
+                              std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj",
+                                                       "gate_proj", "up_proj", "down_proj"}}) {
     SCOPED_TRACE(targets.size() == 4 ? "attention adapters" : "all adapters");
     auto model = MakeModel(TinySpec(), Lora(targets));
     PerturbAdapters(*model);
@@ -419,8 +418,8 @@ class QloraGroupedTest : public ::testing::TestWithParam<LoraModeCase> {};
 
 TEST_P(QloraGroupedTest, EqualsLoraOnTheDequantizedBase) {
   const LoraModeCase& c = GetParam();
-  const LoraOptions lora = Qlora({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                  "down_proj"}, 0.2);
+  const LoraOptions lora =
+      Qlora({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}, 0.2);
   auto qlora = MakeModel(TinySpec(c.tied), lora);
   PerturbAdapters(*qlora);
   auto twin = DequantizedTwin(*qlora, lora);

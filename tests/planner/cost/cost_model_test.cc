@@ -1,15 +1,15 @@
 #include "planner/cost/cost_model.h"
 
 #include <algorithm>
-#include <optional>
 #include <cmath>
+#include <optional>
 #include <random>
 
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "absl/strings/str_cat.h"
 #include "common/optimizer_bytes.h"
 #include "common/presets.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
 #include "planner/core/plan_engine.h"
 #include "planner/cost/analytic_trace.h"
 #include "tests/planner/cost/random_trace.h"
@@ -68,7 +68,7 @@ RandomCase MakeCase(std::mt19937_64& rng) {
   c.trace = RandomTrace(rng, static_cast<int32_t>(uni(1, 40)));
   c.hardware = RandomHardware(rng);
   c.options.world_size = uni(0, 2) == 0 ? static_cast<int32_t>(uni(2, 8)) : 1;
-  c.options.shard_persistent_state = uni(0, 1) == 1;  // in effect with W > 1, not adamw8bit
+  c.options.shard_persistent_state = uni(0, 1) == 1;   // in effect with W > 1, not adamw8bit
   c.options.shard_persistent_params = uni(0, 1) == 1;  // in effect with the state sharded
   c.options.grad_accum = static_cast<int32_t>(uni(1, 3));
   c.options.optimizer = static_cast<OptimizerKind>(uni(0, 3));  // adamw8bit included
@@ -98,9 +98,7 @@ TEST(CostModelTest, FastPredictionMatchesReferenceWalk) {
     const CostModel model = MustCreate(c.trace, c.chunk_bytes, c.hardware, c.options);
     const int32_t n = model.num_blocks(), chunks = model.num_chunks();
     for (int p = 0; p < 20; ++p) {
-      auto uni = [&](int64_t lo, int64_t hi) {
-        return UniformInt32(rng, lo, hi);
-      };
+      auto uni = [&](int64_t lo, int64_t hi) { return UniformInt32(rng, lo, hi); };
       ModeCounts m;
       m.n_swap = uni(0, n);
       m.n_hs_offload = uni(0, n - m.n_swap);
@@ -174,9 +172,7 @@ TEST(CostModelTest, BackwardPhasesCarryTheGradsAlreadyProduced) {
     const RandomCase c = MakeCase(rng);
     const CostModel model = MustCreate(c.trace, c.chunk_bytes, c.hardware, c.options);
     const int32_t n = model.num_blocks(), chunks = model.num_chunks();
-    auto uni = [&](int64_t lo, int64_t hi) {
-      return UniformInt32(rng, lo, hi);
-    };
+    auto uni = [&](int64_t lo, int64_t hi) { return UniformInt32(rng, lo, hi); };
     ModeCounts m;
     m.n_hs_offload = uni(0, n);
     m.n_checkpoint = uni(0, n - m.n_hs_offload);
@@ -216,8 +212,8 @@ TEST(CostModelTest, BackwardPhasesCarryTheGradsAlreadyProduced) {
   const int64_t bwd = model.BackwardGradsRawBytes(m, 36);
   EXPECT_GT(bwd, std::max(dyn, model.GradPhaseRawBytes(36)));
   EXPECT_GE(bwd - dyn, int64_t{151936} * 2048 * 2);
-  const Prediction p = model.Predict(
-      model.MakeResidencyPlan(36, model.MinBuffers(36), m, HostMemoryKind::kPinned));
+  const Prediction p =
+      model.Predict(model.MakeResidencyPlan(36, model.MinBuffers(36), m, HostMemoryKind::kPinned));
   EXPECT_GT(p.breakdown.grads_bytes, model.GradStagingBytes(36) + int64_t{151936} * 2048 * 2);
 }
 
@@ -228,9 +224,7 @@ TEST(CostModelTest, MonotonicityPropertiesUsedBySearch) {
     const RandomCase c = MakeCase(rng);
     const CostModel model = MustCreate(c.trace, c.chunk_bytes, c.hardware, c.options);
     const int32_t n = model.num_blocks(), chunks = model.num_chunks();
-    auto uni = [&](int64_t lo, int64_t hi) {
-      return UniformInt32(rng, lo, hi);
-    };
+    auto uni = [&](int64_t lo, int64_t hi) { return UniformInt32(rng, lo, hi); };
     const HostMemoryKind kind = uni(0, 1) ? HostMemoryKind::kPinned : HostMemoryKind::kPageable;
     ModeCounts m{uni(0, n), 0, 0};
     m.n_hs_offload = uni(0, n - m.n_swap);
@@ -459,14 +453,13 @@ TEST(StepTimeTest, ShardedPersistentStateHoldsAShardAndReducesOnce) {
   EXPECT_FALSE(cmr->ShardsPersistentState());
   EXPECT_TRUE(cms->ShardsPersistentState());
   const int32_t chunks = cms->num_chunks();
-  const ResidencyPlan pr =
-      cmr->MakeResidencyPlan(chunks, 0, ModeCounts{}, HostMemoryKind::kPinned);
-  const ResidencyPlan ps =
-      cms->MakeResidencyPlan(chunks, 0, ModeCounts{}, HostMemoryKind::kPinned);
+  const ResidencyPlan pr = cmr->MakeResidencyPlan(chunks, 0, ModeCounts{}, HostMemoryKind::kPinned);
+  const ResidencyPlan ps = cms->MakeResidencyPlan(chunks, 0, ModeCounts{}, HostMemoryKind::kPinned);
   EXPECT_FALSE(pr.shard_persistent_state);
   EXPECT_TRUE(ps.shard_persistent_state);
   // A plan is priced by the model of its own choice.
-  EXPECT_THAT(cmr->ValidatePlan(ps).message(), ::testing::HasSubstr("plan.shard_persistent_state = true"));
+  EXPECT_THAT(cmr->ValidatePlan(ps).message(),
+              ::testing::HasSubstr("plan.shard_persistent_state = true"));
   const Prediction r = cmr->Predict(pr);
   const Prediction s = cms->Predict(ps);
   // What the agent allocates per rank (agent/chunks/chunk_manager.cc, [Sharded persistent
@@ -532,8 +525,8 @@ TEST(StepTimeTest, PersistentGradsPassThroughDeviceMemoryAroundTheirCollective) 
   auto slow1 = CostModel::Create(*one_trace, int64_t{64} << 20, hw, CostOptions());
   auto fast1 = CostModel::Create(*one_trace, int64_t{64} << 20, fast_hbm, CostOptions());
   ASSERT_TRUE(slow1.ok() && fast1.ok());
-  const ResidencyPlan plan1 = slow1->MakeResidencyPlan(slow1->num_chunks(), 0, ModeCounts{},
-                                                       HostMemoryKind::kPinned);
+  const ResidencyPlan plan1 =
+      slow1->MakeResidencyPlan(slow1->num_chunks(), 0, ModeCounts{}, HostMemoryKind::kPinned);
   EXPECT_DOUBLE_EQ(slow1->Predict(plan1).backward_seconds, fast1->Predict(plan1).backward_seconds);
 }
 
@@ -607,8 +600,8 @@ TEST(StepTimeTest, ShardedPersistentParametersHoldAShardAndGatherPerStage) {
   ASSERT_TRUE(trace->arch.tie_word_embeddings);
   const double gathers =
       0.5 * static_cast<double>(2 * padded_all + embedding) / 1e9;  // SlowLinkH200: 1 GB/s
-  const double extra = s3.forward_seconds + s3.backward_seconds -
-                       (s2.forward_seconds + s2.backward_seconds);
+  const double extra =
+      s3.forward_seconds + s3.backward_seconds - (s2.forward_seconds + s2.backward_seconds);
   std::printf("gathers %.3f s, of which hidden by compute %.3f s\n", gathers, gathers - extra);
   EXPECT_GE(extra, 0);
   EXPECT_LE(extra, gathers * 1.001);
@@ -652,8 +645,8 @@ TEST(StepTimeTest, WindowGathersUseTheUnderComputeFigure) {
     gathered += static_cast<double>(PaddedElems(fill / 2, 2) * 2);
   }
   const double gathers = 0.5 * 2 * gathered / 1e9;
-  const double added = (zb.forward_seconds + zb.backward_seconds) -
-                       (z.forward_seconds + z.backward_seconds);
+  const double added =
+      (zb.forward_seconds + zb.backward_seconds) - (z.forward_seconds + z.backward_seconds);
   EXPECT_GT(added, 0.8 * gathers);
   EXPECT_LT(added, 1.2 * gathers);
   // No profile figure: the plain one, as before.
@@ -784,16 +777,15 @@ TEST(CostModelTest, TwoPassProfilePricesEachPass) {
   const StepTime u = unclipped.Time(np, nb, {}, HostMemoryKind::kPinned);
   EXPECT_TRUE(u.cpu_optimizer_deferred);
   // [CPU windows]: the CPU starts T_lead into the last backward.
-  const double cpu_side =
-      u.cpu_backward_lead_seconds + u.cpu_accumulate_seconds + u.cpu_optimizer_seconds -
-      (u.forward_seconds - u.cpu_forward_tail_seconds);
+  const double cpu_side = u.cpu_backward_lead_seconds + u.cpu_accumulate_seconds +
+                          u.cpu_optimizer_seconds -
+                          (u.forward_seconds - u.cpu_forward_tail_seconds);
   ASSERT_GT(cpu_side, u.backward_seconds + u.gpu_optimizer_seconds);
-  ExpectNear(
-      unclipped.Predict(unclipped.MakeResidencyPlan(np, nb, {}, HostMemoryKind::kPinned))
-          .iteration_seconds,
-      2 * u.forward_seconds + std::max(u.backward_seconds, u.cpu_accumulate_seconds) + cpu_side +
-          u.fixed_seconds,
-      "unclipped step");
+  ExpectNear(unclipped.Predict(unclipped.MakeResidencyPlan(np, nb, {}, HostMemoryKind::kPinned))
+                 .iteration_seconds,
+             2 * u.forward_seconds + std::max(u.backward_seconds, u.cpu_accumulate_seconds) +
+                 cpu_side + u.fixed_seconds,
+             "unclipped step");
   hw.cpu_adam_update_params_per_second = 1.25e9;
   // adamw8bit: the same accumulate, its own update rate; adamw_bf16 reads bf16 grads for the norm.
   o.cpu_optimizer_overlaps = false;
@@ -875,9 +867,9 @@ TEST(CostModelTest, ProfilesWithoutTwoPassFiguresPriceOneWholePass) {
     const int32_t chunks = model.num_chunks();
     const int64_t dtype_bytes = DTypeBytes(c.trace.param_dtype);
     // The whole pass at the optimizer's rate ([CPU pass bytes]).
-    const double rate = CpuOptimizerPassRates(c.options.optimizer, c.hardware, dtype_bytes,
-                                              c.options.grad_accum)
-                            .update_params_per_second;
+    const double rate =
+        CpuOptimizerPassRates(c.options.optimizer, c.hardware, dtype_bytes, c.options.grad_accum)
+            .update_params_per_second;
     std::vector<double> prefix(static_cast<size_t>(chunks) + 1, 0.0);
     for (int32_t k = 0; k < chunks; ++k) {
       prefix[k + 1] =
@@ -895,16 +887,14 @@ TEST(CostModelTest, ProfilesWithoutTwoPassFiguresPriceOneWholePass) {
       const double ga = c.options.grad_accum;
       // [Deferred CPU updates] on one rank, clipped or not, hidden until the forward uploads
       // the last offloaded chunk ([CPU windows]).
-      const double left =
-          StepUpdatesDeferred(c.options.world_size)
-              ? t.cpu_optimizer_seconds -
-                    std::max(0.0, t.forward_seconds - t.cpu_forward_tail_seconds)
-              : t.cpu_optimizer_seconds;
-      const double tail =
-          c.options.cpu_optimizer_overlaps
-              ? std::max(t.backward_seconds + t.gpu_optimizer_seconds,
-                         t.cpu_backward_lead_seconds + left)
-              : t.backward_seconds + std::max(t.gpu_optimizer_seconds, left);
+      const double left = StepUpdatesDeferred(c.options.world_size)
+                              ? t.cpu_optimizer_seconds -
+                                    std::max(0.0, t.forward_seconds - t.cpu_forward_tail_seconds)
+                              : t.cpu_optimizer_seconds;
+      const double tail = c.options.cpu_optimizer_overlaps
+                              ? std::max(t.backward_seconds + t.gpu_optimizer_seconds,
+                                         t.cpu_backward_lead_seconds + left)
+                              : t.backward_seconds + std::max(t.gpu_optimizer_seconds, left);
       const double previous =
           ga * t.forward_seconds + (ga - 1) * t.backward_seconds + tail + t.fixed_seconds;
       const Prediction pred =
