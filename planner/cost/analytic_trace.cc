@@ -173,8 +173,8 @@ HeadSeconds HeadTime(const ModelSpec& arch, DType dtype, bool full, int64_t toke
 // whole, the gate and up outputs ([Fused gate]: agent/model/layers.cc, GatedProductFunction,
 // recomputes the activation in backward) and the product when down_proj trains; tiled, only the
 // MLP's input, when no training gate or up linear keeps it already.
-int64_t MlpSavedPerToken(int64_t d, int64_t h, int64_t inter, bool gate_up_train,
-                         bool down_trains, bool tiled) {
+int64_t MlpSavedPerToken(int64_t d, int64_t h, int64_t inter, bool gate_up_train, bool down_trains,
+                         bool tiled) {
   if (tiled) return gate_up_train ? 0 : d * h;
   return 2 * d * inter + (down_trains ? d * inter : 0);
 }
@@ -268,7 +268,15 @@ EmbeddingBytes EmbeddingMemory(const ModelSpec& arch, const Workload& workload, 
   const int64_t tokens = workload.micro_batch * workload.seq_len;
   const int64_t embeds = tokens * arch.hidden_size * d;
   // The lookup keeps only the int64 ids; its output is the first block's input.
-  EmbeddingBytes b{full ? tokens * 8 : 0, embeds, full ? tokens * arch.hidden_size * (d + 4) : 0};
+  // [Fresh embedding grad] Its backward writes a new [vocab, hidden] grad in the model dtype
+  // (embedding_dense_backward), which the chunk's grad takes in afterwards: beside every
+  // persistent grad at the end of backward. Small all-persistent steps of tied models peak there:
+  // on an H200, qwen2.5-3b 1x768 ran 1 188 MiB above the allocated bytes before the embedding's
+  // backward (two of its 594 MiB grads) and llama-3.2-1b 1x512 561 MiB above the plan (one of
+  // 501), each under by about one such grad (docs/benchmarks.md, twenty-sixth session).
+  const int64_t fresh_grad = full ? arch.vocab_size * arch.hidden_size * d : 0;
+  EmbeddingBytes b{full ? tokens * 8 : 0, embeds,
+                   full ? tokens * arch.hidden_size * (d + 4) + fresh_grad : 0};
   if (!arch.IsVisionLanguage() || workload.images_per_sample < 1) return b;
   const VisionTowerCost tower = VisionTowerCostFor(
       arch, workload.micro_batch * workload.images_per_sample, workload.image_height,
@@ -280,8 +288,9 @@ EmbeddingBytes EmbeddingMemory(const ModelSpec& arch, const Workload& workload, 
                                   2 * embeds + tower.output_bytes + tokens});
   if (full) {
     // The scatter's backward: the embeddings' gradient beside the incoming one, then the tower's.
-    b.backward_transient = std::max(
-        b.backward_transient, 2 * embeds + tower.output_bytes + tower.backward_transient_bytes);
+    b.backward_transient =
+        std::max(b.backward_transient,
+                 2 * embeds + tower.output_bytes + tower.backward_transient_bytes + fresh_grad);
   }
   return b;
 }
@@ -365,7 +374,7 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   };
 
   // ---- per-token saved bytes of one block (derivation in docs/cost-model.md) ----
-  int64_t saved_tok = d * h;                         // block input (residual stream)
+  int64_t saved_tok = d * h;  // block input (residual stream)
   // input_layernorm: its input is the block input, counted above.
   saved_tok += norm_saved(h, /*input_kept=*/true, q_in || k_in || v_in);
   if (arch.qk_norm) {
@@ -374,9 +383,9 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
     saved_tok += d * (hq + hkv) + 4 * (arch.num_heads + arch.num_kv_heads) +
                  (d == 4 && full ? 4 * (hq + hkv) : 0);
   }
-  saved_tok += d * (hq + 2 * hkv);               // q, k after RoPE, v (SDPA inputs)
-  saved_tok += d * hq + 4 * arch.num_heads;      // attention output + logsumexp
-  const int64_t attn_saved_tok = saved_tok;      // what a sparse layer keeps up to its MLP
+  saved_tok += d * (hq + 2 * hkv);           // q, k after RoPE, v (SDPA inputs)
+  saved_tok += d * hq + 4 * arch.num_heads;  // attention output + logsumexp
+  const int64_t attn_saved_tok = saved_tok;  // what a sparse layer keeps up to its MLP
   // post_attention_layernorm: its input, the residual after attention, is kept by nothing else.
   saved_tok += norm_saved(h, /*input_kept=*/false, gate_in || up_in);
   // [Sequence-tiled MLP] (common/mlp_tiling.h): a tile's intermediates are transient.
@@ -461,9 +470,13 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   // (A's weight gradient), writes x's gradient and adds it to the base path's (in + 3 in).
   // Skinny products and elementwise passes alike: memory-bound, priced at adapter_hbm_rate.
   int64_t adapted_in = 0, adapted_out = 0;
-  for (const auto& [on, in, out] :
-       {std::tuple<bool, int64_t, int64_t>{lora.q, h, hq}, {lora.k, h, hkv}, {lora.v, h, hkv},
-        {lora.o, hq, h}, {lora.gate, h, inter}, {lora.up, h, inter}, {lora.down, inter, h}}) {
+  for (const auto& [on, in, out] : {std::tuple<bool, int64_t, int64_t>{lora.q, h, hq},
+                                    {lora.k, h, hkv},
+                                    {lora.v, h, hkv},
+                                    {lora.o, hq, h},
+                                    {lora.gate, h, inter},
+                                    {lora.up, h, inter},
+                                    {lora.down, inter, h}}) {
     if (!on || rank == 0) continue;
     adapted_in += in;
     adapted_out += out;
@@ -486,8 +499,7 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   double bwd_mem = 2.0 * fwd_mem;
   // Tiled, backward runs the MLP's forward once more (tile by tile), writing and reading its
   // intermediates.
-  const double mlp_recompute_flops =
-      mlp_tiled ? 2.0 * static_cast<double>(3 * h * inter) * t : 0.0;
+  const double mlp_recompute_flops = mlp_tiled ? 2.0 * static_cast<double>(3 * h * inter) * t : 0.0;
   if (mlp_tiled) bwd_mem += 2.0 * static_cast<double>(3 * d * inter) * t;
 
   // QLoRA: the projections are NF4 in the chunks and dequantized one at a time before their
@@ -519,8 +531,7 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   int64_t sparse_block_params = 0;
   BlockTrace block;
   // QLoRA's base: NF4 projections, the rest in the model dtype; adapters in the model dtype.
-  block.param_bytes =
-      qlora ? QloraBlockBaseBytes(arch, d) + adapter_params * d : block_params * d;
+  block.param_bytes = qlora ? QloraBlockBaseBytes(arch, d) + adapter_params * d : block_params * d;
   block.input_bytes = tokens * h * d;
   block.saved_bytes = tokens * saved_tok;
   block.forward_transient_bytes = tokens * fwd_tr_tok + tile_fwd_tr + dequant_transient;
@@ -547,9 +558,8 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
     sparse_params += adapter_params;  // attention adapters only (CheckMoeAdapters)
     // The router's input (the post-attention norm's output) is kept when the router trains
     // ([Frozen linear]); nothing else keeps it (the experts take copies of its rows).
-    const int64_t sparse_saved_tok =
-        attn_saved_tok + norm_saved(h, /*input_kept=*/false, full) + sparse.saved_per_token +
-        lora_modules * d * rank;
+    const int64_t sparse_saved_tok = attn_saved_tok + norm_saved(h, /*input_kept=*/false, full) +
+                                     sparse.saved_per_token + lora_modules * d * rank;
     // Only the routed rows are computed: the router and top_k experts per token.
     const double active_weights =
         static_cast<double>(attn_weights + h * arch.num_experts + k * 3 * h * e_inter);
@@ -636,8 +646,8 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
     const double gemm_flops = 4.0 * static_cast<double>(hd) * scores;
     const double passes = scores * static_cast<double>(12 * d + 8);
     b.forward_seconds += gemm_flops / lin_rate - attn_flops / attn_rate + passes / hbm_rate;
-    b.backward_seconds += 3.0 * gemm_flops / lin_rate - 2.5 * attn_flops / attn_rate +
-                          3.0 * passes / hbm_rate;
+    b.backward_seconds +=
+        3.0 * gemm_flops / lin_rate - 2.5 * attn_flops / attn_rate + 3.0 * passes / hbm_rate;
     b.recompute_seconds = b.forward_seconds;
   }
 
@@ -703,9 +713,9 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   trace.total_param_count = embed_params + vision_params + head_params + layer_params;
   trace.trainable_param_count = full ? trace.total_param_count : arch.num_layers * adapter_params;
   if (osft) {
-    ASSIGN_OR_RETURN(const OsftCost cost,
-                     EstimateOsftCost(arch, OsftWorkloadFor(training, param_dtype,
-                                                            OptimizerKind::kAdamW, 1)));
+    ASSIGN_OR_RETURN(
+        const OsftCost cost,
+        EstimateOsftCost(arch, OsftWorkloadFor(training, param_dtype, OptimizerKind::kAdamW, 1)));
     trace.trainable_param_count = cost.trainable_params;
   }
   // Saturating: absurd (but valid) sizes are rejected by the planner, not overflowed here.
@@ -732,10 +742,9 @@ Trace ScaleTraceToWorkload(const Trace& trace, const Workload& workload) {
   const bool valid_arch = ValidateModelSpec(trace.arch, "").ok();
   for (size_t l = 0; l < out.blocks.size(); ++l) {
     BlockTrace& b = out.blocks[l];
-    const int64_t stacked =
-        valid_arch && trace.arch.IsMoeLayer(static_cast<int64_t>(l))
-            ? SparseLayerStackedBytes(trace.arch, DTypeBytes(trace.param_dtype))
-            : 0;
+    const int64_t stacked = valid_arch && trace.arch.IsMoeLayer(static_cast<int64_t>(l))
+                                ? SparseLayerStackedBytes(trace.arch, DTypeBytes(trace.param_dtype))
+                                : 0;
     auto scale_block_transient = [&](int64_t bytes) {
       const int64_t fixed = std::min(bytes, stacked);
       return scale_transient(bytes - fixed) + fixed;
@@ -775,8 +784,8 @@ Trace ScaleTraceToWorkload(const Trace& trace, const Workload& workload) {
     out.head.saved_bytes = rebase(trace.head.saved_bytes, was.saved, now.saved);
     out.head.forward_transient_bytes =
         rebase(trace.head.forward_transient_bytes, was.forward_transient, now.forward_transient);
-    out.head.backward_transient_bytes = rebase(trace.head.backward_transient_bytes,
-                                               was.backward_transient, now.backward_transient);
+    out.head.backward_transient_bytes =
+        rebase(trace.head.backward_transient_bytes, was.backward_transient, now.backward_transient);
     out.forward_end_bytes += out.head.saved_bytes - scaled_saved;
 
     // [Vision tower price] A vision tower's bytes follow the images (micro_batch x

@@ -21,8 +21,8 @@ Trace Synth(const std::string& model, int64_t batch, int64_t seq, DType dtype = 
   Workload w;
   w.micro_batch = batch;
   w.seq_len = seq;
-  auto t = SynthesizeTrace(*FindModelPreset(model), w, dtype, training,
-                           *FindHardwarePreset("h200"), options);
+  auto t = SynthesizeTrace(*FindModelPreset(model), w, dtype, training, *FindHardwarePreset("h200"),
+                           options);
   EXPECT_TRUE(t.ok()) << t.status();
   return *std::move(t);
 }
@@ -342,10 +342,10 @@ TEST(AnalyticTraceTest, AdaptersAddTheirMemoryTraffic) {
   const std::vector<std::string> qkv = {"q_proj", "k_proj", "v_proj"};
   const std::vector<std::string> qkvo = {"q_proj", "k_proj", "v_proj", "o_proj"};
   const BlockTrace a1 = block(qkv, 1), b1 = block(qkvo, 1), a2 = block(qkv, 2), b2 = block(qkvo, 2);
-  const double fwd = 2 * (b1.forward_seconds - a1.forward_seconds) -
-                     (b2.forward_seconds - a2.forward_seconds);
-  const double bwd = 2 * (b1.backward_seconds - a1.backward_seconds) -
-                     (b2.backward_seconds - a2.backward_seconds);
+  const double fwd =
+      2 * (b1.forward_seconds - a1.forward_seconds) - (b2.forward_seconds - a2.forward_seconds);
+  const double bwd =
+      2 * (b1.backward_seconds - a1.backward_seconds) - (b2.backward_seconds - a2.backward_seconds);
   // A preset card: the achievable HBM rate is kPresetHbmAchieved of its datasheet's.
   const double hbm = FindHardwarePreset("h200")->hbm_bytes_per_second * kPresetHbmAchieved *
                      AnalyticTraceOptions{}.adapter_hbm_efficiency;
@@ -387,6 +387,22 @@ TEST(AnalyticTraceTest, LogitsDominateThePlainHeadAtLargeVocab) {
   EXPECT_GE(t.head.backward_transient_bytes, 8 * tv);
   EXPECT_EQ(t.head.param_bytes, 2048 * 2);  // tied: the LM head is the embedding
   EXPECT_EQ(t.embedding.param_bytes, int64_t{128256} * 2048 * 2);
+}
+
+// [Fresh embedding grad] A trained embedding's backward holds the new [vocab, hidden] grad the
+// lookup writes, besides its per-token terms; a frozen one (adapters) holds nothing.
+TEST(AnalyticTraceTest, EmbeddingBackwardHoldsAFreshVocabularyGrad) {
+  const int64_t grad = int64_t{128256} * 2048 * 2;
+  const int64_t per_token = int64_t{512} * 2048 * (2 + 4);
+  EXPECT_EQ(Synth("llama-3.2-1b", 1, 512).embedding.backward_transient_bytes, grad + per_token);
+  EXPECT_EQ(Synth("llama-3.2-1b", 1, 512, DType::kFloat32).embedding.backward_transient_bytes,
+            2 * grad + int64_t{512} * 2048 * (4 + 4));
+  TrainingMethod lora;
+  lora.kind = TrainingKind::kLora;
+  lora.lora_rank = 8;
+  lora.lora_target_modules = {"q_proj", "v_proj"};
+  EXPECT_EQ(
+      Synth("llama-3.2-1b", 1, 512, DType::kBFloat16, lora).embedding.backward_transient_bytes, 0);
 }
 
 // [Head chunk sums]: a plan's head chunk re-prices the head. Its bytes are ChunkedHeadMemory's at
@@ -455,7 +471,8 @@ TEST(AnalyticTraceTest, ChunkedHeadHoldsNoFullLogits) {
     EXPECT_LT(t.head.saved_bytes, seq * h * 16 + v * h * 4) << seq;  // nothing of size T×V
     const int64_t chunk_logits = rows * v * (2 + 4 + 2);
     EXPECT_GE(t.head.forward_transient_bytes, chunk_logits) << seq;
-    EXPECT_LT(t.head.forward_transient_bytes, chunk_logits + seq * 64) << seq;  // bf16: fp32 GEMM sum
+    EXPECT_LT(t.head.forward_transient_bytes, chunk_logits + seq * 64)
+        << seq;  // bf16: fp32 GEMM sum
     EXPECT_LT(t.head.backward_transient_bytes, seq * h * 16 + v * h * 2) << seq;
   }
   // Just past one chunk the fp32 weight-gradient sum would outweigh the logits: plain path.
@@ -686,9 +703,8 @@ TEST(AnalyticTraceTest, BlocksTakeTheHostsFloorWhenSmallAndTheirDeviceTimeWhenLa
   bad.attention_efficiency = 1.5;
   Workload w;
   w.seq_len = 128;
-  absl::StatusOr<Trace> refused = SynthesizeTrace(*FindModelPreset("llama-3.2-1b"), w,
-                                                  DType::kBFloat16, {}, *FindHardwarePreset("h200"),
-                                                  bad);
+  absl::StatusOr<Trace> refused = SynthesizeTrace(
+      *FindModelPreset("llama-3.2-1b"), w, DType::kBFloat16, {}, *FindHardwarePreset("h200"), bad);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("attention_efficiency"), std::string::npos);
   bad = {};
