@@ -399,8 +399,7 @@ CostModel::DynamicParts CostModel::PhaseParts(int phase, const Modes& m) const {
     } else {
       for (int32_t i = 0; i < j; ++i) {
         const BlockMode mode = m.Block(i);
-        if (mode == BlockMode::kNone) none_saved += saved_[i];
-        if (mode == BlockMode::kCkpt || mode == BlockMode::kSwap) ckpt_inputs += input_[i];
+        (mode == BlockMode::kNone ? none_saved : ckpt_inputs) += RetainedBytes(i, mode);
       }
     }
     const bool has_prev = j > 0;
