@@ -95,8 +95,10 @@ struct StepTime {
   // [CPU windows] The CPU optimizer cannot use the whole step: backward runs
   // cpu_backward_lead_seconds before the first offloaded chunk's grads are final (the stages from
   // the head down to the first one using the last chunk), and the next forward hides deferred
-  // updates only until it needs the last chunk (cpu_forward_tail_seconds: its windows from the
-  // one that uploads that chunk to the end). 0 and 0 give the unbounded formulas.
+  // updates only until it needs the last chunk still being updated (cpu_forward_tail_seconds: its
+  // windows from the one that uploads that chunk to the end): the last chunk, or unclipped the
+  // last of those backward left pending ([Pending updates in chunk order], cost_time.cc). 0 and 0
+  // give the unbounded formulas.
   double cpu_backward_lead_seconds = 0;
   double cpu_forward_tail_seconds = 0;
   // One optimizer step over grad_accum micro-batches (eq. 2, GA micro-batches):

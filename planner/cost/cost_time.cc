@@ -1,12 +1,11 @@
 // The cost model's time: overlap windows of compute, host copies and collectives, and the step
 // time (ProTrain eqs. 2-7; cost_model.h).
-#include "planner/cost/cost_model.h"
-
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "common/optimizer_bytes.h"
+#include "planner/cost/cost_model.h"
 #include "planner/cost/cost_model_internal.h"
 
 namespace memplan {
@@ -36,8 +35,6 @@ double StepTime::IterationSeconds(int32_t grad_accum) const {
                                 std::max(gpu_optimizer_seconds, cpu_optimizer_seconds - hidden);
   return ga * forward_seconds + (ga - 1) * bwd + tail + fixed_seconds;
 }
-
-
 
 double CostModel::Link(double up_bytes, double down_bytes, int kind) const {
   if (kind == 1) {
@@ -117,8 +114,8 @@ double CostModel::ForwardWindow(int32_t k, const PlanPoint& p, const Modes& m) c
   auto add = [&](int32_t lo, int32_t hi) {  // chunks [lo, hi)
     load += static_cast<double>(ChunkSum(chunks_->fill_prefix, std::max(lo, p.n_persist), hi));
     if (chunks_->shard_params) {
-      gathered += static_cast<double>(
-          ChunkSum(chunks_->fill_prefix, lo, std::min(hi, p.n_persist)));
+      gathered +=
+          static_cast<double>(ChunkSum(chunks_->fill_prefix, lo, std::min(hi, p.n_persist)));
     }
   };
   if (k <= n + 1) {
@@ -129,8 +126,7 @@ double CostModel::ForwardWindow(int32_t k, const PlanPoint& p, const Modes& m) c
   }
   const int32_t blk = k - 3;
   const double down = blk >= 0 && blk < n ? static_cast<double>(ActBytes(blk, m.Block(blk))) : 0.0;
-  const double nccl =
-      w > 1 ? (load + gathered) * (w - 1) / w / StepAllgatherRate() : 0.0;
+  const double nccl = w > 1 ? (load + gathered) * (w - 1) / w / StepAllgatherRate() : 0.0;
   return Window(comp, load / w, down, p.kind, nccl);
 }
 
@@ -171,8 +167,7 @@ double CostModel::ForwardWindowPure(int32_t k, int key, int kind) const {
     if (act == 1) down = static_cast<double>(saved_[blk]);
     if (act == 2) down = static_cast<double>(input_[blk]);
   }
-  const double nccl =
-      w > 1 ? (load + gathered) * (w - 1) / w / StepAllgatherRate() : 0.0;
+  const double nccl = w > 1 ? (load + gathered) * (w - 1) / w / StepAllgatherRate() : 0.0;
   return Window(comp, load / w, down, kind, nccl);
 }
 
@@ -207,11 +202,11 @@ double CostModel::BackwardWindow(int32_t s, const PlanPoint& p, const Modes& m) 
   double nccl = 0;
   if (w > 1) {
     const double frac = (w - 1) / w;
-    nccl = (refetch + regather) * frac / StepAllgatherRate() +
-           (gradoff * ReduceWidening() +
-            (p.lower_bound ? 1.0 : PersistentReduceFactor() * PersistentReduceWidening()) *
-                ptrain) *
-               frac / StepReduceScatterRate();
+    nccl =
+        (refetch + regather) * frac / StepAllgatherRate() +
+        (gradoff * ReduceWidening() +
+         (p.lower_bound ? 1.0 : PersistentReduceFactor() * PersistentReduceWidening()) * ptrain) *
+            frac / StepReduceScatterRate();
     // The lower bound leaves them out, which keeps it monotone in n_persist.
     if (!p.lower_bound) comp += LocalReduceSeconds(ptrain);
   }
@@ -238,10 +233,10 @@ double CostModel::BackwardEdges(const PlanPoint& p) const {
   double post = Link(0, gradoff / w, p.kind);
   if (w > 1) {
     post = std::max(
-        post, (gradoff * ReduceWidening() +
-               (p.lower_bound ? 1.0 : PersistentReduceFactor() * PersistentReduceWidening()) *
-                   ptrain) *
-                  frac / hardware_.nccl_reduce_scatter_bytes_per_second);
+        post,
+        (gradoff * ReduceWidening() +
+         (p.lower_bound ? 1.0 : PersistentReduceFactor() * PersistentReduceWidening()) * ptrain) *
+            frac / hardware_.nccl_reduce_scatter_bytes_per_second);
     if (!p.lower_bound) post += LocalReduceSeconds(ptrain);
   }
   return pre + post;
@@ -299,10 +294,10 @@ double CostModel::BackwardWindowPure(int32_t s, int key, int kind) const {
   // reduce-scattered in their own dtype; the lower-bound variant charges them one model-dtype
   // reduce-scatter, never more than an offloaded chunk's fp32 one, so it stays monotone in
   // n_persist.
-  const double ptrain =
-      fst == 0   ? PersistentReduceFactor() * PersistentReduceWidening() * owned_train
-      : fst == 1 ? owned_train
-                 : 0.0;
+  const double ptrain = fst == 0
+                            ? PersistentReduceFactor() * PersistentReduceWidening() * owned_train
+                        : fst == 1 ? owned_train
+                                   : 0.0;
   double nccl = 0;
   if (w > 1) {
     const double frac = (w - 1) / w;
@@ -355,7 +350,23 @@ StepTime CostModel::TimeImpl(const PlanPoint& p, const Modes& m, bool fast) cons
   StepTime t;
   t.cpu_optimizer_overlaps = options_.cpu_optimizer_overlaps;
   t.cpu_optimizer_deferred = StepUpdatesDeferred(options_.world_size);
-  if (!fast || m.explicit_modes != nullptr || !options_.build_time_tables) {
+  const bool walk = !fast || m.explicit_modes != nullptr || !options_.build_time_tables;
+  // The forward windows [lo, n + 3): a plain walk, or prefix sums between the cuts where a
+  // window's key may change (fwd_cuts, filled below when !walk).
+  Cuts fwd_cuts;
+  auto forward_from = [&](int32_t lo) {
+    lo = std::max(lo, 0);
+    if (walk) {
+      double sum = 0;
+      for (int32_t k = lo; k <= n + 2; ++k) sum += ForwardWindow(k, p, m);
+      return sum;
+    }
+    Cuts cuts = fwd_cuts;
+    return SumWindows(
+        lo, n + 3, cuts, [&](int32_t k) { return ForwardKey(k, p, m); },
+        [&](int32_t k) { return ForwardWindow(k, p, m); }, fwd_prefix_[p.kind]);
+  };
+  if (walk) {
     for (int32_t k = 0; k <= n + 2; ++k) t.forward_seconds += ForwardWindow(k, p, m);
     for (int32_t s = 0; s <= n + 1; ++s) t.backward_seconds += BackwardWindow(s, p, m);
   } else {
@@ -369,14 +380,11 @@ StepTime CostModel::TimeImpl(const PlanPoint& p, const Modes& m, bool fast) cons
                              chunks_->fwd_owned_begin.begin()) -
         1;
     // Only stage f can straddle n_persist (stages before it are persistent, after it not).
-    Cuts cuts;
-    for (int32_t x : {0, 1, 3, n + 1}) cuts.Add(x);
-    for (int32_t b : seg) cuts.Add(b + 3);
-    cuts.Add(f);
-    cuts.Add(f + 1);
-    t.forward_seconds = SumWindows(
-        0, n + 3, cuts, [&](int32_t k) { return ForwardKey(k, p, m); },
-        [&](int32_t k) { return ForwardWindow(k, p, m); }, fwd_prefix_[p.kind]);
+    for (int32_t x : {0, 1, 3, n + 1}) fwd_cuts.Add(x);
+    for (int32_t b : seg) fwd_cuts.Add(b + 3);
+    fwd_cuts.Add(f);
+    fwd_cuts.Add(f + 1);
+    t.forward_seconds = forward_from(0);
     // Backward: keys change at the edges, at mode boundaries (stage b+1 is the first of a
     // segment), and around the stages whose chunks straddle n_persist or the eviction bound.
     Cuts bcuts;
@@ -424,14 +432,40 @@ StepTime CostModel::TimeImpl(const PlanPoint& p, const Modes& m, bool fast) cons
     // forward: window f uploads it, so deferred updates must be done by then; in backward its
     // grads are final after stage f's backward, the first offloaded grads the CPU can take.
     const auto& owned = chunks_->fwd_owned_begin;
-    const int32_t f = static_cast<int32_t>(
-        std::upper_bound(owned.begin(), owned.end(), num_chunks_ - 1) - owned.begin() - 1);
-    for (int32_t k = std::max(f, 0); k <= n + 2; ++k) {
-      t.cpu_forward_tail_seconds += ForwardWindow(k, p, m);
-    }
+    auto first_user = [&](int32_t chunk) {
+      return static_cast<int32_t>(std::upper_bound(owned.begin(), owned.end(), chunk) -
+                                  owned.begin() - 1);
+    };
+    const int32_t f = first_user(num_chunks_ - 1);
     for (int32_t s = std::max(f, 0); s <= n + 1; ++s) {
       t.cpu_backward_lead_seconds += BackwardWindow(s, p, m);
     }
+    int32_t last_waited = num_chunks_ - 1;
+    if (options_.cpu_optimizer_overlaps && t.cpu_optimizer_deferred) {
+      // [Pending updates in chunk order] Unclipped, each chunk's accumulate and update run as
+      // its grads land, last chunk first; what backward leaves undone is the lowest chunks'
+      // work, which Step() requeues in chunk order. The next forward meets chunk n_persist's
+      // update first and the last pending chunk's last: it waits for that one, and the windows
+      // from its upload to the end are what the updates cannot hide. The CPU works for
+      // T_bwd - T_lead in backward, on the chunks [done, C) whose work fits in that.
+      const auto& acc = chunks_->cpu_acc_prefix;
+      const auto& upd = chunks_->cpu_opt_prefix;
+      auto work_from = [&](int32_t c) {
+        return (acc[num_chunks_] - acc[c]) + (upd[num_chunks_] - upd[c]);
+      };
+      const double budget = t.backward_seconds - t.cpu_backward_lead_seconds;
+      int32_t lo = p.n_persist, hi = num_chunks_;  // the first chunk done in backward
+      while (lo < hi) {
+        const int32_t mid = lo + (hi - lo) / 2;
+        if (work_from(mid) <= budget) {
+          hi = mid;
+        } else {
+          lo = mid + 1;
+        }
+      }
+      if (lo > p.n_persist) last_waited = lo - 1;
+    }
+    t.cpu_forward_tail_seconds = forward_from(first_user(last_waited));
   }
   return t;
 }

@@ -798,6 +798,76 @@ TEST(CostModelTest, TwoPassProfilePricesEachPass) {
   ExpectNear(b.cpu_norm_seconds, p * 2 / (4.0e9 * 10), "adamw_bf16 T_norm");
 }
 
+// [Pending updates in chunk order] Unclipped on one rank, the CPU works through the offloaded
+// chunks last first during backward; what is left is the lowest chunks' work, and the next
+// forward waits for the last of those, not for the last chunk. The tail the updates cannot hide
+// is then the forward from that chunk's first user on: longer than the last chunk's, which stays
+// the tail when backward leaves nothing (or everything) pending.
+TEST(CostModelTest, UnclippedForwardWaitsForTheLastPendingChunk) {
+  std::mt19937_64 rng(31);
+  Trace trace = RandomTrace(rng, 12);
+  trace.param_dtype = DType::kBFloat16;
+  trace.training.kind = TrainingKind::kFull;
+  trace.trainable_param_count = trace.total_param_count;
+  HardwareSpec hw = RandomHardware(rng);
+  hw.cpu_adam_params_per_second = 1.0e9;
+  hw.cpu_grad_accumulate_params_per_second = 1.0e15;  // negligible: the update alone decides
+  CostOptions o;
+  o.optimizer = OptimizerKind::kAdamW;
+  o.cpu_optimizer_overlaps = true;
+  auto time_at = [&](double update_rate, int32_t np, int32_t nb) {
+    hw.cpu_adam_update_params_per_second = update_rate;
+    return MustCreate(trace, 32 * kMiB, hw, o).Time(np, nb, {}, HostMemoryKind::kPinned);
+  };
+  const CostModel probe = MustCreate(trace, 32 * kMiB, hw, o);
+  const int32_t chunks = probe.num_chunks();
+  ASSERT_GE(chunks, 8);
+  const int32_t np = chunks / 4;
+  const int32_t nb = probe.MinBuffers(np);
+  // Backward and its lead do not depend on the CPU's rate.
+  const StepTime fast = time_at(1.0e15, np, nb);
+  EXPECT_TRUE(fast.cpu_optimizer_deferred);
+  const double budget = fast.backward_seconds - fast.cpu_backward_lead_seconds;
+  ASSERT_GT(budget, 0);
+  // An update rate at which backward finishes chunks [k, C) and leaves [np, k) pending.
+  const int32_t k = (np + chunks) / 2;
+  const double done_params = OffloadedParams(probe, k, 2);
+  ASSERT_GT(done_params, 0);
+  const double mid_rate = done_params / (0.999 * budget);
+  const StepTime mid = time_at(mid_rate, np, nb);
+  const StepTime slow = time_at(1.0e3, np, nb);  // nothing done in backward
+  ASSERT_GT(mid.cpu_accumulate_seconds + mid.cpu_optimizer_seconds, budget);
+  EXPECT_EQ(slow.cpu_forward_tail_seconds, fast.cpu_forward_tail_seconds);
+  EXPECT_GT(mid.cpu_forward_tail_seconds, fast.cpu_forward_tail_seconds);
+  EXPECT_LE(mid.cpu_forward_tail_seconds, mid.forward_seconds);
+  // Faster updates leave fewer chunks pending, the last of them no later: the tail never
+  // shrinks while something is left.
+  double previous = slow.cpu_forward_tail_seconds;
+  for (double scale = 0.25; scale <= 4.0; scale *= 1.25) {
+    const StepTime t = time_at(mid_rate * scale, np, nb);
+    if (t.cpu_accumulate_seconds + t.cpu_optimizer_seconds <= budget) continue;
+    EXPECT_GE(t.cpu_forward_tail_seconds, previous) << scale;
+    previous = t.cpu_forward_tail_seconds;
+  }
+  // The step reads that tail; the plain-loop reference agrees.
+  hw.cpu_adam_update_params_per_second = mid_rate;
+  const CostModel model = MustCreate(trace, 32 * kMiB, hw, o);
+  const ResidencyPlan plan = model.MakeResidencyPlan(np, nb, {}, HostMemoryKind::kPinned);
+  const Prediction pred = model.Predict(plan);
+  ExpectNear(pred.iteration_seconds,
+             mid.forward_seconds +
+                 std::max(mid.backward_seconds + mid.gpu_optimizer_seconds,
+                          mid.cpu_backward_lead_seconds + mid.cpu_accumulate_seconds +
+                              mid.cpu_optimizer_seconds -
+                              (mid.forward_seconds - mid.cpu_forward_tail_seconds)) +
+                 mid.fixed_seconds,
+             "unclipped step");
+  ExpectSamePrediction(pred, model.PredictReference(plan));
+  // Clipped, every update waits for the norm and runs in chunk order: the last chunk's tail.
+  o.cpu_optimizer_overlaps = false;
+  EXPECT_EQ(time_at(mid_rate, np, nb).cpu_forward_tail_seconds, fast.cpu_forward_tail_seconds);
+}
+
 // [Shared host CPU] (cost_model.cc): the local ranks of a node run their CPU passes over their
 // shards at once on one host, each at the profile's one-process rate / local_world_size; ranks on
 // nodes of their own do not share it. Two ranks of llama-3.2-1b, clipping over two micro-batches
