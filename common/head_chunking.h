@@ -72,9 +72,15 @@ struct ChunkedHeadBytes {
   // a GPU add the product into the fp32 sum inside the GEMM; on the CPU, which is not planned,
   // they hold a model-dtype product too).
   int64_t forward_transient = 0;
-  // Backward, on top: the weight gradient returned in the model dtype, and the scaled input
-  // gradient.
+  // The head's own backward, on top: the weight gradient cast to the model dtype beside the
+  // fp32 sum it comes from (16-bit models; an fp32 model returns the sum itself). The input
+  // gradient is scaled in place (agent/model/chunked_head.cc), so it adds nothing.
   int64_t backward_transient = 0;
+  // Net bytes the head's backward hands back once it returns: the fp32 sum goes and its
+  // model-dtype cast stays until the weight's chunk takes it (16-bit models; 0 for fp32, whose
+  // sum is the returned gradient). The final norm's backward, which runs next, has this much
+  // less of the saved set beside it.
+  int64_t freed_by_backward = 0;
 };
 
 inline ChunkedHeadBytes ChunkedHeadMemory(int64_t h, int64_t v, int64_t d, int64_t tokens,
@@ -84,7 +90,8 @@ inline ChunkedHeadBytes ChunkedHeadMemory(int64_t h, int64_t v, int64_t d, int64
   ChunkedHeadBytes b;
   b.saved = tokens * h * d + (weight_trains ? v * h * 4 : 0);
   b.forward_transient = rows * v * (d + 4 + d) + (weight_trains && d == 4 ? v * h * d : 0);
-  b.backward_transient = tokens * h * d + (weight_trains ? v * h * d : 0);
+  b.backward_transient = weight_trains && d < 4 ? v * h * d : 0;
+  b.freed_by_backward = weight_trains && d < 4 ? v * h * (4 - d) : 0;
   return b;
 }
 

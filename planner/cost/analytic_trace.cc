@@ -111,7 +111,12 @@ HeadBytes HeadMemory(const ModelSpec& arch, DType dtype, bool full, int64_t toke
     if (arch.final_logit_softcapping > 0) {
       b.forward_transient += std::min(tokens, HeadChunkRows(vocab, logit_bytes)) * vocab * (d + 12);
     }
-    b.backward_transient = c.backward_transient + tokens * 12 * h;
+    // [Head backward in two stages] The head's own backward (the weight gradient's cast), then
+    // the final norm's: its fp32 temporaries (12 bytes a value, as a block's norm) and the input
+    // gradient it writes beside the incoming one (the head's, in `saved`), by then without the
+    // fp32 weight-gradient sum. The two never overlap: the larger is the head's transient.
+    b.backward_transient =
+        std::max(c.backward_transient, tokens * (12 * h + d * h) - c.freed_by_backward);
     return b;
   }
   // Plain: logits [T, V] in dtype (kept by the model output), an fp32 upcast for the loss
