@@ -715,15 +715,21 @@ double OffloadedParams(const CostModel& model, int32_t n_persist, int64_t dtype_
   return params;
 }
 
+// A random trace of a bf16 full fine-tune (every parameter trains) with `blocks` blocks.
+Trace FullBf16Trace(std::mt19937_64& rng, int32_t blocks) {
+  Trace trace = RandomTrace(rng, blocks);
+  trace.param_dtype = DType::kBFloat16;
+  trace.training.kind = TrainingKind::kFull;
+  trace.trainable_param_count = trace.total_param_count;
+  return trace;
+}
+
 // A profile with the two figures: T_acc and T_upd are the offloaded parameters at each rate, the
 // host norm (clipping, several micro-batches) a 4-byte read per element at the accumulate's bytes
 // per second; adamw8bit updates at its own measured rate.
 TEST(CostModelTest, TwoPassProfilePricesEachPass) {
   std::mt19937_64 rng(29);
-  Trace trace = RandomTrace(rng, 10);
-  trace.param_dtype = DType::kBFloat16;
-  trace.training.kind = TrainingKind::kFull;
-  trace.trainable_param_count = trace.total_param_count;
+  Trace trace = FullBf16Trace(rng, 10);
   HardwareSpec hw = RandomHardware(rng);
   hw.cpu_adam_params_per_second = 1.0e9;
   hw.cpu_grad_accumulate_params_per_second = 4.0e9;
@@ -805,10 +811,7 @@ TEST(CostModelTest, TwoPassProfilePricesEachPass) {
 // the tail when backward leaves nothing (or everything) pending.
 TEST(CostModelTest, UnclippedForwardWaitsForTheLastPendingChunk) {
   std::mt19937_64 rng(31);
-  Trace trace = RandomTrace(rng, 12);
-  trace.param_dtype = DType::kBFloat16;
-  trace.training.kind = TrainingKind::kFull;
-  trace.trainable_param_count = trace.total_param_count;
+  Trace trace = FullBf16Trace(rng, 12);
   HardwareSpec hw = RandomHardware(rng);
   hw.cpu_adam_params_per_second = 1.0e9;
   hw.cpu_grad_accumulate_params_per_second = 1.0e15;  // negligible: the update alone decides
