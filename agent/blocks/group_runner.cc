@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include <torch/csrc/autograd/engine.h>
+
 #include "agent/blocks/rng_fork.h"
 
 namespace memplan {
@@ -16,8 +18,10 @@ struct GroupCall : torch::CustomClassHolder {
   GroupSpec spec;
   GroupRunnerOptions options;
   bool input_requires_grad = false;
-  torch::Tensor inner_input;   // NONE/SWAP: the leaf the inner graph starts from
-  torch::Tensor inner_output;  // NONE/SWAP: the output carrying the inner graph
+  torch::Tensor inner_input;  // NONE/SWAP: the leaf the inner graph starts from
+  // NONE/SWAP: where the inner graph's output enters it, without the output's storage
+  // ([Outputs belong to the next group]).
+  torch::autograd::Edge inner_edge;
   torch::Tensor saved_input;   // CKPT: the block input, kept on the device
   RngState rng;                // CKPT/HS_OFFLOAD
 };
@@ -50,10 +54,17 @@ class GroupFunction : public torch::autograd::Function<GroupFunction> {
         call->inner_input = InnerLeaf(input, call->input_requires_grad);
         std::unique_ptr<ActivationOffloader::SwapScope> scope;
         if (spec.mode == BlockMode::kSwap) scope = offloader->BeginSwap(g, call->inner_input);
-        call->inner_output = spec.body(call->inner_input);
-        // The detached output shares storage with inner_output; the outer node stands in for
-        // the inner graph from here on.
-        output = call->inner_output.detach();
+        const torch::Tensor inner_output = spec.body(call->inner_input);
+        // [Outputs belong to the next group] The detached output shares storage with the inner
+        // one; the outer node stands in for the inner graph from here on. Backward needs only the
+        // graph's entry, not the output's values: holding the tensor would keep its storage on
+        // the device until backward, so an HS_OFFLOAD group after this one (which copies its
+        // input to the host and drops it) kept it anyway, one hidden state the planner does not
+        // charge. A next group that needs its input keeps it itself.
+        if (inner_output.requires_grad()) {
+          call->inner_edge = torch::autograd::impl::gradient_edge(inner_output);
+        }
+        output = inner_output.detach();
         break;
       }
       case BlockMode::kCkpt:
@@ -95,12 +106,12 @@ class GroupFunction : public torch::autograd::Function<GroupFunction> {
     if (spec.before_backward) spec.before_backward();
 
     torch::Tensor leaf;
-    torch::Tensor output;
+    torch::autograd::Edge entry;
     switch (spec.mode) {
       case BlockMode::kNone:
       case BlockMode::kSwap:
         leaf = std::move(call->inner_input);
-        output = std::move(call->inner_output);
+        entry = std::move(call->inner_edge);
         break;
       case BlockMode::kCkpt:
       case BlockMode::kHsOffload: {
@@ -110,14 +121,18 @@ class GroupFunction : public torch::autograd::Function<GroupFunction> {
         input.reset();
         RngFork fork(call->rng);
         torch::AutoGradMode grad_on(true);
-        output = spec.body(leaf);
+        const torch::Tensor output = spec.body(leaf);
+        if (output.requires_grad()) entry = torch::autograd::impl::gradient_edge(output);
         break;
       }
     }
-    if (output.requires_grad() && grad_outputs[0].defined()) {
-      torch::autograd::backward({output}, {grad_outputs[0]});
+    if (entry.function != nullptr && grad_outputs[0].defined()) {
+      // What torch::autograd::backward({output}, {grad}) runs, from the graph's entry.
+      torch::autograd::Engine::get_default_engine().execute(
+          {entry}, {grad_outputs[0]}, /*keep_graph=*/false, /*create_graph=*/false,
+          /*accumulate_grad=*/true);
     }
-    output.reset();
+    entry = torch::autograd::Edge();
     torch::Tensor input_grad;
     if (call->input_requires_grad) input_grad = leaf.grad();
     leaf.reset();

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -172,6 +173,42 @@ TEST(GroupRunnerTest, MixedModesMatchPlain) {
   for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(expected[i], got[i])) << i;
   // Everything offloaded was dropped once backward finished.
   EXPECT_EQ(offloader->Stats().host_bytes, 0);
+}
+
+// [Outputs belong to the next group] A NONE or SWAP group keeps its inner graph for backward but
+// not its output's storage: an HS_OFFLOAD group after it copies that input to the host and its
+// device storage goes once the copy is done (here: the end of the next group's forward), as the
+// planner charges it. Before, the first group held it until backward. Gradients stay exact.
+TEST(GroupRunnerTest, AnHsOffloadGroupsInputIsFreedAfterANoneOrSwapGroup) {
+  for (BlockMode before : {BlockMode::kNone, BlockMode::kSwap}) {
+    SCOPED_TRACE(std::string(BlockModeName(before)));
+    Toy toy(3);
+    toy.Plain(0.0).backward();
+    const auto expected = toy.TakeGrads();
+    auto offloader = CpuOffloader();
+    GroupRunnerOptions options{nullptr, offloader.get()};
+    GroupSpec first;
+    first.group = 0;
+    first.body = [](const torch::Tensor& x) { return x * 1.0; };
+    torch::Tensor h = RunGroup(first, toy.input, options);
+    const std::vector<BlockMode> modes = {before, BlockMode::kHsOffload, BlockMode::kHsOffload};
+    std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> hs_input;
+    for (size_t i = 0; i < modes.size(); ++i) {
+      GroupSpec spec;
+      spec.group = static_cast<int>(i) + 1;
+      spec.mode = modes[i];
+      torch::Tensor w = toy.weights[i];
+      spec.body = [w](const torch::Tensor& x) { return Toy::Body(w, x, 0.0); };
+      if (i == 1) hs_input = h.storage().getWeakStorageImpl();
+      h = RunGroup(spec, h, options);
+    }
+    // Group 2's input (group 1's output) went to the host; its device storage is gone.
+    ASSERT_TRUE(hs_input.has_value());
+    EXPECT_TRUE(hs_input->expired());
+    h.pow(2).sum().backward();
+    const auto got = toy.TakeGrads();
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(expected[i], got[i])) << i;
+  }
 }
 
 TEST(GroupRunnerTest, OffloadingModesWithoutOffloaderAreRejected) {
