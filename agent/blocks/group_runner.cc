@@ -1,8 +1,8 @@
 #include "agent/blocks/group_runner.h"
 
-#include <utility>
-
 #include <torch/csrc/autograd/engine.h>
+
+#include <utility>
 
 #include "agent/blocks/rng_fork.h"
 
@@ -22,8 +22,8 @@ struct GroupCall : torch::CustomClassHolder {
   // NONE/SWAP: where the inner graph's output enters it, without the output's storage
   // ([Outputs belong to the next group]).
   torch::autograd::Edge inner_edge;
-  torch::Tensor saved_input;   // CKPT: the block input, kept on the device
-  RngState rng;                // CKPT/HS_OFFLOAD
+  torch::Tensor saved_input;  // CKPT: the block input, kept on the device
+  RngState rng;               // CKPT/HS_OFFLOAD
 };
 
 // A leaf that starts the inner graph at `input`: same storage, no history.

@@ -40,8 +40,7 @@ Measured Measure(int64_t h, int64_t v, int64_t tokens, int64_t logit_bytes) {
   const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16);
   const torch::Tensor x = torch::randn({1, tokens, h}, gen).to(torch::kBFloat16).requires_grad_();
   const torch::Tensor norm_w = torch::ones({h}, bf16).requires_grad_();
-  const torch::Tensor w =
-      (torch::randn({v, h}, gen) * 0.05).to(torch::kBFloat16).requires_grad_();
+  const torch::Tensor w = (torch::randn({v, h}, gen) * 0.05).to(torch::kBFloat16).requires_grad_();
   const torch::Tensor targets = torch::randint(0, v, {1, tokens}, gen);
   Measured m;
   std::unique_ptr<MemoryProbe> probe = MemoryProbe::Create(torch::kCPU);
