@@ -144,6 +144,28 @@ constexpr OffloadedChunkHostBytes FrozenChunkHost(int64_t chunk_bytes) {
 // StepTime).
 constexpr bool StepUpdatesDeferred(int world_size) { return world_size <= 1; }
 
+// [Speculative clipped updates] (agent/chunks/chunk_manager.h): with clipping, one rank and one
+// micro-batch a step, an offloaded chunk's CPU update may start in backward as if the step were
+// not clipped, after its range of everything the update writes is copied aside; when the global
+// norm then asks for clipping, Step() restores the copies and updates again with the
+// coefficient. The copies of one offloaded chunk of `chunk_bytes`, kept in pageable host memory:
+// the fp32 master where there is one (the parameters are rounded from it again), else the
+// parameters; the moments; adamw8bit's absmax slots.
+constexpr int64_t SpeculationBackupBytes(OptimizerKind kind, int64_t dtype_bytes,
+                                         int64_t chunk_bytes) {
+  const int64_t elems = chunk_bytes / dtype_bytes;
+  return elems * ((OptimizerKeepsMaster(kind, dtype_bytes) ? 4 : dtype_bytes) +
+                  OptimizerMoments(kind) * OptimizerMomentElemBytes(kind, dtype_bytes)) +
+         QuantAbsmaxBytes(kind, dtype_bytes, elems);
+}
+// Whether Step() may speculate at all: clipping on, one rank (the deferred path), one
+// micro-batch a step (the norm is then taken on the device, with no pass over host grads) and no
+// non-finite check (which would have to see the whole step first).
+constexpr bool SpeculationApplies(bool clipping, int world_size, int grad_accum,
+                                  bool skip_nonfinite) {
+  return clipping && StepUpdatesDeferred(world_size) && grad_accum == 1 && !skip_nonfinite;
+}
+
 // [Sharded chunks] (agent/chunks/chunk_manager.cc): with W ranks a non-persistent chunk of
 // `elems` elements is padded to a multiple of W and each rank holds ShardElems() of it; the
 // all-gather target (a device buffer) holds PaddedElems().

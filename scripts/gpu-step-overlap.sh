@@ -6,7 +6,9 @@
 #   scripts/gpu-step-overlap.sh OUT_DIR
 # MEMPLAN_OVERLAP_OPTIMIZERS: optimizers of the 8B runs (default "adamw_bf16 adamw8bit").
 # MEMPLAN_OVERLAP_VARIANTS: which runs (default "clip0 clip0-waiting clip1-deferred clip1-waiting";
-# clip0 defers the updates still running after backward, clip0-waiting waits for them in Step()).
+# clip0 defers the updates still running after backward, clip0-waiting waits for them in Step();
+# clip1-speculative and clip50-speculative add --speculative-clip ([Speculative clipped updates]),
+# clip50-deferred is the deferred step with a threshold of 50).
 set -uo pipefail
 out=${1:?usage: gpu-step-overlap.sh OUT_DIR}
 mkdir -p "$out"
@@ -32,7 +34,9 @@ plan=(--arch llama-3.1-8b --batch 1 --seq 4096 --dtype bf16 --device cuda --mode
       --warmup 2 --steps 4)
 for opt in ${MEMPLAN_OVERLAP_OPTIMIZERS:-adamw_bf16 adamw8bit}; do
   for variant in "clip0:--clip 0" "clip0-waiting:--clip 0 --wait-step-updates" \
-      "clip1-deferred:--clip 1" "clip1-waiting:--clip 1 --wait-step-updates"; do
+      "clip1-deferred:--clip 1" "clip1-waiting:--clip 1 --wait-step-updates" \
+      "clip1-speculative:--clip 1 --speculative-clip" "clip50-deferred:--clip 50" \
+      "clip50-speculative:--clip 50 --speculative-clip"; do
     label=${variant%%:*}
     wanted=${MEMPLAN_OVERLAP_VARIANTS:-clip0 clip0-waiting clip1-deferred clip1-waiting}
     [[ " $wanted " == *" $label "* ]] || continue

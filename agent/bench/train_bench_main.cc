@@ -68,6 +68,7 @@ struct BenchConfig {
   double clip = 0;
   std::string optimizer = "adamw";
   bool wait_step_updates = false;
+  bool speculative_clip = false;
   double lr = 1e-4;
   uint64_t seed = 0;
   bool measure_h2d = false;
@@ -94,6 +95,9 @@ constexpr char kUsage[] = R"(usage: memplan-train-bench [flags]
   --optimizer adamw|adamw_bf16|adamw8bit|sgd                                 [adamw]
   --wait-step-updates      managed: Step() waits for the offloaded chunks' CPU updates instead of
                            letting the next forward meet them ([Deferred CPU updates]; A/B only)
+  --speculative-clip       managed, clipping: after a step that needed no clipping, the next
+                           step's CPU updates start in backward on state copied aside, restored
+                           and redone if that step clips ([Speculative clipped updates])
   --measure-h2d            also time a pinned host-to-device copy of one chunk
   --label TEXT --out FILE  result label; append one JSON line per run to FILE
 )";
@@ -144,6 +148,7 @@ absl::StatusOr<BenchConfig> ParseArgs(int argc, char** argv) {
       .Double("--clip", &c.clip, 0, 1e12)
       .String("--optimizer", &c.optimizer)
       .Switch("--wait-step-updates", &c.wait_step_updates)
+      .Switch("--speculative-clip", &c.speculative_clip)
       .Double("--lr", &c.lr, 0, 1e3)
       .Int("--seed", &c.seed, 0, std::numeric_limits<int64_t>::max())
       .Switch("--measure-h2d", &c.measure_h2d)
@@ -234,6 +239,7 @@ struct RunResult {
   double last_loss = 0;
   ChunkUploadStats uploads;
   ChunkMemoryStats chunk_stats;
+  ChunkManager::SpeculationCounts speculation;  // over warm-up and timed steps
   ActivationOffloadStats offload_stats;
   bool has_chunks = false;
   bool has_offload = false;
@@ -251,9 +257,10 @@ absl::StatusOr<RunResult> TimeSteps(Trainer& trainer, const std::vector<MicroBat
       trainer.chunk_manager()->ResetUploadStats();
     }
     ASSIGN_OR_RETURN(StepStats stats, trainer.Step({batches[s % batches.size()]}));
-    std::fprintf(stderr, "  step %d%s loss %.4f  %.3f s  %.0f tok/s  peak alloc %.2f GiB\n", s + 1,
-                 timed ? "" : " (warm-up)", stats.loss, stats.seconds, stats.tokens_per_second,
-                 stats.peak_allocated_bytes / kGiB);
+    std::fprintf(stderr,
+                 "  step %d%s loss %.4f  grad norm %.4f  %.3f s  %.0f tok/s  peak alloc %.2f GiB\n",
+                 s + 1, timed ? "" : " (warm-up)", stats.loss, stats.grad_norm, stats.seconds,
+                 stats.tokens_per_second, stats.peak_allocated_bytes / kGiB);
     if (!timed) continue;
     tokens += stats.tokens;
     seconds += stats.seconds;
@@ -268,6 +275,7 @@ absl::StatusOr<RunResult> TimeSteps(Trainer& trainer, const std::vector<MicroBat
     r.has_chunks = true;
     r.uploads = chunks->UploadStats();
     r.chunk_stats = chunks->MemoryStats();
+    r.speculation = chunks->Speculation();
   }
   if (ActivationOffloader* offloader = trainer.offloader()) {
     r.has_offload = true;
@@ -297,6 +305,10 @@ std::string ResultLine(const RunResult& r, double h2d_bytes_per_second) {
       }
     }
     if (s.pinned_fallback) absl::StrAppend(&line, " pinned_fallback=1");
+    if (r.speculation.speculated > 0) {
+      absl::StrAppendFormat(&line, " speculated_steps=%d restored_steps=%d",
+                            r.speculation.speculated, r.speculation.restored);
+    }
   }
   if (h2d_bytes_per_second > 0) {
     absl::StrAppendFormat(&line, " pinned_h2d_GB_per_s=%.1f", h2d_bytes_per_second / 1e9);
@@ -430,6 +442,7 @@ absl::Status Run(const BenchConfig& c) {
     }
     options.optimizer = *optimizer;
     options.chunks.defer_step_updates = !c.wait_step_updates;
+    options.chunks.speculative_clip = c.speculative_clip;
     options.adamw.lr = c.lr;
     options.block_modes = modes;
     options.managed = managed;

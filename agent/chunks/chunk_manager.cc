@@ -395,6 +395,10 @@ void ChunkManager::SetLearningRate(double lr) { impl_->options_.adamw.lr = lr; }
 double ChunkManager::LastGradNorm() const { return impl_->optimizer_.LastGradNorm(); }
 bool ChunkManager::LastStepSkipped() const { return impl_->optimizer_.LastStepSkipped(); }
 CpuPassStats ChunkManager::TakeCpuPassStats() { return impl_->optimizer_.TakeCpuPassStats(); }
+ChunkManager::SpeculationCounts ChunkManager::Speculation() const {
+  return impl_->optimizer_.Speculation();
+}
+
 int ChunkManager::UpdatesStartedBeforeStep() const {
   return impl_->optimizer_.UpdatesStartedBeforeStep();
 }

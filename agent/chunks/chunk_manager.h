@@ -85,6 +85,16 @@ struct ChunkManagerOptions {
   // next Step(). Not with sharded chunks (their gathers read the host shards): common/
   // optimizer_bytes.h StepUpdatesDeferred, which the planner prices the step from.
   bool defer_step_updates = true;
+  // [Speculative clipped updates] (common/optimizer_bytes.h SpeculationApplies: clipping, one
+  // rank, grad_accum 1, no skip_nonfinite). When the previous step needed no clipping, this step's
+  // offloaded CPU updates start in backward, as without clipping, each range's written state
+  // (master or parameters, moments, absmax) first copied aside (SpeculationBackupBytes() of
+  // pageable host memory per offloaded chunk, allocated at Create). If the global norm then asks
+  // for clipping, Step() waits for them, restores the copies and updates again with the
+  // coefficient; ZeroGrad() and a failed Step() restore them. Either way every parameter and
+  // state ends as clipping after backward leaves it, bit for bit; a step that clips pays the
+  // waiting step's time and more, and the next one does not speculate. The first step never does.
+  bool speculative_clip = false;
   // Sharded (world size W > 1): persistent chunks keep their parameters replicated on every rank
   // but their optimizer state sharded ([Sharded persistent state] in chunk_manager.cc, ZeRO-2
   // over the persistent chunks): each rank holds 1/W of every persistent chunk's master and
@@ -267,6 +277,13 @@ class ChunkManager : public ParamResidency {
   // Offloaded chunks whose CPU update has already started in this step (during backward, when
   // max_grad_norm is 0); Step() resets it. What shows the optimizer overlapping backward.
   int UpdatesStartedBeforeStep() const;
+  // [Speculative clipped updates] steps that speculated and, of those, steps whose updates were
+  // restored and redone with the clip coefficient (or restored by ZeroGrad / a failed Step()).
+  struct SpeculationCounts {
+    int64_t speculated = 0;
+    int64_t restored = 0;
+  };
+  SpeculationCounts Speculation() const;
   // Sharded: persistent chunks whose grads' all-reduce started during backward in this step (after
   // the group that completes them, in the last micro-batch); Step() resets it.
   int PersistentReducesInBackward() const;

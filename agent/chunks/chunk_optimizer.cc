@@ -114,10 +114,21 @@ absl::Status ChunkOptimizer::InitChunk(int c) {
     state.exp_avg_absmax = HostBuffer::AllocatePageable(slot_bytes);
     state.exp_avg_sq_absmax = HostBuffer::AllocatePageable(slot_bytes);
   }
+  if (SpeculationEnabled()) {
+    // [Speculative clipped updates]: SpeculationBackupBytes() (common/optimizer_bytes.h).
+    state.backup_target = HostBuffer::AllocatePageable(span * (master() ? 4 : elem_bytes));
+    state.backup_exp_avg = HostBuffer::AllocatePageable(state.exp_avg.size_bytes());
+    state.backup_exp_avg_sq = HostBuffer::AllocatePageable(state.exp_avg_sq.size_bytes());
+    state.backup_exp_avg_absmax = HostBuffer::AllocatePageable(state.exp_avg_absmax.size_bytes());
+    state.backup_exp_avg_sq_absmax =
+        HostBuffer::AllocatePageable(state.exp_avg_sq_absmax.size_bytes());
+  }
   set_.CountHost(state.grad_stage);
   for (const HostBuffer* b :
        {&state.master, &state.grad_accum, &state.exp_avg, &state.exp_avg_sq,
-        &state.exp_avg_absmax, &state.exp_avg_sq_absmax}) {
+        &state.exp_avg_absmax, &state.exp_avg_sq_absmax, &state.backup_target,
+        &state.backup_exp_avg, &state.backup_exp_avg_sq, &state.backup_exp_avg_absmax,
+        &state.backup_exp_avg_sq_absmax}) {
     set_.CountHost(*b);
   }
   if (!master()) return absl::OkStatus();
@@ -343,7 +354,8 @@ void ChunkOptimizer::PostBackward(int group) {
     // Step()): the CPU then only accumulates now.
     const bool update_now =
         complete && chunk.micro_batches >= options.grad_accum && UpdatesDuringBackward();
-    ScheduleChunkWork(c, /*accumulate=*/true, update_now, 1.0f);
+    ScheduleChunkWork(c, /*accumulate=*/true, update_now, 1.0f,
+                      update_now && speculating_ ? Backup::kSave : Backup::kNone);
   }
 }
 
@@ -566,6 +578,24 @@ void ChunkOptimizer::WaitInFlight(bool started_updates) {
   }
 }
 
+bool ChunkOptimizer::SpeculationEnabled() const {
+  const ChunkManagerOptions& o = set_.options();
+  return o.speculative_clip && !set_.stateless() && !set_.sharded() &&
+         SpeculationApplies(o.max_grad_norm != 0, set_.world(), o.grad_accum, o.skip_nonfinite);
+}
+
+void ChunkOptimizer::RestoreSpeculation(bool redo, float grad_scale) {
+  WaitAllTasks();
+  bool any = false;
+  for (int c = set_.n_persist(); c < set_.num_chunks(); ++c) {
+    if (!chunks_[c].speculative) continue;
+    any = true;
+    ScheduleChunkWork(c, /*accumulate=*/false, redo, grad_scale, Backup::kRestore);
+  }
+  if (any) ++speculation_.restored;
+  if (!redo) WaitAllTasks();
+}
+
 void ChunkOptimizer::ResetStep() {
   for (int i = 0; i < set_.num_params(); ++i) {
     Param& p = set_.param(i);
@@ -587,13 +617,16 @@ void ChunkOptimizer::ResetStep() {
     chunk.micro_batches = 0;
     chunk.grads_reduced = false;
     chunk.update_started = false;
+    chunk.speculative = false;
     chunk.grads_copied = nullptr;
   }
   overrun_ = false;
+  speculating_ = !last_step_clipped_ && SpeculationEnabled();
 }
 
 void ChunkOptimizer::ZeroGrad() {
   WaitAll();
+  RestoreSpeculation(/*redo=*/false, 1.0f);  // the step never happened
   if (AnyUpdateStarted()) pager_.InvalidateBuffers();
   ResetStep();
 }

@@ -63,6 +63,12 @@ struct ChunkState {
   HostBuffer exp_avg_sq;
   HostBuffer exp_avg_absmax;  // adamw8bit: QuantAbsmaxSlots() fp32 slots of this shard
   HostBuffer exp_avg_sq_absmax;
+  // [Speculative clipped updates]: copies of what the update writes, laid out as the arrays they
+  // copy (the master, or the parameters, in backup_target), and whether this step's update of
+  // the chunk started on them.
+  HostBuffer backup_target, backup_exp_avg, backup_exp_avg_sq;
+  HostBuffer backup_exp_avg_absmax, backup_exp_avg_sq_absmax;
+  bool speculative = false;
   int micro_batches = 0;  // micro-batches whose grads arrived in this step
   // Sharded, persistent: this step's grads are all-reduced (started in backward, or in Step).
   bool grads_reduced = false;
@@ -140,6 +146,7 @@ class ChunkOptimizer {
   double LastGradNorm() const { return last_grad_norm_; }
   bool LastStepSkipped() const { return last_step_skipped_; }
   int UpdatesStartedBeforeStep() const;
+  ChunkManager::SpeculationCounts Speculation() const { return speculation_; }
   CpuPassStats TakeCpuPassStats();
   int PersistentReducesInBackward() const { return reduces_in_backward_; }
   int ShardReducesBesideBackward() const { return reduces_beside_backward_; }
@@ -160,8 +167,19 @@ class ChunkOptimizer {
   void CopyMastersToParams(const std::vector<int>& updated);
   // [Sharded persistent state]: the step's updates of the shards and the all-gathers after them.
   absl::Status UpdateShardedPersistent(const torch::Tensor& clip_coef, float grad_scale);
+  // [Speculative clipped updates] what a range's task does with the backups before its update:
+  // copy the range aside (kSave), or put the copy back (kRestore; the update, if any, is then
+  // redone with the same step count; without one the speculative step count is taken back).
+  enum class Backup { kNone, kSave, kRestore };
   // Accumulates chunk c's staged grads and/or updates it on the CPU workers.
-  void ScheduleChunkWork(int c, bool accumulate, bool update, float grad_scale);
+  void ScheduleChunkWork(int c, bool accumulate, bool update, float grad_scale,
+                         Backup backup = Backup::kNone);
+  // Options and layout allow speculation (backups are allocated).
+  bool SpeculationEnabled() const;
+  // Waits for every CPU task, then restores the chunks updated speculatively this step; with
+  // `redo` updates them again with `grad_scale` (left running as Step()'s own updates are),
+  // else waits for the restores.
+  void RestoreSpeculation(bool redo, float grad_scale);
   // Step()'s CPU updates of the offloaded chunks that did not start in backward, in chunk order.
   void ScheduleStepUpdates(float grad_scale);
   bool AnyUpdateStarted() const;
@@ -170,8 +188,9 @@ class ChunkOptimizer {
   void WaitInFlight(bool started_updates);
   // Whether an offloaded chunk's CPU update may start as soon as its final grads arrive: only
   // when nothing is clipped and no non-finite check must see the whole step first.
+  // [Speculative clipped updates]: or when this step speculates that it will not clip.
   bool UpdatesDuringBackward() const {
-    return set_.options().max_grad_norm == 0 && !set_.options().skip_nonfinite;
+    return (set_.options().max_grad_norm == 0 || speculating_) && !set_.options().skip_nonfinite;
   }
   void ResetStep();
 
@@ -201,6 +220,11 @@ class ChunkOptimizer {
   std::vector<int64_t> state_reduce_by_group_;
   double last_grad_norm_ = 0;
   bool last_step_skipped_ = false;  // [Non-finite steps]
+  // [Speculative clipped updates]: this step's updates may start in backward; the last Step()
+  // scaled the grads (true before the first one, which never speculates).
+  bool speculating_ = false;
+  bool last_step_clipped_ = true;
+  ChunkManager::SpeculationCounts speculation_;
   bool overrun_ = false;  // grads arrived for a chunk whose update already started
   std::atomic<bool> worker_failed_{false};  // a CPU update threw (reported by Step())
   // TakeCpuPassStats(): added by the workers, in nanoseconds and elements.

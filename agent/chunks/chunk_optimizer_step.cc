@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <limits>
 #include <optional>
@@ -35,6 +36,8 @@ struct RangeWork {
   bool accumulate = false;
   bool first = false;  // first micro-batch with a grad: copy instead of add
   bool update = false;
+  bool save = false;     // [Speculative clipped updates]: copy the range aside first
+  bool restore = false;  // put the copy back first
   int64_t from = 0;  // the range's first element within its parameter (adamw8bit's block phase)
   int64_t step = 0;  // the parameter's update count after this update
   int param = 0;     // its index in the manager's parameter order ([Stochastic rounding] key)
@@ -43,7 +46,8 @@ struct RangeWork {
 
 }  // namespace
 
-void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, float grad_scale) {
+void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, float grad_scale,
+                                       Backup backup) {
   const Chunk& layout = set_.chunk(c);
   ChunkState& chunk = chunks_[c];
   const ChunkManagerOptions& options = set_.options();
@@ -61,11 +65,17 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
     }
     // torch::optim::AdamW skips parameters without a grad: no decay, no step count.
     base.update = update && s.grad_in_step;
+    // [Speculative clipped updates]: a redo keeps the speculative update's step count; a restore
+    // without one takes it back.
+    base.save = base.update && backup == Backup::kSave;
+    base.restore = backup == Backup::kRestore && s.grad_in_step;
     if (base.update) {
-      base.step = ++s.step;
+      base.step = base.restore ? s.step : ++s.step;
       base.scalars = MakeAdamWStepScalars(options.adamw, base.step);
+    } else if (base.restore) {
+      --s.step;
     }
-    if (!base.accumulate && !base.update) continue;
+    if (!base.accumulate && !base.update && !base.restore) continue;
     const OwnedRange owned = set_.Owned(p, layout);  // the whole parameter unless sharded
     // adamw8bit: tasks end on the parameter's block boundaries (kTaskElems is a multiple of 256
     // and the pieces are cut at parameter offsets that are multiples of it).
@@ -80,6 +90,7 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
     }
   }
   if (update) chunk.update_started = true;
+  if (backup == Backup::kSave && update) chunk.speculative = true;
   if (work.empty()) return;
   // An all-gather may still read param_host (CPU: Gloo reads it in place).
   if (update && set_.sharded()) pager_.FinishGatherOf(c);
@@ -105,6 +116,28 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
   void* exp_avg_sq = chunk.exp_avg_sq.data();
   uint16_t* param16 = layout.param_host.as<uint16_t>();
   uint16_t* accum16 = chunk.grad_accum.as<uint16_t>();
+  // [Speculative clipped updates]: the arrays the update writes and their copies. The target is
+  // the master where there is one (the parameters are rounded from it), else the parameters.
+  struct Copied {
+    char* live;
+    char* copy;
+    int64_t elem_bytes;
+  };
+  std::vector<Copied> copied_arrays;
+  if (backup != Backup::kNone) {
+    const int64_t moment = OptimizerMomentElemBytes(kind, set_.elem_size());
+    copied_arrays.push_back({keeps_master ? reinterpret_cast<char*>(master32)
+                                          : static_cast<char*>(layout.param_host.data()),
+                             chunk.backup_target.as<char>(), keeps_master ? 4 : set_.elem_size()});
+    if (has_moments()) {
+      copied_arrays.push_back({chunk.exp_avg.as<char>(), chunk.backup_exp_avg.as<char>(), moment});
+      copied_arrays.push_back(
+          {chunk.exp_avg_sq.as<char>(), chunk.backup_exp_avg_sq.as<char>(), moment});
+    }
+  }
+  char* absmax_live[2] = {chunk.exp_avg_absmax.as<char>(), chunk.exp_avg_sq_absmax.as<char>()};
+  char* absmax_copy[2] = {chunk.backup_exp_avg_absmax.as<char>(),
+                          chunk.backup_exp_avg_sq_absmax.as<char>()};
   std::atomic<bool>* failed = &worker_failed_;
   CpuPassCounters* passes = &cpu_passes_;
   TaskTracker* tracker = chunk.tasks.get();
@@ -133,12 +166,36 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
         passes->accumulate_ns.fetch_add(since(accumulate_start), std::memory_order_relaxed);
         passes->accumulated.fetch_add(w.len, std::memory_order_relaxed);
       }
+      const auto update_start = std::chrono::steady_clock::now();
+      if (w.save || w.restore) {
+        if (uploaded) uploaded->synchronize();  // param_host may still be the upload source
+        auto move = [&w](char* live, char* copy, int64_t elem_bytes, int64_t begin, int64_t n) {
+          char* a = live + begin * elem_bytes;
+          char* b = copy + begin * elem_bytes;
+          if (w.save) {
+            std::memcpy(b, a, n * elem_bytes);
+          } else {
+            std::memcpy(a, b, n * elem_bytes);
+          }
+        };
+        for (const Copied& a : copied_arrays) move(a.live, a.copy, a.elem_bytes, w.begin, w.len);
+        if (kind == OptimizerKind::kAdamW8bit) {
+          // The slots of the blocks that start in the range: [ceil(begin / g), ceil(end / g)),
+          // disjoint between ranges (ranges start on block boundaries, multiples of g).
+          const int64_t lo = (w.begin + slot - 1) / slot;
+          const int64_t hi = (w.begin + w.len + slot - 1) / slot;
+          for (int m = 0; m < 2; ++m) move(absmax_live[m], absmax_copy[m], 4, lo, hi - lo);
+        }
+        if (!w.update && keeps_master) {
+          // A restore without an update: the parameters are the restored master's rounding.
+          RoundToBf16(w.len, master32 + w.begin, param16 + w.begin);
+        }
+      }
       if (!w.update) {
         tracker->Done();
         return;
       }
       if (uploaded) uploaded->synchronize();  // param_host may still be the upload source
-      const auto update_start = std::chrono::steady_clock::now();
       switch (kind) {
         case OptimizerKind::kAdamW:
           AdamWUpdate(w.scalars, grad_scale, w.len, master32 + w.begin, grad32 + w.begin,
@@ -534,7 +591,7 @@ absl::Status ChunkOptimizer::Step(double max_grad_norm) {
   last_step_skipped_ = false;
   // Every failure drops the step: buffers are stale, the gradients gone, no update left running.
   auto fail = [this](absl::Status status) {
-    WaitAllTasks();
+    RestoreSpeculation(/*redo=*/false, 1.0f);  // waits for every task first
     pager_.InvalidateBuffers();
     ResetStep();
     return status;
@@ -550,7 +607,7 @@ absl::Status ChunkOptimizer::Step(double max_grad_norm) {
         "grad_accum (",
         options.grad_accum, ") before Step(); the step's gradients were dropped")));
   }
-  if (max_grad_norm > 0 && started) {
+  if (max_grad_norm > 0 && started && !speculating_) {
     return fail(absl::FailedPreconditionError(absl::StrCat(
         "Step(max_grad_norm=", max_grad_norm,
         ") cannot clip: options.max_grad_norm=0 let CPU updates start during backward")));
@@ -645,6 +702,14 @@ absl::Status ChunkOptimizer::Step(double max_grad_norm) {
       return absl::OkStatus();
     }
 
+    // [Speculative clipped updates] Updates that started in backward as if nothing were clipped
+    // stand when nothing is (grad_scale exactly 1, the identity clip_grad_norm_ then applies);
+    // otherwise they are restored and redone with the coefficient, queued first as below.
+    last_step_clipped_ = max_grad_norm > 0 && grad_scale != 1.0f;
+    if (speculating_ && started) {
+      ++speculation_.speculated;
+      if (grad_scale != 1.0f) RestoreSpeculation(/*redo=*/true, grad_scale);
+    }
     // [Deferred CPU updates] Queued first, in chunk order, so the pool works beside the
     // persistent chunks' device update below and then beside the next forward.
     if (defer) ScheduleStepUpdates(grad_scale);

@@ -126,6 +126,15 @@ Residency plan (any chunk knob or --plan-file runs the chunk manager):
                            planner prices); auto (default): exact when the planner's plan would
                            not fit the host's RAM with every copy rounded up to twice its size,
                            else caching (logged as "pinned activations")
+  --speculative-clip auto|on|off
+                           with clipping, one rank and one micro-batch a step: when the last
+                           step needed no clipping, the offloaded chunks' CPU updates start in
+                           backward as without clipping, on state first copied aside (pageable
+                           host memory: the master or parameters and the moments of every
+                           offloaded chunk); a step that does clip restores the copies and
+                           updates again. Exact either way. auto (default): on when the
+                           planner's plan and the copies fit the host's RAM (logged as
+                           "speculative clipping")
   --cpu-threads N (0)      CPU optimizer threads; 0: the host's hardware threads divided by the
                            ranks on this host (what the planner's CPU figures assume)
 Held-out evaluation:
@@ -320,6 +329,10 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
               FlagSet::Choices<PinnedActivations>{{"auto", PinnedActivations::kAuto},
                                                   {"caching", PinnedActivations::kCaching},
                                                   {"exact", PinnedActivations::kExact}})
+      .Choice("--speculative-clip", &c.speculative_clip,
+              FlagSet::Choices<SpeculativeClip>{{"auto", SpeculativeClip::kAuto},
+                                                {"on", SpeculativeClip::kOn},
+                                                {"off", SpeculativeClip::kOff}})
       .Int("--cpu-threads", &c.cpu_threads, 0, 1024)
       .NonEmptyString("--save", &c.save_dir)
       .Int("--save-every", &c.save_every, 0, int64_t{1} << 40)
@@ -821,6 +834,33 @@ PinnedActivationsChoice ChoosePinnedActivations(PinnedActivations mode,
   }
   return {false, absl::StrCat("up to ", gib(worst), " with every activation copy rounded up fits ",
                               "the ", gib(usable), " of RAM a plan may use")};
+}
+
+SpeculativeClipChoice ChooseSpeculativeClip(SpeculativeClip mode, const SpeculativeClipRoom& room) {
+  if (mode == SpeculativeClip::kOff) return {false, "--speculative-clip off"};
+  if (!room.applies) {
+    return {false, "needs clipping, one rank, one micro-batch a step, no --skip-nonfinite and "
+                   "offloaded chunks"};
+  }
+  if (mode == SpeculativeClip::kOn) return {true, "--speculative-clip on"};
+  if (!room.prediction_known) {
+    return {false, "no planner prediction of the host bytes (a plan file or knobs)"};
+  }
+  const int32_t ranks = std::max<int32_t>(room.local_ranks, 1);
+  const int64_t usable = PlanHostBytes(room.host_memory_bytes, ranks);
+  const int64_t need = ranks * (room.planned_host_bytes + room.backup_bytes);
+  auto gib = [](int64_t b) {
+    return absl::StrFormat("%.1f GiB", static_cast<double>(b) / (1 << 30));
+  };
+  if (room.host_memory_bytes <= 0 || need > usable) {
+    return {false, absl::StrCat("the plan's host bytes and ", gib(room.backup_bytes),
+                                " of copies a rank take ", gib(need), ", more than the ",
+                                room.host_memory_bytes > 0 ? gib(usable) : "unknown",
+                                " of RAM a plan may use")};
+  }
+  return {true, absl::StrCat(gib(need), " with ", gib(room.backup_bytes),
+                             " of copies a rank fits the ", gib(usable),
+                             " of RAM a plan may use")};
 }
 
 }  // namespace memplan

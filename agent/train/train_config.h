@@ -29,6 +29,9 @@ struct LrSchedule {
 // offloader's own pool ([Exact pinned host copies], agent/blocks/activation_offloader.cc), or
 // whichever of the two the plan leaves room for (ChoosePinnedActivations).
 enum class PinnedActivations { kAuto, kCaching, kExact };
+// [Speculative clipped updates] (agent/chunks/chunk_manager.h): --speculative-clip; auto lets
+// ChooseSpeculativeClip decide from the plan's host room.
+enum class SpeculativeClip { kAuto, kOn, kOff };
 
 struct TrainConfig {
   // Model: a preset (common/presets.h) with random init, or a Hugging Face checkpoint directory.
@@ -122,6 +125,7 @@ struct TrainConfig {
   // --pinned-activations auto|caching|exact: ActivationOffloadOptions::exact_pinned_host, chosen
   // by ChoosePinnedActivations.
   PinnedActivations pinned_activations = PinnedActivations::kAuto;
+  SpeculativeClip speculative_clip = SpeculativeClip::kAuto;
   int cpu_threads = 0;  // 0: the host's hardware threads / the ranks on this host
   // Checkpoints and output.
   std::string save_dir;
@@ -277,5 +281,24 @@ struct PinnedActivationsChoice {
 // caching allocator otherwise (and without a prediction or activation copies).
 PinnedActivationsChoice ChoosePinnedActivations(PinnedActivations mode,
                                                 const PinnedActivationsRoom& room);
+
+// [Speculative clipped updates] What --speculative-clip auto decides from, per rank.
+struct SpeculativeClipRoom {
+  bool applies = false;                 // SpeculationApplies() and something offloaded
+  bool prediction_known = false;
+  int64_t planned_host_bytes = 0;       // the prediction's pinned + pageable host bytes
+  int64_t backup_bytes = 0;             // SpeculationBackupBytes() over the offloaded chunks
+  int32_t local_ranks = 1;
+  int64_t host_memory_bytes = 0;        // the node's RAM; 0 unknown
+};
+struct SpeculativeClipChoice {
+  bool on = false;
+  std::string reason;
+};
+// kOff: off; kOn and kAuto: off where speculation does not apply (no clipping, several ranks,
+// grad_accum > 1, --skip-nonfinite, nothing offloaded); kOn: on otherwise; kAuto: on when the
+// plan's host bytes and the backups fit the node's RAM less the [Host reserve] on every local
+// rank (off without a planner prediction).
+SpeculativeClipChoice ChooseSpeculativeClip(SpeculativeClip mode, const SpeculativeClipRoom& room);
 
 }  // namespace memplan

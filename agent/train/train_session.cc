@@ -45,6 +45,7 @@
 #include "agent/train/vl_data.h"
 #include "common/hf_config.h"
 #include "common/log.h"
+#include "common/optimizer_bytes.h"
 #include "common/presets.h"
 #include "common/status.h"
 #include "common/validate.h"
@@ -385,6 +386,30 @@ absl::Status TrainSession::BuildTrainer() {
       MEMPLAN_LOG(kInfo, "pinned activations")
           .Field("copies", pinned.exact ? "exact" : "caching")
           .Field("reason", pinned.reason);
+    }
+  }
+  {
+    // [Speculative clipped updates] (agent/chunks/chunk_manager.h)
+    SpeculativeClipRoom room;
+    const int32_t offloaded =
+        plan_.managed && !config_.lora.enabled() ? answer_.plan.n_chunks - plan_.n_persist : 0;
+    room.applies =
+        offloaded > 0 && SpeculationApplies(config_.clip > 0, world_size_, config_.grad_accum,
+                                            config_.skip_nonfinite);
+    room.prediction_known = !loop_.address.empty();
+    room.planned_host_bytes =
+        answer_.prediction.host_pinned_bytes + answer_.prediction.host_pageable_bytes;
+    room.backup_bytes =
+        int64_t{std::max(offloaded, 0)} *
+        SpeculationBackupBytes(optimizer_, DTypeBytes(dtype_), plan_.chunk_bytes);
+    room.local_ranks = std::max(1, dist_.local_world_size);
+    room.host_memory_bytes = HostRamBytes();
+    const SpeculativeClipChoice choice = ChooseSpeculativeClip(config_.speculative_clip, room);
+    options.chunks.speculative_clip = choice.on;
+    if (room.applies || config_.speculative_clip == SpeculativeClip::kOn) {
+      MEMPLAN_LOG(kInfo, "speculative clipping")
+          .Field("on", choice.on)
+          .Field("reason", choice.reason);
     }
   }
   options.communicator = group_.get();

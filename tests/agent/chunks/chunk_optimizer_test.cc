@@ -522,6 +522,73 @@ TEST(ChunkManagerTest, DeferredUnclippedUpdatesTrainExactlyAsWaitingOnes) {
   }
 }
 
+// [Speculative clipped updates] Thresholds per step that clip some steps and not others, and a
+// ZeroGrad() after a backward that speculated: the speculating manager trains bit for bit as the
+// one that holds every offloaded update until Step(), and every path ran (speculation that stood,
+// speculation restored and redone, the restore of ZeroGrad()). Fails when a restore is skipped
+// or a redo counts the step twice.
+void ExpectSpeculationTrainsAsHolding(OptimizerKind kind, torch::ScalarType dtype) {
+  const std::string label =
+      absl::StrCat(std::string(OptimizerName(kind)), " ", c10::toString(dtype));
+  // 1e6 clips nothing, 1e-3 everything.
+  const std::vector<double> max_norms = {1e6, 1e6, 1e-3, 1e6, 1e6, 1e6, 1e-3, 1e6};
+  std::vector<std::vector<float>> losses(2);
+  std::vector<std::map<std::string, torch::Tensor>> finals(2);
+  std::vector<ChunkManager::SpeculationCounts> counts(2);
+  for (const bool speculate : {false, true}) {
+    const ToyModel model =
+        ToyModel::Make(6, true, 64, 48, 77, torch::TensorOptions().dtype(dtype));
+    ChunkManagerOptions options = CpuOptions(1, 2);
+    options.chunk_bytes = 40960;  // a multiple of adamw8bit's 256-byte alignment
+    options.optimizer = kind;
+    options.max_grad_norm = 1.0;
+    options.speculative_clip = speculate;
+    auto manager = ChunkManager::Create(model.Groups(), options);
+    ASSERT_TRUE(manager.ok()) << label << ": " << manager.status();
+    ASSERT_GT((*manager)->MemoryStats().n_chunks, 1) << label << ": nothing offloaded";
+    for (size_t step = 0; step < max_norms.size(); ++step) {
+      if (step == 4) {
+        // Step 3 did not clip: this backward speculates, and ZeroGrad() takes it back.
+        const Batch dropped = MakeBatch(48, 700, torch::kCPU);
+        RunMicroBatch(model, manager->get(), false, dropped.tokens, dropped.targets);
+        EXPECT_EQ((*manager)->UpdatesStartedBeforeStep() > 0, speculate) << label;
+        (*manager)->ZeroGrad();
+      }
+      const Batch batch = MakeBatch(48, 500 + 10 * step, torch::kCPU);
+      losses[speculate].push_back(
+          RunMicroBatch(model, manager->get(), false, batch.tokens, batch.targets).item<float>());
+      ASSERT_TRUE((*manager)->Step(max_norms[step]).ok()) << label << " step " << step;
+    }
+    counts[speculate] = (*manager)->Speculation();
+    for (const NamedParam& p : (*manager)->Params()) finals[speculate][p.name] = p.param.clone();
+    for (const NamedParam& s : (*manager)->OptimizerState()) {
+      finals[speculate][s.name] = s.param.clone();
+    }
+  }
+  // Step 0 never speculates; 1 stands; 2 clips (restored, redone); 3 follows a clipped step;
+  // the dropped backward is restored; 4 and 5 stand; 6 clips; 7 follows it.
+  EXPECT_EQ(counts[0].speculated, 0) << label;
+  EXPECT_EQ(counts[1].speculated, 5) << label;
+  EXPECT_EQ(counts[1].restored, 3) << label;
+  EXPECT_EQ(losses[0], losses[1]) << label;
+  EXPECT_NE(losses[1].front(), losses[1].back()) << label << ": training moved the loss";
+  ASSERT_EQ(finals[0].size(), finals[1].size()) << label;
+  for (const auto& [name, value] : finals[0]) {
+    EXPECT_TRUE(torch::equal(value, finals[1].at(name))) << label << " " << name;
+  }
+}
+
+TEST(ChunkManagerTest, SpeculativeClippedUpdatesTrainExactlyAsHeldOnes) {
+  for (const OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kSgd,
+                                   OptimizerKind::kAdamW8bit}) {
+    ExpectSpeculationTrainsAsHolding(kind, torch::kFloat32);
+  }
+  for (const OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kAdamWBf16States,
+                                   OptimizerKind::kAdamW8bit, OptimizerKind::kSgd}) {
+    ExpectSpeculationTrainsAsHolding(kind, torch::kBFloat16);
+  }
+}
+
 // agent/core/foreach_groups.h, on tensors of three dtypes interleaved (and one not contiguous):
 // the foreach norms and the foreach scaling equal the per-tensor ops bit for bit, each in its
 // tensor's place, whatever the dtype of the coefficient.

@@ -11,6 +11,7 @@
 #include "common/fixed_knobs.h"
 #include "common/head_chunking.h"
 #include "common/host_reserve.h"
+#include "common/optimizer_bytes.h"
 
 namespace memplan {
 namespace {
@@ -833,6 +834,53 @@ TEST(TrainConfigTest, AutoPinnedActivationsGoExactWhereRoundingCouldNotFit) {
   // The flags win either way.
   EXPECT_FALSE(ChoosePinnedActivations(PinnedActivations::kCaching, room).exact);
   EXPECT_TRUE(ChoosePinnedActivations(PinnedActivations::kExact, no_copies).exact);
+}
+
+// [Speculative clipped updates] auto speculates exactly when the plan's host bytes and the
+// copies fit the node's RAM less the [Host reserve] on every local rank; never where speculation
+// does not apply or without a prediction; the flags win.
+TEST(TrainConfigTest, AutoSpeculativeClipNeedsRoomForTheCopies) {
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  // llama-3.1-8b adamw_bf16, 62 offloaded 128 MiB chunks: 6 bytes of copies per element.
+  EXPECT_EQ(SpeculationBackupBytes(OptimizerKind::kAdamWBf16States, 2, 128 << 20), 384 << 20);
+  // adamw on bf16: the fp32 master and fp32 moments (the parameters are rounded from the master).
+  EXPECT_EQ(SpeculationBackupBytes(OptimizerKind::kAdamW, 2, 128 << 20), int64_t{768} << 20);
+  SpeculativeClipRoom room;
+  room.applies = true;
+  room.prediction_known = true;
+  room.local_ranks = 1;
+  room.host_memory_bytes = 126 * kGiB;
+  const int64_t usable = PlanHostBytes(room.host_memory_bytes, 1);
+  room.backup_bytes = 62 * (int64_t{384} << 20);
+  room.planned_host_bytes = usable - room.backup_bytes;
+  SpeculativeClipChoice c = ChooseSpeculativeClip(SpeculativeClip::kAuto, room);
+  EXPECT_TRUE(c.on) << c.reason;
+  EXPECT_THAT(c.reason, HasSubstr("23.2 GiB of copies a rank fits the 111.9 GiB"));
+  room.planned_host_bytes += 1;
+  c = ChooseSpeculativeClip(SpeculativeClip::kAuto, room);
+  EXPECT_FALSE(c.on);
+  EXPECT_THAT(c.reason, HasSubstr("more than the 111.9 GiB"));
+  // Two local ranks: each rank's bytes count twice.
+  room.planned_host_bytes = 40 * kGiB;
+  EXPECT_TRUE(ChooseSpeculativeClip(SpeculativeClip::kAuto, room).on);
+  room.local_ranks = 2;
+  EXPECT_FALSE(ChooseSpeculativeClip(SpeculativeClip::kAuto, room).on);
+  room.local_ranks = 1;
+  SpeculativeClipRoom unknown = room;
+  unknown.prediction_known = false;
+  EXPECT_THAT(ChooseSpeculativeClip(SpeculativeClip::kAuto, unknown).reason,
+              HasSubstr("no planner prediction"));
+  EXPECT_TRUE(ChooseSpeculativeClip(SpeculativeClip::kOn, unknown).on);
+  SpeculativeClipRoom not_applying = room;
+  not_applying.applies = false;
+  EXPECT_FALSE(ChooseSpeculativeClip(SpeculativeClip::kOn, not_applying).on);
+  EXPECT_FALSE(ChooseSpeculativeClip(SpeculativeClip::kOff, room).on);
+  // What applies: clipping, one rank, one micro-batch, no non-finite check.
+  EXPECT_TRUE(SpeculationApplies(true, 1, 1, false));
+  EXPECT_FALSE(SpeculationApplies(false, 1, 1, false));
+  EXPECT_FALSE(SpeculationApplies(true, 2, 1, false));
+  EXPECT_FALSE(SpeculationApplies(true, 1, 2, false));
+  EXPECT_FALSE(SpeculationApplies(true, 1, 1, true));
 }
 
 }  // namespace
