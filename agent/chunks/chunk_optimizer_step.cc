@@ -28,6 +28,10 @@ namespace {
 // Elements per CPU optimizer task: big enough to amortise scheduling, small enough that the
 // pool balances a few large tensors across all threads.
 constexpr int64_t kTaskElems = int64_t{1} << 18;
+// [Speculative clipped updates] Elements a task copies aside (or back) before updating them: a
+// multiple of adamw8bit's 256-element blocks, small enough that a piece of every array the
+// update touches stays in a core's L2 cache between the copy and the update.
+constexpr int64_t kBackupPieceElems = int64_t{1} << 13;
 
 // One piece of CPU optimizer work on a contiguous element range of one parameter.
 struct RangeWork {
@@ -166,103 +170,126 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
         passes->accumulate_ns.fetch_add(since(accumulate_start), std::memory_order_relaxed);
         passes->accumulated.fetch_add(w.len, std::memory_order_relaxed);
       }
-      const auto update_start = std::chrono::steady_clock::now();
-      if (w.save || w.restore) {
-        if (uploaded) uploaded->synchronize();  // param_host may still be the upload source
-        auto move = [&w](char* live, char* copy, int64_t elem_bytes, int64_t begin, int64_t n) {
-          char* a = live + begin * elem_bytes;
-          char* b = copy + begin * elem_bytes;
-          if (w.save) {
-            std::memcpy(b, a, n * elem_bytes);
-          } else {
-            std::memcpy(a, b, n * elem_bytes);
+      // One piece of the range: the update, and the parameters rounded from the master.
+      auto update_piece = [&](const RangeWork& r) {
+        switch (kind) {
+          case OptimizerKind::kAdamW:
+            AdamWUpdate(r.scalars, grad_scale, r.len, master32 + r.begin, grad32 + r.begin,
+                        static_cast<float*>(exp_avg) + r.begin,
+                        static_cast<float*>(exp_avg_sq) + r.begin, &TorchSqrt);
+            break;
+          case OptimizerKind::kSgd:
+            SgdUpdate(sgd, grad_scale, r.len, master32 + r.begin, grad32 + r.begin);
+            break;
+          case OptimizerKind::kAdamW8bit: {
+            // [8-bit optimizer state]: a block starting at shard element e has slot ceil(e / g);
+            // the range's first block is the rest of the parameter block it starts in.
+            QuantBlocks blocks;
+            blocks.first_block_elems = kQuantBlockElems - r.from % kQuantBlockElems;
+            const int64_t first_slot = (r.begin + slot - 1) / slot;
+            blocks.first_slot_gap =
+                (r.begin + blocks.first_block_elems + slot - 1) / slot - first_slot;
+            blocks.slot_stride = kQuantBlockElems / slot;
+            uint8_t* m = static_cast<uint8_t*>(exp_avg) + r.begin;
+            uint8_t* v = static_cast<uint8_t*>(exp_avg_sq) + r.begin;
+            if (narrow) {
+              AdamW8bitUpdateBf16(r.scalars, grad_scale, r.len, blocks, param16 + r.begin,
+                                  static_cast<const uint16_t*>(grad) + r.begin, m, v,
+                                  exp_avg_absmax + first_slot, exp_avg_sq_absmax + first_slot,
+                                  &TorchSqrt,
+                                  MakeParamRounding(stochastic, seed, r.param, r.step, r.from));
+            } else {
+              AdamW8bitUpdate(r.scalars, grad_scale, r.len, blocks, master32 + r.begin,
+                              grad32 + r.begin, m, v, exp_avg_absmax + first_slot,
+                              exp_avg_sq_absmax + first_slot, &TorchSqrt);
+            }
+            break;
           }
-        };
-        for (const Copied& a : copied_arrays) move(a.live, a.copy, a.elem_bytes, w.begin, w.len);
-        if (kind == OptimizerKind::kAdamW8bit) {
-          // The slots of the blocks that start in the range: [ceil(begin / g), ceil(end / g)),
-          // disjoint between ranges (ranges start on block boundaries, multiples of g).
-          const int64_t lo = (w.begin + slot - 1) / slot;
-          const int64_t hi = (w.begin + w.len + slot - 1) / slot;
-          for (int m = 0; m < 2; ++m) move(absmax_live[m], absmax_copy[m], 4, lo, hi - lo);
+          case OptimizerKind::kAdamWBf16States:
+            if (torch_vector_elems > 0) {
+              // torch.optim.AdamW(fused=True) on bf16 parameters, as the persistent chunks run it,
+              // bit for bit (AdamWBf16Update, cpu_adamw.h), without torch's dispatch and intra-op
+              // threads inside each pool task: 1.5x the rate of at::_fused_adamw_ on 16 threads
+              // (docs/benchmarks.md, "CPU optimizer passes").
+              AdamWBf16Update(r.scalars, grad_scale, r.len, param16 + r.begin,
+                              static_cast<const uint16_t*>(grad) + r.begin,
+                              static_cast<uint16_t*>(exp_avg) + r.begin,
+                              static_cast<uint16_t*>(exp_avg_sq) + r.begin, torch_vector_elems);
+              break;
+            }
+            // torch's own fused kernel on host views of the range, where its CPU dispatch is one
+            // AdamWBf16Update does not reproduce.
+            try {
+              auto view = [&r](void* base) {
+                return torch::from_blob(static_cast<uint16_t*>(base) + r.begin, {r.len},
+                                        torch::TensorOptions().dtype(torch::kBFloat16));
+              };
+              torch::Tensor g = view(grad);
+              // clip_grad_norm_'s grad.mul_(coef): a bf16 product (coef is a bf16 value).
+              if (grad_scale != 1.0f) g.mul_(static_cast<double>(grad_scale));
+              at::_fused_adamw_({view(param16)}, {g}, {view(exp_avg)}, {view(exp_avg_sq)}, {},
+                                {torch::full({}, static_cast<double>(r.step), torch::kFloat32)},
+                                adamw.lr, adamw.beta1, adamw.beta2, adamw.weight_decay, adamw.eps,
+                                /*amsgrad=*/false, /*maximize=*/false);
+            } catch (const c10::Error& e) {
+              MEMPLAN_LOG(kError, "CPU optimizer update failed")
+                  .Field("error", std::string(e.what_without_backtrace()));
+              failed->store(true);
+            }
+            break;
         }
-        if (!w.update && keeps_master) {
-          // A restore without an update: the parameters are the restored master's rounding.
-          RoundToBf16(w.len, master32 + w.begin, param16 + w.begin);
-        }
-      }
-      if (!w.update) {
+        if (keeps_master) RoundToBf16(r.len, master32 + r.begin, param16 + r.begin);
+      };
+      if (!w.update && !w.restore) {
         tracker->Done();
         return;
       }
       if (uploaded) uploaded->synchronize();  // param_host may still be the upload source
-      switch (kind) {
-        case OptimizerKind::kAdamW:
-          AdamWUpdate(w.scalars, grad_scale, w.len, master32 + w.begin, grad32 + w.begin,
-                      static_cast<float*>(exp_avg) + w.begin,
-                      static_cast<float*>(exp_avg_sq) + w.begin, &TorchSqrt);
-          break;
-        case OptimizerKind::kSgd:
-          SgdUpdate(sgd, grad_scale, w.len, master32 + w.begin, grad32 + w.begin);
-          break;
-        case OptimizerKind::kAdamW8bit: {
-          // [8-bit optimizer state]: a block starting at shard element e has slot ceil(e / g);
-          // the range's first block is the rest of the parameter block it starts in.
-          QuantBlocks blocks;
-          blocks.first_block_elems = kQuantBlockElems - w.from % kQuantBlockElems;
-          const int64_t first_slot = (w.begin + slot - 1) / slot;
-          blocks.first_slot_gap =
-              (w.begin + blocks.first_block_elems + slot - 1) / slot - first_slot;
-          blocks.slot_stride = kQuantBlockElems / slot;
-          uint8_t* m = static_cast<uint8_t*>(exp_avg) + w.begin;
-          uint8_t* v = static_cast<uint8_t*>(exp_avg_sq) + w.begin;
-          if (narrow) {
-            AdamW8bitUpdateBf16(w.scalars, grad_scale, w.len, blocks, param16 + w.begin,
-                                static_cast<const uint16_t*>(grad) + w.begin, m, v,
-                                exp_avg_absmax + first_slot, exp_avg_sq_absmax + first_slot,
-                                &TorchSqrt,
-                                MakeParamRounding(stochastic, seed, w.param, w.step, w.from));
-          } else {
-            AdamW8bitUpdate(w.scalars, grad_scale, w.len, blocks, master32 + w.begin,
-                            grad32 + w.begin, m, v, exp_avg_absmax + first_slot,
-                            exp_avg_sq_absmax + first_slot, &TorchSqrt);
+      const auto update_start = std::chrono::steady_clock::now();
+      if (w.save || w.restore) {
+        // [Speculative clipped updates] Piece by piece, so that the update finds in cache what
+        // the copy has just read (saving) or written (restoring); the copies aside bypass the
+        // cache (nothing reads them unless a restore comes).
+        for (int64_t off = 0; off < w.len; off += kBackupPieceElems) {
+          RangeWork piece = w;
+          piece.begin = w.begin + off;
+          piece.from = w.from + off;
+          piece.len = std::min(kBackupPieceElems, w.len - off);
+          auto move = [&w](char* live, char* copy, int64_t elem_bytes, int64_t begin,
+                           int64_t n) {
+            char* a = live + begin * elem_bytes;
+            char* b = copy + begin * elem_bytes;
+            if (w.save) {
+              CopyBypassingCache(b, a, n * elem_bytes);
+            } else {
+              std::memcpy(a, b, static_cast<size_t>(n * elem_bytes));
+            }
+          };
+          for (const Copied& a : copied_arrays) {
+            move(a.live, a.copy, a.elem_bytes, piece.begin, piece.len);
           }
-          break;
+          if (kind == OptimizerKind::kAdamW8bit) {
+            // The slots of the blocks that start in the piece: [ceil(begin / g), ceil(end / g)),
+            // disjoint between pieces (pieces start on block boundaries, multiples of g).
+            const int64_t lo = (piece.begin + slot - 1) / slot;
+            const int64_t hi = (piece.begin + piece.len + slot - 1) / slot;
+            for (int m = 0; m < 2; ++m) move(absmax_live[m], absmax_copy[m], 4, lo, hi - lo);
+          }
+          if (w.update) {
+            update_piece(piece);
+          } else if (keeps_master) {
+            // A restore without an update: the parameters are the restored master's rounding.
+            RoundToBf16(piece.len, master32 + piece.begin, param16 + piece.begin);
+          }
         }
-        case OptimizerKind::kAdamWBf16States:
-          if (torch_vector_elems > 0) {
-            // torch.optim.AdamW(fused=True) on bf16 parameters, as the persistent chunks run it,
-            // bit for bit (AdamWBf16Update, cpu_adamw.h), without torch's dispatch and intra-op
-            // threads inside each pool task: 1.5x the rate of at::_fused_adamw_ on 16 threads
-            // (docs/benchmarks.md, "CPU optimizer passes").
-            AdamWBf16Update(w.scalars, grad_scale, w.len, param16 + w.begin,
-                            static_cast<const uint16_t*>(grad) + w.begin,
-                            static_cast<uint16_t*>(exp_avg) + w.begin,
-                            static_cast<uint16_t*>(exp_avg_sq) + w.begin, torch_vector_elems);
-            break;
-          }
-          // torch's own fused kernel on host views of the range, where its CPU dispatch is one
-          // AdamWBf16Update does not reproduce.
-          try {
-            auto view = [&w](void* base) {
-              return torch::from_blob(static_cast<uint16_t*>(base) + w.begin, {w.len},
-                                      torch::TensorOptions().dtype(torch::kBFloat16));
-            };
-            torch::Tensor g = view(grad);
-            // clip_grad_norm_'s grad.mul_(coef): a bf16 product (coef is a bf16 value).
-            if (grad_scale != 1.0f) g.mul_(static_cast<double>(grad_scale));
-            at::_fused_adamw_({view(param16)}, {g}, {view(exp_avg)}, {view(exp_avg_sq)}, {},
-                              {torch::full({}, static_cast<double>(w.step), torch::kFloat32)},
-                              adamw.lr, adamw.beta1, adamw.beta2, adamw.weight_decay, adamw.eps,
-                              /*amsgrad=*/false, /*maximize=*/false);
-          } catch (const c10::Error& e) {
-            MEMPLAN_LOG(kError, "CPU optimizer update failed")
-                .Field("error", std::string(e.what_without_backtrace()));
-            failed->store(true);
-          }
-          break;
+        if (w.save) CopyBypassingCacheFence();
+        if (!w.update) {
+          tracker->Done();
+          return;
+        }
+      } else {
+        update_piece(w);
       }
-      if (keeps_master) RoundToBf16(w.len, master32 + w.begin, param16 + w.begin);
       passes->update_ns.fetch_add(since(update_start), std::memory_order_relaxed);
       passes->updated.fetch_add(w.len, std::memory_order_relaxed);
       tracker->Done();

@@ -8,12 +8,17 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 
 #include "common/optimizer_bytes.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 // GCC on x86-64 compiles the loops once per instruction set ([Bit-exact variants] in
 // cpu_adamw_kernels.inc) and picks one at run time with __builtin_cpu_supports. (target_clones
@@ -411,6 +416,30 @@ void AccumulateGradBf16Rounded(bool first, int64_t n, const uint16_t* in, uint16
 void SgdUpdate(const SgdStepScalars& s, float grad_scale, int64_t n, float* param,
                const float* grad) {
   BestKernels().sgd(s, grad_scale, n, param, grad);
+}
+
+void CopyBypassingCache(void* dst, const void* src, int64_t bytes) {
+#if defined(__SSE2__)
+  char* d = static_cast<char*>(dst);
+  const char* from = static_cast<const char*>(src);
+  // Up to the destination's first 16-byte boundary by memcpy, then 16-byte streaming stores.
+  const int64_t head = std::min<int64_t>(bytes, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
+  std::memcpy(d, from, static_cast<size_t>(head));
+  int64_t i = head;
+  for (; i + 16 <= bytes; i += 16) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i)));
+  }
+  std::memcpy(d + i, from + i, static_cast<size_t>(bytes - i));
+#else
+  std::memcpy(dst, src, static_cast<size_t>(bytes));
+#endif
+}
+
+void CopyBypassingCacheFence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
 }
 
 void RoundToBf16(int64_t n, const float* in, uint16_t* out) {

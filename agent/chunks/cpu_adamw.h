@@ -76,6 +76,12 @@ void AccumulateGradBf16(bool first, int64_t n, const uint16_t* in, float* accum)
 // bf16 .grad (each sum computed in fp32 and rounded to nearest even).
 void AccumulateGradBf16Rounded(bool first, int64_t n, const uint16_t* in, uint16_t* accum);
 
+// memcpy with non-temporal stores where the CPU has them (x86-64: SSE2): the destination's lines
+// are neither read first nor kept in cache. Another thread may read `dst` only after
+// CopyBypassingCacheFence() on this one (and whatever hands the work over).
+void CopyBypassingCache(void* dst, const void* src, int64_t bytes);
+void CopyBypassingCacheFence();
+
 // fp32 -> bf16 bits, round to nearest even (NaN stays NaN), like c10::BFloat16.
 void RoundToBf16(int64_t n, const float* in, uint16_t* out);
 // bf16 bits -> the fp32 value they stand for (exact: bf16 is fp32's high half).
