@@ -132,9 +132,11 @@ Residency plan (any chunk knob or --plan-file runs the chunk manager):
                            backward as without clipping, on state first copied aside (pageable
                            host memory: the master or parameters and the moments of every
                            offloaded chunk); a step that does clip restores the copies and
-                           updates again. Exact either way. auto (default): on when the
-                           planner's plan and the copies fit the host's RAM (logged as
-                           "speculative clipping")
+                           updates again. Exact either way. auto (default): on for
+                           adamw8bit (where it pays: the copies add memory traffic, which
+                           bounds the other optimizers' CPU updates) when the planner's plan
+                           and the copies fit the host's RAM (logged as "speculative
+                           clipping")
   --cpu-threads N (0)      CPU optimizer threads; 0: the host's hardware threads divided by the
                            ranks on this host (what the planner's CPU figures assume)
 Held-out evaluation:
@@ -843,6 +845,10 @@ SpeculativeClipChoice ChooseSpeculativeClip(SpeculativeClip mode, const Speculat
                    "offloaded chunks"};
   }
   if (mode == SpeculativeClip::kOn) return {true, "--speculative-clip on"};
+  if (!room.pays) {
+    return {false, "the optimizer's CPU update is bound by memory traffic, which the copies add "
+                   "to (auto speculates for adamw8bit)"};
+  }
   if (!room.prediction_known) {
     return {false, "no planner prediction of the host bytes (a plan file or knobs)"};
   }

@@ -285,6 +285,7 @@ PinnedActivationsChoice ChoosePinnedActivations(PinnedActivations mode,
 // [Speculative clipped updates] What --speculative-clip auto decides from, per rank.
 struct SpeculativeClipRoom {
   bool applies = false;                 // SpeculationApplies() and something offloaded
+  bool pays = false;                    // SpeculationPays() for the run's optimizer
   bool prediction_known = false;
   int64_t planned_host_bytes = 0;       // the prediction's pinned + pageable host bytes
   int64_t backup_bytes = 0;             // SpeculationBackupBytes() over the offloaded chunks
@@ -296,9 +297,9 @@ struct SpeculativeClipChoice {
   std::string reason;
 };
 // kOff: off; kOn and kAuto: off where speculation does not apply (no clipping, several ranks,
-// grad_accum > 1, --skip-nonfinite, nothing offloaded); kOn: on otherwise; kAuto: on when the
-// plan's host bytes and the backups fit the node's RAM less the [Host reserve] on every local
-// rank (off without a planner prediction).
+// grad_accum > 1, --skip-nonfinite, nothing offloaded); kOn: on otherwise; kAuto: on when
+// speculation pays for the optimizer and the plan's host bytes and the backups fit the node's RAM
+// less the [Host reserve] on every local rank (off without a planner prediction).
 SpeculativeClipChoice ChooseSpeculativeClip(SpeculativeClip mode, const SpeculativeClipRoom& room);
 
 }  // namespace memplan

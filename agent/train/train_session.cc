@@ -396,6 +396,7 @@ absl::Status TrainSession::BuildTrainer() {
     room.applies =
         offloaded > 0 && SpeculationApplies(config_.clip > 0, world_size_, config_.grad_accum,
                                             config_.skip_nonfinite);
+    room.pays = SpeculationPays(optimizer_);
     room.prediction_known = !loop_.address.empty();
     room.planned_host_bytes =
         answer_.prediction.host_pinned_bytes + answer_.prediction.host_pageable_bytes;

@@ -847,6 +847,7 @@ TEST(TrainConfigTest, AutoSpeculativeClipNeedsRoomForTheCopies) {
   EXPECT_EQ(SpeculationBackupBytes(OptimizerKind::kAdamW, 2, 128 << 20), int64_t{768} << 20);
   SpeculativeClipRoom room;
   room.applies = true;
+  room.pays = true;
   room.prediction_known = true;
   room.local_ranks = 1;
   room.host_memory_bytes = 126 * kGiB;
@@ -875,6 +876,15 @@ TEST(TrainConfigTest, AutoSpeculativeClipNeedsRoomForTheCopies) {
   not_applying.applies = false;
   EXPECT_FALSE(ChooseSpeculativeClip(SpeculativeClip::kOn, not_applying).on);
   EXPECT_FALSE(ChooseSpeculativeClip(SpeculativeClip::kOff, room).on);
+  // Where the update is bound by memory traffic auto leaves it off; on still turns it on.
+  SpeculativeClipRoom bound_by_memory = room;
+  bound_by_memory.pays = false;
+  EXPECT_THAT(ChooseSpeculativeClip(SpeculativeClip::kAuto, bound_by_memory).reason,
+              HasSubstr("bound by memory traffic"));
+  EXPECT_FALSE(ChooseSpeculativeClip(SpeculativeClip::kAuto, bound_by_memory).on);
+  EXPECT_TRUE(ChooseSpeculativeClip(SpeculativeClip::kOn, bound_by_memory).on);
+  EXPECT_TRUE(SpeculationPays(OptimizerKind::kAdamW8bit));
+  EXPECT_FALSE(SpeculationPays(OptimizerKind::kAdamWBf16States));
   // What applies: clipping, one rank, one micro-batch, no non-finite check.
   EXPECT_TRUE(SpeculationApplies(true, 1, 1, false));
   EXPECT_FALSE(SpeculationApplies(false, 1, 1, false));
