@@ -168,9 +168,10 @@ constexpr bool SpeculationApplies(bool clipping, int world_size, int grad_accum,
 // Whether speculation pays for itself where it applies and the norm stays under the threshold:
 // the copies add SpeculationBackupBytes() of memory traffic to every speculative update. The
 // 8-bit update's CPU pass is bound by its arithmetic, not by memory, so they cost little beside
-// it (llama-3.1-8b 1x4096, 62 offloaded chunks, H200 host: 1.148 s a step against 1.336 s
-// without speculation); adamw_bf16's pass is bound by memory and gained nothing (0.865 against
-// 0.868 s). fp32-master adamw and sgd are not measured.
+// it (llama-3.1-8b 1x4096, 62 offloaded chunks, H200 host, two pairs of runs: 1.148 and 1.076 s
+// a step against 1.336 and 1.118 s without speculation); adamw_bf16's pass is bound by memory
+// and gained nothing (0.865 and 0.864 s against 0.868 and 0.781 s). fp32-master adamw and sgd
+// are not measured (docs/benchmarks.md, "Twenty-ninth session").
 constexpr bool SpeculationPays(OptimizerKind kind) { return kind == OptimizerKind::kAdamW8bit; }
 
 // [Sharded chunks] (agent/chunks/chunk_manager.cc): with W ranks a non-persistent chunk of

@@ -125,10 +125,9 @@ absl::Status ChunkOptimizer::InitChunk(int c) {
   }
   set_.CountHost(state.grad_stage);
   for (const HostBuffer* b :
-       {&state.master, &state.grad_accum, &state.exp_avg, &state.exp_avg_sq,
-        &state.exp_avg_absmax, &state.exp_avg_sq_absmax, &state.backup_target,
-        &state.backup_exp_avg, &state.backup_exp_avg_sq, &state.backup_exp_avg_absmax,
-        &state.backup_exp_avg_sq_absmax}) {
+       {&state.master, &state.grad_accum, &state.exp_avg, &state.exp_avg_sq, &state.exp_avg_absmax,
+        &state.exp_avg_sq_absmax, &state.backup_target, &state.backup_exp_avg,
+        &state.backup_exp_avg_sq, &state.backup_exp_avg_absmax, &state.backup_exp_avg_sq_absmax}) {
     set_.CountHost(*b);
   }
   if (!master()) return absl::OkStatus();

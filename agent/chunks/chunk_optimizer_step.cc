@@ -255,8 +255,7 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
           piece.begin = w.begin + off;
           piece.from = w.from + off;
           piece.len = std::min(kBackupPieceElems, w.len - off);
-          auto move = [&w](char* live, char* copy, int64_t elem_bytes, int64_t begin,
-                           int64_t n) {
+          auto move = [&w](char* live, char* copy, int64_t elem_bytes, int64_t begin, int64_t n) {
             char* a = live + begin * elem_bytes;
             char* b = copy + begin * elem_bytes;
             if (w.save) {

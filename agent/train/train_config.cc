@@ -802,6 +802,32 @@ absl::Status CheckSeqWithinPositions(const ModelSpec& spec, int64_t seq) {
       "; max_position_embeddings = ", spec.max_position_embeddings, "); use --seq <= ", limit));
 }
 
+namespace {
+
+// The node's RAM a plan may use (less the [Host reserve]) against the plan's host bytes and
+// `extra` more, each on every one of the node's `local_ranks` ranks.
+struct HostRoom {
+  int64_t usable = 0;
+  int64_t need = 0;
+  bool known = false;  // the node's RAM is known
+  bool fits() const { return known && need <= usable; }
+};
+HostRoom RoomOnTheNode(int64_t host_memory_bytes, int32_t local_ranks, int64_t planned_bytes,
+                       int64_t extra_bytes) {
+  const int32_t ranks = std::max<int32_t>(local_ranks, 1);
+  HostRoom r;
+  r.usable = PlanHostBytes(host_memory_bytes, ranks);
+  r.need = ranks * (planned_bytes + extra_bytes);
+  r.known = host_memory_bytes > 0;
+  return r;
+}
+std::string GiB(int64_t bytes) {
+  return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / (1 << 30));
+}
+std::string UsableGiB(const HostRoom& r) { return r.known ? GiB(r.usable) : "unknown"; }
+
+}  // namespace
+
 // [Pinned copies by the plan's room] The planner prices the activation copies at their exact
 // bytes, torch's caching host allocator hands out a power of two for each: up to twice as many.
 // Where even that fits beside the plan's other host bytes, the caching allocator (which the
@@ -819,53 +845,48 @@ PinnedActivationsChoice ChoosePinnedActivations(PinnedActivations mode,
   if (!room.pinned_plan || room.pinned_activation_bytes <= 0) {
     return {false, "the plan pins no activation copies"};
   }
-  const int32_t ranks = std::max<int32_t>(room.local_ranks, 1);
-  const int64_t usable = PlanHostBytes(room.host_memory_bytes, ranks);
-  const int64_t worst = ranks * (room.planned_host_bytes + room.pinned_activation_bytes);
-  auto gib = [](int64_t b) {
-    return absl::StrFormat("%.1f GiB", static_cast<double>(b) / (1 << 30));
-  };
-  if (room.host_memory_bytes <= 0 || worst > usable) {
-    return {true, absl::StrCat(gib(room.pinned_activation_bytes),
+  // The caching allocator's worst case: every copy rounded up to twice its bytes.
+  const HostRoom worst = RoomOnTheNode(room.host_memory_bytes, room.local_ranks,
+                                       room.planned_host_bytes, room.pinned_activation_bytes);
+  if (!worst.fits()) {
+    return {true, absl::StrCat(GiB(room.pinned_activation_bytes),
                                " of activation copies a rank, rounded up to powers of two, could "
                                "take up to ",
-                               gib(worst), " of the ",
-                               room.host_memory_bytes > 0 ? gib(usable) : "unknown",
+                               GiB(worst.need), " of the ", UsableGiB(worst),
                                " of RAM a plan may use; exact sizes keep to the planned ",
-                               gib(ranks * room.planned_host_bytes))};
+                               GiB(std::max<int32_t>(room.local_ranks, 1) *
+                                   room.planned_host_bytes))};
   }
-  return {false, absl::StrCat("up to ", gib(worst), " with every activation copy rounded up fits ",
-                              "the ", gib(usable), " of RAM a plan may use")};
+  return {false, absl::StrCat("up to ", GiB(worst.need),
+                              " with every activation copy rounded up fits the ", GiB(worst.usable),
+                              " of RAM a plan may use")};
 }
 
 SpeculativeClipChoice ChooseSpeculativeClip(SpeculativeClip mode, const SpeculativeClipRoom& room) {
   if (mode == SpeculativeClip::kOff) return {false, "--speculative-clip off"};
   if (!room.applies) {
-    return {false, "needs clipping, one rank, one micro-batch a step, no --skip-nonfinite and "
-                   "offloaded chunks"};
+    return {false,
+            "needs clipping, one rank, one micro-batch a step, no --skip-nonfinite and "
+            "offloaded chunks"};
   }
   if (mode == SpeculativeClip::kOn) return {true, "--speculative-clip on"};
   if (!room.pays) {
-    return {false, "the optimizer's CPU update is bound by memory traffic, which the copies add "
-                   "to (auto speculates for adamw8bit)"};
+    return {false,
+            "the optimizer's CPU update is bound by memory traffic, which the copies add "
+            "to (auto speculates for adamw8bit)"};
   }
   if (!room.prediction_known) {
     return {false, "no planner prediction of the host bytes (a plan file or knobs)"};
   }
-  const int32_t ranks = std::max<int32_t>(room.local_ranks, 1);
-  const int64_t usable = PlanHostBytes(room.host_memory_bytes, ranks);
-  const int64_t need = ranks * (room.planned_host_bytes + room.backup_bytes);
-  auto gib = [](int64_t b) {
-    return absl::StrFormat("%.1f GiB", static_cast<double>(b) / (1 << 30));
-  };
-  if (room.host_memory_bytes <= 0 || need > usable) {
-    return {false, absl::StrCat("the plan's host bytes and ", gib(room.backup_bytes),
-                                " of copies a rank take ", gib(need), ", more than the ",
-                                room.host_memory_bytes > 0 ? gib(usable) : "unknown",
-                                " of RAM a plan may use")};
+  const HostRoom with_copies = RoomOnTheNode(room.host_memory_bytes, room.local_ranks,
+                                             room.planned_host_bytes, room.backup_bytes);
+  if (!with_copies.fits()) {
+    return {false, absl::StrCat("the plan's host bytes and ", GiB(room.backup_bytes),
+                                " of copies a rank take ", GiB(with_copies.need), ", more than the ",
+                                UsableGiB(with_copies), " of RAM a plan may use")};
   }
-  return {true, absl::StrCat(gib(need), " with ", gib(room.backup_bytes),
-                             " of copies a rank fits the ", gib(usable),
+  return {true, absl::StrCat(GiB(with_copies.need), " with ", GiB(room.backup_bytes),
+                             " of copies a rank fits the ", GiB(with_copies.usable),
                              " of RAM a plan may use")};
 }
 

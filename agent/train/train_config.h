@@ -284,13 +284,13 @@ PinnedActivationsChoice ChoosePinnedActivations(PinnedActivations mode,
 
 // [Speculative clipped updates] What --speculative-clip auto decides from, per rank.
 struct SpeculativeClipRoom {
-  bool applies = false;                 // SpeculationApplies() and something offloaded
-  bool pays = false;                    // SpeculationPays() for the run's optimizer
+  bool applies = false;  // SpeculationApplies() and something offloaded
+  bool pays = false;     // SpeculationPays() for the run's optimizer
   bool prediction_known = false;
-  int64_t planned_host_bytes = 0;       // the prediction's pinned + pageable host bytes
-  int64_t backup_bytes = 0;             // SpeculationBackupBytes() over the offloaded chunks
+  int64_t planned_host_bytes = 0;  // the prediction's pinned + pageable host bytes
+  int64_t backup_bytes = 0;        // SpeculationBackupBytes() over the offloaded chunks
   int32_t local_ranks = 1;
-  int64_t host_memory_bytes = 0;        // the node's RAM; 0 unknown
+  int64_t host_memory_bytes = 0;  // the node's RAM; 0 unknown
 };
 struct SpeculativeClipChoice {
   bool on = false;

@@ -38,8 +38,8 @@
 #include "agent/io/trainer_state.h"
 #include "agent/io/writable_file.h"
 #include "agent/metrics/agent_metrics.h"
-#include "agent/profiler/memory_probe.h"
 #include "agent/profiler/kernel_trace.h"
+#include "agent/profiler/memory_probe.h"
 #include "agent/profiler/memory_timeline.h"
 #include "agent/train/device_setup.h"
 #include "agent/train/vl_data.h"
@@ -393,16 +393,14 @@ absl::Status TrainSession::BuildTrainer() {
     SpeculativeClipRoom room;
     const int32_t offloaded =
         plan_.managed && !config_.lora.enabled() ? answer_.plan.n_chunks - plan_.n_persist : 0;
-    room.applies =
-        offloaded > 0 && SpeculationApplies(config_.clip > 0, world_size_, config_.grad_accum,
-                                            config_.skip_nonfinite);
+    room.applies = offloaded > 0 && SpeculationApplies(config_.clip > 0, world_size_,
+                                                       config_.grad_accum, config_.skip_nonfinite);
     room.pays = SpeculationPays(optimizer_);
     room.prediction_known = !loop_.address.empty();
     room.planned_host_bytes =
         answer_.prediction.host_pinned_bytes + answer_.prediction.host_pageable_bytes;
-    room.backup_bytes =
-        int64_t{std::max(offloaded, 0)} *
-        SpeculationBackupBytes(optimizer_, DTypeBytes(dtype_), plan_.chunk_bytes);
+    room.backup_bytes = int64_t{std::max(offloaded, 0)} *
+                        SpeculationBackupBytes(optimizer_, DTypeBytes(dtype_), plan_.chunk_bytes);
     room.local_ranks = std::max(1, dist_.local_world_size);
     room.host_memory_bytes = HostRamBytes();
     const SpeculativeClipChoice choice = ChooseSpeculativeClip(config_.speculative_clip, room);

@@ -20,6 +20,11 @@
 namespace memplan {
 namespace {
 
+// A (non-Gemma) RMSNorm's backward holds fp32 temporaries of 12 bytes a value of its input: the
+// widened input, the normalised value and the gradient being formed. The blocks' norms and the
+// final norm before the head.
+constexpr int64_t kNormBackwardBytesPerValue = 12;
+
 struct LoraTargets {
   bool q = false, k = false, v = false, o = false, gate = false, up = false, down = false;
 };
@@ -112,11 +117,13 @@ HeadBytes HeadMemory(const ModelSpec& arch, DType dtype, bool full, int64_t toke
       b.forward_transient += std::min(tokens, HeadChunkRows(vocab, logit_bytes)) * vocab * (d + 12);
     }
     // [Head backward in two stages] The head's own backward (the weight gradient's cast), then
-    // the final norm's: its fp32 temporaries (12 bytes a value, as a block's norm) and the input
-    // gradient it writes beside the incoming one (the head's, in `saved`), by then without the
-    // fp32 weight-gradient sum. The two never overlap: the larger is the head's transient.
+    // the final norm's: its fp32 temporaries (kNormBackwardBytesPerValue, as a block's norm) and
+    // the input gradient it writes beside the incoming one (the head's, in `saved`), by then
+    // without the fp32 weight-gradient sum. The two never overlap: the larger is the head's
+    // transient.
     b.backward_transient =
-        std::max(c.backward_transient, tokens * (12 * h + d * h) - c.freed_by_backward);
+        std::max(c.backward_transient,
+                 tokens * (kNormBackwardBytesPerValue * h + d * h) - c.freed_by_backward);
     return b;
   }
   // Plain: logits [T, V] in dtype (kept by the model output), an fp32 upcast for the loss
@@ -126,8 +133,8 @@ HeadBytes HeadMemory(const ModelSpec& arch, DType dtype, bool full, int64_t toke
   const int64_t tv = tokens * vocab;
   b.saved = tokens * norm_saved(head_trains) + tv * d + tv * 4 + tokens * 8;
   b.forward_transient = (narrow ? tv * 4 : 0) + tokens * 8;
-  b.backward_transient =
-      8 * tv + 2 * tokens * h * d + tokens * 12 * h + (head_trains ? vocab * h * d : 0);
+  b.backward_transient = 8 * tv + 2 * tokens * h * d + tokens * kNormBackwardBytesPerValue * h +
+                         (head_trains ? vocab * h * d : 0);
   // Gemma 2's final soft cap keeps the tanh output; backward passes two more [T, V] gradients.
   if (arch.final_logit_softcapping > 0) {
     b.saved += tv * d;
@@ -437,18 +444,20 @@ absl::StatusOr<Trace> SynthesizeTrace(const ModelSpec& arch, const Workload& wor
   // flash's fp32 dq accumulator) and norm (fp32 temporaries) backward.
   const int64_t mlp_bwd = 3 * d * inter + 2 * d * h;
   const int64_t attn_bwd = 2 * d * (hq + 2 * hkv) + 4 * hq + 4 * arch.num_heads;
-  const int64_t bwd_tr_tok = 2 * d * h + std::max({mlp_bwd, attn_bwd, int64_t{12} * h}) +
+  const int64_t bwd_tr_tok = 2 * d * h +
+                             std::max({mlp_bwd, attn_bwd, kNormBackwardBytesPerValue * h}) +
                              osft_terms.transient_bytes_per_token;
-  const int64_t bwd_tr_attn_tok = 2 * d * h + std::max(attn_bwd, int64_t{12} * h);
+  const int64_t bwd_tr_attn_tok = 2 * d * h + std::max(attn_bwd, kNormBackwardBytesPerValue * h);
   // Tiled: one tile's intermediates in forward; in backward the MLP stage holds the input
   // gradient [T, H] being filled beside the incoming gradients, plus one tile recomputed
   // (its three intermediates: gate, up and their [Fused gate] product) and back-propagated
   // (mlp_bwd per token of the tile).
   const int64_t tile_fwd_tr = mlp_tiled ? mlp_tile * 3 * d * inter : 0;
   const int64_t tiled_bwd_tr =
-      mlp_tiled ? std::max(tokens * (2 * d * h + std::max(attn_bwd, int64_t{12} * h)),
-                           tokens * 3 * d * h + mlp_tile * (3 * d * inter + mlp_bwd))
-                : 0;
+      mlp_tiled
+          ? std::max(tokens * (2 * d * h + std::max(attn_bwd, kNormBackwardBytesPerValue * h)),
+                     tokens * 3 * d * h + mlp_tile * (3 * d * inter + mlp_bwd))
+          : 0;
 
   // ---- parameters ----
   const int64_t block_weights = h * hq + 2 * h * hkv + hq * h + 3 * h * inter;

@@ -580,8 +580,8 @@ void ExpectSpeculationTrainsAsHolding(OptimizerKind kind, torch::ScalarType dtyp
 }
 
 TEST(ChunkManagerTest, SpeculativeClippedUpdatesTrainExactlyAsHeldOnes) {
-  for (const OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kSgd,
-                                   OptimizerKind::kAdamW8bit}) {
+  for (const OptimizerKind kind :
+       {OptimizerKind::kAdamW, OptimizerKind::kSgd, OptimizerKind::kAdamW8bit}) {
     ExpectSpeculationTrainsAsHolding(kind, torch::kFloat32);
   }
   for (const OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kAdamWBf16States,

@@ -1,12 +1,12 @@
 #include "agent/train/train_config.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "common/fixed_knobs.h"
 #include "common/head_chunking.h"
