@@ -250,20 +250,20 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
         // [Speculative clipped updates] Piece by piece, so that the update finds in cache what
         // the copy has just read (saving) or written (restoring); the copies aside bypass the
         // cache (nothing reads them unless a restore comes).
+        auto move = [&w](char* live, char* copy, int64_t elem_bytes, int64_t begin, int64_t n) {
+          char* a = live + begin * elem_bytes;
+          char* b = copy + begin * elem_bytes;
+          if (w.save) {
+            CopyBypassingCache(b, a, n * elem_bytes);
+          } else {
+            std::memcpy(a, b, static_cast<size_t>(n * elem_bytes));
+          }
+        };
         for (int64_t off = 0; off < w.len; off += kBackupPieceElems) {
           RangeWork piece = w;
           piece.begin = w.begin + off;
           piece.from = w.from + off;
           piece.len = std::min(kBackupPieceElems, w.len - off);
-          auto move = [&w](char* live, char* copy, int64_t elem_bytes, int64_t begin, int64_t n) {
-            char* a = live + begin * elem_bytes;
-            char* b = copy + begin * elem_bytes;
-            if (w.save) {
-              CopyBypassingCache(b, a, n * elem_bytes);
-            } else {
-              std::memcpy(a, b, static_cast<size_t>(n * elem_bytes));
-            }
-          };
           for (const Copied& a : copied_arrays) {
             move(a.live, a.copy, a.elem_bytes, piece.begin, piece.len);
           }

@@ -339,6 +339,35 @@ absl::Status TrainSession::BuildModel() {
   return absl::OkStatus();
 }
 
+// [Speculative clipped updates] (agent/chunks/chunk_manager.h) for a managed run, from the
+// layout it builds: its offloaded chunks (beyond the plan's n_persist) and their copies.
+void TrainSession::ChooseSpeculation(const ChunkPacking& layout, TrainerOptions& options) const {
+  SpeculativeClipRoom room;
+  int32_t offloaded = 0;
+  if (!config_.lora.enabled()) {
+    for (int c = plan_.n_persist; c < layout.num_chunks(); ++c) {
+      ++offloaded;
+      room.backup_bytes +=
+          SpeculationBackupBytes(optimizer_, DTypeBytes(dtype_), layout.chunks()[c].size_bytes);
+    }
+  }
+  room.applies = offloaded > 0 && SpeculationApplies(config_.clip > 0, world_size_,
+                                                     config_.grad_accum, config_.skip_nonfinite);
+  room.pays = SpeculationPays(optimizer_);
+  room.prediction_known = !loop_.address.empty();
+  room.planned_host_bytes =
+      answer_.prediction.host_pinned_bytes + answer_.prediction.host_pageable_bytes;
+  room.local_ranks = std::max(1, dist_.local_world_size);
+  room.host_memory_bytes = HostRamBytes();
+  const SpeculativeClipChoice choice = ChooseSpeculativeClip(config_.speculative_clip, room);
+  options.chunks.speculative_clip = choice.on;
+  if (room.applies || config_.speculative_clip == SpeculativeClip::kOn) {
+    MEMPLAN_LOG(kInfo, "speculative clipping")
+        .Field("on", choice.on)
+        .Field("reason", choice.reason);
+  }
+}
+
 absl::Status TrainSession::BuildTrainer() {
   TrainerOptions& options = trainer_options_;
   options.grad_accum = config_.grad_accum;
@@ -388,29 +417,6 @@ absl::Status TrainSession::BuildTrainer() {
           .Field("reason", pinned.reason);
     }
   }
-  {
-    // [Speculative clipped updates] (agent/chunks/chunk_manager.h)
-    SpeculativeClipRoom room;
-    const int32_t offloaded =
-        plan_.managed && !config_.lora.enabled() ? answer_.plan.n_chunks - plan_.n_persist : 0;
-    room.applies = offloaded > 0 && SpeculationApplies(config_.clip > 0, world_size_,
-                                                       config_.grad_accum, config_.skip_nonfinite);
-    room.pays = SpeculationPays(optimizer_);
-    room.prediction_known = !loop_.address.empty();
-    room.planned_host_bytes =
-        answer_.prediction.host_pinned_bytes + answer_.prediction.host_pageable_bytes;
-    room.backup_bytes = int64_t{std::max(offloaded, 0)} *
-                        SpeculationBackupBytes(optimizer_, DTypeBytes(dtype_), plan_.chunk_bytes);
-    room.local_ranks = std::max(1, dist_.local_world_size);
-    room.host_memory_bytes = HostRamBytes();
-    const SpeculativeClipChoice choice = ChooseSpeculativeClip(config_.speculative_clip, room);
-    options.chunks.speculative_clip = choice.on;
-    if (room.applies || config_.speculative_clip == SpeculativeClip::kOn) {
-      MEMPLAN_LOG(kInfo, "speculative clipping")
-          .Field("on", choice.on)
-          .Field("reason", choice.reason);
-    }
-  }
   options.communicator = group_.get();
   // [OSFT resume without the SVD] (agent/model/osft.h): Run() has checked the checkpoint's split
   // against this run's; its factors fill the shaped ones in Resume().
@@ -427,6 +433,7 @@ absl::Status TrainSession::BuildTrainer() {
     ASSIGN_OR_RETURN(const ChunkPacking layout,
                      ChunkManager::LayoutOf(model_->ParamGroups(), options.chunks));
     RETURN_IF_ERROR(CheckRunPlanKnobs(plan_, layout.num_chunks(), plan_source));
+    ChooseSpeculation(layout, options);
   }
   // The plan's n_persist counts chunks of the layout it was made for: a plan made for another
   // layout ([Layout fingerprint], common/chunk_packing.h) is refused before anything is allocated.

@@ -21,6 +21,7 @@
 #include "agent/profiler/device_memory.h"
 #include "agent/train/train_config.h"
 #include "agent/train/trainer.h"
+#include "common/chunk_packing.h"
 
 namespace memplan {
 
@@ -74,6 +75,8 @@ class TrainSession {
   absl::Status BuildModel();     // the model, shapes only for a sharded load
   absl::Status LoadWeights();    // the checkpoint (whole, or matched for the sharded load), adapter
   absl::Status BuildTrainer();   // layout checks against the plan, the timeline, the Trainer
+  // [Speculative clipped updates]: --speculative-clip against the managed run's layout.
+  void ChooseSpeculation(const ChunkPacking& layout, TrainerOptions& options) const;
   absl::Status FillShards();     // [Sharded loading]: this rank's ranges of every parameter
   void ReportApplied();          // the load peak, `plan applied`, chunk bytes against the plan
   absl::Status Resume();         // the data stream and, with --resume, the checkpoint's state

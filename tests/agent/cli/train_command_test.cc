@@ -178,12 +178,33 @@ TEST_F(TrainCommandTest, PlanFileKnobsOutsideTheLayoutAreRefusedNotClamped) {
   EXPECT_EQ(e.code, 0) << e.out;
 }
 
-TEST_F(TrainCommandTest, SequencesBeyondTheModelsPositionsAreRefused) {
-  const std::string config = WriteFile("config.json", R"({
+// A two-block Llama config (256 positions) for runs on the CPU.
+constexpr char kTwoBlockLlama[] = R"({
       "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
       "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
       "num_key_value_heads": 2, "vocab_size": 2048, "rope_theta": 10000.0,
-      "rms_norm_eps": 1e-5, "max_position_embeddings": 256})");
+      "rms_norm_eps": 1e-5, "max_position_embeddings": 256})";
+
+// [Speculative clipped updates] --speculative-clip on takes the run's own layout: with plan
+// knobs (no planner) its offloaded chunks are counted, and a clipped run whose norm stays under
+// the threshold trains with it. auto leaves adamw off (its update is bound by memory traffic).
+TEST_F(TrainCommandTest, SpeculativeClipFollowsTheRunsLayout) {
+  const std::string config = WriteFile("spec.json", kTwoBlockLlama);
+  const std::vector<std::string> args =
+      With({MEMPLAN_AGENT_BINARY, "train", "--arch-file", config, "--device", "cpu",
+            "--synthetic-data", "--steps", "3", "--cpu-threads", "1", "--seq", "32"},
+           {"--chunk-mib", "1", "--n-persist", "0", "--n-buffer", "1", "--clip", "1000"});
+  Exit e = RunChild(With(args, {"--speculative-clip", "on"}), base_ + "/on");
+  EXPECT_EQ(e.code, 0) << e.out;
+  EXPECT_THAT(e.out, HasSubstr("msg=\"speculative clipping\" on=1"));
+  e = RunChild(args, base_ + "/auto");
+  EXPECT_EQ(e.code, 0) << e.out;
+  EXPECT_THAT(e.out, HasSubstr("msg=\"speculative clipping\" on=0"));
+  EXPECT_THAT(e.out, HasSubstr("bound by memory traffic"));
+}
+
+TEST_F(TrainCommandTest, SequencesBeyondTheModelsPositionsAreRefused) {
+  const std::string config = WriteFile("config.json", kTwoBlockLlama);
   const std::vector<std::string> args = {MEMPLAN_AGENT_BINARY, "train", "--arch-file", config,
                                          "--device", "cpu", "--synthetic-data", "--steps", "1",
                                          "--cpu-threads", "1"};
