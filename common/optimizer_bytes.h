@@ -146,11 +146,12 @@ constexpr bool StepUpdatesDeferred(int world_size) { return world_size <= 1; }
 
 // [Speculative clipped updates] (agent/chunks/chunk_manager.h): with clipping, one rank and one
 // micro-batch a step, an offloaded chunk's CPU update may start in backward as if the step were
-// not clipped, after its range of everything the update writes is copied aside; when the global
-// norm then asks for clipping, Step() restores the copies and updates again with the
-// coefficient. The copies of one offloaded chunk of `chunk_bytes`, kept in pageable host memory:
-// the fp32 master where there is one (the parameters are rounded from it again), else the
-// parameters; the moments; adamw8bit's absmax slots.
+// not clipped, writing a second copy of everything the update writes; when the global norm then
+// asks for clipping, Step() updates again from the live arrays with the coefficient, and at the
+// end of a step that stands the copies become the live arrays. The second copies of one
+// offloaded chunk of `chunk_bytes`: the fp32 master where there is one (the parameters are
+// rounded from it), else the parameters (pinned like the chunk's upload source); the moments;
+// adamw8bit's absmax slots.
 constexpr int64_t SpeculationBackupBytes(OptimizerKind kind, int64_t dtype_bytes,
                                          int64_t chunk_bytes) {
   const int64_t elems = chunk_bytes / dtype_bytes;
@@ -165,14 +166,15 @@ constexpr bool SpeculationApplies(bool clipping, int world_size, int grad_accum,
                                   bool skip_nonfinite) {
   return clipping && StepUpdatesDeferred(world_size) && grad_accum == 1 && !skip_nonfinite;
 }
-// Whether speculation pays for itself where it applies and the norm stays under the threshold:
-// the copies add SpeculationBackupBytes() of memory traffic to every speculative update. The
-// 8-bit update's CPU pass is bound by its arithmetic, not by memory, so they cost little beside
-// it (llama-3.1-8b 1x4096, 62 offloaded chunks, H200 host, two pairs of runs: 1.148 and 1.076 s
-// a step against 1.336 and 1.118 s without speculation); adamw_bf16's pass is bound by memory
-// and gained nothing (0.865 and 0.864 s against 0.868 and 0.781 s). fp32-master adamw and sgd
-// are not measured (docs/benchmarks.md, "Twenty-ninth session").
-constexpr bool SpeculationPays(OptimizerKind kind) { return kind == OptimizerKind::kAdamW8bit; }
+// Whether speculation pays for itself where it applies and the norm stays under the threshold,
+// as measured: llama-3.1-8b 1x4096, 62 offloaded chunks, H200 host, a clip threshold the norm
+// stays under, against the same step waiting for the norm (docs/benchmarks.md, "Thirtieth
+// session": one call, pieces through a tile): adamw8bit 1.026 against 1.114 s, adamw_bf16 0.812
+// against 0.843 s; 1-4 % for adamw_bf16 over three calls, never slower. fp32-master adamw and sgd
+// are not measured (the 8B plan's fp32 state and its copies would not fit that host's RAM).
+constexpr bool SpeculationPays(OptimizerKind kind) {
+  return kind == OptimizerKind::kAdamW8bit || kind == OptimizerKind::kAdamWBf16States;
+}
 
 // [Sharded chunks] (agent/chunks/chunk_manager.cc): with W ranks a non-persistent chunk of
 // `elems` elements is padded to a multiple of W and each rank holds ShardElems() of it; the

@@ -96,8 +96,8 @@ constexpr char kUsage[] = R"(usage: memplan-train-bench [flags]
   --wait-step-updates      managed: Step() waits for the offloaded chunks' CPU updates instead of
                            letting the next forward meet them ([Deferred CPU updates]; A/B only)
   --speculative-clip       managed, clipping: after a step that needed no clipping, the next
-                           step's CPU updates start in backward on state copied aside, restored
-                           and redone if that step clips ([Speculative clipped updates])
+                           step's CPU updates start in backward into a second copy of the
+                           state, redone if that step clips ([Speculative clipped updates])
   --measure-h2d            also time a pinned host-to-device copy of one chunk
   --label TEXT --out FILE  result label; append one JSON line per run to FILE
 )";
@@ -258,9 +258,13 @@ absl::StatusOr<RunResult> TimeSteps(Trainer& trainer, const std::vector<MicroBat
     }
     ASSIGN_OR_RETURN(StepStats stats, trainer.Step({batches[s % batches.size()]}));
     std::fprintf(stderr,
-                 "  step %d%s loss %.4f  grad norm %.4f  %.3f s  %.0f tok/s  peak alloc %.2f GiB\n",
+                 "  step %d%s loss %.4f  grad norm %.4f  %.3f s (forward+backward %.3f s)  %.0f "
+                 "tok/s  peak alloc %.2f GiB  CPU update %.3f s for %.2f G params (%d chunks "
+                 "started in backward)\n",
                  s + 1, timed ? "" : " (warm-up)", stats.loss, stats.grad_norm, stats.seconds,
-                 stats.tokens_per_second, stats.peak_allocated_bytes / kGiB);
+                 stats.forward_backward_seconds, stats.tokens_per_second,
+                 stats.peak_allocated_bytes / kGiB, stats.cpu_update_seconds,
+                 stats.cpu_updated_params / 1e9, stats.offloaded_updates_in_backward);
     if (!timed) continue;
     tokens += stats.tokens;
     seconds += stats.seconds;

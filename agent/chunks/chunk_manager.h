@@ -87,11 +87,13 @@ struct ChunkManagerOptions {
   bool defer_step_updates = true;
   // [Speculative clipped updates] (common/optimizer_bytes.h SpeculationApplies: clipping, one
   // rank, grad_accum 1, no skip_nonfinite). When the previous step needed no clipping, this step's
-  // offloaded CPU updates start in backward, as without clipping, each range's written state
-  // (master or parameters, moments, absmax) first copied aside (SpeculationBackupBytes() of
-  // pageable host memory per offloaded chunk, allocated at Create). If the global norm then asks
-  // for clipping, Step() waits for them, restores the copies and updates again with the
-  // coefficient; ZeroGrad() and a failed Step() restore them. Either way every parameter and
+  // offloaded CPU updates start in backward, as without clipping, writing a second copy of the
+  // chunk's written state (master or parameters, moments, absmax: SpeculationBackupBytes() of
+  // host memory per offloaded chunk, allocated at Create, the parameters' pinned like
+  // param_host) while the live state stays as it was. If the global norm then asks for
+  // clipping, Step() waits for them and updates again from the live state with the coefficient;
+  // a Step() that stands makes the copies live; ZeroGrad() and a failed Step() drop them.
+  // Either way every parameter and
   // state ends as clipping after backward leaves it, bit for bit; a step that clips pays the
   // waiting step's time and more, and the next one does not speculate. The first step never does.
   bool speculative_clip = false;

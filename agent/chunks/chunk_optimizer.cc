@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -116,7 +117,13 @@ absl::Status ChunkOptimizer::InitChunk(int c) {
   }
   if (SpeculationEnabled()) {
     // [Speculative clipped updates]: SpeculationBackupBytes() (common/optimizer_bytes.h).
-    state.backup_target = HostBuffer::AllocatePageable(span * (master() ? 4 : elem_bytes));
+    // Without a master the parameters' copy takes turns with param_host as the upload source:
+    // the same kind of memory.
+    if (master()) {
+      state.backup_target = HostBuffer::AllocatePageable(span * 4);
+    } else {
+      ASSIGN_OR_RETURN(state.backup_target, set_.AllocateTransfer(span * elem_bytes));
+    }
     state.backup_exp_avg = HostBuffer::AllocatePageable(state.exp_avg.size_bytes());
     state.backup_exp_avg_sq = HostBuffer::AllocatePageable(state.exp_avg_sq.size_bytes());
     state.backup_exp_avg_absmax = HostBuffer::AllocatePageable(state.exp_avg_absmax.size_bytes());
@@ -593,6 +600,21 @@ void ChunkOptimizer::RestoreSpeculation(bool redo, float grad_scale) {
   }
   if (any) ++speculation_.restored;
   if (!redo) WaitAllTasks();
+}
+
+void ChunkOptimizer::CommitSpeculation() {
+  for (int c = set_.n_persist(); c < set_.num_chunks(); ++c) {
+    ChunkState& chunk = chunks_[c];
+    if (!chunk.speculative) continue;
+    // The tasks still running write through the pointers they were given, into what becomes the
+    // live arrays here; whatever reads those waits for the chunk's tasks first.
+    std::swap(master() ? chunk.master : set_.chunk(c).param_host, chunk.backup_target);
+    std::swap(chunk.exp_avg, chunk.backup_exp_avg);
+    std::swap(chunk.exp_avg_sq, chunk.backup_exp_avg_sq);
+    std::swap(chunk.exp_avg_absmax, chunk.backup_exp_avg_absmax);
+    std::swap(chunk.exp_avg_sq_absmax, chunk.backup_exp_avg_sq_absmax);
+    chunk.speculative = false;
+  }
 }
 
 void ChunkOptimizer::ResetStep() {

@@ -63,9 +63,10 @@ struct ChunkState {
   HostBuffer exp_avg_sq;
   HostBuffer exp_avg_absmax;  // adamw8bit: QuantAbsmaxSlots() fp32 slots of this shard
   HostBuffer exp_avg_sq_absmax;
-  // [Speculative clipped updates]: copies of what the update writes, laid out as the arrays they
-  // copy (the master, or the parameters, in backup_target), and whether this step's update of
-  // the chunk started on them.
+  // [Speculative clipped updates]: second copies of what the update writes, laid out as the
+  // arrays they stand for (the master, or the parameters, in backup_target; pinned like
+  // param_host when they are the parameters); a speculative update writes these, and whether
+  // this step's update of the chunk did.
   HostBuffer backup_target, backup_exp_avg, backup_exp_avg_sq;
   HostBuffer backup_exp_avg_absmax, backup_exp_avg_sq_absmax;
   bool speculative = false;
@@ -167,19 +168,23 @@ class ChunkOptimizer {
   void CopyMastersToParams(const std::vector<int>& updated);
   // [Sharded persistent state]: the step's updates of the shards and the all-gathers after them.
   absl::Status UpdateShardedPersistent(const torch::Tensor& clip_coef, float grad_scale);
-  // [Speculative clipped updates] what a range's task does with the backups before its update:
-  // copy the range aside (kSave), or put the copy back (kRestore; the update, if any, is then
-  // redone with the same step count; without one the speculative step count is taken back).
+  // [Speculative clipped updates] how a range's task uses the second copies: kSave updates into
+  // them (each piece copied there from the live arrays first); kRestore with an update redoes it
+  // the same way with the same step count; kRestore without one drops the speculation (the step
+  // count is taken back, the parameters rounded again from a master).
   enum class Backup { kNone, kSave, kRestore };
   // Accumulates chunk c's staged grads and/or updates it on the CPU workers.
   void ScheduleChunkWork(int c, bool accumulate, bool update, float grad_scale,
                          Backup backup = Backup::kNone);
   // Options and layout allow speculation (backups are allocated).
   bool SpeculationEnabled() const;
-  // Waits for every CPU task, then restores the chunks updated speculatively this step; with
-  // `redo` updates them again with `grad_scale` (left running as Step()'s own updates are),
-  // else waits for the restores.
+  // Waits for every CPU task, then for the chunks updated speculatively this step: with `redo`
+  // updates them again with `grad_scale` (left running as Step()'s own updates are), else drops
+  // the speculative values and waits for that.
   void RestoreSpeculation(bool redo, float grad_scale);
+  // At the end of a Step() that stands: each speculative chunk's second copies and its live
+  // arrays trade places.
+  void CommitSpeculation();
   // Step()'s CPU updates of the offloaded chunks that did not start in backward, in chunk order.
   void ScheduleStepUpdates(float grad_scale);
   bool AnyUpdateStarted() const;

@@ -6,11 +6,13 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -28,11 +30,6 @@ namespace {
 // Elements per CPU optimizer task: big enough to amortise scheduling, small enough that the
 // pool balances a few large tensors across all threads.
 constexpr int64_t kTaskElems = int64_t{1} << 18;
-// [Speculative clipped updates] Elements a task copies aside (or back) before updating them: a
-// multiple of adamw8bit's 256-element blocks, small enough that a piece of every array the
-// update touches stays in a core's L2 cache between the copy and the update.
-constexpr int64_t kBackupPieceElems = int64_t{1} << 13;
-
 // One piece of CPU optimizer work on a contiguous element range of one parameter.
 struct RangeWork {
   int64_t begin = 0;  // element offset into the chunk's arrays
@@ -40,12 +37,22 @@ struct RangeWork {
   bool accumulate = false;
   bool first = false;  // first micro-batch with a grad: copy instead of add
   bool update = false;
-  bool save = false;     // [Speculative clipped updates]: copy the range aside first
-  bool restore = false;  // put the copy back first
+  bool restore = false;  // [Speculative clipped updates]: a redo, or the speculation dropped
   int64_t from = 0;  // the range's first element within its parameter (adamw8bit's block phase)
   int64_t step = 0;  // the parameter's update count after this update
   int param = 0;     // its index in the manager's parameter order ([Stochastic rounding] key)
   AdamWStepScalars scalars;  // adamw
+};
+
+// Where one piece of an update finds each array it touches (the piece's first element, and
+// adamw8bit's first slot); null where the optimizer has no such array.
+struct UpdateArrays {
+  float* target32 = nullptr;    // the fp32 master, or the fp32 parameters without one
+  uint16_t* param16 = nullptr;  // bf16 parameters (without a master: the target)
+  char* exp_avg = nullptr;
+  char* exp_avg_sq = nullptr;
+  float* exp_avg_absmax = nullptr;
+  float* exp_avg_sq_absmax = nullptr;
 };
 
 }  // namespace
@@ -71,7 +78,6 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
     base.update = update && s.grad_in_step;
     // [Speculative clipped updates]: a redo keeps the speculative update's step count; a restore
     // without one takes it back.
-    base.save = base.update && backup == Backup::kSave;
     base.restore = backup == Backup::kRestore && s.grad_in_step;
     if (base.update) {
       base.step = base.restore ? s.step : ++s.step;
@@ -106,8 +112,6 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
   const bool keeps_master = master();
   const int64_t torch_vector_elems = TorchBf16VectorElems();
   const int64_t slot = slot_elems();
-  float* exp_avg_absmax = chunk.exp_avg_absmax.as<float>();
-  float* exp_avg_sq_absmax = chunk.exp_avg_sq_absmax.as<float>();
   const AdamWOptions adamw = options.adamw;
   const SgdStepScalars sgd = MakeSgdStepScalars(adamw.lr, adamw.weight_decay);
   const bool stochastic = options.stochastic_rounding;
@@ -115,33 +119,38 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
   char* stage = static_cast<char*>(chunk.grad_stage.data());
   void* grad = HostGrad(c);
   float* grad32 = static_cast<float*>(grad);
-  float* master32 = HostMaster(c);
-  void* exp_avg = chunk.exp_avg.data();
-  void* exp_avg_sq = chunk.exp_avg_sq.data();
-  uint16_t* param16 = layout.param_host.as<uint16_t>();
   uint16_t* accum16 = chunk.grad_accum.as<uint16_t>();
-  // [Speculative clipped updates]: the arrays the update writes and their copies. The target is
-  // the master where there is one (the parameters are rounded from it), else the parameters.
-  struct Copied {
-    char* live;
-    char* copy;
-    int64_t elem_bytes;
-  };
-  std::vector<Copied> copied_arrays;
-  if (backup != Backup::kNone) {
-    const int64_t moment = OptimizerMomentElemBytes(kind, set_.elem_size());
-    copied_arrays.push_back({keeps_master ? reinterpret_cast<char*>(master32)
-                                          : static_cast<char*>(layout.param_host.data()),
-                             chunk.backup_target.as<char>(), keeps_master ? 4 : set_.elem_size()});
+  // The arrays the update reads and writes, live.
+  float* master32 = HostMaster(c);
+  uint16_t* param16 = layout.param_host.as<uint16_t>();
+  char* exp_avg = chunk.exp_avg.as<char>();
+  char* exp_avg_sq = chunk.exp_avg_sq.as<char>();
+  float* exp_avg_absmax = chunk.exp_avg_absmax.as<float>();
+  float* exp_avg_sq_absmax = chunk.exp_avg_sq_absmax.as<float>();
+  const int64_t moment_bytes = OptimizerMomentElemBytes(kind, set_.elem_size());
+  // [Speculative clipped updates] A speculative update, and its redo with the coefficient, leave
+  // the live arrays as they were and write the chunk's second copies of what the update writes
+  // (the master where there is one, the parameters rounded from it being written in place; else
+  // the parameters; the moments; adamw8bit's absmax slots) until Step() swaps the two
+  // (CommitSpeculation()). Each piece goes through a per-thread tile: copied in, updated there,
+  // written out with streaming stores, so the copies cost no more memory traffic than an update
+  // in place.
+  const bool into_copies = update && backup != Backup::kNone;
+  std::vector<TileArray> tiled;
+  if (into_copies) {
+    tiled.push_back({keeps_master ? chunk.master.as<char>() : layout.param_host.as<char>(),
+                     chunk.backup_target.as<char>(), keeps_master ? 4 : set_.elem_size(), false});
     if (has_moments()) {
-      copied_arrays.push_back({chunk.exp_avg.as<char>(), chunk.backup_exp_avg.as<char>(), moment});
-      copied_arrays.push_back(
-          {chunk.exp_avg_sq.as<char>(), chunk.backup_exp_avg_sq.as<char>(), moment});
+      tiled.push_back({exp_avg, chunk.backup_exp_avg.as<char>(), moment_bytes, false});
+      tiled.push_back({exp_avg_sq, chunk.backup_exp_avg_sq.as<char>(), moment_bytes, false});
+    }
+    if (quantized()) {
+      tiled.push_back(
+          {chunk.exp_avg_absmax.as<char>(), chunk.backup_exp_avg_absmax.as<char>(), 4, true});
+      tiled.push_back(
+          {chunk.exp_avg_sq_absmax.as<char>(), chunk.backup_exp_avg_sq_absmax.as<char>(), 4, true});
     }
   }
-  char* absmax_live[2] = {chunk.exp_avg_absmax.as<char>(), chunk.exp_avg_sq_absmax.as<char>()};
-  char* absmax_copy[2] = {chunk.backup_exp_avg_absmax.as<char>(),
-                          chunk.backup_exp_avg_sq_absmax.as<char>()};
   std::atomic<bool>* failed = &worker_failed_;
   CpuPassCounters* passes = &cpu_passes_;
   TaskTracker* tracker = chunk.tasks.get();
@@ -170,38 +179,36 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
         passes->accumulate_ns.fetch_add(since(accumulate_start), std::memory_order_relaxed);
         passes->accumulated.fetch_add(w.len, std::memory_order_relaxed);
       }
-      // One piece of the range: the update, and the parameters rounded from the master.
-      auto update_piece = [&](const RangeWork& r) {
+      // One piece of the range: the update, and the parameters rounded from the master. `a`:
+      // where the piece's first element (and adamw8bit's first slot) is in each array.
+      auto update_piece = [&](const RangeWork& r, const UpdateArrays& a) {
         switch (kind) {
           case OptimizerKind::kAdamW:
-            AdamWUpdate(r.scalars, grad_scale, r.len, master32 + r.begin, grad32 + r.begin,
-                        static_cast<float*>(exp_avg) + r.begin,
-                        static_cast<float*>(exp_avg_sq) + r.begin, &TorchSqrt);
+            AdamWUpdate(r.scalars, grad_scale, r.len, a.target32, grad32 + r.begin,
+                        reinterpret_cast<float*>(a.exp_avg), reinterpret_cast<float*>(a.exp_avg_sq),
+                        &TorchSqrt);
             break;
           case OptimizerKind::kSgd:
-            SgdUpdate(sgd, grad_scale, r.len, master32 + r.begin, grad32 + r.begin);
+            SgdUpdate(sgd, grad_scale, r.len, a.target32, grad32 + r.begin);
             break;
           case OptimizerKind::kAdamW8bit: {
             // [8-bit optimizer state]: a block starting at shard element e has slot ceil(e / g);
             // the range's first block is the rest of the parameter block it starts in.
             QuantBlocks blocks;
             blocks.first_block_elems = kQuantBlockElems - r.from % kQuantBlockElems;
-            const int64_t first_slot = (r.begin + slot - 1) / slot;
             blocks.first_slot_gap =
-                (r.begin + blocks.first_block_elems + slot - 1) / slot - first_slot;
+                (r.begin + blocks.first_block_elems + slot - 1) / slot - FirstSlot(r.begin, slot);
             blocks.slot_stride = kQuantBlockElems / slot;
-            uint8_t* m = static_cast<uint8_t*>(exp_avg) + r.begin;
-            uint8_t* v = static_cast<uint8_t*>(exp_avg_sq) + r.begin;
+            uint8_t* m = reinterpret_cast<uint8_t*>(a.exp_avg);
+            uint8_t* v = reinterpret_cast<uint8_t*>(a.exp_avg_sq);
             if (narrow) {
-              AdamW8bitUpdateBf16(r.scalars, grad_scale, r.len, blocks, param16 + r.begin,
+              AdamW8bitUpdateBf16(r.scalars, grad_scale, r.len, blocks, a.param16,
                                   static_cast<const uint16_t*>(grad) + r.begin, m, v,
-                                  exp_avg_absmax + first_slot, exp_avg_sq_absmax + first_slot,
-                                  &TorchSqrt,
+                                  a.exp_avg_absmax, a.exp_avg_sq_absmax, &TorchSqrt,
                                   MakeParamRounding(stochastic, seed, r.param, r.step, r.from));
             } else {
-              AdamW8bitUpdate(r.scalars, grad_scale, r.len, blocks, master32 + r.begin,
-                              grad32 + r.begin, m, v, exp_avg_absmax + first_slot,
-                              exp_avg_sq_absmax + first_slot, &TorchSqrt);
+              AdamW8bitUpdate(r.scalars, grad_scale, r.len, blocks, a.target32, grad32 + r.begin, m,
+                              v, a.exp_avg_absmax, a.exp_avg_sq_absmax, &TorchSqrt);
             }
             break;
           }
@@ -211,23 +218,23 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
               // bit for bit (AdamWBf16Update, cpu_adamw.h), without torch's dispatch and intra-op
               // threads inside each pool task: 1.5x the rate of at::_fused_adamw_ on 16 threads
               // (docs/benchmarks.md, "CPU optimizer passes").
-              AdamWBf16Update(r.scalars, grad_scale, r.len, param16 + r.begin,
+              AdamWBf16Update(r.scalars, grad_scale, r.len, a.param16,
                               static_cast<const uint16_t*>(grad) + r.begin,
-                              static_cast<uint16_t*>(exp_avg) + r.begin,
-                              static_cast<uint16_t*>(exp_avg_sq) + r.begin, torch_vector_elems);
+                              reinterpret_cast<uint16_t*>(a.exp_avg),
+                              reinterpret_cast<uint16_t*>(a.exp_avg_sq), torch_vector_elems);
               break;
             }
             // torch's own fused kernel on host views of the range, where its CPU dispatch is one
             // AdamWBf16Update does not reproduce.
             try {
-              auto view = [&r](void* base) {
-                return torch::from_blob(static_cast<uint16_t*>(base) + r.begin, {r.len},
+              auto view = [&r](void* first) {
+                return torch::from_blob(first, {r.len},
                                         torch::TensorOptions().dtype(torch::kBFloat16));
               };
-              torch::Tensor g = view(grad);
+              torch::Tensor g = view(static_cast<uint16_t*>(grad) + r.begin);
               // clip_grad_norm_'s grad.mul_(coef): a bf16 product (coef is a bf16 value).
               if (grad_scale != 1.0f) g.mul_(static_cast<double>(grad_scale));
-              at::_fused_adamw_({view(param16)}, {g}, {view(exp_avg)}, {view(exp_avg_sq)}, {},
+              at::_fused_adamw_({view(a.param16)}, {g}, {view(a.exp_avg)}, {view(a.exp_avg_sq)}, {},
                                 {torch::full({}, static_cast<double>(r.step), torch::kFloat32)},
                                 adamw.lr, adamw.beta1, adamw.beta2, adamw.weight_decay, adamw.eps,
                                 /*amsgrad=*/false, /*maximize=*/false);
@@ -238,7 +245,22 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
             }
             break;
         }
-        if (keeps_master) RoundToBf16(r.len, master32 + r.begin, param16 + r.begin);
+        if (keeps_master) RoundToBf16(r.len, a.target32, param16 + r.begin);
+      };
+      // The live arrays at range r.
+      auto live = [&](const RangeWork& r) {
+        UpdateArrays a;
+        a.target32 = master32 + r.begin;
+        a.param16 = param16 + r.begin;
+        if (exp_avg != nullptr) {
+          a.exp_avg = exp_avg + r.begin * moment_bytes;
+          a.exp_avg_sq = exp_avg_sq + r.begin * moment_bytes;
+        }
+        if (exp_avg_absmax != nullptr) {
+          a.exp_avg_absmax = exp_avg_absmax + FirstSlot(r.begin, slot);
+          a.exp_avg_sq_absmax = exp_avg_sq_absmax + FirstSlot(r.begin, slot);
+        }
+        return a;
       };
       if (!w.update && !w.restore) {
         tracker->Done();
@@ -246,48 +268,40 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
       }
       if (uploaded) uploaded->synchronize();  // param_host may still be the upload source
       const auto update_start = std::chrono::steady_clock::now();
-      if (w.save || w.restore) {
-        // [Speculative clipped updates] Piece by piece, so that the update finds in cache what
-        // the copy has just read (saving) or written (restoring); the copies aside bypass the
-        // cache (nothing reads them unless a restore comes).
-        auto move = [&w](char* live, char* copy, int64_t elem_bytes, int64_t begin, int64_t n) {
-          char* a = live + begin * elem_bytes;
-          char* b = copy + begin * elem_bytes;
-          if (w.save) {
-            CopyBypassingCache(b, a, n * elem_bytes);
-          } else {
-            std::memcpy(a, b, static_cast<size_t>(n * elem_bytes));
-          }
-        };
-        for (int64_t off = 0; off < w.len; off += kBackupPieceElems) {
-          RangeWork piece = w;
-          piece.begin = w.begin + off;
-          piece.from = w.from + off;
-          piece.len = std::min(kBackupPieceElems, w.len - off);
-          for (const Copied& a : copied_arrays) {
-            move(a.live, a.copy, a.elem_bytes, piece.begin, piece.len);
-          }
-          if (kind == OptimizerKind::kAdamW8bit) {
-            // The slots of the blocks that start in the piece: [ceil(begin / g), ceil(end / g)),
-            // disjoint between pieces (pieces start on block boundaries, multiples of g).
-            const int64_t lo = (piece.begin + slot - 1) / slot;
-            const int64_t hi = (piece.begin + piece.len + slot - 1) / slot;
-            for (int m = 0; m < 2; ++m) move(absmax_live[m], absmax_copy[m], 4, lo, hi - lo);
-          }
-          if (w.update) {
-            update_piece(piece);
-          } else if (keeps_master) {
-            // A restore without an update: the parameters are the restored master's rounding.
-            RoundToBf16(piece.len, master32 + piece.begin, param16 + piece.begin);
-          }
-        }
-        if (w.save) CopyBypassingCacheFence();
-        if (!w.update) {
-          tracker->Done();
-          return;
-        }
+      if (w.restore && !w.update) {
+        // [Speculative clipped updates] The speculative values are dropped: the live arrays
+        // were never written, except the parameters rounded from a master.
+        if (keeps_master) RoundToBf16(w.len, master32 + w.begin, param16 + w.begin);
+        tracker->Done();
+        return;
+      }
+      if (!tiled.empty()) {
+        UpdateIntoCopies(
+            w.begin, w.len, tiled, slot, [&](int64_t begin, int64_t len, char* const* tile) {
+              RangeWork piece = w;
+              piece.begin = begin;
+              piece.from = w.from + (begin - w.begin);
+              piece.len = len;
+              UpdateArrays a = live(piece);  // the parameters of a master are written in place
+              int k = 0;
+              if (keeps_master) {
+                a.target32 = reinterpret_cast<float*>(tile[k++]);
+              } else {
+                a.target32 = reinterpret_cast<float*>(tile[k]);
+                a.param16 = reinterpret_cast<uint16_t*>(tile[k++]);
+              }
+              if (exp_avg != nullptr) {
+                a.exp_avg = tile[k++];
+                a.exp_avg_sq = tile[k++];
+              }
+              if (exp_avg_absmax != nullptr) {
+                a.exp_avg_absmax = reinterpret_cast<float*>(tile[k++]);
+                a.exp_avg_sq_absmax = reinterpret_cast<float*>(tile[k++]);
+              }
+              update_piece(piece, a);
+            });
       } else {
-        update_piece(w);
+        update_piece(w, live(w));
       }
       passes->update_ns.fetch_add(since(update_start), std::memory_order_relaxed);
       passes->updated.fetch_add(w.len, std::memory_order_relaxed);
@@ -730,7 +744,7 @@ absl::Status ChunkOptimizer::Step(double max_grad_norm) {
 
     // [Speculative clipped updates] Updates that started in backward as if nothing were clipped
     // stand when nothing is (grad_scale exactly 1, the identity clip_grad_norm_ then applies);
-    // otherwise they are restored and redone with the coefficient, queued first as below.
+    // otherwise they are redone from the live arrays with the coefficient, queued first as below.
     last_step_clipped_ = max_grad_norm > 0 && grad_scale != 1.0f;
     if (speculating_ && started) {
       ++speculation_.speculated;
@@ -792,6 +806,8 @@ absl::Status ChunkOptimizer::Step(double max_grad_norm) {
   if (worker_failed_.exchange(false)) {
     return fail(absl::InternalError("optimizer step: a CPU update failed (see the log)"));
   }
+  // [Speculative clipped updates] The step stands: the updated copies become the live arrays.
+  CommitSpeculation();
   // Device copies of offloaded chunks are stale now; the next forward uploads fresh values.
   pager_.InvalidateBuffers();
   ResetStep();

@@ -10,6 +10,8 @@
 //   adamw_bf16_direct  AdamWBf16Update alone, on the bf16 grad: an offloaded chunk's pass in
 //                 training (one micro-batch: no accumulation copy)
 //   adamw_bf16_params  its parameter results alone (AdamWBf16ParamPass: moments not written)
+//   adamw_bf16_into_copies  adamw_bf16_direct reading one copy of the parameters and moments and
+//                 writing another (UpdateIntoCopies: a speculative update's pass)
 //   adamw8bit     bf16 parameters, 8-bit moments: AdamW8bitUpdateBf16, stochastic rounding
 //   sgd           bf16 model, fp32 master: widen the grad, SgdUpdate, round to bf16
 // vs_adamw is a pass's time over adamw's (common/optimizer_bytes.h's kAdamW8bitCpuTimeFactor is
@@ -127,6 +129,7 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<uint16_t> m16(n, 0), v16(n, 0);
+  std::vector<uint16_t> param16_copy(n, 0), m16_copy(n, 0), v16_copy(n, 0);  // into_copies
   std::vector<uint8_t> m8(n, 0), v8(n, 0);
   std::vector<float> m_absmax(n / 128 + 2, 0.0f), v_absmax(n / 128 + 2, 0.0f);
   const memplan::SgdStepScalars sgd = memplan::MakeSgdStepScalars(options.lr, options.weight_decay);
@@ -189,6 +192,22 @@ int main(int argc, char** argv) {
                                                   grad16.data() + b, m16.data() + b,
                                                   v16.data() + b, torch_vector_elems);
                     }});
+    passes.push_back(
+        {"adamw_bf16_into_copies", [&](int64_t step, int64_t b, int64_t len) {
+           auto bytes = [](std::vector<uint16_t>& v) { return reinterpret_cast<char*>(v.data()); };
+           const std::vector<memplan::TileArray> tiled = {
+               {bytes(param16), bytes(param16_copy), 2, false},
+               {bytes(m16), bytes(m16_copy), 2, false},
+               {bytes(v16), bytes(v16_copy), 2, false}};
+           memplan::UpdateIntoCopies(
+               b, len, tiled, /*slot=*/128, [&](int64_t begin, int64_t count, char* const* tile) {
+                 memplan::AdamWBf16Update(memplan::MakeAdamWStepScalars(options, step), 1.0f, count,
+                                          reinterpret_cast<uint16_t*>(tile[0]),
+                                          grad16.data() + begin,
+                                          reinterpret_cast<uint16_t*>(tile[1]),
+                                          reinterpret_cast<uint16_t*>(tile[2]), torch_vector_elems);
+               });
+         }});
   }
   passes.push_back({"adamw8bit", [&](int64_t step, int64_t b, int64_t len) {
                       memplan::AccumulateGradBf16Rounded(true, len, grad16.data() + b,

@@ -418,7 +418,30 @@ void SgdUpdate(const SgdStepScalars& s, float grad_scale, int64_t n, float* para
   BestKernels().sgd(s, grad_scale, n, param, grad);
 }
 
+#if MEMPLAN_ISA_VARIANTS
+namespace {
+// Whole 64-byte lines, one streaming store each (the 16-byte stores below fill a line in four).
+__attribute__((target("avx512f"))) void CopyBypassingCache512(char* d, const char* from,
+                                                              int64_t bytes) {
+  const int64_t head = std::min<int64_t>(bytes, (64 - reinterpret_cast<uintptr_t>(d) % 64) % 64);
+  std::memcpy(d, from, static_cast<size_t>(head));
+  int64_t i = head;
+  for (; i + 64 <= bytes; i += 64) {
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + i), _mm512_loadu_si512(from + i));
+  }
+  std::memcpy(d + i, from + i, static_cast<size_t>(bytes - i));
+}
+}  // namespace
+#endif
+
 void CopyBypassingCache(void* dst, const void* src, int64_t bytes) {
+#if MEMPLAN_ISA_VARIANTS
+  static const bool kAvx512 = __builtin_cpu_supports("avx512f");
+  if (kAvx512) {
+    CopyBypassingCache512(static_cast<char*>(dst), static_cast<const char*>(src), bytes);
+    return;
+  }
+#endif
 #if defined(__SSE2__)
   char* d = static_cast<char*>(dst);
   const char* from = static_cast<const char*>(src);

@@ -129,14 +129,13 @@ Residency plan (any chunk knob or --plan-file runs the chunk manager):
   --speculative-clip auto|on|off
                            with clipping, one rank and one micro-batch a step: when the last
                            step needed no clipping, the offloaded chunks' CPU updates start in
-                           backward as without clipping, on state first copied aside (pageable
-                           host memory: the master or parameters and the moments of every
-                           offloaded chunk); a step that does clip restores the copies and
-                           updates again. Exact either way. auto (default): on for
-                           adamw8bit (where it pays: the copies add memory traffic, which
-                           bounds the other optimizers' CPU updates) when the planner's plan
-                           and the copies fit the host's RAM (logged as "speculative
-                           clipping")
+                           backward as without clipping, into a second copy of what they
+                           write (host memory: the master or parameters and the moments of
+                           every offloaded chunk), which becomes the live one when the step
+                           does not clip; a step that does clip updates again. Exact either
+                           way. auto (default): on for adamw8bit and adamw_bf16 (where it was
+                           measured to pay) when the planner's plan and the copies fit the
+                           host's RAM (logged as "speculative clipping")
   --cpu-threads N (0)      CPU optimizer threads; 0: the host's hardware threads divided by the
                            ranks on this host (what the planner's CPU figures assume)
 Held-out evaluation:
@@ -872,8 +871,8 @@ SpeculativeClipChoice ChooseSpeculativeClip(SpeculativeClip mode, const Speculat
   if (mode == SpeculativeClip::kOn) return {true, "--speculative-clip on"};
   if (!room.pays) {
     return {false,
-            "the optimizer's CPU update is bound by memory traffic, which the copies add "
-            "to (auto speculates for adamw8bit)"};
+            "speculation is not measured to pay for this optimizer's CPU update (auto "
+            "speculates for adamw8bit and adamw_bf16)"};
   }
   if (!room.prediction_known) {
     return {false, "no planner prediction of the host bytes (a plan file or knobs)"};

@@ -536,11 +536,14 @@ void ExpectSpeculationTrainsAsHolding(OptimizerKind kind, torch::ScalarType dtyp
   std::vector<std::map<std::string, torch::Tensor>> finals(2);
   std::vector<ChunkManager::SpeculationCounts> counts(2);
   for (const bool speculate : {false, true}) {
-    // hidden 128: a block's weight has 16 384 elements, two of the pieces a task copies aside.
+    // hidden 256: a block's weight has 65 536 elements, two of the pieces a speculative update
+    // goes through (UpdateIntoCopies, cpu_adamw.h).
+    constexpr int64_t kHidden = 256;
+    static_assert(kHidden * kHidden == 2 * kCopyPieceElems);
     const ToyModel model =
-        ToyModel::Make(6, true, 128, 48, 77, torch::TensorOptions().dtype(dtype));
+        ToyModel::Make(6, true, kHidden, 48, 77, torch::TensorOptions().dtype(dtype));
     ChunkManagerOptions options = CpuOptions(1, 2);
-    options.chunk_bytes = 131072;  // a multiple of adamw8bit's 256-byte alignment
+    options.chunk_bytes = 524288;  // a multiple of adamw8bit's 256-byte alignment
     options.optimizer = kind;
     options.max_grad_norm = 1.0;
     options.speculative_clip = speculate;

@@ -187,7 +187,7 @@ constexpr char kTwoBlockLlama[] = R"({
 
 // [Speculative clipped updates] --speculative-clip on takes the run's own layout: with plan
 // knobs (no planner) its offloaded chunks are counted, and a clipped run whose norm stays under
-// the threshold trains with it. auto leaves adamw off (its update is bound by memory traffic).
+// the threshold trains with it. auto leaves adamw off (not measured to pay for it).
 TEST_F(TrainCommandTest, SpeculativeClipFollowsTheRunsLayout) {
   const std::string config = WriteFile("spec.json", kTwoBlockLlama);
   const std::vector<std::string> args =
@@ -200,7 +200,7 @@ TEST_F(TrainCommandTest, SpeculativeClipFollowsTheRunsLayout) {
   e = RunChild(args, base_ + "/auto");
   EXPECT_EQ(e.code, 0) << e.out;
   EXPECT_THAT(e.out, HasSubstr("msg=\"speculative clipping\" on=0"));
-  EXPECT_THAT(e.out, HasSubstr("bound by memory traffic"));
+  EXPECT_THAT(e.out, HasSubstr("not measured to pay"));
 }
 
 TEST_F(TrainCommandTest, SequencesBeyondTheModelsPositionsAreRefused) {

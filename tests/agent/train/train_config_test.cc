@@ -876,15 +876,17 @@ TEST(TrainConfigTest, AutoSpeculativeClipNeedsRoomForTheCopies) {
   not_applying.applies = false;
   EXPECT_FALSE(ChooseSpeculativeClip(SpeculativeClip::kOn, not_applying).on);
   EXPECT_FALSE(ChooseSpeculativeClip(SpeculativeClip::kOff, room).on);
-  // Where the update is bound by memory traffic auto leaves it off; on still turns it on.
-  SpeculativeClipRoom bound_by_memory = room;
-  bound_by_memory.pays = false;
-  EXPECT_THAT(ChooseSpeculativeClip(SpeculativeClip::kAuto, bound_by_memory).reason,
-              HasSubstr("bound by memory traffic"));
-  EXPECT_FALSE(ChooseSpeculativeClip(SpeculativeClip::kAuto, bound_by_memory).on);
-  EXPECT_TRUE(ChooseSpeculativeClip(SpeculativeClip::kOn, bound_by_memory).on);
+  // Where speculation is not measured to pay auto leaves it off; on still turns it on.
+  SpeculativeClipRoom unmeasured = room;
+  unmeasured.pays = false;
+  EXPECT_THAT(ChooseSpeculativeClip(SpeculativeClip::kAuto, unmeasured).reason,
+              HasSubstr("not measured to pay"));
+  EXPECT_FALSE(ChooseSpeculativeClip(SpeculativeClip::kAuto, unmeasured).on);
+  EXPECT_TRUE(ChooseSpeculativeClip(SpeculativeClip::kOn, unmeasured).on);
   EXPECT_TRUE(SpeculationPays(OptimizerKind::kAdamW8bit));
-  EXPECT_FALSE(SpeculationPays(OptimizerKind::kAdamWBf16States));
+  EXPECT_TRUE(SpeculationPays(OptimizerKind::kAdamWBf16States));
+  EXPECT_FALSE(SpeculationPays(OptimizerKind::kAdamW));
+  EXPECT_FALSE(SpeculationPays(OptimizerKind::kSgd));
   // What applies: clipping, one rank, one micro-batch, no non-finite check.
   EXPECT_TRUE(SpeculationApplies(true, 1, 1, false));
   EXPECT_FALSE(SpeculationApplies(false, 1, 1, false));
