@@ -136,15 +136,16 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
   // written out with streaming stores, so the copies cost no more memory traffic than an update
   // in place.
   const bool into_copies = update && backup != Backup::kNone;
+  const bool moments = has_moments(), absmax = quantized();
   std::vector<TileArray> tiled;
   if (into_copies) {
     tiled.push_back({keeps_master ? chunk.master.as<char>() : layout.param_host.as<char>(),
                      chunk.backup_target.as<char>(), keeps_master ? 4 : set_.elem_size(), false});
-    if (has_moments()) {
+    if (moments) {
       tiled.push_back({exp_avg, chunk.backup_exp_avg.as<char>(), moment_bytes, false});
       tiled.push_back({exp_avg_sq, chunk.backup_exp_avg_sq.as<char>(), moment_bytes, false});
     }
-    if (quantized()) {
+    if (absmax) {
       tiled.push_back(
           {chunk.exp_avg_absmax.as<char>(), chunk.backup_exp_avg_absmax.as<char>(), 4, true});
       tiled.push_back(
@@ -252,11 +253,11 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
         UpdateArrays a;
         a.target32 = master32 + r.begin;
         a.param16 = param16 + r.begin;
-        if (exp_avg != nullptr) {
+        if (moments) {
           a.exp_avg = exp_avg + r.begin * moment_bytes;
           a.exp_avg_sq = exp_avg_sq + r.begin * moment_bytes;
         }
-        if (exp_avg_absmax != nullptr) {
+        if (absmax) {
           a.exp_avg_absmax = exp_avg_absmax + FirstSlot(r.begin, slot);
           a.exp_avg_sq_absmax = exp_avg_sq_absmax + FirstSlot(r.begin, slot);
         }
@@ -290,11 +291,11 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
                 a.target32 = reinterpret_cast<float*>(tile[k]);
                 a.param16 = reinterpret_cast<uint16_t*>(tile[k++]);
               }
-              if (exp_avg != nullptr) {
+              if (moments) {
                 a.exp_avg = tile[k++];
                 a.exp_avg_sq = tile[k++];
               }
-              if (exp_avg_absmax != nullptr) {
+              if (absmax) {
                 a.exp_avg_absmax = reinterpret_cast<float*>(tile[k++]);
                 a.exp_avg_sq_absmax = reinterpret_cast<float*>(tile[k++]);
               }
