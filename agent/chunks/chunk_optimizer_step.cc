@@ -137,19 +137,20 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
   // in place.
   const bool into_copies = update && backup != Backup::kNone;
   const bool moments = has_moments(), absmax = quantized();
+  // The target, the moments, the absmax slots: the order the task's callback reads the tiles in.
   std::vector<TileArray> tiled;
   if (into_copies) {
-    tiled.push_back({keeps_master ? chunk.master.as<char>() : layout.param_host.as<char>(),
-                     chunk.backup_target.as<char>(), keeps_master ? 4 : set_.elem_size(), false});
+    tiled.push_back({reinterpret_cast<char*>(master32), chunk.backup_target.as<char>(),
+                     keeps_master ? 4 : set_.elem_size(), false});
     if (moments) {
       tiled.push_back({exp_avg, chunk.backup_exp_avg.as<char>(), moment_bytes, false});
       tiled.push_back({exp_avg_sq, chunk.backup_exp_avg_sq.as<char>(), moment_bytes, false});
     }
     if (absmax) {
-      tiled.push_back(
-          {chunk.exp_avg_absmax.as<char>(), chunk.backup_exp_avg_absmax.as<char>(), 4, true});
-      tiled.push_back(
-          {chunk.exp_avg_sq_absmax.as<char>(), chunk.backup_exp_avg_sq_absmax.as<char>(), 4, true});
+      tiled.push_back({reinterpret_cast<char*>(exp_avg_absmax),
+                       chunk.backup_exp_avg_absmax.as<char>(), 4, true});
+      tiled.push_back({reinterpret_cast<char*>(exp_avg_sq_absmax),
+                       chunk.backup_exp_avg_sq_absmax.as<char>(), 4, true});
     }
   }
   std::atomic<bool>* failed = &worker_failed_;
