@@ -69,6 +69,7 @@ struct BenchConfig {
   std::string optimizer = "adamw";
   bool wait_step_updates = false;
   bool speculative_clip = false;
+  double device_update_share = 0;
   double lr = 1e-4;
   uint64_t seed = 0;
   bool measure_h2d = false;
@@ -98,6 +99,9 @@ constexpr char kUsage[] = R"(usage: memplan-train-bench [flags]
   --speculative-clip       managed, clipping: after a step that needed no clipping, the next
                            step's CPU updates start in backward into a second copy of the
                            state, redone if that step clips ([Speculative clipped updates])
+  --device-update-share X  managed, adamw_bf16 / adamw8bit: the share (0..1) of the offloaded
+                           chunks whose update, when Step() holds it until the norm, runs on the
+                           device ([Device updates of offloaded chunks])                   [0]
   --measure-h2d            also time a pinned host-to-device copy of one chunk
   --label TEXT --out FILE  result label; append one JSON line per run to FILE
 )";
@@ -149,6 +153,7 @@ absl::StatusOr<BenchConfig> ParseArgs(int argc, char** argv) {
       .String("--optimizer", &c.optimizer)
       .Switch("--wait-step-updates", &c.wait_step_updates)
       .Switch("--speculative-clip", &c.speculative_clip)
+      .Double("--device-update-share", &c.device_update_share, 0, 1)
       .Double("--lr", &c.lr, 0, 1e3)
       .Int("--seed", &c.seed, 0, std::numeric_limits<int64_t>::max())
       .Switch("--measure-h2d", &c.measure_h2d)
@@ -260,11 +265,12 @@ absl::StatusOr<RunResult> TimeSteps(Trainer& trainer, const std::vector<MicroBat
     std::fprintf(stderr,
                  "  step %d%s loss %.4f  grad norm %.4f  %.3f s (forward+backward %.3f s)  %.0f "
                  "tok/s  peak alloc %.2f GiB  CPU update %.3f s for %.2f G params (%d chunks "
-                 "started in backward)\n",
+                 "started in backward), %.2f G on the device\n",
                  s + 1, timed ? "" : " (warm-up)", stats.loss, stats.grad_norm, stats.seconds,
                  stats.forward_backward_seconds, stats.tokens_per_second,
                  stats.peak_allocated_bytes / kGiB, stats.cpu_update_seconds,
-                 stats.cpu_updated_params / 1e9, stats.offloaded_updates_in_backward);
+                 stats.cpu_updated_params / 1e9, stats.offloaded_updates_in_backward,
+                 stats.device_updated_params / 1e9);
     if (!timed) continue;
     tokens += stats.tokens;
     seconds += stats.seconds;
@@ -447,6 +453,7 @@ absl::Status Run(const BenchConfig& c) {
     options.optimizer = *optimizer;
     options.chunks.defer_step_updates = !c.wait_step_updates;
     options.chunks.speculative_clip = c.speculative_clip;
+    options.chunks.device_update_share = c.device_update_share;
     options.adamw.lr = c.lr;
     options.block_modes = modes;
     options.managed = managed;

@@ -97,6 +97,18 @@ struct ChunkManagerOptions {
   // state ends as clipping after backward leaves it, bit for bit; a step that clips pays the
   // waiting step's time and more, and the next one does not speculate. The first step never does.
   bool speculative_clip = false;
+  // [Device updates of offloaded chunks] The share, 0 to 1, of the offloaded chunks whose update
+  // runs on the device instead of the CPU workers when Step() runs it (clipping or a non-finite
+  // check held it until the norm): every k-th chunk in chunk order, the rest on the CPU, so both
+  // finish in the order the next forward needs the chunks. Each such chunk's parameters, grads,
+  // moments (and adamw8bit's absmax slots) are copied to two device slots in turn (4x the
+  // chunk's bytes each, from the caching allocator while the step's updates run), updated there
+  // as a persistent chunk is ([Persistent update]: torch's fused AdamW on the device, the same
+  // clip) and copied back; the pager uploads the chunk once its copies back are done. The host
+  // memory traffic moves from the CPU cores to the copy engines, which run beside them. Its
+  // host arrays are pinned. adamw_bf16 and adamw8bit, one rank, CUDA (a CPU device runs the
+  // same path synchronously), chunks no larger than a regular one; ignored elsewhere.
+  double device_update_share = 0;
   // Sharded (world size W > 1): persistent chunks keep their parameters replicated on every rank
   // but their optimizer state sharded ([Sharded persistent state] in chunk_manager.cc, ZeRO-2
   // over the persistent chunks): each rank holds 1/W of every persistent chunk's master and
@@ -181,6 +193,8 @@ struct CpuPassStats {
   double update_thread_seconds = 0;
   int64_t accumulated_elems = 0;
   int64_t updated_elems = 0;
+  // [Device updates of offloaded chunks]: elements of offloaded chunks updated on the device.
+  int64_t device_updated_elems = 0;
 };
 
 struct ChunkUploadStats {

@@ -100,20 +100,27 @@ absl::Status ChunkOptimizer::InitChunk(int c) {
   }
   ASSIGN_OR_RETURN(state.grad_stage, set_.AllocateTransfer(chunk.shard_elems * elem_bytes));
   // The pageable state, as common/optimizer_bytes.h defines it for the planner (per element
-  // of this rank's shard).
+  // of this rank's shard); pinned where [Device updates of offloaded chunks] copy it.
+  state.device_update = DeviceUpdateChunk(c);
+  auto state_buffer = [&](int64_t bytes) -> absl::StatusOr<HostBuffer> {
+    if (!state.device_update) return HostBuffer::AllocatePageable(bytes);
+    return set_.AllocateTransfer(bytes);
+  };
   const int64_t span = chunk.shard_elems;
   if (master()) state.master = HostBuffer::AllocatePageable(span * 4);
   const int64_t grad_sum = GradSumElemBytes(optimizer(), elem_bytes, options.grad_accum);
-  if (grad_sum > 0) state.grad_accum = HostBuffer::AllocatePageable(span * grad_sum);
+  if (grad_sum > 0) {
+    ASSIGN_OR_RETURN(state.grad_accum, state_buffer(span * grad_sum));
+  }
   if (has_moments()) {
     const int64_t moment = OptimizerMomentElemBytes(optimizer(), elem_bytes);
-    state.exp_avg = HostBuffer::AllocatePageable(span * moment);
-    state.exp_avg_sq = HostBuffer::AllocatePageable(span * moment);
+    ASSIGN_OR_RETURN(state.exp_avg, state_buffer(span * moment));
+    ASSIGN_OR_RETURN(state.exp_avg_sq, state_buffer(span * moment));
   }
   if (quantized()) {
     const int64_t slot_bytes = QuantAbsmaxBytes(optimizer(), elem_bytes, span) / 2;
-    state.exp_avg_absmax = HostBuffer::AllocatePageable(slot_bytes);
-    state.exp_avg_sq_absmax = HostBuffer::AllocatePageable(slot_bytes);
+    ASSIGN_OR_RETURN(state.exp_avg_absmax, state_buffer(slot_bytes));
+    ASSIGN_OR_RETURN(state.exp_avg_sq_absmax, state_buffer(slot_bytes));
   }
   if (SpeculationEnabled()) {
     // [Speculative clipped updates]: SpeculationBackupBytes() (common/optimizer_bytes.h).
@@ -124,11 +131,17 @@ absl::Status ChunkOptimizer::InitChunk(int c) {
     } else {
       ASSIGN_OR_RETURN(state.backup_target, set_.AllocateTransfer(span * elem_bytes));
     }
-    state.backup_exp_avg = HostBuffer::AllocatePageable(state.exp_avg.size_bytes());
-    state.backup_exp_avg_sq = HostBuffer::AllocatePageable(state.exp_avg_sq.size_bytes());
-    state.backup_exp_avg_absmax = HostBuffer::AllocatePageable(state.exp_avg_absmax.size_bytes());
-    state.backup_exp_avg_sq_absmax =
-        HostBuffer::AllocatePageable(state.exp_avg_sq_absmax.size_bytes());
+    // The copies become the live arrays in turn: pinned alike.
+    ASSIGN_OR_RETURN(state.backup_exp_avg, state_buffer(state.exp_avg.size_bytes()));
+    ASSIGN_OR_RETURN(state.backup_exp_avg_sq, state_buffer(state.exp_avg_sq.size_bytes()));
+    ASSIGN_OR_RETURN(state.backup_exp_avg_absmax, state_buffer(state.exp_avg_absmax.size_bytes()));
+    ASSIGN_OR_RETURN(state.backup_exp_avg_sq_absmax,
+                     state_buffer(state.exp_avg_sq_absmax.size_bytes()));
+  }
+  for (const HostBuffer* b : {&state.grad_stage, &state.grad_accum, &state.exp_avg,
+                              &state.exp_avg_sq, &state.exp_avg_absmax, &state.exp_avg_sq_absmax}) {
+    // Pinned memory ran out (pageable_fallback): the chunk's update stays on the CPU.
+    if (set_.cuda() && b->data() != nullptr && !b->pinned()) state.device_update = false;
   }
   set_.CountHost(state.grad_stage);
   for (const HostBuffer* b :
@@ -210,6 +223,7 @@ CpuPassStats ChunkOptimizer::TakeCpuPassStats() {
   s.update_thread_seconds = static_cast<double>(cpu_passes_.update_ns.exchange(0)) * 1e-9;
   s.accumulated_elems = cpu_passes_.accumulated.exchange(0);
   s.updated_elems = cpu_passes_.updated.exchange(0);
+  s.device_updated_elems = device_updated_.exchange(0);
   return s;
 }
 
@@ -581,6 +595,18 @@ void ChunkOptimizer::WaitInFlight(bool started_updates) {
   streams_.Synchronize();
   for (ChunkState& chunk : chunks_) {
     if (started_updates || !chunk.update_started) chunk.tasks->Wait();
+  }
+  if (started_updates) FinishDeviceUpdates();
+}
+
+void ChunkOptimizer::WaitTasks(int c) {
+  ChunkState& chunk = chunks_[c];
+  chunk.tasks->Wait();
+  if (chunk.device_done == nullptr) return;
+  if (c == last_device_chunk_) {
+    FinishDeviceUpdates();  // the step's last one: the slots go back to the allocator
+  } else {
+    chunk.device_done->synchronize();
   }
 }
 

@@ -70,6 +70,10 @@ struct ChunkState {
   HostBuffer backup_target, backup_exp_avg, backup_exp_avg_sq;
   HostBuffer backup_exp_avg_absmax, backup_exp_avg_sq_absmax;
   bool speculative = false;
+  // [Device updates of offloaded chunks]: Step() updates this chunk on the device (its host
+  // arrays are pinned); the host copies of that update finish at device_done.
+  bool device_update = false;
+  EventPtr device_done;
   int micro_batches = 0;  // micro-batches whose grads arrived in this step
   // Sharded, persistent: this step's grads are all-reduced (started in backward, or in Step).
   bool grads_reduced = false;
@@ -106,8 +110,9 @@ class ChunkOptimizer {
   void ZeroGrad();
   // Finishes everything in flight: reduce-scatters, gathers, side streams, CPU work.
   void WaitAll() { WaitInFlight(/*started_updates=*/true); }
-  // Waits for the CPU work on chunk c (ChunkPager::HostWritesFn).
-  void WaitTasks(int c) { chunks_[c].tasks->Wait(); }
+  // Waits for the CPU work on chunk c, and for its device update's copies back
+  // (ChunkPager::HostWritesFn).
+  void WaitTasks(int c);
   void WaitAllTasks() {
     for (ChunkState& chunk : chunks_) chunk.tasks->Wait();
   }
@@ -185,8 +190,17 @@ class ChunkOptimizer {
   // At the end of a Step() that stands: each speculative chunk's second copies and its live
   // arrays trade places.
   void CommitSpeculation();
-  // Step()'s CPU updates of the offloaded chunks that did not start in backward, in chunk order.
-  void ScheduleStepUpdates(float grad_scale);
+  // Step()'s updates of the offloaded chunks that did not start in backward, in chunk order: on
+  // the CPU workers, or on the device for those marked device_update (`clip_coef`: Step()'s).
+  void ScheduleStepUpdates(float grad_scale, const torch::Tensor& clip_coef);
+  // [Device updates of offloaded chunks] (chunk_device_update.cc)
+  bool DeviceUpdatesApply() const;
+  bool DeviceUpdateChunk(int c) const;  // chunk c is one of the options' share
+  // Queues the updates of `chunks` (in order) on the device; returns without waiting.
+  void StartDeviceUpdates(const std::vector<int>& chunks, float grad_scale,
+                          const torch::Tensor& clip_coef);
+  // The host waits for every device update queued and releases the device slots.
+  void FinishDeviceUpdates();
   bool AnyUpdateStarted() const;
   // WaitAll(), except that with `started_updates` false the CPU work of the chunks whose update
   // already started is left running ([Deferred CPU updates]: the pager waits for it per chunk).
@@ -240,6 +254,16 @@ class ChunkOptimizer {
     std::atomic<int64_t> updated{0};
   };
   CpuPassCounters cpu_passes_;
+  // [Device updates of offloaded chunks]: the two slots chunks take turns in (allocated by the
+  // step's first device update, released once the host has seen its last one finish), and the
+  // chunk whose update is queued last.
+  struct DeviceSlot {
+    torch::Tensor param, grad, exp_avg, exp_avg_sq, exp_avg_absmax, exp_avg_sq_absmax;
+    EventPtr free;  // the copies back out of the slot's previous chunk
+  };
+  std::vector<DeviceSlot> device_slots_;
+  int last_device_chunk_ = -1;
+  std::atomic<int64_t> device_updated_{0};
 };
 
 }  // namespace memplan::chunks

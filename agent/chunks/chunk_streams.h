@@ -31,12 +31,14 @@ class ChunkStreams {
  public:
   explicit ChunkStreams(torch::Device device) : device_(device) {}
 
-  // Takes the two side streams from the pool (CUDA devices only).
+  // Takes the side streams from the pool (CUDA devices only).
   void Init() {
 #ifdef MEMPLAN_CHUNKS_CUDA
     if (cuda()) {
       upload_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index());
       offload_ = c10::cuda::getStreamFromPool(false, device_.index());
+      update_in_ = c10::cuda::getStreamFromPool(false, device_.index());
+      update_out_ = c10::cuda::getStreamFromPool(false, device_.index());
     }
 #endif
   }
@@ -79,6 +81,9 @@ class ChunkStreams {
   c10::cuda::CUDAStream& upload() { return *upload_; }
   // Device-to-host grad copies.
   c10::cuda::CUDAStream& offload() { return *offload_; }
+  // [Device updates of offloaded chunks]: copies in and the update; copies back to the host.
+  c10::cuda::CUDAStream& update_in() { return *update_in_; }
+  c10::cuda::CUDAStream& update_out() { return *update_out_; }
 #endif
 
  private:
@@ -86,6 +91,8 @@ class ChunkStreams {
 #ifdef MEMPLAN_CHUNKS_CUDA
   std::optional<c10::cuda::CUDAStream> upload_;
   std::optional<c10::cuda::CUDAStream> offload_;
+  std::optional<c10::cuda::CUDAStream> update_in_;
+  std::optional<c10::cuda::CUDAStream> update_out_;
 #endif
 };
 

@@ -676,6 +676,7 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<MicroBatch>& micro_bat
     stats.cpu_accumulate_seconds = passes.accumulate_thread_seconds / threads;
     stats.cpu_update_seconds = passes.update_thread_seconds / threads;
     stats.cpu_updated_params = passes.updated_elems;
+    stats.device_updated_params = passes.device_updated_elems;
   }
   if (cuda) {
     const auto mem = c10::cuda::CUDACachingAllocator::getDeviceStats(index);

@@ -94,6 +94,8 @@ struct StepStats {
   double cpu_accumulate_seconds = 0;
   double cpu_update_seconds = 0;
   int64_t cpu_updated_params = 0;
+  // [Device updates of offloaded chunks]: offloaded parameters updated on the device instead.
+  int64_t device_updated_params = 0;
   // skip_nonfinite: the step's loss or gradients were non-finite (what, in `nonfinite`) and its
   // update was skipped.
   bool skipped = false;

@@ -593,6 +593,64 @@ TEST(ChunkManagerTest, SpeculativeClippedUpdatesTrainExactlyAsHeldOnes) {
   }
 }
 
+// [Device updates of offloaded chunks] on the CPU device (the same path without streams): a
+// manager that updates a share of its offloaded chunks "on the device" (the persistent chunks'
+// fused update on copies of the chunk's arrays) trains bit for bit as one whose CPU workers update
+// them all, over steps that clip and steps that do not, one and two micro-batches; and the device
+// did update chunks (it counts their elements). Fails when a device-updated chunk's values are
+// not copied back, or its step count is not taken.
+void ExpectDeviceUpdatesTrainAsCpuOnes(OptimizerKind kind, torch::ScalarType dtype, int grad_accum,
+                                       double share) {
+  const std::string label =
+      absl::StrCat(std::string(OptimizerName(kind)), " ", c10::toString(dtype), " grad_accum ",
+                   grad_accum, " share ", share);
+  const std::vector<double> max_norms = {1e6, 1e-3, 1e-3, 1e6, 1e-3};
+  std::vector<std::vector<float>> losses(2);
+  std::vector<std::map<std::string, torch::Tensor>> finals(2);
+  int64_t on_device = 0;
+  for (const bool device : {false, true}) {
+    const ToyModel model = ToyModel::Make(6, true, 64, 48, 77, torch::TensorOptions().dtype(dtype));
+    ChunkManagerOptions options = CpuOptions(1, 1);
+    options.chunk_bytes = 16384;  // a multiple of adamw8bit's 256-byte alignment
+    options.optimizer = kind;
+    options.grad_accum = grad_accum;
+    options.max_grad_norm = 1.0;
+    options.device_update_share = device ? share : 0;
+    auto manager = ChunkManager::Create(model.Groups(), options);
+    ASSERT_TRUE(manager.ok()) << label << ": " << manager.status();
+    ASSERT_GT((*manager)->MemoryStats().n_chunks, 3) << label;
+    for (size_t step = 0; step < max_norms.size(); ++step) {
+      for (int micro = 0; micro < grad_accum; ++micro) {
+        const Batch batch = MakeBatch(48, 900 + 10 * static_cast<int>(step) + micro, torch::kCPU);
+        losses[device].push_back(
+            RunMicroBatch(model, manager->get(), false, batch.tokens, batch.targets).item<float>());
+      }
+      ASSERT_TRUE((*manager)->Step(max_norms[step]).ok()) << label << " step " << step;
+      if (device) on_device += (*manager)->TakeCpuPassStats().device_updated_elems;
+    }
+    for (const NamedParam& p : (*manager)->Params()) finals[device][p.name] = p.param.clone();
+    for (const NamedParam& s : (*manager)->OptimizerState()) {
+      finals[device][s.name] = s.param.clone();
+    }
+  }
+  EXPECT_GT(on_device, 0) << label << ": nothing was updated on the device";
+  EXPECT_EQ(losses[0], losses[1]) << label;
+  EXPECT_NE(losses[1].front(), losses[1].back()) << label << ": training moved the loss";
+  ASSERT_EQ(finals[0].size(), finals[1].size()) << label;
+  for (const auto& [name, value] : finals[0]) {
+    EXPECT_TRUE(torch::equal(value, finals[1].at(name))) << label << " " << name;
+  }
+}
+
+TEST(ChunkManagerTest, DeviceUpdatesOfOffloadedChunksTrainAsCpuOnes) {
+  for (const OptimizerKind kind : {OptimizerKind::kAdamWBf16States, OptimizerKind::kAdamW8bit}) {
+    for (const int grad_accum : {1, 2}) {
+      ExpectDeviceUpdatesTrainAsCpuOnes(kind, torch::kBFloat16, grad_accum, 0.5);
+    }
+  }
+  ExpectDeviceUpdatesTrainAsCpuOnes(OptimizerKind::kAdamW8bit, torch::kFloat32, 1, 1.0);
+}
+
 // agent/core/foreach_groups.h, on tensors of three dtypes interleaved (and one not contiguous):
 // the foreach norms and the foreach scaling equal the per-tensor ops bit for bit, each in its
 // tensor's place, whatever the dtype of the coefficient.
