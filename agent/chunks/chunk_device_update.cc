@@ -68,6 +68,11 @@ void ChunkOptimizer::StartDeviceUpdates(const std::vector<int>& chunks, float gr
   }
   const int64_t slice_elems =
       StepGradCopyElems(std::numeric_limits<int64_t>::max(), options.chunk_bytes, set_.elem_size());
+  device_clip_coef_ = clip_coef;
+#ifdef MEMPLAN_CHUNKS_CUDA
+  // Whatever the compute stream still has to produce (the clip coefficient) comes first.
+  if (set_.cuda()) streams_.RecordOnCompute()->block(streams_.update_in());
+#endif
   for (size_t k = 0; k < chunks.size(); ++k) {
     const int c = chunks[k];
     const Chunk& layout = set_.chunk(c);
@@ -165,7 +170,7 @@ void ChunkOptimizer::StartDeviceUpdates(const std::vector<int>& chunks, float gr
     update();
     for (size_t a = 1; a < arrays.size(); ++a) arrays[a].second.copy_(arrays[a].first);
   }
-  if (last_device_chunk_ < 0) device_slots_.clear();  // a CPU device: all done already
+  if (last_device_chunk_ < 0) FinishDeviceUpdates();  // a CPU device: all done already
 }
 
 void ChunkOptimizer::FinishDeviceUpdates() {
@@ -175,6 +180,7 @@ void ChunkOptimizer::FinishDeviceUpdates() {
     chunk.device_done = nullptr;
   }
   device_slots_.clear();
+  device_clip_coef_ = torch::Tensor();
   last_device_chunk_ = -1;
 }
 

@@ -262,6 +262,9 @@ class ChunkOptimizer {
     EventPtr free;  // the copies back out of the slot's previous chunk
   };
   std::vector<DeviceSlot> device_slots_;
+  // The step's clip coefficient, a compute-stream tensor the side stream reads: held until the
+  // host has seen the updates finish, so that the next forward cannot be handed its block.
+  torch::Tensor device_clip_coef_;
   int last_device_chunk_ = -1;
   std::atomic<int64_t> device_updated_{0};
 };

@@ -1,6 +1,7 @@
 #include "agent/train/trainer.h"
 
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
 #include <chrono>
@@ -613,8 +614,13 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<MicroBatch>& micro_bat
   const torch::Device device = model_->options().device;
   const bool cuda = device.is_cuda();
   const c10::DeviceIndex index = cuda ? (device.has_index() ? device.index() : 0) : 0;
+  // A step is timed to the end of its work on the compute stream. What the chunk manager leaves
+  // running on its side streams past Step() ([Device updates of offloaded chunks]) runs beside
+  // the next forward, which waits for each chunk before uploading it, as it waits for the
+  // deferred CPU updates: a device-wide synchronisation here would serialise it again.
+  auto sync_compute = [index] { c10::cuda::getCurrentCUDAStream(index).synchronize(); };
   if (cuda) {
-    torch::cuda::synchronize(index);
+    sync_compute();
     c10::cuda::CUDACachingAllocator::resetPeakStats(index);
   }
   const auto start = std::chrono::steady_clock::now();
@@ -662,7 +668,7 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<MicroBatch>& micro_bat
     stats.skipped = true;
     stats.nonfinite = update.nonfinite;
   }
-  if (cuda) torch::cuda::synchronize(index);
+  if (cuda) sync_compute();
   const auto end = std::chrono::steady_clock::now();
   stats.seconds = std::chrono::duration<double>(end - start).count();
   stats.forward_backward_seconds = std::chrono::duration<double>(backward_done - start).count();
