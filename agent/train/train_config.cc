@@ -136,6 +136,15 @@ Residency plan (any chunk knob or --plan-file runs the chunk manager):
                            way. auto (default): on for adamw8bit and adamw_bf16 (where it was
                            measured to pay) when the planner's plan and the copies fit the
                            host's RAM (logged as "speculative clipping")
+  --device-update-share X (0)
+                           adamw8bit and adamw_bf16, one rank, managed: the share (0..1) of the
+                           offloaded chunks whose update, when the step holds it until the
+                           norm (clipping), runs on the GPU: copied there, updated as the
+                           resident chunks are, copied back beside the next forward. Exact as
+                           the CPU update. Measured on an H200 host (8B, 62 offloaded chunks,
+                           --clip 1): adamw8bit 0.5 -22 % per step; adamw_bf16 no gain
+                           (docs/benchmarks.md, "Thirty-first session"). Pinned host memory for
+                           those chunks' state; 2 GPU slots of 4 chunks' bytes during the step
   --cpu-threads N (0)      CPU optimizer threads; 0: the host's hardware threads divided by the
                            ranks on this host (what the planner's CPU figures assume)
 Held-out evaluation:
@@ -334,6 +343,7 @@ absl::StatusOr<TrainConfig> ParseTrainArgs(const std::vector<std::string>& args)
               FlagSet::Choices<SpeculativeClip>{{"auto", SpeculativeClip::kAuto},
                                                 {"on", SpeculativeClip::kOn},
                                                 {"off", SpeculativeClip::kOff}})
+      .Double("--device-update-share", &c.device_update_share, 0, 1)
       .Int("--cpu-threads", &c.cpu_threads, 0, 1024)
       .NonEmptyString("--save", &c.save_dir)
       .Int("--save-every", &c.save_every, 0, int64_t{1} << 40)

@@ -126,6 +126,9 @@ struct TrainConfig {
   // by ChoosePinnedActivations.
   PinnedActivations pinned_activations = PinnedActivations::kAuto;
   SpeculativeClip speculative_clip = SpeculativeClip::kAuto;
+  // --device-update-share: ChunkManagerOptions::device_update_share ([Device updates of
+  // offloaded chunks]); 0, off, by default.
+  double device_update_share = 0;
   int cpu_threads = 0;  // 0: the host's hardware threads / the ranks on this host
   // Checkpoints and output.
   std::string save_dir;

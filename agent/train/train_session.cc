@@ -393,6 +393,7 @@ absl::Status TrainSession::BuildTrainer() {
       optimizer_ == OptimizerKind::kAdamW8bit && config_.stochastic_rounding;
   options.chunks.rounding_seed = config_.seed;
   options.chunks.max_grad_copy_groups = config_.offload_in_flight;
+  options.chunks.device_update_share = config_.device_update_share;
   options.offload.host_memory = plan_.host_memory;
   options.offload.max_in_flight_groups = config_.offload_in_flight;
   {

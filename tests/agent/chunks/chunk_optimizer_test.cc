@@ -425,6 +425,26 @@ TEST(ChunkManagerTest, StepRefusesToClipAfterOverlappedUpdates) {
   EXPECT_NE(status.message().find("max_grad_norm"), absl::string_view::npos);
 }
 
+// Two runs of the same training that must agree: the same losses bit for bit (and training
+// moved the loss), the same final parameters and optimizer state (FinalState()).
+std::map<std::string, torch::Tensor> FinalState(ChunkManager& manager) {
+  std::map<std::string, torch::Tensor> finals;
+  for (const NamedParam& p : manager.Params()) finals[p.name] = p.param.clone();
+  for (const NamedParam& s : manager.OptimizerState()) finals[s.name] = s.param.clone();
+  return finals;
+}
+
+void ExpectRunsEqual(const std::vector<std::vector<float>>& losses,
+                     const std::vector<std::map<std::string, torch::Tensor>>& finals,
+                     const std::string& label) {
+  EXPECT_EQ(losses[0], losses[1]) << label;
+  EXPECT_NE(losses[1].front(), losses[1].back()) << label << ": training moved the loss";
+  ASSERT_EQ(finals[0].size(), finals[1].size()) << label;
+  for (const auto& [name, value] : finals[0]) {
+    EXPECT_TRUE(torch::equal(value, finals[1].at(name))) << label << " " << name;
+  }
+}
+
 // [Deferred CPU updates] Five steps of the toy model, Step() deferring and Step() waiting for
 // every CPU update: the losses of every micro-batch and the final parameters and state must be
 // equal bit for bit. No Params() between steps (it would wait for everything), so the next forward
@@ -460,17 +480,9 @@ void ExpectDeferredTrainsAsWaiting(OptimizerKind kind, double max_grad_norm, int
         EXPECT_GT((*manager)->LastGradNorm(), max_grad_norm) << label << ": nothing was clipped";
       }
     }
-    for (const NamedParam& p : (*manager)->Params()) finals[defer][p.name] = p.param.clone();
-    for (const NamedParam& s : (*manager)->OptimizerState()) {
-      finals[defer][s.name] = s.param.clone();
-    }
+    finals[defer] = FinalState(**manager);
   }
-  EXPECT_EQ(losses[0], losses[1]) << label;
-  EXPECT_NE(losses[1].front(), losses[1].back()) << "training moved the loss";
-  ASSERT_EQ(finals[0].size(), finals[1].size());
-  for (const auto& [name, value] : finals[0]) {
-    EXPECT_TRUE(torch::equal(value, finals[1].at(name))) << label << " " << name;
-  }
+  ExpectRunsEqual(losses, finals, label);
 }
 
 // [Sliced grad copy] for SGD with an fp32 master: a parameter larger than a regular chunk (the
@@ -564,22 +576,14 @@ void ExpectSpeculationTrainsAsHolding(OptimizerKind kind, torch::ScalarType dtyp
       ASSERT_TRUE((*manager)->Step(max_norms[step]).ok()) << label << " step " << step;
     }
     counts[speculate] = (*manager)->Speculation();
-    for (const NamedParam& p : (*manager)->Params()) finals[speculate][p.name] = p.param.clone();
-    for (const NamedParam& s : (*manager)->OptimizerState()) {
-      finals[speculate][s.name] = s.param.clone();
-    }
+    finals[speculate] = FinalState(**manager);
   }
   // Step 0 never speculates; 1 stands; 2 clips (restored, redone); 3 follows a clipped step;
   // the dropped backward is restored; 4 and 5 stand; 6 clips; 7 follows it.
   EXPECT_EQ(counts[0].speculated, 0) << label;
   EXPECT_EQ(counts[1].speculated, 5) << label;
   EXPECT_EQ(counts[1].restored, 3) << label;
-  EXPECT_EQ(losses[0], losses[1]) << label;
-  EXPECT_NE(losses[1].front(), losses[1].back()) << label << ": training moved the loss";
-  ASSERT_EQ(finals[0].size(), finals[1].size()) << label;
-  for (const auto& [name, value] : finals[0]) {
-    EXPECT_TRUE(torch::equal(value, finals[1].at(name))) << label << " " << name;
-  }
+  ExpectRunsEqual(losses, finals, label);
 }
 
 TEST(ChunkManagerTest, SpeculativeClippedUpdatesTrainExactlyAsHeldOnes) {
@@ -628,18 +632,10 @@ void ExpectDeviceUpdatesTrainAsCpuOnes(OptimizerKind kind, torch::ScalarType dty
       ASSERT_TRUE((*manager)->Step(max_norms[step]).ok()) << label << " step " << step;
       if (device) on_device += (*manager)->TakeCpuPassStats().device_updated_elems;
     }
-    for (const NamedParam& p : (*manager)->Params()) finals[device][p.name] = p.param.clone();
-    for (const NamedParam& s : (*manager)->OptimizerState()) {
-      finals[device][s.name] = s.param.clone();
-    }
+    finals[device] = FinalState(**manager);
   }
   EXPECT_GT(on_device, 0) << label << ": nothing was updated on the device";
-  EXPECT_EQ(losses[0], losses[1]) << label;
-  EXPECT_NE(losses[1].front(), losses[1].back()) << label << ": training moved the loss";
-  ASSERT_EQ(finals[0].size(), finals[1].size()) << label;
-  for (const auto& [name, value] : finals[0]) {
-    EXPECT_TRUE(torch::equal(value, finals[1].at(name))) << label << " " << name;
-  }
+  ExpectRunsEqual(losses, finals, label);
 }
 
 TEST(ChunkManagerTest, DeviceUpdatesOfOffloadedChunksTrainAsCpuOnes) {

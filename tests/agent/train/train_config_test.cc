@@ -731,6 +731,20 @@ TEST(LearningRateFactorTest, ConstantKeepsTheRateAfterItsWarmup) {
   EXPECT_EQ(LearningRateFactor(constant, 4, 10), 1.0);
 }
 
+// [Device updates of offloaded chunks]: off unless asked for, a share in [0, 1].
+TEST(ParseTrainArgsTest, DeviceUpdateShare) {
+  auto c = ParseTrainArgs({"--arch", "llama-tiny", "--synthetic-data"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->device_update_share, 0.0);
+  c = ParseTrainArgs({"--arch", "llama-tiny", "--synthetic-data", "--device-update-share", "0.5"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->device_update_share, 0.5);
+  const auto bad =
+      ParseTrainArgs({"--arch", "llama-tiny", "--synthetic-data", "--device-update-share", "1.5"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("--device-update-share"));
+}
+
 TEST(ParseTrainArgsTest, ScheduleAndEvaluationFlags) {
   const std::vector<std::string> base = {"--arch", "llama-tiny", "--synthetic-data"};
   auto with = [&base](std::vector<std::string> more) {
