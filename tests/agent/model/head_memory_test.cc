@@ -17,6 +17,7 @@
 #include "common/head_chunking.h"
 #include "common/presets.h"
 #include "planner/cost/analytic_trace.h"
+#include "tests/agent/model/memory_ratio.h"
 #include "tests/agent/tiny_spec.h"
 
 namespace memplan {
@@ -67,10 +68,6 @@ Trace Priced(int64_t h, int64_t v, int64_t tokens, int64_t logit_bytes) {
   return RepriceHeadChunks(*t, hw, 0, logit_bytes);
 }
 
-double Ratio(int64_t predicted, int64_t measured) {
-  return static_cast<double>(predicted) / static_cast<double>(measured);
-}
-
 // A vocabulary-heavy head (V·H large against T·H): its backward peaks at the weight gradient's
 // cast beside the fp32 sum. The planner's transient is that cast within 2 % of what the CPU
 // allocates (the loss's scalars and the norm weight's gradient on top), not under; before, it also
@@ -88,10 +85,10 @@ TEST(HeadMemoryTest, HeadBackwardPeaksAtTheWeightGradientCast) {
               static_cast<long long>(m.saved), static_cast<long long>(predicted_saved),
               static_cast<long long>(m.backward_extra),
               static_cast<long long>(t.head.backward_transient_bytes));
-  EXPECT_NEAR(Ratio(predicted_saved, m.saved), 1.0, 0.01);
+  EXPECT_NEAR(MemoryRatio(predicted_saved, m.saved), 1.0, 0.01);
   EXPECT_EQ(t.head.backward_transient_bytes, v * h * 2);
-  EXPECT_GE(Ratio(t.head.backward_transient_bytes, m.backward_extra), 0.98);
-  EXPECT_LE(Ratio(t.head.backward_transient_bytes, m.backward_extra), 1.02);
+  EXPECT_GE(MemoryRatio(t.head.backward_transient_bytes, m.backward_extra), 0.98);
+  EXPECT_LE(MemoryRatio(t.head.backward_transient_bytes, m.backward_extra), 1.02);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "agent/model/vision_tower.h"
 #include "agent/profiler/memory_probe.h"
 #include "common/vision_cost.h"
+#include "tests/agent/model/memory_ratio.h"
 #include "tests/agent/tiny_spec.h"
 
 namespace memplan {
@@ -87,10 +88,6 @@ Measured Measure(const ModelSpec& s, torch::ScalarType dtype, bool trains,
   return m;
 }
 
-double Ratio(int64_t predicted, int64_t measured) {
-  return static_cast<double>(predicted) / static_cast<double>(measured);
-}
-
 class VisionMemoryTest : public ::testing::TestWithParam<std::tuple<std::string, DType>> {};
 
 // A trained tower (full fine-tuning): the planner's saved bytes within 1 % of what autograd keeps
@@ -112,9 +109,9 @@ TEST_P(VisionMemoryTest, TrainedTowerKeepsWhatThePlannerCharges) {
       static_cast<long long>(predicted.saved_bytes + predicted.forward_transient_bytes),
       static_cast<long long>(m.backward_extra),
       static_cast<long long>(predicted.backward_transient_bytes));
-  EXPECT_NEAR(Ratio(predicted.saved_bytes, m.saved), 1.0, 0.01);
+  EXPECT_NEAR(MemoryRatio(predicted.saved_bytes, m.saved), 1.0, 0.01);
   const double peak =
-      Ratio(predicted.saved_bytes + predicted.forward_transient_bytes, m.forward_peak);
+      MemoryRatio(predicted.saved_bytes + predicted.forward_transient_bytes, m.forward_peak);
   EXPECT_GE(peak, 1.0);
   EXPECT_LE(peak, 1.05);
   EXPECT_GE(predicted.backward_transient_bytes, m.backward_extra);
@@ -150,10 +147,11 @@ TEST_P(VisionMemoryTest, CheckpointedTowerKeepsWhatThePlannerCharges) {
       static_cast<long long>(predicted.saved_bytes + predicted.forward_transient_bytes),
       static_cast<long long>(m.backward_extra),
       static_cast<long long>(predicted.backward_transient_bytes));
-  EXPECT_NEAR(Ratio(predicted.saved_bytes, m.saved), 1.0, 0.01);
-  EXPECT_NEAR(Ratio(kept.saved_bytes - predicted.saved_bytes, whole.saved - m.saved), 1.0, 0.01);
+  EXPECT_NEAR(MemoryRatio(predicted.saved_bytes, m.saved), 1.0, 0.01);
+  EXPECT_NEAR(MemoryRatio(kept.saved_bytes - predicted.saved_bytes, whole.saved - m.saved), 1.0,
+              0.01);
   const double peak =
-      Ratio(predicted.saved_bytes + predicted.forward_transient_bytes, m.forward_peak);
+      MemoryRatio(predicted.saved_bytes + predicted.forward_transient_bytes, m.forward_peak);
   EXPECT_GE(peak, 1.0);
   EXPECT_LE(peak, 1.05);
   EXPECT_GE(predicted.backward_transient_bytes, m.backward_extra);
@@ -177,7 +175,7 @@ TEST_P(VisionMemoryTest, FrozenTowerKeepsNothing) {
               static_cast<long long>(predicted.forward_transient_bytes));
   EXPECT_EQ(predicted.saved_bytes, 0);
   EXPECT_EQ(m.saved, 0);
-  EXPECT_NEAR(Ratio(predicted.forward_transient_bytes, m.forward_peak), 1.0, 0.01);
+  EXPECT_NEAR(MemoryRatio(predicted.forward_transient_bytes, m.forward_peak), 1.0, 0.01);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, VisionMemoryTest,
