@@ -127,15 +127,15 @@ absl::Status ChunkOptimizer::InitChunk(int c) {
     // Without a master the parameters' copy takes turns with param_host as the upload source:
     // the same kind of memory.
     if (master()) {
-      state.backup_target = HostBuffer::AllocatePageable(span * 4);
+      state.copy_target = HostBuffer::AllocatePageable(span * 4);
     } else {
-      ASSIGN_OR_RETURN(state.backup_target, set_.AllocateTransfer(span * elem_bytes));
+      ASSIGN_OR_RETURN(state.copy_target, set_.AllocateTransfer(span * elem_bytes));
     }
     // The copies become the live arrays in turn: pinned alike.
-    ASSIGN_OR_RETURN(state.backup_exp_avg, state_buffer(state.exp_avg.size_bytes()));
-    ASSIGN_OR_RETURN(state.backup_exp_avg_sq, state_buffer(state.exp_avg_sq.size_bytes()));
-    ASSIGN_OR_RETURN(state.backup_exp_avg_absmax, state_buffer(state.exp_avg_absmax.size_bytes()));
-    ASSIGN_OR_RETURN(state.backup_exp_avg_sq_absmax,
+    ASSIGN_OR_RETURN(state.copy_exp_avg, state_buffer(state.exp_avg.size_bytes()));
+    ASSIGN_OR_RETURN(state.copy_exp_avg_sq, state_buffer(state.exp_avg_sq.size_bytes()));
+    ASSIGN_OR_RETURN(state.copy_exp_avg_absmax, state_buffer(state.exp_avg_absmax.size_bytes()));
+    ASSIGN_OR_RETURN(state.copy_exp_avg_sq_absmax,
                      state_buffer(state.exp_avg_sq_absmax.size_bytes()));
   }
   for (const HostBuffer* b : {&state.grad_stage, &state.grad_accum, &state.exp_avg,
@@ -146,8 +146,8 @@ absl::Status ChunkOptimizer::InitChunk(int c) {
   set_.CountHost(state.grad_stage);
   for (const HostBuffer* b :
        {&state.master, &state.grad_accum, &state.exp_avg, &state.exp_avg_sq, &state.exp_avg_absmax,
-        &state.exp_avg_sq_absmax, &state.backup_target, &state.backup_exp_avg,
-        &state.backup_exp_avg_sq, &state.backup_exp_avg_absmax, &state.backup_exp_avg_sq_absmax}) {
+        &state.exp_avg_sq_absmax, &state.copy_target, &state.copy_exp_avg, &state.copy_exp_avg_sq,
+        &state.copy_exp_avg_absmax, &state.copy_exp_avg_sq_absmax}) {
     set_.CountHost(*b);
   }
   if (!master()) return absl::OkStatus();
@@ -375,7 +375,7 @@ void ChunkOptimizer::PostBackward(int group) {
     const bool update_now =
         complete && chunk.micro_batches >= options.grad_accum && UpdatesDuringBackward();
     ScheduleChunkWork(c, /*accumulate=*/true, update_now, 1.0f,
-                      update_now && speculating_ ? Backup::kSave : Backup::kNone);
+                      update_now && speculating_ ? Copies::kSpeculate : Copies::kNone);
   }
 }
 
@@ -616,13 +616,13 @@ bool ChunkOptimizer::SpeculationEnabled() const {
          SpeculationApplies(o.max_grad_norm != 0, set_.world(), o.grad_accum, o.skip_nonfinite);
 }
 
-void ChunkOptimizer::RestoreSpeculation(bool redo, float grad_scale) {
+void ChunkOptimizer::RedoOrDropSpeculation(bool redo, float grad_scale) {
   WaitAllTasks();
   bool any = false;
   for (int c = set_.n_persist(); c < set_.num_chunks(); ++c) {
     if (!chunks_[c].speculative) continue;
     any = true;
-    ScheduleChunkWork(c, /*accumulate=*/false, redo, grad_scale, Backup::kRestore);
+    ScheduleChunkWork(c, /*accumulate=*/false, redo, grad_scale, Copies::kRedoOrDrop);
   }
   if (any) ++speculation_.restored;
   if (!redo) WaitAllTasks();
@@ -634,11 +634,11 @@ void ChunkOptimizer::CommitSpeculation() {
     if (!chunk.speculative) continue;
     // The tasks still running write through the pointers they were given, into what becomes the
     // live arrays here; whatever reads those waits for the chunk's tasks first.
-    std::swap(master() ? chunk.master : set_.chunk(c).param_host, chunk.backup_target);
-    std::swap(chunk.exp_avg, chunk.backup_exp_avg);
-    std::swap(chunk.exp_avg_sq, chunk.backup_exp_avg_sq);
-    std::swap(chunk.exp_avg_absmax, chunk.backup_exp_avg_absmax);
-    std::swap(chunk.exp_avg_sq_absmax, chunk.backup_exp_avg_sq_absmax);
+    std::swap(master() ? chunk.master : set_.chunk(c).param_host, chunk.copy_target);
+    std::swap(chunk.exp_avg, chunk.copy_exp_avg);
+    std::swap(chunk.exp_avg_sq, chunk.copy_exp_avg_sq);
+    std::swap(chunk.exp_avg_absmax, chunk.copy_exp_avg_absmax);
+    std::swap(chunk.exp_avg_sq_absmax, chunk.copy_exp_avg_sq_absmax);
     chunk.speculative = false;
   }
 }
@@ -673,7 +673,7 @@ void ChunkOptimizer::ResetStep() {
 
 void ChunkOptimizer::ZeroGrad() {
   WaitAll();
-  RestoreSpeculation(/*redo=*/false, 1.0f);  // the step never happened
+  RedoOrDropSpeculation(/*redo=*/false, 1.0f);  // the step never happened
   if (AnyUpdateStarted()) pager_.InvalidateBuffers();
   ResetStep();
 }

@@ -64,11 +64,11 @@ struct ChunkState {
   HostBuffer exp_avg_absmax;  // adamw8bit: QuantAbsmaxSlots() fp32 slots of this shard
   HostBuffer exp_avg_sq_absmax;
   // [Speculative clipped updates]: second copies of what the update writes, laid out as the
-  // arrays they stand for (the master, or the parameters, in backup_target; pinned like
+  // arrays they stand for (the master, or the parameters, in copy_target; pinned like
   // param_host when they are the parameters); a speculative update writes these, and whether
   // this step's update of the chunk did.
-  HostBuffer backup_target, backup_exp_avg, backup_exp_avg_sq;
-  HostBuffer backup_exp_avg_absmax, backup_exp_avg_sq_absmax;
+  HostBuffer copy_target, copy_exp_avg, copy_exp_avg_sq;
+  HostBuffer copy_exp_avg_absmax, copy_exp_avg_sq_absmax;
   bool speculative = false;
   // [Device updates of offloaded chunks]: Step() updates this chunk on the device (its host
   // arrays are pinned); the host copies of that update finish at device_done.
@@ -173,20 +173,20 @@ class ChunkOptimizer {
   void CopyMastersToParams(const std::vector<int>& updated);
   // [Sharded persistent state]: the step's updates of the shards and the all-gathers after them.
   absl::Status UpdateShardedPersistent(const torch::Tensor& clip_coef, float grad_scale);
-  // [Speculative clipped updates] how a range's task uses the second copies: kSave updates into
-  // them (each piece copied there from the live arrays first); kRestore with an update redoes it
-  // the same way with the same step count; kRestore without one drops the speculation (the step
-  // count is taken back, the parameters rounded again from a master).
-  enum class Backup { kNone, kSave, kRestore };
+  // [Speculative clipped updates] how a range's task uses the second copies: kSpeculate updates
+  // into them (each piece copied there from the live arrays first); kRedoOrDrop with an update
+  // redoes it the same way with the same step count; kRedoOrDrop without one drops the speculation
+  // (the step count is taken back, the parameters rounded again from a master).
+  enum class Copies { kNone, kSpeculate, kRedoOrDrop };
   // Accumulates chunk c's staged grads and/or updates it on the CPU workers.
   void ScheduleChunkWork(int c, bool accumulate, bool update, float grad_scale,
-                         Backup backup = Backup::kNone);
-  // Options and layout allow speculation (backups are allocated).
+                         Copies copies = Copies::kNone);
+  // Options and layout allow speculation (the second copies are allocated).
   bool SpeculationEnabled() const;
   // Waits for every CPU task, then for the chunks updated speculatively this step: with `redo`
   // updates them again with `grad_scale` (left running as Step()'s own updates are), else drops
   // the speculative values and waits for that.
-  void RestoreSpeculation(bool redo, float grad_scale);
+  void RedoOrDropSpeculation(bool redo, float grad_scale);
   // At the end of a Step() that stands: each speculative chunk's second copies and its live
   // arrays trade places.
   void CommitSpeculation();

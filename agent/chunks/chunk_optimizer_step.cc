@@ -59,7 +59,7 @@ struct UpdateArrays {
 }  // namespace
 
 void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, float grad_scale,
-                                       Backup backup) {
+                                       Copies copies) {
   const Chunk& layout = set_.chunk(c);
   ChunkState& chunk = chunks_[c];
   const ChunkManagerOptions& options = set_.options();
@@ -79,7 +79,7 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
     base.update = update && s.grad_in_step;
     // [Speculative clipped updates]: a redo keeps the speculative update's step count; a restore
     // without one takes it back.
-    base.restore = backup == Backup::kRestore && s.grad_in_step;
+    base.restore = copies == Copies::kRedoOrDrop && s.grad_in_step;
     if (base.update) {
       base.step = base.restore ? s.step : ++s.step;
       base.scalars = MakeAdamWStepScalars(options.adamw, base.step);
@@ -101,7 +101,7 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
     }
   }
   if (update) chunk.update_started = true;
-  if (backup == Backup::kSave && update) chunk.speculative = true;
+  if (copies == Copies::kSpeculate && update) chunk.speculative = true;
   if (work.empty()) return;
   // An all-gather may still read param_host (CPU: Gloo reads it in place).
   if (update && set_.sharded()) pager_.FinishGatherOf(c);
@@ -136,22 +136,22 @@ void ChunkOptimizer::ScheduleChunkWork(int c, bool accumulate, bool update, floa
   // (CommitSpeculation()). Each piece goes through a per-thread tile: copied in, updated there,
   // written out with streaming stores, so the copies cost no more memory traffic than an update
   // in place.
-  const bool into_copies = update && backup != Backup::kNone;
+  const bool into_copies = update && copies != Copies::kNone;
   const bool moments = has_moments(), absmax = quantized();
   // The target, the moments, the absmax slots: the order the task's callback reads the tiles in.
   std::vector<TileArray> tiled;
   if (into_copies) {
-    tiled.push_back({reinterpret_cast<char*>(master32), chunk.backup_target.as<char>(),
+    tiled.push_back({reinterpret_cast<char*>(master32), chunk.copy_target.as<char>(),
                      keeps_master ? 4 : set_.elem_size(), false});
     if (moments) {
-      tiled.push_back({exp_avg, chunk.backup_exp_avg.as<char>(), moment_bytes, false});
-      tiled.push_back({exp_avg_sq, chunk.backup_exp_avg_sq.as<char>(), moment_bytes, false});
+      tiled.push_back({exp_avg, chunk.copy_exp_avg.as<char>(), moment_bytes, false});
+      tiled.push_back({exp_avg_sq, chunk.copy_exp_avg_sq.as<char>(), moment_bytes, false});
     }
     if (absmax) {
-      tiled.push_back({reinterpret_cast<char*>(exp_avg_absmax),
-                       chunk.backup_exp_avg_absmax.as<char>(), 4, true});
+      tiled.push_back(
+          {reinterpret_cast<char*>(exp_avg_absmax), chunk.copy_exp_avg_absmax.as<char>(), 4, true});
       tiled.push_back({reinterpret_cast<char*>(exp_avg_sq_absmax),
-                       chunk.backup_exp_avg_sq_absmax.as<char>(), 4, true});
+                       chunk.copy_exp_avg_sq_absmax.as<char>(), 4, true});
     }
   }
   std::atomic<bool>* failed = &worker_failed_;
@@ -483,7 +483,7 @@ absl::Status ChunkOptimizer::Step(double max_grad_norm) {
   last_step_skipped_ = false;
   // Every failure drops the step: buffers are stale, the gradients gone, no update left running.
   auto fail = [this](absl::Status status) {
-    RestoreSpeculation(/*redo=*/false, 1.0f);  // waits for every task first
+    RedoOrDropSpeculation(/*redo=*/false, 1.0f);  // waits for every task first
     pager_.InvalidateBuffers();
     ResetStep();
     return status;
@@ -600,7 +600,7 @@ absl::Status ChunkOptimizer::Step(double max_grad_norm) {
     last_step_clipped_ = max_grad_norm > 0 && grad_scale != 1.0f;
     if (speculating_ && started) {
       ++speculation_.speculated;
-      if (grad_scale != 1.0f) RestoreSpeculation(/*redo=*/true, grad_scale);
+      if (grad_scale != 1.0f) RedoOrDropSpeculation(/*redo=*/true, grad_scale);
     }
     // [Deferred CPU updates] Queued first, in chunk order, so the pool works beside the
     // persistent chunks' device update below and then beside the next forward.
