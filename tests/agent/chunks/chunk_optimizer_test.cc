@@ -604,10 +604,10 @@ TEST(ChunkManagerTest, SpeculativeClippedUpdatesTrainExactlyAsHeldOnes) {
 // did update chunks (it counts their elements). Fails when a device-updated chunk's values are
 // not copied back, or its step count is not taken.
 void ExpectDeviceUpdatesTrainAsCpuOnes(OptimizerKind kind, torch::ScalarType dtype, int grad_accum,
-                                       double share) {
+                                       double share, bool speculate = false) {
   const std::string label =
       absl::StrCat(std::string(OptimizerName(kind)), " ", c10::toString(dtype), " grad_accum ",
-                   grad_accum, " share ", share);
+                   grad_accum, " share ", share, speculate ? " speculating" : "");
   const std::vector<double> max_norms = {1e6, 1e-3, 1e-3, 1e6, 1e-3};
   std::vector<std::vector<float>> losses(2);
   std::vector<std::map<std::string, torch::Tensor>> finals(2);
@@ -620,6 +620,9 @@ void ExpectDeviceUpdatesTrainAsCpuOnes(OptimizerKind kind, torch::ScalarType dty
     options.grad_accum = grad_accum;
     options.max_grad_norm = 1.0;
     options.device_update_share = device ? share : 0;
+    // [Speculative clipped updates] beside them: steps 1 and 4 speculate on the CPU and clip,
+    // their redone copies become the live arrays the next held steps copy to the device.
+    options.speculative_clip = speculate;
     auto manager = ChunkManager::Create(model.Groups(), options);
     ASSERT_TRUE(manager.ok()) << label << ": " << manager.status();
     ASSERT_GT((*manager)->MemoryStats().n_chunks, 3) << label;
@@ -631,6 +634,9 @@ void ExpectDeviceUpdatesTrainAsCpuOnes(OptimizerKind kind, torch::ScalarType dty
       }
       ASSERT_TRUE((*manager)->Step(max_norms[step]).ok()) << label << " step " << step;
       if (device) on_device += (*manager)->TakeCpuPassStats().device_updated_elems;
+    }
+    if (speculate) {
+      EXPECT_EQ((*manager)->Speculation().speculated, 2) << label;
     }
     finals[device] = FinalState(**manager);
   }
@@ -645,6 +651,9 @@ TEST(ChunkManagerTest, DeviceUpdatesOfOffloadedChunksTrainAsCpuOnes) {
     }
   }
   ExpectDeviceUpdatesTrainAsCpuOnes(OptimizerKind::kAdamW8bit, torch::kFloat32, 1, 1.0);
+  for (const OptimizerKind kind : {OptimizerKind::kAdamWBf16States, OptimizerKind::kAdamW8bit}) {
+    ExpectDeviceUpdatesTrainAsCpuOnes(kind, torch::kBFloat16, 1, 0.5, /*speculate=*/true);
+  }
 }
 
 // agent/core/foreach_groups.h, on tensors of three dtypes interleaved (and one not contiguous):
