@@ -105,13 +105,10 @@ void ChunkOptimizer::StartDeviceUpdates(const std::vector<int>& chunks, float gr
       PersistentUpdate fused(*this, clip_coef, grad_scale, slice_elems);
       std::vector<int> params;
       std::vector<torch::Tensor> grads;
-      auto view = [](const torch::Tensor& flat, const Param& p) {
-        return flat.narrow(0, p.offset_elems, p.numel).view(p.shape);
-      };
       for (int i : layout.params) {
         if (!params_[i].grad_in_step) continue;  // torch's AdamW skips it: no step count
         params.push_back(i);
-        grads.push_back(view(slot.grad, set_.param(i)));
+        grads.push_back(ParamView(slot.grad, set_.param(i)));
       }
       fused.ClipGrads(grads);
       for (size_t q = 0; q < params.size(); ++q) {
@@ -120,19 +117,16 @@ void ChunkOptimizer::StartDeviceUpdates(const std::vector<int>& chunks, float gr
         ParamState& s = params_[i];
         ++s.step;
         if (quantized()) {
-          const int64_t first = p.offset_elems / slot_elems();
-          const int64_t stride = kQuantBlockElems / slot_elems();
-          const int64_t last = first + (QuantBlockCount(p.numel) - 1) * stride + 1;
-          AdamW8bitTorchUpdate(options.adamw, s.step, clip_coef, quant_maps_, view(slot.param, p),
-                               grads[q], view(slot.exp_avg, p), view(slot.exp_avg_sq, p),
-                               slot.exp_avg_absmax.slice(0, first, last, stride),
-                               slot.exp_avg_sq_absmax.slice(0, first, last, stride),
-                               MakeParamRounding(options.stochastic_rounding, options.rounding_seed,
-                                                 static_cast<int64_t>(i), s.step, 0));
+          AdamW8bitTorchUpdate(
+              options.adamw, s.step, clip_coef, quant_maps_, ParamView(slot.param, p), grads[q],
+              ParamView(slot.exp_avg, p), ParamView(slot.exp_avg_sq, p),
+              QuantSlotsView(slot.exp_avg_absmax, p), QuantSlotsView(slot.exp_avg_sq_absmax, p),
+              MakeParamRounding(options.stochastic_rounding, options.rounding_seed,
+                                static_cast<int64_t>(i), s.step, 0));
           continue;
         }
-        fused.Add(s, view(slot.param, p), grads[q], view(slot.exp_avg, p),
-                  view(slot.exp_avg_sq, p));
+        fused.Add(s, ParamView(slot.param, p), grads[q], ParamView(slot.exp_avg, p),
+                  ParamView(slot.exp_avg_sq, p));
       }
       fused.Flush();
       device_updated_.fetch_add(n, std::memory_order_relaxed);

@@ -39,6 +39,15 @@ void ChunkOptimizer::PrepareInit() {
   }
 }
 
+torch::Tensor ChunkOptimizer::QuantSlotsView(const torch::Tensor& flat, const Param& p) const {
+  // Block k of the parameter starts at chunk element offset + 256 k: slot
+  // (offset + 256 k) / slot_elems, a multiple of the alignment.
+  const int64_t blocks = QuantBlockCount(p.numel);
+  const int64_t first = p.offset_elems / slot_elems();
+  const int64_t stride = kQuantBlockElems / slot_elems();
+  return flat.slice(0, first, first + (blocks - 1) * stride + 1, stride);
+}
+
 absl::Status ChunkOptimizer::InitChunk(int c) {
   if (set_.stateless()) return absl::OkStatus();
   const Chunk& chunk = set_.chunk(c);
@@ -75,7 +84,7 @@ absl::Status ChunkOptimizer::InitChunk(int c) {
         if (chunk.state_sharded) {
           return owned.len > 0 ? flat.narrow(0, owned.at, owned.len) : torch::Tensor();
         }
-        return flat.narrow(0, p.offset_elems, p.numel).view(p.shape);
+        return ParamView(flat, p);
       };
       if (master()) s.master = view(state.device_master);
       if (has_moments()) {
@@ -83,16 +92,8 @@ absl::Status ChunkOptimizer::InitChunk(int c) {
         s.exp_avg_sq = view(state.device_exp_avg_sq);
       }
       if (quantized()) {
-        // Block k of the parameter starts at chunk element offset + 256 k: slot
-        // (offset + 256 k) / slot_elems, a multiple of the alignment.
-        const int64_t blocks = QuantBlockCount(p.numel);
-        const int64_t first = p.offset_elems / slot_elems();
-        const int64_t stride = kQuantBlockElems / slot_elems();
-        auto slots = [&](const torch::Tensor& flat) {
-          return flat.slice(0, first, first + (blocks - 1) * stride + 1, stride);
-        };
-        s.exp_avg_absmax = slots(state.device_exp_avg_absmax);
-        s.exp_avg_sq_absmax = slots(state.device_exp_avg_sq_absmax);
+        s.exp_avg_absmax = QuantSlotsView(state.device_exp_avg_absmax, p);
+        s.exp_avg_sq_absmax = QuantSlotsView(state.device_exp_avg_sq_absmax, p);
       }
     }
     persistent_state_device_bytes_ += PersistentStateBytes(optimizer(), elem_bytes, state_elems);

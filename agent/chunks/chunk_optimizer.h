@@ -193,6 +193,13 @@ class ChunkOptimizer {
   // Step()'s updates of the offloaded chunks that did not start in backward, in chunk order: on
   // the CPU workers, or on the device for those marked device_update (`clip_coef`: Step()'s).
   void ScheduleStepUpdates(float grad_scale, const torch::Tensor& clip_coef);
+  // A flat state array over a chunk's whole span (a persistent chunk's, a device slot's), at
+  // parameter p: the view of p's elements in p's shape.
+  static torch::Tensor ParamView(const torch::Tensor& flat, const Param& p) {
+    return flat.narrow(0, p.offset_elems, p.numel).view(p.shape);
+  }
+  // adamw8bit: in flat absmax slots over a chunk's whole span, those of p's 256-element blocks.
+  torch::Tensor QuantSlotsView(const torch::Tensor& flat, const Param& p) const;
   // [Device updates of offloaded chunks] (chunk_device_update.cc)
   bool DeviceUpdatesApply() const;
   bool DeviceUpdateChunk(int c) const;  // chunk c is one of the options' share
